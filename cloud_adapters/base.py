@@ -1,0 +1,283 @@
+"""The backend contract: what every compute backend (SageMaker, Vertex AI, Azure ML, a GPU box) offers.
+
+A *backend* is a place that runs one distributed training job from a :class:`JobSpec` and reports
+on it. The dashboard never talks to a provider SDK directly: it builds a ``JobSpec``, calls
+:meth:`Backend.submit`, and later asks :meth:`Backend.describe_many` how its jobs are doing. Typed
+records cross this boundary in both directions; provider dicts never leave an adapter.
+
+This module imports nothing from Django and nothing from any provider SDK, so it can be used by the
+web process, the Celery workers and tests alike.
+
+Operations (each documented on :class:`Backend`):
+
+* ``validate(spec)``      -- reject an impossible request before any API call; never side-effects.
+* ``submit(spec)``        -- start the job; **idempotent by** ``spec.job_name``: a second call for the
+  same name adopts the job the first call created and never starts a second (billable) one.
+* ``describe(handle)`` / ``describe_many(handles)`` -- the job's current :class:`JobStatus`.
+* ``cancel(handle)``      -- ask the provider to stop the job; idempotent, returns at once. The job's
+  state becomes CANCELLED only when a later ``describe`` confirms it.
+* ``logs(handle, cursor)`` -- new log lines since ``cursor`` and the cursor to pass next time.
+* ``price(instance_type, spot)`` -- USD per instance-hour.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import datetime as dt
+import enum
+from typing import Any, ClassVar, Mapping, Sequence
+
+
+class JobState(str, enum.Enum):
+    """Normalized job state shared by every backend and by the dashboard (DESIGN.md §4)."""
+
+    QUEUED = "QUEUED"
+    SUBMITTING = "SUBMITTING"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors. The UI shows ``str(error)`` verbatim, so each message says what to do next.
+# ---------------------------------------------------------------------------------------------
+
+
+class BackendError(Exception):
+    """Base of every error an adapter raises. ``transient`` errors are retried, never fatal."""
+
+    transient: ClassVar[bool] = False
+
+
+class InvalidSpec(BackendError):
+    """The request cannot run on this backend (shape, instance type, limits). Not retried."""
+
+
+class CredentialsError(BackendError):
+    """The backend's credentials are missing, expired or lack a permission. Not retried."""
+
+
+class QuotaExceeded(BackendError):
+    """An account quota (instances, GPUs, concurrent jobs) would be exceeded. Not retried."""
+
+
+class CapacityUnavailable(BackendError):
+    """The provider has no capacity for the instance type right now (common for spot)."""
+
+    transient = True
+
+
+class Throttled(BackendError):
+    """The provider rate-limited the call; retry with backoff. Never changes a job's state."""
+
+    transient = True
+
+
+class ProviderError(BackendError):
+    """Any other provider failure; ``transient`` says whether a retry may succeed."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient  # type: ignore[misc]
+
+
+class MissingDependency(BackendError):
+    """A provider SDK is not installed; the message names the extra to install."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, as data, so forms can grey out options and services refuse early."""
+
+    spot: bool = False  # offers interruptible (spot / low-priority) capacity
+    multi_node: bool = False  # can run more than one node per job
+    gpus: bool = False  # can attach GPUs
+    max_nodes: int = 1  # most nodes one job may use
+    max_procs_per_node: int = 1  # most processes (ranks) per node
+    strategies: tuple[str, ...] = ("ddp",)  # parallelism strategies the backend runs
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """Everything a backend needs to start one job (input record)."""
+
+    job_name: str  # deterministic, provider-safe name derived from the Trainboard job id
+    config: Mapping[str, Any]  # trainer_pkg JobConfig as a JSON-able dict (typed values)
+    nodes: int = 1  # number of machines / instances
+    procs_per_node: int = 1  # ranks per node; world size = nodes * procs_per_node
+    instance_type: str = ""  # provider instance / machine / VM size; "" = backend default
+    spot: bool = False  # use interruptible capacity
+    max_runtime_s: int = 3600  # hard limit on wall-clock run time, seconds
+    dataset_uri: str = ""  # where the data lives ("" for built-in datasets)
+    output_uri: str = ""  # where the final model and metrics go ("" = backend default)
+    checkpoint_uri: str = ""  # where checkpoints go, unique to the job ("" = backend default)
+    trainer_package_uri: str = ""  # where the packaged trainer lies ("" = run from this checkout)
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # carry the Trainboard job id
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # extra environment variables
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+@dataclasses.dataclass(frozen=True)
+class JobHandle:
+    """How a backend finds a job again: stored on the TrainingJob row as JSON."""
+
+    provider: str  # registry key of the backend kind, e.g. "gpubox", "sagemaker"
+    job_name: str  # the name used at submit time (JobSpec.job_name)
+    provider_job_id: str = ""  # provider's id / ARN / resource name; "" where the name is the id
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # adapter-private, JSON-able
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "job_name": self.job_name,
+            "provider_job_id": self.provider_job_id,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobHandle":
+        return cls(
+            provider=data["provider"],
+            job_name=data["job_name"],
+            provider_job_id=data.get("provider_job_id", ""),
+            extra=dict(data.get("extra") or {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """What a backend reports about a job at one moment (output record)."""
+
+    state: JobState  # normalized state
+    raw_state: str = ""  # the provider's own primary status string
+    secondary_state: str = ""  # the provider's finer status (e.g. SageMaker SecondaryStatus)
+    failure_reason: str = ""  # provider's or trainer's message when FAILED (or why CANCELLED)
+    started_at: dt.datetime | None = None  # when billable work began (UTC, aware)
+    ended_at: dt.datetime | None = None  # when the job reached a terminal state (UTC, aware)
+    billable_seconds: float | None = None  # provider-reported, where it reports them
+    instance_count: int = 1  # instances billed
+    warning: str = ""  # e.g. an unknown provider state; the job stays non-terminal
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract
+# ---------------------------------------------------------------------------------------------
+
+
+class Backend(abc.ABC):
+    """One configured compute backend. Construct with the admin-managed settings dict.
+
+    ``kind`` is the registry key. ``config`` holds backend-level settings (region, bucket, hourly
+    rate...); per-job settings (instance type, node count, spot) come in the :class:`JobSpec` and
+    override the backend's defaults.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.config: dict[str, Any] = self.clean_config(dict(config or {}))
+
+    @classmethod
+    def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """Validate and normalise backend settings; raise :class:`InvalidSpec` naming the field."""
+        return config
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this configured backend can run."""
+
+    def validate(self, spec: JobSpec) -> None:
+        """Raise :class:`InvalidSpec` if ``spec`` cannot run here; the message shows the arithmetic.
+
+        Makes no provider call. The default checks node and process counts against
+        :attr:`capabilities`.
+        """
+        caps = self.capabilities
+        if spec.nodes < 1 or spec.procs_per_node < 1:
+            raise InvalidSpec(
+                f"nodes and processes per node must be at least 1 (got {spec.nodes} nodes × "
+                f"{spec.procs_per_node} processes)."
+            )
+        if spec.nodes > caps.max_nodes:
+            raise InvalidSpec(
+                f"{spec.nodes} nodes requested, but this backend runs at most {caps.max_nodes} "
+                f"node(s) per job."
+            )
+        if spec.procs_per_node > caps.max_procs_per_node:
+            raise InvalidSpec(
+                f"{spec.procs_per_node} processes per node requested, but this backend allows at "
+                f"most {caps.max_procs_per_node} per node."
+            )
+        if spec.spot and not caps.spot:
+            raise InvalidSpec("This backend has no spot capacity; untick spot.")
+        if spec.max_runtime_s < 1:
+            raise InvalidSpec(f"max runtime must be at least 1 second (got {spec.max_runtime_s}).")
+
+    @abc.abstractmethod
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Start the job; idempotent by ``spec.job_name`` (adopts an existing job of that name).
+
+        Raises :class:`InvalidSpec`, :class:`CredentialsError`, :class:`QuotaExceeded`,
+        :class:`CapacityUnavailable`, :class:`Throttled` or :class:`ProviderError`.
+        """
+
+    @abc.abstractmethod
+    def describe(self, handle: JobHandle) -> JobStatus:
+        """The job's current status. Raises :class:`Throttled` / :class:`ProviderError`."""
+
+    def describe_many(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        """Statuses keyed by ``handle.job_name``. Adapters override this to batch provider calls
+        so that the number of calls grows with the jobs that changed, not with the active ones.
+        A job missing from the result was not found this time (its state is left unchanged)."""
+        return {h.job_name: self.describe(h) for h in handles}
+
+    @abc.abstractmethod
+    def cancel(self, handle: JobHandle) -> None:
+        """Ask the provider to stop the job. Idempotent; returns without waiting for the stop."""
+
+    @abc.abstractmethod
+    def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
+        """Log lines written since ``cursor`` ("" = from the start), and the next cursor.
+
+        Lines carry no trailing newline. At most a backend-chosen number of lines per call; call
+        again with the returned cursor for more.
+        """
+
+    @abc.abstractmethod
+    def price(self, instance_type: str = "", spot: bool = False) -> float:
+        """USD per instance-hour for ``instance_type`` (the backend default when "")."""
+
+    def estimate_cost(self, spec: JobSpec) -> float:
+        """Upper bound in USD: max runtime × instances × hourly price (DESIGN.md §6)."""
+        return spec.max_runtime_s / 3600.0 * spec.nodes * self.price(spec.instance_type, spec.spot)
+
+
+def parse_utc(value: str | float | None) -> dt.datetime | None:
+    """A UTC-aware datetime from an ISO-8601 string or a Unix timestamp in seconds; None passes."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+    parsed = dt.datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+

@@ -1,0 +1,233 @@
+"""The domain: datasets, model specs, compute backends, training jobs and what they report.
+
+Rows are written only by ``jobs.services`` and read through ``jobs.selectors`` (scoped to the
+requesting user). Every row has an owner.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from cloud_adapters.base import TERMINAL_STATES, JobState
+
+
+class JobStateChoices(models.TextChoices):
+    QUEUED = JobState.QUEUED.value, "Queued"
+    SUBMITTING = JobState.SUBMITTING.value, "Submitting"
+    PENDING = JobState.PENDING.value, "Pending"
+    RUNNING = JobState.RUNNING.value, "Running"
+    STOPPING = JobState.STOPPING.value, "Stopping"
+    SUCCEEDED = JobState.SUCCEEDED.value, "Succeeded"
+    FAILED = JobState.FAILED.value, "Failed"
+    CANCELLED = JobState.CANCELLED.value, "Cancelled"
+
+
+TERMINAL_STATE_VALUES = tuple(s.value for s in TERMINAL_STATES)
+ACTIVE_STATE_VALUES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
+
+
+class Owned(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class Dataset(Owned):
+    """Training data: a built-in dataset or a URI in one of the trainer's formats."""
+
+    class Format(models.TextChoices):
+        BUILTIN = "builtin", "Built-in"
+        IMAGEFOLDER = "imagefolder", "ImageFolder tree"
+        CSV = "csv", "CSV table"
+        NPZ = "npz", "NPZ arrays"
+
+    name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. digits.")
+    description = models.TextField(blank=True)
+    format = models.CharField(max_length=20, choices=Format.choices, default=Format.BUILTIN)
+    builtin_name = models.CharField(
+        max_length=50, blank=True, help_text="For built-in datasets: which one (digits)."
+    )
+    uri = models.CharField(
+        max_length=1000, blank=True, help_text="Local path, or s3:// / gs:// / azureml:// URI."
+    )
+    label_column = models.CharField(max_length=100, blank=True, default="label", help_text="CSV only.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="dataset_unique_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelSpec(Owned):
+    """A model architecture from the trainer's registry with validated parameters."""
+
+    name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. digits-cnn.")
+    description = models.TextField(blank=True)
+    architecture = models.CharField(max_length=50, help_text="mlp, cnn or resnet.")
+    params = models.JSONField(default=dict, blank=True, help_text="Architecture parameters (JSON).")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="modelspec_unique_name")]
+        ordering = ["name"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ComputeBackend(Owned):
+    """An admin-managed place to run jobs; ``kind`` picks the adapter from cloud_adapters.registry."""
+
+    name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. local.")
+    kind = models.CharField(max_length=30, help_text="Adapter kind, e.g. gpubox.")
+    config = models.JSONField(default=dict, blank=True, help_text="Backend settings for the adapter.")
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="backend_unique_name")]
+        ordering = ["name"]
+        verbose_name = "compute backend"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TrainingJob(Owned):
+    """One distributed training run. ``config`` is the frozen trainer JobConfig it ran with."""
+
+    name = models.CharField(max_length=200, blank=True)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="jobs")
+    backend = models.ForeignKey(ComputeBackend, on_delete=models.PROTECT, related_name="jobs")
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns"
+    )
+
+    # Frozen at creation: the full trainer config plus the cluster shape it asks for.
+    config = models.JSONField(help_text="trainer_pkg JobConfig, frozen at creation.")
+    strategy = models.CharField(max_length=20, default="ddp")
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    procs_per_node = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    instance_type = models.CharField(max_length=100, blank=True)
+    spot = models.BooleanField(default=False)
+    max_runtime_s = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
+    budget_usd = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    hourly_price_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"),
+        help_text="Price per instance-hour, frozen at submission.",
+    )
+    estimated_cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
+
+    # Lifecycle
+    state = models.CharField(
+        max_length=20, choices=JobStateChoices.choices, default=JobStateChoices.QUEUED, db_index=True
+    )
+    provider_job_name = models.CharField(max_length=200, blank=True, db_index=True)
+    provider_handle = models.JSONField(null=True, blank=True)
+    raw_state = models.CharField(max_length=100, blank=True)
+    secondary_state = models.CharField(max_length=100, blank=True)
+    failure_reason = models.TextField(blank=True)
+    status_warning = models.TextField(blank=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    first_step_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+
+    # Cost: recomputed from source data at every sync, never incremented.
+    billable_seconds = models.FloatField(default=0)
+    instance_count = models.PositiveIntegerField(default=1)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
+
+    # Where the next log read starts (adapter-defined cursor).
+    log_cursor = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
+            models.Index(fields=["state", "backend"], name="job_state_backend"),
+        ]
+        verbose_name = "training job"
+
+    def __str__(self) -> str:
+        return self.name or f"job-{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATE_VALUES
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start (or submission) to end, or to now while the job is active."""
+        from django.utils import timezone
+
+        begin = self.started_at or self.submitted_at
+        if begin is None:
+            return None
+        return ((self.ended_at or timezone.now()) - begin).total_seconds()
+
+
+class JobEvent(models.Model):
+    """One state transition (or a notable event) in a job's life, in order."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    message = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}"
+
+
+class MetricPoint(models.Model):
+    """One scalar the trainer reported: ``name`` at optimizer ``step`` (and ``rank``, if per rank).
+
+    Names: train_loss, train_accuracy, val_loss, val_accuracy, samples_per_s, lr (global) and
+    rank_samples_per_s, rank_step_time_s (with ``rank`` set).
+    """
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
+    name = models.CharField(max_length=100)
+    step = models.PositiveIntegerField()
+    epoch = models.PositiveIntegerField(null=True, blank=True)
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    value = models.FloatField()
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "name", "step"]
+        indexes = [models.Index(fields=["job", "name", "step"], name="metric_job_name_step")]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step}={self.value:g}"
+
+
+class JobLogLine(models.Model):
+    """One line of the job's log, numbered from 0 in the order it was read."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="log_lines")
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="logline_unique_seq")]

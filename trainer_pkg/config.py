@@ -1,0 +1,218 @@
+"""The trainer's one configuration: nested dataclasses, each field documented beneath it.
+
+The dashboard builds a :class:`JobConfig`, freezes it as JSON on the job row, and the trainer reads
+the same JSON back (``python -m trainer_pkg.launch --config job.json``). The same schema drives the
+dashboard's forms and validation, so the vocabulary below (``Literal`` choices) is shared.
+
+``JobConfig.from_dict`` is strict: an unknown key, a missing section or a value of the wrong type is a
+:class:`ConfigError` naming the field. Strings are never silently read as booleans or numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any, Literal, Mapping, get_args, get_origin
+
+Strategy = Literal["ddp"]
+DataFormat = Literal["builtin", "imagefolder", "csv", "npz"]
+BuiltinDataset = Literal["digits"]
+Architecture = Literal["mlp", "cnn", "resnet"]
+Optimizer = Literal["sgd", "adamw"]
+DistBackend = Literal["auto", "gloo", "nccl"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+@dataclasses.dataclass
+class DataConfig:
+    format: DataFormat = "builtin"
+    """How the data is stored: a built-in dataset, an ImageFolder tree, a CSV table or NPZ arrays."""
+    name: BuiltinDataset = "digits"
+    """Built-in dataset (only read when ``format == "builtin"``): scikit-learn's 8×8 digits."""
+    uri: str = ""
+    """Path of the data for imagefolder / csv / npz (a local path or a cloud mount path)."""
+    label_column: str = "label"
+    """CSV only: the column holding the integer class label; every other column is a feature."""
+    val_fraction: float = 0.2
+    """Share of the samples held out for validation when the data has no validation split."""
+    image_size: int = 32
+    """ImageFolder only: images are resized to ``image_size × image_size`` pixels."""
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    arch: Architecture = "cnn"
+    """Architecture from the trainer's model registry (``trainer_pkg.models``)."""
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Architecture parameters; validated and completed with defaults by the model registry."""
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+    strategy: Strategy = "ddp"
+    """``ddp``: every rank holds the whole model and a disjoint shard of each epoch's data."""
+    nodes: int = 1
+    """Number of machines."""
+    procs_per_node: int = 1
+    """Processes (ranks) per machine; world size = nodes × procs_per_node."""
+    dist_backend: DistBackend = "auto"
+    """Process-group backend: ``auto`` picks nccl when CUDA is available, gloo otherwise."""
+    timeout_s: int = 600
+    """Process-group timeout in seconds: how long a collective waits for a missing rank."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    epochs: int = 3
+    """Passes over the training data."""
+    batch_size: int = 32
+    """Samples per process per step (the global batch is batch_size × world size)."""
+    lr: float = 0.05
+    """Peak learning rate."""
+    optimizer: Optimizer = "sgd"
+    """``sgd`` (with momentum) or ``adamw``."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.0
+    """L2 penalty (decoupled for AdamW)."""
+    seed: int = 0
+    """Seeds model init, data split and shuffling; the same seed gives the same run on CPU."""
+    log_every_steps: int = 10
+    """Emit a ``step`` metric record every this many optimizer steps."""
+
+
+@dataclasses.dataclass
+class OutputConfig:
+    output_dir: str = "output"
+    """Where ``model.pt`` (bare state dict) and ``metrics.jsonl`` are written."""
+    checkpoint_dir: str = ""
+    """Where per-epoch checkpoints go; "" means ``<output_dir>/checkpoints``."""
+
+    @property
+    def resolved_checkpoint_dir(self) -> str:
+        return self.checkpoint_dir or f"{self.output_dir.rstrip('/')}/checkpoints"
+
+
+@dataclasses.dataclass
+class JobConfig:
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+
+    # -- serialisation ----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobConfig":
+        """Build a config from a (possibly partial) dict; missing fields take their defaults.
+
+        Raises :class:`ConfigError` naming the first unknown key or mistyped value, e.g.
+        ``train.epochs: expected an integer, got '3'``.
+        """
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError("config must be a JSON object")
+        return cls.from_dict(data)
+
+    # -- validation -------------------------------------------------------------------------
+
+    def errors(self) -> dict[str, str]:
+        """Range checks, keyed by dotted field name; empty when the config is valid."""
+        errs: dict[str, str] = {}
+
+        def need(ok: bool, field: str, msg: str) -> None:
+            if not ok and field not in errs:
+                errs[field] = msg
+
+        d, p, t = self.data, self.parallel, self.train
+        need(d.format == "builtin" or bool(d.uri), "data.uri", f"a {d.format} dataset needs a path")
+        need(0.0 < d.val_fraction < 1.0, "data.val_fraction",
+             f"must be between 0 and 1 (exclusive), got {d.val_fraction}")
+        need(d.image_size >= 8, "data.image_size", f"must be at least 8 pixels, got {d.image_size}")
+        need(p.nodes >= 1, "parallel.nodes", f"must be at least 1, got {p.nodes}")
+        need(p.procs_per_node >= 1, "parallel.procs_per_node",
+             f"must be at least 1, got {p.procs_per_node}")
+        need(p.timeout_s >= 1, "parallel.timeout_s", f"must be at least 1 second, got {p.timeout_s}")
+        need(t.epochs >= 1, "train.epochs", f"must be at least 1, got {t.epochs}")
+        need(t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}")
+        need(t.lr > 0, "train.lr", f"must be greater than 0, got {t.lr}")
+        need(0.0 <= t.momentum < 1.0, "train.momentum", f"must be in [0, 1), got {t.momentum}")
+        need(t.weight_decay >= 0, "train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
+        need(t.log_every_steps >= 1, "train.log_every_steps",
+             f"must be at least 1, got {t.log_every_steps}")
+        return errs
+
+    def validate(self) -> "JobConfig":
+        """Raise :class:`ConfigError` listing every range error; return ``self`` when valid."""
+        errs = self.errors()
+        if errs:
+            raise ConfigError("; ".join(f"{k}: {v}" for k, v in errs.items()))
+        return self
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or 'config'}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown field (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, f"{where}.")
+    origin = get_origin(hint)
+    if origin is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{where}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected an object, got {value!r}")
+        return dict(value)
+    raise ConfigError(f"{where}: unsupported field type {hint!r}")  # a schema bug, not user input

@@ -1,0 +1,48 @@
+"""The metric record the trainer emits and the dashboard ingests.
+
+Rank 0 writes one JSON object per line to ``<output_dir>/metrics.jsonl`` and prints the same object
+on stdout prefixed with :data:`METRIC_PREFIX`, so any backend that can read the job's log (a GPU box's
+log file, CloudWatch, Cloud Logging, an Azure ML log stream) also yields its metrics.
+
+Record fields (values are global: all-reduced over ranks, weighted by sample count):
+
+``event``        ``"started"`` (once, after the first optimizer step), ``"step"`` (every
+                 ``train.log_every_steps`` steps), ``"epoch"`` (end of each epoch, with validation),
+                 ``"completed"`` (once, after the final model is saved).
+``time``         Unix time, seconds.
+``epoch``        0-based epoch; ``step`` the number of optimizer steps taken so far.
+``world_size``   ranks in the job.
+``train_loss``, ``train_accuracy``       mean over the samples since the previous record (0–1 accuracy).
+``val_loss``, ``val_accuracy``           ``epoch`` records only.
+``samples_per_s``                         global training throughput.
+``rank_samples_per_s``, ``rank_step_time_s``  lists indexed by rank.
+``lr``           learning rate at that step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+METRIC_PREFIX = "TRAINBOARD_METRIC "
+
+
+def format_metric_line(record: dict[str, Any]) -> str:
+    """The stdout line for ``record`` (no trailing newline)."""
+    return METRIC_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def parse_metric_line(line: str) -> dict[str, Any] | None:
+    """The record carried by a log line, or None when the line carries none.
+
+    The prefix may appear after other text (launchers and clouds prepend rank or timestamp tags).
+    A malformed record is ignored rather than raised: a log is never a reason to fail a sync.
+    """
+    at = line.find(METRIC_PREFIX)
+    if at < 0:
+        return None
+    try:
+        record = json.loads(line[at + len(METRIC_PREFIX) :])
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and "event" in record else None
