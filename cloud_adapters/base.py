@@ -192,6 +192,9 @@ class Backend(abc.ABC):
     """
 
     kind: ClassVar[str]
+    queue: ClassVar[str] = "celery"
+    """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
+    worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config: dict[str, Any] = self.clean_config(dict(config or {}))
