@@ -1,0 +1,47 @@
+"""docker-compose.yml is validated by Debian's docker-compose (no engine needed for `config`)."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _resolved_compose() -> dict:
+    assert shutil.which("docker-compose"), "docker-compose missing: run `make system-deps`"
+    env = {**os.environ, "POSTGRES_PASSWORD": "pw-for-validation", "DJANGO_SECRET_KEY": "key-for-validation"}
+    out = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )
+    return yaml.safe_load(out.stdout)
+
+
+def test_compose_has_every_service_with_postgres_and_redis():
+    services = _resolved_compose()["services"]
+    assert set(services) == {"postgres", "redis", "web", "worker", "beat", "gpubox-worker", "flower"}
+    for name in ("web", "worker", "beat", "gpubox-worker", "flower"):
+        env = services[name]["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://trainboard:pw-for-validation@postgres:5432/")
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_gpubox_worker_consumes_its_queue_with_an_nvidia_reservation():
+    gpubox = _resolved_compose()["services"]["gpubox-worker"]
+    command = gpubox["command"]
+    assert command[command.index("-Q") + 1] == "gpubox"
+    devices = gpubox["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+
+
+def test_compose_refuses_to_start_without_secrets():
+    env = {k: v for k, v in os.environ.items() if k not in ("POSTGRES_PASSWORD", "DJANGO_SECRET_KEY")}
+    out = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0
+    assert "set POSTGRES_PASSWORD" in out.stderr or "set DJANGO_SECRET_KEY" in out.stderr
