@@ -1,0 +1,123 @@
+"""Reads, always scoped to the requesting user (DESIGN.md §8).
+
+Views fetch one object with ``get_object_or_404(<list queryset>, pk=pk)``, so another user's object
+is a 404. The contract is docs/internal-api.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from django.db.models import Max, Q, QuerySet
+
+from jobs.models import (
+    ACTIVE_STATE_VALUES,
+    ComputeBackend,
+    Dataset,
+    JobEvent,
+    JobLogLine,
+    JobStateChoices as S,
+    MetricPoint,
+    ModelSpec,
+    TrainingJob,
+)
+
+
+def dataset_list_for_user(*, user) -> QuerySet[Dataset]:
+    return Dataset.objects.filter(owner_id=user.pk)
+
+
+def model_spec_list_for_user(*, user) -> QuerySet[ModelSpec]:
+    return ModelSpec.objects.filter(owner_id=user.pk)
+
+
+def backend_list_for_user(*, user) -> QuerySet[ComputeBackend]:
+    return ComputeBackend.objects.filter(owner_id=user.pk)
+
+
+def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None, backend: Any = None,
+                               q: str | None = None) -> QuerySet[TrainingJob]:
+    """The user's jobs, newest first.
+
+    ``state``: one state value or several; ``backend``: a ComputeBackend, its pk or its name;
+    ``q``: matches the job name, id, dataset, model or backend name (case-insensitive).
+    """
+    qs = (TrainingJob.objects.filter(owner_id=user.pk)
+          .select_related("dataset", "model_spec", "backend"))
+    if state:
+        states = [state] if isinstance(state, str) else list(state)
+        qs = qs.filter(state__in=[str(s).upper() for s in states])
+    if backend not in (None, ""):
+        if isinstance(backend, ComputeBackend):
+            qs = qs.filter(backend_id=backend.pk)
+        elif isinstance(backend, int) or (isinstance(backend, str) and backend.isdigit()):
+            qs = qs.filter(backend_id=int(backend))
+        else:
+            qs = qs.filter(backend__name=backend)
+    if q:
+        q = q.strip()
+        match = (Q(name__icontains=q) | Q(dataset__name__icontains=q) | Q(model_spec__name__icontains=q)
+                 | Q(backend__name__icontains=q) | Q(provider_job_name__icontains=q))
+        if q.lstrip("#").isdigit():
+            match |= Q(pk=int(q.lstrip("#")))
+        qs = qs.filter(match)
+    return qs
+
+
+def training_job_metric_series(*, job: TrainingJob) -> dict[str, list[dict[str, Any]]]:
+    """Global series by name: ``{"val_accuracy": [{"step": 30, "epoch": 0, "value": 0.91}, ...]}``,
+    each ordered by step."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    rows = (MetricPoint.objects.filter(job_id=job.pk, rank__isnull=True)
+            .order_by("name", "step", "id").values_list("name", "step", "epoch", "value"))
+    for name, step, epoch, value in rows:
+        series.setdefault(name, []).append({"step": step, "epoch": epoch, "value": value})
+    return series
+
+
+def training_job_rank_throughput(*, job: TrainingJob) -> list[dict[str, Any]]:
+    """Latest per-rank numbers: ``[{"rank": 0, "samples_per_s": 812.0, "step_time_s": 0.04}, ...]``.
+
+    Taken from the last step that reported per-rank values (None where a metric is missing).
+    """
+    per_rank = MetricPoint.objects.filter(job_id=job.pk, rank__isnull=False,
+                                          name__in=("rank_samples_per_s", "rank_step_time_s"))
+    last_step = per_rank.aggregate(m=Max("step"))["m"]
+    if last_step is None:
+        return []
+    out: dict[int, dict[str, Any]] = {}
+    for rank, name, value in per_rank.filter(step=last_step).order_by("rank", "id").values_list("rank", "name", "value"):
+        row = out.setdefault(rank, {"rank": rank, "samples_per_s": None, "step_time_s": None})
+        row["samples_per_s" if name == "rank_samples_per_s" else "step_time_s"] = value
+    return [out[r] for r in sorted(out)]
+
+
+def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
+    """The last ``lines`` log lines, oldest first."""
+    lines = max(int(lines), 0)
+    texts = list(JobLogLine.objects.filter(job_id=job.pk).order_by("-seq").values_list("text", flat=True)[:lines])
+    texts.reverse()
+    return texts
+
+
+def training_job_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
+    """The job's state transitions in order."""
+    return JobEvent.objects.filter(job_id=job.pk).order_by("created_at", "id")
+
+
+def training_job_final_metrics(*, job: TrainingJob) -> dict[str, float | None]:
+    """The last value of each global metric, e.g. ``{"val_accuracy": 0.97, ...}`` (None if absent)."""
+    out: dict[str, float | None] = {}
+    for name in ("val_accuracy", "val_loss", "train_loss", "train_accuracy"):
+        point = (MetricPoint.objects.filter(job_id=job.pk, name=name, rank__isnull=True)
+                 .order_by("-step", "-id").values_list("value", flat=True).first())
+        out[name] = point
+    return out
+
+
+def backend_ids_with_active_jobs() -> list[int]:
+    """Backends that have jobs a sync must look at (submitted, not yet terminal)."""
+    return list(
+        TrainingJob.objects.filter(state__in=ACTIVE_STATE_VALUES).exclude(state=S.QUEUED)
+        .order_by().values_list("backend_id", flat=True).distinct()
+    )

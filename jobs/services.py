@@ -1,0 +1,975 @@
+"""Writes. Views, the API, admin actions, management commands and tasks all call these functions.
+
+Every function is keyword-only. Input errors raise :class:`django.core.exceptions.ValidationError`
+whose ``message_dict`` is keyed by the form/API field names (``__all__`` for the rest) with messages
+a user can act on, and nothing is written when they raise. Side effects outside the database (Celery
+messages, provider calls) happen after commit, so a rolled-back request never launches a cloud job.
+The contract is docs/internal-api.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from decimal import Decimal, InvalidOperation
+from functools import partial
+from typing import Any, Mapping
+
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobHandle, JobSpec, JobState, JobStatus
+from jobs import cost as costs
+from jobs.models import (
+    ACTIVE_STATE_VALUES,
+    TERMINAL_STATE_VALUES,
+    ComputeBackend,
+    Dataset,
+    JobEvent,
+    JobLogLine,
+    JobStateChoices as S,
+    MetricPoint,
+    ModelSpec,
+    TrainingJob,
+)
+from jobs.states import is_allowed, transition
+from trainer_pkg.config import ConfigError, JobConfig
+
+log = logging.getLogger(__name__)
+
+ALL = NON_FIELD_ERRORS  # "__all__"
+
+
+# =============================================================================================
+# Adapters
+# =============================================================================================
+
+
+def _host_config_defaults() -> dict[str, dict[str, Any]]:
+    """Backend settings that belong to this installation rather than to the stored backend row,
+    by adapter kind (a gpubox's run root is a path on the worker's machine). Data, not if/elif:
+    settings may replace it with ``TRAINBOARD_BACKEND_DEFAULTS``."""
+    return getattr(settings, "TRAINBOARD_BACKEND_DEFAULTS", None) or {
+        "gpubox": {"run_root": str(settings.TRAINBOARD_RUN_ROOT)},
+    }
+
+
+def _effective_config(kind: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    merged = dict(_host_config_defaults().get(kind, {}))
+    merged.update({k: v for k, v in (config or {}).items() if v not in (None, "")})
+    return merged
+
+
+def backend_adapter(backend: ComputeBackend) -> Backend:
+    """The configured ``cloud_adapters`` Backend for a ComputeBackend row.
+
+    Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency).
+    """
+    from cloud_adapters.registry import create_backend
+
+    return create_backend(backend.kind, _effective_config(backend.kind, backend.config))
+
+
+def backend_queue(backend: ComputeBackend) -> str:
+    """The Celery queue whose workers reach ``backend`` (``Backend.queue``; "celery" if unknown)."""
+    from cloud_adapters.registry import backend_class
+
+    try:
+        return backend_class(backend.kind).queue
+    except (LookupError, ValueError, BackendError):
+        return "celery"
+
+
+def provider_job_name(job: TrainingJob) -> str:
+    """Deterministic, provider-safe job name: ``tb-job-<id>-<creation time, hex seconds>``.
+
+    Derived only from the row, so a retried submit finds the job its first attempt created. The
+    creation time keeps a fresh database (ids restarting at 1) from adopting an old run's job.
+    Lowercase letters, digits and hyphens, under 63 characters: valid on SageMaker, Vertex, Azure ML.
+    """
+    prefix = getattr(settings, "TRAINBOARD_JOB_NAME_PREFIX", "tb-job")
+    return f"{prefix}-{job.pk}-{int(job.created_at.timestamp()):x}"
+
+
+def job_spec(job: TrainingJob) -> JobSpec:
+    """The :class:`JobSpec` for a stored job (its frozen config and shape)."""
+    return JobSpec(
+        job_name=job.provider_job_name or provider_job_name(job),
+        config=job.config,
+        nodes=job.nodes,
+        procs_per_node=job.procs_per_node,
+        instance_type=job.instance_type,
+        spot=job.spot,
+        max_runtime_s=job.max_runtime_s,
+        dataset_uri=(job.config.get("data") or {}).get("uri", ""),
+        tags={"trainboard-job-id": str(job.pk), "trainboard-owner-id": str(job.owner_id)},
+    )
+
+
+# =============================================================================================
+# Small validation helpers
+# =============================================================================================
+
+
+class _Errors(dict):
+    """field -> [messages]; ``raise_if_any`` raises one ValidationError with all of them."""
+
+    def add(self, field: str, message: str) -> None:
+        self.setdefault(field, []).append(message)
+
+    def raise_if_any(self) -> None:
+        if self:
+            raise ValidationError(dict(self))
+
+
+def _int(errors: _Errors, field: str, value: Any, *, minimum: int, label: str) -> int:
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            pass
+    if number is None:
+        errors.add(field, f"{label} must be a whole number, got {value!r}.")
+        return minimum
+    if number < minimum:
+        errors.add(field, f"{label} must be at least {minimum}, got {number}.")
+    return number
+
+
+def _positive_float(errors: _Errors, field: str, value: Any, *, label: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value)
+    except (TypeError, ValueError):
+        errors.add(field, f"{label} must be a number, got {value!r}.")
+        return 1.0
+    if not number > 0 or number != number or number == float("inf"):
+        errors.add(field, f"{label} must be greater than 0, got {value!r}.")
+    return number
+
+
+def _budget(errors: _Errors, value: Any) -> Decimal | None:
+    if value in (None, ""):
+        return None
+    try:
+        if isinstance(value, bool):
+            raise InvalidOperation
+        budget = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        errors.add("budget_usd", f"Budget must be an amount in USD, e.g. 5.00, got {value!r}.")
+        return None
+    if not budget.is_finite() or budget <= 0:
+        errors.add("budget_usd", f"Budget must be more than $0 (or empty for none), got {value!r}.")
+        return None
+    return budget.quantize(costs.CENT_FRACTION)
+
+
+def _hyperparameters(errors: _Errors, value: Any) -> dict[str, Any]:
+    if value in (None, ""):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            errors.add("hyperparameters", f"Hyperparameters are not valid JSON: {exc.msg} at line "
+                                          f"{exc.lineno} column {exc.colno}.")
+            return {}
+    if not isinstance(value, dict):
+        errors.add("hyperparameters", 'Hyperparameters must be a JSON object of config overrides, '
+                                      'e.g. {"train": {"optimizer": "adamw"}}.')
+        return {}
+    return value
+
+
+def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key != "params":
+            out[key] = _deep_merge(out[key], value)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}  # model params: merged one level
+        else:
+            out[key] = value
+    return out
+
+
+def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        keys.add(prefix + key)
+        if isinstance(value, Mapping):
+            keys |= _flatten_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+# The form/API field that owns each JobConfig field the service fills from its arguments.
+_CONFIG_FIELD_TO_ARG = {
+    "parallel.strategy": "strategy",
+    "parallel.nodes": "nodes",
+    "parallel.procs_per_node": "procs_per_node",
+    "train.epochs": "epochs",
+    "train.batch_size": "batch_size",
+    "train.lr": "lr",
+    "train.seed": "seed",
+}
+
+
+def _config_error_field(dotted: str, overridden: set[str]) -> str:
+    """Which form field a JobConfig error belongs to (``dotted`` like ``train.epochs``)."""
+    if dotted in overridden or any(dotted.startswith(k + ".") for k in overridden):
+        return "hyperparameters"
+    if dotted in _CONFIG_FIELD_TO_ARG:
+        return _CONFIG_FIELD_TO_ARG[dotted]
+    if dotted.startswith("data."):
+        return "dataset"
+    if dotted.startswith("model."):
+        return "model_spec"
+    return "hyperparameters" if overridden else ALL
+
+
+def _add_config_error(errors: _Errors, exc_or_msg: Any, overridden: set[str]) -> None:
+    text = str(exc_or_msg)
+    dotted = text.split(":", 1)[0].strip() if ":" in text else ""
+    field = _config_error_field(dotted, overridden) if dotted and " " not in dotted else (
+        "hyperparameters" if overridden else ALL
+    )
+    errors.add(field, text)
+
+
+def _spec_error_field(message: str) -> str:
+    """The form field an adapter's InvalidSpec message is about (the message shows the arithmetic)."""
+    lowered = message.lower()
+    for needle, field in (
+        ("process", "procs_per_node"), ("node", "nodes"), ("spot", "spot"),
+        ("instance", "instance_type"), ("runtime", "max_runtime_s"), ("strateg", "strategy"),
+    ):
+        if needle in lowered:
+            return field
+    return ALL
+
+
+def _owned(errors: _Errors, field: str, model: type, value: Any, owner: Any, label: str) -> Any:
+    """``value`` (an instance or a pk) when it exists and belongs to ``owner``; else an error."""
+    obj = value
+    if not isinstance(value, model):
+        obj = model.objects.filter(pk=value).first() if value not in (None, "") else None
+    if obj is None or obj.owner_id != getattr(owner, "pk", None):
+        errors.add(field, f"Choose one of your {label}s; this one does not exist or is not yours.")
+        return None
+    return obj
+
+
+def _adapter_or_error(errors: _Errors, backend: ComputeBackend | None) -> Backend | None:
+    if backend is None:
+        return None
+    if not backend.enabled:
+        errors.add("backend", f"Backend {backend.name} is disabled; enable it in the admin or choose another.")
+        return None
+    try:
+        return backend_adapter(backend)
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        errors.add("backend", f"Backend {backend.name} cannot be used: {exc}")
+        return None
+
+
+def _check_spec(errors: _Errors, adapter: Backend, spec: JobSpec, strategy: str) -> None:
+    caps = adapter.capabilities
+    if strategy not in caps.strategies:
+        errors.add("strategy", f"This backend runs {', '.join(caps.strategies)}; {strategy!r} is not one of them.")
+    try:
+        adapter.validate(spec)
+    except InvalidSpec as exc:
+        errors.add(_spec_error_field(str(exc)), str(exc))
+
+
+def _hourly_price(errors: _Errors, adapter: Backend, instance_type: str, spot: bool) -> Decimal:
+    try:
+        return costs.to_decimal(adapter.price(instance_type, spot), costs.PRICE_FRACTION)
+    except BackendError as exc:
+        errors.add("instance_type", str(exc))
+        return Decimal("0")
+
+
+def _name_taken(model: type, owner: Any, name: str, exclude_pk: Any = None) -> bool:
+    qs = model.objects.filter(owner=owner, name=name)
+    if exclude_pk is not None:
+        qs = qs.exclude(pk=exclude_pk)
+    return qs.exists()
+
+
+def _full_clean(errors: _Errors, obj: Any) -> None:
+    try:
+        obj.full_clean(exclude=["owner"], validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        for field, messages in exc.message_dict.items():
+            for message in messages:
+                errors.add(field, message)
+
+
+# =============================================================================================
+# Datasets
+# =============================================================================================
+
+_DATASET_FIELDS = {"name", "description", "format", "builtin_name", "uri", "label_column"}
+
+
+def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
+    from typing import get_args
+
+    from trainer_pkg.config import BuiltinDataset
+
+    _full_clean(errors, dataset)
+    if dataset.name and _name_taken(Dataset, dataset.owner, dataset.name, dataset.pk):
+        errors.add("name", f"You already have a dataset named {dataset.name}; choose another name.")
+    if dataset.format == Dataset.Format.BUILTIN:
+        known = get_args(BuiltinDataset)
+        if dataset.builtin_name not in known:
+            errors.add("builtin_name", f"Choose a built-in dataset: {', '.join(known)}.")
+        dataset.uri = ""
+        return
+    dataset.builtin_name = ""
+    if not dataset.uri:
+        errors.add("uri", f"A {dataset.format} dataset needs a path or URI.")
+        return
+    if "://" not in dataset.uri and "format" not in errors:
+        # A local path: the trainer's own loader says whether it can read it, in its words.
+        from trainer_pkg.datasets import check_dataset
+
+        try:
+            check_dataset(dataset.format, dataset.uri, dataset.label_column or "label")
+        except ConfigError as exc:
+            errors.add("uri", str(exc))
+
+
+def dataset_create(*, owner, name: str, format: str, builtin_name: str = "", uri: str = "",
+                   label_column: str = "label", description: str = "") -> Dataset:
+    """Register a dataset: built-in (``builtin_name`` "digits") or a ``uri`` in one of the formats."""
+    dataset = Dataset(owner=owner, name=(name or "").strip(), format=format, builtin_name=builtin_name or "",
+                      uri=(uri or "").strip(), label_column=label_column or "label",
+                      description=description or "")
+    errors = _Errors()
+    _validate_dataset(errors, dataset)
+    errors.raise_if_any()
+    dataset.save()
+    return dataset
+
+
+def dataset_update(*, dataset: Dataset, **fields: Any) -> Dataset:
+    """Change some of ``name, description, format, builtin_name, uri, label_column``."""
+    unknown = set(fields) - _DATASET_FIELDS
+    if unknown:
+        raise TypeError(f"dataset_update: unknown fields {sorted(unknown)}")
+    original = {f: getattr(dataset, f) for f in _DATASET_FIELDS}
+    for field, value in fields.items():
+        setattr(dataset, field, (value or "") if field != "format" else value)
+    errors = _Errors()
+    _validate_dataset(errors, dataset)
+    if errors:
+        for field, value in original.items():
+            setattr(dataset, field, value)
+        errors.raise_if_any()
+    dataset.save()
+    return dataset
+
+
+# =============================================================================================
+# Model specs
+# =============================================================================================
+
+_MODEL_FIELDS = {"name", "description", "architecture", "params"}
+
+
+def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
+    from trainer_pkg.registry import validate_model_params
+
+    _full_clean(errors, spec)
+    if spec.name and _name_taken(ModelSpec, spec.owner, spec.name, spec.pk):
+        errors.add("name", f"You already have a model named {spec.name}; choose another name.")
+    params = spec.params
+    if isinstance(params, str):
+        try:
+            params = json.loads(params) if params.strip() else {}
+        except json.JSONDecodeError as exc:
+            errors.add("params", f"Parameters are not valid JSON: {exc.msg}.")
+            return
+    if not isinstance(params, dict):
+        errors.add("params", 'Parameters must be a JSON object, e.g. {"channels": 32}.')
+        return
+    try:
+        spec.params = validate_model_params(spec.architecture, params)
+    except ConfigError as exc:
+        field = "architecture" if str(exc).startswith("model.arch") else "params"
+        errors.add(field, str(exc))
+
+
+def model_spec_create(*, owner, name: str, architecture: str, params: dict | None = None,
+                      description: str = "") -> ModelSpec:
+    """Register a model: an architecture from the trainer's registry; ``params`` completed with defaults."""
+    spec = ModelSpec(owner=owner, name=(name or "").strip(), architecture=architecture or "",
+                     params=params if params is not None else {}, description=description or "")
+    errors = _Errors()
+    _validate_model_spec(errors, spec)
+    errors.raise_if_any()
+    spec.save()
+    return spec
+
+
+def model_spec_update(*, model_spec: ModelSpec, **fields: Any) -> ModelSpec:
+    unknown = set(fields) - _MODEL_FIELDS
+    if unknown:
+        raise TypeError(f"model_spec_update: unknown fields {sorted(unknown)}")
+    original = {f: getattr(model_spec, f) for f in _MODEL_FIELDS}
+    for field, value in fields.items():
+        setattr(model_spec, field, value if value is not None else ({} if field == "params" else ""))
+    errors = _Errors()
+    _validate_model_spec(errors, model_spec)
+    if errors:
+        for field, value in original.items():
+            setattr(model_spec, field, value)
+        errors.raise_if_any()
+    model_spec.save()
+    return model_spec
+
+
+# =============================================================================================
+# Compute backends
+# =============================================================================================
+
+_BACKEND_FIELDS = {"name", "kind", "config", "enabled"}
+
+
+def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
+    from cloud_adapters.registry import backend_class
+
+    _full_clean(errors, backend)
+    if backend.name and _name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
+        errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
+    config = backend.config
+    if isinstance(config, str):
+        try:
+            config = json.loads(config) if config.strip() else {}
+        except json.JSONDecodeError as exc:
+            errors.add("config", f"Config is not valid JSON: {exc.msg}.")
+            return
+    if not isinstance(config, dict):
+        errors.add("config", "Config must be a JSON object of backend settings.")
+        return
+    try:
+        cls = backend_class(backend.kind)
+    except (LookupError, ValueError, BackendError) as exc:
+        errors.add("kind", str(exc) or f"Unknown backend kind {backend.kind!r}.")
+        return
+    host_defaults = _host_config_defaults().get(backend.kind, {})
+    try:
+        cleaned = cls.clean_config(_effective_config(backend.kind, config))
+    except (BackendError, ValueError, TypeError) as exc:
+        errors.add("config", str(exc))
+        return
+    # Store what the admin set (normalised), not this host's defaults: those are filled at use time.
+    backend.config = {k: v for k, v in cleaned.items() if k in config or k not in host_defaults}
+
+
+def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True) -> ComputeBackend:
+    """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``."""
+    backend = ComputeBackend(owner=owner, name=(name or "").strip(), kind=kind or "",
+                             config=config if config is not None else {}, enabled=bool(enabled))
+    errors = _Errors()
+    _validate_backend(errors, backend)
+    errors.raise_if_any()
+    backend.save()
+    return backend
+
+
+def backend_update(*, backend: ComputeBackend, **fields: Any) -> ComputeBackend:
+    unknown = set(fields) - _BACKEND_FIELDS
+    if unknown:
+        raise TypeError(f"backend_update: unknown fields {sorted(unknown)}")
+    original = {f: getattr(backend, f) for f in _BACKEND_FIELDS}
+    errors = _Errors()
+    if "kind" in fields and fields["kind"] != backend.kind and backend.pk and \
+            backend.jobs.filter(state__in=ACTIVE_STATE_VALUES).exists():
+        errors.add("kind", "This backend has active jobs; wait for them to end before changing its kind.")
+    for field, value in fields.items():
+        setattr(backend, field, value if value is not None else ({} if field == "config" else value))
+    _validate_backend(errors, backend)
+    if errors:
+        for field, value in original.items():
+            setattr(backend, field, value)
+        errors.raise_if_any()
+    backend.save()
+    return backend
+
+
+# =============================================================================================
+# Training jobs: create, estimate, re-run
+# =============================================================================================
+
+
+def _enqueue_submit(job_id: int, queue: str) -> None:
+    from jobs import tasks
+
+    tasks.submit_job.apply_async(args=[job_id], queue=queue)
+
+
+def _enqueue_cancel(job_id: int, queue: str) -> None:
+    from jobs import tasks
+
+    tasks.cancel_job.apply_async(args=[job_id], queue=queue)
+
+
+def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,
+               procs_per_node: int, instance_type: str, spot: bool, max_runtime_s: int,
+               budget_usd: Decimal | None, hourly_price: Decimal, name: str,
+               rerun_of: TrainingJob | None) -> TrainingJob:
+    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=hourly_price)
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            owner=owner, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
+            rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
+            procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
+            max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
+            estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
+        )
+        job.provider_job_name = provider_job_name(job)
+        job.save(update_fields=["provider_job_name"])
+        message = f"Re-run of job {rerun_of.pk}" if rerun_of else "Created"
+        JobEvent.objects.create(job=job, from_state="", to_state=S.QUEUED, message=message)
+        transaction.on_commit(partial(_enqueue_submit, job.pk, backend_queue(backend)))
+    return job
+
+
+def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
+                        procs_per_node: int = 1, epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
+                        seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
+                        spot: bool = False, hyperparameters=None, name: str = "",
+                        rerun_of: TrainingJob | None = None) -> TrainingJob:
+    """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
+
+    ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
+    ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
+    ``{"train": {"optimizer": "adamw"}}``. The backend checks the shape (``Backend.validate``).
+    ``jobs.tasks.submit_job`` is sent to the backend's queue when the transaction commits.
+    Raises ValidationError keyed by these argument names; writes nothing then.
+    """
+    from trainer_pkg.registry import validate_model_params
+
+    errors = _Errors()
+    dataset = _owned(errors, "dataset", Dataset, dataset, owner, "dataset")
+    model_spec = _owned(errors, "model_spec", ModelSpec, model_spec, owner, "model")
+    backend = _owned(errors, "backend", ComputeBackend, backend, owner, "backend")
+    nodes = _int(errors, "nodes", nodes, minimum=1, label="Nodes")
+    procs_per_node = _int(errors, "procs_per_node", procs_per_node, minimum=1, label="Processes per node")
+    epochs = _int(errors, "epochs", epochs, minimum=1, label="Epochs")
+    batch_size = _int(errors, "batch_size", batch_size, minimum=1, label="Batch size")
+    seed = _int(errors, "seed", seed, minimum=0, label="Seed")
+    max_runtime_s = _int(errors, "max_runtime_s", max_runtime_s, minimum=1, label="Max runtime (s)")
+    lr = _positive_float(errors, "lr", lr, label="Learning rate")
+    budget = _budget(errors, budget_usd)
+    overrides = _hyperparameters(errors, hyperparameters)
+    instance_type = (instance_type or "").strip()
+    spot = bool(spot)
+    name = (name or "").strip()[:200]
+    if errors or dataset is None or model_spec is None:
+        errors.raise_if_any()
+
+    # The trainer config: data from the Dataset, model from the ModelSpec, shape and training from
+    # the arguments, then the user's overrides; the trainer's own schema validates the result.
+    base = {
+        "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
+                 "label_column": dataset.label_column or "label"},
+        "model": {"arch": model_spec.architecture, "params": dict(model_spec.params or {})},
+        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node},
+        "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
+    }
+    overridden = _flatten_keys(overrides)
+    config = None
+    try:
+        config = JobConfig.from_dict(_deep_merge(base, overrides))
+        config.model.params = validate_model_params(config.model.arch, config.model.params)
+    except ConfigError as exc:
+        _add_config_error(errors, exc, overridden)
+    if config is not None:
+        for dotted, message in config.errors().items():
+            errors.add(_config_error_field(dotted, overridden), f"{dotted}: {message}")
+    errors.raise_if_any()
+
+    # The frozen config is the truth; the row's shape columns mirror it (overrides included).
+    strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
+    adapter = _adapter_or_error(errors, backend)
+    errors.raise_if_any()
+    spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
+                   instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
+                   dataset_uri=config.data.uri)
+    _check_spec(errors, adapter, spec, strategy)
+    price = _hourly_price(errors, adapter, instance_type, spot)
+    errors.raise_if_any()
+    return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
+                      config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
+                      instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
+                      hourly_price=price, name=name, rerun_of=rerun_of)
+
+
+def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_node: int = 1,
+                          max_runtime_s: int = 3600, instance_type: str = "", spot: bool = False) -> dict:
+    """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "world_size", "message"}``.
+
+    Estimate = max runtime × instances (nodes) × hourly price. Raises ValidationError like
+    :func:`training_job_create` for a shape the backend cannot run.
+    """
+    errors = _Errors()
+    nodes = _int(errors, "nodes", nodes, minimum=1, label="Nodes")
+    procs_per_node = _int(errors, "procs_per_node", procs_per_node, minimum=1, label="Processes per node")
+    max_runtime_s = _int(errors, "max_runtime_s", max_runtime_s, minimum=1, label="Max runtime (s)")
+    if not isinstance(backend, ComputeBackend):
+        backend = ComputeBackend.objects.filter(pk=backend).first()
+        if backend is None:
+            errors.add("backend", "Choose one of your backends.")
+    errors.raise_if_any()
+    adapter = _adapter_or_error(errors, backend)
+    errors.raise_if_any()
+    spec = JobSpec(job_name="tb-job-estimate", config={}, nodes=nodes, procs_per_node=procs_per_node,
+                   instance_type=(instance_type or "").strip(), spot=bool(spot), max_runtime_s=max_runtime_s)
+    try:
+        adapter.validate(spec)
+    except InvalidSpec as exc:
+        errors.add(_spec_error_field(str(exc)), str(exc))
+    price = _hourly_price(errors, adapter, spec.instance_type, spec.spot)
+    errors.raise_if_any()
+    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price)
+    world = nodes * procs_per_node
+    message = (
+        f"{nodes} node(s) × {procs_per_node} process(es) = {world} rank(s); at most "
+        f"{max_runtime_s / 3600:.2f} h × {nodes} instance(s) × ${price.normalize():f}/h = ${estimate:.2f}"
+    )
+    return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "world_size": world, "message": message}
+
+
+def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
+    """A new QUEUED job with ``job``'s frozen config and shape (``rerun_of=job``), priced now."""
+    errors = _Errors()
+    if job.owner_id != getattr(owner, "pk", None):
+        errors.add(ALL, "You can only re-run your own jobs.")
+        errors.raise_if_any()
+    backend = job.backend
+    adapter = _adapter_or_error(errors, backend)
+    errors.raise_if_any()
+    spec = job_spec(job)
+    _check_spec(errors, adapter, spec, job.strategy)
+    price = _hourly_price(errors, adapter, job.instance_type, job.spot)
+    errors.raise_if_any()
+    return _store_job(owner=owner, dataset=job.dataset, model_spec=job.model_spec, backend=backend,
+                      config=dict(job.config), strategy=job.strategy, nodes=job.nodes,
+                      procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,
+                      max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
+                      name=job.name, rerun_of=job)
+
+
+# =============================================================================================
+# Training jobs: submit and cancel (called by tasks)
+# =============================================================================================
+
+
+def _fail(job: TrainingJob, reason: str) -> None:
+    """Move ``job`` to FAILED from whatever state it is in now (if that is still legal)."""
+    for _ in range(3):
+        if not is_allowed(job.state, S.FAILED):
+            return
+        if transition(job, S.FAILED, message=reason, failure_reason=reason):
+            return
+
+
+def training_job_submit(*, job: TrainingJob, retrying: bool = False) -> TrainingJob:
+    """Start ``job`` on its backend (the body of ``jobs.tasks.submit_job``).
+
+    QUEUED → SUBMITTING with a conditional update (a duplicate delivery gets ``False`` and returns
+    without calling the provider), ``Backend.submit`` (idempotent by job name), the handle stored,
+    → PENDING. ``retrying=True`` (a Celery retry after a transient error) may resume a SUBMITTING job.
+    Non-transient BackendErrors make the job FAILED with the message; transient ones propagate
+    unchanged for the task to retry.
+    """
+    if job.state == S.QUEUED:
+        if not transition(job, S.SUBMITTING, submitted_at=timezone.now(),
+                          message=f"Submitting to backend {job.backend.name}"):
+            return job
+    elif not (retrying and job.state == S.SUBMITTING and not job.provider_handle):
+        return job
+    try:
+        adapter = backend_adapter(job.backend)
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        _fail(job, f"Backend {job.backend.name} cannot be used: {exc}")
+        return job
+    try:
+        handle = adapter.submit(job_spec(job))
+    except BackendError as exc:
+        if exc.transient:
+            TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Submission retrying: {exc}")
+            raise
+        _fail(job, str(exc))
+        return job
+    TrainingJob.objects.filter(pk=job.pk).update(provider_handle=handle.to_dict(), status_warning="")
+    job.provider_handle = handle.to_dict()
+    if not transition(job, S.PENDING, message=f"Submitted as {handle.job_name}"):
+        if job.state == S.STOPPING:
+            # Cancelled while the provider call was in flight: stop what we just started.
+            try:
+                adapter.cancel(handle)
+            except BackendError as exc:
+                log.warning("job %s: cancel after submit failed (the next sync re-sends it): %s", job.pk, exc)
+    return job
+
+
+def training_job_submit_gave_up(*, job: TrainingJob, error: BaseException) -> None:
+    """Transient errors outlasted the task's retries: leave the job non-terminal, say why."""
+    TrainingJob.objects.filter(pk=job.pk).update(
+        status_warning=f"Submission still failing after retries ({error}); the job stays {job.state}. "
+                       f"Cancel it or re-run it later."
+    )
+
+
+def training_job_cancel(*, job: TrainingJob, reason: str = "Cancelled by user") -> TrainingJob:
+    """Stop ``job``. QUEUED → CANCELLED at once; SUBMITTING/PENDING/RUNNING → STOPPING and
+    ``jobs.tasks.cancel_job`` asks the provider (CANCELLED when a later sync confirms it); STOPPING
+    → re-sends the cancel. A terminal job raises ValidationError."""
+    for _ in range(3):
+        state = job.state
+        if state in TERMINAL_STATE_VALUES:
+            raise ValidationError({ALL: [f"Job {job.pk} already ended ({state}); there is nothing to cancel."]})
+        now = timezone.now()
+        if state == S.QUEUED:
+            if transition(job, S.CANCELLED, message=reason, failure_reason=reason, cancel_requested_at=now):
+                return job
+            continue
+        if state == S.STOPPING:
+            transaction.on_commit(partial(_enqueue_cancel, job.pk, backend_queue(job.backend)))
+            return job
+        if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now):
+            transaction.on_commit(partial(_enqueue_cancel, job.pk, backend_queue(job.backend)))
+            return job
+    return job
+
+
+def training_job_cancel_send(*, job: TrainingJob) -> None:
+    """Ask the provider to stop a STOPPING job (the body of ``jobs.tasks.cancel_job``). Idempotent.
+
+    A job without a provider handle is still being submitted: the submit service cancels it once
+    the handle exists. Transient BackendErrors propagate for the task to retry.
+    """
+    if job.state != S.STOPPING or not job.provider_handle:
+        return
+    backend_adapter(job.backend).cancel(JobHandle.from_dict(job.provider_handle))
+
+
+# =============================================================================================
+# Sync: describe, logs, metrics, cost, budget (called by jobs.tasks.sync_backend)
+# =============================================================================================
+
+_GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr")
+_RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s")
+_METRIC_EVENTS = {"step", "epoch"}
+_MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _when(record: Mapping[str, Any], default: dt.datetime) -> dt.datetime:
+    t = _number(record.get("time"))
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc) if t is not None else default
+
+
+def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: dt.datetime) -> list[MetricPoint]:
+    """MetricPoint rows for one trainer record (schema: trainer_pkg/metrics.py).
+
+    Global values become rows with ``rank`` NULL; ``rank_*`` lists one row per rank. Only ``step``
+    and ``epoch`` records carry series (``started``/``completed`` mark times and would duplicate).
+    """
+    if record.get("event") not in _METRIC_EVENTS:
+        return []
+    step = record.get("step")
+    step = int(step) if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
+    epoch = record.get("epoch")
+    epoch = int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
+    at = _when(record, now)
+    points = []
+    for name in _GLOBAL_METRICS:
+        value = _number(record.get(name))
+        if value is not None:
+            points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=None, value=value,
+                                      recorded_at=at))
+    for name in _RANK_METRICS:
+        values = record.get(name)
+        if isinstance(values, list):
+            for rank, raw in enumerate(values):
+                value = _number(raw)
+                if value is not None:
+                    points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank,
+                                              value=value, recorded_at=at))
+    return points
+
+
+def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime) -> tuple[int, dt.datetime | None]:
+    """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step time)."""
+    from trainer_pkg.metrics import parse_metric_line
+
+    log_rows, points, first_step = [], [], None
+    for line in lines:
+        text = str(line).replace("\x00", "")  # PostgreSQL text cannot hold NUL
+        log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
+        next_seq += 1
+        record = parse_metric_line(text)
+        if record is None:
+            continue
+        if record.get("event") == "started" and first_step is None:
+            first_step = _when(record, now)
+        points.extend(metric_points_from_record(job, record, now))
+    JobLogLine.objects.bulk_create(log_rows)
+    MetricPoint.objects.bulk_create(points)
+    return next_seq, first_step
+
+
+def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime) -> bool:
+    """Read ``logs(handle, cursor)`` until empty; True when drained (False: a backlog remains)."""
+    cursor = job.log_cursor
+    last = job.log_lines.aggregate(m=Max("seq"))["m"]
+    next_seq = 0 if last is None else last + 1
+    for _ in range(_MAX_LOG_CALLS):
+        lines, new_cursor = adapter.logs(handle, cursor)
+        if not lines:
+            if new_cursor != cursor:
+                job.log_cursor = new_cursor or ""
+                TrainingJob.objects.filter(pk=job.pk).update(log_cursor=job.log_cursor)
+            return True
+        next_seq, first_step = _ingest_lines(job, lines, next_seq, now)
+        cursor = new_cursor
+        update = {"log_cursor": cursor or ""}
+        if first_step is not None and job.first_step_at is None:
+            update["first_step_at"] = job.first_step_at = first_step
+        job.log_cursor = cursor or ""
+        TrainingJob.objects.filter(pk=job.pk).update(**update)
+    return False
+
+
+def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dict[str, Any]:
+    """Columns to write from a provider status; cost recomputed absolutely from them."""
+    target = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    terminal = target in TERMINAL_STATE_VALUES
+    started_at = status.started_at or job.started_at
+    ended_at = (status.ended_at or job.ended_at or now) if terminal else None
+    billable = status.billable_seconds
+    if billable is None:
+        billable = costs.run_seconds(started_at, ended_at, now)
+    instances = max(int(status.instance_count or job.nodes), 1)
+    fields: dict[str, Any] = {
+        "raw_state": (status.raw_state or "")[:100],
+        "secondary_state": (status.secondary_state or "")[:100],
+        "status_warning": status.warning or "",
+        "started_at": started_at,
+        "billable_seconds": float(billable),
+        "instance_count": instances,
+        "cost_usd": costs.job_cost_usd(billable_seconds=billable, instances=instances,
+                                       hourly_price_usd=job.hourly_price_usd),
+        "last_synced_at": now,
+    }
+    if terminal:
+        fields["ended_at"] = ended_at
+    if target == S.FAILED:
+        fields["failure_reason"] = status.failure_reason or job.failure_reason or (
+            f"The backend reported the job failed ({status.raw_state or 'no reason given'}).")
+    elif target == S.CANCELLED:
+        fields["failure_reason"] = job.failure_reason or status.failure_reason or "Cancelled"
+    return fields
+
+
+def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime) -> None:
+    handle = JobHandle.from_dict(job.provider_handle)
+    drained = _drain_logs(adapter, job, handle, now)
+    if status is None:  # not found this time: state left unchanged
+        TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now)
+        return
+    target = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    if target in TERMINAL_STATE_VALUES and not drained:
+        # Apply the final state only once every log line (and metric) is stored.
+        TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now)
+        return
+    fields = _status_fields(job, status, now)
+    if target != job.state and is_allowed(job.state, target):
+        message = " / ".join(x for x in (status.raw_state, status.secondary_state) if x)
+        if target in (S.FAILED,) and fields.get("failure_reason"):
+            message = f"{message}: {fields['failure_reason']}" if message else fields["failure_reason"]
+        transition(job, target, message=message[:2000], **fields)
+    else:
+        # Same state, or a move the machine refuses (the provider still says RUNNING while we are
+        # STOPPING): refresh the numbers only.
+        fields = {k: v for k, v in fields.items() if k not in ("ended_at", "failure_reason")}
+        TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
+        job.refresh_from_db()
+    _enforce_budget(adapter, job, handle)
+
+
+def _enforce_budget(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
+    if job.budget_usd is None or job.state not in (S.PENDING, S.RUNNING) or job.cost_usd < job.budget_usd:
+        return
+    reason = f"Budget of ${job.budget_usd:.2f} reached"
+    if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=timezone.now()):
+        _send_cancel(adapter, job, handle)
+
+
+def _send_cancel(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
+    try:
+        adapter.cancel(handle)
+    except BackendError as exc:
+        log.warning("job %s: cancel not sent this sync (%s); the next sync retries", job.pk, exc)
+
+
+def backend_sync(*, backend_id: int) -> int:
+    """One sync pass over a backend's active jobs (the body of ``jobs.tasks.sync_backend``).
+
+    One ``describe_many`` call for all of them; per job (row locked, skipped if another sync holds
+    it): STOPPING jobs get their cancel re-sent, new log lines and metric points are stored, then the
+    provider state is applied through the state machine with times, billable seconds, instance count
+    and cost recomputed absolutely; a job whose cost reached its budget is stopped.
+    Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
+    """
+    backend = ComputeBackend.objects.get(pk=backend_id)
+    jobs = list(
+        TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
+        .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
+    )
+    if not jobs:
+        return 0
+    adapter = backend_adapter(backend)
+    for job in jobs:
+        if job.state == S.STOPPING:
+            # Re-sent every sync: idempotent, and lets a gpubox escalate SIGTERM to SIGKILL.
+            _send_cancel(adapter, job, JobHandle.from_dict(job.provider_handle))
+    statuses = adapter.describe_many([JobHandle.from_dict(j.provider_handle) for j in jobs])
+    now = timezone.now()
+    for job in jobs:
+        with transaction.atomic():
+            locked = (TrainingJob.objects.select_for_update(skip_locked=True)
+                      .filter(pk=job.pk, state__in=ACTIVE_STATE_VALUES).first())
+            if locked is None:
+                continue
+            try:
+                _sync_one(adapter, locked, statuses.get(locked.provider_handle.get("job_name", "")), now)
+            except BackendError as exc:
+                if not exc.transient:
+                    log.warning("job %s: sync error: %s", job.pk, exc)
+                    TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Sync error: {exc}")
+                else:
+                    log.info("job %s: transient sync error, next sync retries: %s", job.pk, exc)
+    return len(jobs)

@@ -1,0 +1,67 @@
+"""The job state machine (DESIGN.md §4): the legal moves and the one function that makes them.
+
+Every state change anywhere (services, tasks, admin) goes through :func:`transition`, which
+
+* rejects an illegal move with :class:`IllegalTransition` (a programming error, never user input),
+* writes with a conditional ``UPDATE ... WHERE id = %s AND state = <the state the caller saw>`` so two
+  workers racing on one job cannot both move it (the loser gets ``False`` and writes nothing),
+* stamps ``ended_at`` on a terminal state, appends a :class:`~jobs.models.JobEvent` and refreshes the
+  instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import TERMINAL_STATE_VALUES, JobEvent, JobStateChoices as S, TrainingJob
+
+ALLOWED: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED, S.FAILED}),
+    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.STOPPING}),
+    S.PENDING: frozenset({S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED}),
+    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
+    S.STOPPING: frozenset({S.CANCELLED, S.FAILED, S.SUCCEEDED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+"""from state -> the states it may move to. Terminal states go nowhere."""
+
+
+class IllegalTransition(Exception):
+    """A move the state machine does not allow, e.g. SUCCEEDED -> RUNNING."""
+
+
+def is_allowed(from_state: str, to_state: str) -> bool:
+    return to_state in ALLOWED.get(str(from_state), frozenset())
+
+
+def transition(job: TrainingJob, to_state: str, *, message: str = "", **fields: Any) -> bool:
+    """Move ``job`` from the state it holds in memory to ``to_state``; write ``fields`` with it.
+
+    Returns ``True`` when this call moved the job, ``False`` when the row's state in the database is
+    no longer ``job.state`` (someone else moved it first): then nothing is written and the instance
+    is refreshed so the caller sees the current state.
+
+    ``ended_at`` is set to now on a terminal state unless ``fields`` carries one. Raises
+    :class:`IllegalTransition` for a move not in :data:`ALLOWED`.
+    """
+    from_state = str(job.state)
+    to_state = str(to_state)
+    if not is_allowed(from_state, to_state):
+        raise IllegalTransition(f"job {job.pk}: {from_state} → {to_state} is not a legal transition")
+    now = timezone.now()
+    if to_state in TERMINAL_STATE_VALUES and not fields.get("ended_at"):
+        fields["ended_at"] = job.ended_at or now
+    fields["state"] = to_state
+    fields["updated_at"] = now
+    with transaction.atomic():
+        updated = TrainingJob.objects.filter(pk=job.pk, state=from_state).update(**fields)
+        if updated:
+            JobEvent.objects.create(job_id=job.pk, from_state=from_state, to_state=to_state,
+                                    message=message)
+    job.refresh_from_db()
+    return bool(updated)

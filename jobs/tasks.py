@@ -1,0 +1,107 @@
+"""Celery tasks: thin, take ids, load the row, call a service, return within seconds.
+
+No task waits for a training job (Redis redelivers unacknowledged long tasks after its visibility
+timeout; a task that waited would run twice). Task options live in :data:`OPTIONS`, one place:
+
+* transient :class:`~cloud_adapters.base.BackendError` (Throttled, CapacityUnavailable,
+  ProviderError(transient=True)) is retried with exponential backoff; other errors are handled
+  by the services (the job becomes FAILED with the message) or logged;
+* ``acks_late`` only for tasks that are idempotent (submit is guarded by a conditional state update
+  and the provider's idempotency by name; cancel is idempotent at every provider);
+* sync tasks expire quickly: beat sends a fresh one every ``TRAINBOARD_SYNC_INTERVAL_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from celery import shared_task
+from django.conf import settings
+
+from cloud_adapters.base import BackendError
+from jobs import selectors, services
+from jobs.models import ComputeBackend, TrainingJob
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES = 8
+
+
+def _sync_expiry_s() -> float:
+    return max(float(settings.TRAINBOARD_SYNC_INTERVAL_S) * 5, 10.0)
+
+
+OPTIONS = {
+    "submit_job": dict(name="jobs.tasks.submit_job", bind=True, acks_late=True, max_retries=MAX_RETRIES,
+                       soft_time_limit=120, time_limit=150),
+    "cancel_job": dict(name="jobs.tasks.cancel_job", bind=True, acks_late=True, max_retries=MAX_RETRIES,
+                       soft_time_limit=60, time_limit=90),
+    "sync_jobs": dict(name="jobs.tasks.sync_jobs", acks_late=False, soft_time_limit=30, time_limit=45),
+    "sync_backend": dict(name="jobs.tasks.sync_backend", acks_late=False, soft_time_limit=60, time_limit=90),
+}
+
+
+def _backoff_s(retries: int) -> float:
+    """2, 4, 8 ... seconds, capped at 5 minutes, with jitter so throttled workers spread out."""
+    return min(2 ** (retries + 1), 300) * random.uniform(0.8, 1.2)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, BackendError) and bool(getattr(exc, "transient", False))
+
+
+@shared_task(**OPTIONS["submit_job"])
+def submit_job(self, job_id: int) -> None:
+    """Start job ``job_id`` on its backend (QUEUED → SUBMITTING → PENDING, or FAILED)."""
+    job = TrainingJob.objects.select_related("backend").filter(pk=job_id).first()
+    if job is None:
+        return
+    retrying = bool(self.request.retries) or bool((self.request.delivery_info or {}).get("redelivered"))
+    try:
+        services.training_job_submit(job=job, retrying=retrying)
+    except BackendError as exc:
+        if not _is_transient(exc):
+            raise
+        if self.request.retries >= self.max_retries:
+            services.training_job_submit_gave_up(job=job, error=exc)
+            return
+        raise self.retry(exc=exc, countdown=_backoff_s(self.request.retries))
+
+
+@shared_task(**OPTIONS["cancel_job"])
+def cancel_job(self, job_id: int) -> None:
+    """Ask the provider to stop STOPPING job ``job_id``; a later sync confirms CANCELLED."""
+    job = TrainingJob.objects.select_related("backend").filter(pk=job_id).first()
+    if job is None:
+        return
+    try:
+        services.training_job_cancel_send(job=job)
+    except BackendError as exc:
+        if _is_transient(exc) and self.request.retries < self.max_retries:
+            raise self.retry(exc=exc, countdown=_backoff_s(self.request.retries))
+        # Not fatal: every sync re-sends the cancel of a STOPPING job.
+        log.warning("job %s: cancel failed (%s); the next sync re-sends it", job_id, exc)
+
+
+@shared_task(**OPTIONS["sync_jobs"])
+def sync_jobs() -> int:
+    """Beat's entry point: one ``sync_backend`` per backend with active jobs, on that backend's queue."""
+    ids = selectors.backend_ids_with_active_jobs()
+    for backend in ComputeBackend.objects.filter(pk__in=ids):
+        sync_backend.apply_async(args=[backend.pk], queue=services.backend_queue(backend),
+                                 expires=_sync_expiry_s())
+    return len(ids)
+
+
+@shared_task(**OPTIONS["sync_backend"])
+def sync_backend(backend_id: int) -> int:
+    """Describe, ingest logs/metrics, apply states and cost for one backend's active jobs."""
+    try:
+        return services.backend_sync(backend_id=backend_id)
+    except ComputeBackend.DoesNotExist:
+        return 0
+    except BackendError as exc:
+        # Throttled or down: the next beat tick is the retry.
+        log.warning("backend %s: sync skipped: %s", backend_id, exc)
+        return 0
