@@ -8,14 +8,18 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 
 ``event``        ``"started"`` (once, after the first optimizer step), ``"step"`` (every
                  ``train.log_every_steps`` steps), ``"epoch"`` (end of each epoch, with validation),
-                 ``"completed"`` (once, after the final model is saved).
+                 ``"completed"`` (once, after the final model is saved), ``"stopped"`` (once, when
+                 SIGTERM stopped the run after its checkpoint was written; rerunning resumes).
+                 ``"started"`` also carries ``resumed`` (true when the run continued a checkpoint).
 ``time``         Unix time, seconds.
 ``epoch``        0-based epoch; ``step`` the number of optimizer steps taken so far.
 ``world_size``   ranks in the job.
-``train_loss``, ``train_accuracy``       mean over the samples since the previous record (0–1 accuracy).
+``train_loss``, ``train_accuracy``       mean over the samples since the previous record (0–1 accuracy);
+                                          absent when no sample was trained since then.
 ``val_loss``, ``val_accuracy``           ``epoch`` records only.
-``samples_per_s``                         global training throughput.
-``rank_samples_per_s``, ``rank_step_time_s``  lists indexed by rank.
+``samples_per_s``                         global training throughput (samples/s, training time only).
+``rank_samples_per_s``, ``rank_step_time_s``  lists indexed by rank (samples/s; seconds per step).
+                                          The throughput fields are absent along with train_loss.
 ``lr``           learning rate at that step.
 """
 

@@ -1,0 +1,130 @@
+"""Torch modules for the architectures declared in :mod:`trainer_pkg.registry`.
+
+``build_model(arch, params, input_shape, num_classes)`` is the one entry; ``params`` is validated (and
+completed with defaults) here too, so a caller can pass the raw ``ModelConfig.params``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from torch import nn
+
+from trainer_pkg.config import ConfigError
+from trainer_pkg.registry import get_arch, validate_model_params
+
+
+def build_model(
+    arch: str, params: Mapping[str, Any] | None, input_shape: tuple[int, ...], num_classes: int
+) -> nn.Module:
+    """An ``nn.Module`` mapping a batch of shape (B, *input_shape) to logits (B, num_classes).
+
+    Raises :class:`ConfigError` for invalid params, or an image architecture given non-image input.
+    """
+    spec = get_arch(arch)
+    p = validate_model_params(arch, params)
+    input_shape = tuple(int(s) for s in input_shape)
+    if num_classes < 2:
+        raise ConfigError(f"the dataset has {num_classes} class(es): classification needs at least 2")
+    if spec.input_kind == "image" and len(input_shape) != 3:
+        raise ConfigError(
+            f"model.arch: {arch} needs image inputs of shape (C, H, W), but the dataset's samples have "
+            f"shape {input_shape}; use mlp for tabular data"
+        )
+    if arch == "mlp":
+        return MLP(math.prod(input_shape), num_classes, **p)
+    if arch == "cnn":
+        return CNN(input_shape[0], num_classes, **p)
+    if arch == "resnet":
+        return ResNet(input_shape[0], num_classes, **p)
+    raise ConfigError(f"model.arch: {arch} is registered but has no builder")  # a registry bug
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features: int, num_classes: int, hidden_size: int, num_layers: int, dropout: float):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
+        for _ in range(num_layers):
+            layers += [nn.Linear(width, hidden_size), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+            width = hidden_size
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    """Conv blocks (3×3 conv → BatchNorm → ReLU, 2× max-pool between blocks), channels doubling per
+    block, then adaptive average pooling to 2×2 (keeps the coarse layout a digit needs), a hidden
+    layer and the classifier. Works for any image size ≥ 1 pixel."""
+
+    def __init__(self, in_channels: int, num_classes: int, channels: int, num_blocks: int,
+                 hidden_size: int, dropout: float):
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = in_channels
+        for i in range(num_blocks):
+            c_out = channels * 2**i
+            if i > 0:
+                # ceil_mode keeps a 1-pixel map at 1 pixel instead of shrinking it to nothing.
+                layers.append(nn.MaxPool2d(2, ceil_mode=True))
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+            c_in = c_out
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(c_in * 4, hidden_size),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_size, num_classes),
+        )
+
+    def forward(self, x):
+        return self.head(self.pool(self.features(x)))
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 convs with BatchNorm and an identity (or 1×1 projection) shortcut (He et al. 2016)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A small ResNet: 3×3 stem, ``num_stages`` stages of basic blocks (stride 2 entering each stage
+    after the first, channels doubling), global average pooling, linear classifier."""
+
+    def __init__(self, in_channels: int, num_classes: int, width: int, num_stages: int, blocks_per_stage: int):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        )
+        blocks: list[nn.Module] = []
+        c_in = width
+        for stage in range(num_stages):
+            c_out = width * 2**stage
+            for b in range(blocks_per_stage):
+                blocks.append(BasicBlock(c_in, c_out, stride=2 if stage > 0 and b == 0 else 1))
+                c_in = c_out
+        self.stages = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes))
+
+    def forward(self, x):
+        return self.head(self.stages(self.stem(x)))

@@ -1,0 +1,147 @@
+"""The model registry: which architectures exist and which parameters each one takes.
+
+Torch-free on purpose: the dashboard imports this module to build its model form and to validate a
+job before it is queued, and the web process does not install torch. ``trainer_pkg.models`` turns a
+validated ``(arch, params)`` pair into an ``nn.Module``.
+
+Usage::
+
+    from trainer_pkg.registry import ARCHITECTURES, validate_model_params
+    params = validate_model_params("cnn", {"channels": 32})   # -> every parameter, defaults filled
+    for name, spec in ARCHITECTURES.items():
+        print(name, spec.description, [p.name for p in spec.params])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from trainer_pkg.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One architecture parameter, as the form shows it and the validator checks it."""
+
+    name: str
+    """Key in ``ModelConfig.params``."""
+    type: type
+    """``int``, ``float`` or ``bool``. An int is accepted for a float; a bool never for a number."""
+    default: Any
+    """Value used when the parameter is absent."""
+    min: float | None = None
+    """Inclusive lower bound (numbers only); None means unbounded."""
+    max: float | None = None
+    """Inclusive upper bound (numbers only); None means unbounded."""
+    doc: str = ""
+    """One line for the form's help text."""
+
+    def check(self, value: Any, arch: str) -> Any:
+        """Return ``value`` converted to this parameter's type, or raise :class:`ConfigError`."""
+        where = f"model.params.{self.name}"
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            return value
+        if isinstance(value, bool):  # bool is a subclass of int; True is not a layer count
+            raise ConfigError(f"{where}: expected {_type_word(self.type)}, got {value!r}")
+        if self.type is int and not isinstance(value, int):
+            raise ConfigError(f"{where}: expected {_type_word(int)}, got {value!r}")
+        if self.type is float:
+            if not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}: expected {_type_word(float)}, got {value!r}")
+            value = float(value)
+        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+            raise ConfigError(
+                f"{where}: {value!r} is out of range for {arch} (allowed {self.min} to {self.max})"
+            )
+        return value
+
+
+def _type_word(t: type) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false"}[t]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    """An architecture the trainer can build."""
+
+    name: str
+    description: str
+    """One line for the form's architecture picker."""
+    params: tuple[ParamSpec, ...]
+    input_kind: str
+    """``"image"`` (needs (C, H, W) input) or ``"any"`` (flattens whatever it gets)."""
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    spec.name: spec
+    for spec in (
+        ArchSpec(
+            name="mlp",
+            description="Multi-layer perceptron over the flattened input; fits tables (CSV) and small images.",
+            input_kind="any",
+            params=(
+                ParamSpec("hidden_size", int, 128, 1, 8192, "Units in each hidden layer."),
+                ParamSpec("num_layers", int, 2, 1, 16, "Hidden layers (each Linear → ReLU → Dropout)."),
+                ParamSpec("dropout", float, 0.0, 0.0, 0.9, "Dropout probability after each hidden layer."),
+            ),
+        ),
+        ArchSpec(
+            name="cnn",
+            description="Small convolutional net (conv blocks, global average pooling, linear head) for images.",
+            input_kind="image",
+            params=(
+                ParamSpec("channels", int, 32, 1, 1024, "Output channels of the first conv block; doubles each block."),
+                ParamSpec("num_blocks", int, 2, 1, 6, "Conv blocks (conv 3×3 → BatchNorm → ReLU, max-pool between blocks)."),
+                ParamSpec("hidden_size", int, 64, 1, 8192, "Units of the hidden layer before the classifier."),
+                ParamSpec("dropout", float, 0.0, 0.0, 0.9, "Dropout probability before the classifier."),
+            ),
+        ),
+        ArchSpec(
+            name="resnet",
+            description="Small ResNet (basic residual blocks with BatchNorm) for images.",
+            input_kind="image",
+            params=(
+                ParamSpec("width", int, 16, 1, 512, "Channels of the first stage; doubles at each later stage."),
+                ParamSpec("num_stages", int, 3, 1, 5, "Stages; each after the first halves the spatial size."),
+                ParamSpec("blocks_per_stage", int, 1, 1, 8, "Residual blocks in each stage."),
+            ),
+        ),
+    )
+}
+
+
+def get_arch(arch: str) -> ArchSpec:
+    """The :class:`ArchSpec` named ``arch``; :class:`ConfigError` listing the known ones otherwise."""
+    try:
+        return ARCHITECTURES[arch]
+    except (KeyError, TypeError):
+        raise ConfigError(
+            f"model.arch: unknown architecture {arch!r} (known: {', '.join(sorted(ARCHITECTURES))})"
+        ) from None
+
+
+def validate_model_params(arch: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check ``params`` for ``arch`` and return a new dict with every parameter, defaults filled in.
+
+    Raises :class:`ConfigError` naming the parameter for an unknown name (listing the known ones),
+    a wrong type or a value out of bounds, and for an unknown architecture.
+    """
+    spec = get_arch(arch)
+    params = dict(params or {})
+    by_name = {p.name: p for p in spec.params}
+    unknown = sorted(set(params) - set(by_name))
+    if unknown:
+        raise ConfigError(
+            f"model.params.{unknown[0]}: unknown parameter for {arch} "
+            f"(known: {', '.join(sorted(by_name))})"
+        )
+    out = spec.defaults()
+    for name, value in params.items():
+        out[name] = by_name[name].check(value, arch)
+    return out
