@@ -1,6 +1,37 @@
+"""Top-level routes: the browser UI, the REST API under /api/, the admin and /healthz."""
+
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from django.views.generic import RedirectView
+
+from webapp import views
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Datasets, models, backends
+    path("datasets/", views.dataset_list, name="dataset-list"),
+    path("datasets/new/", views.dataset_create, name="dataset-create"),
+    path("datasets/<int:pk>/edit/", views.dataset_edit, name="dataset-edit"),
+    path("models/", views.model_list, name="model-list"),
+    path("models/new/", views.model_create, name="model-create"),
+    path("models/<int:pk>/edit/", views.model_edit, name="model-edit"),
+    path("backends/", views.backend_list, name="backend-list"),
+    path("backends/new/", views.backend_create, name="backend-create"),
+    path("backends/<int:pk>/edit/", views.backend_edit, name="backend-edit"),
+    # Jobs
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/new/", views.job_create, name="job-create"),
+    path("jobs/estimate/", views.job_estimate, name="job-estimate"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/live/", views.job_live, name="job-live"),
+    path("jobs/<int:pk>/metrics.json", views.job_metrics, name="job-metrics"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:pk>/rerun/", views.job_rerun, name="job-rerun"),
+    # REST API and admin
+    path("api/", include("webapp.api.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -1,0 +1,1 @@
+"""The REST API under ``/api/`` (DRF): datasets, models, backends and training jobs."""

@@ -1,0 +1,204 @@
+"""REST serializers. They check the request's types, then hand the values to ``jobs.services``; the
+service's ValidationError comes back as a 400 keyed by the same field names."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from jobs import selectors, services
+from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
+from trainer_pkg.config import Strategy
+from trainer_pkg.registry import ARCHITECTURES
+from webapp.errors import to_drf_validation_error
+
+
+class ServiceSerializerMixin:
+    """``create``/``update`` call a service; its ValidationError becomes a DRF 400."""
+
+    def _call(self, fn, **kwargs: Any):
+        try:
+            return fn(**kwargs)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+
+
+class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "description", "format", "builtin_name", "uri", "label_column",
+                  "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def create(self, validated_data: dict[str, Any]) -> Dataset:
+        return self._call(services.dataset_create, owner=self.context["request"].user, **validated_data)
+
+    def update(self, instance: Dataset, validated_data: dict[str, Any]) -> Dataset:
+        return self._call(services.dataset_update, dataset=instance, **validated_data)
+
+
+class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
+    architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES))
+    params = serializers.DictField(
+        required=False, help_text="Architecture parameters; missing ones take the registry's defaults."
+    )
+
+    class Meta:
+        model = ModelSpec
+        fields = ["id", "name", "description", "architecture", "params", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def create(self, validated_data: dict[str, Any]) -> ModelSpec:
+        return self._call(services.model_spec_create, owner=self.context["request"].user, **validated_data)
+
+    def update(self, instance: ModelSpec, validated_data: dict[str, Any]) -> ModelSpec:
+        return self._call(services.model_spec_update, model_spec=instance, **validated_data)
+
+
+def _kind_choices() -> list[tuple[str, str]]:
+    from cloud_adapters.registry import kind_choices
+
+    return list(kind_choices())
+
+
+class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
+    kind = serializers.ChoiceField(choices=_kind_choices())
+    config = serializers.DictField(
+        required=False,
+        help_text="Adapter settings, e.g. gpubox: max_procs_per_node, hourly_rate_usd.",
+    )
+
+    class Meta:
+        model = ComputeBackend
+        fields = ["id", "name", "kind", "config", "enabled", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def create(self, validated_data: dict[str, Any]) -> ComputeBackend:
+        return self._call(services.backend_create, owner=self.context["request"].user, **validated_data)
+
+    def update(self, instance: ComputeBackend, validated_data: dict[str, Any]) -> ComputeBackend:
+        return self._call(services.backend_update, backend=instance, **validated_data)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class OwnedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
+    """A primary key that must name one of the requesting user's objects (else "does not exist")."""
+
+    def __init__(self, selector, **kwargs: Any) -> None:
+        self.selector = selector
+        super().__init__(**kwargs)
+
+    def get_queryset(self):
+        return self.selector(user=self.context["request"].user)
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["from_state", "to_state", "message", "created_at"]
+
+
+class MetricSummarySerializer(serializers.Serializer):
+    points = serializers.IntegerField(help_text="Points reported.")
+    last_step = serializers.IntegerField()
+    last_value = serializers.FloatField()
+    min = serializers.FloatField()
+    max = serializers.FloatField()
+
+
+class RankThroughputSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    samples_per_s = serializers.FloatField(allow_null=True)
+    step_time_s = serializers.FloatField(allow_null=True)
+
+
+class TrainingJobSerializer(serializers.ModelSerializer):
+    """A job as listed: its shape, state, times and cost."""
+
+    world_size = serializers.IntegerField(read_only=True)
+    is_terminal = serializers.BooleanField(read_only=True)
+    duration_s = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = TrainingJob
+        fields = [
+            "id", "name", "state", "is_terminal", "dataset", "model_spec", "backend", "rerun_of",
+            "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
+            "max_runtime_s", "budget_usd", "hourly_price_usd", "estimated_cost_usd", "cost_usd",
+            "billable_seconds", "instance_count", "raw_state", "secondary_state", "failure_reason",
+            "status_warning", "created_at", "submitted_at", "started_at", "ended_at", "duration_s",
+        ]
+        read_only_fields = fields
+
+
+class TrainingJobDetailSerializer(TrainingJobSerializer):
+    """A job with its frozen config, state timeline, metrics summary and per-rank throughput."""
+
+    events = serializers.SerializerMethodField()
+    metrics = serializers.SerializerMethodField()
+    ranks = serializers.SerializerMethodField()
+
+    class Meta(TrainingJobSerializer.Meta):
+        fields = TrainingJobSerializer.Meta.fields + ["config", "events", "metrics", "ranks"]
+        read_only_fields = fields
+
+    @extend_schema_field(JobEventSerializer(many=True))
+    def get_events(self, job: TrainingJob) -> list[dict[str, Any]]:
+        return JobEventSerializer(selectors.training_job_events(job=job), many=True).data
+
+    @extend_schema_field(serializers.DictField(child=MetricSummarySerializer()))
+    def get_metrics(self, job: TrainingJob) -> dict[str, dict[str, Any]]:
+        summary = {}
+        for name, points in selectors.training_job_metric_series(job=job).items():
+            if not points:
+                continue
+            values = [p["value"] for p in points]
+            summary[name] = {"points": len(points), "last_step": points[-1]["step"],
+                             "last_value": values[-1], "min": min(values), "max": max(values)}
+        return summary
+
+    @extend_schema_field(RankThroughputSerializer(many=True))
+    def get_ranks(self, job: TrainingJob) -> list[dict[str, Any]]:
+        return RankThroughputSerializer(selectors.training_job_rank_throughput(job=job), many=True).data
+
+
+class TrainingJobCreateSerializer(serializers.Serializer):
+    """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``."""
+
+    name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    dataset = OwnedPrimaryKeyField(selectors.dataset_list_for_user)
+    model_spec = OwnedPrimaryKeyField(selectors.model_spec_list_for_user)
+    backend = OwnedPrimaryKeyField(selectors.backend_list_for_user)
+    strategy = serializers.ChoiceField(choices=list(get_args(Strategy)), default="ddp")
+    nodes = serializers.IntegerField(min_value=1, default=1)
+    procs_per_node = serializers.IntegerField(min_value=1, default=1)
+    epochs = serializers.IntegerField(min_value=1, default=3)
+    batch_size = serializers.IntegerField(min_value=1, default=32, help_text="Samples per process per step.")
+    lr = serializers.FloatField(default=0.05, help_text="Peak learning rate.")
+    seed = serializers.IntegerField(min_value=0, default=0)
+    max_runtime_s = serializers.IntegerField(min_value=1, default=3600)
+    budget_usd = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0,
+                                          required=False, allow_null=True, default=None)
+    instance_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
+    spot = serializers.BooleanField(default=False)
+    hyperparameters = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}.',
+    )
+
+    def create(self, validated_data: dict[str, Any]) -> TrainingJob:
+        try:
+            return services.training_job_create(owner=self.context["request"].user, **validated_data)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+
+    def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
+        return TrainingJobDetailSerializer(instance, context=self.context).data
+

@@ -1,0 +1,22 @@
+"""``/api/`` routes: the viewsets, a token endpoint, the OpenAPI schema and its Swagger UI."""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.authtoken.views import obtain_auth_token
+from rest_framework.routers import DefaultRouter
+
+from webapp.api import views
+
+router = DefaultRouter()
+router.register("datasets", views.DatasetViewSet, basename="api-dataset")
+router.register("models", views.ModelSpecViewSet, basename="api-model")
+router.register("backends", views.BackendViewSet, basename="api-backend")
+router.register("jobs", views.TrainingJobViewSet, basename="api-job")
+
+urlpatterns = [
+    # POST username + password -> {"token": "..."}; then send "Authorization: Token <token>".
+    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include(router.urls)),
+]

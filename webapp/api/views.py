@@ -1,0 +1,135 @@
+"""REST API (``/api/``). Every queryset comes from ``jobs.selectors`` scoped to the requesting user, so
+another user's object is a 404; every write goes through ``jobs.services``."""
+
+from __future__ import annotations
+
+import django_filters
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from jobs import selectors, services
+from jobs.models import JobStateChoices, TrainingJob
+from webapp.api.serializers import (
+    BackendSerializer,
+    DatasetSerializer,
+    ModelSpecSerializer,
+    TrainingJobCreateSerializer,
+    TrainingJobDetailSerializer,
+    TrainingJobSerializer,
+)
+from webapp.errors import to_drf_validation_error
+
+
+class _ListCreateRetrieveUpdate(mixins.ListModelMixin, mixins.CreateModelMixin,
+                                mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+                                viewsets.GenericViewSet):
+    """list / create / retrieve / update (PUT and PATCH); no delete: jobs keep what they ran on."""
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your datasets"),
+    create=extend_schema(summary="Register a dataset (a local path is checked before it is saved)"),
+)
+class DatasetViewSet(_ListCreateRetrieveUpdate):
+    serializer_class = DatasetSerializer
+
+    def get_queryset(self):
+        return selectors.dataset_list_for_user(user=self.request.user)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your models"),
+    create=extend_schema(summary="Register a model: an architecture from the registry and its parameters"),
+)
+class ModelSpecViewSet(_ListCreateRetrieveUpdate):
+    serializer_class = ModelSpecSerializer
+
+    def get_queryset(self):
+        return selectors.model_spec_list_for_user(user=self.request.user)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your compute backends"),
+    create=extend_schema(summary="Register a compute backend"),
+)
+class BackendViewSet(_ListCreateRetrieveUpdate):
+    serializer_class = BackendSerializer
+
+    def get_queryset(self):
+        return selectors.backend_list_for_user(user=self.request.user)
+
+
+class TrainingJobFilter(django_filters.FilterSet):
+    state = django_filters.ChoiceFilter(choices=JobStateChoices.choices)
+    backend = django_filters.NumberFilter(field_name="backend_id", help_text="Backend id.")
+    q = django_filters.CharFilter(method="search", help_text="Search in the job's name and id.")
+
+    class Meta:
+        model = TrainingJob
+        fields = ["state", "backend", "q"]
+
+    def search(self, queryset, name, value):
+        # The selector owns what "search" means; re-query it with the same user and intersect.
+        matching = selectors.training_job_list_for_user(user=self.request.user, q=value)
+        return queryset.filter(pk__in=matching.values("pk"))
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your training jobs, newest first"),
+    retrieve=extend_schema(summary="A job with its config, state timeline, metrics summary and ranks"),
+    create=extend_schema(
+        summary="Launch a training job",
+        request=TrainingJobCreateSerializer,
+        responses={201: TrainingJobDetailSerializer},
+    ),
+)
+class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
+                         viewsets.GenericViewSet):
+    filterset_class = TrainingJobFilter
+
+    def get_queryset(self):
+        return selectors.training_job_list_for_user(user=self.request.user).select_related(
+            "dataset", "model_spec", "backend"
+        )
+
+    def get_serializer_class(self):
+        if self.action == "create":
+            return TrainingJobCreateSerializer
+        if self.action == "list":
+            return TrainingJobSerializer
+        return TrainingJobDetailSerializer
+
+    @extend_schema(
+        summary="Cancel a job",
+        description="A queued job is cancelled at once; a running one moves to STOPPING and becomes "
+                    "CANCELLED when the backend confirms it. A finished job answers 400.",
+        request=None,
+        responses={200: TrainingJobDetailSerializer, 400: OpenApiResponse(description="Job already finished")},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            job = services.training_job_cancel(job=job)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+        return Response(TrainingJobDetailSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        summary="Run a job again with the same frozen config",
+        request=None,
+        responses={201: TrainingJobDetailSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def rerun(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            new_job = services.training_job_rerun(job=job, owner=request.user)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+        data = TrainingJobDetailSerializer(new_job, context=self.get_serializer_context()).data
+        return Response(data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,109 @@
+/* The job page: draws the loss and accuracy charts and keeps them current.
+ *
+ * htmx re-renders #job-live (and #job-details, out of band) every 2 s while the job is active. After
+ * each swap this script fetches the metrics JSON and updates the existing Chart instances in place;
+ * the canvases sit outside the swapped fragment, so the charts are never recreated. The last swap
+ * (terminal state) renders #job-live without hx-trigger, which ends the polling; one final metrics
+ * fetch follows it so the charts show every point.
+ */
+(function () {
+  "use strict";
+
+  const charts = document.getElementById("charts");
+  const dataNode = document.getElementById("metrics-data");
+  if (!charts || !dataNode || typeof Chart === "undefined") return;
+
+  const metricsUrl = charts.dataset.metricsUrl;
+  const COLORS = { train: "#2563eb", val: "#f59e0b" };
+  // chart canvas id -> [[series name, legend label, colour], ...]
+  const LAYOUT = {
+    "chart-loss": [["train_loss", "train loss", COLORS.train], ["val_loss", "val loss", COLORS.val]],
+    "chart-accuracy": [["train_accuracy", "train accuracy", COLORS.train], ["val_accuracy", "val accuracy", COLORS.val]],
+  };
+
+  function makeChart(canvasId, series, payload) {
+    const canvas = document.getElementById(canvasId);
+    const isAccuracy = canvasId === "chart-accuracy";
+    return new Chart(canvas, {
+      type: "line",
+      data: {
+        datasets: series.map(([name, label, color]) => ({
+          label: label,
+          data: (payload.series[name] || []).slice(),
+          borderColor: color,
+          backgroundColor: color,
+          borderWidth: 2,
+          pointRadius: name.startsWith("val_") ? 3 : 0,
+          tension: 0.2,
+          spanGaps: true,
+        })),
+      },
+      options: {
+        responsive: true,
+        maintainAspectRatio: false,
+        animation: false,
+        parsing: true,
+        interaction: { mode: "nearest", intersect: false },
+        scales: {
+          x: { type: "linear", title: { display: true, text: "step" }, ticks: { precision: 0 } },
+          y: isAccuracy
+            ? { min: 0, max: 1, title: { display: true, text: "accuracy" } }
+            : { beginAtZero: true, title: { display: true, text: "loss" } },
+        },
+        plugins: { legend: { position: "bottom" } },
+      },
+    });
+  }
+
+  const initial = JSON.parse(dataNode.textContent);
+  const instances = {};
+  for (const [canvasId, series] of Object.entries(LAYOUT)) {
+    instances[canvasId] = makeChart(canvasId, series, initial);
+  }
+
+  function applyMetrics(payload) {
+    for (const [canvasId, series] of Object.entries(LAYOUT)) {
+      const chart = instances[canvasId];
+      series.forEach(([name], i) => {
+        chart.data.datasets[i].data = (payload.series[name] || []).slice();
+      });
+      chart.update("none");
+    }
+  }
+
+  let inFlight = false;
+  async function refreshMetrics() {
+    if (inFlight) return;
+    inFlight = true;
+    try {
+      const response = await fetch(metricsUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      if (response.ok) applyMetrics(await response.json());
+    } catch (err) {
+      // A missed refresh is retried at the next poll; nothing to tell the user.
+    } finally {
+      inFlight = false;
+    }
+  }
+
+  function scrollLogToEnd() {
+    const log = document.getElementById("log-tail");
+    if (log) log.scrollTop = log.scrollHeight;
+  }
+
+  document.body.addEventListener("htmx:afterSettle", function (event) {
+    if (event.target.id !== "job-live") return; // the out-of-band #job-details settles too
+    refreshMetrics();
+    scrollLogToEnd();
+    if (event.target.dataset.terminal === "true") {
+      // Points the last sync ingested alongside the final state: fetch again a little later.
+      setTimeout(refreshMetrics, 1500);
+      setTimeout(refreshMetrics, 5000);
+    }
+  });
+
+  scrollLogToEnd();
+  // The page may have been rendered a moment before the first points arrived.
+  if (document.getElementById("job-live").dataset.terminal !== "true") refreshMetrics();
+
+  window.trainboardCharts = instances; // for the browser tests and the console
+})();

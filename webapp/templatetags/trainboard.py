@@ -1,0 +1,69 @@
+"""Small display helpers for the UI: state badges, durations, money."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from django import template
+from django.utils.html import format_html
+
+from jobs.models import TERMINAL_STATE_VALUES, JobStateChoices
+
+register = template.Library()
+
+_LABELS = dict(JobStateChoices.choices)
+
+
+@register.simple_tag
+def state_badge(state: str) -> str:
+    """``<span class="badge state-running">Running</span>``; the CSS colours each state."""
+    state = str(state)
+    return format_html('<span class="badge state-{}" data-state="{}">{}</span>',
+                       state.lower(), state, _LABELS.get(state, state))
+
+
+@register.filter
+def is_terminal_state(state: str) -> bool:
+    return str(state) in TERMINAL_STATE_VALUES
+
+
+@register.filter
+def duration(seconds) -> str:
+    """``3725`` → ``1h 02m 05s``; ``42.4`` → ``42s``; None → ``—``."""
+    if seconds is None or seconds == "":
+        return "—"
+    total = int(round(float(seconds)))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+@register.filter
+def usd(value) -> str:
+    """Dollars with cents (``$1.23``); amounts under a cent keep four decimals (``$0.0042``)."""
+    if value is None or value == "":
+        return "—"
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        return str(value)
+    if amount != 0 and abs(amount) < Decimal("0.01"):
+        return f"${amount:.4f}"
+    return f"${amount:,.2f}"
+
+
+@register.filter
+def get_item(mapping, key):
+    return mapping.get(key) if hasattr(mapping, "get") else None
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """A JSON-able value as indented JSON (autoescaped by the template)."""
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True)

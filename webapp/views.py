@@ -1,0 +1,367 @@
+"""The browser UI. Views read through ``jobs.selectors`` (scoped to the user: another user's object is
+a 404) and write only through ``jobs.services``; a service's ValidationError is shown on the form.
+
+The job page polls ``job_live`` (an htmx fragment) every 2 s while the job is active; the charts sit
+outside that fragment and are updated in place from ``job_metrics`` (see static/webapp/js/job.js).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from jobs import selectors, services
+from jobs.models import JobStateChoices
+from trainer_pkg.registry import ARCHITECTURES
+from webapp.errors import add_service_errors, service_error_dict
+from webapp.forms import BackendForm, DatasetForm, ModelSpecForm, TrainingJobForm
+
+JOBS_PER_PAGE = 25
+LOG_TAIL_LINES = 200
+
+# Chart series drawn on the job page: chart id -> the metric names of its lines, in order.
+CHART_SERIES = {
+    "loss": ("train_loss", "val_loss"),
+    "accuracy": ("train_accuracy", "val_accuracy"),
+}
+
+
+# --- health ----------------------------------------------------------------------------------
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 ``{"db": "ok"}`` when the database answers; 503 with the error otherwise."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # any database failure is the answer, not a crash
+        return JsonResponse({"db": f"error: {exc.__class__.__name__}"}, status=503)
+    return JsonResponse({"db": "ok"})
+
+
+# --- datasets --------------------------------------------------------------------------------
+
+
+@login_required
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    datasets = selectors.dataset_list_for_user(user=request.user)
+    return render(request, "webapp/datasets/list.html", {"datasets": datasets})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def dataset_create(request: HttpRequest) -> HttpResponse:
+    form = DatasetForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            dataset = services.dataset_create(owner=request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Dataset {dataset.name} created.")
+            return redirect("dataset-list")
+    return render(request, "webapp/datasets/form.html", {"form": form, "dataset": None})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def dataset_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    dataset = get_object_or_404(selectors.dataset_list_for_user(user=request.user), pk=pk)
+    initial = {f: getattr(dataset, f) for f in DatasetForm.base_fields}
+    form = DatasetForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.dataset_update(dataset=dataset, **form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Dataset {form.cleaned_data['name']} saved.")
+            return redirect("dataset-list")
+    return render(request, "webapp/datasets/form.html", {"form": form, "dataset": dataset})
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+def _architectures() -> list[dict[str, Any]]:
+    """The registry as the model form's help panel shows it."""
+    return [
+        {
+            "name": name,
+            "description": spec.description,
+            "params": [
+                {"name": p.name, "type": p.type.__name__, "default": p.default,
+                 "min": p.min, "max": p.max, "doc": p.doc}
+                for p in spec.params
+            ],
+            "defaults": spec.defaults(),
+        }
+        for name, spec in ARCHITECTURES.items()
+    ]
+
+
+def _model_form_page(request: HttpRequest, form: ModelSpecForm, model_spec) -> HttpResponse:
+    return render(request, "webapp/models/form.html",
+                  {"form": form, "model_spec": model_spec, "architectures": _architectures()})
+
+
+@login_required
+def model_list(request: HttpRequest) -> HttpResponse:
+    models = selectors.model_spec_list_for_user(user=request.user)
+    return render(request, "webapp/models/list.html", {"models": models})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def model_create(request: HttpRequest) -> HttpResponse:
+    initial = {"architecture": "cnn", "params": json.dumps(ARCHITECTURES["cnn"].defaults(), indent=2)}
+    form = ModelSpecForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            model_spec = services.model_spec_create(owner=request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Model {model_spec.name} created.")
+            return redirect("model-list")
+    return _model_form_page(request, form, None)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    model_spec = get_object_or_404(selectors.model_spec_list_for_user(user=request.user), pk=pk)
+    initial = {
+        "name": model_spec.name, "description": model_spec.description,
+        "architecture": model_spec.architecture, "params": json.dumps(model_spec.params or {}, indent=2),
+    }
+    form = ModelSpecForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.model_spec_update(model_spec=model_spec, **form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Model {form.cleaned_data['name']} saved.")
+            return redirect("model-list")
+    return _model_form_page(request, form, model_spec)
+
+
+# --- backends --------------------------------------------------------------------------------
+
+def _add_backend_errors(form: BackendForm, exc: ValidationError) -> None:
+    """The service reports settings errors on ``config`` as "<setting>: message"; a setting the form
+    has its own field for gets the message there, the rest go on the JSON field."""
+    errors = service_error_dict(exc)
+    for message in errors.pop("config", []):
+        setting = message.split(":", 1)[0].strip()
+        form.add_error(setting if setting in BackendForm.CONFIG_FIELDS else "extra_config", message)
+    if errors:
+        add_service_errors(form, ValidationError(errors))
+
+
+@login_required
+def backend_list(request: HttpRequest) -> HttpResponse:
+    backends = selectors.backend_list_for_user(user=request.user)
+    return render(request, "webapp/backends/list.html", {"backends": backends})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def backend_create(request: HttpRequest) -> HttpResponse:
+    form = BackendForm(request.POST or None, initial={"kind": "gpubox", "max_procs_per_node": 2,
+                                                      "hourly_rate_usd": 0, "enabled": True})
+    if request.method == "POST" and form.is_valid():
+        try:
+            backend = services.backend_create(
+                owner=request.user, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
+                config=form.config(), enabled=form.cleaned_data["enabled"],
+            )
+        except ValidationError as exc:
+            _add_backend_errors(form, exc)
+        else:
+            messages.success(request, f"Backend {backend.name} created.")
+            return redirect("backend-list")
+    return render(request, "webapp/backends/form.html", {"form": form, "backend": None})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    backend = get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk)
+    form = BackendForm(request.POST or None, initial=BackendForm.initial_from(backend))
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.backend_update(
+                backend=backend, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
+                config=form.config(), enabled=form.cleaned_data["enabled"],
+            )
+        except ValidationError as exc:
+            _add_backend_errors(form, exc)
+        else:
+            messages.success(request, f"Backend {form.cleaned_data['name']} saved.")
+            return redirect("backend-list")
+    return render(request, "webapp/backends/form.html", {"form": form, "backend": backend})
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def job_list(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    backends = selectors.backend_list_for_user(user=user)
+    state = request.GET.get("state") or None
+    if state not in JobStateChoices.values:
+        state = None
+    backend = None
+    backend_id = request.GET.get("backend") or ""
+    if backend_id.isdigit():
+        backend = backends.filter(pk=int(backend_id)).first()
+    q = (request.GET.get("q") or "").strip() or None
+    jobs = selectors.training_job_list_for_user(user=user, state=state, backend=backend, q=q)
+    jobs = jobs.select_related("backend", "dataset", "model_spec")
+    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "webapp/jobs/list.html", {
+        "page": page,
+        "jobs": page.object_list,
+        "states": JobStateChoices.choices,
+        "backends": backends,
+        "filters": {"state": state or "", "backend": str(backend.pk) if backend else "", "q": q or ""},
+        "query": query.urlencode(),
+    })
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_create(request: HttpRequest) -> HttpResponse:
+    form = TrainingJobForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = services.training_job_create(owner=request.user, **form.create_kwargs())
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Job {job} queued.")
+            return redirect("job-detail", pk=job.pk)
+    estimate = _estimate(form) if request.method == "POST" else None
+    return render(request, "webapp/jobs/form.html", {"form": form, "estimate": estimate})
+
+
+def _estimate(form: TrainingJobForm) -> dict[str, Any]:
+    """``{"ok": True, **estimate}`` or ``{"ok": False, "errors": [...]}`` for the form's shape."""
+    kwargs = form.estimate_kwargs()
+    if kwargs is None:
+        errors = [f"{form.fields[f].label or f}: {e}" for f in form.ESTIMATE_FIELDS for e in form.errors.get(f, [])]
+        return {"ok": False, "errors": errors}
+    try:
+        result = services.training_job_estimate(**kwargs)
+    except ValidationError as exc:
+        return {"ok": False, "errors": [m for ms in service_error_dict(exc).values() for m in ms]}
+    return {"ok": True, **result, "max_runtime_s": kwargs["max_runtime_s"], "nodes": kwargs["nodes"]}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_estimate(request: HttpRequest) -> HttpResponse:
+    """The cost estimate for the job form's current values (an htmx fragment)."""
+    form = TrainingJobForm(request.POST if request.method == "POST" else request.GET, user=request.user)
+    return render(request, "webapp/jobs/_estimate.html", {"estimate": _estimate(form)})
+
+
+def _job_for(request: HttpRequest, pk: int):
+    jobs = selectors.training_job_list_for_user(user=request.user)
+    return get_object_or_404(jobs.select_related("backend", "dataset", "model_spec", "rerun_of"), pk=pk)
+
+
+def _live_context(job) -> dict[str, Any]:
+    return {
+        "job": job,
+        "events": selectors.training_job_events(job=job),
+        "ranks": selectors.training_job_rank_throughput(job=job),
+        "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),
+        "log_tail_lines": LOG_TAIL_LINES,
+    }
+
+
+def _metrics_payload(job) -> dict[str, Any]:
+    """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value}, ...]}}``."""
+    series = selectors.training_job_metric_series(job=job)
+    names = [n for names in CHART_SERIES.values() for n in names]
+    return {
+        "state": job.state,
+        "is_terminal": job.is_terminal,
+        "series": {n: [{"x": p["step"], "y": p["value"]} for p in series.get(n, [])] for n in names},
+    }
+
+
+@login_required
+@require_GET
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _job_for(request, pk)
+    context = _live_context(job)
+    context["metrics"] = _metrics_payload(job)
+    context["chart_series"] = CHART_SERIES
+    return render(request, "webapp/jobs/detail.html", context)
+
+
+@never_cache
+@login_required
+@require_GET
+def job_live(request: HttpRequest, pk: int) -> HttpResponse:
+    """The job page's live fragment (status, cost, timeline, rank table, log tail)."""
+    job = _job_for(request, pk)
+    return render(request, "webapp/jobs/_live.html", {**_live_context(job), "oob": True})
+
+
+@never_cache
+@login_required
+@require_GET
+def job_metrics(request: HttpRequest, pk: int) -> JsonResponse:
+    """The chart series as JSON; the job page updates its Chart instances from this."""
+    return JsonResponse(_metrics_payload(_job_for(request, pk)))
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _job_for(request, pk)
+    try:
+        job = services.training_job_cancel(job=job)
+    except ValidationError as exc:
+        for message in (m for ms in service_error_dict(exc).values() for m in ms):
+            messages.error(request, message)
+    else:
+        messages.info(request, f"Cancelling {job}: the job stops when the backend confirms it.")
+    return redirect("job-detail", pk=pk)
+
+
+@login_required
+@require_POST
+def job_rerun(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _job_for(request, pk)
+    try:
+        new_job = services.training_job_rerun(job=job, owner=request.user)
+    except ValidationError as exc:
+        for message in (m for ms in service_error_dict(exc).values() for m in ms):
+            messages.error(request, message)
+        return redirect("job-detail", pk=pk)
+    messages.success(request, f"Re-run of {job} queued as {new_job}.")
+    return redirect(reverse("job-detail", kwargs={"pk": new_job.pk}))
