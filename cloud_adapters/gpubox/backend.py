@@ -1,0 +1,532 @@
+"""The gpubox backend: runs a job under torchrun on the machine whose Celery worker consumes the
+``gpubox`` queue (this machine's GPUs, or its CPUs with gloo when it has none).
+
+Every job lives in a run directory, ``<run_root>/<job_name>/``, and its state lives only there, so it
+survives a Celery worker restart and any worker on the machine can describe or cancel any job::
+
+    <run_root>/<job_name>/
+        job.json           the trainer config as run (output dirs point into this directory)
+        supervisor.json    supervisor pid, /proc start ticks, start time (Unix seconds)
+        torchrun.json      torchrun pid = process-group id, start ticks
+        train.log          torchrun's and every rank's stdout + stderr (metric records included)
+        supervisor.log     the supervisor's own messages (cancel, SIGKILL escalation, exit code)
+        cancel_requested   present once cancel() was called (its mtime is when)
+        exit.json          written last and atomically: returncode, started_at, ended_at,
+                           cancelled, reason
+        output/            model.pt, metrics.jsonl; output/checkpoints/ per-epoch checkpoints
+
+State table (DESIGN.md §4, gpubox row), as :meth:`GpuBoxBackend.describe` reads it from disk:
+
+==========  ===============================================  ==========================
+JobState    on disk                                          raw_state
+==========  ===============================================  ==========================
+PENDING     supervisor alive, no step logged yet             ``spawned``
+            (process spawned, rendezvous)
+RUNNING     supervisor alive, a ``started``/``step``/        ``running``
+            ``epoch`` metric record in train.log
+STOPPING    supervisor alive, ``cancel_requested`` present   ``stopping``
+            (SIGTERM sent)
+SUCCEEDED   exit.json, returncode 0, not cancelled           ``exited 0``
+FAILED      exit.json, returncode ≠ 0 (or max runtime);      ``exited N`` / ``max-runtime``
+            supervisor gone without exit.json                ``lost``
+CANCELLED   exit.json with ``cancelled`` (stopped by user)   ``cancelled``
+==========  ===============================================  ==========================
+
+A job whose supervisor is gone without exit.json after a cancel was requested (a stuck supervisor
+killed by the escalation below) is CANCELLED, never SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from cloud_adapters.base import (
+    Backend,
+    Capabilities,
+    InvalidSpec,
+    JobHandle,
+    JobSpec,
+    JobState,
+    JobStatus,
+    MissingDependency,
+    ProviderError,
+    parse_utc,
+)
+from cloud_adapters.gpubox import _proc
+
+# A run directory name: one safe path component, also a valid DNS label and SageMaker-style name.
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
+
+MAX_LOG_LINES = 2000  # lines per logs() call
+MAX_LOG_BYTES = 4 * 1024 * 1024  # bytes read per logs() call
+FAILURE_TAIL_BYTES = 256 * 1024  # how much of the end of train.log failure_reason looks at
+STARTUP_GRACE_S = 30.0  # a run dir this young without supervisor.json is still being submitted
+ESCALATE_AFTER_S = 5.0  # on top of the grace period before cancel SIGKILLs the group itself
+RUNNING_EVENTS = frozenset({"started", "step", "epoch", "completed"})
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # holds cloud_adapters/, for the supervisor
+
+
+def visible_gpu_count() -> int:
+    """NVIDIA GPUs this process may use, without importing torch.
+
+    Counts ``/dev/nvidia<N>`` device nodes, narrowed by ``CUDA_VISIBLE_DEVICES`` when set ("" or
+    "-1" hide every GPU, as in CUDA).
+    """
+    try:
+        devices = [e for e in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", e)]
+    except OSError:
+        devices = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return len(devices)
+    ids = [v for v in visible.split(",") if v.strip()]
+    if not ids or ids[0].strip() == "-1":
+        return 0
+    return min(len(ids), len(devices))
+
+
+def _utc(ts: float | None) -> dt.datetime | None:
+    return parse_utc(float(ts)) if ts is not None else None
+
+
+class GpuBoxBackend(Backend):
+    """Runs jobs with torchrun on this machine; see the module docstring for states and layout.
+
+    Config (``clean_config`` raises :class:`InvalidSpec` naming the field):
+
+    ``run_root``            absolute path of the directory that holds the run directories (required).
+    ``max_procs_per_node``  int ≥ 1; default: the number of visible CUDA GPUs, else ``os.cpu_count()``.
+    ``hourly_rate_usd``     float ≥ 0, USD per node-hour; default 0.
+    ``grace_period_s``      float ≥ 0, seconds from SIGTERM to SIGKILL on cancel; default 10.
+    ``python``              interpreter that has torch; default this process's ``sys.executable``.
+    """
+
+    kind = "gpubox"
+    queue = "gpubox"  # jobs must be started by the worker on the box itself
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @classmethod
+    def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        known = {"run_root", "max_procs_per_node", "hourly_rate_usd", "grace_period_s", "python"}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise InvalidSpec(f"{unknown[0]}: unknown gpubox setting (known: {', '.join(sorted(known))}).")
+
+        run_root = config.get("run_root")
+        if not isinstance(run_root, (str, os.PathLike)) or not str(run_root):
+            raise InvalidSpec("run_root: required; set it to an absolute directory for run directories.")
+        if not os.path.isabs(run_root):
+            raise InvalidSpec(f"run_root: must be an absolute path, got {str(run_root)!r}.")
+
+        procs = config.get("max_procs_per_node")
+        if procs is None:
+            procs = visible_gpu_count() or os.cpu_count() or 1
+        if isinstance(procs, bool) or not isinstance(procs, int):
+            raise InvalidSpec(f"max_procs_per_node: expected an integer, got {procs!r}.")
+        if procs < 1:
+            raise InvalidSpec(f"max_procs_per_node: must be at least 1, got {procs}.")
+
+        rate = _number(config.get("hourly_rate_usd", 0.0), "hourly_rate_usd")
+        if rate < 0:
+            raise InvalidSpec(f"hourly_rate_usd: must be 0 or more, got {rate:g}.")
+
+        grace = _number(config.get("grace_period_s", 10.0), "grace_period_s")
+        if grace < 0:
+            raise InvalidSpec(f"grace_period_s: must be 0 or more seconds, got {grace:g}.")
+
+        python = config.get("python") or sys.executable
+        if not isinstance(python, str) or not os.path.isabs(python):
+            raise InvalidSpec(f"python: must be an absolute interpreter path, got {python!r}.")
+
+        return {
+            "run_root": os.path.normpath(str(run_root)),
+            "max_procs_per_node": procs,
+            "hourly_rate_usd": rate,
+            "grace_period_s": grace,
+            "python": python,
+        }
+
+    @property
+    def run_root(self) -> Path:
+        return Path(self.config["run_root"])
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            spot=False,
+            multi_node=False,
+            gpus=visible_gpu_count() > 0,
+            max_nodes=1,
+            max_procs_per_node=self.config["max_procs_per_node"],
+            strategies=("ddp",),
+        )
+
+    def price(self, instance_type: str = "", spot: bool = False) -> float:
+        """The configured ``hourly_rate_usd`` (USD per node-hour); the box has one instance type."""
+        return float(self.config["hourly_rate_usd"])
+
+    # -- submit -----------------------------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        """Base checks plus the job name and the per-node process arithmetic of this box."""
+        _check_job_name(spec.job_name)
+        caps = self.capabilities
+        if spec.procs_per_node > caps.max_procs_per_node >= 1 and spec.nodes >= 1:
+            raise InvalidSpec(
+                f"{spec.nodes} node × {spec.procs_per_node} processes = {spec.world_size} ranks, but "
+                f"this GPU box runs at most {caps.max_procs_per_node} processes per node "
+                f"(max_procs_per_node); ask for {caps.max_procs_per_node} or fewer."
+            )
+        super().validate(spec)
+        if not isinstance(spec.config, Mapping):
+            raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
+        if spec.trainer_package_uri and not os.path.isdir(spec.trainer_package_uri):
+            raise InvalidSpec(
+                f"trainer package {spec.trainer_package_uri!r}: the gpubox runs trainer_pkg from a "
+                f"local directory that contains it; leave it empty to use this machine's installation."
+            )
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Create ``<run_root>/<job_name>`` and start the supervisor; returns at once.
+
+        Idempotent: the run directory is created with one atomic ``mkdir``; when it already exists
+        the job is adopted and no second torchrun is started.
+        """
+        self.validate(spec)
+        run_dir = self._run_dir(spec.job_name)
+        handle = self._handle(spec.job_name, run_dir)
+        try:
+            self.run_root.mkdir(parents=True, exist_ok=True)
+            os.mkdir(run_dir)
+        except FileExistsError:
+            return handle  # submitted before (a retry or a duplicate delivery): adopt it
+        except OSError as exc:
+            raise ProviderError(f"cannot create run directory {run_dir}: {exc}") from exc
+
+        trainer_dir = self._trainer_dir(spec)
+        config = json.loads(json.dumps(dict(spec.config)))  # a deep, JSON-clean copy
+        output = config.setdefault("output", {})
+        output["output_dir"] = spec.output_uri or str(run_dir / "output")
+        output["checkpoint_dir"] = spec.checkpoint_uri or os.path.join(output["output_dir"], "checkpoints")
+        # What runs is the spec's shape; the config records it so the trainer's checks agree.
+        parallel = config.setdefault("parallel", {})
+        parallel["nodes"] = spec.nodes
+        parallel["procs_per_node"] = spec.procs_per_node
+        _proc.write_json_atomic(run_dir / "job.json", config)
+
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        if "OMP_NUM_THREADS" not in spec.env:
+            env["OMP_NUM_THREADS"] = "1"  # N ranks × all cores each would oversubscribe the box
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(trainer_dir), str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        env["PYTHONUNBUFFERED"] = "1"  # metric lines reach train.log as they are printed
+
+        command = [
+            sys.executable, "-m", "cloud_adapters.gpubox.supervisor",
+            "--run-dir", str(run_dir),
+            "--grace-period", repr(float(self.config["grace_period_s"])),
+            "--max-runtime", str(int(spec.max_runtime_s)),
+            "--",
+            self.config["python"], "-m", "torch.distributed.run",
+            "--standalone", "--nnodes", "1", "--nproc_per_node", str(spec.procs_per_node),
+            "-m", "trainer_pkg.launch", "--config", str(run_dir / "job.json"),
+        ]
+        started_at = time.time()
+        try:
+            with open(run_dir / "supervisor.log", "ab") as errlog:  # a crash trace lands here
+                sup = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=errlog,
+                    stderr=subprocess.STDOUT,
+                    cwd=run_dir,
+                    env=env,
+                    start_new_session=True,  # outlives the worker; the worker's signals don't reach it
+                    close_fds=True,
+                )
+        except OSError as exc:
+            _proc.write_json_atomic(
+                run_dir / "exit.json",
+                {"returncode": None, "started_at": started_at, "ended_at": time.time(),
+                 "cancelled": False, "reason": f"could not start the supervisor: {exc}"},
+            )
+            raise ProviderError(f"could not start the gpubox supervisor: {exc}") from exc
+        _proc.write_json_atomic(
+            run_dir / "supervisor.json",
+            {"pid": sup.pid, "start_ticks": _proc.start_ticks(sup.pid), "started_at": started_at},
+        )
+        return handle
+
+    # -- describe ---------------------------------------------------------------------------
+
+    def describe(self, handle: JobHandle) -> JobStatus:
+        """The job's state, read from its run directory only (see the module's state table)."""
+        run_dir = self._handle_dir(handle)
+        if not run_dir.is_dir():
+            raise ProviderError(f"run directory {run_dir} not found; was the job submitted on this box?")
+        sup = _proc.read_json(run_dir / "supervisor.json") or {}
+        exit_info = _proc.read_json(run_dir / "exit.json")
+        started = sup.get("started_at") or (exit_info or {}).get("started_at")
+        started_at = _utc(started)
+
+        if exit_info is not None:
+            ended = exit_info.get("ended_at") or time.time()
+            billable = max(0.0, ended - started) if started else None
+            common = dict(started_at=started_at, ended_at=_utc(ended), billable_seconds=billable,
+                          instance_count=1)
+            code = exit_info.get("returncode")
+            if exit_info.get("cancelled"):
+                return JobStatus(JobState.CANCELLED, raw_state="cancelled",
+                                 failure_reason=exit_info.get("reason") or "stopped by user", **common)
+            if str(exit_info.get("reason", "")).startswith("MaxRuntimeExceeded"):
+                return JobStatus(JobState.FAILED, raw_state="max-runtime",
+                                 failure_reason=exit_info["reason"], **common)
+            if code == 0:
+                return JobStatus(JobState.SUCCEEDED, raw_state="exited 0", **common)
+            reason = _failure_reason(run_dir / "train.log", code) if code is not None else ""
+            return JobStatus(JobState.FAILED, raw_state=f"exited {code}",
+                             failure_reason=reason or exit_info.get("reason") or f"exit code {code}",
+                             **common)
+
+        now = time.time()
+        running_common = dict(started_at=started_at,
+                              billable_seconds=max(0.0, now - started) if started else None,
+                              instance_count=1)
+        cancel_at = _mtime(run_dir / "cancel_requested")
+        if cancel_at is not None:
+            self._escalate(run_dir, cancel_at)
+
+        if not sup:
+            age = now - (_mtime(run_dir) or now)
+            if age < STARTUP_GRACE_S:
+                return JobStatus(JobState.PENDING, raw_state="submitting",
+                                 secondary_state="run directory created", **running_common)
+            return self._lost(run_dir, started_at, cancel_at,
+                              "supervisor never started (the submitting worker died mid-submit)")
+
+        if _proc.is_alive(sup.get("pid"), sup.get("start_ticks")):
+            if cancel_at is not None:
+                return JobStatus(JobState.STOPPING, raw_state="stopping",
+                                 secondary_state="SIGTERM sent", **running_common)
+            if _first_step_logged(run_dir / "train.log"):
+                return JobStatus(JobState.RUNNING, raw_state="running",
+                                 secondary_state="first step logged", **running_common)
+            return JobStatus(JobState.PENDING, raw_state="spawned",
+                             secondary_state="process spawned, rendezvous", **running_common)
+
+        # exit.json may have landed between our read and the liveness check.
+        if (run_dir / "exit.json").exists():
+            return self.describe(handle)
+        return self._lost(run_dir, started_at, cancel_at, "supervisor process disappeared")
+
+    def _lost(self, run_dir: Path, started_at: dt.datetime | None, cancel_at: float | None,
+              reason: str) -> JobStatus:
+        """Terminal status for a job nobody supervises any more; kills ranks it left behind."""
+        self._kill_job(run_dir)  # a job reported over must not keep the GPUs busy
+        ended = _mtime(run_dir / "train.log") or _mtime(run_dir) or time.time()
+        billable = max(0.0, ended - started_at.timestamp()) if started_at else None
+        common = dict(started_at=started_at, ended_at=_utc(ended), billable_seconds=billable,
+                      instance_count=1)
+        if cancel_at is not None:
+            return JobStatus(JobState.CANCELLED, raw_state="cancelled",
+                             failure_reason=f"stopped by user ({reason})", **common)
+        return JobStatus(JobState.FAILED, raw_state="lost", failure_reason=reason, **common)
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, handle: JobHandle) -> None:
+        """Record the request, SIGTERM the supervisor; idempotent and returns at once.
+
+        If the request is older than ``grace_period_s`` + 5 s and the job still runs (a stuck
+        supervisor), SIGKILL its torchrun group and the supervisor directly.
+        """
+        run_dir = self._handle_dir(handle)
+        if not run_dir.is_dir():
+            raise ProviderError(f"run directory {run_dir} not found; was the job submitted on this box?")
+        if (run_dir / "exit.json").exists():
+            return  # already over: nothing to stop
+        marker = run_dir / "cancel_requested"
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.write(fd, f"{time.time()}\n".encode())
+            os.close(fd)
+        except FileExistsError:
+            pass  # first request's time is kept: escalation counts from it
+        sup = _proc.read_json(run_dir / "supervisor.json") or {}
+        if sup.get("pid"):
+            _proc.signal_pid(int(sup["pid"]), sup.get("start_ticks"), signal.SIGTERM)
+        self._escalate(run_dir, _mtime(marker))
+
+    def _escalate(self, run_dir: Path, cancel_at: float | None) -> None:
+        if cancel_at is None or (run_dir / "exit.json").exists():
+            return
+        if time.time() - cancel_at < float(self.config["grace_period_s"]) + ESCALATE_AFTER_S:
+            return
+        sup = _proc.read_json(run_dir / "supervisor.json") or {}
+        self._kill_job(run_dir)
+        # The supervisor had grace + 5 s to stop the job and write exit.json: it is stuck. Once it
+        # is gone, describe() reports the job CANCELLED (cancel was requested).
+        if sup.get("pid") and not (run_dir / "exit.json").exists():
+            _proc.signal_pid(int(sup["pid"]), sup.get("start_ticks"), signal.SIGKILL)
+
+    @staticmethod
+    def _kill_job(run_dir: Path) -> None:
+        """SIGKILL torchrun's process group and every rank of the job (an unsupervised remnant)."""
+        tr = _proc.read_json(run_dir / "torchrun.json") or {}
+        if tr.get("pgid") and _group_is_ours(tr):
+            _proc.kill_group(int(tr["pgid"]), signal.SIGKILL)
+        _proc.signal_job(str(run_dir), signal.SIGKILL)
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
+        """Complete lines of ``train.log`` from byte offset ``cursor`` ("" = 0), and the next offset.
+
+        At most 2000 lines per call; a partial last line is left for the next call. Lines are
+        decoded as UTF-8 with invalid bytes replaced.
+        """
+        try:
+            offset = int(cursor or 0)
+        except ValueError:
+            raise InvalidSpec(f"log cursor must be a byte offset, got {cursor!r}.") from None
+        if offset < 0:
+            raise InvalidSpec(f"log cursor must be 0 or more, got {offset}.")
+        path = self._handle_dir(handle) / "train.log"
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read(MAX_LOG_BYTES)
+        except FileNotFoundError:
+            return [], str(offset)
+        parts = chunk.split(b"\n")
+        complete = parts[:-1]
+        if not complete and len(chunk) == MAX_LOG_BYTES:
+            complete = [chunk]  # one enormous line: hand it over in pieces rather than stall
+            consumed = len(chunk)
+        else:
+            complete = complete[:MAX_LOG_LINES]
+            consumed = sum(len(p) + 1 for p in complete)
+        lines = [p.rstrip(b"\r").decode("utf-8", errors="replace") for p in complete]
+        return lines, str(offset + consumed)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _run_dir(self, job_name: str) -> Path:
+        _check_job_name(job_name)
+        return self.run_root / job_name
+
+    def _handle(self, job_name: str, run_dir: Path) -> JobHandle:
+        return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=str(run_dir))
+
+    def _handle_dir(self, handle: JobHandle) -> Path:
+        _check_job_name(handle.job_name)
+        if handle.provider_job_id:
+            path = Path(handle.provider_job_id)
+            if not path.is_absolute() or path.name != handle.job_name:
+                raise InvalidSpec(f"handle {handle.provider_job_id!r} is not a gpubox run directory.")
+            return path
+        return self.run_root / handle.job_name
+
+    def _trainer_dir(self, spec: JobSpec) -> Path:
+        """The directory that contains ``trainer_pkg`` (found without importing torch)."""
+        if spec.trainer_package_uri:
+            return Path(spec.trainer_package_uri).resolve()
+        found = importlib.util.find_spec("trainer_pkg")
+        if found is None or not found.submodule_search_locations:
+            raise MissingDependency(
+                "trainer_pkg is not importable on this gpubox worker; install it with "
+                "`pip install -e trainer_pkg` or run the worker from the repository root."
+            )
+        return Path(list(found.submodule_search_locations)[0]).resolve().parent
+
+
+def _number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidSpec(f"{field}: expected a number, got {value!r}.")
+    return float(value)
+
+
+def _check_job_name(name: str) -> None:
+    if not isinstance(name, str) or not JOB_NAME_RE.fullmatch(name):
+        raise InvalidSpec(
+            f"job name {name!r}: must be 1–63 letters, digits or '-', starting with a letter or "
+            f"digit (it names the run directory)."
+        )
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _group_is_ours(tr: Mapping[str, Any]) -> bool:
+    """True when torchrun's process group still has members and its id was not reused."""
+    pgid = int(tr["pgid"])
+    stat = _proc.proc_stat(pgid)
+    if stat is not None and stat[0] not in ("Z", "X") and stat[2] != tr.get("start_ticks"):
+        return False  # the leader's pid belongs to a newer process now
+    return bool(_proc.group_members(pgid))
+
+
+def _first_step_logged(log_path: Path) -> bool:
+    """True once train.log holds a ``started``/``step``/``epoch`` metric record.
+
+    Reads from the start and stops at the first record, so the cost is bounded by what the job
+    printed before its first step.
+    """
+    from trainer_pkg.metrics import parse_metric_line  # torch-free
+
+    try:
+        with open(log_path, "rb") as fh:
+            for raw in fh:
+                if b"TRAINBOARD_METRIC" not in raw:
+                    continue
+                record = parse_metric_line(raw.decode("utf-8", errors="replace"))
+                if record and record.get("event") in RUNNING_EVENTS:
+                    return True
+    except FileNotFoundError:
+        return False
+    return False
+
+
+def _failure_reason(log_path: Path, code: int) -> str:
+    """The trainer's error from the end of train.log, else its last lines, else the exit code.
+
+    Preference: the last line containing ``trainer error:``; then the last Python exception line
+    of a rank (torchrun's own ChildFailedError wrapper is skipped); then the last 5 non-empty lines.
+    """
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - FAILURE_TAIL_BYTES))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return f"exit code {code}"
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if "trainer error:" in line:
+            return line[line.index("trainer error:") :]
+    exception = re.compile(r"^(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): \S")
+    for line in reversed(lines):
+        if exception.match(line) and "ChildFailedError" not in line:
+            return line
+    if lines:
+        return "\n".join(lines[-5:])
+    return f"exit code {code}"

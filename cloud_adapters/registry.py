@@ -1,0 +1,70 @@
+"""The one place that maps a backend kind name to its adapter class.
+
+Nothing outside this module branches on provider names (DESIGN.md §1). Adapters are imported lazily,
+on first use, so a web process without, say, boto3 installed still lists every kind and fails only
+when that kind is used, with an error naming the pip extra to install.
+
+Usage::
+
+    backend = create_backend("gpubox", {"run_root": "/var/lib/trainboard/runs"})
+    handle = backend.submit(spec)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping, NamedTuple
+
+from cloud_adapters.base import Backend, InvalidSpec, MissingDependency
+
+
+class KindInfo(NamedTuple):
+    module: str  # dotted module path that defines the adapter class
+    class_name: str  # the Backend subclass in that module
+    label: str  # human-readable name for forms and the admin
+
+
+KINDS: dict[str, KindInfo] = {
+    "gpubox": KindInfo("cloud_adapters.gpubox", "GpuBoxBackend", "Local GPU box (torchrun)"),
+}
+"""kind -> (module path, class name, human label). Register new providers here."""
+
+EXTRAS: dict[str, str] = {}
+"""kind -> pip extra that installs its SDK, where it needs one (e.g. "sagemaker": "aws")."""
+
+
+def backend_class(kind: str) -> type[Backend]:
+    """The adapter class for ``kind``, imported on first use.
+
+    Raises :class:`InvalidSpec` for an unknown kind (the message lists the known ones) and
+    :class:`MissingDependency` when the provider's SDK is not installed (naming the extra).
+    """
+    try:
+        info = KINDS[kind]
+    except (KeyError, TypeError):
+        raise InvalidSpec(
+            f"unknown backend kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}."
+        ) from None
+    try:
+        module = importlib.import_module(info.module)
+    except ImportError as exc:
+        extra = EXTRAS.get(kind, kind)
+        raise MissingDependency(
+            f"the {info.label} backend needs a package that is not installed ({exc.name or exc}); "
+            f"install it with `pip install 'trainboard[{extra}]'`."
+        ) from exc
+    cls = getattr(module, info.class_name)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):  # a registry typo, not user input
+        raise TypeError(f"{info.module}.{info.class_name} is not a Backend subclass")
+    return cls
+
+
+def create_backend(kind: str, config: Mapping[str, Any] | None = None) -> Backend:
+    """A configured backend of ``kind``; ``config`` is validated by the class's ``clean_config``
+    (:class:`InvalidSpec` naming the field)."""
+    return backend_class(kind)(config)
+
+
+def kind_choices() -> list[tuple[str, str]]:
+    """``[(kind, label), ...]`` in registration order, for form and model choices."""
+    return [(kind, info.label) for kind, info in KINDS.items()]

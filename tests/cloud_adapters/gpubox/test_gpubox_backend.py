@@ -1,0 +1,386 @@
+"""The gpubox backend: config, validation, disk-state → JobState mapping, logs, and real jobs run by
+the real trainer (trainer_pkg.launch on the digits dataset) under torchrun with gloo on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cloud_adapters.base import InvalidSpec, JobHandle, JobSpec, JobState
+from cloud_adapters.gpubox import GpuBoxBackend
+from cloud_adapters.gpubox import _proc
+from cloud_adapters.gpubox.backend import MAX_LOG_LINES
+from trainer_pkg.metrics import format_metric_line, parse_metric_line
+
+# A long job for cancel / max-runtime / lost-supervisor tests: many epochs of digits.
+LONG_CONFIG = {"train": {"epochs": 200}, "parallel": {"procs_per_node": 2}}
+
+
+@pytest.fixture
+def backend(tmp_path):
+    return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "max_procs_per_node": 2,
+                          "grace_period_s": 3, "hourly_rate_usd": 0.9})
+
+
+def spec(name: str, config: dict | None = None, **kw) -> JobSpec:
+    kw.setdefault("procs_per_node", 2)
+    return JobSpec(job_name=name, config=config or {"train": {"epochs": 1},
+                                                    "parallel": {"procs_per_node": 2}}, **kw)
+
+
+def wait_for(backend, handle, done, timeout: float, seen: list | None = None):
+    """Poll describe() until ``done(status)`` or the deadline; returns the last status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = backend.describe(handle)
+        if seen is not None and (not seen or seen[-1] != status.state):
+            seen.append(status.state)
+        if done(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s; last status {status}; log tail:\n"
+                                 + _tail(handle))
+        time.sleep(0.1)
+
+
+def _tail(handle: JobHandle) -> str:
+    try:
+        return "\n".join(Path(handle.provider_job_id, "train.log").read_text().splitlines()[-30:])
+    except FileNotFoundError:
+        return "(no train.log)"
+
+
+def procs_mentioning(text: str) -> dict[int, str]:
+    """Live processes whose command line contains ``text``, pid -> cmdline."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        stat = _proc.proc_stat(int(entry.name))
+        if text in cmd and stat and stat[0] != "Z":
+            found[int(entry.name)] = cmd
+    return found
+
+
+def torchrun_pids(run_dir: str) -> list[int]:
+    return [p for p, cmd in procs_mentioning(run_dir).items() if "torch.distributed.run" in cmd
+            and "cloud_adapters.gpubox.supervisor" not in cmd]
+
+
+def assert_all_gone(run_dir: str, pgid: int, timeout: float = 5.0) -> None:
+    """No process of the job is left (SIGKILL is delivered asynchronously, hence the deadline)."""
+    deadline = time.monotonic() + timeout
+    while left := sorted(set(_proc.group_members(pgid)) | set(_proc.job_processes(run_dir))
+                         | set(procs_mentioning(run_dir))):
+        if time.monotonic() > deadline:
+            cmds = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in left}
+            raise AssertionError(f"processes of {run_dir} left: {cmds}")
+        time.sleep(0.05)
+
+
+def wait_file(path: Path, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (data := _proc.read_json(path)) is None:
+        assert time.monotonic() < deadline, f"{path} not written within {timeout} s"
+        time.sleep(0.05)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and validation (no processes)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_capabilities_and_price(backend):
+    caps = backend.capabilities
+    assert (caps.max_nodes, caps.multi_node, caps.spot) == (1, False, False)
+    assert caps.max_procs_per_node == 2 and caps.strategies == ("ddp",)
+    assert caps.gpus is os.path.exists("/dev/nvidia0")
+    assert backend.price("anything", spot=False) == 0.9
+    assert backend.estimate_cost(spec("j1", max_runtime_s=7200)) == pytest.approx(1.8)
+
+
+def test_validate_shows_the_process_arithmetic(backend):
+    with pytest.raises(InvalidSpec) as err:
+        backend.validate(spec("j1", procs_per_node=3))
+    assert str(err.value) == (
+        "1 node × 3 processes = 3 ranks, but this GPU box runs at most 2 processes per node "
+        "(max_procs_per_node); ask for 2 or fewer."
+    )
+    with pytest.raises(InvalidSpec, match="2 nodes requested, but this backend runs at most 1"):
+        backend.validate(spec("j1", nodes=2))
+    with pytest.raises(InvalidSpec, match="no spot capacity"):
+        backend.validate(spec("j1", spot=True))
+    backend.validate(spec("j1"))  # 1 × 2 fits
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "", ".hidden", "-x", "x" * 64, "a_b", "é"])
+def test_unsafe_job_names_are_rejected(backend, tmp_path, name):
+    with pytest.raises(InvalidSpec, match="must be 1–63 letters, digits or '-'"):
+        backend.submit(spec(name))
+    assert not (tmp_path / "x").exists()
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# describe() from synthetic run directories (no torchrun)
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_dir(backend, name: str) -> tuple[Path, JobHandle]:
+    run_dir = backend.run_root / name
+    run_dir.mkdir(parents=True)
+    return run_dir, JobHandle("gpubox", name, str(run_dir))
+
+
+def _dead_process() -> tuple[int, int]:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ticks = _proc.start_ticks(child.pid)
+    child.wait()
+    return child.pid, ticks
+
+
+def test_describe_maps_exit_records(backend):
+    cases = [
+        ({"returncode": 0}, "", JobState.SUCCEEDED, "exited 0", ""),
+        ({"returncode": 1}, "noise\nRuntimeError: boom\ntrainer error: dataset /d/x.npz not found\n"
+         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+         JobState.FAILED, "exited 1", "trainer error: dataset /d/x.npz not found"),
+        ({"returncode": 1}, "a\nValueError: bad shape (3, 4)\n\nChildFailedError: x\nsummary\n",
+         JobState.FAILED, "exited 1", "ValueError: bad shape (3, 4)"),
+        ({"returncode": 2}, "l1\nl2\n\nl3\nl4\nl5\nl6\n", JobState.FAILED, "exited 2",
+         "l2\nl3\nl4\nl5\nl6"),
+        ({"returncode": -9}, "", JobState.FAILED, "exited -9", "exit code -9"),
+        ({"returncode": 0, "cancelled": True, "reason": "stopped by user"}, "",
+         JobState.CANCELLED, "cancelled", "stopped by user"),
+        ({"returncode": -15, "reason": "MaxRuntimeExceeded: ran longer than 2 s"}, "",
+         JobState.FAILED, "max-runtime", "MaxRuntimeExceeded: ran longer than 2 s"),
+    ]
+    for i, (exit_info, log, state, raw, reason) in enumerate(cases):
+        run_dir, handle = _run_dir(backend, f"case{i}")
+        _proc.write_json_atomic(run_dir / "supervisor.json", {"pid": 1, "started_at": 1000.0})
+        record = {"returncode": None, "started_at": 1000.0, "ended_at": 1042.5, "cancelled": False,
+                  "reason": ""}
+        record.update(exit_info)
+        _proc.write_json_atomic(run_dir / "exit.json", record)
+        (run_dir / "train.log").write_text(log)
+        status = backend.describe(handle)
+        assert (status.state, status.raw_state, status.failure_reason) == (state, raw, reason), i
+        assert status.started_at.timestamp() == 1000.0
+        assert status.ended_at.timestamp() == 1042.5
+        assert status.billable_seconds == 42.5 and status.instance_count == 1
+
+
+def test_describe_live_supervisor_states(backend):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        run_dir, handle = _run_dir(backend, "live")
+        _proc.write_json_atomic(run_dir / "supervisor.json", {
+            "pid": sleeper.pid, "start_ticks": _proc.start_ticks(sleeper.pid),
+            "started_at": time.time() - 5})
+        (run_dir / "train.log").write_text("rendezvous...\n")
+        status = backend.describe(handle)
+        assert (status.state, status.raw_state) == (JobState.PENDING, "spawned")
+        assert status.secondary_state == "process spawned, rendezvous"
+        assert 5 <= status.billable_seconds < 10 and status.ended_at is None
+
+        with open(run_dir / "train.log", "a") as fh:
+            fh.write("[rank0]: " + format_metric_line({"event": "started", "step": 1}) + "\n")
+        status = backend.describe(handle)
+        assert (status.state, status.raw_state) == (JobState.RUNNING, "running")
+
+        (run_dir / "cancel_requested").write_text("now\n")
+        assert backend.describe(handle).state == JobState.STOPPING
+
+        # The same pid with other start ticks is a different (reused-pid) process: not ours.
+        _proc.write_json_atomic(run_dir / "supervisor.json", {
+            "pid": sleeper.pid, "start_ticks": _proc.start_ticks(sleeper.pid) - 1,
+            "started_at": time.time() - 5})
+        (run_dir / "cancel_requested").unlink()
+        status = backend.describe(handle)
+        assert (status.state, status.failure_reason) == (JobState.FAILED,
+                                                         "supervisor process disappeared")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_describe_dead_supervisor_without_exit_record(backend):
+    pid, ticks = _dead_process()
+    run_dir, handle = _run_dir(backend, "lost")
+    _proc.write_json_atomic(run_dir / "supervisor.json",
+                            {"pid": pid, "start_ticks": ticks, "started_at": time.time() - 3})
+    status = backend.describe(handle)
+    assert (status.state, status.raw_state) == (JobState.FAILED, "lost")
+    assert status.failure_reason == "supervisor process disappeared"
+    # After the user asked to stop it, a vanished supervisor means stopped, never SUCCEEDED/FAILED.
+    (run_dir / "cancel_requested").write_text("x\n")
+    assert backend.describe(handle).state == JobState.CANCELLED
+
+
+# ---------------------------------------------------------------------------------------------
+# logs()
+# ---------------------------------------------------------------------------------------------
+
+
+def test_logs_cursor_continuity_partial_lines_and_limits(backend):
+    run_dir, handle = _run_dir(backend, "logs")
+    assert backend.logs(handle, "") == ([], "0")  # no log yet
+    log = run_dir / "train.log"
+    log.write_bytes(b"one\ntwo\r\nth")
+    lines, cursor = backend.logs(handle, "")
+    assert (lines, cursor) == (["one", "two"], "9")
+    assert backend.logs(handle, cursor) == ([], "9")  # the partial line waits
+    with open(log, "ab") as fh:
+        fh.write(b"ree\n\xff bad byte\n")
+    lines, cursor = backend.logs(handle, cursor)
+    assert lines == ["three", "\ufffd bad byte"] and cursor == str(log.stat().st_size)
+
+    with open(log, "ab") as fh:
+        fh.write(b"".join(b"line %d\n" % i for i in range(MAX_LOG_LINES + 5)))
+    first, c1 = backend.logs(handle, cursor)
+    second, c2 = backend.logs(handle, c1)
+    assert len(first) == MAX_LOG_LINES and second == [f"line {i}" for i in range(2000, 2005)]
+    assert first[0] == "line 0" and first[-1] == "line 1999"
+    assert c2 == str(log.stat().st_size)
+    with pytest.raises(InvalidSpec, match="byte offset"):
+        backend.logs(handle, "abc")
+
+
+# ---------------------------------------------------------------------------------------------
+# Real jobs: the real trainer under torchrun (gloo, CPU)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_real_job_succeeds_with_metrics_and_idempotent_submit(backend):
+    t0 = time.monotonic()
+    first = backend.submit(spec("digits-ok"))
+    assert time.monotonic() - t0 < 1.0  # submit does not wait for training
+    run_dir = first.provider_job_id
+
+    # A retry and concurrent duplicate deliveries adopt the job: one supervisor, one torchrun.
+    handles = [backend.submit(spec("digits-ok"))]
+    threads = [threading.Thread(target=lambda: handles.append(backend.submit(spec("digits-ok"))))
+               for _ in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert handles == [first] * 4
+    tr = wait_file(Path(run_dir, "torchrun.json"))
+    sup = _proc.read_json(Path(run_dir, "supervisor.json"))
+    supervisors = [p for p, cmd in procs_mentioning(run_dir).items()
+                   if "cloud_adapters.gpubox.supervisor" in cmd]
+    assert supervisors == [sup["pid"]]
+    assert torchrun_pids(run_dir) in ([tr["pid"]], [])  # [] only if it already finished
+
+    job = json.loads(Path(run_dir, "job.json").read_text())
+    assert job["output"] == {"output_dir": f"{run_dir}/output",
+                             "checkpoint_dir": f"{run_dir}/output/checkpoints"}
+    assert job["train"] == {"epochs": 1} and job["parallel"]["procs_per_node"] == 2
+
+    seen: list[JobState] = []
+    lines_during, cursor = [], ""
+    status = backend.describe(first)
+    assert status.state in (JobState.PENDING, JobState.RUNNING)
+    deadline = time.monotonic() + 90
+    while not status.state.is_terminal:
+        seen.append(status.state)
+        new, cursor = backend.logs(first, cursor)
+        lines_during += new
+        assert time.monotonic() < deadline, _tail(first)
+        time.sleep(0.2)
+        status = backend.describe(first)
+    assert status.state == JobState.SUCCEEDED, status
+    assert status.raw_state == "exited 0" and status.failure_reason == ""
+    assert seen[0] == JobState.PENDING
+    assert set(seen) <= {JobState.PENDING, JobState.RUNNING}
+    assert status.billable_seconds == pytest.approx(
+        (status.ended_at - status.started_at).total_seconds(), abs=1e-3)
+    assert 1 < status.billable_seconds < 90
+
+    rest, end_cursor = backend.logs(first, cursor)
+    full = Path(run_dir, "train.log").read_text().splitlines()
+    assert lines_during + rest == full  # disjoint and consecutive: nothing lost, nothing twice
+    assert int(end_cursor) == Path(run_dir, "train.log").stat().st_size
+    assert backend.logs(first, end_cursor) == ([], end_cursor)
+    events = [r["event"] for r in map(parse_metric_line, full) if r]
+    assert events[0] == "started" and "epoch" in events and events[-1] == "completed"
+    epoch = next(r for r in map(parse_metric_line, full) if r and r["event"] == "epoch")
+    assert epoch["world_size"] == 2 and 0 <= epoch["val_accuracy"] <= 1
+    assert Path(run_dir, "output", "metrics.jsonl").exists()
+
+    # Adopting a finished job still starts nothing.
+    assert backend.submit(spec("digits-ok")) == first
+    assert backend.describe(first).state == JobState.SUCCEEDED
+    assert torchrun_pids(run_dir) == []
+    backend.cancel(first)  # cancelling a finished job is a no-op
+    assert backend.describe(first).state == JobState.SUCCEEDED
+
+
+def test_cancel_running_job(backend):
+    handle = backend.submit(spec("digits-cancel", LONG_CONFIG))
+    run_dir = handle.provider_job_id
+    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 90)
+    pgid = _proc.read_json(Path(run_dir, "torchrun.json"))["pgid"]
+    # torchrun + 2 ranks (each rank in a session of its own, found by the environment tag)
+    assert len(_proc.job_processes(run_dir)) >= 3
+
+    t0 = time.monotonic()
+    backend.cancel(handle)
+    backend.cancel(handle)  # idempotent
+    seen: list[JobState] = []
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, 10, seen)
+    assert time.monotonic() - t0 < 10
+    assert status.state == JobState.CANCELLED and status.raw_state == "cancelled"
+    assert status.failure_reason == "stopped by user"
+    assert JobState.STOPPING in seen or seen == [JobState.CANCELLED]
+    assert_all_gone(run_dir, pgid, timeout=0.5)
+
+
+def test_missing_dataset_fails_with_the_path(backend):
+    config = {"data": {"format": "npz", "uri": "/nonexistent/x.npz"}, "train": {"epochs": 1},
+              "parallel": {"procs_per_node": 2}}
+    handle = backend.submit(spec("missing-data", config))
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, 60)
+    assert status.state == JobState.FAILED, status
+    assert "/nonexistent/x.npz" in status.failure_reason
+    assert status.raw_state.startswith("exited ") and status.raw_state != "exited 0"
+
+
+def test_max_runtime_fails_the_job(backend):
+    handle = backend.submit(spec("too-slow", LONG_CONFIG, max_runtime_s=2))
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, 20)
+    assert status.state == JobState.FAILED
+    assert status.failure_reason == "MaxRuntimeExceeded: ran longer than 2 s"
+    assert 2 <= status.billable_seconds < 2 + 3 + 5  # runtime + grace + slack
+    tr = _proc.read_json(Path(handle.provider_job_id, "torchrun.json"))
+    assert_all_gone(handle.provider_job_id, tr["pgid"], timeout=0.5)
+
+
+def test_killed_supervisor_is_reported_failed(backend):
+    handle = backend.submit(spec("lost-sup", LONG_CONFIG))
+    run_dir = handle.provider_job_id
+    tr = wait_file(Path(run_dir, "torchrun.json"))
+    sup = _proc.read_json(Path(run_dir, "supervisor.json"))
+    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 90)
+    ranks = set(_proc.job_processes(run_dir)) - {tr["pid"]}
+    assert len(ranks) >= 2
+    os.kill(sup["pid"], signal.SIGKILL)
+    os.killpg(tr["pgid"], signal.SIGKILL)  # torchrun dies; its ranks (own sessions) are orphaned
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, 10)
+    assert (status.state, status.raw_state) == (JobState.FAILED, "lost")
+    assert status.failure_reason == "supervisor process disappeared"
+    assert not Path(run_dir, "exit.json").exists()
+    # describe() killed the orphaned ranks: a FAILED job holds no GPU.
+    assert_all_gone(run_dir, tr["pgid"])
