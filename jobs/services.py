@@ -469,14 +469,14 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     except (LookupError, ValueError, BackendError) as exc:
         errors.add("kind", str(exc) or f"Unknown backend kind {backend.kind!r}.")
         return
-    host_defaults = _host_config_defaults().get(backend.kind, {})
     try:
         cleaned = cls.clean_config(_effective_config(backend.kind, config))
     except (BackendError, ValueError, TypeError) as exc:
         errors.add("config", str(exc))
         return
-    # Store what the admin set (normalised), not this host's defaults: those are filled at use time.
-    backend.config = {k: v for k, v in cleaned.items() if k in config or k not in host_defaults}
+    # Store what the admin set (normalised), not the defaults the adapter or this host filled in:
+    # those are decided where the backend is used (a worker's interpreter, its run root).
+    backend.config = {k: cleaned.get(k, v) for k, v in config.items()}
 
 
 def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True) -> ComputeBackend:

@@ -1,0 +1,243 @@
+"""Shared fixtures: users, a digits dataset, a CNN model, a local gpubox backend, and a real Celery
+worker (+ beat) process for end-to-end tests.
+
+The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and ``REDIS_URL``)::
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainboard REDIS_URL=redis://127.0.0.1:6379/15 \\
+        .venv/bin/python -m pytest tests/jobs tests/e2e -q
+
+``celery_worker_process`` (function scope, needs ``transactional_db`` so the worker sees committed
+rows) starts ``celery -A webapp worker -B -Q celery,gpubox`` against pytest-django's test database
+and a flushed Redis database, with ``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync
+interval; it yields a :class:`WorkerProcess` and stops worker, beat and any run left behind::
+
+    @pytest.mark.e2e
+    def test_job(celery_worker_process, user, digits_dataset, cnn_model, local_backend):
+        job = services.training_job_create(owner=user, ...)
+        celery_worker_process.wait_for(lambda: reload(job).is_terminal, timeout=120)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Domain objects
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user(username="alice", password="pw-alice-123", is_staff=True)
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user(username="bob", password="pw-bob-123", is_staff=True)
+
+
+@pytest.fixture
+def digits_dataset(user):
+    from jobs import services
+
+    return services.dataset_create(owner=user, name="digits", format="builtin", builtin_name="digits")
+
+
+@pytest.fixture
+def cnn_model(user):
+    from jobs import services
+
+    return services.model_spec_create(owner=user, name="digits-cnn", architecture="cnn",
+                                      params={"channels": 16, "hidden_size": 64})
+
+
+@pytest.fixture
+def run_root(tmp_path) -> Path:
+    """Where the gpubox backend of this test keeps its run directories."""
+    path = tmp_path / "runs"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def local_backend(user, run_root, settings):
+    """A gpubox backend named "local" (2 processes per node, $3.60 per node-hour)."""
+    from jobs import services
+
+    settings.TRAINBOARD_RUN_ROOT = run_root
+    return services.backend_create(
+        owner=user, name="local", kind="gpubox",
+        config={"run_root": str(run_root), "max_procs_per_node": 2, "hourly_rate_usd": 3.6,
+                "grace_period_s": 3.0},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids (other than ours) whose command line or environment contains ``text``."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{entry}/{part}", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(entry))
+                        break
+            except OSError:
+                continue
+    return found
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def live_processes_mentioning(text: str) -> list[int]:
+    return [p for p in processes_mentioning(text) if not _is_zombie(p)]
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.2, what: str = "") -> object:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass (then fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path):
+        self.proc = proc
+        self.log_path = log_path
+        self.broker_url = broker_url
+        self.run_root = run_root
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for(self, predicate: Callable[[], object], *, timeout: float, what: str = "") -> object:
+        def check():
+            if self.proc.poll() is not None:
+                pytest.fail(f"the Celery worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+            return predicate()
+
+        return wait_for(check, timeout=timeout, what=what)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # warm shutdown of worker and beat
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # pool children and beat, whatever is left
+        except ProcessLookupError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+
+
+def _database_url(settings_dict) -> str:
+    engine = settings_dict["ENGINE"]
+    if "sqlite" in engine:
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or "5432"
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, tmp_path, run_root, settings):
+    """A real Celery worker with embedded beat, sharing this test's database, broker and run root."""
+    import redis
+    from django.db import connection
+
+    from webapp.celery import app
+
+    broker_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/14"
+    redis.Redis.from_url(broker_url).flushdb()
+    saved_broker = app.conf.broker_url
+    if app.conf.broker_url != broker_url:  # this process publishes where the worker listens
+        app.conf.broker_url = broker_url
+        app.pool.force_close_all()
+        app._pool = None
+
+    settings.TRAINBOARD_RUN_ROOT = run_root
+    log_path = tmp_path / "worker.log"
+    var_dir = tmp_path / "worker-var"
+    var_dir.mkdir()
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "webapp.settings",
+        "DATABASE_URL": _database_url(connection.settings_dict),
+        "REDIS_URL": broker_url,
+        "TRAINBOARD_RUN_ROOT": str(run_root),
+        "TRAINBOARD_SYNC_INTERVAL_S": "1",
+        "TRAINBOARD_VAR_DIR": str(var_dir),
+        "DJANGO_SECRET_KEY": "e2e-test-secret-key-not-for-production",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+        "PYTHONUNBUFFERED": "1",
+    })
+    node = f"tbtest-{uuid.uuid4().hex[:8]}@%h"
+    command = [
+        sys.executable, "-m", "celery", "-A", "webapp", "worker", "-B",
+        "--scheduler", "celery.beat:PersistentScheduler", "-s", str(tmp_path / "beat-schedule"),
+        "-Q", "celery,gpubox", "--pool", "prefork", "-c", "2", "-n", node,
+        "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+    ]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    worker = WorkerProcess(proc, log_path, broker_url, run_root)
+    try:
+        worker.wait_for(lambda: " ready." in worker.log(), timeout=90, what="the Celery worker to be ready")
+        yield worker
+    finally:
+        worker.stop()
+        for pid in live_processes_mentioning(str(run_root)):  # supervisors and ranks of this test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if saved_broker != app.conf.broker_url:
+            app.conf.broker_url = saved_broker
+            app.pool.force_close_all()
+            app._pool = None

@@ -1,0 +1,289 @@
+"""jobs/services.py: validation (field keys, nothing written), enqueue after commit, submit, cancel."""
+
+import json
+import time
+from decimal import Decimal
+from unittest import mock
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from cloud_adapters.base import CredentialsError, JobHandle, Throttled
+from cloud_adapters.gpubox import GpuBoxBackend
+from jobs import services, tasks
+from jobs.models import Dataset, JobEvent, JobStateChoices as S, TrainingJob
+from tests.conftest import live_processes_mentioning, wait_for
+
+pytestmark = pytest.mark.django_db
+
+
+def _create(user, dataset, model, backend, **kw):
+    args = dict(owner=user, dataset=dataset, model_spec=model, backend=backend, nodes=1,
+                procs_per_node=2, epochs=3)
+    args.update(kw)
+    return services.training_job_create(**args)
+
+
+def _errors(excinfo) -> dict:
+    return excinfo.value.message_dict
+
+
+# --- create: validation --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("nodes", 0, "at least 1"),
+    ("nodes", -2, "at least 1"),
+    ("procs_per_node", 0, "at least 1"),
+    ("procs_per_node", -1, "at least 1"),
+    ("epochs", 0, "at least 1"),
+    ("epochs", -5, "at least 1"),
+    ("batch_size", 0, "at least 1"),
+    ("lr", 0, "greater than 0"),
+    ("lr", "fast", "number"),
+    ("max_runtime_s", 0, "at least 1"),
+    ("budget_usd", "-1", "more than $0"),
+    ("hyperparameters", "{not json", "not valid JSON"),
+    ("hyperparameters", "[1, 2]", "JSON object"),
+    ("hyperparameters", {"train": {"optimizer": "rmsprop"}}, "train.optimizer"),
+    ("hyperparameters", {"train": {"bogus": 1}}, "bogus"),
+    ("procs_per_node", 3, "at most 2"),  # the backend allows 2 per node
+    ("nodes", 2, "node"),
+    ("strategy", "fsdp", "fsdp"),
+])
+def test_create_rejects_bad_input_with_field_errors_and_writes_nothing(
+        user, digits_dataset, cnn_model, local_backend, field, value, needle):
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        with pytest.raises(ValidationError) as excinfo:
+            _create(user, digits_dataset, cnn_model, local_backend, **{field: value})
+    errors = _errors(excinfo)
+    assert field in errors, errors
+    assert any(needle in m for m in errors[field]), errors
+    assert TrainingJob.objects.count() == 0
+    assert JobEvent.objects.count() == 0
+    send.assert_not_called()
+
+
+def test_create_reports_several_fields_at_once(user, digits_dataset, cnn_model, local_backend):
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, local_backend, nodes=0, procs_per_node=-1, epochs=0)
+    assert {"nodes", "procs_per_node", "epochs"} <= set(_errors(excinfo))
+    assert TrainingJob.objects.count() == 0
+
+
+def test_create_rejects_unknown_and_foreign_objects(user, other_user, digits_dataset, cnn_model, local_backend):
+    theirs = services.dataset_create(owner=other_user, name="theirs", format="builtin", builtin_name="digits")
+    for dataset in (theirs, theirs.pk, 999999, None):
+        with pytest.raises(ValidationError) as excinfo:
+            _create(user, dataset, cnn_model, local_backend)
+        assert "dataset" in _errors(excinfo)
+        assert "not yours" in _errors(excinfo)["dataset"][0]
+    their_backend = services.backend_create(owner=other_user, name="b", kind="gpubox",
+                                            config={"run_root": "/tmp/x", "max_procs_per_node": 2})
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, their_backend)
+    assert "backend" in _errors(excinfo)
+    assert TrainingJob.objects.count() == 0
+
+
+def test_create_rejects_disabled_backend(user, digits_dataset, cnn_model, local_backend):
+    services.backend_update(backend=local_backend, enabled=False)
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, local_backend)
+    assert "disabled" in _errors(excinfo)["backend"][0]
+
+
+# --- create: what is stored and sent -------------------------------------------------------
+
+
+def test_create_freezes_config_and_enqueues_on_commit(user, digits_dataset, cnn_model, local_backend,
+                                                      django_capture_on_commit_callbacks):
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            job = _create(user, digits_dataset, cnn_model, local_backend, batch_size=16, lr=0.1, seed=7,
+                          max_runtime_s=1800, budget_usd="2.5", name="first",
+                          hyperparameters=json.dumps({"train": {"optimizer": "adamw"}}))
+    assert len(callbacks) == 1
+    send.assert_called_once_with(args=[job.pk], queue="gpubox")
+    job.refresh_from_db()
+    assert job.state == S.QUEUED
+    assert job.provider_job_name.startswith(f"tb-job-{job.pk}-")
+    cfg = job.config
+    assert cfg["data"] == {"format": "builtin", "name": "digits", "uri": "", "label_column": "label",
+                           "val_fraction": 0.2, "image_size": 32}
+    assert cfg["model"]["arch"] == "cnn" and cfg["model"]["params"]["channels"] == 16
+    assert cfg["parallel"]["nodes"] == 1 and cfg["parallel"]["procs_per_node"] == 2
+    assert cfg["train"]["epochs"] == 3 and cfg["train"]["batch_size"] == 16
+    assert cfg["train"]["lr"] == 0.1 and cfg["train"]["seed"] == 7
+    assert cfg["train"]["optimizer"] == "adamw"  # the override merged in
+    assert job.hourly_price_usd == Decimal("3.6")
+    assert job.estimated_cost_usd == Decimal("1.8000")  # 0.5 h × 1 node × $3.60
+    assert job.budget_usd == Decimal("2.5")
+    assert list(job.events.values_list("from_state", "to_state")) == [("", "QUEUED")]
+
+
+def test_create_inside_rolled_back_transaction_enqueues_nothing(
+        user, digits_dataset, cnn_model, local_backend, django_capture_on_commit_callbacks):
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            with pytest.raises(RuntimeError):
+                with transaction.atomic():
+                    _create(user, digits_dataset, cnn_model, local_backend)
+                    raise RuntimeError("the request failed after the job was created")
+    assert callbacks == []
+    send.assert_not_called()
+    assert TrainingJob.objects.count() == 0
+
+
+def test_estimate_shows_arithmetic(local_backend):
+    out = services.training_job_estimate(backend=local_backend, nodes=1, procs_per_node=2, max_runtime_s=7200)
+    assert out["hourly_price_usd"] == Decimal("3.6")
+    assert out["estimated_cost_usd"] == Decimal("7.2000")
+    assert out["world_size"] == 2
+    assert "2 rank" in out["message"] and "$7.20" in out["message"]
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_estimate(backend=local_backend, procs_per_node=8)
+    assert "procs_per_node" in excinfo.value.message_dict
+
+
+def test_rerun_copies_frozen_config(user, other_user, digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend)
+        again = services.training_job_rerun(job=job, owner=user)
+        with pytest.raises(ValidationError):
+            services.training_job_rerun(job=job, owner=other_user)
+    assert again.pk != job.pk and again.rerun_of_id == job.pk
+    assert again.config == job.config and again.state == S.QUEUED
+    assert again.provider_job_name != job.provider_job_name
+    assert TrainingJob.objects.count() == 2
+
+
+# --- cancel --------------------------------------------------------------------------------
+
+
+def test_cancel_queued_is_immediate(user, digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend)
+    with mock.patch.object(tasks.cancel_job, "apply_async") as send:
+        services.training_job_cancel(job=job)
+    assert job.state == S.CANCELLED and job.failure_reason == "Cancelled by user"
+    send.assert_not_called()
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_cancel(job=job)
+    assert "already ended" in excinfo.value.message_dict["__all__"][0]
+
+
+def test_cancel_running_goes_stopping_and_enqueues(user, digits_dataset, cnn_model, local_backend,
+                                                   django_capture_on_commit_callbacks):
+    from jobs.states import transition
+
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend)
+    for state in (S.SUBMITTING, S.PENDING, S.RUNNING):
+        transition(job, state)
+    with mock.patch.object(tasks.cancel_job, "apply_async") as send:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.training_job_cancel(job=job, reason="enough")
+    assert job.state == S.STOPPING and job.failure_reason == "enough" and job.cancel_requested_at
+    send.assert_called_once_with(args=[job.pk], queue="gpubox")
+
+
+# --- submit ------------------------------------------------------------------------------------
+
+
+def test_submit_failure_is_failed_with_message(user, digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend)
+    with mock.patch.object(GpuBoxBackend, "submit", side_effect=CredentialsError("no key; run aws configure")):
+        tasks.submit_job(job.pk)
+    job.refresh_from_db()
+    assert job.state == S.FAILED and job.failure_reason == "no key; run aws configure"
+    assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "FAILED"]
+
+
+def test_submit_transient_error_is_retried_not_failed(user, digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend)
+    with mock.patch.object(GpuBoxBackend, "submit", side_effect=Throttled("slow down")), \
+            mock.patch.object(tasks.submit_job, "retry", side_effect=RuntimeError("retry scheduled")) as retry:
+        with pytest.raises(RuntimeError, match="retry scheduled"):
+            tasks.submit_job(job.pk)
+    assert retry.call_count == 1
+    job.refresh_from_db()
+    assert job.state == S.SUBMITTING and "slow down" in job.status_warning
+    # The retry resumes the SUBMITTING job.
+    with mock.patch.object(GpuBoxBackend, "submit", return_value=JobHandle("gpubox", job.provider_job_name)):
+        services.training_job_submit(job=job, retrying=True)
+    assert job.state == S.PENDING
+
+
+def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_model, local_backend, run_root):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend, epochs=50)
+    original = GpuBoxBackend.submit
+    with mock.patch.object(GpuBoxBackend, "submit", autospec=True, side_effect=original) as submit:
+        tasks.submit_job(job.pk)
+        tasks.submit_job(job.pk)  # a duplicate delivery of the same message
+    assert submit.call_count == 1
+    job.refresh_from_db()
+    assert job.state == S.PENDING
+    assert job.provider_handle["job_name"] == job.provider_job_name
+    run_dir = run_root / job.provider_job_name
+    assert [p.name for p in run_root.iterdir()] == [job.provider_job_name]
+
+    def torchruns():  # torchrun itself, not the supervisor whose argv carries its command line
+        return [p for p in live_processes_mentioning(str(run_dir))
+                if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-m", b"torch.distributed.run"]]
+
+    try:
+        wait_for(torchruns, timeout=30, what="torchrun to start")
+        time.sleep(0.5)  # a second torchrun would have been spawned by now
+        assert len(torchruns()) == 1
+        assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "PENDING"]
+    finally:
+        services.backend_adapter(local_backend).cancel(JobHandle.from_dict(job.provider_handle))
+        wait_for(lambda: (run_dir / "exit.json").exists(), timeout=30, what="the run to stop")
+        wait_for(lambda: not live_processes_mentioning(str(run_dir)), timeout=30, what="processes to exit")
+
+
+# --- datasets, models, backends ----------------------------------------------------------------
+
+
+def test_dataset_validation(user, tmp_path):
+    with pytest.raises(ValidationError) as excinfo:
+        services.dataset_create(owner=user, name="d", format="builtin", builtin_name="mnist")
+    assert "builtin_name" in excinfo.value.message_dict
+    with pytest.raises(ValidationError) as excinfo:
+        services.dataset_create(owner=user, name="d", format="npz")
+    assert "uri" in excinfo.value.message_dict
+    with pytest.raises(ValidationError) as excinfo:
+        services.dataset_create(owner=user, name="d", format="npz", uri=str(tmp_path / "missing.npz"))
+    assert "does not exist" in excinfo.value.message_dict["uri"][0]
+    services.dataset_create(owner=user, name="d", format="builtin", builtin_name="digits")
+    with pytest.raises(ValidationError) as excinfo:
+        services.dataset_create(owner=user, name="d", format="builtin", builtin_name="digits")
+    assert "already have" in excinfo.value.message_dict["name"][0]
+    with pytest.raises(ValidationError) as excinfo:
+        services.dataset_create(owner=user, name="not a slug", format="builtin", builtin_name="digits")
+    assert "name" in excinfo.value.message_dict
+    assert Dataset.objects.count() == 1
+
+
+def test_model_and_backend_validation(user):
+    with pytest.raises(ValidationError) as excinfo:
+        services.model_spec_create(owner=user, name="m", architecture="transformer")
+    assert "architecture" in excinfo.value.message_dict
+    with pytest.raises(ValidationError) as excinfo:
+        services.model_spec_create(owner=user, name="m", architecture="cnn", params={"channels": 0})
+    assert "params" in excinfo.value.message_dict
+    spec = services.model_spec_create(owner=user, name="m", architecture="mlp", params={"hidden_size": 8})
+    assert spec.params == {"hidden_size": 8, "num_layers": 2, "dropout": 0.0}
+    with pytest.raises(ValidationError) as excinfo:
+        services.backend_create(owner=user, name="b", kind="nope")
+    assert "kind" in excinfo.value.message_dict
+    with pytest.raises(ValidationError) as excinfo:
+        services.backend_create(owner=user, name="b", kind="gpubox", config={"hourly_rate_usd": -1})
+    assert "hourly_rate_usd" in excinfo.value.message_dict["config"][0]
+    backend = services.backend_create(owner=user, name="b", kind="gpubox", config={"max_procs_per_node": 2})
+    assert backend.config == {"max_procs_per_node": 2}  # run_root comes from this host's settings

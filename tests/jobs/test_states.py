@@ -1,0 +1,80 @@
+"""jobs/states.py: legal and illegal moves, the conditional update, events, ended_at."""
+
+import pytest
+
+from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
+from jobs.states import ALLOWED, IllegalTransition, transition
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def job(user, digits_dataset, cnn_model, local_backend):
+    return TrainingJob.objects.create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                      backend=local_backend, config={}, state=S.QUEUED)
+
+
+def test_allowed_table_matches_design():
+    assert ALLOWED[S.QUEUED] == {S.SUBMITTING, S.CANCELLED, S.FAILED}
+    assert ALLOWED[S.SUBMITTING] == {S.PENDING, S.RUNNING, S.FAILED, S.STOPPING}
+    assert ALLOWED[S.PENDING] == {S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED}
+    assert ALLOWED[S.RUNNING] == {S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}
+    assert ALLOWED[S.STOPPING] == {S.CANCELLED, S.FAILED, S.SUCCEEDED}
+    for terminal in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+        assert ALLOWED[terminal] == set()
+
+
+def test_legal_path_writes_events_and_fields(job):
+    assert transition(job, S.SUBMITTING, message="go", raw_state="x") is True
+    assert job.state == S.SUBMITTING and job.raw_state == "x"
+    assert transition(job, S.PENDING) is True
+    assert transition(job, S.RUNNING) is True
+    assert job.ended_at is None
+    assert transition(job, S.SUCCEEDED, message="done") is True
+    job.refresh_from_db()
+    assert job.state == S.SUCCEEDED
+    assert job.ended_at is not None
+    events = list(JobEvent.objects.filter(job=job).values_list("from_state", "to_state", "message"))
+    assert events == [
+        ("QUEUED", "SUBMITTING", "go"), ("SUBMITTING", "PENDING", ""),
+        ("PENDING", "RUNNING", ""), ("RUNNING", "SUCCEEDED", "done"),
+    ]
+
+
+@pytest.mark.parametrize("path,illegal", [
+    ([], S.RUNNING),                       # QUEUED -> RUNNING skips submission
+    ([], S.SUCCEEDED),
+    ([S.SUBMITTING, S.PENDING, S.RUNNING], S.PENDING),
+    ([S.CANCELLED], S.RUNNING),            # terminal goes nowhere
+    ([S.SUBMITTING, S.PENDING, S.RUNNING, S.STOPPING], S.RUNNING),
+])
+def test_illegal_moves_are_rejected_and_write_nothing(job, path, illegal):
+    for state in path:
+        assert transition(job, state)
+    before_events = JobEvent.objects.filter(job=job).count()
+    before_state = job.state
+    with pytest.raises(IllegalTransition):
+        transition(job, illegal)
+    job.refresh_from_db()
+    assert job.state == before_state
+    assert JobEvent.objects.filter(job=job).count() == before_events
+
+
+def test_stale_instance_gets_false_and_writes_nothing(job):
+    stale = TrainingJob.objects.get(pk=job.pk)
+    assert transition(job, S.SUBMITTING) is True
+    # `stale` still believes QUEUED: its conditional update matches no row.
+    assert transition(stale, S.CANCELLED, message="late") is False
+    assert stale.state == S.SUBMITTING  # refreshed to the truth
+    job.refresh_from_db()
+    assert job.state == S.SUBMITTING and job.ended_at is None
+    assert not JobEvent.objects.filter(job=job, to_state=S.CANCELLED).exists()
+
+
+def test_terminal_keeps_given_ended_at(job):
+    import datetime as dt
+
+    when = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    transition(job, S.FAILED, ended_at=when, failure_reason="boom")
+    job.refresh_from_db()
+    assert job.ended_at == when and job.failure_reason == "boom"
