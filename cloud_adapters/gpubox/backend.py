@@ -76,6 +76,14 @@ RUNNING_EVENTS = frozenset({"started", "step", "epoch", "completed"})
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds cloud_adapters/, for the supervisor
 
+# Supervisors this process started. Kept so that they are reaped (no zombies in a long-lived
+# worker) once they exit; the jobs' state never depends on this list.
+_spawned: list[subprocess.Popen] = []
+
+
+def _reap() -> None:
+    _spawned[:] = [p for p in _spawned if p.poll() is None]
+
 
 def visible_gpu_count() -> int:
     """NVIDIA GPUs this process may use, without importing torch.
@@ -185,7 +193,7 @@ class GpuBoxBackend(Backend):
         caps = self.capabilities
         if spec.procs_per_node > caps.max_procs_per_node >= 1 and spec.nodes >= 1:
             raise InvalidSpec(
-                f"{spec.nodes} node × {spec.procs_per_node} processes = {spec.world_size} ranks, but "
+                f"{spec.nodes} node{'s' if spec.nodes != 1 else ''} × {spec.procs_per_node} processes = {spec.world_size} ranks, but "
                 f"this GPU box runs at most {caps.max_procs_per_node} processes per node "
                 f"(max_procs_per_node); ask for {caps.max_procs_per_node} or fewer."
             )
@@ -207,16 +215,13 @@ class GpuBoxBackend(Backend):
         self.validate(spec)
         run_dir = self._run_dir(spec.job_name)
         handle = self._handle(spec.job_name, run_dir)
-        try:
-            self.run_root.mkdir(parents=True, exist_ok=True)
-            os.mkdir(run_dir)
-        except FileExistsError:
-            return handle  # submitted before (a retry or a duplicate delivery): adopt it
-        except OSError as exc:
-            raise ProviderError(f"cannot create run directory {run_dir}: {exc}") from exc
-
+        if (run_dir / "supervisor.json").exists():
+            return handle  # the common retry: adopt without touching anything
         trainer_dir = self._trainer_dir(spec)
-        config = json.loads(json.dumps(dict(spec.config)))  # a deep, JSON-clean copy
+        try:
+            config = json.loads(json.dumps(dict(spec.config)))  # a deep, JSON-clean copy
+        except (TypeError, ValueError) as exc:
+            raise InvalidSpec(f"config: not JSON-serialisable ({exc}).") from None
         output = config.setdefault("output", {})
         output["output_dir"] = spec.output_uri or str(run_dir / "output")
         output["checkpoint_dir"] = spec.checkpoint_uri or os.path.join(output["output_dir"], "checkpoints")
@@ -224,6 +229,14 @@ class GpuBoxBackend(Backend):
         parallel = config.setdefault("parallel", {})
         parallel["nodes"] = spec.nodes
         parallel["procs_per_node"] = spec.procs_per_node
+
+        try:
+            self.run_root.mkdir(parents=True, exist_ok=True)
+            os.mkdir(run_dir)  # atomic: exactly one submit of this name gets past here
+        except FileExistsError:
+            return handle  # submitted before (a retry or a duplicate delivery): adopt it
+        except OSError as exc:
+            raise ProviderError(f"cannot create run directory {run_dir}: {exc}") from exc
         _proc.write_json_atomic(run_dir / "job.json", config)
 
         env = dict(os.environ)
@@ -269,6 +282,8 @@ class GpuBoxBackend(Backend):
             run_dir / "supervisor.json",
             {"pid": sup.pid, "start_ticks": _proc.start_ticks(sup.pid), "started_at": started_at},
         )
+        _reap()
+        _spawned.append(sup)
         return handle
 
     # -- describe ---------------------------------------------------------------------------
@@ -280,6 +295,8 @@ class GpuBoxBackend(Backend):
             raise ProviderError(f"run directory {run_dir} not found; was the job submitted on this box?")
         sup = _proc.read_json(run_dir / "supervisor.json") or {}
         exit_info = _proc.read_json(run_dir / "exit.json")
+        if exit_info is None and not _proc.is_alive(sup.get("pid"), sup.get("start_ticks")):
+            exit_info = _proc.read_json(run_dir / "exit.json")  # it may have exited just now
         started = sup.get("started_at") or (exit_info or {}).get("started_at")
         started_at = _utc(started)
 
@@ -298,7 +315,8 @@ class GpuBoxBackend(Backend):
             if code == 0:
                 return JobStatus(JobState.SUCCEEDED, raw_state="exited 0", **common)
             reason = _failure_reason(run_dir / "train.log", code) if code is not None else ""
-            return JobStatus(JobState.FAILED, raw_state=f"exited {code}",
+            return JobStatus(JobState.FAILED,
+                             raw_state=f"exited {code}" if code is not None else "not started",
                              failure_reason=reason or exit_info.get("reason") or f"exit code {code}",
                              **common)
 
@@ -328,9 +346,6 @@ class GpuBoxBackend(Backend):
             return JobStatus(JobState.PENDING, raw_state="spawned",
                              secondary_state="process spawned, rendezvous", **running_common)
 
-        # exit.json may have landed between our read and the liveness check.
-        if (run_dir / "exit.json").exists():
-            return self.describe(handle)
         return self._lost(run_dir, started_at, cancel_at, "supervisor process disappeared")
 
     def _lost(self, run_dir: Path, started_at: dt.datetime | None, cancel_at: float | None,

@@ -27,7 +27,7 @@ LONG_CONFIG = {"train": {"epochs": 200}, "parallel": {"procs_per_node": 2}}
 @pytest.fixture
 def backend(tmp_path):
     return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "max_procs_per_node": 2,
-                          "grace_period_s": 3, "hourly_rate_usd": 0.9})
+                          "grace_period_s": 8, "hourly_rate_usd": 0.9})
 
 
 def spec(name: str, config: dict | None = None, **kw) -> JobSpec:
@@ -230,6 +230,40 @@ def test_describe_dead_supervisor_without_exit_record(backend):
     assert backend.describe(handle).state == JobState.CANCELLED
 
 
+def test_cancel_escalates_when_the_supervisor_is_stuck(backend):
+    """A supervisor that ignores SIGTERM: grace + 5 s after the request, cancel() SIGKILLs the
+    job's processes and the supervisor itself; the job then reads CANCELLED."""
+    run_dir, handle = _run_dir(backend, "stuck")
+    stuck = subprocess.Popen([sys.executable, "-c",
+                              "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                              "print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    rank = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                            env={**os.environ, _proc.RUN_TAG_VAR: str(run_dir)})
+    try:
+        assert stuck.stdout.readline() == "ready\n"
+        _proc.write_json_atomic(run_dir / "supervisor.json", {
+            "pid": stuck.pid, "start_ticks": _proc.start_ticks(stuck.pid), "started_at": time.time()})
+        _proc.write_json_atomic(run_dir / "torchrun.json", {
+            "pid": rank.pid, "pgid": rank.pid, "start_ticks": _proc.start_ticks(rank.pid)})
+        backend.cancel(handle)  # fresh request: SIGTERM only, which the stuck supervisor ignores
+        assert backend.describe(handle).state == JobState.STOPPING
+        assert stuck.poll() is None and rank.poll() is None
+
+        old = time.time() - (8 + 5 + 1)  # pretend the request is older than grace + 5 s
+        os.utime(run_dir / "cancel_requested", (old, old))
+        backend.cancel(handle)
+        assert stuck.wait(timeout=5) == -signal.SIGKILL
+        assert rank.wait(timeout=5) == -signal.SIGKILL
+        status = backend.describe(handle)
+        assert status.state == JobState.CANCELLED
+        assert status.failure_reason == "stopped by user (supervisor process disappeared)"
+    finally:
+        for p in (stuck, rank):
+            p.kill()
+            p.wait()
+
+
 # ---------------------------------------------------------------------------------------------
 # logs()
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +397,7 @@ def test_max_runtime_fails_the_job(backend):
     status = wait_for(backend, handle, lambda s: s.state.is_terminal, 20)
     assert status.state == JobState.FAILED
     assert status.failure_reason == "MaxRuntimeExceeded: ran longer than 2 s"
-    assert 2 <= status.billable_seconds < 2 + 3 + 5  # runtime + grace + slack
+    assert 2 <= status.billable_seconds < 2 + 8 + 3  # runtime + grace + slack
     tr = _proc.read_json(Path(handle.provider_job_id, "torchrun.json"))
     assert_all_gone(handle.provider_job_id, tr["pgid"], timeout=0.5)
 
