@@ -906,6 +906,11 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now)
         return
     fields = _status_fields(job, status, now)
+    if (target in TERMINAL_STATE_VALUES and job.state in (S.SUBMITTING, S.PENDING)
+            and job.first_step_at is not None):
+        # It ran and ended between two syncs; the trainer's "started" record is in the log we just
+        # stored, so the history says so rather than jumping PENDING → SUCCEEDED.
+        transition(job, S.RUNNING, message="first step logged", started_at=fields["started_at"])
     if target != job.state and is_allowed(job.state, target):
         message = " / ".join(x for x in (status.raw_state, status.secondary_state) if x)
         if target in (S.FAILED,) and fields.get("failure_reason"):

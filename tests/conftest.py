@@ -131,6 +131,18 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float
         time.sleep(interval)
 
 
+@pytest.fixture
+def wait_until():
+    """``wait_until(predicate, timeout=..., what=...)``: poll with a deadline, fail on timeout."""
+    return wait_for
+
+
+@pytest.fixture
+def live_processes():
+    """``live_processes(text)``: pids of live processes whose cmdline or environment holds ``text``."""
+    return live_processes_mentioning
+
+
 class WorkerProcess:
     """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
 

@@ -13,7 +13,6 @@ from cloud_adapters.base import CredentialsError, JobHandle, Throttled
 from cloud_adapters.gpubox import GpuBoxBackend
 from jobs import services, tasks
 from jobs.models import Dataset, JobEvent, JobStateChoices as S, TrainingJob
-from tests.conftest import live_processes_mentioning, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -218,7 +217,8 @@ def test_submit_transient_error_is_retried_not_failed(user, digits_dataset, cnn_
     assert job.state == S.PENDING
 
 
-def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_model, local_backend, run_root):
+def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_model, local_backend, run_root,
+                                                    wait_until, live_processes):
     with mock.patch.object(tasks.submit_job, "apply_async"):
         job = _create(user, digits_dataset, cnn_model, local_backend, epochs=50)
     original = GpuBoxBackend.submit
@@ -233,18 +233,18 @@ def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_mo
     assert [p.name for p in run_root.iterdir()] == [job.provider_job_name]
 
     def torchruns():  # torchrun itself, not the supervisor whose argv carries its command line
-        return [p for p in live_processes_mentioning(str(run_dir))
+        return [p for p in live_processes(str(run_dir))
                 if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-m", b"torch.distributed.run"]]
 
     try:
-        wait_for(torchruns, timeout=30, what="torchrun to start")
+        wait_until(torchruns, timeout=30, what="torchrun to start")
         time.sleep(0.5)  # a second torchrun would have been spawned by now
         assert len(torchruns()) == 1
         assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "PENDING"]
     finally:
         services.backend_adapter(local_backend).cancel(JobHandle.from_dict(job.provider_handle))
-        wait_for(lambda: (run_dir / "exit.json").exists(), timeout=30, what="the run to stop")
-        wait_for(lambda: not live_processes_mentioning(str(run_dir)), timeout=30, what="processes to exit")
+        wait_until(lambda: (run_dir / "exit.json").exists(), timeout=30, what="the run to stop")
+        wait_until(lambda: not live_processes(str(run_dir)), timeout=30, what="processes to exit")
 
 
 # --- datasets, models, backends ----------------------------------------------------------------

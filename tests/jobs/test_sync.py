@@ -1,0 +1,197 @@
+"""backend_sync against a scripted Backend registered only for these tests (airflow-style: a
+sequence of describe responses and log chunks, call counts asserted)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from unittest import mock
+
+import pytest
+
+from cloud_adapters import registry
+from cloud_adapters.base import Backend, Capabilities, JobHandle, JobSpec, JobState, JobStatus
+from jobs import services, tasks
+from jobs.models import JobLogLine, MetricPoint, JobStateChoices as S, TrainingJob
+from jobs.selectors import training_job_metric_series, training_job_rank_throughput, training_job_log_tail
+from trainer_pkg.metrics import format_metric_line
+
+pytestmark = pytest.mark.django_db
+
+T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+class ScriptedBackend(Backend):
+    """Plays back ``SCRIPT``: one describe status and a list of log chunks per sync."""
+
+    kind = "scripted"
+    queue = "celery"
+    statuses: list[JobStatus] = []
+    log_chunks: list[list[str]] = []
+    calls: dict[str, int] = {}
+
+    @property
+    def capabilities(self):
+        return Capabilities(max_nodes=4, max_procs_per_node=8)
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        self.calls["submit"] = self.calls.get("submit", 0) + 1
+        return JobHandle(provider="scripted", job_name=spec.job_name, provider_job_id="sc-1")
+
+    def describe(self, handle):  # pragma: no cover - describe_many is overridden
+        raise AssertionError("describe_many must be used")
+
+    def describe_many(self, handles):
+        self.calls["describe_many"] = self.calls.get("describe_many", 0) + 1
+        status = type(self).statuses.pop(0)
+        return {h.job_name: status for h in handles}
+
+    def cancel(self, handle):
+        self.calls["cancel"] = self.calls.get("cancel", 0) + 1
+
+    def logs(self, handle, cursor=""):
+        self.calls["logs"] = self.calls.get("logs", 0) + 1
+        at = int(cursor or 0)
+        chunks = type(self).log_chunks
+        if at >= len(chunks):
+            return [], str(at)
+        return chunks[at], str(at + 1)
+
+    def price(self, instance_type="", spot=False):
+        return 7.2
+
+
+@pytest.fixture
+def scripted_backend(user, monkeypatch):
+    monkeypatch.setitem(registry.KINDS, "scripted",
+                        registry.KindInfo(ScriptedBackend.__module__, "ScriptedBackend", "Scripted"))
+    ScriptedBackend.statuses, ScriptedBackend.log_chunks, ScriptedBackend.calls = [], [], {}
+    return services.backend_create(owner=user, name="scripted", kind="scripted")
+
+
+@pytest.fixture
+def submitted_job(user, digits_dataset, cnn_model, scripted_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                           backend=scripted_backend, nodes=2, procs_per_node=2)
+    send.assert_not_called()  # captured on commit inside the test transaction: not run
+    tasks.submit_job(job.pk)
+    job.refresh_from_db()
+    assert job.state == S.PENDING and ScriptedBackend.calls["submit"] == 1
+    return job
+
+
+def rec(event, **fields):
+    return "[rank0]: " + format_metric_line({"event": event, "time": T0.timestamp() + fields.pop("dt", 0),
+                                              **fields})
+
+
+def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_backend):
+    job = submitted_job
+    ScriptedBackend.statuses = [
+        JobStatus(JobState.RUNNING, raw_state="InProgress", secondary_state="Training", started_at=T0,
+                  instance_count=2, billable_seconds=60),
+        JobStatus(JobState.SUCCEEDED, raw_state="Completed", started_at=T0, ended_at=T0 + dt.timedelta(seconds=100),
+                  instance_count=2, billable_seconds=90),
+    ]
+    ScriptedBackend.log_chunks = [
+        ["booting", rec("started", dt=5, epoch=0, step=1, world_size=4)],
+        [rec("step", dt=6, epoch=0, step=10, train_loss=1.5, train_accuracy=0.4, samples_per_s=800.0, lr=0.05,
+             rank_samples_per_s=[200.0, 201.0, 199.0, 200.0], rank_step_time_s=[0.1, 0.11, 0.1, 0.12]),
+         rec("epoch", dt=8, epoch=0, step=12, val_loss=0.9, val_accuracy=0.7)],
+    ]
+    assert services.backend_sync(backend_id=scripted_backend.pk) == 1
+    job.refresh_from_db()
+    assert job.state == S.RUNNING
+    assert (job.raw_state, job.secondary_state) == ("InProgress", "Training")
+    assert job.started_at == T0 and job.first_step_at == T0 + dt.timedelta(seconds=5)
+    assert job.billable_seconds == 60 and job.instance_count == 2
+    assert job.cost_usd == Decimal("0.2400")  # 60 s × 2 × $7.20 / 3600
+    assert job.log_cursor == "2"
+    assert list(JobLogLine.objects.filter(job=job).values_list("seq", flat=True)) == [0, 1, 2, 3]
+
+    # The last log lines arrive with the terminal state: they are stored before SUCCEEDED applies.
+    ScriptedBackend.log_chunks.append([rec("epoch", dt=20, epoch=1, step=24, val_loss=0.5, val_accuracy=0.93),
+                                       rec("completed", dt=21, epoch=1, step=24), "bye"])
+    with mock.patch("jobs.services.transition", wraps=services.transition) as spy:
+        services.backend_sync(backend_id=scripted_backend.pk)
+        at_transition = MetricPoint.objects.filter(job=job, name="val_accuracy").count()
+    assert spy.call_count == 1 and at_transition == 2
+    job.refresh_from_db()
+    assert job.state == S.SUCCEEDED
+    assert job.ended_at == T0 + dt.timedelta(seconds=100)
+    assert job.cost_usd == Decimal("0.3600")  # absolute: 90 s × 2 × $7.20 / 3600, not 0.24 + ...
+    assert ScriptedBackend.calls["describe_many"] == 2
+    assert list(job.events.values_list("to_state", flat=True)) == [
+        "QUEUED", "SUBMITTING", "PENDING", "RUNNING", "SUCCEEDED"]
+    assert list(JobLogLine.objects.filter(job=job).values_list("seq", flat=True)) == list(range(7))
+    assert training_job_log_tail(job=job, lines=2) == [rec("completed", dt=21, epoch=1, step=24), "bye"]
+
+    series = training_job_metric_series(job=job)
+    assert series["val_accuracy"] == [{"step": 12, "epoch": 0, "value": 0.7}, {"step": 24, "epoch": 1, "value": 0.93}]
+    assert series["train_loss"] == [{"step": 10, "epoch": 0, "value": 1.5}]
+    assert set(series) == {"train_loss", "train_accuracy", "samples_per_s", "lr", "val_loss", "val_accuracy"}
+    assert MetricPoint.objects.filter(job=job, name="rank_samples_per_s").count() == 4
+    assert training_job_rank_throughput(job=job) == [
+        {"rank": 0, "samples_per_s": 200.0, "step_time_s": 0.1},
+        {"rank": 1, "samples_per_s": 201.0, "step_time_s": 0.11},
+        {"rank": 2, "samples_per_s": 199.0, "step_time_s": 0.1},
+        {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12},
+    ]
+    # Terminal jobs are no longer synced.
+    assert services.backend_sync(backend_id=scripted_backend.pk) == 0
+    assert ScriptedBackend.calls["describe_many"] == 2
+
+
+def test_unchanged_and_unknown_states_write_no_event(submitted_job, scripted_backend):
+    ScriptedBackend.statuses = [
+        JobStatus(JobState.PENDING, raw_state="Queued", started_at=None),
+        JobStatus(JobState.PENDING, raw_state="Mystery", warning="unknown provider state 'Mystery'"),
+    ]
+    services.backend_sync(backend_id=scripted_backend.pk)
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job = TrainingJob.objects.get(pk=submitted_job.pk)
+    assert job.state == S.PENDING and job.raw_state == "Mystery"
+    assert "Mystery" in job.status_warning
+    assert job.events.count() == 3  # QUEUED, SUBMITTING, PENDING only
+
+
+def test_failed_status_sets_failure_reason(submitted_job, scripted_backend):
+    ScriptedBackend.statuses = [JobStatus(JobState.FAILED, raw_state="Failed", failure_reason="CUDA OOM on rank 3",
+                                          started_at=T0, ended_at=T0 + dt.timedelta(seconds=10))]
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job = TrainingJob.objects.get(pk=submitted_job.pk)
+    assert job.state == S.FAILED and job.failure_reason == "CUDA OOM on rank 3"
+    assert job.billable_seconds == 10.0  # from the run interval when the provider reports none
+    assert "CUDA OOM" in job.events.last().message
+
+
+def test_budget_stops_the_job_and_stopping_resends_cancel(submitted_job, scripted_backend):
+    job = submitted_job
+    TrainingJob.objects.filter(pk=job.pk).update(budget_usd=Decimal("1.00"))
+    ScriptedBackend.statuses = [
+        JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, billable_seconds=300, instance_count=2),
+        JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, billable_seconds=310, instance_count=2),
+        JobStatus(JobState.CANCELLED, raw_state="Stopped", started_at=T0, ended_at=T0 + dt.timedelta(seconds=320),
+                  billable_seconds=320, instance_count=2, failure_reason="stopped"),
+    ]
+    services.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20 ≥ $1.00
+    job.refresh_from_db()
+    assert job.state == S.STOPPING and job.failure_reason == "Budget of $1.00 reached"
+    assert ScriptedBackend.calls["cancel"] == 1
+    services.backend_sync(backend_id=scripted_backend.pk)  # still running: cancel re-sent
+    job.refresh_from_db()
+    assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 2
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert job.state == S.CANCELLED and job.failure_reason == "Budget of $1.00 reached"
+    assert job.cost_usd == Decimal("1.2800")
+    assert list(job.events.values_list("to_state", flat=True))[-3:] == ["RUNNING", "STOPPING", "CANCELLED"]
+
+
+def test_sync_jobs_fans_out_per_backend_queue(submitted_job, scripted_backend, local_backend):
+    with mock.patch.object(tasks.sync_backend, "apply_async") as send:
+        assert tasks.sync_jobs() == 1
+    send.assert_called_once()
+    assert send.call_args.kwargs["args"] == [scripted_backend.pk]
+    assert send.call_args.kwargs["queue"] == "celery"
