@@ -1,0 +1,326 @@
+"""The admin: every model, scoped like the rest of the product (DESIGN.md §8).
+
+Superusers see everything. Other staff see and act on their own objects only: ``get_queryset`` is
+scoped, another user's change page is a 404, and they need no model permissions for their own
+objects (ownership is the permission). Writes go through ``jobs.services`` (forms call the service in
+``_post_clean`` so its ValidationErrors land on the form's fields); jobs are read-only here apart from
+the actions "Cancel selected jobs" and "Re-run selected jobs", which report per-job errors as messages.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.http import Http404
+from django.utils.html import format_html
+
+from jobs import services
+from jobs.models import ComputeBackend, Dataset, JobEvent, JobLogLine, MetricPoint, ModelSpec, TrainingJob
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoping
+# ---------------------------------------------------------------------------------------------
+
+
+class OwnedAdmin(admin.ModelAdmin):
+    """Staff see their own rows (``owner_path`` names the owner field); superusers see all."""
+
+    owner_path = "owner"
+
+    def get_queryset(self, request):
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(**{self.owner_path: request.user})
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            raise Http404("No such object, or it is not yours.")  # never reveal another user's rows
+        return obj
+
+    def _owns(self, request, obj) -> bool:
+        if request.user.is_superuser or obj is None:
+            return True
+        owner_id = obj
+        for part in self.owner_path.split("__"):
+            owner_id = getattr(owner_id, part)
+        return owner_id.pk == request.user.pk
+
+    def _staff(self, request) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_module_permission(self, request):
+        return self._staff(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self._staff(request) and self._owns(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return self._staff(request) and self._owns(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return self._staff(request) and self._owns(request, obj)
+
+    def has_add_permission(self, request):
+        return self._staff(request)
+
+
+class ReadOnlyOwnedAdmin(OwnedAdmin):
+    """Rows written only by the services (events, metrics, log lines): look, never touch."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Forms that write through the services
+# ---------------------------------------------------------------------------------------------
+
+
+class ServiceForm(forms.ModelForm):
+    """Runs ``save_via_service`` during validation; its ValidationError becomes form errors."""
+
+    request = None  # set by ServiceFormAdmin.get_form
+
+    def save_via_service(self, data: dict):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _post_clean(self):
+        if self.errors:
+            return
+        try:
+            self.instance = self.save_via_service(dict(self.cleaned_data))
+        except ValidationError as exc:
+            for field, msgs in exc.message_dict.items():
+                for msg in msgs:
+                    self.add_error(field if field in self.fields else None, msg)
+
+
+class ServiceFormAdmin(OwnedAdmin):
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.request = request
+        return form
+
+    def save_model(self, request, obj, form, change):
+        pass  # the service already saved it in ServiceForm._post_clean
+
+
+def _json_field(value):
+    if isinstance(value, str):
+        try:
+            return json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError:
+            return value  # the service reports it on the field
+    return value
+
+
+class DatasetForm(ServiceForm):
+    class Meta:
+        model = Dataset
+        fields = ["name", "description", "format", "builtin_name", "uri", "label_column"]
+
+    def save_via_service(self, data):
+        if self.instance.pk:
+            return services.dataset_update(dataset=self.instance, **data)
+        return services.dataset_create(owner=self.request.user, **data)
+
+
+class ModelSpecForm(ServiceForm):
+    class Meta:
+        model = ModelSpec
+        fields = ["name", "description", "architecture", "params"]
+
+    def save_via_service(self, data):
+        data["params"] = _json_field(data.get("params"))
+        if self.instance.pk:
+            return services.model_spec_update(model_spec=self.instance, **data)
+        return services.model_spec_create(owner=self.request.user, **data)
+
+
+def _kind_choices():
+    from cloud_adapters.registry import kind_choices
+
+    return kind_choices()
+
+
+class ComputeBackendForm(ServiceForm):
+    kind = forms.ChoiceField(choices=_kind_choices, help_text="Which adapter runs this backend's jobs.")
+
+    class Meta:
+        model = ComputeBackend
+        fields = ["name", "kind", "config", "enabled"]
+
+    def save_via_service(self, data):
+        data["config"] = _json_field(data.get("config"))
+        if self.instance.pk:
+            return services.backend_update(backend=self.instance, **data)
+        return services.backend_create(owner=self.request.user, **data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registrations
+# ---------------------------------------------------------------------------------------------
+
+
+@admin.register(Dataset)
+class DatasetAdmin(ServiceFormAdmin):
+    form = DatasetForm
+    list_display = ["name", "owner", "format", "builtin_name", "uri", "created_at"]
+    list_filter = ["format", "created_at"]
+    search_fields = ["name", "description", "uri", "owner__username"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["owner", "created_at", "updated_at"]
+
+
+@admin.register(ModelSpec)
+class ModelSpecAdmin(ServiceFormAdmin):
+    form = ModelSpecForm
+    list_display = ["name", "owner", "architecture", "created_at"]
+    list_filter = ["architecture", "created_at"]
+    search_fields = ["name", "description", "owner__username"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["owner", "created_at", "updated_at"]
+
+
+@admin.register(ComputeBackend)
+class ComputeBackendAdmin(ServiceFormAdmin):
+    form = ComputeBackendForm
+    list_display = ["name", "owner", "kind", "enabled", "created_at"]
+    list_filter = ["kind", "enabled", "created_at"]
+    search_fields = ["name", "kind", "owner__username"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["owner", "created_at", "updated_at"]
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    fields = ["created_at", "from_state", "to_state", "message"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["created_at", "id"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+
+_JOB_FIELDS = [f.name for f in TrainingJob._meta.get_fields() if f.concrete and f.name != "id"]
+
+
+@admin.register(TrainingJob)
+class TrainingJobAdmin(OwnedAdmin):
+    list_display = ["id", "name", "owner", "state", "backend", "shape", "created_at", "duration", "cost_usd"]
+    list_display_links = ["id", "name"]
+    list_filter = ["state", "backend__kind", "strategy", "spot", "created_at"]
+    search_fields = ["=id", "name", "provider_job_name", "owner__username", "dataset__name",
+                     "model_spec__name", "backend__name", "failure_reason"]
+    date_hierarchy = "created_at"
+    list_select_related = ["owner", "backend"]
+    readonly_fields = _JOB_FIELDS + ["shape", "duration"]
+    fieldsets = [
+        (None, {"fields": ["name", "owner", "state", "failure_reason", "status_warning", "rerun_of"]}),
+        ("What it runs", {"fields": ["dataset", "model_spec", "backend", "strategy", "shape", "instance_type",
+                                     "spot", "max_runtime_s", "config"]}),
+        ("Lifecycle", {"fields": ["provider_job_name", "provider_handle", "raw_state", "secondary_state",
+                                  "created_at", "submitted_at", "started_at", "first_step_at", "ended_at",
+                                  "cancel_requested_at", "last_synced_at", "duration", "log_cursor"]}),
+        ("Cost", {"fields": ["hourly_price_usd", "estimated_cost_usd", "budget_usd", "billable_seconds",
+                             "instance_count", "cost_usd"]}),
+    ]
+    inlines = [JobEventInline]
+    actions = ["cancel_selected", "rerun_selected"]
+
+    def has_add_permission(self, request):
+        return False  # jobs are launched from the dashboard, the API or `manage.py submit_job`
+
+    def has_delete_permission(self, request, obj=None):
+        return bool(super().has_delete_permission(request, obj) and (obj is None or obj.is_terminal))
+
+    @admin.display(description="nodes × procs")
+    def shape(self, job):
+        return f"{job.nodes} × {job.procs_per_node}"
+
+    @admin.display(description="duration")
+    def duration(self, job):
+        seconds = job.duration_s
+        if seconds is None:
+            return "—"
+        minutes, secs = divmod(int(seconds), 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel_selected(self, request, queryset):
+        done = 0
+        for job in queryset.select_related("backend"):
+            try:
+                services.training_job_cancel(job=job, reason=f"Cancelled by {request.user.get_username()} (admin)")
+            except ValidationError as exc:
+                self.message_user(request, f"Job {job.pk}: {' '.join(exc.messages)}", messages.ERROR)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, f"Cancel requested for {done} job(s).", messages.SUCCESS)
+
+    @admin.action(description="Re-run selected jobs")
+    def rerun_selected(self, request, queryset):
+        created = []
+        for job in queryset.select_related("backend", "dataset", "model_spec"):
+            owner = job.owner if request.user.is_superuser else request.user
+            try:
+                created.append(services.training_job_rerun(job=job, owner=owner))
+            except ValidationError as exc:
+                self.message_user(request, f"Job {job.pk}: {' '.join(exc.messages)}", messages.ERROR)
+        if created:
+            ids = ", ".join(str(j.pk) for j in created)
+            self.message_user(request, f"Queued {len(created)} re-run(s): job(s) {ids}.", messages.SUCCESS)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyOwnedAdmin):
+    owner_path = "job__owner"
+    list_display = ["id", "job", "from_state", "to_state", "message", "created_at"]
+    list_filter = ["to_state", "created_at"]
+    search_fields = ["message", "job__name", "=job__id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["job"]
+
+
+@admin.register(MetricPoint)
+class MetricPointAdmin(ReadOnlyOwnedAdmin):
+    owner_path = "job__owner"
+    list_display = ["id", "job", "name", "step", "epoch", "rank", "value", "recorded_at"]
+    list_filter = ["name", "recorded_at"]
+    search_fields = ["name", "job__name", "=job__id"]
+    date_hierarchy = "recorded_at"
+    list_select_related = ["job"]
+
+
+@admin.register(JobLogLine)
+class JobLogLineAdmin(ReadOnlyOwnedAdmin):
+    owner_path = "job__owner"
+    list_display = ["job", "seq", "line"]
+    search_fields = ["text", "=job__id"]
+    list_select_related = ["job"]
+
+    @admin.display(description="text")
+    def line(self, obj):
+        return format_html("<code>{}</code>", obj.text[:200])

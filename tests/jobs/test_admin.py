@@ -1,0 +1,119 @@
+"""jobs/admin.py: pages render for the owner, another staff user gets 404, actions use the services."""
+
+from unittest import mock
+
+import pytest
+from django.urls import reverse
+
+from jobs import services, tasks
+from jobs.models import ComputeBackend, Dataset, JobStateChoices as S, ModelSpec, TrainingJob
+from jobs.states import transition
+
+pytestmark = pytest.mark.django_db
+
+MODELS = ["dataset", "modelspec", "computebackend", "trainingjob", "jobevent", "metricpoint", "joblogline"]
+
+
+@pytest.fixture
+def job(user, digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                            backend=local_backend, procs_per_node=2, name="mine")
+
+
+def test_every_model_is_registered():
+    from django.contrib import admin
+
+    from jobs import models
+
+    for model in (models.Dataset, models.ModelSpec, models.ComputeBackend, models.TrainingJob,
+                  models.JobEvent, models.MetricPoint, models.JobLogLine):
+        assert admin.site.is_registered(model)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_owner_changelists_render(client, user, job, name):
+    client.force_login(user)
+    response = client.get(reverse(f"admin:jobs_{name}_changelist"))
+    assert response.status_code == 200
+
+
+def test_owner_change_pages_render_and_other_staff_gets_404(client, user, other_user, job):
+    objects = {"trainingjob": job, "dataset": job.dataset, "modelspec": job.model_spec,
+               "computebackend": job.backend, "jobevent": job.events.first()}
+    for name, obj in objects.items():
+        url = reverse(f"admin:jobs_{name}_change", args=[obj.pk])
+        client.force_login(user)
+        response = client.get(url)
+        assert response.status_code == 200, name
+        client.force_login(other_user)
+        assert client.get(url).status_code == 404, name
+    client.force_login(user)
+    page = client.get(reverse("admin:jobs_trainingjob_change", args=[job.pk])).content.decode()
+    assert "QUEUED" in page and "1 × 2" in page
+    client.force_login(other_user)
+    listing = client.get(reverse("admin:jobs_trainingjob_changelist")).content.decode()
+    assert "mine" not in listing
+
+
+def test_superuser_sees_everyone(client, django_user_model, job):
+    admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin_user)
+    assert client.get(reverse("admin:jobs_trainingjob_change", args=[job.pk])).status_code == 200
+    listing = client.get(reverse("admin:jobs_trainingjob_changelist")).content.decode()
+    assert "mine" in listing and "alice" in listing
+
+
+def test_cancel_and_rerun_actions(client, user, other_user, job, django_capture_on_commit_callbacks):
+    client.force_login(user)
+    url = reverse("admin:jobs_trainingjob_changelist")
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        with django_capture_on_commit_callbacks(execute=True):
+            response = client.post(url, {"action": "rerun_selected", "_selected_action": [job.pk]}, follow=True)
+    assert response.status_code == 200
+    rerun = TrainingJob.objects.get(rerun_of=job)
+    assert f"job(s) {rerun.pk}" in response.content.decode()
+    send.assert_called_once_with(args=[rerun.pk], queue="gpubox")
+
+    response = client.post(url, {"action": "cancel_selected", "_selected_action": [job.pk, rerun.pk]}, follow=True)
+    assert response.status_code == 200
+    assert "Cancel requested for 2 job(s)." in response.content.decode()
+    job.refresh_from_db()
+    assert job.state == S.CANCELLED and "admin" in job.failure_reason
+
+    # Cancelling a finished job is reported per job, not a 500.
+    response = client.post(url, {"action": "cancel_selected", "_selected_action": [job.pk]}, follow=True)
+    assert response.status_code == 200
+    assert f"Job {job.pk}: " in response.content.decode() and "already ended" in response.content.decode()
+
+    # Another staff user's selection of this job matches nothing in their queryset.
+    client.force_login(other_user)
+    client.post(url, {"action": "rerun_selected", "_selected_action": [job.pk]})
+    assert TrainingJob.objects.filter(rerun_of=job).count() == 1
+
+
+def test_add_forms_write_through_services(client, user):
+    client.force_login(user)
+    response = client.post(reverse("admin:jobs_dataset_add"),
+                           {"name": "d2", "format": "builtin", "builtin_name": "mnist", "label_column": "label"})
+    assert response.status_code == 200  # re-rendered with the service's error on the field
+    assert "Choose a built-in dataset" in response.content.decode()
+    assert not Dataset.objects.exists()
+    response = client.post(reverse("admin:jobs_dataset_add"),
+                           {"name": "d2", "format": "builtin", "builtin_name": "digits", "label_column": "label"})
+    assert response.status_code == 302
+    assert Dataset.objects.get(name="d2").owner == user
+    response = client.post(reverse("admin:jobs_modelspec_add"),
+                           {"name": "m", "architecture": "mlp", "params": '{"hidden_size": 4}'})
+    assert response.status_code == 302
+    assert ModelSpec.objects.get(name="m").params["hidden_size"] == 4
+    response = client.post(reverse("admin:jobs_computebackend_add"),
+                           {"name": "box", "kind": "gpubox", "config": '{"max_procs_per_node": 0}', "enabled": "on"})
+    assert response.status_code == 200 and "max_procs_per_node" in response.content.decode()
+    assert not ComputeBackend.objects.filter(name="box").exists()
+
+
+def test_job_in_flight_renders_duration(client, user, job):
+    transition(job, S.SUBMITTING)
+    client.force_login(user)
+    assert client.get(reverse("admin:jobs_trainingjob_changelist")).status_code == 200
