@@ -6,11 +6,11 @@ log file, CloudWatch, Cloud Logging, an Azure ML log stream) also yields its met
 
 Record fields (values are global: all-reduced over ranks, weighted by sample count):
 
-``event``        ``"started"`` (once, after the first optimizer step), ``"step"`` (every
+``event``        ``"started"`` (once per run, after its first optimizer step; carries ``resumed``, true
+                 when the run continued from a checkpoint), ``"step"`` (every
                  ``train.log_every_steps`` steps), ``"epoch"`` (end of each epoch, with validation),
                  ``"completed"`` (once, after the final model is saved), ``"stopped"`` (once, when
                  SIGTERM stopped the run after its checkpoint was written; rerunning resumes).
-                 ``"started"`` also carries ``resumed`` (true when the run continued a checkpoint).
 ``time``         Unix time, seconds.
 ``epoch``        0-based epoch; ``step`` the number of optimizer steps taken so far.
 ``world_size``   ranks in the job.

@@ -77,6 +77,19 @@ class ArchSpec:
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
 
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form of this spec (for the dashboard's forms and the API schema)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_kind": self.input_kind,
+            "params": [
+                {"name": p.name, "type": p.type.__name__, "default": p.default, "min": p.min,
+                 "max": p.max, "doc": p.doc}
+                for p in self.params
+            ],
+        }
+
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     spec.name: spec
@@ -93,7 +106,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ),
         ArchSpec(
             name="cnn",
-            description="Small convolutional net (conv blocks, global average pooling, linear head) for images.",
+            description="Small convolutional net (conv blocks, 2×2 average pooling, hidden layer, linear head) for images.",
             input_kind="image",
             params=(
                 ParamSpec("channels", int, 32, 1, 1024, "Output channels of the first conv block; doubles each block."),

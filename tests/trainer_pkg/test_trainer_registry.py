@@ -60,3 +60,12 @@ def test_registry_is_torch_free():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_spec_as_dict_is_json_for_forms():
+    import json
+
+    spec = json.loads(json.dumps(ARCHITECTURES["resnet"].as_dict()))
+    assert spec["name"] == "resnet" and spec["input_kind"] == "image"
+    assert spec["params"][0] == {"name": "width", "type": "int", "default": 16, "min": 1, "max": 512,
+                                 "doc": "Channels of the first stage; doubles at each later stage."}
