@@ -146,11 +146,13 @@ def live_processes():
 class WorkerProcess:
     """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
 
-    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path):
+    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict):
         self.proc = proc
         self.log_path = log_path
         self.broker_url = broker_url
         self.run_root = run_root
+        self.env = env  # DATABASE_URL, REDIS_URL, ... to run other processes (manage.py) alongside
+        self.cwd = REPO_ROOT
 
     def log(self) -> str:
         try:
@@ -238,7 +240,9 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    worker = WorkerProcess(proc, log_path, broker_url, run_root)
+    shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
+                                  "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
+    worker = WorkerProcess(proc, log_path, broker_url, run_root, shared)
     try:
         worker.wait_for(lambda: " ready." in worker.log(), timeout=90, what="the Celery worker to be ready")
         yield worker

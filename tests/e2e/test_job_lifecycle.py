@@ -90,3 +90,28 @@ def test_missing_dataset_file_fails_with_trainer_error(celery_worker_process, us
     assert job.state == S.FAILED
     assert "trainer error" in job.failure_reason and str(path) in job.failure_reason, job.failure_reason
     assert "does not exist" in job.failure_reason
+
+
+
+def test_submit_job_command_waits_for_success(celery_worker_process, user, digits_dataset, cnn_model,
+                                              local_backend):
+    """The shell path: `manage.py submit_job --wait --json` as its own process, driven by the worker."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **celery_worker_process.env)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "submit_job", "--dataset", "digits", "--model", "digits-cnn",
+         "--backend", "local", "--nodes", "1", "--procs-per-node", "2", "--epochs", "3", "--user", "alice",
+         "--wait", "--json", "--timeout", "300"],
+        cwd=celery_worker_process.cwd, env=env, capture_output=True, text=True, timeout=330,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["state"] == "SUCCEEDED"
+    assert data["metrics"]["val_accuracy"] >= 0.90
+    assert [e["to"] for e in data["events"]] == ["QUEUED", "SUBMITTING", "PENDING", "RUNNING", "SUCCEEDED"]
+    assert data["cost_usd"] > 0 and data["duration_s"] > 0 and data["url"] == f"/jobs/{data['id']}/"
+    assert "PENDING → RUNNING" in result.stderr and "epoch 2 val_accuracy" in result.stderr

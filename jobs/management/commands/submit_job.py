@@ -1,0 +1,169 @@
+"""``manage.py submit_job``: launch a training job from the shell, the same way the dashboard does.
+
+    python manage.py submit_job --dataset digits --model digits-cnn --backend local \\
+        --nodes 1 --procs-per-node 2 --epochs 3 --wait --json
+
+The job is created by ``jobs.services.training_job_create`` (same validation, same frozen config)
+and driven by the Celery worker and beat; ``--wait`` only watches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from jobs import selectors, services
+from jobs.models import MetricPoint, TrainingJob
+
+EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class Command(BaseCommand):
+    help = (
+        "Launch a distributed training job (same validation as the dashboard and the API). "
+        "Datasets, models and backends are named as their owner (--user) named them. Exit status: "
+        "0 job created (with --wait: SUCCEEDED), 1 the job ended otherwise or --timeout passed, "
+        "2 bad input (the validation messages are printed)."
+    )
+
+    def add_arguments(self, parser):
+        what = parser.add_argument_group("what to train")
+        what.add_argument("--dataset", required=True, help="Dataset name, e.g. digits.")
+        what.add_argument("--model", required=True, help="Model name, e.g. digits-cnn.")
+        what.add_argument("--backend", required=True, help="Compute backend name, e.g. local.")
+        what.add_argument("--name", default="", help="Job name shown in the dashboard.")
+        shape = parser.add_argument_group("cluster shape")
+        shape.add_argument("--strategy", default="ddp", help="Parallelism strategy (default: ddp).")
+        shape.add_argument("--nodes", type=int, default=1, help="Machines (default: 1).")
+        shape.add_argument("--procs-per-node", type=int, default=1,
+                           help="Processes (ranks) per machine; world size = nodes × this (default: 1).")
+        shape.add_argument("--instance-type", default="", help="Provider instance type ('' = backend default).")
+        shape.add_argument("--spot", action="store_true", help="Use interruptible (spot) capacity.")
+        train = parser.add_argument_group("training")
+        train.add_argument("--epochs", type=int, default=3, help="Passes over the data (default: 3).")
+        train.add_argument("--batch-size", type=int, default=32, help="Samples per process per step (default: 32).")
+        train.add_argument("--lr", type=float, default=0.05, help="Peak learning rate (default: 0.05).")
+        train.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
+        train.add_argument("--hyperparameters", default=None, metavar="JSON",
+                           help='JobConfig overrides as a JSON object, e.g. \'{"train": {"optimizer": "adamw"}}\'.')
+        limits = parser.add_argument_group("limits")
+        limits.add_argument("--max-runtime", type=int, default=3600, metavar="SECONDS",
+                            help="Hard limit on run time (default: 3600).")
+        limits.add_argument("--budget", default=None, metavar="USD",
+                            help="Stop the job when its cost reaches this many USD.")
+        run = parser.add_argument_group("running")
+        run.add_argument("--user", default=None, metavar="USERNAME",
+                         help="Owner of the job (default: the only, else the first, superuser).")
+        run.add_argument("--wait", action="store_true",
+                         help="Wait until the job ends, printing progress on stderr (a worker and beat must run).")
+        run.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                         help="With --wait: give up after this long (default: max runtime + 10 minutes).")
+        run.add_argument("--poll-interval", type=float, default=0.5, metavar="SECONDS",
+                         help="With --wait: how often to look at the database (default: 0.5).")
+        run.add_argument("--json", action="store_true", help="Print one JSON object describing the job on stdout.")
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def _bad_input(self, message: str):
+        raise CommandError(message, returncode=EXIT_BAD_INPUT)
+
+    def _owner(self, username):
+        users = get_user_model().objects
+        if username:
+            user = users.filter(username=username).first()
+            if user is None:
+                self._bad_input(f"--user: no user named {username!r}.")
+            return user
+        user = users.filter(is_superuser=True, is_active=True).order_by("pk").first()
+        if user is None:
+            self._bad_input("--user: there is no superuser; create one (manage.py createsuperuser) or pass --user.")
+        return user
+
+    def _named(self, qs, name: str, option: str, what: str):
+        obj = qs.filter(name=name).first()
+        if obj is None:
+            known = ", ".join(qs.order_by("name").values_list("name", flat=True)) or "none yet"
+            self._bad_input(f"--{option}: you have no {what} named {name!r} (yours: {known}).")
+        return obj
+
+    # -- run ------------------------------------------------------------------------------------
+
+    def handle(self, *args, **opts):
+        owner = self._owner(opts["user"])
+        dataset = self._named(selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset", "dataset")
+        model = self._named(selectors.model_spec_list_for_user(user=owner), opts["model"], "model", "model")
+        backend = self._named(selectors.backend_list_for_user(user=owner), opts["backend"], "backend", "backend")
+        try:
+            job = services.training_job_create(
+                owner=owner, dataset=dataset, model_spec=model, backend=backend, strategy=opts["strategy"],
+                nodes=opts["nodes"], procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
+                batch_size=opts["batch_size"], lr=opts["lr"], seed=opts["seed"],
+                max_runtime_s=opts["max_runtime"], budget_usd=opts["budget"], instance_type=opts["instance_type"],
+                spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"],
+            )
+        except ValidationError as exc:
+            lines = [f"--{f.replace('_', '-')}: {m}" if f != "__all__" else m
+                     for f, msgs in exc.message_dict.items() for m in msgs]
+            self._bad_input("the job was not created:\n  " + "\n  ".join(lines))
+        self.stderr.write(f"job {job.pk} queued on {backend.name} ({job.nodes} node(s) × "
+                          f"{job.procs_per_node} process(es), estimate ≤ ${job.estimated_cost_usd:.2f})")
+        timed_out = False
+        if opts["wait"]:
+            timeout = opts["timeout"] if opts["timeout"] is not None else job.max_runtime_s + 600
+            job, timed_out = self._wait(job, timeout, max(opts["poll_interval"], 0.05))
+        if opts["json"]:
+            self.stdout.write(json.dumps(self._summary(job), sort_keys=False))
+        if opts["wait"]:
+            if timed_out:
+                raise CommandError(f"job {job.pk} still {job.state} after the timeout.", returncode=EXIT_NOT_SUCCEEDED)
+            if job.state != "SUCCEEDED":
+                reason = f": {job.failure_reason}" if job.failure_reason else ""
+                raise CommandError(f"job {job.pk} ended {job.state}{reason}", returncode=EXIT_NOT_SUCCEEDED)
+
+    def _wait(self, job: TrainingJob, timeout: float, interval: float) -> tuple[TrainingJob, bool]:
+        deadline = time.monotonic() + timeout
+        state, seen_metric = job.state, 0
+        while True:
+            job = TrainingJob.objects.get(pk=job.pk)
+            if job.state != state:
+                self.stderr.write(f"{timezone.now():%H:%M:%S} job {job.pk}: {state} → {job.state}")
+                state = job.state
+            for point in MetricPoint.objects.filter(job=job, name="val_accuracy", rank__isnull=True,
+                                                    pk__gt=seen_metric).order_by("pk"):
+                seen_metric = point.pk
+                loss = (MetricPoint.objects.filter(job=job, name="val_loss", step=point.step, rank__isnull=True)
+                        .values_list("value", flat=True).first())
+                loss_text = f", val_loss {loss:.4f}" if loss is not None else ""
+                self.stderr.write(f"{timezone.now():%H:%M:%S} job {job.pk}: epoch {point.epoch} "
+                                  f"val_accuracy {point.value:.4f}{loss_text}")
+            if job.is_terminal:
+                return job, False
+            if time.monotonic() > deadline:
+                return job, True
+            time.sleep(interval)
+
+    def _summary(self, job: TrainingJob) -> dict:
+        try:
+            url = reverse("job-detail", args=[job.pk])
+        except NoReverseMatch:
+            url = f"/jobs/{job.pk}/"
+        final = selectors.training_job_final_metrics(job=job)
+        duration = job.duration_s
+        return {
+            "id": job.pk,
+            "state": job.state,
+            "url": url,
+            "cost_usd": float(job.cost_usd),
+            "duration_s": round(duration, 3) if duration is not None else None,
+            "failure_reason": job.failure_reason,
+            "metrics": {k: final[k] for k in ("val_accuracy", "val_loss", "train_loss")},
+            "events": [{"from": e.from_state or None, "to": e.to_state, "at": e.created_at.isoformat()}
+                       for e in selectors.training_job_events(job=job)],
+        }

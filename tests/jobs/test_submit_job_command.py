@@ -1,0 +1,129 @@
+"""manage.py submit_job: input errors exit 2 with the messages, --json, --wait progress and exit codes."""
+
+import io
+import json
+from unittest import mock
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from jobs import services, tasks
+from jobs.models import MetricPoint, JobStateChoices as S, TrainingJob
+from jobs.states import transition
+
+pytestmark = pytest.mark.django_db
+
+BASE = ["--dataset", "digits", "--model", "digits-cnn", "--backend", "local", "--nodes", "1",
+        "--procs-per-node", "2", "--epochs", "3", "--user", "alice"]
+
+
+@pytest.fixture
+def ready(digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        yield send
+
+
+def run(*args):
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        call_command("submit_job", *args, stdout=out, stderr=err)
+    except CommandError as exc:
+        code, err = exc.returncode, io.StringIO(err.getvalue() + str(exc))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--epochs", "0"], "--epochs: Epochs must be at least 1"),
+    (["--procs-per-node", "4"], "--procs-per-node:"),
+    (["--hyperparameters", "{oops"], "--hyperparameters: Hyperparameters are not valid JSON"),
+    (["--dataset", "mnist"], "--dataset: you have no dataset named 'mnist' (yours: digits)"),
+    (["--user", "nobody"], "--user: no user named 'nobody'"),
+])
+def test_bad_input_exits_2_with_message(ready, args, needle):
+    code, out, err = run(*BASE, *args)
+    assert code == 2
+    assert needle in err
+    assert out == ""
+    assert TrainingJob.objects.count() == 0
+
+
+def test_other_users_objects_are_not_found(ready, other_user):
+    code, _, err = run(*BASE[:-2], "--user", "bob")
+    assert code == 2 and "you have no dataset named 'digits' (yours: none yet)" in err
+
+
+def test_default_user_is_the_superuser(ready, django_user_model, user):
+    code, _, err = run(*BASE[:-2])
+    assert code == 2 and "there is no superuser" in err
+    user.is_superuser = True
+    user.save()
+    code, out, _ = run(*BASE[:-2], "--json")
+    assert code == 0 and json.loads(out)["state"] == "QUEUED"
+
+
+def test_json_without_wait(ready, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        code, out, err = run(*BASE, "--json", "--lr", "0.1", "--budget", "5")
+    assert code == 0
+    data = json.loads(out)
+    job = TrainingJob.objects.get()
+    assert data == {
+        "id": job.pk, "state": "QUEUED", "url": f"/jobs/{job.pk}/", "cost_usd": 0.0, "duration_s": None,
+        "failure_reason": "", "metrics": {"val_accuracy": None, "val_loss": None, "train_loss": None},
+        "events": [{"from": None, "to": "QUEUED", "at": data["events"][0]["at"]}],
+    }
+    assert job.config["train"]["lr"] == 0.1 and str(job.budget_usd) == "5.0000"
+    ready.assert_called_once_with(args=[job.pk], queue="gpubox")
+    assert f"job {job.pk} queued on local" in err
+
+
+def _script(final_state, reason=""):
+    """Stands in for the worker: each poll's sleep moves the job one step further."""
+    steps = iter([S.SUBMITTING, S.PENDING, S.RUNNING, "epoch0", "epoch1", final_state])
+
+    def fake_sleep(_):
+        job = TrainingJob.objects.get()
+        step = next(steps)
+        if step.startswith("epoch"):
+            epoch = int(step[-1])
+            for name, value in (("val_accuracy", 0.8 + epoch / 10), ("val_loss", 0.5 - epoch / 10),
+                                ("train_loss", 0.6 - epoch / 10)):
+                MetricPoint.objects.create(job=job, name=name, step=10 * (epoch + 1), epoch=epoch, value=value,
+                                           recorded_at=job.created_at)
+        else:
+            fields = {"started_at": job.created_at} if step == S.PENDING else {}
+            if step == S.FAILED:
+                fields["failure_reason"] = reason
+            transition(job, step, **fields)
+    return fake_sleep
+
+
+def test_wait_succeeded_exits_0_with_progress_and_json(ready):
+    with mock.patch("jobs.management.commands.submit_job.time.sleep", side_effect=_script(S.SUCCEEDED)):
+        code, out, err = run(*BASE, "--wait", "--json", "--poll-interval", "0.01")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["state"] == "SUCCEEDED"
+    assert data["metrics"] == {"val_accuracy": 0.9, "val_loss": 0.4, "train_loss": 0.5}
+    assert [(e["from"], e["to"]) for e in data["events"]] == [
+        (None, "QUEUED"), ("QUEUED", "SUBMITTING"), ("SUBMITTING", "PENDING"), ("PENDING", "RUNNING"),
+        ("RUNNING", "SUCCEEDED")]
+    assert isinstance(data["duration_s"], float) and data["duration_s"] >= 0
+    assert "QUEUED → SUBMITTING" in err and "RUNNING → SUCCEEDED" in err
+    assert "epoch 0 val_accuracy 0.8000, val_loss 0.5000" in err
+    assert "epoch 1 val_accuracy 0.9000" in err
+
+
+def test_wait_failed_exits_1(ready):
+    with mock.patch("jobs.management.commands.submit_job.time.sleep",
+                    side_effect=_script(S.FAILED, "trainer error: boom")):
+        code, out, err = run(*BASE, "--wait", "--json", "--poll-interval", "0.01")
+    assert code == 1
+    assert json.loads(out)["failure_reason"] == "trainer error: boom"
+    assert "ended FAILED: trainer error: boom" in err
+
+
+def test_wait_timeout_exits_1(ready):
+    code, out, err = run(*BASE, "--wait", "--timeout", "0.2", "--poll-interval", "0.05")
+    assert code == 1 and "still QUEUED after the timeout" in err
