@@ -572,7 +572,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a classifier with DistributedDataParallel. Run under torchrun for several "
                     "processes (the topology comes from torchrun's environment); flags mirror the "
                     "JobConfig fields and override --config.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="example: torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset digits "
                "--model cnn --epochs 3 --batch-size 32 --lr 0.05 --seed 0 --output-dir out",
     )
