@@ -21,6 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management import BaseCommand, CommandError, call_command
 
 from jobs import selectors, services
@@ -198,7 +199,13 @@ class Command(BaseCommand):
         for job in TrainingJob.objects.filter(pk__in=self._launched).exclude(
             state__in=("SUCCEEDED", "FAILED", "CANCELLED")
         ):
-            services.training_job_stop_now(job=job)
+            try:
+                job = services.training_job_cancel(job=job, reason="Demo stopped with Ctrl-C")
+            except ValidationError:  # it ended meanwhile
+                continue
+            # The worker is about to stop: send the stop now rather than through its queue.
+            services.training_job_cancel_send(job=job)
+            self.stdout.write(f"Cancelled job {job.pk}")
         for name, proc in reversed(self._children):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
