@@ -29,7 +29,7 @@ import time
 from typing import Sequence
 
 from trainer_pkg.config import ConfigError, JobConfig
-from trainer_pkg.metrics import parse_metric_line
+from trainer_pkg.metrics import parse_metric_line, report_error
 
 
 def read_config(path: str) -> JobConfig:
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.nproc_per_node is not None and args.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     except ConfigError as exc:
-        print(f"trainer error: invalid config {args.config}: {exc}", file=sys.stderr, flush=True)
+        report_error(f"invalid config {args.config}: {exc}")
         return 2
 
     from trainer_pkg import train  # imports torch: only now that the config is known to be good

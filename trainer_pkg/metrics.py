@@ -26,6 +26,8 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any
 
 METRIC_PREFIX = "TRAINBOARD_METRIC "
@@ -50,3 +52,14 @@ def parse_metric_line(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return record if isinstance(record, dict) and "event" in record else None
+
+
+def report_error(message: str) -> None:
+    """Print ``trainer error: <message>`` on stderr as ONE write.
+
+    Every rank shares the launcher's stderr pipe; ``print`` issues the text and the newline as two
+    writes, so two ranks failing together could splice their lines. One ``os.write`` of less than
+    PIPE_BUF bytes is atomic.
+    """
+    sys.stderr.flush()
+    os.write(2, f"trainer error: {message}\n".encode("utf-8", "replace"))

@@ -67,7 +67,7 @@ from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.datasets import Dataset, describe, load_dataset
-from trainer_pkg.metrics import format_metric_line
+from trainer_pkg.metrics import format_metric_line, report_error
 from trainer_pkg.models import build_model
 
 CHECKPOINT_NAME = "last.pt"
@@ -399,11 +399,11 @@ def train(cfg: JobConfig) -> int:
         initialized = True
         return _run(cfg, topo, device, backend, stop)
     except (TrainerError, ConfigError) as exc:
-        print(f"trainer error: {exc}", file=sys.stderr, flush=True)
+        report_error(f"{exc}")
         return 1
     except Exception as exc:
         traceback.print_exc()
-        print(f"trainer error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        report_error(f"{type(exc).__name__}: {exc}")
         return 1
     finally:
         if initialized and dist.is_initialized():
@@ -672,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
     except ConfigError as exc:
-        print(f"trainer error: {exc}", file=sys.stderr, flush=True)
+        report_error(f"{exc}")
         return 2
     return train(cfg)
 

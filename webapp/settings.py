@@ -108,6 +108,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise serves from the finders too; it warns when this is missing
 STATICFILES_DIRS = [d for d in [BASE_DIR / "node_modules" / "chart.js" / "dist"] if d.exists()]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -176,4 +177,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("TRAINBOARD_LOG_LEVEL", default="INFO")},
+    # kombu warns "No hostname was supplied" for the filesystem broker, which has no host by design.
+    "loggers": {"kombu.connection": {"level": "ERROR" if not REDIS_URL else "WARNING"}},
 }
