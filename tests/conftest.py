@@ -198,6 +198,23 @@ def _database_url(settings_dict) -> str:
     return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
 
 
+def _wait_for_worker_sessions_to_close(connection, timeout: float = 10) -> None:
+    """A killed worker's PostgreSQL sessions end a moment after the process; until they do the test
+    database cannot be flushed or dropped ("being accessed by other users")."""
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def celery_worker_process(transactional_db, tmp_path, run_root, settings):
     """A real Celery worker with embedded beat, sharing this test's database, broker and run root."""
@@ -253,6 +270,7 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        _wait_for_worker_sessions_to_close(connection)
         if saved_broker != app.conf.broker_url:
             app.conf.broker_url = saved_broker
             app.pool.force_close_all()
