@@ -175,20 +175,10 @@ def _budget(errors: _Errors, value: Any) -> Decimal | None:
 
 
 def _hyperparameters(errors: _Errors, value: Any) -> dict[str, Any]:
-    if value in (None, ""):
+    if value is None:
         return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            errors.add("hyperparameters", f"Hyperparameters are not valid JSON: {exc.msg} at line "
-                                          f"{exc.lineno} column {exc.colno}.")
-            return {}
-    if not isinstance(value, dict):
-        errors.add("hyperparameters", 'Hyperparameters must be a JSON object of config overrides, '
-                                      'e.g. {"train": {"optimizer": "adamw"}}.')
-        return {}
-    return value
+    return _json_object(errors, "hyperparameters", value, what="Hyperparameters",
+                        example='{"train": {"optimizer": "adamw"}} (trainer config overrides)') or {}
 
 
 def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -323,6 +313,44 @@ def _full_clean(errors: _Errors, obj: Any) -> None:
 _DATASET_FIELDS = {"name", "description", "format", "builtin_name", "uri", "label_column"}
 
 
+def _json_object(errors: _Errors, field: str, value: Any, *, what: str, example: str,
+                 plural: bool = True) -> dict | None:
+    """``value`` as a dict: a dict, or a JSON object in a string ("" is {}). None, with an error on
+    ``field``, when it is neither."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            errors.add(field, f"{what} {'are' if plural else 'is'} not valid JSON: {exc.msg} at line "
+                              f"{exc.lineno} column {exc.colno}.")
+            return None
+    if not isinstance(value, dict):
+        errors.add(field, f"{what} must be a JSON object, e.g. {example}.")
+        return None
+    return value
+
+
+def _update(instance: Any, fields: Mapping[str, Any], *, allowed: set[str], validate: Any,
+            empty: Mapping[str, Any] | None = None, errors: _Errors | None = None) -> Any:
+    """Set ``fields`` on ``instance``, validate with ``validate(errors, instance)`` and save; on any
+    error restore every field and raise (the row is untouched). ``None`` becomes ``empty[field]``
+    (or ""). An unknown field name is a programming error: TypeError."""
+    unknown = set(fields) - allowed
+    if unknown:
+        raise TypeError(f"{type(instance).__name__}: unknown fields {sorted(unknown)}")
+    original = {f: getattr(instance, f) for f in allowed}
+    for field, value in fields.items():
+        setattr(instance, field, (empty or {}).get(field, "") if value is None else value)
+    errors = errors if errors is not None else _Errors()
+    validate(errors, instance)
+    if errors:
+        for field, value in original.items():
+            setattr(instance, field, value)
+        errors.raise_if_any()
+    instance.save()
+    return instance
+
+
 def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
     from typing import get_args
 
@@ -366,20 +394,7 @@ def dataset_create(*, owner, name: str, format: str, builtin_name: str = "", uri
 
 def dataset_update(*, dataset: Dataset, **fields: Any) -> Dataset:
     """Change some of ``name, description, format, builtin_name, uri, label_column``."""
-    unknown = set(fields) - _DATASET_FIELDS
-    if unknown:
-        raise TypeError(f"dataset_update: unknown fields {sorted(unknown)}")
-    original = {f: getattr(dataset, f) for f in _DATASET_FIELDS}
-    for field, value in fields.items():
-        setattr(dataset, field, (value or "") if field != "format" else value)
-    errors = _Errors()
-    _validate_dataset(errors, dataset)
-    if errors:
-        for field, value in original.items():
-            setattr(dataset, field, value)
-        errors.raise_if_any()
-    dataset.save()
-    return dataset
+    return _update(dataset, fields, allowed=_DATASET_FIELDS, validate=_validate_dataset)
 
 
 # =============================================================================================
@@ -395,15 +410,8 @@ def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
     _full_clean(errors, spec)
     if spec.name and _name_taken(ModelSpec, spec.owner, spec.name, spec.pk):
         errors.add("name", f"You already have a model named {spec.name}; choose another name.")
-    params = spec.params
-    if isinstance(params, str):
-        try:
-            params = json.loads(params) if params.strip() else {}
-        except json.JSONDecodeError as exc:
-            errors.add("params", f"Parameters are not valid JSON: {exc.msg}.")
-            return
-    if not isinstance(params, dict):
-        errors.add("params", 'Parameters must be a JSON object, e.g. {"channels": 32}.')
+    params = _json_object(errors, "params", spec.params, what="Parameters", example='{"channels": 32}')
+    if params is None:
         return
     try:
         spec.params = validate_model_params(spec.architecture, params)
@@ -425,20 +433,9 @@ def model_spec_create(*, owner, name: str, architecture: str, params: dict | Non
 
 
 def model_spec_update(*, model_spec: ModelSpec, **fields: Any) -> ModelSpec:
-    unknown = set(fields) - _MODEL_FIELDS
-    if unknown:
-        raise TypeError(f"model_spec_update: unknown fields {sorted(unknown)}")
-    original = {f: getattr(model_spec, f) for f in _MODEL_FIELDS}
-    for field, value in fields.items():
-        setattr(model_spec, field, value if value is not None else ({} if field == "params" else ""))
-    errors = _Errors()
-    _validate_model_spec(errors, model_spec)
-    if errors:
-        for field, value in original.items():
-            setattr(model_spec, field, value)
-        errors.raise_if_any()
-    model_spec.save()
-    return model_spec
+    """Change some of ``name, description, architecture, params`` (params re-validated)."""
+    return _update(model_spec, fields, allowed=_MODEL_FIELDS, validate=_validate_model_spec,
+                   empty={"params": {}})
 
 
 # =============================================================================================
@@ -454,15 +451,9 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     _full_clean(errors, backend)
     if backend.name and _name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
         errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
-    config = backend.config
-    if isinstance(config, str):
-        try:
-            config = json.loads(config) if config.strip() else {}
-        except json.JSONDecodeError as exc:
-            errors.add("config", f"Config is not valid JSON: {exc.msg}.")
-            return
-    if not isinstance(config, dict):
-        errors.add("config", "Config must be a JSON object of backend settings.")
+    config = _json_object(errors, "config", backend.config, what="Config", example='{"hourly_rate_usd": 1.5}',
+                          plural=False)
+    if config is None:
         return
     try:
         cls = backend_class(backend.kind)
@@ -491,23 +482,13 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
 
 
 def backend_update(*, backend: ComputeBackend, **fields: Any) -> ComputeBackend:
-    unknown = set(fields) - _BACKEND_FIELDS
-    if unknown:
-        raise TypeError(f"backend_update: unknown fields {sorted(unknown)}")
-    original = {f: getattr(backend, f) for f in _BACKEND_FIELDS}
+    """Change some of ``name, kind, config, enabled``; the kind only while no job is active."""
     errors = _Errors()
     if "kind" in fields and fields["kind"] != backend.kind and backend.pk and \
             backend.jobs.filter(state__in=ACTIVE_STATE_VALUES).exists():
         errors.add("kind", "This backend has active jobs; wait for them to end before changing its kind.")
-    for field, value in fields.items():
-        setattr(backend, field, value if value is not None else ({} if field == "config" else value))
-    _validate_backend(errors, backend)
-    if errors:
-        for field, value in original.items():
-            setattr(backend, field, value)
-        errors.raise_if_any()
-    backend.save()
-    return backend
+    return _update(backend, fields, allowed=_BACKEND_FIELDS, validate=_validate_backend,
+                   empty={"config": {}}, errors=errors)
 
 
 # =============================================================================================
