@@ -6,6 +6,7 @@ is a 404. The contract is docs/internal-api.md.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Iterable
 
 from django.db.models import Max, Q, QuerySet
@@ -75,21 +76,52 @@ def training_job_metric_series(*, job: TrainingJob) -> dict[str, list[dict[str, 
     return series
 
 
+_RANK_FIELDS = {"rank_samples_per_s": "samples_per_s", "rank_step_time_s": "step_time_s",
+                "rank_data_wait_s": "data_wait_s"}
+
+
 def training_job_rank_throughput(*, job: TrainingJob) -> list[dict[str, Any]]:
-    """Latest per-rank numbers: ``[{"rank": 0, "samples_per_s": 812.0, "step_time_s": 0.04}, ...]``.
+    """Latest per-rank numbers, e.g. ``[{"rank": 0, "samples_per_s": 812.0, "step_time_s": 0.04,
+    "data_wait_s": 0.002}, ...]`` (seconds per step computing; seconds per step waiting for data).
 
     Taken from the last step that reported per-rank values (None where a metric is missing).
     """
-    per_rank = MetricPoint.objects.filter(job_id=job.pk, rank__isnull=False,
-                                          name__in=("rank_samples_per_s", "rank_step_time_s"))
+    per_rank = MetricPoint.objects.filter(job_id=job.pk, rank__isnull=False, name__in=tuple(_RANK_FIELDS))
     last_step = per_rank.aggregate(m=Max("step"))["m"]
     if last_step is None:
         return []
     out: dict[int, dict[str, Any]] = {}
     for rank, name, value in per_rank.filter(step=last_step).order_by("rank", "id").values_list("rank", "name", "value"):
-        row = out.setdefault(rank, {"rank": rank, "samples_per_s": None, "step_time_s": None})
-        row["samples_per_s" if name == "rank_samples_per_s" else "step_time_s"] = value
+        row = out.setdefault(rank, {"rank": rank, **dict.fromkeys(_RANK_FIELDS.values())})
+        row[_RANK_FIELDS[name]] = value
     return [out[r] for r in sorted(out)]
+
+
+def training_job_straggler(*, job: TrainingJob,
+                           ranks: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The slowest rank by its latest step time and how far it trails the median of all ranks.
+
+    ``{"rank": 1, "step_time_s": 0.012, "median_step_time_s": 0.0089, "behind_pct": 35.0,
+    "data_wait_s": 0.001, "text": "rank 1 is the slowest: 0.012 s/step, 35% behind the median"}``;
+    None with fewer than two ranks reporting a step time. Ties go to the lowest rank. ``ranks``:
+    the rows of :func:`training_job_rank_throughput` when the caller has them already.
+    """
+    rows = training_job_rank_throughput(job=job) if ranks is None else ranks
+    timed = [r for r in rows if r.get("step_time_s") is not None]
+    if len(timed) < 2:
+        return None
+    median = statistics.median(r["step_time_s"] for r in timed)
+    slowest = max(timed, key=lambda r: (r["step_time_s"], -r["rank"]))
+    behind = (slowest["step_time_s"] / median - 1.0) * 100.0 if median > 0 else 0.0
+    return {
+        "rank": slowest["rank"],
+        "step_time_s": slowest["step_time_s"],
+        "median_step_time_s": median,
+        "behind_pct": behind,
+        "data_wait_s": slowest.get("data_wait_s"),
+        "text": f"rank {slowest['rank']} is the slowest: {slowest['step_time_s']:.3g} s/step, "
+                f"{behind:.0f}% behind the median",
+    }
 
 
 def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:

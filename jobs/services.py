@@ -755,7 +755,7 @@ def training_job_cancel_send(*, job: TrainingJob) -> None:
 # =============================================================================================
 
 _GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr")
-_RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s")
+_RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s")
 _METRIC_EVENTS = {"step", "epoch"}
 _MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
 

@@ -87,6 +87,10 @@ class TrainConfig:
     """Seeds model init, data split and shuffling; the same seed gives the same run on CPU."""
     log_every_steps: int = 10
     """Emit a ``step`` metric record every this many optimizer steps."""
+    augment: bool = False
+    """Random horizontal flips of training images (image data only: samples shaped (C, H, W)).
+    Each rank draws its flips from its own stream (seeded by ``seed`` and the rank), so ranks see
+    different flips; the stream is checkpointed, so a resumed run draws what an uninterrupted one would."""
 
 
 @dataclasses.dataclass

@@ -17,8 +17,17 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 ``train_loss``, ``train_accuracy``       mean over the samples since the previous record (0–1 accuracy);
                                           absent when no sample was trained since then.
 ``val_loss``, ``val_accuracy``           ``epoch`` records only.
+``sample_order_digest``                   ``epoch`` records only: per rank (a list indexed by rank), 16 hex
+                                          digits of SHA-256 over the sample indices that rank trained on
+                                          that epoch, in order. Equal digests mean the same samples in
+                                          the same order (a resumed run must match an uninterrupted one).
 ``samples_per_s``                         global training throughput (samples/s, training time only).
-``rank_samples_per_s``, ``rank_step_time_s``  lists indexed by rank (samples/s; seconds per step).
+``rank_samples_per_s``, ``rank_step_time_s``, ``rank_data_wait_s``
+                                          lists indexed by rank: samples/s; seconds per step spent
+                                          computing (forward, backward, gradient all-reduce, optimizer);
+                                          seconds per step spent waiting for the next batch (indexing,
+                                          augmentation, the copy to the device). A straggler shows as
+                                          one rank with a higher step time or data wait than the rest.
                                           The throughput fields are absent along with train_loss.
 ``lr``           learning rate at that step.
 """
@@ -55,11 +64,16 @@ def parse_metric_line(line: str) -> dict[str, Any] | None:
 
 
 def report_error(message: str) -> None:
-    """Print ``trainer error: <message>`` on stderr as ONE write.
+    """Print ``trainer error: <message>`` on stderr as ONE write; in a job of several ranks the
+    message starts with ``rank N: `` (from torchrun's ``RANK``), so the job's failure reason can name
+    the rank whose error it is.
 
     Every rank shares the launcher's stderr pipe; ``print`` issues the text and the newline as two
     writes, so two ranks failing together could splice their lines. One ``os.write`` of less than
     PIPE_BUF bytes is atomic.
     """
+    rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "1")
+    if rank.isdigit() and world_size.isdigit() and int(world_size) > 1:
+        message = f"rank {rank}: {message}"
     sys.stderr.flush()
     os.write(2, f"trainer error: {message}\n".encode("utf-8", "replace"))

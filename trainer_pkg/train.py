@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -201,7 +202,7 @@ class MetricsLog:
 class Window:
     """Training sums since the previous record, on this rank (padded duplicates excluded)."""
 
-    FIELDS = ("loss_sum", "correct", "samples", "seconds", "steps", "step_seconds")
+    FIELDS = ("loss_sum", "correct", "samples", "seconds", "steps", "step_seconds", "data_seconds")
 
     def __init__(self) -> None:
         self.reset()
@@ -232,6 +233,7 @@ def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
         "rank_samples_per_s": [r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0 for r in ranks],
         "rank_step_time_s": [r["step_seconds"] / r["steps"] if r["steps"] else 0.0 for r in ranks],
+        "rank_data_wait_s": [r["data_seconds"] / r["steps"] if r["steps"] else 0.0 for r in ranks],
     }
 
 
@@ -246,6 +248,19 @@ def _real_mask(positions: torch.Tensor, rank: int, world_size: int, n: int) -> t
     therefore padding exactly when r + k·W ≥ n.
     """
     return rank + positions * world_size < n
+
+
+def sample_order_digest(order: torch.Tensor) -> str:
+    """A short fingerprint (16 hex digits of SHA-256) of one rank's sample indices for an epoch, in
+    order: equal digests mean the same samples in the same order (``epoch`` records carry them)."""
+    return hashlib.sha256(order.to(torch.int64).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def random_hflip(x: torch.Tensor) -> torch.Tensor:
+    """``train.augment``: each image of the batch (N, C, H, W) mirrored left–right with probability
+    1/2, drawn from this rank's torch RNG (seeded per rank, saved in checkpoints)."""
+    flip = torch.rand(len(x)) < 0.5
+    return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
 
 
 @torch.no_grad()
@@ -440,6 +455,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         _seed_everything(t.seed)
         data: Dataset = load_dataset(cfg.data, seed=t.seed)
         torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
+        if t.augment and len(data.input_shape) != 3:
+            raise TrainerError(f"train.augment flips images, but this dataset's samples have shape "
+                               f"{tuple(data.input_shape)}, not (C, H, W); turn train.augment off")
         model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes).to(device)
         if t.optimizer == "sgd":
             optimizer: torch.optim.Optimizer = torch.optim.SGD(
@@ -514,6 +532,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                 keep = _real_mask(torch.arange(b * t.batch_size, b * t.batch_size + len(idx)),
                                   topo.rank, topo.world_size, n_train).to(device)
                 xb, yb = x_train[idx].to(device, non_blocking=True), y_train[idx].to(device, non_blocking=True)
+                if t.augment:
+                    xb = random_hflip(xb)
                 step_tick = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 logits = ddp(xb)
@@ -526,6 +546,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                                correct=(logits.argmax(1) == yb)[keep].sum().item(),
                                samples=keep.sum().item(), steps=1,
                                step_seconds=time.perf_counter() - step_tick,
+                               data_seconds=step_tick - tick,
                                seconds=time.perf_counter() - tick)
                 if step == first_step:
                     report("started", epoch, resumed=ckpt is not None)
@@ -534,7 +555,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
 
             _sync_buffers(ddp.module)
             val_loss, val_acc = _evaluate(ddp.module, x_val, y_val, topo, device)
-            report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc)
+            digests: list[Any] = [None] * topo.world_size
+            dist.all_gather_object(digests, sample_order_digest(order))
+            report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
             _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
             save_checkpoint(ckpt_path, model=ddp.module, optimizer=optimizer, epoch=epoch + 1, batches_done=0,
                             step=step, cfg=cfg, topo=topo)
@@ -601,6 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, help=f"config default {d.train.weight_decay}")
     g.add_argument("--seed", type=int, help=f"config default {d.train.seed}")
     g.add_argument("--log-every-steps", type=int, help=f"config default {d.train.log_every_steps}")
+    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"random horizontal flips of training images (config default {d.train.augment})")
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", help=f"model.pt and metrics.jsonl (config default {d.output.output_dir!r})")
     g.add_argument("--checkpoint-dir", help="checkpoints (default <output-dir>/checkpoints)")
@@ -649,7 +674,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     put("parallel", "dist_backend", args.dist_backend)
     put("parallel", "timeout_s", args.timeout_s)
     for field in ("epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "seed",
-                  "log_every_steps"):
+                  "log_every_steps", "augment"):
         put("train", field, getattr(args, field))
     put("output", "output_dir", args.output_dir)
     put("output", "checkpoint_dir", args.checkpoint_dir)

@@ -292,10 +292,12 @@ def _job_for(request: HttpRequest, pk: int):
 
 
 def _live_context(job) -> dict[str, Any]:
+    ranks = selectors.training_job_rank_throughput(job=job)
     return {
         "job": job,
         "events": selectors.training_job_events(job=job),
-        "ranks": selectors.training_job_rank_throughput(job=job),
+        "ranks": ranks,
+        "straggler": selectors.training_job_straggler(job=job, ranks=ranks),
         "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),
         "log_tail_lines": LOG_TAIL_LINES,
     }

@@ -521,10 +521,13 @@ def _first_step_logged(log_path: Path) -> bool:
 
 
 def _failure_reason(log_path: Path, code: int) -> str:
-    """The trainer's error from the end of train.log, else its last lines, else the exit code.
+    """Why the job failed, from the end of train.log: the rank that failed first and its error.
 
-    Preference: the last line containing ``trainer error:``; then the last Python exception line
-    of a rank (torchrun's own ChildFailedError wrapper is skipped); then the last 5 non-empty lines.
+    Preference: torchrun's failure summary ("Root Cause (first observed failure)": that rank, its
+    exit code or signal, and the ``trainer error: rank N: ...`` line of that rank when it printed one
+    — the other ranks' errors are usually the consequence, e.g. a closed connection); then the last
+    line containing ``trainer error:``; then the last Python exception line of a rank (torchrun's
+    own ChildFailedError wrapper is skipped); then the last 5 non-empty lines.
     """
     try:
         with open(log_path, "rb") as fh:
@@ -535,6 +538,9 @@ def _failure_reason(log_path: Path, code: int) -> str:
     except FileNotFoundError:
         return f"exit code {code}"
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    root = _torchrun_root_cause(lines)
+    if root is not None:
+        return root
     for line in reversed(lines):
         if "trainer error:" in line:
             return line[line.index("trainer error:") :]
@@ -545,3 +551,51 @@ def _failure_reason(log_path: Path, code: int) -> str:
     if lines:
         return "\n".join(lines[-5:])
     return f"exit code {code}"
+
+
+# torchrun's failure summary (torch.distributed.elastic ``ProcessFailure`` formatting), e.g.
+#   Root Cause (first observed failure):
+#   [0]:
+#     rank      : 1 (local_rank: 1)
+#     exitcode  : -9 (pid: 27701)
+#     traceback : Signal 9 (SIGKILL) received by PID 27701
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_SUMMARY_RANK = re.compile(r"^rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_SUMMARY_EXIT = re.compile(r"^exitcode\s*:\s*(-?\d+)")
+
+
+def _torchrun_root_cause(lines: list[str]) -> str | None:
+    """"rank R (local rank L) ..." from the last torchrun failure summary in ``lines``, or None."""
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(_ROOT_CAUSE)]
+    if not starts:
+        return None
+    rank = local_rank = exitcode = None
+    for line in lines[starts[-1] + 1 : starts[-1] + 12]:
+        if line.startswith("===="):
+            break
+        if m := _SUMMARY_RANK.match(line):
+            rank, local_rank = int(m.group(1)), int(m.group(2))
+        elif m := _SUMMARY_EXIT.match(line):
+            exitcode = int(m.group(1))
+    if rank is None:
+        return None
+    who = f"rank {rank} (local rank {local_rank})"
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = (", usually the out-of-memory killer or an operator (check the machine's memory and "
+                "`dmesg`)" if -exitcode == signal.SIGKILL else "")
+        return f"{who} was killed by {name} (exit code {exitcode}){hint}; torchrun stopped the other ranks"
+    own = f"trainer error: rank {rank}: "
+    for line in reversed(lines):
+        if own in line:
+            return line[line.index("trainer error:") :]
+    # A rank that died outside the trainer's error handling: Python prints "[rankN]: Traceback".
+    exception = re.compile(rf"^\[rank{rank}\]:\s*([A-Za-z_][\w.]*(?:Error|Exception)): \S")
+    for line in reversed(lines):
+        if exception.match(line):
+            return f"{who}: {line[line.index(']:') + 2 :].strip()}"
+    code_text = f"exit code {exitcode}" if exitcode is not None else "an unknown exit code"
+    return f"{who} failed with {code_text}; its error is in the job's log"

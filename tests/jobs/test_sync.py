@@ -97,7 +97,8 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
     ScriptedBackend.log_chunks = [
         ["booting", rec("started", dt=5, epoch=0, step=1, world_size=4)],
         [rec("step", dt=6, epoch=0, step=10, train_loss=1.5, train_accuracy=0.4, samples_per_s=800.0, lr=0.05,
-             rank_samples_per_s=[200.0, 201.0, 199.0, 200.0], rank_step_time_s=[0.1, 0.11, 0.1, 0.12]),
+             rank_samples_per_s=[200.0, 201.0, 199.0, 200.0], rank_step_time_s=[0.1, 0.11, 0.1, 0.12],
+             rank_data_wait_s=[0.01, 0.0, 0.02, 0.03]),
          rec("epoch", dt=8, epoch=0, step=12, val_loss=0.9, val_accuracy=0.7)],
     ]
     assert services.backend_sync(backend_id=scripted_backend.pk) == 1
@@ -133,10 +134,10 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
     assert set(series) == {"train_loss", "train_accuracy", "samples_per_s", "lr", "val_loss", "val_accuracy"}
     assert MetricPoint.objects.filter(job=job, name="rank_samples_per_s").count() == 4
     assert training_job_rank_throughput(job=job) == [
-        {"rank": 0, "samples_per_s": 200.0, "step_time_s": 0.1},
-        {"rank": 1, "samples_per_s": 201.0, "step_time_s": 0.11},
-        {"rank": 2, "samples_per_s": 199.0, "step_time_s": 0.1},
-        {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12},
+        {"rank": 0, "samples_per_s": 200.0, "step_time_s": 0.1, "data_wait_s": 0.01},
+        {"rank": 1, "samples_per_s": 201.0, "step_time_s": 0.11, "data_wait_s": 0.0},
+        {"rank": 2, "samples_per_s": 199.0, "step_time_s": 0.1, "data_wait_s": 0.02},
+        {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12, "data_wait_s": 0.03},
     ]
     # Terminal jobs are no longer synced.
     assert services.backend_sync(backend_id=scripted_backend.pk) == 0
