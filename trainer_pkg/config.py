@@ -220,3 +220,92 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an object, got {value!r}")
         return dict(value)
     raise ConfigError(f"{where}: unsupported field type {hint!r}")  # a schema bug, not user input
+
+
+# -- values that arrive as strings (SageMaker hyperparameters) -----------------------------------
+
+_UNPARSED = object()
+
+
+def parse_string_value(hint: Any, raw: Any, where: str) -> Any:
+    """The value of the declared type ``hint`` that the platform string ``raw`` stands for.
+
+    SageMaker delivers hyperparameters as strings: the SDK JSON-encodes each value (``"\\"digits\\""``,
+    ``"3"``, ``"false"``) but a console or boto3 user may send raw text (``"False"``, ``digits``).
+    Both are read: JSON first, then the text itself — ``"False"``/``"false"`` → False for a bool
+    field, ``"3"`` → 3 for an int field, ``"0.1"`` → 0.1 for a float field. A value that is not of
+    the declared type is a :class:`ConfigError` naming ``where`` (never a silent truthy string).
+    Non-string values (already decoded, e.g. from ``SM_HPS``) go through the strict checks as is.
+    """
+    if not isinstance(raw, str):
+        return _convert(hint, raw, where)
+    text = raw.strip()
+    try:
+        decoded: Any = json.loads(text)
+    except ValueError:
+        decoded = _UNPARSED
+    inner = decoded if isinstance(decoded, str) else text  # '"3"' and '3' both mean 3
+    if hint is bool:
+        if isinstance(decoded, bool):
+            return decoded
+        if inner.lower() in ("true", "false"):
+            return inner.lower() == "true"
+        raise ConfigError(f"{where}: expected true or false, got {raw!r}")
+    if hint is int:
+        if isinstance(decoded, int) and not isinstance(decoded, bool):
+            return decoded
+        try:
+            return int(inner)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {raw!r}") from None
+    if hint is float:
+        if isinstance(decoded, (int, float)) and not isinstance(decoded, bool):
+            value = float(decoded)
+        else:
+            try:
+                value = float(inner)
+            except ValueError:
+                raise ConfigError(f"{where}: expected a number, got {raw!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{where}: expected a finite number, got {raw!r}")
+        return value
+    if hint is str:
+        return decoded if isinstance(decoded, str) else raw
+    if get_origin(hint) is Literal:
+        for candidate in (decoded, raw, text):
+            if isinstance(candidate, str) and candidate in get_args(hint):
+                return candidate
+        return _convert(hint, inner, where)  # raises, listing the choices
+    if decoded is _UNPARSED:
+        raise ConfigError(f"{where}: expected JSON for this field, got {raw!r}")
+    return _convert(hint, decoded, where)
+
+
+def apply_overrides(cfg: JobConfig, values: Mapping[str, Any]) -> JobConfig:
+    """A copy of ``cfg`` with ``values`` applied, each parsed to its field's declared type.
+
+    Keys are dotted field names (``train.epochs``) or a bare field name that exactly one section has
+    (``epochs``); dashes read as underscores (``batch-size``). An unknown or ambiguous key, or a value
+    that does not parse, is a :class:`ConfigError` naming it. Range checks are left to ``validate``.
+    """
+    sections = {f.name: f.type for f in dataclasses.fields(JobConfig)}
+    hints = {name: typing.get_type_hints(typing.get_type_hints(JobConfig)[name]) for name in sections}
+    owners: dict[str, list[str]] = {}
+    for section, fields in hints.items():
+        for field in fields:
+            owners.setdefault(field, []).append(section)
+    data = cfg.to_dict()
+    for key, raw in values.items():
+        name = key.strip().replace("-", "_")
+        if "." in name:
+            section, field = name.split(".", 1)
+            if section not in hints or field not in hints[section]:
+                raise ConfigError(f"{key}: unknown field (a section.field of the job config, e.g. train.epochs)")
+        else:
+            found = owners.get(name, [])
+            if len(found) != 1:
+                raise ConfigError(f"{key}: " + (f"ambiguous, name the section: {', '.join(f'{s}.{name}' for s in found)}"
+                                                 if found else "unknown field (e.g. epochs or train.epochs)"))
+            section, field = found[0], name
+        data[section][field] = parse_string_value(hints[section][field], raw, f"{section}.{field}")
+    return JobConfig.from_dict(data)

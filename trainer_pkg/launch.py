@@ -1,20 +1,35 @@
-"""One entry for every backend: read the job's config, start the trainer the way this machine needs.
+"""One entry for every backend: read the job's config and the platform's environment, then start the
+trainer the way this machine needs.
 
-    python -m trainer_pkg.launch --config job.json                                # see below
-    python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2
+    python -m trainer_pkg.launch --config job.json                    # any platform: detects it
+    python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2   # this machine
     torchrun --standalone --nproc_per_node 2 -m trainer_pkg.launch --config job.json
+    python -m trainer_pkg.launch --config job.json --platform vertex  # skip detection
 
-How the shape of the job is found, first match wins:
+What runs where (the platform is detected as in :mod:`trainer_pkg.platforms` and logged as
+``[launch] platform: sagemaker (SM_HOSTS is set), node_rank 1 of 2 node(s) × 2 process(es) ...``):
 
-1. torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) are set: this process is one rank;
-   train here.
-2. ``--standalone``: start torchrun on this machine with ``--nproc-per-node`` processes (default: the
-   config's ``parallel.procs_per_node``) running this module, and exit with its code. SIGTERM/SIGINT
-   are passed on to torchrun (which passes them to the ranks); when the ranks stopped cleanly (a
-   checkpoint and a ``stopped`` record were written) the exit code is 0.
-3. Otherwise: one process (world size 1).
+=========  ==========================================================================================
+torchrun   ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set: this process is one rank; train here.
+sagemaker  ``SM_HOSTS``/``SM_CURRENT_HOST``: start torchrun --nnodes len(hosts) --node_rank (index of
+           this host) --master_addr (first host) with one process per GPU (or parallel.procs_per_node
+           on CPU); string hyperparameters parsed to the config's types; output → /opt/ml/model,
+           checkpoints → /opt/ml/checkpoints, data → the ``train`` channel.
+vertex     ``CLUSTER_SPEC`` + per-machine ``RANK``/``WORLD_SIZE``: start torchrun with per-process
+           ranks; output → ``AIP_MODEL_DIR``, checkpoints → ``AIP_CHECKPOINT_DIR`` (gs:// via /gcs).
+azureml    ``AZUREML_RUN_ID`` + per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: Azure started the
+           ranks; train here. Output/checkpoints → the job's ``AZURE_ML_OUTPUT_<name>`` folders.
+local      ``--standalone``: torchrun on this machine with ``--nproc-per-node`` processes (default
+           ``parallel.procs_per_node``); nothing set: one process.
+=========  ==========================================================================================
 
-Exit codes: 0 success (or a clean stop on SIGTERM), 1 training failed, 2 the config is invalid.
+Every rank this launcher starts logs one line ``[launch] rank R (local rank L, node_rank N) of world
+size W ...`` so a job's log shows the whole cluster. SIGTERM/SIGINT are passed on to torchrun (which
+passes them to the ranks); when the ranks stopped cleanly (a checkpoint and a ``stopped`` record were
+written) the exit code is 0.
+
+Exit codes: 0 success (or a clean stop on SIGTERM), 1 training failed, 2 the config is invalid or the
+platform's environment lacks or garbles a variable (the message names it).
 """
 
 from __future__ import annotations
@@ -22,14 +37,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Sequence
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.metrics import parse_metric_line, report_error
+from trainer_pkg.platforms import LAUNCHED_BY_US, PLATFORMS, LaunchPlan, PlatformError, plan as make_plan
+
+# Variables a platform or an outer launcher set that must not leak into the torchrun we start: it
+# sets its own per-process values (Vertex's RANK/WORLD_SIZE count machines, not processes).
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+              "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 
 def read_config(path: str) -> JobConfig:
@@ -42,22 +66,28 @@ def read_config(path: str) -> JobConfig:
     return JobConfig.from_json(text).validate()
 
 
-def torchrun_command(config_path: str, nproc_per_node: int) -> list[str]:
-    """The argument list that runs this launcher under torchrun on this machine alone."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes", "1", "--nproc_per_node", str(nproc_per_node),
-        "-m", "trainer_pkg.launch", "--config", config_path,
-    ]
+def torchrun_command(config_path: str, plan: LaunchPlan) -> list[str]:
+    """The torchrun argument list for ``plan``: ``--standalone`` for one node, else a static
+    rendezvous at the master with this node's rank (as SageMaker's toolkit does, clouds.md §1.6)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(plan.nnodes),
+           "--nproc_per_node", str(plan.nproc_per_node)]
+    if plan.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--node_rank", str(plan.node_rank), "--master_addr", plan.master_addr,
+                "--master_port", str(plan.master_port)]
+    return cmd + ["-m", "trainer_pkg.launch", "--config", config_path]
 
 
-def run_standalone(cfg: JobConfig, config_path: str, nproc_per_node: int) -> int:
-    """Start torchrun with ``nproc_per_node`` ranks and wait for it; returns the exit code to use."""
-    env = dict(os.environ)
+def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan) -> int:
+    """Start torchrun for ``plan`` on this node and wait for it; returns the exit code to use."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env.update(plan.extra_env)
+    env[LAUNCHED_BY_US] = plan.platform
     if "OMP_NUM_THREADS" not in env:
         # Split this machine's cores between the ranks (torchrun would otherwise force 1 and warn).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        env["OMP_NUM_THREADS"] = str(max(1, cores // nproc_per_node))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // plan.nproc_per_node))
     # The package may be run from a checkout rather than installed: let the ranks import it too.
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
@@ -65,7 +95,7 @@ def run_standalone(cfg: JobConfig, config_path: str, nproc_per_node: int) -> int
     started = time.time()
     # torchrun gets its own session so a signal to our process group reaches it once, from us:
     # a second SIGTERM while torchrun is shutting its ranks down would cut that shutdown short.
-    proc = subprocess.Popen(torchrun_command(os.path.abspath(config_path), nproc_per_node), env=env,
+    proc = subprocess.Popen(torchrun_command(os.path.abspath(config_path), plan), env=env,
                             start_new_session=True)
     signalled: list[int] = []
 
@@ -107,44 +137,127 @@ def _stopped_cleanly(cfg: JobConfig, since: float) -> bool:
     return False
 
 
+def _resolved_config_file(cfg: JobConfig) -> str:
+    """The resolved config written for the ranks this launcher starts (removed when they are done)."""
+    fd, path = tempfile.mkstemp(prefix="trainboard-job-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(cfg.to_json())
+    return path
+
+
+def _log_rank(plan_platform: str) -> None:
+    """One line per rank, so the job's log shows where every process sits."""
+    env = os.environ
+    print(f"[launch] rank {env.get('RANK')} (local rank {env.get('LOCAL_RANK')}, node_rank "
+          f"{env.get('GROUP_RANK', env.get('NODE_RANK', '?'))}) of world size {env.get('WORLD_SIZE')}, "
+          f"platform {plan_platform}, master {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}", flush=True)
+
+
+def _write_failure(path: str | None, message: str) -> None:
+    """Leave ``message`` where the platform shows it as the job's failure reason (SageMaker)."""
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(message[:1024])
+    except OSError:
+        pass  # best effort: the same message is on stderr, which the platform logs
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer_pkg.launch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Run a Trainboard training job from its JobConfig JSON. Under torchrun (RANK, WORLD_SIZE "
-            "and LOCAL_RANK set) this process trains as one rank; with --standalone it starts torchrun "
-            "on this machine; otherwise it trains in one process."
+            "Run a Trainboard training job from its JobConfig JSON on whatever platform this is.\n\n"
+            "auto-detection (first match wins):\n"
+            "  torchrun   RANK, LOCAL_RANK, WORLD_SIZE set       -> this process is one rank\n"
+            "  azureml    AZUREML_RUN_ID (+ per-process RANK...) -> Azure started the ranks; train here\n"
+            "  sagemaker  SM_HOSTS / SM_CURRENT_HOST             -> torchrun over the job's hosts\n"
+            "  vertex     CLUSTER_SPEC (+ per-machine RANK...)   -> torchrun over the job's machines\n"
+            "  local      --standalone                           -> torchrun on this machine\n"
+            "             nothing set                            -> one process\n\n"
+            "On a cloud the platform's directories replace the config's: model/output, checkpoints\n"
+            "and data (SageMaker /opt/ml/..., Vertex AIP_MODEL_DIR/AIP_CHECKPOINT_DIR, Azure\n"
+            "AZURE_ML_OUTPUT_<name>); SageMaker hyperparameters (strings) override config fields."
         ),
         epilog="exit codes: 0 done (or stopped cleanly by SIGTERM, resumable), 1 training failed, "
-               "2 invalid config. Example: python -m trainer_pkg.launch --config job.json "
-               "--standalone --nproc-per-node 2",
+               "2 invalid config or platform environment (the message names the variable). "
+               "Example: python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2",
     )
     p.add_argument("--config", required=True, metavar="JOB_JSON",
                    help="the job's JobConfig as JSON (missing fields take their defaults)")
+    p.add_argument("--platform", choices=("auto",) + PLATFORMS, default="auto",
+                   help="where this runs; auto (default) detects it from the environment")
     p.add_argument("--standalone", action="store_true",
-                   help="start torchrun on this machine (single node) and wait for it")
+                   help="start torchrun on this machine alone (single node) and wait for it")
     p.add_argument("--nproc-per-node", type=int, metavar="N",
-                   help="processes for --standalone (default: the config's parallel.procs_per_node)")
+                   help="processes per node (default: one per GPU, else the config's parallel.procs_per_node)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    plan: LaunchPlan | None = None
     try:
         cfg = read_config(args.config)
-        if args.nproc_per_node is not None and args.nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+        plan = make_plan(os.environ, cfg, platform=args.platform, nproc=args.nproc_per_node,
+                         standalone=args.standalone)
+        try:
+            cfg = plan.resolve(cfg)
+        except ConfigError as exc:
+            source = " (SageMaker hyperparameters)" if plan.hyperparameters else ""
+            raise ConfigError(f"{plan.platform}{source}: {exc}") from None
+    except PlatformError as exc:
+        report_error(str(exc))
+        _write_failure(exc.failure_file, str(exc))
+        return 2
     except ConfigError as exc:
         report_error(f"invalid config {args.config}: {exc}")
+        _write_failure(plan and plan.failure_file, f"invalid config: {exc}")
         return 2
 
-    from trainer_pkg import train  # imports torch: only now that the config is known to be good
+    ours = os.environ.get(LAUNCHED_BY_US)  # set in the ranks we started: their node launcher logged
+    if not ours and not (plan.in_process and os.environ.get("LOCAL_RANK", "0") != "0"):
+        print(f"[launch] {plan.describe()}", flush=True)
 
-    if train.torchrun_env_present():
-        return train.train(cfg)
-    if args.standalone:
-        return run_standalone(cfg, args.config, args.nproc_per_node or cfg.parallel.procs_per_node)
+    if plan.in_process:
+        os.environ.update(plan.extra_env)
+        _log_rank(f"{ours} via torchrun" if ours else plan.platform)
+        code = _train(cfg)
+    elif plan.world_size == 1:
+        for name in _RANK_VARS:  # e.g. Vertex's per-machine RANK=0/WORLD_SIZE=1: not a process group
+            os.environ.pop(name, None)
+        code = _train(cfg)
+    else:  # this process only supervises torchrun: it never imports torch
+        path = _resolved_config_file(cfg)
+        try:
+            code = run_torchrun(cfg, path, plan)
+        finally:
+            os.unlink(path)
+    _finish(plan, cfg, code)
+    return code
+
+
+def _train(cfg: JobConfig) -> int:
+    from trainer_pkg import train  # imports torch: only now that config and platform are known good
+
     return train.train(cfg)
+
+
+def _finish(plan: LaunchPlan, cfg: JobConfig, code: int) -> None:
+    """After training on this node: copy the metrics where the platform collects outputs, or leave
+    the failure reason where the platform shows it."""
+    if code != 0:
+        _write_failure(plan.failure_file, f"training failed with exit code {code}; the ranks' errors "
+                             "('trainer error: ...') are in the job's log")
+        return
+    first = os.environ.get("RANK") == "0" if plan.in_process else plan.node_rank == 0
+    metrics = os.path.join(cfg.output.output_dir, "metrics.jsonl")
+    if plan.output_data_dir and first and os.path.isfile(metrics):
+        os.makedirs(plan.output_data_dir, exist_ok=True)
+        shutil.copy(metrics, os.path.join(plan.output_data_dir, "metrics.jsonl"))
 
 
 if __name__ == "__main__":
