@@ -146,13 +146,15 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:
     _broker_dir = VAR_DIR / "broker"
-    for _sub in ("queue", "processed", "control"):
+    for _sub in ("queue", "staging", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT = "webapp.broker:Transport"  # kombu's, with atomic message files
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "data_folder_processed": str(_broker_dir / "processed"),
+        "staging_folder": str(_broker_dir / "staging"),
         "control_folder": str(_broker_dir / "control"),  # default is ./control in the working directory
     }
 CELERY_TASK_IGNORE_RESULT = True
