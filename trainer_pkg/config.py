@@ -15,7 +15,10 @@ import json
 import typing
 from typing import Any, Literal, Mapping, get_args, get_origin
 
-Strategy = Literal["ddp"]
+Strategy = Literal["ddp", "fsdp", "pipeline"]
+PipelineSchedule = Literal["gpipe", "1f1b"]
+Precision = Literal["fp32", "bf16"]
+LRSchedule = Literal["constant", "cosine"]
 DataFormat = Literal["builtin", "imagefolder", "csv", "npz"]
 BuiltinDataset = Literal["digits"]
 Architecture = Literal["mlp", "cnn", "resnet"]
@@ -54,7 +57,21 @@ class ModelConfig:
 @dataclasses.dataclass
 class ParallelConfig:
     strategy: Strategy = "ddp"
-    """``ddp``: every rank holds the whole model and a disjoint shard of each epoch's data."""
+    """``ddp``: every rank holds the whole model and a disjoint shard of each epoch's data.
+    ``fsdp``: the same data split, but parameters, gradients and optimizer state are sharded across
+    ranks (FSDP2 ``fully_shard`` per layer), for models too large for one device.
+    ``pipeline``: the model's layers split into ``pipeline_stages`` consecutive stages, one per rank,
+    activations sent from stage to stage in ``microbatches`` micro-batches; with more ranks than
+    stages the pipelines are data-parallel replicas of each other."""
+    pipeline_stages: int = 0
+    """Pipeline only: stages per pipeline; 0 means one stage per rank. Must divide the world size
+    (world size / stages = data-parallel replicas) and be at most the model's layer count."""
+    microbatches: int = 4
+    """Pipeline only: micro-batches per batch (``train.batch_size`` must be divisible by it); more
+    micro-batches keep more stages busy at once."""
+    pipeline_schedule: PipelineSchedule = "gpipe"
+    """Pipeline only: ``gpipe`` (all forwards, then all backwards) or ``1f1b`` (one forward, one
+    backward: fewer activations held; needs micro-batches ≥ stages)."""
     nodes: int = 1
     """Number of machines."""
     procs_per_node: int = 1
@@ -87,6 +104,23 @@ class TrainConfig:
     """Seeds model init, data split and shuffling; the same seed gives the same run on CPU."""
     log_every_steps: int = 10
     """Emit a ``step`` metric record every this many optimizer steps."""
+    precision: Precision = "fp32"
+    """``bf16``: forward passes under bfloat16 autocast (weights, gradients and optimizer stay fp32;
+    no loss scaling needed). Refused on a device without bf16 support."""
+    grad_accum_steps: int = 1
+    """Batches whose gradients are summed before each optimizer step (no gradient sync between
+    ranks until the last of them): the optimizer's batch is batch_size × this × data-parallel ranks."""
+    grad_clip_norm: float = 0.0
+    """Clip the global gradient norm (over all ranks and shards) to this before each step; 0 = off."""
+    lr_schedule: LRSchedule = "constant"
+    """Learning rate after warmup: ``constant`` (``lr``) or ``cosine`` (``lr`` decaying to 0 at the
+    last step of the last epoch)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup: the lr rises as lr × (step + 1) / (warmup_steps + 1)."""
+    find_unused_parameters: bool = False
+    """DDP only: set when some parameters get no gradient in a step (an auxiliary head switched
+    off). Off, such a model stops at its first step with a message naming the parameters; on, DDP
+    searches the graph every step for them (slower). FSDP and pipeline need no flag."""
     augment: bool = False
     """Random horizontal flips of training images (image data only: samples shaped (C, H, W)).
     Each rank draws its flips from its own stream (seeded by ``seed`` and the rank), so ranks see
@@ -166,6 +200,13 @@ class JobConfig:
         need(t.weight_decay >= 0, "train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
         need(t.log_every_steps >= 1, "train.log_every_steps",
              f"must be at least 1, got {t.log_every_steps}")
+        need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
+        need(t.grad_clip_norm >= 0, "train.grad_clip_norm", f"must be 0 (off) or more, got {t.grad_clip_norm}")
+        need(t.warmup_steps >= 0, "train.warmup_steps", f"must be 0 or more, got {t.warmup_steps}")
+        if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
+            for field, msg in shape_errors(self, world_size=p.world_size,
+                                           world_desc=describe_world(p.nodes, p.procs_per_node)).items():
+                need(False, field, msg)
         return errs
 
     def validate(self) -> "JobConfig":
@@ -174,6 +215,67 @@ class JobConfig:
         if errs:
             raise ConfigError("; ".join(f"{k}: {v}" for k, v in errs.items()))
         return self
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def describe_world(nodes: int, procs_per_node: int) -> str:
+    """``"2 nodes × 2 processes = 4 ranks"``: the arithmetic behind a world size, for messages."""
+    return (f"{_plural(nodes, 'node', 'nodes')} × {_plural(procs_per_node, 'process', 'processes')} = "
+            f"{_plural(nodes * procs_per_node, 'rank', 'ranks')}")
+
+
+def pipeline_stage_count(parallel: ParallelConfig, world_size: int) -> int:
+    """Stages per pipeline: ``parallel.pipeline_stages``, or the world size when that is 0."""
+    return parallel.pipeline_stages or world_size
+
+
+def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str) -> dict[str, str]:
+    """Whether ``cfg``'s strategy can run on ``world_size`` ranks, keyed by dotted field name.
+
+    ``world_desc`` says where the world size comes from (``describe_world(...)`` for a config, the
+    launcher's count in the trainer); every message shows the arithmetic, e.g. ``"2 nodes × 2
+    processes = 4 ranks; 3 pipeline stages do not divide 4"``. Torch-free: the dashboard calls it
+    through :meth:`JobConfig.errors`, the trainer with the world size the launcher started.
+    """
+    p, t = cfg.parallel, cfg.train
+    errs: dict[str, str] = {}
+    if p.pipeline_stages < 0:
+        errs["parallel.pipeline_stages"] = f"must be 0 (one stage per rank) or more, got {p.pipeline_stages}"
+    if p.microbatches < 1:
+        errs["parallel.microbatches"] = f"must be at least 1, got {p.microbatches}"
+    if p.strategy != "pipeline" or errs:
+        return errs
+    stages = pipeline_stage_count(p, world_size)
+    if stages < 2:
+        errs["parallel.pipeline_stages"] = (
+            f"{world_desc}; a pipeline needs at least 2 stages: use at least 2 ranks, or strategy ddp")
+    elif world_size % stages:
+        errs["parallel.pipeline_stages"] = (
+            f"{world_desc}; {stages} pipeline stages do not divide {world_size}: choose a stage count "
+            f"that divides it (the ranks beyond one pipeline become data-parallel replicas)")
+    if t.batch_size >= 1 and t.batch_size % p.microbatches:
+        errs["parallel.microbatches"] = (
+            f"batch size {t.batch_size} is not divisible into {_plural(p.microbatches, 'micro-batch', 'micro-batches')}"
+            f" ({t.batch_size} / {p.microbatches} = {t.batch_size / p.microbatches:g}): change one of them")
+    elif p.pipeline_schedule == "1f1b" and stages >= 2 and p.microbatches < stages:
+        errs["parallel.microbatches"] = (
+            f"the 1f1b schedule needs at least one micro-batch per stage: {p.microbatches} micro-batches "
+            f"< {stages} stages")
+    if stages >= 2 and "parallel.pipeline_stages" not in errs:
+        from trainer_pkg.registry import pipeline_layer_count  # the registry imports this module
+
+        try:
+            layers = pipeline_layer_count(cfg.model.arch, cfg.model.params)
+        except ConfigError:
+            layers = None  # the registry reports bad model params itself
+        if layers is not None and layers < stages:
+            errs["parallel.pipeline_stages"] = (
+                f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
+                f"parameters has {_plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
+    return errs
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:

@@ -2,6 +2,10 @@
 
 ``build_model(arch, params, input_shape, num_classes)`` is the one entry; ``params`` is validated (and
 completed with defaults) here too, so a caller can pass the raw ``ModelConfig.params``.
+
+Every model also lists its layers in execution order (:func:`sequential_layers`): applying them one
+after another is exactly ``model(x)``. Pipeline parallelism splits that list into consecutive stages
+(:mod:`trainer_pkg.parallel`), and FSDP shards each of its layers separately.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import math
 from typing import Any, Mapping
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer_pkg.config import ConfigError
 from trainer_pkg.registry import get_arch, validate_model_params
@@ -41,6 +46,41 @@ def build_model(
     raise ConfigError(f"model.arch: {arch} is registered but has no builder")  # a registry bug
 
 
+def sequential_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's layers in execution order, each with its qualified name inside ``model``.
+
+    Running them one after another on a batch equals ``model(batch)``; the names are the prefixes of
+    the model's ``state_dict`` keys, so a stage built from a slice of the list maps back to them.
+    Raises :class:`ConfigError` for a model that does not declare its layers.
+    """
+    layers = getattr(model, "layers", None)
+    if not callable(layers):
+        raise ConfigError(f"{type(model).__name__} does not list its layers, so it cannot be split into stages")
+    return list(layers())
+
+
+def pipeline_units(layers: list[tuple[str, nn.Module]]) -> list[list[tuple[str, nn.Module]]]:
+    """``layers`` grouped into the smallest pieces a pipeline stage boundary may fall between.
+
+    A piece starts at a layer with parameters and takes the parameter-free layers after it
+    (activations, pooling, dropout); a normalization layer stays with the layer before it, and
+    leading parameter-free layers (a ``Flatten``) join the first piece. So a stage never starts with
+    an in-place activation on the activations it receives. :func:`trainer_pkg.registry.pipeline_layer_count`
+    predicts ``len(pipeline_units(...))`` without torch.
+    """
+    units: list[list[tuple[str, nn.Module]]] = []
+    for name, layer in layers:
+        starts = any(True for _ in layer.parameters()) and not isinstance(layer, _BatchNorm)
+        if starts or not units:
+            if units and not any(any(True for _ in m.parameters()) for _, m in units[-1]):
+                units[-1].append((name, layer))  # only parameter-free layers so far: extend them
+            else:
+                units.append([(name, layer)])
+        else:
+            units[-1].append((name, layer))
+    return units
+
+
 class MLP(nn.Module):
     def __init__(self, in_features: int, num_classes: int, hidden_size: int, num_layers: int, dropout: float):
         super().__init__()
@@ -54,6 +94,9 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+    def layers(self) -> list[tuple[str, nn.Module]]:
+        return [(f"net.{i}", m) for i, m in enumerate(self.net)]
 
 
 class CNN(nn.Module):
@@ -85,6 +128,10 @@ class CNN(nn.Module):
 
     def forward(self, x):
         return self.head(self.pool(self.features(x)))
+
+    def layers(self) -> list[tuple[str, nn.Module]]:
+        return ([(f"features.{i}", m) for i, m in enumerate(self.features)] + [("pool", self.pool)]
+                + [(f"head.{i}", m) for i, m in enumerate(self.head)])
 
 
 class BasicBlock(nn.Module):
@@ -128,3 +175,8 @@ class ResNet(nn.Module):
 
     def forward(self, x):
         return self.head(self.stages(self.stem(x)))
+
+    def layers(self) -> list[tuple[str, nn.Module]]:
+        return ([(f"stem.{i}", m) for i, m in enumerate(self.stem)]
+                + [(f"stages.{i}", m) for i, m in enumerate(self.stages)]
+                + [(f"head.{i}", m) for i, m in enumerate(self.head)])

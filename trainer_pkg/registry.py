@@ -158,3 +158,20 @@ def validate_model_params(arch: str, params: Mapping[str, Any] | None) -> dict[s
     for name, value in params.items():
         out[name] = by_name[name].check(value, arch)
     return out
+
+
+def pipeline_layer_count(arch: str, params: Mapping[str, Any] | None) -> int:
+    """How many consecutive pieces ``arch`` splits into for pipeline parallelism: at most this many
+    stages. One piece per layer with weights (a conv block, a residual block, a Linear); equals
+    ``len(trainer_pkg.models.pipeline_units(...))`` of the built model, computed here without torch.
+
+    Raises :class:`ConfigError` like :func:`validate_model_params`.
+    """
+    p = validate_model_params(arch, params)
+    if arch == "mlp":
+        return p["num_layers"] + 1
+    if arch == "cnn":
+        return p["num_blocks"] + 2  # conv blocks, hidden Linear, classifier
+    if arch == "resnet":
+        return 1 + p["num_stages"] * p["blocks_per_stage"] + 1  # stem, residual blocks, classifier
+    raise ConfigError(f"model.arch: {arch} has no pipeline layer count")  # a registry bug

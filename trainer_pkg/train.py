@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -63,16 +64,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.config import ConfigError, JobConfig, shape_errors
 from trainer_pkg.datasets import Dataset, describe, load_dataset
 from trainer_pkg.metrics import format_metric_line, report_error
 from trainer_pkg.models import build_model
+from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
 
 CHECKPOINT_NAME = "last.pt"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: optimizer state keyed by parameter name; scheduler and scaler
 EVAL_BATCH_SIZE = 512
 
 
@@ -263,37 +264,6 @@ def random_hflip(x: torch.Tensor) -> torch.Tensor:
     return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
 
 
-@torch.no_grad()
-def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, topo: Topology,
-              device: torch.device) -> tuple[float, float]:
-    """(loss, accuracy) over the whole validation set: each rank its shard, then all-reduced."""
-    sampler = DistributedSampler(range(len(y)), num_replicas=topo.world_size, rank=topo.rank,
-                                 shuffle=False, drop_last=False)
-    order = torch.tensor(list(iter(sampler)), dtype=torch.long)
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
-    for start in range(0, len(order), EVAL_BATCH_SIZE):
-        idx = order[start : start + EVAL_BATCH_SIZE]
-        keep = _real_mask(torch.arange(start, start + len(idx)), topo.rank, topo.world_size, len(y)).to(device)
-        xb, yb = x[idx].to(device), y[idx].to(device)
-        logits = model(xb)
-        loss = F.cross_entropy(logits, yb, reduction="none")
-        sums[0] += loss[keep].sum().double()
-        sums[1] += (logits.argmax(1) == yb)[keep].sum().double()
-        sums[2] += keep.sum().double()
-    dist.all_reduce(sums)
-    model.train()
-    count = max(sums[2].item(), 1.0)
-    return sums[0].item() / count, sums[1].item() / count
-
-
-def _sync_buffers(module: torch.nn.Module) -> None:
-    """Copy rank 0's buffers (BatchNorm running stats) to every rank, so evaluation and the
-    checkpoint see one model: during training each rank updates them from its own batches."""
-    for buf in module.buffers():
-        dist.broadcast(buf, src=0)
-
-
 # -- checkpoints ---------------------------------------------------------------------------------
 
 
@@ -350,21 +320,30 @@ def _atomic_torch_save(obj: Any, path: str) -> None:
             os.unlink(tmp)
 
 
-def save_checkpoint(path: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
-                    batches_done: int, step: int, cfg: JobConfig, topo: Topology) -> None:
-    """Collective: gather every rank's RNG, rank 0 writes ``path`` atomically, then a barrier.
+def save_checkpoint(path: str, *, strategy: Strategy, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, epoch: int, batches_done: int, step: int,
+                    cfg: JobConfig, topo: Topology) -> None:
+    """Collective: gather the full model and optimizer state and every rank's RNG, rank 0 writes
+    ``path`` atomically, then a barrier.
 
     ``epoch`` is the epoch to run next (``batches_done`` of it already done), ``step`` the optimizer
-    steps taken so far.
+    steps taken so far. ``model`` is the whole model's bare state dict and ``optimizer`` is keyed by
+    parameter name, whatever the strategy (see :mod:`trainer_pkg.parallel`); ``scaler`` is None
+    (bf16 needs no loss scaling; the key is kept for an fp16 scaler's state).
     """
+    model_state = strategy.full_state_dict()
+    optimizer_state = strategy.full_optimizer_state(optimizer)
     rngs: list[Any] = [None] * topo.world_size
     dist.all_gather_object(rngs, _rng_state())
     if topo.is_main:
         _atomic_torch_save(
             {
                 "version": CHECKPOINT_VERSION,
-                "model": strip_module_prefix(model.state_dict()),
-                "optimizer": optimizer.state_dict(),
+                "strategy": strategy.name,
+                "model": model_state,
+                "optimizer": optimizer_state,
+                "scheduler": scheduler.state_dict(),
+                "scaler": None,
                 "epoch": epoch,
                 "batches_done": batches_done,
                 "step": step,
@@ -413,7 +392,7 @@ def train(cfg: JobConfig) -> int:
         _init_process_group(backend, topo, cfg.parallel.timeout_s, device)
         initialized = True
         return _run(cfg, topo, device, backend, stop)
-    except (TrainerError, ConfigError) as exc:
+    except (TrainerError, ConfigError, StrategyError) as exc:
         report_error(f"{exc}")
         return 1
     except Exception as exc:
@@ -449,7 +428,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         _log(topo, f"note: the config asks for {cfg.parallel.nodes} node(s) × {cfg.parallel.procs_per_node} "
                    f"process(es) = {cfg.parallel.world_size} rank(s); the launcher started {topo.world_size}")
 
-    # -- setup: data, model, optimizer, checkpoint (failures agreed across ranks) ----------------
+    # -- setup: data, model, shape checks, checkpoint file (failures agreed across ranks) -------
     error = None
     try:
         _seed_everything(t.seed)
@@ -458,27 +437,52 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         if t.augment and len(data.input_shape) != 3:
             raise TrainerError(f"train.augment flips images, but this dataset's samples have shape "
                                f"{tuple(data.input_shape)}, not (C, H, W); turn train.augment off")
+        shape = shape_errors(cfg, world_size=topo.world_size,
+                             world_desc=f"the launcher started {topo.world_size} rank(s)")
+        if shape:
+            raise TrainerError("; ".join(f"{k}: {v}" for k, v in shape.items()))
+        autocast = autocast_context(t.precision, device)
         model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes).to(device)
-        if t.optimizer == "sgd":
-            optimizer: torch.optim.Optimizer = torch.optim.SGD(
-                model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-        else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        n_params = sum(p.numel() for p in model.parameters())
         ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
+    except (TrainerError, ConfigError, StrategyError) as exc:
+        error = str(exc)
+    except OSError as exc:
+        error = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    except Exception as exc:  # still agreed, so the other ranks fail too instead of waiting
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+    _agree_setup(error, topo, device)
+
+    # -- the strategy places the model; optimizer, schedule, checkpoint state (collective) --------
+    error = None
+    try:
+        strategy = make_strategy(cfg, model, device)
+        optimizer = _make_optimizer(strategy.parameters(), t)
+        n_train = len(data.y_train)
+        shard = math.ceil(n_train / strategy.dp_size)  # DistributedSampler pads every shard to this
+        n_batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
+        if n_batches == 0:
+            raise TrainerError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
+                               f"pipeline reads per epoch; use a smaller batch size")
+        steps_per_epoch = math.ceil(n_batches / t.grad_accum_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+            lr_factor, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.epochs * steps_per_epoch))
         if ckpt is not None:
             try:
-                model.load_state_dict(ckpt["model"])
-                optimizer.load_state_dict(ckpt["optimizer"])
+                strategy.load(ckpt["model"], optimizer, ckpt.get("optimizer"))
+                if ckpt.get("scheduler"):
+                    scheduler.load_state_dict(ckpt["scheduler"])
+                else:  # a checkpoint from before schedules: the lr the schedule gives at its step
+                    _set_schedule_step(scheduler, ckpt["step"])
             except (RuntimeError, ValueError, KeyError) as exc:
                 raise TrainerError(
                     f"checkpoint {ckpt_path} does not fit this model/optimizer "
                     f"({str(exc).splitlines()[0]}); delete it or set output.checkpoint_dir to start fresh"
                 ) from None
-    except (TrainerError, ConfigError) as exc:
+    except (TrainerError, ConfigError, StrategyError) as exc:
         error = str(exc)
-    except OSError as exc:
-        error = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
-    except Exception as exc:  # still agreed, so the other ranks fail too instead of waiting
+    except Exception as exc:
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
     _agree_setup(error, topo, device)
@@ -496,77 +500,91 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         _log(topo, f"resuming from {ckpt_path}: epoch {start_epoch}, batch {skip_batches}, step {step}")
     else:
         torch.manual_seed(t.seed + 7919 * topo.rank)  # per-rank randomness (dropout) after a shared init
-    _log(topo, f"data {describe(data)}; model {cfg.model.arch} "
-               f"({sum(p.numel() for p in model.parameters()):,} parameters)")
+    _log(topo, f"data {describe(data)}; model {cfg.model.arch} ({n_params:,} parameters); "
+               f"{_describe_strategy(strategy, t)}")
 
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     x_val, y_val = torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
-    n_train = len(y_train)
-    sampler = DistributedSampler(range(n_train), num_replicas=topo.world_size, rank=topo.rank,
+    sampler = DistributedSampler(range(n_train), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
                                  shuffle=True, seed=t.seed, drop_last=False)
     metrics = MetricsLog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), topo.is_main, fresh=ckpt is None)
     window = Window()
+    grad_norm: float | None = None
 
     def report(event: str, epoch: int, **extra: Any) -> None:
         """Collective: emit one record with the global window since the previous record."""
         fields = _window_fields(window.gather(device))
         window.reset()
+        if grad_norm is not None:
+            fields["grad_norm"] = grad_norm
         metrics.write({"event": event, "time": time.time(), "epoch": epoch, "step": step,
                        "world_size": topo.world_size, "lr": optimizer.param_groups[0]["lr"],
                        **fields, **extra})
 
+    def save(epoch: int, batches_done: int) -> None:
+        save_checkpoint(ckpt_path, strategy=strategy, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
+                        batches_done=batches_done, step=step, cfg=cfg, topo=topo)
+
     try:
-        # -- the loop ----------------------------------------------------------------------------
+        # -- the loop: one optimizer step per grad_accum_steps batches -----------------------------
         first_step = step + 1
         for epoch in range(start_epoch, t.epochs):
             sampler.set_epoch(epoch)
             order = torch.tensor(list(iter(sampler)), dtype=torch.long)
-            n_batches = math.ceil(len(order) / t.batch_size)
-            begin = skip_batches if epoch == start_epoch else 0
-            for b in range(begin, n_batches):
+            b = skip_batches if epoch == start_epoch else 0
+            while b < n_batches:
                 if stop.agreed(device):
-                    return _stop(cfg, ddp.module, optimizer, epoch, b, step, topo, ckpt_path, report)
+                    return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
                 tick = time.perf_counter()
-                idx = order[b * t.batch_size : (b + 1) * t.batch_size]
-                keep = _real_mask(torch.arange(b * t.batch_size, b * t.batch_size + len(idx)),
-                                  topo.rank, topo.world_size, n_train).to(device)
-                xb, yb = x_train[idx].to(device, non_blocking=True), y_train[idx].to(device, non_blocking=True)
-                if t.augment:
-                    xb = random_hflip(xb)
-                step_tick = time.perf_counter()
+                group = range(b, min(b + t.grad_accum_steps, n_batches))
                 optimizer.zero_grad(set_to_none=True)
-                logits = ddp(xb)
-                losses = F.cross_entropy(logits, yb, reduction="none")
-                losses.mean().backward()
+                data_seconds = 0.0
+                for bb in group:
+                    data_tick = time.perf_counter()
+                    idx = order[bb * t.batch_size : (bb + 1) * t.batch_size]
+                    keep = _real_mask(torch.arange(bb * t.batch_size, bb * t.batch_size + len(idx)),
+                                      strategy.dp_rank, strategy.dp_size, n_train).to(device)
+                    xb, yb = x_train[idx].to(device, non_blocking=True), y_train[idx].to(device, non_blocking=True)
+                    if t.augment:
+                        xb = random_hflip(xb)
+                    data_seconds += time.perf_counter() - data_tick
+                    # Each batch's mean loss weighs 1/len(group): the step's gradient is the mean over the group.
+                    logits = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
+                                                       autocast=autocast)
+                    if logits is not None:
+                        with torch.no_grad():
+                            losses = F.cross_entropy(logits.float(), yb, reduction="none")
+                            window.add(loss_sum=losses[keep].sum().item(),
+                                       correct=(logits.argmax(1) == yb)[keep].sum().item(),
+                                       samples=keep.sum().item())
+                strategy.finish_gradients()
+                if t.grad_clip_norm > 0:
+                    grad_norm = strategy.clip_grad_norm_(t.grad_clip_norm)
                 optimizer.step()
+                scheduler.step()
                 step += 1
-                with torch.no_grad():
-                    window.add(loss_sum=losses[keep].sum().item(),
-                               correct=(logits.argmax(1) == yb)[keep].sum().item(),
-                               samples=keep.sum().item(), steps=1,
-                               step_seconds=time.perf_counter() - step_tick,
-                               data_seconds=step_tick - tick,
-                               seconds=time.perf_counter() - tick)
+                b = group.stop
+                window.add(steps=1, data_seconds=data_seconds, seconds=time.perf_counter() - tick,
+                           step_seconds=time.perf_counter() - tick - data_seconds)
                 if step == first_step:
                     report("started", epoch, resumed=ckpt is not None)
                 elif step % t.log_every_steps == 0:
                     report("step", epoch)
 
-            _sync_buffers(ddp.module)
-            val_loss, val_acc = _evaluate(ddp.module, x_val, y_val, topo, device)
+            strategy.sync_buffers()
+            val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
             digests: list[Any] = [None] * topo.world_size
             dist.all_gather_object(digests, sample_order_digest(order))
             report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
             _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
-            save_checkpoint(ckpt_path, model=ddp.module, optimizer=optimizer, epoch=epoch + 1, batches_done=0,
-                            step=step, cfg=cfg, topo=topo)
+            save(epoch + 1, 0)
 
         # -- finish ------------------------------------------------------------------------------
-        _sync_buffers(ddp.module)
+        strategy.sync_buffers()
         model_path = os.path.join(cfg.output.output_dir, "model.pt")
+        state = strategy.full_state_dict()  # collective: the whole model on rank 0
         if topo.is_main:
-            _atomic_torch_save(strip_module_prefix(ddp.module.state_dict()), model_path)
+            _atomic_torch_save(state, model_path)
         dist.barrier()
         report("completed", max(t.epochs - 1, 0))
         _log(topo, f"done: {model_path}")
@@ -575,14 +593,58 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         metrics.close()
 
 
-def _stop(cfg, model, optimizer, epoch, batches_done, step, topo, ckpt_path, report) -> int:
+def _stop(strategy, epoch, batches_done, step, topo, ckpt_path, report, save) -> int:
     """Every rank agreed to stop: checkpoint the exact position, emit ``stopped``, exit cleanly."""
-    _sync_buffers(model)
-    save_checkpoint(ckpt_path, model=model, optimizer=optimizer, epoch=epoch, batches_done=batches_done,
-                    step=step, cfg=cfg, topo=topo)
+    strategy.sync_buffers()
+    save(epoch, batches_done)
     report("stopped", epoch)
     _log(topo, f"stopped by signal at epoch {epoch}, step {step}; checkpoint {ckpt_path}")
     return 0
+
+
+def _make_optimizer(params: list[torch.nn.Parameter], t: Any) -> torch.optim.Optimizer:
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+
+
+def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) -> float:
+    """The multiplier of ``train.lr`` for optimizer step ``step`` (0-based: the lr of the first step
+    is ``lr × lr_factor(0)``).
+
+    Warmup: ``(step + 1) / (warmup_steps + 1)`` for the first ``warmup_steps`` steps, so no step has
+    lr 0. Then ``constant`` gives 1, ``cosine`` gives ``0.5 × (1 + cos(π × p))`` with
+    ``p = (step − warmup_steps) / (total_steps − warmup_steps)``: 1 right after warmup, 0 after
+    the last step.
+    """
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _set_schedule_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put ``scheduler`` (and its optimizer's lr) at ``step`` without stepping it that many times."""
+    scheduler.last_epoch = step
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+def _describe_strategy(strategy: Any, t: Any) -> str:
+    s = strategy.name
+    if s == "pipeline":
+        s += (f": {strategy.num_stages} stages of {strategy.stage_sizes} layers × {strategy.dp_size} "
+              f"replica(s), {strategy.microbatches} micro-batches, each epoch's incomplete last batch skipped")
+    if t.grad_accum_steps > 1:
+        s += f"; {t.grad_accum_steps} batches per optimizer step"
+    if t.precision != "fp32":
+        s += f"; {t.precision} autocast"
+    return s
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -612,7 +674,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model-param", action="append", default=[], metavar="NAME=JSON",
                    help="an architecture parameter, e.g. --model-param channels=16 (repeatable)")
     g = p.add_argument_group("parallelism")
-    g.add_argument("--strategy", choices=["ddp"], help="parallelism strategy")
+    g.add_argument("--strategy", choices=["ddp", "fsdp", "pipeline"],
+                   help=f"parallelism strategy (config default {d.parallel.strategy})")
+    g.add_argument("--pipeline-stages", type=int,
+                   help="pipeline: stages per pipeline, dividing the world size (config default 0 = one per rank)")
+    g.add_argument("--microbatches", type=int,
+                   help=f"pipeline: micro-batches per batch (config default {d.parallel.microbatches})")
+    g.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b"],
+                   help=f"pipeline schedule (config default {d.parallel.pipeline_schedule})")
     g.add_argument("--dist-backend", choices=["auto", "gloo", "nccl"], help="process-group backend")
     g.add_argument("--timeout-s", type=int, help=f"process-group timeout (config default {d.parallel.timeout_s})")
     g = p.add_argument_group("training")
@@ -626,6 +695,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-every-steps", type=int, help=f"config default {d.train.log_every_steps}")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help=f"random horizontal flips of training images (config default {d.train.augment})")
+    g.add_argument("--precision", choices=["fp32", "bf16"],
+                   help=f"bf16: bfloat16 autocast where the device supports it (config default {d.train.precision})")
+    g.add_argument("--grad-accum-steps", type=int,
+                   help=f"batches per optimizer step (config default {d.train.grad_accum_steps})")
+    g.add_argument("--grad-clip-norm", type=float,
+                   help=f"clip the global gradient norm to this; 0 = off (config default {d.train.grad_clip_norm})")
+    g.add_argument("--lr-schedule", choices=["constant", "cosine"],
+                   help=f"after warmup (config default {d.train.lr_schedule})")
+    g.add_argument("--warmup-steps", type=int, help=f"linear warmup steps (config default {d.train.warmup_steps})")
+    g.add_argument("--find-unused-parameters", action=argparse.BooleanOptionalAction, default=None,
+                   help="ddp: allow parameters that get no gradient (config default "
+                        f"{d.train.find_unused_parameters})")
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", help=f"model.pt and metrics.jsonl (config default {d.output.output_dir!r})")
     g.add_argument("--checkpoint-dir", help="checkpoints (default <output-dir>/checkpoints)")
@@ -671,13 +752,22 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         except json.JSONDecodeError:
             raise ConfigError(f"--model-param {item!r}: the value must be JSON (16, 0.1, true)") from None
     put("parallel", "strategy", args.strategy)
+    put("parallel", "pipeline_stages", args.pipeline_stages)
+    put("parallel", "microbatches", args.microbatches)
+    put("parallel", "pipeline_schedule", args.pipeline_schedule)
     put("parallel", "dist_backend", args.dist_backend)
     put("parallel", "timeout_s", args.timeout_s)
     for field in ("epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "seed",
-                  "log_every_steps", "augment"):
+                  "log_every_steps", "augment", "precision", "grad_accum_steps", "grad_clip_norm",
+                  "lr_schedule", "warmup_steps", "find_unused_parameters"):
         put("train", field, getattr(args, field))
     put("output", "output_dir", args.output_dir)
     put("output", "checkpoint_dir", args.checkpoint_dir)
+    if torchrun_env_present():
+        # The shape is the launcher's, never a flag's: record it so the shape checks see the real one.
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        if local >= 1 and world % local == 0:
+            raw["parallel"]["nodes"], raw["parallel"]["procs_per_node"] = world // local, local
     return JobConfig.from_dict(raw).validate()
 
 

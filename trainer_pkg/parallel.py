@@ -1,0 +1,540 @@
+"""The parallelism strategies: how a model is placed on the ranks and how one batch trains.
+
+:func:`make_strategy` returns one :class:`Strategy` for ``parallel.strategy``; the training loop in
+:mod:`trainer_pkg.train` is the same for all three and talks to it only through that interface.
+
+``ddp``
+    Every rank holds the whole model (``DistributedDataParallel``) and a disjoint shard of the data;
+    gradients are averaged across ranks during backward.
+``fsdp``
+    The same data split, but FSDP2 ``fully_shard`` is applied to each layer of
+    :func:`trainer_pkg.models.sequential_layers` that has weights and then to the root: parameters,
+    gradients and optimizer state live as 1/world-size shards (DTensors) and each layer's weights are
+    all-gathered only while it runs. Gradients are reduce-scattered (averaged), so the run equals
+    DDP's up to float rounding.
+``pipeline``
+    The model's layers (:func:`trainer_pkg.models.pipeline_units`) are split into ``S`` consecutive
+    stages of about equal parameter count, one stage per rank (``torch.distributed.pipelining``).
+    Each batch is cut into ``parallel.microbatches`` micro-batches that flow stage to stage under the
+    GPipe or 1F1B schedule; the loss is computed on the last stage. With ``W = S × R`` ranks there
+    are ``R`` pipelines (ranks ``r·S … r·S + S − 1`` form pipeline ``r``), each reading its own data
+    shard; stage ``s`` of every pipeline averages its gradients with the others after backward.
+    Batches must have the same size every step (the stages agree on activation shapes once), so each
+    epoch's last, incomplete batch is skipped; the next epoch's reshuffle trains those samples.
+
+Checkpoints and ``model.pt`` hold the *full* model as a bare state dict (the keys of the plain
+model) under every strategy, and the optimizer state keyed by parameter name (the format of
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(full_state_dict=True)``). So a
+checkpoint written by one strategy loads into another, and ``model.pt`` loads into
+``build_model(...)`` without any wrapper.
+
+Parameters that get no gradient (an auxiliary head switched off): DDP is built with
+``find_unused_parameters=False`` (no graph search each step). If a parameter gets no gradient in the
+first step, the run stops with a message naming it and the flag to set,
+``train.find_unused_parameters``, with which DDP searches the graph each step and the parameter is
+left unchanged. FSDP and pipeline stages handle such parameters without a flag (their gradient stays
+empty and the optimizer skips them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer_pkg.config import ConfigError, JobConfig, describe_world, pipeline_stage_count, shape_errors
+from trainer_pkg.models import pipeline_units, sequential_layers
+
+EVAL_BATCH_SIZE = 512
+
+
+class StrategyError(Exception):
+    """A model, shape or state that the chosen strategy cannot run; the message says what to change."""
+
+
+# -- optimizer state keyed by parameter name ---------------------------------------------------------
+
+
+def optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with parameter indices replaced by names.
+
+    ``names[i]`` is the model-level name of the i-th parameter the optimizer was given (over all its
+    groups, in order). Tensors are moved to CPU. The result has the layout of
+    ``get_optimizer_state_dict(..., full_state_dict=True)``.
+    """
+    sd = optimizer.state_dict()
+    state = {names[i]: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+             for i, s in sd["state"].items()}
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def optimizer_state_by_index(named: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of :func:`optimizer_state_by_name` for an optimizer over ``names`` (one group).
+
+    ``named`` may hold more parameters than ``names`` (a pipeline stage takes its own); an older
+    checkpoint already keyed by index is returned as it is. Raises KeyError for a missing group.
+    """
+    groups = named.get("param_groups") or []
+    if not groups or not groups[0].get("params") or not isinstance(groups[0]["params"][0], str):
+        return named  # index-keyed (written before checkpoints named parameters)
+    index = {n: i for i, n in enumerate(names)}
+    state = {index[n]: s for n, s in named["state"].items() if n in index}
+    group = {k: v for k, v in groups[0].items() if k != "params"}
+    group["params"] = list(range(len(names)))
+    return {"state": state, "param_groups": [group]}
+
+
+def _merge_named_states(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One name-keyed optimizer state from the pipeline stages' parts (one group, params in order)."""
+    state: dict[str, Any] = {}
+    params: list[str] = []
+    group: dict[str, Any] = {}
+    for part in parts:
+        state.update(part["state"])
+        for g in part["param_groups"]:
+            group = {k: v for k, v in g.items() if k != "params"}
+            params += [p for p in g["params"] if p not in params]
+    return {"state": state, "param_groups": [{**group, "params": params}]}
+
+
+# -- stage splitting -----------------------------------------------------------------------------------
+
+
+def balance_stages(weights: list[int], num_stages: int) -> list[int]:
+    """Cut points splitting ``weights`` (parameters per unit) into ``num_stages`` consecutive,
+    non-empty groups whose largest sum is as small as possible.
+
+    Returns ``num_stages + 1`` indices ``[0, c1, ..., len(weights)]``; stage ``s`` takes units
+    ``cuts[s]:cuts[s+1]``. Ties keep earlier stages smaller (the last stage also computes the loss).
+    Raises StrategyError when there are fewer units than stages.
+    """
+    n = len(weights)
+    if n < num_stages:
+        raise StrategyError(f"{num_stages} pipeline stages need at least one layer each, but the model "
+                            f"has {n}: use fewer stages or a deeper model")
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    # best[s][i]: the smallest max-stage-sum splitting units[:i] into s stages
+    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0
+    for s in range(1, num_stages + 1):
+        for i in range(s, n - (num_stages - s) + 1):
+            for j in range(s - 1, i):
+                cost = max(best[s - 1][j], prefix[i] - prefix[j])
+                if cost <= best[s][i]:  # <=: the latest cut wins, so earlier stages stay small
+                    best[s][i], cut[s][i] = cost, j
+    cuts = [n]
+    for s in range(num_stages, 0, -1):
+        cuts.append(cut[s][cuts[-1]])
+    return cuts[::-1]
+
+
+class StageModule(nn.Module):
+    """A consecutive slice of a model's layers; ``state_dict`` keys map back to the full model's."""
+
+    def __init__(self, named_layers: list[tuple[str, nn.Module]]):
+        super().__init__()
+        self.layers = nn.ModuleList(m for _, m in named_layers)
+        self.layer_names = [n for n, _ in named_layers]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def model_key(self, key: str) -> str:
+        """``layers.3.weight`` → the full model's key, e.g. ``net.4.weight``."""
+        _, index, rest = key.split(".", 2)
+        return f"{self.layer_names[int(index)]}.{rest}"
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        return {self.model_key(k): v.detach().cpu() for k, v in self.state_dict().items()}
+
+    def load_model_state_dict(self, full: dict[str, torch.Tensor]) -> None:
+        own = {k: full[self.model_key(k)] for k in self.state_dict()}
+        self.load_state_dict(own)
+
+
+# -- strategies ----------------------------------------------------------------------------------------
+
+
+class Strategy:
+    """One rank's share of the model, and how a batch trains on it.
+
+    The loop calls, per optimizer step: :meth:`forward_backward` for each accumulated batch (``sync``
+    on the last), then :meth:`finish_gradients`, optionally :meth:`clip_grad_norm_`, then the
+    optimizer. Methods marked *collective* must be called on every rank.
+    """
+
+    name = ""
+    #: this rank's data shard: index and count of data-parallel replicas
+    dp_rank: int = 0
+    dp_size: int = 1
+    #: False on ranks that never see logits (pipeline stages before the last)
+    computes_loss: bool = True
+    #: skip each epoch's incomplete last batch (pipeline: fixed activation shapes)
+    drop_last_batch: bool = False
+
+    module: nn.Module  # the local, unwrapped module (the whole model, or a pipeline stage)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """What the optimizer updates on this rank."""
+        return list(self.module.parameters())
+
+    def parameter_names(self) -> list[str]:
+        """Model-level names of :meth:`parameters`, in the same order."""
+        return [n for n, _ in self.module.named_parameters()]
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, loss_scale: float, sync: bool,
+                         autocast: contextlib.AbstractContextManager) -> torch.Tensor | None:
+        """Forward and backward of one batch; gradients accumulate (scaled by ``loss_scale``).
+
+        Returns the logits (B, classes) where this rank computes the loss, else None. ``sync``:
+        reduce gradients across data-parallel ranks after this backward (the last accumulated batch).
+        """
+        raise NotImplementedError
+
+    def finish_gradients(self) -> None:
+        """Collective: anything left to make every rank's gradients the global ones."""
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Collective: scale the gradients so their global L2 norm is at most ``max_norm``; returns
+        the norm before clipping (over every parameter of the model, whichever rank holds it)."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+                 autocast: contextlib.AbstractContextManager) -> tuple[float, float]:
+        """Collective: (loss, accuracy) over the whole set; each data-parallel replica its shard."""
+        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
+        n = len(y)
+        order = torch.arange(self.dp_rank, math.ceil(n / self.dp_size) * self.dp_size, self.dp_size)
+        keep_all = order < n  # DistributedSampler-style padding wraps around to the head
+        order = torch.where(keep_all, order, order % n)
+        self.module.eval()
+        try:
+            for start in range(0, len(order), EVAL_BATCH_SIZE):
+                idx, keep = order[start:start + EVAL_BATCH_SIZE], keep_all[start:start + EVAL_BATCH_SIZE].to(device)
+                with autocast:
+                    logits = self.eval_forward(x[idx].to(device))
+                if logits is None:
+                    continue
+                yb = y[idx].to(device)
+                loss = F.cross_entropy(logits.float(), yb, reduction="none")
+                sums[0] += loss[keep].sum().double()
+                sums[1] += (logits.argmax(1) == yb)[keep].sum().double()
+                sums[2] += keep.sum().double()
+        finally:
+            self.module.train()
+        dist.all_reduce(sums)
+        count = max(sums[2].item(), 1.0)
+        return sums[0].item() / count, sums[1].item() / count
+
+    def eval_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        return self.module(x)
+
+    def sync_buffers(self) -> None:
+        """Collective: rank 0's buffers (BatchNorm running statistics) on every replica, so
+        evaluation and the checkpoint see one model."""
+        for buf in self.module.buffers():
+            dist.broadcast(buf, src=0)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the whole model's bare state dict on CPU on rank 0; None elsewhere."""
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if dist.get_rank() == 0 else None
+
+    def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Collective: the optimizer state keyed by parameter name on rank 0; None elsewhere."""
+        if dist.get_rank() != 0:
+            return None
+        return optimizer_state_by_name(optimizer, self.parameter_names())
+
+    def load(self, model_state: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+             optimizer_state: dict[str, Any] | None) -> None:
+        """Load a full model state dict (and optimizer state by name or, older files, by index)."""
+        self.module.load_state_dict(model_state)
+        if optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state_by_index(optimizer_state, self.parameter_names()))
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+
+    def __init__(self, model: nn.Module, device: torch.device, *, find_unused_parameters: bool = False):
+        self.module = model
+        self.find_unused = find_unused_parameters
+        self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                       find_unused_parameters=find_unused_parameters)
+        self._checked_unused = False
+
+    def forward_backward(self, x, y, *, loss_scale, sync, autocast):
+        context = contextlib.nullcontext() if sync else self.ddp.no_sync()
+        with context:
+            with autocast:
+                logits = self.ddp(x)
+            (F.cross_entropy(logits.float(), y) * loss_scale).backward()
+        if sync and not self._checked_unused:
+            self._checked_unused = True
+            self._check_unused()
+        return logits
+
+    def _check_unused(self) -> None:
+        if self.find_unused:
+            return
+        unused = [n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None]
+        if unused:
+            shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+            raise StrategyError(
+                f"parameters got no gradient in the first step: {shown}. DDP must be told to expect "
+                f"that: set train.find_unused_parameters to true (--find-unused-parameters; DDP then "
+                f"searches the graph every step and leaves them unchanged), or remove them from the model")
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(device.type, (self.dp_size,))
+        for _, layer in sequential_layers(model):
+            if any(p.requires_grad for p in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        self.module = model
+
+    def forward_backward(self, x, y, *, loss_scale, sync, autocast):
+        # Accumulating batches keep their gradients unsharded and unreduced: one reduce-scatter per step.
+        self.module.set_requires_gradient_sync(sync)
+        with autocast:
+            logits = self.module(x)
+        (F.cross_entropy(logits.float(), y) * loss_scale).backward()
+        return logits
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(total, DTensor):
+            total = total.full_tensor()  # the shards' norms combined: the global norm on every rank
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+    def full_state_dict(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if dist.get_rank() == 0 else None
+
+    def full_optimizer_state(self, optimizer):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        osd = get_optimizer_state_dict(self.module, optimizer,
+                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return osd if dist.get_rank() == 0 else None
+
+    def load(self, model_state, optimizer, optimizer_state):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.module, model_state, options=options)
+        if optimizer_state is not None:
+            groups = optimizer_state.get("param_groups") or [{}]
+            if groups[0].get("params") and not isinstance(groups[0]["params"][0], str):
+                raise StrategyError("this checkpoint's optimizer state is keyed by parameter index (an "
+                                    "older ddp checkpoint): resume it with strategy ddp once, or delete it")
+            set_optimizer_state_dict(self.module, optimizer, optimizer_state, options=options)
+
+
+class PipelineStrategy(Strategy):
+    name = "pipeline"
+    drop_last_batch = True
+
+    def __init__(self, model: nn.Module, device: torch.device, *, num_stages: int, microbatches: int,
+                 schedule: str):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.num_stages = num_stages
+        self.stage_index, self.dp_rank = rank % num_stages, rank // num_stages
+        self.dp_size = world // num_stages
+        self.device = device
+        # Every rank creates every group, in the same order (new_group is collective).
+        self.pp_group, self.dp_group = dist.group.WORLD, None
+        for r in range(self.dp_size):
+            ranks = [r * num_stages + s for s in range(num_stages)]
+            g = dist.new_group(ranks) if self.dp_size > 1 else dist.group.WORLD
+            if rank in ranks:
+                self.pp_group, self.pp_ranks = g, ranks
+        if self.dp_size > 1:
+            for s in range(num_stages):
+                ranks = [r * num_stages + s for r in range(self.dp_size)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    self.dp_group, self.dp_ranks = g, ranks
+
+        units = pipeline_units(sequential_layers(model))
+        cuts = balance_stages([sum(p.numel() for _, m in u for p in m.parameters()) for u in units], num_stages)
+        self.stage_sizes = [sum(len(u) for u in units[cuts[s]:cuts[s + 1]]) for s in range(num_stages)]
+        mine = [layer for u in units[cuts[self.stage_index]:cuts[self.stage_index + 1]] for layer in u]
+        self.module = StageModule(mine).to(device)
+        self.is_first, self.is_last = self.stage_index == 0, self.stage_index == num_stages - 1
+        self.computes_loss = self.is_last
+        self.layer_count = len(units)
+
+        self._loss_scale = 1.0
+        self._stage = PipelineStage(self.module, self.stage_index, num_stages, device, group=self.pp_group)
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        # scale_grads=False: the loss function already divides by micro-batches × accumulated batches,
+        # so gradients accumulate across schedule steps unchanged.
+        self._schedule = cls(self._stage, microbatches, loss_fn=self._loss, scale_grads=False)
+        self.microbatches = microbatches
+
+    def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), target) * self._loss_scale
+
+    def parameter_names(self) -> list[str]:
+        return [self.module.model_key(n) for n, _ in self.module.named_parameters()]
+
+    def forward_backward(self, x, y, *, loss_scale, sync, autocast):
+        self._loss_scale = loss_scale / self.microbatches
+        with autocast:
+            if self.is_first and self.is_last:
+                return self._schedule.step(x, target=y)
+            if self.is_first:
+                self._schedule.step(x)
+                return None
+            if self.is_last:
+                return self._schedule.step(target=y)
+            self._schedule.step()
+        return None
+
+    def finish_gradients(self) -> None:
+        if self.dp_group is None:
+            return
+        for p in self.module.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=self.dp_group)
+            p.grad.div_(self.dp_size)
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in params:
+            sq += p.grad.detach().double().pow(2).sum()
+        dist.all_reduce(sq, group=self.pp_group)  # the stages' shares of one pipeline's model
+        total = sq.sqrt().float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+    def eval_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Forward only, stage to stage by point-to-point sends (a shape header first, since the
+        evaluation batches differ in size from the training micro-batches)."""
+        if not self.is_first:
+            header = torch.zeros(8, dtype=torch.int64)
+            dist.recv(header, src=self.pp_ranks[self.stage_index - 1])
+            x = torch.empty(header[1:1 + int(header[0])].tolist(), dtype=torch.float32)
+            dist.recv(x, src=self.pp_ranks[self.stage_index - 1])
+            x = x.to(self.device)
+        out = self.module(x)
+        if self.is_last:
+            return out
+        out = out.float().cpu().contiguous()  # gloo and nccl alike: a CPU staging copy keeps this simple
+        header = torch.zeros(8, dtype=torch.int64)
+        header[0] = out.dim()
+        header[1:1 + out.dim()] = torch.tensor(out.shape)
+        dist.send(header, dst=self.pp_ranks[self.stage_index + 1])
+        dist.send(out, dst=self.pp_ranks[self.stage_index + 1])
+        return None
+
+    def sync_buffers(self) -> None:
+        if self.dp_group is None:
+            return
+        for buf in self.module.buffers():
+            dist.broadcast(buf, src=self.dp_ranks[0], group=self.dp_group)
+
+    def full_state_dict(self):
+        parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        mine = self.module.model_state_dict() if self.dp_rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if dist.get_rank() != 0:
+            return None
+        full: dict[str, torch.Tensor] = {}
+        for part in parts[: self.num_stages]:
+            full.update(part)
+        return full
+
+    def full_optimizer_state(self, optimizer):
+        parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        mine = optimizer_state_by_name(optimizer, self.parameter_names()) if self.dp_rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        return _merge_named_states(parts[: self.num_stages]) if dist.get_rank() == 0 else None
+
+    def load(self, model_state, optimizer, optimizer_state):
+        self.module.load_model_state_dict(model_state)
+        if optimizer_state is not None:
+            groups = optimizer_state.get("param_groups") or [{}]
+            if groups[0].get("params") and not isinstance(groups[0]["params"][0], str):
+                raise StrategyError("this checkpoint's optimizer state is keyed by parameter index (an "
+                                    "older ddp checkpoint): resume it with strategy ddp once, or delete it")
+            optimizer.load_state_dict(optimizer_state_by_index(optimizer_state, self.parameter_names()))
+
+
+def make_strategy(cfg: JobConfig, model: nn.Module, device: torch.device) -> Strategy:
+    """Collective: place ``model`` (built identically on every rank) for ``cfg.parallel.strategy``.
+
+    Raises StrategyError for a shape the strategy cannot run on the current process group, with the
+    arithmetic (the launcher's world size may differ from the config's nodes × processes).
+    """
+    world = dist.get_world_size()
+    errs = shape_errors(cfg, world_size=world, world_desc=f"the launcher started {world} rank(s)")
+    if errs:
+        raise StrategyError("; ".join(f"{k}: {v}" for k, v in errs.items()))
+    p = cfg.parallel
+    if p.strategy == "ddp":
+        return DDPStrategy(model, device, find_unused_parameters=cfg.train.find_unused_parameters)
+    if p.strategy == "fsdp":
+        return FSDPStrategy(model, device)
+    if p.strategy == "pipeline":
+        stages = pipeline_stage_count(p, world)
+        units = pipeline_units(sequential_layers(model))
+        if len(units) < stages:
+            raise StrategyError(f"{stages} pipeline stages need at least one layer each, but the model has "
+                                f"{len(units)}: use fewer stages or a deeper model")
+        return PipelineStrategy(model, device, num_stages=stages, microbatches=p.microbatches,
+                                schedule=p.pipeline_schedule)
+    raise ConfigError(f"parallel.strategy: unknown strategy {p.strategy!r}")  # a schema bug
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to bfloat16 for ``precision == "bf16"``, a no-op for fp32.
+
+    Raises StrategyError where the device cannot run bf16 (a CUDA GPU without bf16, e.g. pre-Ampere).
+    """
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if not torch.amp.autocast_mode.is_autocast_available(device.type):
+        raise StrategyError(f"train.precision bf16: autocast is not available on {device.type}; use fp32")
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise StrategyError(f"train.precision bf16: {torch.cuda.get_device_name(device)} does not support "
+                            "bfloat16; use fp32")
+    return torch.autocast(device.type, dtype=torch.bfloat16)
