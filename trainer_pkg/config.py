@@ -390,8 +390,7 @@ def apply_overrides(cfg: JobConfig, values: Mapping[str, Any]) -> JobConfig:
     (``epochs``); dashes read as underscores (``batch-size``). An unknown or ambiguous key, or a value
     that does not parse, is a :class:`ConfigError` naming it. Range checks are left to ``validate``.
     """
-    sections = {f.name: f.type for f in dataclasses.fields(JobConfig)}
-    hints = {name: typing.get_type_hints(typing.get_type_hints(JobConfig)[name]) for name in sections}
+    hints = {name: typing.get_type_hints(section) for name, section in typing.get_type_hints(JobConfig).items()}
     owners: dict[str, list[str]] = {}
     for section, fields in hints.items():
         for field in fields:

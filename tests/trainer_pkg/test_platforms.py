@@ -402,6 +402,23 @@ def test_vertex_workers_and_gcs_paths():
     assert (single.platform, single.nnodes, single.master_addr) == ("vertex", 1, "")
 
 
+def test_azureml_and_local_plans():
+    base = {"AZUREML_RUN_ID": "r", "AZURE_ML_OUTPUT_Model": "/mnt/out/model"}
+    single = plan(base, JobConfig())  # no distribution configured: one process
+    assert (single.platform, single.world_size, single.in_process, single.output_dir) == \
+        ("azureml", 1, False, "/mnt/out/model")
+    cfg = JobConfig.from_dict({"parallel": {"procs_per_node": 4}})
+    p = plan(dict(base, RANK="6", LOCAL_RANK="2", WORLD_SIZE="8", MASTER_ADDR="10.0.0.4", MASTER_PORT="6105"), cfg)
+    assert (p.nnodes, p.node_rank, p.nproc_per_node, p.in_process) == (2, 1, 4, True)
+    assert p.extra_env == {"LOCAL_WORLD_SIZE": "4"}
+    with pytest.raises(PlatformError, match="Azure ML: LOCAL_RANK 2 / WORLD_SIZE 6 do not fit 4"):
+        plan(dict(base, RANK="5", LOCAL_RANK="2", WORLD_SIZE="6", MASTER_ADDR="a", MASTER_PORT="1"), cfg)
+    local = plan({}, cfg, standalone=True)
+    assert (local.platform, local.nnodes, local.nproc_per_node, local.in_process) == ("local", 1, 4, False)
+    assert plan({}, cfg).world_size == 1
+    assert plan({}, cfg, standalone=True, nproc=3).nproc_per_node == 3
+
+
 @pytest.mark.parametrize("hint, raw, expected", [
     (bool, "False", False), (bool, "false", False), (bool, "True", True), (bool, '"false"', False),
     (int, "3", 3), (int, '"3"', 3), (int, " 12 ", 12), (float, "0.1", 0.1), (float, "3", 3.0),
