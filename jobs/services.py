@@ -207,11 +207,21 @@ _CONFIG_FIELD_TO_ARG = {
     "parallel.strategy": "strategy",
     "parallel.nodes": "nodes",
     "parallel.procs_per_node": "procs_per_node",
+    "parallel.pipeline_stages": "pipeline_stages",
+    "parallel.microbatches": "microbatches",
+    "parallel.pipeline_schedule": "pipeline_schedule",
     "train.epochs": "epochs",
     "train.batch_size": "batch_size",
     "train.lr": "lr",
     "train.seed": "seed",
 }
+
+
+def _pipeline_fields(pipeline_stages, microbatches, pipeline_schedule) -> dict[str, Any]:
+    """The pipeline's ``parallel`` fields that were given (None: the JobConfig default)."""
+    given = {"pipeline_stages": pipeline_stages, "microbatches": microbatches,
+             "pipeline_schedule": pipeline_schedule}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _config_error_field(dotted: str, overridden: set[str]) -> str:
@@ -530,7 +540,9 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
 
 
 def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
-                        procs_per_node: int = 1, epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
+                        procs_per_node: int = 1, pipeline_stages: int | None = None,
+                        microbatches: int | None = None, pipeline_schedule: str | None = None,
+                        epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
                         seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
                         spot: bool = False, hyperparameters=None, name: str = "",
                         rerun_of: TrainingJob | None = None) -> TrainingJob:
@@ -569,7 +581,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
                  "label_column": dataset.label_column or "label"},
         "model": {"arch": model_spec.architecture, "params": dict(model_spec.params or {})},
-        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node},
+        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
+                     **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
         "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
     }
     overridden = _flatten_keys(overrides)
@@ -601,11 +614,16 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
 
 
 def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_node: int = 1,
-                          max_runtime_s: int = 3600, instance_type: str = "", spot: bool = False) -> dict:
+                          max_runtime_s: int = 3600, instance_type: str = "", spot: bool = False,
+                          strategy: str = "ddp", pipeline_stages: int | None = None,
+                          microbatches: int | None = None, pipeline_schedule: str | None = None,
+                          batch_size: int | None = None, model_spec: ModelSpec | None = None) -> dict:
     """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "world_size", "message"}``.
 
     Estimate = max runtime × instances (nodes) × hourly price. Raises ValidationError like
-    :func:`training_job_create` for a shape the backend cannot run.
+    :func:`training_job_create` for a shape the backend cannot run, including the strategy's own
+    arithmetic (pipeline stages against ranks, micro-batches against the batch size and, with
+    ``model_spec``, stages against the model's layers), keyed by the same field names.
     """
     errors = _Errors()
     nodes = _int(errors, "nodes", nodes, minimum=1, label="Nodes")
@@ -620,10 +638,10 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     errors.raise_if_any()
     spec = JobSpec(job_name="tb-job-estimate", config={}, nodes=nodes, procs_per_node=procs_per_node,
                    instance_type=(instance_type or "").strip(), spot=bool(spot), max_runtime_s=max_runtime_s)
-    try:
-        adapter.validate(spec)
-    except InvalidSpec as exc:
-        errors.add(_spec_error_field(str(exc)), str(exc))
+    _check_spec(errors, adapter, spec, strategy)
+    _check_strategy_shape(errors, strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
+                          batch_size=batch_size, model_spec=model_spec,
+                          **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule))
     price = _hourly_price(errors, adapter, spec.instance_type, spec.spot)
     errors.raise_if_any()
     estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price)
@@ -633,6 +651,28 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
         f"{max_runtime_s / 3600:.2f} h × {nodes} instance(s) × ${price.normalize():f}/h = ${estimate:.2f}"
     )
     return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "world_size": world, "message": message}
+
+
+def _check_strategy_shape(errors: _Errors, *, strategy: str, nodes: int, procs_per_node: int,
+                          batch_size: int | None, model_spec: ModelSpec | None, **pipeline: Any) -> None:
+    """The JobConfig's shape errors (the trainer's own arithmetic) for the estimate's fields."""
+    from trainer_pkg.config import describe_world, shape_errors
+
+    raw: dict[str, Any] = {"parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
+                                        **pipeline}}
+    if batch_size is not None:
+        raw["train"] = {"batch_size": batch_size}
+    if model_spec is not None:
+        raw["model"] = {"arch": model_spec.architecture, "params": dict(model_spec.params or {})}
+    try:
+        config = JobConfig.from_dict(raw)
+    except ConfigError as exc:
+        _add_config_error(errors, exc, set())
+        return
+    found = shape_errors(config, world_size=nodes * procs_per_node, world_desc=describe_world(nodes, procs_per_node),
+                         check_layers=model_spec is not None)
+    for dotted, message in found.items():
+        errors.add(_config_error_field(dotted, set()), message)
 
 
 def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:

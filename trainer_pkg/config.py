@@ -232,13 +232,14 @@ def pipeline_stage_count(parallel: ParallelConfig, world_size: int) -> int:
     return parallel.pipeline_stages or world_size
 
 
-def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str) -> dict[str, str]:
+def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_layers: bool = True) -> dict[str, str]:
     """Whether ``cfg``'s strategy can run on ``world_size`` ranks, keyed by dotted field name.
 
     ``world_desc`` says where the world size comes from (``describe_world(...)`` for a config, the
     launcher's count in the trainer); every message shows the arithmetic, e.g. ``"2 nodes × 2
     processes = 4 ranks; 3 pipeline stages do not divide 4"``. Torch-free: the dashboard calls it
     through :meth:`JobConfig.errors`, the trainer with the world size the launcher started.
+    ``check_layers=False`` skips the stages-against-layers check (a caller without the model).
     """
     p, t = cfg.parallel, cfg.train
     errs: dict[str, str] = {}
@@ -264,7 +265,7 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str) -> dict[st
         errs["parallel.microbatches"] = (
             f"the 1f1b schedule needs at least one micro-batch per stage: {p.microbatches} micro-batches "
             f"< {stages} stages")
-    if stages >= 2 and "parallel.pipeline_stages" not in errs:
+    if check_layers and stages >= 2 and "parallel.pipeline_stages" not in errs:
         from trainer_pkg.registry import pipeline_layer_count  # the registry imports this module
 
         try:

@@ -13,7 +13,7 @@ from django import forms
 
 from jobs import selectors
 from jobs.models import Dataset
-from trainer_pkg.config import BuiltinDataset, Strategy
+from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
 
@@ -130,8 +130,20 @@ class TrainingJobForm(forms.Form):
     dataset = forms.ModelChoiceField(queryset=None, empty_label=None)
     model_spec = forms.ModelChoiceField(queryset=None, empty_label=None, label="Model")
     backend = forms.ModelChoiceField(queryset=None, empty_label=None)
-    strategy = forms.ChoiceField(choices=[(s, s) for s in get_args(Strategy)], initial="ddp",
-                                 help_text="ddp: every rank holds the model and a shard of the data.")
+    strategy = forms.ChoiceField(
+        choices=[(s, s) for s in get_args(Strategy)], initial="ddp",
+        help_text="ddp: every rank holds the model and a shard of the data. fsdp: the same, with parameters, "
+                  "gradients and optimizer state sharded across ranks. pipeline: the model's layers split "
+                  "into consecutive stages, one per rank.")
+    pipeline_stages = forms.IntegerField(
+        required=False, min_value=0, initial=0, label="Pipeline stages",
+        help_text="Pipeline only: stages per pipeline, dividing the world size; 0 = one per rank.")
+    microbatches = forms.IntegerField(
+        required=False, min_value=1, initial=4, label="Micro-batches",
+        help_text="Pipeline only: the batch size must divide into this many micro-batches.")
+    pipeline_schedule = forms.ChoiceField(
+        required=False, choices=[(s, s) for s in get_args(PipelineSchedule)], initial="gpipe",
+        label="Pipeline schedule", help_text="Pipeline only: gpipe, or 1f1b (needs micro-batches ≥ stages).")
     nodes = forms.IntegerField(min_value=1, initial=1, help_text="Machines.")
     procs_per_node = forms.IntegerField(min_value=1, initial=1, label="Processes per node",
                                         help_text="Ranks per machine; world size = nodes × processes.")
@@ -155,6 +167,9 @@ class TrainingJobForm(forms.Form):
 
     # The fields the cost estimate reads.
     ESTIMATE_FIELDS = ("backend", "nodes", "procs_per_node", "max_runtime_s", "instance_type", "spot")
+    # Read too when given and valid, so the estimate shows the strategy's shape errors.
+    SHAPE_FIELDS = ("strategy", "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "model_spec")
+    PIPELINE_FIELDS = ("pipeline_stages", "microbatches", "pipeline_schedule")
 
     def __init__(self, *args: Any, user, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -172,9 +187,15 @@ class TrainingJobForm(forms.Form):
         data = self.cleaned_data
         if any(f in self.errors for f in self.ESTIMATE_FIELDS):
             return None
-        return {f: data[f] for f in self.ESTIMATE_FIELDS}
+        kwargs = {f: data[f] for f in self.ESTIMATE_FIELDS}
+        kwargs.update({f: data[f] for f in self.SHAPE_FIELDS
+                       if f not in self.errors and data.get(f) not in (None, "")})
+        return kwargs
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``training_job_create`` (without ``owner``)."""
         data = dict(self.cleaned_data)
+        for f in self.PIPELINE_FIELDS:  # empty: the trainer's default
+            if data.get(f) in (None, ""):
+                data.pop(f, None)
         return data

@@ -178,7 +178,7 @@ class GpuBoxBackend(Backend):
             gpus=visible_gpu_count() > 0,
             max_nodes=1,
             max_procs_per_node=self.config["max_procs_per_node"],
-            strategies=("ddp",),
+            strategies=("ddp", "fsdp", "pipeline"),
         )
 
     def price(self, instance_type: str = "", spot: bool = False) -> float:

@@ -49,7 +49,7 @@ def _errors(excinfo) -> dict:
     ("hyperparameters", {"train": {"bogus": 1}}, "bogus"),
     ("procs_per_node", 3, "at most 2"),  # the backend allows 2 per node
     ("nodes", 2, "node"),
-    ("strategy", "fsdp", "fsdp"),
+    ("strategy", "zero3", "zero3"),
 ])
 def test_create_rejects_bad_input_with_field_errors_and_writes_nothing(
         user, digits_dataset, cnn_model, local_backend, field, value, needle):
