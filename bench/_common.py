@@ -1,0 +1,136 @@
+"""Helpers shared by the benchmarks in bench/: synthetic data, running a torchrun job, reading the
+trainer's metric records and the ranks' peak RSS, and the statistics the scripts print.
+
+Nothing here imports torch: the drivers (overhead.py, scaling.py) only start processes and read
+files, so their own footprint and import time never enter a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "bench")
+RANK_WRAPPER = os.path.join(BENCH, "_rank_rss.py")
+
+# Variables an outer launcher (a test runner under torchrun, a cloud) may have set: never leak them
+# into the jobs started here.
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+              "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+              "TRAINBOARD_LAUNCH_PLATFORM")
+
+
+def make_npz(path: str, *, n_train: int, n_val: int, shape: Sequence[int], classes: int, seed: int = 0) -> None:
+    """A synthetic classification set: float32 inputs N(0, 1), uniform labels, with its own
+    validation arrays (so the trainer does no split and both loops train on exactly ``x_train``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    np.savez(
+        path,
+        x_train=rng.standard_normal((n_train, *shape), dtype=np.float32),
+        y_train=rng.integers(0, classes, n_train).astype(np.int64),
+        x_val=rng.standard_normal((n_val, *shape), dtype=np.float32),
+        y_val=rng.integers(0, classes, n_val).astype(np.int64),
+    )
+
+
+def job_env(rss_dir: str | None = None) -> dict[str, str]:
+    """The environment of every job: 1 CPU thread per rank, the checkout importable, no inherited
+    rank variables; ``BENCH_RSS_DIR`` tells :mod:`bench._rank_rss` where each rank's peak RSS goes."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    env["MKL_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    if rss_dir:
+        env["BENCH_RSS_DIR"] = rss_dir
+    else:
+        env.pop("BENCH_RSS_DIR", None)
+    return env
+
+
+def torchrun(nproc: int, target: list[str]) -> list[str]:
+    """``torchrun --standalone --nproc_per_node N <target...>`` through this interpreter; the ranks
+    run under :mod:`bench._rank_rss`, which records each rank's VmHWM when it exits."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            RANK_WRAPPER, *target]
+
+
+def run_job(cmd: list[str], env: dict[str, str], log_path: str, timeout_s: float) -> float:
+    """Run ``cmd`` to completion (output to ``log_path``); returns its wall time in seconds. Raises
+    RuntimeError with the log's tail when it fails."""
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; log {log_path}:\n{tail}")
+    return wall
+
+
+def read_records(metrics_path: str) -> list[dict[str, Any]]:
+    with open(metrics_path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def trainer_window(metrics_path: str, last_step: int) -> dict[str, float]:
+    """The trainer's timed window from its metric records (rank 0's ``time`` after each record's
+    all-gather, so every rank has reached that point):
+
+    ``loop_s``      from ``started`` (written after optimizer step 1) to the ``step`` record of step
+                    ``last_step`` (the last step of the epoch): steps 2..last_step with the trainer's
+                    per-step work and its periodic ``step`` records, nothing else;
+    ``tail_s``      from that record to ``completed``: the end-of-epoch validation, ``epoch`` record,
+                    checkpoint and ``model.pt`` (per-epoch/per-run costs the hand-written loop has not);
+    ``started_to_completed_s`` the sum of the two.
+    """
+    records = read_records(metrics_path)
+    started = next(r for r in records if r["event"] == "started")
+    last = next((r for r in records if r["event"] == "step" and r["step"] == last_step), None)
+    if last is None:
+        raise RuntimeError(f"{metrics_path}: no step record at step {last_step} (log_every_steps must divide it)")
+    completed = next(r for r in records if r["event"] == "completed")
+    return {"loop_s": last["time"] - started["time"], "tail_s": completed["time"] - last["time"],
+            "started_to_completed_s": completed["time"] - started["time"]}
+
+
+def read_rss(rss_dir: str) -> dict[int, float]:
+    """Each rank's peak RSS in MB (VmHWM at exit) written by :mod:`bench._rank_rss`."""
+    out: dict[int, float] = {}
+    for name in os.listdir(rss_dir):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(rss_dir, name), encoding="utf-8") as f:
+                data = json.load(f)
+            out[int(data["rank"])] = data["vmhwm_kb"] / 1024.0
+    return out
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def fmt_list(values: Sequence[float], digits: int = 3) -> str:
+    return "[" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
+def spread(values: Sequence[float]) -> str:
+    """min–max around the median as a percentage of it: how noisy the repetitions were."""
+    m = median(values)
+    if not m:
+        return "n/a"
+    return f"{(min(values) - m) / m * 100:+.1f}% / {(max(values) - m) / m * 100:+.1f}%"
+
+
+def verdict(value: float, target: float, higher_is_better: bool) -> str:
+    ok = value >= target if higher_is_better else value <= target
+    return "meets target" if ok else "MISSES target"

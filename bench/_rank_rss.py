@@ -1,0 +1,52 @@
+"""Run one rank's program and record its peak RSS when it ends.
+
+    torchrun ... bench/_rank_rss.py -m trainer_pkg.launch --config job.json
+    torchrun ... bench/_rank_rss.py bench/handwritten_ddp.py --data d.npz ...
+
+The program runs in this process (``runpy``, as ``python -m``/``python script.py`` would run it), so
+its footprint is this process's. At exit the peak resident set size (``VmHWM`` in
+``/proc/self/status``) is written to ``$BENCH_RSS_DIR/rank<RANK>.json``. The trainer and the
+hand-written loop are measured by this same wrapper, so whatever the wrapper itself costs (nothing
+measurable: runpy is what ``-m`` uses anyway) cancels in the difference.
+"""
+
+import json
+import os
+import runpy
+import sys
+
+
+def vmhwm_kb() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not args:
+        sys.exit("usage: _rank_rss.py (-m MODULE | SCRIPT) [ARGS...]")
+    code: object = 0
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        out = os.environ.get("BENCH_RSS_DIR")
+        if out:
+            rank = os.environ.get("RANK", "0")
+            with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+                json.dump({"rank": int(rank), "vmhwm_kb": vmhwm_kb(), "pid": os.getpid()}, f)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

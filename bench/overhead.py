@@ -1,0 +1,185 @@
+"""Overhead of the trainer over a hand-written DDP loop, and its peak RSS over the same loop.
+
+    .venv/bin/python bench/overhead.py                 # 4 pairs, 400 steps each (~1 min quiet, ~3 min loaded)
+    .venv/bin/python bench/overhead.py --reps 7 --steps 1000     # the quiet-machine run (~2-3 min)
+
+One invocation runs, alternating A B A B ..., ``--reps`` repetitions of
+
+  A  the trainer:  torchrun --standalone --nproc_per_node 2 -m trainer_pkg.launch --config job.json
+  B  the baseline: torchrun --standalone --nproc_per_node 2 bench/handwritten_ddp.py ...
+
+on the same synthetic NPZ (``--steps`` × 2 ranks × batch samples, so one epoch is exactly
+``--steps`` optimizer steps per rank with no padding), the same model (registry defaults of
+``--arch``), batch size, SGD (lr 0.05, momentum 0.9), seed, gloo and one thread per rank.
+
+Timed window, the same in both: optimizer steps 2..``--steps``. The trainer's comes from its own
+metric records (``started`` is written after step 1, a ``step`` record at the last step; both after
+an all-gather, so all ranks are there); the baseline's from ``perf_counter`` between two barriers.
+Process start-up, data loading, the trainer's end-of-epoch validation, checkpoint and model.pt are
+outside it and are printed separately (end-to-end wall time, and the trainer's ``tail``).
+
+Prints each run's figures, the medians, the ratio trainer/hand-written (target <= 1.03) and each
+rank's peak RSS (VmHWM at exit, both measured by bench/_rank_rss.py) minus the baseline's (target
+<= +50 MB). The first pair also checks that both produced the same parameters (same model, data,
+order and steps). Never asserts: timings on a shared machine are reported, not judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import (BENCH, fmt_list, job_env, make_npz, median, read_rss, run_job, spread,  # noqa: E402
+                           torchrun, trainer_window, verdict)
+
+OVERHEAD_TARGET = 1.03
+RSS_TARGET_MB = 50.0
+WORLD = 2
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="trainer vs hand-written DDP loop: time and peak RSS ratios")
+    p.add_argument("--reps", type=int, default=4, help="A/B pairs (default 4)")
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps per run, a multiple of 10 (default 400)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--arch", default="cnn", choices=["mlp", "cnn", "resnet"], help="registry defaults (default cnn)")
+    p.add_argument("--shape", default="1,8,8", help="sample shape C,H,W (default 1,8,8: the digits' shape)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--workdir", help="keep data, configs, logs and outputs here (default: a temporary folder)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    if args.steps % 10 or args.steps < 20:
+        sys.exit("--steps must be a multiple of 10 and at least 20 (the trainer logs every 10 steps)")
+    work = args.workdir or tempfile.mkdtemp(prefix="trainboard-bench-overhead-")
+    os.makedirs(work, exist_ok=True)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    data = os.path.join(work, "data.npz")
+    make_npz(data, n_train=args.steps * WORLD * args.batch_size, n_val=64, shape=shape, classes=args.classes)
+    print(f"[overhead] {args.reps} A/B pairs; {args.arch} (registry defaults) on {args.steps * WORLD * args.batch_size} "
+          f"synthetic samples {shape}; {WORLD} ranks x batch {args.batch_size} x {args.steps} steps; gloo, "
+          f"1 thread/rank; timed: steps 2..{args.steps}; work dir {work}", flush=True)
+
+    trainer_rows, hand_rows = [], []
+    for rep in range(args.reps):
+        for kind in ("trainer", "handwritten"):  # A B A B ...
+            run_dir = os.path.join(work, f"{rep:02d}-{kind}")
+            shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would make the trainer resume
+            rss_dir = os.path.join(run_dir, "rss")
+            os.makedirs(rss_dir)
+            log = os.path.join(run_dir, "log.txt")
+            if kind == "trainer":
+                cfg = {"data": {"format": "npz", "uri": data},
+                       "model": {"arch": args.arch, "params": {}},
+                       "parallel": {"strategy": "ddp", "procs_per_node": WORLD, "dist_backend": "gloo"},
+                       "train": {"epochs": 1, "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9,
+                                 "optimizer": "sgd", "seed": 0, "log_every_steps": 10},
+                       "output": {"output_dir": os.path.join(run_dir, "out")}}
+                cfg_path = os.path.join(run_dir, "job.json")
+                with open(cfg_path, "w", encoding="utf-8") as f:
+                    json.dump(cfg, f)
+                wall = run_job(torchrun(WORLD, ["-m", "trainer_pkg.launch", "--config", cfg_path]),
+                               job_env(rss_dir), log, timeout_s=600)
+                window = trainer_window(os.path.join(run_dir, "out", "metrics.jsonl"), args.steps)
+                row = {"wall_s": wall, **window}
+            else:
+                out = os.path.join(run_dir, "result.json")
+                cmd = [os.path.join(BENCH, "handwritten_ddp.py"), "--data", data, "--arch", args.arch,
+                       "--batch-size", str(args.batch_size), "--epochs", "1", "--lr", "0.05", "--momentum", "0.9",
+                       "--seed", "0", "--out", out]
+                if rep == 0:
+                    cmd += ["--save", os.path.join(run_dir, "model.pt")]
+                wall = run_job(torchrun(WORLD, cmd), job_env(rss_dir), log, timeout_s=600)
+                with open(out, encoding="utf-8") as f:
+                    result = json.load(f)
+                if result["steps"] != args.steps:
+                    raise RuntimeError(f"the hand-written loop took {result['steps']} steps, expected {args.steps}")
+                row = {"wall_s": wall, "loop_s": result["loop_s"], "self_vmhwm_mb": result["vmhwm_mb"]}
+            row["rss_mb"] = read_rss(rss_dir)
+            (trainer_rows if kind == "trainer" else hand_rows).append(row)
+            print(f"[overhead] pair {rep + 1}/{args.reps} {kind:11s}: loop {row['loop_s']:.3f} s "
+                  f"({(args.steps - 1) / row['loop_s']:.0f} steps/s), process wall {wall:.2f} s, peak RSS "
+                  + ", ".join(f"rank {r} {mb:.1f} MB" for r, mb in sorted(row["rss_mb"].items()))
+                  + (f", end-of-run tail {row['tail_s']:.3f} s" if kind == "trainer" else ""), flush=True)
+
+    same = _same_parameters(os.path.join(work, "00-trainer", "out", "model.pt"),
+                            os.path.join(work, "00-handwritten", "model.pt"))
+    report = _report(args, trainer_rows, hand_rows, same)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"args": vars(args), "trainer": trainer_rows, "handwritten": hand_rows, **report}, f,
+                      indent=2, default=str)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _same_parameters(trainer_model: str, hand_model: str) -> float | None:
+    """Largest absolute difference between the two runs' final tensors (None if one is missing)."""
+    if not (os.path.exists(trainer_model) and os.path.exists(hand_model)):
+        return None
+    import torch
+
+    a = torch.load(trainer_model, weights_only=True)
+    b = torch.load(hand_model, weights_only=True)
+    if set(a) != set(b):
+        return float("inf")
+    return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+
+
+def _report(args, trainer_rows, hand_rows, same) -> dict:
+    t_loop = [r["loop_s"] for r in trainer_rows]
+    h_loop = [r["loop_s"] for r in hand_rows]
+    ratio = median(t_loop) / median(h_loop)
+    paired = median([t / h for t, h in zip(t_loop, h_loop)])
+    t_wall = [r["wall_s"] for r in trainer_rows]
+    h_wall = [r["wall_s"] for r in hand_rows]
+    tails = [r["tail_s"] for r in trainer_rows]
+    steps = args.steps - 1
+    print()
+    print("=== overhead: trainer vs hand-written DDP loop (same invocation, alternating) ===")
+    print(f"parameters after training, max |trainer - hand-written|: "
+          + ("not compared" if same is None else f"{same:.3g} (same model, data, order and steps)"
+             if same <= 1e-5 else f"{same:.3g}  <-- NOT the same run"))
+    print(f"step loop (steps 2..{args.steps}), seconds per run:")
+    print(f"  trainer      {fmt_list(t_loop)}  median {median(t_loop):.3f}  (spread {spread(t_loop)})")
+    print(f"  hand-written {fmt_list(h_loop)}  median {median(h_loop):.3f}  (spread {spread(h_loop)})")
+    print(f"  per step: trainer {median(t_loop) / steps * 1e3:.3f} ms, hand-written "
+          f"{median(h_loop) / steps * 1e3:.3f} ms, difference {(median(t_loop) - median(h_loop)) / steps * 1e6:+.0f} us")
+    print(f"  RATIO trainer/hand-written (medians) = {ratio:.3f}   target <= {OVERHEAD_TARGET}: "
+          f"{verdict(ratio, OVERHEAD_TARGET, higher_is_better=False)}")
+    print(f"  median of the per-pair ratios        = {paired:.3f}   ({fmt_list([t / h for t, h in zip(t_loop, h_loop)])})")
+    print(f"end-of-run tail of the trainer (validation, epoch record, checkpoint, model.pt): median "
+          f"{median(tails):.3f} s {fmt_list(tails)}")
+    print(f"process wall time (start-up + data + loop + exit; the trainer also validates and saves):")
+    print(f"  trainer {fmt_list(t_wall, 2)} median {median(t_wall):.2f} s; hand-written {fmt_list(h_wall, 2)} "
+          f"median {median(h_wall):.2f} s; ratio {median(t_wall) / median(h_wall):.3f} (informational)")
+    print("peak RSS per rank (VmHWM at exit), MB:")
+    rss = {}
+    ranks = sorted(set().union(*(r["rss_mb"] for r in trainer_rows + hand_rows)))
+    for rank in ranks:
+        t = [r["rss_mb"][rank] for r in trainer_rows if rank in r["rss_mb"]]
+        h = [r["rss_mb"][rank] for r in hand_rows if rank in r["rss_mb"]]
+        diff = median(t) - median(h)
+        rss[rank] = {"trainer_mb": median(t), "handwritten_mb": median(h), "diff_mb": diff}
+        print(f"  rank {rank}: trainer {median(t):.1f} {fmt_list(t, 1)}, hand-written {median(h):.1f} "
+              f"{fmt_list(h, 1)}  DIFFERENCE {diff:+.1f} MB  target <= +{RSS_TARGET_MB:.0f} MB: "
+              f"{verdict(diff, RSS_TARGET_MB, higher_is_better=False)}")
+    self_reported = [max(r["self_vmhwm_mb"]) for r in hand_rows]
+    print(f"  (hand-written loop's own VmHWM read at the end of its loop, max over ranks: median "
+          f"{median(self_reported):.1f} MB)")
+    return {"ratio_of_medians": ratio, "median_pair_ratio": paired, "max_param_diff": same,
+            "trainer_tail_s": median(tails), "rss": rss}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
