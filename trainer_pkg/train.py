@@ -1,4 +1,4 @@
-"""Trainboard's data-parallel (DDP) trainer. Every job, on every backend, ends up here.
+"""Trainboard's trainer: ddp, fsdp or pipeline parallel. Every job, on every backend, ends up here.
 
 Run it from the repository root (or anywhere after ``pip install ./trainer_pkg``):
 
@@ -8,6 +8,11 @@ Run it from the repository root (or anywhere after ``pip install ./trainer_pkg``
     # two processes on this machine
     torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset digits --model cnn \\
         --strategy ddp --epochs 3 --batch-size 32 --lr 0.05 --seed 0 --output-dir out
+
+    # the same with sharded parameters (FSDP2), or the layers split into 2 pipeline stages
+    torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset digits --strategy fsdp --output-dir out
+    torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset digits --model mlp \
+        --strategy pipeline --microbatches 4 --pipeline-schedule 1f1b --output-dir out
 
     # two nodes × 4 processes: run on each node, node 0's address as the rendezvous endpoint
     torchrun --nnodes 2 --nproc_per_node 4 --node_rank $NODE_RANK --rdzv_backend c10d \\
@@ -25,15 +30,31 @@ What a run does, top to bottom in :func:`train`:
    its shard of each epoch through a ``DistributedSampler`` (``set_epoch`` reshuffles each epoch).
    The sampler pads the last shard with repeated samples so every rank takes the same number of
    steps; those duplicates train but are left out of every reported metric.
-3. Model: built from the registry on every rank with the same seed, wrapped in DDP.
+   A pipeline's data-parallel unit is a whole pipeline: its stages read the same shard.
+3. Model: built from the registry on every rank with the same seed, then placed by the strategy
+   (:mod:`trainer_pkg.parallel`): wrapped in DDP, sharded with FSDP2, or cut into pipeline stages.
+   The shape (stages against ranks, micro-batches against the batch size, stages against layers) is
+   checked against the ranks the launcher started before any of that, with the arithmetic shown.
 4. Resume: if ``<checkpoint_dir>/last.pt`` exists the run continues where it stopped (model,
-   optimizer, epoch, position inside the epoch, RNG). Delete it to start over.
-5. Loop: each epoch trains, validates on the whole validation set (sharded, then all-reduced) and
-   checkpoints (rank 0 writes ``last.pt`` atomically, then a barrier).
-6. Finish: rank 0 saves the bare state dict to ``<output_dir>/model.pt``.
+   optimizer, lr schedule, epoch, position inside the epoch, RNG). Delete it to start over.
+5. Loop: each optimizer step takes ``train.grad_accum_steps`` batches (gradients synchronised only on
+   the last: DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``), under bf16 autocast when
+   ``train.precision`` says so, clips the global gradient norm (``train.grad_clip_norm``), steps the
+   optimizer and the lr schedule (linear warmup, then constant or cosine: :func:`lr_factor`). Each
+   epoch validates on the whole validation set (sharded, then all-reduced) and checkpoints (rank 0
+   writes ``last.pt`` atomically, then a barrier).
+6. Finish: rank 0 saves the full model's bare state dict to ``<output_dir>/model.pt`` (FSDP shards
+   and pipeline stages gathered), so it loads into ``build_model(...)`` under any strategy.
+
+Parameters that get no gradient (an auxiliary head switched off): DDP runs with
+``find_unused_parameters=False``; such a model stops at its first step with an error naming the
+parameters and the flag to set (``train.find_unused_parameters``). FSDP and pipeline need no flag.
+See :mod:`trainer_pkg.parallel`.
 
 Metrics: rank 0 appends one JSON record per line to ``<output_dir>/metrics.jsonl`` and prints it on
-stdout (see :mod:`trainer_pkg.metrics`). Values are global: sums and counts all-reduced over ranks.
+stdout (see :mod:`trainer_pkg.metrics`). Values are global: sums and counts all-reduced over ranks
+(a pipeline's loss and accuracy come from its last stage). With clipping on, records carry
+``grad_norm``: the global gradient norm before clipping, of the step just taken.
 
 Stopping: SIGTERM (spot preemption, cancel) sets a flag; at the next step boundary the ranks agree
 (all-reduce) to stop, rank 0 writes a checkpoint, a ``stopped`` record is emitted and every rank
@@ -654,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = JobConfig()
     p = argparse.ArgumentParser(
         prog="python -m trainer_pkg.train",
-        description="Train a classifier with DistributedDataParallel. Run under torchrun for several "
+        description="Train a classifier (ddp, fsdp or pipeline parallel). Run under torchrun for several "
                     "processes (the topology comes from torchrun's environment); flags mirror the "
                     "JobConfig fields and override --config.",
         epilog="example: torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset digits "

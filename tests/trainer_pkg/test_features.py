@@ -157,3 +157,22 @@ def test_unused_parameters_policy(one_rank_group):
         opt.step()
     assert torch.equal(model.aux.weight, aux_before)  # left unchanged
     assert model.body.weight.grad is not None
+
+
+def test_cli_flags_mirror_the_new_config_fields():
+    from trainer_pkg.train import build_parser, config_from_args
+
+    args = build_parser().parse_args([
+        "--strategy", "fsdp", "--pipeline-stages", "2", "--microbatches", "8", "--pipeline-schedule", "1f1b",
+        "--precision", "bf16", "--grad-accum-steps", "4", "--grad-clip-norm", "1.5", "--lr-schedule", "cosine",
+        "--warmup-steps", "10", "--find-unused-parameters", "--model", "mlp"])
+    cfg = config_from_args(args)
+    assert (cfg.parallel.strategy, cfg.parallel.pipeline_stages, cfg.parallel.microbatches,
+            cfg.parallel.pipeline_schedule) == ("fsdp", 2, 8, "1f1b")
+    t = cfg.train
+    assert (t.precision, t.grad_accum_steps, t.grad_clip_norm, t.lr_schedule, t.warmup_steps,
+            t.find_unused_parameters) == ("bf16", 4, 1.5, "cosine", 10, True)
+    assert config_from_args(build_parser().parse_args([])).train.find_unused_parameters is False
+    # one process cannot be a pipeline: the shape check shows the arithmetic
+    with pytest.raises(Exception, match="1 node × 1 process = 1 rank; a pipeline needs at least 2 stages"):
+        config_from_args(build_parser().parse_args(["--strategy", "pipeline"]))

@@ -107,19 +107,35 @@ def test_pipeline_of_two_stages_equals_one_process(tmp_path, blobs, reference, s
     assert [r["step"] for r in recs if r["event"] == "step"] == [4, 8, 12, 16]
 
 
-def test_pipeline_resumes_from_its_checkpoint(tmp_path, blobs):
-    # Two pipelines of 2 stages would need 4 processes; 2 stages × 1 replica, resumed after epoch 1.
-    one, _ = train_run(tmp_path, "first", blobs, nproc=2, parallel={"strategy": "pipeline"},
-                       train={"epochs": 2})
-    job_dir = tmp_path / "split"
-    train_run(tmp_path, "split", blobs, nproc=2, parallel={"strategy": "pipeline"}, train={"epochs": 1})
-    resumed, recs = train_run(tmp_path, "split", blobs, nproc=2, parallel={"strategy": "pipeline"},
-                              train={"epochs": 2})
+def test_two_pipelines_of_two_stages_equal_one_process(tmp_path, blobs, reference):
+    # 4 ranks = 2 stages × 2 data-parallel replicas, 16 samples per replica per step.
+    state, recs = train_run(tmp_path, "pp4", blobs, nproc=4, train={"batch_size": 16},
+                            parallel={"strategy": "pipeline", "pipeline_stages": 2})
+    assert_same(state, reference[0])
+    assert abs(epoch_record(recs)["val_loss"] - epoch_record(reference[1])["val_loss"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference_two_epochs(tmp_path_factory, blobs):
+    return train_run(tmp_path_factory.mktemp("ref2"), "one", blobs, train={"epochs": 2})[0]
+
+
+@pytest.mark.parametrize("first, then", [("fsdp", "pipeline"), ("pipeline", "fsdp")])
+def test_resume_from_a_checkpoint_of_another_strategy(tmp_path, blobs, reference_two_epochs, first, then):
+    # Checkpoints hold the full model and the optimizer state by parameter name under every
+    # strategy: epoch 1 under one, epoch 2 resumed under the other, equals 2 epochs in one process.
+    batch = {"fsdp": 16, "pipeline": 32}  # 32 samples per step either way
+    train_run(tmp_path, "run", blobs, nproc=2, parallel={"strategy": first},
+              train={"epochs": 1, "batch_size": batch[first]})
+    ckpt = torch.load(tmp_path / "run" / "out" / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert ckpt["strategy"] == first and ckpt["epoch"] == 1 and ckpt["step"] == 16
+    assert set(ckpt["model"]) == set(reference_two_epochs)
+    assert set(ckpt["optimizer"]["state"]) == set(reference_two_epochs)  # every parameter, by name
+    state, recs = train_run(tmp_path, "run", blobs, nproc=2, parallel={"strategy": then},
+                            train={"epochs": 2, "batch_size": batch[then]})
     assert [r["resumed"] for r in recs if r["event"] == "started"] == [False, True]
-    assert_same(resumed, one, atol=0.0)
-    ckpt = torch.load(job_dir / "out" / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
-    assert ckpt["strategy"] == "pipeline" and set(ckpt["model"]) == set(one)
-    assert set(ckpt["optimizer"]["state"]) == set(one)  # every parameter, by name
+    assert recs[-1]["step"] == 32
+    assert_same(state, reference_two_epochs)
 
 
 def test_shape_errors_show_the_arithmetic():
