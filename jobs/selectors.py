@@ -22,6 +22,7 @@ from jobs.models import (
     ModelSpec,
     TrainingJob,
 )
+from trainer_pkg.metrics import METRIC_PREFIX
 
 
 def dataset_list_for_user(*, user) -> QuerySet[Dataset]:
@@ -125,9 +126,11 @@ def training_job_straggler(*, job: TrainingJob,
 
 
 def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
-    """The last ``lines`` log lines, oldest first."""
+    """The last ``lines`` log lines, oldest first, without the trainer's metric records (those are
+    the charts; as raw JSON they would crowd out what a person reads a log for)."""
     lines = max(int(lines), 0)
-    texts = list(JobLogLine.objects.filter(job_id=job.pk).order_by("-seq").values_list("text", flat=True)[:lines])
+    texts = list(JobLogLine.objects.filter(job_id=job.pk).exclude(text__contains=METRIC_PREFIX)
+                 .order_by("-seq").values_list("text", flat=True)[:lines])
     texts.reverse()
     return texts
 

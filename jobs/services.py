@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 from decimal import Decimal, InvalidOperation
 from functools import partial
 from typing import Any, Mapping
@@ -692,7 +693,13 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
                       config=dict(job.config), strategy=job.strategy, nodes=job.nodes,
                       procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,
                       max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
-                      name=job.name, rerun_of=job)
+                      name=rerun_name(job), rerun_of=job)
+
+
+def rerun_name(job: TrainingJob) -> str:
+    """``<name> (re-run of #<id>)``; re-running a re-run replaces the suffix instead of stacking it."""
+    base = re.sub(r" \(re-run of #\d+\)$", "", job.name or f"job-{job.pk}")
+    return f"{base} (re-run of #{job.pk})"
 
 
 # =============================================================================================

@@ -16,8 +16,8 @@ What it does, in order:
    the group in ``DIR/torchrun.json``. torchrun starts each rank in a session of its own, so the
    group alone does not reach the ranks; the inherited environment tag does;
 3. waits. A cancel (SIGTERM/SIGINT to the supervisor, or the file ``DIR/cancel_requested``) or the
-   max runtime sends SIGTERM to the group and every tagged process, waits up to the grace period,
-   then SIGKILLs them;
+   max runtime sends SIGTERM to every rank (then to torchrun's group if it lingers), waits up to the
+   grace period, then SIGKILLs them;
 4. kills whatever is left (orphaned ranks) once torchrun has exited, then writes
    ``DIR/exit.json`` atomically: ``returncode``, ``started_at``, ``ended_at`` (Unix seconds),
    ``cancelled``, ``reason``.
@@ -39,8 +39,10 @@ from typing import Sequence
 
 from cloud_adapters.gpubox._proc import (
     RUN_TAG_VAR,
+    job_processes,
     kill_group,
     signal_job,
+    signal_pid,
     start_ticks,
     write_json_atomic,
 )
@@ -124,15 +126,31 @@ class _Supervisor:
         return self.finish(returncode, cancelled=cancelled, reason=reason)
 
     def stop_group(self, pid: int, pgid: int) -> None:
-        """SIGTERM torchrun's group and every rank (the trainer checkpoints and exits), then
-        SIGKILL whatever is left after the grace period."""
+        """Stop the job within the grace period, quietly when it cooperates.
+
+        SIGTERM goes to the ranks first: the trainer checkpoints and exits 0, and torchrun, seeing
+        every rank done, ends by itself (a SIGTERM to torchrun would instead make it print a
+        SignalException traceback and abort, which reads like a crash in the job's log). torchrun's
+        group gets SIGTERM only when no rank is left but torchrun lingers (e.g. still in
+        rendezvous), and everything is SIGKILLed when the grace period is over.
+        """
         me = os.getpid()
-        kill_group(pgid, signal.SIGTERM)
-        signal_job(str(self.run_dir), signal.SIGTERM, exclude=me)
+        ranks = [p for p in job_processes(str(self.run_dir), me) if p != pid]
+        for rank in ranks:
+            signal_pid(rank, None, signal.SIGTERM)
         give_up = time.time() + self.grace_s
+        torchrun_signalled = not ranks
+        if torchrun_signalled:
+            kill_group(pgid, signal.SIGTERM)
         while time.time() < give_up:
             if _exited(pid):
                 return
+            if not torchrun_signalled and not [p for p in job_processes(str(self.run_dir), me) if p != pid]:
+                time.sleep(1.0)  # torchrun notices its ranks ended within its monitor interval
+                if _exited(pid):
+                    return
+                kill_group(pgid, signal.SIGTERM)
+                torchrun_signalled = True
             time.sleep(min(POLL_S, 0.05))
         self.say(f"torchrun (process group {pgid}) still alive after {self.grace_s:g} s; SIGKILL")
         kill_group(pgid, signal.SIGKILL)

@@ -3,7 +3,7 @@
 Migrates the database, creates the demo user (printing a fresh password), registers the built-in
 `digits` dataset, a `digits-cnn` model and a `local` GPU-box backend, starts the web server, a Celery
 worker and Celery beat as child processes, launches one 2-process DDP job and follows it. Runs until
-Ctrl-C, then stops every child process (and cancels training it started that is still running).
+Ctrl-C, then stops every child process and cancels the training still running on this machine.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from django.core.exceptions import ValidationError
 from django.core.management import BaseCommand, CommandError, call_command
 
 from jobs import selectors, services
-from jobs.models import ComputeBackend, Dataset, ModelSpec, TrainingJob
+from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
+
+LOCAL_QUEUES = {"gpubox"}  # queues whose jobs run on this machine (see the worker's -Q below)
 
 
 class Command(BaseCommand):
@@ -49,7 +51,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         self._children: list[tuple[str, subprocess.Popen]] = []
-        self._launched: list[int] = []
         if _port_in_use(opts["host"], opts["port"]):
             raise CommandError(
                 f"{opts['host']}:{opts['port']} is already in use. Stop what runs there or pass --port."
@@ -75,7 +76,7 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(f"\nTrainboard is up: {base_url}/"))
             self.stdout.write(f"  login:    {user.username}")
             self.stdout.write(f"  password: {password}")
-            self.stdout.write(f"  admin:    {base_url}/admin/    API: {base_url}/api/schema/")
+            self.stdout.write(f"  admin:    {base_url}/admin/    API: {base_url}/api/docs/")
             self.stdout.write(f"  logs:     {log_dir}/{{web,worker,beat}}.log")
             job = None
             if not opts["no_job"]:
@@ -84,7 +85,6 @@ class Command(BaseCommand):
                     nodes=1, procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
                     name="demo: digits-cnn DDP",
                 )
-                self._launched.append(job.pk)
                 self.stdout.write(self.style.SUCCESS(f"\nDemo job launched: {base_url}/jobs/{job.pk}/"))
             self.stdout.write("Press Ctrl-C to stop.\n")
             return self._follow(job, stopping, opts["exit_when_done"])
@@ -126,7 +126,7 @@ class Command(BaseCommand):
             "web": [str(bin_dir / "gunicorn"), "webapp.wsgi:application",
                     "--bind", f"{opts['host']}:{opts['port']}", "--workers", "2", "--threads", "4",
                     "--access-logfile", "-"],
-            "worker": celery + ["worker", "-Q", "celery,gpubox", "--concurrency", "2", "--loglevel", "INFO"],
+            "worker": celery + ["worker", "-Q", ",".join(["celery", *sorted(LOCAL_QUEUES)]), "--concurrency", "2", "--loglevel", "INFO"],
             "beat": celery + ["beat", "--loglevel", "INFO"],
         }
         for name, argv in commands.items():
@@ -195,10 +195,11 @@ class Command(BaseCommand):
             self.stdout.write(self.style.ERROR(f"[job {job.pk}] {job.failure_reason}"))
 
     def _shutdown(self) -> None:
-        # Training this demo started runs detached from the worker; stop it through the backend.
-        for job in TrainingJob.objects.filter(pk__in=self._launched).exclude(
-            state__in=("SUCCEEDED", "FAILED", "CANCELLED")
-        ):
+        # Training on this machine (the GPU-box queue this demo's worker served) runs detached from
+        # the worker: stop it through the backend, whoever launched it, rather than leave it running.
+        local = [job for job in TrainingJob.objects.filter(state__in=ACTIVE_STATE_VALUES).select_related("backend")
+                 if services.backend_queue(job.backend) in LOCAL_QUEUES]
+        for job in local:
             try:
                 job = services.training_job_cancel(job=job, reason="Demo stopped with Ctrl-C")
             except ValidationError:  # it ended meanwhile
