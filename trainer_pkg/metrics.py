@@ -30,6 +30,8 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
                                           one rank with a higher step time or data wait than the rest.
                                           The throughput fields are absent along with train_loss.
 ``lr``           learning rate at that step.
+``grad_norm``    global L2 norm of the gradients before clipping, of the latest optimizer step;
+                 present only when clipping is on (``train.grad_clip_norm`` > 0).
 """
 
 from __future__ import annotations

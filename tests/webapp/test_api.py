@@ -210,3 +210,23 @@ def test_swagger_ui_is_served_without_a_cdn(owner_client):
     page = owner_client.get("/api/docs/").content.decode()
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
     assert "cdn." not in page and "unpkg" not in page
+
+
+def test_api_creates_a_pipeline_job_with_its_shape(api_client, digits_dataset, cnn_model, local_backend,
+                                                    no_celery_publish):
+    body = job_payload(digits_dataset, cnn_model, local_backend, strategy="pipeline", pipeline_stages=2,
+                       microbatches=4, pipeline_schedule="1f1b", batch_size=32)
+    response = api_client.post("/api/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    parallel = response.json()["config"]["parallel"]
+    assert (parallel["strategy"], parallel["pipeline_stages"], parallel["microbatches"],
+            parallel["pipeline_schedule"]) == ("pipeline", 2, 4, "1f1b")
+
+
+def test_api_shape_error_shows_the_arithmetic(api_client, digits_dataset, cnn_model, local_backend):
+    body = job_payload(digits_dataset, cnn_model, local_backend, strategy="pipeline", microbatches=4,
+                       batch_size=30)
+    response = api_client.post("/api/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert "batch size 30 is not divisible into 4 micro-batches" in str(response.json())
+    assert TrainingJob.objects.count() == 0

@@ -12,7 +12,7 @@ from rest_framework import serializers
 
 from jobs import selectors, services
 from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
-from trainer_pkg.config import Strategy
+from trainer_pkg.config import PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import to_drf_validation_error
 
@@ -179,6 +179,18 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     strategy = serializers.ChoiceField(choices=list(get_args(Strategy)), default="ddp")
     nodes = serializers.IntegerField(min_value=1, default=1)
     procs_per_node = serializers.IntegerField(min_value=1, default=1)
+    pipeline_stages = serializers.IntegerField(
+        min_value=0, required=False, allow_null=True, default=None,
+        help_text="pipeline only: stages the layers are split into; 0 = one per rank.",
+    )
+    microbatches = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True, default=None,
+        help_text="pipeline only: micro-batches per batch (the batch size must divide into them).",
+    )
+    pipeline_schedule = serializers.ChoiceField(
+        choices=list(get_args(PipelineSchedule)), required=False, allow_null=True, default=None,
+        help_text="pipeline only: GPipe or 1F1B.",
+    )
     epochs = serializers.IntegerField(min_value=1, default=3)
     batch_size = serializers.IntegerField(min_value=1, default=32, help_text="Samples per process per step.")
     lr = serializers.FloatField(default=0.05, help_text="Peak learning rate.")
