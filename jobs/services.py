@@ -421,7 +421,11 @@ def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
     _full_clean(errors, spec)
     if spec.name and _name_taken(ModelSpec, spec.owner, spec.name, spec.pk):
         errors.add("name", f"You already have a model named {spec.name}; choose another name.")
-    params = _json_object(errors, "params", spec.params, what="Parameters", example='{"channels": 32}')
+    from trainer_pkg.registry import ARCHITECTURES
+
+    arch = ARCHITECTURES.get(spec.architecture)
+    example = json.dumps(arch.defaults()) if arch else '{"hidden_size": 128}'
+    params = _json_object(errors, "params", spec.params, what="Parameters", example=example)
     if params is None:
         return
     try:
