@@ -56,9 +56,10 @@ stdout (see :mod:`trainer_pkg.metrics`). Values are global: sums and counts all-
 (a pipeline's loss and accuracy come from its last stage). With clipping on, records carry
 ``grad_norm``: the global gradient norm before clipping, of the step just taken.
 
-Stopping: SIGTERM (spot preemption, cancel) sets a flag; at the next step boundary the ranks agree
-(all-reduce) to stop, rank 0 writes a checkpoint, a ``stopped`` record is emitted and every rank
-exits 0. Running the same command again resumes.
+Stopping: SIGTERM (spot preemption, cancel) sets a flag; the ranks agree on it with an asynchronous
+all-reduce started after each optimizer step and read at the next step boundary, so they all stop at
+the same step (at most one step after the signal), rank 0 writes a checkpoint, a ``stopped`` record
+is emitted and every rank exits 0. Running the same command again resumes.
 
 Errors: a bad dataset, config or checkpoint prints one line ``trainer error: ...`` on stderr and exits
 1 on every rank (setup failures are agreed over the process group so no rank waits for another).
@@ -84,7 +85,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import ConfigError, JobConfig, shape_errors
@@ -200,6 +200,8 @@ class StopSignal:
         with :meth:`PendingStop.result` later (the training loop: one step later, so the all-reduce's
         latency overlaps the next step instead of stalling every step). Every rank issues the same
         sequence of these and reads each result at the same step, so all ranks stop at the same step."""
+        if dist.get_world_size() == 1:  # nobody to agree with
+            return PendingStop(self.received is not None, None)
         flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32, device=device)
         return PendingStop(flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
 
@@ -207,11 +209,13 @@ class StopSignal:
 class PendingStop:
     """An agreement started by :meth:`StopSignal.start_agreement`."""
 
-    def __init__(self, flag: torch.Tensor, work: Any) -> None:
+    def __init__(self, flag: torch.Tensor | bool, work: Any) -> None:
         self.flag, self.work = flag, work
 
     def result(self) -> bool:
         """True on every rank if any rank had been signalled when the agreement started."""
+        if self.work is None:
+            return bool(self.flag)
         self.work.wait()
         return bool(self.flag.item())
 
@@ -630,10 +634,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                 if t.grad_clip_norm > 0:
                     grad_norm = strategy.clip_grad_norm_(t.grad_clip_norm)
                 optimizer.step()
-                if topo.world_size > 1:
-                    pending = stop.start_agreement(device)
-                elif stop.received is not None:
-                    pending = _AGREED_STOP
+                pending = stop.start_agreement(device)
                 if constant_lr:
                     scheduler.last_epoch += 1  # what step() would do, less recomputing the same lr
                     scheduler._step_count += 1
@@ -658,6 +659,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
             _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
             save(epoch + 1, 0)
+        if pending is not None:  # the last step's agreement: nothing left to stop
+            pending.result()
 
         # -- finish ------------------------------------------------------------------------------
         strategy.sync_buffers()
