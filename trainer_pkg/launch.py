@@ -46,7 +46,7 @@ import time
 from typing import Sequence
 
 from trainer_pkg.config import ConfigError, JobConfig
-from trainer_pkg.metrics import parse_metric_line, report_error
+from trainer_pkg.metrics import exit_process, parse_metric_line, report_error
 from trainer_pkg.platforms import LAUNCHED_BY_US, PLATFORMS, LaunchPlan, PlatformError, plan as make_plan
 
 # Variables a platform or an outer launcher set that must not leak into the torchrun we start: it
@@ -261,4 +261,4 @@ def _finish(plan: LaunchPlan, cfg: JobConfig, code: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -79,3 +79,19 @@ def report_error(message: str) -> None:
         message = f"rank {rank}: {message}"
     sys.stderr.flush()
     os.write(2, f"trainer error: {message}\n".encode("utf-8", "replace"))
+
+
+def exit_process(code: int) -> None:
+    """End an entry point with ``code``. After training (torch imported), skip interpreter teardown.
+
+    By then every output is on disk (records are flushed per line, checkpoints and model.pt renamed
+    into place) and the process group is destroyed. Left to the interpreter's shutdown, torch's C++
+    threads (gloo's, DDP's reducer) can be destroyed while still joinable, and the C++ runtime aborts
+    the process ("terminate called without an active exception", SIGABRT) after a successful run;
+    torchrun then reports the rank as failed. Seen intermittently with torch 2.13 on CPU/gloo.
+    """
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -89,7 +89,7 @@ from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import ConfigError, JobConfig, shape_errors
 from trainer_pkg.datasets import Dataset, describe, load_dataset
-from trainer_pkg.metrics import format_metric_line, report_error
+from trainer_pkg.metrics import exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
 
@@ -814,4 +814,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
