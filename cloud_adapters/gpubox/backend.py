@@ -569,16 +569,25 @@ def _torchrun_root_cause(lines: list[str]) -> str | None:
     starts = [i for i, ln in enumerate(lines) if ln.startswith(_ROOT_CAUSE)]
     if not starts:
         return None
-    rank = local_rank = exitcode = None
-    for line in lines[starts[-1] + 1 : starts[-1] + 12]:
-        if line.startswith("===="):
+    # The summary's "Failures:" section (other ranks) sits just above the root cause.
+    first = starts[-1]
+    failures = [i for i in range(max(0, first - 60), first) if lines[i].startswith("Failures:")]
+    entries: list[list[int | None]] = []  # [rank, local_rank, exitcode], in summary order
+    for i in range((failures[-1] if failures else first) + 1, min(len(lines), first + 12)):
+        line = lines[i]
+        if i > first and line.startswith("===="):
             break
         if m := _SUMMARY_RANK.match(line):
-            rank, local_rank = int(m.group(1)), int(m.group(2))
-        elif m := _SUMMARY_EXIT.match(line):
-            exitcode = int(m.group(1))
-    if rank is None:
+            entries.append([int(m.group(1)), int(m.group(2)), None])
+        elif (m := _SUMMARY_EXIT.match(line)) and entries:
+            entries[-1][2] = int(m.group(1))
+    if not entries:
         return None
+    # torchrun's "first observed" is when *it* noticed, not what happened first: when one rank is
+    # killed (OOM killer, segfault), its peers fail a moment later on the closed connection and may be
+    # noticed first. A rank ended by a signal torchrun did not send (SIGTERM) is the cause.
+    killed = [e for e in entries if e[2] is not None and e[2] < 0 and -e[2] != signal.SIGTERM]
+    rank, local_rank, exitcode = killed[0] if killed else entries[-1]
     who = f"rank {rank} (local rank {local_rank})"
     if exitcode is not None and exitcode < 0:
         try:

@@ -113,6 +113,13 @@ Root Cause (first observed failure):
     # Nothing but the summary: the rank and its code.
     (SUMMARY.format(rank=2, code=3, traceback="To enable traceback see: ..."),
      "rank 2 (local rank 2) failed with exit code 3; its error is in the job's log"),
+    # torchrun noticed rank 0's collateral error first; rank 1, listed under "Failures:", was killed.
+    ("trainer error: rank 0: RuntimeError: Connection reset by peer\n"
+     + SUMMARY.replace("rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 101)",
+                       "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 101)")
+     .format(rank=0, code=1, traceback="To enable traceback see: ..."),
+     "rank 1 (local rank 1) was killed by SIGKILL (exit code -9), usually the out-of-memory killer or an "
+     "operator (check the machine's memory and `dmesg`); torchrun stopped the other ranks"),
     # No torchrun summary (a single process): the last trainer error, as before.
     ("noise\ntrainer error: dataset /d/x.npz not found\n", "trainer error: dataset /d/x.npz not found"),
 ])
