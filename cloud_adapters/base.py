@@ -26,7 +26,10 @@ import abc
 import dataclasses
 import datetime as dt
 import enum
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from cloud_adapters.pricing import PriceCatalog
 
 
 class JobState(str, enum.Enum):
@@ -176,6 +179,28 @@ class JobStatus:
     billable_seconds: float | None = None  # provider-reported, where it reports them
     instance_count: int = 1  # instances billed
     warning: str = ""  # e.g. an unknown provider state; the job stays non-terminal
+    training_seconds: float | None = None  # provider-reported run time (SageMaker TrainingTimeInSeconds);
+    # with spot, billable_seconds < training_seconds and the saving is 1 - billable / training
+    spot: bool = False  # the job runs on interruptible capacity
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionCheck:
+    """One result of :meth:`Backend.test_connection`, worded for the user who must act on it."""
+
+    name: str  # what was checked, e.g. "identity", "bucket", "SageMaker access"
+    ok: bool
+    message: str  # what was found; when not ok, what to do about it
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceOffer:
+    """An instance type this backend offers, with its catalog price (for the job form)."""
+
+    instance_type: str
+    usd_per_hour: float  # on-demand USD per instance-hour
+    confirmed: bool = False  # the price was checked against the provider's own list
+    source: str = ""  # the catalog row's source and date, for a tooltip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,8 +221,14 @@ class Backend(abc.ABC):
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, *, prices: "PriceCatalog | None" = None) -> None:
         self.config: dict[str, Any] = self.clean_config(dict(config or {}))
+        if prices is None:
+            from cloud_adapters.pricing import shipped_catalog
+
+            prices = shipped_catalog()
+        self.prices: PriceCatalog = prices
+        """Where :meth:`price` looks up catalog prices (the shipped CSV unless the dashboard passes its own)."""
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
@@ -269,6 +300,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def price(self, instance_type: str = "", spot: bool = False) -> float:
         """USD per instance-hour for ``instance_type`` (the backend default when "")."""
+
+    def instance_offers(self) -> list[InstanceOffer]:
+        """Instance types a job on this backend may ask for, with prices, for the job form.
+        Empty where the backend has no choice of instance type (the gpubox)."""
+        return []
+
+    def test_connection(self) -> list[ConnectionCheck]:
+        """Check that this backend is usable with its settings and the credentials at hand.
+
+        Makes only read-only provider calls and never raises for a failed check: each failure is a
+        :class:`ConnectionCheck` with ``ok=False`` and a message saying what to fix.
+        """
+        return [ConnectionCheck("settings", True, "settings are valid; this backend has nothing remote to check")]
 
     def estimate_cost(self, spec: JobSpec) -> float:
         """Upper bound in USD: max runtime × instances × hourly price (DESIGN.md §6)."""

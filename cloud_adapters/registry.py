@@ -13,9 +13,12 @@ Usage::
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from cloud_adapters.base import Backend, InvalidSpec, MissingDependency
+
+if TYPE_CHECKING:
+    from cloud_adapters.pricing import PriceCatalog
 
 
 class KindInfo(NamedTuple):
@@ -59,10 +62,12 @@ def backend_class(kind: str) -> type[Backend]:
     return cls
 
 
-def create_backend(kind: str, config: Mapping[str, Any] | None = None) -> Backend:
+def create_backend(kind: str, config: Mapping[str, Any] | None = None, *,
+                   prices: "PriceCatalog | None" = None) -> Backend:
     """A configured backend of ``kind``; ``config`` is validated by the class's ``clean_config``
-    (:class:`InvalidSpec` naming the field)."""
-    return backend_class(kind)(config)
+    (:class:`InvalidSpec` naming the field). ``prices``: the catalog its ``price`` uses (default:
+    the shipped one)."""
+    return backend_class(kind)(config, prices=prices)
 
 
 def kind_choices() -> list[tuple[str, str]]:

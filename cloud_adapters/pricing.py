@@ -1,0 +1,103 @@
+"""The instance price catalog (DESIGN.md §6): USD per instance-hour by provider, region and type.
+
+The catalog ships as data (``cloud_adapters/data/prices.csv``), one row per (provider, region,
+instance type) with the figure's source and date and whether it was confirmed against the
+provider's own price list. Adapters look prices up through a :class:`PriceCatalog`; the dashboard
+may hand them another one (admin-edited rows kept in the database) with the same two methods.
+
+Providers are named ``aws`` (SageMaker), ``gcp`` (Vertex AI) and ``azure`` (Azure ML).
+
+This module imports nothing from Django or a provider SDK.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Iterable, Protocol
+
+SHIPPED_CSV = Path(__file__).resolve().parent / "data" / "prices.csv"
+CSV_FIELDS = ("provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PriceRow:
+    """One catalog row: on-demand list price of one instance type in one region."""
+
+    provider: str  # "aws" | "gcp" | "azure"
+    region: str  # provider region code, e.g. "us-east-1", "us-central1", "eastus"
+    instance_type: str  # e.g. "ml.g5.xlarge", "n1-standard-8", "NVIDIA_TESLA_T4", "Standard_NC6s_v3"
+    usd_per_hour: Decimal  # USD per instance-hour (per accelerator-hour for accelerator rows)
+    source: str = ""  # where the figure comes from (URL, API, file)
+    as_of: str = ""  # ISO date the figure was read, YYYY-MM-DD
+    confirmed: bool = False  # checked against the provider's own price list / API
+
+
+class PriceCatalog(Protocol):
+    """What an adapter needs from a price catalog."""
+
+    def lookup(self, provider: str, region: str, instance_type: str) -> PriceRow | None:
+        """The row for this instance type in this region, or None when the catalog has none."""
+
+    def rows(self, provider: str, region: str | None = None) -> list[PriceRow]:
+        """Every row of ``provider`` (in ``region`` when given), sorted by instance type."""
+
+
+class StaticPriceCatalog:
+    """A catalog held in memory (the shipped CSV, or rows a test builds)."""
+
+    def __init__(self, rows: Iterable[PriceRow] = ()) -> None:
+        self._rows: dict[tuple[str, str, str], PriceRow] = {}
+        for row in rows:
+            self._rows[(row.provider, row.region, row.instance_type)] = row
+
+    def lookup(self, provider: str, region: str, instance_type: str) -> PriceRow | None:
+        return self._rows.get((provider, region, instance_type))
+
+    def rows(self, provider: str, region: str | None = None) -> list[PriceRow]:
+        found = [r for (p, reg, _), r in self._rows.items() if p == provider and (region is None or reg == region)]
+        return sorted(found, key=lambda r: (r.region, r.instance_type))
+
+
+def read_csv(path: Path | str) -> list[PriceRow]:
+    """Rows of a catalog CSV (header :data:`CSV_FIELDS`). Raises ValueError naming the bad line."""
+    out: list[PriceRow] = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = set(CSV_FIELDS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+        for lineno, rec in enumerate(reader, start=2):
+            try:
+                price = Decimal(rec["usd_per_hour"])
+            except InvalidOperation:
+                raise ValueError(f"{path}:{lineno}: usd_per_hour {rec['usd_per_hour']!r} is not a number") from None
+            if price < 0:
+                raise ValueError(f"{path}:{lineno}: usd_per_hour must not be negative")
+            out.append(PriceRow(
+                provider=rec["provider"].strip(), region=rec["region"].strip(),
+                instance_type=rec["instance_type"].strip(), usd_per_hour=price,
+                source=rec["source"].strip(), as_of=rec["as_of"].strip(),
+                confirmed=rec["confirmed"].strip().lower() in ("1", "true", "yes"),
+            ))
+    return out
+
+
+def write_csv(path: Path | str, rows: Iterable[PriceRow]) -> None:
+    """Write ``rows`` as a catalog CSV, sorted by provider, region, instance type."""
+    ordered = sorted(rows, key=lambda r: (r.provider, r.region, r.instance_type))
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_FIELDS)
+        for r in ordered:
+            writer.writerow([r.provider, r.region, r.instance_type, f"{r.usd_per_hour:f}", r.source, r.as_of,
+                             "true" if r.confirmed else "false"])
+
+
+@functools.cache
+def shipped_catalog() -> StaticPriceCatalog:
+    """The catalog shipped with Trainboard (read once per process)."""
+    return StaticPriceCatalog(read_csv(SHIPPED_CSV))
