@@ -279,10 +279,15 @@ class Backend(abc.ABC):
     def describe(self, handle: JobHandle) -> JobStatus:
         """The job's current status. Raises :class:`Throttled` / :class:`ProviderError`."""
 
-    def describe_many(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+    def describe_many(self, handles: Sequence[JobHandle],
+                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
         """Statuses keyed by ``handle.job_name``. Adapters override this to batch provider calls
         so that the number of calls grows with the jobs that changed, not with the active ones.
-        A job missing from the result was not found this time (its state is left unchanged)."""
+
+        ``changed_since`` (UTC, aware): the caller already holds every job's status as of that
+        moment, so an adapter may leave out jobs the provider reports unchanged since then (the
+        caller passes None for a job it has never synced). A job missing from the result was not
+        found or did not change this time: its state is left unchanged."""
         return {h.job_name: self.describe(h) for h in handles}
 
     @abc.abstractmethod
