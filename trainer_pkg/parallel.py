@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -168,6 +168,30 @@ class StageModule(nn.Module):
 # -- strategies ----------------------------------------------------------------------------------------
 
 
+class BatchResult(NamedTuple):
+    """What :meth:`Strategy.forward_backward` returns where a rank computes the loss."""
+
+    logits: torch.Tensor  # (B, classes), detached
+    losses: torch.Tensor  # (B,) per-sample cross entropy in float32, detached: the same values the
+    #                       backward's mean was taken over, so metrics need no second loss
+
+
+def loss_backward(logits: torch.Tensor, y: torch.Tensor, loss_scale: float) -> BatchResult:
+    """Backward of ``mean(cross_entropy(logits, y)) × loss_scale``; returns the per-sample losses.
+
+    The per-sample losses are computed once and their mean is back-propagated: the gradients are
+    bit-for-bit those of ``F.cross_entropy(logits.float(), y) * loss_scale`` (``mean`` and the mean
+    reduction of ``nll_loss`` both divide the incoming gradient by the batch size), and a scale of 1
+    is not multiplied at all (multiplying by 1.0 is exact).
+    """
+    losses = F.cross_entropy(logits.float(), y, reduction="none")
+    loss = losses.mean()
+    if loss_scale != 1.0:
+        loss = loss * loss_scale
+    loss.backward()
+    return BatchResult(logits.detach(), losses.detach())
+
+
 class Strategy:
     """One rank's share of the model, and how a batch trains on it.
 
@@ -196,10 +220,11 @@ class Strategy:
         return [n for n, _ in self.module.named_parameters()]
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, loss_scale: float, sync: bool,
-                         autocast: contextlib.AbstractContextManager) -> torch.Tensor | None:
+                         autocast: contextlib.AbstractContextManager) -> BatchResult | None:
         """Forward and backward of one batch; gradients accumulate (scaled by ``loss_scale``).
 
-        Returns the logits (B, classes) where this rank computes the loss, else None. ``sync``:
+        Returns the logits (B, classes) and the per-sample losses (:class:`BatchResult`) where this
+        rank computes the loss, else None. ``sync``:
         reduce gradients across data-parallel ranks after this backward (the last accumulated batch).
         """
         raise NotImplementedError
@@ -286,11 +311,11 @@ class DDPStrategy(Strategy):
         with context:
             with autocast:
                 logits = self.ddp(x)
-            (F.cross_entropy(logits.float(), y) * loss_scale).backward()
+            out = loss_backward(logits, y, loss_scale)
         if sync and not self._checked_unused:
             self._checked_unused = True
             self._check_unused()
-        return logits
+        return out
 
     def _check_unused(self) -> None:
         if self.find_unused:
@@ -324,8 +349,7 @@ class FSDPStrategy(Strategy):
         self.module.set_requires_gradient_sync(sync)
         with autocast:
             logits = self.module(x)
-        (F.cross_entropy(logits.float(), y) * loss_scale).backward()
-        return logits
+        return loss_backward(logits, y, loss_scale)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         from torch.distributed.tensor import DTensor
@@ -418,14 +442,20 @@ class PipelineStrategy(Strategy):
         self._loss_scale = loss_scale / self.microbatches
         with autocast:
             if self.is_first and self.is_last:
-                return self._schedule.step(x, target=y)
-            if self.is_first:
+                logits = self._schedule.step(x, target=y)
+            elif self.is_first:
                 self._schedule.step(x)
                 return None
-            if self.is_last:
-                return self._schedule.step(target=y)
-            self._schedule.step()
-        return None
+            elif self.is_last:
+                logits = self._schedule.step(target=y)
+            else:
+                self._schedule.step()
+                return None
+        # The schedule back-propagates each micro-batch's mean inside its loss_fn; the per-sample
+        # losses for the metrics come from the merged logits of the whole batch.
+        with torch.no_grad():
+            logits = logits.detach()
+            return BatchResult(logits, F.cross_entropy(logits.float(), y, reduction="none"))
 
     def finish_gradients(self) -> None:
         if self.dp_group is None:

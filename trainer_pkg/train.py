@@ -56,9 +56,10 @@ stdout (see :mod:`trainer_pkg.metrics`). Values are global: sums and counts all-
 (a pipeline's loss and accuracy come from its last stage). With clipping on, records carry
 ``grad_norm``: the global gradient norm before clipping, of the step just taken.
 
-Stopping: SIGTERM (spot preemption, cancel) sets a flag; at the next step boundary the ranks agree
-(all-reduce) to stop, rank 0 writes a checkpoint, a ``stopped`` record is emitted and every rank
-exits 0. Running the same command again resumes.
+Stopping: SIGTERM (spot preemption, cancel) sets a flag; the ranks agree on it with an asynchronous
+all-reduce started after each optimizer step and read at the next step boundary, so they all stop at
+the same step (at most one step after the signal), rank 0 writes a checkpoint, a ``stopped`` record
+is emitted and every rank exits 0. Running the same command again resumes.
 
 Errors: a bad dataset, config or checkpoint prints one line ``trainer error: ...`` on stderr and exits
 1 on every rank (setup failures are agreed over the process group so no rank waits for another).
@@ -84,7 +85,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import ConfigError, JobConfig, shape_errors
@@ -194,6 +194,30 @@ class StopSignal:
         flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    def start_agreement(self, device: torch.device) -> "PendingStop":
+        """Collective, asynchronous: start agreeing on this rank's flag as it is now; the answer is read
+        with :meth:`PendingStop.result` later (the training loop: one step later, so the all-reduce's
+        latency overlaps the next step instead of stalling every step). Every rank issues the same
+        sequence of these and reads each result at the same step, so all ranks stop at the same step."""
+        if dist.get_world_size() == 1:  # nobody to agree with
+            return PendingStop(self.received is not None, None)
+        flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32, device=device)
+        return PendingStop(flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
+
+
+class PendingStop:
+    """An agreement started by :meth:`StopSignal.start_agreement`."""
+
+    def __init__(self, flag: torch.Tensor | bool, work: Any) -> None:
+        self.flag, self.work = flag, work
+
+    def result(self) -> bool:
+        """True on every rank if any rank had been signalled when the agreement started."""
+        if self.work is None:
+            return bool(self.flag)
+        self.work.wait()
+        return bool(self.flag.item())
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -531,9 +555,20 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     metrics = MetricsLog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), topo.is_main, fresh=ckpt is None)
     window = Window()
     grad_norm: float | None = None
+    # Training sums since the previous record, kept where they are cheapest and only read in report():
+    # the loss sum (float64: the same additions, in the same order, as Python floats) and the correct
+    # count on the device, the sample count and the timings as plain Python numbers.
+    loss_acc = torch.zeros((), dtype=torch.float64, device=device)
+    correct_acc = torch.zeros((), dtype=torch.int64, device=device)
+    acc = {"samples": 0, "steps": 0, "seconds": 0.0, "step_seconds": 0.0, "data_seconds": 0.0}
 
     def report(event: str, epoch: int, **extra: Any) -> None:
         """Collective: emit one record with the global window since the previous record."""
+        window.values.update(loss_sum=loss_acc.item(), correct=float(correct_acc.item()),
+                             **{k: float(v) for k, v in acc.items()})
+        loss_acc.zero_()
+        correct_acc.zero_()
+        acc.update(samples=0, steps=0, seconds=0.0, step_seconds=0.0, data_seconds=0.0)
         fields = _window_fields(window.gather(device))
         window.reset()
         if grad_norm is not None:
@@ -549,44 +584,69 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     try:
         # -- the loop: one optimizer step per grad_accum_steps batches -----------------------------
         first_step = step + 1
+        # The stop flag is agreed asynchronously: started after each optimizer step, read at the next
+        # step boundary (a signal stops every rank at the same step, at most one step later).
+        pending: PendingStop | None = None
+        # Only a batch reaching past the sampler's padding point holds padded duplicates (the last one
+        # of an epoch): rank r's item k is padding exactly when r + k·W ≥ n (see _real_mask).
+        first_padded = max(0, math.ceil((n_train - strategy.dp_rank) / strategy.dp_size))
+        # A constant schedule without warmup has factor 1 at every step: its step() only counts.
+        constant_lr = t.lr_schedule == "constant" and t.warmup_steps == 0
         for epoch in range(start_epoch, t.epochs):
             sampler.set_epoch(epoch)
             order = torch.tensor(list(iter(sampler)), dtype=torch.long)
             b = skip_batches if epoch == start_epoch else 0
             while b < n_batches:
-                if stop.agreed(device):
-                    return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
+                if pending is not None:
+                    stopping, pending = pending.result(), None
+                    if stopping:
+                        return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
                 tick = time.perf_counter()
                 group = range(b, min(b + t.grad_accum_steps, n_batches))
                 optimizer.zero_grad(set_to_none=True)
                 data_seconds = 0.0
                 for bb in group:
                     data_tick = time.perf_counter()
-                    idx = order[bb * t.batch_size : (bb + 1) * t.batch_size]
-                    keep = _real_mask(torch.arange(bb * t.batch_size, bb * t.batch_size + len(idx)),
-                                      strategy.dp_rank, strategy.dp_size, n_train).to(device)
+                    start = bb * t.batch_size
+                    idx = order[start : start + t.batch_size]
                     xb, yb = x_train[idx].to(device, non_blocking=True), y_train[idx].to(device, non_blocking=True)
                     if t.augment:
                         xb = random_hflip(xb)
                     data_seconds += time.perf_counter() - data_tick
                     # Each batch's mean loss weighs 1/len(group): the step's gradient is the mean over the group.
-                    logits = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
-                                                       autocast=autocast)
-                    if logits is not None:
+                    out = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
+                                                    autocast=autocast)
+                    if out is not None:
                         with torch.no_grad():
-                            losses = F.cross_entropy(logits.float(), yb, reduction="none")
-                            window.add(loss_sum=losses[keep].sum().item(),
-                                       correct=(logits.argmax(1) == yb)[keep].sum().item(),
-                                       samples=keep.sum().item())
+                            hits = out.logits.argmax(1) == yb
+                            if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
+                                keep = _real_mask(torch.arange(start, start + len(idx)),
+                                                  strategy.dp_rank, strategy.dp_size, n_train)
+                                acc["samples"] += int(keep.sum())
+                                keep = keep.to(device)
+                                loss_acc.add_(out.losses[keep].sum())
+                                correct_acc.add_(hits[keep].sum())
+                            else:
+                                acc["samples"] += len(idx)
+                                loss_acc.add_(out.losses.sum())
+                                correct_acc.add_(hits.sum())
                 strategy.finish_gradients()
                 if t.grad_clip_norm > 0:
                     grad_norm = strategy.clip_grad_norm_(t.grad_clip_norm)
                 optimizer.step()
-                scheduler.step()
+                pending = stop.start_agreement(device)
+                if constant_lr:
+                    scheduler.last_epoch += 1  # what step() would do, less recomputing the same lr
+                    scheduler._step_count += 1
+                else:
+                    scheduler.step()
                 step += 1
                 b = group.stop
-                window.add(steps=1, data_seconds=data_seconds, seconds=time.perf_counter() - tick,
-                           step_seconds=time.perf_counter() - tick - data_seconds)
+                seconds = time.perf_counter() - tick
+                acc["steps"] += 1
+                acc["data_seconds"] += data_seconds
+                acc["seconds"] += seconds
+                acc["step_seconds"] += seconds - data_seconds
                 if step == first_step:
                     report("started", epoch, resumed=ckpt is not None)
                 elif step % t.log_every_steps == 0:
@@ -599,6 +659,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
             _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
             save(epoch + 1, 0)
+        if pending is not None:  # the last step's agreement: nothing left to stop
+            pending.result()
 
         # -- finish ------------------------------------------------------------------------------
         strategy.sync_buffers()
