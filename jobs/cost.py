@@ -43,3 +43,12 @@ def estimate_cost_usd(*, max_runtime_s: int, instances: int, hourly_price_usd: D
     """Upper bound shown before launch: max runtime × instances × hourly price."""
     return job_cost_usd(billable_seconds=max_runtime_s, instances=instances,
                         hourly_price_usd=hourly_price_usd)
+
+
+def spot_saving(*, billable_seconds: float | None, training_seconds: float | None) -> float | None:
+    """Fraction of the on-demand cost a spot job saved: ``1 − billable / training`` (SageMaker's
+    definition: managed spot bills fewer seconds than the job trained). None without a positive
+    training time. Clamped to [0, 1]."""
+    if training_seconds is None or billable_seconds is None or training_seconds <= 0:
+        return None
+    return min(max(1.0 - float(billable_seconds) / float(training_seconds), 0.0), 1.0)

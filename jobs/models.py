@@ -146,6 +146,11 @@ class TrainingJob(Owned):
 
     # Cost: recomputed from source data at every sync, never incremented.
     billable_seconds = models.FloatField(default=0)
+    training_seconds = models.FloatField(
+        null=True, blank=True,
+        help_text="Run time the provider reports (SageMaker TrainingTimeInSeconds); with spot, billable "
+                  "seconds are less and the saving is 1 − billable / training.",
+    )
     instance_count = models.PositiveIntegerField(default=1)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
 
@@ -172,6 +177,26 @@ class TrainingJob(Owned):
         return self.nodes * self.procs_per_node
 
     @property
+    def spot_saving(self) -> float | None:
+        """Fraction saved by spot, ``1 − billable / training seconds`` (0.7 = 70 %); None unless this
+        is a spot job whose provider reported its training time."""
+        from jobs.cost import spot_saving
+
+        return spot_saving(billable_seconds=self.billable_seconds, training_seconds=self.training_seconds) \
+            if self.spot else None
+
+    @property
+    def on_demand_cost_usd(self) -> Decimal | None:
+        """What a spot job would have cost on demand: training seconds × instances × hourly price;
+        None unless this is a spot job whose provider reported its training time."""
+        from jobs.cost import job_cost_usd
+
+        if not self.spot or self.training_seconds is None:
+            return None
+        return job_cost_usd(billable_seconds=self.training_seconds, instances=self.instance_count,
+                            hourly_price_usd=self.hourly_price_usd)
+
+    @property
     def duration_s(self) -> float | None:
         """Seconds from start (or submission) to end, or to now while the job is active."""
         from django.utils import timezone
@@ -180,6 +205,43 @@ class TrainingJob(Owned):
         if begin is None:
             return None
         return ((self.ended_at or timezone.now()) - begin).total_seconds()
+
+
+class InstancePrice(models.Model):
+    """On-demand list price of one instance type in one region, managed by admins (DESIGN.md §6).
+
+    Seeded from the catalog shipped with the adapters (``manage.py load_prices``), refreshed from a
+    provider's price API (``manage.py refresh_prices``) or edited in the admin. Adapters read these
+    rows through :class:`jobs.pricing.DatabasePriceCatalog`, which falls back to the shipped catalog
+    for rows not here. Prices are not owned by a user: every backend of a provider reads the same ones.
+    """
+
+    class Provider(models.TextChoices):
+        AWS = "aws", "AWS (SageMaker)"
+        GCP = "gcp", "Google Cloud (Vertex AI)"
+        AZURE = "azure", "Azure (Azure ML)"
+
+    provider = models.CharField(max_length=10, choices=Provider.choices)
+    region = models.CharField(max_length=50, help_text="Provider region code, e.g. us-east-1, us-central1, eastus.")
+    instance_type = models.CharField(max_length=100, help_text="e.g. ml.g5.xlarge, n1-standard-8, Standard_NC6s_v3.")
+    usd_per_hour = models.DecimalField(
+        max_digits=12, decimal_places=6, validators=[MinValueValidator(Decimal("0"))],
+        help_text="On-demand USD per instance-hour (per accelerator-hour for accelerator rows).",
+    )
+    source = models.CharField(max_length=500, blank=True, help_text="Where the figure comes from (API, URL, file).")
+    as_of = models.DateField(null=True, blank=True, help_text="When the figure was read.")
+    confirmed = models.BooleanField(
+        default=False, help_text="Checked against the provider's own price list or price API.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "region", "instance_type"],
+                                               name="instanceprice_unique_type")]
+        ordering = ["provider", "region", "instance_type"]
+        verbose_name = "instance price"
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.region} {self.instance_type}: ${self.usd_per_hour.normalize():f}/h"
 
 
 class JobEvent(models.Model):
