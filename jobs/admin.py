@@ -5,6 +5,8 @@ scoped, another user's change page is a 404, and they need no model permissions 
 objects (ownership is the permission). Writes go through ``jobs.services`` (forms call the service in
 ``_post_clean`` so its ValidationErrors land on the form's fields); jobs are read-only here apart from
 the actions "Cancel selected jobs" and "Re-run selected jobs", which report per-job errors as messages.
+Backends have the action "Test connection", one message per check. Instance prices are a catalog
+shared by everyone: Django's model permissions govern them, not ownership.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from django.http import Http404
 from django.utils.html import format_html
 
 from jobs import services
-from jobs.models import ComputeBackend, Dataset, JobEvent, JobLogLine, MetricPoint, ModelSpec, TrainingJob
+from jobs.models import (
+    ComputeBackend,
+    Dataset,
+    InstancePrice,
+    JobEvent,
+    JobLogLine,
+    MetricPoint,
+    ModelSpec,
+    TrainingJob,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +213,59 @@ class ComputeBackendAdmin(ServiceFormAdmin):
     search_fields = ["name", "kind", "owner__username"]
     date_hierarchy = "created_at"
     readonly_fields = ["owner", "created_at", "updated_at"]
+    actions = ["test_connection_selected"]
+
+    @admin.action(description="Test connection of selected backends")
+    def test_connection_selected(self, request, queryset):
+        """One message per check: success for ok, error for failed (the adapter's own words)."""
+        for backend in queryset:
+            try:
+                checks = services.backend_test_connection(backend=backend, user=request.user)
+            except ValidationError as exc:
+                self.message_user(request, f"{backend.name}: {' '.join(exc.messages)}", messages.ERROR)
+                continue
+            for check in checks:
+                self.message_user(
+                    request, f"{backend.name} — {check.name}: {'ok' if check.ok else 'failed'}. {check.message}",
+                    messages.SUCCESS if check.ok else messages.ERROR,
+                )
+
+
+class InstancePriceForm(forms.ModelForm):
+    """Saves through ``services.instance_price_save`` (its ValidationError lands on the fields)."""
+
+    class Meta:
+        model = InstancePrice
+        fields = ["provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed"]
+
+    def _post_clean(self):
+        if self.errors:
+            return
+        try:
+            self.instance = services.instance_price_save(
+                price=self.instance if self.instance.pk else None, **self.cleaned_data)
+        except ValidationError as exc:
+            for field, msgs in exc.message_dict.items():
+                for msg in msgs:
+                    self.add_error(field if field in self.fields else None, msg)
+
+
+@admin.register(InstancePrice)
+class InstancePriceAdmin(admin.ModelAdmin):
+    """The price catalog adapters price jobs from. Not owned by a user: Django's model permissions
+    decide who may edit it (superusers always; other staff when granted ``jobs.change_instanceprice``)."""
+
+    form = InstancePriceForm
+    list_display = ["instance_type", "provider", "region", "usd_per_hour", "confirmed", "as_of", "source",
+                    "updated_at"]
+    list_display_links = ["instance_type"]
+    list_filter = ["provider", "confirmed", "region", "as_of"]
+    search_fields = ["instance_type", "region", "source"]
+    ordering = ["provider", "region", "instance_type"]
+    readonly_fields = ["updated_at"]
+
+    def save_model(self, request, obj, form, change):
+        pass  # saved by the service in InstancePriceForm._post_clean
 
 
 class JobEventInline(admin.TabularInline):
@@ -243,7 +307,7 @@ class TrainingJobAdmin(OwnedAdmin):
                                   "created_at", "submitted_at", "started_at", "first_step_at", "ended_at",
                                   "cancel_requested_at", "last_synced_at", "duration", "log_cursor"]}),
         ("Cost", {"fields": ["hourly_price_usd", "estimated_cost_usd", "budget_usd", "billable_seconds",
-                             "instance_count", "cost_usd"]}),
+                             "training_seconds", "instance_count", "cost_usd"]}),
     ]
     inlines = [JobEventInline]
     actions = ["cancel_selected", "rerun_selected"]

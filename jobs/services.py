@@ -23,13 +23,25 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobHandle, JobSpec, JobState, JobStatus
+from cloud_adapters.base import (
+    Backend,
+    BackendError,
+    ConnectionCheck,
+    InstanceOffer,
+    InvalidSpec,
+    JobHandle,
+    JobSpec,
+    JobState,
+    JobStatus,
+)
+from cloud_adapters.pricing import PriceRow
 from jobs import cost as costs
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
+    InstancePrice,
     JobEvent,
     JobLogLine,
     JobStateChoices as S,
@@ -66,13 +78,16 @@ def _effective_config(kind: str, config: Mapping[str, Any] | None) -> dict[str, 
 
 
 def backend_adapter(backend: ComputeBackend) -> Backend:
-    """The configured ``cloud_adapters`` Backend for a ComputeBackend row.
+    """The configured ``cloud_adapters`` Backend for a ComputeBackend row, pricing from the
+    admin-managed catalog (:class:`jobs.pricing.DatabasePriceCatalog`, shipped rows as fallback).
 
     Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency).
     """
     from cloud_adapters.registry import create_backend
+    from jobs.pricing import DatabasePriceCatalog
 
-    return create_backend(backend.kind, _effective_config(backend.kind, backend.config))
+    return create_backend(backend.kind, _effective_config(backend.kind, backend.config),
+                          prices=DatabasePriceCatalog())
 
 
 def backend_queue(backend: ComputeBackend) -> str:
@@ -506,6 +521,144 @@ def backend_update(*, backend: ComputeBackend, **fields: Any) -> ComputeBackend:
                    empty={"config": {}}, errors=errors)
 
 
+def backend_test_connection(*, backend: ComputeBackend, user) -> list[ConnectionCheck]:
+    """Check that ``backend`` is usable with its saved settings and the credentials at hand.
+
+    Calls the adapter's ``test_connection()`` (read-only provider calls: for a cloud, identity,
+    bucket and API access) and returns its checks, each ``ok`` or not with a message saying what to
+    fix. Never raises for a failed check: settings the adapter rejects (a BackendError while
+    building it, e.g. a missing role ARN or SDK) and an adapter that raises while testing become one
+    failed check. A disabled backend is tested too (test before enabling). ``user`` must own the
+    backend or be a superuser, else ValidationError on ``__all__``.
+    """
+    if not (getattr(user, "is_superuser", False) or backend.owner_id == getattr(user, "pk", None)):
+        raise ValidationError({ALL: [f"Backend {backend.name} is not yours to test."]})
+    try:
+        adapter = backend_adapter(backend)
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        return [ConnectionCheck("settings", False, f"Backend {backend.name} cannot be used: {exc} "
+                                                   f"Fix its settings and test again.")]
+    try:
+        checks = list(adapter.test_connection())
+    except Exception as exc:  # the contract says adapters do not raise here; a bug must not be a 500
+        log.exception("backend %s: test_connection raised", backend.pk)
+        return [ConnectionCheck("connection", False, f"The {backend.kind} adapter failed while testing "
+                                                     f"({type(exc).__name__}: {exc}).")]
+    log.info("backend %s tested by %s: %s", backend.pk, getattr(user, "pk", None),
+             ", ".join(f"{c.name}={'ok' if c.ok else 'failed'}" for c in checks))
+    return checks
+
+
+def backend_instance_offers(*, backend: ComputeBackend) -> tuple[list[InstanceOffer], bool]:
+    """``(offers, spot)`` for the job form: the instance types ``backend``'s adapter offers with
+    their catalog prices (``Backend.instance_offers``; empty for the gpubox) and whether it has spot
+    capacity. A backend whose adapter cannot be built offers nothing (its error shows at submit)."""
+    try:
+        adapter = backend_adapter(backend)
+        return list(adapter.instance_offers()), bool(adapter.capabilities.spot)
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        log.info("backend %s: no instance offers (%s)", backend.pk, exc)
+        return [], False
+
+
+# =============================================================================================
+# Instance prices (admin-managed catalog; DESIGN.md §6)
+# =============================================================================================
+
+_PRICE_FIELDS = ("usd_per_hour", "source", "as_of", "confirmed")
+
+
+def _price_values(errors: _Errors, row: PriceRow, label: str) -> dict[str, Any]:
+    from jobs.pricing import parse_as_of
+
+    values: dict[str, Any] = {"source": (row.source or "")[:500], "confirmed": bool(row.confirmed)}
+    if row.provider not in InstancePrice.Provider.values:
+        errors.add("provider", f"{label}: provider must be one of {', '.join(InstancePrice.Provider.values)}, "
+                               f"got {row.provider!r}.")
+    if not row.region or not row.instance_type:
+        errors.add(ALL, f"{label}: region and instance type are required.")
+    try:
+        price = Decimal(str(row.usd_per_hour))
+        if not price.is_finite() or price < 0:
+            raise InvalidOperation
+        values["usd_per_hour"] = price.quantize(costs.PRICE_FRACTION)
+    except (InvalidOperation, ValueError):
+        errors.add("usd_per_hour", f"{label}: USD per hour must be a number ≥ 0, got {row.usd_per_hour!r}.")
+    try:
+        values["as_of"] = parse_as_of(row.as_of)
+    except ValueError as exc:
+        errors.add("as_of", f"{label}: {exc}.")
+    return values
+
+
+def instance_price_upsert(*, rows: list[PriceRow], overwrite: bool = True) -> dict[str, int]:
+    """Store catalog rows as :class:`InstancePrice`, keyed by (provider, region, instance type).
+
+    New keys are created; existing ones are updated when ``overwrite`` (a refresh from a price API)
+    and left alone otherwise (seeding never undoes an admin's edit). One transaction: a bad row
+    raises ValidationError naming it and nothing is written. Returns ``{"created", "updated",
+    "unchanged"}`` counts (an overwrite with identical values counts as unchanged).
+    """
+    errors = _Errors()
+    prepared = []
+    for row in rows:
+        label = f"{row.provider} {row.region} {row.instance_type}"
+        prepared.append((row, _price_values(errors, row, label)))
+    errors.raise_if_any()
+    counts = {"created": 0, "updated": 0, "unchanged": 0}
+    with transaction.atomic():
+        for row, values in prepared:
+            existing = (InstancePrice.objects.select_for_update()
+                        .filter(provider=row.provider, region=row.region, instance_type=row.instance_type).first())
+            if existing is None:
+                InstancePrice.objects.create(provider=row.provider, region=row.region,
+                                             instance_type=row.instance_type, **values)
+                counts["created"] += 1
+            elif overwrite and any(getattr(existing, f) != values[f] for f in _PRICE_FIELDS):
+                for field in _PRICE_FIELDS:
+                    setattr(existing, field, values[field])
+                existing.save()
+                counts["updated"] += 1
+            else:
+                counts["unchanged"] += 1
+    return counts
+
+
+def instance_price_seed(*, overwrite: bool = False) -> dict[str, int]:
+    """Load the catalog shipped with the adapters (``cloud_adapters/data/prices.csv``) into
+    :class:`InstancePrice`. Idempotent: rows already stored are kept as they are unless
+    ``overwrite`` (then the shipped figures replace them). Counts as :func:`instance_price_upsert`."""
+    from cloud_adapters.pricing import shipped_catalog
+
+    catalog = shipped_catalog()
+    rows = [row for provider in InstancePrice.Provider.values for row in catalog.rows(provider)]
+    return instance_price_upsert(rows=rows, overwrite=overwrite)
+
+
+def instance_price_save(*, price: InstancePrice | None = None, provider: str, region: str, instance_type: str,
+                        usd_per_hour: Any, source: str = "", as_of: Any = None,
+                        confirmed: bool = False) -> InstancePrice:
+    """Create (``price`` None) or change one catalog row (the admin's form). ValidationError keyed by
+    field; the (provider, region, instance type) must not belong to another row."""
+    errors = _Errors()
+    row = PriceRow(provider=provider, region=(region or "").strip(), instance_type=(instance_type or "").strip(),
+                   usd_per_hour=usd_per_hour, source=source or "", as_of=as_of or "", confirmed=bool(confirmed))
+    values = _price_values(errors, row, f"{row.provider} {row.region} {row.instance_type}")
+    clash = InstancePrice.objects.filter(provider=row.provider, region=row.region, instance_type=row.instance_type)
+    if price is not None and price.pk:
+        clash = clash.exclude(pk=price.pk)
+    if clash.exists():
+        errors.add("instance_type", f"{row.instance_type} in {row.provider} {row.region} already has a price; "
+                                    f"edit that row instead.")
+    errors.raise_if_any()
+    price = price or InstancePrice()
+    price.provider, price.region, price.instance_type = row.provider, row.region, row.instance_type
+    for field in _PRICE_FIELDS:
+        setattr(price, field, values[field])
+    price.save()
+    return price
+
+
 # =============================================================================================
 # Training jobs: create, estimate, re-run
 # =============================================================================================
@@ -916,6 +1069,8 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dic
                                        hourly_price_usd=job.hourly_price_usd),
         "last_synced_at": now,
     }
+    if status.training_seconds is not None:
+        fields["training_seconds"] = float(status.training_seconds)
     if terminal:
         fields["ended_at"] = ended_at
     if target == S.FAILED:
@@ -926,11 +1081,28 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dic
     return fields
 
 
+def _unchanged_fields(job: TrainingJob, now: dt.datetime) -> dict[str, Any]:
+    """Columns to write for a job ``describe_many`` left out (unchanged since ``changed_since``, or
+    not found): the sync time and, while it runs, its cost so far from the run interval (start →
+    now) — recomputed absolutely, never incremented. The provider's own billable seconds arrive
+    with the status that reports them."""
+    fields: dict[str, Any] = {"last_synced_at": now}
+    if job.state == S.RUNNING and job.started_at is not None:
+        billable = costs.run_seconds(job.started_at, None, now)
+        fields["billable_seconds"] = billable
+        fields["cost_usd"] = costs.job_cost_usd(billable_seconds=billable, instances=job.instance_count,
+                                                hourly_price_usd=job.hourly_price_usd)
+    return fields
+
+
 def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime) -> None:
     handle = JobHandle.from_dict(job.provider_handle)
     drained = _drain_logs(adapter, job, handle, now)
-    if status is None:  # not found this time: state left unchanged
-        TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now)
+    if status is None:  # unchanged since the last sync, or not found: state left as it is
+        fields = _unchanged_fields(job, now)
+        TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
+        job.refresh_from_db()
+        _enforce_budget(adapter, job, handle)
         return
     target = status.state.value if isinstance(status.state, JobState) else str(status.state)
     if target in TERMINAL_STATE_VALUES and not drained:
@@ -972,13 +1144,29 @@ def _send_cancel(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
         log.warning("job %s: cancel not sent this sync (%s); the next sync retries", job.pk, exc)
 
 
+SYNC_MARGIN = dt.timedelta(seconds=60)
+"""Overlap between syncs: provider modification times and our clock may disagree by this much."""
+
+
+def sync_changed_since(jobs: list[TrainingJob]) -> dt.datetime | None:
+    """``changed_since`` for ``describe_many``: the oldest ``last_synced_at`` among ``jobs`` minus
+    :data:`SYNC_MARGIN`, or None when any of them has never been synced (it must be described)."""
+    synced = [job.last_synced_at for job in jobs]
+    if not synced or any(at is None for at in synced):
+        return None
+    return min(synced) - SYNC_MARGIN
+
+
 def backend_sync(*, backend_id: int) -> int:
     """One sync pass over a backend's active jobs (the body of ``jobs.tasks.sync_backend``).
 
-    One ``describe_many`` call for all of them; per job (row locked, skipped if another sync holds
-    it): STOPPING jobs get their cancel re-sent, new log lines and metric points are stored, then the
-    provider state is applied through the state machine with times, billable seconds, instance count
-    and cost recomputed absolutely; a job whose cost reached its budget is stopped.
+    One ``describe_many`` call for all of them, with ``changed_since`` from :func:`sync_changed_since`
+    so an adapter may list only the jobs that changed; per job (row locked, skipped if another sync
+    holds it): STOPPING jobs get their cancel re-sent, new log lines and metric points are stored,
+    then the provider state is applied through the state machine with times, billable and training
+    seconds, instance count and cost recomputed absolutely. A job left out of the result keeps its
+    state; its logs are still read and, while RUNNING, its cost so far is recomputed from the run
+    interval. A job whose cost reached its budget is stopped.
     Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
     """
     backend = ComputeBackend.objects.get(pk=backend_id)
@@ -993,7 +1181,8 @@ def backend_sync(*, backend_id: int) -> int:
         if job.state == S.STOPPING:
             # Re-sent every sync: idempotent, and lets a gpubox escalate SIGTERM to SIGKILL.
             _send_cancel(adapter, job, JobHandle.from_dict(job.provider_handle))
-    statuses = adapter.describe_many([JobHandle.from_dict(j.provider_handle) for j in jobs])
+    statuses = adapter.describe_many([JobHandle.from_dict(j.provider_handle) for j in jobs],
+                                     changed_since=sync_changed_since(jobs))
     now = timezone.now()
     for job in jobs:
         with transaction.atomic():

@@ -41,7 +41,7 @@ class ScriptedBackend(Backend):
     def describe(self, handle):  # pragma: no cover - describe_many is overridden
         raise AssertionError("describe_many must be used")
 
-    def describe_many(self, handles):
+    def describe_many(self, handles, changed_since=None):
         self.calls["describe_many"] = self.calls.get("describe_many", 0) + 1
         status = type(self).statuses.pop(0)
         return {h.job_name: status for h in handles}

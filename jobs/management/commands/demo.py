@@ -1,7 +1,8 @@
 """`python manage.py demo`: the whole product on one machine, for a first look.
 
-Migrates the database, creates the demo user (printing a fresh password), registers the built-in
-`digits` dataset, a `digits-cnn` model and a `local` GPU-box backend, starts the web server, a Celery
+Migrates the database, loads the shipped price catalog (`load_prices`), creates the demo user
+(printing a fresh password), registers the built-in `digits` dataset, a `digits-cnn` model and a
+`local` GPU-box backend, starts the web server, a Celery
 worker and Celery beat as child processes, launches one 2-process DDP job and follows it. Runs until
 Ctrl-C, then stops every child process and cancels the training still running on this machine.
 """
@@ -57,6 +58,7 @@ class Command(BaseCommand):
             )
         self.stdout.write("Migrating the database ...")
         call_command("migrate", interactive=False, verbosity=0)
+        call_command("load_prices", stdout=self.stdout)  # the shipped price catalog, kept if edited
         user, password = self._demo_user(opts["username"])
         dataset, model, backend = self._demo_objects(user, opts["hourly_rate"])
 

@@ -1,0 +1,88 @@
+"""``manage.py refresh_prices``: update the price catalog from a provider's own price API.
+
+    python manage.py refresh_prices --provider aws --region us-east-1 --region eu-west-1
+    python manage.py refresh_prices --provider aws --dry-run      # show what would change
+
+Fetchers live in ``jobs.price_refresh.FETCHERS`` (provider → function). Everything is fetched
+first and stored in one transaction (``jobs.services.instance_price_upsert``), so a network or
+credentials failure half-way changes nothing. Progress goes to stderr, the summary to stdout.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs import price_refresh, services
+from jobs.models import InstancePrice
+from jobs.pricing import DatabasePriceCatalog
+
+
+class Command(BaseCommand):
+    help = (
+        "Refresh instance prices from a provider's price API and store them as confirmed rows "
+        "(source and today's date). aws: the AWS Price List API (boto3 'pricing', us-east-1 endpoint, "
+        "SageMaker training instances); it needs network access and AWS credentials from boto3's "
+        "default chain (environment, --profile, instance role) with pricing:GetProducts. Without "
+        "--region, every region the catalog already holds for the provider is refreshed. Exit status "
+        "1 with nothing changed when the API cannot be read."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--provider", required=True, choices=sorted(InstancePrice.Provider.values),
+                            help=f"whose prices to fetch (fetchers available: {', '.join(sorted(price_refresh.FETCHERS))})")
+        parser.add_argument("--region", action="append", default=[], metavar="REGION",
+                            help="region code to price, e.g. us-east-1; repeat for several")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="fetch and print what would change; write nothing")
+        parser.add_argument("--profile", default="", help="aws: the AWS profile name to use (default chain if empty)")
+        parser.add_argument("--endpoint-url", default="", help="aws: another Price List API endpoint (testing)")
+
+    def handle(self, *args, **opts):
+        provider = opts["provider"]
+        regions = list(dict.fromkeys(opts["region"])) or self._known_regions(provider)
+
+        def progress(message: str) -> None:
+            self.stderr.write(message)
+
+        try:
+            rows = price_refresh.fetch_prices(
+                provider, regions, progress=progress,
+                options={"profile": opts["profile"], "endpoint_url": opts["endpoint_url"]},
+            )
+        except price_refresh.PriceRefreshError as exc:
+            raise CommandError(f"{exc} No price was changed.") from exc
+        if not rows:
+            raise CommandError(
+                f"The {provider} price API returned no prices for {', '.join(regions)}; check the region "
+                f"codes. No price was changed."
+            )
+        if opts["dry_run"]:
+            self._show_changes(rows)
+            self.stdout.write(f"Dry run: {len(rows)} price(s) fetched, nothing written.")
+            return
+        try:
+            counts = services.instance_price_upsert(rows=rows, overwrite=True)
+        except ValidationError as exc:
+            raise CommandError("The price API returned a bad row: " + " ".join(exc.messages)) from exc
+        self.stdout.write(
+            f"{provider} prices for {', '.join(regions)}: {counts['created']} added, "
+            f"{counts['updated']} updated, {counts['unchanged']} unchanged."
+        )
+
+    def _known_regions(self, provider: str) -> list[str]:
+        regions = sorted({row.region for row in DatabasePriceCatalog().rows(provider)})
+        return regions or [price_refresh.DEFAULT_REGIONS.get(provider, "")]
+
+    def _show_changes(self, rows) -> None:
+        catalog = DatabasePriceCatalog()
+        for row in rows:
+            old = catalog.lookup(row.provider, row.region, row.instance_type)
+            if old is None:
+                change = "new"
+            elif old.usd_per_hour != row.usd_per_hour:
+                change = f"was ${old.usd_per_hour.normalize():f}"
+            else:
+                change = "unchanged"
+            self.stdout.write(f"{row.provider} {row.region} {row.instance_type}: "
+                              f"${row.usd_per_hour.normalize():f}/h ({change})")
