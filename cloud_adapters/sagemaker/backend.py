@@ -1,0 +1,692 @@
+"""The SageMaker backend: a Trainboard job is one SageMaker training job, created with plain boto3.
+
+What a job is made of (clouds.md §1.1 for every request field):
+
+* the trainer archive (:mod:`cloud_adapters.packaging`), uploaded once per content hash to
+  ``s3://<bucket>/<prefix>/code/trainboard-trainer-<sha256[:16]>.tar.gz``;
+* CreateTrainingJob with AWS's PyTorch training image in script mode: ``sagemaker_program`` =
+  ``trainboard_entry.py`` in ``sagemaker_submit_directory`` = the archive. The toolkit runs the entry
+  once per instance; it starts ``python -m trainer_pkg.launch``, which reads SM_HOSTS/SM_CURRENT_HOST
+  and starts torchrun across the instances (trainer_pkg/platforms.py ``read_sagemaker``);
+* the job config as hyperparameters, one per field, ``"<section>.<field>": json.dumps(value)`` — the
+  JSON encoding the SageMaker SDK uses and the keys ``trainer_pkg.config.apply_overrides`` reads
+  (the ``output`` section is left out: SageMaker decides /opt/ml/model and /opt/ml/checkpoints);
+* the dataset's ``s3://`` URI as input channel ``train`` (FastFile), output under
+  ``s3://<bucket>/<prefix>/output/``, checkpoints under ``s3://<bucket>/<prefix>/checkpoints/<name>/``.
+
+Names: ``JobSpec.job_name`` becomes the TrainingJobName through :func:`training_job_name`
+(1–63 characters, pattern ``[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}``, clouds.md §1.1 [B]): a valid name is
+kept; any other is mapped deterministically, so a retried submit finds its job.
+
+Idempotency: submit first describes the name; a job that exists is adopted. A CreateTrainingJob
+answered ``ResourceInUse`` (a concurrent submit won) is adopted the same way. moto replaces a
+duplicate silently instead of answering ResourceInUse (§1.7), which the describe-first order also
+covers.
+
+Sync cost: :meth:`SageMakerBackend.describe_many` with ``changed_since`` lists the jobs SageMaker
+modified since then (ListTrainingJobs, 100 per page) and describes only those of the batch: calls per
+sync = ⌈changed in the account / 100⌉ + changed in the batch, not the number of active jobs.
+
+Every call goes through :mod:`cloud_adapters.retry` with the AWS classifier (:mod:`cloud_adapters._aws`)
+under the account's token bucket (key ``aws:<account of role_arn>:<region>``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from cloud_adapters import _aws, packaging, retry
+from cloud_adapters.base import (
+    Backend,
+    BackendError,
+    Capabilities,
+    ConnectionCheck,
+    InstanceOffer,
+    InvalidSpec,
+    JobHandle,
+    JobSpec,
+    JobStatus,
+)
+from cloud_adapters.sagemaker import logs as cw_logs
+from cloud_adapters.sagemaker.states import TERMINAL_STATUSES, job_status
+
+T = TypeVar("T")
+
+PROVIDER = "aws"  # provider name in the price catalog
+NAME_MAX = 63
+NAME_RE = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # TrainingJobName, clouds.md §1.1 [B]
+BUCKET_RE = re.compile(r"(?!\d+\.\d+\.\d+\.\d+$)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3 bucket naming rules
+REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d")
+ENV_KEY_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Environment keys, botocore model
+TAG_RE = re.compile(r"[\w\s.:/=+\-@]*", re.UNICODE)  # Tag Key/Value pattern, botocore model
+
+MAX_RUNTIME_S = 28 * 24 * 3600
+"""Largest MaxRuntimeInSeconds SageMaker accepts: 28 days (clouds.md §1.1 StoppingCondition [B])."""
+MAX_HYPERPARAMETERS = 100  # entries, clouds.md §1.1 [B]
+MAX_HYPERPARAMETER_VALUE = 2500  # characters per value in botocore's model (§1.1: the doc text says 256)
+MAX_ENVIRONMENT = 100  # entries; keys and values ≤ 512 characters (botocore model)
+MAX_TAGS = 50  # clouds.md §1.1 [B]
+LIST_PAGE = 100  # ListTrainingJobs MaxResults upper bound (clouds.md §1.7)
+LIST_SKEW_S = 120
+"""ListTrainingJobs(LastModifiedTimeAfter=changed_since − this): LastModifiedTime is stamped by AWS's
+clock and ``changed_since`` by ours; a margin makes a change at the boundary be listed twice rather
+than never."""
+SPOT_WAIT_FACTOR = 2
+"""Spot jobs wait up to this × max runtime for capacity and run (MaxWaitTimeInSeconds ≥ MaxRuntime,
+clouds.md §1.1), capped at :data:`MAX_RUNTIME_S`."""
+
+IMAGE_ACCOUNTS = {"us-east-1": "763104351884", "us-west-2": "763104351884", "eu-west-1": "763104351884"}
+"""ECR registry account of AWS's deep learning containers per region, where clouds.md §1.1 records it
+([SDK2 image_uri_config/pytorch.json]); other regions have other accounts: set ``image_uri`` there."""
+IMAGE_REPO = "pytorch-training"
+IMAGE_VERSION = "2.8.0"  # newest PyTorch training entry in the SDK's config, py312 (clouds.md §1.1)
+IMAGE_PY = "py312"
+
+INSTANCE_GPUS = {
+    "ml.m5.xlarge": 0, "ml.g5.xlarge": 1, "ml.g5.12xlarge": 4, "ml.p3.2xlarge": 1, "ml.p4d.24xlarge": 8,
+}
+"""NVIDIA GPUs per instance of the catalog's types (AWS EC2 instance-type specifications for the m5,
+g5 (A10G), p3 (V100) and p4d (A100) families; SageMaker's ml.* types are the same machines). Not in
+clouds.md; a type missing here is checked against ``max_procs_per_node`` only."""
+INSTANCE_VCPUS = {"ml.m5.xlarge": 4}
+"""vCPUs of the CPU-only types above (EC2 m5.xlarge: 4), the most ranks a CPU job runs per instance."""
+
+DEFAULTS: dict[str, Any] = {
+    "prefix": "trainboard",
+    "instance_type": "ml.g5.xlarge",
+    "spot_allowed": False,
+    "profile": "",
+    "endpoint_url": "",
+    "max_nodes": 8,
+    "max_procs_per_node": 8,
+    "volume_size_gb": 50,
+    "max_calls_per_second": 10.0,
+}
+
+_CONFIG_KEYS = {"region", "role_arn", "bucket", "image_uri"} | set(DEFAULTS)
+
+
+def default_image_uri(region: str, *, gpu: bool = True) -> str:
+    """AWS's PyTorch training image for ``region``:
+    ``763104351884.dkr.ecr.<region>.amazonaws.com/pytorch-training:2.8.0-<gpu|cpu>-py312``
+    (the SageMaker SDK's form, clouds.md §1.1 [SDK2 image_uris.py ``_format_tag``]).
+
+    Raises :class:`InvalidSpec` for a region whose registry account clouds.md does not record.
+    """
+    account = IMAGE_ACCOUNTS.get(region)
+    if account is None:
+        raise InvalidSpec(
+            f"image_uri: no default PyTorch training image is known for region {region!r} (known: "
+            f"{', '.join(sorted(IMAGE_ACCOUNTS))}); set image_uri to the region's "
+            f"'<account>.dkr.ecr.{region}.amazonaws.com/{IMAGE_REPO}:<tag>' from AWS's deep learning "
+            f"containers list.")
+    kind = "gpu" if gpu else "cpu"
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{IMAGE_REPO}:{IMAGE_VERSION}-{kind}-{IMAGE_PY}"
+
+
+def training_job_name(job_name: str) -> str:
+    """The SageMaker TrainingJobName for a Trainboard job name, deterministic.
+
+    A name already valid (1–63 characters, ``[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}``) is kept. Otherwise
+    every character outside ``[a-zA-Z0-9-]`` becomes ``-`` (SageMaker forbids ``_``), leading and
+    trailing hyphens are dropped, and ``-`` + the first 8 hex digits of sha256(original) are appended
+    (the name cut to fit 63), so two names that map to the same text stay distinct.
+    """
+    if NAME_RE.fullmatch(job_name or ""):
+        return job_name
+    if not job_name:
+        raise InvalidSpec("job name: empty; the dashboard derives it from the job id.")
+    digest = hashlib.sha256(job_name.encode("utf-8")).hexdigest()[:8]
+    base = re.sub(r"[^a-zA-Z0-9-]", "-", job_name).strip("-")
+    base = base[: NAME_MAX - len(digest) - 1].rstrip("-")
+    return f"{base}-{digest}" if base else f"tb-{digest}"
+
+
+def hyperparameters(config: Mapping[str, Any]) -> dict[str, str]:
+    """``{"<section>.<field>": json.dumps(value)}`` for every field of the JobConfig dict ``config``
+    except the ``output`` section (SageMaker's directories replace it).
+
+    Raises :class:`InvalidSpec` when the config is not sections of fields, a value is not JSON or is
+    longer than 2500 characters, or there are more than 100 (botocore model limits, clouds.md §1.1).
+    """
+    out: dict[str, str] = {}
+    for section, fields in config.items():
+        if section == "output":
+            continue
+        if not isinstance(fields, Mapping):
+            raise InvalidSpec(f"config.{section}: expected an object of fields, got {fields!r:.100}")
+        for field, value in fields.items():
+            key = f"{section}.{field}"
+            try:
+                text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise InvalidSpec(f"config.{key}: not JSON-serialisable ({exc}).") from None
+            if len(text) > MAX_HYPERPARAMETER_VALUE:
+                raise InvalidSpec(
+                    f"config.{key}: {len(text)} characters as a SageMaker hyperparameter, the limit is "
+                    f"{MAX_HYPERPARAMETER_VALUE}; shorten it.")
+            out[key] = text
+    return out
+
+
+def _parse_s3(uri: str, field: str) -> tuple[str, str]:
+    m = re.fullmatch(r"s3://([^/]+)(?:/(.*))?", uri or "")
+    if not m:
+        raise InvalidSpec(f"{field}: expected an s3://bucket/key URI, got {uri!r}.")
+    return m.group(1), m.group(2) or ""
+
+
+class SageMakerBackend(Backend):
+    """Runs jobs as SageMaker training jobs; see the module docstring for what a job is made of.
+
+    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is stored:
+    credentials come from boto3's default chain or the named ``profile``):
+
+    ``region``            AWS region code, e.g. ``us-east-1`` (required).
+    ``role_arn``          SageMaker execution role, ``arn:aws:iam::<12-digit account>:role/<name>``
+                          (required); its account keys the rate limit.
+    ``bucket``            S3 bucket for code, output and checkpoints (required).
+    ``prefix``            key prefix in the bucket; default ``trainboard``.
+    ``image_uri``         training image; default AWS's PyTorch training image of the region
+                          (:func:`default_image_uri`; its ``-cpu-`` variant on CPU-only instances).
+    ``instance_type``     default ``ml.*`` type when a job names none; default ``ml.g5.xlarge``.
+    ``spot_allowed``      bool; whether jobs may ask for managed spot training; default False.
+    ``profile``           AWS profile name in ~/.aws/config; default "" (the default chain).
+    ``endpoint_url``      "" (AWS), one URL for every service (a local stand-in), or {service: url}.
+    ``max_nodes``         most instances per job, 1–100; default 8.
+    ``max_procs_per_node``  most ranks per instance (GPU types are also capped at their GPU count); default 8.
+    ``volume_size_gb``    ResourceConfig.VolumeSizeInGB (≥ 1; NVMe types use instance storage); default 50.
+    ``max_calls_per_second``  the account's API rate limit here (token bucket, burst 2×); default 10.
+    """
+
+    kind = "sagemaker"
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None,
+                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None) -> None:
+        super().__init__(config, prices=prices)
+        self.retry_policy = retry_policy or retry.RetryPolicy()
+        """Attempts and backoff of every provider call (tests pass a seeded RNG)."""
+        self.clock = clock or retry.SYSTEM_CLOCK
+        """Time source of retries and the rate limit (tests pass a simulated clock)."""
+        self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @classmethod
+    def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(config) - _CONFIG_KEYS)
+        if unknown:
+            raise InvalidSpec(f"{unknown[0]}: unknown SageMaker setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
+        out = dict(DEFAULTS)
+        out.update({k: v for k, v in config.items() if v is not None})
+
+        region = out.get("region")
+        if not isinstance(region, str) or not REGION_RE.fullmatch(region.strip()):
+            raise InvalidSpec(f"region: expected an AWS region code such as 'us-east-1', got {region!r}.")
+        out["region"] = region = region.strip()
+
+        role = out.get("role_arn")
+        if not isinstance(role, str) or _aws.role_account(role.strip()) is None:
+            raise InvalidSpec(
+                f"role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
+                f"(the SageMaker execution role), got {role!r}.")
+        out["role_arn"] = role.strip()
+
+        bucket = out.get("bucket")
+        if not isinstance(bucket, str) or not BUCKET_RE.fullmatch(bucket.strip()):
+            raise InvalidSpec(
+                f"bucket: expected an S3 bucket name (3–63 lowercase letters, digits, '.' or '-'; no "
+                f"s3:// prefix), got {bucket!r}.")
+        out["bucket"] = bucket.strip()
+
+        prefix = out.get("prefix")
+        if not isinstance(prefix, str) or not re.fullmatch(r"[\w.\-/]*", prefix) or ".." in prefix:
+            raise InvalidSpec(f"prefix: expected an S3 key prefix of letters, digits, '_-./', got {prefix!r}.")
+        out["prefix"] = prefix.strip("/")
+
+        image = out.get("image_uri") or ""
+        if not isinstance(image, str):
+            raise InvalidSpec(f"image_uri: expected an ECR image URI, got {image!r}.")
+        out["image_uri"] = image.strip() or default_image_uri(region)
+        if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", out["image_uri"]):
+            raise InvalidSpec(
+                f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {out['image_uri']!r}.")
+
+        itype = out.get("instance_type")
+        if not isinstance(itype, str) or not itype.startswith("ml."):
+            raise InvalidSpec(f"instance_type: expected a SageMaker 'ml.*' instance type, got {itype!r}.")
+
+        if not isinstance(out["spot_allowed"], bool):
+            raise InvalidSpec(f"spot_allowed: expected true or false, got {out['spot_allowed']!r}.")
+        if not isinstance(out["profile"], str):
+            raise InvalidSpec(f"profile: expected an AWS profile name, got {out['profile']!r}.")
+        endpoint = out["endpoint_url"]
+        urls = endpoint.values() if isinstance(endpoint, Mapping) else [endpoint]
+        if not all(isinstance(u, str) and (not u or re.match(r"https?://", u)) for u in urls):
+            raise InvalidSpec(f"endpoint_url: expected an http(s):// URL or {{service: URL}}, got {endpoint!r}.")
+        if isinstance(endpoint, Mapping):
+            out["endpoint_url"] = dict(endpoint)
+
+        for field, low, high in (("max_nodes", 1, 100), ("max_procs_per_node", 1, 64), ("volume_size_gb", 1, 16384)):
+            value = out[field]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidSpec(f"{field}: expected an integer from {low} to {high}, got {value!r}.")
+        rate = out["max_calls_per_second"]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+            raise InvalidSpec(f"max_calls_per_second: expected a number above 0, got {rate!r}.")
+        out["max_calls_per_second"] = float(rate)
+        return out
+
+    @property
+    def region(self) -> str:
+        return self.config["region"]
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            spot=self.config["spot_allowed"],
+            multi_node=self.config["max_nodes"] > 1,
+            gpus=True,
+            max_nodes=self.config["max_nodes"],
+            max_procs_per_node=self.config["max_procs_per_node"],
+            strategies=("ddp", "fsdp", "pipeline"),
+        )
+
+    # -- prices -----------------------------------------------------------------------------
+
+    def _known_types(self) -> list[str]:
+        return [r.instance_type for r in self.prices.rows(PROVIDER, self.region)]
+
+    def _unknown_type(self, instance_type: str) -> InvalidSpec:
+        known = self._known_types()
+        listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+        return InvalidSpec(
+            f"instance type {instance_type!r} has no price in the catalog for {self.region}; known: "
+            f"{listed or 'none (add rows to the price catalog)'}.")
+
+    def price(self, instance_type: str = "", spot: bool = False) -> float:
+        """On-demand USD per instance-hour of ``instance_type`` in the backend's region (catalog row).
+
+        For spot the same on-demand price is returned: SageMaker bills managed spot jobs for fewer
+        seconds (BillableTimeInSeconds < TrainingTimeInSeconds, clouds.md §1.2), so
+        cost = billable seconds × instances × this price already carries the saving.
+        Raises :class:`InvalidSpec` when the catalog has no row (the message lists known types).
+        """
+        itype = instance_type or self.config["instance_type"]
+        row = self.prices.lookup(PROVIDER, self.region, itype)
+        if row is None:
+            raise self._unknown_type(itype)
+        return float(row.usd_per_hour)
+
+    def instance_offers(self) -> list[InstanceOffer]:
+        """Every catalog row of the region, as offers (sorted by instance type)."""
+        return [InstanceOffer(instance_type=r.instance_type, usd_per_hour=float(r.usd_per_hour),
+                              confirmed=r.confirmed, source=f"{r.source} ({r.as_of})" if r.as_of else r.source)
+                for r in self.prices.rows(PROVIDER, self.region)]
+
+    # -- validate / submit ------------------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        """Base checks (nodes, processes, spot allowed, runtime ≥ 1 s) plus SageMaker's own.
+
+        * instance type: an ``ml.*`` type with a catalog price in the region;
+        * processes per node ≤ the instance's GPUs (one rank per GPU), or ≤ its vCPUs on a CPU type;
+        * max runtime ≤ 28 days (MaxRuntimeInSeconds, clouds.md §1.1);
+        * dataset: "" (built-in data) or an ``s3://`` URI; tags and env within the API's limits.
+        """
+        training_job_name(spec.job_name)
+        itype = spec.instance_type or self.config["instance_type"]
+        if not itype.startswith("ml."):
+            raise InvalidSpec(f"instance type {itype!r}: SageMaker training types start with 'ml.' "
+                              f"(e.g. {self.config['instance_type']}).")
+        if self.prices.lookup(PROVIDER, self.region, itype) is None:
+            raise self._unknown_type(itype)
+        super().validate(spec)
+        gpus = INSTANCE_GPUS.get(itype)
+        if gpus and spec.procs_per_node > gpus:
+            raise InvalidSpec(
+                f"{spec.nodes} × {itype} with {spec.procs_per_node} processes per node: {itype} has "
+                f"{gpus} GPU{'s' if gpus != 1 else ''} and each rank needs its own; ask for at most {gpus} "
+                f"processes per node (world size {spec.nodes} × {gpus} = {spec.nodes * gpus}).")
+        vcpus = INSTANCE_VCPUS.get(itype)
+        if gpus == 0 and vcpus and spec.procs_per_node > vcpus:
+            raise InvalidSpec(f"{itype} has {vcpus} vCPUs; ask for at most {vcpus} processes per node "
+                              f"(got {spec.procs_per_node}).")
+        if spec.max_runtime_s > MAX_RUNTIME_S:
+            raise InvalidSpec(
+                f"max runtime {spec.max_runtime_s} s is above SageMaker's limit of {MAX_RUNTIME_S} s "
+                f"(28 days); lower it, and resume from checkpoints in a second job if needed.")
+        if spec.dataset_uri and not spec.dataset_uri.startswith("s3://"):
+            raise InvalidSpec(
+                f"dataset {spec.dataset_uri!r}: SageMaker reads data from S3; upload it and use its "
+                f"s3:// URI (or a built-in dataset).")
+        if spec.dataset_uri:
+            _parse_s3(spec.dataset_uri, "dataset")
+        if not isinstance(spec.config, Mapping):
+            raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
+        if len(hyperparameters(spec.config)) + 5 > MAX_HYPERPARAMETERS:
+            raise InvalidSpec(f"config: more than {MAX_HYPERPARAMETERS - 5} fields; SageMaker takes "
+                              f"{MAX_HYPERPARAMETERS} hyperparameters.")
+        self._tags(spec)
+        self._environment(spec)
+
+    def _tags(self, spec: JobSpec) -> list[dict[str, str]]:
+        tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
+        if len(tags) > MAX_TAGS:
+            raise InvalidSpec(f"tags: {len(tags)} given, SageMaker takes at most {MAX_TAGS}.")
+        for key, value in tags.items():
+            if not (1 <= len(key) <= 128 and len(value) <= 256 and TAG_RE.fullmatch(key) and TAG_RE.fullmatch(value)):
+                raise InvalidSpec(f"tag {key!r}={value!r}: keys 1–128 and values ≤ 256 characters of "
+                                  f"letters, digits, spaces and _.:/=+-@.")
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def _environment(self, spec: JobSpec) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name,
+               packaging.PROCS_ENV: str(spec.procs_per_node)}
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        if len(env) > MAX_ENVIRONMENT:
+            raise InvalidSpec(f"env: {len(env)} variables, SageMaker takes at most {MAX_ENVIRONMENT}.")
+        for key, value in env.items():
+            if not ENV_KEY_RE.fullmatch(key) or len(key) > 512 or len(value) > 512:
+                raise InvalidSpec(f"env {key!r}: names are letters, digits and '_' (not starting with a "
+                                  f"digit); names and values at most 512 characters.")
+        return env
+
+    def _image(self, instance_type: str) -> str:
+        image = self.config["image_uri"]
+        if image == default_image_uri(self.region) and INSTANCE_GPUS.get(instance_type) == 0:
+            return default_image_uri(self.region, gpu=False)  # the CPU build of the same container
+        return image
+
+    def _s3_uri(self, *parts: str) -> str:
+        key = "/".join(p.strip("/") for p in (self.config["prefix"], *parts) if p.strip("/"))
+        return f"s3://{self.config['bucket']}/{key}/"
+
+    def training_request(self, spec: JobSpec, trainer_uri: str) -> dict[str, Any]:
+        """The CreateTrainingJob keyword arguments for ``spec`` with the trainer archive at
+        ``trainer_uri`` (field meanings and limits: clouds.md §1.1). Makes no call."""
+        name = training_job_name(spec.job_name)
+        itype = spec.instance_type or self.config["instance_type"]
+        hps = hyperparameters(spec.config)
+        hps.update({
+            # Script mode of AWS's framework containers, JSON-encoded as the SDK sends them (§1.1).
+            "sagemaker_program": json.dumps(packaging.ENTRY_SCRIPT),
+            "sagemaker_submit_directory": json.dumps(trainer_uri),
+            "sagemaker_container_log_level": "20",
+            "sagemaker_job_name": json.dumps(name),
+            "sagemaker_region": json.dumps(self.region),
+        })
+        stopping = {"MaxRuntimeInSeconds": int(spec.max_runtime_s)}
+        if spec.spot:
+            stopping["MaxWaitTimeInSeconds"] = max(int(spec.max_runtime_s),
+                                                   min(MAX_RUNTIME_S, SPOT_WAIT_FACTOR * int(spec.max_runtime_s)))
+        request: dict[str, Any] = {
+            "TrainingJobName": name,
+            "RoleArn": self.config["role_arn"],
+            "AlgorithmSpecification": {"TrainingImage": self._image(itype), "TrainingInputMode": "FastFile"},
+            "HyperParameters": hps,
+            "OutputDataConfig": {"S3OutputPath": spec.output_uri or self._s3_uri("output")},
+            "CheckpointConfig": {"S3Uri": spec.checkpoint_uri or self._s3_uri("checkpoints", name),
+                                 "LocalPath": "/opt/ml/checkpoints"},
+            "ResourceConfig": {"InstanceType": itype, "InstanceCount": int(spec.nodes),
+                               "VolumeSizeInGB": int(self.config["volume_size_gb"])},
+            "StoppingCondition": stopping,
+            "EnableManagedSpotTraining": bool(spec.spot),
+            "Environment": self._environment(spec),
+            "Tags": self._tags(spec),
+        }
+        if spec.dataset_uri:
+            request["InputDataConfig"] = [{
+                "ChannelName": "train",
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": spec.dataset_uri,
+                                                "S3DataDistributionType": "FullyReplicated"}},
+                "InputMode": "FastFile",
+            }]
+        return request
+
+    def trainer_uri(self, spec: JobSpec) -> str:
+        """The archive's S3 URI, uploading it first when the bucket lacks it (HeadObject).
+
+        ``spec.trainer_package_uri``: "" packages this checkout's trainer_pkg; an ``s3://`` URI is
+        used as is; a local directory holding ``trainer_pkg/`` is packaged from there.
+        """
+        source = spec.trainer_package_uri
+        if source.startswith("s3://"):
+            return source
+        if source and not Path(source, "trainer_pkg", "__init__.py").is_file():
+            raise InvalidSpec(f"trainer package {source!r}: expected an s3:// URI or a directory that "
+                              f"contains trainer_pkg/ (leave it empty to ship this installation's).")
+        archive = packaging.build_archive(source or None)
+        uri, _ = packaging.upload_once(self.client("s3"), archive, bucket=self.config["bucket"],
+                                       prefix=self.config["prefix"],
+                                       call=lambda fn: self._call(fn, "S3"))
+        return uri
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Create the training job; idempotent by name (an existing job of the name is adopted).
+
+        Calls: DescribeTrainingJob (adopt when it exists); else HeadObject (+ PutObject once per
+        trainer version) and CreateTrainingJob; on ResourceInUse DescribeTrainingJob again. Raises
+        :class:`InvalidSpec`, :class:`CredentialsError`, :class:`QuotaExceeded`,
+        :class:`CapacityUnavailable`, :class:`Throttled` or :class:`ProviderError`.
+        """
+        self.validate(spec)
+        name = training_job_name(spec.job_name)
+        existing = self._describe_by_name(name)
+        if existing is not None:
+            return self._handle(spec.job_name, existing)
+        request = self.training_request(spec, self.trainer_uri(spec))
+        sm = self.client("sagemaker")
+        try:
+            created = self._call(lambda: sm.create_training_job(**request), "SageMaker")
+        except BackendError as exc:
+            if _aws.error_code(exc.__cause__) != "ResourceInUse":
+                raise
+            adopted = self._describe_by_name(name)  # a concurrent submit created it first
+            if adopted is None:
+                raise
+            return self._handle(spec.job_name, adopted)
+        return self._handle(spec.job_name, {"TrainingJobName": name, "TrainingJobArn": created.get("TrainingJobArn"),
+                                            "ResourceConfig": request["ResourceConfig"]})
+
+    def _handle(self, job_name: str, desc: Mapping[str, Any]) -> JobHandle:
+        count = (desc.get("ResourceConfig") or {}).get("InstanceCount") or 1
+        return JobHandle(provider=self.kind, job_name=job_name,
+                         provider_job_id=str(desc.get("TrainingJobArn") or ""),
+                         extra={"training_job_name": str(desc.get("TrainingJobName") or training_job_name(job_name)),
+                                "region": self.region, "instance_count": int(count)})
+
+    # -- describe ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _name(handle: JobHandle) -> str:
+        return str(handle.extra.get("training_job_name") or training_job_name(handle.job_name))
+
+    def _describe_by_name(self, name: str) -> dict[str, Any] | None:
+        """DescribeTrainingJob, or None when SageMaker has no job of that name (the service answers
+        ValidationException "Requested resource not found", the model lists ResourceNotFound;
+        clouds.md §1.2)."""
+        sm = self.client("sagemaker")
+        try:
+            return self._call(lambda: sm.describe_training_job(TrainingJobName=name), "SageMaker")
+        except BackendError as exc:
+            if _aws.error_code(exc.__cause__) in ("ValidationException", "ResourceNotFound"):
+                return None
+            raise
+
+    def describe(self, handle: JobHandle) -> JobStatus:
+        """The job's status (mapping: :mod:`cloud_adapters.sagemaker.states`). One DescribeTrainingJob.
+
+        Raises :class:`ProviderError` when SageMaker has no such job, :class:`Throttled` or a
+        transient :class:`ProviderError` after retries.
+        """
+        name = self._name(handle)
+        desc = self._describe_by_name(name)
+        if desc is None:
+            raise ProviderError(f"SageMaker has no training job {name!r} in {self.region}; was it deleted?")
+        return job_status(desc)
+
+    def describe_many(self, handles: Sequence[JobHandle],
+                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
+        """Statuses keyed by ``handle.job_name``.
+
+        Without ``changed_since``: one DescribeTrainingJob per handle. With it: ListTrainingJobs
+        (LastModifiedTimeAfter = changed_since − :data:`LIST_SKEW_S`, 100 per page, every page), then
+        DescribeTrainingJob only for the handles listed; the others are left out (unchanged). A job
+        SageMaker no longer knows is left out too. Throttling or connection errors that outlast the
+        retries raise (:class:`Throttled` / transient :class:`ProviderError`), so the caller keeps
+        its ``changed_since`` and nothing is missed.
+        """
+        if changed_since is not None:
+            if changed_since.tzinfo is None:
+                raise ValueError("changed_since must be timezone-aware (UTC)")
+            changed = self._changed_names(changed_since - dt.timedelta(seconds=LIST_SKEW_S))
+            handles = [h for h in handles if self._name(h) in changed]
+        out: dict[str, JobStatus] = {}
+        for handle in handles:
+            desc = self._describe_by_name(self._name(handle))
+            if desc is not None:
+                out[handle.job_name] = job_status(desc)
+        return out
+
+    def _changed_names(self, after: dt.datetime) -> set[str]:
+        sm = self.client("sagemaker")
+        names: set[str] = set()
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"LastModifiedTimeAfter": after, "MaxResults": LIST_PAGE}
+            if token:
+                kwargs["NextToken"] = token
+            page = self._call(lambda kwargs=kwargs: sm.list_training_jobs(**kwargs), "SageMaker")
+            names.update(s["TrainingJobName"] for s in page.get("TrainingJobSummaries") or [])
+            token = page.get("NextToken")
+            if not token:
+                return names
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, handle: JobHandle) -> None:
+        """StopTrainingJob; returns at once (SageMaker reports Stopping, then Stopped).
+
+        Idempotent: when SageMaker refuses the stop (ValidationException) because the job is already
+        Stopping, Stopped, Completed or Failed, that is not an error. Raises :class:`ProviderError`
+        when there is no such job.
+        """
+        name = self._name(handle)
+        sm = self.client("sagemaker")
+        try:
+            self._call(lambda: sm.stop_training_job(TrainingJobName=name), "SageMaker")
+        except BackendError as exc:
+            if _aws.error_code(exc.__cause__) not in ("ValidationException", "ResourceNotFound"):
+                raise
+            desc = self._describe_by_name(name)
+            if desc is None:
+                raise ProviderError(f"SageMaker has no training job {name!r} in {self.region} to stop.") from exc
+            if desc.get("TrainingJobStatus") in TERMINAL_STATUSES | {"Stopping"}:
+                return
+            raise
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
+        """New lines of the job's CloudWatch streams (one per instance) since ``cursor``.
+
+        See :mod:`cloud_adapters.sagemaker.logs` for the cursor and line format: in a multi-instance
+        job lines are prefixed ``[algo-N] ``, metric lines stay exactly as the trainer printed them.
+        """
+        count = int(handle.extra.get("instance_count") or 1)
+        return cw_logs.tail(self.client("logs"), self._name(handle), cursor, prefix_hosts=count > 1,
+                            call=lambda fn: self._call(fn, "CloudWatch Logs"))
+
+    # -- test connection --------------------------------------------------------------------
+
+    def test_connection(self) -> list[ConnectionCheck]:
+        """Three read-only checks, each reported in words a user can act on; never raises.
+
+        ``identity`` (STS GetCallerIdentity), ``bucket`` (S3 HeadBucket on ``bucket``),
+        ``SageMaker access`` (ListTrainingJobs MaxResults=1).
+        """
+        policy = retry.RetryPolicy(max_attempts=2, base_delay_s=0.2, rng=self.retry_policy.rng)
+        checks = []
+
+        def check(name: str, service: str, fn: Callable[[], str], explain: Callable[[BaseException], str]) -> None:
+            try:
+                message = self._call(fn, service, policy=policy)
+                checks.append(ConnectionCheck(name, True, message))
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a message
+                checks.append(ConnectionCheck(name, False, explain(exc)))
+
+        def identity() -> str:
+            who = self.client("sts").get_caller_identity()
+            return f"signed in as {who.get('Arn')} (account {who.get('Account')})"
+
+        def credentials_hint(exc: BaseException) -> str:
+            code = _aws.error_code(exc.__cause__ or exc)
+            if code in _aws.CREDENTIAL_CODES:
+                return f"AWS rejected the credentials ({code}); refresh them or fix AWS_PROFILE / the profile setting."
+            return str(exc)
+
+        check("identity", "STS", identity, credentials_hint)
+
+        bucket = self.config["bucket"]
+
+        def head_bucket() -> str:
+            self.client("s3").head_bucket(Bucket=bucket)
+            return f"bucket {bucket} exists and is accessible"
+
+        def bucket_hint(exc: BaseException) -> str:
+            cause = exc.__cause__ or exc
+            status = _aws.http_status(cause)
+            code = _aws.error_code(cause)
+            if status == 404 or code in ("404", "NoSuchBucket", "NotFound"):
+                return (f"bucket {bucket} does not exist; create it in {self.region} or correct the "
+                        f"bucket setting.")
+            if status == 403 or code in ("403", "AccessDenied", "Forbidden"):
+                return (f"access to bucket {bucket} was denied; grant the worker's identity "
+                        f"s3:ListBucket, s3:GetObject and s3:PutObject on it (and the SageMaker role "
+                        f"read/write on the prefix {self.config['prefix']}/).")
+            return str(exc)
+
+        check("bucket", "S3", head_bucket, bucket_hint)
+
+        def list_jobs() -> str:
+            self.client("sagemaker").list_training_jobs(MaxResults=1)
+            return f"SageMaker API reachable in {self.region} (ListTrainingJobs allowed)"
+
+        def sagemaker_hint(exc: BaseException) -> str:
+            code = _aws.error_code(exc.__cause__ or exc)
+            if code in _aws.CREDENTIAL_CODES:
+                return ("the identity may not call SageMaker; grant it sagemaker:ListTrainingJobs, "
+                        "CreateTrainingJob, DescribeTrainingJob, StopTrainingJob and iam:PassRole on "
+                        f"{self.config['role_arn']}.")
+            return str(exc)
+
+        check("SageMaker access", "SageMaker", list_jobs, sagemaker_hint)
+        return checks
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def client(self, service: str) -> Any:
+        """The boto3 client for ``service`` (created once per backend object; thread-safe)."""
+        with self._clients_lock:
+            if service not in self._clients:
+                self._clients[service] = _aws.make_client(
+                    service, region=self.region, profile=self.config["profile"],
+                    endpoint_url=self.config["endpoint_url"])
+            return self._clients[service]
+
+    def _call(self, fn: Callable[[], T], service: str, *, policy: retry.RetryPolicy | None = None) -> T:
+        """``fn()`` under the account's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
+        account = _aws.role_account(self.config["role_arn"])
+        rate = self.config["max_calls_per_second"]
+        bucket = retry.limiter(f"aws:{account}:{self.region}", rate=rate, burst=max(1, int(2 * rate)),
+                               clock=self.clock)
+        return retry.call(fn, classify=lambda exc: _aws.classify(exc, service=service), bucket=bucket,
+                          policy=policy or self.retry_policy, clock=self.clock)
