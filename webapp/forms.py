@@ -5,12 +5,14 @@ rule of the domain is the service's, whose ValidationError lands back on these f
 
 from __future__ import annotations
 
+import copy
 import json
 from decimal import Decimal
 from typing import Any, get_args
 
 from django import forms
 
+from cloud_adapters.base import InstanceOffer
 from jobs import selectors
 from jobs.models import Dataset
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
@@ -39,6 +41,20 @@ def parse_json_object(text: str, *, example: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise forms.ValidationError(f"Must be a JSON object such as {example}, not {type(value).__name__}.")
     return value
+
+
+def usd_per_hour_label(usd_per_hour: float | Decimal) -> str:
+    """``$1.4084/h``, ``$7.09/h``, ``$3.00/h``: the catalog's figure, at least two decimals."""
+    price = Decimal(str(usd_per_hour)).normalize()
+    if price.as_tuple().exponent > -2:
+        price = price.quantize(Decimal("0.01"))
+    return f"${price:f}/h"
+
+
+def offer_label(offer: InstanceOffer) -> str:
+    """``ml.g5.xlarge — $1.4084/h (unconfirmed)`` for the job form's instance type select."""
+    return f"{offer.instance_type} — {usd_per_hour_label(offer.usd_per_hour)}" + (
+        "" if offer.confirmed else " (unconfirmed)")
 
 
 class DatasetForm(forms.Form):
@@ -77,48 +93,138 @@ class ModelSpecForm(forms.Form):
         return parse_json_object(self.cleaned_data.get("params", ""), example=self.PARAMS_EXAMPLE)
 
 
+# Settings a backend kind's adapter reads, as form fields: kind -> {config key: field}. Shown for the
+# chosen kind only (server-rendered; static/webapp/js/backend_form.js hides the other kinds' fieldsets)
+# and only the chosen kind's are read and validated, so the form works without JavaScript. Each kind's
+# adapter validates the values (``clean_config``, through ``jobs.services``) and names the setting in
+# its message, which lands on that field. No secret is ever a field: credentials come from the
+# provider's default chain (environment, profile, instance role). Settings not listed here go in
+# the JSON field. A kind not in the registry is skipped.
+KIND_SETTINGS: dict[str, dict[str, forms.Field]] = {
+    "gpubox": {
+        "max_procs_per_node": forms.IntegerField(
+            required=False, min_value=1, label="Max processes per node",
+            help_text="The most ranks one job may start on this machine."),
+        "hourly_rate_usd": forms.DecimalField(
+            required=False, min_value=Decimal("0"), max_digits=12, decimal_places=6, label="Hourly rate (USD)",
+            help_text="What an hour of this machine costs (0 if free)."),
+    },
+    "sagemaker": {
+        "region": forms.CharField(
+            required=False, max_length=30, label="AWS region", help_text="Where jobs run, e.g. us-east-1."),
+        "role_arn": forms.CharField(
+            required=False, max_length=2048, label="Execution role ARN",
+            help_text="The IAM role SageMaker assumes to read the data and write outputs, e.g. "
+                      "arn:aws:iam::123456789012:role/SageMakerTraining."),
+        "bucket": forms.CharField(
+            required=False, max_length=63, label="S3 bucket",
+            help_text="Holds the trainer package, outputs and checkpoints."),
+        "prefix": forms.CharField(
+            required=False, max_length=500, label="S3 prefix", help_text="Key prefix inside the bucket, e.g. trainboard/."),
+        "image_uri": forms.CharField(
+            required=False, max_length=2048, label="Training image",
+            help_text="Container image URI; blank uses AWS's PyTorch training container for the region."),
+        "instance_type": forms.CharField(
+            required=False, max_length=100, label="Default instance type",
+            help_text="Used when a job does not choose one, e.g. ml.g5.xlarge."),
+        "spot_allowed": forms.BooleanField(
+            required=False, label="Spot allowed", help_text="Jobs may ask for managed spot training."),
+        "profile": forms.CharField(
+            required=False, max_length=128, label="AWS profile name",
+            help_text="Optional: a profile of the worker's ~/.aws/config; blank uses boto3's default chain. "
+                      "No keys are stored here."),
+    },
+}
+
+
+def _registered_kind_settings() -> dict[str, dict[str, str]]:
+    """``{kind: {form field name: config key}}`` for the registered kinds that have settings. A key
+    two kinds share becomes ``<kind>_<key>`` so each kind keeps its own field."""
+    from cloud_adapters.registry import KINDS
+
+    kinds = [k for k in KINDS if k in KIND_SETTINGS]
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        for key in KIND_SETTINGS[kind]:
+            counts[key] = counts.get(key, 0) + 1
+    return {kind: {(key if counts[key] == 1 else f"{kind}_{key}"): key for key in KIND_SETTINGS[kind]}
+            for kind in kinds}
+
+
 class BackendForm(forms.Form):
     CONFIG_EXAMPLE = '{"region": "eu-west-1"}'
 
     name = forms.SlugField(max_length=100, help_text="Short name, unique among your backends, e.g. local.")
     kind = forms.ChoiceField(choices=_kind_choices, help_text="Which adapter runs the jobs.")
-    max_procs_per_node = forms.IntegerField(
-        required=False, min_value=1, label="Max processes per node",
-        help_text="GPU box: the most ranks one job may start on this machine.",
-    )
-    hourly_rate_usd = forms.DecimalField(
-        required=False, min_value=Decimal("0"), max_digits=12, decimal_places=6,
-        label="Hourly rate (USD)", help_text="GPU box: what an hour of this machine costs (0 if free).",
-    )
     extra_config = forms.CharField(
         required=False, label="Other settings (JSON)",
         widget=forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false"}),
-        help_text="Provider settings the adapter reads (region, bucket, project…), as a JSON object.",
+        help_text="Settings the adapter reads that have no field above, as a JSON object.",
     )
     enabled = forms.BooleanField(required=False, initial=True)
 
-    # Form fields that are keys of ComputeBackend.config.
-    CONFIG_FIELDS = ("max_procs_per_node", "hourly_rate_usd")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from cloud_adapters.registry import KINDS
+
+        self.kind_settings = _registered_kind_settings()
+        fields = dict(self.fields)
+        self.fields = {name: fields[name] for name in ("name", "kind")}
+        for kind, names in self.kind_settings.items():
+            for name, key in names.items():
+                field = copy.deepcopy(KIND_SETTINGS[kind][key])
+                field.widget.attrs["data-kind"] = kind
+                self.fields[name] = field
+        self.fields.update({name: fields[name] for name in ("extra_config", "enabled")})
+        # For the template: one fieldset per kind, legend = the registry's label.
+        self.kind_fieldsets = [
+            {"kind": kind, "label": KINDS[kind].label, "fields": [self[name] for name in names]}
+            for kind, names in self.kind_settings.items()
+        ]
+
+    def chosen_kind(self) -> str:
+        return (self.data.get("kind") if self.is_bound else self.initial.get("kind")) or ""
+
+    def setting_field(self, kind: str, key: str) -> str | None:
+        """The form field of ``kind``'s setting ``key`` (None when it has none)."""
+        return next((name for name, k in self.kind_settings.get(kind, {}).items() if k == key), None)
+
+    def full_clean(self) -> None:
+        # Only the chosen kind's settings are read, so only they are validated: a stray value in a
+        # hidden (or, without JavaScript, visible) fieldset of another kind is ignored.
+        super().full_clean()
+        if not self.is_bound:
+            return
+        chosen = self.chosen_kind()
+        for kind, names in self.kind_settings.items():
+            if kind == chosen:
+                continue
+            for name in names:
+                self._errors.pop(name, None)
+                self.cleaned_data.pop(name, None)
 
     def clean_extra_config(self) -> dict[str, Any]:
         return parse_json_object(self.cleaned_data.get("extra_config", ""), example=self.CONFIG_EXAMPLE)
 
     def config(self) -> dict[str, Any]:
-        """The backend's ``config`` dict from the cleaned fields (JSON-able: the rate as a float)."""
+        """The backend's ``config`` dict: the JSON settings, then the chosen kind's fields that have a
+        value (JSON-able: decimals as floats; blank text left out so the adapter's default applies)."""
         config = dict(self.cleaned_data.get("extra_config") or {})
-        for key in self.CONFIG_FIELDS:
-            value = self.cleaned_data.get(key)
-            if value is not None:
-                config[key] = float(value) if isinstance(value, Decimal) else value
+        for name, key in self.kind_settings.get(self.cleaned_data.get("kind", ""), {}).items():
+            value = self.cleaned_data.get(name)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            config[key] = float(value) if isinstance(value, Decimal) else (
+                value.strip() if isinstance(value, str) else value)
         return config
 
     @classmethod
     def initial_from(cls, backend) -> dict[str, Any]:
         config = dict(backend.config or {})
         initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled}
-        for key in cls.CONFIG_FIELDS:
+        for name, key in _registered_kind_settings().get(backend.kind, {}).items():
             if key in config:
-                initial[key] = config.pop(key)
+                initial[name] = config.pop(key)
         initial["extra_config"] = json.dumps(config, indent=2) if config else ""
         return initial
 
@@ -176,6 +282,51 @@ class TrainingJobForm(forms.Form):
         self.fields["dataset"].queryset = selectors.dataset_list_for_user(user=user)
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
+        self._offer_instance_types()
+
+    def _offer_instance_types(self) -> None:
+        """Where a backend's adapter offers instance types (a cloud), ``instance_type`` becomes a
+        select of them with their prices, grouped by backend (static/webapp/js/job_form.js shows only
+        the chosen backend's group; without it ``clean`` refuses another backend's type). With no such
+        backend the field stays free text, as for the gpubox. ``spot_backends``: backends with spot."""
+        from jobs import services
+
+        self.backend_offers: dict[int, list[InstanceOffer]] = {}
+        self.spot_backends: list[int] = []
+        for backend in self.fields["backend"].queryset:
+            offers, spot = services.backend_instance_offers(backend=backend)
+            self.backend_offers[backend.pk] = offers
+            if spot:
+                self.spot_backends.append(backend.pk)
+        self.backend_names = {b.pk: b.name for b in self.fields["backend"].queryset}
+        if not any(self.backend_offers.values()):
+            return
+        groups: list[tuple[str, Any]] = [("", "Backend default")]
+        groups += [(self.backend_names[pk], [(o.instance_type, offer_label(o)) for o in offers])
+                   for pk, offers in self.backend_offers.items() if offers]
+        self.fields["instance_type"] = forms.ChoiceField(
+            required=False, choices=groups, label="Instance type",
+            help_text="Price per instance-hour from the catalog; (unconfirmed) = not checked against the "
+                      "provider's own price list. Backend default: the backend's default instance type.")
+
+    def offers_by_backend(self) -> dict[str, Any]:
+        """For job_form.js: ``{backend id: {"name", "offers": bool, "spot": bool}}``."""
+        return {str(pk): {"name": self.backend_names[pk], "offers": bool(self.backend_offers[pk]),
+                          "spot": pk in self.spot_backends} for pk in self.backend_offers}
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        backend, instance_type = data.get("backend"), data.get("instance_type") or ""
+        if backend is None or not instance_type or not isinstance(self.fields["instance_type"], forms.ChoiceField):
+            return data
+        offered = [o.instance_type for o in self.backend_offers.get(backend.pk, [])]
+        if not offered:
+            self.add_error("instance_type", f"Backend {backend.name} has no choice of instance type; "
+                                            f"choose “Backend default”.")
+        elif instance_type not in offered:
+            self.add_error("instance_type", f"Backend {backend.name} does not offer {instance_type}; choose one "
+                                            f"of {', '.join(offered)}.")
+        return data
 
     def clean_hyperparameters(self) -> dict[str, Any]:
         return parse_json_object(self.cleaned_data.get("hyperparameters", ""),

@@ -22,6 +22,7 @@ urlpatterns = [
     path("backends/", views.backend_list, name="backend-list"),
     path("backends/new/", views.backend_create, name="backend-create"),
     path("backends/<int:pk>/edit/", views.backend_edit, name="backend-edit"),
+    path("backends/<int:pk>/test-connection/", views.backend_test_connection, name="backend-test-connection"),
     # Jobs
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_create, name="job-create"),

@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from cloud_adapters.base import ConnectionCheck
 from jobs import selectors, services
 from jobs.models import JobStateChoices
 from trainer_pkg.registry import ARCHITECTURES
@@ -164,14 +165,20 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
 # --- backends --------------------------------------------------------------------------------
 
 def _add_backend_errors(form: BackendForm, exc: ValidationError) -> None:
-    """The service reports settings errors on ``config`` as "<setting>: message"; a setting the form
-    has its own field for gets the message there, the rest go on the JSON field."""
+    """The service reports settings errors on ``config`` as "<setting>: message" (the adapter's
+    ``clean_config`` names the setting); a setting the chosen kind has a field for gets the message
+    there, the rest go on the JSON field."""
     errors = service_error_dict(exc)
+    kind = form.cleaned_data.get("kind", "")
     for message in errors.pop("config", []):
         setting = message.split(":", 1)[0].strip()
-        form.add_error(setting if setting in BackendForm.CONFIG_FIELDS else "extra_config", message)
+        form.add_error(form.setting_field(kind, setting) or "extra_config", message)
     if errors:
         add_service_errors(form, ValidationError(errors))
+
+
+def _backend_form_page(request: HttpRequest, form: BackendForm, backend, checks=None) -> HttpResponse:
+    return render(request, "webapp/backends/form.html", {"form": form, "backend": backend, "checks": checks})
 
 
 @login_required
@@ -196,7 +203,7 @@ def backend_create(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Backend {backend.name} created.")
             return redirect("backend-list")
-    return render(request, "webapp/backends/form.html", {"form": form, "backend": None})
+    return _backend_form_page(request, form, None)
 
 
 @login_required
@@ -215,7 +222,23 @@ def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
         else:
             messages.success(request, f"Backend {form.cleaned_data['name']} saved.")
             return redirect("backend-list")
-    return render(request, "webapp/backends/form.html", {"form": form, "backend": backend})
+    return _backend_form_page(request, form, backend)
+
+
+@login_required
+@require_POST
+def backend_test_connection(request: HttpRequest, pk: int) -> HttpResponse:
+    """Run the backend's connection checks with its saved settings. htmx: the results fragment;
+    otherwise the edit page with the results above the form."""
+    backend = get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk)
+    try:
+        checks = services.backend_test_connection(backend=backend, user=request.user)
+    except ValidationError as exc:
+        checks = [ConnectionCheck("permission", False, m) for ms in service_error_dict(exc).values() for m in ms]
+    if request.htmx:
+        return render(request, "webapp/backends/_connection.html", {"backend": backend, "checks": checks})
+    form = BackendForm(initial=BackendForm.initial_from(backend))
+    return _backend_form_page(request, form, backend, checks)
 
 
 # --- jobs ------------------------------------------------------------------------------------

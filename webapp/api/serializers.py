@@ -119,12 +119,28 @@ class RankThroughputSerializer(serializers.Serializer):
     step_time_s = serializers.FloatField(allow_null=True)
 
 
+class ConnectionCheckSerializer(serializers.Serializer):
+    """One result of a backend's connection test."""
+
+    name = serializers.CharField(help_text="What was checked, e.g. identity, bucket, SageMaker access.")
+    ok = serializers.BooleanField()
+    message = serializers.CharField(help_text="What was found; when not ok, what to do about it.")
+
+
 class TrainingJobSerializer(serializers.ModelSerializer):
     """A job as listed: its shape, state, times and cost."""
 
     world_size = serializers.IntegerField(read_only=True)
     is_terminal = serializers.BooleanField(read_only=True)
     duration_s = serializers.FloatField(read_only=True, allow_null=True)
+    spot_saving = serializers.FloatField(
+        read_only=True, allow_null=True,
+        help_text="Spot jobs: fraction saved, 1 − billable / training seconds (0.3 = 30%); null until the "
+                  "provider reports the training time, and for on-demand jobs.")
+    on_demand_cost_usd = serializers.DecimalField(
+        max_digits=12, decimal_places=4, read_only=True, allow_null=True,
+        help_text="Spot jobs: what the run would have cost on demand, training seconds × instances × hourly "
+                  "price; null as for spot_saving.")
 
     class Meta:
         model = TrainingJob
@@ -132,7 +148,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "id", "name", "state", "is_terminal", "dataset", "model_spec", "backend", "rerun_of",
             "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
             "max_runtime_s", "budget_usd", "hourly_price_usd", "estimated_cost_usd", "cost_usd",
-            "billable_seconds", "instance_count", "raw_state", "secondary_state", "failure_reason",
+            "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "created_at", "submitted_at", "started_at", "ended_at", "duration_s",
         ]
         read_only_fields = fields

@@ -15,6 +15,7 @@ from jobs import selectors, services
 from jobs.models import JobStateChoices, TrainingJob
 from webapp.api.serializers import (
     BackendSerializer,
+    ConnectionCheckSerializer,
     DatasetSerializer,
     ModelSpecSerializer,
     TrainingJobCreateSerializer,
@@ -61,6 +62,22 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
 
     def get_queryset(self):
         return selectors.backend_list_for_user(user=self.request.user)
+
+    @extend_schema(
+        summary="Test the backend's connection with its saved settings",
+        description="Runs the adapter's read-only checks (for a cloud: identity, storage, API access) and "
+                    "returns each, ok or failed with what to fix. Failed checks are a 200 answer, not an error.",
+        request=None,
+        responses={200: ConnectionCheckSerializer(many=True)},
+    )
+    @action(detail=True, methods=["post"], url_path="test-connection")
+    def test_connection(self, request: Request, pk: str | None = None) -> Response:
+        backend = self.get_object()
+        try:
+            checks = services.backend_test_connection(backend=backend, user=request.user)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+        return Response(ConnectionCheckSerializer(checks, many=True).data)
 
 
 class TrainingJobFilter(django_filters.FilterSet):

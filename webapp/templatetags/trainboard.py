@@ -67,3 +67,12 @@ def pretty_json(value) -> str:
     import json
 
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+@register.filter
+def percent(fraction) -> str:
+    """``0.3`` → ``30%``, ``0.3333`` → ``33.3%``; None → ``—``."""
+    if fraction is None or fraction == "":
+        return "—"
+    value = round(float(fraction) * 100, 1)
+    return f"{value:g}%"
