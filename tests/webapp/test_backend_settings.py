@@ -1,0 +1,247 @@
+"""The backend form's settings per kind (webapp.forms.KIND_SETTINGS) and the Test connection button
+(UI, htmx fragment, API): real forms and views through Django's test client."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django import forms as django_forms
+from django.test import Client
+from django.urls import reverse
+from django.utils.html import escape
+from moto import mock_aws
+
+from cloud_adapters import registry
+from cloud_adapters.base import Backend, Capabilities, InvalidSpec
+from jobs import services
+from jobs.models import ComputeBackend
+from webapp import forms as webapp_forms
+
+pytestmark = pytest.mark.django_db
+
+ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
+SAGEMAKER_POST = {
+    "name": "sm", "kind": "sagemaker", "region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket",
+    "prefix": "team-a/", "image_uri": "", "instance_type": "ml.g5.xlarge", "spot_allowed": "on",
+    "profile": "training", "extra_config": "", "enabled": "on",
+    # A value typed into the GPU box's fieldset before switching kind: ignored, even if invalid.
+    "max_procs_per_node": "abc", "hourly_rate_usd": "",
+}
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def sagemaker_backend(user):
+    return services.backend_create(owner=user, name="sm", kind="sagemaker", config={
+        "region": "us-east-1", "role_arn": ROLE, "bucket": "tb-test-bucket", "spot_allowed": True})
+
+
+def field_names(html: str) -> set[str]:
+    return set(re.findall(r'name="([^"]+)"', html))
+
+
+# --- the form --------------------------------------------------------------------------------
+
+
+def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
+    page = owner_client.get(reverse("backend-create")).content.decode()
+    assert '<fieldset class="kind-settings" data-kind="gpubox">' in page
+    assert '<fieldset class="kind-settings" data-kind="sagemaker">' in page
+    assert "AWS SageMaker settings" in page and "Local GPU box (torchrun) settings" in page
+    assert {"max_procs_per_node", "hourly_rate_usd", "region", "role_arn", "bucket", "prefix", "image_uri",
+            "instance_type", "spot_allowed", "profile"} <= field_names(page)
+    assert 'type="password"' not in page
+    assert not {n for n in field_names(page) if re.search("secret|access_key|token|password", n)} - {
+        "csrfmiddlewaretoken"}
+    assert "backend_form.js" in page
+    assert "blank uses AWS&#x27;s PyTorch training container" in page
+
+
+def test_create_a_sagemaker_backend_from_its_fields(owner_client, user):
+    response = owner_client.post(reverse("backend-create"), SAGEMAKER_POST)
+    assert response.status_code == 302, response.context["form"].errors
+    backend = ComputeBackend.objects.get(owner=user, name="sm")
+    assert backend.kind == "sagemaker"
+    assert backend.config == {"region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket", "prefix": "team-a",
+                              "instance_type": "ml.g5.xlarge", "spot_allowed": True, "profile": "training"}
+
+    # The edit page puts each setting back in its field; settings without a field stay in the JSON.
+    services.backend_update(backend=backend, config={**backend.config, "max_nodes": 4})
+    form = owner_client.get(reverse("backend-edit", args=[backend.pk])).context["form"]
+    assert {k: form.initial[k] for k in ("region", "role_arn", "bucket", "prefix", "spot_allowed", "profile")} == {
+        "region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket", "prefix": "team-a", "spot_allowed": True,
+        "profile": "training"}
+    assert form.initial["extra_config"] == '{\n  "max_nodes": 4\n}'
+
+    # Unticking spot stores False; a blank profile is left out (boto3's default chain).
+    edit = owner_client.post(reverse("backend-edit", args=[backend.pk]), {
+        **SAGEMAKER_POST, "spot_allowed": "", "profile": "", "extra_config": '{"max_nodes": 4}'})
+    assert edit.status_code == 302
+    backend.refresh_from_db()
+    assert backend.config == {"region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket", "prefix": "team-a",
+                              "instance_type": "ml.g5.xlarge", "spot_allowed": False, "max_nodes": 4}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("role_arn", "admin", "role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
+                          "(the SageMaker execution role), got 'admin'."),
+    ("region", "Ireland", "region: expected an AWS region code such as 'us-east-1', got 'Ireland'."),
+    ("bucket", "s3://tb-bucket", "bucket: expected an S3 bucket name (3–63 lowercase letters, digits, '.' or '-'; "
+                                 "no s3:// prefix), got 's3://tb-bucket'."),
+    ("instance_type", "p3.2xlarge", "instance_type: expected a SageMaker 'ml.*' instance type, got 'p3.2xlarge'."),
+])
+def test_the_adapters_message_lands_on_the_setting_it_names(owner_client, field, value, message):
+    response = owner_client.post(reverse("backend-create"), {**SAGEMAKER_POST, field: value})
+    assert response.status_code == 200
+    form = response.context["form"]
+    assert form.errors == {field: [message]}
+    assert ComputeBackend.objects.count() == 0
+    assert escape(message) in response.content.decode()
+
+
+def test_a_missing_required_setting_is_named(owner_client):
+    response = owner_client.post(reverse("backend-create"), {**SAGEMAKER_POST, "role_arn": ""})
+    assert response.context["form"].errors["role_arn"] == [
+        "role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' (the SageMaker "
+        "execution role), got None."]
+
+
+def test_the_gpubox_ignores_the_sagemaker_fieldset(owner_client, user):
+    response = owner_client.post(reverse("backend-create"), {
+        "name": "box", "kind": "gpubox", "max_procs_per_node": 4, "hourly_rate_usd": "1.25", "enabled": "on",
+        "region": "not a region", "role_arn": "nonsense", "spot_allowed": "on"})
+    assert response.status_code == 302
+    assert ComputeBackend.objects.get(name="box").config == {"max_procs_per_node": 4, "hourly_rate_usd": 1.25}
+
+
+class FakeCloudBackend(Backend):
+    """A kind registered only for these tests, with a setting named like one of SageMaker's."""
+
+    kind = "fakecloud"
+
+    @classmethod
+    def clean_config(cls, config):
+        if not config.get("project"):
+            raise InvalidSpec("project: required; the project that owns the jobs.")
+        return config
+
+    @property
+    def capabilities(self):
+        return Capabilities()
+
+    def submit(self, spec):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def describe(self, handle):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def cancel(self, handle):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def logs(self, handle, cursor=""):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def price(self, instance_type="", spot=False):
+        return 0.0
+
+
+def test_any_registered_kind_gets_its_fields_from_the_mapping(owner_client, user, monkeypatch):
+    monkeypatch.setitem(registry.KINDS, "fakecloud",
+                        registry.KindInfo(FakeCloudBackend.__module__, "FakeCloudBackend", "Fake cloud"))
+    monkeypatch.setitem(webapp_forms.KIND_SETTINGS, "fakecloud", {
+        "region": django_forms.CharField(required=False, label="Region"),
+        "project": django_forms.CharField(required=False, label="Project"),
+    })
+    page = owner_client.get(reverse("backend-create")).content.decode()
+    # "region" is a setting of two kinds now: each keeps its own field; "project" is only fakecloud's.
+    assert {"sagemaker_region", "fakecloud_region", "project"} <= field_names(page)
+    assert "region" not in field_names(page)
+    assert '<fieldset class="kind-settings" data-kind="fakecloud">' in page
+
+    bad = owner_client.post(reverse("backend-create"), {"name": "fc", "kind": "fakecloud",
+                                                        "fakecloud_region": "north-1"})
+    assert bad.context["form"].errors == {"project": ["project: required; the project that owns the jobs."]}
+    good = owner_client.post(reverse("backend-create"), {"name": "fc", "kind": "fakecloud", "fakecloud_region": "north-1",
+                                                         "project": "vision", "sagemaker_region": "x"})
+    assert good.status_code == 302
+    backend = ComputeBackend.objects.get(name="fc")
+    assert backend.config == {"region": "north-1", "project": "vision"}
+    form = owner_client.get(reverse("backend-edit", args=[backend.pk])).context["form"]
+    assert (form.initial["fakecloud_region"], form.initial["project"]) == ("north-1", "vision")
+
+
+# --- Test connection -------------------------------------------------------------------------
+
+
+def test_edit_page_has_the_button(owner_client, local_backend):
+    page = owner_client.get(reverse("backend-edit", args=[local_backend.pk])).content.decode()
+    url = reverse("backend-test-connection", args=[local_backend.pk])
+    assert f'action="{url}"' in page and f'hx-post="{url}"' in page and 'id="test-connection"' in page
+    assert "connection-checks" not in page  # no results before a test
+    listing = owner_client.get(reverse("backend-list")).content.decode()
+    assert f'action="{url}"' in listing
+
+
+def test_button_posts_with_csrf_and_shows_each_check(user, local_backend):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    url = reverse("backend-test-connection", args=[local_backend.pk])
+    assert client.post(url).status_code == 403  # no CSRF token
+    page = client.get(reverse("backend-edit", args=[local_backend.pk])).content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    response = client.post(url, {"csrfmiddlewaretoken": token})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert response.context["checks"][0].ok
+    assert re.search(r'<li class="check check-ok" data-ok="true">\s*<span class="badge state-succeeded">ok</span>\s*'
+                     r'<strong>settings</strong> <span>settings are valid; this backend has nothing remote to '
+                     r'check</span>', html)
+    assert 'id="backend-form"' in html  # the edit page around the results
+    assert client.get(url).status_code == 405
+
+
+def test_htmx_gets_the_results_fragment_for_sagemaker(owner_client, sagemaker_backend, aws_env):
+    url = reverse("backend-test-connection", args=[sagemaker_backend.pk])
+    response = owner_client.post(url, HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200 and "<html" not in html
+    checks = re.findall(r'<li class="check check-(ok|failed)".*?<strong>(.*?)</strong> <span>(.*?)</span>', html, re.S)
+    assert checks == [
+        ("ok", "identity", "signed in as arn:aws:sts::123456789012:user/moto (account 123456789012)"),
+        ("failed", "bucket", "bucket tb-test-bucket does not exist; create it in us-east-1 or correct the bucket "
+                             "setting."),
+        ("ok", "SageMaker access", "SageMaker API reachable in us-east-1 (ListTrainingJobs allowed)"),
+    ]
+
+
+def test_broken_settings_show_a_failed_check_not_a_500(owner_client, sagemaker_backend):
+    ComputeBackend.objects.filter(pk=sagemaker_backend.pk).update(config={"region": "us-east-1"})
+    response = owner_client.post(reverse("backend-test-connection", args=[sagemaker_backend.pk]))
+    assert response.status_code == 200
+    (check,) = response.context["checks"]
+    assert (check.name, check.ok) == ("settings", False)
+    assert check.message.startswith("Backend sm cannot be used: role_arn: expected an IAM role ARN")
+    assert 'class="badge state-failed">failed</span>' in response.content.decode()
+
+
+def test_another_users_backend_is_a_404(other_client, local_backend):
+    assert other_client.post(reverse("backend-test-connection", args=[local_backend.pk])).status_code == 404
+
+
+def test_api_test_connection(api_client, other_api_client, local_backend):
+    url = f"/api/backends/{local_backend.pk}/test-connection/"
+    response = api_client.post(url)
+    assert response.status_code == 200
+    assert response.json() == [{"name": "settings", "ok": True,
+                                "message": "settings are valid; this backend has nothing remote to check"}]
+    assert other_api_client.post(url).status_code == 404
