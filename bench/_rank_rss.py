@@ -24,10 +24,27 @@ def vmhwm_kb() -> int:
     return 0
 
 
+def record() -> None:
+    out = os.environ.get("BENCH_RSS_DIR")
+    if out:
+        rank = os.environ.get("RANK", "0")
+        with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump({"rank": int(rank), "vmhwm_kb": vmhwm_kb(), "pid": os.getpid()}, f)
+
+
 def main() -> None:
     args = sys.argv[1:]
     if not args:
         sys.exit("usage: _rank_rss.py (-m MODULE | SCRIPT) [ARGS...]")
+    # The trainer ends its ranks with os._exit (trainer_pkg.metrics.exit_process), which skips the
+    # finally below: record the peak there too.
+    real_exit = os._exit
+
+    def exit_after_record(code: int) -> None:
+        record()
+        real_exit(code)
+
+    os._exit = exit_after_record
     code: object = 0
     try:
         if args[0] == "-m":
@@ -40,11 +57,7 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code
     finally:
-        out = os.environ.get("BENCH_RSS_DIR")
-        if out:
-            rank = os.environ.get("RANK", "0")
-            with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
-                json.dump({"rank": int(rank), "vmhwm_kb": vmhwm_kb(), "pid": os.getpid()}, f)
+        record()
     sys.exit(code)
 
 

@@ -104,6 +104,10 @@ class TrainConfig:
     """Seeds model init, data split and shuffling; the same seed gives the same run on CPU."""
     log_every_steps: int = 10
     """Emit a ``step`` metric record every this many optimizer steps."""
+    stop_check_s: float = 2.0
+    """About how often, in seconds of training, the ranks agree on whether one of them received
+    SIGTERM (between 1 and 50 steps apart; 0 = at every step). A signal is acted on within about
+    twice this: keep it far below the platform's grace period (SageMaker, spot: 120 s)."""
     precision: Precision = "fp32"
     """``bf16``: forward passes under bfloat16 autocast (weights, gradients and optimizer stay fp32;
     no loss scaling needed). Refused on a device without bf16 support."""
@@ -200,6 +204,7 @@ class JobConfig:
         need(t.weight_decay >= 0, "train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
         need(t.log_every_steps >= 1, "train.log_every_steps",
              f"must be at least 1, got {t.log_every_steps}")
+        need(t.stop_check_s >= 0, "train.stop_check_s", f"must be 0 (every step) or more, got {t.stop_check_s}")
         need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
         need(t.grad_clip_norm >= 0, "train.grad_clip_norm", f"must be 0 (off) or more, got {t.grad_clip_norm}")
         need(t.warmup_steps >= 0, "train.warmup_steps", f"must be 0 or more, got {t.warmup_steps}")

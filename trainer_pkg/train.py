@@ -57,8 +57,9 @@ stdout (see :mod:`trainer_pkg.metrics`). Values are global: sums and counts all-
 ``grad_norm``: the global gradient norm before clipping, of the step just taken.
 
 Stopping: SIGTERM (spot preemption, cancel) sets a flag; the ranks agree on it with an asynchronous
-all-reduce started after each optimizer step and read at the next step boundary, so they all stop at
-the same step (at most one step after the signal), rank 0 writes a checkpoint, a ``stopped`` record
+all-reduce started about every ``train.stop_check_s`` (2 s) of training (every 1-50 steps) and
+read when the next one starts, so they all stop at the same step (within about two intervals of the
+signal: seconds, well inside a 120 s grace period), rank 0 writes a checkpoint, a ``stopped`` record
 is emitted and every rank exits 0. Running the same command again resumes.
 
 Errors: a bad dataset, config or checkpoint prints one line ``trainer error: ...`` on stderr and exits
@@ -195,29 +196,49 @@ class StopSignal:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def start_agreement(self, device: torch.device) -> "PendingStop":
-        """Collective, asynchronous: start agreeing on this rank's flag as it is now; the answer is read
-        with :meth:`PendingStop.result` later (the training loop: one step later, so the all-reduce's
-        latency overlaps the next step instead of stalling every step). Every rank issues the same
-        sequence of these and reads each result at the same step, so all ranks stop at the same step."""
+    def start_agreement(self, device: torch.device, step_seconds: float = 0.0) -> "PendingStop":
+        """Collective, asynchronous: start agreeing on this rank's flag as it is now, and on the
+        slowest rank's last step time (seconds); the answer is read with :meth:`PendingStop.result`
+        some steps later, so the all-reduce completes in the background instead of stalling a step.
+        Every rank issues the same sequence of these and reads each result at the same step, so all
+        ranks stop at the same step."""
+        values = [1.0 if self.received is not None else 0.0, float(step_seconds)]
         if dist.get_world_size() == 1:  # nobody to agree with
-            return PendingStop(self.received is not None, None)
-        flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32, device=device)
+            return PendingStop(values, None)
+        flag = torch.tensor(values, dtype=torch.float64, device=device)
         return PendingStop(flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
 
 
 class PendingStop:
     """An agreement started by :meth:`StopSignal.start_agreement`."""
 
-    def __init__(self, flag: torch.Tensor | bool, work: Any) -> None:
-        self.flag, self.work = flag, work
+    def __init__(self, values: torch.Tensor | list[float], work: Any) -> None:
+        self.values, self.work = values, work
 
-    def result(self) -> bool:
-        """True on every rank if any rank had been signalled when the agreement started."""
-        if self.work is None:
-            return bool(self.flag)
-        self.work.wait()
-        return bool(self.flag.item())
+    def result(self) -> tuple[bool, float]:
+        """(any rank had been signalled when the agreement started, the slowest rank's step seconds)."""
+        if self.work is not None:
+            self.work.wait()
+        stop, step_seconds = self.values.tolist() if isinstance(self.values, torch.Tensor) else self.values
+        return stop > 0, step_seconds
+
+
+STOP_POLL_MAX_STEPS = 50
+"""Most steps between two stop agreements (fast steps): each is a collective the step does not need."""
+
+
+def stop_poll_interval(step_seconds: float, target_s: float) -> int:
+    """Steps until the next stop agreement: about ``target_s`` seconds of training at the slowest
+    rank's step time ``step_seconds`` (0 = not measured yet), between 1 and
+    :data:`STOP_POLL_MAX_STEPS`; 1 when ``target_s`` is 0.
+
+    A signal is acted on within two intervals (≈ 2 × ``train.stop_check_s``, or two steps when a step
+    is slower), far inside a spot reclaim's or SageMaker's 120 s grace period, while a 5 ms step pays
+    for one all-reduce every 50 steps instead of one every step.
+    """
+    if step_seconds <= 0 or target_s <= 0:
+        return 1
+    return max(1, min(STOP_POLL_MAX_STEPS, int(target_s / step_seconds)))
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -584,9 +605,11 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     try:
         # -- the loop: one optimizer step per grad_accum_steps batches -----------------------------
         first_step = step + 1
-        # The stop flag is agreed asynchronously: started after each optimizer step, read at the next
-        # step boundary (a signal stops every rank at the same step, at most one step later).
+        # The stop flag is agreed asynchronously every ``poll`` steps (stop_poll_interval: about
+        # train.stop_check_s of training apart), each agreement read when the next one starts; every
+        # rank computes the same ``poll`` from the agreed slowest step time, so all stop at one step.
         pending: PendingStop | None = None
+        poll, next_agreement, last_step_s = 1, step, 0.0
         # Only a batch reaching past the sampler's padding point holds padded duplicates (the last one
         # of an epoch): rank r's item k is padding exactly when r + k·W ≥ n (see _real_mask).
         first_padded = max(0, math.ceil((n_train - strategy.dp_rank) / strategy.dp_size))
@@ -597,10 +620,17 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             order = torch.tensor(list(iter(sampler)), dtype=torch.long)
             b = skip_batches if epoch == start_epoch else 0
             while b < n_batches:
-                if pending is not None:
-                    stopping, pending = pending.result(), None
-                    if stopping:
-                        return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
+                if step >= next_agreement:
+                    # Read the agreement started ``poll`` steps ago (long finished in the background:
+                    # no wait), then start the next one with this rank's last step time.
+                    if pending is not None:
+                        stopping, slowest_step_s = pending.result()
+                        pending = None
+                        if stopping:
+                            return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
+                        poll = stop_poll_interval(slowest_step_s, t.stop_check_s)
+                    pending = stop.start_agreement(device, last_step_s)
+                    next_agreement = step + poll
                 tick = time.perf_counter()
                 group = range(b, min(b + t.grad_accum_steps, n_batches))
                 optimizer.zero_grad(set_to_none=True)
@@ -634,7 +664,6 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                 if t.grad_clip_norm > 0:
                     grad_norm = strategy.clip_grad_norm_(t.grad_clip_norm)
                 optimizer.step()
-                pending = stop.start_agreement(device)
                 if constant_lr:
                     scheduler.last_epoch += 1  # what step() would do, less recomputing the same lr
                     scheduler._step_count += 1
@@ -642,7 +671,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     scheduler.step()
                 step += 1
                 b = group.stop
-                seconds = time.perf_counter() - tick
+                seconds = last_step_s = time.perf_counter() - tick
                 acc["steps"] += 1
                 acc["data_seconds"] += data_seconds
                 acc["seconds"] += seconds
@@ -776,6 +805,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, help=f"config default {d.train.weight_decay}")
     g.add_argument("--seed", type=int, help=f"config default {d.train.seed}")
     g.add_argument("--log-every-steps", type=int, help=f"config default {d.train.log_every_steps}")
+    g.add_argument("--stop-check-s", type=float,
+                   help=f"seconds of training between agreements on a SIGTERM; 0 = every step "
+                        f"(config default {d.train.stop_check_s})")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help=f"random horizontal flips of training images (config default {d.train.augment})")
     g.add_argument("--precision", choices=["fp32", "bf16"],
@@ -841,7 +873,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     put("parallel", "dist_backend", args.dist_backend)
     put("parallel", "timeout_s", args.timeout_s)
     for field in ("epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "seed",
-                  "log_every_steps", "augment", "precision", "grad_accum_steps", "grad_clip_norm",
+                  "log_every_steps", "stop_check_s", "augment", "precision", "grad_accum_steps", "grad_clip_norm",
                   "lr_schedule", "warmup_steps", "find_unused_parameters"):
         put("train", field, getattr(args, field))
     put("output", "output_dir", args.output_dir)

@@ -94,7 +94,8 @@ def test_exact_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path):
     # 2048 samples / (2 ranks × 16) = 64 steps per epoch: long enough for the signal to land in epoch 1.
     data = make_npz(tmp_path / "d.npz", 2048, 64)
     sections = dict(data={"format": "npz", "uri": str(data)}, model={"arch": "mlp", "params": {}},
-                    train={"epochs": 3, "batch_size": 16, "lr": 0.02, "seed": 11, "log_every_steps": 1000},
+                    train={"epochs": 3, "batch_size": 16, "lr": 0.02, "seed": 11, "log_every_steps": 1000,
+                           "stop_check_s": 0},  # agree at every step: the signal lands in epoch 1
                     parallel={"procs_per_node": 2})
     _launch(write_job(tmp_path / "straight", **sections))
 

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import pytest
 import torch
 
 from cloud_adapters.gpubox.backend import _failure_reason
 from trainer_helpers import REPO, trainer_env, write_job
 from trainer_pkg import train as trainer
-from trainer_pkg.config import JobConfig
+from trainer_pkg.config import ConfigError, JobConfig
 
 
 def test_fault_process_group_timeout_reaches_init_process_group(monkeypatch):
@@ -116,3 +117,20 @@ def test_fault_a_killed_rank_stops_the_job_fast_and_is_named(tmp_path):
     assert reason.startswith("rank 1 (local rank 1) was killed by SIGKILL (exit code -9)"), reason
     # rank 0 was stopped too (not left waiting in a collective until the process-group timeout)
     assert not Path(f"/proc/{survivor}").exists() or Path(f"/proc/{survivor}/stat").read_text().split()[2] == "Z"
+
+
+def test_stop_agreement_interval_follows_the_step_time():
+    # Not measured yet, or asked for every step: the next step.
+    assert trainer.stop_poll_interval(0.0, 2.0) == 1
+    assert trainer.stop_poll_interval(0.004, 0.0) == 1
+    # About stop_check_s of training apart ...
+    assert trainer.stop_poll_interval(0.1, 2.0) == 20
+    assert trainer.stop_poll_interval(0.5, 2.0) == 4
+    # ... never more than STOP_POLL_MAX_STEPS (fast steps) nor less than 1 (slow steps).
+    assert trainer.stop_poll_interval(0.004, 2.0) == trainer.STOP_POLL_MAX_STEPS == 50
+    assert trainer.stop_poll_interval(30.0, 2.0) == 1
+    # The flag: config field and CLI flag are the same value, validated.
+    assert trainer.config_from_args(trainer.build_parser().parse_args(["--stop-check-s", "0.5"])).train.stop_check_s == 0.5
+    with pytest.raises(ConfigError, match=r"train.stop_check_s: must be 0 \(every step\) or more, got -1"):
+        JobConfig.from_dict({"train": {"stop_check_s": -1}}).validate()
+
