@@ -100,8 +100,8 @@ class TokenBucket:
                 now = self.clock.monotonic()
                 self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
                 self._stamp = now
-                if self._tokens >= 1.0:
-                    self._tokens -= 1.0
+                if self._tokens >= 1.0 - 1e-9:  # float refill may land a hair short of a whole token
+                    self._tokens = max(self._tokens - 1.0, 0.0)
                     return
                 wait = (1.0 - self._tokens) / self.rate
             self.waited_s += wait

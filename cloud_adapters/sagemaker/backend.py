@@ -52,6 +52,7 @@ from cloud_adapters.base import (
     JobHandle,
     JobSpec,
     JobStatus,
+    ProviderError,
 )
 from cloud_adapters.sagemaker import logs as cw_logs
 from cloud_adapters.sagemaker.states import TERMINAL_STATUSES, job_status
