@@ -3,9 +3,21 @@
 One *fetcher* per provider, registered in :data:`FETCHERS` (provider → function): a fetcher takes the
 regions to price and returns :class:`~cloud_adapters.pricing.PriceRow` records; it writes nothing.
 The command stores them with ``jobs.services.instance_price_upsert`` in one transaction, so a
-failure half-way leaves the catalog as it was. Vertex AI (Cloud Billing Catalog API) and Azure ML
-(Azure Retail Prices API) fetchers are added to :data:`FETCHERS` the same way; the facts they need
-are in shared/reference/clouds.md §4.2-4.3.
+failure half-way leaves the catalog as it was.
+
+- ``aws``: the AWS Price List API (boto3 ``pricing``), SageMaker training instances (clouds.md §4.1).
+- ``gcp``: the Cloud Billing Catalog API, SKUs of the Vertex AI service (clouds.md §4.2). Vertex
+  bills custom training per vCPU-hour and GiB-hour of the machine family plus per GPU-hour, so a
+  machine type's row is rebuilt from its shape (:data:`GCP_MACHINE_SHAPES`); accelerators get their
+  own rows, per GPU-hour, under the ``AcceleratorType`` name the Vertex adapter looks up.
+- ``azure``: the Azure Retail Prices API (unauthenticated, clouds.md §4.3), Linux pay-as-you-go VM
+  prices (Azure ML compute is priced as the VMs under it); the low-priority figure is stored as
+  ``<vm size>:low_priority``.
+
+``options`` (all optional): ``endpoint_url`` (another API root, for tests and proxies), ``profile``
+(aws), ``api_key`` (gcp, instead of Application Default Credentials) and ``instance_types`` (gcp
+machine types / azure VM sizes to price; the command passes those the catalog already holds plus
+``--instance-type``).
 
 SDKs are imported inside the fetcher, so a dashboard without boto3 only fails when AWS prices are
 refreshed, with a message naming what to install.
@@ -15,7 +27,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from decimal import Decimal, InvalidOperation
+import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Protocol
 
 from cloud_adapters.pricing import PriceRow
@@ -177,13 +190,417 @@ def fetch_aws(regions: list[str], *, progress: Progress, options: dict[str, Any]
 
 
 # =============================================================================================
+# Shared: JSON over HTTP (requests), errors in words
+# =============================================================================================
+
+HTTP_TIMEOUT_S = 60.0
+_PRICE_FRACTION = Decimal("0.000001")  # the catalog's precision (InstancePrice.usd_per_hour)
+
+
+def _get_json(session: Any, url: str, *, params: dict[str, str] | None, api: str, host: str) -> dict[str, Any]:
+    """One GET answered with a JSON object; PriceRefreshError naming ``api`` for anything else."""
+    import requests
+
+    try:
+        response = session.get(url, params=params, timeout=HTTP_TIMEOUT_S)
+    except requests.exceptions.RequestException as exc:
+        raise PriceRefreshError(
+            f"Cannot reach the {api} ({type(exc).__name__}: {exc}). This machine needs network access to "
+            f"{host}; nothing was changed."
+        ) from exc
+    if response.status_code >= 400:
+        raise PriceRefreshError(f"The {api} refused the request (HTTP {response.status_code}: "
+                                f"{_error_message(response)}); {_http_hint(response.status_code, api)}.")
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise PriceRefreshError(f"The {api} answered something that is not a JSON object "
+                                f"({response.text[:200]!r}).")
+    return body
+
+
+def _error_message(response: Any) -> str:
+    """The message of a Google (``{"error": {"message"}}``) or Azure (``{"Error": {"Message"}}``)
+    error body, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return (response.text or response.reason or "").strip()[:300]
+    error = (body.get("error") or body.get("Error") or {}) if isinstance(body, dict) else {}
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("Message")
+        status = error.get("status") or error.get("Code") or error.get("code")
+        if message:
+            return f"{status}: {message}" if isinstance(status, str) and status else str(message)
+    return json.dumps(body)[:300]
+
+
+def _http_hint(status: int, api: str) -> str:
+    if status in (401, 403):
+        return ("check the credentials and that the Cloud Billing API is enabled for their project"
+                if "Billing" in api else "check the request")
+    if status == 429:
+        return "the API is rate-limiting this machine; try again in a minute"
+    if status >= 500:
+        return "the provider had an error; try again later"
+    return "see the message"
+
+
+def _usd(value: Decimal) -> Decimal:
+    return value.quantize(_PRICE_FRACTION, rounding=ROUND_HALF_UP)
+
+
+def _requested_types(options: dict[str, Any]) -> list[str]:
+    return sorted({str(t).strip() for t in options.get("instance_types") or () if str(t).strip()})
+
+
+# =============================================================================================
+# GCP: the Cloud Billing Catalog API, Vertex AI custom training
+# =============================================================================================
+
+GCP_SOURCE = "Cloud Billing Catalog API (Vertex AI)"
+GCP_ENDPOINT = "https://cloudbilling.googleapis.com"
+GCP_VERTEX_SERVICE_ID = "C7E2-9256-1C43"  # clouds.md §4.2 (from public code, not Google docs)
+GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def _gcp_shapes() -> dict[str, tuple[str, int, Decimal]]:
+    """machine type → (billing family, vCPUs, GiB of memory), from Compute Engine's machine-family
+    tables (cloud.google.com/compute/docs/machine-resource). A2/A3/G2 list the host only: their GPUs
+    are billed per GPU-hour and the Vertex adapter adds them (accelerator row × count)."""
+    shapes: dict[str, tuple[str, int, Decimal]] = {}
+    for n in (2, 4, 8, 16, 32, 64, 96):
+        shapes[f"n1-standard-{n}"] = ("N1", n, Decimal("3.75") * n)
+        shapes[f"n1-highmem-{n}"] = ("N1", n, Decimal("6.5") * n)
+        shapes[f"n1-highcpu-{n}"] = ("N1", n, Decimal("0.9") * n)
+    for n in (2, 4, 8, 16, 32):
+        shapes[f"e2-standard-{n}"] = ("E2", n, Decimal(4 * n))
+        shapes[f"e2-highmem-{n}"] = ("E2", n, Decimal(8 * n))
+    for n in (2, 4, 8, 16, 32, 48, 64, 80):
+        shapes[f"n2-standard-{n}"] = ("N2", n, Decimal(4 * n))
+    for gpus in (1, 2, 4, 8):
+        shapes[f"a2-highgpu-{gpus}g"] = ("A2", 12 * gpus, Decimal(85 * gpus))
+        shapes[f"a2-ultragpu-{gpus}g"] = ("A2", 12 * gpus, Decimal(170 * gpus))
+    shapes["a2-megagpu-16g"] = ("A2", 96, Decimal(1360))
+    for n, mem in ((4, 16), (8, 32), (12, 48), (16, 64), (24, 96), (32, 128), (48, 192), (96, 384)):
+        shapes[f"g2-standard-{n}"] = ("G2", n, Decimal(mem))
+    shapes["a3-highgpu-8g"] = ("A3", 208, Decimal(1872))
+    return shapes
+
+
+GCP_MACHINE_SHAPES = _gcp_shapes()
+
+# (pattern in the SKU description, Vertex AcceleratorType) — first match wins, so the longer names
+# come first ("A100 80GB" before "A100", "H100 Mega" before "H100").
+GCP_ACCELERATORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.I), name) for pattern, name in (
+        (r"\bH100 Mega\b", "NVIDIA_H100_MEGA_80GB"),
+        (r"\bH100\b", "NVIDIA_H100_80GB"),
+        (r"\bH200\b", "NVIDIA_H200_141GB"),
+        (r"\bA100 80GB\b", "NVIDIA_A100_80GB"),
+        (r"\bA100\b", "NVIDIA_TESLA_A100"),
+        (r"\bL4\b", "NVIDIA_L4"),
+        (r"\bT4\b", "NVIDIA_TESLA_T4"),
+        (r"\bV100\b", "NVIDIA_TESLA_V100"),
+        (r"\bP100\b", "NVIDIA_TESLA_P100"),
+        (r"\bP4\b", "NVIDIA_TESLA_P4"),
+        (r"\bK80\b", "NVIDIA_TESLA_K80"),
+    ))
+_GCP_COMPONENT = re.compile(r"\b([A-Z][0-9A-Z]{1,3})\s+(?:predefined\s+)?instance\s+(core|ram)\b", re.I)
+
+
+def _gcp_unit_price(sku: dict[str, Any]) -> tuple[Decimal, str] | None:
+    """``(USD per usage unit, usage unit)`` of a SKU's current price: the first pricingInfo's
+    first-tier rate (``startUsageAmount`` 0), ``units + nanos / 1e9``."""
+    infos = sku.get("pricingInfo") or []
+    if not infos:
+        return None
+    expression = infos[0].get("pricingExpression") or {}
+    rates = sorted(expression.get("tieredRates") or [], key=lambda r: float(r.get("startUsageAmount") or 0))
+    if not rates:
+        return None
+    unit_price = rates[0].get("unitPrice") or {}
+    if unit_price.get("currencyCode", "USD") != "USD":
+        return None
+    price = Decimal(str(unit_price.get("units") or 0)) + Decimal(int(unit_price.get("nanos") or 0)) / Decimal(10**9)
+    return price, str(expression.get("usageUnit", ""))
+
+
+def parse_gcp_skus(skus: Iterable[dict[str, Any]], region: str, *, machine_types: Iterable[str] = (),
+                   progress: Progress | None = None, today: dt.date | None = None) -> list[PriceRow]:
+    """PriceRows for ``region`` from Vertex AI SKUs (``GET /v1/services/{id}/skus``, clouds.md §4.2).
+
+    A SKU counts when its description names custom training ("Training"), it is not custom-machine,
+    prediction or TPU, ``category.usageType`` is OnDemand and ``serviceRegions`` holds ``region``:
+
+    - "… on <family> Instance Core …" (per vCPU-hour) and "… Instance Ram …" (per GiB-hour), Vertex's
+      management fee SKUs for the family included, give each machine type of ``machine_types``
+      with a known shape (:data:`GCP_MACHINE_SHAPES`) a row: vCPUs × core price + GiB × RAM price;
+    - a GPU SKU ("… Nvidia Tesla T4 GPU …", "… NVIDIA H100 80GB …") gives a row per GPU-hour under
+      its ``AcceleratorType`` name (e.g. ``NVIDIA_TESLA_T4``), whatever ``machine_types`` says.
+
+    Two prices for one component: the higher is kept, with a warning (estimates and budget stops
+    should not under-count). A requested machine type whose shape or family prices are unknown is
+    reported through ``progress`` and left out.
+    """
+    today = today or dt.date.today()
+    components: dict[tuple[str, str], Decimal] = {}  # (family, "core"|"ram") -> USD, fees summed
+    accelerators: dict[str, Decimal] = {}
+    for sku in skus:
+        description = str(sku.get("description", ""))
+        category = sku.get("category") or {}
+        if region not in (sku.get("serviceRegions") or []) or "training" not in description.lower():
+            continue
+        if category.get("usageType", "OnDemand") != "OnDemand" or re.search(
+                r"prediction|custom instance|tpu|spot|preemptible", description, re.I):
+            continue
+        priced = _gcp_unit_price(sku)
+        if priced is None or priced[0] <= 0:
+            continue
+        price, unit = priced
+        if (match := _GCP_COMPONENT.search(description)) is not None:
+            family, part = match.group(1).upper(), match.group(2).lower()
+            if unit not in ("h", "GiBy.h"):
+                continue
+            fee = "management fee" in description.lower()
+            key = (family, part, fee)
+            if key in components and components[key] != price and progress:
+                progress(f"  warning: {region} {family} {part}{' fee' if fee else ''} is listed at "
+                         f"${components[key]} and ${price}; keeping the higher")
+            components[key] = max(price, components.get(key, price))
+            continue
+        accelerator = next((name for pattern, name in GCP_ACCELERATORS if pattern.search(description)), None)
+        if accelerator is None or unit != "h":
+            continue
+        if accelerator in accelerators and accelerators[accelerator] != price and progress:
+            progress(f"  warning: {region} {accelerator} is listed at ${accelerators[accelerator]} and ${price}; "
+                     f"keeping the higher")
+        accelerators[accelerator] = max(price, accelerators.get(accelerator, price))
+
+    def family_price(family: str, part: str) -> Decimal | None:
+        base = components.get((family, part, False))
+        return None if base is None else base + components.get((family, part, True), Decimal(0))
+
+    found = {name: _usd(price) for name, price in accelerators.items()}
+    for machine in machine_types:
+        if machine in found or _looks_like_accelerator(machine):
+            continue
+        shape = GCP_MACHINE_SHAPES.get(machine)
+        if shape is None:
+            if progress:
+                progress(f"  {region} {machine}: shape unknown to Trainboard; not priced (edit it in the admin)")
+            continue
+        family, vcpus, gib = shape
+        core, ram = family_price(family, "core"), family_price(family, "ram")
+        if core is None or ram is None:
+            if progress:
+                progress(f"  {region} {machine}: no {family} training core/RAM price in this region; not priced")
+            continue
+        found[machine] = _usd(vcpus * core + gib * ram)
+    return [
+        PriceRow(provider="gcp", region=region, instance_type=name, usd_per_hour=price, source=GCP_SOURCE,
+                 as_of=today.isoformat(), confirmed=True)
+        for name, price in sorted(found.items())
+    ]
+
+
+def _looks_like_accelerator(name: str) -> bool:
+    return name.upper().startswith(("NVIDIA_", "TPU_"))
+
+
+def gcp_billing_session(*, api_key: str = "") -> Any:
+    """A requests session for the Cloud Billing Catalog API: with ``api_key``, a plain session that
+    sends ``key=``; otherwise google.auth's AuthorizedSession over Application Default Credentials
+    (``gcloud auth application-default login``, GOOGLE_APPLICATION_CREDENTIALS, the VM's service
+    account). Tests replace this function or pass an API key."""
+    import requests
+
+    if api_key:
+        session = requests.Session()
+        session.params = {"key": api_key}
+        return session
+    try:
+        import google.auth
+        from google.auth.exceptions import DefaultCredentialsError
+        from google.auth.transport.requests import AuthorizedSession
+    except ImportError as exc:  # pragma: no cover - google-auth is a runtime requirement
+        raise PriceRefreshError(f"refreshing GCP prices needs google-auth ({exc}); install it with "
+                                f"`pip install 'trainboard[gcp]'`, or pass --api-key.") from exc
+    try:
+        credentials, _ = google.auth.default(scopes=[GCP_SCOPE])
+    except DefaultCredentialsError as exc:
+        raise PriceRefreshError(
+            f"Google credentials not found ({exc}). Run `gcloud auth application-default login`, set "
+            f"GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or pass --api-key with an API "
+            f"key allowed to call the Cloud Billing API."
+        ) from exc
+    return AuthorizedSession(credentials)
+
+
+def fetch_gcp(regions: list[str], *, progress: Progress, options: dict[str, Any]) -> list[PriceRow]:
+    """Vertex AI custom-training prices of ``regions``: every page of ``GET
+    /v1/services/C7E2-9256-1C43/skus?currencyCode=USD`` (``nextPageToken``), read once for all
+    regions, then :func:`parse_gcp_skus` per region. Source: shared/reference/clouds.md §4.2."""
+    from google.auth.exceptions import GoogleAuthError
+
+    root = (options.get("endpoint_url") or GCP_ENDPOINT).rstrip("/")
+    session = gcp_billing_session(api_key=options.get("api_key", ""))
+    url = f"{root}/v1/services/{GCP_VERTEX_SERVICE_ID}/skus"
+    api = "Cloud Billing Catalog API"
+    progress(f"gcp: listing Vertex AI SKUs (service {GCP_VERTEX_SERVICE_ID}) ...")
+    skus: list[dict[str, Any]] = []
+    token, number = "", 0
+    try:
+        while True:
+            params = {"currencyCode": "USD", **({"pageToken": token} if token else {})}
+            page = _get_json(session, url, params=params, api=api, host="cloudbilling.googleapis.com")
+            number += 1
+            skus.extend(page.get("skus") or [])
+            progress(f"gcp: page {number}, {len(skus)} SKU(s) so far")
+            token = page.get("nextPageToken") or ""
+            if not token:
+                break
+    except GoogleAuthError as exc:  # e.g. a refresh token that was revoked
+        raise PriceRefreshError(f"Google credentials could not be used ({exc}); sign in again with "
+                                f"`gcloud auth application-default login` or pass --api-key.") from exc
+    finally:
+        session.close()
+    machine_types = _requested_types(options)
+    rows: list[PriceRow] = []
+    for region in regions:
+        try:
+            found = parse_gcp_skus(skus, region, machine_types=machine_types, progress=progress)
+        except (ValueError, AttributeError, TypeError, ArithmeticError) as exc:
+            raise PriceRefreshError(f"{api} answered something unexpected for {region}: {exc}") from exc
+        machines = sum(1 for r in found if not _looks_like_accelerator(r.instance_type))
+        progress(f"gcp {region}: {machines} machine type(s) and {len(found) - machines} accelerator(s) priced")
+        rows.extend(found)
+    return rows
+
+
+# =============================================================================================
+# Azure: the Retail Prices API, virtual machines (Azure ML compute is billed as its VMs)
+# =============================================================================================
+
+AZURE_SOURCE = "Azure Retail Prices API"
+AZURE_ENDPOINT = "https://prices.azure.com/api/retail/prices"
+AZURE_LOW_PRIORITY = ":low_priority"  # catalog suffix the Azure ML adapter looks up for tier low_priority
+
+
+def azure_filter(region: str, vm_sizes: Iterable[str] = ()) -> str:
+    """The OData ``$filter`` for Linux-or-Windows pay-as-you-go VM rows of ``region`` (values are
+    case-sensitive since api-version 2023-01-01-preview, clouds.md §4.3), narrowed to ``vm_sizes``
+    (``armSkuName``) when given."""
+    clauses = ["serviceName eq 'Virtual Machines'", f"armRegionName eq '{_odata(region)}'",
+               "priceType eq 'Consumption'"]
+    sizes = list(vm_sizes)
+    if sizes:
+        clauses.append("(" + " or ".join(f"armSkuName eq '{_odata(s)}'" for s in sizes) + ")")
+    return " and ".join(clauses)
+
+
+def _odata(value: str) -> str:
+    return str(value).replace("'", "''")
+
+
+def parse_azure_items(items: Iterable[dict[str, Any]], region: str, *, progress: Progress | None = None,
+                      today: dt.date | None = None) -> list[PriceRow]:
+    """PriceRows from Retail Prices ``Items`` of ``region``: Linux (productName without "Windows"),
+    ``type`` Consumption, hourly ("1 Hour"), USD rows. The regular meter is the VM size's row; a
+    "Low Priority" meter is ``<size>:low_priority``, and where a size has none its "Spot" meter
+    stands in (Azure ML's low-priority tier runs on the VMs' interruptible capacity). Rows of a
+    non-primary meter region are used only when the primary is missing. Highest price kept on a
+    clash, with a warning."""
+    today = today or dt.date.today()
+    found: dict[tuple[str, str], tuple[bool, Decimal]] = {}  # (size, meter kind) -> (primary, price)
+    for item in items:
+        size = str(item.get("armSkuName") or "")
+        if not size or item.get("armRegionName") != region or item.get("type", "Consumption") != "Consumption":
+            continue
+        if "windows" in str(item.get("productName", "")).lower():
+            continue
+        if str(item.get("unitOfMeasure", "")).strip().lower() != "1 hour" or item.get("currencyCode", "USD") != "USD":
+            continue
+        try:
+            price = Decimal(str(item.get("retailPrice", item.get("unitPrice"))))
+        except InvalidOperation:
+            continue
+        if not price.is_finite() or price <= 0:
+            continue
+        names = f"{item.get('skuName', '')} {item.get('meterName', '')}".lower()
+        kind = "low_priority" if "low priority" in names else "spot" if "spot" in names else "regular"
+        primary = bool(item.get("isPrimaryMeterRegion", True))
+        key = (size, kind)
+        if key in found:
+            old_primary, old = found[key]
+            if old_primary and not primary:
+                continue
+            if old_primary == primary and old != price:
+                if progress:
+                    progress(f"  warning: {region} {size}{'' if kind == 'regular' else ' ' + kind} is listed at "
+                             f"${old} and ${price}; keeping the higher")
+                price = max(old, price)
+        found[key] = (primary, price)
+    prices: dict[str, Decimal] = {}
+    for (size, kind), (_, price) in found.items():
+        if kind == "regular":
+            prices[size] = price
+        elif kind == "low_priority" or (size, "low_priority") not in found:
+            prices[size + AZURE_LOW_PRIORITY] = price
+    return [
+        PriceRow(provider="azure", region=region, instance_type=name, usd_per_hour=_usd(price), source=AZURE_SOURCE,
+                 as_of=today.isoformat(), confirmed=True)
+        for name, price in sorted(prices.items())
+    ]
+
+
+def fetch_azure(regions: list[str], *, progress: Progress, options: dict[str, Any]) -> list[PriceRow]:
+    """Azure ML VM prices of ``regions`` from the Retail Prices API (no credentials): ``GET
+    https://prices.azure.com/api/retail/prices?$filter=…`` (:func:`azure_filter`, narrowed to the
+    VM sizes in ``options["instance_types"]`` when given), following ``NextPageLink`` to the end.
+    Source: shared/reference/clouds.md §4.3."""
+    import requests
+
+    url = options.get("endpoint_url") or AZURE_ENDPOINT
+    sizes = [s.removesuffix(AZURE_LOW_PRIORITY) for s in _requested_types(options)]
+    sizes = list(dict.fromkeys(sizes))
+    api = "Azure Retail Prices API"
+    rows: list[PriceRow] = []
+    with requests.Session() as session:
+        for region in regions:
+            scope = f"{len(sizes)} VM size(s)" if sizes else "every VM size"
+            progress(f"azure {region}: Retail Prices, Virtual Machines, {scope} ...")
+            items: list[dict[str, Any]] = []
+            next_url, params, number = url, {"$filter": azure_filter(region, sizes)}, 0
+            while next_url:
+                page = _get_json(session, next_url, params=params, api=api, host="prices.azure.com")
+                number += 1
+                items.extend(page.get("Items") or [])
+                progress(f"azure {region}: page {number}, {len(items)} price row(s) so far")
+                # NextPageLink is a complete URL carrying the filter and a $skip.
+                next_url, params = page.get("NextPageLink") or "", None
+            try:
+                found = parse_azure_items(items, region, progress=progress)
+            except (ValueError, AttributeError, TypeError) as exc:
+                raise PriceRefreshError(f"{api} answered something unexpected for {region}: {exc}") from exc
+            low = sum(1 for r in found if r.instance_type.endswith(AZURE_LOW_PRIORITY))
+            progress(f"azure {region}: {len(found) - low} VM size(s) and {low} low-priority price(s)")
+            rows.extend(found)
+    return rows
+
+
+# =============================================================================================
 # Registry
 # =============================================================================================
 
 FETCHERS: dict[str, Fetcher] = {
     "aws": fetch_aws,
+    "gcp": fetch_gcp,
+    "azure": fetch_azure,
 }
-"""provider → fetcher. Add ``"gcp"`` (Cloud Billing Catalog) and ``"azure"`` (Retail Prices) here."""
+"""provider → fetcher (the ``--provider`` values of ``manage.py refresh_prices`` that can be refreshed)."""
 
 DEFAULT_REGIONS: dict[str, str] = {"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}
 """The region priced when neither ``--region`` nor any catalog row names one."""

@@ -2,6 +2,8 @@
 
     python manage.py refresh_prices --provider aws --region us-east-1 --region eu-west-1
     python manage.py refresh_prices --provider aws --dry-run      # show what would change
+    python manage.py refresh_prices --provider gcp --region us-central1 --instance-type a2-highgpu-1g
+    python manage.py refresh_prices --provider azure --region eastus --instance-type Standard_NC24ads_A100_v4
 
 Fetchers live in ``jobs.price_refresh.FETCHERS`` (provider → function). Everything is fetched
 first and stored in one transaction (``jobs.services.instance_price_upsert``), so a network or
@@ -23,9 +25,13 @@ class Command(BaseCommand):
         "Refresh instance prices from a provider's price API and store them as confirmed rows "
         "(source and today's date). aws: the AWS Price List API (boto3 'pricing', us-east-1 endpoint, "
         "SageMaker training instances); it needs network access and AWS credentials from boto3's "
-        "default chain (environment, --profile, instance role) with pricing:GetProducts. Without "
-        "--region, every region the catalog already holds for the provider is refreshed. Exit status "
-        "1 with nothing changed when the API cannot be read."
+        "default chain (environment, --profile, instance role) with pricing:GetProducts. gcp: the Cloud "
+        "Billing Catalog API (Vertex AI SKUs; machine types rebuilt from per-vCPU and per-GiB training "
+        "prices, accelerators per GPU-hour) with Application Default Credentials or --api-key. azure: the "
+        "Azure Retail Prices API (no credentials; Linux pay-as-you-go VM prices, low priority stored as "
+        "<size>:low_priority). gcp and azure price the machine types / VM sizes the catalog already "
+        "holds plus each --instance-type. Without --region, every region the catalog already holds for "
+        "the provider is refreshed. Exit status 1 with nothing changed when the API cannot be read."
     )
 
     def add_arguments(self, parser):
@@ -35,8 +41,17 @@ class Command(BaseCommand):
                             help="region code to price, e.g. us-east-1; repeat for several")
         parser.add_argument("--dry-run", action="store_true",
                             help="fetch and print what would change; write nothing")
+        parser.add_argument("--instance-type", action="append", default=[], metavar="TYPE",
+                            help="gcp/azure: a machine type or VM size to price besides those the catalog "
+                                 "holds, e.g. n1-standard-16 or Standard_NC24ads_A100_v4; repeat for several")
         parser.add_argument("--profile", default="", help="aws: the AWS profile name to use (default chain if empty)")
-        parser.add_argument("--endpoint-url", default="", help="aws: another Price List API endpoint (testing)")
+        parser.add_argument("--api-key", default="",
+                            help="gcp: a Google API key for the Cloud Billing API instead of Application "
+                                 "Default Credentials")
+        parser.add_argument("--endpoint-url", default="",
+                            help="another price API root, e.g. a proxy or a local test server (aws: the "
+                                 "Price List API endpoint; gcp: instead of https://cloudbilling.googleapis.com; "
+                                 "azure: instead of https://prices.azure.com/api/retail/prices)")
 
     def handle(self, *args, **opts):
         provider = opts["provider"]
@@ -48,7 +63,9 @@ class Command(BaseCommand):
         try:
             rows = price_refresh.fetch_prices(
                 provider, regions, progress=progress,
-                options={"profile": opts["profile"], "endpoint_url": opts["endpoint_url"]},
+                options={"profile": opts["profile"], "endpoint_url": opts["endpoint_url"],
+                         "api_key": opts["api_key"],
+                         "instance_types": self._known_types(provider) + list(opts["instance_type"])},
             )
         except price_refresh.PriceRefreshError as exc:
             raise CommandError(f"{exc} No price was changed.") from exc
@@ -73,6 +90,11 @@ class Command(BaseCommand):
     def _known_regions(self, provider: str) -> list[str]:
         regions = sorted({row.region for row in DatabasePriceCatalog().rows(provider)})
         return regions or [price_refresh.DEFAULT_REGIONS.get(provider, "")]
+
+    def _known_types(self, provider: str) -> list[str]:
+        """The instance types the catalog holds for ``provider`` (any region), without suffixes such
+        as ``:low_priority``: what a gcp/azure refresh prices besides ``--instance-type``."""
+        return sorted({row.instance_type.split(":", 1)[0] for row in DatabasePriceCatalog().rows(provider)})
 
     def _show_changes(self, rows) -> None:
         catalog = DatabasePriceCatalog()
