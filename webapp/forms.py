@@ -134,6 +134,81 @@ KIND_SETTINGS: dict[str, dict[str, forms.Field]] = {
             help_text="Optional: a profile of the worker's ~/.aws/config; blank uses boto3's default chain. "
                       "No keys are stored here."),
     },
+    # Credentials: Application Default Credentials of the worker (gcloud auth application-default
+    # login, GOOGLE_APPLICATION_CREDENTIALS, the VM's service account).
+    "vertex": {
+        "project": forms.CharField(
+            required=False, max_length=100, label="Google Cloud project ID",
+            help_text="The project that owns the jobs and pays for them, e.g. my-ml-project (the ID, not the "
+                      "display name)."),
+        "region": forms.CharField(
+            required=False, max_length=30, label="Region",
+            help_text="Where jobs run; blank uses us-central1."),
+        "staging_bucket": forms.CharField(
+            required=False, max_length=1000, label="Staging bucket",
+            help_text="A Cloud Storage location for the trainer package, outputs and checkpoints, "
+                      "gs://bucket or gs://bucket/prefix, in the same region."),
+        "image_uri": forms.CharField(
+            required=False, max_length=2048, label="Executor image",
+            help_text="A Vertex AI prebuilt PyTorch training image; blank uses the default one."),
+        "service_account": forms.CharField(
+            required=False, max_length=200, label="Service account",
+            help_text="Optional: the email of the service account the job runs as; blank uses the project's "
+                      "Vertex AI default."),
+        "machine_type": forms.CharField(
+            required=False, max_length=100, label="Default machine type",
+            help_text="Used when a job does not choose one, e.g. n1-standard-8; blank uses n1-standard-8."),
+        "accelerator_type": forms.CharField(
+            required=False, max_length=50, label="Accelerator",
+            help_text="GPU attached to each machine, e.g. NVIDIA_TESLA_T4 or NVIDIA_L4; blank for none."),
+        "accelerator_count": forms.IntegerField(
+            required=False, min_value=0, label="Accelerators per machine",
+            help_text="How many of that GPU each machine gets (0 without an accelerator)."),
+        "spot_allowed": forms.BooleanField(
+            required=False, label="Spot allowed", help_text="Jobs may ask for Spot VMs (cheaper, may be preempted)."),
+        "max_nodes": forms.IntegerField(
+            required=False, min_value=1, label="Max machines per job", help_text="Blank allows 16."),
+        "api_endpoint": forms.CharField(
+            required=False, max_length=500, label="Vertex AI API endpoint",
+            help_text="Advanced: only for a private endpoint; blank uses Google's regional endpoint."),
+        "storage_endpoint": forms.CharField(
+            required=False, max_length=500, label="Cloud Storage endpoint",
+            help_text="Advanced: only for a private endpoint; blank uses Google's."),
+    },
+    # Credentials: DefaultAzureCredential on the worker (environment, managed identity, az login).
+    "azureml": {
+        "subscription_id": forms.CharField(
+            required=False, max_length=100, label="Subscription ID",
+            help_text="The Azure subscription of the workspace, a GUID such as "
+                      "00000000-0000-0000-0000-000000000000."),
+        "resource_group": forms.CharField(
+            required=False, max_length=255, label="Resource group", help_text="The resource group of the workspace."),
+        "workspace": forms.CharField(
+            required=False, max_length=255, label="Workspace", help_text="The Azure Machine Learning workspace name."),
+        "compute": forms.CharField(
+            required=False, max_length=255, label="Compute cluster",
+            help_text="The name of the workspace's compute cluster the jobs run on."),
+        "environment": forms.CharField(
+            required=False, max_length=500, label="Environment",
+            help_text="An environment such as azureml:my-env:3 or a registry URI; blank uses the curated "
+                      "PyTorch environment."),
+        "vm_size": forms.CharField(
+            required=False, max_length=100, label="Default VM size",
+            help_text="The cluster's VM size, used for prices, e.g. Standard_NC6s_v3 (the default)."),
+        "tier": forms.ChoiceField(
+            required=False, label="Tier", choices=[("dedicated", "Dedicated"),
+                                                   ("low_priority", "Low priority (cheaper, may be preempted)")],
+            help_text="The cluster's VM priority; it sets which price the cost uses."),
+        "region": forms.CharField(
+            required=False, max_length=30, label="Azure region",
+            help_text="The workspace's region, for prices, e.g. eastus (the default)."),
+        "max_nodes": forms.IntegerField(
+            required=False, min_value=1, label="Max nodes per job", help_text="Blank allows 16."),
+        "base_url": forms.CharField(
+            required=False, max_length=500, label="Resource Manager endpoint",
+            help_text="Advanced: only for a sovereign cloud or a private endpoint; blank uses "
+                      "https://management.azure.com."),
+    },
 }
 
 

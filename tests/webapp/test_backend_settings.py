@@ -21,13 +21,29 @@ from webapp import forms as webapp_forms
 pytestmark = pytest.mark.django_db
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
-SAGEMAKER_POST = {
-    "name": "sm", "kind": "sagemaker", "region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket",
-    "prefix": "team-a/", "image_uri": "", "instance_type": "ml.g5.xlarge", "spot_allowed": "on",
-    "profile": "training", "extra_config": "", "enabled": "on",
-    # A value typed into the GPU box's fieldset before switching kind: ignored, even if invalid.
-    "max_procs_per_node": "abc", "hourly_rate_usd": "",
-}
+
+
+def field(kind: str, key: str) -> str:
+    """The form field of ``kind``'s setting ``key``: the key itself, or ``<kind>_<key>`` where another
+    registered kind has a setting of that name (which kinds are registered decides)."""
+    name = webapp_forms.BackendForm().setting_field(kind, key)
+    assert name, (kind, key)
+    return name
+
+
+def settings_post(kind: str, **settings) -> dict:
+    """POST data of ``kind``'s settings under their form field names."""
+    return {field(kind, key): value for key, value in settings.items()}
+
+
+def sagemaker_post(**overrides) -> dict:
+    settings = {"region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket", "prefix": "team-a/", "image_uri": "",
+                "instance_type": "ml.g5.xlarge", "spot_allowed": "on", "profile": "training"}
+    settings.update(overrides)
+    return {"name": "sm", "kind": "sagemaker", "extra_config": "", "enabled": "on",
+            **settings_post("sagemaker", **settings),
+            # A value typed into the GPU box's fieldset before switching kind: ignored, even if invalid.
+            "max_procs_per_node": "abc", "hourly_rate_usd": ""}
 
 
 @pytest.fixture
@@ -58,8 +74,9 @@ def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
     assert '<fieldset class="kind-settings" data-kind="gpubox">' in page
     assert '<fieldset class="kind-settings" data-kind="sagemaker">' in page
     assert "AWS SageMaker settings" in page and "Local GPU box (torchrun) settings" in page
-    assert {"max_procs_per_node", "hourly_rate_usd", "region", "role_arn", "bucket", "prefix", "image_uri",
-            "instance_type", "spot_allowed", "profile"} <= field_names(page)
+    assert {"max_procs_per_node", "hourly_rate_usd"} | {field("sagemaker", key) for key in (
+        "region", "role_arn", "bucket", "prefix", "image_uri", "instance_type", "spot_allowed", "profile")
+    } <= field_names(page)
     assert 'type="password"' not in page
     assert not {n for n in field_names(page) if re.search("secret|access_key|token|password", n)} - {
         "csrfmiddlewaretoken"}
@@ -68,7 +85,7 @@ def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
 
 
 def test_create_a_sagemaker_backend_from_its_fields(owner_client, user):
-    response = owner_client.post(reverse("backend-create"), SAGEMAKER_POST)
+    response = owner_client.post(reverse("backend-create"), sagemaker_post())
     assert response.status_code == 302, response.context["form"].errors
     backend = ComputeBackend.objects.get(owner=user, name="sm")
     assert backend.kind == "sagemaker"
@@ -78,21 +95,22 @@ def test_create_a_sagemaker_backend_from_its_fields(owner_client, user):
     # The edit page puts each setting back in its field; settings without a field stay in the JSON.
     services.backend_update(backend=backend, config={**backend.config, "max_nodes": 4})
     form = owner_client.get(reverse("backend-edit", args=[backend.pk])).context["form"]
-    assert {k: form.initial[k] for k in ("region", "role_arn", "bucket", "prefix", "spot_allowed", "profile")} == {
+    assert {k: form.initial[field("sagemaker", k)]
+            for k in ("region", "role_arn", "bucket", "prefix", "spot_allowed", "profile")} == {
         "region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket", "prefix": "team-a", "spot_allowed": True,
         "profile": "training"}
     assert form.initial["extra_config"] == '{\n  "max_nodes": 4\n}'
 
     # Unticking spot stores False; a blank profile is left out (boto3's default chain).
     edit = owner_client.post(reverse("backend-edit", args=[backend.pk]), {
-        **SAGEMAKER_POST, "spot_allowed": "", "profile": "", "extra_config": '{"max_nodes": 4}'})
+        **sagemaker_post(spot_allowed="", profile=""), "extra_config": '{"max_nodes": 4}'})
     assert edit.status_code == 302
     backend.refresh_from_db()
     assert backend.config == {"region": "eu-west-1", "role_arn": ROLE, "bucket": "tb-bucket", "prefix": "team-a",
                               "instance_type": "ml.g5.xlarge", "spot_allowed": False, "max_nodes": 4}
 
 
-@pytest.mark.parametrize("field, value, message", [
+@pytest.mark.parametrize("setting, value, message", [
     ("role_arn", "admin", "role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
                           "(the SageMaker execution role), got 'admin'."),
     ("region", "Ireland", "region: expected an AWS region code such as 'us-east-1', got 'Ireland'."),
@@ -100,17 +118,17 @@ def test_create_a_sagemaker_backend_from_its_fields(owner_client, user):
                                  "no s3:// prefix), got 's3://tb-bucket'."),
     ("instance_type", "p3.2xlarge", "instance_type: expected a SageMaker 'ml.*' instance type, got 'p3.2xlarge'."),
 ])
-def test_the_adapters_message_lands_on_the_setting_it_names(owner_client, field, value, message):
-    response = owner_client.post(reverse("backend-create"), {**SAGEMAKER_POST, field: value})
+def test_the_adapters_message_lands_on_the_setting_it_names(owner_client, setting, value, message):
+    response = owner_client.post(reverse("backend-create"), sagemaker_post(**{setting: value}))
     assert response.status_code == 200
     form = response.context["form"]
-    assert form.errors == {field: [message]}
+    assert form.errors == {field("sagemaker", setting): [message]}
     assert ComputeBackend.objects.count() == 0
     assert escape(message) in response.content.decode()
 
 
 def test_a_missing_required_setting_is_named(owner_client):
-    response = owner_client.post(reverse("backend-create"), {**SAGEMAKER_POST, "role_arn": ""})
+    response = owner_client.post(reverse("backend-create"), sagemaker_post(role_arn=""))
     assert response.context["form"].errors["role_arn"] == [
         "role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' (the SageMaker "
         "execution role), got None."]
@@ -119,7 +137,7 @@ def test_a_missing_required_setting_is_named(owner_client):
 def test_the_gpubox_ignores_the_sagemaker_fieldset(owner_client, user):
     response = owner_client.post(reverse("backend-create"), {
         "name": "box", "kind": "gpubox", "max_procs_per_node": 4, "hourly_rate_usd": "1.25", "enabled": "on",
-        "region": "not a region", "role_arn": "nonsense", "spot_allowed": "on"})
+        **settings_post("sagemaker", region="not a region", role_arn="nonsense", spot_allowed="on")})
     assert response.status_code == 302
     assert ComputeBackend.objects.get(name="box").config == {"max_procs_per_node": 4, "hourly_rate_usd": 1.25}
 
@@ -163,21 +181,24 @@ def test_any_registered_kind_gets_its_fields_from_the_mapping(owner_client, user
         "project": django_forms.CharField(required=False, label="Project"),
     })
     page = owner_client.get(reverse("backend-create")).content.decode()
-    # "region" is a setting of two kinds now: each keeps its own field; "project" is only fakecloud's.
-    assert {"sagemaker_region", "fakecloud_region", "project"} <= field_names(page)
+    # "region" is a setting of several kinds now: each keeps its own field.
+    assert (field("sagemaker", "region"), field("fakecloud", "region")) == ("sagemaker_region", "fakecloud_region")
+    assert {"sagemaker_region", "fakecloud_region", field("fakecloud", "project")} <= field_names(page)
     assert "region" not in field_names(page)
     assert '<fieldset class="kind-settings" data-kind="fakecloud">' in page
 
     bad = owner_client.post(reverse("backend-create"), {"name": "fc", "kind": "fakecloud",
                                                         "fakecloud_region": "north-1"})
-    assert bad.context["form"].errors == {"project": ["project: required; the project that owns the jobs."]}
+    assert bad.context["form"].errors == {field("fakecloud", "project"): [
+        "project: required; the project that owns the jobs."]}
     good = owner_client.post(reverse("backend-create"), {"name": "fc", "kind": "fakecloud", "fakecloud_region": "north-1",
-                                                         "project": "vision", "sagemaker_region": "x"})
+                                                         field("fakecloud", "project"): "vision",
+                                                         "sagemaker_region": "x"})
     assert good.status_code == 302
     backend = ComputeBackend.objects.get(name="fc")
     assert backend.config == {"region": "north-1", "project": "vision"}
     form = owner_client.get(reverse("backend-edit", args=[backend.pk])).context["form"]
-    assert (form.initial["fakecloud_region"], form.initial["project"]) == ("north-1", "vision")
+    assert (form.initial["fakecloud_region"], form.initial[field("fakecloud", "project")]) == ("north-1", "vision")
 
 
 # --- Test connection -------------------------------------------------------------------------

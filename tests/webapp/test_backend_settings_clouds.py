@@ -1,0 +1,211 @@
+"""The backend form's Vertex AI and Azure ML settings (webapp.forms.KIND_SETTINGS["vertex"/"azureml"]):
+every configuration key has a field with a label and help a user understands, no secret field,
+values stored typed and shown again on the edit page, the adapter's message on the setting it names,
+another kind's fields ignored.
+
+While an adapter is not registered yet, ``cloud_kinds`` registers a stand-in class for its kind with
+the same required settings, as the fake kinds of test_backend_settings.py; once it is registered the
+real adapter's ``clean_config`` is what these tests run against."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import reverse
+from django.utils.html import escape
+
+from cloud_adapters import registry
+from cloud_adapters.base import Backend, Capabilities, InvalidSpec
+from jobs.models import ComputeBackend
+from webapp import forms as webapp_forms
+
+pytestmark = pytest.mark.django_db
+
+SUBSCRIPTION = "3f2b6c1e-8a4d-4e7b-9c0a-5d1e2f3a4b5c"
+VERTEX_KEYS = ("project", "region", "staging_bucket", "image_uri", "service_account", "machine_type",
+               "accelerator_type", "accelerator_count", "spot_allowed", "max_nodes", "api_endpoint",
+               "storage_endpoint")
+AZUREML_KEYS = ("subscription_id", "resource_group", "workspace", "compute", "environment", "vm_size", "tier",
+                "region", "max_nodes", "base_url")
+
+
+class _StandInCloud(Backend):
+    """Settings checks only, as the real adapters' ``clean_config`` (required keys named first)."""
+
+    REQUIRED: tuple[str, ...] = ()
+
+    @classmethod
+    def clean_config(cls, config):
+        for key in cls.REQUIRED:
+            if not config.get(key):
+                raise InvalidSpec(f"{key}: required.")
+        return config
+
+    @property
+    def capabilities(self):
+        return Capabilities()
+
+    def submit(self, spec):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def describe(self, handle):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def cancel(self, handle):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def logs(self, handle, cursor=""):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def price(self, instance_type="", spot=False):
+        return 0.0
+
+
+class StandInVertex(_StandInCloud):
+    kind = "vertex"
+    REQUIRED = ("project", "staging_bucket")
+
+
+class StandInAzureML(_StandInCloud):
+    kind = "azureml"
+    REQUIRED = ("subscription_id", "resource_group", "workspace", "compute")
+
+
+STAND_INS = {"vertex": ("StandInVertex", "Google Vertex AI"), "azureml": ("StandInAzureML", "Azure ML")}
+
+
+@pytest.fixture
+def cloud_kinds(monkeypatch):
+    """Both kinds registered: the real adapters where registered, else the stand-ins above.
+    Returns ``{kind: True if real}``."""
+    real = {}
+    for kind, (class_name, label) in STAND_INS.items():
+        real[kind] = kind in registry.KINDS
+        if not real[kind]:
+            monkeypatch.setitem(registry.KINDS, kind, registry.KindInfo(__name__, class_name, label))
+    return real
+
+
+def field(kind: str, key: str) -> str:
+    name = webapp_forms.BackendForm().setting_field(kind, key)
+    assert name, (kind, key)
+    return name
+
+
+def field_names(html: str) -> set[str]:
+    return set(re.findall(r'name="([^"]+)"', html))
+
+
+VERTEX_SETTINGS = {
+    "project": "vision-ml-prod", "region": "europe-west4", "staging_bucket": "gs://tb-staging/vertex",
+    "image_uri": "europe-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+    "service_account": "trainer@vision-ml-prod.iam.gserviceaccount.com", "machine_type": "n1-standard-16",
+    "accelerator_type": "NVIDIA_TESLA_T4", "accelerator_count": "2", "spot_allowed": "on", "max_nodes": "8",
+    "api_endpoint": "", "storage_endpoint": "",
+}
+AZUREML_SETTINGS = {
+    "subscription_id": SUBSCRIPTION, "resource_group": "ml-rg", "workspace": "vision-ws", "compute": "gpu-cluster",
+    "environment": "", "vm_size": "Standard_NC24ads_A100_v4", "tier": "low_priority", "region": "westeurope",
+    "max_nodes": "4", "base_url": "",
+}
+
+
+def post(kind: str, settings: dict, name: str = "cloud", **extra) -> dict:
+    return {"name": name, "kind": kind, "extra_config": "", "enabled": "on",
+            **{field(kind, k): v for k, v in settings.items()}, **extra}
+
+
+def test_new_backend_page_has_every_vertex_and_azure_ml_setting(owner_client, cloud_kinds):
+    page = owner_client.get(reverse("backend-create")).content.decode()
+    assert '<fieldset class="kind-settings" data-kind="vertex">' in page
+    assert '<fieldset class="kind-settings" data-kind="azureml">' in page
+    names = field_names(page)
+    assert {field("vertex", k) for k in VERTEX_KEYS} <= names
+    assert {field("azureml", k) for k in AZUREML_KEYS} <= names
+    # Shared setting names get the kind in front, so each kind keeps its own field.
+    assert (field("vertex", "region"), field("azureml", "region"), field("sagemaker", "region")) == (
+        "vertex_region", "azureml_region", "sagemaker_region")
+    assert (field("vertex", "max_nodes"), field("azureml", "max_nodes")) == ("vertex_max_nodes", "azureml_max_nodes")
+    assert (field("vertex", "spot_allowed"), field("vertex", "image_uri")) == ("vertex_spot_allowed", "vertex_image_uri")
+    assert (field("vertex", "project"), field("azureml", "subscription_id")) == ("project", "subscription_id")
+    # Credentials come from ADC / DefaultAzureCredential on the worker: nothing secret to type.
+    assert 'type="password"' not in page
+    assert not {n for n in names if re.search("secret|key|token|password|credential", n)} - {"csrfmiddlewaretoken"}
+    for text in ("Google Cloud project ID", "Staging bucket", "gs://bucket or gs://bucket/prefix", "Executor image",
+                 "Accelerators per machine", "NVIDIA_TESLA_T4", "Subscription ID", "Compute cluster",
+                 "Low priority (cheaper, may be preempted)", "Default VM size", "curated PyTorch environment"):
+        assert escape(text) in page, text
+
+
+def test_every_setting_has_a_label_and_help_text():
+    for kind in ("vertex", "azureml"):
+        keys = VERTEX_KEYS if kind == "vertex" else AZUREML_KEYS
+        assert tuple(webapp_forms.KIND_SETTINGS[kind]) == keys
+        for key, form_field in webapp_forms.KIND_SETTINGS[kind].items():
+            assert form_field.label and form_field.help_text, (kind, key)
+            assert not form_field.required, (kind, key)  # required-ness is the adapter's to say
+
+
+def test_create_a_vertex_backend_from_its_fields(owner_client, user, cloud_kinds):
+    response = owner_client.post(reverse("backend-create"), post("vertex", VERTEX_SETTINGS, name="vx"))
+    assert response.status_code == 302, response.context["form"].errors
+    backend = ComputeBackend.objects.get(owner=user, name="vx")
+    assert backend.kind == "vertex"
+    # Typed values; blank settings left out so the adapter's defaults apply.
+    assert backend.config == {
+        "project": "vision-ml-prod", "region": "europe-west4", "staging_bucket": "gs://tb-staging/vertex",
+        "image_uri": "europe-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+        "service_account": "trainer@vision-ml-prod.iam.gserviceaccount.com", "machine_type": "n1-standard-16",
+        "accelerator_type": "NVIDIA_TESLA_T4", "accelerator_count": 2, "spot_allowed": True, "max_nodes": 8}
+
+    form = owner_client.get(reverse("backend-edit", args=[backend.pk])).context["form"]
+    assert {k: form.initial[field("vertex", k)] for k in backend.config} == backend.config
+    assert form.initial["extra_config"] == ""
+
+
+def test_create_an_azure_ml_backend_from_its_fields(owner_client, user, cloud_kinds):
+    response = owner_client.post(reverse("backend-create"), post("azureml", AZUREML_SETTINGS, name="aml"))
+    assert response.status_code == 302, response.context["form"].errors
+    backend = ComputeBackend.objects.get(owner=user, name="aml")
+    assert backend.config == {
+        "subscription_id": SUBSCRIPTION, "resource_group": "ml-rg", "workspace": "vision-ws",
+        "compute": "gpu-cluster", "vm_size": "Standard_NC24ads_A100_v4", "tier": "low_priority",
+        "region": "westeurope", "max_nodes": 4}
+    page = owner_client.get(reverse("backend-edit", args=[backend.pk]))
+    form = page.context["form"]
+    assert {k: form.initial[field("azureml", k)] for k in backend.config} == backend.config
+    assert '<option value="low_priority" selected>' in page.content.decode()
+
+    # Back to dedicated; the gpubox and Vertex fieldsets' stray values are ignored.
+    edit = owner_client.post(reverse("backend-edit", args=[backend.pk]), post(
+        "azureml", {**AZUREML_SETTINGS, "tier": "dedicated"}, name="aml",
+        **{field("vertex", "project"): "", field("vertex", "accelerator_count"): "many", "max_procs_per_node": "x"}))
+    assert edit.status_code == 302, edit.context["form"].errors
+    backend.refresh_from_db()
+    assert backend.config["tier"] == "dedicated"
+
+
+def test_an_unknown_tier_is_refused_by_the_form(owner_client, cloud_kinds):
+    response = owner_client.post(reverse("backend-create"), post("azureml", {**AZUREML_SETTINGS, "tier": "spot"}))
+    assert response.context["form"].errors == {field("azureml", "tier"): [
+        "Select a valid choice. spot is not one of the available choices."]}
+
+
+@pytest.mark.parametrize("kind, settings, missing", [
+    ("vertex", VERTEX_SETTINGS, "project"),
+    ("vertex", VERTEX_SETTINGS, "staging_bucket"),
+    ("azureml", AZUREML_SETTINGS, "subscription_id"),
+    ("azureml", AZUREML_SETTINGS, "resource_group"),
+    ("azureml", AZUREML_SETTINGS, "workspace"),
+    ("azureml", AZUREML_SETTINGS, "compute"),
+])
+def test_a_missing_required_setting_is_named_on_its_field(owner_client, cloud_kinds, kind, settings, missing):
+    response = owner_client.post(reverse("backend-create"), post(kind, {**settings, missing: ""}))
+    assert response.status_code == 200
+    errors = response.context["form"].errors
+    assert list(errors) == [field(kind, missing)], errors
+    (message,) = errors[field(kind, missing)]
+    assert message.startswith(f"{missing}:")
+    assert escape(message) in response.content.decode()
+    assert not ComputeBackend.objects.exists()
