@@ -1,0 +1,786 @@
+"""The Vertex AI backend: a Trainboard job is one Vertex AI ``CustomJob``, through google-cloud-aiplatform's
+``aiplatform_v1.JobServiceClient`` on its REST transport.
+
+What a job is made of (clouds.md §2.1 for every field):
+
+* the trainer as a pip-installable source archive (:mod:`cloud_adapters.vertex.package`), uploaded once
+  per content hash to ``gs://<bucket>/<prefix>/code/trainboard-trainer-<sha256[:16]>.tar.gz``;
+* the job's config as JSON at ``gs://<bucket>/<prefix>/jobs/<label>/trainboard_job.json``, read by
+  the trainer through Vertex's Cloud Storage FUSE mount ``/gcs/<bucket>/…`` (the mount the trainer
+  already reads ``AIP_MODEL_DIR``/``AIP_CHECKPOINT_DIR`` through, trainer_pkg/platforms.py
+  ``gcs_fuse_path``);
+* ``CreateCustomJob``: worker pool 0 = the chief (1 replica), worker pool 1 = nodes − 1 workers
+  (omitted for one node) — the order Vertex gives meaning to (§2.1); each a ``PythonPackageSpec``
+  (``executor_image_uri`` = the prebuilt PyTorch image, ``package_uris`` = [the archive],
+  ``python_module`` = ``trainer_pkg.launch``, ``args`` = ``--config /gcs/… --platform vertex
+  --nproc-per-node N``), the machine type and accelerators; ``scheduling`` (timeout = max runtime,
+  SPOT strategy for spot, ``restart_job_on_worker_restart`` for more than one node: DDP is not
+  resilient to a worker leaving, and the trainer resumes from its checkpoint); ``base_output_directory``
+  ``gs://<bucket>/<prefix>/output/<label>/`` so Vertex sets ``AIP_MODEL_DIR`` = ``<base>/model/`` and
+  ``AIP_CHECKPOINT_DIR`` = ``<base>/checkpoints/`` (§2.3), where the trainer writes model and
+  checkpoints; the service account; labels ``trainboard-job-name`` = the job's label form plus
+  ``JobSpec.tags`` (the Trainboard job and owner ids) in GCP's label form.
+
+On a replica Vertex pip-installs the archive and runs ``python -m trainer_pkg.launch <args>``; the
+launcher reads ``CLUSTER_SPEC`` and Vertex's per-machine ``RANK``/``WORLD_SIZE`` and starts torchrun
+with per-process ranks (trainer_pkg/platforms.py ``read_vertex``, clouds.md §2.3).
+
+Idempotency: Vertex job names are server-assigned ids, so a job is found again by its label
+``trainboard-job-name``. submit lists the jobs with that label first and adopts one that exists
+(any state). A create that failed ambiguously (5xx, timeout, dropped connection: it may have been
+created) is never blindly resent: the label is listed again and only when no job carries it is the
+create tried again. After a create, the label is listed once more; when a concurrent submit created
+a job too, the younger one is cancelled and the older adopted, so at most one keeps running.
+
+Sync cost: :meth:`VertexBackend.describe_many` is one filtered ``ListCustomJobs`` (all of
+Trainboard's jobs created since the oldest job of the batch, 100 per page), whatever the batch size.
+
+Every call goes through :mod:`cloud_adapters.retry` with the Google classifier
+(:mod:`cloud_adapters._gcp`) under the project's token bucket (key ``gcp:<project>:<region>``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import threading
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from cloud_adapters import _gcp, retry
+from cloud_adapters.base import (
+    Backend,
+    BackendError,
+    Capabilities,
+    ConnectionCheck,
+    InstanceOffer,
+    InvalidSpec,
+    JobHandle,
+    JobSpec,
+    JobStatus,
+    ProviderError,
+    Throttled,
+)
+from cloud_adapters.vertex import logs as cloud_logs
+from cloud_adapters.vertex import package
+from cloud_adapters.vertex.states import TERMINAL_STATES, job_status, replica_count, state_name
+
+T = TypeVar("T")
+
+PROVIDER = "gcp"  # provider name in the price catalog
+SERVICE = "Vertex AI"
+PYTHON_MODULE = "trainer_pkg.launch"
+CONFIG_FILE = "trainboard_job.json"
+LABEL_JOB_NAME = "trainboard-job-name"
+"""Label carrying the job's name in GCP label form: how submit finds a job again."""
+
+LABEL_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")  # GCP label keys; values: [a-z0-9_-]{0,63}
+LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
+MAX_LABELS = 64  # GCP resource label limit
+DISPLAY_NAME_MAX = 128  # CustomJob.display_name, UTF-8 characters
+MAX_ENV = 100  # PythonPackageSpec.env entries (clouds.md §2.1)
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PROJECT_RE = re.compile(r"([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")  # project ids: 6–30, optional domain
+REGION_RE = re.compile(r"[a-z]+(-[a-z]+)+\d+")
+BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # GCS bucket names
+MACHINE_RE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)+")
+ENDPOINT_RE = re.compile(r"(https?://)?[A-Za-z0-9.-]+(:\d+)?/?")
+SA_RE = re.compile(r"[a-z0-9-_.+]+@[a-z0-9-.]+\.[a-z]+")
+
+LIST_PAGE = 100  # ListCustomJobs page_size
+LIST_SKEW_S = 120
+"""Margin on ``changed_since`` and on the ``create_time`` filter: the times are Vertex's clock and ours."""
+CALL_TIMEOUT_S = 60.0  # per API request
+CALLS_PER_SECOND = 10.0  # the project's token bucket here (burst 2×)
+CREATE_ATTEMPTS = 5
+
+IMAGE_TEMPLATE = "{geo}-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+"""Default executor image: the prebuilt-training-image pattern
+``{us,europe,asia}-docker.pkg.dev/vertex-ai/training/<fw>-<cpu|gpu>.<ver>.py310:latest`` with the PyTorch
+instance public runbooks use (clouds.md §2.1; exact current PyTorch tags not confirmed there). The GPU
+build also runs on CPU-only machines."""
+
+DEFAULTS: dict[str, Any] = {
+    "region": "us-central1",
+    "image_uri": "",
+    "service_account": "",
+    "machine_type": "n1-standard-8",
+    "accelerator_type": "",
+    "accelerator_count": 0,
+    "spot_allowed": False,
+    "max_nodes": 16,
+    "api_endpoint": "",
+    "storage_endpoint": "",
+}
+_CONFIG_KEYS = {"project", "staging_bucket"} | set(DEFAULTS)
+
+
+def default_image_uri(region: str) -> str:
+    """The prebuilt PyTorch training image in the Artifact Registry multi-region nearest ``region``
+    (``europe-*`` → europe, ``asia-*``/``australia-*`` → asia, else us; clouds.md §2.1)."""
+    geo = "europe" if region.startswith("europe") else "asia" if region.startswith(("asia", "australia")) else "us"
+    return IMAGE_TEMPLATE.format(geo=geo)
+
+
+def label_value(text: str) -> str:
+    """``text`` in GCP label form: lowercase, ``[a-z0-9_-]``, at most 63 characters, deterministic.
+
+    A value already valid is kept; otherwise other characters become ``-`` and, when anything was
+    changed or cut, ``-`` + the first 8 hex digits of sha256(text) are appended (cut to fit), so two
+    names that map to the same text stay distinct."""
+    if LABEL_VALUE_RE.fullmatch(text):
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    base = re.sub(r"[^a-z0-9_-]", "-", text.lower()).strip("-")[: 63 - 9].rstrip("-")
+    return f"{base}-{digest}" if base else digest
+
+
+def label_key(text: str) -> str:
+    """``text`` as a label key: :func:`label_value` that starts with a lowercase letter (``k`` added)."""
+    value = label_value(text)
+    return value if value[:1].isalpha() else label_value(f"k{value}")
+
+
+def job_label(job_name: str) -> str:
+    """The ``trainboard-job-name`` label of a Trainboard job name. Raises :class:`InvalidSpec` for ""."""
+    if not job_name:
+        raise InvalidSpec("job name: empty; the dashboard derives it from the job id.")
+    return label_value(job_name)
+
+
+def parse_gcs(uri: str, field: str) -> tuple[str, str]:
+    """``(bucket, object prefix without slashes at the ends)`` of ``gs://bucket[/prefix]``.
+
+    Raises :class:`InvalidSpec` naming ``field`` for another form."""
+    m = re.fullmatch(r"gs://([^/]+)(?:/(.*))?", (uri or "").strip())
+    if not m or not BUCKET_RE.fullmatch(m.group(1)):
+        raise InvalidSpec(f"{field}: expected a Cloud Storage URI 'gs://bucket[/prefix]', got {uri!r}.")
+    prefix = (m.group(2) or "").strip("/")
+    if ".." in prefix.split("/"):
+        raise InvalidSpec(f"{field}: '..' is not allowed in the prefix, got {uri!r}.")
+    return m.group(1), prefix
+
+
+def _vcpus(machine_type: str) -> int | None:
+    """vCPUs of a predefined ``<series>-<standard|highmem|highcpu>-<N>`` machine type (N is the vCPU
+    count in Compute Engine's naming); None for others (a2-highgpu-1g …)."""
+    m = re.fullmatch(r"[a-z0-9]+-(standard|highmem|highcpu)-(\d+)", machine_type)
+    return int(m.group(2)) if m else None
+
+
+def _rfc3339(value: dt.datetime) -> str:
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class VertexBackend(Backend):
+    """Runs jobs as Vertex AI custom jobs; see the module docstring for what a job is made of.
+
+    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is stored:
+    credentials are Application Default Credentials, :func:`cloud_adapters._gcp.credentials`):
+
+    ``project``           GCP project id (required).
+    ``region``            Vertex AI location; default ``us-central1``.
+    ``staging_bucket``    ``gs://bucket[/prefix]`` for code, job configs and outputs (required).
+    ``image_uri``         executor image; default the prebuilt PyTorch training image (:data:`IMAGE_TEMPLATE`).
+    ``service_account``   service account email the job runs as; "" = Vertex's default.
+    ``machine_type``      Compute Engine machine type when a job names none; default ``n1-standard-8``.
+    ``accelerator_type``  ``AcceleratorType`` name (``NVIDIA_TESLA_T4`` …; clouds.md §2.6-A); "" = none.
+    ``accelerator_count`` accelerators per replica; 0 without ``accelerator_type``, ≥ 1 with it.
+    ``spot_allowed``      bool; whether jobs may use Spot VMs (``Scheduling.Strategy.SPOT``); default False.
+    ``max_nodes``         most replicas per job, 1–1000; default 16.
+    ``api_endpoint``      "" (``<region>-aiplatform.googleapis.com``), a host, or ``http(s)://host:port``
+                          (``http://``: a local stand-in, anonymous credentials; also answers Cloud Logging).
+    ``storage_endpoint``  "" (Cloud Storage) or ``http(s)://host:port`` (a GCS emulator).
+    """
+
+    kind = "vertex"
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None,
+                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None,
+                 http_session: Any = None) -> None:
+        super().__init__(config, prices=prices)
+        self.retry_policy = retry_policy or retry.RetryPolicy()
+        """Attempts and backoff of every provider call (tests pass a seeded RNG)."""
+        self.clock = clock or retry.SYSTEM_CLOCK
+        """Time source of retries and the rate limit (tests pass a simulated clock)."""
+        self._http_session = http_session
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.bucket_name, self.prefix = parse_gcs(self.config["staging_bucket"], "staging_bucket")
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @classmethod
+    def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(config) - _CONFIG_KEYS)
+        if unknown:
+            raise InvalidSpec(f"{unknown[0]}: unknown Vertex AI setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
+        out = dict(DEFAULTS)
+        out.update({k: v for k, v in config.items() if v is not None})
+
+        def text(key: str) -> str:
+            value = out.get(key)
+            if not isinstance(value, str):
+                raise InvalidSpec(f"{key}: expected text, got {value!r}.")
+            return value.strip()
+
+        project = text("project") if out.get("project") is not None else ""
+        if not PROJECT_RE.fullmatch(project):
+            raise InvalidSpec(f"project: expected a Google Cloud project id (6–30 lowercase letters, digits "
+                              f"and '-', starting with a letter), got {out.get('project')!r}.")
+        region = text("region")
+        if not REGION_RE.fullmatch(region):
+            raise InvalidSpec(f"region: expected a Vertex AI region such as 'us-central1', got {region!r}.")
+        bucket = text("staging_bucket") if out.get("staging_bucket") is not None else ""
+        parse_gcs(bucket, "staging_bucket")
+        image = text("image_uri") or default_image_uri(region)
+        if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", image):
+            raise InvalidSpec(f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {image!r}.")
+        account = text("service_account")
+        if account and not SA_RE.fullmatch(account):
+            raise InvalidSpec(f"service_account: expected a service account email "
+                              f"('name@project.iam.gserviceaccount.com'), got {account!r}.")
+        machine = text("machine_type")
+        if not MACHINE_RE.fullmatch(machine):
+            raise InvalidSpec(f"machine_type: expected a Compute Engine machine type such as 'n1-standard-8', "
+                              f"got {machine!r}.")
+        accel = text("accelerator_type").upper()
+        if accel:
+            from google.cloud.aiplatform_v1.types.accelerator_type import AcceleratorType
+
+            names = [n for n in AcceleratorType.__members__ if n != "ACCELERATOR_TYPE_UNSPECIFIED"]
+            if accel not in names:
+                raise InvalidSpec(f"accelerator_type: {accel!r} is not a Vertex AI accelerator; known: "
+                                  f"{', '.join(names)} (or empty for none).")
+        count = out["accelerator_count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidSpec(f"accelerator_count: expected a whole number ≥ 0, got {count!r}.")
+        if accel and count < 1:
+            raise InvalidSpec(f"accelerator_count: {accel} is set, so at least 1 accelerator per replica; got {count}.")
+        if count and not accel:
+            raise InvalidSpec(f"accelerator_count: {count} given without accelerator_type; set the type "
+                              f"(e.g. NVIDIA_TESLA_T4) or 0.")
+        if not isinstance(out["spot_allowed"], bool):
+            raise InvalidSpec(f"spot_allowed: expected true or false, got {out['spot_allowed']!r}.")
+        nodes = out["max_nodes"]
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1000:
+            raise InvalidSpec(f"max_nodes: expected a whole number from 1 to 1000, got {nodes!r}.")
+        for key in ("api_endpoint", "storage_endpoint"):
+            value = text(key).rstrip("/")
+            if value and not ENDPOINT_RE.fullmatch(value):
+                raise InvalidSpec(f"{key}: expected a host name or 'http(s)://host[:port]', got {value!r}.")
+            out[key] = value
+        out.update(project=project, region=region, staging_bucket=bucket.rstrip("/"), image_uri=image,
+                   service_account=account, machine_type=machine, accelerator_type=accel)
+        return out
+
+    @property
+    def region(self) -> str:
+        return self.config["region"]
+
+    @property
+    def parent(self) -> str:
+        """``projects/<project>/locations/<region>``, where the custom jobs live."""
+        return f"projects/{self.config['project']}/locations/{self.region}"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        count = self.config["accelerator_count"]
+        return Capabilities(
+            spot=self.config["spot_allowed"],
+            multi_node=self.config["max_nodes"] > 1,
+            gpus=count > 0,
+            max_nodes=self.config["max_nodes"],
+            max_procs_per_node=count if count > 0 else (_vcpus(self.config["machine_type"]) or 8),
+            strategies=("ddp", "fsdp", "pipeline"),
+        )
+
+    # -- prices -----------------------------------------------------------------------------
+
+    def _row(self, name: str, what: str):
+        row = self.prices.lookup(PROVIDER, self.region, name)
+        if row is None:
+            known = [r.instance_type for r in self.prices.rows(PROVIDER, self.region)]
+            raise InvalidSpec(
+                f"{what} {name!r} has no price in the catalog for {self.region}; known: "
+                f"{', '.join(known) or 'none (add rows to the price catalog)'}.")
+        return row
+
+    def price(self, instance_type: str = "", spot: bool = False) -> float:
+        """USD per replica-hour: machine price + accelerator price × ``accelerator_count`` (catalog rows
+        of provider ``gcp`` in the region, accelerators priced per accelerator-hour as Vertex lists them,
+        clouds.md §4.5).
+
+        ``instance_type`` is the machine type ("" = ``machine_type``); the accelerator is the backend's.
+        For spot the on-demand price is returned, an upper bound: the catalog has no Spot figure
+        (clouds.md §4.5 lists none), and cost is the run interval × replicas × this price.
+        Raises :class:`InvalidSpec` when the machine or the accelerator has no row.
+        """
+        machine = self._row(instance_type or self.config["machine_type"], "machine type")
+        total = machine.usd_per_hour
+        if self.config["accelerator_type"]:
+            accel = self._row(self.config["accelerator_type"], "accelerator")
+            total += accel.usd_per_hour * self.config["accelerator_count"]
+        return float(total)
+
+    def instance_offers(self) -> list[InstanceOffer]:
+        """The region's machine-type rows (accelerator rows are the upper-case ``AcceleratorType``
+        names) priced as :meth:`price` with the backend's accelerator; none when that accelerator has
+        no price."""
+        accel_name = self.config["accelerator_type"]
+        accel = self.prices.lookup(PROVIDER, self.region, accel_name) if accel_name else None
+        if accel_name and accel is None:
+            return []
+        offers = []
+        for r in self.prices.rows(PROVIDER, self.region):
+            if r.instance_type.upper() == r.instance_type:
+                continue  # an accelerator row
+            sources = [f"{r.source} ({r.as_of})" if r.as_of else r.source]
+            if accel is not None:
+                sources.append(f"{accel_name} × {self.config['accelerator_count']}: {accel.source}"
+                               + (f" ({accel.as_of})" if accel.as_of else ""))
+            offers.append(InstanceOffer(instance_type=r.instance_type, usd_per_hour=self.price(r.instance_type),
+                                        confirmed=r.confirmed and (accel is None or accel.confirmed),
+                                        source="; ".join(sources)))
+        return offers
+
+    # -- validate / build -------------------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        """Base checks (nodes, processes, spot allowed, runtime ≥ 1 s) plus Vertex's own.
+
+        * machine type: a Compute Engine type with a catalog price (and the accelerator's);
+        * processes per node ≤ accelerators per replica (one rank per GPU), or ≤ the machine's vCPUs;
+        * dataset and output: "" or ``gs://`` (the trainer reads gs:// through /gcs, clouds.md §2.3);
+        * labels (at most 64) and environment (at most 100, clouds.md §2.1) within the API's limits.
+        """
+        job_label(spec.job_name)
+        machine = spec.instance_type or self.config["machine_type"]
+        if not MACHINE_RE.fullmatch(machine):
+            raise InvalidSpec(f"instance type {machine!r}: expected a Compute Engine machine type such as "
+                              f"{self.config['machine_type']}.")
+        self.price(machine)
+        super().validate(spec)
+        count = self.config["accelerator_count"]
+        if count and spec.procs_per_node > count:
+            raise InvalidSpec(
+                f"{spec.nodes} × {machine} with {count} {self.config['accelerator_type']} each and "
+                f"{spec.procs_per_node} processes per node: each rank needs its own accelerator; ask for at "
+                f"most {count} processes per node (world size {spec.nodes} × {count} = {spec.nodes * count}).")
+        vcpus = _vcpus(machine)
+        if not count and vcpus and spec.procs_per_node > vcpus:
+            raise InvalidSpec(f"{machine} has {vcpus} vCPUs; ask for at most {vcpus} processes per node "
+                              f"(got {spec.procs_per_node}).")
+        for field, uri in (("dataset", spec.dataset_uri), ("output", spec.output_uri)):
+            if uri:
+                parse_gcs(uri, field)
+        if not isinstance(spec.config, Mapping):
+            raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
+        try:
+            json.dumps(spec.config)
+        except (TypeError, ValueError) as exc:
+            raise InvalidSpec(f"config: not JSON-serialisable ({exc}).") from None
+        self._labels(spec)
+        self._env(spec)
+
+    def _labels(self, spec: JobSpec) -> dict[str, str]:
+        labels = {LABEL_JOB_NAME: job_label(spec.job_name)}
+        for key, value in spec.tags.items():
+            labels.setdefault(label_key(str(key)), label_value(str(value)))
+        if len(labels) > MAX_LABELS:
+            raise InvalidSpec(f"tags: {len(labels)} labels, Vertex AI takes at most {MAX_LABELS}.")
+        return labels
+
+    def _env(self, spec: JobSpec) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name}
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        if len(env) > MAX_ENV:
+            raise InvalidSpec(f"env: {len(env)} variables, Vertex AI takes at most {MAX_ENV}.")
+        for key in env:
+            if not ENV_KEY_RE.fullmatch(key):
+                raise InvalidSpec(f"env {key!r}: names are letters, digits and '_', not starting with a digit.")
+        return env
+
+    def _gs(self, *parts: str) -> str:
+        return f"gs://{self.bucket_name}/{package.object_name(self.prefix, *parts)}"
+
+    def output_uri(self, spec: JobSpec) -> str:
+        """``base_output_directory`` of the job: ``spec.output_uri`` or ``gs://<staging>/output/<label>/``."""
+        base = spec.output_uri or self._gs("output", job_label(spec.job_name))
+        return base.rstrip("/") + "/"
+
+    def config_object(self, spec: JobSpec) -> str:
+        """Object name of the job's config JSON in the staging bucket."""
+        return package.object_name(self.prefix, "jobs", job_label(spec.job_name), CONFIG_FILE)
+
+    def config_path(self, spec: JobSpec) -> str:
+        """Where a replica reads the job's config: its Cloud Storage FUSE path ``/gcs/<bucket>/<object>``."""
+        return f"/gcs/{self.bucket_name}/{self.config_object(spec)}"
+
+    def custom_job(self, spec: JobSpec, package_uri: str) -> Any:
+        """The ``aiplatform_v1.CustomJob`` for ``spec`` with the trainer archive at ``package_uri``
+        (field meanings: clouds.md §2.1). Makes no call."""
+        from google.cloud import aiplatform_v1 as v1
+        from google.protobuf import duration_pb2
+
+        machine_spec = v1.MachineSpec(machine_type=spec.instance_type or self.config["machine_type"])
+        if self.config["accelerator_type"]:
+            machine_spec.accelerator_type = v1.AcceleratorType[self.config["accelerator_type"]]
+            machine_spec.accelerator_count = self.config["accelerator_count"]
+        python = v1.PythonPackageSpec(
+            executor_image_uri=self.config["image_uri"],
+            package_uris=[package_uri],
+            python_module=PYTHON_MODULE,
+            args=["--config", self.config_path(spec), "--platform", "vertex",
+                  "--nproc-per-node", str(spec.procs_per_node)],
+            env=[v1.EnvVar(name=k, value=v) for k, v in self._env(spec).items()],
+        )
+        pools = [v1.WorkerPoolSpec(machine_spec=machine_spec, replica_count=1, python_package_spec=python)]
+        if spec.nodes > 1:
+            pools.append(v1.WorkerPoolSpec(machine_spec=machine_spec, replica_count=spec.nodes - 1,
+                                           python_package_spec=python))
+        scheduling = v1.Scheduling(timeout=duration_pb2.Duration(seconds=int(spec.max_runtime_s)),
+                                   restart_job_on_worker_restart=spec.nodes > 1)
+        if spec.spot:
+            scheduling.strategy = v1.Scheduling.Strategy.SPOT
+        job_spec = v1.CustomJobSpec(
+            worker_pool_specs=pools, scheduling=scheduling,
+            base_output_directory=v1.GcsDestination(output_uri_prefix=self.output_uri(spec)))
+        if self.config["service_account"]:
+            job_spec.service_account = self.config["service_account"]
+        return v1.CustomJob(display_name=spec.job_name[:DISPLAY_NAME_MAX], job_spec=job_spec,
+                            labels=self._labels(spec))
+
+    # -- submit -----------------------------------------------------------------------------
+
+    def trainer_uri(self, spec: JobSpec) -> str:
+        """The archive's ``gs://`` URI, uploading it first when the bucket lacks it.
+
+        ``spec.trainer_package_uri``: "" packages this checkout's trainer_pkg; a ``gs://`` URI (a
+        pip-installable archive) is used as is; a local directory holding ``trainer_pkg/`` is packaged
+        from there."""
+        from pathlib import Path
+
+        source = spec.trainer_package_uri
+        if source.startswith("gs://"):
+            return source
+        if source and not Path(source, "trainer_pkg", "__init__.py").is_file():
+            raise InvalidSpec(f"trainer package {source!r}: expected a gs:// URI or a directory that "
+                              f"contains trainer_pkg/ (leave it empty to ship this installation's).")
+        archive = package.build_sdist(source or None)
+        uri, _ = package.upload_once(self.bucket(), archive, prefix=self.prefix,
+                                     call=lambda fn: self._call(fn, "Cloud Storage"))
+        return uri
+
+    def _upload_config(self, spec: JobSpec) -> None:
+        blob = self.bucket().blob(self.config_object(spec))
+        data = json.dumps(dict(spec.config), sort_keys=True, indent=1)
+        self._call(lambda: blob.upload_from_string(data, content_type="application/json", retry=None,
+                                                   timeout=CALL_TIMEOUT_S), "Cloud Storage")
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Create the custom job; idempotent by name (a job labelled with the name is adopted).
+
+        Calls: ListCustomJobs by label (adopt when one exists); else the archive's existence check
+        (+ upload once per trainer version), the config upload, CreateCustomJob, and ListCustomJobs by
+        label again (a concurrent duplicate is cancelled). Raises :class:`InvalidSpec`,
+        :class:`CredentialsError`, :class:`QuotaExceeded`, :class:`CapacityUnavailable`,
+        :class:`Throttled` or :class:`ProviderError`.
+        """
+        self.validate(spec)
+        label = job_label(spec.job_name)
+        existing = self._find(label)
+        if existing is not None:
+            return self._handle(spec.job_name, existing)
+        job = self.custom_job(spec, self.trainer_uri(spec))
+        self._upload_config(spec)
+        client = self.job_client()
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                created = self._call(lambda: client.create_custom_job(parent=self.parent, custom_job=job,
+                                                                      retry=None, timeout=CALL_TIMEOUT_S),
+                                     SERVICE, classify=_classify_create)
+                break
+            except BackendError as exc:
+                if not exc.transient or attempt == CREATE_ATTEMPTS:
+                    raise
+                self.clock.sleep(self.retry_policy.delay(attempt))
+                found = self._find(label)  # the failed create may have created the job
+                if found is not None:
+                    return self._handle(spec.job_name, found)
+        oldest = self._find(label)
+        if oldest is not None and oldest.name != created.name:
+            # A concurrent submit created the same job first: keep the older, stop ours.
+            self._cancel_name(created.name)
+            return self._handle(spec.job_name, oldest)
+        return self._handle(spec.job_name, created)
+
+    def _handle(self, job_name: str, job: Any) -> JobHandle:
+        created = job.create_time
+        return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=str(job.name),
+                         extra={"label": job_label(job_name), "region": self.region,
+                                "instance_count": replica_count(job),
+                                "create_time": created.isoformat() if isinstance(created, dt.datetime)
+                                and created.timestamp() > 0 else ""})
+
+    # -- list / describe --------------------------------------------------------------------
+
+    def _list(self, filter_: str, page_size: int = LIST_PAGE, max_pages: int | None = None) -> list[Any]:
+        """Every CustomJob matching ``filter_`` (one ListCustomJobs per page, each retried)."""
+        from google.cloud import aiplatform_v1 as v1
+
+        client = self.job_client()
+        jobs: list[Any] = []
+        token = ""
+        pages = 0
+        while True:
+            request = v1.ListCustomJobsRequest(parent=self.parent, filter=filter_, page_size=page_size,
+                                               page_token=token)
+            page = self._call(lambda request=request: next(iter(client.list_custom_jobs(
+                request=request, retry=None, timeout=CALL_TIMEOUT_S).pages)), SERVICE)
+            jobs += list(page.custom_jobs)
+            token = page.next_page_token
+            pages += 1
+            if not token or (max_pages is not None and pages >= max_pages):
+                return jobs
+
+    def _find(self, label: str) -> Any | None:
+        """The oldest CustomJob labelled ``trainboard-job-name=<label>``, or None."""
+        jobs = self._list(f'labels.{LABEL_JOB_NAME}="{label}"')
+        if not jobs:
+            return None
+        return min(jobs, key=lambda j: (j.create_time.timestamp() if j.create_time else 0.0, j.name))
+
+    def describe(self, handle: JobHandle) -> JobStatus:
+        """The job's status (mapping: :mod:`cloud_adapters.vertex.states`). One GetCustomJob.
+
+        Raises :class:`ProviderError` when Vertex has no such job, :class:`Throttled` or a transient
+        :class:`ProviderError` after retries."""
+        job = self._get(handle.provider_job_id)
+        if job is None:
+            raise ProviderError(f"Vertex AI has no custom job {handle.provider_job_id!r}; was it deleted?")
+        return job_status(job)
+
+    def _get(self, name: str) -> Any | None:
+        from google.api_core import exceptions as gexc
+
+        if not name:
+            return None
+        client = self.job_client()
+        try:
+            return self._call(lambda: client.get_custom_job(name=name, retry=None, timeout=CALL_TIMEOUT_S), SERVICE)
+        except BackendError as exc:
+            if isinstance(exc.__cause__, gexc.NotFound):
+                return None
+            raise
+
+    def describe_many(self, handles: Sequence[JobHandle],
+                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
+        """Statuses keyed by ``handle.job_name`` from ONE filtered ListCustomJobs (paginated, 100 a page).
+
+        Filter: ``labels.trainboard-job-name:*`` (Trainboard's jobs) ``AND create_time>=`` the oldest
+        handle's create time − :data:`LIST_SKEW_S` (ListCustomJobs filters on display_name, state,
+        create_time and labels, not update_time: [GAPIC ListCustomJobsRequest.filter]). With
+        ``changed_since`` a job whose ``update_time`` is older than it (− the skew) is left out as
+        unchanged; a job Vertex no longer lists is left out too. Throttling or connection errors that
+        outlast the retries raise, so the caller keeps its ``changed_since`` and nothing is missed.
+        """
+        if changed_since is not None and changed_since.tzinfo is None:
+            raise ValueError("changed_since must be timezone-aware (UTC)")
+        if not handles:
+            return {}
+        terms = [f"labels.{LABEL_JOB_NAME}:*"]
+        created = [h.extra.get("create_time") for h in handles]
+        if all(created):
+            oldest = min(dt.datetime.fromisoformat(str(c)) for c in created)
+            terms.append(f'create_time>="{_rfc3339(oldest - dt.timedelta(seconds=LIST_SKEW_S))}"')
+        jobs = {j.name: j for j in self._list(" AND ".join(terms))}
+        since = changed_since - dt.timedelta(seconds=LIST_SKEW_S) if changed_since else None
+        out: dict[str, JobStatus] = {}
+        for handle in handles:
+            job = jobs.get(handle.provider_job_id)
+            if job is None:
+                continue
+            updated = job.update_time if isinstance(job.update_time, dt.datetime) else None
+            if since is not None and updated is not None and updated.timestamp() > 0 and updated < since:
+                continue
+            out[handle.job_name] = job_status(job)
+        return out
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, handle: JobHandle) -> None:
+        """CancelCustomJob; returns at once (Vertex reports CANCELLING, then CANCELLED, clouds.md §2.2).
+
+        Idempotent: when Vertex refuses because the job already ended or is cancelling, that is not
+        an error. Raises :class:`ProviderError` when there is no such job."""
+        self._cancel_name(handle.provider_job_id)
+
+    def _cancel_name(self, name: str) -> None:
+        from google.api_core import exceptions as gexc
+
+        client = self.job_client()
+        try:
+            self._call(lambda: client.cancel_custom_job(name=name, retry=None, timeout=CALL_TIMEOUT_S), SERVICE)
+        except BackendError as exc:
+            if not isinstance(exc.__cause__, (gexc.BadRequest, gexc.NotFound, gexc.Conflict)):
+                raise
+            job = self._get(name)
+            if job is None:
+                raise ProviderError(f"Vertex AI has no custom job {name!r} to cancel.") from exc
+            if state_name(job) in TERMINAL_STATES | {"JOB_STATE_CANCELLING"}:
+                return
+            raise
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
+        """New lines of the job's Cloud Logging entries since ``cursor``.
+
+        See :mod:`cloud_adapters.vertex.logs` for the cursor and line format: in a multi-replica job
+        lines are prefixed ``[workerpool1-0] ``; metric lines stay exactly as the trainer printed them.
+        """
+        job_id = handle.provider_job_id.rsplit("/", 1)[-1]
+        return cloud_logs.tail(
+            self.http_session(), base_url=self.logging_endpoint, project=self.config["project"],
+            job_id=job_id, cursor=cursor, since=str(handle.extra.get("create_time") or ""),
+            prefix_tasks=int(handle.extra.get("instance_count") or 1) > 1,
+            call=lambda fn: self._call(fn, "Cloud Logging"))
+
+    # -- test connection --------------------------------------------------------------------
+
+    def test_connection(self) -> list[ConnectionCheck]:
+        """Three read-only checks, each reported in words a user can act on; never raises.
+
+        ``credentials`` (Application Default Credentials found), ``bucket`` (the staging bucket's
+        metadata), ``Vertex AI access`` (ListCustomJobs page_size=1 in the region).
+        """
+        from google.api_core import exceptions as gexc
+
+        policy = retry.RetryPolicy(max_attempts=2, base_delay_s=0.2, rng=self.retry_policy.rng)
+        checks: list[ConnectionCheck] = []
+
+        def check(name: str, service: str, fn: Callable[[], str], explain: Callable[[BaseException], str]) -> bool:
+            try:
+                checks.append(ConnectionCheck(name, True, self._call(fn, service, policy=policy)))
+                return True
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a message
+                checks.append(ConnectionCheck(name, False, explain(exc)))
+                return False
+
+        def identity() -> str:
+            if _gcp.is_local(self.config["api_endpoint"]):
+                return f"anonymous (the API endpoint {self.config['api_endpoint']} is a local stand-in)"
+            creds, project = _gcp.credentials()
+            who = getattr(creds, "service_account_email", None) or "user credentials (gcloud ADC)"
+            return f"Application Default Credentials found: {who}" + (f", project {project}" if project else "")
+
+        if not check("credentials", "Google auth", identity, str):
+            return checks + [ConnectionCheck("bucket", False, "not checked: no credentials"),
+                             ConnectionCheck("Vertex AI access", False, "not checked: no credentials")]
+
+        bucket = self.config["staging_bucket"]
+
+        def get_bucket() -> str:
+            self.storage_client().get_bucket(self.bucket_name, retry=None, timeout=30)
+            return f"bucket gs://{self.bucket_name} exists and is accessible"
+
+        def bucket_hint(exc: BaseException) -> str:
+            cause = exc.__cause__ or exc
+            if isinstance(cause, gexc.NotFound):
+                return (f"bucket gs://{self.bucket_name} does not exist; create it (in {self.region}) or "
+                        f"correct staging_bucket ({bucket}).")
+            if isinstance(cause, (gexc.Forbidden, gexc.Unauthorized)):
+                return (f"access to bucket gs://{self.bucket_name} was denied; grant the worker's identity "
+                        f"Storage Object Admin on it (and the job's service account read/write).")
+            return str(exc)
+
+        check("bucket", "Cloud Storage", get_bucket, bucket_hint)
+
+        def list_jobs() -> str:
+            self._list("", page_size=1, max_pages=1)
+            return f"Vertex AI API reachable in {self.region} (ListCustomJobs allowed in {self.config['project']})"
+
+        def vertex_hint(exc: BaseException) -> str:
+            cause = exc.__cause__ or exc
+            if isinstance(cause, (gexc.Forbidden, gexc.Unauthorized)):
+                return (f"{exc} Grant the worker's identity the Vertex AI User role "
+                        f"(aiplatform.customJobs.list/create/get/cancel) in {self.config['project']}, and "
+                        f"enable aiplatform.googleapis.com there.")
+            return str(exc)
+
+        check("Vertex AI access", SERVICE, list_jobs, vertex_hint)
+        return checks
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def logging_endpoint(self) -> str:
+        """Cloud Logging's base URL: the ``http://`` stand-in of ``api_endpoint`` in tests, else Google's."""
+        endpoint = self.config["api_endpoint"]
+        return endpoint if _gcp.is_local(endpoint) else cloud_logs.LOGGING_ENDPOINT
+
+    def _cached(self, key: str, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._clients:
+                self._clients[key] = make()
+            return self._clients[key]
+
+    def job_client(self) -> Any:
+        """The ``aiplatform_v1.JobServiceClient`` (REST transport) of the region, created once."""
+        def make() -> Any:
+            from google.api_core.client_options import ClientOptions
+            from google.cloud import aiplatform_v1 as v1
+
+            endpoint = self.config["api_endpoint"] or f"{self.region}-aiplatform.googleapis.com"
+            creds, _ = _gcp.credentials(endpoint)
+            return v1.JobServiceClient(credentials=creds, transport="rest",
+                                       client_options=ClientOptions(api_endpoint=endpoint))
+        return self._cached("jobs", make)
+
+    def storage_client(self) -> Any:
+        """The ``google.cloud.storage.Client`` (``storage_endpoint`` when set), created once."""
+        def make() -> Any:
+            from google.cloud import storage
+
+            endpoint = self.config["storage_endpoint"]
+            creds, _ = _gcp.credentials(endpoint)
+            options = {"api_endpoint": endpoint} if endpoint else None
+            return storage.Client(project=self.config["project"], credentials=creds, client_options=options)
+        return self._cached("storage", make)
+
+    def bucket(self) -> Any:
+        """The staging bucket handle (no call)."""
+        return self.storage_client().bucket(self.bucket_name)
+
+    def http_session(self) -> Any:
+        """The HTTP session for Cloud Logging: the injected one, else google-auth's AuthorizedSession."""
+        if self._http_session is not None:
+            return self._http_session
+
+        def make() -> Any:
+            from google.auth.transport.requests import AuthorizedSession
+
+            creds, _ = _gcp.credentials(self.config["api_endpoint"])
+            return AuthorizedSession(creds)
+        return self._cached("http", make)
+
+    def _call(self, fn: Callable[[], T], service: str, *, policy: retry.RetryPolicy | None = None,
+              classify: Callable[..., retry.Verdict | None] | None = None) -> T:
+        """``fn()`` under the project's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
+        bucket = retry.limiter(f"gcp:{self.config['project']}:{self.region}", rate=CALLS_PER_SECOND,
+                               burst=int(2 * CALLS_PER_SECOND), clock=self.clock)
+        classify = classify or _gcp.classify
+        return retry.call(fn, classify=lambda exc: classify(exc, service=service), bucket=bucket,
+                          policy=policy or self.retry_policy, clock=self.clock)
+
+
+def _classify_create(exc: BaseException, *, service: str) -> retry.Verdict | None:
+    """:func:`cloud_adapters._gcp.classify` for CreateCustomJob: a throttled create (429: refused, nothing
+    created) is retried at once; any other transient failure may have created the job, so it is raised
+    (still transient) for :meth:`VertexBackend.submit` to look for the job before trying again."""
+    verdict = _gcp.classify(exc, service=service)
+    if verdict is not None and verdict.retry and not isinstance(verdict.error, Throttled):
+        return retry.Verdict(False, verdict.error)
+    return verdict

@@ -1,0 +1,153 @@
+"""Vertex AI ``CustomJob`` → :class:`~cloud_adapters.base.JobStatus` (DESIGN.md §4, Vertex row).
+
+Values and meanings from ``aiplatform_v1.JobState`` (clouds.md §2.2 and the docstring quoted in
+§2.6-A [GAPIC]):
+
+===========================  ==========  ===================================================
+JobState                     JobState    why
+===========================  ==========  ===================================================
+JOB_STATE_QUEUED             PENDING     created or resumed, processing not begun
+JOB_STATE_PENDING            PENDING     the service is preparing to run the job
+JOB_STATE_RUNNING            RUNNING
+JOB_STATE_UPDATING           RUNNING     + warning; "only RUNNING jobs can be updated; after updating the
+                                         job goes back to RUNNING"
+JOB_STATE_PAUSED             PENDING     + warning; "stopped, and can be resumed": not terminal, and the
+                                         dashboard never moves a RUNNING job back, so it stays RUNNING
+JOB_STATE_CANCELLING         STOPPING    "may only go to SUCCEEDED, FAILED or CANCELLED"
+JOB_STATE_SUCCEEDED          SUCCEEDED
+JOB_STATE_FAILED             FAILED      reason = ``job.error`` (google.rpc.Status code + message)
+JOB_STATE_EXPIRED            FAILED      "the job has expired"; reason says so (+ ``job.error``)
+JOB_STATE_PARTIALLY_SUCCEEDED FAILED     "some results may be missing due to errors": a training run whose
+                                         outputs may be incomplete is not reported SUCCEEDED; the reason
+                                         says it partially succeeded (+ ``job.error``)
+JOB_STATE_CANCELLED          CANCELLED   (Vertex sets ``error.code`` 1 = CANCELLED, §2.2)
+JOB_STATE_UNSPECIFIED, any   PENDING     + warning naming the value; the job stays non-terminal
+other value
+===========================  ==========  ===================================================
+
+Times: ``started_at`` = ``start_time`` ("when the job first entered RUNNING"), ``ended_at`` =
+``end_time`` (terminal states only). Vertex reports no billable seconds: cost is priced from the run
+interval (DESIGN.md §6); ``training_seconds`` = ``end_time`` − ``start_time`` once the job ended (while
+it runs the dashboard measures the interval to its own clock). ``instance_count`` = the replicas of worker pools 0 and 1 (= nodes); ``spot`` =
+``scheduling.strategy`` SPOT.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from cloud_adapters.base import JobState, JobStatus
+
+STATE_MAP: dict[str, JobState] = {
+    "JOB_STATE_QUEUED": JobState.PENDING,
+    "JOB_STATE_PENDING": JobState.PENDING,
+    "JOB_STATE_RUNNING": JobState.RUNNING,
+    "JOB_STATE_UPDATING": JobState.RUNNING,
+    "JOB_STATE_PAUSED": JobState.PENDING,
+    "JOB_STATE_CANCELLING": JobState.STOPPING,
+    "JOB_STATE_SUCCEEDED": JobState.SUCCEEDED,
+    "JOB_STATE_FAILED": JobState.FAILED,
+    "JOB_STATE_EXPIRED": JobState.FAILED,
+    "JOB_STATE_PARTIALLY_SUCCEEDED": JobState.FAILED,
+    "JOB_STATE_CANCELLED": JobState.CANCELLED,
+}
+"""Every named ``JobState`` except UNSPECIFIED (which warns) → the normalized state."""
+
+TERMINAL_STATES = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+                             "JOB_STATE_EXPIRED", "JOB_STATE_PARTIALLY_SUCCEEDED"})
+"""States after which the job never changes again (cancel is then a no-op)."""
+
+_WARNINGS = {
+    "JOB_STATE_UPDATING": "Vertex AI is updating the running job; shown as RUNNING until it returns to RUNNING.",
+    "JOB_STATE_PAUSED": ("Vertex AI reports the job paused (stopped, can be resumed); it stays non-terminal "
+                         "until it is resumed or cancelled."),
+}
+
+# google.rpc.Code names for job.error.code (the values Vertex puts in CustomJob.error).
+_RPC_CODES = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+
+
+def _utc(value: Any) -> dt.datetime | None:
+    """proto-plus gives Timestamps as aware ``DatetimeWithNanoseconds``; an unset one is falsy/epoch."""
+    if not isinstance(value, dt.datetime):
+        return None
+    value = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    if value.timestamp() <= 0:
+        return None
+    return value.astimezone(dt.timezone.utc)
+
+
+def state_name(job: Any) -> str:
+    """The job's ``JobState`` name (``JOB_STATE_RUNNING``); ``str(int)`` for a value the SDK does not know."""
+    state = getattr(job, "state", 0)
+    name = getattr(state, "name", None)
+    return str(name) if name else str(state)
+
+
+def error_text(job: Any) -> str:
+    """``job.error`` as ``"RESOURCE_EXHAUSTED (8): <message>"``, or "" when unset."""
+    error = getattr(job, "error", None)
+    code = int(getattr(error, "code", 0) or 0)
+    message = str(getattr(error, "message", "") or "")
+    if not code and not message:
+        return ""
+    label = f"{_RPC_CODES.get(code, 'code')} ({code})" if code else ""
+    return ": ".join(p for p in (label, message) if p)
+
+
+def replica_count(job: Any) -> int:
+    """Machines of the job: replicas of worker pool 0 (the chief) + pool 1 (workers); at least 1."""
+    pools = list(getattr(getattr(job, "job_spec", None), "worker_pool_specs", None) or [])
+    return max(1, sum(int(p.replica_count or 0) for p in pools[:2]))
+
+
+def is_spot(job: Any) -> bool:
+    from google.cloud.aiplatform_v1 import Scheduling
+
+    scheduling = getattr(getattr(job, "job_spec", None), "scheduling", None)
+    return scheduling is not None and scheduling.strategy == Scheduling.Strategy.SPOT
+
+
+def job_status(job: Any) -> JobStatus:
+    """The :class:`JobStatus` of one ``aiplatform_v1.CustomJob`` (see the module's table)."""
+    raw = state_name(job)
+    state = STATE_MAP.get(raw)
+    warning = _WARNINGS.get(raw, "")
+    if state is None:
+        state = JobState.PENDING
+        warning = (f"Vertex AI reported an unknown job state {raw!r}; the job stays non-terminal until a "
+                   f"known state arrives.")
+    error = error_text(job)
+    reason = ""
+    if raw == "JOB_STATE_FAILED":
+        reason = error or "Vertex AI reported the job failed without an error message"
+    elif raw == "JOB_STATE_EXPIRED":
+        reason = "Vertex AI expired the job before it finished" + (f" ({error})" if error else "")
+    elif raw == "JOB_STATE_PARTIALLY_SUCCEEDED":
+        reason = ("Vertex AI reports the job partially succeeded: some results may be missing due to errors"
+                  + (f" ({error})" if error else ""))
+    elif raw == "JOB_STATE_CANCELLED":
+        reason = "cancelled in Vertex AI (CancelCustomJob)"
+
+    started = _utc(getattr(job, "start_time", None))
+    ended = _utc(getattr(job, "end_time", None)) if state.is_terminal else None
+    training = max(0.0, (ended - started).total_seconds()) if started and ended else None
+    return JobStatus(
+        state=state,
+        raw_state=raw,
+        secondary_state="",
+        failure_reason=reason,
+        started_at=started,
+        ended_at=ended,
+        billable_seconds=None,
+        training_seconds=training,
+        instance_count=replica_count(job),
+        warning=warning,
+        spot=is_spot(job),
+    )
