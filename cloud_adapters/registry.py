@@ -30,10 +30,11 @@ class KindInfo(NamedTuple):
 KINDS: dict[str, KindInfo] = {
     "gpubox": KindInfo("cloud_adapters.gpubox", "GpuBoxBackend", "Local GPU box (torchrun)"),
     "sagemaker": KindInfo("cloud_adapters.sagemaker", "SageMakerBackend", "AWS SageMaker"),
+    "vertex": KindInfo("cloud_adapters.vertex", "VertexBackend", "Google Vertex AI"),
 }
 """kind -> (module path, class name, human label). Register new providers here."""
 
-EXTRAS: dict[str, str] = {"sagemaker": "aws"}
+EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp"}
 """kind -> pip extra that installs its SDK, where it needs one (e.g. "sagemaker": "aws")."""
 
 
