@@ -31,10 +31,11 @@ KINDS: dict[str, KindInfo] = {
     "gpubox": KindInfo("cloud_adapters.gpubox", "GpuBoxBackend", "Local GPU box (torchrun)"),
     "sagemaker": KindInfo("cloud_adapters.sagemaker", "SageMakerBackend", "AWS SageMaker"),
     "vertex": KindInfo("cloud_adapters.vertex", "VertexBackend", "Google Vertex AI"),
+    "azureml": KindInfo("cloud_adapters.azureml", "AzureMLBackend", "Azure ML"),
 }
 """kind -> (module path, class name, human label). Register new providers here."""
 
-EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp"}
+EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure"}
 """kind -> pip extra that installs its SDK, where it needs one (e.g. "sagemaker": "aws")."""
 
 

@@ -1,0 +1,746 @@
+"""The Azure ML backend: a Trainboard job is one Azure ML command job, created with azure-ai-ml v2.
+
+What a job is made of (clouds.md §3.1 for the builder, §3.2 for the wire body):
+
+* **code**: the trainer archive (:mod:`cloud_adapters.packaging`) unpacked into a temporary
+  directory, with ``trainboard_job.json`` replaced by the job's config (its ``parallel.nodes`` and
+  ``procs_per_node`` set to the job's shape: Azure ML does not tell a process how many processes
+  share its node, clouds.md §3.4). ``jobs.create_or_update`` uploads it through azure-ai-ml's code
+  upload (hash lookup, then a SAS upload to the workspace's blob storage, then a code version), so
+  an unchanged snapshot is uploaded once;
+* **command** ``python -m trainer_pkg.launch --config trainboard_job.json``, run by Azure ML in every
+  process it starts: with ``PyTorchDistribution(process_count_per_instance=procs_per_node)`` the
+  platform starts the ranks itself and sets per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and
+  ``MASTER_ADDR``/``MASTER_PORT`` (clouds.md §3.4); the launcher trains in place
+  (trainer_pkg/platforms.py ``read_azureml``);
+* ``instance_count`` = nodes on the backend's compute cluster, the backend's curated environment;
+* the dataset (``spec.dataset_uri``) as input ``data``, ``uri_folder`` mounted read-only
+  (``ro_mount``), which the launcher finds as ``AZURE_ML_INPUT_data``; outputs ``model`` and
+  ``checkpoints`` (``uri_folder``, ``rw_mount``), found as ``AZURE_ML_OUTPUT_model`` /
+  ``AZURE_ML_OUTPUT_checkpoints``;
+* ``timeout`` = max runtime (``limits.timeout``, ISO-8601 on the wire); low-priority jobs ask for
+  ``queue_settings.job_tier = "spot"`` (REST ``JobTier`` Spot, [AML ``_enums.py``]);
+* tags: ``trainboard-job-name`` (the list filter of :meth:`describe_many`) plus ``spec.tags``
+  (``trainboard-job-id``, ``trainboard-owner-id``).
+
+Names: ``JobSpec.job_name`` becomes the job's ``name`` through :func:`azure_job_name`; a retried
+submit GETs that name first and adopts the job it finds, so it never creates a second one.
+
+Every SDK call goes through :mod:`cloud_adapters.retry` with the Azure classifier
+(:mod:`cloud_adapters._azure`) under the subscription's token bucket; azure-core's own retries are
+off (``retry_total=0``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import re
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from cloud_adapters import _azure, packaging, retry
+from cloud_adapters.azureml import logs as az_logs
+from cloud_adapters.azureml.states import TERMINAL_STATUSES, job_status, status_text
+from cloud_adapters.base import (
+    Backend,
+    BackendError,
+    Capabilities,
+    ConnectionCheck,
+    InstanceOffer,
+    InvalidSpec,
+    JobHandle,
+    JobSpec,
+    JobStatus,
+    ProviderError,
+)
+
+T = TypeVar("T")
+
+PROVIDER = "azure"  # provider name in the price catalog
+LOW_PRIORITY_SUFFIX = ":low_priority"
+"""A catalog row ``<vm size>:low_priority`` prices the low-priority tier of that size."""
+
+DEFAULT_ENVIRONMENT = "azureml://registries/azureml/environments/acpt-pytorch-2.2-cuda12.1/labels/latest"
+"""Azure's curated PyTorch environment (ACPT, PyTorch 2.2, CUDA 12.1) from the ``azureml`` registry,
+the environment of clouds.md §3.6-A/C."""
+
+DEFAULTS: dict[str, Any] = {
+    "environment": DEFAULT_ENVIRONMENT,
+    "vm_size": "Standard_NC6s_v3",
+    "tier": "dedicated",
+    "region": "eastus",
+    "max_nodes": 16,
+    "base_url": "",
+}
+REQUIRED = ("subscription_id", "resource_group", "workspace", "compute")
+CONFIG_KEYS = frozenset(REQUIRED) | frozenset(DEFAULTS)
+TIERS = ("dedicated", "low_priority")
+
+GUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+RESOURCE_GROUP_RE = re.compile(r"[-\w.()]{0,89}[-\w()]")  # ARM resource group naming rules
+WORKSPACE_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{2,32}")  # azure-ai-ml's workspaceName URL pattern [AML]
+COMPUTE_RE = re.compile(r"[a-zA-Z][a-zA-Z0-9-]{1,31}")  # compute names: a letter, then letters, digits, '-'
+REGION_RE = re.compile(r"[a-z][a-z0-9]{2,30}")  # eastus, westeurope, eastus2 ...
+VM_SIZE_RE = re.compile(r"Standard_[A-Za-z0-9_]+")
+JOB_NAME_MAX = 255
+JOB_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,254}")
+"""Job names: a letter or digit, then letters, digits, '_' or '-', at most 255 (the REST API's job id
+rule; not in clouds.md)."""
+ENV_KEY_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+DATASET_PREFIXES = ("azureml:", "https://", "wasbs://", "abfss://", "adl://")
+"""URIs an Azure ML ``uri_folder`` input accepts: datastore paths (``azureml://datastores/...``), data
+assets (``azureml:<name>:<version>``), storage URLs (clouds.md §3.1-§3.2)."""
+
+TAG_JOB_NAME = "trainboard-job-name"
+"""Tag on every job this adapter creates; :meth:`AzureMLBackend.describe_many` lists by it."""
+CONFIG_FILE = packaging.BASE_CONFIG  # trainboard_job.json, in the code snapshot
+COMMAND = f"python -m trainer_pkg.launch --config {CONFIG_FILE}"
+EXPERIMENT = "trainboard"
+DATA_INPUT = "data"  # -> AZURE_ML_INPUT_data (trainer_pkg.platforms.AZURE_DATA_NAMES)
+MODEL_OUTPUT = "model"  # -> AZURE_ML_OUTPUT_model (AZURE_OUTPUT_NAMES)
+CHECKPOINT_OUTPUT = "checkpoints"  # -> AZURE_ML_OUTPUT_checkpoints (AZURE_CHECKPOINT_NAMES)
+MAX_RUNTIME_S = 30 * 24 * 3600
+"""Largest max runtime accepted here: 30 days (a sanity bound; clouds.md records no Azure limit)."""
+MAX_PROCS_PER_NODE = 8
+
+VM_GPUS = {
+    "Standard_NC6s_v3": 1, "Standard_NC12s_v3": 2, "Standard_NC24s_v3": 4,
+    "Standard_NC4as_T4_v3": 1, "Standard_NC8as_T4_v3": 1, "Standard_NC16as_T4_v3": 1, "Standard_NC64as_T4_v3": 4,
+    "Standard_NC24ads_A100_v4": 1, "Standard_NC48ads_A100_v4": 2, "Standard_NC96ads_A100_v4": 4,
+    "Standard_ND96asr_v4": 8,
+}
+"""NVIDIA GPUs per VM size (Azure's NCv3, NCasT4_v3, NC A100 v4 and NDasr A100 v4 series size tables;
+not in clouds.md). A size missing here is checked against :data:`MAX_PROCS_PER_NODE` only."""
+
+RATE_PER_SECOND = 10.0
+"""API calls per second this process makes per subscription (token bucket, burst 2×)."""
+LIST_PAGE_LIMIT = 200
+"""Most pages :meth:`AzureMLBackend.describe_many` reads from one list (a safety stop)."""
+LIST_SKEW_S = 120
+"""Jobs whose ``last_modified_at`` is older than ``changed_since`` − this are left out as unchanged."""
+
+
+def azure_job_name(job_name: str) -> str:
+    """The Azure ML job name for a Trainboard job name, deterministic.
+
+    A valid name (:data:`JOB_NAME_RE`) is kept. Otherwise every character outside
+    ``[a-zA-Z0-9_-]`` becomes ``-``, leading ``-``/``_`` are dropped and ``-`` + the first 8 hex
+    digits of sha256(original) are appended (cut to fit 255), so two names mapping to the same text
+    stay distinct. Raises :class:`InvalidSpec` for an empty name.
+    """
+    if JOB_NAME_RE.fullmatch(job_name or ""):
+        return job_name
+    if not job_name:
+        raise InvalidSpec("job name: empty; the dashboard derives it from the job id.")
+    digest = hashlib.sha256(job_name.encode("utf-8")).hexdigest()[:8]
+    base = re.sub(r"[^a-zA-Z0-9_-]", "-", job_name).lstrip("-_")
+    base = base[: JOB_NAME_MAX - len(digest) - 1]
+    return f"{base}-{digest}" if base else f"tb-{digest}"
+
+
+def timeout_iso(seconds: int) -> str:
+    """``PT2H`` for 7200: the ISO-8601 duration the service stores in ``limits.timeout`` (§3.2)."""
+    return f"PT{int(seconds)}S" if seconds % 3600 else f"PT{int(seconds) // 3600}H"
+
+
+class AzureMLBackend(Backend):
+    """Runs jobs as Azure ML command jobs; see the module docstring for what a job is made of.
+
+    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is stored:
+    credentials come from ``DefaultAzureCredential``):
+
+    ``subscription_id``  the workspace's subscription, a GUID (required); keys the rate limit.
+    ``resource_group``   the workspace's resource group (required).
+    ``workspace``        the Azure ML workspace name (required).
+    ``compute``          the compute cluster jobs run on (required).
+    ``environment``      the job environment: ``azureml://registries/...``, ``azureml:<name>:<version>``
+                         or an ARM id; default :data:`DEFAULT_ENVIRONMENT` (curated PyTorch).
+    ``vm_size``          the cluster's VM size, used when a job names none; must have a price in the
+                         catalog for ``region``; default ``Standard_NC6s_v3``.
+    ``tier``             ``dedicated`` or ``low_priority`` (the cluster's VM tier); default dedicated.
+    ``region``           the workspace's region, for prices; default ``eastus``.
+    ``max_nodes``        most nodes per job, 1–100; default 16.
+    ``base_url``         ARM endpoint override (a local stand-in), "" = Azure's public cloud.
+
+    Tests pass ``credential`` (anything with ``get_token``/``get_token_info``) and ``transport`` (an
+    azure-core ``HttpTransport``, used for the ARM calls, run history and log reads alike).
+    """
+
+    kind = "azureml"
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None, credential: Any = None,
+                 transport: Any = None, retry_policy: retry.RetryPolicy | None = None,
+                 clock: retry.Clock | None = None) -> None:
+        super().__init__(config, prices=prices)
+        if self._row(self.config["vm_size"], low_priority=False) is None:
+            raise self._unknown_size(self.config["vm_size"], field="vm_size")
+        self.retry_policy = retry_policy or retry.RetryPolicy()
+        """Attempts and backoff of every provider call (tests pass a seeded RNG)."""
+        self.clock = clock or retry.SYSTEM_CLOCK
+        """Time source of retries and the rate limit (tests pass a simulated clock)."""
+        self._credential = credential
+        self._transport = transport
+        self._ml: Any = None
+        self._requests_transport: Any = None
+        self._lock = threading.Lock()
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @classmethod
+    def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(config) - CONFIG_KEYS)
+        if unknown:
+            raise InvalidSpec(f"{unknown[0]}: unknown Azure ML setting (known: {', '.join(sorted(CONFIG_KEYS))}).")
+        out = dict(DEFAULTS)
+        out.update({k: v.strip() if isinstance(v, str) else v for k, v in config.items()
+                    if v is not None and v != ""})
+
+        def text(field: str, pattern: re.Pattern[str], what: str) -> str:
+            value = out.get(field)
+            if not isinstance(value, str) or not pattern.fullmatch(value):
+                raise InvalidSpec(f"{field}: expected {what}, got {value!r}.")
+            return value
+
+        out["subscription_id"] = text("subscription_id", GUID_RE,
+                                      "the subscription id, a GUID like 00000000-0000-0000-0000-000000000000").lower()
+        text("resource_group", RESOURCE_GROUP_RE,
+             "the workspace's resource group (1–90 letters, digits, '_-.()', not ending in '.')")
+        text("workspace", WORKSPACE_RE, "an Azure ML workspace name (3–33 letters, digits, '_' or '-')")
+        text("compute", COMPUTE_RE,
+             "the compute cluster's name (a letter, then letters, digits or '-', at most 32)")
+        env = out.get("environment")
+        if not isinstance(env, str) or not env.startswith(("azureml:", "/subscriptions/")) or " " in env:
+            raise InvalidSpec(
+                f"environment: expected 'azureml://registries/<registry>/environments/<name>/labels/latest', "
+                f"'azureml:<name>:<version>' or an ARM id, got {env!r}.")
+        text("vm_size", VM_SIZE_RE, "an Azure VM size such as 'Standard_NC6s_v3'")
+        tier = out.get("tier")
+        if tier not in TIERS:
+            raise InvalidSpec(f"tier: expected 'dedicated' or 'low_priority', got {tier!r}.")
+        text("region", REGION_RE, "an Azure region name such as 'eastus'")
+        nodes = out.get("max_nodes")
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 100:
+            raise InvalidSpec(f"max_nodes: expected an integer from 1 to 100, got {nodes!r}.")
+        base = out.get("base_url")
+        if not isinstance(base, str) or (base and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", base)):
+            raise InvalidSpec(f"base_url: expected an http(s):// URL or nothing, got {base!r}.")
+        out["base_url"] = base.rstrip("/")
+        return out
+
+    @property
+    def region(self) -> str:
+        return self.config["region"]
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            spot=any(r.instance_type.endswith(LOW_PRIORITY_SUFFIX) for r in self.prices.rows(PROVIDER, self.region)),
+            multi_node=self.config["max_nodes"] > 1,
+            gpus=True,
+            max_nodes=self.config["max_nodes"],
+            max_procs_per_node=MAX_PROCS_PER_NODE,
+            strategies=("ddp", "fsdp", "pipeline"),
+        )
+
+    # -- prices -----------------------------------------------------------------------------
+
+    def _low_priority(self, spot: bool) -> bool:
+        return bool(spot) or self.config["tier"] == "low_priority"
+
+    def _row(self, vm_size: str, *, low_priority: bool):
+        key = vm_size + LOW_PRIORITY_SUFFIX if low_priority else vm_size
+        return self.prices.lookup(PROVIDER, self.region, key)
+
+    def _sizes(self) -> list[str]:
+        return [r.instance_type for r in self.prices.rows(PROVIDER, self.region)
+                if not r.instance_type.endswith(LOW_PRIORITY_SUFFIX)]
+
+    def _unknown_size(self, vm_size: str, *, field: str = "instance type") -> InvalidSpec:
+        known = self._sizes()
+        listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+        return InvalidSpec(
+            f"{field}: VM size {vm_size!r} has no price in the catalog for {self.region}; known: "
+            f"{listed or 'none (add azure rows to the price catalog)'}.")
+
+    def price(self, instance_type: str = "", spot: bool = False) -> float:
+        """USD per VM-hour of ``instance_type`` (default: ``vm_size``) in the backend's region.
+
+        Azure ML clusters are priced as their VMs (clouds.md §4.3), so this is the catalog's VM price
+        × 1. Low priority (``spot`` or ``tier: low_priority``) takes the catalog row
+        ``<size>:low_priority``; there is no discount formula. Raises :class:`InvalidSpec` when the
+        catalog has no such row.
+        """
+        size = instance_type or self.config["vm_size"]
+        low = self._low_priority(spot)
+        row = self._row(size, low_priority=low)
+        if row is None and low and self._row(size, low_priority=False) is not None:
+            raise InvalidSpec(
+                f"{size} has no low-priority price in the catalog for {self.region}; add a row "
+                f"'{size}{LOW_PRIORITY_SUFFIX}' (from the Azure Retail Prices API, clouds.md §4.3) or run "
+                f"on dedicated VMs (untick spot / set tier to dedicated).")
+        if row is None:
+            raise self._unknown_size(size)
+        return float(row.usd_per_hour)
+
+    def instance_offers(self) -> list[InstanceOffer]:
+        """The catalog's VM sizes for the region (sorted); with ``tier: low_priority`` only those with
+        a low-priority row, at that price."""
+        low = self.config["tier"] == "low_priority"
+        offers = []
+        for size in self._sizes():
+            row = self._row(size, low_priority=low)
+            if row is not None:
+                offers.append(InstanceOffer(
+                    instance_type=size, usd_per_hour=float(row.usd_per_hour), confirmed=row.confirmed,
+                    source=f"{row.source} ({row.as_of})" if row.as_of else row.source))
+        return offers
+
+    # -- validate / build -------------------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        """Base checks (nodes, processes, runtime ≥ 1 s) plus Azure ML's own; no provider call.
+
+        * VM size: priced in the catalog (for low priority, its ``:low_priority`` row);
+        * processes per node ≤ the VM's GPUs (one rank per GPU);
+        * max runtime ≤ 30 days; dataset "" or an Azure data URI (:data:`DATASET_PREFIXES`);
+        * config a JSON object; env names valid.
+        """
+        azure_job_name(spec.job_name)
+        size = spec.instance_type or self.config["vm_size"]
+        if not VM_SIZE_RE.fullmatch(size):
+            raise InvalidSpec(f"instance type {size!r}: Azure VM sizes look like 'Standard_NC6s_v3'.")
+        super().validate(spec)
+        self.price(size, spec.spot)
+        gpus = VM_GPUS.get(size)
+        if gpus and spec.procs_per_node > gpus:
+            raise InvalidSpec(
+                f"{spec.nodes} × {size} with {spec.procs_per_node} processes per node: {size} has {gpus} "
+                f"GPU{'s' if gpus != 1 else ''} and each rank needs its own; ask for at most {gpus} processes "
+                f"per node (world size {spec.nodes} × {gpus} = {spec.nodes * gpus}).")
+        if spec.max_runtime_s > MAX_RUNTIME_S:
+            raise InvalidSpec(f"max runtime {spec.max_runtime_s} s is above {MAX_RUNTIME_S} s (30 days); lower it "
+                              f"and resume from the checkpoints in a second job.")
+        if spec.dataset_uri and not spec.dataset_uri.startswith(DATASET_PREFIXES):
+            raise InvalidSpec(
+                f"dataset {spec.dataset_uri!r}: Azure ML mounts data from a datastore or storage URL; use "
+                f"'azureml://datastores/<datastore>/paths/<path>', 'azureml:<data asset>:<version>' or an "
+                f"https:// blob URL (or a built-in dataset).")
+        if not isinstance(spec.config, Mapping):
+            raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
+        self._config_json(spec)
+        self._environment(spec)
+
+    def _config_json(self, spec: JobSpec) -> str:
+        """The job config written into the code snapshot, with the job's shape in ``parallel``."""
+        cfg = {k: dict(v) if isinstance(v, Mapping) else v for k, v in spec.config.items()}
+        parallel = cfg.setdefault("parallel", {})
+        if not isinstance(parallel, dict):
+            raise InvalidSpec(f"config.parallel: expected an object of fields, got {parallel!r:.100}")
+        parallel["nodes"] = int(spec.nodes)
+        parallel["procs_per_node"] = int(spec.procs_per_node)
+        try:
+            return json.dumps(cfg, sort_keys=True, indent=1) + "\n"
+        except (TypeError, ValueError) as exc:
+            raise InvalidSpec(f"config: not JSON-serialisable ({exc}).") from None
+
+    def _environment(self, spec: JobSpec) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name}
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        for key in env:
+            if not ENV_KEY_RE.fullmatch(key):
+                raise InvalidSpec(f"env {key!r}: names are letters, digits and '_', not starting with a digit.")
+        return env
+
+    def _tags(self, spec: JobSpec) -> dict[str, str]:
+        return {TAG_JOB_NAME: spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
+
+    def write_code(self, spec: JobSpec, directory: Path | str) -> Path:
+        """Lay out the job's code snapshot in ``directory``: the trainer archive's files (from
+        ``spec.trainer_package_uri``, a directory holding ``trainer_pkg/``, or this checkout's) and
+        ``trainboard_job.json`` = the job config. Returns the directory."""
+        source = spec.trainer_package_uri
+        if source and not Path(source, "trainer_pkg", "__init__.py").is_file():
+            raise InvalidSpec(f"trainer package {source!r}: expected a directory that contains trainer_pkg/ "
+                              f"(leave it empty to ship this installation's).")
+        archive = packaging.build_archive(source or None)
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
+            tar.extractall(root, filter="data")
+        (root / CONFIG_FILE).write_text(self._config_json(spec), encoding="utf-8")
+        return root
+
+    def command_job(self, spec: JobSpec, code_dir: Path | str) -> Any:
+        """The azure-ai-ml ``Command`` for ``spec`` with its code snapshot in ``code_dir``
+        (clouds.md §3.1). Makes no call."""
+        from azure.ai.ml import Input, Output, PyTorchDistribution, command
+        from azure.ai.ml.entities import QueueSettings
+
+        name = azure_job_name(spec.job_name)
+        inputs = {}
+        if spec.dataset_uri:
+            inputs[DATA_INPUT] = Input(type="uri_folder", path=spec.dataset_uri, mode="ro_mount")
+        outputs = {
+            MODEL_OUTPUT: Output(type="uri_folder", path=spec.output_uri or None, mode="rw_mount"),
+            CHECKPOINT_OUTPUT: Output(type="uri_folder", path=spec.checkpoint_uri or None, mode="rw_mount"),
+        }
+        job = command(
+            name=name,
+            display_name=spec.job_name,
+            experiment_name=EXPERIMENT,
+            command=COMMAND,
+            code=str(code_dir),
+            environment=self.config["environment"],
+            environment_variables=self._environment(spec),
+            compute=self.config["compute"],
+            instance_count=int(spec.nodes),
+            distribution=PyTorchDistribution(process_count_per_instance=int(spec.procs_per_node)),
+            inputs=inputs,
+            outputs=outputs,
+            timeout=int(spec.max_runtime_s),
+            tags=self._tags(spec),
+        )
+        if self._low_priority(spec.spot):
+            job.queue_settings = QueueSettings(job_tier="spot")
+        return job
+
+    # -- submit -----------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Create the command job; idempotent by name (an existing job of the name is adopted).
+
+        Calls: ``jobs.get(name)`` (adopt when it exists); else ``jobs.create_or_update`` (code hash
+        lookup, upload of a new snapshot, code version, job PUT); when the create fails, ``jobs.get``
+        again and adopt a job a concurrent or earlier attempt created. Raises :class:`InvalidSpec`,
+        :class:`CredentialsError`, :class:`QuotaExceeded`, :class:`CapacityUnavailable`,
+        :class:`Throttled` or :class:`ProviderError`.
+        """
+        self.validate(spec)
+        name = azure_job_name(spec.job_name)
+        existing = self._get(name)
+        if existing is not None:
+            return self._handle(spec.job_name, existing)
+        ml = self.ml_client()
+        with tempfile.TemporaryDirectory(prefix="trainboard-azureml-") as tmp:
+            # The snapshot's folder name becomes its blob prefix: name it after the job.
+            job = self.command_job(spec, self.write_code(spec, Path(tmp, name)))
+            try:
+                created = self._call(lambda: ml.jobs.create_or_update(job))
+            except BackendError:
+                adopted = self._get(name)  # the PUT may have landed before its answer was lost
+                if adopted is None:
+                    raise
+                return self._handle(spec.job_name, adopted)
+        return self._handle(spec.job_name, created)
+
+    def _handle(self, job_name: str, job: Any) -> JobHandle:
+        resources = getattr(job, "resources", None)
+        count = getattr(resources, "instance_count", None) or 1
+        return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=str(getattr(job, "id", "") or ""),
+                         extra={"azure_job_name": str(getattr(job, "name", "") or azure_job_name(job_name)),
+                                "instance_count": int(count)})
+
+    @staticmethod
+    def _name(handle: JobHandle) -> str:
+        return str(handle.extra.get("azure_job_name") or azure_job_name(handle.job_name))
+
+    def _get(self, name: str) -> Any | None:
+        """``jobs.get(name)``, or None when the workspace has no job of that name (404)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        ml = self.ml_client()
+        try:
+            return self._call(lambda: ml.jobs.get(name))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, ResourceNotFoundError):
+                return None
+            raise
+
+    # -- describe ---------------------------------------------------------------------------
+
+    def _status(self, job: Any) -> JobStatus:
+        raw = status_text(getattr(job, "status", None))
+        error = self._error_message(str(job.name)) if raw in ("Failed", "NotResponding") else ""
+        context = getattr(job, "creation_context", None)
+        queue = getattr(job, "queue_settings", None)
+        tier = str(getattr(queue, "job_tier", "") or "").lower()
+        return job_status(
+            status=raw, properties=dict(getattr(job, "properties", None) or {}),
+            created_at=getattr(context, "created_at", None),
+            last_modified_at=getattr(context, "last_modified_at", None), error=error,
+            instance_count=getattr(getattr(job, "resources", None), "instance_count", None),
+            low_priority=tier == "spot" or self.config["tier"] == "low_priority")
+
+    def _error_message(self, name: str) -> str:
+        """The failed run's error message from run history (the ARM job carries none); "" when it
+        cannot be read — the status itself is still reported."""
+        try:
+            details = self._run_details(name)
+        except BackendError:
+            return ""
+        error = getattr(getattr(details, "error", None), "error", None)
+        message = str(getattr(error, "message", "") or "")
+        code = str(getattr(error, "code", "") or "")
+        return f"{code}: {message}" if code and message else message
+
+    def describe(self, handle: JobHandle) -> JobStatus:
+        """The job's status (mapping: :mod:`cloud_adapters.azureml.states`): one ``jobs.get``, plus
+        one run-history read for a Failed job's error message.
+
+        Raises :class:`ProviderError` when the workspace has no such job, :class:`Throttled` or a
+        transient :class:`ProviderError` after retries.
+        """
+        name = self._name(handle)
+        job = self._get(name)
+        if job is None:
+            raise ProviderError(f"Azure ML workspace {self.config['workspace']} has no job {name!r}; was it deleted?")
+        return self._status(job)
+
+    def describe_many(self, handles: Sequence[JobHandle],
+                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
+        """Statuses keyed by ``handle.job_name`` from ONE paginated list of the workspace's jobs that
+        carry the :data:`TAG_JOB_NAME` tag (``jobs.list(tag=...)``, REST ``?tag=``), whatever the
+        number of handles; a Failed job adds one run-history read for its error message.
+
+        ``changed_since``: jobs whose ``last_modified_at`` is older than it − :data:`LIST_SKEW_S` are
+        left out (unchanged). A handle the list does not contain (deleted, archived) is left out.
+        """
+        if changed_since is not None and changed_since.tzinfo is None:
+            raise ValueError("changed_since must be timezone-aware (UTC)")
+        if not handles:
+            return {}
+        wanted = {self._name(h): h.job_name for h in handles}
+        ml = self.ml_client()
+
+        def list_all() -> list[Any]:
+            found = []
+            for page_no, page in enumerate(ml.jobs.list(tag=TAG_JOB_NAME).by_page()):
+                if page_no >= LIST_PAGE_LIMIT:
+                    break
+                found.extend(j for j in page if j is not None and getattr(j, "name", None) in wanted)
+            return found
+
+        out: dict[str, JobStatus] = {}
+        for job in self._call(list_all):
+            if changed_since is not None:
+                modified = getattr(getattr(job, "creation_context", None), "last_modified_at", None)
+                if isinstance(modified, dt.datetime):
+                    modified = modified if modified.tzinfo else modified.replace(tzinfo=dt.timezone.utc)
+                    if modified < changed_since - dt.timedelta(seconds=LIST_SKEW_S):
+                        continue
+            out[wanted[job.name]] = self._status(job)
+        return out
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, handle: JobHandle) -> None:
+        """``jobs.begin_cancel(name)`` and wait for its short LRO (the cancel request, not the stop:
+        Azure ML then reports CancelRequested, then Canceled).
+
+        Idempotent: a job already Canceled, Completed, Failed or CancelRequested is left alone (no
+        call beyond ``jobs.get``), and a cancel the service refuses because the job just ended is
+        not an error. Raises :class:`ProviderError` when there is no such job.
+        """
+        name = self._name(handle)
+        job = self._get(name)
+        if job is None:
+            raise ProviderError(f"Azure ML workspace {self.config['workspace']} has no job {name!r} to cancel.")
+        if status_text(job.status) in TERMINAL_STATUSES | {"CancelRequested"}:
+            return
+        ml = self.ml_client()
+        try:
+            self._call(lambda: ml.jobs.begin_cancel(name).result(timeout=60))
+        except BackendError:
+            after = self._get(name)
+            if after is not None and status_text(after.status) in TERMINAL_STATUSES | {"CancelRequested"}:
+                return
+            raise
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def _run_details(self, name: str) -> Any:
+        """Run history's details of the job's run (``logFiles``, ``error``, times)."""
+        ml = self.ml_client()
+        return self._call(lambda: ml.jobs._runs_operations.get_run_details(name))  # noqa: SLF001 - §3.5
+
+    def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
+        """New lines of the job's user logs since ``cursor`` (see :mod:`cloud_adapters.azureml.logs`
+        for the cursor and line format; metric lines stay exactly as the trainer printed them).
+
+        Calls: run history's run details (the log files' SAS URLs), then one ranged GET per log file.
+        A job with no run yet (queued) has no lines.
+        """
+        from azure.core.exceptions import ResourceNotFoundError
+
+        az_logs.parse_cursor(cursor)
+        try:
+            details = self._run_details(self._name(handle))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, ResourceNotFoundError):
+                return [], cursor
+            raise
+        files = dict(getattr(details, "log_files", None) or {})
+        return az_logs.read_new(files, cursor, self._fetch_range)
+
+    def _fetch_range(self, url: str, offset: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes of ``url`` from ``offset`` (HTTP Range): ``b""`` past its end (416),
+        None when the file is gone (404)."""
+        from azure.core.exceptions import HttpResponseError
+        from azure.core.pipeline import Pipeline
+        from azure.core.pipeline.policies import HeadersPolicy
+        from azure.core.rest import HttpRequest
+
+        def get() -> bytes | None:
+            pipeline = Pipeline(transport=self._log_transport(), policies=[HeadersPolicy()])
+            request = HttpRequest("GET", url, headers={"Range": f"bytes={offset}-{offset + length - 1}",
+                                                       "x-ms-version": "2021-08-06"})
+            response = pipeline.run(request).http_response
+            response.read()
+            if response.status_code == 416:
+                return b""
+            if response.status_code == 404:
+                return None
+            if response.status_code not in (200, 206):
+                raise HttpResponseError(response=response)
+            data = response.content
+            return data[:length] if response.status_code == 206 else data[offset:offset + length]
+
+        return self._call(get)
+
+    # -- test connection --------------------------------------------------------------------
+
+    def test_connection(self) -> list[ConnectionCheck]:
+        """Three read-only checks, each in words a user can act on; never raises.
+
+        ``credential`` (a token for Azure Resource Manager), ``workspace`` (``workspaces.get``),
+        ``compute`` (``compute.get`` of the cluster, with its VM size and node range).
+        """
+        policy = retry.RetryPolicy(max_attempts=2, base_delay_s=0.2, rng=self.retry_policy.rng)
+        checks: list[ConnectionCheck] = []
+        ws, rg, sub = self.config["workspace"], self.config["resource_group"], self.config["subscription_id"]
+
+        def check(name: str, fn: Callable[[], str], explain: Callable[[BaseException], str]) -> bool:
+            try:
+                checks.append(ConnectionCheck(name, True, self._call(fn, policy=policy)))
+                return True
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a message
+                checks.append(ConnectionCheck(name, False, explain(exc)))
+                return False
+
+        def token() -> str:
+            self.credential().get_token("https://management.azure.com/.default")
+            return "obtained a token for Azure Resource Manager"
+
+        if not check("credential", token, lambda exc: str(exc) if isinstance(exc, BackendError)
+                     else _azure.no_credentials_message(exc)):
+            return checks
+
+        def status_of(exc: BaseException) -> int | None:
+            return _azure.http_status(exc.__cause__ or exc)
+
+        def workspace() -> str:
+            found = self.ml_client().workspaces.get(ws)
+            return f"workspace {ws} found in resource group {rg} ({getattr(found, 'location', '') or 'region unknown'})"
+
+        def workspace_hint(exc: BaseException) -> str:
+            status = status_of(exc)
+            if status == 404:
+                return (f"workspace {ws} was not found in resource group {rg} of subscription {sub}; correct the "
+                        f"workspace, resource_group or subscription_id setting.")
+            if status in (401, 403):
+                return (f"access to workspace {ws} was denied; give the worker's identity a role on it (e.g. "
+                        f"AzureML Data Scientist).")
+            return str(exc)
+
+        if not check("workspace", workspace, workspace_hint):
+            return checks
+        cluster = self.config["compute"]
+
+        def compute() -> str:
+            found = self.ml_client().compute.get(cluster)
+            size = getattr(found, "size", "") or "unknown size"
+            low, high = getattr(found, "min_instances", None), getattr(found, "max_instances", None)
+            nodes = f", {low}–{high} nodes" if high is not None else ""
+            return f"compute cluster {cluster} exists ({size}{nodes})"
+
+        def compute_hint(exc: BaseException) -> str:
+            if status_of(exc) == 404:
+                return (f"compute cluster {cluster} does not exist in workspace {ws}; create it (Azure ML studio → "
+                        f"Compute → Compute clusters) or correct the compute setting.")
+            return str(exc)
+
+        check("compute", compute, compute_hint)
+        return checks
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def credential(self) -> Any:
+        """The credential in use: the one passed in, else ``DefaultAzureCredential()`` (created once)."""
+        with self._lock:
+            if self._credential is None:
+                from azure.identity import DefaultAzureCredential
+
+                self._credential = DefaultAzureCredential()
+            return self._credential
+
+    def ml_client(self) -> Any:
+        """The ``MLClient`` of the workspace (created once per backend object; thread-safe).
+
+        azure-core retries are off (``retry_total=0``: :mod:`cloud_adapters.retry` retries), so is
+        telemetry. The cloud is always named (``AzureCloud``, or a cloud registered for
+        ``base_url``): MLClient records it in the process environment (``AZUREML_CURRENT_CLOUD``) and a
+        client built without one would inherit another backend's.
+        """
+        credential = self.credential()
+        with self._lock:
+            if self._ml is None:
+                from azure.ai.ml import MLClient
+
+                kwargs: dict[str, Any] = {"retry_total": 0, "enable_telemetry": False, "show_progress": False}
+                kwargs.update(_cloud_kwargs(self.config["base_url"]))
+                if self._transport is not None:
+                    kwargs["transport"] = self._transport
+                self._ml = MLClient(credential, subscription_id=self.config["subscription_id"],
+                                    resource_group_name=self.config["resource_group"],
+                                    workspace_name=self.config["workspace"], **kwargs)
+            return self._ml
+
+    def _log_transport(self) -> Any:
+        """The transport of log reads: the one passed in, else a requests transport (created once)."""
+        with self._lock:
+            if self._transport is not None:
+                return self._transport
+            if self._requests_transport is None:
+                from azure.core.pipeline.transport import RequestsTransport
+
+                self._requests_transport = RequestsTransport()
+            return self._requests_transport
+
+    def _call(self, fn: Callable[[], T], *, policy: retry.RetryPolicy | None = None) -> T:
+        """``fn()`` under the subscription's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
+        bucket = retry.limiter(f"azure:{self.config['subscription_id']}", rate=RATE_PER_SECOND,
+                               burst=int(2 * RATE_PER_SECOND), clock=self.clock)
+        return retry.call(fn, classify=_azure.classify, bucket=bucket, policy=policy or self.retry_policy,
+                          clock=self.clock)
+
+
+def _cloud_kwargs(base_url: str) -> dict[str, Any]:
+    """MLClient's ``cloud`` (and ``cloud_metadata`` for a ``base_url`` override): Azure's public cloud,
+    or a cloud named after the URL whose resource manager is ``base_url``."""
+    if not base_url:
+        return {"cloud": "AzureCloud"}
+    from azure.ai.ml._azure_environments import EndpointURLS, _get_cloud  # noqa: PLC2701 - no public API
+
+    public = _get_cloud("AzureCloud")
+    metadata = {key: public.get(key) for key in (
+        EndpointURLS.AZURE_PORTAL_ENDPOINT, EndpointURLS.ACTIVE_DIRECTORY_ENDPOINT, EndpointURLS.AML_RESOURCE_ID,
+        EndpointURLS.STORAGE_ENDPOINT, EndpointURLS.REGISTRY_DISCOVERY_ENDPOINT)}
+    metadata[EndpointURLS.RESOURCE_MANAGER_ENDPOINT] = base_url + "/"
+    name = "trainboard-" + hashlib.sha256(base_url.encode()).hexdigest()[:10]
+    return {"cloud": name, "cloud_metadata": metadata}

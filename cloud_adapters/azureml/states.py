@@ -1,0 +1,135 @@
+"""Azure ML job status → :class:`~cloud_adapters.base.JobStatus` (DESIGN.md §4, Azure ML row).
+
+Values of the REST ``JobStatus`` enum (clouds.md §3.3 [AML ``_enums.py``], all fourteen):
+
+==============================================================  ======================================
+Azure ML status                                                 JobState
+==============================================================  ======================================
+NotStarted, Queued, Preparing, Provisioning, Starting           PENDING
+Running, Finalizing                                             RUNNING
+CancelRequested                                                 STOPPING
+Completed                                                       SUCCEEDED
+Failed, NotResponding                                           FAILED, with the job's error message
+Canceled                                                        CANCELLED
+Paused, Unknown                                                 PENDING + ``warning`` (non-terminal)
+anything else                                                   PENDING + ``warning`` (non-terminal)
+==============================================================  ======================================
+
+Provisioning is on-demand compute creation and Preparing the image build (clouds.md §3.3
+[AML ``_run_history_constants.py``]): no training yet, so PENDING. Finalizing is post-processing
+after the command ended (outputs uploaded): the nodes are still held, so RUNNING.
+NotResponding (the run stopped reporting) is FAILED: the service gives up on the job. Paused and
+Unknown say nothing about progress: the job stays non-terminal (PENDING, which the dashboard's state
+machine never moves a RUNNING job back to) with a warning naming the status.
+
+Times (not in clouds.md — the ARM job resource has no start/end fields, §3.2): ``started_at`` and
+``ended_at`` are the run properties ``StartTimeUtc`` / ``EndTimeUtc`` that the service stamps on the
+job's ``properties`` once it runs / ends; when absent, ``started_at`` falls back to the job's
+creation time (``creation_context.created_at``, ARM ``systemData.createdAt``) once the job is
+RUNNING or later — an upper bound that includes queueing — and ``ended_at`` (terminal states only)
+to ``creation_context.last_modified_at``. ``training_seconds`` = ended − started (the run interval,
+once ended); Azure reports no billable seconds, so the dashboard prices the run interval
+(DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Mapping
+
+from cloud_adapters.base import JobState, JobStatus, parse_utc
+
+PENDING_STATUSES = frozenset({"NotStarted", "Queued", "Preparing", "Provisioning", "Starting"})
+RUNNING_STATUSES = frozenset({"Running", "Finalizing"})
+FAILED_STATUSES = frozenset({"Failed", "NotResponding"})
+WARN_STATUSES = frozenset({"Paused", "Unknown"})
+TERMINAL_STATUSES = frozenset({"Completed", "Failed", "Canceled", "NotResponding"})
+"""Statuses after which the job never changes again (a cancel is then a no-op)."""
+ALL_STATUSES = PENDING_STATUSES | RUNNING_STATUSES | FAILED_STATUSES | WARN_STATUSES | {
+    "CancelRequested", "Completed", "Canceled"}
+"""The fourteen values of the REST ``JobStatus`` enum (clouds.md §3.3)."""
+
+START_PROPERTY = "StartTimeUtc"
+END_PROPERTY = "EndTimeUtc"
+
+
+def _utc(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    if isinstance(value, str) and value.strip():
+        try:
+            return parse_utc(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
+def status_text(value: Any) -> str:
+    """``job.status`` as a plain string (the SDK gives a str-Enum equal to it, clouds.md §3.3)."""
+    if value is None:
+        return ""
+    return str(getattr(value, "value", value))
+
+
+def job_status(*, status: Any, properties: Mapping[str, Any] | None = None, created_at: Any = None,
+               last_modified_at: Any = None, error: str = "", instance_count: int | None = None,
+               low_priority: bool = False) -> JobStatus:
+    """The :class:`JobStatus` of one Azure ML job (see the module's table and its notes on times).
+
+    ``status``: the job's status (str or the SDK's enum); ``properties``: the job's ``properties``
+    dict; ``created_at`` / ``last_modified_at``: its creation context (datetimes or ISO strings);
+    ``error``: the service's error message for a failed job ("" when it gave none);
+    ``instance_count``: ``resources.instance_count`` (nodes); ``low_priority``: the job runs on
+    low-priority capacity (``queue_settings.job_tier``).
+    """
+    raw = status_text(status)
+    props = properties or {}
+    warning = reason = ""
+    if raw in PENDING_STATUSES:
+        state = JobState.PENDING
+    elif raw in RUNNING_STATUSES:
+        state = JobState.RUNNING
+    elif raw == "CancelRequested":
+        state = JobState.STOPPING
+    elif raw == "Completed":
+        state = JobState.SUCCEEDED
+    elif raw == "Failed":
+        state = JobState.FAILED
+        reason = error or "Azure ML reported the job Failed without an error message; see the job's std_log files"
+    elif raw == "NotResponding":
+        state = JobState.FAILED
+        reason = ("NotResponding: Azure ML stopped hearing from the job's nodes"
+                  + (f" ({error})" if error else "") + "; check the nodes' std_log files and resubmit")
+    elif raw == "Canceled":
+        state = JobState.CANCELLED
+        reason = "canceled in Azure ML" + (f" ({error})" if error else "")
+    elif raw in WARN_STATUSES:
+        state = JobState.PENDING
+        warning = (f"Azure ML reports the job {raw}; it stays non-terminal until Azure ML reports a "
+                   f"running or final status.")
+    else:
+        state = JobState.PENDING
+        warning = (f"Azure ML reported an unknown job status {raw!r}; the job stays non-terminal until a "
+                   f"known status arrives.")
+
+    started = _utc(props.get(START_PROPERTY))
+    if started is None and (state in (JobState.RUNNING, JobState.STOPPING) or state.is_terminal):
+        started = _utc(created_at)
+    ended = None
+    if state.is_terminal:
+        ended = _utc(props.get(END_PROPERTY)) or _utc(last_modified_at)
+        if started is not None and ended is not None and ended < started:
+            ended = started
+    training = (ended - started).total_seconds() if started is not None and ended is not None else None
+    return JobStatus(
+        state=state,
+        raw_state=raw,
+        failure_reason=reason,
+        started_at=started,
+        ended_at=ended,
+        billable_seconds=None,  # Azure ML reports none: the run interval is priced (DESIGN.md §6)
+        training_seconds=training,
+        instance_count=int(instance_count) if isinstance(instance_count, int) and instance_count > 0 else 1,
+        warning=warning,
+        spot=bool(low_priority),
+    )
