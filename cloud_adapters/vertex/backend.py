@@ -217,7 +217,8 @@ class VertexBackend(Backend):
         if unknown:
             raise InvalidSpec(f"{unknown[0]}: unknown Vertex AI setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
         out = dict(DEFAULTS)
-        out.update({k: v for k, v in config.items() if v is not None})
+        # None or blank = the default (the dashboard's form sends "" for an untouched field).
+        out.update({k: v for k, v in config.items() if v is not None and not (isinstance(v, str) and not v.strip())})
 
         def text(key: str) -> str:
             value = out.get(key)
@@ -361,7 +362,6 @@ class VertexBackend(Backend):
             raise InvalidSpec(f"instance type {machine!r}: expected a Compute Engine machine type such as "
                               f"{self.config['machine_type']}.")
         self.price(machine)
-        super().validate(spec)
         count = self.config["accelerator_count"]
         if count and spec.procs_per_node > count:
             raise InvalidSpec(
@@ -372,6 +372,7 @@ class VertexBackend(Backend):
         if not count and vcpus and spec.procs_per_node > vcpus:
             raise InvalidSpec(f"{machine} has {vcpus} vCPUs; ask for at most {vcpus} processes per node "
                               f"(got {spec.procs_per_node}).")
+        super().validate(spec)  # nodes, spot, runtime (the per-node limits above say more)
         for field, uri in (("dataset", spec.dataset_uri), ("output", spec.output_uri)):
             if uri:
                 parse_gcs(uri, field)
@@ -642,9 +643,11 @@ class VertexBackend(Backend):
         lines are prefixed ``[workerpool1-0] ``; metric lines stay exactly as the trainer printed them.
         """
         job_id = handle.provider_job_id.rsplit("/", 1)[-1]
+        created = str(handle.extra.get("create_time") or "")
+        since = _rfc3339(dt.datetime.fromisoformat(created)) if created else ""
         return cloud_logs.tail(
             self.http_session(), base_url=self.logging_endpoint, project=self.config["project"],
-            job_id=job_id, cursor=cursor, since=str(handle.extra.get("create_time") or ""),
+            job_id=job_id, cursor=cursor, since=since,
             prefix_tasks=int(handle.extra.get("instance_count") or 1) > 1,
             call=lambda fn: self._call(fn, "Cloud Logging"))
 

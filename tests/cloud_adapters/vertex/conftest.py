@@ -1,0 +1,96 @@
+"""Fixtures for the Vertex AI adapter tests: the in-memory Vertex AI + Cloud Logging stand-in
+(standin.py) on 127.0.0.1, gcp-storage-emulator as Cloud Storage (clouds.md §6), a simulated clock
+for retries and the rate limit, and a backend wired to all three. No request leaves the machine:
+every endpoint is ``http://127.0.0.1:…`` and credentials are anonymous.
+
+No database: these are adapter-level tests.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from cloud_adapters import retry
+from standin import VertexStandIn
+
+STAGING = "gs://stage/tb"
+
+
+class FakeClock:
+    """Monotonic time that only moves when someone sleeps; every sleep recorded (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(seconds, 0.0)
+
+
+@pytest.fixture(autouse=True)
+def google_env(monkeypatch, tmp_path):
+    """No ambient Google configuration: no key file, no gcloud config, no emulator variable."""
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST",
+                 "CLOUDSDK_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # google.auth.default must not probe the metadata server
+    retry.reset_limiters()
+    yield
+    retry.reset_limiters()
+
+
+@pytest.fixture
+def vertex():
+    server = VertexStandIn().start()
+    yield server
+    server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gcs():
+    """gcp-storage-emulator in memory with the bucket ``stage``; yields its URL."""
+    from gcp_storage_emulator.server import create_server
+
+    port = _free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="stage")
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_backend(vertex, gcs, clock):
+    from cloud_adapters.vertex import VertexBackend
+
+    def make(**overrides):
+        config = {"project": "my-proj", "staging_bucket": STAGING, "api_endpoint": vertex.url,
+                  "storage_endpoint": gcs, "accelerator_type": "NVIDIA_TESLA_T4", "accelerator_count": 1,
+                  "spot_allowed": True, "service_account": "trainer@my-proj.iam.gserviceaccount.com"}
+        config.update(overrides)
+        return VertexBackend(config, retry_policy=retry.RetryPolicy(rng=random.Random(0)), clock=clock)
+
+    return make
+
+
+@pytest.fixture
+def backend(make_backend):
+    return make_backend()
