@@ -527,7 +527,7 @@ class VertexBackend(Backend):
 
     # -- list / describe --------------------------------------------------------------------
 
-    def _list(self, filter_: str, page_size: int = LIST_PAGE, max_pages: int | None = None) -> list[Any]:
+    def _list(self, filter_: str, page_size: int | None = None, max_pages: int | None = None) -> list[Any]:
         """Every CustomJob matching ``filter_`` (one ListCustomJobs per page, each retried)."""
         from google.cloud import aiplatform_v1 as v1
 
@@ -536,7 +536,7 @@ class VertexBackend(Backend):
         token = ""
         pages = 0
         while True:
-            request = v1.ListCustomJobsRequest(parent=self.parent, filter=filter_, page_size=page_size,
+            request = v1.ListCustomJobsRequest(parent=self.parent, filter=filter_, page_size=page_size or LIST_PAGE,
                                                page_token=token)
             page = self._call(lambda request=request: next(iter(client.list_custom_jobs(
                 request=request, retry=None, timeout=CALL_TIMEOUT_S).pages)), SERVICE)

@@ -101,7 +101,7 @@ def entry_lines(entry: dict[str, Any], *, prefix_tasks: bool) -> list[str]:
 
 def tail(session: Any, *, base_url: str, project: str, job_id: str, cursor: str, since: str = "",
          prefix_tasks: bool, call: Callable[[Callable[[], T]], T] = lambda fn: fn(),
-         max_lines: int = MAX_LINES, timeout_s: float = 30.0) -> tuple[list[str], str]:
+         max_lines: int | None = None, timeout_s: float = 30.0) -> tuple[list[str], str]:
     """New lines of the job's entries since ``cursor``, and the next cursor.
 
     ``session``: an object with ``post(url, json=…, timeout=…)`` returning a ``requests.Response``
@@ -113,6 +113,7 @@ def tail(session: Any, *, base_url: str, project: str, job_id: str, cursor: str,
     """
     from google.api_core import exceptions as gexc
 
+    max_lines = max_lines or MAX_LINES
     position = parse_cursor(cursor)
     after = (timestamp_key(position[0]), position[1]) if position else None
     body: dict[str, Any] = {
