@@ -37,6 +37,7 @@ import datetime as dt
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -694,8 +695,10 @@ class AzureMLBackend(Backend):
 
         azure-core retries are off (``retry_total=0``: :mod:`cloud_adapters.retry` retries), so is
         telemetry. The cloud is always named (``AzureCloud``, or a cloud registered for
-        ``base_url``): MLClient records it in the process environment (``AZUREML_CURRENT_CLOUD``) and a
-        client built without one would inherit another backend's.
+        ``base_url``). MLClient writes it into the process environment (``AZUREML_CURRENT_CLOUD``);
+        the previous value is put back, because a worker that also runs the gpubox backend passes its
+        environment to the trainer, whose platform detection reads any ``AZUREML_*`` variable as
+        "running inside Azure ML" (trainer_pkg/platforms.py ``detect``).
         """
         credential = self.credential()
         with self._lock:
@@ -706,9 +709,14 @@ class AzureMLBackend(Backend):
                 kwargs.update(_cloud_kwargs(self.config["base_url"]))
                 if self._transport is not None:
                     kwargs["transport"] = self._transport
-                self._ml = MLClient(credential, subscription_id=self.config["subscription_id"],
-                                    resource_group_name=self.config["resource_group"],
-                                    workspace_name=self.config["workspace"], **kwargs)
+                with _CLOUD_ENV_LOCK:
+                    before = os.environ.get(CLOUD_ENV)
+                    try:
+                        self._ml = MLClient(credential, subscription_id=self.config["subscription_id"],
+                                            resource_group_name=self.config["resource_group"],
+                                            workspace_name=self.config["workspace"], **kwargs)
+                    finally:
+                        _restore_env(CLOUD_ENV, before)
             return self._ml
 
     def _log_transport(self) -> Any:
@@ -728,6 +736,17 @@ class AzureMLBackend(Backend):
                                burst=int(2 * RATE_PER_SECOND), clock=self.clock)
         return retry.call(fn, classify=_azure.classify, bucket=bucket, policy=policy or self.retry_policy,
                           clock=self.clock)
+
+
+CLOUD_ENV = "AZUREML_CURRENT_CLOUD"
+_CLOUD_ENV_LOCK = threading.Lock()
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _cloud_kwargs(base_url: str) -> dict[str, Any]:
