@@ -1,0 +1,128 @@
+"""The trainer as Vertex AI runs it: the archive the adapter uploaded, pip-installed the way Vertex
+installs ``package_uris``, started with the CustomJob's own ``python_module`` and ``args`` under a
+recreated Vertex environment — ``CLUSTER_SPEC``, per-machine ``RANK``/``WORLD_SIZE``,
+``MASTER_ADDR``/``MASTER_PORT``, ``AIP_MODEL_DIR``/``AIP_CHECKPOINT_DIR`` from the job's
+``base_output_directory`` (clouds.md §2.3), the bucket's Cloud Storage FUSE mount as a temp dir —
+on 2 "machines" × 2 processes on 127.0.0.1 (gloo, CPU), one epoch of digits.
+
+The Vertex variables come from tests/trainer_pkg/test_platforms.py (``vertex_vars``), the same helpers
+the checkout's platform test uses; here the code runs from the installed archive, not the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+from cloud_adapters.base import JobSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer_pkg"))
+from test_platforms import PLATFORM_PREFIXES, PLATFORM_VARS, free_port, rank_lines, vertex_vars  # noqa: E402
+
+CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "mlp"},
+          "train": {"epochs": 1, "batch_size": 32, "log_every_steps": 5},
+          "parallel": {"strategy": "ddp", "timeout_s": 120}}
+
+
+def replica_env(body: dict, pool: str, index: int, machine: int, port: int, gcs_root: Path, site: Path) -> dict:
+    """What a Vertex replica of this CustomJob sees: the job's env, Vertex's variables, the package on sys.path."""
+    env = {k: v for k, v in os.environ.items() if k not in PLATFORM_VARS and not k.startswith(PLATFORM_PREFIXES)}
+    env.pop("PYTHONPATH", None)
+    python = body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
+    env.update({e["name"]: e["value"] for e in python.get("env", [])})
+    base = body["jobSpec"]["baseOutputDirectory"]["outputUriPrefix"]
+    env.update(vertex_vars(gcs_root.parent, pool, index, machine, port))
+    env.update(AIP_MODEL_DIR=base + "model/", AIP_CHECKPOINT_DIR=base + "checkpoints/",
+               AIP_TENSORBOARD_LOG_DIR=base + "logs/", TRAINBOARD_GCS_ROOT=str(gcs_root),
+               PYTHONPATH=str(site), OMP_NUM_THREADS="1")
+    return env
+
+
+def test_archive_trains_digits_under_vertex_environment(make_backend, vertex, gcs, tmp_path):
+    backend = make_backend(accelerator_type="", accelerator_count=0)  # CPU machines: 2 ranks each
+    handle = backend.submit(JobSpec(job_name="tb-job-7-65f0a1b2", config=CONFIG, nodes=2, procs_per_node=2,
+                                    max_runtime_s=600, tags={"trainboard-job-id": "7"}))
+    body = vertex.created[0]
+    python = body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
+    assert [p["replicaCount"] for p in body["jobSpec"]["workerPoolSpecs"]] == ["1", "1"]
+
+    # The bucket as the replicas' /gcs mount: every object the adapter uploaded, under tmp/gcs/stage/.
+    gcs_root = tmp_path / "gcs"
+    client = storage.Client(project="my-proj", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs})
+    for blob in client.list_blobs("stage"):
+        path = gcs_root / "stage" / blob.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob.download_as_bytes())
+
+    # Vertex pip-installs package_uris (offline here: no dependencies, the venv's setuptools).
+    (package_uri,) = python["packageUris"]
+    archive = gcs_root / package_uri[len("gs://"):]
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                          "--no-index", "--target", str(site), str(archive)], capture_output=True, text=True,
+                         timeout=300)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == ["trainer_pkg"]
+
+    workdir = tmp_path / "replica"  # not the checkout: only the installed package can be imported
+    workdir.mkdir()
+    port = free_port()
+    args = [a.replace("/gcs/", f"{gcs_root}/", 1) if a.startswith("/gcs/") else a for a in python["args"]]
+    argv = [sys.executable, "-m", python["pythonModule"], *args]
+    envs = [replica_env(body, "workerpool0", 0, 0, port, gcs_root, site),
+            replica_env(body, "workerpool1", 0, 1, port, gcs_root, site)]
+    where = subprocess.run([sys.executable, "-c", "import trainer_pkg; print(trainer_pkg.__file__)"],
+                           env=envs[0], cwd=workdir, capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip() == str(site / "trainer_pkg" / "__init__.py")
+
+    procs = [subprocess.Popen(argv, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for env in envs]
+    try:
+        results = [p.communicate(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    (out0, err0), (out1, err1) = results
+    assert [p.returncode for p in procs] == [0, 0], (err0[-3000:], err1[-3000:])
+
+    assert (f"[launch] platform: vertex (--platform vertex), node_rank 0 of 2 node(s) × 2 process(es) per node "
+            f"= world size 4, master 127.0.0.1:{port}") in out0
+    assert "node_rank 1 of 2 node(s) × 2 process(es)" in out1
+    assert rank_lines(out0) == {(0, 0, 0, 4), (1, 1, 0, 4)}  # Vertex's per-machine ranks became per-process
+    assert rank_lines(out1) == {(2, 0, 1, 4), (3, 1, 1, 4)}
+
+    # The model where Vertex expects it: AIP_MODEL_DIR = <base_output_directory>/model/ (via /gcs).
+    output = gcs_root / "stage" / "tb" / "output" / "tb-job-7-65f0a1b2"
+    model_dir, ckpt_dir = output / "model", output / "checkpoints"
+    records = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["event"] == "started" and records[-1]["event"] == "completed"
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0]
+    assert all(r["world_size"] == 4 for r in records if "world_size" in r)
+    state = torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True)
+    assert state and not any(k.startswith("module.") for k in state)
+    ckpt = torch.load(ckpt_dir / "last.pt", map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 1 and ckpt["world_size"] == 4
+    assert ckpt["config"]["output"]["output_dir"] == str(model_dir)
+    assert ckpt["config"]["output"]["checkpoint_dir"] == str(ckpt_dir)
+    assert ckpt["config"]["data"] == {**ckpt["config"]["data"], "format": "builtin", "name": "digits"}
+    assert ckpt["config"]["parallel"]["nodes"] == 2 and ckpt["config"]["parallel"]["procs_per_node"] == 2
+
+    # What the chief printed, read back through Cloud Logging: metric lines exactly as printed.
+    from trainer_pkg.metrics import METRIC_PREFIX
+
+    job_id = handle.provider_job_id.rsplit("/", 1)[-1]
+    printed = out0.splitlines()
+    for i, line in enumerate(printed):
+        vertex.add_entry(job_id, f"2026-01-01T00:10:00.{i:09d}Z", f"e{i:05d}", text=line + "\n")
+    lines, _ = backend.logs(handle, "")
+    metric_lines = [line for line in printed if line.startswith(METRIC_PREFIX)]
+    assert metric_lines and [line for line in lines if METRIC_PREFIX in line] == metric_lines
+    assert lines[0] == "[workerpool0-0] " + printed[0]
