@@ -21,15 +21,50 @@ Run: DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainboard REDIS_URL=redis:
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
+import socket
+import subprocess
+import sys
 import time
+import urllib.parse
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
+import requests
 
 from jobs import services, tasks
-from jobs.models import JobStateChoices as S, TrainingJob
+from jobs.models import InstancePrice, JobStateChoices as S, TrainingJob
+from jobs.pricing import DatabasePriceCatalog
+
+REPO = Path(__file__).resolve().parents[2]
+ADAPTER_TESTS = REPO / "tests" / "cloud_adapters"
+AZURITE = REPO / "node_modules" / ".bin" / "azurite-blob"
+
+
+def _load(name: str, path: Path):
+    """A stand-in module of the adapter tests, under its own name (both files are standin.py)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+vertex_standin = _load("vertex_standin", ADAPTER_TESTS / "vertex" / "standin.py")
+azureml_standin = _load("azureml_standin", ADAPTER_TESTS / "azureml" / "standin.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db]
 
@@ -89,6 +124,100 @@ def sagemaker_config(request: dict) -> dict[str, Any]:
     return config
 
 
+# --- Vertex AI: its stand-in and gcp-storage-emulator --------------------------------------------------
+
+
+@pytest.fixture
+def vertex(monkeypatch, tmp_path):
+    """``(Vertex stand-in, Cloud Storage emulator URL)``, no ambient Google configuration."""
+    from gcp_storage_emulator.server import create_server
+
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    server = vertex_standin.VertexStandIn().start()
+    port = _free_port()
+    gcs = create_server("127.0.0.1", port, in_memory=True, default_bucket="stage")
+    gcs.start()
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        gcs.stop()
+        server.stop()
+
+
+def gcs_read(gcs_url: str, bucket: str, name: str) -> bytes:
+    response = requests.get(f"{gcs_url}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}",
+                            params={"alt": "media"}, timeout=10)
+    response.raise_for_status()
+    return response.content
+
+
+# --- Azure ML: its stand-in (custom azure-core transport) and Azurite ------------------------------------
+
+
+@pytest.fixture
+def azurite(tmp_path):
+    """Azurite's Blob service (npm devDependency) on a free loopback port: the code snapshot's store."""
+    if not AZURITE.exists() or shutil.which("node") is None:
+        pytest.fail(f"Azurite is needed for the Azure ML code upload: run `npm ci` ({AZURITE}, node on PATH).")
+    port = _free_port()
+    location = tmp_path / "azurite"
+    location.mkdir()
+    with open(location / "azurite.out", "wb") as log:
+        proc = subprocess.Popen([str(AZURITE), "--silent", "--skipApiVersionCheck", "--location", str(location),
+                                 "--blobHost", "127.0.0.1", "--blobPort", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("Azurite did not start: " + (location / "azurite.out").read_text(errors="replace"))
+                time.sleep(0.1)
+        yield azureml_standin.BlobAccount(f"http://127.0.0.1:{port}/{azureml_standin.AZURITE_ACCOUNT}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def azureml(monkeypatch, azurite):
+    """The in-memory workspace; every Azure ML adapter ``jobs.services`` builds talks to it through
+    the stand-in transport with a fake credential (the only thing a stored config cannot say)."""
+    from cloud_adapters import registry
+
+    for name in ("AZUREML_CURRENT_CLOUD", "ARM_CLOUD_METADATA_URL", "AZURE_ML_CLI_PRIVATE_FEATURES_ENABLED"):
+        monkeypatch.delenv(name, raising=False)
+    workspace = azureml_standin.AzureMLStandin(blob=azurite, vm_size="Standard_NC12s_v3")
+    original = registry.create_backend
+
+    def create_backend(kind, config=None, *, prices=None):
+        if kind != "azureml":
+            return original(kind, config, prices=prices)
+        return registry.backend_class(kind)(config, prices=prices, credential=azureml_standin.FakeCredential(),
+                                            transport=azureml_standin.StandinTransport(workspace))
+
+    monkeypatch.setattr(registry, "create_backend", create_backend)
+    return workspace
+
+
+def snapshot_file(blob: Any, code_uri: str, name: str) -> bytes:
+    """File ``name`` of the code snapshot stored at ``code_uri`` (``<blob url>/<container>/<prefix>``)."""
+    container, _, prefix = code_uri.removeprefix(blob.url + "/").partition("/")
+    client = blob.service().get_container_client(container)
+    [path] = [b.name for b in client.list_blobs(name_starts_with=prefix) if b.name.endswith("/" + name)]
+    return client.download_blob(path).readall()
+
+
 # --- the job, four times ----------------------------------------------------------------------------
 
 
@@ -109,12 +238,24 @@ def create_and_submit(owner, dataset, model, backend, capture_on_commit) -> Trai
     return job
 
 
-def test_same_job_on_four_backends(user, digits_dataset, cnn_model, local_backend, aws,
+def test_same_job_on_four_backends(user, digits_dataset, cnn_model, local_backend, aws, vertex, azureml,
                                    django_capture_on_commit_callbacks):
+    vertex_api, gcs_url = vertex
+    # 2 processes per node need 2 GPUs on each cloud: Azure's NC12s_v3 is priced by an admin row.
+    InstancePrice.objects.create(provider="azure", region="eastus", instance_type="Standard_NC12s_v3",
+                                 usd_per_hour=Decimal("6.12"), source="test: admin-entered")
     backends = {
         "local": local_backend,
         "sm": services.backend_create(owner=user, name="sm", kind="sagemaker", config={
             "region": "us-east-1", "role_arn": ROLE, "bucket": BUCKET, "instance_type": "ml.g5.12xlarge"}),
+        "vx": services.backend_create(owner=user, name="vx", kind="vertex", config={
+            "project": "tb-e2e-project", "staging_bucket": "gs://stage/tb", "api_endpoint": vertex_api.url,
+            "storage_endpoint": gcs_url, "machine_type": "n1-standard-8", "accelerator_type": "NVIDIA_TESLA_T4",
+            "accelerator_count": 2}),
+        "aml": services.backend_create(owner=user, name="aml", kind="azureml", config={
+            "subscription_id": azureml_standin.SUBSCRIPTION, "resource_group": azureml_standin.RESOURCE_GROUP,
+            "workspace": azureml_standin.WORKSPACE, "compute": azureml_standin.COMPUTE,
+            "vm_size": "Standard_NC12s_v3"}),
     }
     jobs = {name: create_and_submit(user, digits_dataset, cnn_model, b, django_capture_on_commit_callbacks)
             for name, b in backends.items()}
@@ -142,6 +283,74 @@ def test_same_job_on_four_backends(user, digits_dataset, cnn_model, local_backen
     assert create["EnableManagedSpotTraining"] is False
     assert create["Environment"]["TRAINBOARD_PROCS_PER_NODE"] == "2"
     assert {t["Key"]: t["Value"] for t in create["Tags"]}["trainboard-job-id"] == str(sm_job.pk)
+
+    # --- Vertex AI: one CustomJob; its config file in the staging bucket is the job's config ----------
+    vx_job = jobs["vx"]
+    [custom_job] = vertex_api.created
+    assert custom_job["displayName"] == vx_job.provider_job_name
+    assert custom_job["labels"]["trainboard-job-id"] == str(vx_job.pk)
+    assert vx_job.provider_handle["provider_job_id"] == (
+        "projects/tb-e2e-project/locations/us-central1/customJobs/1000000001")
+    [pool] = custom_job["jobSpec"]["workerPoolSpecs"]  # one node: the chief's pool only
+    assert pool["replicaCount"] == "1"
+    assert pool["machineSpec"] == {"machineType": "n1-standard-8", "acceleratorType": 5,  # NVIDIA_TESLA_T4
+                                   "acceleratorCount": 2}
+    python = pool["pythonPackageSpec"]
+    assert python["pythonModule"] == "trainer_pkg.launch"
+    assert python["args"][python["args"].index("--nproc-per-node") + 1] == "2"
+    assert custom_job["jobSpec"]["scheduling"] == {"timeout": "3600s"}  # no SPOT strategy
+    config_path = python["args"][python["args"].index("--config") + 1]
+    assert config_path.startswith("/gcs/stage/")  # the replica reads it through Cloud Storage FUSE
+    vertex_config = json.loads(gcs_read(gcs_url, "stage", config_path.removeprefix("/gcs/stage/")))
+    assert vertex_config == config
+
+    # --- Azure ML: one PUT of a command job; its code snapshot carries the job's config -----------------
+    aml_job = jobs["aml"]
+    name = aml_job.provider_handle["extra"]["azure_job_name"]
+    [put] = [r for r in azureml.requests if r.method == "PUT" and "/jobs/" in r.path]
+    assert put.path.endswith(f"/workspaces/{azureml_standin.WORKSPACE}/jobs/{name}") and put.status in (200, 201)
+    [body] = azureml.puts[name]
+    properties = body["properties"]
+    assert properties["jobType"] == "Command"
+    assert properties["displayName"] == aml_job.provider_job_name
+    assert properties["command"] == "python -m trainer_pkg.launch --config trainboard_job.json"
+    assert properties["computeId"].endswith(f"/computes/{azureml_standin.COMPUTE}")
+    assert properties["distribution"] == {"distributionType": "PyTorch", "processCountPerInstance": 2}
+    assert properties["resources"]["instanceCount"] == 1
+    assert properties["limits"] == {"jobLimitsType": "Command", "timeout": "PT1H"}
+    assert properties["tags"]["trainboard-job-id"] == str(aml_job.pk)
+    assert "queueSettings" not in properties  # dedicated, not spot
+    [code] = [c for c in azureml.codes.values() if c["id"] == properties["codeId"]]
+    azure_config = json.loads(snapshot_file(azureml.blob, code["properties"]["codeUri"], "trainboard_job.json"))
+    assert azure_config == config
+
+    # --- the same values in the three requests, field by field ------------------------------------------
+    for section in ("data", "model", "parallel", "train"):
+        for key, value in config[section].items():
+            sent = {"sagemaker": sagemaker_config(create)[section][key], "vertex": vertex_config[section][key],
+                    "azureml": azure_config[section][key]}
+            assert sent == dict.fromkeys(sent, value), f"{section}.{key}"
+    shape = {
+        "sagemaker": (create["ResourceConfig"]["InstanceCount"], int(create["Environment"]["TRAINBOARD_PROCS_PER_NODE"]),
+                      create["StoppingCondition"]["MaxRuntimeInSeconds"]),
+        "vertex": (int(pool["replicaCount"]), int(python["args"][python["args"].index("--nproc-per-node") + 1]),
+                   int(custom_job["jobSpec"]["scheduling"]["timeout"].removesuffix("s"))),
+        "azureml": (properties["resources"]["instanceCount"], properties["distribution"]["processCountPerInstance"],
+                    {"PT1H": 3600}[properties["limits"]["timeout"]]),
+    }
+    assert shape == dict.fromkeys(shape, (1, 2, 3600))
+
+    # Priced as each adapter prices it: SageMaker's instance, Vertex's machine + 2 × T4, Azure's VM.
+    catalog = DatabasePriceCatalog()
+
+    def usd(provider, region, instance_type):
+        return catalog.lookup(provider, region, instance_type).usd_per_hour
+
+    expected = {"local": Decimal("3.6"), "sm": usd("aws", "us-east-1", "ml.g5.12xlarge"),
+                "vx": usd("gcp", "us-central1", "n1-standard-8") + 2 * usd("gcp", "us-central1", "NVIDIA_TESLA_T4"),
+                "aml": Decimal("6.12")}
+    assert {k: j.hourly_price_usd for k, j in jobs.items()} == {
+        k: v.quantize(Decimal("0.000001")) for k, v in expected.items()}
 
     # --- gpubox: the real run, synced by the task until it ends -------------------------------------
     local = jobs["local"]
