@@ -455,3 +455,15 @@ def make_backend(st: "AzureMLStandin", *, clock: FakeClock | None = None, seed: 
     return AzureMLBackend({**SETTINGS, **config}, credential=credential or FakeCredential(),
                           transport=StandinTransport(st), prices=prices,
                           retry_policy=retry.RetryPolicy(rng=random.Random(seed)), clock=clock or FakeClock())
+
+
+def two_gpu_catalog():
+    """The shipped price rows plus a 2-GPU size, ``Standard_NC12s_v3``, with made-up test prices
+    (6.12 on demand, 1.22 low priority): lets a test run 2 processes per node (one per GPU)."""
+    from cloud_adapters.pricing import PriceRow, StaticPriceCatalog, shipped_catalog
+
+    rows = shipped_catalog().rows("azure") + [
+        PriceRow("azure", "eastus", "Standard_NC12s_v3", 6.12, "test row"),
+        PriceRow("azure", "eastus", "Standard_NC12s_v3:low_priority", 1.22, "test row"),
+    ]
+    return StaticPriceCatalog(rows)

@@ -19,12 +19,12 @@ from azureml_standin import (
     FakeCredential,
     StandinTransport,
     make_backend,
+    two_gpu_catalog,
 )
 
 from cloud_adapters.azureml import AzureMLBackend
 from cloud_adapters.azureml.backend import DEFAULT_ENVIRONMENT, azure_job_name, timeout_iso
 from cloud_adapters.base import CredentialsError, InvalidSpec, JobSpec, QuotaExceeded, Throttled
-from cloud_adapters.pricing import PriceRow, StaticPriceCatalog, shipped_catalog
 from cloud_adapters.registry import EXTRAS, backend_class, create_backend
 
 SCOPE = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}/providers/"
@@ -36,15 +36,6 @@ DATA = "azureml://datastores/workspaceblobstore/paths/datasets/digits/"
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
                                         "ignore::UserWarning")  # azure-ai-ml's marshmallow schemas
-
-
-def two_gpu_catalog() -> StaticPriceCatalog:
-    """The shipped rows plus a 2-GPU size with made-up test prices (on demand and low priority)."""
-    rows = shipped_catalog().rows("azure") + [
-        PriceRow("azure", "eastus", "Standard_NC12s_v3", 6.12, "test row"),
-        PriceRow("azure", "eastus", "Standard_NC12s_v3:low_priority", 1.22, "test row"),
-    ]
-    return StaticPriceCatalog(rows)
 
 
 def spec(**kw) -> JobSpec:

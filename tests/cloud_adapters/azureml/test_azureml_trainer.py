@@ -1,0 +1,133 @@
+"""The submitted job, run the way Azure ML runs it: the code snapshot azure-ai-ml uploaded to the
+Blob stand-in (Azurite) is downloaded to a temporary directory, and the job's command is started in
+it once per process with the environment Azure ML's PyTorch distribution gives each process
+(clouds.md §3.4: per-process RANK/LOCAL_RANK, WORLD_SIZE = all processes, per-node NODE_RANK,
+MASTER_ADDR/MASTER_PORT; processes already started, no torchrun) plus the job's
+``AZURE_ML_OUTPUT_<name>`` folders (trainer_pkg/platforms.py ``read_azureml``). 2 nodes × 2 processes
+on 127.0.0.1 train one epoch of digits with gloo; the model lands in the ``model`` output. The
+processes' stdout, served back as their std_log files, comes out of ``logs()`` with the metric
+records exactly as printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from azureml_standin import SUBSCRIPTION, WORKSPACE, make_backend, two_gpu_catalog
+
+from cloud_adapters.base import JobSpec
+from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
+from trainer_helpers import records  # noqa: E402  (the trainer tests' reader of metrics.jsonl)
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
+                                        "ignore::UserWarning")  # azure-ai-ml's marshmallow schemas
+
+RANK_LINE = re.compile(r"\[launch\] rank (\d+) \(local rank (\d+), node_rank (\d+)\) of world size (\d+)")
+PLATFORM_PREFIXES = ("SM_", "AZUREML_", "AZ_BATCH", "AZURE_ML_", "AIP_", "TRAINBOARD_", "PET_", "TORCHELASTIC_")
+PLATFORM_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "CLUSTER_SPEC", "TF_CONFIG", "PYTHONPATH")
+CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "mlp", "params": {"hidden_size": 32}},
+          "train": {"epochs": 1, "batch_size": 32, "log_every_steps": 4, "lr": 0.05},
+          "parallel": {"strategy": "ddp", "timeout_s": 60}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def download_snapshot(azurite, code_uri: str, dest: Path) -> Path:
+    """The code version's blobs (``codeUri`` = ``<account>/<container>/<folder>``) copied to ``dest``."""
+    container, prefix = code_uri[len(azurite.url) + 1:].split("/", 1)
+    client = azurite.service().get_container_client(container)
+    for blob in client.list_blobs(name_starts_with=prefix + "/"):
+        path = dest / blob.name[len(prefix) + 1:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(client.download_blob(blob.name).readall())
+    return dest
+
+
+def process_env(body: dict, outputs: Path, rank: int, port: int) -> dict[str, str]:
+    """What Azure ML sets for process ``rank`` of a 2 × 2 PyTorch job (clouds.md §3.4), on a clean
+    environment (no repo on PYTHONPATH: the trainer must come from the snapshot)."""
+    per_node = body["distribution"]["processCountPerInstance"]
+    world = body["resources"]["instanceCount"] * per_node
+    env = {k: v for k, v in os.environ.items() if k not in PLATFORM_VARS and not k.startswith(PLATFORM_PREFIXES)}
+    env.update(body["environmentVariables"])
+    env.update(OMP_NUM_THREADS="1", AZUREML_RUN_ID=body["displayName"], AZUREML_ARM_SUBSCRIPTION=SUBSCRIPTION,
+               AZUREML_ARM_WORKSPACE_NAME=WORKSPACE, AZUREML_ARM_PROJECT_NAME=body["experimentName"],
+               RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(world),
+               NODE_RANK=str(rank // per_node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    for name in body["outputs"]:  # every rw_mount output is a folder the processes share
+        env[f"AZURE_ML_OUTPUT_{name}"] = str(outputs / name)
+        (outputs / name).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def test_uploaded_trainer_trains_under_azure_mls_process_environment(workspace, azurite, tmp_path):
+    backend = make_backend(workspace, prices=two_gpu_catalog())
+    job = JobSpec(job_name="tb-job-5-65f1a2b3", config=CONFIG, nodes=2, procs_per_node=2,
+                  instance_type="Standard_NC12s_v3", max_runtime_s=600)
+    backend.submit(job)
+    body = workspace.puts[job.job_name][0]["properties"]
+    assert body["distribution"] == {"distributionType": "PyTorch", "processCountPerInstance": 2}
+    assert body["resources"]["instanceCount"] == 2
+    code_uri = workspace.calls("PUT", r"/codes/")[0].body["properties"]["codeUri"]
+    code = download_snapshot(azurite, code_uri, tmp_path / "wd")
+    assert json.loads((code / "trainboard_job.json").read_text())["parallel"] == {
+        "strategy": "ddp", "timeout_s": 60, "nodes": 2, "procs_per_node": 2}
+
+    outputs = tmp_path / "outputs"
+    port = free_port()
+    argv = shlex.split(body["command"])
+    assert argv[:3] == ["python", "-m", "trainer_pkg.launch"]
+    procs = [subprocess.Popen([sys.executable, *argv[1:]], cwd=code, env=process_env(body, outputs, rank, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(4)]
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        results.append((proc.returncode, out))
+    for rank, (code_, out) in enumerate(results):
+        assert code_ == 0, (rank, out[-3000:])
+        assert {tuple(map(int, m.groups())) for m in RANK_LINE.finditer(out)} == {(rank, rank % 2, rank // 2, 4)}
+    assert ("[launch] platform: azureml (AZUREML_RUN_ID is set), node_rank 0 of 2 node(s) × 2 process(es) per "
+            f"node = world size 4, master 127.0.0.1:{port}, ranks already started") in results[0][1]
+
+    model_dir = outputs / "model"
+    state = torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True)
+    assert state and not any(k.startswith("module.") for k in state)
+    recs = records(model_dir)
+    assert recs[0]["event"] == "started" and recs[-1]["event"] == "completed"
+    assert [r["epoch"] for r in recs if r["event"] == "epoch"] == [0]
+    assert all(r["world_size"] == 4 for r in recs if "world_size" in r)
+    assert (outputs / "checkpoints" / "last.pt").is_file()
+
+    # The processes' stdout as Azure ML's per-process std_log files, read back through logs().
+    for rank, (_, out) in enumerate(results):
+        workspace.write_log(job.job_name, f"user_logs/std_log_process_{rank}.txt", out)
+    lines, _ = backend.logs(backend.submit(job))  # submit again: adopts, and gives the handle
+    metric_lines = [line for line in lines if line.startswith(METRIC_PREFIX)]
+    printed = [line for line in results[0][1].splitlines() if line.startswith(METRIC_PREFIX)]
+    assert metric_lines == printed and len(printed) >= 3
+    assert parse_metric_line(metric_lines[-1])["event"] == "completed"
+    assert "[std_log_process_2] [launch] rank 2 (local rank 0, node_rank 1) of world size 4" in \
+        " ".join(line for line in lines if line.startswith("[std_log_process_2]"))
+    assert len(workspace.calls("PUT", r"/jobs/")) == 1
