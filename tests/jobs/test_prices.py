@@ -21,6 +21,8 @@ from jobs.pricing import DatabasePriceCatalog
 pytestmark = pytest.mark.django_db
 
 SHIPPED_AWS = {r.instance_type: r for r in shipped_catalog().rows("aws", "us-east-1")}
+SHIPPED = [r for provider in ("aws", "gcp", "azure") for r in shipped_catalog().rows(provider)]
+SHIPPED_AZURE = shipped_catalog().rows("azure")
 SAGEMAKER = {"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/SageMakerTraining",
              "bucket": "tb-test-bucket", "spot_allowed": True}
 
@@ -84,8 +86,8 @@ def test_one_row_per_provider_region_and_type():
 def test_load_prices_seeds_the_shipped_rows_and_is_idempotent():
     out = io.StringIO()
     call_command("load_prices", stdout=out)
-    assert f"{len(SHIPPED_AWS)} added, 0 updated, 0 already stored" in out.getvalue()
-    assert InstancePrice.objects.count() == len(SHIPPED_AWS)
+    assert f"{len(SHIPPED)} added, 0 updated, 0 already stored" in out.getvalue()
+    assert InstancePrice.objects.count() == len(SHIPPED)
     row = stored()
     assert (row.usd_per_hour, row.as_of, row.confirmed) == (Decimal("1.408400"), dt.date(2025, 1, 26), False)
     assert row.source.startswith("aws-samples/foundation-model-benchmarking-tool")
@@ -96,14 +98,14 @@ def test_load_prices_seeds_the_shipped_rows_and_is_idempotent():
                                  confirmed=True)
     out = io.StringIO()
     call_command("load_prices", stdout=out)
-    assert f"0 added, 0 updated, {len(SHIPPED_AWS)} already stored" in out.getvalue()
-    assert InstancePrice.objects.count() == len(SHIPPED_AWS)
+    assert f"0 added, 0 updated, {len(SHIPPED)} already stored" in out.getvalue()
+    assert InstancePrice.objects.count() == len(SHIPPED)
     assert (stored().usd_per_hour, stored().confirmed) == (Decimal("1.410000"), True)
 
     # --overwrite puts the shipped figure back.
     out = io.StringIO()
     call_command("load_prices", "--overwrite", stdout=out)
-    assert f"0 added, 1 updated, {len(SHIPPED_AWS) - 1} already stored" in out.getvalue()
+    assert f"0 added, 1 updated, {len(SHIPPED) - 1} already stored" in out.getvalue()
     assert (stored().usd_per_hour, stored().confirmed) == (Decimal("1.408400"), False)
 
 
@@ -141,7 +143,7 @@ def test_demo_seeds_prices_after_migrating(monkeypatch, settings, tmp_path):
     out = io.StringIO()
     call_command("demo", "--no-job", stdout=out)
     assert calls == ["migrate", "load_prices"]
-    assert f"Prices: {len(SHIPPED_AWS)} added" in out.getvalue()
+    assert f"Prices: {len(SHIPPED)} added" in out.getvalue()
     assert stored().usd_per_hour == Decimal("1.408400")
 
 
@@ -184,14 +186,14 @@ def superuser_client(client, django_user_model):
 
 def test_admin_lists_filters_searches_and_edits_prices(superuser_client):
     services.instance_price_seed()
-    InstancePrice.objects.create(provider="azure", region="eastus", instance_type="Standard_NC6s_v3",
-                                 usd_per_hour=Decimal("3.06"), confirmed=True)
+    InstancePrice.objects.create(provider="azure", region="westeurope", instance_type="Standard_NC6s_v3",
+                                 usd_per_hour=Decimal("3.06"), confirmed=True)  # a row nothing ships
     url = reverse("admin:jobs_instanceprice_changelist")
     page = superuser_client.get(url)
     assert page.status_code == 200
-    assert page.context["cl"].result_count == len(SHIPPED_AWS) + 1
-    assert superuser_client.get(url + "?provider__exact=azure").context["cl"].result_count == 1
-    assert superuser_client.get(url + "?confirmed__exact=0").context["cl"].result_count == len(SHIPPED_AWS)
+    assert page.context["cl"].result_count == len(SHIPPED) + 1
+    assert superuser_client.get(url + "?provider__exact=azure").context["cl"].result_count == len(SHIPPED_AZURE) + 1
+    assert superuser_client.get(url + "?confirmed__exact=0").context["cl"].result_count == len(SHIPPED)
     found = superuser_client.get(url + "?q=g5").context["cl"].result_list
     assert sorted(p.instance_type for p in found) == ["ml.g5.12xlarge", "ml.g5.xlarge"]
     html = page.content.decode()
