@@ -15,17 +15,21 @@ from cloud_adapters.gpubox import GpuBoxBackend
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_gpubox_is_the_only_registered_kind():
-    assert list(registry.KINDS) == ["gpubox"]
-    assert registry.kind_choices() == [("gpubox", "Local GPU box (torchrun)")]
+def test_the_four_kinds_are_registered_with_their_extras():
+    assert list(registry.KINDS) == ["gpubox", "sagemaker", "vertex", "azureml"]
+    assert [kind for kind, _ in registry.kind_choices()] == ["gpubox", "sagemaker", "vertex", "azureml"]
     assert registry.backend_class("gpubox") is GpuBoxBackend
     assert GpuBoxBackend.kind == "gpubox" and GpuBoxBackend.queue == "gpubox"
+    assert registry.EXTRAS == {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure"}
+    for kind in ("sagemaker", "vertex", "azureml"):
+        cls = registry.backend_class(kind)
+        assert cls.kind == kind and cls.queue == "celery"  # cloud calls run on the default workers
 
 
 def test_unknown_kind_lists_the_known_ones():
     with pytest.raises(InvalidSpec) as err:
         registry.backend_class("lambda-labs")
-    assert str(err.value) == "unknown backend kind 'lambda-labs'; known kinds: gpubox."
+    assert str(err.value) == "unknown backend kind 'lambda-labs'; known kinds: azureml, gpubox, sagemaker, vertex."
 
 
 def test_missing_sdk_names_the_extra(monkeypatch):
