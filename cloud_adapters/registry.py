@@ -36,7 +36,11 @@ KINDS: dict[str, KindInfo] = {
 """kind -> (module path, class name, human label). Register new providers here."""
 
 EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure"}
-"""kind -> pip extra that installs its SDK, where it needs one (e.g. "sagemaker": "aws")."""
+"""kind -> the provider group whose SDK it needs, where it needs one (e.g. "sagemaker": "aws")."""
+
+SDK_PACKAGES: dict[str, str] = {"aws": "boto3", "gcp": "google-cloud-aiplatform",
+                                "azure": "azure-ai-ml and azure-identity"}
+"""provider group -> the PyPI packages (pinned in requirements.txt) its adapters import."""
 
 
 def backend_class(kind: str) -> type[Backend]:
@@ -57,7 +61,8 @@ def backend_class(kind: str) -> type[Backend]:
         extra = EXTRAS.get(kind, kind)
         raise MissingDependency(
             f"the {info.label} backend needs a package that is not installed ({exc.name or exc}); "
-            f"install it with `pip install 'trainboard[{extra}]'`."
+            f"install {SDK_PACKAGES.get(extra, extra)} with `pip install -r requirements.txt` "
+            f"(the versions Trainboard is tested with)."
         ) from exc
     cls = getattr(module, info.class_name)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):  # a registry typo, not user input

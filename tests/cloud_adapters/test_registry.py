@@ -41,7 +41,8 @@ def test_missing_sdk_names_the_extra(monkeypatch):
     with pytest.raises(MissingDependency) as err:
         registry.backend_class("fakecloud")
     assert "trainboard_no_such_sdk_module" in str(err.value)
-    assert "pip install 'trainboard[fake]'" in str(err.value)
+    assert "install fake with `pip install -r requirements.txt`" in str(err.value)
+    assert registry.SDK_PACKAGES["aws"] == "boto3"
 
 
 def test_create_backend_cleans_config(tmp_path):
