@@ -5,8 +5,8 @@ of, :mod:`~cloud_adapters.sagemaker.states` for the status mapping and
 :mod:`~cloud_adapters.sagemaker.logs` for the CloudWatch tailer.
 
 boto3 itself is imported on first use (a client is created), but its absence is reported here, at
-import, so :func:`cloud_adapters.registry.backend_class` answers MissingDependency naming the ``aws``
-extra before any job is tried.
+import, so :func:`cloud_adapters.registry.backend_class` answers MissingDependency naming boto3 (the
+``aws`` group's SDK) before any job is tried.
 """
 
 import importlib.util
