@@ -62,7 +62,7 @@ def aws_pricing_client(*, profile: str = "", endpoint_url: str = "") -> Any:
         import boto3
     except ImportError as exc:  # pragma: no cover - boto3 is a runtime requirement
         raise PriceRefreshError(
-            f"refreshing AWS prices needs boto3 ({exc}); install it with `pip install 'trainboard[aws]'`."
+            f"refreshing AWS prices needs boto3 ({exc}); install boto3 from requirements.txt (`pip install -r requirements.txt`)."
         ) from exc
     from botocore.exceptions import BotoCoreError
 
@@ -426,8 +426,8 @@ def gcp_billing_session(*, api_key: str = "") -> Any:
         from google.auth.exceptions import DefaultCredentialsError
         from google.auth.transport.requests import AuthorizedSession
     except ImportError as exc:  # pragma: no cover - google-auth is a runtime requirement
-        raise PriceRefreshError(f"refreshing GCP prices needs google-auth ({exc}); install it with "
-                                f"`pip install 'trainboard[gcp]'`, or pass --api-key.") from exc
+        raise PriceRefreshError(f"refreshing GCP prices needs google-auth ({exc}); install google-auth from "
+                                f"requirements.txt (`pip install -r requirements.txt`), or pass --api-key.") from exc
     try:
         credentials, _ = google.auth.default(scopes=[GCP_SCOPE])
     except DefaultCredentialsError as exc:
