@@ -62,7 +62,8 @@ def aws_pricing_client(*, profile: str = "", endpoint_url: str = "") -> Any:
         import boto3
     except ImportError as exc:  # pragma: no cover - boto3 is a runtime requirement
         raise PriceRefreshError(
-            f"refreshing AWS prices needs boto3 ({exc}); install boto3 from requirements.txt (`pip install -r requirements.txt`)."
+            f"refreshing AWS prices needs boto3 ({exc}); install boto3 from requirements.txt "
+            f"(`pip install -r requirements.txt`)."
         ) from exc
     from botocore.exceptions import BotoCoreError
 
