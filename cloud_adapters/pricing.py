@@ -90,7 +90,7 @@ def write_csv(path: Path | str, rows: Iterable[PriceRow]) -> None:
     """Write ``rows`` as a catalog CSV, sorted by provider, region, instance type."""
     ordered = sorted(rows, key=lambda r: (r.provider, r.region, r.instance_type))
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
+        writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(CSV_FIELDS)
         for r in ordered:
             writer.writerow([r.provider, r.region, r.instance_type, f"{r.usd_per_hour:f}", r.source, r.as_of,

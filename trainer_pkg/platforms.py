@@ -16,7 +16,9 @@ Detection (:func:`detect`), first match wins:
 
 1. ``TRAINBOARD_LAUNCH_PLATFORM`` and torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: a rank that
    ``trainer_pkg.launch`` itself started through torchrun; its config is already resolved → torchrun.
-2. ``AZUREML_RUN_ID`` (or another ``AZUREML_*``/``AZ_BATCH*`` marker) → azureml.
+2. ``AZUREML_RUN_ID`` (or ``AZUREML_ARM_SUBSCRIPTION``/``AZUREML_ARM_WORKSPACE_NAME``, or an
+   ``AZ_BATCH*`` variable) → azureml. Other ``AZUREML_*`` variables are not markers: the SDK sets
+   ``AZUREML_CURRENT_CLOUD`` in any process that uses it.
 3. ``SM_HOSTS``, ``SM_CURRENT_HOST``, ``SM_TRAINING_ENV``, ``TRAINING_JOB_ARN`` or
    ``<root>/input/config/resourceconfig.json`` → sagemaker.
 4. ``CLUSTER_SPEC``, ``CLOUD_ML_JOB_ID`` or ``AIP_MODEL_DIR`` → vertex.
@@ -568,8 +570,9 @@ def detect(env: Env, *, standalone: bool = False) -> tuple[str, str]:
         if len(torchrun_vars) == len(TORCHRUN_VARS):
             return "torchrun", "RANK, LOCAL_RANK and WORLD_SIZE are set"
         return "local", "--standalone"
-    azure = [k for k in AZURE_MARKERS if env.get(k)] or \
-        sorted(k for k in env if k.startswith(("AZUREML_", "AZ_BATCH")))
+    # Only a job's own markers: azure-ai-ml itself sets AZUREML_CURRENT_CLOUD in a process that merely
+    # submits jobs (a Celery worker that also runs gpubox jobs must not take the Azure path).
+    azure = [k for k in AZURE_MARKERS if env.get(k)] or sorted(k for k in env if k.startswith("AZ_BATCH"))
     if azure:
         return "azureml", f"{azure[0]} is set"
     sagemaker = [k for k in ("SM_HOSTS", "SM_CURRENT_HOST", "SM_TRAINING_ENV", "TRAINING_JOB_ARN") if env.get(k)]

@@ -358,6 +358,9 @@ def test_detection_order_and_reasons(tmp_path):
     assert detect({"SM_HOSTS": '["algo-1"]', "TRAINBOARD_SM_ROOT": str(tmp_path)}) == ("sagemaker", "SM_HOSTS is set")
     assert detect({"CLUSTER_SPEC": "{}", "RANK": "0", "WORLD_SIZE": "2"}) == ("vertex", "CLUSTER_SPEC is set")
     assert detect({"AZUREML_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})[0] == "azureml"
+    assert detect({"AZ_BATCH_NODE_ID": "tvm-1"}) == ("azureml", "AZ_BATCH_NODE_ID is set")
+    # azure-ai-ml sets AZUREML_CURRENT_CLOUD in any process that submits jobs: not a marker
+    assert detect({"AZUREML_CURRENT_CLOUD": "AzureCloud"}) == ("local", "no platform variables")
     # our own ranks, even on a cloud, are torchrun ranks with an already-resolved config
     ours = {LAUNCHED_BY_US: "sagemaker", "SM_HOSTS": "[]", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
     assert detect(ours)[0] == "torchrun"
