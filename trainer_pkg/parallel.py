@@ -172,24 +172,18 @@ class BatchResult(NamedTuple):
     """What :meth:`Strategy.forward_backward` returns where a rank computes the loss."""
 
     logits: torch.Tensor  # (B, classes), detached
-    losses: torch.Tensor  # (B,) per-sample cross entropy in float32, detached: the same values the
-    #                       backward's mean was taken over, so metrics need no second loss
+    loss: torch.Tensor  # () mean cross entropy over the batch in float32, detached: the value the
+    #                     backward started from (before loss_scale), so metrics need no second loss
 
 
 def loss_backward(logits: torch.Tensor, y: torch.Tensor, loss_scale: float) -> BatchResult:
-    """Backward of ``mean(cross_entropy(logits, y)) × loss_scale``; returns the per-sample losses.
-
-    The per-sample losses are computed once and their mean is back-propagated: the gradients are
-    bit-for-bit those of ``F.cross_entropy(logits.float(), y) * loss_scale`` (``mean`` and the mean
-    reduction of ``nll_loss`` both divide the incoming gradient by the batch size), and a scale of 1
-    is not multiplied at all (multiplying by 1.0 is exact).
-    """
-    losses = F.cross_entropy(logits.float(), y, reduction="none")
-    loss = losses.mean()
-    if loss_scale != 1.0:
-        loss = loss * loss_scale
-    loss.backward()
-    return BatchResult(logits.detach(), losses.detach())
+    """Backward of ``cross_entropy(logits, y) × loss_scale`` (mean over the batch); returns the
+    detached logits and mean loss. A scale of 1 is not multiplied at all (multiplying by 1.0 is
+    exact). The fused mean reduction is the cheapest form: a per-sample loss, where a batch holds
+    padding, is computed from the returned logits only for that batch."""
+    loss = F.cross_entropy(logits.float(), y)
+    (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+    return BatchResult(logits.detach(), loss.detach())
 
 
 class Strategy:
@@ -223,7 +217,7 @@ class Strategy:
                          autocast: contextlib.AbstractContextManager) -> BatchResult | None:
         """Forward and backward of one batch; gradients accumulate (scaled by ``loss_scale``).
 
-        Returns the logits (B, classes) and the per-sample losses (:class:`BatchResult`) where this
+        Returns the logits (B, classes) and the mean loss (:class:`BatchResult`) where this
         rank computes the loss, else None. ``sync``:
         reduce gradients across data-parallel ranks after this backward (the last accumulated batch).
         """
@@ -451,11 +445,11 @@ class PipelineStrategy(Strategy):
             else:
                 self._schedule.step()
                 return None
-        # The schedule back-propagates each micro-batch's mean inside its loss_fn; the per-sample
-        # losses for the metrics come from the merged logits of the whole batch.
+        # The schedule back-propagates each micro-batch's mean inside its loss_fn; the loss for the
+        # metrics comes from the merged logits of the whole batch.
         with torch.no_grad():
             logits = logits.detach()
-            return BatchResult(logits, F.cross_entropy(logits.float(), y, reduction="none"))
+            return BatchResult(logits, F.cross_entropy(logits.float(), y))
 
     def finish_gradients(self) -> None:
         if self.dp_group is None:

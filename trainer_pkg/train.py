@@ -86,6 +86,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import ConfigError, JobConfig, shape_errors
@@ -283,10 +284,26 @@ class Window:
 
     def gather(self, device: torch.device) -> list[dict[str, float]]:
         """Every rank's window, indexed by rank (a collective)."""
+        return self.start_gather(device).result()
+
+    def start_gather(self, device: torch.device) -> "PendingGather":
+        """Collective, asynchronous: start gathering every rank's window as it is now."""
         mine = torch.tensor([self.values[k] for k in self.FIELDS], dtype=torch.float64, device=device)
         parts = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, mine)
-        return [dict(zip(self.FIELDS, p.tolist())) for p in parts]
+        return PendingGather(parts, dist.all_gather(parts, mine, async_op=True))
+
+
+class PendingGather:
+    """A :meth:`Window.start_gather` in flight; :meth:`result` waits for it."""
+
+    def __init__(self, parts: list[torch.Tensor], work: Any) -> None:
+        self.parts, self.work = parts, work
+
+    def result(self) -> list[dict[str, float]]:
+        """Every rank's window, indexed by rank."""
+        if self.work is not None:
+            self.work.wait()
+        return [dict(zip(Window.FIELDS, p.tolist())) for p in self.parts]
 
 
 def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
@@ -583,20 +600,33 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     correct_acc = torch.zeros((), dtype=torch.int64, device=device)
     acc = {"samples": 0, "steps": 0, "seconds": 0.0, "step_seconds": 0.0, "data_seconds": 0.0}
 
+    # A ``step`` record's all-gather runs in the background and the record is written one step later
+    # (with the time and values of its own step): a record costs no rank a wait in the step loop.
+    deferred: list[tuple[dict[str, Any], PendingGather, dict[str, Any]]] = []
+
+    def flush_record() -> None:
+        """Write the ``step`` record whose gather is in flight, if any (rank 0; collective-free)."""
+        while deferred:
+            head, gathered, tail = deferred.pop()
+            metrics.write({**head, **_window_fields(gathered.result()), **tail})
+
     def report(event: str, epoch: int, **extra: Any) -> None:
         """Collective: emit one record with the global window since the previous record."""
+        flush_record()  # records stay in order
         window.values.update(loss_sum=loss_acc.item(), correct=float(correct_acc.item()),
                              **{k: float(v) for k, v in acc.items()})
         loss_acc.zero_()
         correct_acc.zero_()
         acc.update(samples=0, steps=0, seconds=0.0, step_seconds=0.0, data_seconds=0.0)
-        fields = _window_fields(window.gather(device))
+        head = {"event": event, "time": time.time(), "epoch": epoch, "step": step,
+                "world_size": topo.world_size, "lr": optimizer.param_groups[0]["lr"]}
+        tail = {"grad_norm": grad_norm} if grad_norm is not None else {}
+        tail.update(extra)
+        gathered = window.start_gather(device)
         window.reset()
-        if grad_norm is not None:
-            fields["grad_norm"] = grad_norm
-        metrics.write({"event": event, "time": time.time(), "epoch": epoch, "step": step,
-                       "world_size": topo.world_size, "lr": optimizer.param_groups[0]["lr"],
-                       **fields, **extra})
+        deferred.append((head, gathered, tail))
+        if event != "step":
+            flush_record()
 
     def save(epoch: int, batches_done: int) -> None:
         save_checkpoint(ckpt_path, strategy=strategy, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
@@ -646,20 +676,20 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     # Each batch's mean loss weighs 1/len(group): the step's gradient is the mean over the group.
                     out = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
                                                     autocast=autocast)
-                    if out is not None:
-                        with torch.no_grad():
-                            hits = out.logits.argmax(1) == yb
-                            if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
-                                keep = _real_mask(torch.arange(start, start + len(idx)),
-                                                  strategy.dp_rank, strategy.dp_size, n_train)
-                                acc["samples"] += int(keep.sum())
-                                keep = keep.to(device)
-                                loss_acc.add_(out.losses[keep].sum())
-                                correct_acc.add_(hits[keep].sum())
-                            else:
-                                acc["samples"] += len(idx)
-                                loss_acc.add_(out.losses.sum())
-                                correct_acc.add_(hits.sum())
+                    if out is not None:  # (out's tensors are detached: no autograd here)
+                        hits = out.logits.argmax(1) == yb
+                        if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
+                            keep = _real_mask(torch.arange(start, start + len(idx)),
+                                              strategy.dp_rank, strategy.dp_size, n_train)
+                            acc["samples"] += int(keep.sum())
+                            keep = keep.to(device)
+                            losses = F.cross_entropy(out.logits.float(), yb, reduction="none")
+                            loss_acc.add_(losses[keep].sum())
+                            correct_acc.add_(hits[keep].sum())
+                        else:
+                            acc["samples"] += len(idx)
+                            loss_acc.add_(out.loss, alpha=len(idx))
+                            correct_acc.add_(hits.sum())
                 strategy.finish_gradients()
                 if t.grad_clip_norm > 0:
                     grad_norm = strategy.clip_grad_norm_(t.grad_clip_norm)
@@ -676,6 +706,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                 acc["data_seconds"] += data_seconds
                 acc["seconds"] += seconds
                 acc["step_seconds"] += seconds - data_seconds
+                if deferred:  # the previous step's record: its gather has finished by now
+                    flush_record()
                 if step == first_step:
                     report("started", epoch, resumed=ckpt is not None)
                 elif step % t.log_every_steps == 0:
