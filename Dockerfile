@@ -5,7 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TRAINBOARD_VAR_DIR=/var/lib/tra
 RUN apt-get update && apt-get install -y --no-install-recommends npm && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY requirements.txt package.json package-lock.json ./
-RUN pip install --no-cache-dir -r requirements.txt && npm ci --no-audit --no-fund
+RUN pip install --no-cache-dir -r requirements.txt && npm ci --omit=dev --no-audit --no-fund
 COPY . .
 RUN useradd --create-home trainboard && mkdir -p /var/lib/trainboard && chown trainboard /var/lib/trainboard
 USER trainboard
