@@ -324,6 +324,15 @@ class Backend(abc.ABC):
         return spec.max_runtime_s / 3600.0 * spec.nodes * self.price(spec.instance_type, spec.spot)
 
 
+def require_settings(config: Mapping[str, Any], keys: Sequence[str], backend_label: str) -> None:
+    """Raise :class:`InvalidSpec` ``"<key>: required for a <label> backend."`` for the first of
+    ``keys`` that is missing, None or blank in ``config`` (a form sends "" for an untouched field)."""
+    for key in keys:
+        value = config.get(key)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise InvalidSpec(f"{key}: required for a {backend_label} backend.")
+
+
 def parse_utc(value: str | float | None) -> dt.datetime | None:
     """A UTC-aware datetime from an ISO-8601 string or a Unix timestamp in seconds; None passes."""
     if value is None or value == "":

@@ -49,6 +49,7 @@ from cloud_adapters import _azure, packaging, retry
 from cloud_adapters.azureml import logs as az_logs
 from cloud_adapters.azureml.states import TERMINAL_STATUSES, job_status, status_text
 from cloud_adapters.base import (
+    require_settings,
     Backend,
     BackendError,
     Capabilities,
@@ -198,6 +199,7 @@ class AzureMLBackend(Backend):
         unknown = sorted(set(config) - CONFIG_KEYS)
         if unknown:
             raise InvalidSpec(f"{unknown[0]}: unknown Azure ML setting (known: {', '.join(sorted(CONFIG_KEYS))}).")
+        require_settings(config, REQUIRED, "Azure ML")
         out = dict(DEFAULTS)
         out.update({k: v.strip() if isinstance(v, str) else v for k, v in config.items()
                     if v is not None and v != ""})

@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cloud_adapters import _aws, packaging, retry
 from cloud_adapters.base import (
+    require_settings,
     Backend,
     BackendError,
     Capabilities,
@@ -225,6 +226,7 @@ class SageMakerBackend(Backend):
         unknown = sorted(set(config) - _CONFIG_KEYS)
         if unknown:
             raise InvalidSpec(f"{unknown[0]}: unknown SageMaker setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
+        require_settings(config, ("region", "role_arn", "bucket"), "SageMaker")
         out = dict(DEFAULTS)
         out.update({k: v for k, v in config.items() if v is not None})
 

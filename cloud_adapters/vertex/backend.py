@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cloud_adapters import _gcp, retry
 from cloud_adapters.base import (
+    require_settings,
     Backend,
     BackendError,
     Capabilities,
@@ -216,6 +217,7 @@ class VertexBackend(Backend):
         unknown = sorted(set(config) - _CONFIG_KEYS)
         if unknown:
             raise InvalidSpec(f"{unknown[0]}: unknown Vertex AI setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
+        require_settings(config, ['project', 'staging_bucket'], "Vertex AI")
         out = dict(DEFAULTS)
         # None or blank = the default (the dashboard's form sends "" for an untouched field).
         out.update({k: v for k, v in config.items() if v is not None and not (isinstance(v, str) and not v.strip())})
