@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainboard
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: help demo test venv dev-venv static services system-deps compose-config clean
+.PHONY: help demo test venv dev-venv static static-dev services system-deps compose-config clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -24,12 +24,17 @@ $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+	npm ci --omit=dev --no-audit --no-fund --loglevel=error
 	touch $@
+
+node_modules/.dev-installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch node_modules/.installed $@
 
 venv: $(VENV)/.installed  ## Create .venv with the pinned runtime dependencies
 dev-venv: $(VENV)/.dev-installed  ## .venv plus the test tools
 static: node_modules/.installed  ## Chart.js from the npm registry, served by whitenoise
+static-dev: node_modules/.dev-installed  ## static plus the npm test stand-ins (Azurite)
 
 demo: venv static  ## Set up and run the demo: web on 127.0.0.1:8000, worker, beat, one DDP job
 	$(PY) manage.py demo
@@ -37,7 +42,7 @@ demo: venv static  ## Set up and run the demo: web on 127.0.0.1:8000, worker, be
 system-deps:  ## Debian packages the tests need (Chromium, docker-compose) and the services
 	bash scripts/system-deps.sh
 
-test: dev-venv static system-deps  ## Set up and run the whole suite on PostgreSQL and Redis
+test: dev-venv static-dev system-deps  ## Set up and run the whole suite on PostgreSQL and Redis
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 clean:  ## Remove the embedded database, broker files, run directories and test artifacts
