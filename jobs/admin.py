@@ -338,7 +338,7 @@ class TrainingJobAdmin(OwnedAdmin):
             try:
                 services.training_job_cancel(job=job, reason=f"Cancelled by {request.user.get_username()} (admin)")
             except ValidationError as exc:
-                self.message_user(request, f"Job {job.pk}: {' '.join(exc.messages)}", messages.ERROR)
+                self.message_user(request, _prefixed(job.pk, exc.messages), messages.ERROR)
             else:
                 done += 1
         if done:
@@ -352,7 +352,7 @@ class TrainingJobAdmin(OwnedAdmin):
             try:
                 created.append(services.training_job_rerun(job=job, owner=owner))
             except ValidationError as exc:
-                self.message_user(request, f"Job {job.pk}: {' '.join(exc.messages)}", messages.ERROR)
+                self.message_user(request, _prefixed(job.pk, exc.messages), messages.ERROR)
         if created:
             ids = ", ".join(str(j.pk) for j in created)
             self.message_user(request, f"Queued {len(created)} re-run(s): job(s) {ids}.", messages.SUCCESS)
@@ -388,3 +388,9 @@ class JobLogLineAdmin(ReadOnlyOwnedAdmin):
     @admin.display(description="text")
     def line(self, obj):
         return format_html("<code>{}</code>", obj.text[:200])
+
+
+def _prefixed(job_id: int, texts: list[str]) -> str:
+    """``"Job N: <message>"`` for an admin message, without repeating a "Job N" the message starts with."""
+    text = " ".join(texts)
+    return text if text.startswith(f"Job {job_id} ") else f"Job {job_id}: {text}"

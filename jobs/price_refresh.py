@@ -93,7 +93,7 @@ def _aws_error(exc: Exception) -> PriceRefreshError:
     if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError)):
         return PriceRefreshError(
             f"Cannot reach the AWS Price List API ({exc}). This machine needs network access to "
-            f"api.pricing.{AWS_PRICING_REGION}.amazonaws.com; nothing was changed."
+            f"api.pricing.{AWS_PRICING_REGION}.amazonaws.com."
         )
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
@@ -207,7 +207,7 @@ def _get_json(session: Any, url: str, *, params: dict[str, str] | None, api: str
     except requests.exceptions.RequestException as exc:
         raise PriceRefreshError(
             f"Cannot reach the {api} ({type(exc).__name__}: {exc}). This machine needs network access to "
-            f"{host}; nothing was changed."
+            f"{host}."
         ) from exc
     if response.status_code >= 400:
         raise PriceRefreshError(f"The {api} refused the request (HTTP {response.status_code}: "

@@ -282,8 +282,7 @@ def test_gcp_without_network_is_a_clear_error(shipped):
         run("--provider", "gcp", "--region", "us-central1", "--endpoint-url", "http://127.0.0.1:9", "--api-key", "k")
     message = str(caught.value)
     assert message.startswith("Cannot reach the Cloud Billing Catalog API (ConnectionError: ")
-    assert message.endswith("This machine needs network access to cloudbilling.googleapis.com; nothing was "
-                            "changed. No price was changed.")
+    assert message.endswith("This machine needs network access to cloudbilling.googleapis.com. No price was changed.")
     assert not InstancePrice.objects.exists()
 
 
