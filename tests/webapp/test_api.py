@@ -206,6 +206,12 @@ def test_schema_is_valid_openapi_with_job_paths(api_client):
     validate_schema(schema)  # raises on an invalid OpenAPI document
 
 
+def test_swagger_ui_sends_an_anonymous_browser_to_the_login_page(client):
+    response = client.get("/api/docs/")
+    assert response.status_code == 302
+    assert response["Location"] == "/login/?next=/api/docs/"
+
+
 def test_swagger_ui_is_served_without_a_cdn(owner_client):
     page = owner_client.get("/api/docs/").content.decode()
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page

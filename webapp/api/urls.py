@@ -1,5 +1,6 @@
 """``/api/`` routes: the viewsets, a token endpoint, the OpenAPI schema and its Swagger UI."""
 
+from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.authtoken.views import obtain_auth_token
@@ -17,6 +18,8 @@ urlpatterns = [
     # POST username + password -> {"token": "..."}; then send "Authorization: Token <token>".
     path("auth/token/", obtain_auth_token, name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # A browser page: someone not logged in is sent to the login page and back (the schema it loads
+    # needs the session), rather than shown a bare 401.
+    path("docs/", login_required(SpectacularSwaggerView.as_view(url_name="api-schema")), name="api-docs"),
     path("", include(router.urls)),
 ]

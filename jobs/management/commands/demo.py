@@ -26,7 +26,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import BaseCommand, CommandError, call_command
 
 from jobs import selectors, services
-from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
+from jobs.models import ACTIVE_STATE_VALUES, TERMINAL_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
 
 LOCAL_QUEUES = {"gpubox"}  # queues whose jobs run on this machine (see the worker's -Q below)
 
@@ -209,6 +209,8 @@ class Command(BaseCommand):
             # The worker is about to stop: send the stop now rather than through its queue.
             services.training_job_cancel_send(job=job)
             self.stdout.write(f"Cancelled job {job.pk}")
+        if local:
+            self._confirm_cancelled([job.pk for job in local])
         for name, proc in reversed(self._children):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -220,6 +222,28 @@ class Command(BaseCommand):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             self.stdout.write(f"Stopped {name}")
+
+
+    def _confirm_cancelled(self, job_ids: list[int], timeout_s: float = 20.0) -> None:
+        """Sync the cancelled jobs' backends here (the worker may already be busy stopping) until each
+        is CANCELLED, so the database does not keep them STOPPING until the next start. Each sync
+        re-sends the stop, which escalates to SIGKILL after the backend's grace period."""
+        deadline = time.monotonic() + timeout_s
+        pending = set(job_ids)
+        while pending and time.monotonic() < deadline:
+            backends = set(TrainingJob.objects.filter(pk__in=pending).values_list("backend_id", flat=True))
+            for backend_id in backends:
+                try:
+                    services.backend_sync(backend_id=backend_id)
+                except Exception as exc:  # noqa: BLE001 — best effort on the way out; said, not raised
+                    self.stderr.write(f"sync of backend {backend_id} on shutdown failed: {exc}")
+            for job in TrainingJob.objects.filter(pk__in=pending, state__in=TERMINAL_STATE_VALUES):
+                self.stdout.write(f"Job {job.pk} {job.state}")
+                pending.discard(job.pk)
+            if pending:
+                time.sleep(0.5)
+        for job_id in sorted(pending):
+            self.stdout.write(f"Job {job_id} still stopping; the next start records how it ended")
 
 
 def _port_in_use(host: str, port: int) -> bool:

@@ -1,0 +1,44 @@
+"""`manage.py demo`'s Ctrl-C path: training still running on this machine is stopped and recorded as
+CANCELLED before the command exits (not left STOPPING until the next start). Real gpubox run."""
+
+from __future__ import annotations
+
+import io
+from unittest import mock
+
+import pytest
+
+from jobs import services, tasks
+from jobs.management.commands import demo
+from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
+
+pytestmark = pytest.mark.django_db
+
+
+def test_shutdown_cancels_local_training_and_records_cancelled(user, digits_dataset, cnn_model, local_backend,
+                                                                 wait_until, live_processes):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                           backend=local_backend, nodes=1, procs_per_node=2, epochs=500)
+    tasks.submit_job(job.pk)
+
+    def running():
+        services.backend_sync(backend_id=local_backend.pk)
+        return TrainingJob.objects.get(pk=job.pk).state == S.RUNNING
+
+    wait_until(running, timeout=180, what="the job to be RUNNING")
+    name = TrainingJob.objects.get(pk=job.pk).provider_handle["job_name"]
+    assert live_processes(name), "the trainer should be running"
+
+    out = io.StringIO()
+    command = demo.Command(stdout=out, stderr=io.StringIO())
+    command._children = []  # web, worker and beat are not started in this test
+    command._shutdown()
+
+    job.refresh_from_db()
+    assert job.state == S.CANCELLED
+    assert job.failure_reason == "Demo stopped with Ctrl-C"
+    assert [line for line in out.getvalue().splitlines() if line.startswith(("Cancelled job", f"Job {job.pk}"))] == [
+        f"Cancelled job {job.pk}", f"Job {job.pk} CANCELLED"]
+    assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True))[-2:] == [S.STOPPING, S.CANCELLED]
+    wait_until(lambda: not live_processes(name), timeout=30, what="the job's processes to exit")
