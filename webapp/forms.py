@@ -212,6 +212,20 @@ KIND_SETTINGS: dict[str, dict[str, forms.Field]] = {
 }
 
 
+REQUIRED_SETTINGS: dict[str, tuple[str, ...]] = {
+    "sagemaker": ("region", "role_arn", "bucket"),
+    "vertex": ("project", "staging_bucket"),
+    "azureml": ("subscription_id", "resource_group", "workspace", "compute"),
+}
+"""Settings a backend of that kind cannot do without (its adapter's ``clean_config`` says "required").
+The form fields stay ``required=False`` (only the chosen kind's fields are validated, by the adapter);
+``required_for_kind`` keeps the template from labelling them "(optional)"."""
+
+for _kind, _keys in REQUIRED_SETTINGS.items():
+    for _key in _keys:
+        KIND_SETTINGS[_kind][_key].required_for_kind = True
+
+
 def _registered_kind_settings() -> dict[str, dict[str, str]]:
     """``{kind: {form field name: config key}}`` for the registered kinds that have settings. A key
     two kinds share becomes ``<kind>_<key>`` so each kind keeps its own field."""

@@ -84,6 +84,21 @@ def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
     assert "blank uses AWS&#x27;s PyTorch training container" in page
 
 
+def test_required_cloud_settings_are_labelled_required(owner_client):
+    page = owner_client.get(reverse("backend-create")).content.decode()
+
+    def label(kind: str, key: str) -> str:
+        name = field(kind, key)
+        match = re.search(rf'<label for="id_{name}">(.*?)</label>', page)
+        assert match, name
+        return match.group(1)
+
+    assert label("sagemaker", "role_arn") == 'Execution role ARN <span class="muted">(required)</span>'
+    assert label("vertex", "staging_bucket") == 'Staging bucket <span class="muted">(required)</span>'
+    assert label("azureml", "subscription_id") == 'Subscription ID <span class="muted">(required)</span>'
+    assert label("sagemaker", "prefix") == 'S3 prefix <span class="muted">(optional)</span>'
+
+
 def test_create_a_sagemaker_backend_from_its_fields(owner_client, user):
     response = owner_client.post(reverse("backend-create"), sagemaker_post())
     assert response.status_code == 302, response.context["form"].errors
