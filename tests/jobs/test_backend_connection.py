@@ -10,9 +10,10 @@ from django.urls import reverse
 from moto import mock_aws
 
 from cloud_adapters import registry
-from cloud_adapters.base import Backend, Capabilities, ConnectionCheck
+from cloud_adapters.base import ConnectionCheck
 from jobs import services
 from jobs.models import ComputeBackend
+from backend_fakes import OfflineBackend
 
 pytestmark = pytest.mark.django_db
 
@@ -35,29 +36,10 @@ def sagemaker_backend(user):
     return services.backend_create(owner=user, name="sm", kind="sagemaker", config=SAGEMAKER)
 
 
-class ExplodingBackend(Backend):
+class ExplodingBackend(OfflineBackend):
     """An adapter whose test_connection breaks its contract and raises."""
 
     kind = "exploding"
-
-    @property
-    def capabilities(self):
-        return Capabilities()
-
-    def submit(self, spec):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def describe(self, handle):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def cancel(self, handle):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def logs(self, handle, cursor=""):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def price(self, instance_type="", spot=False):
-        return 0.0
 
     def test_connection(self):
         raise RuntimeError("socket closed")

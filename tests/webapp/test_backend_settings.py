@@ -13,10 +13,11 @@ from django.utils.html import escape
 from moto import mock_aws
 
 from cloud_adapters import registry
-from cloud_adapters.base import Backend, Capabilities, InvalidSpec
+from cloud_adapters.base import InvalidSpec
 from jobs import services
 from jobs.models import ComputeBackend
 from webapp import forms as webapp_forms
+from backend_fakes import OfflineBackend
 
 pytestmark = pytest.mark.django_db
 
@@ -155,7 +156,7 @@ def test_the_gpubox_ignores_the_sagemaker_fieldset(owner_client, user):
     assert ComputeBackend.objects.get(name="box").config == {"max_procs_per_node": 4, "hourly_rate_usd": 1.25}
 
 
-class FakeCloudBackend(Backend):
+class FakeCloudBackend(OfflineBackend):
     """A kind registered only for these tests, with a setting named like one of SageMaker's."""
 
     kind = "fakecloud"
@@ -165,25 +166,6 @@ class FakeCloudBackend(Backend):
         if not config.get("project"):
             raise InvalidSpec("project: required; the project that owns the jobs.")
         return config
-
-    @property
-    def capabilities(self):
-        return Capabilities()
-
-    def submit(self, spec):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def describe(self, handle):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def cancel(self, handle):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def logs(self, handle, cursor=""):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def price(self, instance_type="", spot=False):
-        return 0.0
 
 
 def test_any_registered_kind_gets_its_fields_from_the_mapping(owner_client, user, monkeypatch):

@@ -16,9 +16,10 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from cloud_adapters import registry
-from cloud_adapters.base import Backend, Capabilities, InvalidSpec
+from cloud_adapters.base import InvalidSpec
 from jobs.models import ComputeBackend
 from webapp import forms as webapp_forms
+from backend_fakes import OfflineBackend
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +31,7 @@ AZUREML_KEYS = ("subscription_id", "resource_group", "workspace", "compute", "en
                 "region", "max_nodes", "base_url")
 
 
-class _StandInCloud(Backend):
+class _StandInCloud(OfflineBackend):
     """Settings checks only, as the real adapters' ``clean_config`` (required keys named first)."""
 
     REQUIRED: tuple[str, ...] = ()
@@ -41,25 +42,6 @@ class _StandInCloud(Backend):
             if not config.get(key):
                 raise InvalidSpec(f"{key}: required.")
         return config
-
-    @property
-    def capabilities(self):
-        return Capabilities()
-
-    def submit(self, spec):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def describe(self, handle):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def cancel(self, handle):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def logs(self, handle, cursor=""):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def price(self, instance_type="", spot=False):
-        return 0.0
 
 
 class StandInVertex(_StandInCloud):
