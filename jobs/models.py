@@ -13,6 +13,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 from cloud_adapters.base import TERMINAL_STATES, JobState
+from jobs.fields import EncryptedJSONField
 
 
 class JobStateChoices(models.TextChoices):
@@ -30,8 +31,53 @@ TERMINAL_STATE_VALUES = tuple(s.value for s in TERMINAL_STATES)
 ACTIVE_STATE_VALUES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 
 
+class Team(models.Model):
+    """A group of users who share backends, datasets and models and see each other's jobs.
+
+    An object with ``team`` set is visible to every member; only its owner (or staff) changes it.
+    ``monthly_budget_usd`` caps what the team's jobs may cost per calendar month (UTC): a submission
+    whose estimate would pass it is refused with the figures.
+    """
+
+    name = models.SlugField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="trainboard_teams", blank=True)
+    monthly_budget_usd = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="USD per calendar month (UTC) for all of the team's jobs; blank = no limit.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class UserBudget(models.Model):
+    """A user's own monthly spending limit (USD per calendar month, UTC) across their jobs."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="trainboard_budget")
+    monthly_budget_usd = models.DecimalField(
+        max_digits=12, decimal_places=2, validators=[MinValueValidator(Decimal("0"))],
+        help_text="USD per calendar month (UTC) for this user's jobs.",
+    )
+
+    class Meta:
+        verbose_name = "user budget"
+
+    def __str__(self) -> str:
+        return f"{self.user}: ${self.monthly_budget_usd}/month"
+
+
 class Owned(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="Share with this team (its members can see and use it); blank = private.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -90,7 +136,28 @@ class ComputeBackend(Owned):
     name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. local.")
     kind = models.CharField(max_length=30, help_text="Adapter kind, e.g. gpubox.")
     config = models.JSONField(default=dict, blank=True, help_text="Backend settings for the adapter.")
+    secrets = EncryptedJSONField(
+        help_text="Credentials the adapter needs when the platform identity is not used; encrypted at "
+                  "rest, never rendered back.",
+    )
     enabled = models.BooleanField(default=True)
+
+    class StallPolicy(models.TextChoices):
+        WARN = "warn", "Flag the job as stalled"
+        CANCEL = "cancel", "Flag and cancel the job"
+
+    class OrphanPolicy(models.TextChoices):
+        REPORT = "report", "List on the Orphans page"
+        STOP = "stop", "List and stop them"
+
+    state_deadlines = models.JSONField(
+        default=dict, blank=True,
+        help_text='Seconds a job may stay in each non-terminal state before it is flagged STALLED, e.g. '
+                  '{"QUEUED": 600, "SUBMITTING": 300, "PENDING": 3600, "STOPPING": 900}; RUNNING defaults '
+                  "to the job's max runtime plus a margin. Missing states use the defaults.",
+    )
+    stall_policy = models.CharField(max_length=10, choices=StallPolicy.choices, default=StallPolicy.WARN)
+    orphan_policy = models.CharField(max_length=10, choices=OrphanPolicy.choices, default=OrphanPolicy.REPORT)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="backend_unique_name")]
@@ -143,6 +210,12 @@ class TrainingJob(Owned):
     ended_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
+    state_entered_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the job entered its current state (deadlines count from it).")
+    stalled_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    stalled_reason = models.TextField(blank=True)
+    budget_exceeded_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the job's cost reached its budget and it was stopped.")
 
     # Cost: recomputed from source data at every sync, never incremented.
     billable_seconds = models.FloatField(default=0)
@@ -242,6 +315,35 @@ class InstancePrice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider} {self.region} {self.instance_type}: ${self.usd_per_hour.normalize():f}/h"
+
+
+class OrphanJob(models.Model):
+    """A provider job carrying Trainboard's tag with no active job row: it may be billing unseen.
+
+    Written by the orphan reconciler (``jobs.orphans``), listed on the staff Orphans page, stopped on
+    request or by the backend's ``orphan_policy``. ``job_id`` is the Trainboard job id the tag names,
+    if any (that row may be terminal or gone).
+    """
+
+    backend = models.ForeignKey(ComputeBackend, on_delete=models.CASCADE, related_name="orphans")
+    provider_job_name = models.CharField(max_length=200)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    raw_state = models.CharField(max_length=100, blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField()
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                          on_delete=models.SET_NULL, related_name="+")
+    resolved_at = models.DateTimeField(null=True, blank=True, help_text="When the provider job was last seen ended.")
+    note = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["backend", "provider_job_name"], name="orphan_unique_name")]
+        ordering = ["-last_seen_at", "id"]
+        verbose_name = "orphan provider job"
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.provider_job_name}"
 
 
 class JobEvent(models.Model):

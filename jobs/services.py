@@ -688,6 +688,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
             procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
             max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
             estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
+            state_entered_at=timezone.now(),
         )
         job.provider_job_name = provider_job_name(job)
         job.save(update_fields=["provider_job_name"])

@@ -58,6 +58,9 @@ def transition(job: TrainingJob, to_state: str, *, message: str = "", **fields: 
         fields["ended_at"] = job.ended_at or now
     fields["state"] = to_state
     fields["updated_at"] = now
+    fields.setdefault("state_entered_at", now)
+    fields.setdefault("stalled_at", None)  # a new state starts a new deadline
+    fields.setdefault("stalled_reason", "")
     with transaction.atomic():
         updated = TrainingJob.objects.filter(pk=job.pk, state=from_state).update(**fields)
         if updated:

@@ -172,6 +172,19 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Trainboard ------------------------------------------------------------------------------
+# Keys for secrets stored encrypted at rest (jobs.fields.EncryptedJSONField): comma-separated Fernet
+# keys, newest first. The embedded default keeps a generated key beside its database.
+_encryption_keys = env.list("TRAINBOARD_ENCRYPTION_KEY", default=[])
+if not _encryption_keys:
+    _key_file = VAR_DIR / "encryption_key"
+    if not _key_file.exists():
+        from cryptography.fernet import Fernet
+
+        _key_file.write_text(Fernet.generate_key().decode())
+        _key_file.chmod(0o600)
+    _encryption_keys = [_key_file.read_text().strip()]
+TRAINBOARD_ENCRYPTION_KEYS = tuple(k.strip() for k in _encryption_keys if k.strip())
+
 # Where the gpubox backend keeps one run directory per job (job.json, log, metrics, exit code).
 TRAINBOARD_RUN_ROOT = Path(env.str("TRAINBOARD_RUN_ROOT", default=str(VAR_DIR / "runs"))).resolve()
 

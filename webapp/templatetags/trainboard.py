@@ -22,6 +22,17 @@ def state_badge(state: str) -> str:
                        state.lower(), state, _LABELS.get(state, state))
 
 
+@register.simple_tag
+def job_state_badge(job) -> str:
+    """The job's state badge, followed by a "Stalled" badge (reason in its title) when the job is
+    past its state's deadline (``TrainingJob.stalled_at``)."""
+    badge = state_badge(job.state)
+    if getattr(job, "stalled_at", None) and not job.is_terminal:
+        return format_html('{} <span class="badge state-stalled" data-stalled="1" title="{}">Stalled</span>',
+                           badge, job.stalled_reason or "Past this state's deadline")
+    return badge
+
+
 @register.filter
 def is_terminal_state(state: str) -> bool:
     return str(state) in TERMINAL_STATE_VALUES
