@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _resolved_compose() -> dict:
     assert shutil.which("docker-compose"), "docker-compose missing: run `make system-deps`"
-    env = {**os.environ, "POSTGRES_PASSWORD": "pw-for-validation", "DJANGO_SECRET_KEY": "key-for-validation"}
+    env = {**os.environ, "POSTGRES_PASSWORD": "pw-for-validation", "DJANGO_SECRET_KEY": "key-for-validation",
+           "TRAINBOARD_ENCRYPTION_KEY": "fernet-key-for-validation"}
     out = subprocess.run(
         ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
         env=env, capture_output=True, text=True, timeout=60, check=True,
@@ -27,6 +28,8 @@ def test_compose_has_every_service_with_postgres_and_redis():
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://trainboard:pw-for-validation@postgres:5432/")
         assert env["REDIS_URL"] == "redis://redis:6379/0"
+        # One key for all processes: what the web encrypts, the workers must decrypt.
+        assert env["TRAINBOARD_ENCRYPTION_KEY"] == "fernet-key-for-validation"
 
 
 def test_gpubox_worker_consumes_its_queue_with_an_nvidia_reservation():
@@ -45,3 +48,14 @@ def test_compose_refuses_to_start_without_secrets():
     )
     assert out.returncode != 0
     assert "set POSTGRES_PASSWORD" in out.stderr or "set DJANGO_SECRET_KEY" in out.stderr
+
+
+def test_compose_refuses_to_start_without_an_encryption_key():
+    env = {**{k: v for k, v in os.environ.items() if k != "TRAINBOARD_ENCRYPTION_KEY"},
+           "POSTGRES_PASSWORD": "pw", "DJANGO_SECRET_KEY": "key"}
+    out = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0
+    assert "set TRAINBOARD_ENCRYPTION_KEY" in out.stderr
