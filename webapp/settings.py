@@ -89,6 +89,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+else:
+    # Keep connections between requests/tasks, but check each one before reuse: after a database
+    # restart (or a terminated session) the next request or task reconnects instead of failing.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -167,8 +172,35 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 TRAINBOARD_SYNC_INTERVAL_S = env.float("TRAINBOARD_SYNC_INTERVAL_S", default=2.0)
 if TRAINBOARD_SYNC_INTERVAL_S <= 0:
     raise ImproperlyConfigured("TRAINBOARD_SYNC_INTERVAL_S must be a positive number of seconds")
+# A worker reconnects to a restarted broker by itself (Celery 6 changes the start-up default).
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+
+def _positive_seconds(name: str, default: float) -> float:
+    value = env.float(name, default=default)
+    if not value > 0:
+        raise ImproperlyConfigured(f"{name} must be a positive number of seconds (got {value!r})")
+    return value
+
+
+# Recovery sweep (jobs.recovery): re-sends lost submissions, resumes submissions whose worker died,
+# flags (and by policy cancels) jobs past their state's deadline. Seconds.
+TRAINBOARD_RECOVERY_INTERVAL_S = _positive_seconds("TRAINBOARD_RECOVERY_INTERVAL_S", 30.0)
+# A QUEUED job no worker has picked up for this long gets its submit message sent again.
+TRAINBOARD_RECOVERY_REQUEUE_AFTER_S = _positive_seconds("TRAINBOARD_RECOVERY_REQUEUE_AFTER_S", 60.0)
+# The submit task's hard time limit: a SUBMITTING job without a provider handle for longer than
+# this has lost its worker, and the sweep resumes it (the provider adopts the job by name).
+TRAINBOARD_SUBMIT_TIME_LIMIT_S = _positive_seconds("TRAINBOARD_SUBMIT_TIME_LIMIT_S", 150.0)
+# How many times the sweep resumes one job's submission before it marks the job FAILED.
+TRAINBOARD_RECOVERY_MAX_RESUMES = env.int("TRAINBOARD_RECOVERY_MAX_RESUMES", default=3)
+# Default deadlines per non-terminal state, seconds (a backend's state_deadlines override them);
+# RUNNING defaults to the job's max runtime plus TRAINBOARD_RUNNING_DEADLINE_MARGIN_S.
+TRAINBOARD_STATE_DEADLINES_S = {"QUEUED": 600, "SUBMITTING": 300, "PENDING": 3600, "STOPPING": 900}
+TRAINBOARD_RUNNING_DEADLINE_MARGIN_S = _positive_seconds("TRAINBOARD_RUNNING_DEADLINE_MARGIN_S", 600.0)
+
 CELERY_BEAT_SCHEDULE = {
     "sync-jobs": {"task": "jobs.tasks.sync_jobs", "schedule": TRAINBOARD_SYNC_INTERVAL_S},
+    "recovery-sweep": {"task": "jobs.tasks.recovery_sweep", "schedule": TRAINBOARD_RECOVERY_INTERVAL_S},
 }
 
 # --- Trainboard ------------------------------------------------------------------------------
@@ -185,6 +217,8 @@ if not _encryption_keys:
     _encryption_keys = [_key_file.read_text().strip()]
 TRAINBOARD_ENCRYPTION_KEYS = tuple(k.strip() for k in _encryption_keys if k.strip())
 
+# Where users reach the web UI; links printed outside a request (CLI output) are absolute under it.
+TRAINBOARD_BASE_URL = env.str("TRAINBOARD_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
 # Where the gpubox backend keeps one run directory per job (job.json, log, metrics, exit code).
 TRAINBOARD_RUN_ROOT = Path(env.str("TRAINBOARD_RUN_ROOT", default=str(VAR_DIR / "runs"))).resolve()
 

@@ -69,7 +69,7 @@ def test_json_without_wait(ready, django_capture_on_commit_callbacks):
     data = json.loads(out)
     job = TrainingJob.objects.get()
     assert data == {
-        "id": job.pk, "state": "QUEUED", "url": f"/jobs/{job.pk}/", "cost_usd": 0.0, "duration_s": None,
+        "id": job.pk, "state": "QUEUED", "url": f"http://127.0.0.1:8000/jobs/{job.pk}/", "cost_usd": 0.0, "duration_s": None,
         "failure_reason": "", "metrics": {"val_accuracy": None, "val_loss": None, "train_loss": None},
         "events": [{"from": None, "to": "QUEUED", "at": data["events"][0]["at"]}],
     }

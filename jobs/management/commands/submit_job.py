@@ -16,6 +16,7 @@ import time
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
+from django.conf import settings
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
@@ -154,6 +155,7 @@ class Command(BaseCommand):
             url = reverse("job-detail", args=[job.pk])
         except NoReverseMatch:
             url = f"/jobs/{job.pk}/"
+        url = f"{settings.TRAINBOARD_BASE_URL}{url}"
         final = selectors.training_job_final_metrics(job=job)
         duration = job.duration_s
         return {
