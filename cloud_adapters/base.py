@@ -18,6 +18,8 @@ Operations (each documented on :class:`Backend`):
   state becomes CANCELLED only when a later ``describe`` confirms it.
 * ``logs(handle, cursor)`` -- new log lines since ``cursor`` and the cursor to pass next time.
 * ``price(instance_type, spot)`` -- USD per instance-hour.
+* ``list_tagged()``       -- the provider jobs carrying Trainboard's tag that have not ended (for the
+  orphan reconciler, ``jobs.orphans``).
 """
 
 from __future__ import annotations
@@ -184,6 +186,29 @@ class JobStatus:
     spot: bool = False  # the job runs on interruptible capacity
 
 
+TAG_JOB_ID = "trainboard-job-id"
+"""Tag (label) key under which :func:`jobs.services.job_spec` records the Trainboard job id."""
+
+
+def tagged_job_id(tags: Mapping[str, Any] | None) -> int | None:
+    """The Trainboard job id a provider job's tags name (``trainboard-job-id``), or None when the tag
+    is missing or not a whole number."""
+    value = str((tags or {}).get(TAG_JOB_ID, "")).strip()
+    return int(value) if value.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderJob:
+    """One job a provider runs that carries Trainboard's tag (output of :meth:`Backend.list_tagged`)."""
+
+    name: str  # the Trainboard job name it was submitted under (JobSpec.job_name, from the tag)
+    state: JobState  # normalized state; never terminal in list_tagged's answer
+    raw_state: str = ""  # the provider's own status string
+    job_id: int | None = None  # Trainboard job id from the trainboard-job-id tag, None if absent
+    created_at: dt.datetime | None = None  # when the provider created it (UTC, aware)
+    handle: JobHandle | None = None  # what cancel() needs to stop it
+
+
 @dataclasses.dataclass(frozen=True)
 class ConnectionCheck:
     """One result of :meth:`Backend.test_connection`, worded for the user who must act on it."""
@@ -305,6 +330,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def price(self, instance_type: str = "", spot: bool = False) -> float:
         """USD per instance-hour for ``instance_type`` (the backend default when "")."""
+
+    def list_tagged(self) -> list[ProviderJob]:
+        """The jobs carrying Trainboard's tag that the provider reports as not ended (queued,
+        starting, running or stopping), each with a handle :meth:`cancel` accepts.
+
+        Read-only; each adapter documents how many provider calls one listing makes. Raises
+        :class:`Throttled` / :class:`ProviderError` like :meth:`describe`. Every real adapter
+        implements it; this default (for test doubles) raises NotImplementedError.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list its provider's jobs")
 
     def instance_offers(self) -> list[InstanceOffer]:
         """Instance types a job on this backend may ask for, with prices, for the job form.

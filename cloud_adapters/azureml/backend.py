@@ -60,6 +60,8 @@ from cloud_adapters.base import (
     JobSpec,
     JobStatus,
     ProviderError,
+    ProviderJob,
+    tagged_job_id,
 )
 
 T = TypeVar("T")
@@ -175,6 +177,10 @@ class AzureMLBackend(Backend):
     """
 
     kind = "azureml"
+    secret_keys = {"tenant_id": True, "client_id": True, "client_secret": True}
+    """Keys a backend may store encrypted: a service principal; else DefaultAzureCredential."""
+    secrets: Mapping[str, str] = {}
+    """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None, credential: Any = None,
                  transport: Any = None, retry_policy: retry.RetryPolicy | None = None,
@@ -540,6 +546,43 @@ class AzureMLBackend(Backend):
             out[wanted[job.name]] = self._status(job)
         return out
 
+    # -- orphans ----------------------------------------------------------------------------
+
+    def list_tagged(self) -> list[ProviderJob]:
+        """Jobs of the workspace carrying the :data:`TAG_JOB_NAME` tag whose status is not final
+        (anything but Completed, Failed, Canceled, NotResponding), the tag's value as the name.
+
+        One paginated ``jobs.list(tag=...)`` (REST ``?tag=``), at most :data:`LIST_PAGE_LIMIT` pages,
+        the same list :meth:`describe_many` reads; no per-job call (the statuses of the listed jobs
+        are in the list). Raises :class:`Throttled` / :class:`ProviderError` after retries.
+        """
+        ml = self.ml_client()
+
+        def list_all() -> list[Any]:
+            found = []
+            for page_no, page in enumerate(ml.jobs.list(tag=TAG_JOB_NAME).by_page()):
+                if page_no >= LIST_PAGE_LIMIT:
+                    break
+                found.extend(j for j in page if j is not None)
+            return found
+
+        out: list[ProviderJob] = []
+        for job in self._call(list_all):
+            tags = dict(getattr(job, "tags", None) or {})
+            name = str(tags.get(TAG_JOB_NAME) or "")
+            raw = status_text(getattr(job, "status", None))
+            if not name or raw in TERMINAL_STATUSES:
+                continue
+            status = job_status(status=raw, properties={}, created_at=None, last_modified_at=None, error="",
+                                instance_count=None, low_priority=False)
+            created = getattr(getattr(job, "creation_context", None), "created_at", None)
+            if isinstance(created, dt.datetime) and created.tzinfo is None:
+                created = created.replace(tzinfo=dt.timezone.utc)
+            out.append(ProviderJob(name=name, state=status.state, raw_state=raw, job_id=tagged_job_id(tags),
+                                   created_at=created if isinstance(created, dt.datetime) else None,
+                                   handle=self._handle(name, job)))
+        return out
+
     # -- cancel -----------------------------------------------------------------------------
 
     def cancel(self, handle: JobHandle) -> None:
@@ -684,12 +727,20 @@ class AzureMLBackend(Backend):
     # -- plumbing ---------------------------------------------------------------------------
 
     def credential(self) -> Any:
-        """The credential in use: the one passed in, else ``DefaultAzureCredential()`` (created once)."""
+        """The credential in use: the one passed in, else the stored service principal's
+        ``ClientSecretCredential``, else ``DefaultAzureCredential()`` (created once)."""
         with self._lock:
             if self._credential is None:
-                from azure.identity import DefaultAzureCredential
+                if self.secrets.get("client_secret"):
+                    from azure.identity import ClientSecretCredential
 
-                self._credential = DefaultAzureCredential()
+                    self._credential = ClientSecretCredential(
+                        tenant_id=self.secrets["tenant_id"], client_id=self.secrets["client_id"],
+                        client_secret=self.secrets["client_secret"])
+                else:
+                    from azure.identity import DefaultAzureCredential
+
+                    self._credential = DefaultAzureCredential()
             return self._credential
 
     def ml_client(self) -> Any:

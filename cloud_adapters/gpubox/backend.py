@@ -6,6 +6,7 @@ survives a Celery worker restart and any worker on the machine can describe or c
 
     <run_root>/<job_name>/
         job.json           the trainer config as run (output dirs point into this directory)
+        tags.json          the JobSpec's tags plus trainboard-job-name (what list_tagged reads)
         supervisor.json    supervisor pid, /proc start ticks, start time (Unix seconds)
         torchrun.json      torchrun pid = process-group id, start ticks
         train.log          torchrun's and every rank's stdout + stderr (metric records included)
@@ -60,7 +61,9 @@ from cloud_adapters.base import (
     JobStatus,
     MissingDependency,
     ProviderError,
+    ProviderJob,
     parse_utc,
+    tagged_job_id,
 )
 from cloud_adapters.gpubox import _proc
 
@@ -238,6 +241,8 @@ class GpuBoxBackend(Backend):
         except OSError as exc:
             raise ProviderError(f"cannot create run directory {run_dir}: {exc}") from exc
         _proc.write_json_atomic(run_dir / "job.json", config)
+        _proc.write_json_atomic(run_dir / "tags.json",
+                                {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}})
 
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in spec.env.items()})
@@ -360,6 +365,38 @@ class GpuBoxBackend(Backend):
             return JobStatus(JobState.CANCELLED, raw_state="cancelled",
                              failure_reason=f"stopped by user ({reason})", **common)
         return JobStatus(JobState.FAILED, raw_state="lost", failure_reason=reason, **common)
+
+    # -- orphans ----------------------------------------------------------------------------
+
+    def list_tagged(self) -> list[ProviderJob]:
+        """Run directories under ``run_root`` that carry Trainboard's tag (a ``tags.json`` naming
+        ``trainboard-job-name`` = the directory's name) and whose job has not ended.
+
+        No remote call: one directory scan, and per tagged directory the files :meth:`describe`
+        reads. Directories without ``tags.json`` (not made by :meth:`submit`) are left out.
+        """
+        try:
+            entries = sorted(self.run_root.iterdir())
+        except FileNotFoundError:
+            return []
+        found: list[ProviderJob] = []
+        for run_dir in entries:
+            if not run_dir.is_dir() or not JOB_NAME_RE.fullmatch(run_dir.name):
+                continue
+            tags = _proc.read_json(run_dir / "tags.json")
+            if not isinstance(tags, dict) or tags.get("trainboard-job-name") != run_dir.name:
+                continue
+            handle = self._handle(run_dir.name, run_dir)
+            try:
+                status = self.describe(handle)
+            except ProviderError:
+                continue  # removed while we looked
+            if status.state.is_terminal:
+                continue
+            found.append(ProviderJob(name=run_dir.name, state=status.state, raw_state=status.raw_state,
+                                     job_id=tagged_job_id(tags), created_at=_utc(_mtime(run_dir)),
+                                     handle=handle))
+        return found
 
     # -- cancel -----------------------------------------------------------------------------
 

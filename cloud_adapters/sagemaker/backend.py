@@ -54,9 +54,11 @@ from cloud_adapters.base import (
     JobSpec,
     JobStatus,
     ProviderError,
+    ProviderJob,
+    tagged_job_id,
 )
 from cloud_adapters.sagemaker import logs as cw_logs
-from cloud_adapters.sagemaker.states import TERMINAL_STATUSES, job_status
+from cloud_adapters.sagemaker.states import NON_TERMINAL_STATUSES, TERMINAL_STATUSES, job_status
 
 T = TypeVar("T")
 
@@ -208,6 +210,10 @@ class SageMakerBackend(Backend):
     """
 
     kind = "sagemaker"
+    secret_keys = {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}
+    """Keys a backend may store encrypted (required once any is given); without them boto3's chain."""
+    secrets: Mapping[str, str] = {}
+    """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None,
                  retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None) -> None:
@@ -573,6 +579,48 @@ class SageMakerBackend(Backend):
             if not token:
                 return names
 
+    # -- orphans ----------------------------------------------------------------------------
+
+    def list_tagged(self) -> list[ProviderJob]:
+        """Training jobs in this region that have not ended (InProgress, Stopping) and carry the
+        ``trainboard-job-name`` tag :meth:`submit` sets.
+
+        Calls: ListTrainingJobs(StatusEquals=InProgress), then (StatusEquals=Stopping), 100 per page,
+        every page; then ListTags once per job listed (ListTrainingJobs does not return tags):
+        ⌈in progress / 100⌉ + ⌈stopping / 100⌉ + (in progress + stopping) calls, bounded by the
+        account's running jobs, never by its history. Raises :class:`Throttled` /
+        :class:`ProviderError` after retries.
+        """
+        sm = self.client("sagemaker")
+        summaries: list[Mapping[str, Any]] = []
+        for status in sorted(NON_TERMINAL_STATUSES):
+            token = None
+            while True:
+                kwargs: dict[str, Any] = {"StatusEquals": status, "MaxResults": LIST_PAGE}
+                if token:
+                    kwargs["NextToken"] = token
+                page = self._call(lambda kwargs=kwargs: sm.list_training_jobs(**kwargs), "SageMaker")
+                summaries += [s for s in page.get("TrainingJobSummaries") or []
+                              if s.get("TrainingJobStatus") in NON_TERMINAL_STATUSES]
+                token = page.get("NextToken")
+                if not token:
+                    break
+        found: list[ProviderJob] = []
+        for summary in summaries:
+            arn = str(summary.get("TrainingJobArn") or "")
+            tags = {t["Key"]: t["Value"] for t in self._call(
+                lambda arn=arn: sm.list_tags(ResourceArn=arn, MaxResults=MAX_TAGS), "SageMaker").get("Tags") or []}
+            job_name = tags.get("trainboard-job-name")
+            if not job_name:
+                continue  # not Trainboard's
+            status = job_status(summary)
+            created = summary.get("CreationTime")
+            found.append(ProviderJob(
+                name=job_name, state=status.state, raw_state=status.raw_state, job_id=tagged_job_id(tags),
+                created_at=created if isinstance(created, dt.datetime) else None,
+                handle=self._handle(job_name, summary)))
+        return found
+
     # -- cancel -----------------------------------------------------------------------------
 
     def cancel(self, handle: JobHandle) -> None:
@@ -682,7 +730,7 @@ class SageMakerBackend(Backend):
             if service not in self._clients:
                 self._clients[service] = _aws.make_client(
                     service, region=self.region, profile=self.config["profile"],
-                    endpoint_url=self.config["endpoint_url"])
+                    endpoint_url=self.config["endpoint_url"], secrets=self.secrets)
             return self._clients[service]
 
     def _call(self, fn: Callable[[], T], service: str, *, policy: retry.RetryPolicy | None = None) -> T:

@@ -61,11 +61,13 @@ from cloud_adapters.base import (
     JobSpec,
     JobStatus,
     ProviderError,
+    ProviderJob,
     Throttled,
+    tagged_job_id,
 )
 from cloud_adapters.vertex import logs as cloud_logs
 from cloud_adapters.vertex import package
-from cloud_adapters.vertex.states import TERMINAL_STATES, job_status, replica_count, state_name
+from cloud_adapters.vertex.states import STATE_MAP, TERMINAL_STATES, job_status, replica_count, state_name
 
 T = TypeVar("T")
 
@@ -196,6 +198,10 @@ class VertexBackend(Backend):
     """
 
     kind = "vertex"
+    secret_keys = {"service_account_json": True}
+    """Keys a backend may store encrypted: a service-account key file (JSON text); else ADC."""
+    secrets: Mapping[str, str] = {}
+    """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None,
                  retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None,
@@ -611,6 +617,35 @@ class VertexBackend(Backend):
             out[handle.job_name] = job_status(job)
         return out
 
+    # -- orphans ----------------------------------------------------------------------------
+
+    def list_tagged(self) -> list[ProviderJob]:
+        """Custom jobs labelled ``trainboard-job-name`` (what :meth:`submit` sets) whose state is not
+        final: QUEUED, PENDING, RUNNING, UPDATING, PAUSED or CANCELLING.
+
+        ListCustomJobs filters combine terms with AND only, so there is one filtered list per
+        non-final state (``labels.trainboard-job-name:* AND state="…"``, 100 per page): 6 +
+        ⌈jobs in each state / 100⌉ − 1 calls, bounded by the project's unfinished jobs, never by
+        its history. The job's name is the label's value (Trainboard names are valid label
+        values, so the label is the name unchanged). Raises :class:`Throttled` /
+        :class:`ProviderError` after retries.
+        """
+        found: list[ProviderJob] = []
+        for state in sorted(set(STATE_MAP) - TERMINAL_STATES):
+            for job in self._list(f'labels.{LABEL_JOB_NAME}:* AND state="{state}"'):
+                labels = dict(job.labels or {})
+                name = labels.get(LABEL_JOB_NAME, "")
+                if not name or state_name(job) in TERMINAL_STATES:
+                    continue
+                status = job_status(job)
+                created = job.create_time if isinstance(job.create_time, dt.datetime) \
+                    and job.create_time.timestamp() > 0 else None
+                found.append(ProviderJob(name=name, state=status.state, raw_state=status.raw_state,
+                                         job_id=tagged_job_id({"trainboard-job-id": labels.get(label_key(
+                                             "trainboard-job-id"), "")}),
+                                         created_at=created, handle=self._handle(name, job)))
+        return found
+
     # -- cancel -----------------------------------------------------------------------------
 
     def cancel(self, handle: JobHandle) -> None:
@@ -677,7 +712,7 @@ class VertexBackend(Backend):
         def identity() -> str:
             if _gcp.is_local(self.config["api_endpoint"]):
                 return f"anonymous (the API endpoint {self.config['api_endpoint']} is a local stand-in)"
-            creds, project = _gcp.credentials()
+            creds, project = _gcp.credentials("", self.secrets.get("service_account_json", ""))
             who = getattr(creds, "service_account_email", None) or "user credentials (gcloud ADC)"
             return f"Application Default Credentials found: {who}" + (f", project {project}" if project else "")
 
@@ -739,7 +774,7 @@ class VertexBackend(Backend):
             from google.cloud import aiplatform_v1 as v1
 
             endpoint = self.config["api_endpoint"] or f"{self.region}-aiplatform.googleapis.com"
-            creds, _ = _gcp.credentials(endpoint)
+            creds, _ = _gcp.credentials(endpoint, self.secrets.get("service_account_json", ""))
             return v1.JobServiceClient(credentials=creds, transport="rest",
                                        client_options=ClientOptions(api_endpoint=endpoint))
         return self._cached("jobs", make)
@@ -750,7 +785,7 @@ class VertexBackend(Backend):
             from google.cloud import storage
 
             endpoint = self.config["storage_endpoint"]
-            creds, _ = _gcp.credentials(endpoint)
+            creds, _ = _gcp.credentials(endpoint, self.secrets.get("service_account_json", ""))
             options = {"api_endpoint": endpoint} if endpoint else None
             return storage.Client(project=self.config["project"], credentials=creds, client_options=options)
         return self._cached("storage", make)
@@ -767,7 +802,7 @@ class VertexBackend(Backend):
         def make() -> Any:
             from google.auth.transport.requests import AuthorizedSession
 
-            creds, _ = _gcp.credentials(self.config["api_endpoint"])
+            creds, _ = _gcp.credentials(self.config["api_endpoint"], self.secrets.get("service_account_json", ""))
             return AuthorizedSession(creds)
         return self._cached("http", make)
 
