@@ -105,3 +105,30 @@ def sync_backend(backend_id: int) -> int:
         # Throttled or down: the next beat tick is the retry.
         log.warning("backend %s: sync skipped: %s", backend_id, exc)
         return 0
+
+
+OPTIONS["reconcile_orphans"] = dict(name="jobs.tasks.reconcile_orphans", acks_late=False, soft_time_limit=120,
+                                    time_limit=150)
+
+
+@shared_task(**OPTIONS["reconcile_orphans"])
+def reconcile_orphans(backend_id: int | None = None) -> dict | int:
+    """Orphan reconciler (:func:`jobs.orphans.reconcile_orphans`). Beat sends it without an id: it
+    then sends one per enabled backend to that backend's queue (a gpubox's run directories are on
+    its worker's machine) and returns how many. With an id: one pass; a provider error is logged
+    and the next beat tick retries. Safe to run twice at once."""
+    from jobs import orphans
+
+    if backend_id is None:
+        backends = list(ComputeBackend.objects.filter(enabled=True))
+        for backend in backends:
+            reconcile_orphans.apply_async(args=[backend.pk], queue=services.backend_queue(backend),
+                                          expires=300.0)
+        return len(backends)
+    try:
+        return orphans.reconcile_orphans(backend_id)
+    except ComputeBackend.DoesNotExist:
+        return {}
+    except (BackendError, NotImplementedError) as exc:
+        log.warning("backend %s: orphan reconcile skipped: %s", backend_id, exc)
+        return {"error": str(exc)}

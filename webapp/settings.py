@@ -201,6 +201,8 @@ TRAINBOARD_RUNNING_DEADLINE_MARGIN_S = _positive_seconds("TRAINBOARD_RUNNING_DEA
 CELERY_BEAT_SCHEDULE = {
     "sync-jobs": {"task": "jobs.tasks.sync_jobs", "schedule": TRAINBOARD_SYNC_INTERVAL_S},
     "recovery-sweep": {"task": "jobs.tasks.recovery_sweep", "schedule": TRAINBOARD_RECOVERY_INTERVAL_S},
+    "reconcile-orphans": {"task": "jobs.tasks.reconcile_orphans",
+                          "schedule": _positive_seconds("TRAINBOARD_ORPHAN_INTERVAL_S", 300.0)},
 }
 
 # --- Trainboard ------------------------------------------------------------------------------
