@@ -248,18 +248,22 @@ def backend_test_connection(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
     user = request.user
-    backends = selectors.backend_list_for_user(user=user)
+    # One query for the filter's options, reused to resolve ?backend= (no second query for it).
+    backends = list(selectors.backend_list_for_user(user=user))
     state = request.GET.get("state") or None
     if state not in JobStateChoices.values:
         state = None
     backend = None
     backend_id = request.GET.get("backend") or ""
     if backend_id.isdigit():
-        backend = backends.filter(pk=int(backend_id)).first()
+        backend = next((b for b in backends if b.pk == int(backend_id)), None)
     q = (request.GET.get("q") or "").strip() or None
     jobs = selectors.training_job_list_for_user(user=user, state=state, backend=backend, q=q)
     jobs = jobs.select_related("backend", "dataset", "model_spec")
-    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
+    from webapp.api.pagination import CappedCountPaginator
+
+    page = CappedCountPaginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "webapp/jobs/list.html", {

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from jobs import selectors, services
 from jobs.models import JobStateChoices, TrainingJob
+from webapp.api.pagination import CappedLimitOffsetPagination
 from webapp.api.serializers import (
     BackendSerializer,
     ConnectionCheckSerializer,
@@ -107,6 +108,7 @@ class TrainingJobFilter(django_filters.FilterSet):
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
                          viewsets.GenericViewSet):
     filterset_class = TrainingJobFilter
+    pagination_class = CappedLimitOffsetPagination
 
     def get_queryset(self):
         return selectors.training_job_list_for_user(user=self.request.user).select_related(

@@ -1,0 +1,152 @@
+"""The job list (/jobs/ and /api/jobs/) costs a constant number of SQL queries: the same for 3 jobs
+as for 60, on page 1 as on page 3, filtered or not, and past the count cap (issue 6, Scale).
+
+These count queries, they do not time anything; bench/job_list.py measures the time at 100,000 jobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.models import TrainingJob
+from webapp.api import pagination
+
+pytestmark = pytest.mark.django_db
+
+
+def _make_jobs(user, dataset, model, backend, n: int, start: int = 0) -> None:
+    from jobs import services
+
+    for i in range(start, start + n):
+        services.training_job_create(owner=user, dataset=dataset, model_spec=model, backend=backend,
+                                     name=f"sweep-{i:03d}")
+
+
+def _queries(client, url: str) -> tuple[int, object]:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    return len(ctx.captured_queries), response
+
+
+def _html_urls(backend) -> list[str]:
+    base = reverse("job-list")
+    return [base, base + "?state=QUEUED", base + f"?backend={backend.pk}", base + "?q=sweep",
+            base + f"?state=QUEUED&backend={backend.pk}&q=sweep"]
+
+
+def test_html_list_queries_do_not_grow_with_jobs_or_depth(owner_client, user, digits_dataset, cnn_model,
+                                                          local_backend):
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 3)
+    # One stalled job: its badge must not cost a query either.
+    TrainingJob.objects.filter(name="sweep-001").update(stalled_at=timezone.now(), stalled_reason="QUEUED for 11 min")
+    small = {url: _queries(owner_client, url) for url in _html_urls(local_backend)}
+    counts = {n for n, _ in small.values()}
+    assert len(counts) == 1, {url: n for url, (n, _) in small.items()}
+    baseline = counts.pop()
+    assert baseline <= 8  # session, user, backends (filter), count, page: no per-row queries
+    first = small[reverse("job-list")][1].content.decode()
+    assert 'data-stalled="1" title="QUEUED for 11 min"' in first
+    assert [j.name for j in small[reverse("job-list")][1].context["jobs"]] == ["sweep-002", "sweep-001", "sweep-000"]
+
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 57, start=3)
+    TrainingJob.objects.filter(name__in=["sweep-010", "sweep-040"]).update(
+        stalled_at=timezone.now(), stalled_reason="PENDING for 2 h")
+    for url in _html_urls(local_backend):
+        for page in ("", "page=2", "page=3"):
+            full = url + (("&" if "?" in url else "?") + page if page else "")
+            n, response = _queries(owner_client, full)
+            assert n == baseline, (full, n, baseline)
+    n, page3 = _queries(owner_client, reverse("job-list") + "?page=3")
+    assert [j.name for j in page3.context["jobs"]] == [f"sweep-{i:03d}" for i in range(9, -1, -1)]
+    html = page3.content.decode()
+    assert "Page 3 of 3 · 60 jobs" in html
+    assert html.count('data-stalled="1"') == 1  # sweep-010 only (sweep-040 is on page 1)
+
+
+def test_html_list_past_the_count_cap(owner_client, user, digits_dataset, cnn_model, local_backend, monkeypatch):
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 30)
+    n_exact, _ = _queries(owner_client, reverse("job-list"))
+    monkeypatch.setattr(pagination, "COUNT_CAP", 20)
+    n1, page1 = _queries(owner_client, reverse("job-list"))
+    assert n1 == n_exact
+    assert page1.context["page"].paginator.count_is_exact is False
+    assert "Page 1 · 20+ jobs" in page1.content.decode()
+    assert page1.context["page"].has_next()
+    # Page 2 lies past the cap's 20 rows and is still reachable, with no page after it.
+    n2, page2 = _queries(owner_client, reverse("job-list") + "?page=2")
+    assert n2 == n_exact
+    assert [j.name for j in page2.context["jobs"]] == [f"sweep-{i:03d}" for i in range(4, -1, -1)]
+    assert not page2.context["page"].has_next()
+    assert "Older" not in page2.content.decode() and "Newer" in page2.content.decode()
+    # Past the end: the last page the capped count knows of, not an error.
+    n9, page9 = _queries(owner_client, reverse("job-list") + "?page=9")
+    assert page9.status_code == 200 and page9.context["page"].number == 1  # ceil(21 / 25) = 1
+    junk = owner_client.get(reverse("job-list") + "?page=-3")
+    assert junk.status_code == 200 and junk.context["page"].number == 1
+
+
+def _api_urls(backend) -> list[str]:
+    return ["/api/jobs/", "/api/jobs/?state=QUEUED", f"/api/jobs/?backend={backend.pk}", "/api/jobs/?q=sweep",
+            f"/api/jobs/?state=QUEUED&backend={backend.pk}&q=sweep"]
+
+
+def test_api_list_queries_do_not_grow_with_jobs_or_depth(api_client, user, digits_dataset, cnn_model,
+                                                         local_backend):
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 3)
+    small = {url: _queries(api_client, url)[0] for url in _api_urls(local_backend)}
+    assert len(set(small.values())) == 1, small
+    baseline = small["/api/jobs/"]
+    assert baseline <= 4  # count, page (authentication is forced: no session queries)
+    body = api_client.get("/api/jobs/").json()
+    assert body["count"] == 3 and body["count_is_exact"] is True and body["next"] is None
+
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 57, start=3)
+    for url in _api_urls(local_backend):
+        for extra in ("", "limit=25", "limit=25&offset=50", "limit=10&offset=55"):
+            full = url + (("&" if "?" in url else "?") + extra if extra else "")
+            n, _ = _queries(api_client, full)
+            assert n == baseline, (full, n, baseline)
+    _, deep = _queries(api_client, "/api/jobs/?limit=25&offset=50")
+    body = deep.json()
+    assert body["count"] == 60 and body["count_is_exact"] is True
+    assert [j["name"] for j in body["results"]] == [f"sweep-{i:03d}" for i in range(9, -1, -1)]
+    assert body["next"] is None and "offset=25" in body["previous"]
+    middle = api_client.get("/api/jobs/?limit=25&offset=25").json()
+    assert middle["next"].endswith("limit=25&offset=50") or "offset=50" in middle["next"]
+    assert [j["name"] for j in middle["results"]][0] == "sweep-034"
+
+
+def test_api_list_past_the_count_cap(api_client, user, digits_dataset, cnn_model, local_backend, monkeypatch):
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 30)
+    n_exact, _ = _queries(api_client, "/api/jobs/")
+    monkeypatch.setattr(pagination, "COUNT_CAP", 20)
+    n, response = _queries(api_client, "/api/jobs/?limit=10&offset=20")
+    assert n == n_exact
+    body = response.json()
+    assert body["count"] == 20 and body["count_is_exact"] is False
+    # Rows past the cap are still served, and the last page says so by its missing next link.
+    assert [j["name"] for j in body["results"]] == [f"sweep-{i:03d}" for i in range(9, -1, -1)]
+    assert body["next"] is None
+    body = api_client.get("/api/jobs/?limit=10&offset=10").json()
+    assert "offset=20" in body["next"]
+    assert len(api_client.get("/api/jobs/?limit=100000").json()["results"]) == 30  # limit cut to 500, not an error
+
+
+def test_api_list_other_user_sees_nothing(other_api_client, user, digits_dataset, cnn_model, local_backend):
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 3)
+    body = other_api_client.get("/api/jobs/?limit=2&offset=1").json()
+    assert (body["count"], body["count_is_exact"], body["next"], body["results"]) == (0, True, None, [])
+
+
+def test_page_rows_rejects_bad_slices(user):
+    qs = TrainingJob.objects.filter(owner_id=user.pk)
+    with pytest.raises(ValueError, match="offset and limit must be >= 0"):
+        pagination.page_rows(qs, -1, 10)
+    with pytest.raises(ValueError, match="ordered queryset"):
+        pagination.page_rows(qs.order_by(), 0, 10)
+    assert pagination.page_rows(qs, 0, 0) == []

@@ -1,0 +1,207 @@
+"""Pagination that costs the same on page 1 and page 4,000 of 100,000 jobs (issue 6, Scale).
+
+Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long list:
+
+- ``COUNT(*)`` visits every matching row. Here the count stops at ``COUNT_CAP`` + 1 rows
+  (``SELECT COUNT(*) FROM (SELECT … LIMIT 10001)``); past it the list says "10,000+" and the API
+  answers ``count: 10000`` with ``count_is_exact: false``.
+- ``OFFSET n`` on the full row, with its joins, builds and throws away n joined rows. Here the page's
+  primary keys are picked first by a subquery that selects only ``pk`` (an index-only scan on
+  ``(owner_id, created_at DESC, id DESC)`` and friends, jobs/migrations/0004_scale_indexes.py), and
+  only those rows are fetched with their joins: ``WHERE id IN (SELECT id … ORDER BY … LIMIT l OFFSET n)``.
+
+Each page is a fixed number of queries whatever its depth or the list's length: one capped count and
+one page query. The subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
+from django.db.models import QuerySet
+from django.utils.functional import cached_property
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.utils.urls import replace_query_param
+
+COUNT_CAP = 10_000
+"""Rows counted at most; a longer list is reported as "10,000+" (count_is_exact false)."""
+
+
+def capped_count(queryset: QuerySet, cap: int = COUNT_CAP) -> int:
+    """The number of rows of ``queryset``, but at most ``cap + 1`` (one query, at most cap + 1 rows read).
+
+    A result above ``cap`` means "more than cap".
+    """
+    return queryset.order_by()[: cap + 1].count()
+
+
+def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
+    """Rows ``offset`` .. ``offset + limit − 1`` of the ordered ``queryset`` in one query: the slice is
+    taken on primary keys alone (a subquery), then only those rows are read with their joins.
+
+    ``offset``, ``limit``: non-negative row counts. Keeps the queryset's ordering, filters and
+    ``select_related``. Raises ``ValueError`` for a negative offset or limit.
+    """
+    if offset < 0 or limit < 0:
+        raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
+    if limit == 0:
+        return []
+    if not queryset.ordered:
+        raise ValueError("page_rows needs an ordered queryset (the same page must come back each time)")
+    ordering = queryset.query.order_by or queryset.model._meta.ordering
+    keys = queryset.values("pk")[offset:offset + limit]
+    return list(queryset.model._base_manager.filter(pk__in=keys)
+                .select_related(*_select_related(queryset)).order_by(*ordering))
+
+
+def _select_related(queryset: QuerySet) -> Sequence[str]:
+    """The field paths of ``queryset.select_related(...)`` (``query.select_related`` is a nested dict)."""
+    tree = queryset.query.select_related
+    if not isinstance(tree, dict):
+        return []
+    paths: list[str] = []
+
+    def walk(node: dict, prefix: str) -> None:
+        for name, child in node.items():
+            path = f"{prefix}{name}"
+            if child:
+                walk(child, path + "__")
+            else:
+                paths.append(path)
+
+    walk(tree, "")
+    return paths
+
+
+class CappedPage(Page):
+    """A page that knows whether another follows without the total (the paginator read one row more)."""
+
+    def __init__(self, object_list, number, paginator, more: bool) -> None:
+        super().__init__(object_list, number, paginator)
+        self.more = more
+
+    def has_next(self) -> bool:
+        return self.more
+
+
+class CappedCountPaginator(Paginator):
+    """A Django ``Paginator`` for long lists: the count stops at ``count_cap`` + 1 and each page is
+    fetched by :func:`page_rows`.
+
+    While the list has at most ``count_cap`` rows it behaves as ``Paginator`` (``count``,
+    ``num_pages``, a page number past the end gives the last page through ``get_page``). Past the cap,
+    ``count_is_exact`` is False, ``count`` is ``count_cap`` + 1, any page number is allowed, and
+    ``has_next`` comes from reading one row more than a page. Always two queries per page.
+    """
+
+    def __init__(self, object_list, per_page, *, count_cap: int | None = None, **kwargs) -> None:
+        super().__init__(object_list, per_page, **kwargs)
+        self.count_cap = COUNT_CAP if count_cap is None else count_cap
+
+    @cached_property
+    def count(self) -> int:
+        return capped_count(self.object_list, self.count_cap)
+
+    @property
+    def count_is_exact(self) -> bool:
+        return self.count <= self.count_cap
+
+    def validate_number(self, number) -> int:
+        if self.count_is_exact:
+            return super().validate_number(number)
+        number = self._to_int(number)
+        if number < 1:
+            raise EmptyPage(self.error_messages["min_page"])
+        return number
+
+    def _to_int(self, number) -> int:
+        # Paginator.validate_number's int parsing, without its upper bound.
+        try:
+            if isinstance(number, float) and not number.is_integer():
+                raise ValueError
+            return int(number)
+        except (TypeError, ValueError):
+            raise PageNotAnInteger(self.error_messages["invalid_page"]) from None
+
+    def get_page(self, number) -> CappedPage:
+        """As ``Paginator.get_page``; past the cap a page number beyond the rows gives the last page
+        the capped count covers."""
+        try:
+            return super().get_page(number)
+        except EmptyPage:
+            return self.page(self.num_pages)
+
+    def page(self, number) -> CappedPage:
+        number = self.validate_number(number)
+        offset = (number - 1) * self.per_page
+        rows = page_rows(self.object_list, offset, self.per_page + 1)
+        more = len(rows) > self.per_page
+        rows = rows[: self.per_page]
+        if not rows and number > 1:
+            raise EmptyPage(self.error_messages["no_results"])
+        return CappedPage(rows, number, self, more)
+
+
+class CappedLimitOffsetPagination(LimitOffsetPagination):
+    """``?limit=&offset=`` pagination for long lists (the jobs endpoint).
+
+    Response: ``{"count": 3, "count_is_exact": true, "next": url|null, "previous": url|null,
+    "results": [...]}``. ``count`` is exact up to ``COUNT_CAP`` (10,000) rows; past it ``count`` is
+    10,000 and ``count_is_exact`` false (there are more). ``next`` is set when a row follows this page,
+    found by reading ``limit`` + 1 rows, so it works at any depth. ``limit`` is at most ``max_limit``
+    (500); a larger one is cut to it. Two queries per page at any offset.
+    """
+
+    max_limit = 500
+    count_cap: int | None = None  # None: COUNT_CAP
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self.request = request
+        self.limit = self.get_limit(request)
+        if self.limit is None:
+            return None
+        if self.count_cap is None:
+            self.count_cap = COUNT_CAP
+        counted = capped_count(queryset, self.count_cap)
+        self.count_is_exact = counted <= self.count_cap
+        self.count = min(counted, self.count_cap)
+        self.offset = self.get_offset(request)
+        if self.count > self.limit and self.template is not None:
+            self.display_page_controls = True
+        if counted == 0 or (self.count_is_exact and self.offset >= self.count):
+            self.more = False
+            return []
+        rows = page_rows(queryset, self.offset, self.limit + 1)
+        self.more = len(rows) > self.limit
+        return rows[: self.limit]
+
+    def get_paginated_response(self, data):
+        from rest_framework.response import Response
+
+        return Response({
+            "count": self.count,
+            "count_is_exact": self.count_is_exact,
+            "next": self.get_next_link(),
+            "previous": self.get_previous_link(),
+            "results": data,
+        })
+
+    def get_next_link(self):
+        if not self.more:
+            return None
+        url = self.request.build_absolute_uri()
+        url = replace_query_param(url, self.limit_query_param, self.limit)
+        return replace_query_param(url, self.offset_query_param, self.offset + self.limit)
+
+    def get_paginated_response_schema(self, schema):
+        out = super().get_paginated_response_schema(schema)
+        out["properties"]["count"]["description"] = (
+            f"Matching rows, counted up to {COUNT_CAP:,}; past that {COUNT_CAP} with "
+            "count_is_exact false.")
+        out["properties"] = {"count": out["properties"]["count"],
+                             "count_is_exact": {"type": "boolean", "example": True,
+                                                "description": "False when there are more rows than count."},
+                             **{k: v for k, v in out["properties"].items() if k != "count"}}
+        out["required"] = ["count", "count_is_exact", "results"]
+        return out
