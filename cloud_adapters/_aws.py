@@ -160,12 +160,15 @@ def no_credentials_message() -> str:
 
 
 def make_client(service: str, *, region: str, profile: str = "", endpoint_url: str | Mapping[str, str] = "",
-                connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0) -> Any:
+                connect_timeout_s: float = 5.0, read_timeout_s: float = 30.0,
+                secrets: Mapping[str, str] | None = None) -> Any:
     """A boto3 client for ``service`` with botocore retries off (see the module docstring).
 
     ``endpoint_url``: one URL for every service (a local stand-in), or ``{service: url}`` (VPC
     endpoints); a service missing from the mapping uses AWS's public endpoint. ``profile`` "" =
-    boto3's default credential chain. Raises :class:`CredentialsError` for an unknown profile.
+    boto3's default credential chain. ``secrets``: a backend's stored keys (``aws_access_key_id``,
+    ``aws_secret_access_key``, optional ``aws_session_token``); when given they are used instead of
+    the profile and the default chain. Raises :class:`CredentialsError` for an unknown profile.
     """
     import boto3
     from botocore import exceptions as bexc
@@ -176,7 +179,13 @@ def make_client(service: str, *, region: str, profile: str = "", endpoint_url: s
     else:
         url = endpoint_url or None
     try:
-        session = boto3.session.Session(profile_name=profile or None, region_name=region)
+        if secrets and secrets.get("aws_access_key_id"):
+            session = boto3.session.Session(
+                aws_access_key_id=secrets["aws_access_key_id"],
+                aws_secret_access_key=secrets.get("aws_secret_access_key"),
+                aws_session_token=secrets.get("aws_session_token") or None, region_name=region)
+        else:
+            session = boto3.session.Session(profile_name=profile or None, region_name=region)
     except bexc.ProfileNotFound as exc:
         raise CredentialsError(
             f"{exc}; set the backend's profile to a profile in ~/.aws/config, or leave it empty to "

@@ -52,17 +52,34 @@ def no_credentials_message(detail: str = "") -> str:
             "a service-account key file, or run the worker with an attached service account.")
 
 
-def credentials(endpoint: str = "") -> tuple[Any, str | None]:
+def credentials(endpoint: str = "", service_account_json: str = "") -> tuple[Any, str | None]:
     """``(credentials, project of the credentials or None)``.
 
-    Application Default Credentials with the cloud-platform scope, or ``AnonymousCredentials`` when
-    ``endpoint`` is ``http://`` (a local stand-in). Raises :class:`CredentialsError` saying how to
-    provide credentials when ADC finds none.
+    ``service_account_json`` (a backend's stored key file, the JSON text) gives that service
+    account's credentials; else Application Default Credentials with the cloud-platform scope.
+    ``AnonymousCredentials`` when ``endpoint`` is ``http://`` (a local stand-in). Raises
+    :class:`CredentialsError` saying how to provide credentials when ADC finds none, or what is wrong
+    with the key (never its content).
     """
     if is_local(endpoint):
         from google.auth.credentials import AnonymousCredentials
 
         return AnonymousCredentials(), None
+    if service_account_json:
+        import json
+
+        from google.oauth2 import service_account
+
+        try:
+            info = json.loads(service_account_json)
+            creds = service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # The exception text may quote the key; name only its type.
+            raise CredentialsError(
+                f"the backend's service_account_json is not a usable service-account key file "
+                f"({type(exc).__name__}); paste the JSON key downloaded from IAM → Service accounts → Keys."
+            ) from None
+        return creds, info.get("project_id")
     import google.auth
     from google.auth import exceptions as auth_exc
 

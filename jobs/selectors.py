@@ -2,6 +2,10 @@
 
 Views fetch one object with ``get_object_or_404(<list queryset>, pk=pk)``, so another user's object
 is a 404. The contract is docs/internal-api.md.
+
+Visibility (issue 6): a user sees what they own and what is shared with a team they are a member
+of (``team`` set on the object). Changing an object (edit, cancel, re-run, test connection) is for
+its owner or staff only: :func:`can_change`; a teammate who may see it gets a 403 for those.
 """
 
 from __future__ import annotations
@@ -20,31 +24,49 @@ from jobs.models import (
     JobStateChoices as S,
     MetricPoint,
     ModelSpec,
+    Team,
     TrainingJob,
 )
 from trainer_pkg.metrics import METRIC_PREFIX
 
 
+def team_list_for_user(*, user) -> QuerySet[Team]:
+    """The teams ``user`` is a member of (none for an anonymous user)."""
+    return Team.objects.filter(members__pk=user.pk) if user.pk is not None else Team.objects.none()
+
+
+def _visible(user) -> Q:
+    """Rows of an Owned model that ``user`` may see: own, or shared with one of the user's teams."""
+    if user.pk is None:
+        return Q(pk__in=[])
+    return Q(owner_id=user.pk) | Q(team_id__in=Team.objects.filter(members__pk=user.pk).values("pk"))
+
+
+def can_change(*, user, obj) -> bool:
+    """Whether ``user`` may change ``obj`` (an Owned row they can see): its owner or staff."""
+    return user.pk is not None and (obj.owner_id == user.pk or bool(user.is_staff))
+
+
 def dataset_list_for_user(*, user) -> QuerySet[Dataset]:
-    return Dataset.objects.filter(owner_id=user.pk)
+    return Dataset.objects.filter(_visible(user))
 
 
 def model_spec_list_for_user(*, user) -> QuerySet[ModelSpec]:
-    return ModelSpec.objects.filter(owner_id=user.pk)
+    return ModelSpec.objects.filter(_visible(user))
 
 
 def backend_list_for_user(*, user) -> QuerySet[ComputeBackend]:
-    return ComputeBackend.objects.filter(owner_id=user.pk)
+    return ComputeBackend.objects.filter(_visible(user))
 
 
 def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None, backend: Any = None,
                                q: str | None = None) -> QuerySet[TrainingJob]:
-    """The user's jobs, newest first.
+    """The user's jobs and their teams' jobs, newest first.
 
     ``state``: one state value or several; ``backend``: a ComputeBackend, its pk or its name;
     ``q``: matches the job name, id, dataset, model or backend name (case-insensitive).
     """
-    qs = (TrainingJob.objects.filter(owner_id=user.pk)
+    qs = (TrainingJob.objects.filter(_visible(user))
           .select_related("dataset", "model_spec", "backend"))
     if state:
         states = [state] if isinstance(state, str) else list(state)

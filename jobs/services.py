@@ -81,13 +81,20 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     """The configured ``cloud_adapters`` Backend for a ComputeBackend row, pricing from the
     admin-managed catalog (:class:`jobs.pricing.DatabasePriceCatalog`, shipped rows as fallback).
 
-    Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency).
+    The backend's stored ``secrets`` (decrypted) are handed to the adapter as ``adapter.secrets``,
+    which builds its SDK clients with them instead of the provider's default credential chain.
+
+    Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency);
+    ImproperlyConfigured when the stored secrets cannot be decrypted with the configured keys.
     """
     from cloud_adapters.registry import create_backend
     from jobs.pricing import DatabasePriceCatalog
 
-    return create_backend(backend.kind, _effective_config(backend.kind, backend.config),
-                          prices=DatabasePriceCatalog())
+    adapter = create_backend(backend.kind, _effective_config(backend.kind, backend.config),
+                             prices=DatabasePriceCatalog())
+    if backend.secrets:
+        adapter.secrets = dict(backend.secrets)
+    return adapter
 
 
 def backend_queue(backend: ComputeBackend) -> str:
@@ -275,11 +282,22 @@ def _spec_error_field(message: str) -> str:
 
 
 def _owned(errors: _Errors, field: str, model: type, value: Any, owner: Any, label: str) -> Any:
-    """``value`` (an instance or a pk) when it exists and belongs to ``owner``; else an error."""
+    """``value`` (an instance or a pk) when it exists and ``owner`` may use it: it is theirs, or it is
+    shared with a team they are a member of (a teammate may launch on a team's backend, dataset and
+    model). Else an error on ``field`` (a pk that is not an integer is the same error, not a crash)."""
+    from jobs.models import Team
+
     obj = value
     if not isinstance(value, model):
-        obj = model.objects.filter(pk=value).first() if value not in (None, "") else None
-    if obj is None or obj.owner_id != getattr(owner, "pk", None):
+        try:
+            obj = model.objects.filter(pk=int(value)).first() if value not in (None, "") else None
+        except (TypeError, ValueError, OverflowError):
+            obj = None
+    owner_pk = getattr(owner, "pk", None)
+    usable = obj is not None and owner_pk is not None and (
+        obj.owner_id == owner_pk
+        or (obj.team_id is not None and Team.objects.filter(pk=obj.team_id, members__pk=owner_pk).exists()))
+    if not usable:
         errors.add(field, f"Choose one of your {label}s; this one does not exist or is not yours.")
         return None
     return obj
@@ -472,7 +490,46 @@ def model_spec_update(*, model_spec: ModelSpec, **fields: Any) -> ModelSpec:
 # Compute backends
 # =============================================================================================
 
-_BACKEND_FIELDS = {"name", "kind", "config", "enabled"}
+_BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy"}
+
+
+def backend_secret_keys(kind: str) -> dict[str, bool]:
+    """The secret keys a backend of ``kind`` accepts, each mapped to whether it is required once any
+    secret is given (e.g. sagemaker: ``aws_access_key_id``/``aws_secret_access_key`` required,
+    ``aws_session_token`` optional). Declared by each adapter class as ``secret_keys``; {} for a kind
+    that stores no secret (gpubox) or is unknown."""
+    from cloud_adapters.registry import backend_class
+
+    try:
+        return dict(getattr(backend_class(kind), "secret_keys", None) or {})
+    except (LookupError, ValueError, BackendError):
+        return {}
+
+
+def _clean_secrets(errors: _Errors, kind: str, secrets: Any) -> dict[str, str] | None:
+    """``secrets`` checked against the kind's accepted keys: a dict of non-empty strings; {} stores
+    none. Errors go on ``secrets`` and name keys only, never values. None when invalid."""
+    if not isinstance(secrets, Mapping):
+        errors.add("secrets", "Secrets must be an object of key: value strings.")
+        return None
+    cleaned = {str(k): v for k, v in secrets.items() if v not in (None, "")}
+    if not cleaned:
+        return {}
+    accepted = backend_secret_keys(kind)
+    unknown = sorted(set(cleaned) - set(accepted))
+    if unknown:
+        allowed = ", ".join(sorted(accepted)) if accepted else "none (it uses the worker's own identity)"
+        errors.add("secrets", f"{unknown[0]}: not a secret a {kind or 'this'} backend takes; it takes {allowed}.")
+        return None
+    if any(not isinstance(v, str) for v in cleaned.values()):
+        errors.add("secrets", "Each secret must be a string.")
+        return None
+    missing = sorted(k for k, required in accepted.items() if required and k not in cleaned)
+    if missing:
+        errors.add("secrets", f"{missing[0]}: required with the other {kind} secrets (give all of "
+                              f"{', '.join(k for k, r in accepted.items() if r)}, or none to use the worker's identity).")
+        return None
+    return cleaned
 
 
 def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
@@ -481,6 +538,13 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     _full_clean(errors, backend)
     if backend.name and _name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
         errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
+    from jobs.recovery import clean_state_deadlines  # stalled-job deadlines (jobs.recovery)
+
+    backend.state_deadlines, deadline_errors = clean_state_deadlines(backend.state_deadlines)
+    for message in deadline_errors:
+        errors.add("state_deadlines", message)
+    if backend.team_id is not None and not backend.team.members.filter(pk=backend.owner_id).exists():
+        errors.add("team", "Choose one of your teams; you are not a member of this one.")
     config = _json_object(errors, "config", backend.config, what="Config", example='{"hourly_rate_usd": 1.5}',
                           plural=False)
     if config is None:
@@ -490,6 +554,9 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     except (LookupError, ValueError, BackendError) as exc:
         errors.add("kind", str(exc) or f"Unknown backend kind {backend.kind!r}.")
         return
+    secrets = _clean_secrets(errors, backend.kind, backend.secrets)
+    if secrets is not None:
+        backend.secrets = secrets
     try:
         cleaned = cls.clean_config(_effective_config(backend.kind, config))
     except (BackendError, ValueError, TypeError) as exc:
@@ -500,10 +567,17 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     backend.config = {k: cleaned.get(k, v) for k, v in config.items()}
 
 
-def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True) -> ComputeBackend:
-    """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``."""
+def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True,
+                   secrets: Mapping[str, str] | None = None, team=None) -> ComputeBackend:
+    """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
+
+    ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
+    None: the worker's own identity. ``team``: a Team ``owner`` is a member of (shares it), or None.
+    Raises ValidationError keyed by field (``secrets`` messages name keys, never values).
+    """
     backend = ComputeBackend(owner=owner, name=(name or "").strip(), kind=kind or "",
-                             config=config if config is not None else {}, enabled=bool(enabled))
+                             config=config if config is not None else {}, enabled=bool(enabled),
+                             secrets=secrets if secrets is not None else {}, team=team)
     errors = _Errors()
     _validate_backend(errors, backend)
     errors.raise_if_any()
@@ -511,14 +585,27 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     return backend
 
 
-def backend_update(*, backend: ComputeBackend, **fields: Any) -> ComputeBackend:
-    """Change some of ``name, kind, config, enabled``; the kind only while no job is active."""
+def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None] | None = None,
+                   clear_secrets: bool = False, **fields: Any) -> ComputeBackend:
+    """Change some of ``name, kind, config, enabled, team``; the kind only while no job is active.
+
+    ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a
+    blank or missing key keeps it (write-only forms send blanks). ``clear_secrets`` removes all stored
+    secrets first. Raises ValidationError; nothing is saved then.
+    """
     errors = _Errors()
     if "kind" in fields and fields["kind"] != backend.kind and backend.pk and \
             backend.jobs.filter(state__in=ACTIVE_STATE_VALUES).exists():
         errors.add("kind", "This backend has active jobs; wait for them to end before changing its kind.")
-    return _update(backend, fields, allowed=_BACKEND_FIELDS, validate=_validate_backend,
-                   empty={"config": {}}, errors=errors)
+    if secrets is not None and not isinstance(secrets, Mapping):
+        errors.add("secrets", "Secrets must be an object of key: value strings.")
+        errors.raise_if_any()
+    if clear_secrets or secrets:
+        merged = {} if clear_secrets else dict(backend.secrets or {})
+        merged.update({k: v for k, v in (secrets or {}).items() if v not in (None, "")})
+        fields = {**fields, "secrets": merged}
+    return _update(backend, fields, allowed=_BACKEND_FIELDS | {"secrets"}, validate=_validate_backend,
+                   empty={"config": {}, "secrets": {}, "team": None}, errors=errors)
 
 
 def backend_test_connection(*, backend: ComputeBackend, user) -> list[ConnectionCheck]:

@@ -46,6 +46,8 @@ INSTALLED_APPS = [
     "django_filters",
     "django_htmx",
     "django_celery_beat",
+    "csp",
+    "axes",
     "jobs",
     "webapp",
 ]
@@ -60,6 +62,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lockout into the lockout response
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -102,6 +106,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login rate limiting (django-axes): after TRAINBOARD_LOGIN_FAILURE_LIMIT failed attempts for one
+# username from one IP address, that pair is refused for TRAINBOARD_LOGIN_COOLOFF_MIN minutes (the
+# browser login and POST /api/auth/token/ alike); a good login resets the count.
+AUTHENTICATION_BACKENDS = [
+    "webapp.auth.RateLimitedLoginBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("TRAINBOARD_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("TRAINBOARD_LOGIN_COOLOFF_MIN", default=15.0) / 60.0  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "webapp.auth.locked_out"
+AXES_VERBOSE = False
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "job-list"
 LOGOUT_REDIRECT_URL = "login"
@@ -120,6 +138,57 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True  # serve straight from the apps' static folders, no collectstatic needed
+
+# --- Request size limits --------------------------------------------------------------------
+# Django answers 400 past these (RequestDataTooBig / TooManyFieldsSent); nothing reads a larger body.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TRAINBOARD_MAX_REQUEST_BYTES", default=2_621_440)  # bytes (2.5 MiB)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440  # bytes held in memory before an upload spills to a temp file
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
+DATA_UPLOAD_MAX_NUMBER_FILES = 10
+
+# --- Content security policy (django-csp) -------------------------------------------------------
+# Every script is a file served from this origin (Chart.js, htmx, the page scripts, Swagger UI's split
+# view); data for scripts travels in json_script blocks, which are not executed. Inline styles stay
+# allowed: htmx injects its indicator style and Swagger UI's page carries a <style> block.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
+# --- Production (DJANGO_ENV=production) -----------------------------------------------------------
+# HTTPS only: redirect, HSTS, secure cookies, strict referrer policy. `manage.py check --deploy` is
+# clean with these (tests/security/test_production.py).
+PRODUCTION = env.str("DJANGO_ENV", default="development").lower() == "production"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+if PRODUCTION:
+    if DEBUG:
+        raise ImproperlyConfigured("DJANGO_DEBUG must be false when DJANGO_ENV=production")
+    if not env.str("DJANGO_SECRET_KEY", default=""):
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_ENV=production "
+                                   "(50+ random characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')")
+    SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+    SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000)  # one year
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=True)
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (e.g. nginx): DJANGO_SECURE_PROXY_SSL_HEADER=true.
+    if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 # --- REST API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -36,6 +36,13 @@ CHART_SERIES = {
     "loss": ("train_loss", "val_loss"),
     "accuracy": ("train_accuracy", "val_accuracy"),
 }
+
+
+def _changeable(request: HttpRequest, obj):
+    """``obj`` when the user may change it (owner or staff); a teammate who only sees it gets 403."""
+    if not selectors.can_change(user=request.user, obj=obj):
+        raise PermissionDenied("Only the owner (or staff) can change this; it is shared with you to see and use.")
+    return obj
 
 
 # --- health ----------------------------------------------------------------------------------
@@ -81,7 +88,7 @@ def dataset_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def dataset_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    dataset = get_object_or_404(selectors.dataset_list_for_user(user=request.user), pk=pk)
+    dataset = _changeable(request, get_object_or_404(selectors.dataset_list_for_user(user=request.user), pk=pk))
     initial = {f: getattr(dataset, f) for f in DatasetForm.base_fields}
     form = DatasetForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
@@ -145,7 +152,8 @@ def model_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    model_spec = get_object_or_404(selectors.model_spec_list_for_user(user=request.user), pk=pk)
+    model_spec = _changeable(request, get_object_or_404(selectors.model_spec_list_for_user(user=request.user),
+                                                        pk=pk))
     initial = {
         "name": model_spec.name, "description": model_spec.description,
         "architecture": model_spec.architecture, "params": json.dumps(model_spec.params or {}, indent=2),
@@ -209,7 +217,7 @@ def backend_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    backend = get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk)
+    backend = _changeable(request, get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk))
     form = BackendForm(request.POST or None, initial=BackendForm.initial_from(backend))
     if request.method == "POST" and form.is_valid():
         try:
@@ -230,7 +238,7 @@ def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
 def backend_test_connection(request: HttpRequest, pk: int) -> HttpResponse:
     """Run the backend's connection checks with its saved settings. htmx: the results fragment;
     otherwise the edit page with the results above the form."""
-    backend = get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk)
+    backend = _changeable(request, get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk))
     try:
         checks = services.backend_test_connection(backend=backend, user=request.user)
     except ValidationError as exc:
@@ -371,7 +379,7 @@ def job_metrics(request: HttpRequest, pk: int) -> JsonResponse:
 @login_required
 @require_POST
 def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    job = _job_for(request, pk)
+    job = _changeable(request, _job_for(request, pk))
     try:
         job = services.training_job_cancel(job=job)
     except ValidationError as exc:
@@ -385,7 +393,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def job_rerun(request: HttpRequest, pk: int) -> HttpResponse:
-    job = _job_for(request, pk)
+    job = _changeable(request, _job_for(request, pk))
     try:
         new_job = services.training_job_rerun(job=job, owner=request.user)
     except ValidationError as exc:

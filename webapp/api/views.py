@@ -6,7 +6,7 @@ from __future__ import annotations
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,10 +26,23 @@ from webapp.api.serializers import (
 from webapp.errors import to_drf_validation_error
 
 
+class IsOwnerOrStaffToChange(permissions.IsAuthenticated):
+    """Anyone who can see an object (own, or shared with their team) may read it; changing it (PUT,
+    PATCH, cancel, rerun, test-connection) is for its owner or staff: a teammate gets 403, a stranger
+    already got 404 from the scoped queryset."""
+
+    message = "Only the owner (or staff) can change this; it is shared with you to see and use."
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        return request.method in permissions.SAFE_METHODS or selectors.can_change(user=request.user, obj=obj)
+
+
 class _ListCreateRetrieveUpdate(mixins.ListModelMixin, mixins.CreateModelMixin,
                                 mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
                                 viewsets.GenericViewSet):
     """list / create / retrieve / update (PUT and PATCH); no delete: jobs keep what they ran on."""
+
+    permission_classes = [IsOwnerOrStaffToChange]
 
 
 @extend_schema_view(
@@ -109,6 +122,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.
                          viewsets.GenericViewSet):
     filterset_class = TrainingJobFilter
     pagination_class = CappedLimitOffsetPagination
+    permission_classes = [IsOwnerOrStaffToChange]
 
     def get_queryset(self):
         return selectors.training_job_list_for_user(user=self.request.user).select_related(

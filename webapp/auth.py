@@ -1,0 +1,37 @@
+"""Login rate limiting (django-axes) as Trainboard uses it; settings in ``webapp/settings.py``."""
+
+from __future__ import annotations
+
+from axes.backends import AxesStandaloneBackend
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.contrib import messages
+from django.shortcuts import render
+
+
+class RateLimitedLoginBackend(AxesStandaloneBackend):
+    """Refuses a login for a locked-out username + IP pair; without a request (``Client.login`` in
+    tests, a management command) there is no client to rate-limit and the check is skipped."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def lockout_message() -> str:
+    minutes = float(settings.AXES_COOLOFF_TIME) * 60
+    return (f"Too many failed login attempts: this account is locked from this address for "
+            f"{minutes:g} minutes. Try again later, or ask an administrator to unlock it "
+            f"(manage.py axes_reset_username <username>).")
+
+
+def locked_out(request: HttpRequest, original_response=None, credentials=None) -> HttpResponse:
+    """The answer to a locked-out login (``AXES_LOCKOUT_CALLABLE``): 429 Too Many Requests with
+    :func:`lockout_message`, as JSON ``{"detail": ...}`` for the API, else the login page with it."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": lockout_message()}, status=429)
+    from django.contrib.auth.forms import AuthenticationForm
+
+    messages.error(request, lockout_message())
+    return render(request, "registration/login.html", {"form": AuthenticationForm(request)}, status=429)
