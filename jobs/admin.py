@@ -394,3 +394,43 @@ def _prefixed(job_id: int, texts: list[str]) -> str:
     """``"Job N: <message>"`` for an admin message, without repeating a "Job N" the message starts with."""
     text = " ".join(texts)
     return text if text.startswith(f"Job {job_id} ") else f"Job {job_id}: {text}"
+
+
+# --- Orphans (jobs.orphans) ------------------------------------------------------------------
+
+from django.core.exceptions import PermissionDenied  # noqa: E402  (kept with the block that uses it)
+
+from jobs.models import OrphanJob  # noqa: E402
+
+@admin.register(OrphanJob)
+class OrphanJobAdmin(admin.ModelAdmin):
+    """Provider jobs with Trainboard's tag and no active job row; rows are the reconciler's, so every
+    field is read-only; the Stop action sends the provider's cancel (``jobs.orphans.orphan_stop``)."""
+
+    list_display = ["id", "backend", "provider_job_name", "job_id", "raw_state", "last_seen_at",
+                    "stop_requested_at", "resolved_at"]
+    list_filter = ["backend__kind", "resolved_at", "stop_requested_at"]
+    search_fields = ["provider_job_name", "=job_id", "backend__name"]
+    list_select_related = ["backend"]
+    readonly_fields = ["backend", "provider_job_name", "job_id", "raw_state", "first_seen_at", "last_seen_at",
+                       "stop_requested_at", "stop_requested_by", "resolved_at", "note"]
+    actions = ["stop_selected"]
+
+    def has_add_permission(self, request):
+        return False  # found by the reconciler, never entered by hand
+
+    @admin.action(description="Stop selected orphan jobs at the provider")
+    def stop_selected(self, request, queryset):
+        from jobs.orphans import orphan_stop
+
+        done = 0
+        for orphan in queryset.select_related("backend"):
+            try:
+                orphan_stop(orphan, request.user)
+            except (ValidationError, PermissionDenied) as exc:
+                text = " ".join(getattr(exc, "messages", None) or [str(exc)])
+                self.message_user(request, f"{orphan.provider_job_name}: {text}", messages.ERROR)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, f"Stop sent for {done} orphan job(s).", messages.SUCCESS)

@@ -154,3 +154,16 @@ def reconcile_all() -> dict[int, Any]:
             log.warning("orphan reconcile of backend %s failed: %s", backend_id, exc)
             results[backend_id] = {"error": str(exc)}
     return results
+
+
+RESOLVED_SHOWN = 50
+"""How many resolved orphans the Orphans page shows under the open ones."""
+
+
+def orphan_list() -> tuple[list[OrphanJob], list[OrphanJob]]:
+    """For the staff Orphans page: (every open orphan, newest sighting first; the
+    :data:`RESOLVED_SHOWN` most recently resolved). Two queries, backends and stoppers joined."""
+    base = OrphanJob.objects.select_related("backend", "stop_requested_by")
+    open_orphans = list(base.filter(resolved_at__isnull=True).order_by("-last_seen_at", "id"))
+    resolved = list(base.filter(resolved_at__isnull=False).order_by("-resolved_at", "id")[:RESOLVED_SHOWN])
+    return open_orphans, resolved

@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from webapp import views
+from webapp import views, views_staff
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
@@ -32,6 +32,9 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics.json", views.job_metrics, name="job-metrics"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/rerun/", views.job_rerun, name="job-rerun"),
+    # Staff
+    path("orphans/", views_staff.orphan_list, name="orphan-list"),
+    path("orphans/<int:pk>/stop/", views_staff.orphan_stop, name="orphan-stop"),
     # REST API and admin
     path("api/", include("webapp.api.urls")),
     path("admin/", admin.site.urls),
