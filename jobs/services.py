@@ -961,21 +961,66 @@ def _fail(job: TrainingJob, reason: str) -> None:
             return
 
 
-def training_job_submit(*, job: TrainingJob, retrying: bool = False) -> TrainingJob:
+def submit_lease_s() -> float:
+    """Seconds one submission attempt owns a SUBMITTING job (the submit task's hard time limit,
+    ``TRAINBOARD_SUBMIT_TIME_LIMIT_S``): past it, the worker that held the job is gone."""
+    return float(settings.TRAINBOARD_SUBMIT_TIME_LIMIT_S)
+
+
+_RESUMABLE = (S.SUBMITTING, S.STOPPING)
+"""States in which a job without a provider handle has a submission to finish: SUBMITTING, and
+STOPPING (cancelled while its submission was in flight: it is adopted by name, then stopped)."""
+
+
+def _claim_submission(job: TrainingJob, claim: dt.datetime | None) -> bool:
+    """Take (or renew) the right to call the provider for a SUBMITTING (or STOPPING) job without a
+    handle.
+
+    The owner of a submission is whoever last wrote ``state_entered_at``; that value is its token.
+    ``claim`` is the token the caller holds (a Celery retry of the attempt, or the recovery sweep's
+    resume); without one, the caller may take the job only once the lease expired
+    (:func:`submit_lease_s`). The write is conditional on the value read, so of two deliveries at
+    the same moment exactly one gets ``True``.
+    """
+    if job.state not in _RESUMABLE or job.provider_handle:
+        return False
+    seen = job.state_entered_at
+    now = timezone.now()
+    if claim is not None:
+        if seen != claim:
+            return False
+    elif seen is not None and seen > now - dt.timedelta(seconds=submit_lease_s()):
+        return False
+    if not TrainingJob.objects.filter(pk=job.pk, state=job.state, provider_handle__isnull=True,
+                                      state_entered_at=seen).update(state_entered_at=now):
+        return False
+    job.state_entered_at = now
+    return True
+
+
+def training_job_submit(*, job: TrainingJob, retrying: bool = False,
+                        claim: dt.datetime | None = None) -> TrainingJob:
     """Start ``job`` on its backend (the body of ``jobs.tasks.submit_job``).
 
     QUEUED → SUBMITTING with a conditional update (a duplicate delivery gets ``False`` and returns
     without calling the provider), ``Backend.submit`` (idempotent by job name), the handle stored,
-    → PENDING. ``retrying=True`` (a Celery retry after a transient error) may resume a SUBMITTING job.
+    → PENDING. A SUBMITTING job without a handle is resumed (submitted again; the provider adopts
+    the job of that name) only by the caller that owns it (:func:`_claim_submission`): one holding
+    ``claim`` (the job's ``state_entered_at`` as its owner wrote it), a ``retrying`` caller (a Celery
+    retry after a transient error: the job's ``state_entered_at`` as passed in is its token), or
+    anyone once the lease (:func:`submit_lease_s`, seconds) has expired because the worker died.
     Non-transient BackendErrors make the job FAILED with the message; transient ones propagate
-    unchanged for the task to retry.
+    unchanged for the task to retry (``job.state_entered_at`` is then the token for that retry).
     """
     if job.state == S.QUEUED:
         if not transition(job, S.SUBMITTING, submitted_at=timezone.now(),
                           message=f"Submitting to backend {job.backend.name}"):
             return job
-    elif not (retrying and job.state == S.SUBMITTING and not job.provider_handle):
-        return job
+    else:
+        if retrying and claim is None:
+            claim = job.state_entered_at
+        if not _claim_submission(job, claim):
+            return job
     try:
         adapter = backend_adapter(job.backend)
     except (BackendError, LookupError, ValueError, TypeError) as exc:
@@ -991,7 +1036,7 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False) -> Training
         return job
     TrainingJob.objects.filter(pk=job.pk).update(provider_handle=handle.to_dict(), status_warning="")
     job.provider_handle = handle.to_dict()
-    if not transition(job, S.PENDING, message=f"Submitted as {handle.job_name}"):
+    if job.state == S.STOPPING or not transition(job, S.PENDING, message=f"Submitted as {handle.job_name}"):
         if job.state == S.STOPPING:
             # Cancelled while the provider call was in flight: stop what we just started.
             try:

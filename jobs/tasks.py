@@ -8,11 +8,15 @@ timeout; a task that waited would run twice). Task options live in :data:`OPTION
   by the services (the job becomes FAILED with the message) or logged;
 * ``acks_late`` only for tasks that are idempotent (submit is guarded by a conditional state update
   and the provider's idempotency by name; cancel is idempotent at every provider);
-* sync tasks expire quickly: beat sends a fresh one every ``TRAINBOARD_SYNC_INTERVAL_S``.
+* sync tasks expire quickly: beat sends a fresh one every ``TRAINBOARD_SYNC_INTERVAL_S``;
+* the submit task's hard time limit is ``TRAINBOARD_SUBMIT_TIME_LIMIT_S``: the recovery sweep
+  (``recovery_sweep``, every ``TRAINBOARD_RECOVERY_INTERVAL_S``) takes over a submission older than
+  that, so a worker killed mid-call never leaves a job stuck.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import random
 
@@ -20,7 +24,7 @@ from celery import shared_task
 from django.conf import settings
 
 from cloud_adapters.base import BackendError
-from jobs import selectors, services
+from jobs import recovery, selectors, services
 from jobs.models import ComputeBackend, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -32,13 +36,19 @@ def _sync_expiry_s() -> float:
     return max(float(settings.TRAINBOARD_SYNC_INTERVAL_S) * 5, 10.0)
 
 
+def _submit_time_limit_s() -> float:
+    return float(settings.TRAINBOARD_SUBMIT_TIME_LIMIT_S)
+
+
 OPTIONS = {
     "submit_job": dict(name="jobs.tasks.submit_job", bind=True, acks_late=True, max_retries=MAX_RETRIES,
-                       soft_time_limit=120, time_limit=150),
+                       soft_time_limit=max(_submit_time_limit_s() - 30, _submit_time_limit_s() * 0.8),
+                       time_limit=_submit_time_limit_s()),
     "cancel_job": dict(name="jobs.tasks.cancel_job", bind=True, acks_late=True, max_retries=MAX_RETRIES,
                        soft_time_limit=60, time_limit=90),
     "sync_jobs": dict(name="jobs.tasks.sync_jobs", acks_late=False, soft_time_limit=30, time_limit=45),
     "sync_backend": dict(name="jobs.tasks.sync_backend", acks_late=False, soft_time_limit=60, time_limit=90),
+    "recovery_sweep": dict(name="jobs.tasks.recovery_sweep", acks_late=False, soft_time_limit=60, time_limit=90),
 }
 
 
@@ -52,21 +62,30 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 @shared_task(**OPTIONS["submit_job"])
-def submit_job(self, job_id: int) -> None:
-    """Start job ``job_id`` on its backend (QUEUED → SUBMITTING → PENDING, or FAILED)."""
+def submit_job(self, job_id: int, claim: str | None = None) -> None:
+    """Start job ``job_id`` on its backend (QUEUED → SUBMITTING → PENDING, or FAILED).
+
+    ``claim``: ISO-8601 time, the job's ``state_entered_at`` when this message's sender owned the
+    submission (a retry of this task, or the recovery sweep resuming a job whose worker died); see
+    :func:`jobs.services.training_job_submit`. A redelivered message carries none and may resume
+    only a submission whose lease expired.
+    """
     job = TrainingJob.objects.select_related("backend").filter(pk=job_id).first()
     if job is None:
         return
-    retrying = bool(self.request.retries) or bool((self.request.delivery_info or {}).get("redelivered"))
+    token = dt.datetime.fromisoformat(claim) if claim else None
     try:
-        services.training_job_submit(job=job, retrying=retrying)
+        services.training_job_submit(job=job, claim=token)
     except BackendError as exc:
         if not _is_transient(exc):
             raise
         if self.request.retries >= self.max_retries:
             services.training_job_submit_gave_up(job=job, error=exc)
             return
-        raise self.retry(exc=exc, countdown=_backoff_s(self.request.retries))
+        # The attempt that failed owns the job until its lease ends; its retry keeps that token.
+        owner = job.state_entered_at.isoformat() if job.state_entered_at else None
+        raise self.retry(exc=exc, countdown=_backoff_s(self.request.retries), args=[job_id],
+                         kwargs={"claim": owner})
 
 
 @shared_task(**OPTIONS["cancel_job"])
@@ -105,6 +124,13 @@ def sync_backend(backend_id: int) -> int:
         # Throttled or down: the next beat tick is the retry.
         log.warning("backend %s: sync skipped: %s", backend_id, exc)
         return 0
+
+
+@shared_task(**OPTIONS["recovery_sweep"])
+def recovery_sweep() -> dict[str, int]:
+    """Beat's recovery pass (:func:`jobs.recovery.recovery_sweep`): re-send lost submissions, resume
+    submissions whose worker died, flag and by policy cancel jobs past their state's deadline."""
+    return recovery.recovery_sweep()
 
 
 OPTIONS["reconcile_orphans"] = dict(name="jobs.tasks.reconcile_orphans", acks_late=False, soft_time_limit=120,

@@ -142,16 +142,23 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="Spot jobs: what the run would have cost on demand, training seconds × instances × hourly "
                   "price; null as for spot_saving.")
 
+    stalled = serializers.SerializerMethodField(
+        help_text="True when the job is past its state's deadline (see stalled_reason); cleared by its next "
+                  "state change.")
+
     class Meta:
         model = TrainingJob
         fields = [
-            "id", "name", "state", "is_terminal", "dataset", "model_spec", "backend", "rerun_of",
+            "id", "name", "state", "is_terminal", "stalled", "stalled_reason", "stalled_at", "dataset", "model_spec", "backend", "rerun_of",
             "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
             "max_runtime_s", "budget_usd", "hourly_price_usd", "estimated_cost_usd", "cost_usd",
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "created_at", "submitted_at", "started_at", "ended_at", "duration_s",
         ]
         read_only_fields = fields
+
+    def get_stalled(self, job: TrainingJob) -> bool:
+        return job.stalled_at is not None
 
 
 class TrainingJobDetailSerializer(TrainingJobSerializer):
