@@ -766,11 +766,17 @@ def _enqueue_cancel(job_id: int, queue: str) -> None:
 def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,
                procs_per_node: int, instance_type: str, spot: bool, max_runtime_s: int,
                budget_usd: Decimal | None, hourly_price: Decimal, name: str,
-               rerun_of: TrainingJob | None) -> TrainingJob:
+               rerun_of: TrainingJob | None, team=None) -> TrainingJob:
+    """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
+    first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
+    refusal (ValidationError with the figures) writes nothing."""
+    from jobs.budgets import check_monthly_budgets
+
     estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=hourly_price)
     with transaction.atomic():
+        check_monthly_budgets(owner=owner, team=team, estimate=estimate)
         job = TrainingJob.objects.create(
-            owner=owner, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
+            owner=owner, team=team, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
             rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
             procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
             max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
@@ -791,13 +797,17 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                         epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
                         seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
                         spot: bool = False, hyperparameters=None, name: str = "",
-                        rerun_of: TrainingJob | None = None) -> TrainingJob:
+                        rerun_of: TrainingJob | None = None, team=None) -> TrainingJob:
     """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
 
     ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
     ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
     ``{"train": {"optimizer": "adamw"}}``. The backend checks the shape (``Backend.validate``).
     ``jobs.tasks.submit_job`` is sent to the backend's queue when the transaction commits.
+    ``team`` (a Team or its pk; None/"" = no team) must be one of the owner's teams: the job is then
+    shared with it and counts toward its monthly budget. A submission whose estimate would take the
+    owner's or the team's month-to-date spend past its monthly budget is refused with the figures
+    (``jobs.budgets``).
     Raises ValidationError keyed by these argument names; writes nothing then.
     """
     from trainer_pkg.registry import validate_model_params
@@ -806,6 +816,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     dataset = _owned(errors, "dataset", Dataset, dataset, owner, "dataset")
     model_spec = _owned(errors, "model_spec", ModelSpec, model_spec, owner, "model")
     backend = _owned(errors, "backend", ComputeBackend, backend, owner, "backend")
+    team = _member_team(errors, team, owner)
     nodes = _int(errors, "nodes", nodes, minimum=1, label="Nodes")
     procs_per_node = _int(errors, "procs_per_node", procs_per_node, minimum=1, label="Processes per node")
     epochs = _int(errors, "epochs", epochs, minimum=1, label="Epochs")
@@ -856,7 +867,24 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
-                      hourly_price=price, name=name, rerun_of=rerun_of)
+                      hourly_price=price, name=name, rerun_of=rerun_of, team=team)
+
+
+def _member_team(errors: _Errors, value: Any, owner: Any):
+    """The Team ``value`` (instance or pk) when ``owner`` is a member; None for None/"". Else an
+    error on ``team`` (an unknown or non-integer pk is the same error)."""
+    from jobs.models import Team
+
+    if value in (None, ""):
+        return None
+    pk = value.pk if isinstance(value, Team) else value
+    try:
+        team = Team.objects.filter(pk=int(pk), members__pk=getattr(owner, "pk", None)).first()
+    except (TypeError, ValueError, OverflowError):
+        team = None
+    if team is None:
+        errors.add("team", "Choose one of your teams; this one does not exist or you are not a member.")
+    return team
 
 
 def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_node: int = 1,
@@ -922,7 +950,9 @@ def _check_strategy_shape(errors: _Errors, *, strategy: str, nodes: int, procs_p
 
 
 def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
-    """A new QUEUED job with ``job``'s frozen config and shape (``rerun_of=job``), priced now."""
+    """A new QUEUED job with ``job``'s frozen config and shape (``rerun_of=job``), priced now; for
+    ``job``'s team while the owner is still a member of it. The monthly budgets are checked as for a
+    new job (ValidationError with the figures)."""
     errors = _Errors()
     if job.owner_id != getattr(owner, "pk", None):
         errors.add(ALL, "You can only re-run your own jobs.")
@@ -938,7 +968,8 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
                       config=dict(job.config), strategy=job.strategy, nodes=job.nodes,
                       procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,
                       max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
-                      name=rerun_name(job), rerun_of=job)
+                      name=rerun_name(job), rerun_of=job,
+                      team=job.team if job.team_id and job.team.members.filter(pk=owner.pk).exists() else None)
 
 
 def rerun_name(job: TrainingJob) -> str:
@@ -1263,10 +1294,14 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
 
 
 def _enforce_budget(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
+    """Stop a PENDING/RUNNING job whose cost reached its budget: → STOPPING with
+    ``budget_exceeded_at`` and the reason "Stopped: budget of $X reached at $Y" (Y = its cost then)."""
     if job.budget_usd is None or job.state not in (S.PENDING, S.RUNNING) or job.cost_usd < job.budget_usd:
         return
-    reason = f"Budget of ${job.budget_usd:.2f} reached"
-    if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=timezone.now()):
+    reason = f"Stopped: budget of ${job.budget_usd:,.2f} reached at ${job.cost_usd:,.2f}"
+    now = timezone.now()
+    if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now,
+                  budget_exceeded_at=now):
         _send_cancel(adapter, job, handle)
 
 

@@ -180,14 +180,15 @@ def test_budget_stops_the_job_and_stopping_resends_cancel(submitted_job, scripte
     ]
     services.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20 ≥ $1.00
     job.refresh_from_db()
-    assert job.state == S.STOPPING and job.failure_reason == "Budget of $1.00 reached"
+    assert job.state == S.STOPPING and job.failure_reason == "Stopped: budget of $1.00 reached at $1.20"
+    assert job.budget_exceeded_at is not None
     assert ScriptedBackend.calls["cancel"] == 1
     services.backend_sync(backend_id=scripted_backend.pk)  # still running: cancel re-sent
     job.refresh_from_db()
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 2
     services.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
-    assert job.state == S.CANCELLED and job.failure_reason == "Budget of $1.00 reached"
+    assert job.state == S.CANCELLED and job.failure_reason == "Stopped: budget of $1.00 reached at $1.20"
     assert job.cost_usd == Decimal("1.2800")
     assert list(job.events.values_list("to_state", flat=True))[-3:] == ["RUNNING", "STOPPING", "CANCELLED"]
 

@@ -162,7 +162,7 @@ def test_an_unchanged_running_job_over_budget_is_stopped(make_job, recording_bac
     RecordingBackend.changed = {}
     sync_at(recording_backend, T0 + dt.timedelta(seconds=300))  # $8.40 by the run interval
     job = reload(job)
-    assert job.state == S.STOPPING and job.failure_reason == "Budget of $8.00 reached"
+    assert job.state == S.STOPPING and job.failure_reason == "Stopped: budget of $8.00 reached at $8.40"
     assert RecordingBackend.cancels == [job.provider_job_name]
 
 
