@@ -28,7 +28,9 @@ from jobs.models import (
     JobLogLine,
     MetricPoint,
     ModelSpec,
+    Team,
     TrainingJob,
+    UserBudget,
 )
 
 
@@ -212,8 +214,15 @@ class ComputeBackendAdmin(ServiceFormAdmin):
     list_filter = ["kind", "enabled", "created_at"]
     search_fields = ["name", "kind", "owner__username"]
     date_hierarchy = "created_at"
-    readonly_fields = ["owner", "created_at", "updated_at"]
+    readonly_fields = ["owner", "credentials", "created_at", "updated_at"]
     actions = ["test_connection_selected"]
+
+    @admin.display(description="Stored credentials")
+    def credentials(self, obj) -> str:
+        """Which credential keys are stored ("set: a, b" or "not set"), never their values; they are
+        written from the backend form or the API (write-only)."""
+        keys = sorted((obj.secrets or {}).keys()) if obj is not None and obj.pk else []
+        return f"set: {', '.join(keys)}" if keys else "not set"
 
     @admin.action(description="Test connection of selected backends")
     def test_connection_selected(self, request, queryset):
@@ -434,3 +443,23 @@ class OrphanJobAdmin(admin.ModelAdmin):
                 done += 1
         if done:
             self.message_user(request, f"Stop sent for {done} orphan job(s).", messages.SUCCESS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Teams and budgets (issue 6): not owned rows; Django's model permissions govern them.
+# ---------------------------------------------------------------------------------------------
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "monthly_budget_usd", "created_at"]
+    search_fields = ["name", "members__username"]
+    filter_horizontal = ["members"]
+    readonly_fields = ["created_at"]
+
+
+@admin.register(UserBudget)
+class UserBudgetAdmin(admin.ModelAdmin):
+    list_display = ["user", "monthly_budget_usd"]
+    search_fields = ["user__username"]
+    autocomplete_fields = ["user"]

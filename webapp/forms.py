@@ -14,7 +14,7 @@ from django import forms
 
 from cloud_adapters.base import InstanceOffer
 from jobs import selectors
-from jobs.models import Dataset
+from jobs.models import Dataset, Team
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
@@ -240,7 +240,36 @@ def _registered_kind_settings() -> dict[str, dict[str, str]]:
             for kind in kinds}
 
 
+SECRET_LABELS = {
+    "aws_access_key_id": "AWS access key ID",
+    "aws_secret_access_key": "AWS secret access key",
+    "aws_session_token": "AWS session token",
+    "service_account_json": "Service-account key (JSON)",
+    "tenant_id": "Tenant ID",
+    "client_id": "Client (application) ID",
+    "client_secret": "Client secret",
+}
+
+
+def _secret_field_name(kind: str, key: str) -> str:
+    return f"secret_{kind}_{key}"
+
+
+def team_field(user) -> forms.ModelChoiceField:
+    """A ``team`` choice limited to the teams ``user`` is a member of (blank = private)."""
+    return forms.ModelChoiceField(
+        queryset=selectors.team_list_for_user(user=user) if user is not None else Team.objects.none(),
+        required=False, empty_label="— private —",
+        help_text="Share with a team you belong to: its members see it and can launch jobs with it.")
+
+
 class BackendForm(forms.Form):
+    """A backend's name, kind, the chosen kind's settings and, for clouds, its stored credentials.
+
+    Credentials are write-only: the password inputs never render a stored value; blank keeps what is
+    stored; "Clear stored credentials" removes them (the worker's own identity is used then).
+    """
+
     CONFIG_EXAMPLE = '{"region": "eu-west-1"}'
 
     name = forms.SlugField(max_length=100, help_text="Short name, unique among your backends, e.g. local.")
@@ -252,24 +281,51 @@ class BackendForm(forms.Form):
     )
     enabled = forms.BooleanField(required=False, initial=True)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from cloud_adapters.registry import KINDS
+        from jobs.services import backend_secret_keys
 
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
         self.fields = {name: fields[name] for name in ("name", "kind")}
+        stored = set((backend.secrets or {}).keys()) if backend is not None else set()
+        stored_kind = backend.kind if backend is not None else ""
+        self.secret_fields: dict[str, dict[str, str]] = {}
         for kind, names in self.kind_settings.items():
             for name, key in names.items():
                 field = copy.deepcopy(KIND_SETTINGS[kind][key])
                 field.widget.attrs["data-kind"] = kind
                 self.fields[name] = field
+            for key in backend_secret_keys(kind):
+                name = _secret_field_name(kind, key)
+                is_set = kind == stored_kind and key in stored
+                widget = (forms.Textarea(attrs={"rows": 3, "class": "mono", "autocomplete": "off"})
+                          if key == "service_account_json" else forms.PasswordInput(render_value=False,
+                                                                                    attrs={"autocomplete": "new-password"}))
+                widget.attrs["data-kind"] = kind
+                self.fields[name] = forms.CharField(
+                    required=False, strip=True, max_length=20_000, label=SECRET_LABELS.get(key, key), widget=widget,
+                    help_text=("Stored (encrypted); leave blank to keep it." if is_set else
+                               "Not set. Optional: leave all blank to use the worker's own identity."))
+                self.secret_fields.setdefault(kind, {})[name] = key
         self.fields.update({name: fields[name] for name in ("extra_config", "enabled")})
+        self.fields["clear_secrets"] = forms.BooleanField(
+            required=False, label="Clear stored credentials",
+            help_text="Remove every stored credential of this backend; jobs then use the worker's own identity.")
+        self.fields["team"] = team_field(user)
         # For the template: one fieldset per kind, legend = the registry's label.
         self.kind_fieldsets = [
-            {"kind": kind, "label": KINDS[kind].label, "fields": [self[name] for name in names]}
+            {"kind": kind, "label": KINDS[kind].label,
+             "fields": [self[name] for name in names] + [self[name] for name in self.secret_fields.get(kind, {})]}
             for kind, names in self.kind_settings.items()
         ]
+
+    def secrets(self) -> dict[str, str]:
+        """The chosen kind's credentials typed in this time (blank ones left out: keep the stored)."""
+        kind = self.cleaned_data.get("kind", "")
+        return {key: self.cleaned_data[name] for name, key in self.secret_fields.get(kind, {}).items()
+                if self.cleaned_data.get(name)}
 
     def chosen_kind(self) -> str:
         return (self.data.get("kind") if self.is_bound else self.initial.get("kind")) or ""
@@ -288,7 +344,7 @@ class BackendForm(forms.Form):
         for kind, names in self.kind_settings.items():
             if kind == chosen:
                 continue
-            for name in names:
+            for name in [*names, *self.secret_fields.get(kind, {})]:
                 self._errors.pop(name, None)
                 self.cleaned_data.pop(name, None)
 
@@ -310,7 +366,7 @@ class BackendForm(forms.Form):
     @classmethod
     def initial_from(cls, backend) -> dict[str, Any]:
         config = dict(backend.config or {})
-        initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled}
+        initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled, "team": backend.team_id}
         for name, key in _registered_kind_settings().get(backend.kind, {}).items():
             if key in config:
                 initial[name] = config.pop(key)

@@ -199,12 +199,13 @@ def backend_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def backend_create(request: HttpRequest) -> HttpResponse:
     form = BackendForm(request.POST or None, initial={"kind": "gpubox", "max_procs_per_node": 2,
-                                                      "hourly_rate_usd": 0, "enabled": True})
+                                                      "hourly_rate_usd": 0, "enabled": True}, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             backend = services.backend_create(
                 owner=request.user, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
-                config=form.config(), enabled=form.cleaned_data["enabled"],
+                config=form.config(), enabled=form.cleaned_data["enabled"], secrets=form.secrets(),
+                team=form.cleaned_data.get("team"),
             )
         except ValidationError as exc:
             _add_backend_errors(form, exc)
@@ -218,12 +219,14 @@ def backend_create(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
     backend = _changeable(request, get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk))
-    form = BackendForm(request.POST or None, initial=BackendForm.initial_from(backend))
+    form = BackendForm(request.POST or None, initial=BackendForm.initial_from(backend), user=request.user,
+                       backend=backend)
     if request.method == "POST" and form.is_valid():
         try:
             services.backend_update(
                 backend=backend, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
-                config=form.config(), enabled=form.cleaned_data["enabled"],
+                config=form.config(), enabled=form.cleaned_data["enabled"], secrets=form.secrets(),
+                clear_secrets=form.cleaned_data["clear_secrets"], team=form.cleaned_data.get("team"),
             )
         except ValidationError as exc:
             _add_backend_errors(form, exc)
@@ -245,7 +248,7 @@ def backend_test_connection(request: HttpRequest, pk: int) -> HttpResponse:
         checks = [ConnectionCheck("permission", False, m) for ms in service_error_dict(exc).values() for m in ms]
     if request.htmx:
         return render(request, "webapp/backends/_connection.html", {"backend": backend, "checks": checks})
-    form = BackendForm(initial=BackendForm.initial_from(backend))
+    form = BackendForm(initial=BackendForm.initial_from(backend), user=request.user, backend=backend)
     return _backend_form_page(request, form, backend, checks)
 
 

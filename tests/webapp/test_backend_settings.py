@@ -78,9 +78,10 @@ def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
     assert {"max_procs_per_node", "hourly_rate_usd"} | {field("sagemaker", key) for key in (
         "region", "role_arn", "bucket", "prefix", "image_uri", "instance_type", "spot_allowed", "profile")
     } <= field_names(page)
-    assert 'type="password"' not in page
+    # Issue 6: credentials are write-only fields named secret_<kind>_<key> (password inputs, never a value).
     assert not {n for n in field_names(page) if re.search("secret|access_key|token|password", n)} - {
-        "csrfmiddlewaretoken"}
+        "csrfmiddlewaretoken"} - {n for n in field_names(page) if n.startswith("secret_")}
+    assert not re.search(r'type="password"[^>]*value=', page)
     assert "backend_form.js" in page
     assert "blank uses AWS&#x27;s PyTorch training container" in page
 

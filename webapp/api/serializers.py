@@ -65,19 +65,46 @@ def _kind_choices() -> list[tuple[str, str]]:
     return list(kind_choices())
 
 
+@extend_schema_field(OpenApiTypes.INT)
+class TeamField(serializers.PrimaryKeyRelatedField):
+    """A team the requesting user is a member of (null = private)."""
+
+    def get_queryset(self):
+        return selectors.team_list_for_user(user=self.context["request"].user)
+
+
 class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=_kind_choices())
     config = serializers.DictField(
         required=False,
         help_text="Adapter settings, e.g. gpubox: max_procs_per_node, hourly_rate_usd.",
     )
+    secrets = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=20_000, trim_whitespace=True),
+        required=False, write_only=True,
+        help_text="Write-only credentials, stored encrypted and never returned. sagemaker: aws_access_key_id, "
+                  "aws_secret_access_key (+ aws_session_token); vertex: service_account_json; azureml: tenant_id, "
+                  "client_id, client_secret. On update a key with a value replaces it, a missing or blank key keeps it.",
+    )
+    clear_secrets = serializers.BooleanField(
+        required=False, write_only=True, default=False,
+        help_text="Update only: remove every stored credential first.")
+    secrets_set = serializers.SerializerMethodField(
+        help_text="Which credential keys are stored (names only, never values).")
+    team = TeamField(required=False, allow_null=True,
+                     help_text="Share with a team you are a member of; null = private.")
 
     class Meta:
         model = ComputeBackend
-        fields = ["id", "name", "kind", "config", "enabled", "created_at", "updated_at"]
+        fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
+                  "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
+    def get_secrets_set(self, backend: ComputeBackend) -> list[str]:
+        return sorted((backend.secrets or {}).keys())
+
     def create(self, validated_data: dict[str, Any]) -> ComputeBackend:
+        validated_data.pop("clear_secrets", None)
         return self._call(services.backend_create, owner=self.context["request"].user, **validated_data)
 
     def update(self, instance: ComputeBackend, validated_data: dict[str, Any]) -> ComputeBackend:
