@@ -1,0 +1,187 @@
+"""Twice at the same moment, against PostgreSQL (threads, each with its own connection, released by a
+barrier): the same submit task delivered twice, two recovery sweeps, two sync passes of one backend.
+The provider stand-in really would make two jobs of one name (lookup, 0.5 s window, create: the first
+test shows it), so one job at the provider is Trainboard's doing."""
+
+from __future__ import annotations
+
+import re
+import threading
+from decimal import Decimal
+from unittest import mock
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from cloud_adapters.base import JobSpec
+from jobs import recovery, services, tasks
+from jobs.models import JobEvent, JobLogLine, JobStateChoices as S, MetricPoint, TrainingJob
+from trainer_pkg.metrics import format_metric_line
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _twice(fn, *args, **kwargs) -> list:
+    """Run ``fn`` in two threads released together; return both results (re-raise an error)."""
+    barrier = threading.Barrier(2)
+    results, errors = [None, None], []
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _reload(job: TrainingJob) -> TrainingJob:
+    return TrainingJob.objects.get(pk=job.pk)
+
+
+@pytest.fixture
+def job(user, digits_dataset, cnn_model, fault_backend) -> TrainingJob:
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                            backend=fault_backend)
+
+
+def test_the_stand_in_really_duplicates_two_simultaneous_submits(provider, fault_backend):
+    """The control: two adapter calls at once, with no Trainboard guard, make two provider jobs."""
+    provider.control(race_window_s=0.5)
+    adapter = services.backend_adapter(fault_backend)
+    spec = JobSpec(job_name="tb-job-race-1", config={})
+    _twice(adapter.submit, spec)
+    assert provider.count("tb-job-race-1") == 2
+
+
+def test_submit_delivered_twice_at_once_makes_one_provider_job(provider, job):
+    provider.control(race_window_s=0.5)
+    _twice(tasks.submit_job, job.pk)
+    job = _reload(job)
+    assert job.state == S.PENDING
+    assert provider.count(job.provider_job_name) == 1
+    assert job.provider_handle["provider_job_id"] == provider.jobs(job.provider_job_name)[0]["id"]
+    assert list(job.events.values_list("from_state", "to_state")) == [
+        ("", "QUEUED"), ("QUEUED", "SUBMITTING"), ("SUBMITTING", "PENDING")]
+
+
+def test_resume_delivered_twice_at_once_makes_one_provider_job(provider, job):
+    """The sweep's resume message and a stale redelivery of the first one, at once."""
+    provider.control(race_window_s=0.5)
+    old = timezone.now() - timezone.timedelta(seconds=services.submit_lease_s() + 5)
+    TrainingJob.objects.filter(pk=job.pk).update(state=S.SUBMITTING, submitted_at=old, state_entered_at=old)
+    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+        assert recovery.resume_stuck_submissions() == [job.pk]
+    claim = send.call_args.kwargs["kwargs"]["claim"]
+    barrier = threading.Barrier(2)
+
+    def deliver(claim_or_none):
+        try:
+            barrier.wait()
+            tasks.submit_job(job.pk, claim=claim_or_none)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver, args=(c,)) for c in (claim, None)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert _reload(job).state == S.PENDING
+    assert provider.count(job.provider_job_name) == 1
+
+
+def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, digits_dataset, cnn_model,
+                                                             fault_backend, settings):
+    """A lost QUEUED job, a SUBMITTING job whose worker died and a stalled PENDING job on a backend
+    that cancels stalled jobs: two sweeps at once re-send one message, resume once, flag and cancel
+    once; running every message sent (twice over) makes one provider job per job."""
+    services.backend_update(backend=fault_backend, stall_policy="cancel", state_deadlines={"PENDING": 60})
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        lost, dead, slow = (services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                                         backend=fault_backend) for _ in range(3))
+    # Past the re-send period (60 s) and the submission lease (150 s), within the QUEUED (600 s) and
+    # SUBMITTING (300 s) deadlines.
+    old = timezone.now() - timezone.timedelta(seconds=200)
+    TrainingJob.objects.filter(pk=lost.pk).update(state_entered_at=old)
+    TrainingJob.objects.filter(pk=dead.pk).update(state=S.SUBMITTING, submitted_at=old, state_entered_at=old)
+    tasks.submit_job(slow.pk)  # PENDING on the provider
+    slow_record = provider.jobs(_reload(slow).provider_job_name)[0]
+    TrainingJob.objects.filter(pk=slow.pk).update(state_entered_at=timezone.now() - timezone.timedelta(seconds=61))
+
+    with mock.patch.object(tasks.submit_job, "apply_async") as send, \
+            mock.patch.object(tasks.cancel_job, "apply_async") as send_cancel:
+        results = _twice(recovery.recovery_sweep)
+    assert sorted(r["requeued"] for r in results) == [0, 1]
+    assert sorted(r["resumed"] for r in results) == [0, 1]
+    assert sorted(r["stalled"] for r in results) == [0, 1]
+    sent = sorted((c.kwargs["args"][0], c.kwargs["kwargs"].get("claim")) for c in send.call_args_list)
+    assert [job_id for job_id, _ in sent] == sorted([lost.pk, dead.pk])
+    send_cancel.assert_called_once_with(args=[slow.pk], queue="celery")
+
+    slow = _reload(slow)
+    assert slow.state == S.STOPPING
+    assert re.fullmatch(r"Stalled: PENDING for 1m 0\ds, past the backend's 1m deadline", slow.failure_reason)
+    assert JobEvent.objects.filter(job=slow, message__startswith="Stalled: PENDING").count() == 2  # flag + cancel
+    assert JobEvent.objects.filter(job=slow, from_state=S.PENDING, to_state=S.PENDING).count() == 1
+    tasks.cancel_job(slow.pk)
+    tasks.cancel_job(slow.pk)
+    assert provider.cancel_effects() == [slow_record["id"]]
+
+    for job_id, claim in sent * 2:  # every message, delivered twice
+        tasks.submit_job(job_id, claim=claim)
+    for job in (lost, dead):
+        job = _reload(job)
+        assert job.state == S.PENDING and provider.count(job.provider_job_name) == 1
+    assert JobEvent.objects.filter(job=lost, message__startswith=recovery.REQUEUE_MESSAGE).count() == 1
+    assert JobEvent.objects.filter(job=dead, message__startswith=recovery.RESUME_MESSAGE).count() == 1
+
+
+def test_two_sync_passes_at_once_equal_one(provider, user, digits_dataset, cnn_model, fault_backend):
+    """Two sync passes of one backend at once: the cost is what one pass computes (absolute, not
+    added), log lines and metric points are stored once, the STOPPING job's cancel has one effect."""
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        running, stopping = (services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                                          backend=fault_backend) for _ in range(2))
+    tasks.submit_job(running.pk)
+    tasks.submit_job(stopping.pk)
+    running, stopping = _reload(running), _reload(stopping)
+    run_id = running.provider_handle["provider_job_id"]
+    stop_id = stopping.provider_handle["provider_job_id"]
+    provider.set_state(run_id, "RUNNING", billable_seconds=1800.0)
+    t0 = timezone.now().timestamp()
+    lines = [f"plain line {i}" for i in range(120)] + [
+        format_metric_line({"event": "step", "step": s, "epoch": 0, "train_loss": 1.0 / (s + 1), "time": t0 + s})
+        for s in range(30)]
+    provider.write_log(run_id, lines)
+    with mock.patch.object(tasks.cancel_job, "apply_async"):
+        services.training_job_cancel(job=stopping, reason="enough")
+    assert _reload(stopping).state == S.STOPPING
+
+    _twice(services.backend_sync, backend_id=fault_backend.pk)
+    running, stopping = _reload(running), _reload(stopping)
+    assert running.state == S.RUNNING
+    assert running.billable_seconds == 1800.0
+    assert running.cost_usd == Decimal("1.8000")  # 1800 s × $3.60/h, once
+    assert list(JobLogLine.objects.filter(job=running).values_list("seq", flat=True)) == list(range(150))
+    assert MetricPoint.objects.filter(job=running, name="train_loss").count() == 30
+    assert provider.cancel_effects() == [stop_id]
+    assert stopping.state == S.CANCELLED
+    assert JobEvent.objects.filter(job=stopping, to_state=S.CANCELLED).count() == 1
+
+    # A third pass changes nothing.
+    services.backend_sync(backend_id=fault_backend.pk)
+    assert _reload(running).cost_usd == Decimal("1.8000")
+    assert JobLogLine.objects.filter(job=running).count() == 150
