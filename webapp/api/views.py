@@ -85,7 +85,7 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
         responses={200: ConnectionCheckSerializer(many=True)},
     )
     @action(detail=True, methods=["post"], url_path="test-connection")
-    def test_connection(self, request: Request, pk: str | None = None) -> Response:
+    def test_connection(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         backend = self.get_object()
         try:
             checks = services.backend_test_connection(backend=backend, user=request.user)
@@ -146,7 +146,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.
         responses={200: TrainingJobDetailSerializer, 400: OpenApiResponse(description="Job already finished")},
     )
     @action(detail=True, methods=["post"])
-    def cancel(self, request: Request, pk: str | None = None) -> Response:
+    def cancel(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()
         try:
             job = services.training_job_cancel(job=job)
@@ -160,7 +160,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.
         responses={201: TrainingJobDetailSerializer},
     )
     @action(detail=True, methods=["post"])
-    def rerun(self, request: Request, pk: str | None = None) -> Response:
+    def rerun(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()
         try:
             new_job = services.training_job_rerun(job=job, owner=request.user)

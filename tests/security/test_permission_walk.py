@@ -1,0 +1,404 @@
+"""Walk every URL of the URLconf (resolved programmatically, so a new URL is covered, or this test
+fails until it is classified) as an anonymous client, a stranger, a teammate and a staff stranger.
+
+The rules asserted (issue 6, Security):
+
+* another user's object (not shared with the requester's team) is a 404 — pages, API and the
+  admin's change/history/delete pages alike (existence is never revealed);
+* a teammate sees team objects (200) but a write without permission (edit, cancel, re-run, test
+  connection, API PUT/PATCH) is a 403;
+* anonymous: HTML pages redirect to the login page, the API answers 401, the admin redirects to its
+  own login;
+* staff-only pages (the admin, /orphans/) refuse non-staff: the admin redirects a signed-in non-staff
+  user to its login, /orphans/ answers 403; a staff user who is not a superuser gets 403 on admin pages
+  of models governed by Django's permissions and 404 on another user's owned objects.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.utils import timezone
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.django_db
+
+# --- classification ------------------------------------------------------------------------------
+# Every named (non-admin) route, by name: what kind of page it is. A route missing here fails
+# test_every_url_is_classified. Kinds:
+#   public        anyone may GET it (200), or POST it without auth (token: 400 on bad credentials)
+#   redirect      a redirect for everyone (the home page)
+#   login         a page without an object: anonymous -> login redirect, a user -> 200
+#   object-read   GET an object: stranger 404, teammate 200
+#   object-write  change an object (method in METHOD): stranger 404, teammate 403
+#   staff         staff only: anonymous -> login redirect, signed-in non-staff -> 403
+#   api-root/api-list/api-schema   API without an object: anonymous 401, a user 200
+#   api-detail    GET 404 / PATCH 404 for a stranger; GET 200 / PATCH 403 for a teammate
+#   api-action    POST: stranger 404, teammate 403, anonymous 401
+#   api-docs      Swagger UI: anonymous -> login redirect, a user 200
+URL_KINDS: dict[str, str] = {
+    "home": "redirect",
+    "healthz": "public",
+    "login": "public",
+    "logout": "public-post",
+    "dataset-list": "login", "dataset-create": "login",
+    "model-list": "login", "model-create": "login",
+    "backend-list": "login", "backend-create": "login",
+    "job-list": "login", "job-create": "login", "job-estimate": "login",
+    "dataset-edit": "object-write", "model-edit": "object-write", "backend-edit": "object-write",
+    "backend-test-connection": "object-write",
+    "job-detail": "object-read", "job-live": "object-read", "job-metrics": "object-read",
+    "job-cancel": "object-write", "job-rerun": "object-write",
+    "orphan-list": "staff", "orphan-stop": "staff",
+    "api-token": "public-post",
+    "api-schema": "api-schema",
+    "api-docs": "api-docs",
+    "api-root": "api-root",
+    "api-dataset-list": "api-list", "api-model-list": "api-list", "api-backend-list": "api-list",
+    "api-job-list": "api-list",
+    "api-dataset-detail": "api-detail", "api-model-detail": "api-detail", "api-backend-detail": "api-detail",
+    "api-job-detail": "api-detail",
+    "api-backend-test-connection": "api-action", "api-job-cancel": "api-action", "api-job-rerun": "api-action",
+}
+# API objects nobody may PUT/PATCH (a job changes only through cancel/rerun): 405 for everyone.
+API_NO_UPDATE = {"api-job-detail"}
+# The method that exercises an object-write / api-action route; GET for edit pages.
+METHOD = {"backend-test-connection": "post", "job-cancel": "post", "job-rerun": "post",
+          "orphan-stop": "post"}
+# Which object a route's pk names: by the route's name prefix.
+OBJECT_OF = {"dataset": "dataset", "model": "model", "backend": "backend", "job": "job", "orphan": "orphan",
+             "api-dataset": "dataset", "api-model": "model", "api-backend": "backend", "api-job": "job"}
+# Admin routes that belong to no model.
+ADMIN_SITE_KINDS = {"index": "admin-page", "app_list": "admin-page", "password_change": "admin-page",
+                    "password_change_done": "admin-page", "jsi18n": "admin-page", "autocomplete": "admin-misc",
+                    "view_on_site": "admin-misc", "login": "admin-login", "logout": "admin-logout",
+                    "auth_user_password_change": "admin-misc", None: "admin-misc"}
+ADMIN_MODEL_RE = re.compile(r"^(?P<app>[a-z_]+?)_(?P<model>[a-z0-9]+)_(?P<view>changelist|add|change|delete|history)$")
+
+
+@dataclass
+class Route:
+    name: str | None  # qualified, e.g. "admin:jobs_dataset_change"; None for an unnamed pattern
+    pattern: str      # the full pattern, for messages
+    params: list[str] = field(default_factory=list)
+
+
+def _params(pattern: Any) -> list[str]:
+    return list(pattern.regex.groupindex)
+
+
+def all_routes() -> list[Route]:
+    """Every URL pattern of the root URLconf, nested includes flattened, with its qualified name."""
+    out: list[Route] = []
+
+    def walk(patterns, prefix: str, namespace: str, params: list[str]) -> None:
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                ns = ":".join(filter(None, [namespace, p.namespace]))
+                walk(p.url_patterns, prefix + str(p.pattern), ns, params + _params(p.pattern))
+            elif isinstance(p, URLPattern):
+                name = f"{namespace}:{p.name}" if (namespace and p.name) else p.name
+                out.append(Route(name, prefix + str(p.pattern), params + _params(p.pattern)))
+
+    walk(get_resolver().url_patterns, "", "", [])
+    return out
+
+
+def classify(route: Route) -> str | None:
+    if route.name is None:
+        return "admin-misc" if route.pattern.startswith("admin/") else None
+    if route.name.startswith("admin:"):
+        short = route.name.split(":", 1)[1]
+        if short in ADMIN_SITE_KINDS:
+            return ADMIN_SITE_KINDS[short]
+        match = ADMIN_MODEL_RE.match(short)
+        return "admin-model" if match and _admin_model(match) is not None else None
+    return URL_KINDS.get(route.name)
+
+
+def _admin_model(match: re.Match):
+    for model, model_admin in admin.site._registry.items():
+        if (model._meta.app_label, model._meta.model_name) == (match["app"], match["model"]):
+            return model, model_admin
+    return None
+
+
+# --- the world -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def world(django_user_model, settings, tmp_path):
+    """carol owns a dataset, a model, a gpubox backend and a job, all shared with team "vision";
+    erin is in the team, dave is not, sam is staff (not superuser) and in no team."""
+    from jobs import services
+    from jobs.models import Dataset, JobLogLine, MetricPoint, ModelSpec, OrphanJob, Team, TrainingJob
+
+    settings.TRAINBOARD_RUN_ROOT = tmp_path
+    users = {name: django_user_model.objects.create_user(username=name, password=f"pw-{name}-Secret-1",
+                                                          is_staff=(name == "sam"))
+             for name in ("carol", "dave", "erin", "sam")}
+    team = Team.objects.create(name="vision")
+    team.members.add(users["carol"], users["erin"])
+    carol = users["carol"]
+    dataset = services.dataset_create(owner=carol, name="carol-digits", format="builtin", builtin_name="digits")
+    model = services.model_spec_create(owner=carol, name="carol-cnn", architecture="cnn", params={})
+    backend = services.backend_create(owner=carol, name="carol-box", kind="gpubox",
+                                      config={"max_procs_per_node": 2}, team=team)
+    Dataset.objects.filter(pk=dataset.pk).update(team=team)
+    ModelSpec.objects.filter(pk=model.pk).update(team=team)
+    job = services.training_job_create(owner=carol, dataset=dataset.pk, model_spec=model.pk, backend=backend.pk,
+                                       nodes=1, procs_per_node=1, epochs=1, name="carol-job")
+    TrainingJob.objects.filter(pk=job.pk).update(team=team)
+    MetricPoint.objects.create(job=job, name="train_loss", step=1, epoch=0, value=1.0, recorded_at=timezone.now())
+    JobLogLine.objects.create(job=job, seq=0, text="hello from carol")
+    orphan = OrphanJob.objects.create(backend=backend, provider_job_name="tb-job-999-abc", raw_state="Running",
+                                   last_seen_at=timezone.now())
+    objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan}
+    return {"users": users, "team": team, "objects": objects}
+
+
+def _client(user=None) -> Client:
+    c = Client()
+    if user is not None:
+        c.force_login(user)
+    return c
+
+
+def _api(user=None) -> APIClient:
+    c = APIClient()
+    if user is not None:
+        c.force_authenticate(user)
+    return c
+
+
+def _kwargs(route: Route, obj_pk: Any, admin_obj: Any = None) -> dict[str, Any]:
+    values = {"pk": obj_pk, "format": "json", "app_label": "jobs", "url": "no-such-page/",
+              "content_type_id": 1, "object_id": getattr(admin_obj, "pk", 1), "id": 1}
+    return {p: values[p] for p in route.params}
+
+
+def _url(route: Route, world) -> str:
+    prefix = route.name.split("-", 1)[0] if not route.name.startswith("api-") else "-".join(route.name.split("-")[:2])
+    obj = world["objects"].get(OBJECT_OF.get(prefix, ""))
+    return reverse(route.name, kwargs=_kwargs(route, obj.pk if obj is not None else None))
+
+
+def _is_login_redirect(response, login_path: str = "/login/") -> bool:
+    return response.status_code == 302 and response["Location"].startswith(login_path)
+
+
+def _html_routes():
+    return [r for r in all_routes() if r.name and not r.name.startswith("admin:")]
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_every_url_is_classified():
+    routes = all_routes()
+    assert len(routes) > 60  # the admin alone has dozens; a broken walk finds few
+    unclassified = [f"{r.name or '(unnamed)'}: {r.pattern}" for r in routes if classify(r) is None]
+    assert not unclassified, "classify these URLs in tests/security/test_permission_walk.py: " + \
+        "; ".join(unclassified)
+    stale = set(URL_KINDS) - {r.name for r in routes}
+    assert not stale, f"URL_KINDS names routes that no longer exist: {sorted(stale)}"
+
+
+def test_anonymous_is_sent_to_login_or_gets_401(world):
+    problems = []
+    anon, api = _client(), _api()
+    for route in _html_routes():
+        kind, url = classify(route), _url(route, world)
+        method = METHOD.get(route.name, "get")
+        if kind in ("login", "object-read", "object-write", "staff", "api-docs"):
+            r = getattr(anon, method)(url)
+            if not _is_login_redirect(r):
+                problems.append(f"{method.upper()} {url}: {r.status_code}, expected a redirect to /login/")
+        elif kind in ("api-root", "api-list", "api-schema", "api-detail"):
+            r = api.get(url)
+            if r.status_code != 401:
+                problems.append(f"GET {url}: {r.status_code}, expected 401")
+        elif kind == "api-action":
+            r = api.post(url)
+            if r.status_code != 401:
+                problems.append(f"POST {url}: {r.status_code}, expected 401")
+        elif kind == "public":
+            r = anon.get(url)
+            if r.status_code != 200:
+                problems.append(f"GET {url}: {r.status_code}, expected 200 (public)")
+        elif kind == "public-post" and route.name == "api-token":
+            r = api.post(url, {"username": "carol", "password": "wrong"})
+            if r.status_code != 400 or "token" in r.json():
+                problems.append(f"POST {url} with a wrong password: {r.status_code} {r.content[:100]!r}")
+        elif kind == "redirect":
+            r = anon.get(url)
+            if r.status_code != 302:
+                problems.append(f"GET {url}: {r.status_code}, expected 302")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("who", ["dave", "erin"])
+def test_object_urls_as_stranger_and_teammate(world, who):
+    """dave (stranger): every object URL is a 404, the API lists do not show carol's objects.
+    erin (teammate): reads are 200, writes are 403."""
+    user = world["users"][who]
+    web, api = _client(user), _api(user)
+    stranger = who == "dave"
+    problems = []
+    checked = 0
+    for route in _html_routes():
+        kind, url = classify(route), _url(route, world)
+        method = METHOD.get(route.name, "get")
+        expected = None
+        if kind == "object-read":
+            expected, r = (404 if stranger else 200), getattr(web, method)(url)
+        elif kind == "object-write":
+            expected, r = (404 if stranger else 403), getattr(web, method)(url)
+        elif kind == "staff":
+            expected, r = 403, getattr(web, method)(url)
+        elif kind == "api-detail":
+            r = api.get(url)
+            if r.status_code != (404 if stranger else 200):
+                problems.append(f"GET {url}: {r.status_code}")
+            expected = 405 if route.name in API_NO_UPDATE else (404 if stranger else 403)
+            r, method = api.patch(url, {"name": "renamed"}, format="json"), "patch"
+        elif kind == "api-action":
+            expected, r, method = (404 if stranger else 403), api.post(url), "post"
+        elif kind == "api-list":
+            r = api.get(url)
+            ids = {row["id"] for row in r.json()["results"]} if r.status_code == 200 else set()
+            obj = world["objects"][OBJECT_OF["-".join(route.name.split("-")[:2])]]
+            if r.status_code != 200 or (obj.pk in ids) == stranger:
+                problems.append(f"GET {url}: {r.status_code}, carol's object listed: {obj.pk in ids}")
+            checked += 1
+            continue
+        else:
+            continue
+        checked += 1
+        if r.status_code != expected:
+            problems.append(f"{method.upper()} {url}: {r.status_code}, expected {expected}")
+    assert checked >= 20
+    assert not problems, "\n".join(problems)
+    # Nothing was changed or created by the refused writes.
+    from jobs.models import ComputeBackend, Dataset, TrainingJob
+
+    assert Dataset.objects.get(pk=world["objects"]["dataset"].pk).name == "carol-digits"
+    assert ComputeBackend.objects.get(pk=world["objects"]["backend"].pk).name == "carol-box"
+    assert list(TrainingJob.objects.values_list("state", flat=True)) == ["QUEUED"]
+
+
+def test_teammate_can_launch_on_shared_objects_and_stranger_cannot(world):
+    from django.core.exceptions import ValidationError
+
+    from jobs import services
+
+    o = world["objects"]
+    job = services.training_job_create(owner=world["users"]["erin"], dataset=o["dataset"].pk,
+                                       model_spec=o["model"].pk, backend=o["backend"].pk, nodes=1,
+                                       procs_per_node=1, epochs=1, name="erin-job")
+    assert job.owner == world["users"]["erin"] and job.backend_id == o["backend"].pk
+    with pytest.raises(ValidationError) as exc:
+        services.training_job_create(owner=world["users"]["dave"], dataset=o["dataset"].pk,
+                                     model_spec=o["model"].pk, backend=o["backend"].pk)
+    assert set(exc.value.message_dict) == {"dataset", "model_spec", "backend"}
+
+
+def _admin_routes(world):
+    for route in all_routes():
+        if route.pattern.startswith("admin/"):
+            yield route
+
+
+def _admin_url(route: Route, world, carol) -> str | None:
+    kind = classify(route)
+    if route.name is None:
+        return "/admin/no-such-page/"
+    short = route.name.split(":", 1)[1]
+    if kind == "admin-model":
+        model, model_admin = _admin_model(ADMIN_MODEL_RE.match(short))
+        obj = None
+        if "object_id" in route.params:
+            owner_path = getattr(model_admin, "owner_path", None)
+            qs = model._default_manager.all()
+            obj = (qs.filter(**{owner_path: carol}) if owner_path else qs).first()
+            if obj is None:
+                return None  # e.g. no row of this model exists in the world; the changelist still runs
+        return reverse(route.name, kwargs=_kwargs(route, None, obj))
+    if short == "view_on_site":
+        return reverse(route.name, kwargs={"content_type_id": 1, "object_id": 1})
+    return reverse(route.name, kwargs=_kwargs(route, None))
+
+
+def _request_as(user):
+    from django.test import RequestFactory
+
+    request = RequestFactory().get("/admin/")
+    request.user = user
+    return request
+
+
+@pytest.mark.parametrize("who", ["anonymous", "dave"])
+def test_admin_refuses_anonymous_and_non_staff(world, who):
+    user = None if who == "anonymous" else world["users"][who]
+    c = _client(user)
+    problems = []
+    for route in _admin_routes(world):
+        url = _admin_url(route, world, world["users"]["carol"])
+        if url is None:
+            continue
+        kind = classify(route)
+        r = c.get(url)
+        if kind == "admin-login":
+            ok = r.status_code == 200 if user is None else r.status_code in (200, 302)
+        elif kind == "admin-logout":
+            ok = r.status_code in (302, 405)  # POST only; a GET logs nobody out and shows nothing
+        else:
+            ok = _is_login_redirect(r, "/admin/login/")
+        if not ok:
+            problems.append(f"GET {url} ({kind}): {r.status_code} {r.get('Location', '')}")
+    assert not problems, "\n".join(problems)
+
+
+def test_admin_as_staff_who_is_not_the_owner(world):
+    """sam (staff, not superuser): another user's owned rows are a 404 on their pages and absent from
+    the changelists; models governed by Django's permissions are a 403 without them."""
+    from jobs.admin import OwnedAdmin
+
+    carol, sam = world["users"]["carol"], world["users"]["sam"]
+    c = _client(sam)
+    problems, seen = [], 0
+    for route in _admin_routes(world):
+        if classify(route) != "admin-model":
+            continue
+        url = _admin_url(route, world, carol)
+        if url is None:
+            continue
+        model, model_admin = _admin_model(ADMIN_MODEL_RE.match(route.name.split(":", 1)[1]))
+        view = ADMIN_MODEL_RE.match(route.name.split(":", 1)[1])["view"]
+        owned = isinstance(model_admin, OwnedAdmin)
+        r = c.get(url)
+        seen += 1
+        if not owned:
+            expected = 403
+        elif view in ("change", "delete", "history"):
+            expected = 404
+        elif view == "add":
+            # Rows only the services write (jobs, events, metrics, logs) have no add page.
+            expected = 200 if model_admin.has_add_permission(_request_as(sam)) else 403
+        else:
+            expected = 200
+        if r.status_code != expected:
+            problems.append(f"GET {url}: {r.status_code}, expected {expected}")
+        elif owned and view == "changelist":
+            body = r.content.decode()
+            for name in ("carol-digits", "carol-cnn", "carol-box", "carol-job", "hello from carol"):
+                if name in body:
+                    problems.append(f"GET {url} shows carol's {name!r}")
+    assert seen > 30
+    assert not problems, "\n".join(problems)
