@@ -95,8 +95,10 @@ class CappedCountPaginator(Paginator):
     ``has_next`` comes from reading one row more than a page. Always two queries per page.
     """
 
-    def __init__(self, object_list, per_page, *, count_cap: int | None = None, **kwargs) -> None:
-        super().__init__(object_list, per_page, **kwargs)
+    def __init__(self, object_list, per_page, orphans: int = 0, allow_empty_first_page: bool = True, *,
+                 count_cap: int | None = None, **kwargs) -> None:
+        # Positional orphans / allow_empty_first_page: the admin's get_paginator passes them so.
+        super().__init__(object_list, per_page, orphans, allow_empty_first_page, **kwargs)
         self.count_cap = COUNT_CAP if count_cap is None else count_cap
 
     @cached_property
@@ -150,9 +152,11 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     "results": [...]}``. ``count`` is exact up to ``COUNT_CAP`` (10,000) rows; past it ``count`` is
     10,000 and ``count_is_exact`` false (there are more). ``next`` is set when a row follows this page,
     found by reading ``limit`` + 1 rows, so it works at any depth. ``limit`` is at most ``max_limit``
-    (500); a larger one is cut to it. Two queries per page at any offset.
+    (500); a larger one is cut to it; without ``limit``, 25 (the HTML list's page). Two queries per
+    page at any offset.
     """
 
+    default_limit = 25  # the HTML list's page; ?limit= up to max_limit
     max_limit = 500
     count_cap: int | None = None  # None: COUNT_CAP
 
