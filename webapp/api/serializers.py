@@ -250,6 +250,8 @@ class TrainingJobCreateSerializer(serializers.Serializer):
                                           required=False, allow_null=True, default=None)
     instance_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     spot = serializers.BooleanField(default=False)
+    team = TeamField(required=False, allow_null=True, default=None,
+                     help_text="Run for a team you are a member of (counts toward its monthly budget); null = none.")
     hyperparameters = serializers.JSONField(
         required=False, allow_null=True, default=None,
         help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}.',
