@@ -27,7 +27,6 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Q
 from django.utils import timezone
 
 from cloud_adapters.base import BackendError, ProviderJob
@@ -141,19 +140,6 @@ def orphan_stop(orphan: OrphanJob, user) -> OrphanJob:
     OrphanJob.objects.filter(pk=orphan.pk).update(raw_state=current.raw_state[:100])
     orphan.refresh_from_db()
     return orphan
-
-
-def reconcile_all() -> dict[int, Any]:
-    """:func:`reconcile_orphans` for every enabled backend; one backend's error does not stop the
-    others (it is logged and returned as its entry's ``error``)."""
-    results: dict[int, Any] = {}
-    for backend_id in ComputeBackend.objects.filter(Q(enabled=True)).values_list("pk", flat=True):
-        try:
-            results[backend_id] = reconcile_orphans(backend_id)
-        except (BackendError, NotImplementedError, LookupError, ValueError) as exc:
-            log.warning("orphan reconcile of backend %s failed: %s", backend_id, exc)
-            results[backend_id] = {"error": str(exc)}
-    return results
 
 
 RESOLVED_SHOWN = 50
