@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from axes.backends import AxesStandaloneBackend
 from django.conf import settings
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.contrib import messages
 from django.shortcuts import render
@@ -35,3 +38,16 @@ def locked_out(request: HttpRequest, original_response=None, credentials=None) -
 
     messages.error(request, lockout_message())
     return render(request, "registration/login.html", {"form": AuthenticationForm(request)}, status=429)
+
+
+class RateLimitedObtainAuthToken(ObtainAuthToken):
+    """``POST /api/auth/token/``: DRF's token view, answering a locked-out username + address with
+    429 and :func:`lockout_message` (axes marks the DRF request, which its middleware does not see)."""
+
+    def post(self, request, *args, **kwargs):
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError:
+            if getattr(request, "axes_locked_out", False):
+                return Response({"detail": lockout_message()}, status=429)
+            raise

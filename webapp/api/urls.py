@@ -3,10 +3,10 @@
 from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from webapp.api import views
+from webapp.auth import RateLimitedObtainAuthToken
 
 router = DefaultRouter()
 router.register("datasets", views.DatasetViewSet, basename="api-dataset")
@@ -16,7 +16,8 @@ router.register("jobs", views.TrainingJobViewSet, basename="api-job")
 
 urlpatterns = [
     # POST username + password -> {"token": "..."}; then send "Authorization: Token <token>".
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    # Rate limited like the login page (django-axes): 429 with the lockout message.
+    path("auth/token/", RateLimitedObtainAuthToken.as_view(), name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # A browser page: someone not logged in is sent to the login page and back (the schema it loads
     # needs the session), rather than shown a bare 401. The split view serves its start-up script as
