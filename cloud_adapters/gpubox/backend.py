@@ -241,8 +241,8 @@ class GpuBoxBackend(Backend):
         except OSError as exc:
             raise ProviderError(f"cannot create run directory {run_dir}: {exc}") from exc
         _proc.write_json_atomic(run_dir / "job.json", config)
-        _proc.write_json_atomic(run_dir / "tags.json",
-                                {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}})
+        tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
+        _proc.write_json_atomic(run_dir / "tags.json", tags)
 
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in spec.env.items()})
