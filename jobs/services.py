@@ -754,13 +754,24 @@ def instance_price_save(*, price: InstancePrice | None = None, provider: str, re
 def _enqueue_submit(job_id: int, queue: str) -> None:
     from jobs import tasks
 
-    tasks.submit_job.apply_async(args=[job_id], queue=queue)
+    _send(tasks.submit_job, job_id, queue, "the recovery sweep re-sends it")
 
 
 def _enqueue_cancel(job_id: int, queue: str) -> None:
     from jobs import tasks
 
-    tasks.cancel_job.apply_async(args=[job_id], queue=queue)
+    _send(tasks.cancel_job, job_id, queue, "every sync re-sends the cancel of a STOPPING job")
+
+
+def _send(task, job_id: int, queue: str, then: str) -> None:
+    """Publish ``task(job_id)``; a broker that is down (restarting) is logged, not raised: the row is
+    already committed and the database is the source of truth, so the request still succeeds."""
+    from kombu.exceptions import OperationalError
+
+    try:
+        task.apply_async(args=[job_id], queue=queue)
+    except (OperationalError, OSError) as exc:
+        log.warning("job %s: could not send %s (%s); %s", job_id, task.name, exc, then)
 
 
 def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,

@@ -39,9 +39,12 @@ def use_broker(url: str) -> None:
     from webapp.celery import app
 
     if app.conf.broker_url != url:
-        app.conf.broker_url = url
-        app.pool.force_close_all()
+        from kombu import pools
+
+        pools.reset()  # close every cached connection/producer pool and forget them
         app._pool = None
+        app.amqp._producer_pool = None
+        app.conf.broker_url = url
 
 
 @pytest.fixture
