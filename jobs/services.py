@@ -413,14 +413,39 @@ def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
     if not dataset.uri:
         errors.add("uri", f"A {dataset.format} dataset needs a path or URI.")
         return
-    if "://" not in dataset.uri and "format" not in errors:
-        # A local path: the trainer's own loader says whether it can read it, in its words.
+    if ("://" not in dataset.uri or dataset.uri.startswith("file://")) and "format" not in errors:
+        # A local path: it must lie inside an allowed root, then the trainer's own loader says
+        # whether it can read it, in its words.
         from trainer_pkg.datasets import check_dataset
 
+        path = _dataset_local_path(errors, dataset.uri)
+        if path is None:
+            return
+        dataset.uri = path
         try:
             check_dataset(dataset.format, dataset.uri, dataset.label_column or "label")
         except ConfigError as exc:
             errors.add("uri", str(exc))
+
+
+def _dataset_local_path(errors: _Errors, uri: str) -> str | None:
+    """``uri`` (a path, or ``file://`` + path) as an absolute path with symlinks and ``..`` resolved,
+    when it lies inside one of ``settings.TRAINBOARD_DATASET_ROOTS`` (a relative path is taken
+    relative to the first root). None, with an error on ``uri``, when it escapes them."""
+    from pathlib import Path
+
+    roots = [Path(r).resolve() for r in getattr(settings, "TRAINBOARD_DATASET_ROOTS", ())]
+    raw = uri[len("file://"):] if uri.startswith("file://") else uri
+    if "\x00" in raw or not roots:
+        errors.add("uri", "Local dataset paths are not allowed here; use an s3://, gs:// or azureml:// URI.")
+        return None
+    candidate = Path(raw)
+    resolved = (candidate if candidate.is_absolute() else roots[0] / candidate).resolve()
+    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+        errors.add("uri", f"A local dataset must lie inside {' or '.join(str(r) for r in roots)} "
+                          f"(TRAINBOARD_DATASET_ROOTS); put the data there or give a path relative to it.")
+        return None
+    return str(resolved)
 
 
 def dataset_create(*, owner, name: str, format: str, builtin_name: str = "", uri: str = "",

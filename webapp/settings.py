@@ -290,6 +290,17 @@ TRAINBOARD_ENCRYPTION_KEYS = tuple(k.strip() for k in _encryption_keys if k.stri
 
 # Where users reach the web UI; links printed outside a request (CLI output) are absolute under it.
 TRAINBOARD_BASE_URL = env.str("TRAINBOARD_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Local dataset paths must lie inside one of these directories (symlinks and ".." resolved; a relative
+# path is relative to the first). Production: var/datasets unless TRAINBOARD_DATASET_ROOTS is set;
+# development also allows the system temp directory (scratch data, the test suite's tmp_path).
+_dataset_roots_default = [str(VAR_DIR / "datasets")]
+if not PRODUCTION:
+    import tempfile
+
+    _dataset_roots_default.append(tempfile.gettempdir())
+TRAINBOARD_DATASET_ROOTS = [str(Path(p).resolve()) for p in
+                            env.list("TRAINBOARD_DATASET_ROOTS", default=_dataset_roots_default) if p]
+
 # Where the gpubox backend keeps one run directory per job (job.json, log, metrics, exit code).
 TRAINBOARD_RUN_ROOT = Path(env.str("TRAINBOARD_RUN_ROOT", default=str(VAR_DIR / "runs"))).resolve()
 
