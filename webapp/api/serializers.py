@@ -35,6 +35,8 @@ class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def create(self, validated_data: dict[str, Any]) -> Dataset:
+        # The model's default applies when the request leaves the format out (the service wants one).
+        validated_data.setdefault("format", Dataset.Format.BUILTIN)
         return self._call(services.dataset_create, owner=self.context["request"].user, **validated_data)
 
     def update(self, instance: Dataset, validated_data: dict[str, Any]) -> Dataset:
