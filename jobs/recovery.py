@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs import services
@@ -132,7 +133,7 @@ def flag_stalled_jobs(*, now: dt.datetime | None = None) -> list[int]:
     JobEvent (from_state = to_state = its state) carrying the reason. Returns the flagged job ids."""
     now = now or timezone.now()
     flagged = []
-    candidates = (TrainingJob.objects.filter(state__in=ACTIVE_STATE_VALUES, stalled_at__isnull=True)
+    candidates = (TrainingJob.objects.filter(_maybe_past_deadline(now), stalled_at__isnull=True)
                   .select_related("backend").order_by("id"))
     for job in candidates.iterator(chunk_size=500):
         deadline = state_deadline_s(job)
@@ -141,6 +142,28 @@ def flag_stalled_jobs(*, now: dt.datetime | None = None) -> list[int]:
         if _flag_one(job, now, deadline):
             flagged.append(job.pk)
     return flagged
+
+
+def _maybe_past_deadline(now: dt.datetime) -> Q:
+    """Active jobs that may be past their deadline: in their state for longer than the shortest
+    deadline any backend gives it, so each sweep reads only those rows, not every active job."""
+    shortest: dict[str, float] = {state: float(seconds) for state, seconds
+                                  in settings.TRAINBOARD_STATE_DEADLINES_S.items() if state in DEADLINE_STATES}
+    shortest[S.RUNNING] = 1 + float(settings.TRAINBOARD_RUNNING_DEADLINE_MARGIN_S)  # max runtime ≥ 1 s
+    for deadlines in ComputeBackend.objects.exclude(state_deadlines={}).values_list("state_deadlines", flat=True):
+        for state, seconds in (deadlines or {}).items() if isinstance(deadlines, Mapping) else ():
+            if state in DEADLINE_STATES and isinstance(seconds, (int, float)) and seconds > 0:
+                shortest[state] = min(shortest.get(state, float("inf")), float(seconds))
+    query = Q(state__in=DEADLINE_STATES, state_entered_at__isnull=True)
+    for state in DEADLINE_STATES:
+        if state not in shortest:
+            query |= Q(state=state)
+            continue
+        before = now - dt.timedelta(seconds=shortest[state])
+        query |= Q(state=state, state_entered_at__lt=before)
+        if state == S.SUBMITTING:
+            query |= Q(state=state, submitted_at__lt=before)
+    return query
 
 
 def _flag_one(job: TrainingJob, now: dt.datetime, deadline: float) -> bool:

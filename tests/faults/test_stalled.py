@@ -152,3 +152,16 @@ def test_stalled_shows_on_the_job_page_the_list_and_the_api(client, user, digits
     assert [j["id"] for j in only] == [stalled.pk]
     others = client.get("/api/jobs/?stalled=false").json()["results"]
     assert [j["id"] for j in others] == [fine.pk]
+
+
+def test_the_sweep_reads_only_jobs_that_may_be_past_a_deadline(user, digits_dataset, cnn_model, fault_backend):
+    """Fresh active jobs are not even read: the query narrows by each state's shortest deadline (the
+    backend's 120 s PENDING here), and the one past it is still found."""
+    services.backend_update(backend=fault_backend, state_deadlines={"PENDING": 120})
+    stalled = _age(_job(user, digits_dataset, cnn_model, fault_backend), S.PENDING, 130)
+    for state, age in ((S.PENDING, 100), (S.RUNNING, 60), (S.QUEUED, 500), (S.STOPPING, 10),
+                       (S.SUBMITTING, 200)) * 3:
+        _age(_job(user, digits_dataset, cnn_model, fault_backend), state, age)
+    read = TrainingJob.objects.filter(recovery._maybe_past_deadline(timezone.now()))
+    assert list(read.values_list("pk", flat=True)) == [stalled.pk]
+    assert recovery.flag_stalled_jobs() == [stalled.pk]
