@@ -278,3 +278,27 @@ def test_azureml_uses_a_client_secret_credential_from_the_stored_service_princip
     assert (credential._tenant_id, credential._client_id) == ("tenant-1", "client-1")
     plain = services.backend_create(owner=owner, name="az2", kind="azureml", config=AZURE_CONFIG)
     assert isinstance(services.backend_adapter(plain).credential(), DefaultAzureCredential)
+
+
+def test_rotate_secrets_re_encrypts_with_the_first_key(owner, settings):
+    from django.core.management.base import CommandError
+
+    old_key, new_key = settings.TRAINBOARD_ENCRYPTION_KEYS[0], Fernet.generate_key().decode()
+    secret = _planted()
+    backend = services.backend_create(owner=owner, name="az", kind="azureml", config=AZURE_CONFIG,
+                                      secrets={"tenant_id": "t", "client_id": "c", "client_secret": secret})
+    before = _raw_column(backend.pk)
+
+    settings.TRAINBOARD_ENCRYPTION_KEYS = (new_key, old_key)
+    out = io.StringIO()
+    call_command("rotate_secrets", stdout=out)
+    assert out.getvalue().strip() == "re-encrypted the secrets of 1 backend(s) with the first key."
+    after = _raw_column(backend.pk)
+    assert after != before and after.startswith("fernet:") and secret not in after
+    # The old key can go now: the new one alone opens the row; the old one alone no longer does.
+    settings.TRAINBOARD_ENCRYPTION_KEYS = (new_key,)
+    assert ComputeBackend.objects.get(pk=backend.pk).secrets["client_secret"] == secret
+    settings.TRAINBOARD_ENCRYPTION_KEYS = (old_key,)
+    with pytest.raises(CommandError, match=f"backend {backend.pk}: no key of TRAINBOARD_ENCRYPTION_KEY opens it"):
+        call_command("rotate_secrets", stdout=io.StringIO())
+    assert _raw_column(backend.pk) == after  # nothing half-rotated
