@@ -210,9 +210,16 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     return {"big": big, "small": small}
 
 
-def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int) -> list[tuple[str, str, str, float]]:
+def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
+          big_user) -> list[tuple[str, str, str, float]]:
     """(label, url for the big user, url for the small user, target p95 ms)."""
+    from jobs.models import TrainingJob
+    from webapp.api.pagination import position_token
+
     deep = max(2, (args.jobs - 50) // 25)        # HTML: 25 per page, the last full page
+    # The "Older →" link on page deep − 1 carries the position of that page's last row.
+    before_deep = TrainingJob.objects.filter(owner=big_user).order_by("-created_at", "-id")[(deep - 1) * 25 - 1]
+    older_link = f"/jobs/?after={position_token(before_deep)}&page={deep}"
     deep_offset = max(50, args.jobs - 50)         # API: 50 per page
     admin_deep = max(2, (args.jobs - 100) // 100)  # admin: 100 per page, ?p= counts from 1
     rare = "sweep-000123"  # one job matches: the search reads the whole list
@@ -223,6 +230,7 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int) 
         ("html q (1 match)", f"/jobs/?q={rare}", "/jobs/?q=tiny-000003", HTML_P95_MS),
         ("html q (many)", "/jobs/?q=resnet", "/jobs/?q=resnet", HTML_P95_MS),
         ("html deep page", f"/jobs/?page={deep}", "/jobs/?page=1", HTML_P95_MS),
+        ("html deep by link", older_link, "/jobs/?page=1", HTML_P95_MS),
         ("html state deep", f"/jobs/?state=SUCCEEDED&page={int(deep * 0.7)}", "/jobs/?state=SUCCEEDED&page=1",
          HTML_P95_MS),
         ("api list", "/api/jobs/", "/api/jobs/", HTML_P95_MS),
@@ -308,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'q big':>6}  result  url")
         failures = []
         first_queries: dict[str, int] = {}
-        for label, url, small_url, target in pages(args, big_backend, small_backend):
+        for label, url, small_url, target in pages(args, big_backend, small_backend, big):
             times, q_big, status = measure(big_client, url, args.requests)
             q_small, small_status = count_queries(small_client, small_url)
             kind = label.split()[0]

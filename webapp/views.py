@@ -274,9 +274,16 @@ def job_list(request: HttpRequest) -> HttpResponse:
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
     from webapp.api.pagination import CappedCountPaginator
 
-    page = CappedCountPaginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any depth.
+    paginator = CappedCountPaginator(jobs, JOBS_PER_PAGE)
+    after, before = request.GET.get("after"), request.GET.get("before")
+    if after or before:
+        page = paginator.keyset_page(request.GET.get("page"), after=after, before=before)
+    else:
+        page = paginator.get_page(request.GET.get("page"))
     query = request.GET.copy()
-    query.pop("page", None)
+    for key in ("page", "after", "before"):
+        query.pop(key, None)
     return render(request, "webapp/jobs/list.html", {
         "page": page,
         "jobs": page.object_list,

@@ -191,3 +191,50 @@ def test_admin_changelist_queries_do_not_grow_with_jobs(client, user, digits_dat
     assert large["?strategy=ddp"][1].context["cl"].result_count == 60
     found = client.get(url + "?q=sweep-004")
     assert found.context["cl"].result_count == 1
+
+
+def _link(html: str, label: str) -> str | None:
+    """The href of the pager link whose text is ``label`` (unescaped), or None."""
+    import re
+    from html import unescape
+
+    found = re.search(r'<a class="btn" href="([^"]+)">' + re.escape(label) + "</a>", html)
+    return unescape(found.group(1)) if found else None
+
+
+def test_older_and_newer_links_walk_the_list_by_position(owner_client, user, digits_dataset, cnn_model,
+                                                         local_backend):
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 60)
+    # Ties on created_at must neither drop nor repeat a job: 20 jobs across the page 1/2 boundary share one.
+    same = TrainingJob.objects.get(name="sweep-040").created_at
+    TrainingJob.objects.filter(name__in=[f"sweep-{i:03d}" for i in range(25, 45)]).update(created_at=same)
+    expected = [j.name for j in TrainingJob.objects.filter(owner=user).order_by("-created_at", "-id")]
+    base = reverse("job-list")
+    n_first, response = _queries(owner_client, base)
+    seen, numbers, url = [], [], base
+    while True:
+        page = response.context["page"]
+        seen += [j.name for j in response.context["jobs"]]
+        numbers.append(page.number)
+        url = _link(response.content.decode(), "Older →")
+        if url is None:
+            break
+        assert "after=" in url
+        n, response = _queries(owner_client, base + url)
+        assert n == n_first, (url, n, n_first)
+    assert seen == expected and numbers == [1, 2, 3]
+    # Back from page 3 by position: page 2's rows, then page 1 (a plain link, no position needed).
+    newer = _link(response.content.decode(), "← Newer")
+    assert "before=" in newer and newer.endswith("page=2")
+    back = owner_client.get(base + newer)
+    assert [j.name for j in back.context["jobs"]] == expected[25:50] and back.context["page"].number == 2
+    first = _link(back.content.decode(), "← Newer")
+    assert "before=" not in first and first.endswith("page=1")
+    assert [j.name for j in owner_client.get(base + first).context["jobs"]] == expected[:25]
+    # A filter stays on the links; a bad position falls back to the page number, not an error.
+    filtered = owner_client.get(base + "?q=sweep-0")
+    assert "q=sweep-0" in _link(filtered.content.decode(), "Older →")
+    junk = owner_client.get(base + "?after=not-a-position&page=2")
+    assert junk.status_code == 200 and [j.name for j in junk.context["jobs"]] == expected[25:50]
+    past = owner_client.get(base + "?after=1.1&page=7")  # older than everything: the last page
+    assert past.status_code == 200 and [j.name for j in past.context["jobs"]] == expected[50:]

@@ -16,10 +16,11 @@ one page query. The subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreS
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Sequence
 
 from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils.functional import cached_property
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.utils.urls import replace_query_param
@@ -74,8 +75,28 @@ def _select_related(queryset: QuerySet) -> Sequence[str]:
     return paths
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def position_token(row) -> str:
+    """Where ``row`` stands in a newest-first list: ``"<created_at in µs since 1970>.<pk>"``, exact
+    (integer arithmetic), for the ``after`` / ``before`` links."""
+    return f"{(row.created_at - _EPOCH) // dt.timedelta(microseconds=1)}.{row.pk}"
+
+
+def parse_position(token: str | None) -> tuple[dt.datetime, int] | None:
+    """``(created_at, pk)`` from :func:`position_token`'s text; None for anything else (a hand-edited
+    link falls back to the page number, never an error)."""
+    try:
+        micros, pk = str(token).split(".")
+        return _EPOCH + dt.timedelta(microseconds=int(micros)), int(pk)
+    except (ValueError, OverflowError):
+        return None
+
+
 class CappedPage(Page):
-    """A page that knows whether another follows without the total (the paginator read one row more)."""
+    """A page that knows whether another follows without the total (the paginator read one row more),
+    with the positions of its first and last rows for keyset links (``newer_token``, ``older_token``)."""
 
     def __init__(self, object_list, number, paginator, more: bool) -> None:
         super().__init__(object_list, number, paginator)
@@ -83,6 +104,14 @@ class CappedPage(Page):
 
     def has_next(self) -> bool:
         return self.more
+
+    @property
+    def older_token(self) -> str:
+        return position_token(self.object_list[-1]) if self.object_list else ""
+
+    @property
+    def newer_token(self) -> str:
+        return position_token(self.object_list[0]) if self.object_list else ""
 
 
 class CappedCountPaginator(Paginator):
@@ -133,6 +162,38 @@ class CappedCountPaginator(Paginator):
             return super().get_page(number)
         except EmptyPage:
             return self.page(self.num_pages)
+
+    def keyset_page(self, number, *, after: str | None = None, before: str | None = None) -> CappedPage:
+        """The page of rows just older than position ``after`` (or just newer than ``before``), labelled
+        page ``number``; for a list ordered newest first by ``(created_at, pk)``.
+
+        This is how the list's "Older" / "Newer" links page: an index seek to the position, whatever
+        the depth, where ``?page=N`` alone reads and skips N − 1 pages of keys. A position that does
+        not parse, or leads to no rows, gives ``get_page(number)``. Same two queries as a numbered page.
+        """
+        position = parse_position(after if after else before)
+        if position is None:
+            return self.get_page(number)
+        try:
+            number = self._to_int(number)
+        except PageNotAnInteger:
+            number = 2
+        at, pk = position
+        if after:
+            older = self.object_list.filter(Q(created_at__lte=at) & (Q(created_at__lt=at) | Q(pk__lt=pk)))
+            rows = page_rows(older, 0, self.per_page + 1)
+            more, rows = len(rows) > self.per_page, rows[: self.per_page]
+            number = max(number, 2)
+        else:
+            newer = (self.object_list.filter(Q(created_at__gte=at) & (Q(created_at__gt=at) | Q(pk__gt=pk)))
+                     .order_by("created_at", "pk"))
+            rows = page_rows(newer, 0, self.per_page + 1)
+            newest_reached = len(rows) <= self.per_page
+            rows, more = list(reversed(rows[: self.per_page])), True  # the row at ``before`` follows
+            number = 1 if newest_reached else max(number, 2)
+        if not rows:
+            return self.get_page(number)
+        return CappedPage(rows, number, self, more)
 
     def page(self, number) -> CappedPage:
         number = self.validate_number(number)
