@@ -1374,9 +1374,12 @@ def backend_sync(*, backend_id: int) -> int:
     Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
     """
     backend = ComputeBackend.objects.get(pk=backend_id)
+    # Only what this loop reads (each job is re-read, locked, before it is synced): at 10,000 active
+    # jobs the frozen configs alone would be most of the worker's memory (bench/sync_memory.py).
     jobs = list(
         TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
         .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
+        .only("id", "state", "provider_handle", "last_synced_at")
     )
     if not jobs:
         return 0
