@@ -9,6 +9,13 @@
 (function () {
   "use strict";
 
+  // Forms with data-confirm ask first (Cancel). A listener here rather than an inline onsubmit: the
+  // content security policy allows no inline script. Delegated, so it survives htmx swaps.
+  document.addEventListener("submit", function (event) {
+    const message = event.target.dataset && event.target.dataset.confirm;
+    if (message && !window.confirm(message)) event.preventDefault();
+  });
+
   const charts = document.getElementById("charts");
   const dataNode = document.getElementById("metrics-data");
   if (!charts || !dataNode || typeof Chart === "undefined") return;
