@@ -13,14 +13,13 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
-from unittest import mock
 
 import psycopg
 import pytest
 from django.db import connection
 
 from faultkit import REPO_ROOT, database_url, wait_for
-from jobs import services, tasks
+from jobs import services
 from jobs.models import JobStateChoices as S, TrainingJob
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
