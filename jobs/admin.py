@@ -173,7 +173,7 @@ class ComputeBackendForm(ServiceForm):
 
     class Meta:
         model = ComputeBackend
-        fields = ["name", "kind", "config", "enabled"]
+        fields = ["name", "kind", "config", "enabled", "team"]
 
     def save_via_service(self, data):
         data["config"] = _json_field(data.get("config"))

@@ -401,4 +401,35 @@ def test_admin_as_staff_who_is_not_the_owner(world):
                 if name in body:
                     problems.append(f"GET {url} shows carol's {name!r}")
     assert seen > 30
+    # Staff pages outside the admin open for staff (the walk above showed non-staff get 403).
+    orphans = c.get(reverse("orphan-list"))
+    if orphans.status_code != 200:
+        problems.append(f"GET /orphans/ as staff: {orphans.status_code}")
     assert not problems, "\n".join(problems)
+
+
+def test_sharing_is_only_with_a_team_one_belongs_to(world):
+    from django.core.exceptions import ValidationError
+
+    from jobs import services
+    from jobs.models import ComputeBackend
+
+    with pytest.raises(ValidationError) as exc:
+        services.backend_create(owner=world["users"]["dave"], name="dave-box", kind="gpubox", config={},
+                                team=world["team"])
+    assert exc.value.message_dict["team"] == ["Choose one of your teams; you are not a member of this one."]
+    assert not ComputeBackend.objects.filter(name="dave-box").exists()
+    # The API offers only the user's teams: another team's id is a 400 naming the field.
+    r = _api(world["users"]["dave"]).post(reverse("api-backend-list"),
+                                          {"name": "dave-box", "kind": "gpubox", "config": {},
+                                           "team": world["team"].pk}, format="json")
+    assert r.status_code == 400 and "team" in r.json()
+    r = _api(world["users"]["erin"]).post(reverse("api-backend-list"),
+                                          {"name": "erin-box", "kind": "gpubox", "config": {},
+                                           "team": world["team"].pk}, format="json")
+    assert r.status_code == 201 and r.json()["team"] == world["team"].pk
+    # carol (a member) now sees erin's shared backend; dave does not.
+    ids = {row["id"] for row in _api(world["users"]["carol"]).get(reverse("api-backend-list")).json()["results"]}
+    assert r.json()["id"] in ids
+    ids = {row["id"] for row in _api(world["users"]["dave"]).get(reverse("api-backend-list")).json()["results"]}
+    assert r.json()["id"] not in ids
