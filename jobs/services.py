@@ -403,6 +403,8 @@ def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
     _full_clean(errors, dataset)
     if dataset.name and _name_taken(Dataset, dataset.owner, dataset.name, dataset.pk):
         errors.add("name", f"You already have a dataset named {dataset.name}; choose another name.")
+    if dataset.team_id is not None and not dataset.team.members.filter(pk=dataset.owner_id).exists():
+        errors.add("team", "Choose one of your teams; you are not a member of this one.")
     if dataset.format == Dataset.Format.BUILTIN:
         known = get_args(BuiltinDataset)
         if dataset.builtin_name not in known:

@@ -433,3 +433,18 @@ def test_sharing_is_only_with_a_team_one_belongs_to(world):
     assert r.json()["id"] in ids
     ids = {row["id"] for row in _api(world["users"]["dave"]).get(reverse("api-backend-list")).json()["results"]}
     assert r.json()["id"] not in ids
+
+
+def test_dataset_validation_refuses_a_team_the_owner_is_not_in(world):
+    # dataset_create takes no team yet (see the report); its validation already checks membership.
+    from jobs import services
+    from jobs.models import Dataset
+
+    errors = services._Errors()
+    services._validate_dataset(errors, Dataset(owner=world["users"]["dave"], name="d", format="builtin",
+                                               builtin_name="digits", team=world["team"]))
+    assert errors == {"team": ["Choose one of your teams; you are not a member of this one."]}
+    errors = services._Errors()
+    services._validate_dataset(errors, Dataset(owner=world["users"]["erin"], name="d", format="builtin",
+                                               builtin_name="digits", team=world["team"]))
+    assert errors == {}
