@@ -11,7 +11,9 @@ What it does, in one run:
    with COPY: a big user ("bench", staff) with ``--jobs`` jobs spread over 4 backends, 3 datasets,
    3 models, every state and a year of creation times; a small user ("small") with 10 jobs;
    ``--metric-points`` MetricPoint rows over the big user's newest jobs (100 per job); then VACUUM ANALYZE;
-2. for each page below, in-process with Django's test ``Client`` (middleware, view, template or
+2. for each page (the list, each filter, a search with one match and one with many, the last page by
+   ``?page=N`` and by the "Older →" link's position, the same for /api/jobs/ and the admin changelist),
+   in-process with Django's test ``Client`` (middleware, view, template or
    serializer, database; no HTTP server), counts the SQL queries for the small and the big user
    (``CaptureQueriesContext``) and times ``--requests`` requests of the big user after 3 warm-ups;
 3. prints p50 / p95 in ms per page, the query counts, and whether each meets its target (HTML and API

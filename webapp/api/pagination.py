@@ -7,11 +7,15 @@ Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long l
   answers ``count: 10000`` with ``count_is_exact: false``.
 - ``OFFSET n`` on the full row, with its joins, builds and throws away n joined rows. Here the page's
   primary keys are picked first by a subquery that selects only ``pk`` (an index-only scan on
-  ``(owner_id, created_at DESC, id DESC)`` and friends, jobs/migrations/0004_scale_indexes.py), and
-  only those rows are fetched with their joins: ``WHERE id IN (SELECT id … ORDER BY … LIMIT l OFFSET n)``.
+  ``job_list_order``, jobs/migrations/0004_scale_indexes.py), and only those rows are fetched with
+  their joins: ``WHERE id IN (SELECT id … ORDER BY … LIMIT l OFFSET n)``. That still reads n index
+  entries; the HTML list's "Older" / "Newer" links therefore carry the position ``(created_at, id)``
+  of the page's last / first row and seek to it (:meth:`CappedCountPaginator.keyset_page`), so
+  following them costs the same at any depth. ``?page=N`` typed by hand keeps working, by offset.
 
 Each page is a fixed number of queries whatever its depth or the list's length: one capped count and
 one page query. The subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow.
+The API keeps ``limit``/``offset`` (its clients use them); a deep offset there reads the skipped keys.
 """
 
 from __future__ import annotations
