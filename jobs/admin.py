@@ -322,10 +322,11 @@ class TrainingJobAdmin(OwnedAdmin):
 
     # At 100,000 jobs (bench/job_list.py): no full COUNT(*) (the count stops at 10,001, "10,001" then
     # means "more than 10,000"), no date hierarchy (a SELECT DISTINCT over every job; filter by
-    # "created at" instead), search only on what has an index (id; trigram on name and provider job
-    # name) because a search through a join reads every job.
+    # "created at" instead), search only on what has an index (id as text; trigram on name and
+    # provider job name) because a search through a join reads every job; 50 rows a page.
     from webapp.api.pagination import CappedCountPaginator as paginator  # noqa: E402
     show_full_result_count = False
+    list_per_page = 50  # rendering the rows is most of the page's time
     list_filter = ["state", "backend__kind", StrategyFilter, "spot", "created_at"]
     search_fields = ["=id", "name", "provider_job_name"]
     search_help_text = "Job id (exact), job name or provider job name."
