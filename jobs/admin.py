@@ -142,7 +142,7 @@ def _json_field(value):
 class DatasetForm(ServiceForm):
     class Meta:
         model = Dataset
-        fields = ["name", "description", "format", "builtin_name", "uri", "label_column"]
+        fields = ["name", "description", "format", "builtin_name", "uri", "label_column", "team"]
 
     def save_via_service(self, data):
         if self.instance.pk:
@@ -153,7 +153,7 @@ class DatasetForm(ServiceForm):
 class ModelSpecForm(ServiceForm):
     class Meta:
         model = ModelSpec
-        fields = ["name", "description", "architecture", "params"]
+        fields = ["name", "description", "architecture", "params", "team"]
 
     def save_via_service(self, data):
         data["params"] = _json_field(data.get("params"))
@@ -170,13 +170,24 @@ def _kind_choices():
 
 class ComputeBackendForm(ServiceForm):
     kind = forms.ChoiceField(choices=_kind_choices, help_text="Which adapter runs this backend's jobs.")
+    # Not required, so a POST without them keeps the backend's (default: warn, report).
+    stall_policy = forms.ChoiceField(
+        required=False, choices=ComputeBackend.StallPolicy.choices, initial=ComputeBackend.StallPolicy.WARN,
+        help_text="What a job past its state's deadline gets: flagged Stalled, or flagged and cancelled.")
+    orphan_policy = forms.ChoiceField(
+        required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
+        help_text="Provider jobs with Trainboard's tag and no active job: list them, or list and stop them.")
 
     class Meta:
         model = ComputeBackend
-        fields = ["name", "kind", "config", "enabled", "team"]
+        fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy"]
 
     def save_via_service(self, data):
         data["config"] = _json_field(data.get("config"))
+        data["state_deadlines"] = _json_field(data.get("state_deadlines"))
+        for name in ("stall_policy", "orphan_policy"):
+            if not data.get(name):
+                data.pop(name, None)
         if self.instance.pk:
             return services.backend_update(backend=self.instance, **data)
         return services.backend_create(owner=self.request.user, **data)
@@ -210,8 +221,8 @@ class ModelSpecAdmin(ServiceFormAdmin):
 @admin.register(ComputeBackend)
 class ComputeBackendAdmin(ServiceFormAdmin):
     form = ComputeBackendForm
-    list_display = ["name", "owner", "kind", "enabled", "created_at"]
-    list_filter = ["kind", "enabled", "created_at"]
+    list_display = ["name", "owner", "kind", "enabled", "stall_policy", "orphan_policy", "created_at"]
+    list_filter = ["kind", "enabled", "stall_policy", "orphan_policy", "created_at"]
     search_fields = ["name", "kind", "owner__username"]
     date_hierarchy = "created_at"
     readonly_fields = ["owner", "credentials", "created_at", "updated_at"]
@@ -333,14 +344,15 @@ class TrainingJobAdmin(OwnedAdmin):
     list_select_related = ["owner", "backend"]
     readonly_fields = _JOB_FIELDS + ["shape", "duration"]
     fieldsets = [
-        (None, {"fields": ["name", "owner", "state", "failure_reason", "status_warning", "rerun_of"]}),
+        (None, {"fields": ["name", "owner", "team", "state", "state_entered_at", "stalled_at", "stalled_reason",
+                           "failure_reason", "status_warning", "rerun_of"]}),
         ("What it runs", {"fields": ["dataset", "model_spec", "backend", "strategy", "shape", "instance_type",
                                      "spot", "max_runtime_s", "config"]}),
         ("Lifecycle", {"fields": ["provider_job_name", "provider_handle", "raw_state", "secondary_state",
                                   "created_at", "submitted_at", "started_at", "first_step_at", "ended_at",
                                   "cancel_requested_at", "last_synced_at", "duration", "log_cursor"]}),
-        ("Cost", {"fields": ["hourly_price_usd", "estimated_cost_usd", "budget_usd", "billable_seconds",
-                             "training_seconds", "instance_count", "cost_usd"]}),
+        ("Cost", {"fields": ["hourly_price_usd", "estimated_cost_usd", "budget_usd", "budget_exceeded_at",
+                             "billable_seconds", "training_seconds", "instance_count", "cost_usd"]}),
     ]
     inlines = [JobEventInline]
     actions = ["cancel_selected", "rerun_selected"]

@@ -354,7 +354,7 @@ def _full_clean(errors: _Errors, obj: Any) -> None:
 # Datasets
 # =============================================================================================
 
-_DATASET_FIELDS = {"name", "description", "format", "builtin_name", "uri", "label_column"}
+_DATASET_FIELDS = {"name", "description", "format", "builtin_name", "uri", "label_column", "team"}
 
 
 def _json_object(errors: _Errors, field: str, value: Any, *, what: str, example: str,
@@ -451,28 +451,53 @@ def _dataset_local_path(errors: _Errors, uri: str) -> str | None:
 
 
 def dataset_create(*, owner, name: str, format: str, builtin_name: str = "", uri: str = "",
-                   label_column: str = "label", description: str = "") -> Dataset:
-    """Register a dataset: built-in (``builtin_name`` "digits") or a ``uri`` in one of the formats."""
+                   label_column: str = "label", description: str = "", team=None) -> Dataset:
+    """Register a dataset: built-in (``builtin_name`` "digits") or a ``uri`` in one of the formats.
+
+    ``team`` (a Team or its pk; None/"" = private) must be one of ``owner``'s teams: its members then
+    see the dataset and may launch jobs with it. Raises ValidationError keyed by field; nothing is
+    saved then.
+    """
+    errors = _Errors()
+    team = _member_team(errors, team, owner)
     dataset = Dataset(owner=owner, name=(name or "").strip(), format=format, builtin_name=builtin_name or "",
                       uri=(uri or "").strip(), label_column=label_column or "label",
-                      description=description or "")
-    errors = _Errors()
+                      description=description or "", team=team)
     _validate_dataset(errors, dataset)
     errors.raise_if_any()
     dataset.save()
     return dataset
 
 
+def _team_field(errors: _Errors, fields: Mapping[str, Any], owner: Any) -> dict[str, Any]:
+    """``fields`` with a ``team`` pk resolved to the Team (one of ``owner``'s teams; else an error on
+    ``team`` and the field left out so the row keeps its team)."""
+    if "team" not in fields:
+        return dict(fields)
+    fields = dict(fields)
+    team = _member_team(errors, fields["team"], owner)
+    if team is None and fields["team"] not in (None, ""):
+        fields.pop("team")
+    else:
+        fields["team"] = team
+    return fields
+
+
 def dataset_update(*, dataset: Dataset, **fields: Any) -> Dataset:
-    """Change some of ``name, description, format, builtin_name, uri, label_column``."""
-    return _update(dataset, fields, allowed=_DATASET_FIELDS, validate=_validate_dataset)
+    """Change some of ``name, description, format, builtin_name, uri, label_column, team`` (``team``:
+    a Team or pk of one of the owner's teams, None = private). Raises ValidationError; the row is
+    untouched then."""
+    errors = _Errors()
+    fields = _team_field(errors, fields, dataset.owner)
+    return _update(dataset, fields, allowed=_DATASET_FIELDS, validate=_validate_dataset,
+                   empty={"team": None}, errors=errors)
 
 
 # =============================================================================================
 # Model specs
 # =============================================================================================
 
-_MODEL_FIELDS = {"name", "description", "architecture", "params"}
+_MODEL_FIELDS = {"name", "description", "architecture", "params", "team"}
 
 
 def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
@@ -481,6 +506,8 @@ def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
     _full_clean(errors, spec)
     if spec.name and _name_taken(ModelSpec, spec.owner, spec.name, spec.pk):
         errors.add("name", f"You already have a model named {spec.name}; choose another name.")
+    if spec.team_id is not None and not spec.team.members.filter(pk=spec.owner_id).exists():
+        errors.add("team", "Choose one of your teams; you are not a member of this one.")
     from trainer_pkg.registry import ARCHITECTURES
 
     arch = ARCHITECTURES.get(spec.architecture)
@@ -496,11 +523,16 @@ def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
 
 
 def model_spec_create(*, owner, name: str, architecture: str, params: dict | None = None,
-                      description: str = "") -> ModelSpec:
-    """Register a model: an architecture from the trainer's registry; ``params`` completed with defaults."""
-    spec = ModelSpec(owner=owner, name=(name or "").strip(), architecture=architecture or "",
-                     params=params if params is not None else {}, description=description or "")
+                      description: str = "", team=None) -> ModelSpec:
+    """Register a model: an architecture from the trainer's registry; ``params`` completed with defaults.
+
+    ``team`` (a Team or its pk; None/"" = private) must be one of ``owner``'s teams: its members then
+    see the model and may launch jobs with it. Raises ValidationError keyed by field.
+    """
     errors = _Errors()
+    team = _member_team(errors, team, owner)
+    spec = ModelSpec(owner=owner, name=(name or "").strip(), architecture=architecture or "",
+                     params=params if params is not None else {}, description=description or "", team=team)
     _validate_model_spec(errors, spec)
     errors.raise_if_any()
     spec.save()
@@ -508,16 +540,19 @@ def model_spec_create(*, owner, name: str, architecture: str, params: dict | Non
 
 
 def model_spec_update(*, model_spec: ModelSpec, **fields: Any) -> ModelSpec:
-    """Change some of ``name, description, architecture, params`` (params re-validated)."""
+    """Change some of ``name, description, architecture, params, team`` (params re-validated; ``team``
+    as for :func:`dataset_update`). Raises ValidationError; the row is untouched then."""
+    errors = _Errors()
+    fields = _team_field(errors, fields, model_spec.owner)
     return _update(model_spec, fields, allowed=_MODEL_FIELDS, validate=_validate_model_spec,
-                   empty={"params": {}})
+                   empty={"params": {}, "team": None}, errors=errors)
 
 
 # =============================================================================================
 # Compute backends
 # =============================================================================================
 
-_BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy"}
+_BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy"}
 
 
 def backend_secret_keys(kind: str) -> dict[str, bool]:
@@ -595,16 +630,23 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
 
 
 def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True,
-                   secrets: Mapping[str, str] | None = None, team=None) -> ComputeBackend:
+                   secrets: Mapping[str, str] | None = None, team=None,
+                   state_deadlines: Mapping[str, float] | None = None, stall_policy: str = "warn",
+                   orphan_policy: str = "report") -> ComputeBackend:
     """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
 
     ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
     None: the worker's own identity. ``team``: a Team ``owner`` is a member of (shares it), or None.
+    ``state_deadlines``: ``{state: seconds}`` for non-terminal states (missing ones use
+    ``settings.TRAINBOARD_STATE_DEADLINES_S``; RUNNING: max runtime + margin); ``stall_policy``
+    "warn" | "cancel" (what a job past its deadline gets); ``orphan_policy`` "report" | "stop".
     Raises ValidationError keyed by field (``secrets`` messages name keys, never values).
     """
     backend = ComputeBackend(owner=owner, name=(name or "").strip(), kind=kind or "",
                              config=config if config is not None else {}, enabled=bool(enabled),
-                             secrets=secrets if secrets is not None else {}, team=team)
+                             secrets=secrets if secrets is not None else {}, team=team,
+                             state_deadlines=state_deadlines if state_deadlines is not None else {},
+                             stall_policy=stall_policy or "", orphan_policy=orphan_policy or "")
     errors = _Errors()
     _validate_backend(errors, backend)
     errors.raise_if_any()
@@ -614,7 +656,9 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
 
 def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None] | None = None,
                    clear_secrets: bool = False, **fields: Any) -> ComputeBackend:
-    """Change some of ``name, kind, config, enabled, team``; the kind only while no job is active.
+    """Change some of ``name, kind, config, enabled, team, state_deadlines, stall_policy,
+    orphan_policy`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
+    while no job is active.
 
     ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a
     blank or missing key keeps it (write-only forms send blanks). ``clear_secrets`` removes all stored
@@ -632,7 +676,7 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
         merged.update({k: v for k, v in (secrets or {}).items() if v not in (None, "")})
         fields = {**fields, "secrets": merged}
     return _update(backend, fields, allowed=_BACKEND_FIELDS | {"secrets"}, validate=_validate_backend,
-                   empty={"config": {}, "secrets": {}, "team": None}, errors=errors)
+                   empty={"config": {}, "secrets": {}, "team": None, "state_deadlines": {}}, errors=errors)
 
 
 def backend_test_connection(*, backend: ComputeBackend, user) -> list[ConnectionCheck]:

@@ -14,7 +14,7 @@ from django import forms
 
 from cloud_adapters.base import InstanceOffer
 from jobs import selectors
-from jobs.models import Dataset, Team
+from jobs.models import ComputeBackend, Dataset, Team
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
@@ -57,7 +57,27 @@ def offer_label(offer: InstanceOffer) -> str:
         "" if offer.confirmed else " (unconfirmed)")
 
 
-class DatasetForm(forms.Form):
+SHARE_HELP = "Share with a team you belong to: its members see it and can launch jobs with it."
+
+
+def team_field(user, *, help_text: str = SHARE_HELP, empty_label: str = "— private —") -> forms.ModelChoiceField:
+    """A ``team`` choice limited to the teams ``user`` is a member of (blank = none: private). The
+    service checks membership again; a team the user left between render and submit is refused there."""
+    return forms.ModelChoiceField(
+        queryset=selectors.team_list_for_user(user=user) if user is not None else Team.objects.none(),
+        required=False, empty_label=empty_label, help_text=help_text)
+
+
+class TeamChoiceMixin:
+    """Adds the ``team`` choice for the ``user`` keyword (the teams they belong to) to a form whose
+    class declares a placeholder ``team`` field (so ``base_fields`` lists it for edit views' initial)."""
+
+    def __init__(self, *args: Any, user=None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["team"] = team_field(user)
+
+
+class DatasetForm(TeamChoiceMixin, forms.Form):
     name = forms.SlugField(max_length=100, help_text="Short name, unique among your datasets, e.g. digits.")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     format = forms.ChoiceField(choices=Dataset.Format.choices, initial=Dataset.Format.BUILTIN)
@@ -72,9 +92,10 @@ class DatasetForm(forms.Form):
     )
     label_column = forms.CharField(required=False, max_length=100, initial="label",
                                    help_text="CSV only: the column holding the integer class label.")
+    team = team_field(None)  # replaced per user in __init__
 
 
-class ModelSpecForm(forms.Form):
+class ModelSpecForm(TeamChoiceMixin, forms.Form):
     PARAMS_EXAMPLE = '{"channels": 32}'
 
     name = forms.SlugField(max_length=100, help_text="Short name, unique among your models, e.g. digits-cnn.")
@@ -88,6 +109,7 @@ class ModelSpecForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 6, "class": "mono", "spellcheck": "false"}),
         help_text="A JSON object; parameters left out take the defaults listed beside the form.",
     )
+    team = team_field(None)  # replaced per user in __init__
 
     def clean_params(self) -> dict[str, Any]:
         return parse_json_object(self.cleaned_data.get("params", ""), example=self.PARAMS_EXAMPLE)
@@ -255,12 +277,32 @@ def _secret_field_name(kind: str, key: str) -> str:
     return f"secret_{kind}_{key}"
 
 
-def team_field(user) -> forms.ModelChoiceField:
-    """A ``team`` choice limited to the teams ``user`` is a member of (blank = private)."""
-    return forms.ModelChoiceField(
-        queryset=selectors.team_list_for_user(user=user) if user is not None else Team.objects.none(),
-        required=False, empty_label="— private —",
-        help_text="Share with a team you belong to: its members see it and can launch jobs with it.")
+def _deadline_field_name(state: str) -> str:
+    return f"deadline_{state}"
+
+
+def _deadline_fields() -> dict[str, forms.Field]:
+    """One optional seconds input per non-terminal state; the placeholder shows the default
+    (``settings.TRAINBOARD_STATE_DEADLINES_S``; RUNNING: the job's max runtime + the margin)."""
+    from django.conf import settings
+
+    from jobs.recovery import DEADLINE_STATES
+
+    fields = {}
+    for state in DEADLINE_STATES:
+        if state == "RUNNING":
+            default = f"max runtime + {settings.TRAINBOARD_RUNNING_DEADLINE_MARGIN_S:g} s"
+        else:
+            seconds = settings.TRAINBOARD_STATE_DEADLINES_S.get(state)
+            default = f"{seconds:g} s" if seconds else "none"
+        # No min_value: the service's own message ("PENDING: the deadline must be a positive number
+        # of seconds") lands on this field, the same words the API gives.
+        fields[_deadline_field_name(state)] = forms.FloatField(
+            required=False, label=f"{state.capitalize()} (s)",
+            widget=forms.NumberInput(attrs={"placeholder": f"default: {default}", "min": "1", "step": "any",
+                                            "class": "deadline"}),
+            help_text=f"Seconds a job may stay {state} before it is flagged stalled; blank = default ({default}).")
+    return fields
 
 
 class BackendForm(forms.Form):
@@ -314,12 +356,47 @@ class BackendForm(forms.Form):
             required=False, label="Clear stored credentials",
             help_text="Remove every stored credential of this backend; jobs then use the worker's own identity.")
         self.fields["team"] = team_field(user)
+        self.deadline_fields = _deadline_fields()
+        self.fields.update(self.deadline_fields)
+        # Not required: a POST without them (an older client) keeps the backend's (default: warn, report).
+        self.fields["stall_policy"] = forms.ChoiceField(
+            required=False, choices=ComputeBackend.StallPolicy.choices, initial=ComputeBackend.StallPolicy.WARN,
+            label="When a job is past its deadline",
+            help_text="Warn flags it Stalled (on its page and in the list); cancel also cancels it.")
+        self.fields["orphan_policy"] = forms.ChoiceField(
+            required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
+            label="Orphan provider jobs",
+            help_text="Provider jobs with Trainboard's tag and no active job: list them for staff, or also "
+                      "stop them.")
         # For the template: one fieldset per kind, legend = the registry's label.
         self.kind_fieldsets = [
             {"kind": kind, "label": KINDS[kind].label,
              "fields": [self[name] for name in names] + [self[name] for name in self.secret_fields.get(kind, {})]}
             for kind, names in self.kind_settings.items()
         ]
+
+    def deadline_bound_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.deadline_fields]
+
+    def state_deadlines(self) -> dict[str, float]:
+        """``{state: seconds}`` of the deadline inputs that have a value (blank ones: the default)."""
+        return {name.removeprefix("deadline_"): self.cleaned_data[name] for name in self.deadline_fields
+                if self.cleaned_data.get(name) is not None}
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        """``state_deadlines``, and ``stall_policy``/``orphan_policy`` when chosen, for
+        ``backend_create``/``backend_update`` (a policy left out keeps the backend's, or the default)."""
+        kwargs: dict[str, Any] = {"state_deadlines": self.state_deadlines()}
+        for name in ("stall_policy", "orphan_policy"):
+            if self.cleaned_data.get(name):
+                kwargs[name] = self.cleaned_data[name]
+        return kwargs
+
+    def deadline_field(self, message: str) -> str | None:
+        """The deadline input a service message about ``state_deadlines`` belongs to ("PENDING: …"),
+        or None (the form's top) when it names no state of the form."""
+        name = _deadline_field_name(message.split(":", 1)[0].strip().upper())
+        return name if name in self.deadline_fields else None
 
     def secrets(self) -> dict[str, str]:
         """The chosen kind's credentials typed in this time (blank ones left out: keep the stored)."""
@@ -366,7 +443,10 @@ class BackendForm(forms.Form):
     @classmethod
     def initial_from(cls, backend) -> dict[str, Any]:
         config = dict(backend.config or {})
-        initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled, "team": backend.team_id}
+        initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled, "team": backend.team_id,
+                   "stall_policy": backend.stall_policy, "orphan_policy": backend.orphan_policy}
+        for state, seconds in (backend.state_deadlines or {}).items():
+            initial[_deadline_field_name(state)] = seconds
         for name, key in _registered_kind_settings().get(backend.kind, {}).items():
             if key in config:
                 initial[name] = config.pop(key)
@@ -416,6 +496,11 @@ class TrainingJobForm(forms.Form):
         help_text="Optional overrides of the trainer config, e.g. " + HYPERPARAMETERS_EXAMPLE + ".",
     )
 
+    team = team_field(
+        None, empty_label="— none —",
+        help_text="Optional: run for a team you belong to. The job counts toward the team's monthly budget "
+                  "and its members see it.")
+
     # The fields the cost estimate reads.
     ESTIMATE_FIELDS = ("backend", "nodes", "procs_per_node", "max_runtime_s", "instance_type", "spot")
     # Read too when given and valid, so the estimate shows the strategy's shape errors.
@@ -427,6 +512,7 @@ class TrainingJobForm(forms.Form):
         self.fields["dataset"].queryset = selectors.dataset_list_for_user(user=user)
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
+        self.fields["team"].queryset = selectors.team_list_for_user(user=user)
         self._offer_instance_types()
 
     def _offer_instance_types(self) -> None:

@@ -73,7 +73,7 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def dataset_create(request: HttpRequest) -> HttpResponse:
-    form = DatasetForm(request.POST or None)
+    form = DatasetForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             dataset = services.dataset_create(owner=request.user, **form.cleaned_data)
@@ -90,7 +90,7 @@ def dataset_create(request: HttpRequest) -> HttpResponse:
 def dataset_edit(request: HttpRequest, pk: int) -> HttpResponse:
     dataset = _changeable(request, get_object_or_404(selectors.dataset_list_for_user(user=request.user), pk=pk))
     initial = {f: getattr(dataset, f) for f in DatasetForm.base_fields}
-    form = DatasetForm(request.POST or None, initial=initial)
+    form = DatasetForm(request.POST or None, initial=initial, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             services.dataset_update(dataset=dataset, **form.cleaned_data)
@@ -137,7 +137,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def model_create(request: HttpRequest) -> HttpResponse:
     initial = {"architecture": "cnn", "params": json.dumps(ARCHITECTURES["cnn"].defaults(), indent=2)}
-    form = ModelSpecForm(request.POST or None, initial=initial)
+    form = ModelSpecForm(request.POST or None, initial=initial, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             model_spec = services.model_spec_create(owner=request.user, **form.cleaned_data)
@@ -157,8 +157,9 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
     initial = {
         "name": model_spec.name, "description": model_spec.description,
         "architecture": model_spec.architecture, "params": json.dumps(model_spec.params or {}, indent=2),
+        "team": model_spec.team_id,
     }
-    form = ModelSpecForm(request.POST or None, initial=initial)
+    form = ModelSpecForm(request.POST or None, initial=initial, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             services.model_spec_update(model_spec=model_spec, **form.cleaned_data)
@@ -181,6 +182,8 @@ def _add_backend_errors(form: BackendForm, exc: ValidationError) -> None:
     for message in errors.pop("config", []):
         setting = message.split(":", 1)[0].strip()
         form.add_error(form.setting_field(kind, setting) or "extra_config", message)
+    for message in errors.pop("state_deadlines", []):
+        form.add_error(form.deadline_field(message), message)
     if errors:
         add_service_errors(form, ValidationError(errors))
 
@@ -205,7 +208,7 @@ def backend_create(request: HttpRequest) -> HttpResponse:
             backend = services.backend_create(
                 owner=request.user, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
                 config=form.config(), enabled=form.cleaned_data["enabled"], secrets=form.secrets(),
-                team=form.cleaned_data.get("team"),
+                team=form.cleaned_data.get("team"), **form.policy_kwargs(),
             )
         except ValidationError as exc:
             _add_backend_errors(form, exc)
@@ -227,6 +230,7 @@ def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
                 backend=backend, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
                 config=form.config(), enabled=form.cleaned_data["enabled"], secrets=form.secrets(),
                 clear_secrets=form.cleaned_data["clear_secrets"], team=form.cleaned_data.get("team"),
+                **form.policy_kwargs(),
             )
         except ValidationError as exc:
             _add_backend_errors(form, exc)

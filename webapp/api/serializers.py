@@ -27,10 +27,30 @@ class ServiceSerializerMixin:
             raise to_drf_validation_error(exc) from None
 
 
+@extend_schema_field(OpenApiTypes.INT)
+class TeamField(serializers.PrimaryKeyRelatedField):
+    """A team the requesting user is a member of (null = private / none)."""
+
+    default_error_messages = {
+        "does_not_exist": "Choose one of your teams; team {pk_value} does not exist or you are not a member.",
+    }
+
+    def get_queryset(self):
+        return selectors.team_list_for_user(user=self.context["request"].user)
+
+
+def share_team_field() -> TeamField:
+    """The optional ``team`` of a dataset, model or backend: shared with that team's members."""
+    return TeamField(required=False, allow_null=True,
+                     help_text="Share with a team you are a member of (its members see and use it); null = private.")
+
+
 class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
+    team = share_team_field()
+
     class Meta:
         model = Dataset
-        fields = ["id", "name", "description", "format", "builtin_name", "uri", "label_column",
+        fields = ["id", "name", "description", "format", "builtin_name", "uri", "label_column", "team",
                   "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
@@ -48,10 +68,11 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     params = serializers.DictField(
         required=False, help_text="Architecture parameters; missing ones take the registry's defaults."
     )
+    team = share_team_field()
 
     class Meta:
         model = ModelSpec
-        fields = ["id", "name", "description", "architecture", "params", "created_at", "updated_at"]
+        fields = ["id", "name", "description", "architecture", "params", "team", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def create(self, validated_data: dict[str, Any]) -> ModelSpec:
@@ -65,14 +86,6 @@ def _kind_choices() -> list[tuple[str, str]]:
     from cloud_adapters.registry import kind_choices
 
     return list(kind_choices())
-
-
-@extend_schema_field(OpenApiTypes.INT)
-class TeamField(serializers.PrimaryKeyRelatedField):
-    """A team the requesting user is a member of (null = private)."""
-
-    def get_queryset(self):
-        return selectors.team_list_for_user(user=self.context["request"].user)
 
 
 class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
@@ -93,13 +106,17 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         help_text="Update only: remove every stored credential first.")
     secrets_set = serializers.SerializerMethodField(
         help_text="Which credential keys are stored (names only, never values).")
-    team = TeamField(required=False, allow_null=True,
-                     help_text="Share with a team you are a member of; null = private.")
+    team = share_team_field()
+    state_deadlines = serializers.DictField(
+        child=serializers.FloatField(), required=False,
+        help_text='Seconds a job may stay in each non-terminal state before it is flagged stalled, e.g. '
+                  '{"PENDING": 3600}; states left out use the server defaults (RUNNING: the job\'s max runtime '
+                  "+ a margin). {} = all defaults.")
 
     class Meta:
         model = ComputeBackend
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
-                  "created_at", "updated_at"]
+                  "state_deadlines", "stall_policy", "orphan_policy", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def get_secrets_set(self, backend: ComputeBackend) -> list[str]:
@@ -182,9 +199,13 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
             "max_runtime_s", "budget_usd", "hourly_price_usd", "estimated_cost_usd", "cost_usd",
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
-            "status_warning", "created_at", "submitted_at", "started_at", "ended_at", "duration_s",
+            "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
+            "ended_at", "duration_s",
         ]
         read_only_fields = fields
+        extra_kwargs = {"budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
+                                                            "was stopped; null otherwise."},
+                        "team": {"help_text": "The team the job runs for (its monthly budget); null = none."}}
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None
