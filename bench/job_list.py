@@ -223,7 +223,7 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
     before_deep = TrainingJob.objects.filter(owner=big_user).order_by("-created_at", "-id")[(deep - 1) * 25 - 1]
     older_link = f"/jobs/?after={position_token(before_deep)}&page={deep}"
     deep_offset = max(50, args.jobs - 50)         # API: 50 per page
-    admin_deep = max(2, (args.jobs - 100) // 100)  # admin: 100 per page, ?p= counts from 1
+    admin_deep = max(2, (args.jobs - 50) // 50)  # admin: 50 per page (list_per_page), ?p= counts from 1
     rare = "sweep-000123"  # one job matches: the search reads the whole list
     out = [
         ("html list", "/jobs/", "/jobs/", HTML_P95_MS),
