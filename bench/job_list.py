@@ -252,8 +252,9 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
     return out
 
 
-def measure(client, url: str, n: int) -> tuple[list[float], int, int]:
-    """Times (ms) of ``n`` GETs after 3 warm-ups, the query count of one more, and its status."""
+def measure(client, url: str, n: int) -> tuple[list[float], int, int, float]:
+    """Times (ms) of ``n`` GETs after 3 warm-ups; the query count, status and summed SQL time (ms, as
+    Django's cursor wrapper times each query) of one more."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -266,7 +267,8 @@ def measure(client, url: str, n: int) -> tuple[list[float], int, int]:
         times.append((time.perf_counter() - t0) * 1000)
     with CaptureQueriesContext(connection) as ctx:
         response = client.get(url)
-    return times, len(ctx.captured_queries), response.status_code
+    sql_ms = sum(float(q["time"]) for q in ctx.captured_queries) * 1000
+    return times, len(ctx.captured_queries), response.status_code, sql_ms
 
 
 def count_queries(client, url: str) -> tuple[int, int]:
@@ -314,12 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{started:%Y-%m-%d %H:%M} UTC · {n_jobs:,} jobs · {n_points:,} metric points · "
               f"{args.requests} timed requests per page · load average before {load_avg[0]:.2f} "
               f"{load_avg[1]:.2f} {load_avg[2]:.2f} · {os.cpu_count()} CPUs\n")
-        print(f"{'page':<20} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'target':>7} {'q small':>8} "
+        print(f"{'page':<20} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'target':>7} {'sql ms':>7} {'q small':>8} "
               f"{'q big':>6}  result  url")
         failures = []
         first_queries: dict[str, int] = {}
         for label, url, small_url, target in pages(args, big_backend, small_backend, big):
-            times, q_big, status = measure(big_client, url, args.requests)
+            times, q_big, status, sql_ms = measure(big_client, url, args.requests)
             q_small, small_status = count_queries(small_client, small_url)
             kind = label.split()[0]
             first_queries.setdefault(kind, q_big)
@@ -329,14 +331,15 @@ def main(argv: list[str] | None = None) -> int:
             if verdict != "ok":
                 failures.append(label)
             print(f"{label:<20} {statistics.median(times):>8.1f} {p95(times):>8.1f} {max(times):>8.1f} "
-                  f"{target:>7.0f} {q_small:>8} {q_big:>6}  {verdict:<6}  {url}"
+                  f"{target:>7.0f} {sql_ms:>7.1f} {q_small:>8} {q_big:>6}  {verdict:<6}  {url}"
                   + ("" if status == 200 == small_status else f"  (HTTP {status}/{small_status})"))
         try:
             load_after = os.getloadavg()[0]
         except OSError:
             load_after = float("nan")
-        print(f"\nload average after {load_after:.2f}. q small / q big: SQL queries of one request by a user "
-              "with 10 jobs and by the user with all the others (same page shape).")
+        print(f"\nload average after {load_after:.2f}. sql ms: the database's share of one request (its queries' "
+              "times summed). q small / q big: SQL queries of one request by a user with 10 jobs and by the "
+              "user with all the others (same page shape).")
         print("targets missed: " + (", ".join(failures) if failures else "none"))
         return 1 if failures and args.check else 0
     finally:
