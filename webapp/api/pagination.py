@@ -45,8 +45,8 @@ def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
     """Rows ``offset`` .. ``offset + limit − 1`` of the ordered ``queryset`` in one query: the slice is
     taken on primary keys alone (a subquery), then only those rows are read with their joins.
 
-    ``offset``, ``limit``: non-negative row counts. Keeps the queryset's ordering, filters and
-    ``select_related``. Raises ``ValueError`` for a negative offset or limit.
+    ``offset``, ``limit``: non-negative row counts. Keeps the queryset's ordering, filters,
+    ``select_related`` and ``only`` / ``defer``. Raises ``ValueError`` for a negative offset or limit.
     """
     if offset < 0 or limit < 0:
         raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
@@ -56,8 +56,10 @@ def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
         raise ValueError("page_rows needs an ordered queryset (the same page must come back each time)")
     ordering = queryset.query.order_by or queryset.model._meta.ordering
     keys = queryset.values("pk")[offset:offset + limit]
-    return list(queryset.model._base_manager.filter(pk__in=keys)
-                .select_related(*_select_related(queryset)).order_by(*ordering))
+    rows = (queryset.model._base_manager.filter(pk__in=keys)
+            .select_related(*_select_related(queryset)).order_by(*ordering))
+    rows.query.deferred_loading = queryset.query.deferred_loading  # keep .only() / .defer()
+    return list(rows)
 
 
 def _select_related(queryset: QuerySet) -> Sequence[str]:
