@@ -238,5 +238,8 @@ def test_older_and_newer_links_walk_the_list_by_position(owner_client, user, dig
     assert "q=sweep-0" in _link(filtered.content.decode(), "Older →")
     junk = owner_client.get(base + "?after=not-a-position&page=2")
     assert junk.status_code == 200 and [j.name for j in junk.context["jobs"]] == expected[25:50]
+    for bad in ("?after=99999999999999999999999.1", "?before=1.x&page=-4", "?after=-5.3&page=zz"):
+        response = owner_client.get(base + bad)
+        assert response.status_code == 200, bad
     past = owner_client.get(base + "?after=1.1&page=7")  # older than everything: the last page
     assert past.status_code == 200 and [j.name for j in past.context["jobs"]] == expected[50:]
