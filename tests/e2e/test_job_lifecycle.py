@@ -113,5 +113,5 @@ def test_submit_job_command_waits_for_success(celery_worker_process, user, digit
     assert data["state"] == "SUCCEEDED"
     assert data["metrics"]["val_accuracy"] >= 0.90
     assert [e["to"] for e in data["events"]] == ["QUEUED", "SUBMITTING", "PENDING", "RUNNING", "SUCCEEDED"]
-    assert data["cost_usd"] > 0 and data["duration_s"] > 0 and data["url"] == f"/jobs/{data['id']}/"
+    assert data["cost_usd"] > 0 and data["duration_s"] > 0 and data["url"] == f"http://127.0.0.1:8000/jobs/{data['id']}/"
     assert "PENDING → RUNNING" in result.stderr and "epoch 2 val_accuracy" in result.stderr
