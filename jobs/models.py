@@ -229,6 +229,9 @@ class TrainingJob(Owned):
 
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
+    logs_read_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Last sync that read this job's log; unchanged jobs are read least recently read first.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

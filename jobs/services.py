@@ -1341,9 +1341,13 @@ def _unchanged_fields(job: TrainingJob, now: dt.datetime) -> dict[str, Any]:
     return fields
 
 
-def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime) -> None:
+def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime,
+              read_logs: bool = True) -> None:
     handle = JobHandle.from_dict(job.provider_handle)
-    drained = _drain_logs(adapter, job, handle, now)
+    drained = True
+    if read_logs or status is not None:  # a changed job's log is always read (its end needs all of it)
+        drained = _drain_logs(adapter, job, handle, now)
+        TrainingJob.objects.filter(pk=job.pk).update(logs_read_at=now)
     if status is None:  # unchanged since the last sync, or not found: state left as it is
         fields = _unchanged_fields(job, now)
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
@@ -1407,6 +1411,17 @@ def sync_changed_since(jobs: list[TrainingJob]) -> dt.datetime | None:
     return min(synced) - SYNC_MARGIN
 
 
+def log_readers(jobs: list[TrainingJob], changed: set[str], limit: int) -> set[int]:
+    """Ids of the jobs whose logs one sync pass reads: every job whose status ``changed`` (by provider
+    job name) and at most ``limit`` of the others, least recently read first (never read = first), so
+    at 10,000 active jobs a pass makes ``changed + limit`` log reads, not 10,000, and every job's log
+    is still read every ``active / limit`` passes."""
+    never = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    ids = {j.pk for j in jobs if (j.provider_handle or {}).get("job_name", "") in changed}
+    rest = sorted((j for j in jobs if j.pk not in ids), key=lambda j: (j.logs_read_at or never, j.pk))
+    return ids | {j.pk for j in rest[:max(limit, 0)]}
+
+
 def backend_sync(*, backend_id: int) -> int:
     """One sync pass over a backend's active jobs (the body of ``jobs.tasks.sync_backend``).
 
@@ -1415,8 +1430,9 @@ def backend_sync(*, backend_id: int) -> int:
     holds it): STOPPING jobs get their cancel re-sent, new log lines and metric points are stored,
     then the provider state is applied through the state machine with times, billable and training
     seconds, instance count and cost recomputed absolutely. A job left out of the result keeps its
-    state; its logs are still read and, while RUNNING, its cost so far is recomputed from the run
-    interval. A job whose cost reached its budget is stopped.
+    state and, while RUNNING, its cost so far is recomputed from the run interval; its log is read when
+    it is among the ``TRAINBOARD_LOG_READS_PER_SYNC`` least recently read (:func:`log_readers`).
+    A job whose cost reached its budget is stopped.
     Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
     """
     backend = ComputeBackend.objects.get(pk=backend_id)
@@ -1425,7 +1441,7 @@ def backend_sync(*, backend_id: int) -> int:
     jobs = list(
         TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
         .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
-        .only("id", "state", "provider_handle", "last_synced_at")
+        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at")
     )
     if not jobs:
         return 0
@@ -1437,6 +1453,7 @@ def backend_sync(*, backend_id: int) -> int:
     statuses = adapter.describe_many([JobHandle.from_dict(j.provider_handle) for j in jobs],
                                      changed_since=sync_changed_since(jobs))
     now = timezone.now()
+    readers = log_readers(jobs, set(statuses), settings.TRAINBOARD_LOG_READS_PER_SYNC)
     for job in jobs:
         with transaction.atomic():
             locked = (TrainingJob.objects.select_for_update(skip_locked=True)
@@ -1444,7 +1461,8 @@ def backend_sync(*, backend_id: int) -> int:
             if locked is None:
                 continue
             try:
-                _sync_one(adapter, locked, statuses.get(locked.provider_handle.get("job_name", "")), now)
+                _sync_one(adapter, locked, statuses.get(locked.provider_handle.get("job_name", "")), now,
+                          read_logs=locked.pk in readers)
             except BackendError as exc:
                 if not exc.transient:
                     log.warning("job %s: sync error: %s", job.pk, exc)

@@ -288,6 +288,11 @@ if not _encryption_keys:
     _encryption_keys = [_key_file.read_text().strip()]
 TRAINBOARD_ENCRYPTION_KEYS = tuple(k.strip() for k in _encryption_keys if k.strip())
 
+# Log reads per sync pass for jobs whose provider status did not change (least recently read first);
+# jobs whose status changed are always read. Bounds a pass's provider calls at any number of active jobs.
+TRAINBOARD_LOG_READS_PER_SYNC = env.int("TRAINBOARD_LOG_READS_PER_SYNC", default=100)
+if TRAINBOARD_LOG_READS_PER_SYNC < 1:
+    raise ImproperlyConfigured("TRAINBOARD_LOG_READS_PER_SYNC must be at least 1")
 # Where users reach the web UI; links printed outside a request (CLI output) are absolute under it.
 TRAINBOARD_BASE_URL = env.str("TRAINBOARD_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
 # Local dataset paths must lie inside one of these directories (symlinks and ".." resolved; a relative

@@ -48,7 +48,10 @@ class RecordingBackend(Backend):
     def cancel(self, handle):
         type(self).cancels.append(handle.job_name)
 
+    log_calls: list[str] = []
+
     def logs(self, handle, cursor=""):
+        type(self).log_calls.append(handle.job_name)
         at = int(cursor or 0)
         chunks = self.log_chunks.get(handle.job_name, [])
         return (chunks[at], str(at + 1)) if at < len(chunks) else ([], str(at))
@@ -62,7 +65,7 @@ def recording_backend(user, monkeypatch):
     monkeypatch.setitem(registry.KINDS, "recording",
                         registry.KindInfo(RecordingBackend.__module__, "RecordingBackend", "Recording"))
     RecordingBackend.seen, RecordingBackend.changed, RecordingBackend.log_chunks = [], {}, {}
-    RecordingBackend.cancels = []
+    RecordingBackend.cancels, RecordingBackend.log_calls = [], []
     return services.backend_create(owner=user, name="recording", kind="recording")
 
 
@@ -219,3 +222,31 @@ def test_gpubox_describes_every_job_whatever_changed_since_says(user, digits_dat
     assert job.state == S.SUCCEEDED and job.billable_seconds == 90.0
     assert job.cost_usd == Decimal("0.0900")  # 90 s × 1 × $3.60/h
     assert list(JobLogLine.objects.filter(job=job).values_list("text", flat=True)) == ["hello from rank 0"]
+
+
+def test_a_pass_reads_the_changed_jobs_logs_and_a_bounded_rotation_of_the_rest(make_job, recording_backend,
+                                                                               settings):
+    """Log reads per pass = changed jobs + TRAINBOARD_LOG_READS_PER_SYNC of the unchanged ones, least
+    recently read first: every log is still read, and a pass's calls do not grow with active jobs."""
+    settings.TRAINBOARD_LOG_READS_PER_SYNC = 2
+    jobs = [make_job(name=f"j{i}") for i in range(5)]
+    names = [j.provider_job_name for j in jobs]
+    RecordingBackend.changed = {}
+    RecordingBackend.log_chunks = {n: [[f"{n} line"]] for n in names}
+
+    def read_in_pass(when):
+        RecordingBackend.log_calls = []
+        assert sync_at(recording_backend, when) == 5
+        return set(RecordingBackend.log_calls)
+
+    # Never read: by id. Each job read is read until it returns nothing (2 calls: a line, then empty).
+    assert read_in_pass(T0) == {names[0], names[1]}
+    assert len(RecordingBackend.log_calls) == 4
+    assert read_in_pass(T0 + dt.timedelta(seconds=2)) == {names[2], names[3]}
+    # Job 4 (never read) first, then the least recently read (job 0); a changed job is read on top.
+    RecordingBackend.changed = {names[2]: JobStatus(JobState.RUNNING, raw_state="InProgress",
+                                                    started_at=T0, instance_count=2)}
+    assert read_in_pass(T0 + dt.timedelta(seconds=4)) == {names[4], names[0], names[2]}
+    assert all(JobLogLine.objects.filter(job=j).count() == 1 for j in jobs)  # every log read, none twice
+    assert reload(jobs[4]).logs_read_at == T0 + dt.timedelta(seconds=4)
+    assert reload(jobs[3]).logs_read_at == T0 + dt.timedelta(seconds=2)
