@@ -277,7 +277,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     # Only the columns the table shows: building 25 jobs and their dataset, model and backend is most
     # of the page's database time (no frozen config, no encrypted backend secrets to decrypt).
     jobs = jobs.select_related("backend", "dataset", "model_spec").only(
-        "name", "state", "stalled_at", "stalled_reason", "nodes", "procs_per_node", "created_at",
+        "name", "state", "stalled_at", "stalled_reason", "budget_usd", "budget_exceeded_at", "nodes", "procs_per_node", "created_at",
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
         "backend__name")
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).

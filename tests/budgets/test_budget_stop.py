@@ -70,5 +70,7 @@ def test_job_over_budget_is_stopped_in_the_sync_that_prices_it_and_marked(
         page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
         assert 'id="budget-exceeded"' in page
         assert job.failure_reason in page
+        listing = client.get(reverse("job-list")).content.decode()
+        assert '<div class="small muted budget-stop">Stopped: budget of $1.00 reached</div>' in listing
     finally:
         adapter.cancel(handle)
