@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
@@ -10,6 +11,8 @@ from webapp import views, views_staff
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
     path("healthz", views.healthz, name="healthz"),
+    # Browsers (and the admin's pages, which do not link an icon) ask for /favicon.ico.
+    path("favicon.ico", RedirectView.as_view(url=static("webapp/favicon.svg")), name="favicon"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # Datasets, models, backends

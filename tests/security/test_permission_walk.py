@@ -44,6 +44,7 @@ pytestmark = pytest.mark.django_db
 #   api-docs      Swagger UI: anonymous -> login redirect, a user 200
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
+    "favicon": "redirect",
     "healthz": "public",
     "login": "public",
     "logout": "public-post",

@@ -34,6 +34,15 @@ def job_state_badge(job) -> str:
 
 
 @register.filter
+def changeable_by(obj, user) -> bool:
+    """``{% if obj|changeable_by:user %}``: only the owner (or staff) gets edit/cancel/re-run controls;
+    a teammate sees a shared object without them (the views answer 403 anyway)."""
+    from jobs.selectors import can_change
+
+    return can_change(user=user, obj=obj)
+
+
+@register.filter
 def is_terminal_state(state: str) -> bool:
     return str(state) in TERMINAL_STATE_VALUES
 
