@@ -38,7 +38,7 @@ def test_shutdown_cancels_local_training_and_records_cancelled(user, digits_data
     job.refresh_from_db()
     assert job.state == S.CANCELLED
     assert job.failure_reason == "Demo stopped with Ctrl-C"
-    assert [line for line in out.getvalue().splitlines() if line.startswith(("Cancelled job", f"Job {job.pk}"))] == [
-        f"Cancelled job {job.pk}", f"Job {job.pk} CANCELLED"]
+    assert [line for line in out.getvalue().splitlines() if line.startswith(("Cancelling job", f"Job {job.pk}"))] == [
+        f"Cancelling job {job.pk}", f"Job {job.pk} CANCELLED"]
     assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True))[-2:] == [S.STOPPING, S.CANCELLED]
     wait_until(lambda: not live_processes(name), timeout=30, what="the job's processes to exit")

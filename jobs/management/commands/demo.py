@@ -208,7 +208,7 @@ class Command(BaseCommand):
                 continue
             # The worker is about to stop: send the stop now rather than through its queue.
             services.training_job_cancel_send(job=job)
-            self.stdout.write(f"Cancelled job {job.pk}")
+            self.stdout.write(f"Cancelling job {job.pk}")
         if local:
             self._confirm_cancelled([job.pk for job in local])
         for name, proc in reversed(self._children):
