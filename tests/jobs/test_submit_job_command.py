@@ -127,3 +127,21 @@ def test_wait_failed_exits_1(ready):
 def test_wait_timeout_exits_1(ready):
     code, out, err = run(*BASE, "--wait", "--timeout", "0.2", "--poll-interval", "0.05")
     assert code == 1 and "still QUEUED after the timeout" in err
+
+
+def test_team_runs_the_job_for_one_of_your_teams(ready, user, django_user_model):
+    from jobs.models import Team
+
+    vision = Team.objects.create(name="vision")
+    vision.members.add(user)
+    carol = django_user_model.objects.create_user(username="carol", password="pw-carol-123")
+    audio = Team.objects.create(name="audio")
+    audio.members.add(carol)
+
+    code, _, err = run(*BASE, "--team", "audio")  # carol's team, not alice's
+    assert code == 2 and "--team: you have no team named 'audio' (yours: vision)" in err
+    assert TrainingJob.objects.count() == 0
+
+    code, out, _ = run(*BASE, "--team", "vision", "--json")
+    assert code == 0
+    assert TrainingJob.objects.get(pk=json.loads(out)["id"]).team == vision

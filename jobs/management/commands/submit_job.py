@@ -40,6 +40,8 @@ class Command(BaseCommand):
         what.add_argument("--model", required=True, help="Model name, e.g. digits-cnn.")
         what.add_argument("--backend", required=True, help="Compute backend name, e.g. local.")
         what.add_argument("--name", default="", help="Job name shown in the dashboard.")
+        what.add_argument("--team", default=None, metavar="TEAM",
+                          help="Run it for one of your teams (its members see it; its monthly budget applies).")
         shape = parser.add_argument_group("cluster shape")
         shape.add_argument("--strategy", default="ddp", help="Parallelism strategy (default: ddp).")
         shape.add_argument("--nodes", type=int, default=1, help="Machines (default: 1).")
@@ -101,13 +103,15 @@ class Command(BaseCommand):
         dataset = self._named(selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset", "dataset")
         model = self._named(selectors.model_spec_list_for_user(user=owner), opts["model"], "model", "model")
         backend = self._named(selectors.backend_list_for_user(user=owner), opts["backend"], "backend", "backend")
+        team = (self._named(selectors.team_list_for_user(user=owner), opts["team"], "team", "team")
+                if opts["team"] else None)
         try:
             job = services.training_job_create(
                 owner=owner, dataset=dataset, model_spec=model, backend=backend, strategy=opts["strategy"],
                 nodes=opts["nodes"], procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
                 batch_size=opts["batch_size"], lr=opts["lr"], seed=opts["seed"],
                 max_runtime_s=opts["max_runtime"], budget_usd=opts["budget"], instance_type=opts["instance_type"],
-                spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"],
+                spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"], team=team,
             )
         except ValidationError as exc:
             lines = [f"--{f.replace('_', '-')}: {m}" if f != "__all__" else m
