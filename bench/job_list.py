@@ -222,7 +222,10 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
     # The "Older →" link on page deep − 1 carries the position of that page's last row.
     before_deep = TrainingJob.objects.filter(owner=big_user).order_by("-created_at", "-id")[(deep - 1) * 25 - 1]
     older_link = f"/jobs/?after={position_token(before_deep)}&page={deep}"
-    deep_offset = max(50, args.jobs - 50)         # API: 50 per page
+    deep_offset = max(50, args.jobs - 50)         # API: 25 per page by default
+    # The API's "next" link from the page before carries the position of that page's last row.
+    before_offset = TrainingJob.objects.filter(owner=big_user).order_by("-created_at", "-id")[deep_offset - 1]
+    api_next_link = f"/api/jobs/?after={position_token(before_offset)}&limit=25&offset={deep_offset}"
     admin_deep = max(2, (args.jobs - 50) // 50)  # admin: 50 per page (list_per_page), ?p= counts from 1
     rare = "sweep-000123"  # one job matches: the search reads the whole list
     out = [
@@ -241,6 +244,7 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
          HTML_P95_MS),
         ("api q (1 match)", f"/api/jobs/?q={rare}", "/api/jobs/?q=tiny-000003", HTML_P95_MS),
         ("api deep offset", f"/api/jobs/?offset={deep_offset}", "/api/jobs/?offset=0", HTML_P95_MS),
+        ("api deep by next", api_next_link, "/api/jobs/?offset=0", HTML_P95_MS),
         ("admin changelist", "/admin/jobs/trainingjob/", "/admin/jobs/trainingjob/", ADMIN_P95_MS),
         ("admin state filter", "/admin/jobs/trainingjob/?state__exact=RUNNING",
          "/admin/jobs/trainingjob/?state__exact=RUNNING", ADMIN_P95_MS),

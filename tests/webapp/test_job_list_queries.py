@@ -243,3 +243,28 @@ def test_older_and_newer_links_walk_the_list_by_position(owner_client, user, dig
         assert response.status_code == 200, bad
     past = owner_client.get(base + "?after=1.1&page=7")  # older than everything: the last page
     assert past.status_code == 200 and [j.name for j in past.context["jobs"]] == expected[50:]
+
+
+def test_api_next_links_walk_the_list_by_position(api_client, user, digits_dataset, cnn_model, local_backend):
+    """``next`` carries ``after=<position>``: following it visits every job once, in order, ties on
+    created_at included, with the same queries at every depth; a bad position is plain offset."""
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 60)
+    same = TrainingJob.objects.get(name="sweep-040").created_at
+    TrainingJob.objects.filter(name__in=[f"sweep-{i:03d}" for i in range(5, 45)]).update(created_at=same)
+    expected = [j.name for j in TrainingJob.objects.filter(owner=user).order_by("-created_at", "-id")]
+    n_first, response = _queries(api_client, "/api/jobs/?limit=25")
+    seen, url, offsets = [], None, []
+    while True:
+        body = response.json()
+        seen += [row["name"] for row in body["results"]]
+        url = body["next"]
+        if url is None:
+            break
+        assert "after=" in url
+        offsets.append(int(url.split("offset=")[1].split("&")[0]))
+        n, response = _queries(api_client, url)
+        assert n == n_first, (url, n, n_first)
+    assert seen == expected and offsets == [25, 50]
+    assert "after=" not in (response.json()["previous"] or "")  # back by offset
+    junk = api_client.get("/api/jobs/?limit=25&offset=25&after=junk").json()
+    assert [row["name"] for row in junk["results"]] == expected[25:50]

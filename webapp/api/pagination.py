@@ -15,7 +15,9 @@ Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long l
 
 Each page is a fixed number of queries whatever its depth or the list's length: one capped count and
 one page query. The subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow.
-The API keeps ``limit``/``offset`` (its clients use them); a deep offset there reads the skipped keys.
+The API keeps ``limit``/``offset`` (its clients use them); its ``next`` link also carries the position
+of the page's last row (``after=``), so a client that follows ``next`` seeks like the HTML links; an
+``offset`` typed without ``after`` reads the skipped keys.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
 from django.db.models import Q, QuerySet
 from django.utils.functional import cached_property
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.utils.urls import replace_query_param
+from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 COUNT_CAP = 10_000
 """Rows counted at most; a longer list is reported as "10,000+" (count_is_exact false)."""
@@ -212,6 +214,16 @@ class CappedCountPaginator(Paginator):
         return CappedPage(rows, number, self, more)
 
 
+def older_than(queryset: QuerySet, token: str | None) -> QuerySet | None:
+    """The rows of a newest-first ``(created_at, pk)`` list older than position ``token``
+    (:func:`position_token`), or None when ``token`` does not parse."""
+    position = parse_position(token) if token else None
+    if position is None:
+        return None
+    at, pk = position
+    return queryset.filter(Q(created_at__lte=at) & (Q(created_at__lt=at) | Q(pk__lt=pk)))
+
+
 class CappedLimitOffsetPagination(LimitOffsetPagination):
     """``?limit=&offset=`` pagination for long lists (the jobs endpoint).
 
@@ -221,7 +233,14 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     found by reading ``limit`` + 1 rows, so it works at any depth. ``limit`` is at most ``max_limit``
     (500); a larger one is cut to it; without ``limit``, 25 (the HTML list's page). Two queries per
     page at any offset.
+
+    ``next`` also carries ``after=<position of this page's last row>``: with it the page is the
+    ``limit`` rows just older than that position (an index seek at any depth; ``offset`` then only
+    numbers the page). A position that does not parse is ignored (plain ``offset``). For lists ordered
+    newest first by ``(created_at, pk)``, as the jobs are.
     """
+
+    after_query_param = "after"
 
     default_limit = 25  # the HTML list's page; ?limit= up to max_limit
     max_limit = 500
@@ -241,11 +260,15 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
         if self.count > self.limit and self.template is not None:
             self.display_page_controls = True
         if counted == 0 or (self.count_is_exact and self.offset >= self.count):
-            self.more = False
+            self.more, self.last_position = False, ""
             return []
-        rows = page_rows(queryset, self.offset, self.limit + 1)
+        older = older_than(queryset, request.query_params.get(self.after_query_param))
+        rows = page_rows(queryset, self.offset, self.limit + 1) if older is None else \
+            page_rows(older, 0, self.limit + 1)
         self.more = len(rows) > self.limit
-        return rows[: self.limit]
+        rows = rows[: self.limit]
+        self.last_position = position_token(rows[-1]) if rows else ""
+        return rows
 
     def get_paginated_response(self, data):
         from rest_framework.response import Response
@@ -263,7 +286,23 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
             return None
         url = self.request.build_absolute_uri()
         url = replace_query_param(url, self.limit_query_param, self.limit)
+        url = replace_query_param(url, self.after_query_param, self.last_position)
         return replace_query_param(url, self.offset_query_param, self.offset + self.limit)
+
+    def get_previous_link(self):
+        # Back from a page reached by position: by offset (a previous page is rarely deep).
+        url = super().get_previous_link()
+        return None if url is None else remove_query_param(url, self.after_query_param)
+
+    def get_schema_operation_parameters(self, view):
+        params = super().get_schema_operation_parameters(view)
+        params.append({
+            "name": self.after_query_param, "required": False, "in": "query",
+            "description": "Position of the previous page's last row, as the next link carries it: the page "
+                           "starts just after it (fast at any depth).",
+            "schema": {"type": "string"},
+        })
+        return params
 
     def get_paginated_response_schema(self, schema):
         out = super().get_paginated_response_schema(schema)
