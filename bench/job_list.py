@@ -34,7 +34,6 @@ import statistics
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -216,7 +215,7 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
           big_user) -> list[tuple[str, str, str, float]]:
     """(label, url for the big user, url for the small user, target p95 ms)."""
     from jobs.models import TrainingJob
-    from webapp.api.pagination import position_token
+    from jobs.pagination import position_token
 
     deep = max(2, (args.jobs - 50) // 25)        # HTML: 25 per page, the last full page
     # The "Older →" link on page deep − 1 carries the position of that page's last row.

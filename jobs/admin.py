@@ -15,11 +15,12 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.utils.html import format_html
 
 from jobs import services
+from jobs.pagination import CappedCountPaginator
 from jobs.models import (
     ComputeBackend,
     Dataset,
@@ -28,6 +29,7 @@ from jobs.models import (
     JobLogLine,
     MetricPoint,
     ModelSpec,
+    OrphanJob,
     Team,
     TrainingJob,
     UserBudget,
@@ -335,7 +337,7 @@ class TrainingJobAdmin(OwnedAdmin):
     # means "more than 10,000"), no date hierarchy (a SELECT DISTINCT over every job; filter by
     # "created at" instead), search only on what has an index (id as text; trigram on name and
     # provider job name) because a search through a join reads every job; 50 rows a page.
-    from webapp.api.pagination import CappedCountPaginator as paginator  # noqa: E402
+    paginator = CappedCountPaginator
     show_full_result_count = False
     list_per_page = 50  # rendering the rows is most of the page's time
     list_filter = ["state", "backend__kind", StrategyFilter, "spot", "created_at"]
@@ -442,10 +444,6 @@ def _prefixed(job_id: int, texts: list[str]) -> str:
 
 
 # --- Orphans (jobs.orphans) ------------------------------------------------------------------
-
-from django.core.exceptions import PermissionDenied  # noqa: E402  (kept with the block that uses it)
-
-from jobs.models import OrphanJob  # noqa: E402
 
 @admin.register(OrphanJob)
 class OrphanJobAdmin(admin.ModelAdmin):

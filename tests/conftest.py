@@ -30,6 +30,8 @@ from typing import Callable
 
 import pytest
 
+from polling import wait_for
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -117,18 +119,6 @@ def _is_zombie(pid: int) -> bool:
 
 def live_processes_mentioning(text: str) -> list[int]:
     return [p for p in processes_mentioning(text) if not _is_zombie(p)]
-
-
-def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.2, what: str = "") -> object:
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass (then fail)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.paginator import Paginator
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -281,7 +280,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
         "backend__name")
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
-    from webapp.api.pagination import CappedCountPaginator
+    from jobs.pagination import CappedCountPaginator
 
     # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any depth.
     paginator = CappedCountPaginator(jobs, JOBS_PER_PAGE)

@@ -4,7 +4,7 @@
   The list is ordered by ``-created_at, -id`` and filtered by "own or shared with my team"
   (``owner_id = u OR team_id IN (...)``), an OR that no owner-first index serves. With every column the
   list filters on inside the index, a page's keys come from an index-only scan in list order that
-  stops after offset + limit matches (webapp/api/pagination.py fetches the keys first).
+  stops after offset + limit matches (jobs/pagination.py fetches the keys first).
   ``job_list_state`` and ``job_list_backend`` (both databases): the same with the state or the backend
   first, for the list's filters, so a filter that keeps few jobs reads only those to count them.
 - ``job_name_trgm``, ``job_provider_name_trgm`` (PostgreSQL only, with the ``pg_trgm`` extension):

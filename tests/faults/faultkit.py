@@ -10,9 +10,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
 
 import pytest
+
+from polling import wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -33,16 +34,6 @@ def database_url(settings_dict) -> str:
     return (f"postgres://{auth}{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}"
             f"/{settings_dict['NAME']}")
 
-
-def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Worker:

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs.models import TrainingJob
-from webapp.api import pagination
+from jobs import pagination
 
 pytestmark = pytest.mark.django_db
 
