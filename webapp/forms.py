@@ -454,6 +454,15 @@ class BackendForm(forms.Form):
         return initial
 
 
+def _last_used_backend_id(user, backends) -> int | None:
+    """The id of the backend of ``user``'s newest job, among ``backends`` and still enabled (None if
+    they have run nothing there)."""
+    from jobs.models import TrainingJob
+
+    return (TrainingJob.objects.filter(owner=user, backend__in=backends.filter(enabled=True))
+            .order_by("-created_at", "-pk").values_list("backend_id", flat=True).first())
+
+
 class TrainingJobForm(forms.Form):
     HYPERPARAMETERS_EXAMPLE = '{"train": {"optimizer": "adamw"}}'
 
@@ -513,6 +522,11 @@ class TrainingJobForm(forms.Form):
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
         self.fields["team"].queryset = selectors.team_list_for_user(user=user)
+        if not self.is_bound and "backend" not in self.initial:
+            # The select's first option is alphabetical; where you ran last is the likelier choice.
+            last = _last_used_backend_id(user, self.fields["backend"].queryset)
+            if last is not None:
+                self.initial["backend"] = last
         self._offer_instance_types()
 
     def _offer_instance_types(self) -> None:
@@ -581,3 +595,54 @@ class TrainingJobForm(forms.Form):
             if data.get(f) in (None, ""):
                 data.pop(f, None)
         return data
+
+
+class JobListFilterForm(forms.Form):
+    """The job list's query string (``?state=&backend=&q=``), checked like the API's filter.
+
+    The API answers an unknown state or a non-numeric backend with 400; the HTML list used to drop
+    them silently and show every job as if unfiltered. :meth:`problems` says what was wrong in words a
+    user can act on; :meth:`filters` gives the valid values only (a bad one is left out).
+    """
+
+    state = forms.CharField(required=False)
+    backend = forms.CharField(required=False)
+    q = forms.CharField(required=False, strip=True)
+
+    def __init__(self, data, *, backends) -> None:
+        super().__init__(data)
+        self.backends = list(backends)  # the user's, already fetched by the view (no extra query)
+
+    def clean_state(self) -> str | None:
+        from jobs.models import JobStateChoices
+
+        value = self.cleaned_data.get("state") or ""
+        if not value:
+            return None
+        if value not in JobStateChoices.values:
+            raise forms.ValidationError(
+                f"State “{value[:40]}” is not a job state; choose one of {', '.join(JobStateChoices.values)}. "
+                f"The list below shows every state.")
+        return value
+
+    def clean_backend(self):
+        value = self.cleaned_data.get("backend") or ""
+        if not value:
+            return None
+        found = next((b for b in self.backends if value.isdigit() and b.pk == int(value)), None)
+        if found is None:
+            raise forms.ValidationError(
+                f"Backend “{value[:40]}” is not one of your backends; choose one from the Backend list. "
+                f"The list below shows every backend.")
+        return found
+
+    def problems(self) -> list[str]:
+        """The messages of the invalid filters, in field order ([] when all are valid)."""
+        self.is_valid()
+        return [message for name in self.fields for message in self.errors.get(name, [])]
+
+    def filters(self) -> dict[str, Any]:
+        """``{"state": str | None, "backend": ComputeBackend | None, "q": str | None}``, valid values only."""
+        self.is_valid()
+        data = self.cleaned_data
+        return {"state": data.get("state"), "backend": data.get("backend"), "q": data.get("q") or None}

@@ -25,7 +25,7 @@ from jobs import selectors, services
 from jobs.models import JobStateChoices
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import add_service_errors, service_error_dict
-from webapp.forms import BackendForm, DatasetForm, ModelSpecForm, TrainingJobForm
+from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
 
 JOBS_PER_PAGE = 25
 LOG_TAIL_LINES = 200
@@ -264,14 +264,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
     user = request.user
     # One query for the filter's options, reused to resolve ?backend= (no second query for it).
     backends = list(selectors.backend_list_for_user(user=user))
-    state = request.GET.get("state") or None
-    if state not in JobStateChoices.values:
-        state = None
-    backend = None
-    backend_id = request.GET.get("backend") or ""
-    if backend_id.isdigit():
-        backend = next((b for b in backends if b.pk == int(backend_id)), None)
-    q = (request.GET.get("q") or "").strip() or None
+    # A bad ?state= or ?backend= is named on the page (400), not silently dropped (webapp/forms.py).
+    filter_form = JobListFilterForm(request.GET, backends=backends)
+    filters = filter_form.filters()
+    state, backend, q = filters["state"], filters["backend"], filters["q"]
     jobs = selectors.training_job_list_for_user(user=user, state=state, backend=backend, q=q)
     # Only the columns the table shows: building 25 jobs and their dataset, model and backend is most
     # of the page's database time (no frozen config, no encrypted backend secrets to decrypt).
@@ -299,7 +295,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "backends": backends,
         "filters": {"state": state or "", "backend": str(backend.pk) if backend else "", "q": q or ""},
         "query": query.urlencode(),
-    })
+        "filter_problems": filter_form.problems(),
+    }, status=400 if filter_form.problems() else 200)
 
 
 @login_required

@@ -162,7 +162,10 @@ def test_job_list_filters_and_pagination(owner_client, user, digits_dataset, cnn
     by_backend = owner_client.get(reverse("job-list") + f"?backend={local_backend.pk}&page=99")
     assert by_backend.status_code == 200 and len(by_backend.context["jobs"]) == 2  # last page
     junk = owner_client.get(reverse("job-list") + "?state=NOPE&backend=abc&page=x")
-    assert junk.status_code == 200 and len(junk.context["jobs"]) == 25
+    # A bad filter is named (400, like the API) and left out; a bad page number is the first page.
+    assert junk.status_code == 400 and len(junk.context["jobs"]) == 25
+    assert [p.split(";")[0] for p in junk.context["filter_problems"]] == [
+        "State “NOPE” is not a job state", "Backend “abc” is not one of your backends"]
 
 
 # --- datasets, models, backends --------------------------------------------------------------
