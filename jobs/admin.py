@@ -22,6 +22,7 @@ from django.utils.html import format_html
 from jobs import services
 from jobs.pagination import CappedCountPaginator
 from jobs.models import (
+    TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
     InstancePrice,
@@ -357,13 +358,42 @@ class TrainingJobAdmin(OwnedAdmin):
                              "billable_seconds", "training_seconds", "instance_count", "cost_usd"]}),
     ]
     inlines = [JobEventInline]
-    actions = ["cancel_selected", "rerun_selected"]
+    # "delete_selected" here replaces the site-wide action of that name (ModelAdmin.get_actions).
+    actions = ["cancel_selected", "rerun_selected", "delete_selected"]
+
+    # A job's own history, deleted with it: their admins are read-only (nobody deletes one event), which
+    # must not block deleting the job they belong to.
+    _JOB_HISTORY = (JobEvent, MetricPoint, JobLogLine)
+    ACTIVE_LISTED = 20  # active jobs named in the refusal; the rest are counted
 
     def has_add_permission(self, request):
         return False  # jobs are launched from the dashboard, the API or `manage.py submit_job`
 
     def has_delete_permission(self, request, obj=None):
         return bool(super().has_delete_permission(request, obj) and (obj is None or obj.is_terminal))
+
+    def get_deleted_objects(self, objs, request):
+        deletable, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        history = {str(model._meta.verbose_name) for model in self._JOB_HISTORY}
+        return deletable, counts, {name for name in perms_needed if str(name) not in history}, protected
+
+    @admin.action(description="Delete selected training jobs", permissions=["delete"])
+    def delete_selected(self, request, queryset):
+        """Django's "Delete selected", refused as a whole with a message naming the active jobs when
+        any selected job has not ended (a running job's cloud resources would be left behind)."""
+        from django.contrib.admin.actions import delete_selected as django_delete_selected
+
+        active = list(queryset.exclude(state__in=TERMINAL_STATE_VALUES).order_by("pk").values_list("pk", "name", "state"))
+        if not active:
+            return django_delete_selected(self, request, queryset)
+        named = ", ".join(f"#{pk} {name} ({state})" for pk, name, state in active[:self.ACTIVE_LISTED])
+        more = f" and {len(active) - self.ACTIVE_LISTED} more" if len(active) > self.ACTIVE_LISTED else ""
+        self.message_user(
+            request,
+            f"Nothing was deleted: {len(active)} of the selected jobs have not ended: {named}{more}. Cancel them "
+            f"(action “Cancel selected jobs”) and delete them once they have ended, or select only ended jobs.",
+            messages.ERROR)
+        return None
 
     @admin.display(description="nodes × procs")
     def shape(self, job):
