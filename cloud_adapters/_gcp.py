@@ -3,8 +3,9 @@ API error means.
 
 * :func:`credentials` returns Application Default Credentials (``google.auth.default()``: the
   ``GOOGLE_APPLICATION_CREDENTIALS`` key file, ``gcloud auth application-default login``, or the
-  attached service account of a GCE/GKE/Cloud Run worker); for an ``http://`` endpoint (a local
-  stand-in in the tests) anonymous credentials, so nothing is signed and nothing secret is needed.
+  attached service account of a GCE/GKE/Cloud Run worker), or the backend's stored service-account
+  key; for an ``http://`` endpoint (a local stand-in in the tests) with no stored key, anonymous
+  credentials, so nothing is signed and nothing secret is needed.
 * :func:`classify` tells :func:`cloud_adapters.retry.call` whether an exception from a Google client
   (``google.api_core.exceptions``, google-auth, a ``requests`` connection error) is transient and
   which Trainboard error it becomes.
@@ -46,6 +47,20 @@ def is_local(endpoint: str) -> bool:
     return (endpoint or "").startswith("http://")
 
 
+def is_loopback(endpoint: str) -> bool:
+    """Whether ``endpoint``'s host is this machine (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    import ipaddress
+    import urllib.parse
+
+    host = urllib.parse.urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def no_credentials_message(detail: str = "") -> str:
     return ("no Google Cloud credentials found" + (f" ({detail})" if detail else "") + ": run "
             "`gcloud auth application-default login` on the worker, set GOOGLE_APPLICATION_CREDENTIALS to "
@@ -56,15 +71,21 @@ def credentials(endpoint: str = "", service_account_json: str = "") -> tuple[Any
     """``(credentials, project of the credentials or None)``.
 
     ``service_account_json`` (a backend's stored key file, the JSON text) gives that service
-    account's credentials; else Application Default Credentials with the cloud-platform scope.
-    ``AnonymousCredentials`` when ``endpoint`` is ``http://`` (a local stand-in). Raises
-    :class:`CredentialsError` saying how to provide credentials when ADC finds none, or what is wrong
-    with the key (never its content).
+    account's credentials, whatever the endpoint: a stand-in on loopback sees the same bearer tokens
+    Google would (tokens come from the key's ``token_uri``). Without a stored key:
+    ``AnonymousCredentials`` when ``endpoint`` is ``http://`` (a local stand-in), else Application
+    Default Credentials with the cloud-platform scope. Raises :class:`CredentialsError` saying how to
+    provide credentials when ADC finds none, what is wrong with the key (never its content), or when a
+    stored key's token would go in clear text to an ``http://`` endpoint off this machine.
     """
-    if is_local(endpoint):
+    if is_local(endpoint) and not service_account_json:
         from google.auth.credentials import AnonymousCredentials
 
         return AnonymousCredentials(), None
+    if is_local(endpoint) and not is_loopback(endpoint):
+        raise CredentialsError(
+            f"the endpoint {endpoint} is plain http:// on another machine: the backend's service-account "
+            f"token would cross the network unencrypted. Use https://, or a stand-in on 127.0.0.1.")
     if service_account_json:
         import json
 

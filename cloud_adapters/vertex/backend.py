@@ -179,8 +179,9 @@ def _rfc3339(value: dt.datetime) -> str:
 class VertexBackend(Backend):
     """Runs jobs as Vertex AI custom jobs; see the module docstring for what a job is made of.
 
-    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is stored:
-    credentials are Application Default Credentials, :func:`cloud_adapters._gcp.credentials`):
+    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is in it:
+    credentials are the backend's stored service-account key, else Application Default Credentials,
+    :func:`cloud_adapters._gcp.credentials`):
 
     ``project``           GCP project id (required).
     ``region``            Vertex AI location; default ``us-central1``.
@@ -193,7 +194,9 @@ class VertexBackend(Backend):
     ``spot_allowed``      bool; whether jobs may use Spot VMs (``Scheduling.Strategy.SPOT``); default False.
     ``max_nodes``         most replicas per job, 1–1000; default 16.
     ``api_endpoint``      "" (``<region>-aiplatform.googleapis.com``), a host, or ``http(s)://host:port``
-                          (``http://``: a local stand-in, anonymous credentials; also answers Cloud Logging).
+                          (``http://``: a local stand-in that also answers Cloud Logging; anonymous
+                          credentials unless the backend stores a service-account key, whose tokens
+                          it then sees like Google would; loopback only).
     ``storage_endpoint``  "" (Cloud Storage) or ``http(s)://host:port`` (a GCS emulator).
     """
 
@@ -710,11 +713,13 @@ class VertexBackend(Backend):
                 return False
 
         def identity() -> str:
-            if _gcp.is_local(self.config["api_endpoint"]):
+            key = self.secrets.get("service_account_json", "")
+            if _gcp.is_local(self.config["api_endpoint"]) and not key:
                 return f"anonymous (the API endpoint {self.config['api_endpoint']} is a local stand-in)"
-            creds, project = _gcp.credentials("", self.secrets.get("service_account_json", ""))
+            creds, project = _gcp.credentials(self.config["api_endpoint"], key)
             who = getattr(creds, "service_account_email", None) or "user credentials (gcloud ADC)"
-            return f"Application Default Credentials found: {who}" + (f", project {project}" if project else "")
+            source = "the backend's stored service-account key" if key else "Application Default Credentials found"
+            return f"{source}: {who}" + (f", project {project}" if project else "")
 
         if not check("credentials", "Google auth", identity, str):
             return checks + [ConnectionCheck("bucket", False, "not checked: no credentials"),

@@ -15,6 +15,15 @@ Routes (what the REST transport and the adapter's Cloud Logging reader send, clo
 * ``POST /v2/entries:list``  Cloud Logging entries of a job (``resource.type``, ``resource.labels.job_id``,
   ``timestamp>=`` terms), ``timestamp asc`` then ``insertId``, paged.
 
+* ``POST /token``  Google's OAuth 2.0 token endpoint for service accounts (RFC 7523 JWT bearer grant):
+  a key file whose ``token_uri`` points here gets ``ya29.standin-…`` access tokens.
+
+Credentials: after :meth:`accept_key` (a service account's email and public key) every API request
+must prove that account, as Google checks: ``Authorization: Bearer`` with an access token this
+stand-in issued for a JWT assertion signed by the key, or a self-signed JWT (what the Vertex client
+sends, ``always_use_jwt_access``) signed by it; anything else is answered 401 UNAUTHENTICATED. Each
+request records its headers and the proved account (:attr:`Request.identity`).
+
 Tests script a job's life with :meth:`script` + :meth:`step`, inject failures with :meth:`fail`, and
 read every request from :attr:`requests`.
 """
@@ -28,10 +37,13 @@ import json
 import re
 import threading
 import urllib.parse
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+from requests.structures import CaseInsensitiveDict
 
 TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
             "JOB_STATE_PARTIALLY_SUCCEEDED"}
+GOOGLE_TOKEN_ENDPOINT = "https://oauth2.googleapis.com/token"
 STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
                 409: "ABORTED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 
@@ -41,7 +53,9 @@ class Request:
     method: str
     path: str  # without the query
     query: dict[str, str]
-    body: Any  # parsed JSON, or None
+    body: Any  # parsed JSON (a form body: its fields), or None
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)  # as sent; any case finds a name
+    identity: str | None = None  # the service account the Authorization header proved (see accept_key)
 
 
 @dataclasses.dataclass
@@ -76,6 +90,8 @@ class VertexStandIn:
         self.scripts: dict[str, list[dict[str, Any]]] = {}
         self.now = "2026-01-01T00:00:00Z"
         self.on_create: Callable[[dict[str, Any]], None] | None = None  # runs before a create is stored
+        self.keys: dict[str, str] = {}  # service-account email -> its public key (PEM); see accept_key
+        self.tokens: dict[str, str] = {}  # access token issued by /token -> service-account email
         self._next_id = 1000000001
         self._lock = threading.RLock()
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -141,6 +157,49 @@ class VertexStandIn:
             entry["textPayload"] = text
         self.entries.append(entry)
 
+    def accept_key(self, email: str, public_key_pem: str) -> None:
+        """From now on, API requests must carry credentials of ``email``, signed by this key."""
+        self.keys[email] = public_key_pem
+
+    def _verified_jwt(self, token: str, audience: str | None = None) -> dict[str, Any] | None:
+        """The claims of ``token`` when one of the accepted keys signed it (its ``iss`` that key's
+        account, not expired, for ``audience`` when given); else None."""
+        from google.auth import jwt
+
+        try:
+            unverified = jwt.decode(token, verify=False)
+        except ValueError:
+            return None
+        public = self.keys.get(str(unverified.get("iss")))
+        if public is None:
+            return None
+        try:
+            return jwt.decode(token, certs=public, verify=True, audience=audience)
+        except ValueError:
+            return None
+
+    def _identity(self, authorization: str) -> str | None:
+        if not authorization.startswith("Bearer "):
+            return None
+        token = authorization[len("Bearer "):]
+        if token in self.tokens:
+            return self.tokens[token]
+        claims = self._verified_jwt(token)  # a self-signed JWT: for the cloud-platform scope
+        if claims and "https://www.googleapis.com/auth/cloud-platform" in str(claims.get("scope", "")).split():
+            return str(claims["iss"])
+        return None
+
+    def _token(self, form: dict[str, str]) -> dict[str, Any]:
+        if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+            raise ApiError(400, f"unsupported grant_type {form.get('grant_type')!r}", "unsupported_grant_type")
+        # google-auth addresses the assertion to Google's token endpoint whatever the key's token_uri.
+        claims = self._verified_jwt(form.get("assertion", ""), audience=GOOGLE_TOKEN_ENDPOINT)
+        if claims is None:
+            raise ApiError(400, "Invalid JWT Signature.", "invalid_grant")
+        token = f"ya29.standin-{len(self.tokens) + 1}-{claims['iss'].split('@')[0]}"
+        self.tokens[token] = str(claims["iss"])
+        return {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
+
     def calls(self, method: str, pattern: str) -> list[Request]:
         return [r for r in self.requests if r.method == method and re.search(pattern, r.path)]
 
@@ -151,15 +210,30 @@ class VertexStandIn:
         query = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
+        if "application/x-www-form-urlencoded" in (handler.headers.get("Content-Type") or ""):
+            body: Any = dict(urllib.parse.parse_qsl(raw.decode()))
+        else:
+            body = json.loads(raw) if raw else None
         path = urllib.parse.unquote(parsed.path)
+        headers = CaseInsensitiveDict(handler.headers.items())  # google-auth sends "authorization"
         with self._lock:
-            self.requests.append(Request(method, path, query, body))
+            identity = self._identity(headers.get("Authorization", ""))
+            self.requests.append(Request(method, path, query, body, headers, identity))
+            if method == "POST" and path == "/token":
+                try:
+                    status, reply = 200, self._token(body or {})
+                except ApiError as exc:  # OAuth's error shape, not Google's API one
+                    status, reply = exc.status, {"error": exc.reason, "error_description": exc.message}
+                self._reply(handler, status, reply)
+                return
             fault = next((f for f in self.faults if f.times > 0 and (f.method in (None, method))
                           and re.search(f.path_re, path)), None)
             if fault is not None:
                 fault.times -= 1
             try:
+                if self.keys and identity is None:
+                    raise ApiError(401, "Request had invalid authentication credentials. Expected OAuth 2 "
+                                        "access token, login cookie or other valid authentication credential.")
                 if fault is not None and not fault.after:
                     raise ApiError(fault.status, fault.message)
                 status, reply = 200, self._route(method, path, query, body)
@@ -169,6 +243,10 @@ class VertexStandIn:
                 status = exc.status
                 reply = {"error": {"code": exc.status, "message": exc.message,
                                    "status": exc.reason or STATUS_NAMES.get(exc.status, "UNKNOWN")}}
+        self._reply(handler, status, reply)
+
+    @staticmethod
+    def _reply(handler: http.server.BaseHTTPRequestHandler, status: int, reply: Any) -> None:
         data = json.dumps(reply).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
