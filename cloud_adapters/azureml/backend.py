@@ -54,6 +54,7 @@ from cloud_adapters.base import (
     BackendError,
     Capabilities,
     ConnectionCheck,
+    CredentialsError,
     InstanceOffer,
     InvalidSpec,
     JobHandle,
@@ -156,8 +157,8 @@ def timeout_iso(seconds: int) -> str:
 class AzureMLBackend(Backend):
     """Runs jobs as Azure ML command jobs; see the module docstring for what a job is made of.
 
-    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is stored:
-    credentials come from ``DefaultAzureCredential``):
+    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is in it:
+    credentials are the backend's stored service principal, else ``DefaultAzureCredential``):
 
     ``subscription_id``  the workspace's subscription, a GUID (required); keys the rate limit.
     ``resource_group``   the workspace's resource group (required).
@@ -173,7 +174,8 @@ class AzureMLBackend(Backend):
     ``base_url``         ARM endpoint override (a local stand-in), "" = Azure's public cloud.
 
     Tests pass ``credential`` (anything with ``get_token``/``get_token_info``) and ``transport`` (an
-    azure-core ``HttpTransport``, used for the ARM calls, run history and log reads alike).
+    azure-core ``HttpTransport``, used for the ARM calls, run history, log reads and the stored
+    service principal's token requests alike).
     """
 
     kind = "azureml"
@@ -728,15 +730,21 @@ class AzureMLBackend(Backend):
 
     def credential(self) -> Any:
         """The credential in use: the one passed in, else the stored service principal's
-        ``ClientSecretCredential``, else ``DefaultAzureCredential()`` (created once)."""
+        ``ClientSecretCredential``, else ``DefaultAzureCredential()`` (created once).
+
+        The service principal's token requests (Microsoft Entra ID's OpenID configuration and token
+        endpoint) go through the backend's ``transport`` when one was given, like every other request
+        of the backend: a stand-in then sees the stored secret being exchanged for the bearer token
+        its ARM calls carry."""
         with self._lock:
             if self._credential is None:
                 if self.secrets.get("client_secret"):
                     from azure.identity import ClientSecretCredential
 
+                    options = {"transport": self._transport} if self._transport is not None else {}
                     self._credential = ClientSecretCredential(
                         tenant_id=self.secrets["tenant_id"], client_id=self.secrets["client_id"],
-                        client_secret=self.secrets["client_secret"])
+                        client_secret=self.secrets["client_secret"], **options)
                 else:
                     from azure.identity import DefaultAzureCredential
 
@@ -787,8 +795,22 @@ class AzureMLBackend(Backend):
         """``fn()`` under the subscription's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
         bucket = retry.limiter(f"azure:{self.config['subscription_id']}", rate=RATE_PER_SECOND,
                                burst=int(2 * RATE_PER_SECOND), clock=self.clock)
-        return retry.call(fn, classify=_azure.classify, bucket=bucket, policy=policy or self.retry_policy,
+        return retry.call(fn, classify=self._classify, bucket=bucket, policy=policy or self.retry_policy,
                           clock=self.clock)
+
+    def _classify(self, exc: BaseException) -> retry.Verdict | None:
+        """:func:`cloud_adapters._azure.classify`, except that a token refused for the stored service
+        principal says so (not "DefaultAzureCredential tried ...", which was not in use)."""
+        from azure.core.exceptions import ClientAuthenticationError
+
+        if (isinstance(exc, ClientAuthenticationError) and _azure.http_status(exc) is None
+                and self.secrets.get("client_secret") and self._credential is not None
+                and type(self._credential).__name__ == "ClientSecretCredential"):
+            return retry.Verdict(False, CredentialsError(
+                f"Microsoft Entra ID refused the backend's stored service principal: {_azure.error_message(exc)} "
+                f"Check its tenant id, client id and client secret on the backend (a client secret expires; "
+                f"create a new one under App registrations → Certificates & secrets)."))
+        return _azure.classify(exc)
 
 
 CLOUD_ENV = "AZUREML_CURRENT_CLOUD"

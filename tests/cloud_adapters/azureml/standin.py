@@ -14,6 +14,12 @@ Reuse (an integration test)::
     backend = AzureMLBackend(settings, credential=FakeCredential(), transport=StandinTransport(standin))
     standin.set_status("tb-job-1", "Running", StartTimeUtc="2026-11-29T12:03:00Z")
 
+Credentials: after :meth:`AzureMLStandin.register_app` (a service principal's tenant, client id and
+secret) the stand-in is also Microsoft Entra ID (``https://login.microsoftonline.com``: the tenant's
+OpenID configuration and its v2.0 token endpoint, client-credentials grant, as MSAL calls them) and
+every ARM and run-history request must carry ``Authorization: Bearer`` with a token it issued, else
+401 ``InvalidAuthenticationToken``. ``Seen.app`` records whose token a request carried.
+
 What it records: ``requests`` (every request: :class:`Seen`), ``puts`` (job name → PUT body as
 sent), ``jobs`` (the stored job resources). Faults: :meth:`AzureMLStandin.fail` answers the next
 matching requests with an error status (429 for throttling).
@@ -49,6 +55,7 @@ WORKSPACE = "ws-trainboard"
 COMPUTE = "gpu-cluster"
 ARM = "https://management.azure.com"
 API = "https://eastus.api.azureml.ms"
+LOGIN = "https://login.microsoftonline.com"
 LOGS = "https://wsstorage.blob.core.windows.net/azureml/ExperimentRun"
 T0 = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -115,6 +122,7 @@ class Seen:
     body: Any  # parsed JSON, or bytes/None
     headers: dict[str, str]
     status: int = 0  # what the stand-in answered
+    app: tuple[str, str] | None = None  # (tenant, client id) whose issued token the request carried
 
 
 @dataclasses.dataclass
@@ -166,9 +174,15 @@ class AzureMLStandin:
         self.requests: list[Seen] = []
         self.faults: list[Fault] = []
         self.now = T0
+        self.apps: dict[tuple[str, str], str] = {}  # (tenant, client id) -> client secret; see register_app
+        self.tokens: dict[str, tuple[str, str]] = {}  # access token issued -> (tenant, client id)
         self._lock = threading.Lock()
 
     # -- what tests set ---------------------------------------------------------------------
+
+    def register_app(self, tenant: str, client_id: str, client_secret: str) -> None:
+        """A service principal Entra ID knows; from now on ARM and run history want its tokens."""
+        self.apps[(tenant, client_id)] = client_secret
 
     def fail(self, method: str, path_regex: str, status: int = 429, times: int = 1, code: str = "") -> None:
         """Answer the next ``times`` requests whose method and path match with ``status``."""
@@ -219,16 +233,65 @@ class AzureMLStandin:
         raw = request.content if hasattr(request, "content") else request.body
         if isinstance(raw, str):
             raw = raw.encode()
-        try:
-            body = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError):
-            body = raw
+        if isinstance(raw, dict):  # a form body (azure-identity's token requests): its fields
+            body: Any = dict(raw)
+        else:
+            try:
+                body = json.loads(raw) if raw else None
+            except (ValueError, UnicodeDecodeError):
+                body = raw
         seen = Seen(request.method, url, path, query, body, dict(request.headers))
+        authorization = request.headers.get("Authorization") or ""
         with self._lock:
+            seen.app = self.tokens.get(authorization.removeprefix("Bearer ")) if authorization.startswith(
+                "Bearer ") else None
             self.requests.append(seen)
-            answer = self._fault(request, path) or self._route(request, parts, path, query, body)
+            origin = f"{parts.scheme}://{parts.netloc}"
+            if origin == LOGIN:
+                answer = self._login(request, path, body)
+            elif self.apps and seen.app is None and (origin in (self.arm, API)):
+                answer = response(request, 401, error_body(
+                    "InvalidAuthenticationToken", "The access token is invalid."),
+                    {"WWW-Authenticate": 'Bearer authorization_uri="https://login.microsoftonline.com/common", '
+                                         'error="invalid_token"'})
+            else:
+                answer = self._fault(request, path) or self._route(request, parts, path, query, body)
         seen.status = answer.status_code
         return answer
+
+    def _login(self, request: Any, path: str, body: Any) -> RestRequestsTransportResponse:
+        """Entra ID: ``GET /<tenant>/v2.0/.well-known/openid-configuration``, ``POST
+        /<tenant>/oauth2/v2.0/token`` (client_credentials, the secret in the form body) and the
+        instance discovery MSAL does after an error."""
+        m = re.fullmatch(r"/([^/]+)/v2\.0/\.well-known/openid-configuration", path)
+        if m and request.method == "GET":
+            tenant = m.group(1)
+            return response(request, 200, {
+                "token_endpoint": f"{LOGIN}/{tenant}/oauth2/v2.0/token",
+                "authorization_endpoint": f"{LOGIN}/{tenant}/oauth2/v2.0/authorize",
+                "issuer": f"{LOGIN}/{tenant}/v2.0", "device_authorization_endpoint":
+                f"{LOGIN}/{tenant}/oauth2/v2.0/devicecode"})
+        if path == "/common/discovery/instance" and request.method == "GET":  # MSAL asks after an error
+            return response(request, 200, {
+                "tenant_discovery_endpoint": f"{LOGIN}/common/v2.0/.well-known/openid-configuration",
+                "api-version": "1.1", "metadata": [{
+                    "preferred_network": "login.microsoftonline.com", "preferred_cache": "login.windows.net",
+                    "aliases": ["login.microsoftonline.com", "login.windows.net", "login.microsoft.com"]}]})
+        m = re.fullmatch(r"/([^/]+)/oauth2/v2\.0/token", path)
+        if m and request.method == "POST":
+            form = body if isinstance(body, dict) else dict(urllib.parse.parse_qsl(
+                body.decode() if isinstance(body, bytes) else str(body or "")))
+            app = (m.group(1), form.get("client_id", ""))
+            if form.get("grant_type") != "client_credentials":
+                return response(request, 400, {"error": "unsupported_grant_type"})
+            if app not in self.apps or self.apps[app] != form.get("client_secret"):
+                return response(request, 401, {"error": "invalid_client", "error_description":
+                                               "AADSTS7000215: Invalid client secret provided."})
+            token = f"eyJ.standin-{len(self.tokens) + 1}.{app[1]}"
+            self.tokens[token] = app
+            return response(request, 200, {"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599,
+                                           "access_token": token})
+        return response(request, 404, {"error": "not_found", "error_description": f"no route {path}"})
 
     def _fault(self, request: Any, path: str) -> RestRequestsTransportResponse | None:
         for fault in self.faults:
