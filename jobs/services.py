@@ -1425,7 +1425,7 @@ def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
     ids of those whose cost now reaches their budget (the caller stops them, one by one).
 
     For the jobs ``describe_many`` left out whose logs this pass does not read: at 10,000 active
-    jobs, locking, updating and re-reading each row took ~78 s of database work per pass
+    jobs, locking, updating and re-reading each row made a pass take 40–80 s (31,000 statements)
     (bench/RESULTS.md, Scale). The values are those of the per-job path, computed by PostgreSQL from
     the row under its lock: ``now − started_at`` in seconds (exact microseconds, as
     ``timedelta.total_seconds``), cost = ROUND(seconds × instance_count × hourly_price_usd / 3600, 4),
