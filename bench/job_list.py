@@ -3,6 +3,7 @@
     .venv/bin/python bench/job_list.py                      # 100,000 jobs, 1,000,000 points, 50 requests each
     .venv/bin/python bench/job_list.py --quick              # 5,000 jobs, 50,000 points, 20 requests each
     .venv/bin/python bench/job_list.py --jobs 20000 --metric-points 200000 --requests 30 --keep
+    .venv/bin/python bench/job_list.py --reuse --keep --pages deep,many   # again on the kept database
 
 What it does, in one run:
 
@@ -12,7 +13,8 @@ What it does, in one run:
    3 models, every state and a year of creation times; a small user ("small") with 10 jobs;
    ``--metric-points`` MetricPoint rows over the big user's newest jobs (100 per job); then VACUUM ANALYZE;
 2. for each page (the list, each filter, a search with one match and one with many, the last page by
-   ``?page=N`` and by the "Older →" link's position, the same for /api/jobs/ and the admin changelist),
+   ``?page=N`` and by the "Older →" link's position, the same for /api/jobs/ and the admin changelist;
+   ``--pages`` picks some of them by label),
    in-process with Django's test ``Client`` (middleware, view, template or
    serializer, database; no HTTP server), counts the SQL queries for the small and the big user
    (``CaptureQueriesContext``) and times ``--requests`` requests of the big user after 3 warm-ups;
@@ -57,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the database afterwards (to EXPLAIN by hand)")
     p.add_argument("--reuse", action="store_true", help="use the kept database as it is (no load)")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    p.add_argument("--pages", default="",
+                   help="only the pages whose label contains one of these comma-separated words "
+                        "(e.g. 'deep,q (many)'); default all")
     p.add_argument("--seed", type=int, default=6)
     args = p.parse_args(argv)
     if args.quick:
@@ -242,6 +247,7 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
         ("api backend", f"/api/jobs/?backend={big_backend_id}", f"/api/jobs/?backend={small_backend_id}",
          HTML_P95_MS),
         ("api q (1 match)", f"/api/jobs/?q={rare}", "/api/jobs/?q=tiny-000003", HTML_P95_MS),
+        ("api q (many)", "/api/jobs/?q=resnet", "/api/jobs/?q=resnet", HTML_P95_MS),
         ("api deep offset", f"/api/jobs/?offset={deep_offset}", "/api/jobs/?offset=0", HTML_P95_MS),
         ("api deep by next", api_next_link, "/api/jobs/?offset=0", HTML_P95_MS),
         ("admin changelist", "/admin/jobs/trainingjob/", "/admin/jobs/trainingjob/", ADMIN_P95_MS),
@@ -323,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{'q big':>6}  result  url")
         failures = []
         first_queries: dict[str, int] = {}
+        wanted = [w.strip() for w in args.pages.split(",") if w.strip()]
         for label, url, small_url, target in pages(args, big_backend, small_backend, big):
+            if wanted and not any(w in label for w in wanted):
+                continue
             times, q_big, status, sql_ms = measure(big_client, url, args.requests)
             q_small, small_status = count_queries(small_client, small_url)
             kind = label.split()[0]

@@ -11,14 +11,26 @@ Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long l
   their joins: ``WHERE id IN (SELECT id … ORDER BY … LIMIT l OFFSET n)``. That still reads n index
   entries; the HTML list's "Older" / "Newer" links therefore carry the position ``(created_at, id)``
   of the page's last / first row and seek to it (:meth:`CappedCountPaginator.keyset_page`), so
-  following them costs the same at any depth. ``?page=N`` typed by hand keeps working, by offset.
+  following them costs the same at any depth.
+- A deep ``?page=N`` or ``?offset=n`` typed by hand (``n`` at or past the count cap) still has to read n
+  index entries: nothing records where row n is. There, the count would only say "more than the cap",
+  which a row at ``n`` says too, so the count's query is spent finding the position of row ``n``
+  instead (:func:`position_at`: ``SELECT created_at, id … ORDER BY … LIMIT 1 OFFSET n``, an index-only
+  scan of the key columns, no join, no other column), and the page is read by seeking to it
+  (:func:`at_or_older`), as the links do: the same rows as ``OFFSET n`` (the order is total, ``id``
+  breaks ties), one skip instead of a skip plus a 10,001-row count. Past the end it falls back to the
+  count (one query more, as before).
 
-Each page is a fixed number of queries whatever its depth or the list's length: one capped count and
-one page query. The subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow.
-Used by the HTML job list (webapp.views), the admin's job changelist (jobs.admin) and the API's
-job pagination (webapp.api.pagination, whose ``next`` link carries the position of the page's last
-row, ``after=``, so a client that follows ``next`` seeks like the HTML links; an ``offset`` typed
-without ``after`` reads the skipped keys).
+Searches count up to ``SEARCH_COUNT_CAP`` (1,000) only: a search's count cannot come from an index alone
+(the name arms need the rows), so each counted match is a heap row; "1,000+ matches" says enough.
+
+Each page is a fixed number of queries whatever its depth or the list's length: one capped count (on a
+deep page, the position) and one page query; a page number past the end costs one or two more. The
+subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow. Used by the HTML job list
+(webapp.views), the admin's job changelist (jobs.admin; the admin counts before it asks for a page, so
+its deep pages read by offset) and the API's job pagination (webapp.api.pagination, whose ``next`` link
+carries the position of the page's last row, ``after=``, so a client that follows ``next`` seeks like
+the HTML links; a deep ``offset`` typed without ``after`` finds its position as above).
 """
 
 from __future__ import annotations
@@ -32,6 +44,11 @@ from django.utils.functional import cached_property
 
 COUNT_CAP = 10_000
 """Rows counted at most; a longer list is reported as "10,000+" (count_is_exact false)."""
+
+SEARCH_COUNT_CAP = 1_000
+"""Matches of a search (``?q=``) counted at most: "1,000+" past it. A search that matches a third of
+100,000 jobs took 8 ms to count 10,001 of its matches (each one a heap row, the name arms are not in
+any covering index), 3 ms to count 1,001 (bench/RESULTS.md, Scale)."""
 
 
 def capped_count(queryset: QuerySet, cap: int = COUNT_CAP) -> int:
@@ -165,6 +182,9 @@ class CappedCountPaginator(Paginator):
     def get_page(self, number) -> CappedPage:
         """As ``Paginator.get_page``; past the cap a page number beyond the rows gives the last page
         the capped count covers."""
+        deep = self._deep_page(number)  # before Paginator.get_page counts
+        if deep is not None:
+            return deep
         try:
             return super().get_page(number)
         except EmptyPage:
@@ -202,7 +222,30 @@ class CappedCountPaginator(Paginator):
             return self.get_page(number)
         return CappedPage(rows, number, self, more)
 
+    def _deep_page(self, number) -> CappedPage | None:
+        """Page ``number`` when it starts at or past the count cap and has rows, read by
+        :func:`seek_rows` in place of the count and the page query (still two queries); None otherwise
+        (not counted yet, a shallow page, another ordering, or past the end: the caller counts)."""
+        if "count" in self.__dict__ or not newest_first(self.object_list):
+            return None
+        try:
+            number = self._to_int(number)
+        except PageNotAnInteger:
+            return None
+        offset = (number - 1) * self.per_page
+        if offset < self.count_cap:
+            return None
+        rows = seek_rows(self.object_list, offset, self.per_page + 1)
+        if not rows:
+            return None
+        # A row at or past the cap: more than count_cap rows, all the capped count could have said.
+        self.__dict__["count"] = self.count_cap + 1
+        return CappedPage(rows[: self.per_page], number, self, len(rows) > self.per_page)
+
     def page(self, number) -> CappedPage:
+        deep = self._deep_page(number)
+        if deep is not None:
+            return deep
         number = self.validate_number(number)
         offset = (number - 1) * self.per_page
         rows = page_rows(self.object_list, offset, self.per_page + 1)
@@ -211,6 +254,52 @@ class CappedCountPaginator(Paginator):
         if not rows and number > 1:
             raise EmptyPage(self.error_messages["no_results"])
         return CappedPage(rows, number, self, more)
+
+
+def newest_first(queryset: QuerySet) -> bool:
+    """Whether ``queryset`` is ordered newest first by ``(created_at, pk)``, the order that positions
+    (:func:`position_token`) describe: ``-created_at`` then ``-id`` / ``-pk`` (later keys change nothing,
+    ``id`` is unique)."""
+    ordering = list(queryset.query.order_by or (queryset.model._meta.ordering
+                                                if queryset.query.default_ordering else ()))
+    if len(ordering) < 2 or not all(isinstance(key, str) for key in ordering[:2]):
+        return False
+    pk = queryset.model._meta.pk.name
+    return ordering[0] == "-created_at" and ordering[1] in ("-pk", f"-{pk}")
+
+
+def position_at(queryset: QuerySet, offset: int) -> tuple[dt.datetime, int] | None:
+    """``(created_at, pk)`` of row ``offset`` (from 0) of a newest-first ``queryset``, or None when it
+    has no such row. One query that reads ``offset + 1`` index entries of the key columns and nothing
+    else (an index-only scan on the list-order index; no join, no row is built)."""
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    found = list(queryset.values_list("created_at", "pk")[offset:offset + 1])
+    return (found[0][0], found[0][1]) if found else None
+
+
+def at_or_older(queryset: QuerySet, position: tuple[dt.datetime, int]) -> QuerySet:
+    """The rows of a newest-first ``queryset`` from ``position`` (that row included) on: with
+    :func:`position_at`, ``at_or_older(qs, position_at(qs, n))[:k]`` is ``qs[n:n + k]``."""
+    at, pk = position
+    # created_at <= at outside the OR: the index seek's bound (as in keyset_page and older_than).
+    return queryset.filter(Q(created_at__lte=at) & (Q(created_at__lt=at) | Q(pk__lte=pk)))
+
+
+def seek_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any] | None:
+    """:func:`page_rows` ``(queryset, offset, limit)`` in two queries that do not read the skipped rows'
+    columns: the position of row ``offset`` (:func:`position_at`), then ``limit`` rows from it by an
+    index seek (:func:`page_rows` on :func:`at_or_older`). None when the queryset has no row
+    ``offset``; needs a :func:`newest_first` queryset (ValueError otherwise).
+
+    The same rows as ``OFFSET offset LIMIT limit``: ``(created_at, pk)`` orders the rows totally.
+    """
+    if not newest_first(queryset):
+        raise ValueError("seek_rows needs a queryset ordered by -created_at, -pk")
+    position = position_at(queryset, offset)
+    if position is None:
+        return None
+    return page_rows(at_or_older(queryset, position), 0, limit)
 
 
 def older_than(queryset: QuerySet, token: str | None) -> QuerySet | None:

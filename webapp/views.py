@@ -276,10 +276,12 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
         "backend__name")
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
-    from jobs.pagination import CappedCountPaginator
+    from jobs import pagination
 
-    # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any depth.
-    paginator = CappedCountPaginator(jobs, JOBS_PER_PAGE)
+    # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any
+    # depth; a deep ?page=N finds its position by the key columns alone. A search counts to 1,000.
+    paginator = pagination.CappedCountPaginator(
+        jobs, JOBS_PER_PAGE, count_cap=pagination.SEARCH_COUNT_CAP if q else None)
     after, before = request.GET.get("after"), request.GET.get("before")
     if after or before:
         page = paginator.keyset_page(request.GET.get("page"), after=after, before=before)

@@ -10,7 +10,9 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from jobs import pagination as job_pages
-from jobs.pagination import COUNT_CAP, capped_count, older_than, page_rows, position_token
+from jobs.pagination import (
+    COUNT_CAP, SEARCH_COUNT_CAP, capped_count, newest_first, older_than, page_rows, position_token, seek_rows,
+)
 
 
 class CappedLimitOffsetPagination(LimitOffsetPagination):
@@ -26,10 +28,16 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     ``next`` also carries ``after=<position of this page's last row>``: with it the page is the
     ``limit`` rows just older than that position (an index seek at any depth; ``offset`` then only
     numbers the page). A position that does not parse is ignored (plain ``offset``). For lists ordered
-    newest first by ``(created_at, pk)``, as the jobs are.
+    newest first by ``(created_at, pk)``, as the jobs are. An ``offset`` at or past the count cap
+    without ``after`` spends the count's query on finding the position of row ``offset`` (the key
+    columns only) and seeks from it: the same rows as ``OFFSET``, still two queries
+    (:func:`jobs.pagination.seek_rows`).
+
+    With a search (``?q=``) the count stops at ``SEARCH_COUNT_CAP`` (1,000) instead.
     """
 
     after_query_param = "after"
+    search_query_param = "q"
 
     default_limit = 25  # the HTML list's page; ?limit= up to max_limit
     max_limit = 500
@@ -40,20 +48,29 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
         self.limit = self.get_limit(request)
         if self.limit is None:
             return None
-        if self.count_cap is None:
-            self.count_cap = job_pages.COUNT_CAP  # read now: settings and tests may change it
-        counted = capped_count(queryset, self.count_cap)
+        if self.count_cap is None:  # read now: settings and tests may change them
+            searching = bool(request.query_params.get(self.search_query_param, "").strip())
+            self.count_cap = job_pages.SEARCH_COUNT_CAP if searching else job_pages.COUNT_CAP
+        self.offset = self.get_offset(request)
+        older = older_than(queryset, request.query_params.get(self.after_query_param))
+        rows = None
+        if older is None and self.offset >= self.count_cap and newest_first(queryset):
+            # Deep offset typed by hand: a row there says "more than count_cap" as the count would.
+            rows = seek_rows(queryset, self.offset, self.limit + 1)
+        if rows:
+            counted = self.count_cap + 1
+        else:
+            counted = capped_count(queryset, self.count_cap)  # past the end: one query more
         self.count_is_exact = counted <= self.count_cap
         self.count = min(counted, self.count_cap)
-        self.offset = self.get_offset(request)
         if self.count > self.limit and self.template is not None:
             self.display_page_controls = True
         if counted == 0 or (self.count_is_exact and self.offset >= self.count):
             self.more, self.last_position = False, ""
             return []
-        older = older_than(queryset, request.query_params.get(self.after_query_param))
-        rows = page_rows(queryset, self.offset, self.limit + 1) if older is None else \
-            page_rows(older, 0, self.limit + 1)
+        if rows is None:
+            rows = page_rows(queryset, self.offset, self.limit + 1) if older is None else \
+                page_rows(older, 0, self.limit + 1)
         self.more = len(rows) > self.limit
         rows = rows[: self.limit]
         self.last_position = position_token(rows[-1]) if rows else ""
@@ -96,8 +113,8 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     def get_paginated_response_schema(self, schema):
         out = super().get_paginated_response_schema(schema)
         out["properties"]["count"]["description"] = (
-            f"Matching rows, counted up to {COUNT_CAP:,}; past that {COUNT_CAP} with "
-            "count_is_exact false.")
+            f"Matching rows, counted up to {COUNT_CAP:,} ({SEARCH_COUNT_CAP:,} with q); past that "
+            f"{COUNT_CAP} ({SEARCH_COUNT_CAP}) with count_is_exact false.")
         out["properties"] = {"count": out["properties"]["count"],
                              "count_is_exact": {"type": "boolean", "example": True,
                                                 "description": "False when there are more rows than count."},
