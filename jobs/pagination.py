@@ -7,7 +7,8 @@ Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long l
   answers ``count: 10000`` with ``count_is_exact: false``.
 - ``OFFSET n`` on the full row, with its joins, builds and throws away n joined rows. Here the page's
   primary keys are picked first by a subquery that selects only ``pk`` (an index-only scan on
-  ``job_list_order``, jobs/migrations/0004_scale_indexes.py), and only those rows are fetched with
+  ``job_list_key``, jobs/migrations/0006_joblist_key_index.py, or with a state / backend filter on
+  ``job_list_state`` / ``job_list_backend``, 0004_scale_indexes.py), and only those rows are fetched with
   their joins: ``WHERE id IN (SELECT id … ORDER BY … LIMIT l OFFSET n)``. That still reads n index
   entries; the HTML list's "Older" / "Newer" links therefore carry the position ``(created_at, id)``
   of the page's last / first row and seek to it (:meth:`CappedCountPaginator.keyset_page`), so
