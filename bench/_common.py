@@ -83,25 +83,34 @@ def read_records(metrics_path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def trainer_window(metrics_path: str, last_step: int) -> dict[str, float]:
-    """The trainer's timed window from its metric records (rank 0's ``time`` after each record's
-    all-gather, so every rank has reached that point):
+def trainer_window(metrics_path: str, last_step: int | None = None) -> dict[str, float]:
+    """The trainer's timed window from its metric records (rank 0's ``time`` taken when each record
+    is started, after its step's work on rank 0; ``started`` after an all-gather, so every rank has
+    finished step 1):
 
     ``loop_s``      from ``started`` (written after optimizer step 1) to the ``step`` record of step
-                    ``last_step`` (the last step of the epoch): steps 2..last_step with the trainer's
-                    per-step work and its periodic ``step`` records, nothing else;
+                    ``last_step`` (None: the last ``step`` record of the run, wherever the trainer's
+                    cadence put it): steps 2..``last_step`` with the trainer's per-step work and its
+                    periodic ``step`` records, nothing else;
+    ``last_step``   that record's step;
     ``tail_s``      from that record to ``completed``: the end-of-epoch validation, ``epoch`` record,
-                    checkpoint and ``model.pt`` (per-epoch/per-run costs the hand-written loop has not);
+                    checkpoint and ``model.pt`` (per-epoch/per-run costs the hand-written loop has not),
+                    plus, with ``last_step`` None, the steps after the last record;
     ``started_to_completed_s`` the sum of the two.
     """
     records = read_records(metrics_path)
     started = next(r for r in records if r["event"] == "started")
-    last = next((r for r in records if r["event"] == "step" and r["step"] == last_step), None)
+    steps = [r for r in records if r["event"] == "step"]
+    if last_step is None:
+        last = steps[-1] if steps else None
+    else:
+        last = next((r for r in steps if r["step"] == last_step), None)
     if last is None:
-        raise RuntimeError(f"{metrics_path}: no step record at step {last_step} (log_every_steps must divide it)")
+        raise RuntimeError(f"{metrics_path}: no step record" + (f" at step {last_step} (log_every_steps must "
+                                                                   f"divide it)" if last_step else ""))
     completed = next(r for r in records if r["event"] == "completed")
-    return {"loop_s": last["time"] - started["time"], "tail_s": completed["time"] - last["time"],
-            "started_to_completed_s": completed["time"] - started["time"]}
+    return {"loop_s": last["time"] - started["time"], "last_step": last["step"],
+            "tail_s": completed["time"] - last["time"], "started_to_completed_s": completed["time"] - started["time"]}
 
 
 def read_rss(rss_dir: str) -> dict[int, float]:

@@ -74,6 +74,9 @@ def main() -> None:
     n_batches = math.ceil(len(sampler) / bs)
 
     step, t0, loss = 0, 0.0, torch.zeros(())
+    # Rank 0's perf_counter after each step (one list append: ~0.1 us), so a window ending at any step
+    # can be compared with the trainer's records, which come about once a second, not at fixed steps.
+    after_step: list[float] = []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         order = torch.tensor(list(sampler), dtype=torch.long)
@@ -87,6 +90,7 @@ def main() -> None:
             if step == 1:
                 dist.barrier()
                 t0 = time.perf_counter()
+            after_step.append(time.perf_counter())
     dist.barrier()
     loop_s = time.perf_counter() - t0
 
@@ -95,7 +99,9 @@ def main() -> None:
     if rank == 0:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"loop_s": loop_s, "steps": step, "steps_timed": step - 1, "world_size": world,
-                       "vmhwm_mb": peaks, "final_loss": float(loss)}, f)
+                       "vmhwm_mb": peaks, "final_loss": float(loss),
+                       # elapsed_s[k]: seconds from t0 (after step 1's barrier) to the end of step k + 1
+                       "elapsed_s": [t - t0 for t in after_step]}, f)
         if args.save:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.save)
     dist.destroy_process_group()

@@ -102,8 +102,12 @@ class TrainConfig:
     """L2 penalty (decoupled for AdamW)."""
     seed: int = 0
     """Seeds model init, data split and shuffling; the same seed gives the same run on CPU."""
-    log_every_steps: int = 10
-    """Emit a ``step`` metric record every this many optimizer steps."""
+    log_every_steps: int = 0
+    """Emit a ``step`` metric record every this many optimizer steps; 0 (the default) = by time: about
+    every ``log_every_s`` seconds of training (see :func:`trainer_pkg.train.record_interval`)."""
+    log_every_s: float = 1.0
+    """With ``log_every_steps`` 0: about how often, in seconds of training, a ``step`` record is
+    emitted (from the slowest rank's step time, so every rank agrees; 1 to 1000 steps apart)."""
     stop_check_s: float = 2.0
     """About how often, in seconds of training, the ranks agree on whether one of them received
     SIGTERM (between 1 and 50 steps apart; 0 = at every step). A signal is acted on within about
@@ -202,8 +206,9 @@ class JobConfig:
         need(t.lr > 0, "train.lr", f"must be greater than 0, got {t.lr}")
         need(0.0 <= t.momentum < 1.0, "train.momentum", f"must be in [0, 1), got {t.momentum}")
         need(t.weight_decay >= 0, "train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
-        need(t.log_every_steps >= 1, "train.log_every_steps",
-             f"must be at least 1, got {t.log_every_steps}")
+        need(t.log_every_steps >= 0, "train.log_every_steps",
+             f"must be 0 (by time, every train.log_every_s) or more, got {t.log_every_steps}")
+        need(t.log_every_s > 0, "train.log_every_s", f"must be greater than 0 seconds, got {t.log_every_s}")
         need(t.stop_check_s >= 0, "train.stop_check_s", f"must be 0 (every step) or more, got {t.stop_check_s}")
         need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
         need(t.grad_clip_norm >= 0, "train.grad_clip_norm", f"must be 0 (off) or more, got {t.grad_clip_norm}")

@@ -7,8 +7,8 @@ log file, CloudWatch, Cloud Logging, an Azure ML log stream) also yields its met
 Record fields (values are global: all-reduced over ranks, weighted by sample count):
 
 ``event``        ``"started"`` (once per run, after its first optimizer step; carries ``resumed``, true
-                 when the run continued from a checkpoint), ``"step"`` (every
-                 ``train.log_every_steps`` steps), ``"epoch"`` (end of each epoch, with validation),
+                 when the run continued from a checkpoint), ``"step"`` (about every
+                 ``train.log_every_s`` seconds of training, or every ``train.log_every_steps`` steps), ``"epoch"`` (end of each epoch, with validation),
                  ``"completed"`` (once, after the final model is saved), ``"stopped"`` (once, when
                  SIGTERM stopped the run after its checkpoint was written; rerunning resumes).
 ``time``         Unix time, seconds.

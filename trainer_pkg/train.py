@@ -141,13 +141,38 @@ def torchrun_env_present(env: dict[str, str] | None = None) -> bool:
     return all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def _pick_device(dist_backend: str, topo: Topology) -> tuple[torch.device, str]:
+def gpu_placement_error(backend: str, strategy: str, local_world_size: int, gpus: int) -> str | None:
+    """Why ``local_world_size`` processes per node cannot run on ``gpus`` CUDA GPUs with ``backend``
+    and ``strategy``, or None when they can (ranks take GPU ``local_rank % gpus``).
+
+    Facts seen on an H200 with torch 2.11 and NCCL 2.28.9 (bench/gpu_check.py, bench/RESULTS.md):
+    two NCCL ranks on one GPU fail at their first collective with "NCCL error ... invalid usage";
+    gloo carries a data-parallel job's CUDA tensors between ranks sharing a GPU, but a pipeline's
+    send/recv of CUDA activations over gloo aborts ("writev ... Bad address").
+    """
+    if gpus < 1:
+        return None
+    if backend == "nccl" and local_world_size > gpus:
+        return (f"{local_world_size} processes per node but this node has {gpus} CUDA GPU(s): NCCL needs one GPU "
+                f"per process. Start {gpus} process(es) per node (parallel.procs_per_node), or use "
+                "parallel.dist_backend gloo to share GPUs (ddp and fsdp only)")
+    if backend == "gloo" and strategy == "pipeline":
+        return ("pipeline stages on CUDA GPUs send activations with send/recv, which gloo cannot do for CUDA "
+                "tensors: use parallel.dist_backend nccl (or auto) with one GPU per stage")
+    return None
+
+
+def _pick_device(dist_backend: str, topo: Topology, strategy: str = "ddp") -> tuple[torch.device, str]:
     cuda = torch.cuda.is_available()
     backend = ("nccl" if cuda else "gloo") if dist_backend == "auto" else dist_backend
     if backend == "nccl" and not cuda:
         raise TrainerError("parallel.dist_backend is nccl but this machine has no CUDA GPU: use auto or gloo")
     if cuda:
-        torch.cuda.set_device(topo.local_rank % torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        error = gpu_placement_error(backend, strategy, topo.local_world_size, gpus)
+        if error:
+            raise TrainerError(error)
+        torch.cuda.set_device(topo.local_rank % gpus)
         return torch.device("cuda", torch.cuda.current_device()), backend
     return torch.device("cpu"), backend
 
@@ -240,6 +265,28 @@ def stop_poll_interval(step_seconds: float, target_s: float) -> int:
     if step_seconds <= 0 or target_s <= 0:
         return 1
     return max(1, min(STOP_POLL_MAX_STEPS, int(target_s / step_seconds)))
+
+
+RECORD_MAX_STEPS = 1000
+"""Most steps between two time-based ``step`` records (very fast steps)."""
+RECORD_FIRST_STEPS = 10
+"""Steps between time-based records until a step time has been agreed (the first two steps)."""
+
+
+def record_interval(step_seconds: float, target_s: float) -> int:
+    """Steps until the next time-based ``step`` record (``train.log_every_steps`` 0): about
+    ``target_s`` (``train.log_every_s``) seconds of training at the slowest rank's step time
+    ``step_seconds`` (as agreed by the stop agreement, so every rank gets the same number), between 1
+    and :data:`RECORD_MAX_STEPS`; :data:`RECORD_FIRST_STEPS` while ``step_seconds`` is 0 (not yet
+    measured).
+
+    A record is a collective (an asynchronous all-gather) plus, on rank 0, a JSON line written and
+    printed: every 10 steps that is a measurable share of a millisecond step, and a flood of rows for
+    the dashboard; about one a second costs neither.
+    """
+    if step_seconds <= 0:
+        return RECORD_FIRST_STEPS
+    return max(1, min(RECORD_MAX_STEPS, int(target_s / step_seconds)))
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -469,7 +516,7 @@ def train(cfg: JobConfig) -> int:
     try:
         cfg.validate()
         topo = Topology.from_env()
-        device, backend = _pick_device(cfg.parallel.dist_backend, topo)
+        device, backend = _pick_device(cfg.parallel.dist_backend, topo, cfg.parallel.strategy)
         if device.type == "cpu":
             _set_cpu_threads(topo)
         _init_process_group(backend, topo, cfg.parallel.timeout_s, device)
@@ -640,6 +687,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         # rank computes the same ``poll`` from the agreed slowest step time, so all stop at one step.
         pending: PendingStop | None = None
         poll, next_agreement, last_step_s = 1, step, 0.0
+        # ``step`` records: every log_every_steps steps, or (0) about every log_every_s seconds, the
+        # interval recomputed from each agreement's slowest step time (the same on every rank).
+        record_every, last_record = t.log_every_steps or RECORD_FIRST_STEPS, first_step
         # Only a batch reaching past the sampler's padding point holds padded duplicates (the last one
         # of an epoch): rank r's item k is padding exactly when r + k·W ≥ n (see _real_mask).
         first_padded = max(0, math.ceil((n_train - strategy.dp_rank) / strategy.dp_size))
@@ -659,6 +709,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                         if stopping:
                             return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
                         poll = stop_poll_interval(slowest_step_s, t.stop_check_s)
+                        if not t.log_every_steps:
+                            record_every = record_interval(slowest_step_s, t.log_every_s)
                     pending = stop.start_agreement(device, last_step_s)
                     next_agreement = step + poll
                 tick = time.perf_counter()
@@ -710,8 +762,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     flush_record()
                 if step == first_step:
                     report("started", epoch, resumed=ckpt is not None)
-                elif step % t.log_every_steps == 0:
+                elif (step % t.log_every_steps == 0) if t.log_every_steps else step - last_record >= record_every:
                     report("step", epoch)
+                    last_record = step
 
             strategy.sync_buffers()
             val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
@@ -836,7 +889,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--momentum", type=float, help=f"SGD momentum (config default {d.train.momentum})")
     g.add_argument("--weight-decay", type=float, help=f"config default {d.train.weight_decay}")
     g.add_argument("--seed", type=int, help=f"config default {d.train.seed}")
-    g.add_argument("--log-every-steps", type=int, help=f"config default {d.train.log_every_steps}")
+    g.add_argument("--log-every-steps", type=int,
+                   help=f"a step record every N steps; 0 = about every --log-every-s seconds "
+                        f"(config default {d.train.log_every_steps})")
+    g.add_argument("--log-every-s", type=float,
+                   help=f"seconds of training between step records when --log-every-steps is 0 "
+                        f"(config default {d.train.log_every_s})")
     g.add_argument("--stop-check-s", type=float,
                    help=f"seconds of training between agreements on a SIGTERM; 0 = every step "
                         f"(config default {d.train.stop_check_s})")
@@ -905,8 +963,8 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     put("parallel", "dist_backend", args.dist_backend)
     put("parallel", "timeout_s", args.timeout_s)
     for field in ("epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "seed",
-                  "log_every_steps", "stop_check_s", "augment", "precision", "grad_accum_steps", "grad_clip_norm",
-                  "lr_schedule", "warmup_steps", "find_unused_parameters"):
+                  "log_every_steps", "log_every_s", "stop_check_s", "augment", "precision", "grad_accum_steps",
+                  "grad_clip_norm", "lr_schedule", "warmup_steps", "find_unused_parameters"):
         put("train", field, getattr(args, field))
     put("output", "output_dir", args.output_dir)
     put("output", "checkpoint_dir", args.checkpoint_dir)

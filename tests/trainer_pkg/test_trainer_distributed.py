@@ -17,7 +17,9 @@ from trainer_pkg.train import load_checkpoint
 
 
 def test_two_ranks_learn_digits(tmp_path):
-    job = write_job(tmp_path)  # the default JobConfig: digits, cnn, 3 epochs, batch 32, SGD lr 0.05
+    # the default JobConfig (digits, cnn, 3 epochs, batch 32, SGD lr 0.05), with step records at a
+    # fixed cadence (the default is time-based: test_record_cadence.py)
+    job = write_job(tmp_path, train={"log_every_steps": 10})
     started = time.monotonic()
     run = torchrun(job, nproc=2)
     elapsed = time.monotonic() - started
