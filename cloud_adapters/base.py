@@ -60,9 +60,17 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 
 
 class BackendError(Exception):
-    """Base of every error an adapter raises. ``transient`` errors are retried, never fatal."""
+    """Base of every error an adapter raises. ``transient`` errors are retried, never fatal.
+
+    The message is redacted (:func:`cloud_adapters.redaction.redact`): it is shown and logged, and a
+    provider's error text may quote the credentials of the request."""
 
     transient: ClassVar[bool] = False
+
+    def __init__(self, *args: Any) -> None:
+        from cloud_adapters.redaction import redact
+
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class InvalidSpec(BackendError):

@@ -18,6 +18,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
+from cloud_adapters import redaction
+
 TOKEN_PREFIX = "fernet:"
 """Marks an encrypted value, so a plain-text value can never be mistaken for one (or vice versa)."""
 
@@ -41,7 +43,9 @@ def fernet() -> MultiFernet:
 
 
 def encrypt_json(value: Any) -> str:
-    """``value`` (JSON-serialisable) → ``"fernet:<token>"``."""
+    """``value`` (JSON-serialisable) → ``"fernet:<token>"``. Its strings are redacted from this
+    process's logs and adapter errors from now on (:mod:`cloud_adapters.redaction`)."""
+    redaction.register(value)
     return TOKEN_PREFIX + fernet().encrypt(json.dumps(value, sort_keys=True).encode()).decode()
 
 
@@ -50,12 +54,14 @@ def decrypt_json(text: str) -> Any:
     if not text.startswith(TOKEN_PREFIX):
         raise ImproperlyConfigured("stored secret is not an encrypted token")
     try:
-        return json.loads(fernet().decrypt(text[len(TOKEN_PREFIX):].encode()))
+        value = json.loads(fernet().decrypt(text[len(TOKEN_PREFIX):].encode()))
     except InvalidToken as exc:
         raise ImproperlyConfigured(
             "a stored secret cannot be decrypted with TRAINBOARD_ENCRYPTION_KEY (was the key changed "
             "without keeping the old one after it?)"
         ) from exc
+    redaction.register(value)  # decrypted in this process: keep it out of its logs
+    return value
 
 
 class EncryptedJSONField(models.TextField):

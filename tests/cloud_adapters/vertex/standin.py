@@ -37,6 +37,7 @@ import json
 import re
 import threading
 import urllib.parse
+import uuid
 from typing import Any, Callable, Mapping
 
 from requests.structures import CaseInsensitiveDict
@@ -66,6 +67,7 @@ class Fault:
     times: int = 1
     message: str = "injected failure"
     after: bool = False  # do the work first, then answer the error (an ambiguous failure)
+    echo: bool = False  # append the request's Authorization header to the message (a careless provider)
 
 
 def ts_key(value: str) -> tuple:
@@ -141,8 +143,10 @@ class VertexStandIn:
                     self.jobs[name]["updateTime"] = fields.get("updateTime", self.now)
 
     def fail(self, status: int, *, method: str | None = None, path_re: str = "", times: int = 1,
-             message: str = "injected failure", after: bool = False) -> None:
-        self.faults.append(Fault(status, method, path_re, times, message, after))
+             message: str = "injected failure", after: bool = False, echo: bool = False) -> None:
+        """Answer the next ``times`` matching requests with ``status`` and ``message`` (``echo``: plus
+        the credentials the request carried, as a provider that quotes its request would)."""
+        self.faults.append(Fault(status, method, path_re, times, message, after, echo))
 
     def add_entry(self, job_id: str, timestamp: str, insert_id: str, *, text: str | None = None,
                   payload: dict[str, Any] | None = None, task: str = "workerpool0-0") -> None:
@@ -234,11 +238,13 @@ class VertexStandIn:
                 if self.keys and identity is None:
                     raise ApiError(401, "Request had invalid authentication credentials. Expected OAuth 2 "
                                         "access token, login cookie or other valid authentication credential.")
+                message = fault and (fault.message + (f" (request credentials: {headers.get('Authorization')})"
+                                                      if fault.echo else ""))
                 if fault is not None and not fault.after:
-                    raise ApiError(fault.status, fault.message)
+                    raise ApiError(fault.status, message)
                 status, reply = 200, self._route(method, path, query, body)
                 if fault is not None:
-                    raise ApiError(fault.status, fault.message)
+                    raise ApiError(fault.status, message)
             except ApiError as exc:
                 status = exc.status
                 reply = {"error": {"code": exc.status, "message": exc.message,
@@ -338,3 +344,19 @@ class VertexStandIn:
         assert body.get("orderBy") == "timestamp asc", body
         found.sort(key=lambda e: (ts_key(e["timestamp"]), e["insertId"]))
         return self._page(found, body.get("pageSize"), body.get("pageToken"), "entries")
+
+
+def service_account_key(email: str, token_uri: str) -> tuple[str, str]:
+    """``(key file JSON, public key PEM)`` of a new RSA service-account key of ``email`` whose tokens
+    come from ``token_uri`` (``<stand-in url>/token``); give the public key to :meth:`VertexStandIn.accept_key`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    info = {"type": "service_account", "project_id": "my-proj", "private_key_id": uuid.uuid4().hex,
+            "private_key": private, "client_email": email, "client_id": "1", "token_uri": token_uri}
+    return json.dumps(info), public

@@ -18,29 +18,15 @@ from google.auth import jwt
 from cloud_adapters.base import CredentialsError, JobSpec
 from jobs import services
 from jobs.models import ComputeBackend
+from standin import service_account_key
 
-from conftest import STAGING
+STAGING = "gs://stage/tb"  # the bucket gcs (conftest.py) creates
 
 pytestmark = pytest.mark.django_db
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "mlp"},
           "train": {"epochs": 1, "batch_size": 32}, "parallel": {"strategy": "ddp"}}
-
-
-def service_account_key(email: str, token_uri: str) -> tuple[str, str]:
-    """``(key file JSON, public key PEM)`` of a new RSA service-account key."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    info = {"type": "service_account", "project_id": "my-proj", "private_key_id": uuid.uuid4().hex,
-            "private_key": private, "client_email": email, "client_id": "1", "token_uri": token_uri}
-    return json.dumps(info), public
 
 
 def _backend(user, vertex, gcs, *, name: str = "vx", secrets: dict | None = None) -> ComputeBackend:
