@@ -67,14 +67,33 @@ def torchrun(nproc: int, target: list[str]) -> list[str]:
 def run_job(cmd: list[str], env: dict[str, str], log_path: str, timeout_s: float) -> float:
     """Run ``cmd`` to completion (output to ``log_path``); returns its wall time in seconds. Raises
     RuntimeError with the log's tail when it fails."""
+    return finish_job(start_job(cmd, env, log_path), timeout_s)
+
+
+def start_job(cmd: list[str], env: dict[str, str], log_path: str, cpus: Sequence[int] | None = None) -> dict[str, Any]:
+    """Start ``cmd`` (output to ``log_path``), on the logical CPUs ``cpus`` only when given (its
+    children inherit the affinity); :func:`finish_job` waits for it."""
+    log = open(log_path, "w", encoding="utf-8")
+    preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
+    return {"cmd": cmd, "proc": proc, "log": log, "log_path": log_path, "start": start}
+
+
+def finish_job(job: dict[str, Any], timeout_s: float) -> float:
+    """Wait for a :func:`start_job`; its wall time in seconds. Raises RuntimeError with the log's tail
+    when it fails (and kills it when it outlives ``timeout_s``)."""
+    try:
+        code = job["proc"].wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        job["proc"].kill()
+        code = job["proc"].wait()
+    wall = time.perf_counter() - job["start"]
+    job["log"].close()
+    if code != 0:
+        with open(job["log_path"], encoding="utf-8", errors="replace") as f:
             tail = f.read()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; log {log_path}:\n{tail}")
+        raise RuntimeError(f"{' '.join(job['cmd'])} exited {code}; log {job['log_path']}:\n{tail}")
     return wall
 
 

@@ -39,8 +39,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import (BENCH, fmt_list, job_env, make_npz, median, read_rss, run_job, spread,  # noqa: E402
-                           torchrun, trainer_window, verdict)
+from bench._common import (BENCH, finish_job, fmt_list, job_env, make_npz, median, read_rss, run_job,  # noqa: E402
+                           spread, start_job, torchrun, trainer_window, verdict)
 
 OVERHEAD_TARGET = 1.03
 RSS_TARGET_MB = 50.0
@@ -55,6 +55,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arch", default="cnn", choices=["mlp", "cnn", "resnet"], help="registry defaults (default cnn)")
     p.add_argument("--shape", default="1,8,8", help="sample shape C,H,W (default 1,8,8: the digits' shape)")
     p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--concurrent", action="store_true",
+                   help="run each pair's two programs at the same time on disjoint cores (needs 4 cores; "
+                        "both see the same machine at the same moment, so drift in the host's speed cancels)")
     p.add_argument("--workdir", help="keep data, configs, logs and outputs here (default: a temporary folder)")
     p.add_argument("--json", help="also write the figures to this JSON file")
     return p.parse_args()
@@ -74,51 +77,40 @@ def main() -> int:
           f"synthetic samples {shape}; {WORLD} ranks x batch {args.batch_size} x {args.steps} steps; gloo, "
           f"1 thread/rank; timed: steps 2..(the trainer's last step record); work dir {work}", flush=True)
 
+    core_sets = _core_sets() if args.concurrent else None
+    if args.concurrent:
+        print(f"[overhead] concurrent pairs: the two programs run at the same time on disjoint cores "
+              f"{core_sets[0]} and {core_sets[1]}, swapped every pair", flush=True)
     trainer_rows, hand_rows = [], []
     for rep in range(args.reps):
-        for kind in ("trainer", "handwritten"):  # A B A B ...
-            run_dir = os.path.join(work, f"{rep:02d}-{kind}")
-            shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would make the trainer resume
-            rss_dir = os.path.join(run_dir, "rss")
-            os.makedirs(rss_dir)
-            log = os.path.join(run_dir, "log.txt")
-            if kind == "trainer":
-                cfg = {"data": {"format": "npz", "uri": data},
-                       "model": {"arch": args.arch, "params": {}},
-                       "parallel": {"strategy": "ddp", "procs_per_node": WORLD, "dist_backend": "gloo"},
-                       "train": {"epochs": 1, "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9,
-                                 "optimizer": "sgd", "seed": 0},  # records: the default cadence
-                       "output": {"output_dir": os.path.join(run_dir, "out")}}
-                cfg_path = os.path.join(run_dir, "job.json")
-                with open(cfg_path, "w", encoding="utf-8") as f:
-                    json.dump(cfg, f)
-                wall = run_job(torchrun(WORLD, ["-m", "trainer_pkg.launch", "--config", cfg_path]),
-                               job_env(rss_dir), log, timeout_s=600)
-                # The timed window ends at the trainer's last step record (about once a second, so
-                # not at a fixed step); the hand-written loop's is cut at that same step below.
-                window = trainer_window(os.path.join(run_dir, "out", "metrics.jsonl"))
-                row = {"wall_s": wall, **window}
-            else:
-                out = os.path.join(run_dir, "result.json")
-                cmd = [os.path.join(BENCH, "handwritten_ddp.py"), "--data", data, "--arch", args.arch,
-                       "--batch-size", str(args.batch_size), "--epochs", "1", "--lr", "0.05", "--momentum", "0.9",
-                       "--seed", "0", "--out", out]
-                if rep == 0:
-                    cmd += ["--save", os.path.join(run_dir, "model.pt")]
-                wall = run_job(torchrun(WORLD, cmd), job_env(rss_dir), log, timeout_s=600)
-                with open(out, encoding="utf-8") as f:
-                    result = json.load(f)
-                if result["steps"] != args.steps:
-                    raise RuntimeError(f"the hand-written loop took {result['steps']} steps, expected {args.steps}")
-                last_step = trainer_rows[-1]["last_step"]  # the trainer's run of this pair, just before
-                row = {"wall_s": wall, "loop_s": result["elapsed_s"][last_step - 1], "last_step": last_step,
-                       "loop_to_end_s": result["loop_s"], "self_vmhwm_mb": result["vmhwm_mb"]}
-            row["rss_mb"] = read_rss(rss_dir)
+        jobs = {kind: _prepare(kind, rep, work, data, args) for kind in ("trainer", "handwritten")}
+        if args.concurrent:  # both at once; who gets which cores alternates, so a core set's bias cancels
+            cpus = dict(zip(("trainer", "handwritten"), core_sets if rep % 2 == 0 else core_sets[::-1]))
+            started = {kind: start_job(job["cmd"], job["env"], job["log"], cpus=cpus[kind])
+                       for kind, job in jobs.items()}
+            walls = {kind: finish_job(started[kind], timeout_s=600) for kind in jobs}
+        else:  # A B A B ...
+            walls = {kind: run_job(job["cmd"], job["env"], job["log"], timeout_s=600) for kind, job in jobs.items()}
+        # The timed window ends at the trainer's last step record (about once a second, so not at a
+        # fixed step); the hand-written loop's is cut at that same step.
+        t_dir = jobs["trainer"]["dir"]
+        t_row = {"wall_s": walls["trainer"], **trainer_window(os.path.join(t_dir, "out", "metrics.jsonl"))}
+        with open(jobs["handwritten"]["out"], encoding="utf-8") as f:
+            result = json.load(f)
+        if result["steps"] != args.steps:
+            raise RuntimeError(f"the hand-written loop took {result['steps']} steps, expected {args.steps}")
+        last_step = t_row["last_step"]
+        h_row = {"wall_s": walls["handwritten"], "loop_s": result["elapsed_s"][last_step - 1], "last_step": last_step,
+                 "loop_to_end_s": result["loop_s"], "self_vmhwm_mb": result["vmhwm_mb"]}
+        for kind, row in (("trainer", t_row), ("handwritten", h_row)):
+            row["rss_mb"] = read_rss(jobs[kind]["rss"])
             (trainer_rows if kind == "trainer" else hand_rows).append(row)
             print(f"[overhead] pair {rep + 1}/{args.reps} {kind:11s}: loop {row['loop_s']:.3f} s over steps "
-                  f"2..{row['last_step']} ({(row['last_step'] - 1) / row['loop_s']:.0f} steps/s), process wall {wall:.2f} s, peak RSS "
+                  f"2..{row['last_step']} ({(row['last_step'] - 1) / row['loop_s']:.0f} steps/s), process wall "
+                  f"{row['wall_s']:.2f} s, peak RSS "
                   + ", ".join(f"rank {r} {mb:.1f} MB" for r, mb in sorted(row["rss_mb"].items()))
-                  + (f", end-of-run tail {row['tail_s']:.3f} s" if kind == "trainer" else ""), flush=True)
+                  + (f", end-of-run tail {row['tail_s']:.3f} s" if kind == "trainer" else "")
+                  + (f", cores {cpus[kind]}" if args.concurrent else ""), flush=True)
 
     same = _same_parameters(os.path.join(work, "00-trainer", "out", "model.pt"),
                             os.path.join(work, "00-handwritten", "model.pt"))
@@ -130,6 +122,59 @@ def main() -> int:
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _prepare(kind: str, rep: int, work: str, data: str, args: argparse.Namespace) -> dict:
+    """The command, environment and paths of one run (a fresh run directory)."""
+    run_dir = os.path.join(work, f"{rep:02d}-{kind}")
+    shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would make the trainer resume
+    rss_dir = os.path.join(run_dir, "rss")
+    os.makedirs(rss_dir)
+    job = {"dir": run_dir, "rss": rss_dir, "log": os.path.join(run_dir, "log.txt"), "env": job_env(rss_dir)}
+    if kind == "trainer":
+        cfg = {"data": {"format": "npz", "uri": data},
+               "model": {"arch": args.arch, "params": {}},
+               "parallel": {"strategy": "ddp", "procs_per_node": WORLD, "dist_backend": "gloo"},
+               "train": {"epochs": 1, "batch_size": args.batch_size, "lr": 0.05, "momentum": 0.9,
+                         "optimizer": "sgd", "seed": 0},  # records: the default cadence
+               "output": {"output_dir": os.path.join(run_dir, "out")}}
+        cfg_path = os.path.join(run_dir, "job.json")
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        job["cmd"] = torchrun(WORLD, ["-m", "trainer_pkg.launch", "--config", cfg_path])
+    else:
+        job["out"] = os.path.join(run_dir, "result.json")
+        cmd = [os.path.join(BENCH, "handwritten_ddp.py"), "--data", data, "--arch", args.arch,
+               "--batch-size", str(args.batch_size), "--epochs", "1", "--lr", "0.05", "--momentum", "0.9",
+               "--seed", "0", "--out", job["out"]]
+        if rep == 0:
+            cmd += ["--save", os.path.join(run_dir, "model.pt")]
+        job["cmd"] = torchrun(WORLD, cmd)
+    return job
+
+
+def _core_sets() -> tuple[list[int], list[int]]:
+    """Two disjoint sets of WORLD cores for the concurrent mode, on distinct physical cores where
+    the kernel says which logical CPUs are SMT siblings (a rank sharing a core with a rank of the
+    other program would slow both unevenly). Exits when fewer than 2 × WORLD are available."""
+    free = sorted(os.sched_getaffinity(0))
+    chosen, taken = [], set()
+    for cpu in free:  # one logical CPU per physical core first
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list", encoding="utf-8") as f:
+                siblings = f.read().strip()
+        except OSError:
+            siblings = str(cpu)
+        if siblings not in taken:
+            taken.add(siblings)
+            chosen.append(cpu)
+    chosen += [c for c in free if c not in chosen]
+    if len(chosen) < 2 * WORLD:
+        sys.exit(f"--concurrent needs {2 * WORLD} cores (two programs x {WORLD} ranks); this process may use "
+                 f"{len(free)}")
+    # Leave the first core (interrupts, the OS, this driver) alone when there is one to spare.
+    base = chosen[1:] if len(chosen) > 2 * WORLD else chosen
+    return base[:WORLD], base[WORLD:2 * WORLD]
 
 
 def _same_parameters(trainer_model: str, hand_model: str) -> float | None:
