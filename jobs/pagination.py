@@ -46,6 +46,10 @@ from django.utils.functional import cached_property
 COUNT_CAP = 10_000
 """Rows counted at most; a longer list is reported as "10,000+" (count_is_exact false)."""
 
+MAX_OFFSET = 2**62
+"""No row lies deeper (PostgreSQL's OFFSET is a bigint): a page number or offset past it answers "no rows"
+without a query instead of failing (``?page=99999999999999999999``)."""
+
 SEARCH_COUNT_CAP = 1_000
 """Matches of a search (``?q=``) counted at most: "1,000+" past it. A search that matches a third of
 100,000 jobs took 8 ms to count 10,001 of its matches (each one a heap row, the name arms are not in
@@ -73,6 +77,8 @@ def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
         return []
     if not queryset.ordered:
         raise ValueError("page_rows needs an ordered queryset (the same page must come back each time)")
+    if offset > MAX_OFFSET:
+        return []
     ordering = queryset.query.order_by or queryset.model._meta.ordering
     keys = queryset.values("pk")[offset:offset + limit]
     rows = (queryset.model._base_manager.filter(pk__in=keys)
@@ -275,6 +281,8 @@ def position_at(queryset: QuerySet, offset: int) -> tuple[dt.datetime, int] | No
     else (an index-only scan on the list-order index; no join, no row is built)."""
     if offset < 0:
         raise ValueError(f"offset must be >= 0, got {offset}")
+    if offset > MAX_OFFSET:
+        return None
     found = list(queryset.values_list("created_at", "pk")[offset:offset + 1])
     return (found[0][0], found[0][1]) if found else None
 

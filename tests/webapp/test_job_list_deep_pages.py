@@ -132,9 +132,28 @@ def test_deep_offsets_on_the_api_give_the_offset_rows(api_client, user, jobs_60,
         seen += [row["name"] for row in body["results"]]
         url = body["next"]
     assert seen == expected[30:]
-    # Past the end: counted (21, "more than 20"), no rows, no next.
-    body = api_client.get("/api/jobs/?limit=7&offset=60").json()
+    # Past the end: counted (21, "more than 20"), no rows, no next; the position and the count only.
+    response, sql = _get(api_client, "/api/jobs/?limit=7&offset=60")
+    body = response.json()
     assert (body["count"], body["count_is_exact"], body["results"], body["next"]) == (20, False, [], None)
+    assert len(sql) == len(first_sql)
+
+
+def test_absurd_page_numbers_and_offsets_answer_without_failing(owner_client, api_client, user, jobs_60,
+                                                                 monkeypatch):
+    """Past PostgreSQL's bigint OFFSET: no rows, no error, whether the count is exact or capped."""
+    huge = 10**20
+    expected = _offset_rows(user)
+    for cap in (10_000, 20):
+        monkeypatch.setattr(pagination, "COUNT_CAP", cap)
+        response, _ = _get(owner_client, reverse("job-list") + f"?page={huge}")
+        last = 3 if cap > 60 else 1  # the last page the (capped) count covers
+        assert response.context["page"].number == last
+        assert [j.name for j in response.context["jobs"]] == expected[(last - 1) * PER_PAGE:last * PER_PAGE]
+        body = api_client.get(f"/api/jobs/?offset={huge}").json()
+        assert body["results"] == [] and body["next"] is None
+    assert pagination.page_rows(TrainingJob.objects.all(), huge, 5) == []
+    assert pagination.position_at(TrainingJob.objects.all(), huge) is None
 
 
 def test_seek_rows_equals_offset_rows_at_every_offset(user, jobs_60):

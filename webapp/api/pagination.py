@@ -55,12 +55,10 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
         older = older_than(queryset, request.query_params.get(self.after_query_param))
         rows = None
         if older is None and self.offset >= self.count_cap and newest_first(queryset):
-            # Deep offset typed by hand: a row there says "more than count_cap" as the count would.
-            rows = seek_rows(queryset, self.offset, self.limit + 1)
-        if rows:
-            counted = self.count_cap + 1
-        else:
-            counted = capped_count(queryset, self.count_cap)  # past the end: one query more
+            # Deep offset typed by hand: a row there says "more than count_cap" as the count would;
+            # none (past the end) means this page is empty, and the count says how long the list is.
+            rows = seek_rows(queryset, self.offset, self.limit + 1) or []
+        counted = self.count_cap + 1 if rows else capped_count(queryset, self.count_cap)
         self.count_is_exact = counted <= self.count_cap
         self.count = min(counted, self.count_cap)
         if self.count > self.limit and self.template is not None:
