@@ -84,7 +84,7 @@ def register(secrets: Any) -> None:
                 found.update(v for k, v in document.items() if k in _SECRET_JSON_FIELDS and isinstance(v, str))
     for text in list(found):
         for line in re.split(r"\r?\n|\\n", text):
-            if len(line.strip()) >= 16:
+            if len(line.strip()) >= 16 and not line.strip().startswith("-----"):  # not a PEM's armour
                 found.add(line.strip())
     found = {text for text in found if len(text) >= MIN_KNOWN_LENGTH}
     with _lock:
@@ -99,11 +99,11 @@ def redact(text: str) -> str:
     """``text`` with known secrets and credential-shaped strings replaced by ``[redacted]``."""
     if not text:
         return text
+    for pattern, keep_label in _SHAPES:  # first: a whole PEM block goes as one
+        text = pattern.sub((lambda m: m.group(1) + REDACTED) if keep_label else REDACTED, text)
     known = _known_re
     if known is not None:
         text = known.sub(REDACTED, text)
-    for pattern, keep_label in _SHAPES:
-        text = pattern.sub((lambda m: m.group(1) + REDACTED) if keep_label else REDACTED, text)
     return text
 
 

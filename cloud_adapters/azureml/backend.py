@@ -741,7 +741,10 @@ class AzureMLBackend(Backend):
                 if self.secrets.get("client_secret"):
                     from azure.identity import ClientSecretCredential
 
-                    options = {"transport": self._transport} if self._transport is not None else {}
+                    # Its pipeline's own retries off too, as for MLClient: cloud_adapters.retry retries.
+                    options: dict[str, Any] = {"retry_total": 0}
+                    if self._transport is not None:
+                        options["transport"] = self._transport
                     self._credential = ClientSecretCredential(
                         tenant_id=self.secrets["tenant_id"], client_id=self.secrets["client_id"],
                         client_secret=self.secrets["client_secret"], **options)
@@ -801,11 +804,17 @@ class AzureMLBackend(Backend):
     def _classify(self, exc: BaseException) -> retry.Verdict | None:
         """:func:`cloud_adapters._azure.classify`, except that a token refused for the stored service
         principal says so (not "DefaultAzureCredential tried ...", which was not in use)."""
-        from azure.core.exceptions import ClientAuthenticationError
+        from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError, ServiceResponseError
 
         if (isinstance(exc, ClientAuthenticationError) and _azure.http_status(exc) is None
                 and self.secrets.get("client_secret") and self._credential is not None
                 and type(self._credential).__name__ == "ClientSecretCredential"):
+            if isinstance(exc.__cause__ or exc.__context__, (ServiceRequestError, ServiceResponseError)):
+                # No answer at all (DNS, connection, timeout): nothing was refused; try again later.
+                return retry.Verdict(True, ProviderError(
+                    f"could not reach Microsoft Entra ID for a token of the backend's stored service principal "
+                    f"({_azure.error_message(exc)}); check the worker's network (login.microsoftonline.com). "
+                    f"The next sync tries again.", transient=True))
             return retry.Verdict(False, CredentialsError(
                 f"Microsoft Entra ID refused the backend's stored service principal: {_azure.error_message(exc)} "
                 f"Check its tenant id, client id and client secret on the backend (a client secret expires; "

@@ -37,6 +37,8 @@ def test_registered_values_are_redacted_with_the_secret_fields_of_a_key_file():
     kid = json.loads(key_file)["private_key_id"]
     assert redact(f"refused {secret}!") == f"refused {REDACTED}!"
     assert redact(f"line {pem_line} / {kid}") == f"line {REDACTED} / {REDACTED}"
+    assert redact("-----BEGIN PRIVATE KEY-----") == REDACTED  # the shape, not a registered armour line
+    assert redact("-----END PRIVATE KEY-----") == "-----END PRIVATE KEY-----"
     # Not secret: the key file's type and e-mail, and short values.
     assert redact("service_account tb@my-proj.iam.gserviceaccount.com eu") == (
         "service_account tb@my-proj.iam.gserviceaccount.com eu")

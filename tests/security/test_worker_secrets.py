@@ -2,13 +2,15 @@
 
 test_secrets.py searches the web process's responses and log records; this test runs a real
 ``celery worker -B`` process at DEBUG (Celery's ``--loglevel`` and Django's root logger), with a
-job on a SageMaker backend and one on a Vertex backend, each with planted credentials, and searches
-the worker's whole stdout/stderr for them:
+job on each of a SageMaker, an Azure ML and a Vertex backend with planted credentials, and searches
+the worker's whole stdout/stderr for them (jobs on three backends):
 
 * SageMaker (planted access key id, secret key and session token): every AWS call goes to a loopback
   provider that answers each request ``UnrecognizedClientException`` quoting the request's
   ``Authorization`` and ``X-Amz-Security-Token`` headers (a provider careless with its error text).
   The submit fails, the job fails with the provider's message.
+* Azure ML (a planted service principal): Microsoft Entra ID cannot be reached from here, so the submit's
+  token requests fail (MSAL and azure-core log them at DEBUG) and the submit is retried later.
 * Vertex (a planted service-account key): the stand-in (tests/cloud_adapters/vertex/standin.py) checks
   the key's tokens on every request; the job is submitted (code upload to the GCS emulator), synced,
   its logs read; then three syncs are refused with 403 messages quoting the bearer token; then the job
@@ -273,12 +275,20 @@ def test_a_worker_at_debug_logs_no_planted_secret(debug_worker, user, digits_dat
         "project": "my-proj", "staging_bucket": "gs://stage/tb", "api_endpoint": vertex.url, "storage_endpoint": gcs,
         "accelerator_type": "NVIDIA_TESLA_T4", "accelerator_count": 1}, secrets={"service_account_json": key_json})
 
+    # Azure ML, with a planted service principal: Entra ID is out of reach (no DNS here), so every
+    # submit attempt fails getting a token, transiently.
+    tenant, client, az_secret = str(uuid.uuid4()), str(uuid.uuid4()), "PLANTED-" + uuid.uuid4().hex
+    az = services.backend_create(owner=user, name="az", kind="azureml", config={
+        "subscription_id": str(uuid.uuid4()), "resource_group": "rg", "workspace": "tb-workspace", "compute": "gpu-cluster"},
+        secrets={"tenant_id": tenant, "client_id": client, "client_secret": az_secret})
+
     def create(backend, name):
         return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                             backend=backend, nodes=1, procs_per_node=1, epochs=1, name=name)
 
     sm_job = create(sm, "sm-job")
     vx_job = create(vx, "vx-job")
+    create(az, "az-job")
 
     # SageMaker: the submit's first call is refused with the credentials quoted; the job fails.
     debug_worker.wait_for(lambda: _reload(sm_job).is_terminal, timeout=120, what="the SageMaker job to fail")
@@ -303,6 +313,9 @@ def test_a_worker_at_debug_logs_no_planted_secret(debug_worker, user, digits_dat
     vertex.step()
     debug_worker.wait_for(lambda: _reload(vx_job).is_terminal, timeout=60, what="the Vertex job to fail")
     assert vx_job.state == "FAILED"
+    # Azure ML: the submit's token requests failed (retried with backoff), said so, and the job waits.
+    debug_worker.wait_for(lambda: "could not reach Microsoft Entra ID" in debug_worker.log(), timeout=120,
+                          what="the Azure ML submit to give up getting a token")
     time.sleep(2)  # a last sync's lines
 
     # What was planted, and every credential derived from it that went over the wire.
@@ -312,12 +325,13 @@ def test_a_worker_at_debug_logs_no_planted_secret(debug_worker, user, digits_dat
               if r.headers.get("Authorization", "").startswith("Bearer ")}
     assert bearer and vertex.tokens
     planted = {"aws access key id": [key_id], "aws secret": [aws_secret], "aws session token": [session_token],
-               "gcp private key": private_key_lines, "gcp tokens": sorted(bearer | set(vertex.tokens))}
+               "gcp private key": private_key_lines, "gcp tokens": sorted(bearer | set(vertex.tokens)),
+               "azure service principal": [tenant, client, az_secret]}
 
     log = debug_worker.log()
     # The log is a DEBUG log of the worker that did all this, SDK requests included: the search has
     # something to search, and the credentials were where a log would have had them.
-    assert log.count("Task jobs.tasks.submit_job[") >= 4  # received and succeeded, two jobs
+    assert log.count("Task jobs.tasks.submit_job[") >= 6  # received and done, three jobs
     assert "DEBUG botocore.endpoint: Sending http request:" in log and "DEBUG botocore.auth: CanonicalRequest:" in log
     assert "x-amz-security-token:[redacted]" in log and "Credential=[redacted]/" in log
     assert log.count("sync skipped: Vertex AI 403 Forbidden") == 3

@@ -90,3 +90,27 @@ def test_a_wrong_stored_secret_is_refused_by_entra_id_and_nothing_reaches_arm(us
     assert not workspace.tokens
     assert not [s for s in workspace.requests if s.url.startswith("https://management.azure.com")
                 and "Authorization" in s.headers]
+
+
+def test_entra_id_out_of_reach_is_a_transient_error_not_a_refusal(user, workspace):
+    from azure.core.exceptions import ServiceRequestError
+
+    from cloud_adapters.base import ProviderError
+
+    def unreachable(request):
+        if request.url.startswith(LOGIN):
+            raise ServiceRequestError("Failed to resolve 'login.microsoftonline.com' ([Errno -2] Name or service not known)")
+
+    secret = "PLANTED-" + uuid.uuid4().hex
+    adapter = _adapter(user, workspace, {"tenant_id": str(uuid.uuid4()), "client_id": str(uuid.uuid4()),
+                                         "client_secret": secret})
+    adapter._transport.on_send = unreachable
+    with pytest.raises(ProviderError) as exc:
+        adapter.list_tagged()
+    assert exc.value.transient and type(exc.value) is ProviderError
+    assert str(exc.value) == (
+        "could not reach Microsoft Entra ID for a token of the backend's stored service principal (Authentication "
+        "failed: Failed to resolve 'login.microsoftonline.com' ([Errno -2] Name or service not known)); check the "
+        "worker's network (login.microsoftonline.com). The next sync tries again.")
+    assert len(adapter.clock.sleeps) == adapter.retry_policy.max_attempts - 1  # retried with backoff
+    assert not [s for s in workspace.requests if s.url.startswith("https://management.azure.com")]
