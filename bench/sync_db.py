@@ -32,7 +32,6 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -41,21 +40,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from sync_memory import KIND, CountingFake, load, register_fake, reset_sync_times  # noqa: E402
+from sync_memory import (CountingFake, child_backends, loaded_database, reset_sync_times,  # noqa: E402
+                         run_child, sync_parser)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=10_000, help="active jobs (default 10,000)")
-    p.add_argument("--backends", type=int, default=4, help="backends they are spread over (default 4)")
-    p.add_argument("--changed-pct", type=int, default=1, help="percent of jobs changed since the last sync")
+    p = sync_parser(__doc__, "trainboard_bench_sync_db")
     p.add_argument("--rounds", type=int, default=1, help="per-job pass + bulk pass, this many times (default 1)")
-    p.add_argument("--quick", action="store_true", help="1,000 jobs")
-    p.add_argument("--server", default=os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432"),
-                   help="PostgreSQL server URL without a database name")
-    p.add_argument("--db-name", default="trainboard_bench_sync_db", help="throwaway database (dropped and created)")
-    p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     p.add_argument("--child", choices=["per-job", "bulk"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -86,17 +77,11 @@ class StatementCounter:
 
 def child(args: argparse.Namespace) -> None:
     """One sync pass in this (fresh) process; prints one JSON line."""
-    from job_list import setup_django
-
-    setup_django(args.server, args.db_name)
-    register_fake()
-    CountingFake.changed_pct = args.changed_pct
+    backend_ids = child_backends(args)
     from django.db import connection
 
     from jobs import services
-    from jobs.models import ComputeBackend
 
-    backend_ids = list(ComputeBackend.objects.filter(kind=KIND).order_by("pk").values_list("pk", flat=True))
     one_by_one = 0
     real_sync_one = services._sync_one
 
@@ -116,15 +101,6 @@ def child(args: argparse.Namespace) -> None:
                       "sql_seconds": counter.seconds, "longest_ms": counter.longest * 1000, "one_by_one": one_by_one, "calls": dict(CountingFake.calls)}))
 
 
-def run_child(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--server", args.server,
-           "--db-name", args.db_name, "--changed-pct", str(args.changed_pct)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"sync subprocess failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def row(label: str, r: dict[str, Any]) -> str:
     return (f"| {label} | {r['looked_at']:,} | {r['one_by_one']:,} | {r['seconds']:.2f} | {r['statements']:,} | "
             f"{r['sql_seconds']:.2f} | {r['longest_ms']:.0f} | {r['calls'].get('logs', 0):,} |")
@@ -135,28 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args)
         return 0
-    from job_list import create_database, drop_database, setup_django
-
     started = dt.datetime.now(dt.timezone.utc)
-    create_database(args.server, args.db_name)
-    try:
-        setup_django(args.server, args.db_name)
-        register_fake()
-        from django.core.management import call_command
-        from django.db import connections
-
-        call_command("migrate", verbosity=0, interactive=False)
-        t0 = time.perf_counter()
-        load(args)
-        print(f"loaded {args.jobs:,} active jobs on {args.backends} backend(s) in {time.perf_counter() - t0:.1f} s",
-              flush=True)
-        connections.close_all()
+    with loaded_database(args):
         load_before = os.getloadavg()[0]
         results: dict[str, list[dict[str, Any]]] = {"per-job": [], "bulk": []}
         for _ in range(args.rounds):
             for mode in ("per-job", "bulk"):
                 reset_sync_times(args)
-                results[mode].append(run_child(args, mode))
+                results[mode].append(run_child(args, mode, script=__file__))
                 print(f"  {mode:8} pass: {results[mode][-1]['seconds']:.2f} s", flush=True)
         load_after = os.getloadavg()[0]
         changed = sum(1 for i in range(args.jobs) if i % 100 < args.changed_pct)
@@ -178,13 +140,6 @@ def main(argv: list[str] | None = None) -> int:
             a, b = median("per-job", key), median("bulk", key)
             print(f"{what:15} per-job / bulk = {a:,.2f} / {b:,.2f} = {a / b:.1f}×" if b else f"{what}: bulk 0")
         return 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not args.keep:
-            drop_database(args.server, args.db_name)
-            print(f"dropped database {args.db_name}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ is below ``--changed-pct``. Nothing is asserted (exit 0), or with ``--check`` ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -101,8 +102,10 @@ def register_fake() -> None:
     registry.KINDS[KIND] = registry.KindInfo(__name__, "CountingFake", "Benchmark stand-in")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def sync_parser(doc: str, db_name: str) -> argparse.ArgumentParser:
+    """The options this benchmark and bench/sync_db.py share: the load (``--jobs``, ``--backends``,
+    ``--changed-pct``, ``--quick``) and the throwaway database (``--server``, ``--db-name``, ``--keep``)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=10_000, help="active jobs (default 10,000)")
     p.add_argument("--backends", type=int, default=4, help="backends they are spread over (default 4)")
@@ -110,8 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1,000 jobs")
     p.add_argument("--server", default=os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432"),
                    help="PostgreSQL server URL without a database name")
-    p.add_argument("--db-name", default="trainboard_bench_sync", help="throwaway database (dropped and created)")
+    p.add_argument("--db-name", default=db_name, help="throwaway database (dropped and created)")
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = sync_parser(__doc__, "trainboard_bench_sync")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     p.add_argument("--child", choices=["plain", "traced"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -174,19 +182,26 @@ def load(args: argparse.Namespace) -> None:
         cur.execute("VACUUM ANALYZE")
 
 
-def child(args: argparse.Namespace) -> None:
-    """One sync pass in this (fresh) process; prints one JSON line."""
-    import tracemalloc
-
+def child_backends(args: argparse.Namespace) -> list[int]:
+    """In a ``--child`` process: Django on the loaded database, the stand-in registered and changing
+    ``--changed-pct`` % of the jobs; the ids of its backends."""
     from job_list import setup_django
 
     setup_django(args.server, args.db_name)
     register_fake()
     CountingFake.changed_pct = args.changed_pct
     from jobs.models import ComputeBackend
+
+    return list(ComputeBackend.objects.filter(kind=KIND).order_by("pk").values_list("pk", flat=True))
+
+
+def child(args: argparse.Namespace) -> None:
+    """One sync pass in this (fresh) process; prints one JSON line."""
+    import tracemalloc
+
+    backend_ids = child_backends(args)
     from jobs.services import backend_sync
 
-    backend_ids = list(ComputeBackend.objects.filter(kind=KIND).order_by("pk").values_list("pk", flat=True))
     hwm_before, rss_before = vm_kib("VmHWM"), vm_kib("VmRSS")
     if args.child == "traced":
         tracemalloc.start()
@@ -199,11 +214,11 @@ def child(args: argparse.Namespace) -> None:
                       "heap_peak_bytes": heap_peak}))
 
 
-def run_child(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--server", args.server,
+def run_child(args: argparse.Namespace, mode: str, script: str = __file__) -> dict[str, Any]:
+    """``script --child mode`` on the loaded database in a fresh process; its JSON line."""
+    cmd = [sys.executable, os.path.abspath(script), "--child", mode, "--server", args.server,
            "--db-name", args.db_name, "--changed-pct", str(args.changed_pct)]
-    env = dict(os.environ)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
     if out.returncode != 0:
         raise SystemExit(f"sync subprocess failed ({out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -218,14 +233,12 @@ def reset_sync_times(args: argparse.Namespace) -> None:
         conn.execute("UPDATE jobs_trainingjob SET last_synced_at = now() - interval '30 seconds'")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.child:
-        child(args)
-        return 0
+@contextlib.contextmanager
+def loaded_database(args: argparse.Namespace) -> Iterator[None]:
+    """The throwaway database, migrated and loaded (``--jobs`` active jobs on ``--backends``
+    stand-in backends), with no connection left open to it; dropped afterwards unless ``--keep``."""
     from job_list import create_database, drop_database, setup_django
 
-    started = dt.datetime.now(dt.timezone.utc)
     create_database(args.server, args.db_name)
     try:
         setup_django(args.server, args.db_name)
@@ -239,6 +252,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loaded {args.jobs:,} active jobs on {args.backends} backend(s) in {time.perf_counter() - t0:.1f} s",
               flush=True)
         connections.close_all()
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            drop_database(args.server, args.db_name)
+            print(f"dropped database {args.db_name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return 0
+    started = dt.datetime.now(dt.timezone.utc)
+    with loaded_database(args):
         try:
             load_avg = os.getloadavg()[0]
         except OSError:
@@ -266,13 +296,6 @@ def main(argv: list[str] | None = None) -> int:
               f"second run; its VmHWM {traced['hwm_after_kib'] / 1024:.1f} MB includes tracemalloc's own)")
         missed = peak_mb > PEAK_MB_TARGET
         return 1 if missed and args.check else 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not args.keep:
-            drop_database(args.server, args.db_name)
-            print(f"dropped database {args.db_name}")
 
 
 if __name__ == "__main__":
