@@ -23,14 +23,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from polling import wait_for
+from workerkit import CeleryWorker, database_url, wait_for_sessions_to_close
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,76 +132,15 @@ def live_processes():
     return live_processes_mentioning
 
 
-class WorkerProcess:
+class WorkerProcess(CeleryWorker):
     """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
 
     def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict):
-        self.proc = proc
-        self.log_path = log_path
+        super().__init__(proc, log_path)
         self.broker_url = broker_url
         self.run_root = run_root
         self.env = env  # DATABASE_URL, REDIS_URL, ... to run other processes (manage.py) alongside
         self.cwd = REPO_ROOT
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def wait_for(self, predicate: Callable[[], object], *, timeout: float, what: str = "") -> object:
-        def check():
-            if self.proc.poll() is not None:
-                pytest.fail(f"the Celery worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
-            return predicate()
-
-        return wait_for(check, timeout=timeout, what=what)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)  # warm shutdown of worker and beat
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # pool children and beat, whatever is left
-        except ProcessLookupError:
-            pass
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=10)
-
-
-def _database_url(settings_dict) -> str:
-    engine = settings_dict["ENGINE"]
-    if "sqlite" in engine:
-        return f"sqlite:///{settings_dict['NAME']}"
-    user = settings_dict.get("USER") or ""
-    password = settings_dict.get("PASSWORD") or ""
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = settings_dict.get("HOST") or "127.0.0.1"
-    port = settings_dict.get("PORT") or "5432"
-    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
-
-
-def _wait_for_worker_sessions_to_close(connection, timeout: float = 10) -> None:
-    """A killed worker's PostgreSQL sessions end a moment after the process; until they do the test
-    database cannot be flushed or dropped ("being accessed by other users")."""
-    if connection.vendor != "postgresql":
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-            )
-            if cursor.fetchone()[0] == 0:
-                return
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -228,7 +166,7 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
     env = dict(os.environ)
     env.update({
         "DJANGO_SETTINGS_MODULE": "webapp.settings",
-        "DATABASE_URL": _database_url(connection.settings_dict),
+        "DATABASE_URL": database_url(connection.settings_dict),
         "REDIS_URL": broker_url,
         "TRAINBOARD_RUN_ROOT": str(run_root),
         "TRAINBOARD_SYNC_INTERVAL_S": "1",
@@ -260,7 +198,7 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _wait_for_worker_sessions_to_close(connection)
+        wait_for_sessions_to_close(connection)
         if saved_broker != app.conf.broker_url:
             app.conf.broker_url = saved_broker
             app.pool.force_close_all()

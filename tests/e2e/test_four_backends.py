@@ -21,12 +21,10 @@ Run: DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainboard REDIS_URL=redis:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 from decimal import Decimal
@@ -37,34 +35,17 @@ from unittest import mock
 import pytest
 import requests
 
+from adapter_standins import free_port, gcs_emulator, standin
 from jobs import services, tasks
 from jobs.models import InstancePrice, JobStateChoices as S, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
 
 REPO = Path(__file__).resolve().parents[2]
-ADAPTER_TESTS = REPO / "tests" / "cloud_adapters"
 AZURITE = REPO / "node_modules" / ".bin" / "azurite-blob"
 
 
-def _load(name: str, path: Path):
-    """A stand-in module of the adapter tests, under its own name (both files are standin.py)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-vertex_standin = _load("vertex_standin", ADAPTER_TESTS / "vertex" / "standin.py")
-azureml_standin = _load("azureml_standin", ADAPTER_TESTS / "azureml" / "standin.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+vertex_standin = standin("vertex")
+azureml_standin = standin("azureml")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db]
 
@@ -130,20 +111,15 @@ def sagemaker_config(request: dict) -> dict[str, Any]:
 @pytest.fixture
 def vertex(monkeypatch, tmp_path):
     """``(Vertex stand-in, Cloud Storage emulator URL)``, no ambient Google configuration."""
-    from gcp_storage_emulator.server import create_server
-
     for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
     monkeypatch.setenv("NO_GCE_CHECK", "True")
     server = vertex_standin.VertexStandIn().start()
-    port = _free_port()
-    gcs = create_server("127.0.0.1", port, in_memory=True, default_bucket="stage")
-    gcs.start()
     try:
-        yield server, f"http://127.0.0.1:{port}"
+        with gcs_emulator() as gcs_url:
+            yield server, gcs_url
     finally:
-        gcs.stop()
         server.stop()
 
 
@@ -162,7 +138,7 @@ def azurite(tmp_path):
     """Azurite's Blob service (npm devDependency) on a free loopback port: the code snapshot's store."""
     if not AZURITE.exists() or shutil.which("node") is None:
         pytest.fail(f"Azurite is needed for the Azure ML code upload: run `npm ci` ({AZURITE}, node on PATH).")
-    port = _free_port()
+    port = free_port()
     location = tmp_path / "azurite"
     location.mkdir()
     with open(location / "azurite.out", "wb") as log:

@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import datetime as dt
 import http.server
-import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,30 +40,13 @@ from pathlib import Path
 
 import pytest
 
-from polling import wait_for
+from adapter_standins import gcs_emulator, standin
+from workerkit import CeleryWorker, database_url, wait_for_sessions_to_close
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-VERTEX_TESTS = REPO_ROOT / "tests" / "cloud_adapters" / "vertex"
 
-
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-vertex_standin = _load("vertex_standin", VERTEX_TESTS / "standin.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+vertex_standin = standin("vertex")
 
 
 # --- a careless AWS ---------------------------------------------------------------------------------
@@ -113,19 +93,10 @@ class EchoingAws:
 # --- the worker -------------------------------------------------------------------------------------
 
 
-def _database_url(settings_dict) -> str:
-    user = settings_dict.get("USER") or ""
-    password = settings_dict.get("PASSWORD") or ""
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    return (f"postgres://{auth}{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}"
-            f"/{settings_dict['NAME']}")
-
-
-class DebugWorker:
+class DebugWorker(CeleryWorker):
     """``celery worker -B`` at DEBUG in its own process group; all output in ``log_path``."""
 
     def __init__(self, tmp_path: Path, db_url: str, broker_url: str, encryption_keys: tuple[str, ...]) -> None:
-        self.log_path = tmp_path / "worker.log"
         var_dir = tmp_path / "worker-var"
         var_dir.mkdir()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
@@ -152,45 +123,11 @@ class DebugWorker:
                    "--scheduler", "celery.beat:PersistentScheduler", "-s", str(tmp_path / "beat-schedule"),
                    "-Q", "celery,gpubox", "--pool", "prefork", "-c", "2", "-n", f"secrets-{uuid.uuid4().hex[:8]}@%h",
                    "--loglevel", "DEBUG", "--without-gossip", "--without-mingle"]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def wait_for(self, predicate, *, timeout: float, what: str):
-        def check():
-            if self.proc.poll() is not None:
-                pytest.fail(f"the worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
-            return predicate()
-
-        return wait_for(check, timeout=timeout, what=what)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=10)
-
-
-def _wait_for_sessions_to_close(connection, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
-            if cursor.fetchone()[0] == 0:
-                return
-        time.sleep(0.2)
+        log_path = tmp_path / "worker.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__(proc, log_path)
 
 
 @pytest.fixture
@@ -207,14 +144,14 @@ def debug_worker(transactional_db, tmp_path, settings):
         app.conf.broker_url = broker_url
         app.pool.force_close_all()
         app._pool = None
-    worker = DebugWorker(tmp_path, _database_url(connection.settings_dict), broker_url,
+    worker = DebugWorker(tmp_path, database_url(connection.settings_dict), broker_url,
                          tuple(settings.TRAINBOARD_ENCRYPTION_KEYS))
     try:
         worker.wait_for(lambda: " ready." in worker.log(), timeout=120, what="the Celery worker to be ready")
         yield worker
     finally:
         worker.stop()
-        _wait_for_sessions_to_close(connection)
+        wait_for_sessions_to_close(connection)
         if saved != app.conf.broker_url:
             app.conf.broker_url = saved
             app.pool.force_close_all()
@@ -230,13 +167,8 @@ def vertex():
 
 @pytest.fixture
 def gcs():
-    from gcp_storage_emulator.server import create_server
-
-    port = _free_port()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="stage")
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with gcs_emulator() as url:
+        yield url
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ No database: these are adapter-level tests.
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 
+from adapter_standins import gcs_emulator
 from cloud_adapters import retry
 from standin import VertexStandIn
 
@@ -54,22 +54,11 @@ def vertex():
     server.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def gcs():
     """gcp-storage-emulator in memory with the bucket ``stage``; yields its URL."""
-    from gcp_storage_emulator.server import create_server
-
-    port = _free_port()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="stage")
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with gcs_emulator("stage") as url:
+        yield url
 
 
 @pytest.fixture

@@ -1,0 +1,94 @@
+"""Helpers for tests that run a real ``celery worker -B`` process against pytest-django's test
+database: the database URL to hand it, the running process (its log, waiting on it, stopping it
+with its pool children and beat) and waiting for its PostgreSQL sessions to end afterwards.
+
+Used by ``celery_worker_process`` (tests/conftest.py), the fault tests' workers
+(tests/faults/faultkit.py) and the worker-log secrets test (tests/security/test_worker_secrets.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from polling import wait_for
+
+
+def database_url(settings_dict) -> str:
+    """The ``DATABASE_URL`` of the database Django's ``settings_dict`` names (the test database)."""
+    if "sqlite" in settings_dict["ENGINE"]:
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or "5432"
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
+def wait_for_sessions_to_close(connection, timeout: float = 10) -> None:
+    """A stopped or killed worker's PostgreSQL sessions end a moment after the process; until they
+    do the test database cannot be flushed or dropped ("being accessed by other users")."""
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+        time.sleep(0.2)
+
+
+class CeleryWorker:
+    """A ``celery worker -B`` subprocess started in its own process group (``start_new_session``),
+    its stdout and stderr in ``log_path``."""
+
+    stop_grace_s = 20.0
+    """How long :meth:`stop` waits for a warm shutdown before it SIGKILLs what is left."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for(self, predicate: Callable[[], object], *, timeout: float, what: str = "") -> object:
+        """:func:`polling.wait_for`, failing at once (with the log's tail) if the worker exits."""
+        def check():
+            if self.proc.poll() is not None:
+                pytest.fail(f"the Celery worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+            return predicate()
+
+        return wait_for(check, timeout=timeout, what=what)
+
+    def kill(self) -> None:
+        """SIGKILL the worker, its pool children and beat at once: no shutdown code runs."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM (warm shutdown of worker and beat), then SIGKILL whatever is left."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=self.stop_grace_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
