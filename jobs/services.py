@@ -149,7 +149,23 @@ class _Errors(dict):
             raise ValidationError(dict(self))
 
 
-def _int(errors: _Errors, field: str, value: Any, *, minimum: int, label: str) -> int:
+MAX_RUNTIME_S = 28 * 24 * 3600
+"""Longest max runtime a job may ask for: 28 days (2,419,200 s), SageMaker's maximum
+``StoppingCondition.MaxRuntimeInSeconds`` (shared/reference/clouds.md); the same ceiling for every backend."""
+MAX_NODES = 1000
+"""Most nodes (instances) one job may ask for."""
+MAX_PROCS_PER_NODE = 1024
+"""Most trainer processes per node (one per GPU, or per CPU core on a CPU box)."""
+MAX_EPOCHS = 100_000
+MAX_BATCH_SIZE = 1_000_000
+MAX_SEED = 2**32 - 1
+"""Seeds are 0..2³²−1 (what NumPy's seeding takes; larger values overflow ``torch.manual_seed``
+once the trainer adds its per-rank offsets)."""
+MAX_COST_USD = Decimal("99999999.9999")
+"""The largest cost the cost columns hold (12 digits, 4 after the point)."""
+
+
+def _int(errors: _Errors, field: str, value: Any, *, minimum: int, label: str, maximum: int | None = None) -> int:
     number = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -165,7 +181,25 @@ def _int(errors: _Errors, field: str, value: Any, *, minimum: int, label: str) -
         return minimum
     if number < minimum:
         errors.add(field, f"{label} must be at least {minimum}, got {number}.")
+    elif maximum is not None and number > maximum:
+        errors.add(field, f"{label} must be at most {maximum:,}, got {number:,}.")
+        return maximum
     return number
+
+
+def _shape_ints(errors: _Errors, nodes: Any, procs_per_node: Any, max_runtime_s: Any) -> tuple[int, int, int]:
+    """Nodes, processes per node and max runtime (s) as whole numbers within their ranges."""
+    return (_int(errors, "nodes", nodes, minimum=1, maximum=MAX_NODES, label="Nodes"),
+            _int(errors, "procs_per_node", procs_per_node, minimum=1, maximum=MAX_PROCS_PER_NODE,
+                 label="Processes per node"),
+            _int(errors, "max_runtime_s", max_runtime_s, minimum=1, maximum=MAX_RUNTIME_S, label="Max runtime (s)"))
+
+
+def _check_estimate(errors: _Errors, estimate: Decimal) -> None:
+    """An estimate the cost columns cannot hold is refused (on ``max_runtime_s``, the usual cause)."""
+    if estimate > MAX_COST_USD:
+        errors.add("max_runtime_s", f"The estimate ${estimate:,.2f} is more than Trainboard records for one job "
+                                    f"(${MAX_COST_USD:,f}): lower the max runtime, nodes or instance type.")
 
 
 def _positive_float(errors: _Errors, field: str, value: Any, *, label: str) -> float:
@@ -855,6 +889,9 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
     from jobs.budgets import check_monthly_budgets
 
     estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=hourly_price)
+    errors = _Errors()
+    _check_estimate(errors, estimate)
+    errors.raise_if_any()
     with transaction.atomic():
         check_monthly_budgets(owner=owner, team=team, estimate=estimate)
         job = TrainingJob.objects.create(
@@ -899,12 +936,10 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     model_spec = _owned(errors, "model_spec", ModelSpec, model_spec, owner, "model")
     backend = _owned(errors, "backend", ComputeBackend, backend, owner, "backend")
     team = _member_team(errors, team, owner)
-    nodes = _int(errors, "nodes", nodes, minimum=1, label="Nodes")
-    procs_per_node = _int(errors, "procs_per_node", procs_per_node, minimum=1, label="Processes per node")
-    epochs = _int(errors, "epochs", epochs, minimum=1, label="Epochs")
-    batch_size = _int(errors, "batch_size", batch_size, minimum=1, label="Batch size")
-    seed = _int(errors, "seed", seed, minimum=0, label="Seed")
-    max_runtime_s = _int(errors, "max_runtime_s", max_runtime_s, minimum=1, label="Max runtime (s)")
+    nodes, procs_per_node, max_runtime_s = _shape_ints(errors, nodes, procs_per_node, max_runtime_s)
+    epochs = _int(errors, "epochs", epochs, minimum=1, maximum=MAX_EPOCHS, label="Epochs")
+    batch_size = _int(errors, "batch_size", batch_size, minimum=1, maximum=MAX_BATCH_SIZE, label="Batch size")
+    seed = _int(errors, "seed", seed, minimum=0, maximum=MAX_SEED, label="Seed")
     lr = _positive_float(errors, "lr", lr, label="Learning rate")
     budget = _budget(errors, budget_usd)
     overrides = _hyperparameters(errors, hyperparameters)
@@ -938,6 +973,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
+    nodes, procs_per_node, max_runtime_s = _shape_ints(errors, nodes, procs_per_node, max_runtime_s)  # overrides too
     adapter = _adapter_or_error(errors, backend)
     errors.raise_if_any()
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
@@ -982,9 +1018,7 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     ``model_spec``, stages against the model's layers), keyed by the same field names.
     """
     errors = _Errors()
-    nodes = _int(errors, "nodes", nodes, minimum=1, label="Nodes")
-    procs_per_node = _int(errors, "procs_per_node", procs_per_node, minimum=1, label="Processes per node")
-    max_runtime_s = _int(errors, "max_runtime_s", max_runtime_s, minimum=1, label="Max runtime (s)")
+    nodes, procs_per_node, max_runtime_s = _shape_ints(errors, nodes, procs_per_node, max_runtime_s)
     if not isinstance(backend, ComputeBackend):
         backend = ComputeBackend.objects.filter(pk=backend).first()
         if backend is None:
@@ -1001,6 +1035,8 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     price = _hourly_price(errors, adapter, spec.instance_type, spec.spot)
     errors.raise_if_any()
     estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price)
+    _check_estimate(errors, estimate)
+    errors.raise_if_any()
     world = nodes * procs_per_node
     message = (
         f"{nodes} node(s) × {procs_per_node} process(es) = {world} rank(s); at most "

@@ -202,6 +202,8 @@ class JobConfig:
              f"must be at least 1, got {p.procs_per_node}")
         need(p.timeout_s >= 1, "parallel.timeout_s", f"must be at least 1 second, got {p.timeout_s}")
         need(t.epochs >= 1, "train.epochs", f"must be at least 1, got {t.epochs}")
+        need(t.epochs <= 100_000, "train.epochs", f"must be at most 100,000, got {t.epochs:,}")
+        need(0 <= t.seed <= 2**32 - 1, "train.seed", f"must be between 0 and 4,294,967,295, got {t.seed:,}")
         need(t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}")
         need(t.lr > 0, "train.lr", f"must be greater than 0, got {t.lr}")
         need(0.0 <= t.momentum < 1.0, "train.momentum", f"must be in [0, 1), got {t.momentum}")
