@@ -187,8 +187,14 @@ class CappedCountPaginator(Paginator):
             raise PageNotAnInteger(self.error_messages["invalid_page"]) from None
 
     def get_page(self, number) -> CappedPage:
-        """As ``Paginator.get_page``; past the cap a page number beyond the rows gives the last page
-        the capped count covers."""
+        """As ``Paginator.get_page``, except that a page number below 1 gives the first page (Django's
+        gives the last); past the cap a page number beyond the rows gives the last page the capped
+        count covers."""
+        try:
+            if int(number) < 1:
+                number = 1
+        except (TypeError, ValueError, OverflowError):
+            pass  # not a number: Paginator.get_page gives page 1
         deep = self._deep_page(number)  # before Paginator.get_page counts
         if deep is not None:
             return deep

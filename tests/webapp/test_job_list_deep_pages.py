@@ -202,3 +202,11 @@ def test_a_search_counts_to_the_search_cap_only(owner_client, api_client, user, 
     assert owner_client.get(reverse("job-list")).context["page"].paginator.count == 60
     body = api_client.get("/api/jobs/?limit=10").json()
     assert (body["count"], body["count_is_exact"]) == (60, True)
+
+
+@pytest.mark.parametrize("number", ["0", "-1", "-99999999999999999999"])
+def test_a_page_number_below_one_is_the_first_page(owner_client, user, jobs_60, number):
+    expected = _offset_rows(user)
+    response, _ = _get(owner_client, reverse("job-list") + f"?page={number}")
+    assert response.context["page"].number == 1  # Django's get_page would give the last page (3)
+    assert [j.name for j in response.context["jobs"]] == expected[:PER_PAGE]
