@@ -142,7 +142,9 @@ class _Errors(dict):
     """field -> [messages]; ``raise_if_any`` raises one ValidationError with all of them."""
 
     def add(self, field: str, message: str) -> None:
-        self.setdefault(field, []).append(message)
+        messages = self.setdefault(field, [])
+        if message not in messages:  # two checks finding the same fault say it once
+            messages.append(message)
 
     def raise_if_any(self) -> None:
         if self:

@@ -152,6 +152,8 @@ def test_stalled_shows_on_the_job_page_the_list_and_the_api(client, user, digits
     assert [j["id"] for j in only] == [stalled.pk]
     others = client.get("/api/jobs/?stalled=false").json()["results"]
     assert [j["id"] for j in others] == [fine.pk]
+    bad = client.get("/api/jobs/?stalled=maybe")
+    assert bad.status_code == 400 and "stalled" in bad.json(), bad.content
 
 
 def test_the_sweep_reads_only_jobs_that_may_be_past_a_deadline(user, digits_dataset, cnn_model, fault_backend):

@@ -82,3 +82,11 @@ def test_the_api_answers_400_with_the_bound(user, digits_dataset, cnn_model, loc
     assert response.status_code == 400
     assert "2,419,200" in str(response.json()), response.json()
     assert TrainingJob.objects.count() == 0
+
+
+def test_one_fault_found_by_two_checks_is_said_once(user, digits_dataset, cnn_model, local_backend):
+    errors = services._Errors()
+    errors.add("instance_type", "Unknown instance type 'x'.")
+    errors.add("instance_type", "Unknown instance type 'x'.")
+    errors.add("instance_type", "Another fault.")
+    assert errors == {"instance_type": ["Unknown instance type 'x'.", "Another fault."]}

@@ -97,13 +97,17 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
 class TrainingJobFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(choices=JobStateChoices.choices)
     backend = django_filters.NumberFilter(field_name="backend_id", help_text="Backend id.")
-    q = django_filters.CharFilter(method="search", help_text="Search in the job's name and id.")
-    stalled = django_filters.BooleanFilter(field_name="stalled_at", lookup_expr="isnull", exclude=True,
-                                           help_text="true: only jobs past their state's deadline; false: the others.")
+    q = django_filters.CharFilter(method="search", help_text="Search in the job's name, id and run name (tb-job-…).")
+    stalled = django_filters.ChoiceFilter(choices=[("true", "true"), ("false", "false")], method="filter_stalled",
+                                          help_text="true: only jobs past their state's deadline; false: the others "
+                                                    "(any other value is a 400).")
 
     class Meta:
         model = TrainingJob
         fields = ["state", "backend", "q", "stalled"]
+
+    def filter_stalled(self, queryset, name, value):
+        return queryset.filter(stalled_at__isnull=value == "false")
 
     def search(self, queryset, name, value):
         # The selector owns what "search" means; re-query it with the same user and intersect.
