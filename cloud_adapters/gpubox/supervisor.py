@@ -66,6 +66,13 @@ class _Supervisor:
     def cancel_requested(self) -> bool:
         return self.signalled or (self.run_dir / "cancel_requested").exists()
 
+    def stop_reason(self) -> str:
+        """Why the job is being stopped: a Trainboard cancel leaves ``cancel_requested`` before it
+        signals; a SIGTERM/SIGINT without it came from elsewhere (a shutdown, someone's kill)."""
+        if (self.run_dir / "cancel_requested").exists():
+            return "stopped by user"
+        return "stopped by a signal to the job's supervisor (no cancel was requested: a shutdown or a kill)"
+
     def run(self) -> int:
         pid = os.getpid()
         record = self.run_dir / "supervisor.json"
@@ -76,7 +83,7 @@ class _Supervisor:
 
         if self.cancel_requested():  # cancelled before torchrun ever started
             self.say("cancel requested before start; torchrun not started")
-            return self.finish(None, cancelled=True, reason="stopped by user before start")
+            return self.finish(None, cancelled=True, reason=f"{self.stop_reason()} before start")
 
         env = dict(os.environ)
         env[RUN_TAG_VAR] = str(self.run_dir)  # inherited by every rank: how we find them all
@@ -107,8 +114,8 @@ class _Supervisor:
         cancelled = False
         while not _exited(child.pid):
             if self.cancel_requested():
-                cancelled, reason = True, "stopped by user"
-                self.say("cancel requested: stopping the process group")
+                cancelled, reason = True, self.stop_reason()
+                self.say(f"{reason}: stopping the process group")
                 self.stop_group(child.pid, pgid)
                 break
             if time.time() > deadline:

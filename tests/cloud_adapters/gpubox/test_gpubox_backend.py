@@ -382,6 +382,20 @@ def test_cancel_running_job(backend):
     assert_all_gone(run_dir, pgid, timeout=0.5)
 
 
+def test_a_signal_from_elsewhere_is_not_reported_as_a_user_cancel(backend):
+    handle = backend.submit(spec("digits-sigterm", LONG_CONFIG))
+    run_dir = handle.provider_job_id
+    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 90)
+    pgid = _proc.read_json(Path(run_dir, "torchrun.json"))["pgid"]
+    sup = _proc.read_json(Path(run_dir, "supervisor.json"))
+    os.kill(int(sup["pid"]), signal.SIGTERM)  # a shutdown or someone's kill: no cancel_requested marker
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, 30)
+    assert status.state == JobState.CANCELLED
+    assert status.failure_reason == ("stopped by a signal to the job's supervisor (no cancel was requested: "
+                                     "a shutdown or a kill)")
+    assert_all_gone(run_dir, pgid, timeout=5)
+
+
 def test_missing_dataset_fails_with_the_path(backend):
     config = {"data": {"format": "npz", "uri": "/nonexistent/x.npz"}, "train": {"epochs": 1},
               "parallel": {"procs_per_node": 2}}
