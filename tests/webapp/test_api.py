@@ -29,6 +29,7 @@ def test_job_create_via_api_enqueues_submit(api_client, digits_dataset, cnn_mode
     body = response.json()
     job = TrainingJob.objects.get()
     assert body["id"] == job.pk
+    assert (body["name"], body["display_name"]) == ("api-job", "api-job")
     assert body["state"] == "QUEUED"
     assert body["world_size"] == 2
     assert body["estimated_cost_usd"] == "1.8000"  # 0.5 h × 1 node × $3.60/h
@@ -38,6 +39,17 @@ def test_job_create_via_api_enqueues_submit(api_client, digits_dataset, cnn_mode
     assert len(callbacks) == 1
     no_celery_publish["submit"].assert_called_once()
     assert no_celery_publish["submit"].call_args.kwargs["args"] == [job.pk]
+
+
+def test_a_job_without_a_name_is_shown_as_job_id(api_client, digits_dataset, cnn_model, local_backend,
+                                                  no_celery_publish):
+    response = api_client.post("/api/jobs/", job_payload(digits_dataset, cnn_model, local_backend, name=""),
+                               format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["name"], body["display_name"]) == ("", f"job-{body['id']}")
+    listed = api_client.get("/api/jobs/").json()["results"]
+    assert [j["display_name"] for j in listed] == [f"job-{body['id']}"]
 
 
 @pytest.mark.parametrize("overrides, field, message", [

@@ -188,6 +188,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="Spot jobs: what the run would have cost on demand, training seconds × instances × hourly "
                   "price; null as for spot_saving.")
 
+    display_name = serializers.CharField(
+        source="__str__", read_only=True,
+        help_text='The name the UI shows: name, or "job-<id>" for a job launched without one.')
     stalled = serializers.SerializerMethodField(
         help_text="True when the job is past its state's deadline (see stalled_reason); cleared by its next "
                   "state change.")
@@ -195,7 +198,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     class Meta:
         model = TrainingJob
         fields = [
-            "id", "name", "state", "is_terminal", "stalled", "stalled_reason", "stalled_at", "dataset", "model_spec", "backend", "rerun_of",
+            "id", "name", "display_name", "state", "is_terminal", "stalled", "stalled_reason", "stalled_at", "dataset", "model_spec", "backend", "rerun_of",
             "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
             "max_runtime_s", "budget_usd", "hourly_price_usd", "estimated_cost_usd", "cost_usd",
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
