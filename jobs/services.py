@@ -230,6 +230,9 @@ def _budget(errors: _Errors, value: Any) -> Decimal | None:
     if not budget.is_finite() or budget <= 0:
         errors.add("budget_usd", f"Budget must be more than $0 (or empty for none), got {value!r}.")
         return None
+    if budget > MAX_COST_USD:  # checked before quantize, which fails on a huge exponent
+        errors.add("budget_usd", f"Budget must be at most ${MAX_COST_USD:,f}, got {value!r}.")
+        return None
     return budget.quantize(costs.CENT_FRACTION)
 
 
@@ -975,7 +978,6 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
-    nodes, procs_per_node, max_runtime_s = _shape_ints(errors, nodes, procs_per_node, max_runtime_s)  # overrides too
     adapter = _adapter_or_error(errors, backend)
     errors.raise_if_any()
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,

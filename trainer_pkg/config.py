@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from typing import Any, Literal, Mapping, get_args, get_origin
 
@@ -202,7 +203,6 @@ class JobConfig:
              f"must be at least 1, got {p.procs_per_node}")
         need(p.timeout_s >= 1, "parallel.timeout_s", f"must be at least 1 second, got {p.timeout_s}")
         need(t.epochs >= 1, "train.epochs", f"must be at least 1, got {t.epochs}")
-        need(t.epochs <= 100_000, "train.epochs", f"must be at most 100,000, got {t.epochs:,}")
         need(0 <= t.seed <= 2**32 - 1, "train.seed", f"must be between 0 and 4,294,967,295, got {t.seed:,}")
         need(t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}")
         need(t.lr > 0, "train.lr", f"must be greater than 0, got {t.lr}")
@@ -215,6 +215,11 @@ class JobConfig:
         need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
         need(t.grad_clip_norm >= 0, "train.grad_clip_norm", f"must be 0 (off) or more, got {t.grad_clip_norm}")
         need(t.warmup_steps >= 0, "train.warmup_steps", f"must be 0 or more, got {t.warmup_steps}")
+        for dotted, most in MAXIMA.items():  # past these a run overflows a library call, or means nothing
+            section, name = dotted.split(".")
+            value = getattr(getattr(self, section), name)
+            need(value <= most, dotted, f"must be at most {most:,}, got {value:,}" if isinstance(value, int)
+                 else f"must be at most {most:,g}, got {value:g}")
         if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
             for field, msg in shape_errors(self, world_size=p.world_size,
                                            world_desc=describe_world(p.nodes, p.procs_per_node)).items():
@@ -227,6 +232,24 @@ class JobConfig:
         if errs:
             raise ConfigError("; ".join(f"{k}: {v}" for k, v in errs.items()))
         return self
+
+
+MAXIMA: dict[str, int | float] = {
+    "data.image_size": 4096,
+    "parallel.nodes": 1000,
+    "parallel.procs_per_node": 1024,
+    "parallel.pipeline_stages": 1024,
+    "parallel.microbatches": 10_000,
+    "parallel.timeout_s": 86_400,  # torch's process-group timeout overflows a C int of ms past ~24 days
+    "train.epochs": 100_000,
+    "train.batch_size": 1_000_000,
+    "train.log_every_steps": 1_000_000,
+    "train.log_every_s": 86_400.0,
+    "train.stop_check_s": 3600.0,
+    "train.grad_accum_steps": 10_000,
+    "train.warmup_steps": 10_000_000,
+}
+"""Largest accepted value of each bounded numeric field (JobConfig.errors)."""
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -325,7 +348,13 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):  # JSON cannot store it, and no setting means it
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

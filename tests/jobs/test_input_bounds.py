@@ -52,9 +52,41 @@ def test_overrides_cannot_get_past_the_bounds(user, digits_dataset, cnn_model, l
         _create(user, digits_dataset, cnn_model, local_backend,
                 hyperparameters={"train": {"seed": 2**40}, "parallel": {"nodes": 10**12}})
     errors = excinfo.value.message_dict
-    assert any("train.seed: must be between 0 and 4,294,967,295, got 1,099,511,627,776" in m
-               for m in errors["hyperparameters"]), errors
+    assert set(errors) == {"hyperparameters"}, errors  # the overrides are at fault, not the Nodes field
+    assert "train.seed: must be between 0 and 4,294,967,295, got 1,099,511,627,776" in errors["hyperparameters"]
+    assert "parallel.nodes: must be at most 1,000, got 1,000,000,000,000" in errors["hyperparameters"]
     assert TrainingJob.objects.count() == 0
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ('{"train": {"lr": 1e400}}', "train.lr: expected a finite number, got inf"),
+    ('{"train": {"stop_check_s": Infinity}}', "train.stop_check_s: expected a finite number, got inf"),
+    ({"train": {"stop_check_s": 1e308}}, "train.stop_check_s: must be at most 3,600, got 1e+308"),
+    ({"parallel": {"timeout_s": 10**20}}, "parallel.timeout_s: must be at most 86,400, got 100,000,000,000,000,000,000"),
+    ({"train": {"warmup_steps": 10**20}}, "train.warmup_steps: must be at most 10,000,000, got 100,000,000,000,000,000,000"),
+    ({"data": {"image_size": 10**20}}, "data.image_size: must be at most 4,096, got 100,000,000,000,000,000,000"),
+])
+def test_overrides_that_would_crash_the_trainer_are_refused(user, digits_dataset, cnn_model, local_backend,
+                                                             overrides, message):
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, local_backend, hyperparameters=overrides)
+    assert any(message in m for m in excinfo.value.message_dict["hyperparameters"]), excinfo.value.message_dict
+    assert TrainingJob.objects.count() == 0
+
+
+@pytest.mark.parametrize("budget", ["99999999999999", "1e30", "100000000"])
+def test_a_budget_the_cost_columns_cannot_hold_is_refused(user, digits_dataset, cnn_model, local_backend, budget):
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, local_backend, budget_usd=budget)
+    assert excinfo.value.message_dict["budget_usd"] == [f"Budget must be at most $99,999,999.9999, got {budget!r}."]
+    assert TrainingJob.objects.count() == 0
+
+
+def test_the_largest_budget_is_accepted(user, digits_dataset, cnn_model, local_backend):
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend, budget_usd="99999999.9999")
+    job.refresh_from_db()
+    assert job.budget_usd == Decimal("99999999.9999")
 
 
 def test_an_estimate_the_cost_column_cannot_hold_is_refused(user, digits_dataset, cnn_model, local_backend):

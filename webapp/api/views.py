@@ -99,6 +99,8 @@ class TrainingJobFilter(django_filters.FilterSet):
     backend = django_filters.NumberFilter(field_name="backend_id", help_text="Backend id.")
     q = django_filters.CharFilter(method="search", help_text="Search in the job's name, id and run name (tb-job-…).")
     stalled = django_filters.ChoiceFilter(choices=[("true", "true"), ("false", "false")], method="filter_stalled",
+                                          error_messages={"invalid_choice": "stalled must be true or false, got "
+                                                                            "%(value)s."},
                                           help_text="true: only jobs past their state's deadline; false: the others "
                                                     "(any other value is a 400).")
 
