@@ -31,10 +31,10 @@ import datetime as dt
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -181,6 +181,11 @@ def echoing_aws():
 # --- the test ---------------------------------------------------------------------------------------
 
 
+def _finished_syncs(log: str) -> int:
+    """Sync passes the worker has finished (Celery logs each task's end: "Task ...sync_backend[id] succeeded")."""
+    return len(re.findall(r"sync_backend\[[^\]]+\] succeeded", log))
+
+
 def _reload(job):
     job.refresh_from_db()
     return job
@@ -248,7 +253,9 @@ def test_a_worker_at_debug_logs_no_planted_secret(debug_worker, user, digits_dat
     # Azure ML: the submit's token requests failed (retried with backoff), said so, and the job waits.
     debug_worker.wait_for(lambda: "could not reach Microsoft Entra ID" in debug_worker.log(), timeout=120,
                           what="the Azure ML submit to give up getting a token")
-    time.sleep(2)  # a last sync's lines
+    # One more sync pass after that, so its lines are in the log searched below.
+    syncs = _finished_syncs(debug_worker.log())
+    debug_worker.wait_for(lambda: _finished_syncs(debug_worker.log()) > syncs, timeout=30, what="one more sync pass")
 
     # What was planted, and every credential derived from it that went over the wire.
     private_key_lines = [line for line in json.loads(key_json)["private_key"].splitlines()
