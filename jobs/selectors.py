@@ -64,7 +64,11 @@ def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None
     """The user's jobs and their teams' jobs, newest first.
 
     ``state``: one state value or several; ``backend``: a ComputeBackend, its pk or its name;
-    ``q``: matches the job name, id, dataset, model or backend name (case-insensitive).
+    ``q``: an id search (``7`` or ``#7``) matches the job of that id only; any other text matches the
+    job's name or its dataset's, model's or backend's name (contained, case-insensitive), or its
+    whole provider job name (``tb-job-7-6650f3a1``, any case). The provider name is never searched
+    for a part: every one holds the job's id and a hex creation time, so a fragment such as ``7``
+    or ``a1`` would match nearly every job.
     """
     qs = (TrainingJob.objects.filter(_visible(user))
           .select_related("dataset", "model_spec", "backend"))
@@ -80,11 +84,13 @@ def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None
             qs = qs.filter(backend__name=backend)
     if q:
         q = q.strip()
-        match = (Q(name__icontains=q) | Q(provider_job_name__icontains=q)
-                 | _related_name_match(q, dataset="dataset_id", model_spec="model_spec_id", backend="backend_id"))
-        if q.lstrip("#").isdigit():
-            match |= Q(pk=int(q.lstrip("#")))
-        qs = qs.filter(match)
+        job_id = q.removeprefix("#")
+        if job_id.isascii() and job_id.isdigit():
+            qs = qs.filter(pk=int(job_id)) if len(job_id) <= 18 else qs.none()  # past bigint: no such id
+        else:
+            qs = qs.filter(Q(name__icontains=q) | Q(provider_job_name__iexact=q)
+                           | _related_name_match(q, dataset="dataset_id", model_spec="model_spec_id",
+                                                 backend="backend_id"))
     return qs
 
 

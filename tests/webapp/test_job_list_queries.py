@@ -268,3 +268,37 @@ def test_api_next_links_walk_the_list_by_position(api_client, user, digits_datas
     assert "after=" not in (response.json()["previous"] or "")  # back by offset
     junk = api_client.get("/api/jobs/?limit=25&offset=25&after=junk").json()
     assert [row["name"] for row in junk["results"]] == expected[25:50]
+
+
+def test_id_search_matches_the_id_only_not_digits_inside_provider_job_names(api_client, owner_client, user,
+                                                                             digits_dataset, cnn_model,
+                                                                             local_backend):
+    """Issue 11 item 11: ``?q=<id>`` used to match the hex creation time inside every provider job name
+    (``tb-job-<id>-<hex>``) and so returned (nearly) every job."""
+    import datetime as dt
+
+    from jobs import selectors, services
+
+    _make_jobs(user, digits_dataset, cnn_model, local_backend, 3)
+    first, second, third = TrainingJob.objects.filter(owner=user).order_by("pk")
+    # The other two jobs were created at a moment whose hex seconds contain the first job's id, as
+    # real provider names do for some id (0x69… s is 2025–2026); their names are what the service
+    # derives from that time.
+    for other in (second, third):
+        other.created_at = dt.datetime.fromtimestamp(int(f"69{first.pk:06d}", 16), tz=dt.timezone.utc)
+        other.provider_job_name = services.provider_job_name(other)
+        other.save(update_fields=["created_at", "provider_job_name"])
+        assert str(first.pk) in other.provider_job_name.split("-", 3)[3]
+
+    def names(q):
+        return sorted(j.name for j in selectors.training_job_list_for_user(user=user, q=q))
+
+    assert names(str(first.pk)) == [first.name]
+    assert names(f"#{second.pk}") == [second.name]
+    assert names("9" * 30) == []  # past any id: nothing, not a database error
+    assert names(second.provider_job_name.upper()) == [second.name]  # the whole provider name, any case
+    assert names(second.provider_job_name.split("-", 3)[3]) == []  # a part of it (the hex time) is not a name
+    assert names("sweep-00") == ["sweep-000", "sweep-001", "sweep-002"]
+    assert [j["name"] for j in api_client.get(f"/api/jobs/?q={first.pk}").json()["results"]] == [first.name]
+    page = owner_client.get(reverse("job-list") + f"?q={first.pk}")
+    assert [j.name for j in page.context["jobs"]] == [first.name]

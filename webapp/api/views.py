@@ -97,7 +97,10 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
 class TrainingJobFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(choices=JobStateChoices.choices)
     backend = django_filters.NumberFilter(field_name="backend_id", help_text="Backend id.")
-    q = django_filters.CharFilter(method="search", help_text="Search in the job's name, id and run name (tb-job-…).")
+    q = django_filters.CharFilter(
+        method="search",
+        help_text="A job id (7 or #7) finds that job only; other text matches the job's, dataset's, model's or "
+                  "backend's name (any part, any case) or the whole provider job name (tb-job-…).")
     stalled = django_filters.ChoiceFilter(choices=[("true", "true"), ("false", "false")], method="filter_stalled",
                                           error_messages={"invalid_choice": "stalled must be true or false, got "
                                                                             "%(value)s."},
