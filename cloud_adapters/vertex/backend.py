@@ -67,7 +67,14 @@ from cloud_adapters.base import (
 )
 from cloud_adapters.vertex import logs as cloud_logs
 from cloud_adapters.vertex import package
-from cloud_adapters.vertex.states import STATE_MAP, TERMINAL_STATES, job_status, replica_count, state_name
+from cloud_adapters.vertex.states import (
+    STATE_MAP,
+    TERMINAL_STATES,
+    RawStates,
+    job_status,
+    replica_count,
+    state_name,
+)
 
 T = TypeVar("T")
 
@@ -217,6 +224,8 @@ class VertexBackend(Backend):
         self._http_session = http_session
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._raw_states = RawStates(frozenset(STATE_MAP) | {"JOB_STATE_UNSPECIFIED"})
+        """Job states the SDK dropped (newer than it), as Vertex sent them; see :mod:`.states`."""
         self.bucket_name, self.prefix = parse_gcs(self.config["staging_bucket"], "staging_bucket")
 
     # -- configuration ----------------------------------------------------------------------
@@ -572,7 +581,10 @@ class VertexBackend(Backend):
         job = self._get(handle.provider_job_id)
         if job is None:
             raise ProviderError(f"Vertex AI has no custom job {handle.provider_job_id!r}; was it deleted?")
-        return job_status(job)
+        return self._status(job)
+
+    def _status(self, job: Any) -> JobStatus:
+        return job_status(job, self._raw_states.get(job.name))
 
     def _get(self, name: str) -> Any | None:
         from google.api_core import exceptions as gexc
@@ -617,7 +629,7 @@ class VertexBackend(Backend):
             updated = job.update_time if isinstance(job.update_time, dt.datetime) else None
             if since is not None and updated is not None and updated.timestamp() > 0 and updated < since:
                 continue
-            out[handle.job_name] = job_status(job)
+            out[handle.job_name] = self._status(job)
         return out
 
     # -- orphans ----------------------------------------------------------------------------
@@ -638,9 +650,9 @@ class VertexBackend(Backend):
             for job in self._list(f'labels.{LABEL_JOB_NAME}:* AND state="{state}"'):
                 labels = dict(job.labels or {})
                 name = labels.get(LABEL_JOB_NAME, "")
-                if not name or state_name(job) in TERMINAL_STATES:
+                if not name or state_name(job, self._raw_states.get(job.name)) in TERMINAL_STATES:
                     continue
-                status = job_status(job)
+                status = self._status(job)
                 created = job.create_time if isinstance(job.create_time, dt.datetime) \
                     and job.create_time.timestamp() > 0 else None
                 found.append(ProviderJob(name=name, state=status.state, raw_state=status.raw_state,
@@ -780,8 +792,11 @@ class VertexBackend(Backend):
 
             endpoint = self.config["api_endpoint"] or f"{self.region}-aiplatform.googleapis.com"
             creds, _ = _gcp.credentials(endpoint, self.secrets.get("service_account_json", ""))
-            return v1.JobServiceClient(credentials=creds, transport="rest",
-                                       client_options=ClientOptions(api_endpoint=endpoint))
+            client = v1.JobServiceClient(credentials=creds, transport="rest",
+                                         client_options=ClientOptions(api_endpoint=endpoint))
+            # The client drops job states it does not know; the hook keeps Vertex's own string.
+            client._transport._session.hooks["response"].append(self._raw_states.on_response)  # noqa: SLF001
+            return client
         return self._cached("jobs", make)
 
     def storage_client(self) -> Any:

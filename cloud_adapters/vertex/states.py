@@ -25,6 +25,12 @@ JOB_STATE_UNSPECIFIED, any   PENDING     + warning naming the value; the job sta
 other value
 ===========================  ==========  ===================================================
 
+A state newer than the installed SDK: the REST client parses responses with
+``ignore_unknown_fields=True``, which drops an enum name it does not know and leaves the field at 0
+(``JOB_STATE_UNSPECIFIED``). The adapter reads the provider's own string from the response body
+(:class:`RawStates`) and passes it to :func:`job_status`, so the warning and ``raw_state`` name
+what Vertex sent (e.g. ``JOB_STATE_SUSPENDED``), not ``JOB_STATE_UNSPECIFIED``.
+
 Times: ``started_at`` = ``start_time`` ("when the job first entered RUNNING"), ``ended_at`` =
 ``end_time`` (terminal states only). Vertex reports no billable seconds: cost is priced from the run
 interval (DESIGN.md §6); ``training_seconds`` = ``end_time`` − ``start_time`` once the job ended (while
@@ -35,7 +41,9 @@ it runs the dashboard measures the interval to its own clock). ``instance_count`
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import json
+import threading
+from typing import Any, Mapping
 
 from cloud_adapters.base import JobState, JobStatus
 
@@ -83,11 +91,63 @@ def _utc(value: Any) -> dt.datetime | None:
     return value.astimezone(dt.timezone.utc)
 
 
-def state_name(job: Any) -> str:
-    """The job's ``JobState`` name (``JOB_STATE_RUNNING``); ``str(int)`` for a value the SDK does not know."""
+def state_name(job: Any, provider_state: str | None = None) -> str:
+    """The job's ``JobState`` name (``JOB_STATE_RUNNING``); ``str(int)`` for a value the SDK does not know.
+
+    ``provider_state``: the ``state`` string of the raw response (:class:`RawStates`); it wins when
+    the parsed proto holds ``JOB_STATE_UNSPECIFIED`` (0), which is what the REST client leaves for
+    an enum name it does not know."""
     state = getattr(job, "state", 0)
+    if provider_state and not int(state or 0):
+        return str(provider_state)
     name = getattr(state, "name", None)
     return str(name) if name else str(state)
+
+
+class RawStates:
+    """The ``state`` strings of CustomJobs as the Vertex REST API sent them, by resource name, for
+    the jobs whose state the installed SDK does not know (the parsed proto then says
+    JOB_STATE_UNSPECIFIED). Fed by :meth:`on_response`, a ``requests`` response hook on the
+    REST transport's session; thread-safe. At most :attr:`limit` names are kept (oldest dropped)."""
+
+    def __init__(self, known: frozenset[str], limit: int = 10_000) -> None:
+        self.known = known  # JobState names the SDK parses itself
+        self.limit = limit
+        self._states: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> str | None:
+        with self._lock:
+            return self._states.get(str(name))
+
+    def note(self, body: Mapping[str, Any]) -> None:
+        """Record the unknown states of a GetCustomJob (a CustomJob) or ListCustomJobs
+        (``customJobs[]``) response body; forget a job once its state is a known one again."""
+        jobs = body.get("customJobs") if isinstance(body.get("customJobs"), list) else [body]
+        with self._lock:
+            for job in jobs:
+                if not isinstance(job, Mapping) or not isinstance(job.get("name"), str):
+                    continue
+                state = job.get("state")
+                if isinstance(state, str) and state and state not in self.known:
+                    self._states.pop(job["name"], None)
+                    self._states[job["name"]] = state
+                    while len(self._states) > self.limit:
+                        self._states.pop(next(iter(self._states)))
+                else:
+                    self._states.pop(job["name"], None)
+
+    def on_response(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+        """``requests`` hook: note the states of a JSON CustomJob response; never raises."""
+        if "/customJobs" not in str(getattr(response, "url", "")) or not getattr(response, "ok", False):
+            return response
+        try:
+            body = json.loads(response.content)
+        except (ValueError, TypeError):
+            return response
+        if isinstance(body, Mapping):
+            self.note(body)
+        return response
 
 
 def error_text(job: Any) -> str:
@@ -114,9 +174,10 @@ def is_spot(job: Any) -> bool:
     return scheduling is not None and scheduling.strategy == Scheduling.Strategy.SPOT
 
 
-def job_status(job: Any) -> JobStatus:
-    """The :class:`JobStatus` of one ``aiplatform_v1.CustomJob`` (see the module's table)."""
-    raw = state_name(job)
+def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
+    """The :class:`JobStatus` of one ``aiplatform_v1.CustomJob`` (see the module's table);
+    ``provider_state`` as for :func:`state_name`."""
+    raw = state_name(job, provider_state)
     state = STATE_MAP.get(raw)
     warning = _WARNINGS.get(raw, "")
     if state is None:

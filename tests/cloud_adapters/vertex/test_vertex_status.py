@@ -85,6 +85,24 @@ def test_scripted_life_succeeds_with_cost_from_run_interval(backend, vertex):
     assert cost == pytest.approx(1.5 * 3 * 0.8394977) == pytest.approx(3.77773965)
 
 
+def test_a_state_newer_than_the_sdk_is_reported_as_vertex_sent_it(backend, vertex):
+    """The REST client drops enum names it does not know (the proto says JOB_STATE_UNSPECIFIED); the
+    warning and raw_state carry Vertex's own string, through describe and describe_many alike."""
+    handle = backend.submit(spec(nodes=1))
+    vertex.script(handle.provider_job_id, [
+        {"state": "JOB_STATE_SUSPENDED", "startTime": "2026-01-01T00:02:00Z"},
+        {"state": "JOB_STATE_RUNNING"},
+    ])
+    vertex.step()
+    for status in (backend.describe(handle), backend.describe_many([handle])[handle.job_name]):
+        assert (status.state, status.raw_state) == (JobState.PENDING, "JOB_STATE_SUSPENDED")
+        assert status.warning == ("Vertex AI reported an unknown job state 'JOB_STATE_SUSPENDED'; the job stays "
+                                  "non-terminal until a known state arrives.")
+    vertex.step()
+    running = backend.describe(handle)
+    assert (running.state, running.raw_state, running.warning) == (JobState.RUNNING, "JOB_STATE_RUNNING", "")
+
+
 def test_cancel_ends_cancelled_and_is_idempotent(backend, vertex):
     handle = backend.submit(spec(nodes=1))
     vertex.script(handle.provider_job_id, [
