@@ -434,11 +434,40 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _temp_path(path: str) -> str:
+    """Where :func:`_atomic_torch_save` writes ``path`` before renaming it: ``.<name>.tmp-<pid>``."""
+    return os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
+
+
+def remove_stale_temp_files(path: str) -> list[str]:
+    """Delete the half-written ``.<name>.tmp-<pid>`` files of ``path`` that a killed run left behind
+    (a SIGKILL or a lost machine during :func:`_atomic_torch_save` skips its clean-up); returns the
+    paths removed.
+
+    Called by rank 0 before the run writes anything: only rank 0 of a run writes these files, so any
+    that exist then belong to a run that is gone. A file that cannot be removed is left (it is only
+    disk space) rather than failing the run.
+    """
+    directory, prefix = os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-"
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:  # no directory yet: nothing left over
+        return []
+    removed = []
+    for name in names:
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:
+            pass
+    return removed
+
+
 def _atomic_torch_save(obj: Any, path: str) -> None:
     """Write ``path`` so a reader sees the old file or the new one, never half of one."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    tmp = _temp_path(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -575,6 +604,10 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes).to(device)
         n_params = sum(p.numel() for p in model.parameters())
         ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
+        if topo.is_main:
+            for path in (ckpt_path, os.path.join(cfg.output.output_dir, "model.pt")):
+                for leftover in remove_stale_temp_files(path):
+                    _log(topo, f"removed {leftover}, left half-written by an earlier run that was killed")
     except (TrainerError, ConfigError, StrategyError) as exc:
         error = str(exc)
     except OSError as exc:

@@ -134,3 +134,40 @@ def test_stop_agreement_interval_follows_the_step_time():
     with pytest.raises(ConfigError, match=r"train.stop_check_s: must be 0 \(every step\) or more, got -1"):
         JobConfig.from_dict({"train": {"stop_check_s": -1}}).validate()
 
+
+
+_KILLED_WRITER = """
+import sys, time
+from trainer_pkg.train import _atomic_torch_save
+
+class Stall:
+    # torch.save pickles this mid-file: the temp file exists, the rename has not happened
+    def __reduce__(self):
+        print("writing", flush=True)
+        time.sleep(600)
+        return (int, ())
+
+_atomic_torch_save({"model": {}, "stall": Stall()}, sys.argv[1])
+"""
+
+
+def test_a_run_killed_while_writing_a_checkpoint_leaves_no_temp_file_after_the_next_run(tmp_path):
+    job = write_job(tmp_path, model={"arch": "mlp", "params": {}}, train={"epochs": 1})
+    ckpt_dir = tmp_path / "out" / "checkpoints"
+    # A real writer SIGKILLed inside _atomic_torch_save: its finally never runs.
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(ckpt_dir / "last.pt")], cwd=REPO,
+                              env=trainer_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "writing\n"
+    finally:
+        writer.kill()
+        writer.wait()
+    left = sorted(p.name for p in ckpt_dir.iterdir())
+    assert left == [f".last.pt.tmp-{writer.pid}"], left
+
+    result = subprocess.run([sys.executable, "-m", "trainer_pkg.launch", "--config", str(job)], cwd=REPO,
+                            env=trainer_env(), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["last.pt"]
+    assert f"removed {ckpt_dir}/.last.pt.tmp-{writer.pid}, left half-written by an earlier run" in result.stdout
+    assert not [p for p in (tmp_path / "out").iterdir() if ".tmp-" in p.name]
