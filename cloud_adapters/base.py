@@ -253,6 +253,10 @@ class Backend(abc.ABC):
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
+    dataset_schemes: ClassVar[frozenset[str]] = frozenset({""})
+    """URI schemes (:func:`uri_scheme`) of the datasets this backend's jobs can read; ``""`` is a
+    local path on the machine that runs the job. A built-in dataset (no URI) runs everywhere. The
+    dashboard refuses a job whose dataset has another scheme at launch (``jobs.services``)."""
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, prices: "PriceCatalog | None" = None) -> None:
         self.config: dict[str, Any] = self.clean_config(dict(config or {}))
@@ -365,6 +369,31 @@ class Backend(abc.ABC):
     def estimate_cost(self, spec: JobSpec) -> float:
         """Upper bound in USD: max runtime × instances × hourly price (DESIGN.md §6)."""
         return spec.max_runtime_s / 3600.0 * spec.nodes * self.price(spec.instance_type, spec.spot)
+
+
+def uri_scheme(uri: str) -> str:
+    """The lower-case scheme of a dataset URI: ``"s3"`` for ``s3://b/k``, ``"azureml"`` for
+    ``azureml://…`` and ``azureml:<asset>:<version>``; ``""`` for a local path, ``file://`` included
+    (the dashboard stores local datasets as absolute paths)."""
+    from urllib.parse import urlsplit
+
+    try:
+        scheme = urlsplit(uri or "").scheme.lower()
+    except ValueError:  # e.g. an unbalanced "[" in what would be the host
+        scheme = (uri or "").split(":", 1)[0].lower() if ":" in (uri or "") else ""
+    return "" if scheme == "file" else scheme
+
+
+def scheme_label(scheme: str) -> str:
+    """How a message names a scheme: ``s3://``, or ``local paths`` for ``""``."""
+    return f"{scheme}://" if scheme else "local paths"
+
+
+def with_article(label: str) -> str:
+    """``label`` after its indefinite article: "an Azure ML", "an AWS SageMaker", "a Google Vertex
+    AI". By the first letter, which is right for every backend label the registry has (an initialism
+    that starts with a vowel letter is said with a vowel sound: "an AWS")."""
+    return f"{'an' if label[:1].lower() in 'aeiou' else 'a'} {label}"
 
 
 def require_settings(config: Mapping[str, Any], keys: Sequence[str], backend_label: str) -> None:

@@ -9,6 +9,7 @@ The contract is docs/internal-api.md.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -355,14 +356,36 @@ def _adapter_or_error(errors: _Errors, backend: ComputeBackend | None) -> Backen
         return None
 
 
-def _check_spec(errors: _Errors, adapter: Backend, spec: JobSpec, strategy: str) -> None:
+def _check_spec(errors: _Errors, adapter: Backend, spec: JobSpec, strategy: str,
+                dataset: Dataset | None = None) -> None:
     caps = adapter.capabilities
     if strategy not in caps.strategies:
         errors.add("strategy", f"This backend runs {', '.join(caps.strategies)}; {strategy!r} is not one of them.")
+    spec = _check_dataset_scheme(errors, adapter, spec, dataset)
     try:
         adapter.validate(spec)
     except InvalidSpec as exc:
         errors.add(_spec_error_field(str(exc)), str(exc))
+
+
+def _check_dataset_scheme(errors: _Errors, adapter: Backend, spec: JobSpec, dataset: Dataset | None) -> JobSpec:
+    """An error on ``dataset`` when the adapter cannot read the scheme of ``spec.dataset_uri``
+    (``Backend.dataset_schemes``: an ``s3://`` dataset on a GPU box would fail at run time), naming
+    the dataset, the scheme and the backend kind. Returns the spec to validate further: without the
+    URI when it was refused, so the adapter does not report the same dataset a second time."""
+    from cloud_adapters.base import scheme_label, uri_scheme, with_article
+    from cloud_adapters.registry import KINDS
+
+    scheme = uri_scheme(spec.dataset_uri)
+    if not spec.dataset_uri or scheme in adapter.dataset_schemes:
+        return spec
+    kind = KINDS[adapter.kind].label if adapter.kind in KINDS else adapter.kind
+    named = f"Dataset {dataset.name}" if dataset is not None and dataset.uri == spec.dataset_uri else "The dataset"
+    reads = " or ".join(sorted(scheme_label(s) for s in adapter.dataset_schemes)) or "no dataset URIs"
+    errors.add("dataset", f"{named} ({spec.dataset_uri[:200]}) cannot be read by {with_article(kind)} backend: "
+                          f"it reads {reads}, not {scheme_label(scheme)}. Choose a dataset stored where this "
+                          f"backend reads, or a backend that reads {scheme_label(scheme)}.")
+    return dataclasses.replace(spec, dataset_uri="")
 
 
 def _hourly_price(errors: _Errors, adapter: Backend, instance_type: str, spot: bool) -> Decimal:
@@ -983,7 +1006,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
                    instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
                    dataset_uri=config.data.uri)
-    _check_spec(errors, adapter, spec, strategy)
+    _check_spec(errors, adapter, spec, strategy, dataset)
     price = _hourly_price(errors, adapter, instance_type, spot)
     errors.raise_if_any()
     return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
@@ -1083,7 +1106,7 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
     adapter = _adapter_or_error(errors, backend)
     errors.raise_if_any()
     spec = job_spec(job)
-    _check_spec(errors, adapter, spec, job.strategy)
+    _check_spec(errors, adapter, spec, job.strategy, job.dataset)
     price = _hourly_price(errors, adapter, job.instance_type, job.spot)
     errors.raise_if_any()
     return _store_job(owner=owner, dataset=job.dataset, model_spec=job.model_spec, backend=backend,

@@ -179,6 +179,9 @@ class AzureMLBackend(Backend):
     """
 
     kind = "azureml"
+    dataset_schemes = frozenset(p.split(":", 1)[0] for p in DATASET_PREFIXES)
+    """Datastore paths and data assets (azureml), storage URLs (https, wasbs, abfss, adl): what a
+    ``uri_folder`` input mounts (clouds.md §3.1-§3.2)."""
     secret_keys = {"tenant_id": True, "client_id": True, "client_secret": True}
     """Keys a backend may store encrypted: a service principal; else DefaultAzureCredential."""
     secrets: Mapping[str, str] = {}

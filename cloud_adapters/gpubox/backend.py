@@ -124,6 +124,8 @@ class GpuBoxBackend(Backend):
     """
 
     kind = "gpubox"
+    dataset_schemes = frozenset({""})
+    """Local paths only: the trainer runs on this machine and has no cloud storage client."""
     queue = "gpubox"  # jobs must be started by the worker on the box itself
 
     # -- configuration ----------------------------------------------------------------------

@@ -210,6 +210,8 @@ class SageMakerBackend(Backend):
     """
 
     kind = "sagemaker"
+    dataset_schemes = frozenset({"s3"})
+    """An S3 prefix becomes the ``train`` input channel (``InputDataConfig``'s ``S3Uri``, clouds.md §1.1)."""
     secret_keys = {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}
     """Keys a backend may store encrypted (required once any is given); without them boto3's chain."""
     secrets: Mapping[str, str] = {}

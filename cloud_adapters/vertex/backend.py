@@ -208,6 +208,8 @@ class VertexBackend(Backend):
     """
 
     kind = "vertex"
+    dataset_schemes = frozenset({"gs"})
+    """Cloud Storage, read through the /gcs FUSE mount Vertex gives every job (clouds.md §2.3)."""
     secret_keys = {"service_account_json": True}
     """Keys a backend may store encrypted: a service-account key file (JSON text); else ADC."""
     secrets: Mapping[str, str] = {}

@@ -1,0 +1,80 @@
+"""A job whose dataset its backend cannot read is refused at launch (issue 11 item 13), by the one
+service the form, the API and the CLI call, instead of failing on the backend at run time."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from jobs import services
+from jobs.models import TrainingJob
+
+pytestmark = pytest.mark.django_db
+
+ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
+
+
+def _launch(user, dataset, model, backend, **kw):
+    return services.training_job_create(**{"owner": user, "dataset": dataset, "model_spec": model,
+                                           "backend": backend, "nodes": 1, "procs_per_node": 1, **kw})
+
+
+@pytest.fixture
+def sagemaker_backend(user):
+    return services.backend_create(owner=user, name="sm", kind="sagemaker", config={
+        "region": "us-east-1", "role_arn": ROLE, "bucket": "tb-test-bucket"})
+
+
+def test_a_cloud_dataset_on_a_gpu_box_is_refused_at_launch_naming_dataset_scheme_and_kind(
+        user, cnn_model, local_backend):
+    s3 = services.dataset_create(owner=user, name="imagenet-s3", format="imagefolder",
+                                 uri="s3://tb-data/imagenet/")
+    with pytest.raises(ValidationError) as excinfo:
+        _launch(user, s3, cnn_model, local_backend, procs_per_node=3)
+    errors = excinfo.value.message_dict
+    assert errors["dataset"] == [
+        "Dataset imagenet-s3 (s3://tb-data/imagenet/) cannot be read by a Local GPU box (torchrun) backend: it "
+        "reads local paths, not s3://. Choose a dataset stored where this backend reads, or a backend that "
+        "reads s3://."]
+    assert "procs_per_node" in errors  # the box allows 2: reported in the same pass, not on the next submit
+    assert TrainingJob.objects.count() == 0
+
+
+def test_a_local_dataset_on_sagemaker_is_refused_once_in_the_services_words(user, cnn_model, tmp_path,
+                                                                           sagemaker_backend):
+    import numpy as np
+
+    path = tmp_path / "images.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.random((20, 1, 8, 8), dtype=np.float32), y_train=np.arange(20) % 2)
+    local = services.dataset_create(owner=user, name="local-images", format="npz", uri=str(path))
+    with pytest.raises(ValidationError) as excinfo:
+        _launch(user, local, cnn_model, sagemaker_backend)
+    assert excinfo.value.message_dict == {"dataset": [
+        f"Dataset local-images ({path}) cannot be read by an AWS SageMaker backend: it reads s3://, not local "
+        f"paths. Choose a dataset stored where this backend reads, or a backend that reads local paths."]}
+
+
+def test_a_dataset_the_backend_reads_is_accepted(user, cnn_model, local_backend, sagemaker_backend, digits_dataset):
+    s3 = services.dataset_create(owner=user, name="images-s3", format="imagefolder", uri="s3://tb-data/images/")
+    assert _launch(user, s3, cnn_model, sagemaker_backend).config["data"]["uri"] == "s3://tb-data/images/"
+    assert _launch(user, digits_dataset, cnn_model, local_backend).state == "QUEUED"  # built-in: everywhere
+
+
+def test_the_api_and_rerun_refuse_it_too(user, cnn_model, local_backend):
+    from rest_framework.test import APIClient
+
+    s3 = services.dataset_create(owner=user, name="imagenet-s3", format="imagefolder", uri="s3://tb-data/imagenet/")
+    api = APIClient()
+    api.force_authenticate(user)
+    response = api.post("/api/jobs/", {"dataset": s3.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk,
+                                       "nodes": 1, "procs_per_node": 1}, format="json")
+    assert response.status_code == 400
+    assert response.json()["dataset"][0].startswith("Dataset imagenet-s3 (s3://tb-data/imagenet/) cannot be read")
+    # A job stored before this check (its dataset on a backend that cannot read it) is not re-run.
+    job = TrainingJob.objects.create(owner=user, dataset=s3, model_spec=cnn_model, backend=local_backend,
+                                     config={"data": {"format": "imagefolder", "uri": s3.uri}}, nodes=1,
+                                     procs_per_node=1, state="FAILED")
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_rerun(job=job, owner=user)
+    assert excinfo.value.message_dict["dataset"][0].startswith("Dataset imagenet-s3 (s3://tb-data/imagenet/) cannot be read")
