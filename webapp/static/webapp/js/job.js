@@ -41,7 +41,10 @@
           backgroundColor: color,
           borderWidth: 2,
           pointRadius: name.startsWith("val_") ? 3 : 0,
-          tension: 0.2,
+          // Monotone cubic interpolation (Fritsch–Carlson): each segment stays between the two
+          // measured points it joins, so the line never dips below a minimum it did not measure.
+          // (A Bézier tension overshoots at every zig-zag of a noisy loss.)
+          cubicInterpolationMode: "monotone",
           spanGaps: true,
         })),
       },

@@ -1,0 +1,69 @@
+"""The job page's loss chart in a real browser, drawn from stored points: the smoothed line never
+leaves the range of the two measured points it joins (no overshoot, no dip below a minimum)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from jobs import services
+from jobs.models import MetricPoint
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+# Every drawn segment of every dataset, sampled along its Bézier curve (as Chart.js draws it, in
+# canvas pixels), against the pixel y of the two measured points it joins.
+SEGMENT_EXCURSIONS_JS = """(id) => {
+  const chart = Chart.getChart(document.getElementById(id));
+  const out = [];
+  chart.data.datasets.forEach((d, di) => {
+    const pts = chart.getDatasetMeta(di).data;
+    for (let i = 0; i + 1 < pts.length; i++) {
+      const a = pts[i], b = pts[i + 1];
+      if (a.skip || b.skip) continue;
+      const lo = Math.min(a.y, b.y), hi = Math.max(a.y, b.y);
+      let worst = 0;
+      for (let k = 0; k <= 50; k++) {
+        const t = k / 50, u = 1 - t;
+        const y = u * u * u * a.y + 3 * u * u * t * a.cp2y + 3 * u * t * t * b.cp1y + t * t * t * b.y;
+        worst = Math.max(worst, lo - y, y - hi);
+      }
+      out.push({dataset: d.label, segment: i, worst: worst});
+    }
+  });
+  return out;
+}"""
+
+# A noisy loss that falls fast, then zig-zags near its floor: what made the line dip below every point.
+TRAIN_LOSS = [2.3, 0.9, 0.35, 0.30, 0.12, 0.31, 0.08, 0.29, 0.07, 0.30, 0.28, 0.05, 0.27]
+
+
+def login(page, live_server):
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", "pw-alice-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/jobs/")
+
+
+def test_the_smoothed_loss_line_stays_between_the_points_it_joins(live_server, browser_page, user,
+                                                                  digits_dataset, cnn_model, local_backend):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="train_loss", step=10 * (i + 1), epoch=0, value=v, recorded_at=T0)
+         for i, v in enumerate(TRAIN_LOSS)]
+        + [MetricPoint(job=job, name="val_loss", step=s, epoch=e, value=v, recorded_at=T0)
+           for e, (s, v) in enumerate([(40, 0.6), (80, 0.1), (130, 0.4)])])
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 13")
+    segments = page.evaluate(SEGMENT_EXCURSIONS_JS, "chart-loss")
+    assert len(segments) == 12 + 2
+    over = [s for s in segments if s["worst"] > 0.01]  # pixels
+    assert over == []
