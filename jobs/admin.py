@@ -314,7 +314,7 @@ _JOB_FIELDS = [f.name for f in TrainingJob._meta.get_fields() if f.concrete and 
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(OwnedAdmin):
-    list_display = ["id", "name", "owner", "state", "backend", "shape", "created_at", "duration", "cost_usd"]
+    list_display = ["id", "name", "owner", "state", "backend", "shape", "created_at", "duration", "cost"]
     list_display_links = ["id", "name"]
 
     class StrategyFilter(admin.SimpleListFilter):
@@ -398,6 +398,12 @@ class TrainingJobAdmin(OwnedAdmin):
     @admin.display(description="nodes × procs")
     def shape(self, job):
         return f"{job.nodes} × {job.procs_per_node}"
+
+    @admin.display(description="cost", ordering="cost_usd")
+    def cost(self, job):
+        from jobs.cost import format_usd
+
+        return format_usd(job.cost_usd, job.money_places)
 
     @admin.display(description="duration")
     def duration(self, job):

@@ -28,6 +28,7 @@ from django.db.models import Case, DecimalField, F, QuerySet, Sum, When
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from jobs.cost import format_usd, usd_places
 from jobs.models import ACTIVE_STATE_VALUES, Team, TrainingJob, UserBudget
 
 ZERO = Decimal("0")
@@ -59,9 +60,11 @@ def team_month_to_date_usd(team: Team, now: dt.datetime | None = None) -> Decima
 
 
 def _refuse(limit: Decimal, whom: str, spent: Decimal, estimate: Decimal) -> None:
+    places = usd_places(limit, spent, estimate)
     raise ValidationError({"__all__": [
-        f"Monthly budget of ${limit:,.2f} for {whom} would be exceeded: ${spent:,.2f} spent or committed "
-        f"this month + ${estimate:,.2f} estimate for this job."]})
+        f"Monthly budget of {format_usd(limit, places)} for {whom} would be exceeded: "
+        f"{format_usd(spent, places)} spent or committed this month + {format_usd(estimate, places)} "
+        f"estimate for this job."]})
 
 
 def check_monthly_budgets(*, owner, team: Team | None, estimate: Decimal) -> None:

@@ -4,6 +4,11 @@
 
 rounded half-up to 4 decimal places (the precision of ``TrainingJob.cost_usd``). Re-running a sync
 therefore never double-counts: the same inputs give the same cost.
+
+Money is shown through :func:`format_usd` (the UI's ``usd`` filter, messages, the admin) at the
+precision of the figures it stands beside (:func:`usd_places`): cents, or up to the 4 decimals a
+job's cost is kept in, so a budget of $0.0030 reached at $0.0037 reads so, not "$0.00 at $0.00".
+Hourly prices keep all their decimals: :func:`format_usd_per_hour`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,60 @@ from decimal import ROUND_HALF_UP, Decimal
 
 CENT_FRACTION = Decimal("0.0001")
 PRICE_FRACTION = Decimal("0.000001")
+
+
+MONEY_PLACES = 4  # decimals of TrainingJob.cost_usd / budget_usd / estimated_cost_usd
+MIN_MONEY_PLACES = 2  # cents
+
+
+def _amount(value: float | int | str | Decimal) -> Decimal | None:
+    """``value`` as a finite Decimal small enough to quantize to 6 places, else None."""
+    try:
+        amount = Decimal(str(value))
+    except (ArithmeticError, ValueError, TypeError):
+        return None
+    return amount if amount.is_finite() and amount.adjusted() < 20 else None
+
+
+def usd_places(*amounts: float | int | str | Decimal | None) -> int:
+    """Decimals (2 to 4) that show every one of ``amounts`` (USD) without rounding away a digit of
+    its 4-decimal figure: ``usd_places(12.5)`` = 2, ``usd_places(0.003, 0.0037)`` = 4. None and
+    values that are not numbers are ignored."""
+    places = MIN_MONEY_PLACES
+    for value in amounts:
+        amount = _amount(value) if value is not None else None
+        if amount is None:
+            continue
+        exact = amount.quantize(CENT_FRACTION, rounding=ROUND_HALF_UP).normalize()
+        places = max(places, min(-exact.as_tuple().exponent, MONEY_PLACES))
+    return places
+
+
+def format_usd(value: float | int | str | Decimal | None, places: int | None = None) -> str:
+    """``$1,234.50``, ``$0.0037``: USD with thousands separators and ``places`` decimals (default:
+    :func:`usd_places` of the value alone). Pass the places of the figures shown together
+    (``usd_places(budget, cost)``) so they read at one precision. None → ``—``; text that is not a
+    number is returned as it is."""
+    if value is None or value == "":
+        return "—"
+    amount = _amount(value)
+    if amount is None:
+        return str(value)
+    places = usd_places(amount) if places is None else max(0, min(int(places), MONEY_PLACES))
+    rounded = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    return f"-${-rounded:,.{places}f}" if rounded < 0 else f"${rounded:,.{places}f}"
+
+
+def format_usd_per_hour(value: float | int | str | Decimal) -> str:
+    """``$1.4084/h``, ``$7.09/h``, ``$3.00/h``, ``$0.21849885/h``: an hourly price with every decimal
+    the catalog (or the job's frozen price, 6 decimals) has, at least cents."""
+    amount = _amount(value)
+    if amount is None:
+        return f"{value}/h"
+    price = amount.normalize()
+    if price.as_tuple().exponent > -MIN_MONEY_PLACES:
+        price = price.quantize(Decimal("0.01"))
+    return f"${price:,f}/h"
 
 
 def to_decimal(value: float | int | str | Decimal, places: Decimal = CENT_FRACTION) -> Decimal:

@@ -253,6 +253,14 @@ class TrainingJob(Owned):
         return self.nodes * self.procs_per_node
 
     @property
+    def money_places(self) -> int:
+        """Decimals (2–4) that show every money figure of the job (cost, budget, estimate, on-demand
+        cost) unrounded, so the UI and messages show them at one precision (:func:`jobs.cost.usd_places`)."""
+        from jobs.cost import usd_places
+
+        return usd_places(self.cost_usd, self.budget_usd, self.estimated_cost_usd, self.on_demand_cost_usd)
+
+    @property
     def spot_saving(self) -> float | None:
         """Fraction saved by spot, ``1 − billable / training seconds`` (0.7 = 70 %); None unless this
         is a spot job whose provider reported its training time."""

@@ -14,6 +14,7 @@ from django import forms
 
 from cloud_adapters.base import InstanceOffer
 from jobs import selectors
+from jobs.cost import format_usd_per_hour
 from jobs.models import ComputeBackend, Dataset, Team
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
@@ -44,11 +45,9 @@ def parse_json_object(text: str, *, example: str) -> dict[str, Any]:
 
 
 def usd_per_hour_label(usd_per_hour: float | Decimal) -> str:
-    """``$1.4084/h``, ``$7.09/h``, ``$3.00/h``: the catalog's figure, at least two decimals."""
-    price = Decimal(str(usd_per_hour)).normalize()
-    if price.as_tuple().exponent > -2:
-        price = price.quantize(Decimal("0.01"))
-    return f"${price:f}/h"
+    """``$1.4084/h``, ``$7.09/h``, ``$3.00/h``: the catalog's figure, at least two decimals
+    (:func:`jobs.cost.format_usd_per_hour`)."""
+    return format_usd_per_hour(usd_per_hour)
 
 
 def offer_label(offer: InstanceOffer) -> str:

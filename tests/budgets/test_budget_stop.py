@@ -1,7 +1,8 @@
 """A running job whose cost reaches its budget is stopped within one sync and marked so: a real gpubox
 job (supervisor + torchrun) at $3,600 per node-hour ($1 a second) with a $1.00 budget, synced by
 services.backend_sync until the sync that prices it at $1.00 or more moves it to STOPPING with
-budget_exceeded_at and "Stopped: budget of $1.00 reached at $Y"; the provider then reports it
+budget_exceeded_at and "Stopped: budget of $1.0000 reached at $1.0238" (both at the precision of the
+job's cost, kept to 4 decimals); the provider then reports it
 CANCELLED and the job page shows the mark."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.urls import reverse
 
 from cloud_adapters.base import JobHandle, JobState
 from jobs import services
+from jobs.cost import format_usd, usd_places
 from jobs.models import JobStateChoices as S, TrainingJob
 
 
@@ -52,8 +54,10 @@ def test_job_over_budget_is_stopped_in_the_sync_that_prices_it_and_marked(
         assert before.state in (S.PENDING, S.RUNNING) and before.cost_usd < Decimal("1.00")
         assert job.state == S.STOPPING
         assert job.budget_exceeded_at is not None and job.cancel_requested_at == job.budget_exceeded_at
-        assert job.failure_reason == f"Stopped: budget of $1.00 reached at ${job.cost_usd:,.2f}"
-        assert re.fullmatch(r"Stopped: budget of \$1\.00 reached at \$\d+\.\d\d", job.failure_reason)
+        places = usd_places(Decimal("1.00"), job.cost_usd)  # both at the precision of the job's cost
+        assert job.failure_reason == (f"Stopped: budget of {format_usd(Decimal('1.00'), places)} reached at "
+                                      f"{format_usd(job.cost_usd, places)}")
+        assert re.fullmatch(r"Stopped: budget of \$1\.00(0{0,2}) reached at \$\d+\.\d\d\d{0,2}", job.failure_reason)
         assert job.events.last().message == job.failure_reason
         assert (services.backend_adapter(pricey_backend).run_root / job.provider_job_name / "cancel_requested").exists()
 
@@ -64,13 +68,15 @@ def test_job_over_budget_is_stopped_in_the_sync_that_prices_it_and_marked(
             services.backend_sync(backend_id=pricey_backend.pk)
             job.refresh_from_db()
         assert adapter.describe(handle).state == JobState.CANCELLED
-        assert job.failure_reason.startswith("Stopped: budget of $1.00 reached at $")
+        assert job.failure_reason.startswith(f"Stopped: budget of {format_usd(Decimal('1.00'), places)} reached at $")
 
         client.force_login(user)
         page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
         assert 'id="budget-exceeded"' in page
         assert job.failure_reason in page
         listing = client.get(reverse("job-list")).content.decode()
-        assert '<div class="small muted budget-stop">Stopped: budget of $1.00 reached</div>' in listing
+        job.refresh_from_db()
+        assert (f'<div class="small muted budget-stop">Stopped: budget of '
+                f'{format_usd(Decimal("1.00"), job.money_places)} reached</div>') in listing
     finally:
         adapter.cancel(handle)

@@ -193,6 +193,44 @@ def test_budget_stops_the_job_and_stopping_resends_cancel(submitted_job, scripte
     assert list(job.events.values_list("to_state", flat=True))[-3:] == ["RUNNING", "STOPPING", "CANCELLED"]
 
 
+def test_budget_stop_shows_the_figures_at_the_jobs_own_precision(client, user, submitted_job, scripted_backend):
+    """A $0.0030 budget reached at $0.0037 reads so in the stop reason, on the job page and in the
+    list (it read "budget of $0.00 reached at $0.00"); a job of whole cents keeps cents."""
+    from django.urls import reverse
+
+    job = submitted_job
+    TrainingJob.objects.filter(pk=job.pk).update(budget_usd=Decimal("0.0030"))
+    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0,
+                                          billable_seconds=0.925, instance_count=2)]
+    services.backend_sync(backend_id=scripted_backend.pk)  # 0.925 s × 2 × $7.20/h = $0.0037
+    job.refresh_from_db()
+    assert job.cost_usd == Decimal("0.0037") and job.state == S.STOPPING
+    assert job.failure_reason == "Stopped: budget of $0.0030 reached at $0.0037"
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert "Stopped: budget of $0.0030 reached at $0.0037" in page
+    assert '<span class="stat-value" id="stat-cost">$0.0037</span>' in page
+    assert "budget $0.0030" in page
+    listing = client.get(reverse("job-list")).content.decode()
+    assert '<div class="small muted budget-stop">Stopped: budget of $0.0030 reached</div>' in listing
+    assert '<td class="right nowrap">$0.0037</td>' in listing
+
+
+def test_money_is_formatted_by_one_function_at_a_shared_precision():
+    from jobs.cost import format_usd, format_usd_per_hour, usd_places
+    from webapp.templatetags.trainboard import usd, usd_per_hour
+
+    assert usd_places(Decimal("12.5")) == 2 and usd_places(Decimal("0.003"), Decimal("0.0037")) == 4
+    assert usd_places(Decimal("1.0030"), None, "n/a") == 3
+    assert [format_usd(v) for v in (Decimal("1234.5"), Decimal("0.0037"), Decimal("0.0030"), 0, -2.5)] == [
+        "$1,234.50", "$0.0037", "$0.003", "$0.00", "-$2.50"]
+    assert format_usd(Decimal("0.0030"), 4) == "$0.0030" and format_usd(None) == "—"
+    assert usd(Decimal("1.0037"), 4) == "$1.0037" and usd(Decimal("1.0037")) == "$1.0037"  # was $1.00
+    assert usd(Decimal("8"), "x") == "$8.00"
+    assert format_usd_per_hour(0.21849885) == "$0.21849885/h" and usd_per_hour(Decimal("0.218499")) == "$0.218499/h"
+    assert format_usd_per_hour(3) == "$3.00/h" and format_usd_per_hour(Decimal("1.4084")) == "$1.4084/h"
+
+
 def test_sync_jobs_fans_out_per_backend_queue(submitted_job, scripted_backend, local_backend):
     with mock.patch.object(tasks.sync_backend, "apply_async") as send:
         assert tasks.sync_jobs() == 1

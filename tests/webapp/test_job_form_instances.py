@@ -156,8 +156,9 @@ def test_job_page_shows_the_spot_saving_and_on_demand_cost(owner_client, spot_jo
     assert spot_job.cost_usd == Decimal("0.6573")  # 840 s × 2 × $1.4084 / 3600
     html = owner_client.get(reverse("job-detail", args=[spot_job.pk])).content.decode()
     assert '<span class="stat-value" id="stat-spot-saving">30%</span>' in html  # 1 − 840 / 1200
-    assert re.search(r'id="stat-on-demand">on demand \$0\.94 · 1200 s trained, 840 s billed</span>', html)
-    assert '<span class="stat-value" id="stat-cost">$0.66</span>' in html
+    # At the job's own precision (4 decimals), not rounded to cents (issue 11 item 8).
+    assert re.search(r'id="stat-on-demand">on demand \$0\.9389 · 1200 s trained, 840 s billed</span>', html)
+    assert '<span class="stat-value" id="stat-cost">$0.6573</span>' in html
     live = owner_client.get(reverse("job-live", args=[spot_job.pk])).content.decode()
     assert 'id="stat-spot-saving">30%</span>' in live
 

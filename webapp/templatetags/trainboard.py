@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
-
 from django import template
 from django.utils.html import format_html
 
@@ -63,17 +61,27 @@ def duration(seconds) -> str:
 
 
 @register.filter
-def usd(value) -> str:
-    """Dollars with cents (``$1.23``); amounts under a cent keep four decimals (``$0.0042``)."""
+def usd(value, places=None) -> str:
+    """USD through :func:`jobs.cost.format_usd`: ``{{ amount|usd }}`` at the decimals the amount
+    needs (cents, up to 4); ``{{ job.cost_usd|usd:job.money_places }}`` at the precision of the job's
+    own figures, so its cost, budget and estimate read alike."""
+    from jobs.cost import format_usd
+
+    try:
+        places = None if places in (None, "") else int(places)
+    except (TypeError, ValueError):
+        places = None
+    return format_usd(value, places)
+
+
+@register.filter
+def usd_per_hour(value) -> str:
+    """An hourly price as the catalog has it: ``$1.4084/h`` (:func:`jobs.cost.format_usd_per_hour`)."""
+    from jobs.cost import format_usd_per_hour
+
     if value is None or value == "":
         return "—"
-    try:
-        amount = Decimal(str(value))
-    except InvalidOperation:
-        return str(value)
-    if amount != 0 and abs(amount) < Decimal("0.01"):
-        return f"${amount:.4f}"
-    return f"${amount:,.2f}"
+    return format_usd_per_hour(value)
 
 
 @register.filter

@@ -21,6 +21,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from jobs import selectors, services
+from jobs.cost import format_usd
 from jobs.models import MetricPoint, TrainingJob
 
 EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
@@ -118,7 +119,7 @@ class Command(BaseCommand):
                      for f, msgs in exc.message_dict.items() for m in msgs]
             self._bad_input("the job was not created:\n  " + "\n  ".join(lines))
         self.stderr.write(f"job {job.pk} queued on {backend.name} ({job.nodes} node(s) × "
-                          f"{job.procs_per_node} process(es), estimate ≤ ${job.estimated_cost_usd:.2f})")
+                          f"{job.procs_per_node} process(es), estimate ≤ {format_usd(job.estimated_cost_usd)})")
         timed_out = False
         if opts["wait"]:
             timeout = opts["timeout"] if opts["timeout"] is not None else job.max_runtime_s + 600
