@@ -104,6 +104,11 @@ class Dataset(Owned):
         max_length=1000, blank=True, help_text="Local path, or s3:// / gs:// / azureml:// URI."
     )
     label_column = models.CharField(max_length=100, blank=True, default="label", help_text="CSV only.")
+    sample_shape = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="Shape of one sample as the trainer reads it, e.g. [1, 8, 8] or [16] (ImageFolder: "
+                  "[3, null, null], the job's image size), read when the dataset was saved; null for a "
+                  "cloud URI, which is not read here.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="dataset_unique_name")]

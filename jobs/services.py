@@ -468,10 +468,15 @@ def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
         errors.add("name", f"You already have a dataset named {dataset.name}; choose another name.")
     if dataset.team_id is not None and not dataset.team.members.filter(pk=dataset.owner_id).exists():
         errors.add("team", "Choose one of your teams; you are not a member of this one.")
+    from trainer_pkg.datasets import inspect_dataset
+
+    dataset.sample_shape = None  # a cloud URI is not read here: its shape is not known
     if dataset.format == Dataset.Format.BUILTIN:
         known = get_args(BuiltinDataset)
         if dataset.builtin_name not in known:
             errors.add("builtin_name", f"Choose a built-in dataset: {', '.join(known)}.")
+        else:
+            dataset.sample_shape = list(inspect_dataset(dataset.format, dataset.builtin_name).sample_shape)
         dataset.uri = ""
         return
     dataset.builtin_name = ""
@@ -480,17 +485,17 @@ def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
         return
     if ("://" not in dataset.uri or dataset.uri.startswith("file://")) and "format" not in errors:
         # A local path: it must lie inside an allowed root, then the trainer's own loader says
-        # whether it can read it, in its words.
-        from trainer_pkg.datasets import check_dataset
-
+        # whether it can read it, in its words, and what shape its samples have.
         path = _dataset_local_path(errors, dataset.uri)
         if path is None:
             return
         dataset.uri = path
         try:
-            check_dataset(dataset.format, dataset.uri, dataset.label_column or "label")
+            info = inspect_dataset(dataset.format, dataset.uri, dataset.label_column or "label")
         except ConfigError as exc:
             errors.add("uri", str(exc))
+        else:
+            dataset.sample_shape = list(info.sample_shape)
 
 
 def _dataset_local_path(errors: _Errors, uri: str) -> str | None:
@@ -998,12 +1003,16 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     if config is not None:
         for dotted, message in config.errors().items():
             errors.add(_config_error_field(dotted, overridden), f"{dotted}: {message}")
-    errors.raise_if_any()
+    if config is None or errors:
+        errors.raise_if_any()
+    # Pending, not raised: the backend's checks below still run, so one submit shows both.
+    _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
     adapter = _adapter_or_error(errors, backend)
-    errors.raise_if_any()
+    if adapter is None:
+        errors.raise_if_any()
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
                    instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
                    dataset_uri=config.data.uri)
@@ -1014,6 +1023,28 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
                       hourly_price=price, name=name, rerun_of=rerun_of, team=team)
+
+
+def _check_model_fits_dataset(errors: _Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,
+                              overridden: set[str]) -> None:
+    """An error (on ``model_spec``, or ``hyperparameters`` when they chose the architecture) when the
+    job's architecture cannot take the dataset's samples, by the registry's own rule
+    (:func:`trainer_pkg.registry.check_input_shape`) on the shape read when the dataset was saved
+    (``Dataset.sample_shape``); the message names both shapes. Not checked when that shape is unknown
+    (a cloud URI) or the overrides point the job at other data."""
+    from trainer_pkg.registry import check_input_shape
+
+    data = config.data
+    same_data = (data.format, data.uri) == (dataset.format, dataset.uri) and (
+        dataset.format != Dataset.Format.BUILTIN or data.name == dataset.builtin_name)
+    if dataset.sample_shape is None or not same_data:
+        return
+    try:
+        check_input_shape(config.model.arch, dataset.sample_shape)
+    except ConfigError as exc:
+        reason = str(exc).removeprefix("model.arch: ")
+        errors.add(_config_error_field("model.arch", overridden),
+                   f"Model {model_spec.name} does not fit dataset {dataset.name}: {reason}.")
 
 
 def _member_team(errors: _Errors, value: Any, owner: Any):

@@ -1,6 +1,6 @@
 """Datasets the trainer reads, as plain numpy arrays; and a quick check the dashboard runs on them.
 
-Torch-free on purpose: the dashboard calls :func:`check_dataset` when a user registers a dataset, and
+Torch-free on purpose: the dashboard calls :func:`inspect_dataset` when a user registers a dataset, and
 the web process does not install torch. Pillow (images) and scikit-learn (digits) are imported only
 when a dataset needs them.
 
@@ -352,8 +352,27 @@ def _load_npz(path: str, val_fraction: float, seed: int) -> Dataset:
 # -- the dashboard's check -----------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What :func:`inspect_dataset` read from a registered dataset."""
+
+    summary: str
+    """One line for the user, e.g. ``"1,797 samples, 10 classes, inputs 1×8×8"``."""
+    sample_shape: tuple[int | None, ...]
+    """Shape of one sample as the trainer feeds it to the model: (C, H, W) for images, (F,) for
+    tables. ImageFolder's H and W are None: the job's ``data.image_size`` sets them."""
+
+
 def check_dataset(format: str, uri: str, label_column: str = "label") -> str:
     """Open a registered dataset and return a one-line summary, e.g. ``"1,797 samples, 10 classes, 64 features"``.
+
+    Raises :class:`ConfigError` as :func:`inspect_dataset`, whose ``summary`` this is.
+    """
+    return inspect_dataset(format, uri, label_column).summary
+
+
+def inspect_dataset(format: str, uri: str, label_column: str = "label") -> DatasetInfo:
+    """Open a registered dataset: its one-line summary and the shape of one sample.
 
     Raises :class:`ConfigError` with a message the user can act on when the path does not exist, is
     not readable, or does not hold data in ``format``. Quick on big data: a large CSV is sampled
@@ -365,7 +384,7 @@ def check_dataset(format: str, uri: str, label_column: str = "label") -> str:
         if name != "digits":
             raise ConfigError(f"unknown built-in dataset {name!r} (known: digits)")
         x, y = _load_digits()
-        return _summary(len(y), len(np.unique(y)), x.shape[1:])
+        return _info(len(y), len(np.unique(y)), x.shape[1:])
     path = _local_path(format, uri)
     if format == "csv":
         return _check_csv(path, label_column)
@@ -377,7 +396,7 @@ def check_dataset(format: str, uri: str, label_column: str = "label") -> str:
         n = sum(len(lab) for lab in labels)
         classes = len(np.unique(np.concatenate(labels)))
         shape = headers["x_train"][0][1:]
-        return _summary(n, classes, shape if len(shape) != 2 else (1, *shape))
+        return _info(n, classes, shape if len(shape) != 2 else (1, *shape))
     if format == "imagefolder":
         splits = _imagefolder_splits(path)
         root = splits[0] if splits else path
@@ -396,21 +415,26 @@ def check_dataset(format: str, uri: str, label_column: str = "label") -> str:
             n += sum(len(_image_files(os.path.join(splits[1], c))) for c in classes
                      if os.path.isdir(os.path.join(splits[1], c)))
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
-        return f"{n:,} images, {len(classes)} classes ({shown})"
+        return DatasetInfo(f"{n:,} images, {len(classes)} classes ({shown})", (3, None, None))
     raise ConfigError(f"unknown dataset format {format!r} (known: builtin, imagefolder, csv, npz)")
 
 
-def _check_csv(path: str, label_column: str) -> str:
+def _check_csv(path: str, label_column: str) -> DatasetInfo:
     if os.path.getsize(path) <= _CSV_FULL_CHECK_BYTES:
         x, y = _read_csv(path, label_column)
-        return _summary(len(y), len(np.unique(y)), x.shape[1:])
+        return _info(len(y), len(np.unique(y)), x.shape[1:])
     x, y = _read_csv(path, label_column, max_rows=_CSV_SAMPLE_ROWS)
     with open(path, "rb") as f:
         lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    return (
+    return DatasetInfo(
         f"about {max(lines - 1, len(y)):,} samples, {x.shape[1]} features "
-        f"(first {len(y):,} rows checked: {len(np.unique(y))} classes)"
+        f"(first {len(y):,} rows checked: {len(np.unique(y))} classes)",
+        (int(x.shape[1]),),
     )
+
+
+def _info(n: int, classes: int, sample_shape: tuple[int, ...]) -> DatasetInfo:
+    return DatasetInfo(_summary(n, classes, sample_shape), tuple(int(s) for s in sample_shape))
 
 
 def _summary(n: int, classes: int, sample_shape: tuple[int, ...]) -> str:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer_pkg.config import ConfigError
-from trainer_pkg.registry import get_arch, validate_model_params
+from trainer_pkg.registry import check_input_shape, validate_model_params
 
 
 def build_model(
@@ -25,18 +25,14 @@ def build_model(
 ) -> nn.Module:
     """An ``nn.Module`` mapping a batch of shape (B, *input_shape) to logits (B, num_classes).
 
-    Raises :class:`ConfigError` for invalid params, or an image architecture given non-image input.
+    Raises :class:`ConfigError` for invalid params, or an image architecture given non-image input
+    (:func:`trainer_pkg.registry.check_input_shape`, the check the dashboard makes at launch).
     """
-    spec = get_arch(arch)
     p = validate_model_params(arch, params)
     input_shape = tuple(int(s) for s in input_shape)
     if num_classes < 2:
         raise ConfigError(f"the dataset has {num_classes} class(es): classification needs at least 2")
-    if spec.input_kind == "image" and len(input_shape) != 3:
-        raise ConfigError(
-            f"model.arch: {arch} needs image inputs of shape (C, H, W), but the dataset's samples have "
-            f"shape {input_shape}; use mlp for tabular data"
-        )
+    check_input_shape(arch, input_shape)
     if arch == "mlp":
         return MLP(math.prod(input_shape), num_classes, **p)
     if arch == "cnn":

@@ -15,7 +15,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from trainer_pkg.config import ConfigError
 
@@ -72,7 +72,8 @@ class ArchSpec:
     """One line for the form's architecture picker."""
     params: tuple[ParamSpec, ...]
     input_kind: str
-    """``"image"`` (needs (C, H, W) input) or ``"any"`` (flattens whatever it gets)."""
+    """``"image"`` (needs (C, H, W) input) or ``"any"`` (flattens whatever it gets); checked by
+    :func:`check_input_shape`."""
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -158,6 +159,23 @@ def validate_model_params(arch: str, params: Mapping[str, Any] | None) -> dict[s
     for name, value in params.items():
         out[name] = by_name[name].check(value, arch)
     return out
+
+
+def check_input_shape(arch: str, sample_shape: Sequence[int | None]) -> None:
+    """Raise :class:`ConfigError` when ``arch`` cannot take samples of ``sample_shape`` (one sample,
+    without the batch dimension: (C, H, W) for images, (F,) for tables; None for a size the job sets,
+    as an ImageFolder's H and W). An ``image`` architecture needs three dimensions (C, H, W); an
+    ``any`` one flattens whatever it gets. The message names both shapes. Also raises for an
+    unknown architecture, as :func:`get_arch`.
+    """
+    spec = get_arch(arch)
+    shape = tuple(sample_shape)
+    if spec.input_kind == "image" and len(shape) != 3:
+        shown = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ConfigError(
+            f"model.arch: {arch} needs image inputs of shape (C, H, W), but the dataset's samples have "
+            f"shape {shown}; use mlp for tabular data"
+        )
 
 
 def pipeline_layer_count(arch: str, params: Mapping[str, Any] | None) -> int:

@@ -79,7 +79,7 @@ def test_missing_dataset_file_fails_with_trainer_error(celery_worker_process, us
 
     digits = load_digits()
     path = tmp_path / "digits.npz"
-    np.savez(path, x_train=digits.data.astype("float32"), y_train=digits.target.astype("int64"))
+    np.savez(path, x_train=digits.images.astype("float32"), y_train=digits.target.astype("int64"))  # (N, 8, 8), for the cnn
     dataset = services.dataset_create(owner=user, name="digits-npz", format="npz", uri=str(path))
     with transaction.atomic():  # submit is enqueued on commit: the file is gone before any worker looks
         job = services.training_job_create(owner=user, dataset=dataset, model_spec=cnn_model,

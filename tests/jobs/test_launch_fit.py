@@ -1,5 +1,6 @@
-"""A job whose dataset its backend cannot read is refused at launch (issue 11 item 13), by the one
-service the form, the API and the CLI call, instead of failing on the backend at run time."""
+"""A job whose dataset its backend cannot read (issue 11 item 13), or whose model cannot take the
+dataset's samples (item 12), is refused at launch by the one service the form, the API and the CLI
+call, instead of failing on the backend at run time."""
 
 from __future__ import annotations
 
@@ -78,3 +79,71 @@ def test_the_api_and_rerun_refuse_it_too(user, cnn_model, local_backend):
     with pytest.raises(ValidationError) as excinfo:
         services.training_job_rerun(job=job, owner=user)
     assert excinfo.value.message_dict["dataset"][0].startswith("Dataset imagenet-s3 (s3://tb-data/imagenet/) cannot be read")
+
+
+# --- the model against the dataset's shape (item 12) ------------------------------------------
+
+
+@pytest.fixture
+def table_npz(tmp_path):
+    """An NPZ of 40 samples × 16 features, 2 classes."""
+    import numpy as np
+
+    path = tmp_path / "table16.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.random((40, 16), dtype=np.float32), y_train=np.arange(40) % 2)
+    return path
+
+
+def test_the_dataset_records_its_sample_shape_when_saved(user, table_npz, tmp_path, digits_dataset):
+    table = services.dataset_create(owner=user, name="table16", format="npz", uri=str(table_npz))
+    assert table.sample_shape == [16]
+    table.refresh_from_db()
+    assert table.sample_shape == [16]
+    assert digits_dataset.sample_shape == [1, 8, 8]
+    csv = tmp_path / "t.csv"
+    csv.write_text("a,b,c,label\n1,2,3,0\n4,5,6,1\n")
+    assert services.dataset_create(owner=user, name="t", format="csv", uri=str(csv)).sample_shape == [3]
+    cloud = services.dataset_create(owner=user, name="c", format="npz", uri="s3://tb-data/x.npz")
+    assert cloud.sample_shape is None  # not read here
+    # Re-pointed at other data, the shape follows.
+    services.dataset_update(dataset=table, format="csv", uri=str(csv))
+    table.refresh_from_db()
+    assert table.sample_shape == [3]
+
+
+def test_a_cnn_on_a_table_is_refused_at_launch_with_both_shapes(user, table_npz, cnn_model, local_backend):
+    table = services.dataset_create(owner=user, name="table16", format="npz", uri=str(table_npz))
+    with pytest.raises(ValidationError) as excinfo:
+        _launch(user, table, cnn_model, local_backend, procs_per_node=3)
+    errors = excinfo.value.message_dict
+    assert errors["model_spec"] == [
+        "Model digits-cnn does not fit dataset table16: cnn needs image inputs of shape (C, H, W), but the "
+        "dataset's samples have shape (16,); use mlp for tabular data."]
+    assert "procs_per_node" in errors  # with the other errors of the same submit
+    assert TrainingJob.objects.count() == 0
+    mlp = services.model_spec_create(owner=user, name="table-mlp", architecture="mlp")
+    assert _launch(user, table, mlp, local_backend).config["model"]["arch"] == "mlp"
+
+
+def test_the_form_and_the_api_show_the_same_refusal(user, table_npz, cnn_model, local_backend, client):
+    from rest_framework.test import APIClient
+    from django.urls import reverse
+
+    table = services.dataset_create(owner=user, name="table16", format="npz", uri=str(table_npz))
+    api = APIClient()
+    api.force_authenticate(user)
+    response = api.post("/api/jobs/", {"dataset": table.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk,
+                                       "nodes": 1, "procs_per_node": 1}, format="json")
+    assert response.status_code == 400
+    message = ("Model digits-cnn does not fit dataset table16: cnn needs image inputs of shape (C, H, W), but "
+               "the dataset's samples have shape (16,); use mlp for tabular data.")
+    assert response.json()["model_spec"] == [message]
+    client.force_login(user)
+    page = client.post(reverse("job-create"), {
+        "dataset": table.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk, "strategy": "ddp",
+        "nodes": 1, "procs_per_node": 1, "epochs": 1, "batch_size": 8, "lr": 0.05, "seed": 0,
+        "max_runtime_s": 600})
+    assert page.status_code == 200
+    assert page.context["form"].errors["model_spec"] == [message]
+    assert TrainingJob.objects.count() == 0
