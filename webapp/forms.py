@@ -110,6 +110,16 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
     )
     team = team_field(None)  # replaced per user in __init__
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        def text(value: Any) -> str:  # a browser sends a textarea's lines with CRLF
+            return str(value or "").replace("\r\n", "\n").strip()
+
+        if self.is_bound and text(self.data.get("params")) != text(self.initial.get("params")):
+            # Shown again after an error: the text is the user's, which static/webapp/js/model_form.js
+            # keeps when the architecture changes (it replaces only text the page or it wrote).
+            self.fields["params"].widget.attrs["data-edited"] = "true"
+
     def clean_params(self) -> dict[str, Any]:
         return parse_json_object(self.cleaned_data.get("params", ""), example=self.PARAMS_EXAMPLE)
 

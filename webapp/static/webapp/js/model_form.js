@@ -1,5 +1,11 @@
 /* The model form: show the selected architecture's parameter docs; "Fill in the defaults" writes
- * that architecture's defaults into the JSON textarea. */
+ * that architecture's defaults into the JSON textarea.
+ *
+ * The parameters follow the architecture unless the user edited them: one architecture's
+ * parameters are unknown to another ("channels: unknown parameter for mlp"), so when the textarea
+ * still holds what the page or this script put there, choosing another architecture replaces it
+ * with that architecture's defaults (or, back on an architecture shown before, with what it held
+ * then: an edit page's saved parameters come back). Text the user typed is never replaced. */
 (function () {
   "use strict";
   const select = document.getElementById("id_architecture");
@@ -7,16 +13,38 @@
   const dataNode = document.getElementById("architectures-data");
   if (!select || !params || !dataNode) return;
   const archs = JSON.parse(dataNode.textContent);
+  const shown = {};  // architecture -> the parameters text it had when the user left it
+  // The text not typed by the user: the page's (unless it shows back what they submitted), then ours.
+  let written = params.dataset.edited === "true" ? null : params.value;
+  let current = select.value;
+
+  function defaultsText(name) {
+    const arch = archs.find(function (a) { return a.name === name; });
+    return arch ? JSON.stringify(arch.defaults, null, 2) : "";
+  }
+
+  function write(text) {
+    params.value = text;
+    written = text;
+  }
 
   function show() {
     document.querySelectorAll(".arch-docs .arch").forEach(function (section) {
       section.hidden = section.dataset.arch !== select.value;
     });
   }
-  select.addEventListener("change", show);
+
+  select.addEventListener("change", function () {
+    if (params.value === written) {
+      shown[current] = params.value;
+      write(Object.prototype.hasOwnProperty.call(shown, select.value) ? shown[select.value]
+                                                                        : defaultsText(select.value));
+    }
+    current = select.value;
+    show();
+  });
   document.getElementById("fill-defaults").addEventListener("click", function () {
-    const arch = archs.find(function (a) { return a.name === select.value; });
-    if (arch) params.value = JSON.stringify(arch.defaults, null, 2);
+    write(defaultsText(select.value));
   });
   show();
 })();
