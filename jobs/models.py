@@ -383,6 +383,9 @@ class MetricPoint(models.Model):
 
     Names: train_loss, train_accuracy, val_loss, val_accuracy, samples_per_s, lr (global) and
     rank_samples_per_s, rank_step_time_s (with ``rank`` set).
+
+    ``value`` is None where the trainer reported NaN or infinity (a diverged run): the point is kept
+    so charts show the gap where it is, never a line drawn over it.
     """
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
@@ -390,7 +393,7 @@ class MetricPoint(models.Model):
     step = models.PositiveIntegerField()
     epoch = models.PositiveIntegerField(null=True, blank=True)
     rank = models.PositiveIntegerField(null=True, blank=True)
-    value = models.FloatField()
+    value = models.FloatField(null=True, blank=True)
     recorded_at = models.DateTimeField()
 
     class Meta:
@@ -398,7 +401,7 @@ class MetricPoint(models.Model):
         indexes = [models.Index(fields=["job", "name", "step"], name="metric_job_name_step")]
 
     def __str__(self) -> str:
-        return f"{self.name}@{self.step}={self.value:g}"
+        return f"{self.name}@{self.step}={'not finite' if self.value is None else format(self.value, 'g')}"
 
 
 class JobLogLine(models.Model):

@@ -1301,7 +1301,7 @@ def training_job_cancel_send(*, job: TrainingJob) -> None:
 
 _GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr")
 _RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s")
-_METRIC_EVENTS = {"step", "epoch"}
+_METRIC_EVENTS = {"step", "epoch", "failed"}
 _MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
 
 
@@ -1320,8 +1320,10 @@ def _when(record: Mapping[str, Any], default: dt.datetime) -> dt.datetime:
 def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: dt.datetime) -> list[MetricPoint]:
     """MetricPoint rows for one trainer record (schema: trainer_pkg/metrics.py).
 
-    Global values become rows with ``rank`` NULL; ``rank_*`` lists one row per rank. Only ``step``
-    and ``epoch`` records carry series (``started``/``completed`` mark times and would duplicate).
+    Global values become rows with ``rank`` NULL; ``rank_*`` lists one row per rank. Only ``step``,
+    ``epoch`` and ``failed`` records carry series (``started``/``completed`` mark times and would
+    duplicate). A value the trainer reported as non-finite (named in the record's ``nonfinite``, or
+    a NaN/Infinity literal from an older trainer) becomes a row with ``value`` None: the chart's gap.
     """
     if record.get("event") not in _METRIC_EVENTS:
         return []
@@ -1330,21 +1332,40 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
     epoch = record.get("epoch")
     epoch = int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
     at = _when(record, now)
+    flagged = record.get("nonfinite")
+    flagged = {n for n in flagged if isinstance(n, str)} if isinstance(flagged, list) else set()
     points = []
-    for name in _GLOBAL_METRICS:
-        value = _number(record.get(name))
-        if value is not None:
-            points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=None, value=value,
+
+    def add(name: str, raw: Any, rank: int | None) -> None:
+        value = _number(raw)
+        nonfinite = (raw is None and name in flagged) or (isinstance(raw, float) and value is None)
+        if value is not None or nonfinite:
+            points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank, value=value,
                                       recorded_at=at))
+
+    for name in _GLOBAL_METRICS:
+        add(name, record.get(name), None)
     for name in _RANK_METRICS:
         values = record.get(name)
         if isinstance(values, list):
             for rank, raw in enumerate(values):
-                value = _number(raw)
-                if value is not None:
-                    points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank,
-                                              value=value, recorded_at=at))
+                add(name, raw, rank)
     return points
+
+
+def _trainer_failure_reason(job: TrainingJob) -> str | None:
+    """The reason the trainer gave when it stopped the run itself (its ``failed`` record, e.g. "loss
+    became NaN at step 12"), from the job's stored log; None when it gave none."""
+    from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
+
+    texts = (JobLogLine.objects.filter(job_id=job.pk, text__contains=METRIC_PREFIX)
+             .filter(text__contains='"event":"failed"').order_by("-seq").values_list("text", flat=True)[:1])
+    for text in texts:
+        record = parse_metric_line(text) or {}
+        reason = record.get("reason")
+        if isinstance(reason, str) and reason.strip():
+            return reason.strip()[:500]
+    return None
 
 
 def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime) -> tuple[int, dt.datetime | None]:
@@ -1415,8 +1436,14 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dic
     if terminal:
         fields["ended_at"] = ended_at
     if target == S.FAILED:
-        fields["failure_reason"] = status.failure_reason or job.failure_reason or (
+        reason = status.failure_reason or job.failure_reason or (
             f"The backend reported the job failed ({status.raw_state or 'no reason given'}).")
+        # The trainer's own reason (a diverged loss) is what the user acts on; a cloud's reason is
+        # generic ("exited with a non-zero status of 1"), so it follows as the detail.
+        trainer_reason = _trainer_failure_reason(job)
+        if trainer_reason and trainer_reason not in reason:
+            reason = f"{trainer_reason} (the backend reported: {reason})"
+        fields["failure_reason"] = reason
     elif target == S.CANCELLED:
         fields["failure_reason"] = job.failure_reason or status.failure_reason or "Cancelled"
     return fields

@@ -25,6 +25,7 @@ BuiltinDataset = Literal["digits"]
 Architecture = Literal["mlp", "cnn", "resnet"]
 Optimizer = Literal["sgd", "adamw"]
 DistBackend = Literal["auto", "gloo", "nccl"]
+OnNonfiniteLoss = Literal["stop", "warn"]
 
 
 class ConfigError(ValueError):
@@ -134,6 +135,11 @@ class TrainConfig:
     """Random horizontal flips of training images (image data only: samples shaped (C, H, W)).
     Each rank draws its flips from its own stream (seeded by ``seed`` and the rank), so ranks see
     different flips; the stream is checkpointed, so a resumed run draws what an uninterrupted one would."""
+    on_nonfinite_loss: OnNonfiniteLoss = "stop"
+    """When the training loss becomes NaN or infinite (a diverged run: too high a learning rate, bad
+    data): ``stop`` ends the run as failed with "loss became NaN at step N" (no checkpoint is written
+    over the last good one); ``warn`` logs that once and trains on. The ranks agree on it with the
+    SIGTERM check (``stop_check_s``), so a run stops within about two such intervals of the step."""
 
 
 @dataclasses.dataclass

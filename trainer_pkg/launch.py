@@ -119,22 +119,40 @@ def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan) -> int:
     return code
 
 
-def _stopped_cleanly(cfg: JobConfig, since: float) -> bool:
-    """Whether this run's last metric record is ``stopped`` (written after its checkpoint)."""
+def _last_record(cfg: JobConfig) -> dict:
+    """The last metric record in ``metrics.jsonl`` ({} when there is none)."""
     path = os.path.join(cfg.output.output_dir, "metrics.jsonl")
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError:
-        return False
+        return {}
     for line in reversed(lines):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             record = parse_metric_line(line)
         if isinstance(record, dict) and "event" in record:
-            return record["event"] == "stopped" and record.get("time", 0) >= since
-    return False
+            return record
+    return {}
+
+
+def _stopped_cleanly(cfg: JobConfig, since: float) -> bool:
+    """Whether this run's last metric record is ``stopped`` (written after its checkpoint)."""
+    record = _last_record(cfg)
+    return record.get("event") == "stopped" and record.get("time", 0) >= since
+
+
+def failure_message(cfg: JobConfig, code: int, since: float) -> str:
+    """The failure reason of a run started at ``since`` (Unix time) that exited ``code`` (≠ 0): the
+    trainer's own when it stopped the run itself (a ``failed`` record of this run, its ``reason``,
+    e.g. "loss became NaN at step 12"), else the exit code and where the ranks' errors are."""
+    record = _last_record(cfg)
+    if (record.get("event") == "failed" and isinstance(record.get("reason"), str)
+            and record.get("time", 0) >= since):
+        return f"{record['reason']} (training failed with exit code {code})"
+    return (f"training failed with exit code {code}; the ranks' errors ('trainer error: ...') are in "
+            "the job's log")
 
 
 def _resolved_config_file(cfg: JobConfig) -> str:
@@ -199,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    started = time.time()
     plan: LaunchPlan | None = None
     try:
         cfg = read_config(args.config)
@@ -236,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = run_torchrun(cfg, path, plan)
         finally:
             os.unlink(path)
-    _finish(plan, cfg, code)
+    _finish(plan, cfg, code, started)
     return code
 
 
@@ -246,12 +265,11 @@ def _train(cfg: JobConfig) -> int:
     return train.train(cfg)
 
 
-def _finish(plan: LaunchPlan, cfg: JobConfig, code: int) -> None:
+def _finish(plan: LaunchPlan, cfg: JobConfig, code: int, started: float) -> None:
     """After training on this node: copy the metrics where the platform collects outputs, or leave
     the failure reason where the platform shows it."""
     if code != 0:
-        _write_failure(plan.failure_file, f"training failed with exit code {code}; the ranks' errors "
-                             "('trainer error: ...') are in the job's log")
+        _write_failure(plan.failure_file, failure_message(cfg, code, started))
         return
     first = os.environ.get("RANK") == "0" if plan.in_process else plan.node_rank == 0
     metrics = os.path.join(cfg.output.output_dir, "metrics.jsonl")

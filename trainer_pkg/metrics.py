@@ -10,7 +10,9 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
                  when the run continued from a checkpoint), ``"step"`` (about every
                  ``train.log_every_s`` seconds of training, or every ``train.log_every_steps`` steps), ``"epoch"`` (end of each epoch, with validation),
                  ``"completed"`` (once, after the final model is saved), ``"stopped"`` (once, when
-                 SIGTERM stopped the run after its checkpoint was written; rerunning resumes).
+                 SIGTERM stopped the run after its checkpoint was written; rerunning resumes),
+                 ``"failed"`` (once, when the run stops itself: its training loss became NaN or
+                 infinite and ``train.on_nonfinite_loss`` is ``stop``; carries ``reason``).
 ``time``         Unix time, seconds.
 ``epoch``        0-based epoch; ``step`` the number of optimizer steps taken so far.
 ``world_size``   ranks in the job.
@@ -29,6 +31,10 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
                                           augmentation, the copy to the device). A straggler shows as
                                           one rank with a higher step time or data wait than the rest.
                                           The throughput fields are absent along with train_loss.
+``nonfinite``    names of the fields whose value was NaN or infinite (a diverged run), each written as
+                 ``null`` (JSON has no NaN); for a list field, its non-finite entries are ``null``.
+                 Absent when every value is finite. See :func:`encode_record`.
+``reason``       ``failed`` records only: why the run stopped, e.g. ``"loss became NaN at step 12"``.
 ``lr``           learning rate at that step.
 ``grad_norm``    global L2 norm of the gradients before clipping, of the latest optimizer step;
                  present only when clipping is on (``train.grad_clip_norm`` > 0).
@@ -37,6 +43,7 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -44,9 +51,38 @@ from typing import Any
 METRIC_PREFIX = "TRAINBOARD_METRIC "
 
 
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def encode_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as valid JSON can carry it: every NaN or infinite float (top level, or an entry of
+    a list) becomes None and the field's name is listed, sorted, under ``nonfinite``.
+
+    ``{"train_loss": nan, "rank_step_time_s": [0.1, inf]}`` →
+    ``{"train_loss": None, "rank_step_time_s": [0.1, None], "nonfinite": ["rank_step_time_s", "train_loss"]}``.
+    A record with only finite values is returned unchanged (no ``nonfinite`` key).
+    """
+    out: dict[str, Any] = {}
+    bad: list[str] = []
+    for key, value in record.items():
+        if isinstance(value, list) and not all(_finite(v) for v in value):
+            value = [v if _finite(v) else None for v in value]
+            bad.append(key)
+        elif not _finite(value):
+            value = None
+            bad.append(key)
+        out[key] = value
+    if bad:
+        out["nonfinite"] = sorted(bad)
+    return out
+
+
 def format_metric_line(record: dict[str, Any]) -> str:
-    """The stdout line for ``record`` (no trailing newline)."""
-    return METRIC_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":"))
+    """The stdout line for ``record`` (no trailing newline), non-finite values encoded by
+    :func:`encode_record`."""
+    return METRIC_PREFIX + json.dumps(encode_record(record), sort_keys=True, separators=(",", ":"),
+                                      allow_nan=False)
 
 
 def parse_metric_line(line: str) -> dict[str, Any] | None:

@@ -62,6 +62,13 @@ read when the next one starts, so they all stop at the same step (within about t
 signal: seconds, well inside a 120 s grace period), rank 0 writes a checkpoint, a ``stopped`` record
 is emitted and every rank exits 0. Running the same command again resumes.
 
+A diverged run: every step's training loss is checked for NaN/inf (on CPU one ``.item()``; on a GPU a
+device-side flag), the ranks agree on the earliest bad step along with the SIGTERM flag, and again
+before each epoch's checkpoint. With ``train.on_nonfinite_loss`` ``stop`` (the default) every rank
+fails with ``trainer error: loss became NaN at step N: ...`` after a ``failed`` record carrying that
+reason (the launcher also leaves it where the platform shows a failure reason); the last good
+checkpoint is kept. ``warn`` logs it once and trains on.
+
 Errors: a bad dataset, config or checkpoint prints one line ``trainer error: ...`` on stderr and exits
 1 on every rank (setup failures are agreed over the process group so no rank waits for another).
 """
@@ -91,7 +98,7 @@ from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import ConfigError, JobConfig, shape_errors
 from trainer_pkg.datasets import Dataset, describe, load_dataset
-from trainer_pkg.metrics import exit_process, format_metric_line, report_error
+from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
 
@@ -222,13 +229,15 @@ class StopSignal:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def start_agreement(self, device: torch.device, step_seconds: float = 0.0) -> "PendingStop":
-        """Collective, asynchronous: start agreeing on this rank's flag as it is now, and on the
-        slowest rank's last step time (seconds); the answer is read with :meth:`PendingStop.result`
+    def start_agreement(self, device: torch.device, step_seconds: float = 0.0,
+                        nonfinite: float = -math.inf) -> "PendingStop":
+        """Collective, asynchronous: start agreeing on this rank's flag as it is now, on the
+        slowest rank's last step time (seconds) and on the earliest non-finite loss of any rank
+        (``nonfinite``: :meth:`NonfiniteLoss.code`); the answer is read with :meth:`PendingStop.result`
         some steps later, so the all-reduce completes in the background instead of stalling a step.
         Every rank issues the same sequence of these and reads each result at the same step, so all
         ranks stop at the same step."""
-        values = [1.0 if self.received is not None else 0.0, float(step_seconds)]
+        values = [1.0 if self.received is not None else 0.0, float(step_seconds), float(nonfinite)]
         if dist.get_world_size() == 1:  # nobody to agree with
             return PendingStop(values, None)
         flag = torch.tensor(values, dtype=torch.float64, device=device)
@@ -241,12 +250,68 @@ class PendingStop:
     def __init__(self, values: torch.Tensor | list[float], work: Any) -> None:
         self.values, self.work = values, work
 
-    def result(self) -> tuple[bool, float]:
-        """(any rank had been signalled when the agreement started, the slowest rank's step seconds)."""
+    def result(self) -> tuple[bool, float, float]:
+        """(any rank had been signalled when the agreement started, the slowest rank's step seconds,
+        the earliest non-finite loss as a :meth:`NonfiniteLoss.code`)."""
         if self.work is not None:
             self.work.wait()
-        stop, step_seconds = self.values.tolist() if isinstance(self.values, torch.Tensor) else self.values
-        return stop > 0, step_seconds
+        stop, step_seconds, nonfinite = self.values.tolist() if isinstance(self.values, torch.Tensor) else self.values
+        return stop > 0, step_seconds, nonfinite
+
+
+class NonfiniteLoss:
+    """The first optimizer step whose training loss was NaN or infinite on this rank.
+
+    Ranks agree on it through one float each (:meth:`code`, all-reduced with MAX): ``-(2·step + 1)``
+    for an infinite loss, ``-(2·step)`` for NaN, ``-inf`` for none, so the maximum is the earliest
+    step (NaN before inf at the same step). :func:`describe_nonfinite` turns the agreed value into the
+    run's failure reason.
+
+    On CPU a loss is read with ``.item()`` (under a microsecond); on a GPU that would stall every step
+    on the device, so the first bad step is tracked in a device tensor and read only by :meth:`code`,
+    at the stop agreements (every 1-50 steps) and at epoch ends.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.on_host = device.type == "cpu"
+        self.first = -math.inf
+        if not self.on_host:
+            self._first = torch.full((), -math.inf, dtype=torch.float64, device=device)
+
+    def see(self, loss: torch.Tensor, step: int) -> None:
+        """Record ``loss`` (a 0-dim tensor) as the loss of optimizer step ``step`` (1-based)."""
+        if self.on_host:
+            if self.first == -math.inf:
+                value = loss.item()
+                if not math.isfinite(value):
+                    self.first = -(2.0 * step + (1.0 if math.isinf(value) else 0.0))
+            return
+        code = torch.where(torch.isnan(loss), -2.0 * step, -(2.0 * step + 1.0)).to(torch.float64)
+        bad = ~torch.isfinite(loss) & (self._first == -math.inf)
+        self._first = torch.where(bad, code, self._first)
+
+    def code(self) -> float:
+        """This rank's first non-finite loss, encoded as above."""
+        if not self.on_host and self.first == -math.inf:
+            self.first = float(self._first.item())
+        return self.first
+
+    def agreed(self, device: torch.device) -> float:
+        """Collective, blocking: the earliest non-finite loss over all ranks, as a :meth:`code`."""
+        if dist.get_world_size() == 1:
+            return self.code()
+        value = torch.tensor([self.code()], dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
+
+def describe_nonfinite(code: float) -> str | None:
+    """``"loss became NaN at step 12"`` (or ``infinite``) for an agreed :meth:`NonfiniteLoss.code`;
+    None for ``-inf`` (every loss was finite)."""
+    if code == -math.inf:
+        return None
+    value = int(-code)
+    return f"loss became {'infinite' if value % 2 else 'NaN'} at step {value // 2}"
 
 
 STOP_POLL_MAX_STEPS = 50
@@ -305,7 +370,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.write(json.dumps(encode_record(record), sort_keys=True, allow_nan=False) + "\n")
         self._file.flush()
         print(format_metric_line(record), flush=True)
 
@@ -708,6 +773,24 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         if event != "step":
             flush_record()
 
+    nonfinite = NonfiniteLoss(device)
+    warned_nonfinite = False
+
+    def check_nonfinite(code: float, epoch: int) -> None:
+        """Act on an agreed :meth:`NonfiniteLoss.code` (the same on every rank, so every rank acts
+        alike): ``stop`` emits the ``failed`` record and raises; ``warn`` logs once."""
+        nonlocal warned_nonfinite
+        reason = describe_nonfinite(code)
+        if reason is None:
+            return
+        if t.on_nonfinite_loss == "stop":
+            report("failed", epoch, reason=reason)
+            raise TrainerError(f"{reason}: the run diverged (lower train.lr, or clip gradients with "
+                               "train.grad_clip_norm); no checkpoint was written after it")
+        if not warned_nonfinite:
+            warned_nonfinite = True
+            _log(topo, f"warning: {reason}; training goes on (train.on_nonfinite_loss is warn)")
+
     def save(epoch: int, batches_done: int) -> None:
         save_checkpoint(ckpt_path, strategy=strategy, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
                         batches_done=batches_done, step=step, cfg=cfg, topo=topo)
@@ -737,14 +820,15 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     # Read the agreement started ``poll`` steps ago (long finished in the background:
                     # no wait), then start the next one with this rank's last step time.
                     if pending is not None:
-                        stopping, slowest_step_s = pending.result()
+                        stopping, slowest_step_s, nonfinite_code = pending.result()
                         pending = None
+                        check_nonfinite(nonfinite_code, epoch)
                         if stopping:
                             return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
                         poll = stop_poll_interval(slowest_step_s, t.stop_check_s)
                         if not t.log_every_steps:
                             record_every = record_interval(slowest_step_s, t.log_every_s)
-                    pending = stop.start_agreement(device, last_step_s)
+                    pending = stop.start_agreement(device, last_step_s, nonfinite.code())
                     next_agreement = step + poll
                 tick = time.perf_counter()
                 group = range(b, min(b + t.grad_accum_steps, n_batches))
@@ -762,6 +846,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     out = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
                                                     autocast=autocast)
                     if out is not None:  # (out's tensors are detached: no autograd here)
+                        nonfinite.see(out.loss, step + 1)
                         hits = out.logits.argmax(1) == yb
                         if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
                             keep = _real_mask(torch.arange(start, start + len(idx)),
@@ -799,6 +884,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     report("step", epoch)
                     last_record = step
 
+            # Before the epoch's checkpoint: a diverged model never replaces the last good one.
+            check_nonfinite(nonfinite.agreed(device), epoch)
             strategy.sync_buffers()
             val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
             digests: list[Any] = [None] * topo.world_size
@@ -942,6 +1029,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-schedule", choices=["constant", "cosine"],
                    help=f"after warmup (config default {d.train.lr_schedule})")
     g.add_argument("--warmup-steps", type=int, help=f"linear warmup steps (config default {d.train.warmup_steps})")
+    g.add_argument("--on-nonfinite-loss", choices=["stop", "warn"],
+                   help=f"a NaN or infinite training loss: stop the run as failed, or warn and go on "
+                        f"(config default {d.train.on_nonfinite_loss})")
     g.add_argument("--find-unused-parameters", action=argparse.BooleanOptionalAction, default=None,
                    help="ddp: allow parameters that get no gradient (config default "
                         f"{d.train.find_unused_parameters})")
@@ -997,7 +1087,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     put("parallel", "timeout_s", args.timeout_s)
     for field in ("epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "seed",
                   "log_every_steps", "log_every_s", "stop_check_s", "augment", "precision", "grad_accum_steps",
-                  "grad_clip_norm", "lr_schedule", "warmup_steps", "find_unused_parameters"):
+                  "grad_clip_norm", "lr_schedule", "warmup_steps", "find_unused_parameters", "on_nonfinite_loss"):
         put("train", field, getattr(args, field))
     put("output", "output_dir", args.output_dir)
     put("output", "checkpoint_dir", args.checkpoint_dir)

@@ -67,3 +67,35 @@ def test_the_smoothed_loss_line_stays_between_the_points_it_joins(live_server, b
     assert len(segments) == 12 + 2
     over = [s for s in segments if s["worst"] > 0.01]  # pixels
     assert over == []
+
+
+def test_nonfinite_points_are_gaps_with_a_marker(live_server, browser_page, user, digits_dataset, cnn_model,
+                                                  local_backend):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    losses = [2.3, 1.7, None, None]  # None: the trainer reported NaN (a diverged run)
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="train_loss", step=10 * (i + 1), epoch=0, value=v, recorded_at=T0)
+         for i, v in enumerate(losses)])
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 4")
+    drawn = page.evaluate("""() => {
+      const chart = window.trainboardCharts['chart-loss'];
+      return chart.data.datasets.map((d, i) => ({
+        label: d.label, spanGaps: d.spanGaps, data: d.data,
+        skipped: chart.getDatasetMeta(i).data.map(p => p.skip),
+        inLegend: chart.legend.legendItems.some(item => item.text === d.label)}));
+    }""")
+    train, val, marks = drawn
+    assert train["label"] == "train loss" and train["spanGaps"] is False
+    assert train["data"] == [{"x": 10, "y": 2.3}, {"x": 20, "y": 1.7}, {"x": 30, "y": None}, {"x": 40, "y": None}]
+    assert train["skipped"] == [False, False, True, True]  # no line through them
+    assert marks["label"] == "not finite (NaN/inf)" and marks["inLegend"] is True
+    assert marks["data"] == [{"x": 30, "y": 1.7, "series": "train_loss"}, {"x": 40, "y": 1.7, "series": "train_loss"}]
+    assert val["data"] == [] and val["inLegend"] is True
+    # The accuracy chart has nothing to mark: no marker entry in its legend.
+    assert page.evaluate("() => window.trainboardCharts['chart-accuracy'].legend.legendItems.map(i => i.text)") == [
+        "train accuracy", "val accuracy"]

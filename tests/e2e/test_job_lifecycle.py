@@ -115,3 +115,24 @@ def test_submit_job_command_waits_for_success(celery_worker_process, user, digit
     assert [e["to"] for e in data["events"]] == ["QUEUED", "SUBMITTING", "PENDING", "RUNNING", "SUCCEEDED"]
     assert data["cost_usd"] > 0 and data["duration_s"] > 0 and data["url"] == f"http://127.0.0.1:8000/jobs/{data['id']}/"
     assert "PENDING → RUNNING" in result.stderr and "epoch 2 val_accuracy" in result.stderr
+
+
+def test_diverged_job_fails_with_the_nan_step_and_the_chart_gets_gaps(celery_worker_process, user, digits_dataset,
+                                                                       cnn_model, local_backend, client):
+    """lr 1e30: the real trainer's loss is NaN from step 2; the job ends FAILED with that as its
+    reason (read from the run's output by the gpubox backend), and the chart data keeps the NaN
+    points as nulls instead of dropping them."""
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=2, epochs=3, lr=1e30)
+    job = celery_worker_process.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=300,
+                                         what="the job to end")
+    assert job.state == S.FAILED, (job.state, job.failure_reason, celery_worker_process.log()[-3000:])
+    assert "loss became NaN at step 2" in job.failure_reason, job.failure_reason
+    assert "loss became NaN at step 2" in selectors.training_job_events(job=job).last().message
+    losses = list(MetricPoint.objects.filter(job=job, name="train_loss", rank__isnull=True)
+                  .order_by("step").values_list("step", "value"))
+    # Every window after step 1 (the "started" record, not a series point) holds the NaN step.
+    assert losses and all(v is None for _, v in losses), losses
+    client.force_login(user)
+    payload = client.get(f"/jobs/{job.pk}/metrics.json").json()
+    assert payload["series"]["train_loss"] and all(p["y"] is None for p in payload["series"]["train_loss"])

@@ -237,3 +237,45 @@ def test_sync_jobs_fans_out_per_backend_queue(submitted_job, scripted_backend, l
     send.assert_called_once()
     assert send.call_args.kwargs["args"] == [scripted_backend.pk]
     assert send.call_args.kwargs["queue"] == "celery"
+
+
+def test_a_diverged_run_keeps_its_nan_points_and_its_reason_leads_the_backends(submitted_job, scripted_backend):
+    """Records as the trainer's encoder writes them (NaN → null + ``nonfinite``), and a cloud whose
+    own failure reason is generic: the trainer's "loss became NaN at step N" comes first."""
+    job = submitted_job
+    nan = float("nan")
+    ScriptedBackend.statuses = [
+        JobStatus(JobState.RUNNING, raw_state="RUNNING", started_at=T0, instance_count=2),
+        JobStatus(JobState.FAILED, raw_state="JOB_STATE_FAILED", started_at=T0, ended_at=T0 + dt.timedelta(seconds=30),
+                  instance_count=2, failure_reason="The replica workerpool0-0 exited with a non-zero status of 1."),
+    ]
+    ScriptedBackend.log_chunks = [
+        [rec("started", dt=1, epoch=0, step=1, world_size=4, train_loss=2.3),
+         rec("step", dt=2, epoch=0, step=5, train_loss=1.9, rank_step_time_s=[0.1, 0.1, 0.1, 0.1]),
+         rec("step", dt=3, epoch=0, step=10, train_loss=nan, train_accuracy=0.1, rank_step_time_s=[0.1, nan, 0.1, 0.1])],
+        [rec("failed", dt=4, epoch=0, step=12, train_loss=float("inf"), reason="loss became NaN at step 7"),
+         "trainer error: rank 0: loss became NaN at step 7: the run diverged"],
+    ]
+    services.backend_sync(backend_id=scripted_backend.pk)
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert job.state == S.FAILED
+    assert job.failure_reason == ("loss became NaN at step 7 (the backend reported: The replica workerpool0-0 "
+                                  "exited with a non-zero status of 1.)")
+    assert training_job_metric_series(job=job)["train_loss"] == [
+        {"step": 5, "epoch": 0, "value": 1.9}, {"step": 10, "epoch": 0, "value": None},
+        {"step": 12, "epoch": 0, "value": None}]
+    assert training_job_metric_series(job=job)["train_accuracy"] == [{"step": 10, "epoch": 0, "value": 0.1}]
+    assert list(MetricPoint.objects.filter(job=job, name="rank_step_time_s", step=10).order_by("rank")
+                .values_list("value", flat=True)) == [0.1, None, 0.1, 0.1]
+
+
+def test_a_failure_reason_that_already_names_the_trainers_reason_is_kept(submitted_job, scripted_backend):
+    job = submitted_job
+    gpubox_reason = "trainer error: rank 1: loss became NaN at step 3: the run diverged"
+    ScriptedBackend.statuses = [JobStatus(JobState.FAILED, raw_state="exit 1", started_at=T0,
+                                          ended_at=T0 + dt.timedelta(seconds=9), failure_reason=gpubox_reason)]
+    ScriptedBackend.log_chunks = [[rec("failed", dt=4, epoch=0, step=4, reason="loss became NaN at step 3")]]
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert (job.state, job.failure_reason) == (S.FAILED, gpubox_reason)

@@ -105,7 +105,7 @@ def test_job_retrieve_has_metrics_summary_events_and_ranks(api_client, seeded_jo
     assert body["state"] == "RUNNING"
     assert [e["to_state"] for e in body["events"]] == ["QUEUED", "SUBMITTING", "PENDING", "RUNNING"]
     assert body["metrics"]["train_loss"] == {"points": 3, "last_step": 30, "last_value": 0.4,
-                                             "min": 0.4, "max": 2.3}
+                                             "min": 0.4, "max": 2.3, "nonfinite": 0}
     assert body["metrics"]["val_accuracy"]["last_value"] == 0.87
     assert body["ranks"] == [{"rank": 0, "samples_per_s": 812.5, "step_time_s": 0.0394},
                              {"rank": 1, "samples_per_s": 798.25, "step_time_s": 0.0401}]

@@ -154,9 +154,12 @@ class JobEventSerializer(serializers.ModelSerializer):
 class MetricSummarySerializer(serializers.Serializer):
     points = serializers.IntegerField(help_text="Points reported.")
     last_step = serializers.IntegerField()
-    last_value = serializers.FloatField()
-    min = serializers.FloatField()
-    max = serializers.FloatField()
+    last_value = serializers.FloatField(allow_null=True,
+                                        help_text="null when the trainer reported it NaN or infinite.")
+    min = serializers.FloatField(allow_null=True, help_text="Over the finite points; null when none is finite.")
+    max = serializers.FloatField(allow_null=True, help_text="Over the finite points; null when none is finite.")
+    nonfinite = serializers.IntegerField(help_text="Points the trainer reported as NaN or infinite "
+                                                   "(a diverged run).")
 
 
 class RankThroughputSerializer(serializers.Serializer):
@@ -235,9 +238,10 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         for name, points in selectors.training_job_metric_series(job=job).items():
             if not points:
                 continue
-            values = [p["value"] for p in points]
+            finite = [p["value"] for p in points if p["value"] is not None]
             summary[name] = {"points": len(points), "last_step": points[-1]["step"],
-                             "last_value": values[-1], "min": min(values), "max": max(values)}
+                             "last_value": points[-1]["value"], "min": min(finite, default=None),
+                             "max": max(finite, default=None), "nonfinite": len(points) - len(finite)}
         return summary
 
     @extend_schema_field(RankThroughputSerializer(many=True))

@@ -28,6 +28,24 @@
     "chart-accuracy": [["train_accuracy", "train accuracy", COLORS.train], ["val_accuracy", "val accuracy", COLORS.val]],
   };
 
+  const NONFINITE_LABEL = "not finite (NaN/inf)";
+  const NONFINITE_COLOR = "#dc2626";
+
+  // A point the trainer reported as NaN or infinite arrives with y null: the line breaks there
+  // (spanGaps false) and a red cross marks the step, at the series' last finite value before it
+  // (0 when there is none), so a diverged run shows where it diverged instead of an empty chart.
+  function nonfiniteMarkers(series, payload) {
+    const marks = [];
+    for (const [name] of series) {
+      let last = 0;
+      for (const p of payload.series[name] || []) {
+        if (p.y === null) marks.push({ x: p.x, y: last, series: name });
+        else last = p.y;
+      }
+    }
+    return marks;
+  }
+
   function makeChart(canvasId, series, payload) {
     const canvas = document.getElementById(canvasId);
     const isAccuracy = canvasId === "chart-accuracy";
@@ -45,8 +63,17 @@
           // measured points it joins, so the line never dips below a minimum it did not measure.
           // (A Bézier tension overshoots at every zig-zag of a noisy loss.)
           cubicInterpolationMode: "monotone",
-          spanGaps: true,
-        })),
+          spanGaps: false,
+        })).concat([{
+          label: NONFINITE_LABEL,
+          data: nonfiniteMarkers(series, payload),
+          showLine: false,
+          pointStyle: "crossRot",
+          pointRadius: 7,
+          pointBorderWidth: 2,
+          borderColor: NONFINITE_COLOR,
+          backgroundColor: NONFINITE_COLOR,
+        }]),
       },
       options: {
         responsive: true,
@@ -60,7 +87,13 @@
             ? { min: 0, max: 1, title: { display: true, text: "accuracy" } }
             : { beginAtZero: true, title: { display: true, text: "loss" } },
         },
-        plugins: { legend: { position: "bottom" } },
+        plugins: {
+          legend: {
+            position: "bottom",
+            // The non-finite marker's entry only where there is something to mark.
+            labels: { filter: (item, data) => item.text !== NONFINITE_LABEL || data.datasets[item.datasetIndex].data.length > 0 },
+          },
+        },
       },
     });
   }
@@ -77,6 +110,7 @@
       series.forEach(([name], i) => {
         chart.data.datasets[i].data = (payload.series[name] || []).slice();
       });
+      chart.data.datasets[series.length].data = nonfiniteMarkers(series, payload);
       chart.update("none");
     }
   }
