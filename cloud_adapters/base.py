@@ -250,6 +250,10 @@ class Backend(abc.ABC):
     """
 
     kind: ClassVar[str]
+    max_runtime_covers: ClassVar[str] = (
+        "the job's whole run on this backend, from its start: start-up counts toward it")
+    """What :attr:`JobSpec.max_runtime_s` limits on this backend, as the provider documents it: a
+    phrase the job page shows after "Max runtime counts …" (each adapter states its own, with source)."""
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
@@ -367,7 +371,8 @@ class Backend(abc.ABC):
         return [ConnectionCheck("settings", True, "settings are valid; this backend has nothing remote to check")]
 
     def estimate_cost(self, spec: JobSpec) -> float:
-        """Upper bound in USD: max runtime × instances × hourly price (DESIGN.md §6)."""
+        """USD for the whole max runtime: max runtime × instances × hourly price (DESIGN.md §6).
+        The dashboard shows min(this, the job's budget) (``jobs.cost.estimate_cost_usd``)."""
         return spec.max_runtime_s / 3600.0 * spec.nodes * self.price(spec.instance_type, spec.spot)
 
 

@@ -98,10 +98,38 @@ def run_seconds(started_at: dt.datetime | None, ended_at: dt.datetime | None, no
     return max(((ended_at or now) - started_at).total_seconds(), 0.0)
 
 
-def estimate_cost_usd(*, max_runtime_s: int, instances: int, hourly_price_usd: Decimal | float) -> Decimal:
-    """Upper bound shown before launch: max runtime × instances × hourly price."""
-    return job_cost_usd(billable_seconds=max_runtime_s, instances=instances,
-                        hourly_price_usd=hourly_price_usd)
+def estimate_cost_usd(*, max_runtime_s: int, instances: int, hourly_price_usd: Decimal | float,
+                      budget_usd: Decimal | float | str | None = None) -> Decimal:
+    """What a job may cost, shown before launch (USD, 4 decimals):
+    ``min(max runtime × instances × hourly price, budget)``, the budget only when the job has one.
+
+    The max runtime is the provider's limit on the job's whole run, start-up included (instances
+    launching, the image and data downloading count; see ``Backend.max_runtime_covers``), and a job
+    whose cost reaches its budget is stopped, so the job cannot run up more than either. Both stops
+    take effect a little late — the provider's stop (SageMaker sends SIGTERM and allows 120 s,
+    clouds.md §1.1) and the sync that sees the budget reached — which the estimate does not add."""
+    runtime = job_cost_usd(billable_seconds=max_runtime_s, instances=instances, hourly_price_usd=hourly_price_usd)
+    if budget_usd is None or budget_usd == "":
+        return runtime
+    return min(runtime, to_decimal(budget_usd))
+
+
+def estimate_arithmetic(*, max_runtime_s: int, instances: int, hourly_price_usd: Decimal | float,
+                        budget_usd: Decimal | float | str | None = None) -> str:
+    """The sum behind :func:`estimate_cost_usd`, for the form and the API:
+    ``"7200 s × 2 nodes × $1.4084/h"``, and with a budget below it
+    ``"7200 s × 2 nodes × $1.4084/h = $5.6336, capped at the $3.00 budget"`` (or ``"…; the $9.00
+    budget is not reached"``). Money at one precision (:func:`usd_places`)."""
+    runtime = job_cost_usd(billable_seconds=max_runtime_s, instances=instances, hourly_price_usd=hourly_price_usd)
+    sum_text = (f"{int(max_runtime_s)} s × {int(instances)} node{'' if int(instances) == 1 else 's'} × "
+                f"{format_usd_per_hour(hourly_price_usd)}")
+    if budget_usd is None or budget_usd == "":
+        return sum_text
+    budget = to_decimal(budget_usd)
+    places = usd_places(runtime, budget)
+    if budget < runtime:
+        return f"{sum_text} = {format_usd(runtime, places)}, capped at the {format_usd(budget, places)} budget"
+    return f"{sum_text} = {format_usd(runtime, places)}; the {format_usd(budget, places)} budget is not reached"
 
 
 def spot_saving(*, billable_seconds: float | None, training_seconds: float | None) -> float | None:

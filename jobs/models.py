@@ -172,6 +172,18 @@ class ComputeBackend(Owned):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def max_runtime_covers(self) -> str:
+        """What a job's max runtime counts on this backend (``Backend.max_runtime_covers`` of its
+        adapter: start-up included); the contract's wording when the adapter cannot be loaded."""
+        from cloud_adapters.base import Backend, BackendError
+        from cloud_adapters.registry import backend_class
+
+        try:
+            return backend_class(self.kind).max_runtime_covers
+        except BackendError:
+            return Backend.max_runtime_covers
+
 
 class TrainingJob(Owned):
     """One distributed training run. ``config`` is the frozen trainer JobConfig it ran with."""

@@ -922,7 +922,8 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
     refusal (ValidationError with the figures) writes nothing."""
     from jobs.budgets import check_monthly_budgets
 
-    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=hourly_price)
+    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=hourly_price,
+                                       budget_usd=budget_usd)
     errors = _Errors()
     _check_estimate(errors, estimate)
     errors.raise_if_any()
@@ -1068,10 +1069,15 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
                           max_runtime_s: int = 3600, instance_type: str = "", spot: bool = False,
                           strategy: str = "ddp", pipeline_stages: int | None = None,
                           microbatches: int | None = None, pipeline_schedule: str | None = None,
-                          batch_size: int | None = None, model_spec: ModelSpec | None = None) -> dict:
-    """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "world_size", "message"}``.
+                          batch_size: int | None = None, model_spec: ModelSpec | None = None,
+                          budget_usd: Any = None) -> dict:
+    """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "arithmetic",
+    "max_runtime_covers", "world_size", "message"}``.
 
-    Estimate = max runtime × instances (nodes) × hourly price. Raises ValidationError like
+    Estimate = min(max runtime × instances (nodes) × hourly price, ``budget_usd``) — the budget only
+    when given (:func:`jobs.cost.estimate_cost_usd`); ``arithmetic`` is that sum in words
+    (:func:`jobs.cost.estimate_arithmetic`), ``max_runtime_covers`` what the backend's limit counts
+    (``Backend.max_runtime_covers``: start-up included). Raises ValidationError like
     :func:`training_job_create` for a shape the backend cannot run, including the strategy's own
     arithmetic (pipeline stages against ranks, micro-batches against the batch size and, with
     ``model_spec``, stages against the model's layers), keyed by the same field names.
@@ -1092,16 +1098,18 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
                           batch_size=batch_size, model_spec=model_spec,
                           **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule))
     price = _hourly_price(errors, adapter, spec.instance_type, spec.spot)
+    budget = _budget(errors, budget_usd)
     errors.raise_if_any()
-    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price)
+    shape = dict(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price, budget_usd=budget)
+    estimate = costs.estimate_cost_usd(**shape)
     _check_estimate(errors, estimate)
     errors.raise_if_any()
     world = nodes * procs_per_node
-    message = (
-        f"{nodes} node(s) × {procs_per_node} process(es) = {world} rank(s); at most "
-        f"{max_runtime_s / 3600:.2f} h × {nodes} instance(s) × ${price.normalize():f}/h = ${estimate:.2f}"
-    )
-    return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "world_size": world, "message": message}
+    arithmetic = costs.estimate_arithmetic(**shape)
+    message = (f"{nodes} node(s) × {procs_per_node} process(es) = {world} rank(s); at most {arithmetic}"
+               + ("" if budget is not None else f" = {costs.format_usd(estimate)}"))
+    return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "arithmetic": arithmetic,
+            "max_runtime_covers": type(adapter).max_runtime_covers, "world_size": world, "message": message}
 
 
 def _check_strategy_shape(errors: _Errors, *, strategy: str, nodes: int, procs_per_node: int,

@@ -56,6 +56,12 @@ def offer_label(offer: InstanceOffer) -> str:
         "" if offer.confirmed else " (unconfirmed)")
 
 
+MAX_RUNTIME_HELP = (
+    "The provider's limit on the job's whole run, counted from its start: start-up (launching the instances, "
+    "downloading the image and the data) counts, so allow for it: a limit shorter than the start-up ends the "
+    "job (MaxRuntimeExceeded) before it trains. The job is billed up to it and stopped there.")
+"""What a max runtime covers, for the job form and the API schema (``Backend.max_runtime_covers`` per backend)."""
+
 SHARE_HELP = "Share with a team you belong to: its members see it and can launch jobs with it."
 
 
@@ -501,9 +507,11 @@ class TrainingJobForm(forms.Form):
     lr = forms.FloatField(initial=0.05, label="Learning rate")
     seed = forms.IntegerField(initial=0, min_value=0)
     max_runtime_s = forms.IntegerField(min_value=1, initial=3600, label="Max runtime (s)",
-                                       help_text="The job is stopped after this many seconds.")
+                                       help_text=MAX_RUNTIME_HELP)
     budget_usd = forms.DecimalField(required=False, min_value=Decimal("0"), max_digits=12, decimal_places=4,
-                                    label="Budget (USD)", help_text="Optional: stop the job when its cost reaches this.")
+                                    label="Budget (USD)",
+                                    help_text="Optional: stop the job when its cost reaches this. The estimate is "
+                                              "min(max runtime × nodes × hourly price, budget).")
     instance_type = forms.CharField(required=False, max_length=100,
                                     help_text="Optional; empty uses the backend's default.")
     spot = forms.BooleanField(required=False, help_text="Interruptible capacity, where the backend offers it.")
@@ -521,8 +529,10 @@ class TrainingJobForm(forms.Form):
 
     # The fields the cost estimate reads.
     ESTIMATE_FIELDS = ("backend", "nodes", "procs_per_node", "max_runtime_s", "instance_type", "spot")
-    # Read too when given and valid, so the estimate shows the strategy's shape errors.
-    SHAPE_FIELDS = ("strategy", "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "model_spec")
+    # Read too when given and valid, so the estimate shows the strategy's shape errors (and the budget
+    # that caps it).
+    SHAPE_FIELDS = ("strategy", "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "model_spec",
+                    "budget_usd")
     PIPELINE_FIELDS = ("pipeline_stages", "microbatches", "pipeline_schedule")
 
     def __init__(self, *args: Any, user, **kwargs: Any) -> None:

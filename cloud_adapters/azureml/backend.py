@@ -179,6 +179,10 @@ class AzureMLBackend(Backend):
     """
 
     kind = "azureml"
+    max_runtime_covers = (
+        "the job as Azure ML's command timeout does (\"the number, in seconds, after which the job will be "
+        "cancelled\", azure-ai-ml command(); REST limits.timeout, clouds.md §3.2): preparing the environment "
+        "and starting the nodes count")
     dataset_schemes = frozenset(p.split(":", 1)[0] for p in DATASET_PREFIXES)
     """Datastore paths and data assets (azureml), storage URLs (https, wasbs, abfss, adl): what a
     ``uri_folder`` input mounts (clouds.md §3.1-§3.2)."""

@@ -124,6 +124,9 @@ class GpuBoxBackend(Backend):
     """
 
     kind = "gpubox"
+    max_runtime_covers = (
+        "the run from the moment its supervisor starts torchrun (cloud_adapters/gpubox/supervisor.py): "
+        "rendezvous and loading the data count; then the process group gets SIGTERM and the grace period")
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
     queue = "gpubox"  # jobs must be started by the worker on the box itself

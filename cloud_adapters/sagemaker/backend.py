@@ -210,6 +210,10 @@ class SageMakerBackend(Backend):
     """
 
     kind = "sagemaker"
+    max_runtime_covers = (
+        "the whole training job as SageMaker's MaxRuntimeInSeconds does: from the job's start, so launching "
+        "instances and downloading the image and data count; at the limit SageMaker sends SIGTERM and allows "
+        "120 s before it stops the job (StoppingCondition, botocore's SageMaker model; clouds.md §1.1)")
     dataset_schemes = frozenset({"s3"})
     """An S3 prefix becomes the ``train`` input channel (``InputDataConfig``'s ``S3Uri``, clouds.md §1.1)."""
     secret_keys = {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}

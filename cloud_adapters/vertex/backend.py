@@ -208,6 +208,9 @@ class VertexBackend(Backend):
     """
 
     kind = "vertex"
+    max_runtime_covers = (
+        "the job's running time as Vertex AI's Scheduling.timeout does (\"the maximum job running time\", "
+        "aiplatform_v1 Scheduling; clouds.md §2.1): the replicas' start-up and the image pull run inside it")
     dataset_schemes = frozenset({"gs"})
     """Cloud Storage, read through the /gcs FUSE mount Vertex gives every job (clouds.md §2.3)."""
     secret_keys = {"service_account_json": True}

@@ -146,6 +146,28 @@ def test_estimate_shows_arithmetic(local_backend):
     assert "procs_per_node" in excinfo.value.message_dict
 
 
+def test_estimate_is_capped_by_the_jobs_budget_with_the_arithmetic(user, digits_dataset, cnn_model, local_backend):
+    """min(max runtime × instances × price, budget): 7200 s × 1 × $3.60/h = $7.20 with a $5.00 budget is
+    $5.00, stored as the job's estimate (what the monthly budgets count); a budget above it changes nothing."""
+    capped = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="5")
+    assert capped["estimated_cost_usd"] == Decimal("5.0000")
+    assert capped["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget"
+    assert capped["message"] == ("1 node(s) × 1 process(es) = 1 rank(s); at most 7200 s × 1 node × $3.60/h = $7.20, "
+                                 "capped at the $5.00 budget")
+    assert capped["max_runtime_covers"].startswith("the run from the moment its supervisor starts torchrun")
+    loose = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="9.5")
+    assert loose["estimated_cost_usd"] == Decimal("7.2000")
+    assert loose["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20; the $9.50 budget is not reached"
+    tiny = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="0.0030")
+    assert tiny["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.200, capped at the $0.003 budget"  # one precision
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_estimate(backend=local_backend, max_runtime_s=60, budget_usd="-1")
+    assert "budget_usd" in excinfo.value.message_dict
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = _create(user, digits_dataset, cnn_model, local_backend, max_runtime_s=7200, budget_usd="5")
+    assert job.estimated_cost_usd == Decimal("5.0000")
+
+
 def test_rerun_copies_frozen_config(user, other_user, digits_dataset, cnn_model, local_backend):
     with mock.patch.object(tasks.submit_job, "apply_async"):
         job = _create(user, digits_dataset, cnn_model, local_backend)

@@ -218,6 +218,21 @@ def test_schema_is_valid_openapi_with_job_paths(api_client):
     validate_schema(schema)  # raises on an invalid OpenAPI document
 
 
+def test_api_job_estimate_is_capped_by_its_budget_and_shows_the_arithmetic(
+        api_client, digits_dataset, cnn_model, local_backend, no_celery_publish):
+    payload = job_payload(digits_dataset, cnn_model, local_backend, max_runtime_s=7200, budget_usd="5.00")
+    body = api_client.post("/api/jobs/", payload, format="json").json()
+    assert body["estimated_cost_usd"] == "5.0000"  # min(7200 s × 1 node × $3.60/h = $7.20, $5.00)
+    assert body["estimate_arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget"
+    assert body["max_runtime_covers"].startswith("the run from the moment its supervisor starts torchrun")
+    schema = yaml.safe_load(api_client.get("/api/schema/").content)["components"]["schemas"]
+    for name in ("TrainingJob", "TrainingJobCreate"):
+        assert "start-up (launching the instances, downloading the image and the data) counts" in \
+            schema[name]["properties"]["max_runtime_s"]["description"]
+    assert "min(max_runtime_s × nodes × hourly_price_usd / 3600, budget_usd)" in \
+        schema["TrainingJob"]["properties"]["estimated_cost_usd"]["description"]
+
+
 def test_swagger_ui_sends_an_anonymous_browser_to_the_login_page(client):
     response = client.get("/api/docs/")
     assert response.status_code == 302

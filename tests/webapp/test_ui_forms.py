@@ -93,6 +93,18 @@ def test_estimate_endpoint_shows_the_figure(owner_client, local_backend):
     assert "estimate-ok" in html
 
 
+def test_estimate_endpoint_caps_at_the_budget_and_says_what_the_limit_counts(owner_client, local_backend):
+    response = owner_client.post(reverse("job-estimate"), {
+        "backend": local_backend.pk, "nodes": 1, "procs_per_node": 1, "max_runtime_s": 7200, "budget_usd": "5",
+    })
+    html = response.content.decode()
+    assert "$5.00 max (7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget)" in html
+    assert "the max runtime counts the run from the moment its supervisor starts torchrun" in html
+    form = owner_client.get(reverse("job-create")).content.decode()
+    assert "start-up (launching the instances, downloading the image and the data) counts" in form
+    assert "min(max runtime × nodes × hourly price, budget)" in form
+
+
 def test_estimate_endpoint_shows_the_shape_error(owner_client, local_backend):
     response = owner_client.post(reverse("job-estimate"), {
         "backend": local_backend.pk, "nodes": 1, "procs_per_node": 5, "max_runtime_s": 3600,

@@ -12,6 +12,7 @@ from rest_framework import serializers
 
 from jobs import selectors, services
 from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
+from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import to_drf_validation_error
@@ -191,6 +192,14 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="Spot jobs: what the run would have cost on demand, training seconds × instances × hourly "
                   "price; null as for spot_saving.")
 
+    estimate_arithmetic = serializers.SerializerMethodField(
+        help_text="How estimated_cost_usd was reached: min(max_runtime_s × nodes × hourly_price_usd, budget_usd), "
+                  'e.g. "7200 s × 2 nodes × $1.4084/h = $5.6336, capped at the $3.00 budget".')
+    max_runtime_covers = serializers.CharField(
+        source="backend.max_runtime_covers", read_only=True,
+        help_text="What max_runtime_s counts on this job's backend, as the provider documents it (start-up "
+                  "included).")
+
     display_name = serializers.CharField(
         source="__str__", read_only=True,
         help_text='The name the UI shows: name, or "job-<id>" for a job launched without one.')
@@ -203,7 +212,8 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "display_name", "state", "is_terminal", "stalled", "stalled_reason", "stalled_at", "dataset", "model_spec", "backend", "rerun_of",
             "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
-            "max_runtime_s", "budget_usd", "hourly_price_usd", "estimated_cost_usd", "cost_usd",
+            "max_runtime_s", "max_runtime_covers", "budget_usd", "hourly_price_usd", "estimated_cost_usd",
+            "estimate_arithmetic", "cost_usd",
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s",
@@ -211,10 +221,20 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
         extra_kwargs = {"budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
                                                             "was stopped; null otherwise."},
-                        "team": {"help_text": "The team the job runs for (its monthly budget); null = none."}}
+                        "team": {"help_text": "The team the job runs for (its monthly budget); null = none."},
+                        "max_runtime_s": {"help_text": MAX_RUNTIME_HELP},
+                        "estimated_cost_usd": {"help_text": "What the job may cost, fixed at submission: "
+                                                            "min(max_runtime_s × nodes × hourly_price_usd / 3600, "
+                                                            "budget_usd); see estimate_arithmetic."}}
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None
+
+    def get_estimate_arithmetic(self, job: TrainingJob) -> str:
+        from jobs.cost import estimate_arithmetic
+
+        return estimate_arithmetic(max_runtime_s=job.max_runtime_s, instances=job.nodes,
+                                   hourly_price_usd=job.hourly_price_usd, budget_usd=job.budget_usd)
 
 
 class TrainingJobDetailSerializer(TrainingJobSerializer):
@@ -275,9 +295,11 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     batch_size = serializers.IntegerField(min_value=1, default=32, help_text="Samples per process per step.")
     lr = serializers.FloatField(default=0.05, help_text="Peak learning rate.")
     seed = serializers.IntegerField(min_value=0, default=0)
-    max_runtime_s = serializers.IntegerField(min_value=1, default=3600)
+    max_runtime_s = serializers.IntegerField(min_value=1, default=3600, help_text=MAX_RUNTIME_HELP)
     budget_usd = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0,
-                                          required=False, allow_null=True, default=None)
+                                          required=False, allow_null=True, default=None,
+                                          help_text="Stop the job when its cost reaches this (USD); caps the "
+                                                    "estimate: min(max runtime × nodes × hourly price, budget).")
     instance_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     spot = serializers.BooleanField(default=False)
     team = TeamField(required=False, allow_null=True, default=None,
