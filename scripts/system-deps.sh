@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives (Chromium + driver for the browser tests,
-# docker-compose to validate docker-compose.yml) and starts PostgreSQL and Redis when they are down.
+# docker-compose to validate docker-compose.yml, gcc for the SageMaker toolkit test's virtualenv) and
+# starts PostgreSQL and Redis when they are down.
 set -euo pipefail
 
 need=()
@@ -8,6 +9,7 @@ need=()
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v npm >/dev/null || need+=(npm)
+command -v gcc >/dev/null || need+=(gcc)  # sagemaker-training's C extension (the SageMaker toolkit test)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need[*]}"
     apt-get update -qq

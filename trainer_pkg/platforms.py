@@ -85,7 +85,11 @@ class LaunchPlan:
     checkpoint_dir: str | None = None
     """Where checkpoints go (/opt/ml/checkpoints, AIP_CHECKPOINT_DIR …)."""
     data_uri: str | None = None
-    """The local path of the data (a SageMaker channel, a /gcs mount …)."""
+    """The local path of the data (a /gcs mount …), used as is."""
+    data_dir: str | None = None
+    """The platform's data directory (a SageMaker channel, an Azure ML input). :meth:`resolve` points
+    ``data.uri`` inside it when the config — after the hyperparameters — names a dataset that is not on
+    this machine (a remote URI or a missing path); built-in datasets and local paths are kept."""
     hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Config overrides keyed by field name, values as the platform delivered them (strings)."""
     extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -128,6 +132,10 @@ class LaunchPlan:
             d["output"]["checkpoint_dir"] = self.checkpoint_dir
         if self.data_uri is not None:
             d["data"]["uri"] = self.data_uri
+        elif self.data_dir is not None and _wants_data_mapping(cfg):
+            # Decided on the config the hyperparameters made: the job file shipped with the code holds
+            # only defaults (format builtin), so deciding before them would keep an s3:// URI.
+            d["data"]["uri"] = _data_in_dir(self.data_dir, cfg)
         if self.sets_shape:
             d["parallel"]["nodes"] = self.nnodes
             d["parallel"]["procs_per_node"] = self.nproc_per_node
@@ -307,7 +315,8 @@ def _read_sagemaker(env: Env, cfg: JobConfig, *, nproc: int | None, reason: str)
 
     Directories: model → ``SM_MODEL_DIR`` (``<root>/model``, uploaded as model.tar.gz), checkpoints →
     ``<root>/checkpoints`` (synced with CheckpointConfig.S3Uri), data → the ``train`` channel
-    (``SM_CHANNEL_TRAIN`` / ``<root>/input/data/train``) or the only channel. Hyperparameters come
+    (``SM_CHANNEL_TRAIN`` / ``<root>/input/data/train``) or the only channel, used when the config
+    after the hyperparameters names a remote dataset (:attr:`LaunchPlan.data_dir`). Hyperparameters come
     from ``<root>/input/config/hyperparameters.json`` as strings; keys starting ``sagemaker_`` are the
     SDK's own and ignored.
 
@@ -356,16 +365,11 @@ def _read_sagemaker(env: Env, cfg: JobConfig, *, nproc: int | None, reason: str)
         raise PlatformError(f"{who}: {hp_path} must hold a JSON object of hyperparameters")
     hps = {k: v for k, v in hps.items() if not k.startswith("sagemaker_")}
 
-    data_uri = None
-    if _wants_data_mapping(cfg):
-        channel = _sagemaker_channel(env, root)
-        if channel is not None:
-            data_uri = _data_in_dir(channel, cfg)
-
     common = dict(
         platform="sagemaker", reason=reason or "SM_HOSTS / SM_CURRENT_HOST are set",
         output_dir=env.get("SM_MODEL_DIR") or os.path.join(root, "model"),
-        checkpoint_dir=os.path.join(root, "checkpoints"), data_uri=data_uri, hyperparameters=hps,
+        checkpoint_dir=os.path.join(root, "checkpoints"), data_dir=_sagemaker_channel(env, root),
+        hyperparameters=hps,
         extra_env=extra_env, failure_file=os.path.join(root, "output", "failure"),
         output_data_dir=env.get("SM_OUTPUT_DATA_DIR") or os.path.join(root, "output", "data"),
     )
@@ -527,9 +531,8 @@ def read_azureml(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalo
     out = _azure_named(env, "AZURE_ML_OUTPUT_", AZURE_OUTPUT_NAMES)
     ckpt = _azure_named(env, "AZURE_ML_OUTPUT_", AZURE_CHECKPOINT_NAMES)
     data_dir = _azure_named(env, "AZURE_ML_INPUT_", AZURE_DATA_NAMES)
-    data_uri = _data_in_dir(data_dir, cfg) if data_dir and _wants_data_mapping(cfg) else None
     common = dict(platform="azureml", reason=reason or "AZUREML_RUN_ID is set", output_dir=out,
-                  checkpoint_dir=ckpt, data_uri=data_uri)
+                  checkpoint_dir=ckpt, data_dir=data_dir)
     dist_vars = TORCHRUN_VARS + ("MASTER_ADDR", "MASTER_PORT")
     if not any(env.get(k, "").strip() for k in dist_vars):
         return LaunchPlan(nnodes=1, node_rank=0, nproc_per_node=1, **common)

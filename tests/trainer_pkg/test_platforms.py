@@ -389,6 +389,44 @@ def test_sagemaker_gpus_and_toolkit_started_torchrun(tmp_path):
     assert p.output_dir == str(tmp_path / "model")
 
 
+@pytest.mark.parametrize("fmt, uri, expected", [
+    ("npz", "s3://bucket/data/tiny.npz", "tiny.npz"),
+    ("csv", "s3://bucket/tables/rows.csv", "rows.csv"),
+    ("imagefolder", "s3://bucket/images/", ""),
+])
+def test_sagemaker_channel_follows_the_hyperparameters(tmp_path, fmt, uri, expected):
+    # The archive's job file holds only defaults (format builtin); the dataset arrives as
+    # hyperparameters, JSON-encoded as the adapter sends them, and its data is in the train channel.
+    channel = tmp_path / "input" / "data" / "train"
+    (channel / "cat").mkdir(parents=True)
+    for name in ("tiny.npz", "rows.csv"):
+        (channel / name).write_bytes(b"x")
+    hps = {"data.format": json.dumps(fmt), "data.uri": json.dumps(uri)}
+    (tmp_path / "input" / "config").mkdir(parents=True)
+    (tmp_path / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hps))
+    env = {"TRAINBOARD_SM_ROOT": str(tmp_path), "SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1",
+           "SM_CHANNEL_TRAIN": str(channel)}
+    cfg = plan(env, JobConfig()).resolve(JobConfig())
+    assert (cfg.data.format, cfg.data.uri) == (fmt, str(channel / expected) if expected else str(channel))
+    # A built-in dataset, or a path that exists on this machine, is left alone.
+    local = tmp_path / "here.npz"
+    local.write_bytes(b"x")
+    (tmp_path / "input" / "config" / "hyperparameters.json").write_text(
+        json.dumps({"data.format": '"npz"', "data.uri": json.dumps(str(local))}))
+    assert plan(env, JobConfig()).resolve(JobConfig()).data.uri == str(local)
+    (tmp_path / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"data.name": '"digits"'}))
+    assert plan(env, JobConfig()).resolve(JobConfig()).data.uri == JobConfig().data.uri
+
+
+def test_azureml_input_follows_the_config(tmp_path):
+    (tmp_path / "tiny.npz").write_bytes(b"x")
+    cfg = JobConfig.from_dict({"data": {"format": "npz", "uri": "azureml://datastores/d/paths/tiny.npz"}})
+    p = plan({"AZUREML_RUN_ID": "r", "AZURE_ML_INPUT_data": str(tmp_path)}, cfg)
+    assert p.resolve(cfg).data.uri == str(tmp_path / "tiny.npz")
+    assert plan({"AZUREML_RUN_ID": "r", "AZURE_ML_INPUT_data": str(tmp_path)}, JobConfig()).resolve(
+        JobConfig()).data.uri == JobConfig().data.uri
+
+
 def test_vertex_workers_and_gcs_paths():
     spec = {"cluster": {"workerpool0": ["c:1"], "workerpool1": ["w0:1", "w1:1", "w2:1"]},
             "task": {"type": "workerpool1", "index": 2}}

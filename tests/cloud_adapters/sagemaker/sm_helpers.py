@@ -3,11 +3,17 @@ throttling and scripted DescribeTrainingJob answers."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import random
 from typing import Any
 
+import boto3
+from moto import mock_aws
+
 from cloud_adapters import retry
+from cloud_adapters.base import JobSpec
 from cloud_adapters.sagemaker import SageMakerBackend
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
@@ -36,6 +42,25 @@ def make_backend(clock: FakeClock | None = None, seed: int = 0, **config: Any) -
     settings.update(config)
     return SageMakerBackend(settings, retry_policy=retry.RetryPolicy(rng=random.Random(seed)),
                             clock=clock or FakeClock())
+
+
+def submit_and_capture(spec: JobSpec, *, endpoint_url: str = "") -> tuple[dict, bytes]:
+    """Submit ``spec`` through the adapter to moto — in-process, or the moto server at
+    ``endpoint_url`` (whose bucket ``BUCKET`` must exist); (the CreateTrainingJob body botocore sent,
+    the trainer archive's bytes read back from the S3 key its ``sagemaker_submit_directory`` names)."""
+    bodies: list[dict] = []
+    with contextlib.nullcontext() if endpoint_url else mock_aws():
+        backend = make_backend(endpoint_url=endpoint_url) if endpoint_url else make_backend()
+        if not endpoint_url:
+            boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        backend.client("sagemaker").meta.events.register(
+            "before-call.sagemaker.CreateTrainingJob", lambda params, **kw: bodies.append(json.loads(params["body"])))
+        backend.submit(spec)
+        [request] = bodies
+        uri = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])
+        bucket, key = uri[len("s3://"):].split("/", 1)
+        data = backend.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    return request, data
 
 
 class CallLog:

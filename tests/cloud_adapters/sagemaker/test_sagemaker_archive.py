@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import subprocess
 import sys
 import tarfile
@@ -23,7 +22,7 @@ from moto import mock_aws
 
 from cloud_adapters import packaging
 from cloud_adapters.base import JobSpec
-from sm_helpers import BUCKET, make_backend
+from sm_helpers import BUCKET, submit_and_capture
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
@@ -71,23 +70,12 @@ def test_upload_once_skips_a_present_key():
 
 def _submitted(tmp_path: Path) -> tuple[dict, bytes]:
     """Submit a 2-node × 2-process digits job to moto; (the CreateTrainingJob body, the archive bytes)."""
-    bodies: list[dict] = []
     config = {"data": {"format": "builtin", "name": "digits"},
               "model": {"arch": "mlp", "params": {"hidden_size": 32}},
               "parallel": {"strategy": "ddp", "procs_per_node": 2, "timeout_s": 120},
               "train": {"epochs": 1, "batch_size": 32, "log_every_steps": 5, "lr": 0.1}}
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        backend = make_backend()
-        backend.client("sagemaker").meta.events.register(
-            "before-call.sagemaker.CreateTrainingJob", lambda params, **kw: bodies.append(json.loads(params["body"])))
-        backend.submit(JobSpec(job_name="tb-job-3-digits", config=config, nodes=2, procs_per_node=2,
-                               instance_type="ml.m5.xlarge", max_runtime_s=1800))
-        [request] = bodies
-        uri = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])
-        bucket, key = uri[len("s3://"):].split("/", 1)
-        data = backend.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
-    return request, data
+    return submit_and_capture(JobSpec(job_name="tb-job-3-digits", config=config, nodes=2, procs_per_node=2,
+                                      instance_type="ml.m5.xlarge", max_runtime_s=1800))
 
 
 def test_uploaded_archive_trains_digits_on_two_sagemaker_hosts(tmp_path):
