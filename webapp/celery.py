@@ -4,9 +4,26 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 app = Celery("trainboard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_process_init.connect
+def _leave_worker_process_group(**_kwargs) -> None:
+    """Move each prefork pool process into a process group of its own, so that a signal sent to the
+    worker's group (``kill -TERM -<pgid>``, a terminal, a supervisor stopping the whole group) reaches
+    the worker's main process only, which then stops its pool itself.
+
+    Why: with the filesystem broker the worker uses billiard's blocking pool, whose idle pool
+    processes wait for work holding the task queue's read lock, a semaphore shared with the main
+    process. A group SIGTERM used to kill them there; the lock stayed taken and the main process,
+    finishing its warm shutdown, blocked on it for good, ignoring every further SIGTERM and SIGQUIT
+    (tests/e2e/test_worker_shutdown.py). Pool processes still die with the worker: Celery sets their
+    parent-death signal to SIGKILL.
+    """
+    os.setpgid(0, 0)
