@@ -115,6 +115,36 @@ def test_wait_succeeded_exits_0_with_progress_and_json(ready):
     assert "epoch 1 val_accuracy 0.9000" in err
 
 
+def test_wait_prints_every_transition_and_the_epochs_before_the_final_state(ready):
+    """One sync pass can store a fast job's last metrics, RUNNING and SUCCEEDED between two polls:
+    --wait used to print PENDING → SUCCEEDED and then the epochs."""
+    steps = iter(["submit", "all at once"])
+
+    def fake_sleep(_):
+        job = TrainingJob.objects.get()
+        if next(steps) == "submit":
+            transition(job, S.SUBMITTING)
+            transition(job, S.PENDING, started_at=job.created_at)
+            return
+        transition(job, S.RUNNING, message="first step logged")
+        for epoch in (0, 1):
+            for name, value in (("val_accuracy", 0.8 + epoch / 10), ("val_loss", 0.5 - epoch / 10)):
+                MetricPoint.objects.create(job=job, name=name, step=10 * (epoch + 1), epoch=epoch, value=value,
+                                           recorded_at=job.created_at)
+        transition(job, S.SUCCEEDED)
+
+    with mock.patch("jobs.management.commands.submit_job.time.sleep", side_effect=fake_sleep):
+        code, out, err = run(*BASE, "--wait", "--poll-interval", "0.01")
+    assert code == 0, err
+    job = TrainingJob.objects.get()
+    progress = [line.split(f"job {job.pk}: ", 1)[1] for line in err.splitlines() if f" job {job.pk}: " in line]
+    assert progress == [
+        "QUEUED → SUBMITTING", "SUBMITTING → PENDING", "PENDING → RUNNING",
+        "epoch 0 val_accuracy 0.8000, val_loss 0.5000", "epoch 1 val_accuracy 0.9000, val_loss 0.4000",
+        "RUNNING → SUCCEEDED",
+    ]
+
+
 def test_wait_failed_exits_1(ready):
     with mock.patch("jobs.management.commands.submit_job.time.sleep",
                     side_effect=_script(S.FAILED, "trainer error: boom")):
