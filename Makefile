@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainboard
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+PORT ?= 8000
 
 .PHONY: help demo test venv dev-venv static static-dev services system-deps compose-config clean
 
@@ -36,8 +37,8 @@ dev-venv: $(VENV)/.dev-installed  ## .venv plus the test tools
 static: node_modules/.installed  ## Chart.js from the npm registry, served by whitenoise
 static-dev: node_modules/.dev-installed  ## static plus the npm test stand-ins (Azurite)
 
-demo: venv static  ## Set up and run the demo: web on 127.0.0.1:8000, worker, beat, one DDP job
-	$(PY) manage.py demo
+demo: venv static  ## Set up and run the demo: web on 127.0.0.1:8000 (another port: make demo PORT=8100), worker, beat, one DDP job
+	$(PY) manage.py demo --port $(PORT)
 
 system-deps:  ## Debian packages the tests need (Chromium, docker-compose) and the services
 	bash scripts/system-deps.sh

@@ -4,11 +4,20 @@ Migrates the database, loads the shipped price catalog (`load_prices`), creates 
 (printing a fresh password), registers the built-in `digits` dataset, a `digits-cnn` model and a
 `local` GPU-box backend, starts the web server, a Celery
 worker and Celery beat as child processes, launches one 2-process DDP job and follows it. Runs until
-Ctrl-C, then stops every child process and cancels the training still running on this machine.
+Ctrl-C (or SIGTERM, or SIGHUP when its terminal closes: what it says from then on goes to
+``var/logs/demo.log``), then cancels the training still running on this machine and stops every child
+process.
+
+The children go with the demo however it ends: each is started with the parent-death signal SIGTERM
+(Linux ``prctl(PR_SET_PDEATHSIG)``), so a demo killed with SIGKILL still takes its web server,
+worker and beat with it and frees its port. They run in sessions of their own so that Ctrl-C reaches
+only the demo, which stops them in order. Every link the demo prints, and ``TRAINBOARD_BASE_URL`` of
+its children (the links the worker and the CLI print), is ``http://--host:--port``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -29,6 +38,29 @@ from jobs import selectors, services
 from jobs.models import ACTIVE_STATE_VALUES, TERMINAL_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
 
 LOCAL_QUEUES = {"gpubox"}  # queues whose jobs run on this machine (see the worker's -Q below)
+CHILD_STOP_GRACE_S = 15.0
+"""Seconds the web server, worker and beat get to exit after SIGTERM before they are SIGKILLed."""
+DEMO_EPOCHS = 50
+"""Epochs of the demo job: about a minute of training for two processes on two CPU cores, so a
+newcomer who logs in after the demo starts still sees the job running."""
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid: int):
+    """A ``preexec_fn`` for a child that must not outlive ``parent_pid``: runs in the forked child,
+    sets its parent-death signal to SIGTERM and exits at once if the parent is already gone (it
+    died between the fork and the prctl, so no death signal would ever come). The signal comes when
+    the thread that started the child ends, so children are started from the main thread. Elsewhere
+    than Linux it does nothing: the demo's own shutdown is then the only one that stops them."""
+    def preexec() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return preexec
 
 
 class Command(BaseCommand):
@@ -43,7 +75,9 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="demo", help="demo user name (default demo)")
         parser.add_argument("--procs-per-node", type=int, default=2,
                             help="processes (ranks) of the demo job (default 2)")
-        parser.add_argument("--epochs", type=int, default=3, help="epochs of the demo job (default 3)")
+        parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS,
+                            help=f"epochs of the demo job; the default ({DEMO_EPOCHS}) trains for about a minute "
+                                 f"on two CPU cores")
         parser.add_argument("--hourly-rate", default="0.50",
                             help="USD per hour charged by the local backend (default 0.50)")
         parser.add_argument("--no-job", action="store_true", help="start the services, launch no job")
@@ -68,12 +102,19 @@ class Command(BaseCommand):
         stopping = {"now": False}
 
         def on_signal(signum, frame):  # first Ctrl-C: shut down cleanly; handled in the loop
+            if signum == signal.SIGHUP:
+                # The terminal is gone and writing to it fails: what the shutdown says goes to a log.
+                fd = os.open(log_dir / "demo.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
             stopping["now"] = True
 
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+        # SIGHUP: the demo's terminal closed; its children are not in that terminal's session.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, on_signal)
         try:
-            self._start_children(opts, log_dir)
+            self._start_children(opts, log_dir, base_url)
             self._wait_for_web(base_url, log_dir)
             self.stdout.write(self.style.SUCCESS(f"\nTrainboard is up: {base_url}/"))
             self.stdout.write(f"  login:    {user.username}")
@@ -121,8 +162,9 @@ class Command(BaseCommand):
 
     # -- child processes ----------------------------------------------------------------------
 
-    def _start_children(self, opts, log_dir: Path) -> None:
+    def _start_children(self, opts, log_dir: Path, base_url: str) -> None:
         bin_dir = Path(sys.executable).parent
+        env = {**os.environ, "TRAINBOARD_BASE_URL": base_url}
         celery = [str(bin_dir / "celery"), "-A", "webapp"]
         commands = {
             "web": [str(bin_dir / "gunicorn"), "webapp.wsgi:application",
@@ -135,7 +177,8 @@ class Command(BaseCommand):
             log = open(log_dir / f"{name}.log", "ab")
             # Own session: Ctrl-C reaches only this command, which then stops the children in order.
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=settings.BASE_DIR, start_new_session=True)
+                                    cwd=settings.BASE_DIR, env=env, start_new_session=True,
+                                    preexec_fn=_die_with_parent(os.getpid()))
             log.close()
             self._children.append((name, proc))
             self.stdout.write(f"Started {name} (pid {proc.pid})")
@@ -211,14 +254,17 @@ class Command(BaseCommand):
             self.stdout.write(f"Cancelling job {job.pk}")
         if local:
             self._confirm_cancelled([job.pk for job in local])
+        # SIGTERM to each main process only: gunicorn and Celery stop their own workers and pool.
         for name, proc in reversed(self._children):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
+                proc.terminate()
+        deadline = time.monotonic() + CHILD_STOP_GRACE_S
         for name, proc in reversed(self._children):
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.stderr.write(f"{name} did not stop within {CHILD_STOP_GRACE_S:g} s; killing it")
+                # Not reaped yet, so its session's group id is still its own: it and its workers.
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             self.stdout.write(f"Stopped {name}")

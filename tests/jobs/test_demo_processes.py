@@ -1,0 +1,121 @@
+"""``manage.py demo`` run for real: its web server, worker and beat go when the demo goes, whatever
+ends it (SIGHUP from a closed terminal, SIGTERM, SIGKILL), the port is free again, and the links it
+prints and the URL its children get use ``--port``.
+
+Each demo runs on the embedded default (SQLite, the filesystem broker) in its own
+``TRAINBOARD_VAR_DIR`` on a free port, with ``--no-job``; everything is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.management.commands.demo import CHILD_STOP_GRACE_S
+from polling import wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        pairs = [item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item]
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+@pytest.fixture
+def demo(tmp_path, live_processes):
+    """Start ``manage.py demo --no-job`` on a free port; yields ``(proc, port, var_dir, out_path)``
+    once it says it is up, and SIGKILLs whatever of it is left afterwards."""
+    var_dir = tmp_path / "var"
+    var_dir.mkdir()
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "TRAINBOARD_BASE_URL")}
+    env.update({"TRAINBOARD_VAR_DIR": str(var_dir), "PYTHONUNBUFFERED": "1"})
+    out_path = tmp_path / "demo.out"
+    with open(out_path, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "manage.py", "demo", "--port", str(port), "--no-job"],
+                                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def up():
+        if proc.poll() is not None:
+            pytest.fail(f"the demo exited ({proc.returncode}):\n{out_path.read_text()[-3000:]}")
+        return "Trainboard is up:" in out_path.read_text()
+
+    try:
+        wait_for(up, timeout=240, interval=0.5, what="the demo to be up")
+        yield proc, port, var_dir, out_path
+    finally:
+        for pid in live_processes(str(var_dir)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_children_go_when_the_demo_goes(demo, live_processes, signum):
+    proc, port, var_dir, out_path = demo
+    output = out_path.read_text()
+    children = {name: int(pid) for name, pid in re.findall(r"Started (web|worker|beat) \(pid (\d+)\)", output)}
+    assert sorted(children) == ["beat", "web", "worker"]
+    # Every link printed, and the URL the worker and beat print links under, carries --port.
+    base_url = f"http://127.0.0.1:{port}"
+    assert f"Trainboard is up: {base_url}/" in output
+    assert f"admin:    {base_url}/admin/    API: {base_url}/api/docs/" in output
+    assert ":8000" not in output
+    for name, pid in children.items():
+        assert _environ(pid)["TRAINBOARD_BASE_URL"] == base_url, name
+    assert not _port_free(port)
+    everything = set(live_processes(str(var_dir)))
+    assert set(children.values()) | {proc.pid} <= everything
+    assert len(everything) >= 6, "demo, web + its 2 workers, worker + its 2 pool processes, beat"
+
+    os.kill(proc.pid, signum)
+    proc.wait(timeout=CHILD_STOP_GRACE_S + 60)  # a clean stop first syncs and stops local training
+
+    wait_for(lambda: not live_processes(str(var_dir)), timeout=CHILD_STOP_GRACE_S + 15,
+             what=f"every process of the demo to exit after {signum.name}")
+    assert _port_free(port)
+    if signum != signal.SIGKILL:
+        assert proc.returncode == 0
+        said = out_path.read_text() + ((var_dir / "logs" / "demo.log").read_text()
+                                       if signum == signal.SIGHUP else "")
+        assert [line for line in said.splitlines() if line.startswith("Stopped ")] == [
+            "Stopped beat", "Stopped worker", "Stopped web"]
+
+
+def test_make_demo_passes_port():
+    result = subprocess.run(["make", "-n", "demo", "PORT=8100"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            check=True)
+    assert [line for line in result.stdout.splitlines() if "manage.py demo" in line] == [
+        ".venv/bin/python manage.py demo --port 8100"]
+    default = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert ".venv/bin/python manage.py demo --port 8000" in default.stdout.splitlines()
