@@ -469,13 +469,29 @@ class BackendForm(forms.Form):
         return initial
 
 
-def _last_used_backend_id(user, backends) -> int | None:
-    """The id of the backend of ``user``'s newest job, among ``backends`` and still enabled (None if
-    they have run nothing there)."""
-    from jobs.models import TrainingJob
+def _preselected_backend_id(user, backends) -> int | None:
+    """The backend the job form selects at first: among ``backends`` that are enabled and whose
+    credentials are known to be at hand, the one of ``user``'s newest job, else the first by name;
+    None when there is none (the browser then shows the first option).
 
-    return (TrainingJob.objects.filter(owner=user, backend__in=backends.filter(enabled=True))
-            .order_by("-created_at", "-pk").values_list("backend_id", flat=True).first())
+    "At hand" is decided from the database alone, without a provider call: the kind uses no
+    credentials (a GPU box), the backend has stored secrets, or a job of this user on it was
+    accepted by its provider (``submitted_at`` set), which shows that the credentials it runs with
+    (stored, or the SDK's default chain: an IAM role, ADC, a managed identity) worked. A cloud
+    backend with none of these stays in the list; it is only not chosen for the user."""
+    from jobs.models import TrainingJob
+    from jobs.services import backend_secret_keys
+
+    enabled = list(backends.filter(enabled=True).order_by("name", "pk"))
+    ids = [b.pk for b in enabled]
+    accepted = set(TrainingJob.objects.filter(owner=user, backend__in=ids, submitted_at__isnull=False)
+                   .values_list("backend_id", flat=True).distinct())
+    ready = [b.pk for b in enabled if not backend_secret_keys(b.kind) or b.secrets or b.pk in accepted]
+    if not ready:
+        return None
+    newest = (TrainingJob.objects.filter(owner=user, backend__in=ready).order_by("-created_at", "-pk")
+              .values_list("backend_id", flat=True).first())
+    return newest if newest is not None else ready[0]
 
 
 class TrainingJobForm(forms.Form):
@@ -542,10 +558,10 @@ class TrainingJobForm(forms.Form):
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
         self.fields["team"].queryset = selectors.team_list_for_user(user=user)
         if not self.is_bound and "backend" not in self.initial:
-            # The select's first option is alphabetical; where you ran last is the likelier choice.
-            last = _last_used_backend_id(user, self.fields["backend"].queryset)
-            if last is not None:
-                self.initial["backend"] = last
+            # The select's first option is alphabetical: it may be a cloud without credentials.
+            chosen = _preselected_backend_id(user, self.fields["backend"].queryset)
+            if chosen is not None:
+                self.initial["backend"] = chosen
         self._offer_instance_types()
 
     def _offer_instance_types(self) -> None:

@@ -173,3 +173,31 @@ def test_job_form_preselects_the_backend_of_the_users_newest_job(owner_client, u
     zulu_job = TrainingJob.objects.get(name="newest")
     TrainingJob.objects.filter(pk=zulu_job.pk).update(created_at=zulu_job.created_at.replace(year=2099))
     assert _selected_backend(owner_client.get(reverse("job-create")).content.decode()) == str(alpha.pk)
+
+
+def test_job_form_does_not_preselect_a_cloud_backend_without_credentials(owner_client, user, digits_dataset,
+                                                                       cnn_model):
+    """Issue 11: "aws" (SageMaker, nothing stored, never used) sorts before "local" but would fail at
+    submit; the form selects the GPU box. Once a job on "aws" was accepted by SageMaker (its default
+    credential chain works), or secrets are stored on it, it may be chosen again."""
+    config = {"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/SageMakerTraining",
+              "bucket": "tb-test-bucket"}
+    aws = services.backend_create(owner=user, name="aws", kind="sagemaker", config=config)
+    local = services.backend_create(owner=user, name="local", kind="gpubox", config={})
+    page = owner_client.get(reverse("job-create")).content.decode()
+    assert page.index(">aws<") < page.index(">local<")
+    assert _selected_backend(page) == str(local.pk)
+
+    # Its newest job was on "aws" but never reached SageMaker (credentials unknown): still "local".
+    on_aws = _job(user, digits_dataset, cnn_model, aws, "never-submitted")
+    assert _selected_backend(owner_client.get(reverse("job-create")).content.decode()) == str(local.pk)
+
+    # SageMaker accepted it: the newest job's backend is chosen, as for any backend.
+    TrainingJob.objects.filter(pk=on_aws.pk).update(submitted_at=timezone.now())
+    assert _selected_backend(owner_client.get(reverse("job-create")).content.decode()) == str(aws.pk)
+
+    # Stored access keys count as credentials at hand too.
+    keyed = services.backend_create(owner=user, name="aaa-keyed", kind="sagemaker", config=config,
+                                    secrets={"aws_access_key_id": "AKIAEXAMPLE", "aws_secret_access_key": "s3cr3t"})
+    TrainingJob.objects.all().delete()
+    assert _selected_backend(owner_client.get(reverse("job-create")).content.decode()) == str(keyed.pk)
