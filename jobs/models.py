@@ -28,6 +28,9 @@ class JobStateChoices(models.TextChoices):
 
 
 TERMINAL_STATE_VALUES = tuple(s.value for s in TERMINAL_STATES)
+INTERRUPTION = (JobState.RUNNING.value, JobState.PENDING.value)
+"""(from, to) of an interruption: the provider took a running job's instances away (a spot
+reclaim — SageMaker's SecondaryStatus ``Interrupted`` — or a preemption) and it waits to restart."""
 ACTIVE_STATE_VALUES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 
 
@@ -388,6 +391,11 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_state or '∅'} → {self.to_state}"
+
+    @property
+    def is_interruption(self) -> bool:
+        """Whether this is an interruption (:data:`INTERRUPTION`, RUNNING → PENDING)."""
+        return (self.from_state, self.to_state) == INTERRUPTION
 
 
 class MetricPoint(models.Model):

@@ -17,6 +17,7 @@ from django.db.models import CharField, Max, Q, QuerySet, Value
 
 from jobs.models import (
     ACTIVE_STATE_VALUES,
+    INTERRUPTION,
     ComputeBackend,
     Dataset,
     JobEvent,
@@ -188,6 +189,13 @@ def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
 def training_job_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
     """The job's state transitions in order."""
     return JobEvent.objects.filter(job_id=job.pk).order_by("created_at", "id")
+
+
+def training_job_interruption_count(*, job: TrainingJob) -> int:
+    """How many times the provider interrupted the job (RUNNING → PENDING, :data:`INTERRUPTION`:
+    a spot reclaim or a preemption, after which it restarted)."""
+    from_state, to_state = INTERRUPTION
+    return JobEvent.objects.filter(job_id=job.pk, from_state=from_state, to_state=to_state).count()
 
 
 def training_job_final_metrics(*, job: TrainingJob) -> dict[str, float | None]:

@@ -39,6 +39,7 @@ from cloud_adapters.pricing import PriceRow
 from jobs import cost as costs
 from jobs.models import (
     ACTIVE_STATE_VALUES,
+    INTERRUPTION,
     TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
@@ -1495,7 +1496,10 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         # It ran and ended between two syncs; the trainer's "started" record is in the log we just
         # stored, so the history says so rather than jumping PENDING → SUCCEEDED.
         transition(job, S.RUNNING, message="first step logged", started_at=fields["started_at"])
-    if target != job.state and is_allowed(job.state, target):
+    # An unknown provider state reads as PENDING (with a warning) only so that a job that never ran
+    # is not shown RUNNING; for a running job it is no interruption: it stays RUNNING, warning shown.
+    unsure_interruption = (str(job.state), target) == INTERRUPTION and bool(status.warning)
+    if target != job.state and is_allowed(job.state, target) and not unsure_interruption:
         message = " / ".join(x for x in (status.raw_state, status.secondary_state) if x)
         if target in (S.FAILED,) and fields.get("failure_reason"):
             message = f"{message}: {fields['failure_reason']}" if message else fields["failure_reason"]

@@ -22,7 +22,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED, S.FAILED}),
     S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.STOPPING}),
     S.PENDING: frozenset({S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED}),
-    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
+    # RUNNING -> PENDING is an interruption (models.INTERRUPTION): a spot reclaim or preemption, after
+    # which the provider waits for capacity and restarts the job from its checkpoint.
+    S.RUNNING: frozenset({S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
     S.STOPPING: frozenset({S.CANCELLED, S.FAILED, S.SUCCEEDED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),

@@ -348,6 +348,7 @@ def _live_context(job) -> dict[str, Any]:
     return {
         "job": job,
         "events": selectors.training_job_events(job=job),
+        "interruptions": selectors.training_job_interruption_count(job=job),
         "ranks": ranks,
         "straggler": selectors.training_job_straggler(job=job, ranks=ranks),
         "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),

@@ -23,10 +23,11 @@ anything else                                                          PENDING +
 =====================================================================  ============================
 
 Interrupted (a spot instance was reclaimed; SageMaker waits for capacity and restarts, clouds.md §1.2
-spot sequence), Restarting and Updating are in-progress phases that do not say whether training runs:
-PENDING is the safe reading, because the dashboard's state machine never moves a RUNNING job back
-to PENDING, so such a job stays RUNNING with the secondary status shown, and a job that never
-trained is not reported RUNNING. An unknown value keeps the job non-terminal (PENDING, for the same
+spot sequence) and Restarting are phases in which the job does not train: PENDING, which the
+dashboard's state machine takes from RUNNING as an interruption (RUNNING → PENDING, counted on the
+job page) and leaves again when Training resumes. Updating (an UpdateTrainingJob call, which
+Trainboard never makes) does not say whether training runs: PENDING, so a job that never trained
+is not reported RUNNING. An unknown value keeps the job non-terminal (PENDING, for the same
 reason) with a warning that names it: SageMaker documents the values as "subject to change".
 """
 

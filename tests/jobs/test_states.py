@@ -18,7 +18,7 @@ def test_allowed_table_matches_design():
     assert ALLOWED[S.QUEUED] == {S.SUBMITTING, S.CANCELLED, S.FAILED}
     assert ALLOWED[S.SUBMITTING] == {S.PENDING, S.RUNNING, S.FAILED, S.STOPPING}
     assert ALLOWED[S.PENDING] == {S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED}
-    assert ALLOWED[S.RUNNING] == {S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}
+    assert ALLOWED[S.RUNNING] == {S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}  # PENDING: interrupted
     assert ALLOWED[S.STOPPING] == {S.CANCELLED, S.FAILED, S.SUCCEEDED}
     for terminal in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
         assert ALLOWED[terminal] == set()
@@ -44,7 +44,7 @@ def test_legal_path_writes_events_and_fields(job):
 @pytest.mark.parametrize("path,illegal", [
     ([], S.RUNNING),                       # QUEUED -> RUNNING skips submission
     ([], S.SUCCEEDED),
-    ([S.SUBMITTING, S.PENDING, S.RUNNING], S.PENDING),
+    ([S.SUBMITTING, S.PENDING, S.RUNNING], S.SUBMITTING),
     ([S.CANCELLED], S.RUNNING),            # terminal goes nowhere
     ([S.SUBMITTING, S.PENDING, S.RUNNING, S.STOPPING], S.RUNNING),
 ])
@@ -58,6 +58,16 @@ def test_illegal_moves_are_rejected_and_write_nothing(job, path, illegal):
     job.refresh_from_db()
     assert job.state == before_state
     assert JobEvent.objects.filter(job=job).count() == before_events
+
+
+def test_an_interruption_goes_back_to_pending_and_is_marked(job):
+    for state in (S.SUBMITTING, S.PENDING, S.RUNNING):
+        assert transition(job, state)
+    assert transition(job, S.PENDING, message="InProgress / Interrupted") is True
+    assert transition(job, S.RUNNING, message="InProgress / Training") is True
+    events = list(JobEvent.objects.filter(job=job).order_by("id"))
+    assert [(e.from_state, e.to_state) for e in events if e.is_interruption] == [(S.RUNNING, S.PENDING)]
+    assert job.state == S.RUNNING and job.ended_at is None
 
 
 def test_stale_instance_gets_false_and_writes_nothing(job):

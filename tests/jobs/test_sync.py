@@ -279,3 +279,61 @@ def test_a_failure_reason_that_already_names_the_trainers_reason_is_kept(submitt
     services.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
     assert (job.state, job.failure_reason) == (S.FAILED, gpubox_reason)
+
+
+def test_a_spot_interruption_goes_back_to_pending_and_is_counted_on_the_job_page(
+        client, user, submitted_job, scripted_backend):
+    """SageMaker's spot life (clouds.md §1.2): Training, Interrupted (instances reclaimed; back to
+    PENDING until capacity returns), Training again ... Completed. Each interruption is a RUNNING →
+    PENDING event on the timeline, and the job page counts them."""
+    import re
+
+    from django.urls import reverse
+
+    from jobs.selectors import training_job_interruption_count
+
+    job = submitted_job
+    TrainingJob.objects.filter(pk=job.pk).update(spot=True)
+
+    def status(state, secondary, seconds):
+        return JobStatus(state, raw_state="InProgress" if state != JobState.SUCCEEDED else "Completed",
+                         secondary_state=secondary, started_at=T0, instance_count=2, billable_seconds=seconds,
+                         ended_at=T0 + dt.timedelta(seconds=seconds) if state == JobState.SUCCEEDED else None)
+
+    ScriptedBackend.statuses = [
+        status(JobState.RUNNING, "Training", 30), status(JobState.PENDING, "Interrupted", 40),
+        status(JobState.RUNNING, "Training", 45), status(JobState.PENDING, "Interrupted", 50),
+        status(JobState.RUNNING, "Training", 60), status(JobState.SUCCEEDED, "Completed", 80),
+    ]
+    client.force_login(user)
+    for expected_state, expected_count in [(S.RUNNING, 0), (S.PENDING, 1), (S.RUNNING, 1), (S.PENDING, 2),
+                                           (S.RUNNING, 2)]:
+        services.backend_sync(backend_id=scripted_backend.pk)
+        job.refresh_from_db()
+        assert (job.state, training_job_interruption_count(job=job)) == (expected_state, expected_count)
+        assert job.started_at == T0  # the first start: the run interval spans the interruptions
+    live = client.get(reverse("job-live", args=[job.pk])).content.decode()
+    assert re.search(r'id="stat-interruption-count">2<', live)
+    # A state the adapter does not know reads as PENDING with a warning: no interruption, still RUNNING.
+    ScriptedBackend.statuses.insert(0, JobStatus(JobState.PENDING, raw_state="InProgress", secondary_state="Mystery",
+                                                 warning="unknown SecondaryStatus 'Mystery'", started_at=T0,
+                                                 instance_count=2, billable_seconds=70))
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert (job.state, job.secondary_state, training_job_interruption_count(job=job)) == (S.RUNNING, "Mystery", 2)
+    assert "Mystery" in job.status_warning
+    services.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert job.state == S.SUCCEEDED and job.billable_seconds == 80
+    assert list(job.events.values_list("from_state", "to_state", "message"))[3:] == [
+        ("PENDING", "RUNNING", "InProgress / Training"), ("RUNNING", "PENDING", "InProgress / Interrupted"),
+        ("PENDING", "RUNNING", "InProgress / Training"), ("RUNNING", "PENDING", "InProgress / Interrupted"),
+        ("PENDING", "RUNNING", "InProgress / Training"), ("RUNNING", "SUCCEEDED", "Completed / Completed"),
+    ]
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert re.search(r'<span class="stat-label">Interruptions</span>\s*<span class="stat-value" '
+                     r'id="stat-interruption-count">2</span>', page)
+    timeline = page[page.index('id="timeline"'):page.index('id="rank-table"')]
+    assert timeline.count('<li class="interruption">') == 2
+    assert timeline.count('<strong class="interruption-label">Interrupted</strong>') == 2
+    assert timeline.count("InProgress / Interrupted") == 2
