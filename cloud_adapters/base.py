@@ -345,7 +345,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def price(self, instance_type: str = "", spot: bool = False) -> float:
-        """USD per instance-hour for ``instance_type`` (the backend default when "")."""
+        """USD per instance-hour a job of ``instance_type`` (the backend default when "") is billed at,
+        on spot capacity when ``spot``."""
+
+    def on_demand_price(self, instance_type: str = "") -> float:
+        """USD per instance-hour of ``instance_type`` on demand: what a spot job's run is compared
+        with for its saving. Default :meth:`price` without spot; an adapter whose backend settings
+        can make every job interruptible (Azure ML's low-priority tier) overrides it."""
+        return self.price(instance_type, False)
 
     def list_tagged(self) -> list[ProviderJob]:
         """The jobs carrying Trainboard's tag that the provider reports as not ended (queued,

@@ -7,6 +7,13 @@ may hand them another one (admin-edited rows kept in the database) with the same
 
 Providers are named ``aws`` (SageMaker), ``gcp`` (Vertex AI) and ``azure`` (Azure ML).
 
+Interruptible capacity has rows of its own, the instance type with a suffix: ``<type>:spot``
+(:data:`SPOT_SUFFIX`, Vertex AI's Spot VMs, Cloud Billing's Spot/Preemptible SKUs) and
+``<vm size>:low_priority`` (Azure ML's low-priority tier, the Retail Prices API's Low Priority or
+Spot meters). SageMaker has none: managed spot bills fewer seconds at the on-demand rate
+(clouds.md §1.2). An adapter asks for the suffixed row when a job runs on spot, and for the plain
+row for what the job would have cost on demand (``Backend.on_demand_price``).
+
 This module imports nothing from Django or a provider SDK.
 """
 
@@ -20,12 +27,15 @@ from pathlib import Path
 from typing import Iterable, Protocol
 
 SHIPPED_CSV = Path(__file__).resolve().parent / "data" / "prices.csv"
+SPOT_SUFFIX = ":spot"
+"""A catalog row ``<instance type>:spot`` prices the spot capacity of that type (Vertex AI)."""
 CSV_FIELDS = ("provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed")
 
 
 @dataclasses.dataclass(frozen=True)
 class PriceRow:
-    """One catalog row: on-demand list price of one instance type in one region."""
+    """One catalog row: list price of one instance type in one region (on demand; spot or low
+    priority when ``instance_type`` carries :data:`SPOT_SUFFIX` or ``:low_priority``)."""
 
     provider: str  # "aws" | "gcp" | "azure"
     region: str  # provider region code, e.g. "us-east-1", "us-central1", "eastus"

@@ -132,10 +132,22 @@ def estimate_arithmetic(*, max_runtime_s: int, instances: int, hourly_price_usd:
     return f"{sum_text} = {format_usd(runtime, places)}; the {format_usd(budget, places)} budget is not reached"
 
 
-def spot_saving(*, billable_seconds: float | None, training_seconds: float | None) -> float | None:
-    """Fraction of the on-demand cost a spot job saved: ``1 − billable / training`` (SageMaker's
-    definition: managed spot bills fewer seconds than the job trained). None without a positive
-    training time. Clamped to [0, 1]."""
+def spot_saving(*, billable_seconds: float | None, training_seconds: float | None,
+                hourly_price_usd: Decimal | float | None = None,
+                on_demand_price_usd: Decimal | float | None = None) -> float | None:
+    """Fraction of the on-demand cost a spot job saved:
+    ``1 − (billable × hourly price) / (training × on-demand price)``, clamped to [0, 1].
+
+    SageMaker bills managed spot at the on-demand rate for fewer seconds, so the prices cancel and
+    this is its ``1 − billable / training`` (clouds.md §1.2); Vertex AI and Azure ML bill the whole run
+    interval at the lower spot / low-priority rate, so it is ``1 − spot / on-demand price``. Without
+    prices the seconds alone are compared. None without a positive training time (or a positive
+    on-demand price when prices are given)."""
     if training_seconds is None or billable_seconds is None or training_seconds <= 0:
         return None
-    return min(max(1.0 - float(billable_seconds) / float(training_seconds), 0.0), 1.0)
+    ratio = float(billable_seconds) / float(training_seconds)
+    if hourly_price_usd is not None and on_demand_price_usd is not None:
+        if float(on_demand_price_usd) <= 0:
+            return None
+        ratio *= float(hourly_price_usd) / float(on_demand_price_usd)
+    return min(max(1.0 - ratio, 0.0), 1.0)

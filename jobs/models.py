@@ -212,6 +212,12 @@ class TrainingJob(Owned):
         max_digits=12, decimal_places=6, default=Decimal("0"),
         help_text="Price per instance-hour, frozen at submission.",
     )
+    on_demand_price_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True,
+        help_text="On-demand price per instance-hour of the same instance type, frozen at submission: what a "
+                  "spot job's saving is measured against (null for jobs created before it was kept: the "
+                  "hourly price stands in).",
+    )
     estimated_cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
 
     # Lifecycle
@@ -281,24 +287,34 @@ class TrainingJob(Owned):
         return usd_places(self.cost_usd, self.budget_usd, self.estimated_cost_usd, self.on_demand_cost_usd)
 
     @property
+    def on_demand_hourly_usd(self) -> Decimal:
+        """The on-demand price per instance-hour the job is compared with (frozen at submission;
+        the hourly price for a job created before it was kept)."""
+        return self.on_demand_price_usd if self.on_demand_price_usd is not None else self.hourly_price_usd
+
+    @property
     def spot_saving(self) -> float | None:
-        """Fraction saved by spot, ``1 − billable / training seconds`` (0.7 = 70 %); None unless this
-        is a spot job whose provider reported its training time."""
+        """Fraction of the on-demand cost spot saved (0.7 = 70 %), ``1 − billable × spot price /
+        (training × on-demand price)`` (:func:`jobs.cost.spot_saving`): fewer billed seconds on
+        SageMaker, a lower hourly price on Vertex AI and Azure ML. None unless this is a spot job whose
+        provider reported its training time."""
         from jobs.cost import spot_saving
 
-        return spot_saving(billable_seconds=self.billable_seconds, training_seconds=self.training_seconds) \
-            if self.spot else None
+        if not self.spot:
+            return None
+        return spot_saving(billable_seconds=self.billable_seconds, training_seconds=self.training_seconds,
+                           hourly_price_usd=self.hourly_price_usd, on_demand_price_usd=self.on_demand_hourly_usd)
 
     @property
     def on_demand_cost_usd(self) -> Decimal | None:
-        """What a spot job would have cost on demand: training seconds × instances × hourly price;
-        None unless this is a spot job whose provider reported its training time."""
+        """What a spot job would have cost on demand: training seconds × instances × on-demand hourly
+        price; None unless this is a spot job whose provider reported its training time."""
         from jobs.cost import job_cost_usd
 
         if not self.spot or self.training_seconds is None:
             return None
         return job_cost_usd(billable_seconds=self.training_seconds, instances=self.instance_count,
-                            hourly_price_usd=self.hourly_price_usd)
+                            hourly_price_usd=self.on_demand_hourly_usd)
 
     @property
     def duration_s(self) -> float | None:

@@ -9,10 +9,11 @@ failure half-way leaves the catalog as it was.
 - ``gcp``: the Cloud Billing Catalog API, SKUs of the Vertex AI service (clouds.md §4.2). Vertex
   bills custom training per vCPU-hour and GiB-hour of the machine family plus per GPU-hour, so a
   machine type's row is rebuilt from its shape (:data:`GCP_MACHINE_SHAPES`); accelerators get their
-  own rows, per GPU-hour, under the ``AcceleratorType`` name the Vertex adapter looks up.
+  own rows, per GPU-hour, under the ``AcceleratorType`` name the Vertex adapter looks up; Spot VM
+  (Preemptible) SKUs give the same rows as ``<name>:spot``.
 - ``azure``: the Azure Retail Prices API (unauthenticated, clouds.md §4.3), Linux pay-as-you-go VM
-  prices (Azure ML compute is priced as the VMs under it); the low-priority figure is stored as
-  ``<vm size>:low_priority``.
+  prices (Azure ML compute is priced as the VMs under it); the low-priority figure (the "Low Priority"
+  meter, else the "Spot" one) is stored as ``<vm size>:low_priority``.
 
 ``options`` (all optional): ``endpoint_url`` (another API root, for tests and proxies), ``profile``
 (aws), ``api_key`` (gcp, instead of Application Default Credentials) and ``instance_types`` (gcp
@@ -31,7 +32,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Protocol
 
-from cloud_adapters.pricing import PriceRow
+from cloud_adapters.pricing import SPOT_SUFFIX, PriceRow
 
 Progress = Callable[[str], None]
 
@@ -329,12 +330,24 @@ def _gcp_unit_price(sku: dict[str, Any]) -> tuple[Decimal, str] | None:
     return price, str(expression.get("usageUnit", ""))
 
 
+def _gcp_capacity(sku: dict[str, Any], description: str) -> str | None:
+    """``""`` for an on-demand SKU, :data:`SPOT_SUFFIX` for a Spot/Preemptible one (``category.usageType``
+    Preemptible, or the description says Spot or Preemptible), None for other usage (commitments)."""
+    usage = (sku.get("category") or {}).get("usageType", "OnDemand")
+    if usage == "Preemptible" or re.search(r"\b(spot|preemptible)\b", description, re.I):
+        return SPOT_SUFFIX
+    return "" if usage == "OnDemand" else None
+
+
 def parse_gcp_skus(skus: Iterable[dict[str, Any]], region: str, *, machine_types: Iterable[str] = (),
                    progress: Progress | None = None, today: dt.date | None = None) -> list[PriceRow]:
     """PriceRows for ``region`` from Vertex AI SKUs (``GET /v1/services/{id}/skus``, clouds.md §4.2).
 
     A SKU counts when its description names custom training ("Training"), it is not custom-machine,
-    prediction or TPU, ``category.usageType`` is OnDemand and ``serviceRegions`` holds ``region``:
+    prediction or TPU, ``serviceRegions`` holds ``region`` and ``category.usageType`` is OnDemand or
+    Preemptible (Spot VMs: that usage type, or "Spot"/"Preemptible" in the description). Spot SKUs
+    give the same rows as on-demand ones under ``<name>:spot`` (:data:`SPOT_SUFFIX`), the rows the
+    Vertex adapter prices spot jobs with:
 
     - "… on <family> Instance Core …" (per vCPU-hour) and "… Instance Ram …" (per GiB-hour), Vertex's
       management fee SKUs for the family included, give each machine type of ``machine_types``
@@ -344,47 +357,50 @@ def parse_gcp_skus(skus: Iterable[dict[str, Any]], region: str, *, machine_types
 
     Two prices for one component: the higher is kept, with a warning (estimates and budget stops
     should not under-count). A requested machine type whose shape or family prices are unknown is
-    reported through ``progress`` and left out.
+    reported through ``progress`` and left out (for spot only when the family has some spot price).
     """
     today = today or dt.date.today()
-    components: dict[tuple[str, str], Decimal] = {}  # (family, "core"|"ram") -> USD, fees summed
-    accelerators: dict[str, Decimal] = {}
+    # (capacity suffix, family, "core"|"ram", management fee?) -> USD; (capacity suffix, name) -> USD
+    components: dict[tuple[str, str, str, bool], Decimal] = {}
+    accelerators: dict[tuple[str, str], Decimal] = {}
     for sku in skus:
         description = str(sku.get("description", ""))
-        category = sku.get("category") or {}
         if region not in (sku.get("serviceRegions") or []) or "training" not in description.lower():
             continue
-        if category.get("usageType", "OnDemand") != "OnDemand" or re.search(
-                r"prediction|custom instance|tpu|spot|preemptible", description, re.I):
+        capacity = _gcp_capacity(sku, description)
+        if capacity is None or re.search(r"prediction|custom instance|tpu", description, re.I):
             continue
         priced = _gcp_unit_price(sku)
         if priced is None or priced[0] <= 0:
             continue
         price, unit = priced
+        what = "spot " if capacity else ""
         if (match := _GCP_COMPONENT.search(description)) is not None:
             family, part = match.group(1).upper(), match.group(2).lower()
             if unit not in ("h", "GiBy.h"):
                 continue
             fee = "management fee" in description.lower()
-            key = (family, part, fee)
+            key = (capacity, family, part, fee)
             if key in components and components[key] != price and progress:
-                progress(f"  warning: {region} {family} {part}{' fee' if fee else ''} is listed at "
+                progress(f"  warning: {region} {what}{family} {part}{' fee' if fee else ''} is listed at "
                          f"${components[key]} and ${price}; keeping the higher")
             components[key] = max(price, components.get(key, price))
             continue
         accelerator = next((name for pattern, name in GCP_ACCELERATORS if pattern.search(description)), None)
         if accelerator is None or unit != "h":
             continue
-        if accelerator in accelerators and accelerators[accelerator] != price and progress:
-            progress(f"  warning: {region} {accelerator} is listed at ${accelerators[accelerator]} and ${price}; "
+        key2 = (capacity, accelerator)
+        if key2 in accelerators and accelerators[key2] != price and progress:
+            progress(f"  warning: {region} {what}{accelerator} is listed at ${accelerators[key2]} and ${price}; "
                      f"keeping the higher")
-        accelerators[accelerator] = max(price, accelerators.get(accelerator, price))
+        accelerators[key2] = max(price, accelerators.get(key2, price))
 
-    def family_price(family: str, part: str) -> Decimal | None:
-        base = components.get((family, part, False))
-        return None if base is None else base + components.get((family, part, True), Decimal(0))
+    def family_price(capacity: str, family: str, part: str) -> Decimal | None:
+        base = components.get((capacity, family, part, False))
+        return None if base is None else base + components.get((capacity, family, part, True), Decimal(0))
 
-    found = {name: _usd(price) for name, price in accelerators.items()}
+    found = {name + capacity: _usd(price) for (capacity, name), price in accelerators.items()}
+    spot_families = {family for (capacity, family, _, _) in components if capacity}
     for machine in machine_types:
         if machine in found or _looks_like_accelerator(machine):
             continue
@@ -394,12 +410,14 @@ def parse_gcp_skus(skus: Iterable[dict[str, Any]], region: str, *, machine_types
                 progress(f"  {region} {machine}: shape unknown to Trainboard; not priced (edit it in the admin)")
             continue
         family, vcpus, gib = shape
-        core, ram = family_price(family, "core"), family_price(family, "ram")
-        if core is None or ram is None:
-            if progress:
-                progress(f"  {region} {machine}: no {family} training core/RAM price in this region; not priced")
-            continue
-        found[machine] = _usd(vcpus * core + gib * ram)
+        for capacity in ("", SPOT_SUFFIX):
+            core, ram = family_price(capacity, family, "core"), family_price(capacity, family, "ram")
+            if core is None or ram is None:
+                if progress and (not capacity or family in spot_families):
+                    progress(f"  {region} {machine}: no {family} {'spot ' if capacity else ''}training core/RAM "
+                             f"price in this region; not priced")
+                continue
+            found[machine + capacity] = _usd(vcpus * core + gib * ram)
     return [
         PriceRow(provider="gcp", region=region, instance_type=name, usd_per_hour=price, source=GCP_SOURCE,
                  as_of=today.isoformat(), confirmed=True)
@@ -468,15 +486,18 @@ def fetch_gcp(regions: list[str], *, progress: Progress, options: dict[str, Any]
                                 f"`gcloud auth application-default login` or pass --api-key.") from exc
     finally:
         session.close()
-    machine_types = _requested_types(options)
+    machine_types = sorted({t.removesuffix(SPOT_SUFFIX) for t in _requested_types(options)})
     rows: list[PriceRow] = []
     for region in regions:
         try:
             found = parse_gcp_skus(skus, region, machine_types=machine_types, progress=progress)
         except (ValueError, AttributeError, TypeError, ArithmeticError) as exc:
             raise PriceRefreshError(f"{api} answered something unexpected for {region}: {exc}") from exc
-        machines = sum(1 for r in found if not _looks_like_accelerator(r.instance_type))
-        progress(f"gcp {region}: {machines} machine type(s) and {len(found) - machines} accelerator(s) priced")
+        spot = sum(1 for r in found if r.instance_type.endswith(SPOT_SUFFIX))
+        machines = sum(1 for r in found if not _looks_like_accelerator(r.instance_type)
+                       and not r.instance_type.endswith(SPOT_SUFFIX))
+        progress(f"gcp {region}: {machines} machine type(s) and {len(found) - machines - spot} accelerator(s) "
+                 f"priced, {spot} spot price(s)")
         rows.extend(found)
     return rows
 

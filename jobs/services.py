@@ -398,6 +398,18 @@ def _hourly_price(errors: _Errors, adapter: Backend, instance_type: str, spot: b
         return Decimal("0")
 
 
+def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: Decimal) -> Decimal | None:
+    """The on-demand price per instance-hour a job is compared with (``Backend.on_demand_price``):
+    ``hourly`` itself for an on-demand job; None when the catalog has no on-demand row (the job is
+    then compared at its own price, as jobs created before the figure was kept)."""
+    if not spot:
+        return hourly
+    try:
+        return costs.to_decimal(adapter.on_demand_price(instance_type), costs.PRICE_FRACTION)
+    except BackendError:
+        return None
+
+
 def _name_taken(model: type, owner: Any, name: str, exclude_pk: Any = None) -> bool:
     qs = model.objects.filter(owner=owner, name=name)
     if exclude_pk is not None:
@@ -917,7 +929,7 @@ def _send(task, job_id: int, queue: str, then: str) -> None:
 def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,
                procs_per_node: int, instance_type: str, spot: bool, max_runtime_s: int,
                budget_usd: Decimal | None, hourly_price: Decimal, name: str,
-               rerun_of: TrainingJob | None, team=None) -> TrainingJob:
+               rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None) -> TrainingJob:
     """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
     first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
     refusal (ValidationError with the figures) writes nothing."""
@@ -935,6 +947,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
             rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
             procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
             max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
+            on_demand_price_usd=on_demand_price,
             estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
             state_entered_at=timezone.now(),
         )
@@ -1024,7 +1037,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
-                      hourly_price=price, name=name, rerun_of=rerun_of, team=team)
+                      hourly_price=price, name=name, rerun_of=rerun_of, team=team,
+                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price))
 
 
 def _check_model_fits_dataset(errors: _Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,
@@ -1154,6 +1168,7 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
                       config=dict(job.config), strategy=job.strategy, nodes=job.nodes,
                       procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,
                       max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
+                      on_demand_price=_on_demand_price(adapter, job.instance_type, job.spot, price),
                       name=rerun_name(job), rerun_of=job,
                       team=job.team if job.team_id and job.team.members.filter(pk=owner.pk).exists() else None)
 

@@ -306,6 +306,16 @@ class AzureMLBackend(Backend):
             raise self._unknown_size(size)
         return float(row.usd_per_hour)
 
+    def on_demand_price(self, instance_type: str = "") -> float:
+        """USD per VM-hour of ``instance_type`` (default ``vm_size``) on dedicated VMs, whatever the
+        backend's tier: the figure a low-priority job's saving is measured against. Raises
+        :class:`InvalidSpec` when the catalog has no row for the size."""
+        size = instance_type or self.config["vm_size"]
+        row = self._row(size, low_priority=False)
+        if row is None:
+            raise self._unknown_size(size)
+        return float(row.usd_per_hour)
+
     def instance_offers(self) -> list[InstanceOffer]:
         """The catalog's VM sizes for the region (sorted); with ``tier: low_priority`` only those with
         a low-priority row, at that price."""

@@ -49,6 +49,7 @@ import threading
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cloud_adapters import _gcp, retry
+from cloud_adapters.pricing import SPOT_SUFFIX
 from cloud_adapters.base import (
     require_settings,
     Backend,
@@ -324,10 +325,16 @@ class VertexBackend(Backend):
 
     # -- prices -----------------------------------------------------------------------------
 
-    def _row(self, name: str, what: str):
-        row = self.prices.lookup(PROVIDER, self.region, name)
+    def _row(self, name: str, what: str, suffix: str = ""):
+        row = self.prices.lookup(PROVIDER, self.region, name + suffix)
+        if row is None and suffix and self.prices.lookup(PROVIDER, self.region, name) is not None:
+            raise InvalidSpec(
+                f"{what} {name!r} has no Spot price in the catalog for {self.region}; add a row "
+                f"'{name}{suffix}' (manage.py refresh_prices --provider gcp reads Cloud Billing's Spot SKUs) "
+                f"or untick spot.")
         if row is None:
-            known = [r.instance_type for r in self.prices.rows(PROVIDER, self.region)]
+            known = [r.instance_type for r in self.prices.rows(PROVIDER, self.region)
+                     if not r.instance_type.endswith(SPOT_SUFFIX)]
             raise InvalidSpec(
                 f"{what} {name!r} has no price in the catalog for {self.region}; known: "
                 f"{', '.join(known) or 'none (add rows to the price catalog)'}.")
@@ -339,14 +346,17 @@ class VertexBackend(Backend):
         clouds.md §4.5).
 
         ``instance_type`` is the machine type ("" = ``machine_type``); the accelerator is the backend's.
-        For spot the on-demand price is returned, an upper bound: the catalog has no Spot figure
-        (clouds.md §4.5 lists none), and cost is the run interval × replicas × this price.
-        Raises :class:`InvalidSpec` when the machine or the accelerator has no row.
+        With ``spot`` the rows ``<machine>:spot`` and ``<accelerator>:spot`` (Spot VMs are priced per
+        component too; Cloud Billing's Spot/Preemptible SKUs, ``refresh_prices``). Vertex reports no
+        billable seconds, so cost is the run interval × replicas × this price, and a spot job's
+        saving is 1 − this / :meth:`on_demand_price`.
+        Raises :class:`InvalidSpec` when the machine or the accelerator has no (spot) row.
         """
-        machine = self._row(instance_type or self.config["machine_type"], "machine type")
+        suffix = SPOT_SUFFIX if spot else ""
+        machine = self._row(instance_type or self.config["machine_type"], "machine type", suffix)
         total = machine.usd_per_hour
         if self.config["accelerator_type"]:
-            accel = self._row(self.config["accelerator_type"], "accelerator")
+            accel = self._row(self.config["accelerator_type"], "accelerator", suffix)
             total += accel.usd_per_hour * self.config["accelerator_count"]
         return float(total)
 
@@ -360,8 +370,8 @@ class VertexBackend(Backend):
             return []
         offers = []
         for r in self.prices.rows(PROVIDER, self.region):
-            if r.instance_type.upper() == r.instance_type:
-                continue  # an accelerator row
+            if r.instance_type.upper() == r.instance_type or r.instance_type.endswith(SPOT_SUFFIX):
+                continue  # an accelerator row, or a spot price
             sources = [f"{r.source} ({r.as_of})" if r.as_of else r.source]
             if accel is not None:
                 sources.append(f"{accel_name} × {self.config['accelerator_count']}: {accel.source}"

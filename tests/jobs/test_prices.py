@@ -41,6 +41,21 @@ def test_shipped_catalog_is_what_the_tests_expect():
     assert not SHIPPED_AWS["ml.g5.xlarge"].confirmed
 
 
+def test_every_shipped_vertex_and_azure_type_has_an_interruptible_row_with_source_and_date():
+    """Spot jobs on Vertex AI and low-priority jobs on Azure ML are priced from rows of their own; every type
+    the catalog ships has one, with its source and date (unconfirmed upper bounds until refresh_prices)."""
+    suffixes = {"gcp": ":spot", "azure": ":low_priority"}
+    for provider, suffix in suffixes.items():
+        rows = {r.instance_type: r for r in shipped_catalog().rows(provider)}
+        plain = [t for t in rows if ":" not in t]
+        assert plain and sorted(t + suffix for t in plain) == sorted(t for t in rows if ":" in t)
+        for name in plain:
+            spot = rows[name + suffix]
+            assert spot.source and dt.date.fromisoformat(spot.as_of) and not spot.confirmed
+            assert spot.usd_per_hour <= rows[name].usd_per_hour
+    assert not [r for r in shipped_catalog().rows("aws") if ":" in r.instance_type]  # SageMaker bills fewer seconds
+
+
 def test_database_row_wins_and_shipped_rows_fill_the_rest():
     fallback = StaticPriceCatalog([
         PriceRow("aws", "us-east-1", "ml.a", Decimal("1.00"), "csv", "2025-01-01", False),

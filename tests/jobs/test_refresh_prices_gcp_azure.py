@@ -141,9 +141,14 @@ PAGE_1 = [
         "0", 4889700, unit="GiBy.h"),
     sku("A1B2-0001-0003", "Vertex AI: Training/Pipelines on Nvidia Tesla T4 GPU running in Americas", "0", 402500000,
         group="GPU"),
-    # Spot capacity and prediction are other prices: skipped.
+    # Spot capacity (usage type Preemptible, or "Spot" in the description) gives the :spot rows.
     sku("A1B2-0001-0004", "Vertex AI: Training/Pipelines on Nvidia Tesla T4 GPU running in Americas", "0", 140000000,
         group="GPU", usage="Preemptible"),
+    sku("A1B2-0001-0006", "Vertex AI: Training/Pipelines on Spot Preemptible N1 Predefined Instance Core running in "
+        "Americas", "0", 7200000),
+    sku("A1B2-0001-0007", "Vertex AI: Training/Pipelines on N1 Predefined Instance Ram running in Americas", "0",
+        970000, unit="GiBy.h", usage="Preemptible"),
+    # Prediction is another price: skipped.
     sku("A1B2-0001-0005", "Vertex AI: Online/Batch Prediction N1 Predefined Instance Core running in Americas",
         "0", 31600000),
 ]
@@ -206,16 +211,19 @@ def test_gcp_refresh_stores_machine_types_and_accelerators(serve, shipped):
         ("us-central1", "NVIDIA_H100_80GB"): (Decimal("11.266033"), source, TODAY, True),
         ("us-central1", "NVIDIA_A100_80GB"): (Decimal("3.930000"), source, TODAY, True),
         ("us-central1", "NVIDIA_TESLA_V100"): (Decimal("2.852000"), source, TODAY, True),
+        # Spot: 8 vCPU × $0.0072 + 30 GiB × $0.00097; the T4's Preemptible SKU. E2 has no spot price here.
+        ("us-central1", "n1-standard-8:spot"): (Decimal("0.086700"), source, TODAY, True),
+        ("us-central1", "NVIDIA_TESLA_T4:spot"): (Decimal("0.140000"), source, TODAY, True),
     }
     assert [(p, q.get("pageToken")) for p, q, _ in server.requests] == [(SKUS_PATH, None), (SKUS_PATH, ["page-2"])]
-    assert out.strip() == "gcp prices for us-central1: 6 added, 0 updated, 0 unchanged."
+    assert out.strip() == "gcp prices for us-central1: 8 added, 0 updated, 0 unchanged."
     assert err.splitlines() == [
         f"gcp: listing Vertex AI SKUs (service {VERTEX}) ...",
-        "gcp: page 1, 5 SKU(s) so far",
-        "gcp: page 2, 13 SKU(s) so far",
+        "gcp: page 1, 7 SKU(s) so far",
+        "gcp: page 2, 15 SKU(s) so far",
         "  us-central1 a2-highgpu-1g: no A2 training core/RAM price in this region; not priced",
         "  us-central1 x9-mystery-2: shape unknown to Trainboard; not priced (edit it in the admin)",
-        "gcp us-central1: 2 machine type(s) and 4 accelerator(s) priced",
+        "gcp us-central1: 2 machine type(s) and 4 accelerator(s) priced, 2 spot price(s)",
     ]
 
 
@@ -246,8 +254,9 @@ def test_gcp_dry_run_shows_changes_and_writes_nothing(serve, shipped):
         "gcp us-central1 NVIDIA_A100_80GB: $3.93/h (new)",
         "gcp us-central1 NVIDIA_H100_80GB: $11.266033/h (new)",
         "gcp us-central1 NVIDIA_TESLA_T4: $0.4025/h (was $0.35)",
+        "gcp us-central1 NVIDIA_TESLA_T4:spot: $0.14/h (new)",
         "gcp us-central1 NVIDIA_TESLA_V100: $2.852/h (new)",
-        "Dry run: 4 price(s) fetched, nothing written.",
+        "Dry run: 5 price(s) fetched, nothing written.",
     ]
     assert stored("gcp") == {("us-central1", "NVIDIA_TESLA_T4"): (Decimal("0.35"), "", None, False)}
 

@@ -231,6 +231,54 @@ def test_money_is_formatted_by_one_function_at_a_shared_precision():
     assert format_usd_per_hour(3) == "$3.00/h" and format_usd_per_hour(Decimal("1.4084")) == "$1.4084/h"
 
 
+class SpotPricedBackend(ScriptedBackend):
+    """Bills spot at a lower hourly rate for the whole run interval, as Vertex AI and Azure ML do."""
+
+    kind = "spotpriced"
+
+    @property
+    def capabilities(self):
+        return Capabilities(spot=True, max_nodes=4, max_procs_per_node=8)
+
+    def price(self, instance_type="", spot=False):
+        return 2.0 if spot else 8.0
+
+
+def test_spot_saving_compares_the_spot_price_with_on_demand(client, user, digits_dataset, cnn_model, monkeypatch):
+    """Vertex AI / Azure ML report no billable seconds: billable = trained = the run interval, so the saving
+    is in the price (it showed "Spot saving 0%" and an "on demand" figure at the spot price)."""
+    from django.urls import reverse
+
+    monkeypatch.setitem(registry.KINDS, "spotpriced",
+                        registry.KindInfo(SpotPricedBackend.__module__, "SpotPricedBackend", "Spot priced"))
+    SpotPricedBackend.statuses, SpotPricedBackend.log_chunks, SpotPricedBackend.calls = [], [], {}
+    backend = services.backend_create(owner=user, name="spotpriced", kind="spotpriced")
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                           backend=backend, nodes=2, spot=True)
+    assert (job.hourly_price_usd, job.on_demand_price_usd) == (Decimal("2"), Decimal("8"))
+    tasks.submit_job(job.pk)
+    SpotPricedBackend.statuses = [JobStatus(JobState.SUCCEEDED, raw_state="Done", started_at=T0,
+                                            ended_at=T0 + dt.timedelta(seconds=900), training_seconds=900,
+                                            instance_count=2, spot=True)]
+    services.backend_sync(backend_id=backend.pk)
+    job.refresh_from_db()
+    assert job.billable_seconds == 900 and job.cost_usd == Decimal("1.0000")  # 900 s × 2 × $2/h
+    assert job.spot_saving == pytest.approx(0.75)  # 1 − $2 / $8
+    assert job.on_demand_cost_usd == Decimal("4.0000")  # 900 s × 2 × $8/h
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert '<span class="stat-value" id="stat-spot-saving">75%</span>' in page
+    assert 'id="stat-on-demand">on demand $4.00 · 900 s trained, 900 s billed</span>' in page
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        rerun = services.training_job_rerun(job=job, owner=user)
+    assert (rerun.hourly_price_usd, rerun.on_demand_price_usd) == (Decimal("2"), Decimal("8"))
+    # A job stored before the on-demand price was kept is compared at its own price, as before.
+    TrainingJob.objects.filter(pk=job.pk).update(on_demand_price_usd=None)
+    job.refresh_from_db()
+    assert job.spot_saving == 0.0 and job.on_demand_cost_usd == Decimal("1.0000")
+
+
 def test_sync_jobs_fans_out_per_backend_queue(submitted_job, scripted_backend, local_backend):
     with mock.patch.object(tasks.sync_backend, "apply_async") as send:
         assert tasks.sync_jobs() == 1

@@ -185,12 +185,14 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     duration_s = serializers.FloatField(read_only=True, allow_null=True)
     spot_saving = serializers.FloatField(
         read_only=True, allow_null=True,
-        help_text="Spot jobs: fraction saved, 1 − billable / training seconds (0.3 = 30%); null until the "
-                  "provider reports the training time, and for on-demand jobs.")
+        help_text="Spot jobs: fraction of the on-demand cost saved, 1 − (billable seconds × hourly_price_usd) / "
+                  "(training seconds × on_demand_price_usd) (0.3 = 30%): fewer billed seconds on SageMaker, a "
+                  "lower hourly price on Vertex AI and Azure ML; null until the provider reports the training "
+                  "time, and for on-demand jobs.")
     on_demand_cost_usd = serializers.DecimalField(
         max_digits=12, decimal_places=4, read_only=True, allow_null=True,
-        help_text="Spot jobs: what the run would have cost on demand, training seconds × instances × hourly "
-                  "price; null as for spot_saving.")
+        help_text="Spot jobs: what the run would have cost on demand, training seconds × instances × "
+                  "on_demand_price_usd; null as for spot_saving.")
 
     estimate_arithmetic = serializers.SerializerMethodField(
         help_text="How estimated_cost_usd was reached: min(max_runtime_s × nodes × hourly_price_usd, budget_usd), "
@@ -212,7 +214,8 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "display_name", "state", "is_terminal", "stalled", "stalled_reason", "stalled_at", "dataset", "model_spec", "backend", "rerun_of",
             "strategy", "nodes", "procs_per_node", "world_size", "instance_type", "spot",
-            "max_runtime_s", "max_runtime_covers", "budget_usd", "hourly_price_usd", "estimated_cost_usd",
+            "max_runtime_s", "max_runtime_covers", "budget_usd", "hourly_price_usd", "on_demand_price_usd",
+            "estimated_cost_usd",
             "estimate_arithmetic", "cost_usd",
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",

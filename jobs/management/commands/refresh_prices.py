@@ -27,9 +27,9 @@ class Command(BaseCommand):
         "SageMaker training instances); it needs network access and AWS credentials from boto3's "
         "default chain (environment, --profile, instance role) with pricing:GetProducts. gcp: the Cloud "
         "Billing Catalog API (Vertex AI SKUs; machine types rebuilt from per-vCPU and per-GiB training "
-        "prices, accelerators per GPU-hour) with Application Default Credentials or --api-key. azure: the "
-        "Azure Retail Prices API (no credentials; Linux pay-as-you-go VM prices, low priority stored as "
-        "<size>:low_priority). gcp and azure price the machine types / VM sizes the catalog already "
+        "prices, accelerators per GPU-hour; Spot/Preemptible SKUs stored as <type>:spot) with Application "
+        "Default Credentials or --api-key. azure: the Azure Retail Prices API (no credentials; Linux "
+        "pay-as-you-go VM prices, the Low Priority or else the Spot meter stored as <size>:low_priority). gcp and azure price the machine types / VM sizes the catalog already "
         "holds plus each --instance-type. Without --region, every region the catalog already holds for "
         "the provider is refreshed. Exit status 1 with nothing changed when the API cannot be read."
     )

@@ -521,11 +521,12 @@ def make_backend(st: "AzureMLStandin", *, clock: FakeClock | None = None, seed: 
 
 
 def two_gpu_catalog():
-    """The shipped price rows plus a 2-GPU size, ``Standard_NC12s_v3``, with made-up test prices
+    """The shipped pay-as-you-go rows (not their low-priority stand-ins, so a size without a
+    low-priority price can be tested) plus a 2-GPU size, ``Standard_NC12s_v3``, with made-up test prices
     (6.12 on demand, 1.22 low priority): lets a test run 2 processes per node (one per GPU)."""
     from cloud_adapters.pricing import PriceRow, StaticPriceCatalog, shipped_catalog
 
-    rows = shipped_catalog().rows("azure") + [
+    rows = [r for r in shipped_catalog().rows("azure") if not r.instance_type.endswith(":low_priority")] + [
         PriceRow("azure", "eastus", "Standard_NC12s_v3", 6.12, "test row"),
         PriceRow("azure", "eastus", "Standard_NC12s_v3:low_priority", 1.22, "test row"),
     ]

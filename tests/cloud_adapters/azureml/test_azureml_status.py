@@ -276,9 +276,15 @@ def test_prices_and_offers_from_the_catalog():
         ("Standard_NC24ads_A100_v4", 3.673, False), ("Standard_NC4as_T4_v3", 0.526, False),
         ("Standard_NC6s_v3", 3.06, False)]
     assert "sources conflict" in offers[2].source and "2026-11-29" in offers[2].source
+    # Shipped low-priority rows: the pay-as-you-go figure stands in as an upper bound (none found).
+    assert backend.price("Standard_NC6s_v3", spot=True) == 3.06
+    assert "upper bound" in backend.prices.lookup("azure", "eastus", "Standard_NC6s_v3:low_priority").source
+    from cloud_adapters.pricing import StaticPriceCatalog, shipped_catalog
+
+    dedicated_only = StaticPriceCatalog([r for r in shipped_catalog().rows("azure") if ":" not in r.instance_type])
     with pytest.raises(InvalidSpec, match="no low-priority price in the catalog for eastus; add a row "
                                           "'Standard_NC6s_v3:low_priority'"):
-        backend.price("Standard_NC6s_v3", spot=True)
+        make_backend(AzureMLStandin(), prices=dedicated_only).price("Standard_NC6s_v3", spot=True)
     with pytest.raises(InvalidSpec, match="'Standard_E4s_v3' has no price in the catalog for eastus; known: "
                                           "Standard_NC24ads_A100_v4, Standard_NC4as_T4_v3, Standard_NC6s_v3"):
         backend.price("Standard_E4s_v3")

@@ -152,6 +152,8 @@ def test_low_priority_asks_for_the_spot_tier(workspace):
 def test_tier_low_priority_backend_prices_every_job_low_priority(workspace):
     backend = make_backend(workspace, prices=two_gpu_catalog(), tier="low_priority", vm_size="Standard_NC12s_v3")
     assert backend.price() == 1.22
+    # What a low-priority job is compared with is the dedicated price, whatever the tier (it was 1.22).
+    assert backend.on_demand_price() == 6.12 and backend.on_demand_price("Standard_NC6s_v3") == 3.06
     assert [(o.instance_type, o.usd_per_hour) for o in backend.instance_offers()] == [("Standard_NC12s_v3", 1.22)]
     backend.submit(spec(instance_type=""))
     assert job_puts(workspace)[0].body["properties"]["queueSettings"] == {"jobTier": "Spot"}
@@ -264,7 +266,7 @@ def test_settings_defaults_and_registry():
         "tier": "dedicated", "region": "eastus", "max_nodes": 16, "base_url": ""}
     assert backend_class("azureml") is AzureMLBackend and EXTRAS["azureml"] == "azure"
     caps = backend.capabilities
-    assert caps.multi_node and caps.gpus and caps.max_nodes == 16 and not caps.spot  # no low-priority rows shipped
+    assert caps.multi_node and caps.gpus and caps.max_nodes == 16 and caps.spot  # low-priority rows shipped (upper bounds)
     assert timeout_iso(7200) == "PT2H" and timeout_iso(90) == "PT90S"
 
 

@@ -243,9 +243,11 @@ def test_logs_page_through_and_stop_at_max_lines(backend, vertex, monkeypatch):
 def test_price_and_offers_from_the_catalog(make_backend):
     backend = make_backend(accelerator_type="NVIDIA_TESLA_T4", accelerator_count=2)
     assert backend.price() == pytest.approx(MACHINE_USD + 2 * T4_USD)
+    # The shipped spot rows are the on-demand figures standing in as an upper bound (no Spot figure found).
     assert backend.price("n1-standard-4", spot=True) == pytest.approx(0.21849885 + 2 * T4_USD)
+    assert "upper bound, not a Spot figure" in backend.prices.lookup("gcp", "us-central1", "n1-standard-4:spot").source
     offers = {o.instance_type: o for o in backend.instance_offers()}
-    assert sorted(offers) == ["n1-standard-4", "n1-standard-8"]
+    assert sorted(offers) == ["n1-standard-4", "n1-standard-8"]  # spot rows are prices, not offers
     assert offers["n1-standard-8"].usd_per_hour == pytest.approx(MACHINE_USD + 2 * T4_USD)
     assert offers["n1-standard-8"].confirmed is False and "derived" in offers["n1-standard-8"].source
     assert backend.estimate_cost(spec(nodes=3)) == pytest.approx(2 * 3 * (MACHINE_USD + 2 * T4_USD))
@@ -261,6 +263,27 @@ def test_price_and_offers_from_the_catalog(make_backend):
     own = StaticPriceCatalog([PriceRow("gcp", "us-central1", "n1-standard-8", 1)])  # the dashboard's catalog wins
     from cloud_adapters.vertex import VertexBackend
     assert VertexBackend({"project": "my-proj", "staging_bucket": "gs://stage"}, prices=own).price() == 1.0
+
+
+def test_spot_is_priced_from_the_spot_rows_and_compared_with_on_demand(vertex, gcs, clock):
+    """A spot job is billed at <machine>:spot + <accelerator>:spot × count, its saving measured against
+    the on-demand rows (it was priced on demand: "Spot saving 0%")."""
+    from cloud_adapters.vertex import VertexBackend
+
+    rows = [PriceRow("gcp", "us-central1", "n1-standard-8", 0.44, "test"),
+            PriceRow("gcp", "us-central1", "n1-standard-8:spot", 0.09, "test spot"),
+            PriceRow("gcp", "us-central1", "NVIDIA_TESLA_T4", 0.40, "test"),
+            PriceRow("gcp", "us-central1", "NVIDIA_TESLA_T4:spot", 0.14, "test spot"),
+            PriceRow("gcp", "us-central1", "n1-standard-4", 0.22, "test")]
+    backend = VertexBackend({"project": "my-proj", "staging_bucket": "gs://stage", "api_endpoint": vertex.url,
+                             "accelerator_type": "NVIDIA_TESLA_T4", "accelerator_count": 2, "spot_allowed": True},
+                            prices=StaticPriceCatalog(rows), clock=clock)
+    assert backend.price(spot=True) == pytest.approx(0.09 + 2 * 0.14)
+    assert backend.on_demand_price() == backend.price() == pytest.approx(0.44 + 2 * 0.40)
+    assert [o.instance_type for o in backend.instance_offers()] == ["n1-standard-4", "n1-standard-8"]
+    with pytest.raises(InvalidSpec, match=r"machine type 'n1-standard-4' has no Spot price in the catalog for "
+                                          r"us-central1; add a row 'n1-standard-4:spot' \(manage.py refresh_prices"):
+        backend.price("n1-standard-4", spot=True)
 
 
 def test_connection_checks_pass_against_the_stand_ins(backend, vertex):
