@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     run_root = work / "runs"
     run_root.mkdir(exist_ok=True)
     broker = f"{args.redis.rstrip('/')}/{args.redis_db}"
+    # The box's host settings come from the installation, as on a real GPU box (the bench user is no staff).
     os.environ.update({"REDIS_URL": broker, "TRAINBOARD_RUN_ROOT": str(run_root),
+                       "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE": str(max(2, args.procs)),
                        "TRAINBOARD_VAR_DIR": str(work / "var")})
     (work / "var").mkdir(exist_ok=True)
     create_database(args.server, args.db_name)
@@ -210,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         model = services.model_spec_create(owner=user, name="digits-cnn", architecture="cnn",
                                            params={"channels": 16, "hidden_size": 64})
         backend = services.backend_create(owner=user, name="local", kind="gpubox", config={
-            "run_root": str(run_root), "max_procs_per_node": max(2, args.procs), "hourly_rate_usd": 0,
-            "grace_period_s": 3.0})
+            "hourly_rate_usd": 0, "grace_period_s": 3.0})
         ids = {"dataset": dataset.pk, "model": model.pk, "backend": backend.pk}
         env = dict(os.environ, DJANGO_SETTINGS_MODULE="webapp.settings", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))

@@ -254,6 +254,16 @@ class Backend(abc.ABC):
         "the job's whole run on this backend, from its start: start-up counts toward it")
     """What :attr:`JobSpec.max_runtime_s` limits on this backend, as the provider documents it: a
     phrase the job page shows after "Max runtime counts …" (each adapter states its own, with source)."""
+    config_keys: ClassVar[frozenset[str]] = frozenset()
+    """Every setting :meth:`clean_config` accepts (what a backend form, the API and the permission
+    walk enumerate)."""
+    host_settings: ClassVar[frozenset[str]] = frozenset()
+    """The settings of :meth:`clean_config` that decide what runs on a machine the installation
+    operates, where and with how many processes (a GPU box's interpreter, run root and process
+    limit), or where the worker sends its calls and with whose credentials (an endpoint URL, a
+    profile of the worker's own). They are the operator's decision: the dashboard takes them from the
+    installation's settings or from a staff user's backend, never from another user's backend row
+    (``jobs.services.backend_adapter``)."""
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""

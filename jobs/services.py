@@ -16,6 +16,7 @@ import logging
 import re
 from decimal import Decimal, InvalidOperation
 from functools import partial
+from pathlib import PurePath
 from typing import Any, Mapping
 
 from django.conf import settings
@@ -64,24 +65,66 @@ ALL = NON_FIELD_ERRORS  # "__all__"
 # =============================================================================================
 
 
+HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
+    "gpubox": {"run_root": "TRAINBOARD_RUN_ROOT", "python": "TRAINBOARD_GPUBOX_PYTHON",
+               "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE"},
+}
+"""kind -> {host setting: the Django setting (and environment variable of the same name) holding this
+installation's value}. Data, not if/elif: which settings are host settings is the adapter's
+``host_settings``; this says where the installation's values live."""
+
+
 def _host_config_defaults() -> dict[str, dict[str, Any]]:
-    """Backend settings that belong to this installation rather than to the stored backend row,
-    by adapter kind (a gpubox's run root is a path on the worker's machine). Data, not if/elif:
-    settings may replace it with ``TRAINBOARD_BACKEND_DEFAULTS``."""
-    return getattr(settings, "TRAINBOARD_BACKEND_DEFAULTS", None) or {
-        "gpubox": {"run_root": str(settings.TRAINBOARD_RUN_ROOT)},
-    }
+    """This installation's host settings by adapter kind (:data:`HOST_SETTING_SOURCES`; a blank
+    setting leaves the adapter's own default, e.g. the worker's interpreter). ``settings.
+    TRAINBOARD_BACKEND_DEFAULTS`` (``{kind: {key: value}}``), when set, replaces them."""
+    configured = getattr(settings, "TRAINBOARD_BACKEND_DEFAULTS", None)
+    if configured:
+        return configured
+    defaults: dict[str, dict[str, Any]] = {}
+    for kind, sources in HOST_SETTING_SOURCES.items():
+        values = {key: getattr(settings, name, None) for key, name in sources.items()}
+        defaults[kind] = {key: str(v) if isinstance(v, PurePath) else v for key, v in values.items()
+                          if v not in (None, "")}
+    return defaults
 
 
-def _effective_config(kind: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
+def backend_host_settings(kind: str) -> frozenset[str]:
+    """The settings of a ``kind`` backend that only staff may set (the adapter's ``host_settings``:
+    for the gpubox ``run_root``, ``python``, ``max_procs_per_node``); empty for an unknown kind."""
+    from cloud_adapters.registry import backend_class
+
+    try:
+        return frozenset(backend_class(kind).host_settings)
+    except (LookupError, ValueError, BackendError):
+        return frozenset()
+
+
+def may_set_host_settings(user) -> bool:
+    """Whether a backend owned by ``user`` may carry host settings (:func:`backend_host_settings`):
+    an active staff user's may; anyone else's takes them from the installation."""
+    return bool(user is not None and getattr(user, "is_active", False) and getattr(user, "is_staff", False))
+
+
+def _effective_config(kind: str, config: Mapping[str, Any] | None, *, host_settings_from_row: bool) -> dict[str, Any]:
+    """The installation's host settings for ``kind``, then the row's ``config`` over them; the row's
+    own host settings count only when ``host_settings_from_row`` (its owner is staff)."""
+    refused = frozenset() if host_settings_from_row else backend_host_settings(kind)
     merged = dict(_host_config_defaults().get(kind, {}))
-    merged.update({k: v for k, v in (config or {}).items() if v not in (None, "")})
+    merged.update({k: v for k, v in (config or {}).items() if v not in (None, "") and k not in refused})
     return merged
 
 
 def backend_adapter(backend: ComputeBackend) -> Backend:
     """The configured ``cloud_adapters`` Backend for a ComputeBackend row, pricing from the
     admin-managed catalog (:class:`jobs.pricing.DatabasePriceCatalog`, shipped rows as fallback).
+
+    Host settings (:func:`backend_host_settings`: where a GPU box runs jobs, with which interpreter,
+    how many processes) come from the installation (:data:`HOST_SETTING_SOURCES`); the row's values
+    of them are used only while its owner is an active staff user (:func:`may_set_host_settings`).
+    A non-staff user's row never carries them since the service refuses them, and any such value left
+    from before (or from an owner no longer staff) is ignored here — the rule is the row's owner, at
+    the time of use.
 
     The backend's stored ``secrets`` (decrypted) are handed to the adapter as ``adapter.secrets``,
     which builds its SDK clients with them instead of the provider's default credential chain.
@@ -92,8 +135,9 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     from cloud_adapters.registry import create_backend
     from jobs.pricing import DatabasePriceCatalog
 
-    adapter = create_backend(backend.kind, _effective_config(backend.kind, backend.config),
-                             prices=DatabasePriceCatalog())
+    config = _effective_config(backend.kind, backend.config,
+                               host_settings_from_row=may_set_host_settings(backend.owner))
+    adapter = create_backend(backend.kind, config, prices=DatabasePriceCatalog())
     if backend.secrets:
         adapter.secrets = dict(backend.secrets)
     return adapter
@@ -700,8 +744,19 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     secrets = _clean_secrets(errors, backend.kind, backend.secrets)
     if secrets is not None:
         backend.secrets = secrets
+    staff_owned = may_set_host_settings(backend.owner)
+    if not staff_owned:
+        sources = HOST_SETTING_SOURCES.get(backend.kind, {})
+        for key in sorted(set(config) & backend_host_settings(backend.kind)):
+            if config[key] in (None, ""):
+                continue
+            source = f" ({sources[key]})" if key in sources else ""
+            errors.add("config", f"{key}: only a backend owned by staff may set this; it decides what the "
+                                 f"installation's machines run or where they send their calls, which "
+                                 f"is the operator's choice{source}. Remove it to use the "
+                                 f"installation's value.")
     try:
-        cleaned = cls.clean_config(_effective_config(backend.kind, config))
+        cleaned = cls.clean_config(_effective_config(backend.kind, config, host_settings_from_row=staff_owned))
     except (BackendError, ValueError, TypeError) as exc:
         errors.add("config", str(exc))
         return

@@ -74,14 +74,15 @@ def run_root(tmp_path) -> Path:
 
 @pytest.fixture
 def local_backend(user, run_root, settings):
-    """A gpubox backend named "local" (2 processes per node, $3.60 per node-hour)."""
+    """A gpubox backend named "local" ($3.60 per node-hour) on a box whose host settings (this
+    installation's: run root ``run_root``, 2 processes per node) come from Django settings, as a
+    real box's do."""
     from jobs import services
 
     settings.TRAINBOARD_RUN_ROOT = run_root
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2
     return services.backend_create(
-        owner=user, name="local", kind="gpubox",
-        config={"run_root": str(run_root), "max_procs_per_node": 2, "hourly_rate_usd": 3.6,
-                "grace_period_s": 3.0},
+        owner=user, name="local", kind="gpubox", config={"hourly_rate_usd": 3.6, "grace_period_s": 3.0},
     )
 
 
@@ -160,6 +161,7 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
         app._pool = None
 
     settings.TRAINBOARD_RUN_ROOT = run_root
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # the test box's host limit, as in local_backend
     log_path = tmp_path / "worker.log"
     var_dir = tmp_path / "worker-var"
     var_dir.mkdir()
@@ -169,6 +171,7 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
         "DATABASE_URL": database_url(connection.settings_dict),
         "REDIS_URL": broker_url,
         "TRAINBOARD_RUN_ROOT": str(run_root),
+        "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE": "2",
         "TRAINBOARD_SYNC_INTERVAL_S": "1",
         "TRAINBOARD_VAR_DIR": str(var_dir),
         "DJANGO_SECRET_KEY": "e2e-test-secret-key-not-for-production",
@@ -186,7 +189,7 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
-                                  "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
+                                  "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
     worker = WorkerProcess(proc, log_path, broker_url, run_root, shared)
     try:
         worker.wait_for(lambda: " ready." in worker.log(), timeout=90, what="the Celery worker to be ready")

@@ -140,8 +140,9 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
 KIND_SETTINGS: dict[str, dict[str, forms.Field]] = {
     "gpubox": {
         "max_procs_per_node": forms.IntegerField(
-            required=False, min_value=1, label="Max processes per node",
-            help_text="The most ranks one job may start on this machine."),
+            required=False, min_value=1, max_value=1024, label="Max processes per node",
+            help_text="The most ranks one job may start on this machine; blank = the box's own limit "
+                      "(TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE, else its GPUs or CPU cores)."),
         "hourly_rate_usd": forms.DecimalField(
             required=False, min_value=Decimal("0"), max_digits=12, decimal_places=6, label="Hourly rate (USD)",
             help_text="What an hour of this machine costs (0 if free)."),
@@ -341,7 +342,7 @@ class BackendForm(forms.Form):
     def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from cloud_adapters.registry import KINDS
-        from jobs.services import backend_secret_keys
+        from jobs.services import backend_host_settings, backend_secret_keys, may_set_host_settings
 
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
@@ -349,10 +350,19 @@ class BackendForm(forms.Form):
         stored = set((backend.secrets or {}).keys()) if backend is not None else set()
         stored_kind = backend.kind if backend is not None else ""
         self.secret_fields: dict[str, dict[str, str]] = {}
+        # Host settings (what runs on the box, where, how many processes) are its operator's: only a
+        # staff user's backend carries them. For anyone else the input is shown disabled, so the
+        # browser sends nothing; a value sent anyway reaches the service, which refuses it on this field.
+        owner = backend.owner if backend is not None else user
+        staff_owned = may_set_host_settings(owner)
         for kind, names in self.kind_settings.items():
+            host_settings = backend_host_settings(kind)
             for name, key in names.items():
                 field = copy.deepcopy(KIND_SETTINGS[kind][key])
                 field.widget.attrs["data-kind"] = kind
+                if key in host_settings and not staff_owned:
+                    field.widget.attrs["disabled"] = "disabled"
+                    field.help_text = f"{field.help_text} Set by the box's operator (only staff backends set it here)."
                 self.fields[name] = field
             for key in backend_secret_keys(kind):
                 name = _secret_field_name(kind, key)

@@ -5,6 +5,7 @@ server. ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/trainboard``
 (e.g. ``redis://127.0.0.1:6379/0``) switch to PostgreSQL and Redis.
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -306,8 +307,21 @@ if not PRODUCTION:
 TRAINBOARD_DATASET_ROOTS = [str(Path(p).resolve()) for p in
                             env.list("TRAINBOARD_DATASET_ROOTS", default=_dataset_roots_default) if p]
 
-# Where the gpubox backend keeps one run directory per job (job.json, log, metrics, exit code).
+# The GPU box's host settings: where it keeps one run directory per job (job.json, log, metrics,
+# exit code), the interpreter that runs torchrun, and the most ranks one job may start there. They
+# are the box operator's decision (DESIGN.md §8): only these settings or a staff user's backend set
+# them, never another user's backend (jobs.services.backend_adapter).
 TRAINBOARD_RUN_ROOT = Path(env.str("TRAINBOARD_RUN_ROOT", default=str(VAR_DIR / "runs"))).resolve()
+TRAINBOARD_GPUBOX_PYTHON = env.str("TRAINBOARD_GPUBOX_PYTHON", default="")  # "" = the worker's own interpreter
+if TRAINBOARD_GPUBOX_PYTHON and not os.path.isabs(TRAINBOARD_GPUBOX_PYTHON):
+    raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_PYTHON must be an absolute interpreter path "
+                               f"(got {TRAINBOARD_GPUBOX_PYTHON!r})")
+# Blank = the box's visible GPUs, else its CPU cores (at most 1024).
+_max_procs = env.str("TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", default="").strip()
+if _max_procs and not (_max_procs.isdigit() and 1 <= int(_max_procs) <= 1024):
+    raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE must be a whole number from 1 to 1024 "
+                               f"(got {_max_procs!r})")
+TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = int(_max_procs) if _max_procs else None
 
 LOGGING = {
     "version": 1,

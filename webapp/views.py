@@ -200,8 +200,7 @@ def backend_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def backend_create(request: HttpRequest) -> HttpResponse:
-    form = BackendForm(request.POST or None, initial={"kind": "gpubox", "max_procs_per_node": 2,
-                                                      "hourly_rate_usd": 0, "enabled": True}, user=request.user)
+    form = BackendForm(request.POST or None, initial={"kind": "gpubox", "hourly_rate_usd": 0, "enabled": True}, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
             backend = services.backend_create(

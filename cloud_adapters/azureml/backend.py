@@ -186,6 +186,10 @@ class AzureMLBackend(Backend):
     dataset_schemes = frozenset(p.split(":", 1)[0] for p in DATASET_PREFIXES)
     """Datastore paths and data assets (azureml), storage URLs (https, wasbs, abfss, adl): what a
     ``uri_folder`` input mounts (clouds.md §3.1-§3.2)."""
+    config_keys = frozenset(CONFIG_KEYS)
+    host_settings = frozenset({"base_url"})
+    """Staff only: where the worker sends its ARM calls, with the worker's own identity
+    (DefaultAzureCredential) when the backend stores no service principal."""
     secret_keys = {"tenant_id": True, "client_id": True, "client_secret": True}
     """Keys a backend may store encrypted: a service principal; else DefaultAzureCredential."""
     secrets: Mapping[str, str] = {}

@@ -42,6 +42,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -76,6 +77,9 @@ FAILURE_TAIL_BYTES = 256 * 1024  # how much of the end of train.log failure_reas
 STARTUP_GRACE_S = 30.0  # a run dir this young without supervisor.json is still being submitted
 ESCALATE_AFTER_S = 5.0  # on top of the grace period before cancel SIGKILLs the group itself
 RUNNING_EVENTS = frozenset({"started", "step", "epoch", "completed"})
+MAX_PROCS_PER_NODE = 1024  # the dashboard's ceiling for any backend (jobs.services.MAX_PROCS_PER_NODE)
+MAX_HOURLY_RATE_USD = 100_000.0  # 28 days (the longest max runtime) of it fit the cost column
+MAX_GRACE_PERIOD_S = 600.0  # a cancelled job holds the box at most this long before SIGKILL
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds cloud_adapters/, for the supervisor
 
@@ -117,10 +121,17 @@ class GpuBoxBackend(Backend):
     Config (``clean_config`` raises :class:`InvalidSpec` naming the field):
 
     ``run_root``            absolute path of the directory that holds the run directories (required).
-    ``max_procs_per_node``  int ≥ 1; default: the number of visible CUDA GPUs, else ``os.cpu_count()``.
-    ``hourly_rate_usd``     float ≥ 0, USD per node-hour; default 0.
-    ``grace_period_s``      float ≥ 0, seconds from SIGTERM to SIGKILL on cancel; default 10.
-    ``python``              interpreter that has torch; default this process's ``sys.executable``.
+    ``max_procs_per_node``  int, 1–1024; default: the number of visible CUDA GPUs, else
+                            ``os.cpu_count()`` (at most 1024).
+    ``python``              absolute path of the interpreter that has torch; default this process's
+                            ``sys.executable``.
+    ``hourly_rate_usd``     float, 0–100,000 USD per node-hour; default 0.
+    ``grace_period_s``      float, 0–600 s from SIGTERM to SIGKILL on cancel; default 10.
+
+    The first three are :attr:`host_settings`: what runs on this machine, where, and how many
+    processes at once are its operator's decision, so the dashboard fills them from the
+    installation's settings (``TRAINBOARD_RUN_ROOT``, ``TRAINBOARD_GPUBOX_PYTHON``,
+    ``TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE``) or a staff user's backend only.
     """
 
     kind = "gpubox"
@@ -130,40 +141,43 @@ class GpuBoxBackend(Backend):
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
     queue = "gpubox"  # jobs must be started by the worker on the box itself
+    host_settings = frozenset({"run_root", "python", "max_procs_per_node"})
+    config_keys = host_settings | {"hourly_rate_usd", "grace_period_s"}
+    """Every setting :meth:`clean_config` accepts."""
 
     # -- configuration ----------------------------------------------------------------------
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        known = {"run_root", "max_procs_per_node", "hourly_rate_usd", "grace_period_s", "python"}
-        unknown = sorted(set(config) - known)
+        unknown = sorted(set(config) - cls.config_keys)
         if unknown:
-            raise InvalidSpec(f"{unknown[0]}: unknown gpubox setting (known: {', '.join(sorted(known))}).")
+            raise InvalidSpec(f"{unknown[0]}: unknown gpubox setting (known: {', '.join(sorted(cls.config_keys))}).")
 
         run_root = config.get("run_root")
         if not isinstance(run_root, (str, os.PathLike)) or not str(run_root):
             raise InvalidSpec("run_root: required; set it to an absolute directory for run directories.")
-        if not os.path.isabs(run_root):
+        if not os.path.isabs(run_root) or "\0" in str(run_root):
             raise InvalidSpec(f"run_root: must be an absolute path, got {str(run_root)!r}.")
 
         procs = config.get("max_procs_per_node")
         if procs is None:
-            procs = visible_gpu_count() or os.cpu_count() or 1
+            procs = min(visible_gpu_count() or os.cpu_count() or 1, MAX_PROCS_PER_NODE)
         if isinstance(procs, bool) or not isinstance(procs, int):
             raise InvalidSpec(f"max_procs_per_node: expected an integer, got {procs!r}.")
-        if procs < 1:
-            raise InvalidSpec(f"max_procs_per_node: must be at least 1, got {procs}.")
+        if not 1 <= procs <= MAX_PROCS_PER_NODE:
+            raise InvalidSpec(f"max_procs_per_node: must be 1 to {MAX_PROCS_PER_NODE}, got {procs}.")
 
         rate = _number(config.get("hourly_rate_usd", 0.0), "hourly_rate_usd")
-        if rate < 0:
-            raise InvalidSpec(f"hourly_rate_usd: must be 0 or more, got {rate:g}.")
+        if not 0 <= rate <= MAX_HOURLY_RATE_USD:
+            raise InvalidSpec(f"hourly_rate_usd: must be 0 to {MAX_HOURLY_RATE_USD:,g} USD per node-hour, "
+                              f"got {rate:g}.")
 
         grace = _number(config.get("grace_period_s", 10.0), "grace_period_s")
-        if grace < 0:
-            raise InvalidSpec(f"grace_period_s: must be 0 or more seconds, got {grace:g}.")
+        if not 0 <= grace <= MAX_GRACE_PERIOD_S:
+            raise InvalidSpec(f"grace_period_s: must be 0 to {MAX_GRACE_PERIOD_S:g} seconds, got {grace:g}.")
 
         python = config.get("python") or sys.executable
-        if not isinstance(python, str) or not os.path.isabs(python):
+        if not isinstance(python, str) or not os.path.isabs(python) or "\0" in python:
             raise InvalidSpec(f"python: must be an absolute interpreter path, got {python!r}.")
 
         return {
@@ -514,7 +528,13 @@ class GpuBoxBackend(Backend):
 def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidSpec(f"{field}: expected a number, got {value!r}.")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidSpec(f"{field}: expected a finite number, got {value!r}.")
+    return number
 
 
 def _check_job_name(name: str) -> None:

@@ -216,6 +216,10 @@ class SageMakerBackend(Backend):
         "120 s before it stops the job (StoppingCondition, botocore's SageMaker model; clouds.md §1.1)")
     dataset_schemes = frozenset({"s3"})
     """An S3 prefix becomes the ``train`` input channel (``InputDataConfig``'s ``S3Uri``, clouds.md §1.1)."""
+    config_keys = frozenset(_CONFIG_KEYS)
+    host_settings = frozenset({"profile", "endpoint_url"})
+    """Staff only: a profile picks one of the worker's own AWS credentials, an endpoint is where the
+    worker sends its signed calls (with the worker's session token when no secrets are stored)."""
     secret_keys = {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}
     """Keys a backend may store encrypted (required once any is given); without them boto3's chain."""
     secrets: Mapping[str, str] = {}

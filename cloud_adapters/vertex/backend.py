@@ -214,6 +214,10 @@ class VertexBackend(Backend):
         "aiplatform_v1 Scheduling; clouds.md §2.1): the replicas' start-up and the image pull run inside it")
     dataset_schemes = frozenset({"gs"})
     """Cloud Storage, read through the /gcs FUSE mount Vertex gives every job (clouds.md §2.3)."""
+    config_keys = frozenset(_CONFIG_KEYS)
+    host_settings = frozenset({"api_endpoint", "storage_endpoint"})
+    """Staff only: where the worker sends its calls, with the worker's own credentials (ADC) when the
+    backend stores no service-account key."""
     secret_keys = {"service_account_json": True}
     """Keys a backend may store encrypted: a service-account key file (JSON text); else ADC."""
     secrets: Mapping[str, str] = {}

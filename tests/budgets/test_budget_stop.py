@@ -24,7 +24,7 @@ from jobs.models import JobStateChoices as S, TrainingJob
 def pricey_backend(user, run_root, settings):
     settings.TRAINBOARD_RUN_ROOT = run_root
     return services.backend_create(owner=user, name="pricey", kind="gpubox", config={
-        "run_root": str(run_root), "hourly_rate_usd": 3600, "grace_period_s": 3.0})
+        "hourly_rate_usd": 3600, "grace_period_s": 3.0})
 
 
 @pytest.mark.django_db

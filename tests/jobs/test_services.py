@@ -79,7 +79,7 @@ def test_create_rejects_unknown_and_foreign_objects(user, other_user, digits_dat
         assert "dataset" in _errors(excinfo)
         assert "not yours" in _errors(excinfo)["dataset"][0]
     their_backend = services.backend_create(owner=other_user, name="b", kind="gpubox",
-                                            config={"run_root": "/tmp/x", "max_procs_per_node": 2})
+                                            config={"hourly_rate_usd": 1.0})
     with pytest.raises(ValidationError) as excinfo:
         _create(user, digits_dataset, cnn_model, their_backend)
     assert "backend" in _errors(excinfo)

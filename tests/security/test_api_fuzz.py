@@ -28,12 +28,13 @@ def fuzz_user(django_user_model, settings, tmp_path):
     from jobs import services
 
     settings.TRAINBOARD_RUN_ROOT = tmp_path / "runs"
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # the box's host limit (no staff user sets it here)
     settings.TRAINBOARD_DATASET_ROOTS = [str(tmp_path)]
     user = django_user_model.objects.create_user(username="fuzz", password="pw-fuzz-Secret-1")
     # Something to find by id: the generated ids 1, 2 ... hit real rows as well as missing ones.
     digits = services.dataset_create(owner=user, name="digits", format="builtin", builtin_name="digits")
     cnn = services.model_spec_create(owner=user, name="cnn", architecture="cnn", params={})
-    box = services.backend_create(owner=user, name="box", kind="gpubox", config={"max_procs_per_node": 2})
+    box = services.backend_create(owner=user, name="box", kind="gpubox", config={})
     services.training_job_create(owner=user, dataset=digits, model_spec=cnn, backend=box, nodes=1,
                                  procs_per_node=1, epochs=1)
     return user, Token.objects.create(user=user).key

@@ -150,7 +150,7 @@ def world(django_user_model, settings, tmp_path):
     dataset = services.dataset_create(owner=carol, name="carol-digits", format="builtin", builtin_name="digits")
     model = services.model_spec_create(owner=carol, name="carol-cnn", architecture="cnn", params={})
     backend = services.backend_create(owner=carol, name="carol-box", kind="gpubox",
-                                      config={"max_procs_per_node": 2}, team=team)
+                                      config={"hourly_rate_usd": 1.5}, team=team)
     Dataset.objects.filter(pk=dataset.pk).update(team=team)
     ModelSpec.objects.filter(pk=model.pk).update(team=team)
     job = services.training_job_create(owner=carol, dataset=dataset.pk, model_spec=model.pk, backend=backend.pk,
@@ -449,3 +449,110 @@ def test_dataset_validation_refuses_a_team_the_owner_is_not_in(world):
     services._validate_dataset(errors, Dataset(owner=world["users"]["erin"], name="d", format="builtin",
                                                builtin_name="digits", team=world["team"]))
     assert errors == {}
+
+
+# --- backend settings: what a non-staff user's backend can reach (issue 11, item 0) ----------------
+# Every setting of every registered kind (the adapter's ``config_keys``), classified. "host": the
+# operator's (the adapter's ``host_settings``): refused for a backend whose owner is not staff through
+# the UI form, the API and the service, and the installation's value is used. Anything else: what it
+# reaches, which is the owner's own jobs on that provider only. A new setting fails
+# test_every_backend_setting_is_classified until it is classified here.
+OWN_ACCOUNT = "the provider account the backend's credentials reach (its own jobs there)"
+SETTING_REACH: dict[str, dict[str, str]] = {
+    "gpubox": {
+        "run_root": "host", "python": "host", "max_procs_per_node": "host",
+        "hourly_rate_usd": "the price of this backend's jobs: their cost and budget stop (0-100,000 USD/h)",
+        "grace_period_s": "how long a cancelled job of this backend has to stop before SIGKILL (0-600 s)",
+    },
+    "sagemaker": {
+        "profile": "host", "endpoint_url": "host",
+        **{key: OWN_ACCOUNT for key in ("region", "role_arn", "bucket", "prefix", "image_uri", "instance_type",
+                                        "spot_allowed", "max_nodes", "max_procs_per_node", "volume_size_gb",
+                                        "max_calls_per_second")},
+    },
+    "vertex": {
+        "api_endpoint": "host", "storage_endpoint": "host",
+        **{key: OWN_ACCOUNT for key in ("project", "region", "staging_bucket", "image_uri", "service_account",
+                                        "machine_type", "accelerator_type", "accelerator_count", "spot_allowed",
+                                        "max_nodes")},
+    },
+    "azureml": {
+        "base_url": "host",
+        **{key: OWN_ACCOUNT for key in ("subscription_id", "resource_group", "workspace", "compute",
+                                        "environment", "vm_size", "tier", "region", "max_nodes")},
+    },
+}
+# A value of the right type for each host setting (refused before its value is looked at).
+HOST_VALUES = {"run_root": "/tmp/owned", "python": "/bin/echo", "max_procs_per_node": 1000,
+               "profile": "operator", "endpoint_url": "http://127.0.0.1:9/", "api_endpoint": "http://127.0.0.1:9",
+               "storage_endpoint": "http://127.0.0.1:9", "base_url": "http://127.0.0.1:9"}
+
+
+def _host_settings() -> list[tuple[str, str]]:
+    return [(kind, key) for kind, keys in SETTING_REACH.items() for key, reach in keys.items() if reach == "host"]
+
+
+def test_every_backend_setting_is_classified():
+    from cloud_adapters.registry import KINDS, backend_class
+
+    assert set(SETTING_REACH) == set(KINDS)
+    for kind in KINDS:
+        cls = backend_class(kind)
+        assert set(SETTING_REACH[kind]) == set(cls.config_keys), f"classify {kind}'s settings here"
+        assert {k for k, reach in SETTING_REACH[kind].items() if reach == "host"} == set(cls.host_settings)
+    assert set(HOST_VALUES) == {key for _, key in _host_settings()}
+
+
+@pytest.mark.parametrize("kind,key", _host_settings())
+def test_a_host_setting_is_refused_for_non_staff_through_the_form_the_api_and_the_service(world, kind, key):
+    import json
+
+    from django.core.exceptions import ValidationError
+
+    from jobs import services
+    from jobs.models import ComputeBackend
+
+    dave, sam = world["users"]["dave"], world["users"]["sam"]
+    refusal = f"{key}: only a backend owned by staff may set this"
+    # The service (what the admin and any command call).
+    with pytest.raises(ValidationError) as exc:
+        services.backend_create(owner=dave, name="dave-box", kind=kind, config={key: HOST_VALUES[key]})
+    assert any(m.startswith(refusal) for m in exc.value.message_dict["config"])
+    # The API: a 400 naming the setting.
+    r = _api(dave).post(reverse("api-backend-list"), {"name": "dave-box", "kind": kind,
+                                                       "config": {key: HOST_VALUES[key]}}, format="json")
+    assert r.status_code == 400 and any(m.startswith(refusal) for m in r.json()["config"]), r.content
+    # The UI form: the page comes back with the refusal (on the setting's input or the JSON field).
+    r = _client(dave).post(reverse("backend-create"), {"name": "dave-box", "kind": kind, "enabled": "on",
+                                                        "extra_config": json.dumps({key: HOST_VALUES[key]})})
+    assert r.status_code == 200 and refusal in r.content.decode()
+    assert not ComputeBackend.objects.filter(name="dave-box").exists()
+    # Staff may (the mechanism is the owner's staff flag, shown here on the GPU box).
+    if kind == "gpubox":
+        r = _api(sam).post(reverse("api-backend-list"), {"name": "sam-box", "kind": kind,
+                                                          "config": {key: HOST_VALUES[key]}}, format="json")
+        assert r.status_code == 201 and r.json()["config"] == {key: HOST_VALUES[key]}
+
+
+def test_a_non_staff_gpubox_backend_reaches_only_its_price_and_its_cancel_grace(world, settings, tmp_path):
+    """carol's own settings change her jobs' price and cancel grace, within bounds; where they run,
+    with which interpreter and how many ranks stay the installation's."""
+    import sys
+
+    from django.core.exceptions import ValidationError
+
+    from jobs import services
+
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 3
+    carol = world["users"]["carol"]
+    backend = services.backend_update(backend=world["objects"]["backend"],
+                                      config={"hourly_rate_usd": 100_000, "grace_period_s": 600})
+    adapter = services.backend_adapter(backend)
+    assert adapter.price() == 100_000.0 and adapter.config["grace_period_s"] == 600.0
+    assert (adapter.config["run_root"], adapter.config["python"], adapter.capabilities.max_procs_per_node) == \
+        (str(tmp_path), sys.executable, 3)
+    for config, needle in (({"hourly_rate_usd": 100_001}, "hourly_rate_usd: must be 0 to 100,000"),
+                           ({"grace_period_s": 601}, "grace_period_s: must be 0 to 600")):
+        with pytest.raises(ValidationError) as exc:
+            services.backend_create(owner=carol, name="carol-2", kind="gpubox", config=config)
+        assert exc.value.message_dict["config"][0].startswith(needle)

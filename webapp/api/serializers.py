@@ -93,7 +93,9 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=_kind_choices())
     config = serializers.DictField(
         required=False,
-        help_text="Adapter settings, e.g. gpubox: max_procs_per_node, hourly_rate_usd.",
+        help_text="Adapter settings, e.g. gpubox: hourly_rate_usd, grace_period_s. A GPU box's host settings "
+                  "(run_root, python, max_procs_per_node) are its operator's: only a staff user's backend may "
+                  "set them (400 otherwise); the installation's TRAINBOARD_* settings give them otherwise.",
     )
     secrets = serializers.DictField(
         child=serializers.CharField(allow_blank=True, max_length=20_000, trim_whitespace=True),
