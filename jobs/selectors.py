@@ -10,10 +10,14 @@ its owner or staff only: :func:`can_change`; a teammate who may see it gets a 40
 
 from __future__ import annotations
 
+import math
 import statistics
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Iterable
 
-from django.db.models import CharField, Max, Q, QuerySet, Value
+from django.db.models import CharField, Max, Q, QuerySet, Sum, Value
+
+from jobs.cost import format_usd, format_usd_per_hour
 
 from jobs.models import (
     ACTIVE_STATE_VALUES,
@@ -129,14 +133,23 @@ def training_job_metric_series(*, job: TrainingJob) -> dict[str, list[dict[str, 
 
 
 _RANK_FIELDS = {"rank_samples_per_s": "samples_per_s", "rank_step_time_s": "step_time_s",
-                "rank_data_wait_s": "data_wait_s"}
+                "rank_data_wait_s": "data_wait_s", "rank_compute_s": "compute_s",
+                "rank_sync_wait_s": "sync_wait_s", "rank_pipeline_stage": "stage",
+                "rank_stage_layers": "stage_layers"}
+_INT_RANK_FIELDS = ("stage", "stage_layers")
 
 
 def training_job_rank_throughput(*, job: TrainingJob) -> list[dict[str, Any]]:
     """Latest per-rank numbers, e.g. ``[{"rank": 0, "samples_per_s": 812.0, "step_time_s": 0.04,
-    "data_wait_s": 0.002}, ...]`` (seconds per step computing; seconds per step waiting for data).
+    "data_wait_s": 0.002, "compute_s": 0.011, "sync_wait_s": 0.027, "stage": None,
+    "stage_layers": None}, ...]``.
 
-    Taken from the last step that reported per-rank values (None where a metric is missing).
+    Seconds per step: ``data_wait_s`` waiting for the next batch; ``compute_s`` the rank's own
+    forward and backward, apart from waiting for other ranks; ``sync_wait_s`` the rest of the step
+    (the gradient sync, waiting for slower ranks, the optimizer); ``step_time_s`` = compute + sync
+    wait (equal on every rank in synchronous training). ``stage`` / ``stage_layers``: a pipeline
+    rank's stage (0-based) and its number of layers. Taken from the last step that reported
+    per-rank values (None where a metric is missing: older trainers report no compute).
     """
     per_rank = MetricPoint.objects.filter(job_id=job.pk, rank__isnull=False, name__in=tuple(_RANK_FIELDS))
     last_step = per_rank.aggregate(m=Max("step"))["m"]
@@ -145,34 +158,81 @@ def training_job_rank_throughput(*, job: TrainingJob) -> list[dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for rank, name, value in per_rank.filter(step=last_step).order_by("rank", "id").values_list("rank", "name", "value"):
         row = out.setdefault(rank, {"rank": rank, **dict.fromkeys(_RANK_FIELDS.values())})
-        row[_RANK_FIELDS[name]] = value
+        field = _RANK_FIELDS[name]
+        row[field] = int(value) if field in _INT_RANK_FIELDS and value is not None else value
     return [out[r] for r in sorted(out)]
+
+
+STRAGGLER_MIN_BEHIND_PCT = 10.0
+"""A rank is named the straggler only when it needs at least this much more time per step than the
+median of the other ranks: below it, ranks are equal up to noise (and "0% behind" says nothing)."""
+
+
+def _time_to_sync(row: dict[str, Any]) -> float | None:
+    """Seconds per step a rank needs before it can join the gradient sync: data wait + compute.
+    Records from trainers before compute was measured: the step time (which includes waiting)."""
+    if row.get("compute_s") is not None:
+        return (row.get("data_wait_s") or 0.0) + row["compute_s"]
+    return row.get("step_time_s")
 
 
 def training_job_straggler(*, job: TrainingJob,
                            ranks: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """The slowest rank by its latest step time and how far it trails the median of all ranks.
+    """The rank the others wait for, by its latest time to reach the gradient sync (data wait +
+    its own forward and backward, not the time it waits for the others), and what the waiting costs.
 
-    ``{"rank": 1, "step_time_s": 0.012, "median_step_time_s": 0.0089, "behind_pct": 35.0,
-    "data_wait_s": 0.001, "text": "rank 1 is the slowest: 0.012 s/step, 35% behind the median"}``;
-    None with fewer than two ranks reporting a step time. Ties go to the lowest rank. ``ranks``:
-    the rows of :func:`training_job_rank_throughput` when the caller has them already.
+    ``{"rank": 1, "stage": None, "time_to_sync_s": 0.024, "others_median_s": 0.004,
+    "behind_pct": 500.0, "data_wait_s": 0.001, "others_wait_s": 0.02, "lost_s": 12.5,
+    "lost_usd": Decimal("0.0125"), "text": "rank 1 makes the others wait: ..."}``:
+    ``others_wait_s`` seconds per step the other ranks together spend waiting for it (latest
+    record); ``lost_s`` rank-seconds all ranks spent waiting for the slowest rank over the run so
+    far (the sum of the trainer's ``wait_for_slowest_s``); ``lost_usd`` = lost_s × the job's price
+    per rank-second (``hourly_price_usd`` per instance-hour / ``procs_per_node`` / 3600), None
+    without a price. None with fewer than two ranks reporting, or when the slowest is less than
+    :data:`STRAGGLER_MIN_BEHIND_PCT` behind the others' median. Ties go to the lowest rank.
+    ``ranks``: the rows of :func:`training_job_rank_throughput` when the caller has them already.
     """
     rows = training_job_rank_throughput(job=job) if ranks is None else ranks
-    timed = [r for r in rows if r.get("step_time_s") is not None]
+    timed = [(r, t) for r in rows if (t := _time_to_sync(r)) is not None]
     if len(timed) < 2:
         return None
-    median = statistics.median(r["step_time_s"] for r in timed)
-    slowest = max(timed, key=lambda r: (r["step_time_s"], -r["rank"]))
-    behind = (slowest["step_time_s"] / median - 1.0) * 100.0 if median > 0 else 0.0
+    slowest, slowest_s = max(timed, key=lambda rt: (rt[1], -rt[0]["rank"]))
+    others = [t for r, t in timed if r is not slowest]
+    median = statistics.median(others)
+    if median > 0:
+        behind = (slowest_s / median - 1.0) * 100.0
+    else:
+        behind = math.inf if slowest_s > 0 else 0.0
+    if behind < STRAGGLER_MIN_BEHIND_PCT:
+        return None
+    others_wait = sum(slowest_s - t for t in others)
+    lost = (MetricPoint.objects.filter(job_id=job.pk, name="wait_for_slowest_s", rank__isnull=True)
+            .aggregate(s=Sum("value"))["s"]) or 0.0
+    lost_usd = None
+    if job.hourly_price_usd is not None and job.procs_per_node:
+        lost_usd = (Decimal(repr(lost)) * job.hourly_price_usd / job.procs_per_node / 3600).quantize(
+            Decimal("0.0001"), rounding=ROUND_HALF_UP)
+    stage = slowest.get("stage")
+    who = f"rank {slowest['rank']}" + (f" (pipeline stage {stage}, {slowest.get('stage_layers')} layers)"
+                                       if stage is not None else "")
+    text = (f"{who} makes the others wait: {slowest_s:.3g} s/step to reach the gradient sync (data + "
+            f"forward + backward), {behind:.0f}% more than the others' median of {median:.3g} s; they wait "
+            f"{others_wait:.3g} s/step for it")
+    if lost > 0:
+        text += f". Waiting so far: {lost:,.3g} rank-seconds"
+        if lost_usd is not None and job.hourly_price_usd > 0:
+            text += f", {format_usd(lost_usd)} at {format_usd_per_hour(job.hourly_price_usd)} per node"
     return {
         "rank": slowest["rank"],
-        "step_time_s": slowest["step_time_s"],
-        "median_step_time_s": median,
+        "stage": stage,
+        "time_to_sync_s": slowest_s,
+        "others_median_s": median,
         "behind_pct": behind,
         "data_wait_s": slowest.get("data_wait_s"),
-        "text": f"rank {slowest['rank']} is the slowest: {slowest['step_time_s']:.3g} s/step, "
-                f"{behind:.0f}% behind the median",
+        "others_wait_s": others_wait,
+        "lost_s": lost,
+        "lost_usd": lost_usd,
+        "text": text,
     }
 
 

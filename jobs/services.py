@@ -1378,8 +1378,10 @@ def training_job_cancel_send(*, job: TrainingJob) -> None:
 # Sync: describe, logs, metrics, cost, budget (called by jobs.tasks.sync_backend)
 # =============================================================================================
 
-_GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr")
-_RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s")
+_GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr",
+                   "wait_for_slowest_s")
+_RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s",
+                 "rank_sync_wait_s", "rank_pipeline_stage", "rank_stage_layers")
 _METRIC_EVENTS = {"step", "epoch", "failed"}
 _MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
 

@@ -24,13 +24,26 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
                                           that epoch, in order. Equal digests mean the same samples in
                                           the same order (a resumed run must match an uninterrupted one).
 ``samples_per_s``                         global training throughput (samples/s, training time only).
-``rank_samples_per_s``, ``rank_step_time_s``, ``rank_data_wait_s``
-                                          lists indexed by rank: samples/s; seconds per step spent
-                                          computing (forward, backward, gradient all-reduce, optimizer);
-                                          seconds per step spent waiting for the next batch (indexing,
-                                          augmentation, the copy to the device). A straggler shows as
-                                          one rank with a higher step time or data wait than the rest.
-                                          The throughput fields are absent along with train_loss.
+``rank_samples_per_s``, ``rank_step_time_s``, ``rank_data_wait_s``, ``rank_compute_s``, ``rank_sync_wait_s``
+                                          lists indexed by rank: samples/s this rank trained (every
+                                          stage of a pipeline trains each sample); seconds per step
+                                          waiting for the next batch (indexing, augmentation, the copy
+                                          to the device); seconds per step of the rank's own forward
+                                          and backward, apart from waiting for other ranks (see
+                                          :mod:`trainer_pkg.parallel`); seconds per step in the
+                                          gradient sync and the optimizer, waiting for slower ranks
+                                          included; ``rank_step_time_s`` = compute + sync wait, the
+                                          same on every rank in synchronous training. The straggler
+                                          is the rank with the largest data wait + compute: the
+                                          others wait for it. The throughput fields are absent along
+                                          with train_loss.
+``wait_for_slowest_s``                    rank-seconds the ranks spent, over the window since the
+                                          previous record, waiting for the slowest one to reach the
+                                          gradient sync: Σ over ranks of (slowest's data wait +
+                                          compute − its own).
+``rank_pipeline_stage``, ``rank_stage_layers``
+                                          pipeline only, with the throughput fields: each rank's stage
+                                          (0-based) and that stage's number of layers.
 ``nonfinite``    names of the fields whose value was NaN or infinite (a diverged run), each written as
                  ``null`` (JSON has no NaN); for a list field, its non-finite entries are ``null``.
                  Absent when every value is finite. See :func:`encode_record`.

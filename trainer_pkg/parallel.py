@@ -22,6 +22,19 @@
     Batches must have the same size every step (the stages agree on activation shapes once), so each
     epoch's last, incomplete batch is skipped; the next epoch's reshuffle trains those samples.
 
+Compute against waiting (the straggler): in synchronous training every rank's step takes as long as
+the slowest rank's, so a step time cannot tell which rank the others wait for. Each strategy
+therefore measures its rank's *compute*: the seconds of :meth:`Strategy.forward_backward` spent on
+this rank's own forward and backward, apart from the time it sits in a collective or a receive
+that waits for other ranks. ``ddp``: from the call to the moment this rank's last gradient is
+accumulated (a post-accumulate-grad hook on every parameter), so the gradient all-reduce it then
+waits in is left out (buffers are not broadcast in forward: :meth:`Strategy.sync_buffers` does
+that where they are read). ``fsdp``: the call's time less the time blocked in FSDP's parameter
+all-gathers and gradient reduce-scatters (timed by custom comms, ``set_custom_all_gather`` /
+``set_custom_reduce_scatter``). ``pipeline``: the time in the stage's own forward and backward of
+each micro-batch (``forward_one_chunk`` / ``backward_one_chunk``), not the waits for activations or
+gradients from the neighbouring stages. :meth:`Strategy.take_compute_seconds` hands it to the loop.
+
 Checkpoints and ``model.pt`` hold the *full* model as a bare state dict (the keys of the plain
 model) under every strategy, and the optimizer state keyed by parameter name (the format of
 ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(full_state_dict=True)``). So a
@@ -40,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Any, NamedTuple
 
 import torch
@@ -204,6 +218,13 @@ class Strategy:
     drop_last_batch: bool = False
 
     module: nn.Module  # the local, unwrapped module (the whole model, or a pipeline stage)
+    _compute_s: float = 0.0
+
+    def take_compute_seconds(self) -> float:
+        """Seconds of compute (see the module docstring) in :meth:`forward_backward` since the last
+        call: this rank's own forward and backward, without the time it waited for other ranks."""
+        seconds, self._compute_s = self._compute_s, 0.0
+        return seconds
 
     def parameters(self) -> list[nn.Parameter]:
         """What the optimizer updates on this rank."""
@@ -296,16 +317,32 @@ class DDPStrategy(Strategy):
         self.module = model
         self.find_unused = find_unused_parameters
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        # broadcast_buffers=False: a broadcast at every forward would be a collective before the
+        # gradient sync, where a fast rank waits for a slow one inside its own "compute"; the
+        # buffers (BatchNorm statistics) are broadcast where they are read instead (sync_buffers,
+        # before evaluation and checkpoints), and rank 0's evolve from rank 0's batches either way.
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                       find_unused_parameters=find_unused_parameters)
+                       find_unused_parameters=find_unused_parameters, broadcast_buffers=False)
         self._checked_unused = False
+        self._grads_ready = 0.0
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        # The last of these in a backward is when this rank's gradients are all computed: from then
+        # on it only waits for the all-reduce (and the ranks behind it).
+        self._grads_ready = time.perf_counter()
 
     def forward_backward(self, x, y, *, loss_scale, sync, autocast):
+        start = self._grads_ready = time.perf_counter()
         context = contextlib.nullcontext() if sync else self.ddp.no_sync()
         with context:
             with autocast:
                 logits = self.ddp(x)
             out = loss_backward(logits, y, loss_scale)
+        end = self._grads_ready if sync and self._grads_ready > start else time.perf_counter()
+        self._compute_s += end - start
         if sync and not self._checked_unused:
             self._checked_unused = True
             self._check_unused()
@@ -332,18 +369,27 @@ class FSDPStrategy(Strategy):
 
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(device.type, (self.dp_size,))
+        self._blocked_s = 0.0
+        sharded = []
         for _, layer in sequential_layers(model):
             if any(p.requires_grad for p in layer.parameters()):
                 fully_shard(layer, mesh=mesh)
+                sharded.append(layer)
         fully_shard(model, mesh=mesh)
         self.module = model
+        for m in sharded + [model]:
+            m.set_custom_all_gather(_TimedAllGather(self))
+            m.set_custom_reduce_scatter(_TimedReduceScatter(self))
 
     def forward_backward(self, x, y, *, loss_scale, sync, autocast):
         # Accumulating batches keep their gradients unsharded and unreduced: one reduce-scatter per step.
         self.module.set_requires_gradient_sync(sync)
+        start, blocked = time.perf_counter(), self._blocked_s
         with autocast:
             logits = self.module(x)
-        return loss_backward(logits, y, loss_scale)
+        out = loss_backward(logits, y, loss_scale)
+        self._compute_s += time.perf_counter() - start - (self._blocked_s - blocked)
+        return out
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         from torch.distributed.tensor import DTensor
@@ -382,13 +428,68 @@ class FSDPStrategy(Strategy):
             set_optimizer_state_dict(self.module, optimizer, optimizer_state, options=options)
 
 
+class _TimedAllGather:
+    """FSDP's all-gather (``all_gather_single``, as its default comm), run to completion here so the
+    time this rank is blocked in it (waiting for the others, then the transfer) is known.
+
+    Synchronous is what FSDP2 does on CPU anyway (``unshard`` defaults to ``async_op=False``); FSDP
+    waits on a returned Work only when there is one."""
+
+    def __init__(self, owner: "FSDPStrategy") -> None:
+        self.owner = owner
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> None:
+        start = time.perf_counter()
+        dist.all_gather_single(output_tensor, input_tensor, group=group)
+        self.owner._blocked_s += time.perf_counter() - start
+
+
+class _TimedReduceScatter(_TimedAllGather):
+    """FSDP's gradient reduce-scatter (``reduce_scatter_single``), timed like :class:`_TimedAllGather`."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> None:
+        start = time.perf_counter()
+        dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op)
+        self.owner._blocked_s += time.perf_counter() - start
+
+
+def _timed_stage_class():
+    """A ``PipelineStage`` whose own forward and backward of each micro-batch are timed (the
+    schedule receives activations and gradients outside these calls)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        compute_s = 0.0
+
+        def forward_one_chunk(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return super().forward_one_chunk(*args, **kwargs)
+            finally:
+                self.compute_s += time.perf_counter() - start
+
+        def backward_one_chunk(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return super().backward_one_chunk(*args, **kwargs)
+            finally:
+                self.compute_s += time.perf_counter() - start
+
+    return TimedStage
+
+
 class PipelineStrategy(Strategy):
     name = "pipeline"
     drop_last_batch = True
 
     def __init__(self, model: nn.Module, device: torch.device, *, num_stages: int, microbatches: int,
                  schedule: str):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
         world, rank = dist.get_world_size(), dist.get_rank()
         self.num_stages = num_stages
@@ -419,7 +520,7 @@ class PipelineStrategy(Strategy):
         self.layer_count = len(units)
 
         self._loss_scale = 1.0
-        self._stage = PipelineStage(self.module, self.stage_index, num_stages, device, group=self.pp_group)
+        self._stage = _timed_stage_class()(self.module, self.stage_index, num_stages, device, group=self.pp_group)
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         # scale_grads=False: the loss function already divides by micro-batches × accumulated batches,
         # so gradients accumulate across schedule steps unchanged.
@@ -431,6 +532,10 @@ class PipelineStrategy(Strategy):
 
     def parameter_names(self) -> list[str]:
         return [self.module.model_key(n) for n, _ in self.module.named_parameters()]
+
+    def take_compute_seconds(self) -> float:
+        seconds, self._stage.compute_s = self._stage.compute_s, 0.0
+        return seconds
 
     def forward_backward(self, x, y, *, loss_scale, sync, autocast):
         self._loss_scale = loss_scale / self.microbatches

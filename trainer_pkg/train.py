@@ -382,7 +382,8 @@ class MetricsLog:
 class Window:
     """Training sums since the previous record, on this rank (padded duplicates excluded)."""
 
-    FIELDS = ("loss_sum", "correct", "samples", "seconds", "steps", "step_seconds", "data_seconds")
+    FIELDS = ("loss_sum", "correct", "samples", "seconds", "steps", "step_seconds", "data_seconds",
+              "compute_seconds", "trained")
 
     def __init__(self) -> None:
         self.reset()
@@ -419,17 +420,28 @@ class PendingGather:
 
 
 def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
+    """The record fields of one window from every rank's sums (indexed by rank)."""
     samples = sum(r["samples"] for r in ranks)
     if samples == 0:
         return {}
     seconds = max(r["seconds"] for r in ranks)
+
+    def per_step(r: dict[str, float], value: float) -> float:
+        return value / r["steps"] if r["steps"] else 0.0
+
+    # Seconds each rank needed before it could join the step's gradient sync (data + its own forward
+    # and backward); the slowest sets the pace, and every other rank waits the difference.
+    ready = [r["data_seconds"] + r["compute_seconds"] for r in ranks]
     return {
         "train_loss": sum(r["loss_sum"] for r in ranks) / samples,
         "train_accuracy": sum(r["correct"] for r in ranks) / samples,
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-        "rank_samples_per_s": [r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0 for r in ranks],
-        "rank_step_time_s": [r["step_seconds"] / r["steps"] if r["steps"] else 0.0 for r in ranks],
-        "rank_data_wait_s": [r["data_seconds"] / r["steps"] if r["steps"] else 0.0 for r in ranks],
+        "rank_samples_per_s": [r["trained"] / r["seconds"] if r["seconds"] > 0 else 0.0 for r in ranks],
+        "rank_step_time_s": [per_step(r, r["step_seconds"]) for r in ranks],
+        "rank_data_wait_s": [per_step(r, r["data_seconds"]) for r in ranks],
+        "rank_compute_s": [per_step(r, r["compute_seconds"]) for r in ranks],
+        "rank_sync_wait_s": [per_step(r, max(0.0, r["step_seconds"] - r["compute_seconds"])) for r in ranks],
+        "wait_for_slowest_s": sum(max(ready) - x for x in ready),
     }
 
 
@@ -743,17 +755,24 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     # count on the device, the sample count and the timings as plain Python numbers.
     loss_acc = torch.zeros((), dtype=torch.float64, device=device)
     correct_acc = torch.zeros((), dtype=torch.int64, device=device)
-    acc = {"samples": 0, "steps": 0, "seconds": 0.0, "step_seconds": 0.0, "data_seconds": 0.0}
+    acc = {"samples": 0, "trained": 0, "steps": 0, "seconds": 0.0, "step_seconds": 0.0, "data_seconds": 0.0,
+           "compute_seconds": 0.0}
 
     # A ``step`` record's all-gather runs in the background and the record is written one step later
     # (with the time and values of its own step): a record costs no rank a wait in the step loop.
     deferred: list[tuple[dict[str, Any], PendingGather, dict[str, Any]]] = []
+    # What each rank does, for the per-rank table (a pipeline's stages differ by design).
+    layout: dict[str, Any] = {}
+    if strategy.name == "pipeline":
+        layout = {"rank_pipeline_stage": [r % strategy.num_stages for r in range(topo.world_size)],
+                  "rank_stage_layers": [strategy.stage_sizes[r % strategy.num_stages] for r in range(topo.world_size)]}
 
     def flush_record() -> None:
         """Write the ``step`` record whose gather is in flight, if any (rank 0; collective-free)."""
         while deferred:
             head, gathered, tail = deferred.pop()
-            metrics.write({**head, **_window_fields(gathered.result()), **tail})
+            fields = _window_fields(gathered.result())
+            metrics.write({**head, **fields, **(layout if fields else {}), **tail})
 
     def report(event: str, epoch: int, **extra: Any) -> None:
         """Collective: emit one record with the global window since the previous record."""
@@ -762,7 +781,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                              **{k: float(v) for k, v in acc.items()})
         loss_acc.zero_()
         correct_acc.zero_()
-        acc.update(samples=0, steps=0, seconds=0.0, step_seconds=0.0, data_seconds=0.0)
+        acc.update(samples=0, trained=0, steps=0, seconds=0.0, step_seconds=0.0, data_seconds=0.0,
+                   compute_seconds=0.0)
         head = {"event": event, "time": time.time(), "epoch": epoch, "step": step,
                 "world_size": topo.world_size, "lr": optimizer.param_groups[0]["lr"]}
         tail = {"grad_norm": grad_norm} if grad_norm is not None else {}
@@ -845,13 +865,19 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                     # Each batch's mean loss weighs 1/len(group): the step's gradient is the mean over the group.
                     out = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
                                                     autocast=autocast)
+                    keep = None
+                    if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
+                        keep = _real_mask(torch.arange(start, start + len(idx)),
+                                          strategy.dp_rank, strategy.dp_size, n_train)
+                        real = int(keep.sum())
+                    else:
+                        real = len(idx)
+                    acc["trained"] += real  # every stage of a pipeline trains the batch
                     if out is not None:  # (out's tensors are detached: no autograd here)
                         nonfinite.see(out.loss, step + 1)
                         hits = out.logits.argmax(1) == yb
-                        if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
-                            keep = _real_mask(torch.arange(start, start + len(idx)),
-                                              strategy.dp_rank, strategy.dp_size, n_train)
-                            acc["samples"] += int(keep.sum())
+                        if keep is not None:
+                            acc["samples"] += real
                             keep = keep.to(device)
                             losses = F.cross_entropy(out.logits.float(), yb, reduction="none")
                             loss_acc.add_(losses[keep].sum())
@@ -876,6 +902,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                 acc["data_seconds"] += data_seconds
                 acc["seconds"] += seconds
                 acc["step_seconds"] += seconds - data_seconds
+                acc["compute_seconds"] += strategy.take_compute_seconds()
                 if deferred:  # the previous step's record: its gather has finished by now
                     flush_record()
                 if step == first_step:

@@ -349,6 +349,7 @@ def _live_context(job) -> dict[str, Any]:
         "events": selectors.training_job_events(job=job),
         "interruptions": selectors.training_job_interruption_count(job=job),
         "ranks": ranks,
+        "pipeline_ranks": any(r.get("stage") is not None for r in ranks),
         "straggler": selectors.training_job_straggler(job=job, ranks=ranks),
         "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),
         "log_tail_lines": LOG_TAIL_LINES,

@@ -135,11 +135,13 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
     assert series["train_loss"] == [{"step": 10, "epoch": 0, "value": 1.5}]
     assert set(series) == {"train_loss", "train_accuracy", "samples_per_s", "lr", "val_loss", "val_accuracy"}
     assert MetricPoint.objects.filter(job=job, name="rank_samples_per_s").count() == 4
+    # a trainer that reported no compute / sync wait and no pipeline stages
+    NOT_REPORTED = dict.fromkeys(("compute_s", "sync_wait_s", "stage", "stage_layers"))
     assert training_job_rank_throughput(job=job) == [
-        {"rank": 0, "samples_per_s": 200.0, "step_time_s": 0.1, "data_wait_s": 0.01},
-        {"rank": 1, "samples_per_s": 201.0, "step_time_s": 0.11, "data_wait_s": 0.0},
-        {"rank": 2, "samples_per_s": 199.0, "step_time_s": 0.1, "data_wait_s": 0.02},
-        {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12, "data_wait_s": 0.03},
+        {"rank": 0, "samples_per_s": 200.0, "step_time_s": 0.1, "data_wait_s": 0.01, **NOT_REPORTED},
+        {"rank": 1, "samples_per_s": 201.0, "step_time_s": 0.11, "data_wait_s": 0.0, **NOT_REPORTED},
+        {"rank": 2, "samples_per_s": 199.0, "step_time_s": 0.1, "data_wait_s": 0.02, **NOT_REPORTED},
+        {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12, "data_wait_s": 0.03, **NOT_REPORTED},
     ]
     # Terminal jobs are no longer synced.
     assert services.backend_sync(backend_id=scripted_backend.pk) == 0

@@ -166,9 +166,38 @@ class MetricSummarySerializer(serializers.Serializer):
 
 
 class RankThroughputSerializer(serializers.Serializer):
+    """One rank's latest numbers (seconds are per optimizer step)."""
+
     rank = serializers.IntegerField()
-    samples_per_s = serializers.FloatField(allow_null=True)
-    step_time_s = serializers.FloatField(allow_null=True)
+    samples_per_s = serializers.FloatField(allow_null=True, help_text="Samples this rank trained per second "
+                                                                      "(every stage of a pipeline trains each one).")
+    step_time_s = serializers.FloatField(allow_null=True, help_text="compute_s + sync_wait_s: the same on every "
+                                                                    "rank in synchronous training.")
+    data_wait_s = serializers.FloatField(allow_null=True, help_text="Waiting for the next batch.")
+    compute_s = serializers.FloatField(allow_null=True, help_text="This rank's own forward and backward, apart "
+                                                                  "from waiting for other ranks.")
+    sync_wait_s = serializers.FloatField(allow_null=True, help_text="The gradient sync and optimizer, including "
+                                                                    "waiting for slower ranks.")
+    stage = serializers.IntegerField(allow_null=True, help_text="Pipeline jobs: this rank's stage (0-based).")
+    stage_layers = serializers.IntegerField(allow_null=True, help_text="Pipeline jobs: layers in that stage.")
+
+
+class StragglerSerializer(serializers.Serializer):
+    """The rank the others wait for (jobs.selectors.training_job_straggler)."""
+
+    rank = serializers.IntegerField()
+    stage = serializers.IntegerField(allow_null=True)
+    time_to_sync_s = serializers.FloatField(help_text="Seconds per step it needs before the gradient sync "
+                                                      "(data wait + forward + backward).")
+    others_median_s = serializers.FloatField(help_text="The same for the other ranks (their median).")
+    behind_pct = serializers.FloatField()
+    data_wait_s = serializers.FloatField(allow_null=True)
+    others_wait_s = serializers.FloatField(help_text="Seconds per step the other ranks together wait for it.")
+    lost_s = serializers.FloatField(help_text="Rank-seconds spent waiting for the slowest rank over the run so far.")
+    lost_usd = serializers.DecimalField(max_digits=14, decimal_places=4, allow_null=True,
+                                        help_text="lost_s × the job's price per rank-second (hourly price per "
+                                                  "instance / processes per node / 3600).")
+    text = serializers.CharField()
 
 
 class ConnectionCheckSerializer(serializers.Serializer):
@@ -248,9 +277,11 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     events = serializers.SerializerMethodField()
     metrics = serializers.SerializerMethodField()
     ranks = serializers.SerializerMethodField()
+    straggler = serializers.SerializerMethodField(
+        help_text="The rank the others wait for; null when no rank is meaningfully (10%) slower.")
 
     class Meta(TrainingJobSerializer.Meta):
-        fields = TrainingJobSerializer.Meta.fields + ["config", "events", "metrics", "ranks"]
+        fields = TrainingJobSerializer.Meta.fields + ["config", "events", "metrics", "ranks", "straggler"]
         read_only_fields = fields
 
     @extend_schema_field(JobEventSerializer(many=True))
@@ -271,7 +302,18 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
 
     @extend_schema_field(RankThroughputSerializer(many=True))
     def get_ranks(self, job: TrainingJob) -> list[dict[str, Any]]:
-        return RankThroughputSerializer(selectors.training_job_rank_throughput(job=job), many=True).data
+        return RankThroughputSerializer(self._ranks(job), many=True).data
+
+    @extend_schema_field(StragglerSerializer(allow_null=True))
+    def get_straggler(self, job: TrainingJob) -> dict[str, Any] | None:
+        straggler = selectors.training_job_straggler(job=job, ranks=self._ranks(job))
+        return StragglerSerializer(straggler).data if straggler else None
+
+    def _ranks(self, job: TrainingJob) -> list[dict[str, Any]]:
+        cache = self.context.setdefault("_ranks", {})
+        if job.pk not in cache:
+            cache[job.pk] = selectors.training_job_rank_throughput(job=job)
+        return cache[job.pk]
 
 
 class TrainingJobCreateSerializer(serializers.Serializer):
