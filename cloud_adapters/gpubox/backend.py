@@ -29,7 +29,8 @@ STOPPING    supervisor alive, ``cancel_requested`` present   ``stopping``
             (SIGTERM sent)
 SUCCEEDED   exit.json, returncode 0, not cancelled           ``exited 0``
 FAILED      exit.json, returncode ≠ 0 (or max runtime);      ``exited N`` / ``max-runtime``
-            supervisor gone without exit.json                ``lost``
+            supervisor gone without exit.json; the run       ``lost``
+            directory itself gone (its run root still there)
 CANCELLED   exit.json with ``cancelled`` (stopped by user)   ``cancelled``
 ==========  ===============================================  ==========================
 
@@ -313,10 +314,19 @@ class GpuBoxBackend(Backend):
     # -- describe ---------------------------------------------------------------------------
 
     def describe(self, handle: JobHandle) -> JobStatus:
-        """The job's state, read from its run directory only (see the module's state table)."""
+        """The job's state, read from its run directory only (see the module's state table).
+
+        A run directory that is gone while the run root that held it is still there was removed
+        under the job: FAILED ("run directory lost"), that job alone. A run root that is gone too
+        (an unmounted disk, another machine) raises a transient :class:`ProviderError`: no job is
+        judged until it is back.
+        """
         run_dir = self._handle_dir(handle)
         if not run_dir.is_dir():
-            raise ProviderError(f"run directory {run_dir} not found; was the job submitted on this box?")
+            self._check_run_root(run_dir)
+            return JobStatus(JobState.FAILED, raw_state="lost", failure_reason=(
+                f"run directory lost: {run_dir} no longer exists (removed while the job was active); "
+                f"its log and outputs are gone. Re-run the job."))
         sup = _proc.read_json(run_dir / "supervisor.json") or {}
         exit_info = _proc.read_json(run_dir / "exit.json")
         if exit_info is None and not _proc.is_alive(sup.get("pid"), sup.get("start_ticks")):
@@ -427,7 +437,8 @@ class GpuBoxBackend(Backend):
         """
         run_dir = self._handle_dir(handle)
         if not run_dir.is_dir():
-            raise ProviderError(f"run directory {run_dir} not found; was the job submitted on this box?")
+            self._check_run_root(run_dir)
+            return  # the run directory is lost (describe reports it FAILED): nothing left to stop
         if (run_dir / "exit.json").exists():
             return  # already over: nothing to stop
         marker = run_dir / "cancel_requested"
@@ -499,6 +510,15 @@ class GpuBoxBackend(Backend):
     def _run_dir(self, job_name: str) -> Path:
         _check_job_name(job_name)
         return self.run_root / job_name
+
+    @staticmethod
+    def _check_run_root(run_dir: Path) -> None:
+        """Raise a transient ProviderError when the run root that holds ``run_dir`` is missing."""
+        if not run_dir.parent.is_dir():
+            raise ProviderError(
+                f"run root {run_dir.parent} not found on this machine: is its disk mounted, and does this "
+                f"worker run on the GPU box the job was submitted to? Its jobs keep their state until it is back.",
+                transient=True)
 
     def _handle(self, job_name: str, run_dir: Path) -> JobHandle:
         return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=str(run_dir))

@@ -432,3 +432,23 @@ def test_killed_supervisor_is_reported_failed(backend):
     assert not Path(run_dir, "exit.json").exists()
     # describe() killed the orphaned ranks: a FAILED job holds no GPU.
     assert_all_gone(run_dir, tr["pgid"])
+
+
+def test_a_lost_run_directory_is_failed_and_cancel_is_a_no_op(backend):
+    """A run directory removed under a job: FAILED "run directory lost" (that job only); its cancel
+    has nothing to stop. A run root that is gone itself is a transient error, no verdict."""
+    from cloud_adapters.base import ProviderError
+
+    backend.run_root.mkdir(parents=True)
+    handle = JobHandle(provider="gpubox", job_name="tb-job-1-gone", provider_job_id=str(backend.run_root / "tb-job-1-gone"))
+    status = backend.describe(handle)
+    assert (status.state, status.raw_state) == (JobState.FAILED, "lost")
+    assert status.failure_reason.startswith(f"run directory lost: {backend.run_root / 'tb-job-1-gone'} no longer exists")
+    backend.cancel(handle)  # returns: nothing left to stop
+    assert not (backend.run_root / "tb-job-1-gone").exists()
+
+    backend.run_root.rmdir()
+    for call in (backend.describe, backend.cancel):
+        with pytest.raises(ProviderError) as excinfo:
+            call(handle)
+        assert excinfo.value.transient and f"run root {backend.run_root} not found" in str(excinfo.value)
