@@ -272,8 +272,9 @@ class NonfiniteLoss:
     at the stop agreements (every 1-50 steps) and at epoch ends.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.on_host = device.type == "cpu"
+    def __init__(self, device: torch.device, on_host: bool | None = None) -> None:
+        # on_host: read each loss on the host (default: on CPU); False keeps the device-side flag.
+        self.on_host = device.type == "cpu" if on_host is None else on_host
         self.first = -math.inf
         if not self.on_host:
             self._first = torch.full((), -math.inf, dtype=torch.float64, device=device)
@@ -286,7 +287,8 @@ class NonfiniteLoss:
                 if not math.isfinite(value):
                     self.first = -(2.0 * step + (1.0 if math.isinf(value) else 0.0))
             return
-        code = torch.where(torch.isnan(loss), -2.0 * step, -(2.0 * step + 1.0)).to(torch.float64)
+        # Device ops with Python-number operands only: no host-device copy, no sync.
+        code = torch.isinf(loss).to(torch.float64).add_(2.0 * step).neg_()
         bad = ~torch.isfinite(loss) & (self._first == -math.inf)
         self._first = torch.where(bad, code, self._first)
 

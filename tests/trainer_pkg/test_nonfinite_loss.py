@@ -13,7 +13,7 @@ from trainer_helpers import torchrun, write_job
 from trainer_pkg import launch
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.metrics import encode_record, format_metric_line, parse_metric_line
-from trainer_pkg.train import describe_nonfinite
+from trainer_pkg.train import NonfiniteLoss, describe_nonfinite
 
 
 def strict_records(path):
@@ -77,3 +77,16 @@ def test_record_encoding_and_reasons():
     assert describe_nonfinite(-(2.0 * 7 + 1)) == "loss became infinite at step 7"
     with pytest.raises(ConfigError, match="train.on_nonfinite_loss"):
         JobConfig.from_dict({"train": {"on_nonfinite_loss": "ignore"}})
+
+
+@pytest.mark.parametrize("on_host", [True, False])  # False: the bookkeeping a GPU run uses, kept in a tensor
+def test_the_first_nonfinite_step_is_kept_exactly(on_host):
+    import torch
+
+    watch = NonfiniteLoss(torch.device("cpu"), on_host=on_host)
+    for step, loss in [(1, 2.0), (2, 1.5)]:
+        watch.see(torch.tensor(loss), step)
+    assert watch.code() == -math.inf
+    for step, loss in [(20_000_001, float("inf")), (20_000_002, float("nan"))]:
+        watch.see(torch.tensor(loss), step)
+    assert describe_nonfinite(watch.code()) == "loss became infinite at step 20000001"
