@@ -7,6 +7,7 @@ outside that fragment and are updated in place from ``job_metrics`` (see static/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -235,14 +236,16 @@ def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
         else:
             messages.success(request, f"Backend {form.cleaned_data['name']} saved.")
             return redirect("backend-list")
-    return _backend_form_page(request, form, backend)
+    saved = request.session.pop(_checks_key(pk), None) if request.method == "GET" else None
+    checks = [ConnectionCheck(**check) for check in saved] if saved is not None else None
+    return _backend_form_page(request, form, backend, checks)
 
 
 @login_required
 @require_POST
 def backend_test_connection(request: HttpRequest, pk: int) -> HttpResponse:
     """Run the backend's connection checks with its saved settings. htmx: the results fragment;
-    otherwise the edit page with the results above the form."""
+    otherwise a redirect to the edit page, which shows the results above the form (once)."""
     backend = _changeable(request, get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk))
     try:
         checks = services.backend_test_connection(backend=backend, user=request.user)
@@ -250,8 +253,14 @@ def backend_test_connection(request: HttpRequest, pk: int) -> HttpResponse:
         checks = [ConnectionCheck("permission", False, m) for ms in service_error_dict(exc).values() for m in ms]
     if request.htmx:
         return render(request, "webapp/backends/_connection.html", {"backend": backend, "checks": checks})
-    form = BackendForm(initial=BackendForm.initial_from(backend), user=request.user, backend=backend)
-    return _backend_form_page(request, form, backend, checks)
+    # Redirect after POST (the Backends list's button): the browser lands on the edit page, which
+    # shows these results once, and a reload there does not run the test again.
+    request.session[_checks_key(pk)] = [dataclasses.asdict(check) for check in checks]
+    return redirect("backend-edit", pk=pk)
+
+
+def _checks_key(pk: int) -> str:
+    return f"backend-connection-checks-{pk}"
 
 
 # --- jobs ------------------------------------------------------------------------------------

@@ -216,14 +216,18 @@ def test_button_posts_with_csrf_and_shows_each_check(user, local_backend):
     assert client.post(url).status_code == 403  # no CSRF token
     page = client.get(reverse("backend-edit", args=[local_backend.pk])).content.decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    response = client.post(url, {"csrfmiddlewaretoken": token})
-    assert response.status_code == 200
+    # Redirect after POST: the browser ends on the edit page (GET), so a reload does not test again.
+    edit_url = reverse("backend-edit", args=[local_backend.pk])
+    response = client.post(url, {"csrfmiddlewaretoken": token}, follow=True)
+    assert response.redirect_chain == [(edit_url, 302)]
+    assert response.status_code == 200 and response.request["REQUEST_METHOD"] == "GET"
     html = response.content.decode()
     assert response.context["checks"][0].ok
     assert re.search(r'<li class="check check-ok" data-ok="true">\s*<span class="badge state-succeeded">ok</span>\s*'
                      r'<strong>settings</strong> <span>settings are valid; this backend has nothing remote to '
                      r'check</span>', html)
     assert 'id="backend-form"' in html  # the edit page around the results
+    assert "connection-checks" not in client.get(edit_url).content.decode()  # shown once
     assert client.get(url).status_code == 405
 
 
@@ -243,7 +247,7 @@ def test_htmx_gets_the_results_fragment_for_sagemaker(owner_client, sagemaker_ba
 
 def test_broken_settings_show_a_failed_check_not_a_500(owner_client, sagemaker_backend):
     ComputeBackend.objects.filter(pk=sagemaker_backend.pk).update(config={"region": "us-east-1"})
-    response = owner_client.post(reverse("backend-test-connection", args=[sagemaker_backend.pk]))
+    response = owner_client.post(reverse("backend-test-connection", args=[sagemaker_backend.pk]), follow=True)
     assert response.status_code == 200
     (check,) = response.context["checks"]
     assert (check.name, check.ok) == ("settings", False)

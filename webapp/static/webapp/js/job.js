@@ -16,6 +16,16 @@
     if (message && !window.confirm(message)) event.preventDefault();
   });
 
+  // The messages above the job ("Job … queued.", "Cancelling …: the job stops when the backend
+  // confirms it.") describe it as it was when the page loaded: once the polled fragment shows
+  // another state they are out of date, and they go.
+  const liveAtLoad = document.getElementById("job-live");
+  const stateAtLoad = liveAtLoad && liveAtLoad.dataset.state;
+  document.body.addEventListener("htmx:afterSettle", function (event) {
+    if (event.target.id !== "job-live" || event.target.dataset.state === stateAtLoad) return;
+    document.querySelectorAll("ul.messages").forEach((list) => list.remove());
+  });
+
   const charts = document.getElementById("charts");
   const dataNode = document.getElementById("metrics-data");
   if (!charts || !dataNode || typeof Chart === "undefined") return;
