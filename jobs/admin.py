@@ -391,7 +391,8 @@ class TrainingJobAdmin(OwnedAdmin):
         any selected job has not ended (a running job's cloud resources would be left behind)."""
         from django.contrib.admin.actions import delete_selected as django_delete_selected
 
-        active = list(queryset.exclude(state__in=TERMINAL_STATE_VALUES).order_by("pk").only("pk", "name", "state"))
+        active = list(queryset.exclude(state__in=TERMINAL_STATE_VALUES).select_related(None)
+                      .order_by("pk").only("pk", "name", "state"))
         if not active:
             return django_delete_selected(self, request, queryset)
         named = ", ".join(f"#{job.pk} {job} ({job.state})" for job in active[:self.ACTIVE_LISTED])

@@ -45,7 +45,7 @@ def _text(html: str) -> str:
 
 def test_admin_delete_selected_refuses_active_jobs_by_name_and_deletes_nothing(
         client, user, digits_dataset, cnn_model, local_backend):
-    queued = _job(user, digits_dataset, cnn_model, local_backend, "still-queued")
+    queued = _job(user, digits_dataset, cnn_model, local_backend, "")  # unnamed: job-<id>, as the list shows it
     running = _job(user, digits_dataset, cnn_model, local_backend, "now-running")
     transition(running, S.SUBMITTING)
     transition(running, S.RUNNING)
@@ -62,7 +62,7 @@ def test_admin_delete_selected_refuses_active_jobs_by_name_and_deletes_nothing(
                                follow=True)
         assert response.redirect_chain == [(reverse(CHANGELIST), 302)] and response.status_code == 200
         expected = (
-            f"Nothing was deleted: 2 of the selected jobs have not ended: #{queued.pk} still-queued (QUEUED), "
+            f"Nothing was deleted: 2 of the selected jobs have not ended: #{queued.pk} job-{queued.pk} (QUEUED), "
             f"#{running.pk} now-running (RUNNING). Cancel them (action “Cancel selected jobs”) and delete them "
             f"once they have ended, or select only ended jobs.")
         assert [str(m) for m in response.context["messages"]] == [expected]
