@@ -11,6 +11,8 @@ survives a Celery worker restart and any worker on the machine can describe or c
         torchrun.json      torchrun pid = process-group id, start ticks
         train.log          torchrun's and every rank's stdout + stderr (metric records included)
         supervisor.log     the supervisor's own messages (cancel, SIGKILL escalation, exit code)
+        start.lock         flock held while a submit starts the supervisor, and by the supervisor
+                           until it has written supervisor.json
         cancel_requested   present once cancel() was called (its mtime is when)
         exit.json          written last and atomically: returncode, started_at, ended_at,
                            cancelled, reason
@@ -40,7 +42,9 @@ killed by the escalation below) is CANCELLED, never SUCCEEDED.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import importlib.util
 import json
 import math
@@ -51,7 +55,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from cloud_adapters.base import (
     Backend,
@@ -76,6 +80,7 @@ MAX_LOG_LINES = 2000  # lines per logs() call
 MAX_LOG_BYTES = 4 * 1024 * 1024  # bytes read per logs() call
 FAILURE_TAIL_BYTES = 256 * 1024  # how much of the end of train.log failure_reason looks at
 STARTUP_GRACE_S = 30.0  # a run dir this young without supervisor.json is still being submitted
+START_LOCK_WAIT_S = 30.0  # how long a submit waits for another attempt that is starting the same run
 ESCALATE_AFTER_S = 5.0  # on top of the grace period before cancel SIGKILLs the group itself
 RUNNING_EVENTS = frozenset({"started", "step", "epoch", "completed"})
 MAX_PROCS_PER_NODE = 1024  # the dashboard's ceiling for any backend (jobs.services.MAX_PROCS_PER_NODE)
@@ -232,13 +237,18 @@ class GpuBoxBackend(Backend):
     def submit(self, spec: JobSpec) -> JobHandle:
         """Create ``<run_root>/<job_name>`` and start the supervisor; returns at once.
 
-        Idempotent: the run directory is created with one atomic ``mkdir``; when it already exists
-        the job is adopted and no second torchrun is started.
+        Idempotent: a run whose supervisor started (``supervisor.json``, or ``exit.json`` when it
+        could not start) is adopted and no second torchrun is started. A run directory without
+        either is what an attempt left when its worker died before starting the supervisor: this
+        call starts it. Attempts take ``start.lock`` (``flock``) first, and the supervisor holds it
+        too until it has recorded itself, so two attempts, or a retry after the first worker died
+        just after starting the supervisor, never start two. Raises a transient
+        :class:`ProviderError` when another attempt holds the lock for more than 30 s.
         """
         self.validate(spec)
         run_dir = self._run_dir(spec.job_name)
         handle = self._handle(spec.job_name, run_dir)
-        if (run_dir / "supervisor.json").exists():
+        if _started(run_dir):
             return handle  # the common retry: adopt without touching anything
         trainer_dir = self._trainer_dir(spec)
         try:
@@ -255,11 +265,19 @@ class GpuBoxBackend(Backend):
 
         try:
             self.run_root.mkdir(parents=True, exist_ok=True)
-            os.mkdir(run_dir)  # atomic: exactly one submit of this name gets past here
+            os.mkdir(run_dir)
         except FileExistsError:
-            return handle  # submitted before (a retry or a duplicate delivery): adopt it
+            pass  # an earlier attempt made it; the lock below decides whether its run started
         except OSError as exc:
             raise ProviderError(f"cannot create run directory {run_dir}: {exc}") from exc
+        with _start_lock(run_dir) as lock_fd:
+            if _started(run_dir):
+                return handle  # another attempt started it while we waited: adopt it
+            return self._start(spec, run_dir, handle, config, trainer_dir, lock_fd)
+
+    def _start(self, spec: JobSpec, run_dir: Path, handle: JobHandle, config: dict[str, Any],
+               trainer_dir: Path, lock_fd: int) -> JobHandle:
+        """Write the run's files and start its supervisor (the caller holds ``start.lock``)."""
         _proc.write_json_atomic(run_dir / "job.json", config)
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
@@ -278,6 +296,7 @@ class GpuBoxBackend(Backend):
             "--run-dir", str(run_dir),
             "--grace-period", repr(float(self.config["grace_period_s"])),
             "--max-runtime", str(int(spec.max_runtime_s)),
+            "--start-lock-fd", str(lock_fd),
             "--",
             self.config["python"], "-m", "torch.distributed.run",
             "--standalone", "--nnodes", "1", "--nproc_per_node", str(spec.procs_per_node),
@@ -295,6 +314,7 @@ class GpuBoxBackend(Backend):
                     env=env,
                     start_new_session=True,  # outlives the worker; the worker's signals don't reach it
                     close_fds=True,
+                    pass_fds=(lock_fd,),  # held until it has recorded itself, should this worker die first
                 )
         except OSError as exc:
             _proc.write_json_atomic(
@@ -563,6 +583,35 @@ def _check_job_name(name: str) -> None:
             f"job name {name!r}: must be 1–63 letters, digits or '-', starting with a letter or "
             f"digit (it names the run directory)."
         )
+
+
+def _started(run_dir: Path) -> bool:
+    """True once a supervisor recorded itself in ``run_dir`` or the attempt to start one failed."""
+    return (run_dir / "supervisor.json").exists() or (run_dir / "exit.json").exists()
+
+
+@contextlib.contextmanager
+def _start_lock(run_dir: Path) -> Iterator[int]:
+    """Hold ``run_dir/start.lock`` (an exclusive ``flock``); yields its descriptor.
+
+    The kernel drops the lock when every process holding the descriptor has closed it or died, so a
+    dead worker never leaves it taken. Raises a transient ProviderError after 30 s of waiting.
+    """
+    fd = os.open(run_dir / "start.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        deadline = time.monotonic() + START_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ProviderError(f"another attempt is still starting {run_dir.name}; retry later",
+                                        transient=True) from None
+                time.sleep(0.05)
+        yield fd
+    finally:
+        os.close(fd)  # never LOCK_UN: that would release the supervisor's hold on it too
 
 
 def _mtime(path: Path) -> float | None:

@@ -4,13 +4,14 @@ and leaves the outcome on disk.
 Started detached by :meth:`GpuBoxBackend.submit` (never through a shell)::
 
     python -m cloud_adapters.gpubox.supervisor --run-dir DIR --grace-period 10 --max-runtime 3600 \\
-        -- /usr/bin/python3 -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node 2 \\
-           -m trainer_pkg.launch --config DIR/job.json
+        --start-lock-fd 5 -- /usr/bin/python3 -m torch.distributed.run --standalone --nnodes 1 \\
+           --nproc_per_node 2 -m trainer_pkg.launch --config DIR/job.json
 
 What it does, in order:
 
 1. records itself in ``DIR/supervisor.json`` (pid, /proc start ticks, start time) unless the
-   submitting process already did;
+   submitting process already did, then closes its copy of ``DIR/start.lock`` (``--start-lock-fd``)
+   so that a retry of the submit may adopt the run;
 2. starts the command in its own process group (``start_new_session``), stdout and stderr appended
    to ``DIR/train.log``, cwd ``DIR``, ``TRAINBOARD_GPUBOX_RUN=DIR`` in its environment, and records
    the group in ``DIR/torchrun.json``. torchrun starts each rank in a session of its own, so the
@@ -51,8 +52,10 @@ POLL_S = 0.2  # how often the wait loop looks at the child, the cancel file and 
 
 
 class _Supervisor:
-    def __init__(self, run_dir: Path, grace_s: float, max_runtime_s: float, command: list[str]):
+    def __init__(self, run_dir: Path, grace_s: float, max_runtime_s: float, command: list[str],
+                 start_lock_fd: int | None = None):
         self.run_dir = run_dir
+        self.start_lock_fd = start_lock_fd
         self.grace_s = grace_s
         self.max_runtime_s = max_runtime_s
         self.command = command
@@ -80,6 +83,11 @@ class _Supervisor:
             write_json_atomic(
                 record, {"pid": pid, "start_ticks": start_ticks(pid), "started_at": self.started_at}
             )
+        if self.start_lock_fd is not None:
+            # Recorded: a retry now adopts this run, so the start lock (inherited from the submit,
+            # held in case that worker died) may go. Closed, never unlocked (see backend._start_lock).
+            os.close(self.start_lock_fd)
+            self.start_lock_fd = None
 
         if self.cancel_requested():  # cancelled before torchrun ever started
             self.say("cancel requested before start; torchrun not started")
@@ -187,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--grace-period", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL")
     parser.add_argument("--max-runtime", type=float, default=3600.0, help="seconds")
+    parser.add_argument("--start-lock-fd", type=int, default=None,
+                        help="descriptor of the run's start.lock, closed once supervisor.json is written")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the torchrun command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -196,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.run_dir.is_absolute():
         parser.error("--run-dir must be absolute")
     # Not resolved: the backend finds the ranks by this exact string (their environment tag).
-    sup = _Supervisor(args.run_dir, args.grace_period, args.max_runtime, command)
+    sup = _Supervisor(args.run_dir, args.grace_period, args.max_runtime, command, args.start_lock_fd)
 
     def on_term(signum: int, frame: object) -> None:  # a flag only: the wait loop does the work
         sup.signalled = True

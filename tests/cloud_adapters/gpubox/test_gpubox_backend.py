@@ -452,3 +452,26 @@ def test_a_lost_run_directory_is_failed_and_cancel_is_a_no_op(backend):
         with pytest.raises(ProviderError) as excinfo:
             call(handle)
         assert excinfo.value.transient and f"run root {backend.run_root} not found" in str(excinfo.value)
+
+
+def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the_run(backend):
+    """The first attempt's worker died inside submit after creating the run directory, before the
+    supervisor started (issue 11, item 18). The retry, and a duplicate delivery racing it, must not
+    adopt that empty directory (it would fail "supervisor never started" though nothing ran): one of
+    them starts the run, exactly once, and the other adopts it."""
+    name = "digits-retried"
+    run_dir = backend.run_root / name
+    run_dir.mkdir(parents=True)
+    long_ago = time.time() - 600  # past the start-up grace: describe would call an empty one lost
+    os.utime(run_dir, (long_ago, long_ago))
+
+    handles: list[JobHandle] = []
+    threads = [threading.Thread(target=lambda: handles.append(backend.submit(spec(name)))) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(handles) == 2 and handles[0] == handles[1]
+    assert (run_dir / "supervisor.json").exists(), f"adopted a run that never started: {backend.describe(handles[0])}"
+    status = wait_for(backend, handles[0], lambda s: s.state.is_terminal, timeout=120)
+    assert status.state == JobState.SUCCEEDED, status
+    assert (run_dir / "supervisor.log").read_text().count("started torchrun pid") == 1
+    assert json.loads((run_dir / "tags.json").read_text()) == {"trainboard-job-name": name}
