@@ -52,10 +52,11 @@ def _die_with_parent(parent_pid: int):
     died between the fork and the prctl, so no death signal would ever come). The signal comes when
     the thread that started the child ends, so children are started from the main thread. Elsewhere
     than Linux it does nothing: the demo's own shutdown is then the only one that stops them."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # before the fork
+
     def preexec() -> None:
-        if not sys.platform.startswith("linux"):
+        if libc is None:
             return
-        libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if os.getppid() != parent_pid:
