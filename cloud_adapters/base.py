@@ -264,6 +264,16 @@ class Backend(abc.ABC):
     profile of the worker's own). They are the operator's decision: the dashboard takes them from the
     installation's settings or from a staff user's backend, never from another user's backend row
     (``jobs.services.backend_adapter``)."""
+    image_setting: ClassVar[str] = ""
+    """The backend setting that names the image the trainer runs in (``image_uri``, ``environment``);
+    "" where the backend has none (a GPU box runs the host's torch)."""
+    image_torch: ClassVar[Mapping[str, str]] = {}
+    """Known images (the defaults) → the torch version inside, each from the image's own listing."""
+    image_torch_pattern: ClassVar[str] = ""
+    """A regular expression whose first group is the torch version in an image reference of this
+    provider's form (``pytorch-training:2.8.0-gpu-py312`` → ``2.8``); "" = not parsed."""
+    offered_strategies: ClassVar[tuple[str, ...]] = ("ddp", "fsdp", "pipeline")
+    """The strategies this backend runs when its image's torch runs them (:meth:`runnable_strategies`)."""
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
@@ -386,6 +396,38 @@ class Backend(abc.ABC):
         :class:`ConnectionCheck` with ``ok=False`` and a message saying what to fix.
         """
         return [ConnectionCheck("settings", True, "settings are valid; this backend has nothing remote to check")]
+
+    def training_image(self) -> str:
+        """The configured image or environment the trainer runs in ("" when the backend has none)."""
+        return str(self.config.get(self.image_setting) or "") if self.image_setting else ""
+
+    def image_torch_version(self) -> str | None:
+        """The torch version of :meth:`training_image`: from :attr:`image_torch` for a known image,
+        else parsed from its reference by :attr:`image_torch_pattern`; None when unknown (a custom
+        image is then not refused anything)."""
+        import re
+
+        image = self.training_image()
+        if not image:
+            return None
+        if image in self.image_torch:
+            return self.image_torch[image]
+        match = re.search(self.image_torch_pattern, image) if self.image_torch_pattern else None
+        return match.group(1).replace("-", ".") if match else None
+
+    def strategy_error(self, strategy: str) -> str | None:
+        """Why this backend's image cannot run ``strategy`` (its torch is older than the trainer needs,
+        :mod:`trainer_pkg.versions`), naming the image and what to do; None when it can or the image's
+        torch is unknown."""
+        from trainer_pkg.versions import strategy_torch_error
+
+        return strategy_torch_error(strategy, self.image_torch_version(),
+                                    where=f"{self.image_setting} {self.training_image()}")
+
+    def runnable_strategies(self) -> tuple[str, ...]:
+        """:attr:`offered_strategies` less those the image's torch cannot run: what
+        :attr:`Capabilities.strategies` reports, so the form offers only these."""
+        return tuple(s for s in self.offered_strategies if self.strategy_error(s) is None)
 
     def estimate_cost(self, spec: JobSpec) -> float:
         """USD for the whole max runtime: max runtime × instances × hourly price (DESIGN.md §6).

@@ -406,7 +406,9 @@ def _check_spec(errors: _Errors, adapter: Backend, spec: JobSpec, strategy: str,
                 dataset: Dataset | None = None) -> None:
     caps = adapter.capabilities
     if strategy not in caps.strategies:
-        errors.add("strategy", f"This backend runs {', '.join(caps.strategies)}; {strategy!r} is not one of them.")
+        # An image whose torch is too old says which version the strategy needs (Backend.strategy_error).
+        errors.add("strategy", adapter.strategy_error(strategy) or (
+            f"This backend runs {', '.join(caps.strategies) or 'no strategy'}; {strategy!r} is not one of them."))
     spec = _check_dataset_scheme(errors, adapter, spec, dataset)
     try:
         adapter.validate(spec)

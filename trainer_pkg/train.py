@@ -96,6 +96,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
+from trainer_pkg.versions import strategy_torch_error
 from trainer_pkg.config import ConfigError, JobConfig, shape_errors
 from trainer_pkg.datasets import Dataset, describe, load_dataset
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
@@ -623,6 +624,10 @@ def train(cfg: JobConfig) -> int:
     initialized = False
     try:
         cfg.validate()
+        # Before any collective: an image too old for the strategy fails the same way on every rank.
+        too_old = strategy_torch_error(cfg.parallel.strategy, torch.__version__, where="this image")
+        if too_old:
+            raise TrainerError(too_old)
         topo = Topology.from_env()
         device, backend = _pick_device(cfg.parallel.dist_backend, topo, cfg.parallel.strategy)
         if device.type == "cpu":

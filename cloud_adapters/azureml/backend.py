@@ -71,9 +71,12 @@ PROVIDER = "azure"  # provider name in the price catalog
 LOW_PRIORITY_SUFFIX = ":low_priority"
 """A catalog row ``<vm size>:low_priority`` prices the low-priority tier of that size."""
 
-DEFAULT_ENVIRONMENT = "azureml://registries/azureml/environments/acpt-pytorch-2.2-cuda12.1/labels/latest"
-"""Azure's curated PyTorch environment (ACPT, PyTorch 2.2, CUDA 12.1) from the ``azureml`` registry,
-the environment of clouds.md §3.6-A/C."""
+DEFAULT_ENVIRONMENT = "azureml://registries/azureml/environments/acpt-pytorch-2.8-cuda12.6/labels/latest"
+"""Azure's curated PyTorch environment (ACPT, PyTorch 2.8, CUDA 12.6) from the ``azureml`` registry:
+torch new enough for every strategy (:mod:`trainer_pkg.versions`). Source: Azure/azureml-assets
+``assets/training/general/environments/acpt-pytorch-2.8-cuda12.6/spec.yaml`` ("PyTorch 2.8 …
+cu126 wheels", tagged Preview when read, 2026-12-01). ACPT 2.2 (clouds.md §3.6) has torch 2.2: older
+than the trainer's floor."""
 
 DEFAULTS: dict[str, Any] = {
     "environment": DEFAULT_ENVIRONMENT,
@@ -179,6 +182,8 @@ class AzureMLBackend(Backend):
     """
 
     kind = "azureml"
+    image_setting = "environment"
+    image_torch_pattern = r"/environments/acpt-pytorch-(\d+\.\d+)"  # curated ACPT names carry the version
     max_runtime_covers = (
         "the job as Azure ML's command timeout does (\"the number, in seconds, after which the job will be "
         "cancelled\", azure-ai-ml command(); REST limits.timeout, clouds.md §3.2): preparing the environment "
@@ -267,7 +272,7 @@ class AzureMLBackend(Backend):
             gpus=True,
             max_nodes=self.config["max_nodes"],
             max_procs_per_node=MAX_PROCS_PER_NODE,
-            strategies=("ddp", "fsdp", "pipeline"),
+            strategies=self.runnable_strategies(),
         )
 
     # -- prices -----------------------------------------------------------------------------

@@ -214,6 +214,8 @@ class SageMakerBackend(Backend):
         "the whole training job as SageMaker's MaxRuntimeInSeconds does: from the job's start, so launching "
         "instances and downloading the image and data count; at the limit SageMaker sends SIGTERM and allows "
         "120 s before it stops the job (StoppingCondition, botocore's SageMaker model; clouds.md §1.1)")
+    image_setting = "image_uri"
+    image_torch_pattern = r"/pytorch-training:(\d+\.\d+)"  # <version>-<cpu|gpu>-<py>, clouds.md §1.1
     dataset_schemes = frozenset({"s3"})
     """An S3 prefix becomes the ``train`` input channel (``InputDataConfig``'s ``S3Uri``, clouds.md §1.1)."""
     config_keys = frozenset(_CONFIG_KEYS)
@@ -315,7 +317,7 @@ class SageMakerBackend(Backend):
             gpus=True,
             max_nodes=self.config["max_nodes"],
             max_procs_per_node=self.config["max_procs_per_node"],
-            strategies=("ddp", "fsdp", "pipeline"),
+            strategies=self.runnable_strategies(),
         )
 
     # -- prices -----------------------------------------------------------------------------

@@ -110,7 +110,10 @@ IMAGE_TEMPLATE = "{geo}-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:
 """Default executor image: the prebuilt-training-image pattern
 ``{us,europe,asia}-docker.pkg.dev/vertex-ai/training/<fw>-<cpu|gpu>.<ver>.py310:latest`` with the PyTorch
 instance public runbooks use (clouds.md §2.1; exact current PyTorch tags not confirmed there). The GPU
-build also runs on CPU-only machines."""
+build also runs on CPU-only machines. It has torch 2.4: ddp only (fsdp needs 2.6, pipeline 2.7,
+:mod:`trainer_pkg.versions`), so a Vertex backend on it offers ddp and refuses the others at launch;
+no newer prebuilt PyTorch training image was found to default to — set ``image_uri`` to one (its
+``pytorch-gpu.<major>-<minor>`` tag tells the adapter its torch) to run fsdp or pipeline."""
 
 DEFAULTS: dict[str, Any] = {
     "region": "us-central1",
@@ -209,6 +212,8 @@ class VertexBackend(Backend):
     """
 
     kind = "vertex"
+    image_setting = "image_uri"
+    image_torch_pattern = r"/pytorch-(?:gpu|cpu|tpu|xla)\.(\d+-\d+)"  # <fw>-<cpu|gpu>.<ver>.py310, clouds.md §2.1
     max_runtime_covers = (
         "the job's running time as Vertex AI's Scheduling.timeout does (\"the maximum job running time\", "
         "aiplatform_v1 Scheduling; clouds.md §2.1): the replicas' start-up and the image pull run inside it")
@@ -324,7 +329,7 @@ class VertexBackend(Backend):
             gpus=count > 0,
             max_nodes=self.config["max_nodes"],
             max_procs_per_node=count if count > 0 else (_vcpus(self.config["machine_type"]) or 8),
-            strategies=("ddp", "fsdp", "pipeline"),
+            strategies=self.runnable_strategies(),
         )
 
     # -- prices -----------------------------------------------------------------------------

@@ -168,6 +168,28 @@ def test_estimate_is_capped_by_the_jobs_budget_with_the_arithmetic(user, digits_
     assert job.estimated_cost_usd == Decimal("5.0000")
 
 
+def test_launch_refuses_a_strategy_the_backends_image_cannot_run(user, digits_dataset, cnn_model):
+    """Vertex's default executor image has torch 2.4: fsdp (2.6) and pipeline (2.7) are refused at launch
+    with the versions, ddp runs; an image_uri with a newer torch lifts it (issue 11 item 5)."""
+    vertex = services.backend_create(owner=user, name="vx", kind="vertex",
+                                     config={"project": "my-proj", "staging_bucket": "gs://stage/tb"})
+    for strategy, need in (("fsdp", "2.6"), ("pipeline", "2.7")):
+        with pytest.raises(ValidationError) as excinfo:
+            services.training_job_estimate(backend=vertex, strategy=strategy, nodes=2, procs_per_node=1)
+        (message,) = excinfo.value.message_dict["strategy"]
+        assert message.startswith(f"parallel.strategy {strategy} needs torch ≥ {need} (")
+        assert "but image_uri us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest has torch 2.4" \
+            in message
+        with pytest.raises(ValidationError) as excinfo:
+            _create(user, digits_dataset, cnn_model, vertex, strategy=strategy)
+        assert excinfo.value.message_dict["strategy"] == [message]
+    assert services.training_job_estimate(backend=vertex, strategy="ddp")["world_size"] == 1
+    newer = services.backend_create(owner=user, name="vx27", kind="vertex", config={
+        "project": "my-proj", "staging_bucket": "gs://stage/tb",
+        "image_uri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-7.py310:latest"})
+    assert services.training_job_estimate(backend=newer, strategy="fsdp", nodes=2)["world_size"] == 2
+
+
 def test_rerun_copies_frozen_config(user, other_user, digits_dataset, cnn_model, local_backend):
     with mock.patch.object(tasks.submit_job, "apply_async"):
         job = _create(user, digits_dataset, cnn_model, local_backend)
