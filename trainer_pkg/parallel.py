@@ -34,6 +34,9 @@ all-gathers and gradient reduce-scatters (timed by custom comms, ``set_custom_al
 ``set_custom_reduce_scatter``). ``pipeline``: the time in the stage's own forward and backward of
 each micro-batch (``forward_one_chunk`` / ``backward_one_chunk``), not the waits for activations or
 gradients from the neighbouring stages. :meth:`Strategy.take_compute_seconds` hands it to the loop.
+These are host clocks: exact on CPU (gloo blocks the calling thread). On a GPU, kernels and NCCL
+collectives run asynchronously, so the host's times show when work was queued, not when it ran;
+timing the same spans with CUDA events is what a GPU run would need (not done yet).
 
 Checkpoints and ``model.pt`` hold the *full* model as a bare state dict (the keys of the plain
 model) under every strategy, and the optimizer state keyed by parameter name (the format of
