@@ -475,3 +475,42 @@ def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the
     assert status.state == JobState.SUCCEEDED, status
     assert (run_dir / "supervisor.log").read_text().count("started torchrun pid") == 1
     assert json.loads((run_dir / "tags.json").read_text()) == {"trainboard-job-name": name}
+
+
+def test_the_supervisor_holds_the_start_lock_until_it_has_recorded_itself(tmp_path):
+    """The submitting worker may die right after starting the supervisor, before it writes
+    supervisor.json: the supervisor inherits the run's start.lock (a retry waits on it), and lets go
+    of it once it has recorded itself, while it keeps running, so the retry then adopts the run
+    instead of waiting out the lock."""
+    import fcntl
+
+    run_dir = tmp_path / "tb-job-7-abc"
+    run_dir.mkdir()
+    fd = os.open(run_dir / "start.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "cloud_adapters.gpubox.supervisor", "--run-dir", str(run_dir),
+         "--grace-period", "1", "--max-runtime", "60", "--start-lock-fd", str(fd), "--",
+         sys.executable, "-c", "import time; time.sleep(30)"],
+        cwd=Path(__file__).resolve().parents[3], pass_fds=(fd,), start_new_session=True)
+    os.close(fd)  # the worker is gone: only the supervisor's copy holds the lock now
+    try:
+        record = wait_file(run_dir / "supervisor.json")
+        assert record["pid"] == sup.pid
+        other = os.open(run_dir / "start.lock", os.O_RDWR)
+        try:
+            deadline = time.monotonic() + 10
+            while True:  # the supervisor closes its copy right after writing the record
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the supervisor kept the start lock"
+                    time.sleep(0.05)
+        finally:
+            os.close(other)
+        assert sup.poll() is None  # released by closing it, not by exiting
+    finally:
+        os.killpg(sup.pid, signal.SIGTERM)
+        sup.wait(timeout=30)
+        wait_file(run_dir / "exit.json")
