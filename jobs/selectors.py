@@ -10,6 +10,7 @@ its owner or staff only: :func:`can_change`; a teammate who may see it gets a 40
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import statistics
 from decimal import ROUND_HALF_UP, Decimal
@@ -22,6 +23,7 @@ from jobs.cost import format_usd, format_usd_per_hour
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     INTERRUPTION,
+    TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
     JobEvent,
@@ -249,6 +251,43 @@ def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
 def training_job_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
     """The job's state transitions in order."""
     return JobEvent.objects.filter(job_id=job.pk).order_by("created_at", "id")
+
+
+ProgressCursor = tuple[int, int]
+"""Where :func:`training_job_progress` stopped: (last event id, last val_accuracy point id)."""
+
+
+def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
+                          ) -> tuple[list[tuple[dt.datetime, str]], ProgressCursor]:
+    """What happened to ``job`` since ``after`` ((0, 0): from its creation), for a terminal that
+    follows it (``manage.py submit_job --wait``, ``manage.py demo``): ``([(when, text), ...], cursor)``
+    with the cursor to pass next time.
+
+    In the order to print: its transitions ("QUEUED" for its creation, then "PENDING → RUNNING"),
+    read from its events, so two that one sync pass made between two calls are both there; then
+    each epoch's global validation figures ("epoch 3 val_accuracy 0.9861, val_loss 0.0612"); then a
+    final state's transition, last. A sync stores a job's last metric points in the same transaction
+    as its final state and they are read here after its events, so nothing of the job comes after
+    its final state. ``when`` is the event's time, or the trainer's for a metric (UTC)."""
+    after_event, after_metric = after
+    events = list(JobEvent.objects.filter(job_id=job.pk, pk__gt=after_event).exclude(to_state="")
+                  .order_by("created_at", "id"))
+    points = list(MetricPoint.objects.filter(job_id=job.pk, name="val_accuracy", rank__isnull=True,
+                                             pk__gt=after_metric).order_by("id"))
+    losses = dict(MetricPoint.objects.filter(job_id=job.pk, name="val_loss", rank__isnull=True,
+                                             step__in=[p.step for p in points]).values_list("step", "value"))
+
+    def said(event: JobEvent) -> tuple[dt.datetime, str]:
+        return event.created_at, (f"{event.from_state} → {event.to_state}" if event.from_state else event.to_state)
+
+    lines = [said(e) for e in events if e.to_state not in TERMINAL_STATE_VALUES]
+    for point in points:
+        loss = losses.get(point.step)
+        lines.append((point.recorded_at, f"epoch {point.epoch} val_accuracy {point.value:.4f}"
+                                         + (f", val_loss {loss:.4f}" if loss is not None else "")))
+    lines += [said(e) for e in events if e.to_state in TERMINAL_STATE_VALUES]
+    cursor = (max([after_event, *(e.pk for e in events)]), max([after_metric, *(p.pk for p in points)]))
+    return lines, cursor
 
 
 def training_job_interruption_count(*, job: TrainingJob) -> int:

@@ -1,6 +1,6 @@
 """``manage.py demo`` run for real: its web server, worker and beat go when the demo goes, whatever
 ends it (SIGHUP from a closed terminal, SIGTERM, SIGKILL), the port is free again, and the links it
-prints and the URL its children get use ``--port``.
+prints and the URL its children get use ``--port``; what it prints while it follows its job.
 
 Each demo runs on the embedded default (SQLite, the filesystem broker) in its own
 ``TRAINBOARD_VAR_DIR`` on a free port, with ``--no-job``; everything is stopped by pid.
@@ -8,6 +8,7 @@ Each demo runs on the embedded default (SQLite, the filesystem broker) in its ow
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -15,10 +16,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from jobs import services, tasks
+from jobs.management.commands import demo as demo_command
 from jobs.management.commands.demo import CHILD_STOP_GRACE_S
+from jobs.models import JobStateChoices as S, MetricPoint
+from jobs.states import transition
 from polling import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -119,3 +125,36 @@ def test_make_demo_passes_port():
         ".venv/bin/python manage.py demo --port 8100"]
     default = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert ".venv/bin/python manage.py demo --port 8000" in default.stdout.splitlines()
+
+
+@pytest.mark.django_db
+def test_follow_prints_every_transition_and_the_epochs_before_the_end(user, digits_dataset, cnn_model,
+                                                                      local_backend):
+    """The demo's follow loop used to print the state it saw once a second: QUEUED, PENDING (the
+    SUBMITTING between them lost). It prints the job's history, each epoch before the final state."""
+    with mock.patch.object(tasks.submit_job, "apply_async"):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                           backend=local_backend, procs_per_node=2, epochs=2)
+    steps = iter(["one sync: submitted and pending", "one sync: ran and ended"])
+
+    def one_sync_per_second(_):
+        if next(steps).endswith("pending"):
+            transition(job, S.SUBMITTING)
+            transition(job, S.PENDING, started_at=job.created_at)
+            return
+        transition(job, S.RUNNING, message="first step logged")
+        for epoch in (0, 1):
+            MetricPoint.objects.create(job=job, name="val_accuracy", step=epoch + 1, epoch=epoch,
+                                       value=0.9 + epoch / 100, recorded_at=job.created_at)
+        transition(job, S.SUCCEEDED)
+
+    out = io.StringIO()
+    command = demo_command.Command(stdout=out, stderr=io.StringIO())
+    command._children = []
+    with mock.patch("jobs.management.commands.demo.time.sleep", side_effect=one_sync_per_second):
+        command._follow(job, {"now": False}, exit_when_done=True)
+    printed = [line for line in out.getvalue().splitlines() if line.startswith(f"[job {job.pk}] ")]
+    assert printed[:-1] == [f"[job {job.pk}] {text}" for text in (
+        "QUEUED", "QUEUED → SUBMITTING", "SUBMITTING → PENDING", "PENDING → RUNNING",
+        "epoch 0 val_accuracy 0.9000", "epoch 1 val_accuracy 0.9100", "RUNNING → SUCCEEDED")]
+    assert printed[-1].startswith(f"[job {job.pk}] SUCCEEDED: launch → first step")

@@ -206,20 +206,18 @@ class Command(BaseCommand):
                 )
 
     def _follow(self, job: TrainingJob | None, stopping: dict, exit_when_done: bool):
-        last_state, epochs_seen = None, set()
+        # Every transition and each epoch, in order (not the state seen once a second, which skipped
+        # the ones a single sync made); see selectors.training_job_progress.
+        cursor, ended = (0, 0), False
         while not stopping["now"]:
             self._check_children()
-            if job is not None and last_state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                job.refresh_from_db()
-                if job.state != last_state:
-                    self.stdout.write(f"[job {job.pk}] {job.state}")
-                    last_state = job.state
-                series = selectors.training_job_metric_series(job=job).get("val_accuracy", [])
-                for point in series:
-                    if point["epoch"] not in epochs_seen:
-                        epochs_seen.add(point["epoch"])
-                        self.stdout.write(f"[job {job.pk}] epoch {point['epoch']}: val_accuracy {point['value']:.4f}")
+            if job is not None and not ended:
+                job.refresh_from_db()  # before its history, which then holds its end
+                lines, cursor = selectors.training_job_progress(job=job, after=cursor)
+                for _, text in lines:
+                    self.stdout.write(f"[job {job.pk}] {text}")
                 if job.is_terminal:
+                    ended = True
                     self._summary(job)
                     if exit_when_done:
                         if job.state != "SUCCEEDED":

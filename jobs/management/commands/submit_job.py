@@ -18,13 +18,12 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.conf import settings
-from django.db.models import Max
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from jobs import selectors, services
 from jobs.cost import format_usd
-from jobs.models import TERMINAL_STATE_VALUES, JobEvent, MetricPoint, TrainingJob
+from jobs.models import TrainingJob
 
 EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -136,46 +135,21 @@ class Command(BaseCommand):
                 raise CommandError(f"job {job.pk} ended {job.state}{reason}", returncode=EXIT_NOT_SUCCEEDED)
 
     def _wait(self, job: TrainingJob, timeout: float, interval: float) -> tuple[TrainingJob, bool]:
-        """Print the job's history as it happens until it ends or ``timeout`` seconds pass; returns
-        (the job as last read, whether it timed out).
-
-        Lines come from the job's events (every transition, even two that one sync pass made between
-        polls) and its global val_accuracy points, each stamped with its own UTC time. A sync stores a
-        job's last metric points in the same transaction as its final state, and they are read after
-        the job and its events, so each poll prints its transitions, then its epochs, then the final
-        state: nothing follows the final state."""
+        """Print the job's history as it happens (:func:`jobs.selectors.training_job_progress`: every
+        transition, each epoch before the final state), each line stamped with its own UTC time,
+        until it ends or ``timeout`` seconds pass; returns (the job as last read, whether it timed out)."""
         deadline = time.monotonic() + timeout
-        seen_event = JobEvent.objects.filter(job=job).aggregate(m=Max("pk"))["m"] or 0  # "queued" said that
-        seen_metric = 0
+        _, cursor = selectors.training_job_progress(job=job)  # its creation: "queued" said that
         while True:
-            job = TrainingJob.objects.get(pk=job.pk)
-            events = list(JobEvent.objects.filter(job=job, pk__gt=seen_event).exclude(to_state="")
-                          .order_by("created_at", "pk"))
-            points = list(MetricPoint.objects.filter(job=job, name="val_accuracy", rank__isnull=True,
-                                                     pk__gt=seen_metric).order_by("pk"))
-            if events:
-                seen_event = max(e.pk for e in events)
-            if points:
-                seen_metric = points[-1].pk
-            final = [e for e in events if e.to_state in TERMINAL_STATE_VALUES]
-            for event in (e for e in events if e.to_state not in TERMINAL_STATE_VALUES):
-                self._progress(event.created_at, f"{event.from_state or '∅'} → {event.to_state}", job)
-            for point in points:
-                loss = (MetricPoint.objects.filter(job=job, name="val_loss", step=point.step, rank__isnull=True)
-                        .values_list("value", flat=True).first())
-                loss_text = f", val_loss {loss:.4f}" if loss is not None else ""
-                self._progress(point.recorded_at, f"epoch {point.epoch} val_accuracy {point.value:.4f}{loss_text}",
-                               job)
-            for event in final:
-                self._progress(event.created_at, f"{event.from_state or '∅'} → {event.to_state}", job)
+            job = TrainingJob.objects.get(pk=job.pk)  # before its history, which then holds its end
+            lines, cursor = selectors.training_job_progress(job=job, after=cursor)
+            for at, text in lines:
+                self.stderr.write(f"{timezone.localtime(at, dt.timezone.utc):%H:%M:%S} job {job.pk}: {text}")
             if job.is_terminal:
                 return job, False
             if time.monotonic() > deadline:
                 return job, True
             time.sleep(interval)
-
-    def _progress(self, at, text: str, job: TrainingJob) -> None:
-        self.stderr.write(f"{timezone.localtime(at, dt.timezone.utc):%H:%M:%S} job {job.pk}: {text}")
 
     def _summary(self, job: TrainingJob) -> dict:
         try:
