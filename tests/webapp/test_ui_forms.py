@@ -105,6 +105,20 @@ def test_estimate_endpoint_caps_at_the_budget_and_says_what_the_limit_counts(own
     assert "min(max runtime × nodes × hourly price, budget)" in form
 
 
+def test_estimate_endpoint_says_which_torch_a_strategy_needs(owner_client, user):
+    """Picking fsdp for a Vertex backend on its default image (torch 2.4) shows why at once (issue 11 item 5)."""
+    from jobs import services
+
+    vertex = services.backend_create(owner=user, name="vx", kind="vertex",
+                                     config={"project": "my-proj", "staging_bucket": "gs://stage/tb"})
+    response = owner_client.post(reverse("job-estimate"), {
+        "backend": vertex.pk, "nodes": 2, "procs_per_node": 1, "max_runtime_s": 3600, "strategy": "fsdp"})
+    html = response.content.decode()
+    assert "estimate-error" in html
+    assert ("parallel.strategy fsdp needs torch ≥ 2.6 (FSDP2 fully_shard), but image_uri "
+            "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest has torch 2.4: use ddp") in html
+
+
 def test_estimate_endpoint_shows_the_shape_error(owner_client, local_backend):
     response = owner_client.post(reverse("job-estimate"), {
         "backend": local_backend.pk, "nodes": 1, "procs_per_node": 5, "max_runtime_s": 3600,
