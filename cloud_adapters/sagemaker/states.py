@@ -50,7 +50,8 @@ NON_TERMINAL_STATUSES = frozenset({"InProgress", "Stopping"})
 
 _LIMIT_TEXT = {
     "MaxRuntimeExceeded": "MaxRuntimeExceeded: SageMaker stopped the job when it reached its max runtime "
-                          "({runtime}); raise max runtime or resume from the job's checkpoints",
+                          "({runtime}, counted from the job's start: launching instances and downloading the "
+                          "image and data count); raise max runtime or resume from the job's checkpoints",
     "MaxWaitTimeExceeded": "MaxWaitTimeExceeded: the spot job did not finish within its max wait time "
                            "({wait}, waiting for capacity included); raise it or run on demand",
 }

@@ -77,8 +77,9 @@ def test_stopped_after_max_runtime_is_failed_with_that_reason():
                                      "StatusMessage": "Training job runtime exceeded MaxRuntimeInSeconds provided"}]))
     assert status.state is JobState.FAILED
     assert status.failure_reason == (
-        "MaxRuntimeExceeded: SageMaker stopped the job when it reached its max runtime (3600 s); raise max "
-        "runtime or resume from the job's checkpoints (Training job runtime exceeded MaxRuntimeInSeconds provided)")
+        "MaxRuntimeExceeded: SageMaker stopped the job when it reached its max runtime (3600 s, counted from the "
+        "job's start: launching instances and downloading the image and data count); raise max runtime or resume "
+        "from the job's checkpoints (Training job runtime exceeded MaxRuntimeInSeconds provided)")
     assert status.ended_at == T0 + dt.timedelta(hours=1) and status.billable_seconds == 3600.0
 
 
