@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 from functools import partial
 from typing import Any, Mapping
 
@@ -44,6 +43,9 @@ REQUEUE_MESSAGE = "Recovery: submission re-sent"
 RESUME_MESSAGE = "Recovery: resuming the submission"
 DEADLINE_STATES = tuple(ACTIVE_STATE_VALUES)
 """The states a deadline may be set for (the non-terminal ones)."""
+MAX_STATE_DEADLINE_S = 365 * 24 * 3600
+"""The longest deadline a backend may set: a year (31,536,000 s), over 13 times the longest max runtime
+(28 days). Bounded so that ``now − deadline`` stays a date (1e300 s overflowed the sweep)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,8 +55,8 @@ DEADLINE_STATES = tuple(ACTIVE_STATE_VALUES)
 
 def clean_state_deadlines(value: Any) -> tuple[dict[str, float], list[str]]:
     """Check a backend's ``state_deadlines``: ``{state: seconds}`` for non-terminal states, each a
-    positive, finite number of seconds. Returns (the cleaned dict, error messages); the dict is
-    empty when there are errors. ``None`` or ``{}`` means "use the defaults"."""
+    positive number of seconds up to :data:`MAX_STATE_DEADLINE_S`. Returns (the cleaned dict, error
+    messages); the dict is empty when there are errors. ``None`` or ``{}`` means "use the defaults"."""
     if value in (None, ""):
         return {}, []
     if not isinstance(value, Mapping):
@@ -66,9 +68,13 @@ def clean_state_deadlines(value: Any) -> tuple[dict[str, float], list[str]]:
             errors.append(f"{state}: not a state with a deadline; use one of {', '.join(DEADLINE_STATES)} "
                           f"(terminal states have none).")
             continue
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds \
                 or seconds <= 0:
             errors.append(f"{name}: the deadline must be a positive number of seconds (got {seconds!r}).")
+            continue
+        if seconds > MAX_STATE_DEADLINE_S:
+            errors.append(f"{name}: the deadline must be at most {MAX_STATE_DEADLINE_S:,} seconds (365 days); "
+                          f"leave the state out for the default.")
             continue
         cleaned[name] = int(seconds) if float(seconds).is_integer() else float(seconds)
     return ({} if errors else cleaned), errors

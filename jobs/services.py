@@ -38,6 +38,7 @@ from cloud_adapters.base import (
 )
 from cloud_adapters.pricing import PriceRow
 from jobs import cost as costs
+from jobs import validation
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     INTERRUPTION,
@@ -457,6 +458,8 @@ def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: D
 
 
 def _name_taken(model: type, owner: Any, name: str, exclude_pk: Any = None) -> bool:
+    if validation.text_problem(name) is not None:
+        return False  # no row holds such a name (_full_clean says why); PostgreSQL refuses it in a query too
     qs = model.objects.filter(owner=owner, name=name)
     if exclude_pk is not None:
         qs = qs.exclude(pk=exclude_pk)
@@ -464,6 +467,12 @@ def _name_taken(model: type, owner: Any, name: str, exclude_pk: Any = None) -> b
 
 
 def _full_clean(errors: _Errors, obj: Any) -> None:
+    """The model's own field checks, plus: no text column may hold a NUL or an unpaired surrogate
+    (:func:`jobs.validation.text_problem`; PostgreSQL refuses the row, a 500 otherwise)."""
+    for model_field in obj._meta.concrete_fields:
+        value = getattr(obj, model_field.attname, None)
+        if isinstance(value, str) and (problem := validation.text_problem(value)) is not None:
+            errors.add(model_field.name, f"{model_field.verbose_name.capitalize()} {problem}")
     try:
         obj.full_clean(exclude=["owner"], validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
@@ -481,19 +490,24 @@ _DATASET_FIELDS = {"name", "description", "format", "builtin_name", "uri", "labe
 
 def _json_object(errors: _Errors, field: str, value: Any, *, what: str, example: str,
                  plural: bool = True) -> dict | None:
-    """``value`` as a dict: a dict, or a JSON object in a string ("" is {}). None, with an error on
-    ``field``, when it is neither."""
+    """``value`` as a dict: a dict, or a JSON object in a string ("" is {}). None, with errors on
+    ``field``, when it is neither, or when it holds what cannot be stored (NaN or an infinite number,
+    a NUL character, nesting past ``jobs.validation.MAX_JSON_DEPTH``: each problem a message)."""
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as exc:
-            errors.add(field, f"{what} {'are' if plural else 'is'} not valid JSON: {exc.msg} at line "
-                              f"{exc.lineno} column {exc.colno}.")
+            value = validation.loads(value) if value.strip() else {}
+        except validation.JSONInputError as exc:
+            bad = exc.decode_error
+            errors.add(field, f"{what} {'are' if plural else 'is'} not valid JSON: {bad.msg} at line "
+                              f"{bad.lineno} column {bad.colno}." if bad else f"{what}: {exc}")
             return None
     if not isinstance(value, dict):
         errors.add(field, f"{what} must be a JSON object, e.g. {example}.")
         return None
-    return value
+    problems = validation.json_problems(value)
+    for problem in problems:
+        errors.add(field, f"{what}: {problem}")
+    return None if problems else value
 
 
 def _update(instance: Any, fields: Mapping[str, Any], *, allowed: set[str], validate: Any,
@@ -1052,6 +1066,9 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     instance_type = (instance_type or "").strip()
     spot = bool(spot)
     name = (name or "").strip()[:200]
+    for field, label, text in (("name", "Name", name), ("instance_type", "Instance type", instance_type)):
+        if (problem := validation.text_problem(text)) is not None:
+            errors.add(field, f"{label} {problem}")
     if errors or dataset is None or model_spec is None:
         errors.raise_if_any()
 

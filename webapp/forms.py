@@ -13,7 +13,7 @@ from typing import Any, get_args
 from django import forms
 
 from cloud_adapters.base import InstanceOffer
-from jobs import selectors
+from jobs import selectors, validation
 from jobs.cost import format_usd_per_hour
 from jobs.models import ComputeBackend, Dataset, Team
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
@@ -28,19 +28,25 @@ def _kind_choices() -> list[tuple[str, str]]:
 
 
 def parse_json_object(text: str, *, example: str) -> dict[str, Any]:
-    """``text`` parsed as a JSON object ("" → {}); a ``forms.ValidationError`` saying what is wrong."""
+    """``text`` parsed as a JSON object ("" → {}) that can be stored (``jobs.validation``: finite
+    numbers, no NUL, bounded nesting); a ``forms.ValidationError`` saying what is wrong, one message
+    per problem."""
     text = (text or "").strip()
     if not text:
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = validation.loads(text)
+    except validation.JSONInputError as exc:
+        bad = exc.decode_error
         raise forms.ValidationError(
-            f"Not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}). "
-            f"Write an object such as {example}."
+            f"Not valid JSON ({bad.msg} at line {bad.lineno}, column {bad.colno}). "
+            f"Write an object such as {example}." if bad else str(exc)
         ) from None
     if not isinstance(value, dict):
         raise forms.ValidationError(f"Must be a JSON object such as {example}, not {type(value).__name__}.")
+    problems = validation.json_problems(value)
+    if problems:
+        raise forms.ValidationError(problems)
     return value
 
 

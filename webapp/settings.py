@@ -199,8 +199,15 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
-    "PAGE_SIZE": 50,
+    # JSON bodies through jobs.validation.loads: deep nesting is a 400, not a RecursionError.
+    "DEFAULT_PARSER_CLASSES": [
+        "webapp.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    # Every list: limit at most 500 (a limit past PostgreSQL's bigint was a 500), a capped count.
+    "DEFAULT_PAGINATION_CLASS": "webapp.api.pagination.CappedLimitOffsetPagination",
+    "PAGE_SIZE": 25,  # rows per page without ?limit= (the HTML job list's page); ?limit= up to 500
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }

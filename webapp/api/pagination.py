@@ -1,4 +1,4 @@
-"""The jobs endpoint's pagination: ``limit``/``offset`` with a capped count and position links.
+"""The API's pagination, for every list: ``limit``/``offset`` with a capped count and position links.
 
 The queries (capped count, keys-first page, positions) are :mod:`jobs.pagination`'s, shared with the
 HTML list and the admin.
@@ -16,20 +16,22 @@ from jobs.pagination import (
 
 
 class CappedLimitOffsetPagination(LimitOffsetPagination):
-    """``?limit=&offset=`` pagination for long lists (the jobs endpoint).
+    """``?limit=&offset=`` pagination for every API list (``DEFAULT_PAGINATION_CLASS``): jobs, datasets,
+    models, backends.
 
     Response: ``{"count": 3, "count_is_exact": true, "next": url|null, "previous": url|null,
     "results": [...]}``. ``count`` is exact up to ``COUNT_CAP`` (10,000) rows; past it ``count`` is
     10,000 and ``count_is_exact`` false (there are more). ``next`` is set when a row follows this page,
     found by reading ``limit`` + 1 rows, so it works at any depth. ``limit`` is at most ``max_limit``
-    (500); a larger one is cut to it; without ``limit``, 25 (the HTML list's page). Two queries per
-    page at any offset.
+    (500); a larger one is cut to it; without ``limit``, ``PAGE_SIZE`` (25, the HTML list's page). An
+    ``offset`` past any row (up to 2⁶² and beyond) is an empty page. Two queries per page at any offset.
 
     ``next`` also carries ``after=<position of this page's last row>``: with it the page is the
     ``limit`` rows just older than that position (an index seek at any depth; ``offset`` then only
     numbers the page). A position that does not parse is ignored (plain ``offset``). For lists ordered
-    newest first by ``(created_at, pk)``, as the jobs are. An ``offset`` at or past the count cap
-    without ``after`` spends the count's query on finding the position of row ``offset`` (the key
+    newest first by ``(created_at, pk)``, as the jobs are; a list in another order (datasets, models
+    and backends by name) pages by ``offset`` alone and ignores ``after``. An ``offset`` at or past the
+    count cap without ``after`` spends the count's query on finding the position of row ``offset`` (the key
     columns only) and seeks from it: the same rows as ``OFFSET``, still two queries
     (:func:`jobs.pagination.seek_rows`).
 
@@ -39,7 +41,7 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     after_query_param = "after"
     search_query_param = "q"
 
-    default_limit = 25  # the HTML list's page; ?limit= up to max_limit
+    # default_limit: REST_FRAMEWORK["PAGE_SIZE"] (LimitOffsetPagination's); ?limit= up to max_limit
     max_limit = 500
     count_cap: int | None = None  # None: COUNT_CAP
 
@@ -52,9 +54,10 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
             searching = bool(request.query_params.get(self.search_query_param, "").strip())
             self.count_cap = job_pages.SEARCH_COUNT_CAP if searching else job_pages.COUNT_CAP
         self.offset = self.get_offset(request)
-        older = older_than(queryset, request.query_params.get(self.after_query_param))
+        self.keyset = newest_first(queryset)
+        older = older_than(queryset, request.query_params.get(self.after_query_param)) if self.keyset else None
         rows = None
-        if older is None and self.offset >= self.count_cap and newest_first(queryset):
+        if older is None and self.offset >= self.count_cap and self.keyset:
             # Deep offset typed by hand: a row there says "more than count_cap" as the count would;
             # none (past the end) means this page is empty, and the count says how long the list is.
             rows = seek_rows(queryset, self.offset, self.limit + 1) or []
@@ -71,7 +74,7 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
                 page_rows(older, 0, self.limit + 1)
         self.more = len(rows) > self.limit
         rows = rows[: self.limit]
-        self.last_position = position_token(rows[-1]) if rows else ""
+        self.last_position = position_token(rows[-1]) if rows and self.keyset else ""
         return rows
 
     def get_paginated_response(self, data):
@@ -90,7 +93,8 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
             return None
         url = self.request.build_absolute_uri()
         url = replace_query_param(url, self.limit_query_param, self.limit)
-        url = replace_query_param(url, self.after_query_param, self.last_position)
+        if self.keyset:
+            url = replace_query_param(url, self.after_query_param, self.last_position)
         return replace_query_param(url, self.offset_query_param, self.offset + self.limit)
 
     def get_previous_link(self):

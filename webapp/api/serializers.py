@@ -10,7 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import selectors, services
+from jobs import selectors, services, validation
 from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
@@ -26,6 +26,24 @@ class ServiceSerializerMixin:
             return fn(**kwargs)
         except DjangoValidationError as exc:
             raise to_drf_validation_error(exc) from None
+
+
+class StoredJSONField(serializers.JSONField):
+    """A JSON value that can be stored (:mod:`jobs.validation`): no NaN or infinite number, no NUL,
+    at most ``MAX_JSON_DEPTH`` levels. A form-encoded value (text) is parsed with the same bounds; each
+    problem is one message, with where it is (``train.lr: the number is NaN; ...``)."""
+
+    def to_internal_value(self, data):
+        text = getattr(data, "is_json_string", False) or self.binary
+        if text:
+            try:
+                data = validation.loads(data)
+            except validation.JSONInputError as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        problems = validation.json_problems(data)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return data if text else super().to_internal_value(data)
 
 
 @extend_schema_field(OpenApiTypes.INT)
@@ -351,7 +369,7 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     spot = serializers.BooleanField(default=False)
     team = TeamField(required=False, allow_null=True, default=None,
                      help_text="Run for a team you are a member of (counts toward its monthly budget); null = none.")
-    hyperparameters = serializers.JSONField(
+    hyperparameters = StoredJSONField(
         required=False, allow_null=True, default=None,
         help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}.',
     )

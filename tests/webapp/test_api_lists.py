@@ -1,0 +1,33 @@
+"""Every API list is capped the same way (webapp.api.pagination.CappedLimitOffsetPagination, issue 11
+item 17): a ``limit`` past PostgreSQL's bigint was a 500 on the dataset, model and backend lists."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("path", ["/api/datasets/", "/api/models/", "/api/backends/", "/api/jobs/"])
+def test_every_list_caps_limit_and_offset(api_client, job, path):
+    huge = 10 ** 20  # past PostgreSQL's bigint: LIMIT 10^20 was "bigint out of range", a 500
+    body = api_client.get(f"{path}?limit={huge}").json()
+    assert (body["count"], body["count_is_exact"], len(body["results"]), body["next"]) == (1, True, 1, None)
+    deep = api_client.get(f"{path}?limit={huge}&offset={huge}")
+    assert deep.status_code == 200
+    assert (deep.json()["count"], deep.json()["results"]) == (1, [])
+    assert api_client.get(f"{path}?offset={2 ** 63}").json()["results"] == []
+
+
+def test_resource_lists_page_by_offset_in_name_order(api_client, user):
+    from jobs import services
+
+    for name in ("c", "a", "b"):
+        services.dataset_create(owner=user, name=name, format="builtin", builtin_name="digits")
+    first = api_client.get("/api/datasets/?limit=2").json()
+    assert [d["name"] for d in first["results"]] == ["a", "b"]
+    assert first["next"] == "http://testserver/api/datasets/?limit=2&offset=2"  # no keyset position
+    second = api_client.get(first["next"]).json()
+    assert ([d["name"] for d in second["results"]], second["next"]) == (["c"], None)
+    # after= is the jobs' (newest-first) position; on a list ordered by name it changes nothing.
+    assert api_client.get("/api/datasets/?limit=2&after=1.1").json()["results"] == first["results"]
