@@ -99,6 +99,36 @@ def loads(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
                              f"one.") from None
 
 
+def unpaired_surrogate(value: Any, path: str = "") -> str | None:
+    """Where the first string or key of ``value`` (as :func:`loads` returns it, so bounded in depth)
+    with an unpaired surrogate is (``"a.b[2]"``, "" for the value itself), or None when it has none.
+
+    JSON may escape one (``"\\ud800"``) though it is not text: such a string cannot be encoded as
+    UTF-8, so it can be neither stored nor echoed back in an error message."""
+    if isinstance(value, str):
+        return None if _encodes(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str):
+            where = f"{path}.{key}" if path else key
+            if not _encodes(key):
+                return _printable(where)
+        else:
+            where = f"{path}[{key}]"
+        found = unpaired_surrogate(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def text_problem(value: str) -> str | None:
     """Why string ``value`` cannot be stored in a text or JSON column, or None: it contains NUL
     (U+0000), or an unpaired surrogate (not encodable as UTF-8)."""

@@ -7,6 +7,7 @@ from django.conf import settings
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.contrib import messages
 from django.shortcuts import render
@@ -43,6 +44,9 @@ def locked_out(request: HttpRequest, original_response=None, credentials=None) -
 class RateLimitedObtainAuthToken(ObtainAuthToken):
     """``POST /api/auth/token/``: DRF's token view, answering a locked-out username + address with
     429 and :func:`lockout_message` (axes marks the DRF request, which its middleware does not see)."""
+
+    # DRF's view names its own parsers; the API's JSON one bounds the nesting (a deep body was a 500).
+    parser_classes = api_settings.DEFAULT_PARSER_CLASSES
 
     def post(self, request, *args, **kwargs):
         try:

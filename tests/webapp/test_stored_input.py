@@ -109,7 +109,8 @@ def test_api_nan_in_a_number_field_is_that_fields_error(api_client, digits_datas
     assert set(response.json()) == {"lr", "budget_usd"}
 
 
-@pytest.mark.parametrize("path", ["/api/models/", "/api/backends/", "/api/datasets/", "/api/jobs/"])
+@pytest.mark.parametrize("path", ["/api/models/", "/api/backends/", "/api/datasets/", "/api/jobs/",
+                                  "/api/auth/token/"])
 def test_api_body_nested_thousands_deep_is_a_400(api_client, path):
     response = _post(api_client, path, '{"name": "x", "params": ' + DEEP + "}")
     assert response.status_code == 400
@@ -122,3 +123,22 @@ def test_api_integer_of_thousands_of_digits_is_a_400(api_client):
                      + "9" * 5000 + "}}")
     assert response.status_code == 400
     assert response.json() == {"detail": "JSON parse error - A number has more than 4,300 digits; give a shorter one."}
+
+
+def test_api_unpaired_surrogate_is_a_400_naming_where(api_client):
+    """A field's error would echo it, and no response can be encoded with it (UnicodeEncodeError)."""
+    response = _post(api_client, "/api/backends/", '{"name": "b", "kind": "gpubox", "config": {"x": ["\\ud800"]}}')
+    assert response.status_code == 400
+    assert response.json() == {"detail": "JSON parse error - config.x[0]: a string holds an unpaired surrogate "
+                                         "(\\ud800-\\udfff escapes not in a pair), which is not text; remove it."}
+    assert _post(api_client, "/api/models/", '{"name": "\\udfff"}').json()["detail"].startswith(
+        "JSON parse error - name: a string holds an unpaired surrogate")
+
+
+@pytest.mark.parametrize("field", ["team", "dataset"])
+def test_api_non_finite_primary_key_is_a_field_error(api_client, digits_dataset, cnn_model, local_backend, field):
+    body = {"dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk}
+    text = json.dumps({k: v for k, v in body.items() if k != field})[:-1] + f', "{field}": 1e400}}'
+    response = _post(api_client, "/api/jobs/", text)  # int(inf) in the query was an OverflowError
+    assert response.status_code == 400
+    assert response.json() == {field: ["A valid integer is required."]}

@@ -20,7 +20,8 @@ class BoundedJSONParser(JSONParser):
     object around its fields, then each field's value up to the limit).
 
     Raises ParseError (400, ``{"detail": "JSON parse error - <what and where>"}``) for text that is not
-    JSON in the request's charset, nests deeper, or holds an integer of more than 4,300 digits. What a
+    JSON in the request's charset, nests deeper, holds an integer of more than 4,300 digits or a string
+    with an unpaired surrogate (named by its path, e.g. ``config.region``). What a
     parsed value may still hold (NaN, infinity, NUL characters) is each field's error: the typed
     fields' (a number field refuses NaN) and ``jobs.services``' for JSON values.
     """
@@ -34,6 +35,13 @@ class BoundedJSONParser(JSONParser):
         except UnicodeDecodeError as exc:
             raise ParseError(f"JSON parse error - the body is not {encoding} text ({exc}).") from None
         try:
-            return validation.loads(text, max_depth=self.max_depth)
+            data = validation.loads(text, max_depth=self.max_depth)
         except validation.JSONInputError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
+        where = validation.unpaired_surrogate(data)
+        if where is not None:
+            # Refused here, not by the field: its error message would echo the value, and a response
+            # cannot be encoded with it in (a UnicodeEncodeError in the renderer, a 500).
+            raise ParseError(f"JSON parse error - {where or 'the body'}: a string holds an unpaired surrogate "
+                             f"(\\ud800-\\udfff escapes not in a pair), which is not text; remove it.")
+        return data

@@ -46,9 +46,19 @@ class StoredJSONField(serializers.JSONField):
         return data if text else super().to_internal_value(data)
 
 
+def _integer_pk() -> serializers.IntegerField:
+    # The key is read as an integer first: a float such as 1e400 (infinity) went to the query, where
+    # int(inf) raised OverflowError (a 500), past PrimaryKeyRelatedField's TypeError/ValueError.
+    return serializers.IntegerField()
+
+
 @extend_schema_field(OpenApiTypes.INT)
 class TeamField(serializers.PrimaryKeyRelatedField):
     """A team the requesting user is a member of (null = private / none)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("pk_field", _integer_pk())
+        super().__init__(**kwargs)
 
     default_error_messages = {
         "does_not_exist": "Choose one of your teams; team {pk_value} does not exist or you are not a member.",
@@ -160,6 +170,7 @@ class OwnedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
 
     def __init__(self, selector, **kwargs: Any) -> None:
         self.selector = selector
+        kwargs.setdefault("pk_field", _integer_pk())
         super().__init__(**kwargs)
 
     def get_queryset(self):
