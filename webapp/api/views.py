@@ -84,7 +84,9 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
         request=None,
         responses={200: ConnectionCheckSerializer(many=True)},
     )
-    @action(detail=True, methods=["post"], url_path="test-connection")
+    # A plain list of checks, not a page: without pagination_class=None the schema declared a
+    # paginated object for what the view returns.
+    @action(detail=True, methods=["post"], url_path="test-connection", pagination_class=None)
     def test_connection(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         backend = self.get_object()
         try:
