@@ -12,16 +12,16 @@ shared by everyone: Django's model permissions govern them, not ownership.
 from __future__ import annotations
 
 import datetime as dt
-import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import models
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.utils import timezone
 from django.utils.html import format_html
 
-from jobs import services
+from jobs import services, validation
 from jobs.pagination import CappedCountPaginator
 from jobs.models import (
     TERMINAL_STATE_VALUES,
@@ -125,7 +125,32 @@ class ServiceForm(forms.ModelForm):
                     self.add_error(field if field in self.fields else None, msg)
 
 
+class StoredJSONFormField(forms.JSONField):
+    """Django's JSON form field, parsed by :func:`jobs.validation.loads`: text nested past
+    ``MAX_JSON_DEPTH`` is the field's error (``json.loads`` raised RecursionError, a 500, both on
+    submit and when the form re-rendered it). What the value holds (NaN, NUL) is the service's to say."""
+
+    def to_python(self, value):
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            converted = validation.loads(value)
+        except validation.JSONInputError as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+        return forms.fields.JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            return validation.loads(data)
+        except validation.JSONInputError:
+            return forms.fields.InvalidJSONInput(data)
+
+
 class ServiceFormAdmin(OwnedAdmin):
+    formfield_overrides = {models.JSONField: {"form_class": StoredJSONFormField}}
+
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change, **kwargs)
         form.request = request
@@ -138,8 +163,8 @@ class ServiceFormAdmin(OwnedAdmin):
 def _json_field(value):
     if isinstance(value, str):
         try:
-            return json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError:
+            return validation.loads(value) if value.strip() else {}
+        except validation.JSONInputError:
             return value  # the service reports it on the field
     return value
 

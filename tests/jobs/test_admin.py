@@ -118,3 +118,15 @@ def test_job_in_flight_renders_duration(client, user, job):
     transition(job, S.SUBMITTING)
     client.force_login(user)
     assert client.get(reverse("admin:jobs_trainingjob_changelist")).status_code == 200
+
+
+@pytest.mark.parametrize("params, message", [
+    ('{"x": ' + "[" * 5000 + "]" * 5000 + "}", "Nested more than 32 levels deep"),  # was a RecursionError
+    ('{"dropout": NaN}', "Parameters: dropout: expected a finite number, got nan."),  # was a DataError
+])
+def test_add_form_json_that_cannot_be_stored_is_a_field_error(client, user, params, message):
+    client.force_login(user)
+    response = client.post(reverse("admin:jobs_modelspec_add"), {"name": "m", "architecture": "mlp", "params": params})
+    assert response.status_code == 200
+    assert any(message in e for e in response.context["adminform"].form.errors["params"])
+    assert not ModelSpec.objects.exists()
