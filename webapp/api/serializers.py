@@ -31,7 +31,7 @@ class ServiceSerializerMixin:
 class StoredJSONField(serializers.JSONField):
     """A JSON value that can be stored (:mod:`jobs.validation`): no NaN or infinite number, no NUL,
     at most ``MAX_JSON_DEPTH`` levels. A form-encoded value (text) is parsed with the same bounds; each
-    problem is one message, with where it is (``train.lr: the number is NaN; ...``)."""
+    problem is one message, with where it is (``train.lr: expected a finite number, got nan.``)."""
 
     def to_internal_value(self, data):
         text = getattr(data, "is_json_string", False) or self.binary
