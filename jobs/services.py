@@ -17,7 +17,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from functools import partial
 from pathlib import PurePath
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, get_args
 
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
@@ -54,7 +54,7 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.states import is_allowed, transition
-from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.config import ConfigError, JobConfig, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -859,16 +859,26 @@ def backend_test_connection(*, backend: ComputeBackend, user) -> list[Connection
     return checks
 
 
-def backend_instance_offers(*, backend: ComputeBackend) -> tuple[list[InstanceOffer], bool]:
-    """``(offers, spot)`` for the job form: the instance types ``backend``'s adapter offers with
-    their catalog prices (``Backend.instance_offers``; empty for the gpubox) and whether it has spot
-    capacity. A backend whose adapter cannot be built offers nothing (its error shows at submit)."""
+class BackendOffers(NamedTuple):
+    """What the job form offers on one backend (:func:`backend_instance_offers`)."""
+
+    offers: list[InstanceOffer]  # instance types with catalog prices; empty for the gpubox
+    spot: bool  # has spot / low-priority capacity
+    strategies: tuple[str, ...]  # the strategies its image runs (Capabilities.strategies)
+
+
+def backend_instance_offers(*, backend: ComputeBackend) -> BackendOffers:
+    """``(offers, spot, strategies)`` for the job form: the instance types ``backend``'s adapter offers
+    with their catalog prices (``Backend.instance_offers``; empty for the gpubox), whether it has spot
+    capacity, and the strategies its image's torch runs. A backend whose adapter cannot be built
+    offers nothing and every strategy (its error shows at submit)."""
     try:
         adapter = backend_adapter(backend)
-        return list(adapter.instance_offers()), bool(adapter.capabilities.spot)
+        caps = adapter.capabilities
+        return BackendOffers(list(adapter.instance_offers()), bool(caps.spot), tuple(caps.strategies))
     except (BackendError, LookupError, ValueError, TypeError) as exc:
         log.info("backend %s: no instance offers (%s)", backend.pk, exc)
-        return [], False
+        return BackendOffers([], False, tuple(get_args(Strategy)))
 
 
 # =============================================================================================

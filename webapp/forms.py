@@ -584,14 +584,17 @@ class TrainingJobForm(forms.Form):
         """Where a backend's adapter offers instance types (a cloud), ``instance_type`` becomes a
         select of them with their prices, grouped by backend (static/webapp/js/job_form.js shows only
         the chosen backend's group; without it ``clean`` refuses another backend's type). With no such
-        backend the field stays free text, as for the gpubox. ``spot_backends``: backends with spot."""
+        backend the field stays free text, as for the gpubox. ``spot_backends``: backends with spot;
+        ``backend_strategies``: the strategies each backend's image runs."""
         from jobs import services
 
         self.backend_offers: dict[int, list[InstanceOffer]] = {}
         self.spot_backends: list[int] = []
+        self.backend_strategies: dict[int, tuple[str, ...]] = {}
         for backend in self.fields["backend"].queryset:
-            offers, spot = services.backend_instance_offers(backend=backend)
+            offers, spot, strategies = services.backend_instance_offers(backend=backend)
             self.backend_offers[backend.pk] = offers
+            self.backend_strategies[backend.pk] = strategies
             if spot:
                 self.spot_backends.append(backend.pk)
         self.backend_names = {b.pk: b.name for b in self.fields["backend"].queryset}
@@ -606,9 +609,11 @@ class TrainingJobForm(forms.Form):
                       "provider's own price list. Backend default: the backend's default instance type.")
 
     def offers_by_backend(self) -> dict[str, Any]:
-        """For job_form.js: ``{backend id: {"name", "offers": bool, "spot": bool}}``."""
+        """For job_form.js: ``{backend id: {"name", "offers": bool, "spot": bool, "strategies": [...]}}``;
+        the script disables the strategies a backend's image cannot run (the service refuses them too)."""
         return {str(pk): {"name": self.backend_names[pk], "offers": bool(self.backend_offers[pk]),
-                          "spot": pk in self.spot_backends} for pk in self.backend_offers}
+                          "spot": pk in self.spot_backends, "strategies": list(self.backend_strategies[pk])}
+                for pk in self.backend_offers}
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -127,11 +127,12 @@ def test_the_job_form_offers_all_four_backends_with_prices(owner_client, backend
     }
     data = json.loads(re.search(r'<script id="backend-offers" type="application/json">(.*?)</script>', page).group(1))
     assert data == {
-        str(backends["local"].pk): {"name": "local", "offers": False, "spot": False},
-        str(backends["sm"].pk): {"name": "sm", "offers": True, "spot": True},
-        str(backends["vx"].pk): {"name": "vx", "offers": True, "spot": True},
-        str(backends["aml"].pk): {"name": "aml", "offers": True, "spot": True},  # low-priority rows exist
-        str(backends["aml-lp"].pk): {"name": "aml-lp", "offers": True, "spot": True},
+        str(backends["local"].pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"]},
+        str(backends["sm"].pk): {"name": "sm", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]},
+        # Vertex's default executor image has torch 2.4: ddp only (fsdp needs 2.6, pipeline 2.7).
+        str(backends["vx"].pk): {"name": "vx", "offers": True, "spot": True, "strategies": ["ddp"]},
+        str(backends["aml"].pk): {"name": "aml", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]},  # low-priority rows exist
+        str(backends["aml-lp"].pk): {"name": "aml-lp", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]},
     }
 
 

@@ -54,7 +54,7 @@ def test_gpubox_only_form_is_as_before(owner_client, local_backend):
             'id="id_instance_type">') in page
     assert 'name="spot"' not in page  # the gpubox has no spot capacity
     assert json.loads(re.search(r'<script id="backend-offers" type="application/json">(.*?)</script>', page).group(1)) == {
-        str(local_backend.pk): {"name": "local", "offers": False, "spot": False}}
+        str(local_backend.pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"]}}
 
 
 def test_cloud_backend_lists_instance_types_with_prices(owner_client, local_backend, sagemaker_backend):
@@ -74,8 +74,8 @@ def test_cloud_backend_lists_instance_types_with_prices(owner_client, local_back
     }
     assert '<input type="checkbox" name="spot" aria-describedby="id_spot_helptext" id="id_spot">' in page
     data = json.loads(re.search(r'<script id="backend-offers" type="application/json">(.*?)</script>', page).group(1))
-    assert data == {str(local_backend.pk): {"name": "local", "offers": False, "spot": False},
-                    str(sagemaker_backend.pk): {"name": "sm", "offers": True, "spot": True}}
+    assert data == {str(local_backend.pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"]},
+                    str(sagemaker_backend.pk): {"name": "sm", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]}}
     assert "job_form.js" in page
 
 

@@ -1,4 +1,5 @@
-/* The job form: show the instance types (and the spot checkbox) of the chosen backend only.
+/* The job form: show the instance types (and the spot checkbox) of the chosen backend only, and
+ * offer only the strategies its image runs (the others are disabled, with the reason in the estimate).
  * Without JavaScript every backend's group shows and the server refuses another backend's type. */
 (function () {
   "use strict";
@@ -8,6 +9,7 @@
   const backends = JSON.parse(dataNode.textContent);
   const instance = document.getElementById("id_instance_type");
   const spot = document.getElementById("id_spot");
+  const strategy = document.getElementById("id_strategy");
 
   function show() {
     const chosen = backends[backend.value] || {name: "", offers: false, spot: false};
@@ -27,6 +29,16 @@
       const field = document.getElementById("field-spot");
       if (field) field.hidden = !chosen.spot;
       if (!chosen.spot) spot.checked = false;
+    }
+    if (strategy && strategy.tagName === "SELECT" && Array.isArray(chosen.strategies)) {
+      Array.prototype.forEach.call(strategy.options, function (option) {
+        option.disabled = chosen.strategies.indexOf(option.value) < 0;
+      });
+      const current = strategy.options[strategy.selectedIndex];
+      if (current && current.disabled && chosen.strategies.length) {
+        strategy.value = chosen.strategies[0];
+        strategy.dispatchEvent(new Event("change", {bubbles: true}));
+      }
     }
   }
   backend.addEventListener("change", show);
