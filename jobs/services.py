@@ -437,12 +437,37 @@ def _check_dataset_scheme(errors: _Errors, adapter: Backend, spec: JobSpec, data
     return dataclasses.replace(spec, dataset_uri="")
 
 
+MAX_HOURLY_PRICE_USD = Decimal("999999.999999")
+"""The largest price per instance-hour the price columns hold (12 digits, 6 after the point)."""
+
+
+def _storable_price(usd_per_hour: Any) -> Decimal | None:
+    """``usd_per_hour`` as the price columns hold it, or None when they cannot (negative, NaN,
+    infinite, or past :data:`MAX_HOURLY_PRICE_USD`, where rounding it raised InvalidOperation)."""
+    try:
+        exact = Decimal(str(usd_per_hour))
+    except (InvalidOperation, ValueError, TypeError):
+        return None
+    if not exact.is_finite() or not 0 <= exact <= MAX_HOURLY_PRICE_USD:
+        return None
+    return costs.to_decimal(exact, costs.PRICE_FRACTION)
+
+
 def _hourly_price(errors: _Errors, adapter: Backend, instance_type: str, spot: bool) -> Decimal:
     try:
-        return costs.to_decimal(adapter.price(instance_type, spot), costs.PRICE_FRACTION)
+        usd_per_hour = adapter.price(instance_type, spot)
     except BackendError as exc:
         errors.add("instance_type", str(exc))
         return Decimal("0")
+    price = _storable_price(usd_per_hour)
+    if price is None:
+        # A backend's settings multiply its price (Vertex: accelerators per machine), so they can
+        # reach a figure no cost can be recorded for.
+        errors.add("backend", f"This backend prices an instance-hour at {usd_per_hour!r} USD, outside what Trainboard "
+                              f"records ($0 to ${MAX_HOURLY_PRICE_USD:,f}); check its settings, e.g. the "
+                              f"accelerators per machine.")
+        return Decimal("0")
+    return price
 
 
 def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: Decimal) -> Decimal | None:
@@ -452,7 +477,7 @@ def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: D
     if not spot:
         return hourly
     try:
-        return costs.to_decimal(adapter.on_demand_price(instance_type), costs.PRICE_FRACTION)
+        return _storable_price(adapter.on_demand_price(instance_type))
     except BackendError:
         return None
 

@@ -4,6 +4,8 @@ other Python callers included, never a DataError from the database (issue 11, it
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.exceptions import ValidationError
 
@@ -99,3 +101,26 @@ def test_services_refuse_what_the_database_cannot_store(user, digits_dataset, cn
             TrainingJob.objects.count()) == (1, 1, 1, 0)
     local_backend.refresh_from_db()
     assert (local_backend.name, local_backend.config["hourly_rate_usd"]) == ("local", 3.6)
+
+
+@pytest.mark.django_db
+def test_a_price_past_the_price_column_is_the_backends_error(user, digits_dataset, cnn_model):
+    """Vertex prices a replica as machine + accelerator × accelerator_count: 10^30 T4s per machine made
+    a price that rounding to the column raised InvalidOperation on, a 500 for every job and estimate."""
+    config = {"project": "vision-ml-prod", "region": "us-central1", "staging_bucket": "gs://tb-staging/vertex",
+              "accelerator_type": "NVIDIA_TESLA_T4"}
+    huge = services.backend_create(owner=user, name="vx-huge", kind="vertex",
+                                   config={**config, "accelerator_count": 10 ** 30})
+    for call in (lambda: services.training_job_estimate(backend=huge),
+                 lambda: services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                                      backend=huge)):
+        with pytest.raises(ValidationError) as excinfo:
+            call()
+        [message] = excinfo.value.message_dict["backend"]
+        assert re.fullmatch(r"This backend prices an instance-hour at \d\.\d+e\+29 USD, outside what Trainboard "
+                            r"records \(\$0 to \$999,999\.999999\); check its settings, e\.g\. the accelerators "
+                            r"per machine\.", message), message
+    assert TrainingJob.objects.count() == 0
+    fine = services.backend_create(owner=user, name="vx-4", kind="vertex", config={**config, "accelerator_count": 4})
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=fine)
+    assert 0 < job.hourly_price_usd < 10
