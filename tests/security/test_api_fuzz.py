@@ -10,7 +10,8 @@ event). About 20 operations × ``EXAMPLES`` cases.
 :func:`test_api_fuzz_unstorable_values_in_every_body_field` puts each of ``UNSTORABLE`` (NaN,
 Infinity, 1e400, 1e300, NUL in a string and in a key, an unpaired surrogate, nesting 3,000 deep, an
 integer of 5,000 digits) into every property of every request body in the schema, at the top and inside
-the JSON-object ones, over a body that is otherwise valid, so the value reaches the service; and
+the JSON-object ones (under an unknown key and in place of each known one: ``config.hourly_rate_usd``),
+over a body that is otherwise valid (asserted: it is accepted), so the value reaches the service; and
 ``UNSTORABLE_QUERY`` into every list's ``limit`` and ``offset``. None may be a 5xx. Found before:
 NUL in backend config (DataError), 1e400 stored as infinity, a 5,000-deep body (RecursionError, the
 token endpoint too), 1e400 as a team or dataset id (OverflowError), an unpaired surrogate echoed in a
@@ -168,14 +169,14 @@ def _valid_bodies(user) -> dict[str, dict]:
                                ComputeBackend.objects.get(owner=user))
     return {
         "/api/datasets/": {"name": "fz-dataset", "format": "builtin", "builtin_name": "digits"},
-        "/api/models/": {"name": "fz-model", "architecture": "mlp", "params": {"hidden_size": 8}},
-        "/api/backends/": {"name": "fz-box", "kind": "gpubox", "config": {"hourly_rate_usd": 1.5},
+        "/api/models/": {"name": "fz-model", "architecture": "mlp", "params": {"hidden_size": 8, "dropout": 0.1}},
+        "/api/backends/": {"name": "fz-box", "kind": "gpubox", "config": {"hourly_rate_usd": 1.5, "grace_period_s": 5},
                            "state_deadlines": {"PENDING": 600}},
         "/api/jobs/": {"dataset": dataset.pk, "model_spec": model.pk, "backend": backend.pk, "epochs": 1,
-                       "hyperparameters": {"train": {"optimizer": "adamw"}}},
+                       "hyperparameters": {"train": {"optimizer": "adamw"}, "parallel": {"timeout_s": 600}}},
         "/api/datasets/{id}/": {"name": "digits", "format": "builtin", "builtin_name": "digits"},
         "/api/models/{id}/": {"name": "cnn", "architecture": "cnn", "params": {}},
-        "/api/backends/{id}/": {"name": "box", "kind": "gpubox", "config": {"max_procs_per_node": 2}},
+        "/api/backends/{id}/": {"name": "box", "kind": "gpubox", "config": {"hourly_rate_usd": 2.0}},
         "/api/auth/token/": {"username": "fuzz", "password": "pw-fuzz-Secret-1"},
     }, {"/api/datasets/{id}/": dataset.pk, "/api/models/{id}/": model.pk, "/api/backends/{id}/": backend.pk}
 
@@ -195,6 +196,8 @@ def _body_properties(schema: dict, operation: dict) -> dict[str, dict]:
 
 
 def test_api_fuzz_unstorable_values_in_every_body_field(fuzz_user, client):
+    from django.db import transaction
+
     user, token = fuzz_user
     auth = {"HTTP_AUTHORIZATION": f"Token {token}"}
     client.raise_request_exception = False  # a 500 is counted, and the walk goes on
@@ -210,23 +213,35 @@ def test_api_fuzz_unstorable_values_in_every_body_field(fuzz_user, client):
                 continue
             assert path in bodies, f"no valid body for {method.upper()} {path}: add one to _valid_bodies"
             url = path.replace("{id}", str(ids.get(path, 0)))
+            savepoint = transaction.savepoint()  # the valid body is accepted, and leaves nothing behind
+            accepted = getattr(client, method)(url, data=json.dumps(bodies[path]), content_type="application/json",
+                                               **auth)
+            transaction.savepoint_rollback(savepoint)
+            assert accepted.status_code < 300, (method, path, accepted.content)
             for name, prop in properties.items():
                 base = {k: v for k, v in bodies[path].items() if k != name}
-                placements = {"": None}
+                valid = bodies[path].get(name)
+                # Where the value goes: the property itself; in an object, an unknown key and, in place
+                # of its value, each key the valid body sets (so a known setting meets it too).
+                places: list[str | None] = [None]
                 if prop.get("type") == "object" or "additionalProperties" in prop:
-                    placements["inside"] = "x"
-                for where in placements:
+                    places += ["x", *(valid if isinstance(valid, dict) else {})]
+                for key in places:
                     for label, raw in UNSTORABLE.items():
-                        value = f'{{"{placements[where]}": {raw}}}' if where else raw
+                        if key is None:
+                            value = raw
+                        else:
+                            others = {k: v for k, v in (valid if isinstance(valid, dict) else {}).items() if k != key}
+                            value = json.dumps(others)[:-1] + (", " if others else "") + f'"{key}": {raw}}}'
                         text = json.dumps(base)[:-1] + (", " if base else "") + f'"{name}": {value}}}'
                         response = _isolated(lambda: getattr(client, method)(
                             url, data=text, content_type="application/json", **auth))
                         sent += 1
-                        reached.add(f"{method.upper()} {path} {name}")
+                        reached.add(f"{method.upper()} {path} {name}" + (f".{key}" if key else ""))
                         if response.status_code >= 500:
-                            failures.append(f"{method.upper()} {url} {name}={label}{' inside' if where else ''} "
+                            failures.append(f"{method.upper()} {url} {name}{'.' + key if key else ''}={label} "
                                             f"-> {response.status_code}")
-    assert len(reached) >= 40, sorted(reached)  # every body property of the four resources and the token
+    assert len(reached) >= 60, sorted(reached)  # every body property of the four resources and the token
     assert sent >= 40 * len(UNSTORABLE)
     assert not failures, "server errors:\n" + "\n".join(failures[:30])
 
