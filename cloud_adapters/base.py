@@ -25,10 +25,11 @@ Operations (each documented on :class:`Backend`):
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 if TYPE_CHECKING:
     from cloud_adapters.pricing import PriceCatalog
@@ -74,7 +75,16 @@ class BackendError(Exception):
 
 
 class InvalidSpec(BackendError):
-    """The request cannot run on this backend (shape, instance type, limits). Not retried."""
+    """The request cannot run on this backend (shape, instance type, limits). Not retried.
+
+    From ``clean_config``, ``errors`` holds every problem found, ``{setting key: [message]}``
+    (:class:`SettingsProblems`); the message of the exception is all of them, in order."""
+
+    def __init__(self, *args: Any, errors: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(*args)
+        from cloud_adapters.redaction import redact
+
+        self.errors: dict[str, list[str]] = {str(k): [redact(m) for m in v] for k, v in (errors or {}).items()}
 
 
 class CredentialsError(BackendError):
@@ -277,6 +287,9 @@ class Backend(abc.ABC):
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
+    setting_labels: ClassVar[Mapping[str, str]] = {}
+    """``{config key: label}``: how the backend form labels each setting it has a field for, and so
+    how a settings error names it (:class:`SettingsProblems`); the form takes its labels from here."""
     dataset_schemes: ClassVar[frozenset[str]] = frozenset({""})
     """URI schemes (:func:`uri_scheme`) of the datasets this backend's jobs can read; ``""`` is a
     local path on the machine that runs the job. A built-in dataset (no URI) runs everywhere. The
@@ -460,13 +473,70 @@ def with_article(label: str) -> str:
     return f"{'an' if label[:1].lower() in 'aeiou' else 'a'} {label}"
 
 
-def require_settings(config: Mapping[str, Any], keys: Sequence[str], backend_label: str) -> None:
-    """Raise :class:`InvalidSpec` ``"<key>: required for a <label> backend."`` for the first of
-    ``keys`` that is missing, None or blank in ``config`` (a form sends "" for an untouched field)."""
-    for key in keys:
-        value = config.get(key)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise InvalidSpec(f"{key}: required for a {backend_label} backend.")
+class SettingsProblems:
+    """Every problem ``clean_config`` finds in a backend's settings, so a form shows them all after
+    one submit (not one per submit), each worded with the setting's label as the form shows it
+    (``Backend.setting_labels``, e.g. "AWS region") rather than its config key (``region``); a key
+    without a label (a setting only the JSON field sets) keeps its key. One message per setting:
+    the first found (a missing setting is not also reported as malformed).
+
+    Usage inside ``clean_config``::
+
+        problems = SettingsProblems(cls.setting_labels, "AWS SageMaker")
+        problems.require(config, ("region", "bucket"))
+        with problems.about("region"):
+            ...  # the check raises InvalidSpec("region: expected ...") as it would alone
+        problems.raise_if_any()  # InvalidSpec(errors={"region": ["AWS region: expected ..."]})
+    """
+
+    def __init__(self, labels: Mapping[str, str], backend_label: str) -> None:
+        self.labels = dict(labels)
+        self.backend_label = backend_label
+        self.errors: dict[str, list[str]] = {}
+
+    def label(self, key: str) -> str:
+        return self.labels.get(key, key)
+
+    def has(self, key: str) -> bool:
+        return key in self.errors
+
+    def add(self, key: str, message: str) -> None:
+        """Record ``message`` for ``key`` (a leading ``"<key>: "`` becomes ``"<label>: "``)."""
+        if key in self.errors:
+            return
+        text = message[len(key) + 2:] if message.startswith(f"{key}: ") else message
+        self.errors[key] = [f"{self.label(key)}: {text}"]
+
+    def require(self, config: Mapping[str, Any], keys: Sequence[str]) -> None:
+        """``"<label> is required for an <backend> backend."`` for each of ``keys`` that is missing,
+        None or blank in ``config`` (a form sends "" for an untouched field)."""
+        for key in keys:
+            value = config.get(key)
+            if (value is None or (isinstance(value, str) and not value.strip())) and key not in self.errors:
+                self.errors[key] = [f"{self.label(key)} is required for {with_article(self.backend_label)} backend."]
+
+    @contextlib.contextmanager
+    def about(self, key: str) -> Iterator[None]:
+        """Run one check of ``key``: an :class:`InvalidSpec` it raises is recorded, and the caller
+        goes on to the next check."""
+        try:
+            yield
+        except InvalidSpec as exc:
+            self.add(key, str(exc))
+
+    def raise_if_any(self) -> None:
+        """Raise one :class:`InvalidSpec` carrying every problem (``errors``), if there is any."""
+        if self.errors:
+            raise InvalidSpec(" ".join(m for ms in self.errors.values() for m in ms), errors=self.errors)
+
+
+def require_settings(config: Mapping[str, Any], keys: Sequence[str], backend_label: str,
+                     labels: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`InvalidSpec` ``"<label> is required for an <backend> backend."`` naming every
+    one of ``keys`` that is missing, None or blank in ``config``."""
+    problems = SettingsProblems(labels or {}, backend_label)
+    problems.require(config, keys)
+    problems.raise_if_any()
 
 
 def parse_utc(value: str | float | None) -> dt.datetime | None:

@@ -121,6 +121,7 @@ class ServiceForm(forms.ModelForm):
             self.instance = self.save_via_service(dict(self.cleaned_data))
         except ValidationError as exc:
             for field, msgs in exc.message_dict.items():
+                field = field if field in self.fields else field.split(".", 1)[0]  # config.region: config
                 for msg in msgs:
                     self.add_error(field if field in self.fields else None, msg)
 
@@ -296,6 +297,7 @@ class InstancePriceForm(forms.ModelForm):
                 price=self.instance if self.instance.pk else None, **self.cleaned_data)
         except ValidationError as exc:
             for field, msgs in exc.message_dict.items():
+                field = field if field in self.fields else field.split(".", 1)[0]  # config.region: config
                 for msg in msgs:
                     self.add_error(field if field in self.fields else None, msg)
 

@@ -578,8 +578,10 @@ def _validate_dataset(errors: _Errors, dataset: Dataset) -> None:
         dataset.uri = ""
         return
     dataset.builtin_name = ""
+    if "format" in errors:  # what the URI must hold depends on the format
+        return
     if not dataset.uri:
-        errors.add("uri", f"A {dataset.format} dataset needs a path or URI.")
+        errors.add("uri", f"Path or URI is required for a dataset in {Dataset.Format(dataset.format).label} format.")
         return
     if ("://" not in dataset.uri or dataset.uri.startswith("file://")) and "format" not in errors:
         # A local path: it must lie inside an allowed root, then the trainer's own loader says
@@ -743,18 +745,23 @@ def _clean_secrets(errors: _Errors, kind: str, secrets: Any) -> dict[str, str] |
     cleaned = {str(k): v for k, v in secrets.items() if v not in (None, "")}
     if not cleaned:
         return {}
+    from cloud_adapters.base import with_article
+    from cloud_adapters.registry import KINDS
+
     accepted = backend_secret_keys(kind)
+    label = KINDS[kind].label if kind in KINDS else "this"
     unknown = sorted(set(cleaned) - set(accepted))
     if unknown:
         allowed = ", ".join(sorted(accepted)) if accepted else "none (it uses the worker's own identity)"
-        errors.add("secrets", f"{unknown[0]}: not a secret a {kind or 'this'} backend takes; it takes {allowed}.")
+        errors.add("secrets", f"{', '.join(unknown)}: not a secret {with_article(label)} backend takes; it takes "
+                              f"{allowed}.")
         return None
     if any(not isinstance(v, str) for v in cleaned.values()):
         errors.add("secrets", "Each secret must be a string.")
         return None
     missing = sorted(k for k, required in accepted.items() if required and k not in cleaned)
     if missing:
-        errors.add("secrets", f"{missing[0]}: required with the other {kind} secrets (give all of "
+        errors.add("secrets", f"{', '.join(missing)}: required with the other {label} secrets (give all of "
                               f"{', '.join(k for k, r in accepted.items() if r)}, or none to use the worker's identity).")
         return None
     return cleaned
@@ -798,12 +805,25 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
                                  f"installation's value.")
     try:
         cleaned = cls.clean_config(_effective_config(backend.kind, config, host_settings_from_row=staff_owned))
+    except InvalidSpec as exc:
+        # Every setting's problem at once, each under ``config.<setting key>`` (the form puts it on
+        # that setting's field; the API lists them under ``config``).
+        for key, messages in (exc.errors or {_setting_named(str(exc)): [str(exc)]}).items():
+            for message in messages:
+                errors.add(f"config.{key}" if key else "config", message)
+        return
     except (BackendError, ValueError, TypeError) as exc:
         errors.add("config", str(exc))
         return
     # Store what the admin set (normalised), not the defaults the adapter or this host filled in:
     # those are decided where the backend is used (a worker's interpreter, its run root).
     backend.config = {k: cleaned.get(k, v) for k, v in config.items()}
+
+
+def _setting_named(message: str) -> str:
+    """The setting key an adapter's single message starts with (``"project: required…"``), or ""."""
+    head = message.split(":", 1)[0].strip() if ":" in message else ""
+    return head if head.isidentifier() else ""
 
 
 def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True,

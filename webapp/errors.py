@@ -1,17 +1,25 @@
 """Carry a service's ``django.core.exceptions.ValidationError`` to where the user sees it.
 
 Services (``jobs.services``) raise one ValidationError whose ``message_dict`` is keyed by the form/API
-field names, ``__all__`` for errors that belong to no field (docs/internal-api.md). The UI puts each
-message on its form field; the API answers 400 with the same keys (``__all__`` becomes DRF's
-``non_field_errors``).
+field names, ``__all__`` for errors that belong to no field (docs/internal-api.md); a key with a dot
+names a part of a field (``config.region``: the backend setting ``region`` inside ``config``). The UI
+puts each message on its form field (a part's on the field itself when the form has no field for the
+part); the API answers 400 with the fields' keys (``__all__`` becomes DRF's ``non_field_errors``, a
+part's message is listed under its field).
+
+:func:`submit_form` shows the form's own errors and the service's together, after one submit.
 """
 
 from __future__ import annotations
+
+from typing import Callable, TypeVar
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError as DjangoValidationError
 from rest_framework import serializers
 from rest_framework.settings import api_settings
+
+T = TypeVar("T")
 
 
 def service_error_dict(exc: DjangoValidationError) -> dict[str, list[str]]:
@@ -28,6 +36,8 @@ def add_service_errors(form: forms.BaseForm, exc: DjangoValidationError,
     field_map = field_map or {}
     for field, messages in service_error_dict(exc).items():
         name = field_map.get(field, field)
+        if name not in form.fields and field_of(name) in form.fields:
+            name = field_of(name)
         for message in messages:
             if name in form.fields:
                 form.add_error(name, message)
@@ -37,12 +47,58 @@ def add_service_errors(form: forms.BaseForm, exc: DjangoValidationError,
                 form.add_error(None, f"{name}: {message}")
 
 
+def field_of(key: str) -> str:
+    """The field a service error key belongs to: ``config`` for ``config.region``, else the key."""
+    return key.split(".", 1)[0]
+
+
+class _TrialRun(Exception):
+    """Rolls back a service call made only to collect its errors."""
+
+
+def submit_form(form: forms.BaseForm, call: Callable[[], T],
+                add_errors: Callable[[forms.BaseForm, DjangoValidationError], None] | None = None) -> T | None:
+    """Validate ``form`` and call the service ``call`` (which reads ``form.cleaned_data``); the
+    service's result when both accept, else None with every error on the form.
+
+    The form's own checks (a required field, a number, valid JSON) and the service's rules (a
+    backend's settings, the dataset's shape) used to come one after the other: an empty SageMaker
+    form flagged Name, and only on the next submit its settings. Here a form with errors still calls
+    the service, on the values that did clean, inside a savepoint that is always rolled back (nothing
+    is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is discarded); its
+    errors on the fields the form did not already flag join the form's. ``add_errors`` puts the
+    service's errors on the form (default :func:`add_service_errors`).
+    """
+    from django.db import transaction
+
+    add_errors = add_errors or add_service_errors
+    valid = form.is_valid()
+    try:
+        with transaction.atomic():
+            result = call()
+            if not valid:
+                raise _TrialRun
+    except _TrialRun:
+        return None
+    except DjangoValidationError as exc:
+        if not valid:
+            # A field the form flagged keeps the form's message: the service saw no value for it.
+            flagged = set(form.errors)
+            remaining = {k: v for k, v in service_error_dict(exc).items() if field_of(k) not in flagged}
+            exc = DjangoValidationError(remaining) if remaining else None
+        if exc is not None:
+            add_errors(form, exc)
+        return None
+    return result
+
+
 def to_drf_validation_error(exc: DjangoValidationError,
                             field_map: dict[str, str] | None = None) -> serializers.ValidationError:
     """The DRF ``ValidationError`` (HTTP 400) carrying ``exc``'s messages under the API's field names."""
     field_map = field_map or {}
     detail: dict[str, list[str]] = {}
     for field, messages in service_error_dict(exc).items():
-        key = api_settings.NON_FIELD_ERRORS_KEY if field == NON_FIELD_ERRORS else field_map.get(field, field)
+        key = (api_settings.NON_FIELD_ERRORS_KEY if field == NON_FIELD_ERRORS
+               else field_map.get(field, field_of(field)))
         detail.setdefault(key, []).extend(messages)
     return serializers.ValidationError(detail)

@@ -647,6 +647,8 @@ class TrainingJobForm(forms.Form):
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``training_job_create`` (without ``owner``)."""
         data = dict(self.cleaned_data)
+        for f in ("dataset", "model_spec", "backend"):  # one that did not clean: the form shows its error
+            data.setdefault(f, None)
         for f in self.PIPELINE_FIELDS:  # empty: the trainer's default
             if data.get(f) in (None, ""):
                 data.pop(f, None)

@@ -25,7 +25,7 @@ from cloud_adapters.base import ConnectionCheck
 from jobs import selectors, services
 from jobs.models import JobStateChoices
 from trainer_pkg.registry import ARCHITECTURES
-from webapp.errors import add_service_errors, service_error_dict
+from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
 
 JOBS_PER_PAGE = 25
@@ -36,6 +36,12 @@ CHART_SERIES = {
     "loss": ("train_loss", "val_loss"),
     "accuracy": ("train_accuracy", "val_accuracy"),
 }
+
+
+def _values(form) -> dict[str, Any]:
+    """The form's values for a service call: every field's cleaned value, "" for one that did not
+    clean (the form shows its error; the service's own error for it is dropped, ``submit_form``)."""
+    return {name: form.cleaned_data.get(name, "") for name in form.fields}
 
 
 def _changeable(request: HttpRequest, obj):
@@ -74,12 +80,9 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def dataset_create(request: HttpRequest) -> HttpResponse:
     form = DatasetForm(request.POST or None, user=request.user)
-    if request.method == "POST" and form.is_valid():
-        try:
-            dataset = services.dataset_create(owner=request.user, **form.cleaned_data)
-        except ValidationError as exc:
-            add_service_errors(form, exc)
-        else:
+    if request.method == "POST":
+        dataset = submit_form(form, lambda: services.dataset_create(owner=request.user, **_values(form)))
+        if dataset is not None:
             messages.success(request, f"Dataset {dataset.name} created.")
             return redirect("dataset-list")
     return render(request, "webapp/datasets/form.html", {"form": form, "dataset": None})
@@ -91,12 +94,8 @@ def dataset_edit(request: HttpRequest, pk: int) -> HttpResponse:
     dataset = _changeable(request, get_object_or_404(selectors.dataset_list_for_user(user=request.user), pk=pk))
     initial = {f: getattr(dataset, f) for f in DatasetForm.base_fields}
     form = DatasetForm(request.POST or None, initial=initial, user=request.user)
-    if request.method == "POST" and form.is_valid():
-        try:
-            services.dataset_update(dataset=dataset, **form.cleaned_data)
-        except ValidationError as exc:
-            add_service_errors(form, exc)
-        else:
+    if request.method == "POST":
+        if submit_form(form, lambda: services.dataset_update(dataset=dataset, **_values(form))) is not None:
             messages.success(request, f"Dataset {form.cleaned_data['name']} saved.")
             return redirect("dataset-list")
     return render(request, "webapp/datasets/form.html", {"form": form, "dataset": dataset})
@@ -138,12 +137,9 @@ def model_list(request: HttpRequest) -> HttpResponse:
 def model_create(request: HttpRequest) -> HttpResponse:
     initial = {"architecture": "cnn", "params": json.dumps(ARCHITECTURES["cnn"].defaults(), indent=2)}
     form = ModelSpecForm(request.POST or None, initial=initial, user=request.user)
-    if request.method == "POST" and form.is_valid():
-        try:
-            model_spec = services.model_spec_create(owner=request.user, **form.cleaned_data)
-        except ValidationError as exc:
-            add_service_errors(form, exc)
-        else:
+    if request.method == "POST":
+        model_spec = submit_form(form, lambda: services.model_spec_create(owner=request.user, **_values(form)))
+        if model_spec is not None:
             messages.success(request, f"Model {model_spec.name} created.")
             return redirect("model-list")
     return _model_form_page(request, form, None)
@@ -160,12 +156,8 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
         "team": model_spec.team_id,
     }
     form = ModelSpecForm(request.POST or None, initial=initial, user=request.user)
-    if request.method == "POST" and form.is_valid():
-        try:
-            services.model_spec_update(model_spec=model_spec, **form.cleaned_data)
-        except ValidationError as exc:
-            add_service_errors(form, exc)
-        else:
+    if request.method == "POST":
+        if submit_form(form, lambda: services.model_spec_update(model_spec=model_spec, **_values(form))) is not None:
             messages.success(request, f"Model {form.cleaned_data['name']} saved.")
             return redirect("model-list")
     return _model_form_page(request, form, model_spec)
@@ -174,14 +166,15 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
 # --- backends --------------------------------------------------------------------------------
 
 def _add_backend_errors(form: BackendForm, exc: ValidationError) -> None:
-    """The service reports settings errors on ``config`` as "<setting>: message" (the adapter's
-    ``clean_config`` names the setting); a setting the chosen kind has a field for gets the message
-    there, the rest go on the JSON field."""
+    """The service reports each setting's error on ``config.<setting>`` (the adapter's
+    ``clean_config`` keys its problems by setting); a setting the chosen kind has a field for gets
+    the message there, the rest (and errors on ``config`` as a whole) go on the JSON field."""
     errors = service_error_dict(exc)
-    kind = form.cleaned_data.get("kind", "")
-    for message in errors.pop("config", []):
-        setting = message.split(":", 1)[0].strip()
-        form.add_error(form.setting_field(kind, setting) or "extra_config", message)
+    kind = form.chosen_kind()
+    for key in [k for k in errors if k == "config" or k.startswith("config.")]:
+        setting = key.removeprefix("config").removeprefix(".")
+        for message in errors.pop(key):
+            form.add_error((form.setting_field(kind, setting) if setting else None) or "extra_config", message)
     for message in errors.pop("state_deadlines", []):
         form.add_error(form.deadline_field(message), message)
     if errors:
@@ -201,17 +194,15 @@ def backend_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def backend_create(request: HttpRequest) -> HttpResponse:
-    form = BackendForm(request.POST or None, initial={"kind": "gpubox", "hourly_rate_usd": 0, "enabled": True}, user=request.user)
-    if request.method == "POST" and form.is_valid():
-        try:
-            backend = services.backend_create(
-                owner=request.user, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
-                config=form.config(), enabled=form.cleaned_data["enabled"], secrets=form.secrets(),
-                team=form.cleaned_data.get("team"), **form.policy_kwargs(),
-            )
-        except ValidationError as exc:
-            _add_backend_errors(form, exc)
-        else:
+    form = BackendForm(request.POST or None, initial={"kind": "gpubox", "hourly_rate_usd": 0, "enabled": True},
+                       user=request.user)
+    if request.method == "POST":
+        backend = submit_form(form, lambda: services.backend_create(
+            owner=request.user, name=form.cleaned_data.get("name", ""), kind=form.chosen_kind(),
+            config=form.config(), enabled=form.cleaned_data.get("enabled", True), secrets=form.secrets(),
+            team=form.cleaned_data.get("team"), **form.policy_kwargs(),
+        ), _add_backend_errors)
+        if backend is not None:
             messages.success(request, f"Backend {backend.name} created.")
             return redirect("backend-list")
     return _backend_form_page(request, form, None)
@@ -223,17 +214,14 @@ def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
     backend = _changeable(request, get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk))
     form = BackendForm(request.POST or None, initial=BackendForm.initial_from(backend), user=request.user,
                        backend=backend)
-    if request.method == "POST" and form.is_valid():
-        try:
-            services.backend_update(
-                backend=backend, name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
-                config=form.config(), enabled=form.cleaned_data["enabled"], secrets=form.secrets(),
-                clear_secrets=form.cleaned_data["clear_secrets"], team=form.cleaned_data.get("team"),
-                **form.policy_kwargs(),
-            )
-        except ValidationError as exc:
-            _add_backend_errors(form, exc)
-        else:
+    if request.method == "POST":
+        saved = submit_form(form, lambda: services.backend_update(
+            backend=backend, name=form.cleaned_data.get("name", ""), kind=form.chosen_kind(),
+            config=form.config(), enabled=form.cleaned_data.get("enabled", True), secrets=form.secrets(),
+            clear_secrets=form.cleaned_data.get("clear_secrets", False), team=form.cleaned_data.get("team"),
+            **form.policy_kwargs(),
+        ), _add_backend_errors)
+        if saved is not None:
             messages.success(request, f"Backend {form.cleaned_data['name']} saved.")
             return redirect("backend-list")
     saved = request.session.pop(_checks_key(pk), None) if request.method == "GET" else None
@@ -313,12 +301,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def job_create(request: HttpRequest) -> HttpResponse:
     form = TrainingJobForm(request.POST or None, user=request.user)
-    if request.method == "POST" and form.is_valid():
-        try:
-            job = services.training_job_create(owner=request.user, **form.create_kwargs())
-        except ValidationError as exc:
-            add_service_errors(form, exc)
-        else:
+    if request.method == "POST":
+        job = submit_form(form, lambda: services.training_job_create(owner=request.user, **form.create_kwargs()))
+        if job is not None:
             messages.success(request, f"Job {job} queued.")
             return redirect("job-detail", pk=job.pk)
     estimate = _estimate(form) if request.method == "POST" else None

@@ -49,7 +49,6 @@ from cloud_adapters import _azure, packaging, retry
 from cloud_adapters.azureml import logs as az_logs
 from cloud_adapters.azureml.states import TERMINAL_STATUSES, job_status, status_text
 from cloud_adapters.base import (
-    require_settings,
     Backend,
     BackendError,
     Capabilities,
@@ -62,6 +61,7 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
+    SettingsProblems,
     tagged_job_id,
 )
 
@@ -188,6 +188,11 @@ class AzureMLBackend(Backend):
         "the job as Azure ML's command timeout does (\"the number, in seconds, after which the job will be "
         "cancelled\", azure-ai-ml command(); REST limits.timeout, clouds.md §3.2): preparing the environment "
         "and starting the nodes count")
+    setting_labels = {
+        "subscription_id": "Subscription ID", "resource_group": "Resource group", "workspace": "Workspace",
+        "compute": "Compute cluster", "environment": "Environment", "vm_size": "Default VM size", "tier": "Tier",
+        "region": "Azure region", "max_nodes": "Max nodes per job", "base_url": "Resource Manager endpoint",
+    }
     dataset_schemes = frozenset(p.split(":", 1)[0] for p in DATASET_PREFIXES)
     """Datastore paths and data assets (azureml), storage URLs (https, wasbs, abfss, adl): what a
     ``uri_folder`` input mounts (clouds.md §3.1-§3.2)."""
@@ -220,19 +225,22 @@ class AzureMLBackend(Backend):
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(config) - CONFIG_KEYS)
-        if unknown:
-            raise InvalidSpec(f"{unknown[0]}: unknown Azure ML setting (known: {', '.join(sorted(CONFIG_KEYS))}).")
-        require_settings(config, REQUIRED, "Azure ML")
+        """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
+        each setting that is missing or malformed."""
+        problems = SettingsProblems(cls.setting_labels, "Azure ML")
+        for key in sorted(set(config) - CONFIG_KEYS):
+            problems.add(key, f"unknown Azure ML setting (known: {', '.join(sorted(CONFIG_KEYS))}).")
+        problems.require(config, REQUIRED)
         out = dict(DEFAULTS)
         out.update({k: v.strip() if isinstance(v, str) else v for k, v in config.items()
-                    if v is not None and v != ""})
+                    if k in CONFIG_KEYS and v is not None and v != ""})
 
         def text(field: str, pattern: re.Pattern[str], what: str) -> str:
             value = out.get(field)
-            if not isinstance(value, str) or not pattern.fullmatch(value):
-                raise InvalidSpec(f"{field}: expected {what}, got {value!r}.")
-            return value
+            with problems.about(field):
+                if not isinstance(value, str) or not pattern.fullmatch(value):
+                    raise InvalidSpec(f"{field}: expected {what}, got {value!r}.")
+            return value if isinstance(value, str) else ""
 
         out["subscription_id"] = text("subscription_id", GUID_RE,
                                       "the subscription id, a GUID like 00000000-0000-0000-0000-000000000000").lower()
@@ -242,22 +250,27 @@ class AzureMLBackend(Backend):
         text("compute", COMPUTE_RE,
              "the compute cluster's name (a letter, then letters, digits or '-', at most 32)")
         env = out.get("environment")
-        if not isinstance(env, str) or not env.startswith(("azureml:", "/subscriptions/")) or " " in env:
-            raise InvalidSpec(
-                f"environment: expected 'azureml://registries/<registry>/environments/<name>/labels/latest', "
-                f"'azureml:<name>:<version>' or an ARM id, got {env!r}.")
+        with problems.about("environment"):
+            if not isinstance(env, str) or not env.startswith(("azureml:", "/subscriptions/")) or " " in env:
+                raise InvalidSpec(
+                    f"environment: expected 'azureml://registries/<registry>/environments/<name>/labels/latest', "
+                    f"'azureml:<name>:<version>' or an ARM id, got {env!r}.")
         text("vm_size", VM_SIZE_RE, "an Azure VM size such as 'Standard_NC6s_v3'")
         tier = out.get("tier")
-        if tier not in TIERS:
-            raise InvalidSpec(f"tier: expected 'dedicated' or 'low_priority', got {tier!r}.")
+        with problems.about("tier"):
+            if tier not in TIERS:
+                raise InvalidSpec(f"tier: expected 'dedicated' or 'low_priority', got {tier!r}.")
         text("region", REGION_RE, "an Azure region name such as 'eastus'")
         nodes = out.get("max_nodes")
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 100:
-            raise InvalidSpec(f"max_nodes: expected an integer from 1 to 100, got {nodes!r}.")
+        with problems.about("max_nodes"):
+            if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 100:
+                raise InvalidSpec(f"max_nodes: expected an integer from 1 to 100, got {nodes!r}.")
         base = out.get("base_url")
-        if not isinstance(base, str) or (base and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", base)):
-            raise InvalidSpec(f"base_url: expected an http(s):// URL or nothing, got {base!r}.")
-        out["base_url"] = base.rstrip("/")
+        with problems.about("base_url"):
+            if not isinstance(base, str) or (base and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", base)):
+                raise InvalidSpec(f"base_url: expected an http(s):// URL or nothing, got {base!r}.")
+            out["base_url"] = base.rstrip("/")
+        problems.raise_if_any()
         return out
 
     @property
@@ -291,9 +304,12 @@ class AzureMLBackend(Backend):
     def _unknown_size(self, vm_size: str, *, field: str = "instance type") -> InvalidSpec:
         known = self._sizes()
         listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
-        return InvalidSpec(
-            f"{field}: VM size {vm_size!r} has no price in the catalog for {self.region}; known: "
-            f"{listed or 'none (add azure rows to the price catalog)'}.")
+        text = (f"VM size {vm_size!r} has no price in the catalog for {self.region}; known: "
+                f"{listed or 'none (add azure rows to the price catalog)'}.")
+        if field in self.setting_labels:  # a setting: worded and keyed as clean_config's problems
+            message = f"{self.setting_labels[field]}: {text}"
+            return InvalidSpec(message, errors={field: [message]})
+        return InvalidSpec(f"{field}: {text}")
 
     def price(self, instance_type: str = "", spot: bool = False) -> float:
         """USD per VM-hour of ``instance_type`` (default: ``vm_size``) in the backend's region.

@@ -68,6 +68,7 @@ from cloud_adapters.base import (
     MissingDependency,
     ProviderError,
     ProviderJob,
+    SettingsProblems,
     parse_utc,
     tagged_job_id,
 )
@@ -144,6 +145,7 @@ class GpuBoxBackend(Backend):
     max_runtime_covers = (
         "the run from the moment its supervisor starts torchrun (cloud_adapters/gpubox/supervisor.py): "
         "rendezvous and loading the data count; then the process group gets SIGTERM and the grace period")
+    setting_labels = {"max_procs_per_node": "Max processes per node", "hourly_rate_usd": "Hourly rate (USD)"}
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
     queue = "gpubox"  # jobs must be started by the worker on the box itself
@@ -155,36 +157,45 @@ class GpuBoxBackend(Backend):
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(config) - cls.config_keys)
-        if unknown:
-            raise InvalidSpec(f"{unknown[0]}: unknown gpubox setting (known: {', '.join(sorted(cls.config_keys))}).")
+        """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
+        each setting that is missing or malformed."""
+        problems = SettingsProblems(cls.setting_labels, "Local GPU box (torchrun)")
+        for key in sorted(set(config) - cls.config_keys):
+            problems.add(key, f"unknown gpubox setting (known: {', '.join(sorted(cls.config_keys))}).")
 
         run_root = config.get("run_root")
-        if not isinstance(run_root, (str, os.PathLike)) or not str(run_root):
-            raise InvalidSpec("run_root: required; set it to an absolute directory for run directories.")
-        if not os.path.isabs(run_root) or "\0" in str(run_root):
-            raise InvalidSpec(f"run_root: must be an absolute path, got {str(run_root)!r}.")
+        with problems.about("run_root"):
+            if not isinstance(run_root, (str, os.PathLike)) or not str(run_root):
+                raise InvalidSpec("run_root: required; set it to an absolute directory for run directories.")
+            if not os.path.isabs(run_root) or "\0" in str(run_root):
+                raise InvalidSpec(f"run_root: must be an absolute path, got {str(run_root)!r}.")
 
         procs = config.get("max_procs_per_node")
         if procs is None:
             procs = min(visible_gpu_count() or os.cpu_count() or 1, MAX_PROCS_PER_NODE)
-        if isinstance(procs, bool) or not isinstance(procs, int):
-            raise InvalidSpec(f"max_procs_per_node: expected an integer, got {procs!r}.")
-        if not 1 <= procs <= MAX_PROCS_PER_NODE:
-            raise InvalidSpec(f"max_procs_per_node: must be 1 to {MAX_PROCS_PER_NODE}, got {procs}.")
+        with problems.about("max_procs_per_node"):
+            if isinstance(procs, bool) or not isinstance(procs, int):
+                raise InvalidSpec(f"max_procs_per_node: expected an integer, got {procs!r}.")
+            if not 1 <= procs <= MAX_PROCS_PER_NODE:
+                raise InvalidSpec(f"max_procs_per_node: must be 1 to {MAX_PROCS_PER_NODE}, got {procs}.")
 
-        rate = _number(config.get("hourly_rate_usd", 0.0), "hourly_rate_usd")
-        if not 0 <= rate <= MAX_HOURLY_RATE_USD:
-            raise InvalidSpec(f"hourly_rate_usd: must be 0 to {MAX_HOURLY_RATE_USD:,g} USD per node-hour, "
-                              f"got {rate:g}.")
+        rate = grace = 0.0
+        with problems.about("hourly_rate_usd"):
+            rate = _number(config.get("hourly_rate_usd", 0.0), "hourly_rate_usd")
+            if not 0 <= rate <= MAX_HOURLY_RATE_USD:
+                raise InvalidSpec(f"hourly_rate_usd: must be 0 to {MAX_HOURLY_RATE_USD:,g} USD per node-hour, "
+                                  f"got {rate:g}.")
 
-        grace = _number(config.get("grace_period_s", 10.0), "grace_period_s")
-        if not 0 <= grace <= MAX_GRACE_PERIOD_S:
-            raise InvalidSpec(f"grace_period_s: must be 0 to {MAX_GRACE_PERIOD_S:g} seconds, got {grace:g}.")
+        with problems.about("grace_period_s"):
+            grace = _number(config.get("grace_period_s", 10.0), "grace_period_s")
+            if not 0 <= grace <= MAX_GRACE_PERIOD_S:
+                raise InvalidSpec(f"grace_period_s: must be 0 to {MAX_GRACE_PERIOD_S:g} seconds, got {grace:g}.")
 
         python = config.get("python") or sys.executable
-        if not isinstance(python, str) or not os.path.isabs(python) or "\0" in python:
-            raise InvalidSpec(f"python: must be an absolute interpreter path, got {python!r}.")
+        with problems.about("python"):
+            if not isinstance(python, str) or not os.path.isabs(python) or "\0" in python:
+                raise InvalidSpec(f"python: must be an absolute interpreter path, got {python!r}.")
+        problems.raise_if_any()
 
         return {
             "run_root": os.path.normpath(str(run_root)),

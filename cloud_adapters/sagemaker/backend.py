@@ -43,7 +43,6 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cloud_adapters import _aws, packaging, retry
 from cloud_adapters.base import (
-    require_settings,
     Backend,
     BackendError,
     Capabilities,
@@ -55,6 +54,7 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
+    SettingsProblems,
     tagged_job_id,
 )
 from cloud_adapters.sagemaker import logs as cw_logs
@@ -216,6 +216,11 @@ class SageMakerBackend(Backend):
         "120 s before it stops the job (StoppingCondition, botocore's SageMaker model; clouds.md §1.1)")
     image_setting = "image_uri"
     image_torch_pattern = r"/pytorch-training:(\d+\.\d+)"  # <version>-<cpu|gpu>-<py>, clouds.md §1.1
+    setting_labels = {
+        "region": "AWS region", "role_arn": "Execution role ARN", "bucket": "S3 bucket", "prefix": "S3 prefix",
+        "image_uri": "Training image", "instance_type": "Default instance type", "spot_allowed": "Spot allowed",
+        "profile": "AWS profile name",
+    }
     dataset_schemes = frozenset({"s3"})
     """An S3 prefix becomes the ``train`` input channel (``InputDataConfig``'s ``S3Uri``, clouds.md §1.1)."""
     config_keys = frozenset(_CONFIG_KEYS)
@@ -241,68 +246,84 @@ class SageMakerBackend(Backend):
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(config) - _CONFIG_KEYS)
-        if unknown:
-            raise InvalidSpec(f"{unknown[0]}: unknown SageMaker setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
-        require_settings(config, ("region", "role_arn", "bucket"), "SageMaker")
+        """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
+        each setting that is missing or malformed."""
+        problems = SettingsProblems(cls.setting_labels, "AWS SageMaker")
+        for key in sorted(set(config) - _CONFIG_KEYS):
+            problems.add(key, f"unknown SageMaker setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
+        problems.require(config, ("region", "role_arn", "bucket"))
         out = dict(DEFAULTS)
-        out.update({k: v for k, v in config.items() if v is not None})
+        out.update({k: v for k, v in config.items() if v is not None and k in _CONFIG_KEYS})
 
         region = out.get("region")
-        if not isinstance(region, str) or not REGION_RE.fullmatch(region.strip()):
-            raise InvalidSpec(f"region: expected an AWS region code such as 'us-east-1', got {region!r}.")
-        out["region"] = region = region.strip()
+        with problems.about("region"):
+            if not isinstance(region, str) or not REGION_RE.fullmatch(region.strip()):
+                raise InvalidSpec(f"region: expected an AWS region code such as 'us-east-1', got {region!r}.")
+            out["region"] = region = region.strip()
 
         role = out.get("role_arn")
-        if not isinstance(role, str) or _aws.role_account(role.strip()) is None:
-            raise InvalidSpec(
-                f"role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
-                f"(the SageMaker execution role), got {role!r}.")
-        out["role_arn"] = role.strip()
+        with problems.about("role_arn"):
+            if not isinstance(role, str) or _aws.role_account(role.strip()) is None:
+                raise InvalidSpec(
+                    f"role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
+                    f"(the SageMaker execution role), got {role!r}.")
+            out["role_arn"] = role.strip()
 
         bucket = out.get("bucket")
-        if not isinstance(bucket, str) or not BUCKET_RE.fullmatch(bucket.strip()):
-            raise InvalidSpec(
-                f"bucket: expected an S3 bucket name (3–63 lowercase letters, digits, '.' or '-'; no "
-                f"s3:// prefix), got {bucket!r}.")
-        out["bucket"] = bucket.strip()
+        with problems.about("bucket"):
+            if not isinstance(bucket, str) or not BUCKET_RE.fullmatch(bucket.strip()):
+                raise InvalidSpec(
+                    f"bucket: expected an S3 bucket name (3–63 lowercase letters, digits, '.' or '-'; no "
+                    f"s3:// prefix), got {bucket!r}.")
+            out["bucket"] = bucket.strip()
 
         prefix = out.get("prefix")
-        if not isinstance(prefix, str) or not re.fullmatch(r"[\w.\-/]*", prefix) or ".." in prefix:
-            raise InvalidSpec(f"prefix: expected an S3 key prefix of letters, digits, '_-./', got {prefix!r}.")
-        out["prefix"] = prefix.strip("/")
+        with problems.about("prefix"):
+            if not isinstance(prefix, str) or not re.fullmatch(r"[\w.\-/]*", prefix) or ".." in prefix:
+                raise InvalidSpec(f"prefix: expected an S3 key prefix of letters, digits, '_-./', got {prefix!r}.")
+            out["prefix"] = prefix.strip("/")
 
         image = out.get("image_uri") or ""
-        if not isinstance(image, str):
-            raise InvalidSpec(f"image_uri: expected an ECR image URI, got {image!r}.")
-        out["image_uri"] = image.strip() or default_image_uri(region)
-        if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", out["image_uri"]):
-            raise InvalidSpec(
-                f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {out['image_uri']!r}.")
+        with problems.about("image_uri"):
+            if not isinstance(image, str):
+                raise InvalidSpec(f"image_uri: expected an ECR image URI, got {image!r}.")
+            # The default image is the region's: without a valid region there is none to check.
+            if image.strip() or not problems.has("region"):
+                out["image_uri"] = image.strip() or default_image_uri(region)
+                if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", out["image_uri"]):
+                    raise InvalidSpec(
+                        f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {out['image_uri']!r}.")
 
         itype = out.get("instance_type")
-        if not isinstance(itype, str) or not itype.startswith("ml."):
-            raise InvalidSpec(f"instance_type: expected a SageMaker 'ml.*' instance type, got {itype!r}.")
+        with problems.about("instance_type"):
+            if not isinstance(itype, str) or not itype.startswith("ml."):
+                raise InvalidSpec(f"instance_type: expected a SageMaker 'ml.*' instance type, got {itype!r}.")
 
-        if not isinstance(out["spot_allowed"], bool):
-            raise InvalidSpec(f"spot_allowed: expected true or false, got {out['spot_allowed']!r}.")
-        if not isinstance(out["profile"], str):
-            raise InvalidSpec(f"profile: expected an AWS profile name, got {out['profile']!r}.")
+        with problems.about("spot_allowed"):
+            if not isinstance(out["spot_allowed"], bool):
+                raise InvalidSpec(f"spot_allowed: expected true or false, got {out['spot_allowed']!r}.")
+        with problems.about("profile"):
+            if not isinstance(out["profile"], str):
+                raise InvalidSpec(f"profile: expected an AWS profile name, got {out['profile']!r}.")
         endpoint = out["endpoint_url"]
-        urls = endpoint.values() if isinstance(endpoint, Mapping) else [endpoint]
-        if not all(isinstance(u, str) and (not u or re.match(r"https?://", u)) for u in urls):
-            raise InvalidSpec(f"endpoint_url: expected an http(s):// URL or {{service: URL}}, got {endpoint!r}.")
-        if isinstance(endpoint, Mapping):
-            out["endpoint_url"] = dict(endpoint)
+        with problems.about("endpoint_url"):
+            urls = endpoint.values() if isinstance(endpoint, Mapping) else [endpoint]
+            if not all(isinstance(u, str) and (not u or re.match(r"https?://", u)) for u in urls):
+                raise InvalidSpec(f"endpoint_url: expected an http(s):// URL or {{service: URL}}, got {endpoint!r}.")
+            if isinstance(endpoint, Mapping):
+                out["endpoint_url"] = dict(endpoint)
 
         for field, low, high in (("max_nodes", 1, 100), ("max_procs_per_node", 1, 64), ("volume_size_gb", 1, 16384)):
             value = out[field]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidSpec(f"{field}: expected an integer from {low} to {high}, got {value!r}.")
+            with problems.about(field):
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    raise InvalidSpec(f"{field}: expected an integer from {low} to {high}, got {value!r}.")
         rate = out["max_calls_per_second"]
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
-            raise InvalidSpec(f"max_calls_per_second: expected a number above 0, got {rate!r}.")
-        out["max_calls_per_second"] = float(rate)
+        with problems.about("max_calls_per_second"):
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+                raise InvalidSpec(f"max_calls_per_second: expected a number above 0, got {rate!r}.")
+            out["max_calls_per_second"] = float(rate)
+        problems.raise_if_any()
         return out
 
     @property

@@ -51,7 +51,6 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from cloud_adapters import _gcp, retry
 from cloud_adapters.pricing import SPOT_SUFFIX
 from cloud_adapters.base import (
-    require_settings,
     Backend,
     BackendError,
     Capabilities,
@@ -63,6 +62,7 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
+    SettingsProblems,
     Throttled,
     tagged_job_id,
 )
@@ -217,6 +217,13 @@ class VertexBackend(Backend):
     max_runtime_covers = (
         "the job's running time as Vertex AI's Scheduling.timeout does (\"the maximum job running time\", "
         "aiplatform_v1 Scheduling; clouds.md §2.1): the replicas' start-up and the image pull run inside it")
+    setting_labels = {
+        "project": "Google Cloud project ID", "region": "Region", "staging_bucket": "Staging bucket",
+        "image_uri": "Executor image", "service_account": "Service account", "machine_type": "Default machine type",
+        "accelerator_type": "Accelerator", "accelerator_count": "Accelerators per machine",
+        "spot_allowed": "Spot allowed", "max_nodes": "Max machines per job", "api_endpoint": "Vertex AI API endpoint",
+        "storage_endpoint": "Cloud Storage endpoint",
+    }
     dataset_schemes = frozenset({"gs"})
     """Cloud Storage, read through the /gcs FUSE mount Vertex gives every job (clouds.md §2.3)."""
     config_keys = frozenset(_CONFIG_KEYS)
@@ -247,66 +254,86 @@ class VertexBackend(Backend):
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(config) - _CONFIG_KEYS)
-        if unknown:
-            raise InvalidSpec(f"{unknown[0]}: unknown Vertex AI setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
-        require_settings(config, ['project', 'staging_bucket'], "Vertex AI")
+        """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
+        each setting that is missing or malformed."""
+        problems = SettingsProblems(cls.setting_labels, "Google Vertex AI")
+        for key in sorted(set(config) - _CONFIG_KEYS):
+            problems.add(key, f"unknown Vertex AI setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
+        problems.require(config, ["project", "staging_bucket"])
         out = dict(DEFAULTS)
         # None or blank = the default (the dashboard's form sends "" for an untouched field).
-        out.update({k: v for k, v in config.items() if v is not None and not (isinstance(v, str) and not v.strip())})
+        out.update({k: v for k, v in config.items()
+                    if k in _CONFIG_KEYS and v is not None and not (isinstance(v, str) and not v.strip())})
 
         def text(key: str) -> str:
-            value = out.get(key)
+            value = out.get(key, "")
             if not isinstance(value, str):
                 raise InvalidSpec(f"{key}: expected text, got {value!r}.")
             return value.strip()
 
-        project = text("project") if out.get("project") is not None else ""
-        if not PROJECT_RE.fullmatch(project):
-            raise InvalidSpec(f"project: expected a Google Cloud project id (6–30 lowercase letters, digits "
-                              f"and '-', starting with a letter), got {out.get('project')!r}.")
-        region = text("region")
-        if not REGION_RE.fullmatch(region):
-            raise InvalidSpec(f"region: expected a Vertex AI region such as 'us-central1', got {region!r}.")
-        bucket = text("staging_bucket") if out.get("staging_bucket") is not None else ""
-        parse_gcs(bucket, "staging_bucket")
-        image = text("image_uri") or default_image_uri(region)
-        if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", image):
-            raise InvalidSpec(f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {image!r}.")
-        account = text("service_account")
-        if account and not SA_RE.fullmatch(account):
-            raise InvalidSpec(f"service_account: expected a service account email "
-                              f"('name@project.iam.gserviceaccount.com'), got {account!r}.")
-        machine = text("machine_type")
-        if not MACHINE_RE.fullmatch(machine):
-            raise InvalidSpec(f"machine_type: expected a Compute Engine machine type such as 'n1-standard-8', "
-                              f"got {machine!r}.")
-        accel = text("accelerator_type").upper()
-        if accel:
-            from google.cloud.aiplatform_v1.types.accelerator_type import AcceleratorType
+        project = region = bucket = image = account = machine = accel = ""
+        with problems.about("project"):
+            project = text("project")
+            if not PROJECT_RE.fullmatch(project):
+                raise InvalidSpec(f"project: expected a Google Cloud project id (6–30 lowercase letters, digits "
+                                  f"and '-', starting with a letter), got {out.get('project')!r}.")
+        with problems.about("region"):
+            region = text("region")
+            if not REGION_RE.fullmatch(region):
+                raise InvalidSpec(f"region: expected a Vertex AI region such as 'us-central1', got {region!r}.")
+        with problems.about("staging_bucket"):
+            bucket = text("staging_bucket")
+            parse_gcs(bucket, "staging_bucket")
+        with problems.about("image_uri"):
+            image = text("image_uri")
+            # The default image is the region's: without a valid region there is none to check.
+            if image or not problems.has("region"):
+                image = image or default_image_uri(region)
+                if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", image):
+                    raise InvalidSpec(f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {image!r}.")
+        with problems.about("service_account"):
+            account = text("service_account")
+            if account and not SA_RE.fullmatch(account):
+                raise InvalidSpec(f"service_account: expected a service account email "
+                                  f"('name@project.iam.gserviceaccount.com'), got {account!r}.")
+        with problems.about("machine_type"):
+            machine = text("machine_type")
+            if not MACHINE_RE.fullmatch(machine):
+                raise InvalidSpec(f"machine_type: expected a Compute Engine machine type such as 'n1-standard-8', "
+                                  f"got {machine!r}.")
+        with problems.about("accelerator_type"):
+            accel = text("accelerator_type").upper()
+            if accel:
+                from google.cloud.aiplatform_v1.types.accelerator_type import AcceleratorType
 
-            names = [n for n in AcceleratorType.__members__ if n != "ACCELERATOR_TYPE_UNSPECIFIED"]
-            if accel not in names:
-                raise InvalidSpec(f"accelerator_type: {accel!r} is not a Vertex AI accelerator; known: "
-                                  f"{', '.join(names)} (or empty for none).")
+                names = [n for n in AcceleratorType.__members__ if n != "ACCELERATOR_TYPE_UNSPECIFIED"]
+                if accel not in names:
+                    raise InvalidSpec(f"accelerator_type: {accel!r} is not a Vertex AI accelerator; known: "
+                                      f"{', '.join(names)} (or empty for none).")
         count = out["accelerator_count"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise InvalidSpec(f"accelerator_count: expected a whole number ≥ 0, got {count!r}.")
-        if accel and count < 1:
-            raise InvalidSpec(f"accelerator_count: {accel} is set, so at least 1 accelerator per replica; got {count}.")
-        if count and not accel:
-            raise InvalidSpec(f"accelerator_count: {count} given without accelerator_type; set the type "
-                              f"(e.g. NVIDIA_TESLA_T4) or 0.")
-        if not isinstance(out["spot_allowed"], bool):
-            raise InvalidSpec(f"spot_allowed: expected true or false, got {out['spot_allowed']!r}.")
+        with problems.about("accelerator_count"):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidSpec(f"accelerator_count: expected a whole number ≥ 0, got {count!r}.")
+            if accel and count < 1 and not problems.has("accelerator_type"):
+                raise InvalidSpec(f"accelerator_count: {accel} is set, so at least 1 accelerator per replica; "
+                                  f"got {count}.")
+            if count and not accel and not problems.has("accelerator_type"):
+                raise InvalidSpec(f"accelerator_count: {count} given without an accelerator; set "
+                                  f"{problems.label('accelerator_type')} (e.g. NVIDIA_TESLA_T4) or 0.")
+        with problems.about("spot_allowed"):
+            if not isinstance(out["spot_allowed"], bool):
+                raise InvalidSpec(f"spot_allowed: expected true or false, got {out['spot_allowed']!r}.")
         nodes = out["max_nodes"]
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1000:
-            raise InvalidSpec(f"max_nodes: expected a whole number from 1 to 1000, got {nodes!r}.")
+        with problems.about("max_nodes"):
+            if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1000:
+                raise InvalidSpec(f"max_nodes: expected a whole number from 1 to 1000, got {nodes!r}.")
         for key in ("api_endpoint", "storage_endpoint"):
-            value = text(key).rstrip("/")
-            if value and not ENDPOINT_RE.fullmatch(value):
-                raise InvalidSpec(f"{key}: expected a host name or 'http(s)://host[:port]', got {value!r}.")
-            out[key] = value
+            with problems.about(key):
+                value = text(key).rstrip("/")
+                if value and not ENDPOINT_RE.fullmatch(value):
+                    raise InvalidSpec(f"{key}: expected a host name or 'http(s)://host[:port]', got {value!r}.")
+                out[key] = value
+        problems.raise_if_any()
         out.update(project=project, region=region, staging_bucket=bucket.rstrip("/"), image_uri=image,
                    service_account=account, machine_type=machine, accelerator_type=accel)
         return out

@@ -77,7 +77,9 @@ def test_create_backend_cleans_config(tmp_path):
 def test_create_backend_rejects_bad_config_naming_the_field(config, field):
     with pytest.raises(InvalidSpec) as err:
         registry.create_backend("gpubox", config)
-    assert str(err.value).startswith(f"{field}:")
+    assert list(err.value.errors) == [field]
+    label = registry.backend_class("gpubox").setting_labels.get(field, field)
+    assert err.value.errors[field][0].startswith(f"{label}:") and str(err.value).startswith(f"{label}:")
 
 
 def test_adapters_import_neither_django_nor_torch():

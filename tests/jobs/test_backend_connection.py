@@ -70,7 +70,7 @@ def test_settings_the_adapter_rejects_become_a_failed_check(user, sagemaker_back
     sagemaker_backend.refresh_from_db()
     checks = services.backend_test_connection(backend=sagemaker_backend, user=user)
     assert checks == [ConnectionCheck("settings", False, (
-        "Backend sm cannot be used: role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:"
+        "Backend sm cannot be used: Execution role ARN: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:"
         "role/<name>' (the SageMaker execution role), got 'admin'. Fix its settings and test again."))]
 
 

@@ -57,7 +57,7 @@ def test_each_kind_accepts_only_its_own_secret_keys(owner):
         services.backend_create(owner=owner, name="sm", kind="sagemaker", config=SAGEMAKER_CONFIG,
                                 secrets={"client_secret": "x"})
     assert exc.value.message_dict["secrets"] == [
-        "client_secret: not a secret a sagemaker backend takes; it takes aws_access_key_id, "
+        "client_secret: not a secret an AWS SageMaker backend takes; it takes aws_access_key_id, "
         "aws_secret_access_key, aws_session_token."]
     with pytest.raises(ValidationError) as exc:
         services.backend_create(owner=owner, name="sm", kind="sagemaker", config=SAGEMAKER_CONFIG,

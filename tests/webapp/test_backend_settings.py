@@ -128,12 +128,13 @@ def test_create_a_sagemaker_backend_from_its_fields(owner_client, user):
 
 
 @pytest.mark.parametrize("setting, value, message", [
-    ("role_arn", "admin", "role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
+    ("role_arn", "admin", "Execution role ARN: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>' "
                           "(the SageMaker execution role), got 'admin'."),
-    ("region", "Ireland", "region: expected an AWS region code such as 'us-east-1', got 'Ireland'."),
-    ("bucket", "s3://tb-bucket", "bucket: expected an S3 bucket name (3–63 lowercase letters, digits, '.' or '-'; "
+    ("region", "Ireland", "AWS region: expected an AWS region code such as 'us-east-1', got 'Ireland'."),
+    ("bucket", "s3://tb-bucket", "S3 bucket: expected an S3 bucket name (3–63 lowercase letters, digits, '.' or '-'; "
                                  "no s3:// prefix), got 's3://tb-bucket'."),
-    ("instance_type", "p3.2xlarge", "instance_type: expected a SageMaker 'ml.*' instance type, got 'p3.2xlarge'."),
+    ("instance_type", "p3.2xlarge",
+     "Default instance type: expected a SageMaker 'ml.*' instance type, got 'p3.2xlarge'."),
 ])
 def test_the_adapters_message_lands_on_the_setting_it_names(owner_client, setting, value, message):
     response = owner_client.post(reverse("backend-create"), sagemaker_post(**{setting: value}))
@@ -146,7 +147,31 @@ def test_the_adapters_message_lands_on_the_setting_it_names(owner_client, settin
 
 def test_a_missing_required_setting_is_named(owner_client):
     response = owner_client.post(reverse("backend-create"), sagemaker_post(role_arn=""))
-    assert response.context["form"].errors["role_arn"] == ["role_arn: required for a SageMaker backend."]
+    assert response.context["form"].errors["role_arn"] == [
+        "Execution role ARN is required for an AWS SageMaker backend."]
+
+
+def test_an_empty_sagemaker_form_shows_every_error_at_once(owner_client, api_client):
+    """Issue 11 item 9: it flagged Name, then the region, then the region's format, then the ARN, one
+    per submit; now one submit shows all of them, in the fields' labels, and the API the same words."""
+    response = owner_client.post(reverse("backend-create"), {"name": "", "kind": "sagemaker", "enabled": "on"})
+    assert response.status_code == 200
+    assert response.context["form"].errors == {
+        "name": ["This field is required."],
+        field("sagemaker", "region"): ["AWS region is required for an AWS SageMaker backend."],
+        field("sagemaker", "role_arn"): ["Execution role ARN is required for an AWS SageMaker backend."],
+        field("sagemaker", "bucket"): ["S3 bucket is required for an AWS SageMaker backend."],
+    }
+    # A bad name and badly formed settings: all of them after one submit too.
+    response = owner_client.post(reverse("backend-create"), {
+        **sagemaker_post(region="Ireland", role_arn="admin"), "name": "not a slug"})
+    assert set(response.context["form"].errors) == {"name", field("sagemaker", "region"), field("sagemaker", "role_arn")}
+    assert ComputeBackend.objects.count() == 0
+    api = api_client.post("/api/backends/", {"name": "sm", "kind": "sagemaker", "config": {}}, format="json")
+    assert api.status_code == 400
+    assert api.json() == {"config": ["AWS region is required for an AWS SageMaker backend.",
+                                     "Execution role ARN is required for an AWS SageMaker backend.",
+                                     "S3 bucket is required for an AWS SageMaker backend."]}
 
 
 def test_the_gpubox_ignores_the_sagemaker_fieldset(owner_client, user):
@@ -251,7 +276,8 @@ def test_broken_settings_show_a_failed_check_not_a_500(owner_client, sagemaker_b
     assert response.status_code == 200
     (check,) = response.context["checks"]
     assert (check.name, check.ok) == ("settings", False)
-    assert check.message.startswith("Backend sm cannot be used: role_arn: required for a SageMaker backend.")
+    assert check.message == ("Backend sm cannot be used: Execution role ARN is required for an AWS SageMaker backend. "
+                             "S3 bucket is required for an AWS SageMaker backend. Fix its settings and test again.")
     assert 'class="badge state-failed">failed</span>' in response.content.decode()
 
 

@@ -190,6 +190,11 @@ def test_a_missing_required_setting_is_named_on_its_field(owner_client, cloud_ki
     errors = response.context["form"].errors
     assert list(errors) == [field(kind, missing)], errors
     (message,) = errors[field(kind, missing)]
-    assert message.startswith(f"{missing}:")
+    from cloud_adapters.base import with_article
+    from cloud_adapters.registry import KINDS, backend_class
+
+    # The form's label, and "an Azure ML" (issue 11 item 9: "resource_group: required for a Azure ML backend.").
+    assert message == (f"{backend_class(kind).setting_labels[missing]} is required for "
+                       f"{with_article(KINDS[kind].label)} backend.")
     assert escape(message) in response.content.decode()
     assert not ComputeBackend.objects.exists()

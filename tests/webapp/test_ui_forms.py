@@ -227,7 +227,7 @@ def test_dataset_errors_come_from_the_service(owner_client, tmp_path):
     errors = response.context["form"].errors["uri"]
     assert any("label" in e for e in errors), errors
     response = owner_client.post(reverse("dataset-create"), {"name": "nodata", "format": "csv", "uri": ""})
-    assert "A csv dataset needs a path or URI." in response.context["form"].errors["uri"]
+    assert "Path or URI is required for a dataset in CSV table format." in response.context["form"].errors["uri"]
     assert Dataset.objects.count() == 0
 
 
@@ -277,3 +277,35 @@ def test_backend_create_edit_and_errors(owner_client):
     assert ComputeBackend.objects.count() == 1
     backend.refresh_from_db()
     assert backend.config["max_procs_per_node"] == 4
+
+
+# --- every error after one submit (issue 11 item 9) -------------------------------------------
+
+
+def test_the_dataset_form_shows_its_own_and_the_services_errors_together(owner_client):
+    response = owner_client.post(reverse("dataset-create"), {"name": "not a slug", "format": "npz", "uri": ""})
+    errors = response.context["form"].errors
+    assert errors["name"][0].startswith("Enter a valid “slug”")
+    assert errors["uri"] == ["Path or URI is required for a dataset in NPZ arrays format."]  # the service's, same submit
+    assert not Dataset.objects.exists()
+
+
+def test_the_model_form_shows_its_own_and_the_services_errors_together(owner_client):
+    response = owner_client.post(reverse("model-create"), {
+        "name": "", "architecture": "mlp", "params": '{"channels": 32}'})
+    errors = response.context["form"].errors
+    assert errors["name"] == ["This field is required."]
+    assert errors["params"] == ["model.params.channels: unknown parameter for mlp (known: dropout, hidden_size, "
+                                "num_layers)"]
+    assert not ModelSpec.objects.exists()
+
+
+def test_the_job_form_shows_its_own_and_the_services_errors_together(owner_client, digits_dataset, cnn_model,
+                                                                      local_backend, no_celery_publish):
+    data = job_form_data(digits_dataset, cnn_model, local_backend, epochs="three", procs_per_node=3)
+    response = owner_client.post(reverse("job-create"), data)
+    errors = response.context["form"].errors
+    assert errors["epochs"] == ["Enter a whole number."]
+    assert errors["procs_per_node"][0].startswith("1 node × 3 processes = 3 ranks, but this GPU box runs at most 2")
+    assert not TrainingJob.objects.exists()
+    no_celery_publish["submit"].assert_not_called()  # the trial run sends nothing

@@ -253,8 +253,25 @@ def test_validate_refuses_before_any_call(workspace, change, words):
 def test_bad_settings_name_the_field(change, field):
     settings = {"subscription_id": SUBSCRIPTION, "resource_group": RESOURCE_GROUP, "workspace": WORKSPACE,
                 "compute": COMPUTE, **change}
-    with pytest.raises(InvalidSpec, match=rf"^{field}: "):
+    with pytest.raises(InvalidSpec) as err:
         AzureMLBackend(settings, credential=FakeCredential(), transport=StandinTransport(AzureMLStandin()))
+    assert list(err.value.errors) == [field]
+    label = AzureMLBackend.setting_labels.get(field, field)
+    assert err.value.errors[field][0].startswith(label + (" is required for an Azure ML backend." if change[field] is None
+                                                          else ": "))
+
+
+def test_every_bad_setting_is_reported_at_once_in_the_forms_words():
+    with pytest.raises(InvalidSpec) as err:
+        AzureMLBackend({"subscription_id": "", "resource_group": "", "workspace": "w", "compute": "",
+                        "tier": "spot"}, credential=FakeCredential())
+    assert err.value.errors == {
+        "subscription_id": ["Subscription ID is required for an Azure ML backend."],
+        "resource_group": ["Resource group is required for an Azure ML backend."],
+        "compute": ["Compute cluster is required for an Azure ML backend."],
+        "workspace": ["Workspace: expected an Azure ML workspace name (3–33 letters, digits, '_' or '-'), got 'w'."],
+        "tier": ["Tier: expected 'dedicated' or 'low_priority', got 'spot'."],
+    }
 
 
 def test_settings_defaults_and_registry():

@@ -36,24 +36,46 @@ def test_defaults():
     assert SageMakerBackend(BASE).capabilities.spot is False
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"region": "US East"}, "region: expected an AWS region code such as 'us-east-1', got 'US East'."),
-    ({"role_arn": "SageMakerRole"}, "role_arn: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>'"),
-    ({"role_arn": "arn:aws:iam::1234:role/x"}, "role_arn: expected an IAM role ARN"),
-    ({"bucket": "s3://my-bucket"}, "bucket: expected an S3 bucket name"),
-    ({"bucket": None}, "bucket: required for a SageMaker backend."),
-    ({"role_arn": " "}, "role_arn: required for a SageMaker backend."),
-    ({"region": "ap-south-2"}, "image_uri: no default PyTorch training image is known for region 'ap-south-2'"),
-    ({"instance_type": "g5.xlarge"}, "instance_type: expected a SageMaker 'ml.*' instance type"),
-    ({"spot_allowed": "yes"}, "spot_allowed: expected true or false, got 'yes'."),
-    ({"max_nodes": 0}, "max_nodes: expected an integer from 1 to 100, got 0."),
-    ({"endpoint_url": "localhost:5000"}, "endpoint_url: expected an http(s):// URL"),
-    ({"aws_secret_access_key": "x"}, "aws_secret_access_key: unknown SageMaker setting"),
+@pytest.mark.parametrize("change, key, message", [
+    ({"region": "US East"}, "region", "AWS region: expected an AWS region code such as 'us-east-1', got 'US East'."),
+    ({"role_arn": "SageMakerRole"}, "role_arn",
+     "Execution role ARN: expected an IAM role ARN 'arn:aws:iam::<12-digit account id>:role/<name>'"),
+    ({"role_arn": "arn:aws:iam::1234:role/x"}, "role_arn", "Execution role ARN: expected an IAM role ARN"),
+    ({"bucket": "s3://my-bucket"}, "bucket", "S3 bucket: expected an S3 bucket name"),
+    ({"bucket": None}, "bucket", "S3 bucket is required for an AWS SageMaker backend."),
+    ({"role_arn": " "}, "role_arn", "Execution role ARN is required for an AWS SageMaker backend."),
+    ({"region": "ap-south-2"}, "image_uri",
+     "Training image: no default PyTorch training image is known for region 'ap-south-2'"),
+    ({"instance_type": "g5.xlarge"}, "instance_type",
+     "Default instance type: expected a SageMaker 'ml.*' instance type"),
+    ({"spot_allowed": "yes"}, "spot_allowed", "Spot allowed: expected true or false, got 'yes'."),
+    ({"max_nodes": 0}, "max_nodes", "max_nodes: expected an integer from 1 to 100, got 0."),  # no form field
+    ({"endpoint_url": "localhost:5000"}, "endpoint_url", "endpoint_url: expected an http(s):// URL"),
+    ({"aws_secret_access_key": "x"}, "aws_secret_access_key", "aws_secret_access_key: unknown SageMaker setting"),
 ])
-def test_bad_settings_name_the_field(change, message):
+def test_bad_settings_name_the_field(change, key, message):
+    """Each problem is keyed by its setting and worded with the form's label for it (issue 11 item 9)."""
     with pytest.raises(InvalidSpec) as err:
         SageMakerBackend({**BASE, **change})
+    assert list(err.value.errors) == [key]
+    assert err.value.errors[key][0].startswith(message)
     assert str(err.value).startswith(message)
+
+
+def test_every_bad_setting_is_reported_at_once():
+    """An empty form used to flag region, then its format, then the ARN, one per submit (issue 11 item 9)."""
+    with pytest.raises(InvalidSpec) as err:
+        SageMakerBackend({"region": "", "role_arn": "", "bucket": "", "instance_type": "g5", "spot_allowed": "no"})
+    assert err.value.errors == {
+        "region": ["AWS region is required for an AWS SageMaker backend."],
+        "role_arn": ["Execution role ARN is required for an AWS SageMaker backend."],
+        "bucket": ["S3 bucket is required for an AWS SageMaker backend."],
+        "instance_type": ["Default instance type: expected a SageMaker 'ml.*' instance type, got 'g5'."],
+        "spot_allowed": ["Spot allowed: expected true or false, got 'no'."],
+    }
+    with pytest.raises(InvalidSpec) as err:
+        SageMakerBackend({**BASE, "region": "US East", "role_arn": "SageMakerRole"})
+    assert list(err.value.errors) == ["region", "role_arn"]  # the region's format and the ARN together
 
 
 def test_explicit_image_and_other_region():

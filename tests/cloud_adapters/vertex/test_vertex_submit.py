@@ -242,18 +242,31 @@ def test_clean_config_defaults_and_errors():
                                        "region": "europe-west4"})["image_uri"] == \
         "europe-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
     base = {"project": "my-proj", "staging_bucket": "gs://stage"}
-    bad = [({"staging_bucket": "gs://b"}, "project:"), ({"project": "my-proj"}, "staging_bucket:"),
-           (dict(base, staging_bucket="s3://b"), "staging_bucket: expected a Cloud Storage URI"),
-           (dict(base, project="My Project"), "project: expected a Google Cloud project id"),
-           (dict(base, region="US Central"), "region:"), (dict(base, accelerator_type="NVIDIA_GTX"), "accelerator_type:"),
-           (dict(base, accelerator_type="NVIDIA_TESLA_T4"), "accelerator_count: NVIDIA_TESLA_T4 is set"),
-           (dict(base, accelerator_count=2), "accelerator_count: 2 given without accelerator_type"),
-           (dict(base, spot_allowed="False"), "spot_allowed:"), (dict(base, max_nodes=0), "max_nodes:"),
-           (dict(base, machine_type="n1 standard"), "machine_type:"), (dict(base, service_account="me"), "service_account:"),
-           (dict(base, api_endpoint="http://x y"), "api_endpoint:"), (dict(base, secret_key="x"), "secret_key: unknown")]
-    for config, field in bad:
-        with pytest.raises(InvalidSpec, match=field):
+    bad = [({"staging_bucket": "gs://bkt"}, "project", "Google Cloud project ID is required for a Google Vertex AI"),
+           ({"project": "my-proj"}, "staging_bucket", "Staging bucket is required for a Google Vertex AI backend."),
+           (dict(base, staging_bucket="s3://b"), "staging_bucket", "Staging bucket: expected a Cloud Storage URI"),
+           (dict(base, project="My Project"), "project", "Google Cloud project ID: expected a Google Cloud project id"),
+           (dict(base, region="US Central"), "region", "Region:"),
+           (dict(base, accelerator_type="NVIDIA_GTX"), "accelerator_type", "Accelerator:"),
+           (dict(base, accelerator_type="NVIDIA_TESLA_T4"), "accelerator_count",
+            "Accelerators per machine: NVIDIA_TESLA_T4 is set"),
+           (dict(base, accelerator_count=2), "accelerator_count",
+            "Accelerators per machine: 2 given without an accelerator; set Accelerator"),
+           (dict(base, spot_allowed="False"), "spot_allowed", "Spot allowed:"),
+           (dict(base, max_nodes=0), "max_nodes", "Max machines per job:"),
+           (dict(base, machine_type="n1 standard"), "machine_type", "Default machine type:"),
+           (dict(base, service_account="me"), "service_account", "Service account:"),
+           (dict(base, api_endpoint="http://x y"), "api_endpoint", "Vertex AI API endpoint:"),
+           (dict(base, secret_key="x"), "secret_key", "secret_key: unknown")]
+    for config, key, message in bad:
+        with pytest.raises(InvalidSpec) as err:
             VertexBackend.clean_config(config)
+        assert list(err.value.errors) == [key], config
+        assert err.value.errors[key][0].startswith(message), err.value.errors
+    # Everything wrong at once is reported at once (issue 11 item 9).
+    with pytest.raises(InvalidSpec) as err:
+        VertexBackend.clean_config({"project": "", "staging_bucket": "", "region": "US Central", "max_nodes": 0})
+    assert list(err.value.errors) == ["project", "staging_bucket", "region", "max_nodes"]
 
 
 def test_registered_kind():
