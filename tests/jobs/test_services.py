@@ -328,6 +328,6 @@ def test_model_and_backend_validation(user):
     assert "kind" in excinfo.value.message_dict
     with pytest.raises(ValidationError) as excinfo:
         services.backend_create(owner=user, name="b", kind="gpubox", config={"hourly_rate_usd": -1})
-    assert excinfo.value.message_dict["config.hourly_rate_usd"] == ["Hourly rate (USD): must be 0 or more, got -1."]
+    assert excinfo.value.message_dict["config.hourly_rate_usd"] == ["Hourly rate (USD): must be 0 to 100,000 USD per node-hour, got -1."]
     backend = services.backend_create(owner=user, name="b", kind="gpubox", config={"max_procs_per_node": 2})
     assert backend.config == {"max_procs_per_node": 2}  # run_root comes from this host's settings

@@ -562,8 +562,8 @@ def test_a_non_staff_gpubox_backend_reaches_only_its_price_and_its_cancel_grace(
     assert adapter.price() == 100_000.0 and adapter.config["grace_period_s"] == 600.0
     assert (adapter.config["run_root"], adapter.config["python"], adapter.capabilities.max_procs_per_node) == \
         (str(tmp_path), sys.executable, 3)
-    for config, needle in (({"hourly_rate_usd": 100_001}, "hourly_rate_usd: must be 0 to 100,000"),
+    for config, needle in (({"hourly_rate_usd": 100_001}, "Hourly rate (USD): must be 0 to 100,000"),
                            ({"grace_period_s": 601}, "grace_period_s: must be 0 to 600")):
         with pytest.raises(ValidationError) as exc:
             services.backend_create(owner=carol, name="carol-2", kind="gpubox", config=config)
-        assert exc.value.message_dict["config"][0].startswith(needle)
+        assert exc.value.message_dict[f"config.{next(iter(config))}"][0].startswith(needle)

@@ -196,7 +196,7 @@ def test_dataset_model_backend_crud(api_client, tmp_path):
     bad = api_client.post("/api/backends/", {"name": "box2", "kind": "gpubox",
                                              "config": {"max_procs_per_node": 0}}, format="json")
     assert bad.status_code == 400
-    assert bad.json()["config"] == ["Max processes per node: must be at least 1, got 0."]  # the form's label
+    assert bad.json()["config"] == ["Max processes per node: must be 1 to 1024, got 0."]  # the form's label
     put = api_client.put(f"/api/backends/{backend.json()['id']}/",
                          {"name": "box", "kind": "gpubox", "config": {"max_procs_per_node": 1}, "enabled": False},
                          format="json")
