@@ -101,6 +101,18 @@ def backend_host_settings(kind: str) -> frozenset[str]:
         return frozenset()
 
 
+def backend_setting_labels(kind: str) -> dict[str, str]:
+    """``{config key: label}`` of a ``kind`` backend's settings (the adapter's ``setting_labels``):
+    the backend form labels its fields with them, as the adapter's messages name the settings; {}
+    for an unknown kind or one whose SDK is missing."""
+    from cloud_adapters.registry import backend_class
+
+    try:
+        return dict(backend_class(kind).setting_labels)
+    except (LookupError, ValueError, BackendError):
+        return {}
+
+
 def may_set_host_settings(user) -> bool:
     """Whether a backend owned by ``user`` may carry host settings (:func:`backend_host_settings`):
     an active staff user's may; anyone else's takes them from the installation."""

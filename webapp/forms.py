@@ -348,7 +348,8 @@ class BackendForm(forms.Form):
     def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from cloud_adapters.registry import KINDS
-        from jobs.services import backend_host_settings, backend_secret_keys, may_set_host_settings
+        from jobs.services import (backend_host_settings, backend_secret_keys, backend_setting_labels,
+                                   may_set_host_settings)
 
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
@@ -363,8 +364,11 @@ class BackendForm(forms.Form):
         staff_owned = may_set_host_settings(owner)
         for kind, names in self.kind_settings.items():
             host_settings = backend_host_settings(kind)
+            labels = backend_setting_labels(kind)
             for name, key in names.items():
                 field = copy.deepcopy(KIND_SETTINGS[kind][key])
+                # The adapter's label: the words its error messages use for this setting.
+                field.label = labels.get(key, field.label)
                 field.widget.attrs["data-kind"] = kind
                 if key in host_settings and not staff_owned:
                     field.widget.attrs["disabled"] = "disabled"

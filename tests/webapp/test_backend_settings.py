@@ -292,3 +292,17 @@ def test_api_test_connection(api_client, other_api_client, local_backend):
     assert response.json() == [{"name": "settings", "ok": True,
                                 "message": "settings are valid; this backend has nothing remote to check"}]
     assert other_api_client.post(url).status_code == 404
+
+
+def test_each_settings_field_is_labelled_as_its_adapters_messages_name_it():
+    """The form's label and the adapter's message agree ("AWS region" in both; issue 11 item 9)."""
+    from cloud_adapters.registry import backend_class
+
+    form = webapp_forms.BackendForm()
+    checked = 0
+    for kind, names in form.kind_settings.items():
+        labels = backend_class(kind).setting_labels
+        for name, key in names.items():
+            assert form.fields[name].label == labels[key], (kind, key)
+            checked += 1
+    assert checked == sum(len(names) for names in form.kind_settings.values()) > 20
