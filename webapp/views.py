@@ -270,7 +270,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
     jobs = jobs.select_related("backend", "dataset", "model_spec").only(
         "name", "state", "stalled_at", "stalled_reason", "budget_usd", "budget_exceeded_at", "nodes", "procs_per_node", "created_at",
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
-        "backend__name")
+        "backend__name",
+        # what TrainingJob.money_places reads to show the row's figures at the job's own precision
+        "estimated_cost_usd", "spot", "training_seconds", "instance_count", "hourly_price_usd",
+        "on_demand_price_usd")
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
     from jobs import pagination
 
