@@ -44,11 +44,12 @@ def test_pages_work_under_the_csp(live_server, browser_page, django_user_model, 
     from jobs.models import MetricPoint
 
     settings.TRAINBOARD_RUN_ROOT = tmp_path
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # a host setting: the installation's, not hana's
     user = django_user_model.objects.create_user(username="hana", password="pw-hana-Secret-1")
     digits = services.dataset_create(owner=user, name="digits", format="builtin", builtin_name="digits")
     cnn = services.model_spec_create(owner=user, name="cnn", architecture="cnn", params={})
     box = services.backend_create(owner=user, name="box", kind="gpubox",
-                                  config={"max_procs_per_node": 2, "hourly_rate_usd": 3.6})
+                                  config={"hourly_rate_usd": 3.6})
     # No broker in this test: submissions and cancels are recorded, so the job stays QUEUED.
     from unittest import mock
 
