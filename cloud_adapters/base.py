@@ -274,6 +274,28 @@ class Backend(abc.ABC):
     profile of the worker's own). They are the operator's decision: the dashboard takes them from the
     installation's settings or from a staff user's backend, never from another user's backend row
     (``jobs.services.backend_adapter``)."""
+    secret_keys: ClassVar[Mapping[str, bool]] = {}
+    """The credentials a backend of this kind may store (encrypted, set by the dashboard as
+    ``self.secrets``), each mapped to whether it is required once any is given; {} for a kind that
+    stores none."""
+    ambient_identity: ClassVar[str] = ""
+    """Whose identity this adapter calls its provider as when the backend stores no credentials of
+    its own: the SDK's default chain on the worker (e.g. "boto3's default credential chain: the
+    worker's environment, profile or IAM role"), the worker's own identity. "" = it calls no cloud (a
+    GPU box). Which users' backends may use it is the operator's decision
+    (``jobs.services.may_use_worker_credentials``)."""
+
+    @classmethod
+    def uses_ambient_credentials(cls, config: Mapping[str, Any], secrets: Mapping[str, Any] | None) -> bool:
+        """Whether a backend of this kind with settings ``config`` and stored ``secrets`` would call its
+        provider with the worker's own identity (:attr:`ambient_identity`): it has one, and not every
+        required key of :attr:`secret_keys` is stored. Makes no call; an adapter whose settings can
+        send calls unsigned (a local stand-in) overrides it."""
+        if not cls.ambient_identity:
+            return False
+        stored = secrets or {}
+        return not all(stored.get(key) for key, required in cls.secret_keys.items() if required)
+
     image_setting: ClassVar[str] = ""
     """The backend setting that names the image the trainer runs in (``image_uri``, ``environment``);
     "" where the backend has none (a GPU box runs the host's torch)."""

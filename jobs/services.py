@@ -29,6 +29,7 @@ from cloud_adapters.base import (
     Backend,
     BackendError,
     ConnectionCheck,
+    CredentialsError,
     InstanceOffer,
     InvalidSpec,
     JobHandle,
@@ -119,6 +120,33 @@ def may_set_host_settings(user) -> bool:
     return bool(user is not None and getattr(user, "is_active", False) and getattr(user, "is_staff", False))
 
 
+def may_use_worker_credentials(user) -> bool:
+    """Whether a cloud backend owned by ``user`` may call its provider with the worker's own identity
+    (the adapter's ``ambient_identity``: boto3's default chain, Application Default Credentials,
+    DefaultAzureCredential) when it stores no credentials of its own.
+
+    ``settings.TRAINBOARD_WORKER_CREDENTIALS``: ``"staff"`` (the default) lets only an active staff
+    user's backend; ``"everyone"`` lets every user's. The default is the safe one because that
+    identity is the operator's cloud account: a backend naming any role ARN or service account would
+    otherwise launch billable jobs there as the operator (DESIGN.md §8: as whom a job runs is the
+    operator's decision)."""
+    return settings.TRAINBOARD_WORKER_CREDENTIALS == "everyone" or may_set_host_settings(user)
+
+
+def worker_credentials_refusal(cls: type[Backend], config: Mapping[str, Any], secrets: Mapping[str, Any] | None,
+                               owner) -> str | None:
+    """Why a ``cls`` backend of ``owner`` with ``config`` and stored ``secrets`` may not be used: it
+    would call its provider with the worker's own identity (``cls.uses_ambient_credentials``) and
+    :func:`may_use_worker_credentials` says no for ``owner``. The message says what to do; None when
+    it may be used."""
+    if may_use_worker_credentials(owner) or not cls.uses_ambient_credentials(config, secrets):
+        return None
+    keys = " and ".join(k for k, required in cls.secret_keys.items() if required)
+    return (f"this backend stores no credentials of its own, so its calls would use the worker's own "
+            f"identity ({cls.ambient_identity}), which only a backend owned by staff may use. Store the "
+            f"backend's own credentials ({keys}), or ask staff to set up the backend.")
+
+
 def _effective_config(kind: str, config: Mapping[str, Any] | None, *, host_settings_from_row: bool) -> dict[str, Any]:
     """The installation's host settings for ``kind``, then the row's ``config`` over them; the row's
     own host settings count only when ``host_settings_from_row`` (its owner is staff)."""
@@ -140,10 +168,15 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     the time of use.
 
     The backend's stored ``secrets`` (decrypted) are handed to the adapter as ``adapter.secrets``,
-    which builds its SDK clients with them instead of the provider's default credential chain.
+    which builds its SDK clients with them instead of the provider's default credential chain. A
+    cloud backend without them uses the worker's own identity, so it is built only while its owner
+    may use that (:func:`may_use_worker_credentials`, checked at the time of use like the host
+    settings): a row stored before the rule, or whose owner is no longer staff, raises
+    :class:`CredentialsError` saying what to do, before any provider call.
 
-    Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency);
-    ImproperlyConfigured when the stored secrets cannot be decrypted with the configured keys.
+    Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency,
+    CredentialsError as above); ImproperlyConfigured when the stored secrets cannot be decrypted with
+    the configured keys.
     """
     from cloud_adapters.registry import create_backend
     from jobs.pricing import DatabasePriceCatalog
@@ -151,6 +184,9 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     config = _effective_config(backend.kind, backend.config,
                                host_settings_from_row=may_set_host_settings(backend.owner))
     adapter = create_backend(backend.kind, config, prices=DatabasePriceCatalog())
+    refusal = worker_credentials_refusal(type(adapter), adapter.config, backend.secrets, backend.owner)
+    if refusal:
+        raise CredentialsError(refusal)
     if backend.secrets:
         adapter.secrets = dict(backend.secrets)
     return adapter
@@ -815,8 +851,14 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
                                  f"installation's machines run or where they send their calls, which "
                                  f"is the operator's choice{source}. Remove it to use the "
                                  f"installation's value.")
+    effective = _effective_config(backend.kind, config, host_settings_from_row=staff_owned)
+    refusal = worker_credentials_refusal(cls, effective, secrets, backend.owner) if secrets is not None else None
+    if refusal:
+        # Named by the first key to give, as the other secrets messages are, so the form puts it there.
+        first = next(k for k, required in cls.secret_keys.items() if required)
+        errors.add("secrets", f"{first}: required, because {refusal}")
     try:
-        cleaned = cls.clean_config(_effective_config(backend.kind, config, host_settings_from_row=staff_owned))
+        cleaned = cls.clean_config(effective)
     except InvalidSpec as exc:
         # Every setting's problem at once, each under ``config.<setting key>`` (the form puts it on
         # that setting's field; the API lists them under ``config``).
@@ -1779,6 +1821,9 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
 
     ``bulk=False`` (and any database but PostgreSQL) writes every job by the per-job path; the
     results are the same (bench/sync_db.py compares the two).
+    A backend whose adapter cannot be built (:func:`backend_adapter` raises a non-transient
+    BackendError, e.g. it may not use the worker's identity) is not called at all: its jobs keep
+    their state and get a ``status_warning`` saying why they are not followed.
     Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
     """
     backend = ComputeBackend.objects.get(pk=backend_id)
@@ -1791,7 +1836,18 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
     )
     if not jobs:
         return 0
-    adapter = backend_adapter(backend)
+    try:
+        adapter = backend_adapter(backend)
+    except BackendError as exc:
+        if exc.transient:
+            raise
+        # E.g. a backend that may not use the worker's identity (stored before that rule): its jobs
+        # are not touched (no provider call at all); each says why it is no longer followed.
+        log.warning("backend %s: not synced: %s", backend.pk, exc)
+        TrainingJob.objects.filter(pk__in=[job.pk for job in jobs]).update(
+            status_warning=f"Not synced: backend {backend.name} cannot be used: {exc} Until then this job "
+                           f"is not followed or stopped from here; check it in the provider's console.")
+        return len(jobs)
     for job in jobs:
         if job.state == S.STOPPING:
             # Re-sent every sync: idempotent, and lets a gpubox escalate SIGTERM to SIGKILL.

@@ -349,7 +349,7 @@ class BackendForm(forms.Form):
         super().__init__(*args, **kwargs)
         from cloud_adapters.registry import KINDS
         from jobs.services import (backend_host_settings, backend_secret_keys, backend_setting_labels,
-                                   may_set_host_settings)
+                                   may_set_host_settings, may_use_worker_credentials)
 
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
@@ -362,6 +362,9 @@ class BackendForm(forms.Form):
         # browser sends nothing; a value sent anyway reaches the service, which refuses it on this field.
         owner = backend.owner if backend is not None else user
         staff_owned = may_set_host_settings(owner)
+        unset_help = ("Not set. Optional: leave all blank to use the worker's own identity."
+                      if may_use_worker_credentials(owner) else
+                      "Not set. Required: only a backend owned by staff may use the worker's own identity.")
         for kind, names in self.kind_settings.items():
             host_settings = backend_host_settings(kind)
             labels = backend_setting_labels(kind)
@@ -384,12 +387,14 @@ class BackendForm(forms.Form):
                 self.fields[name] = forms.CharField(
                     required=False, strip=True, max_length=20_000, label=SECRET_LABELS.get(key, key), widget=widget,
                     help_text=("Stored (encrypted); leave blank to keep it." if is_set else
-                               "Not set. Optional: leave all blank to use the worker's own identity."))
+                               unset_help))
                 self.secret_fields.setdefault(kind, {})[name] = key
         self.fields.update({name: fields[name] for name in ("extra_config", "enabled")})
         self.fields["clear_secrets"] = forms.BooleanField(
             required=False, label="Clear stored credentials",
-            help_text="Remove every stored credential of this backend; jobs then use the worker's own identity.")
+            help_text="Remove every stored credential of this backend; jobs then use the worker's own identity"
+                      + ("." if may_use_worker_credentials(owner) else
+                         ", which only a backend owned by staff may (so a cloud backend of yours is refused)."))
         self.fields["team"] = team_field(user)
         self.deadline_fields = _deadline_fields()
         self.fields.update(self.deadline_fields)
@@ -438,6 +443,10 @@ class BackendForm(forms.Form):
         kind = self.cleaned_data.get("kind", "")
         return {key: self.cleaned_data[name] for name, key in self.secret_fields.get(kind, {}).items()
                 if self.cleaned_data.get(name)}
+
+    def secret_field(self, kind: str, key: str) -> str | None:
+        """The form field of ``kind``'s secret ``key`` (None when it has none)."""
+        return next((name for name, k in self.secret_fields.get(kind, {}).items() if k == key), None)
 
     def chosen_kind(self) -> str:
         return (self.data.get("kind") if self.is_bound else self.initial.get("kind")) or ""

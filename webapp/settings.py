@@ -329,6 +329,15 @@ if _max_procs and not (_max_procs.isdigit() and 1 <= int(_max_procs) <= 1024):
     raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE must be a whole number from 1 to 1024 "
                                f"(got {_max_procs!r})")
 TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = int(_max_procs) if _max_procs else None
+# Whose cloud backends may call their provider with the worker's own identity (boto3's default chain,
+# Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
+# own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because
+# that identity is the operator's account: with "everyone", any user's backend naming any role or
+# service account launches billable jobs there (jobs.services.may_use_worker_credentials).
+TRAINBOARD_WORKER_CREDENTIALS = env.str("TRAINBOARD_WORKER_CREDENTIALS", default="staff").strip().lower()
+if TRAINBOARD_WORKER_CREDENTIALS not in ("staff", "everyone"):
+    raise ImproperlyConfigured(f"TRAINBOARD_WORKER_CREDENTIALS must be staff or everyone "
+                               f"(got {TRAINBOARD_WORKER_CREDENTIALS!r})")
 
 LOGGING = {
     "version": 1,

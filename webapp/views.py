@@ -168,7 +168,8 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
 def _add_backend_errors(form: BackendForm, exc: ValidationError) -> None:
     """The service reports each setting's error on ``config.<setting>`` (the adapter's
     ``clean_config`` keys its problems by setting); a setting the chosen kind has a field for gets
-    the message there, the rest (and errors on ``config`` as a whole) go on the JSON field."""
+    the message there, the rest (and errors on ``config`` as a whole) go on the JSON field; a
+    "<key>: message" on ``secrets`` goes on that secret's input."""
     errors = service_error_dict(exc)
     kind = form.chosen_kind()
     for key in [k for k in errors if k == "config" or k.startswith("config.")]:
@@ -177,6 +178,9 @@ def _add_backend_errors(form: BackendForm, exc: ValidationError) -> None:
             form.add_error((form.setting_field(kind, setting) if setting else None) or "extra_config", message)
     for message in errors.pop("state_deadlines", []):
         form.add_error(form.deadline_field(message), message)
+    for message in errors.pop("secrets", []):
+        # "<secret key>: message" lands on that key's input; one naming no key goes to the form's top.
+        form.add_error(form.secret_field(kind, message.split(":", 1)[0].strip()), message)
     if errors:
         add_service_errors(form, ValidationError(errors))
 

@@ -202,6 +202,9 @@ class AzureMLBackend(Backend):
     (DefaultAzureCredential) when the backend stores no service principal."""
     secret_keys = {"tenant_id": True, "client_id": True, "client_secret": True}
     """Keys a backend may store encrypted: a service principal; else DefaultAzureCredential."""
+    # azure-identity's DefaultAzureCredential: environment, workload/managed identity, then developer logins.
+    ambient_identity = ("DefaultAzureCredential: the worker's AZURE_* environment, managed identity or "
+                        "Azure CLI login")
     secrets: Mapping[str, str] = {}
     """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 

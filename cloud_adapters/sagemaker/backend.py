@@ -229,6 +229,8 @@ class SageMakerBackend(Backend):
     worker sends its signed calls (with the worker's session token when no secrets are stored)."""
     secret_keys = {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}
     """Keys a backend may store encrypted (required once any is given); without them boto3's chain."""
+    # boto3's documentation, "Credentials" → "Configuring credentials": the order boto3 searches.
+    ambient_identity = "boto3's default credential chain: the worker's AWS_* environment, profile or IAM role"
     secrets: Mapping[str, str] = {}
     """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 

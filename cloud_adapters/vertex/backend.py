@@ -232,6 +232,19 @@ class VertexBackend(Backend):
     backend stores no service-account key."""
     secret_keys = {"service_account_json": True}
     """Keys a backend may store encrypted: a service-account key file (JSON text); else ADC."""
+    # google-auth's google.auth.default(), "How Application Default Credentials works" (cloud.google.com).
+    ambient_identity = ("Application Default Credentials: the worker's GOOGLE_APPLICATION_CREDENTIALS key, "
+                        "gcloud login or attached service account")
+
+    @classmethod
+    def uses_ambient_credentials(cls, config: Mapping[str, Any], secrets: Mapping[str, Any] | None) -> bool:
+        """As :meth:`Backend.uses_ambient_credentials`, except that a plain-``http://`` ``api_endpoint``
+        (a local stand-in, set by staff or the installation) without a stored key is called with
+        anonymous credentials (:func:`cloud_adapters._gcp.credentials`): no identity at all."""
+        if _gcp.is_local(str((config or {}).get("api_endpoint") or "")) and not (secrets or {}).get(
+                "service_account_json"):
+            return False
+        return super().uses_ambient_credentials(config, secrets)
     secrets: Mapping[str, str] = {}
     """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
