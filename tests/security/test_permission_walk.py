@@ -457,10 +457,14 @@ def test_dataset_validation_refuses_a_team_the_owner_is_not_in(world):
 # the UI form, the API and the service, and the installation's value is used. Anything else: what it
 # reaches, which is the owner's own jobs on that provider only. A new setting fails
 # test_every_backend_setting_is_classified until it is classified here.
-# Not a host setting, but see the report of issue 11: a cloud backend that stores no credentials runs
-# with the worker's own identity, so there a role or service account reaches the operator's account.
-OWN_ACCOUNT = ("the provider account of the backend's stored credentials, or of the worker's own identity "
-               "when it stores none (its own jobs there)")
+# Whose account those settings reach: a cloud backend's calls carry its stored credentials. Without
+# them they would carry the worker's own identity (the adapter's ``ambient_identity``: the operator's
+# account), which only a staff user's backend may use (TRAINBOARD_WORKER_CREDENTIALS=staff, the
+# default): anyone else's is refused (test_a_non_staff_cloud_backend_cannot_use_the_workers_identity),
+# so a role or service account of theirs never reaches the operator's account.
+OWN_ACCOUNT = ("the provider account of the backend's stored credentials (its own jobs there); the worker's "
+               "own identity only for a staff user's backend, or for every user's where the operator sets "
+               "TRAINBOARD_WORKER_CREDENTIALS=everyone")
 SETTING_REACH: dict[str, dict[str, str]] = {
     "gpubox": {
         "run_root": "host", "python": "host", "max_procs_per_node": "host",
@@ -567,3 +571,55 @@ def test_a_non_staff_gpubox_backend_reaches_only_its_price_and_its_cancel_grace(
         with pytest.raises(ValidationError) as exc:
             services.backend_create(owner=carol, name="carol-2", kind="gpubox", config=config)
         assert exc.value.message_dict[f"config.{next(iter(config))}"][0].startswith(needle)
+
+
+# A minimal valid configuration of each cloud kind (a role or service account of the user's choosing).
+CLOUD_CONFIGS = {
+    "sagemaker": {"region": "us-east-1", "role_arn": "arn:aws:iam::210987654321:role/AnyRoleIWant",
+                  "bucket": "dave-bucket"},
+    "vertex": {"project": "operator-prod", "staging_bucket": "gs://dave/staging",
+               "service_account": "owner@operator-prod.iam.gserviceaccount.com"},
+    "azureml": {"subscription_id": "3f2b6c1e-8a4d-4e7b-9c0a-5d1e2f3a4b5c", "resource_group": "ops-rg",
+                "workspace": "ops-ws", "compute": "gpu-cluster"},
+}
+
+
+def test_the_kinds_that_use_the_workers_identity_are_the_clouds():
+    from cloud_adapters.registry import KINDS, backend_class
+
+    assert {k for k in KINDS if backend_class(k).ambient_identity} == set(CLOUD_CONFIGS)
+    assert {k for k, keys in SETTING_REACH.items() if OWN_ACCOUNT in keys.values()} == set(CLOUD_CONFIGS)
+
+
+@pytest.mark.parametrize("kind", sorted(CLOUD_CONFIGS))
+def test_a_non_staff_cloud_backend_cannot_use_the_workers_identity(world, kind, settings):
+    from django.core.exceptions import ValidationError
+
+    from cloud_adapters.base import CredentialsError
+    from cloud_adapters.registry import backend_class
+    from jobs import services
+    from jobs.models import ComputeBackend
+
+    dave, sam = world["users"]["dave"], world["users"]["sam"]
+    config = CLOUD_CONFIGS[kind]
+    first = next(k for k, required in backend_class(kind).secret_keys.items() if required)
+    refusal = (f"{first}: required, because this backend stores no credentials of its own, so its calls would "
+               f"use the worker's own identity ({backend_class(kind).ambient_identity}), which only a backend "
+               f"owned by staff may use.")
+    with pytest.raises(ValidationError) as exc:
+        services.backend_create(owner=dave, name="dave-cloud", kind=kind, config=config)
+    assert exc.value.message_dict["secrets"][0].startswith(refusal)
+    r = _api(dave).post(reverse("api-backend-list"), {"name": "dave-cloud", "kind": kind, "config": config},
+                        format="json")
+    assert r.status_code == 400 and r.json()["secrets"][0].startswith(refusal), r.content
+    assert not ComputeBackend.objects.filter(name="dave-cloud").exists()
+    # A row stored before the rule is refused where it is used: no adapter, so no provider call.
+    old = ComputeBackend.objects.create(owner=dave, name="dave-old", kind=kind, config=config)
+    with pytest.raises(CredentialsError):
+        services.backend_adapter(old)
+    # Staff's backend may, and so may dave's where the operator allows it.
+    r = _api(sam).post(reverse("api-backend-list"), {"name": "sam-cloud", "kind": kind, "config": config},
+                       format="json")
+    assert r.status_code == 201, r.content
+    settings.TRAINBOARD_WORKER_CREDENTIALS = "everyone"
+    assert services.backend_adapter(old).kind == kind
