@@ -104,7 +104,7 @@ class Dataset(Owned):
         max_length=50, blank=True, help_text="For built-in datasets: which one (digits)."
     )
     uri = models.CharField(
-        max_length=1000, blank=True, help_text="Local path, or s3:// / gs:// / azureml:// URI."
+        "path or URI", max_length=1000, blank=True, help_text="Local path, or s3:// / gs:// / azureml:// URI."
     )
     label_column = models.CharField(max_length=100, blank=True, default="label", help_text="CSV only.")
     sample_shape = models.JSONField(

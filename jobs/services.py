@@ -545,7 +545,7 @@ def _full_clean(errors: _Errors, obj: Any) -> None:
     for model_field in obj._meta.concrete_fields:
         value = getattr(obj, model_field.attname, None)
         if isinstance(value, str) and (problem := validation.text_problem(value)) is not None:
-            errors.add(model_field.name, f"{model_field.verbose_name.capitalize()} {problem}")
+            errors.add(model_field.name, f"{model_field.verbose_name[:1].upper()}{model_field.verbose_name[1:]} {problem}")
     try:
         obj.full_clean(exclude=["owner"], validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
@@ -843,11 +843,13 @@ def _validate_backend(errors: _Errors, backend: ComputeBackend) -> None:
     staff_owned = may_set_host_settings(backend.owner)
     if not staff_owned:
         sources = HOST_SETTING_SOURCES.get(backend.kind, {})
+        labels = backend_setting_labels(backend.kind)
         for key in sorted(set(config) & backend_host_settings(backend.kind)):
             if config[key] in (None, ""):
                 continue
             source = f" ({sources[key]})" if key in sources else ""
-            errors.add("config", f"{key}: only a backend owned by staff may set this; it decides what the "
+            # Keyed by the setting, worded with its label, like the adapter's own settings errors.
+            errors.add(f"config.{key}", f"{labels.get(key, key)}: only a backend owned by staff may set this; it decides what the "
                                  f"installation's machines run or where they send their calls, which "
                                  f"is the operator's choice{source}. Remove it to use the "
                                  f"installation's value.")

@@ -145,7 +145,9 @@ class GpuBoxBackend(Backend):
     max_runtime_covers = (
         "the run from the moment its supervisor starts torchrun (cloud_adapters/gpubox/supervisor.py): "
         "rendezvous and loading the data count; then the process group gets SIGTERM and the grace period")
-    setting_labels = {"max_procs_per_node": "Max processes per node", "hourly_rate_usd": "Hourly rate (USD)"}
+    setting_labels = {"max_procs_per_node": "Max processes per node", "hourly_rate_usd": "Hourly rate (USD)",
+                      "grace_period_s": "Cancel grace period (s)", "run_root": "Run root",
+                      "python": "Python interpreter"}
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
     queue = "gpubox"  # jobs must be started by the worker on the box itself
@@ -175,9 +177,9 @@ class GpuBoxBackend(Backend):
             procs = min(visible_gpu_count() or os.cpu_count() or 1, MAX_PROCS_PER_NODE)
         with problems.about("max_procs_per_node"):
             if isinstance(procs, bool) or not isinstance(procs, int):
-                raise InvalidSpec(f"max_procs_per_node: expected an integer, got {procs!r}.")
+                raise InvalidSpec(f"max_procs_per_node: expected an integer, got {_shown(procs)}.")
             if not 1 <= procs <= MAX_PROCS_PER_NODE:
-                raise InvalidSpec(f"max_procs_per_node: must be 1 to {MAX_PROCS_PER_NODE}, got {procs}.")
+                raise InvalidSpec(f"max_procs_per_node: must be 1 to {MAX_PROCS_PER_NODE}, got {_shown(procs)}.")
 
         rate = grace = 0.0
         with problems.about("hourly_rate_usd"):
@@ -576,15 +578,21 @@ class GpuBoxBackend(Backend):
         return Path(list(found.submodule_search_locations)[0]).resolve().parent
 
 
+def _shown(value: Any) -> str:
+    """``value`` for a message: an integer of hundreds of digits (10**400) is named by its size."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:8]}… ({len(text)} characters)"
+
+
 def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidSpec(f"{field}: expected a number, got {value!r}.")
+        raise InvalidSpec(f"{field}: expected a number, got {_shown(value)}.")
     try:
         number = float(value)
     except OverflowError:  # an int past float's range
         number = math.inf
     if not math.isfinite(number):
-        raise InvalidSpec(f"{field}: expected a finite number, got {value!r}.")
+        raise InvalidSpec(f"{field}: expected a finite number, got {_shown(value)}.")
     return number
 
 

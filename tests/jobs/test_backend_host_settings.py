@@ -49,18 +49,22 @@ def test_a_non_staff_user_cannot_set_any_host_setting_and_hears_about_each(mallo
     with pytest.raises(ValidationError) as excinfo:
         services.backend_create(owner=mallory, name="evil", kind="gpubox",
                                 config={**HOSTILE, "hourly_rate_usd": -1})
-    messages = excinfo.value.message_dict["config"]
-    # One message per host setting, each naming it and where the operator sets it, plus the rest.
-    assert [m.split(":", 1)[0] for m in messages] == ["max_procs_per_node", "python", "run_root", "hourly_rate_usd"]
-    assert "only a backend owned by staff may set this" in messages[2]
-    assert "(TRAINBOARD_RUN_ROOT)" in messages[2] and "(TRAINBOARD_GPUBOX_PYTHON)" in messages[1]
+    errors = excinfo.value.message_dict
+    # One message per host setting, on that setting, worded with its label and where the operator
+    # sets it, plus the other settings' problems.
+    assert {key: [m.split(":", 1)[0] for m in messages] for key, messages in errors.items()} == {
+        "config.max_procs_per_node": ["Max processes per node"], "config.python": ["Python interpreter"],
+        "config.run_root": ["Run root"], "config.hourly_rate_usd": ["Hourly rate (USD)"]}
+    assert "only a backend owned by staff may set this" in errors["config.run_root"][0]
+    assert "(TRAINBOARD_RUN_ROOT)" in errors["config.run_root"][0]
+    assert "(TRAINBOARD_GPUBOX_PYTHON)" in errors["config.python"][0]
     assert not ComputeBackend.objects.filter(name="evil").exists()
 
     backend = services.backend_create(owner=mallory, name="mine", kind="gpubox",
                                       config={"hourly_rate_usd": 1.5, "grace_period_s": 5})
     with pytest.raises(ValidationError) as excinfo:
         services.backend_update(backend=backend, config={"hourly_rate_usd": 1.5, "python": "/bin/echo"})
-    assert excinfo.value.message_dict["config"][0].startswith("python: only a backend owned by staff")
+    assert excinfo.value.message_dict["config.python"][0].startswith("Python interpreter: only a backend owned by staff")
     backend.refresh_from_db()
     assert backend.config == {"hourly_rate_usd": 1.5, "grace_period_s": 5.0}
 
@@ -76,21 +80,23 @@ def test_staff_may_set_host_settings_on_their_own_backend_only(user, mallory, bo
     theirs = services.backend_create(owner=mallory, name="theirs", kind="gpubox", config={})
     with pytest.raises(ValidationError) as excinfo:
         services.backend_update(backend=theirs, config={"max_procs_per_node": 8})
-    assert excinfo.value.message_dict["config"][0].startswith("max_procs_per_node: only a backend owned by staff")
+    assert excinfo.value.message_dict["config.max_procs_per_node"][0].startswith(
+        "Max processes per node: only a backend owned by staff")
 
 
-@pytest.mark.parametrize("config,field,needle", [
-    ({"max_procs_per_node": 2**70}, "max_procs_per_node", "must be 1 to 1024"),
-    ({"max_procs_per_node": 1025}, "max_procs_per_node", "must be 1 to 1024"),
-    ({"grace_period_s": 601}, "grace_period_s", "must be 0 to 600 seconds"),
-    ({"grace_period_s": 10**400}, "grace_period_s", "finite number"),
-    ({"hourly_rate_usd": 100_001}, "hourly_rate_usd", "must be 0 to 100,000 USD per node-hour"),
+@pytest.mark.parametrize("config,message", [
+    ({"max_procs_per_node": 2**70},
+     "Max processes per node: must be 1 to 1024, got 1180591620717411303424."),
+    ({"max_procs_per_node": 1025}, "Max processes per node: must be 1 to 1024, got 1025."),
+    ({"grace_period_s": 601}, "Cancel grace period (s): must be 0 to 600 seconds, got 601."),
+    ({"grace_period_s": 10**400}, "Cancel grace period (s): expected a finite number, got 10000000… (401 characters)."),
+    ({"hourly_rate_usd": 100_001}, "Hourly rate (USD): must be 0 to 100,000 USD per node-hour, got 100001."),
 ])
-def test_every_numeric_gpubox_setting_is_bounded_even_for_staff(user, box_settings, config, field, needle):
+def test_every_numeric_gpubox_setting_is_bounded_even_for_staff(user, box_settings, config, message):
     with pytest.raises(ValidationError) as excinfo:
         services.backend_create(owner=user, name="b", kind="gpubox", config=config)
-    message = excinfo.value.message_dict["config"][0]
-    assert message.startswith(f"{field}:") and needle in message
+    (key,) = config
+    assert excinfo.value.message_dict == {f"config.{key}": [message]}
 
 
 def test_a_stored_row_of_a_non_staff_owner_cannot_reach_the_host(mallory, user, box_settings, run_root):

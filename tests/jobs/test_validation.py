@@ -79,7 +79,7 @@ def test_services_refuse_what_the_database_cannot_store(user, digits_dataset, cn
                                          config={"hourly_rate_usd": float("inf")}),
          "config", "Config: hourly_rate_usd: expected a finite number, got inf"),
         (lambda: services.backend_update(backend=local_backend, config={"hourly_rate_usd": 10 ** 400}),
-         "config", "hourly_rate_usd: expected a finite number, got 1000"),
+         "config.hourly_rate_usd", "Hourly rate (USD): expected a finite number, got 10000000… (401 characters)."),
         (lambda: services.backend_update(backend=local_backend, name="lo\x00cal"),
          "name", "Name contains a NUL character (\\u0000), which cannot be stored; remove it."),
         (lambda: services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,

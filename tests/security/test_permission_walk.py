@@ -520,11 +520,12 @@ def test_a_host_setting_is_refused_for_non_staff_through_the_form_the_api_and_th
     from jobs.models import ComputeBackend
 
     dave, sam = world["users"]["dave"], world["users"]["sam"]
-    refusal = f"{key}: only a backend owned by staff may set this"
-    # The service (what the admin and any command call).
+    label = services.backend_setting_labels(kind).get(key, key)
+    refusal = f"{label}: only a backend owned by staff may set this"
+    # The service (what the admin and any command call): on the setting itself.
     with pytest.raises(ValidationError) as exc:
         services.backend_create(owner=dave, name="dave-box", kind=kind, config={key: HOST_VALUES[key]})
-    assert any(m.startswith(refusal) for m in exc.value.message_dict["config"])
+    assert any(m.startswith(refusal) for m in exc.value.message_dict[f"config.{key}"])
     # The API: a 400 naming the setting.
     r = _api(dave).post(reverse("api-backend-list"), {"name": "dave-box", "kind": kind,
                                                        "config": {key: HOST_VALUES[key]}}, format="json")
@@ -567,7 +568,7 @@ def test_a_non_staff_gpubox_backend_reaches_only_its_price_and_its_cancel_grace(
     assert (adapter.config["run_root"], adapter.config["python"], adapter.capabilities.max_procs_per_node) == \
         (str(tmp_path), sys.executable, 3)
     for config, needle in (({"hourly_rate_usd": 100_001}, "Hourly rate (USD): must be 0 to 100,000"),
-                           ({"grace_period_s": 601}, "grace_period_s: must be 0 to 600")):
+                           ({"grace_period_s": 601}, "Cancel grace period (s): must be 0 to 600")):
         with pytest.raises(ValidationError) as exc:
             services.backend_create(owner=carol, name="carol-2", kind="gpubox", config=config)
         assert exc.value.message_dict[f"config.{next(iter(config))}"][0].startswith(needle)

@@ -89,7 +89,8 @@ def test_a_dataset_path_cannot_escape_the_allowed_root(api, settings, tmp_path):
     with pytest.raises(ValidationError) as exc:
         services.dataset_create(owner=Dataset._meta.get_field("owner").related_model.objects.get(username="carol"),
                                 name="nul", format="csv", uri="t.csv\x00")
-    assert exc.value.message_dict["uri"][0].startswith("Local dataset paths are not allowed")
+    assert exc.value.message_dict["uri"][0] == ("Path or URI contains a NUL character (\\u0000), which cannot be "
+                                                 "stored; remove it.")
 
     # Inside the root: a relative path is resolved against it and stored absolute.
     r = api.post("/api/datasets/", {"name": "ok", "format": "csv", "uri": "t.csv"}, format="json")
