@@ -71,7 +71,8 @@ def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None
     """The user's jobs and their teams' jobs, newest first.
 
     ``state``: one state value or several; ``backend``: a ComputeBackend, its pk or its name;
-    ``q``: an id search (``7`` or ``#7``) matches the job of that id only; any other text matches the
+    ``q``: an id search (``7`` or ``#7``) matches the job of that id only, ``job-7`` (an unnamed job's
+    shown name) that job or one named so; any other text matches the
     job's name or its dataset's, model's or backend's name (contained, case-insensitive), or its
     whole provider job name (``tb-job-7-6650f3a1``, any case). The provider name is never searched
     for a part: every one holds the job's id and a hex creation time, so a fragment such as ``7``
@@ -92,8 +93,12 @@ def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None
     if q:
         q = q.strip()
         job_id = q.removeprefix("#")
+        shown = q.lower().removeprefix("job-") if q.lower().startswith("job-") else ""
         if job_id.isascii() and job_id.isdigit():
             qs = qs.filter(pk=int(job_id)) if len(job_id) <= 18 else qs.none()  # past bigint: no such id
+        elif shown.isascii() and shown.isdigit() and len(shown) <= 18:
+            # "job-7": the name the UI shows an unnamed job by, or a job named so.
+            qs = qs.filter(Q(pk=int(shown)) | Q(name__iexact=q))
         else:
             qs = qs.filter(Q(name__icontains=q) | Q(provider_job_name__iexact=q)
                            | _related_name_match(q, dataset="dataset_id", model_spec="model_spec_id",
@@ -264,9 +269,9 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
     with the cursor to pass next time.
 
     In the order to print: its transitions ("QUEUED" for its creation, then "PENDING → RUNNING"),
-    read from its events, so two that one sync pass made between two calls are both there; then
-    each epoch's global validation figures ("epoch 3 val_accuracy 0.9861, val_loss 0.0612"); then a
-    final state's transition, last. A sync stores a job's last metric points in the same transaction
+    read from its events, so two that one sync pass made between two calls are both there, and
+    each epoch's global validation figures ("epoch 3 val_accuracy 0.9861, val_loss 0.0612"), the
+    two merged by time; then a final state's transition, last. A sync stores a job's last metric points in the same transaction
     as its final state and they are read here after its events, so nothing of the job comes after
     its final state. ``when`` is the event's time, or the trainer's for a metric (UTC)."""
     after_event, after_metric = after
@@ -285,6 +290,9 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
         loss = losses.get(point.step)
         lines.append((point.recorded_at, f"epoch {point.epoch} val_accuracy {point.value:.4f}"
                                          + (f", val_loss {loss:.4f}" if loss is not None else "")))
+    # A transition is seen by a sync after the epochs the trainer logged before it (a budget stop
+    # after epoch 16): by time, not transitions first. Stable, so equal times keep events first.
+    lines.sort(key=lambda line: line[0])
     lines += [said(e) for e in events if e.to_state in TERMINAL_STATE_VALUES]
     cursor = (max([after_event, *(e.pk for e in events)]), max([after_metric, *(p.pk for p in points)]))
     return lines, cursor

@@ -1,6 +1,7 @@
 """manage.py submit_job: input errors exit 2 with the messages, --json, --wait progress and exit codes."""
 
 import io
+import datetime as dt
 import json
 from unittest import mock
 
@@ -127,10 +128,11 @@ def test_wait_prints_every_transition_and_the_epochs_before_the_final_state(read
             transition(job, S.PENDING, started_at=job.created_at)
             return
         transition(job, S.RUNNING, message="first step logged")
+        running_at = job.events.order_by("-id").first().created_at
         for epoch in (0, 1):
             for name, value in (("val_accuracy", 0.8 + epoch / 10), ("val_loss", 0.5 - epoch / 10)):
                 MetricPoint.objects.create(job=job, name=name, step=10 * (epoch + 1), epoch=epoch, value=value,
-                                           recorded_at=job.created_at)
+                                           recorded_at=running_at + dt.timedelta(seconds=epoch + 1))
         transition(job, S.SUCCEEDED)
 
     with mock.patch("jobs.management.commands.submit_job.time.sleep", side_effect=fake_sleep):
@@ -143,6 +145,35 @@ def test_wait_prints_every_transition_and_the_epochs_before_the_final_state(read
         "epoch 0 val_accuracy 0.8000, val_loss 0.5000", "epoch 1 val_accuracy 0.9000, val_loss 0.4000",
         "RUNNING → SUCCEEDED",
     ]
+
+
+def test_wait_prints_the_epochs_before_a_stop_the_sync_saw_after_them(ready):
+    """A budget stop seen by the sync at T, with epochs the trainer logged at T - 2 s and T - 1 s, all
+    stored in one pass: --wait printed RUNNING → STOPPING first, then the epochs before it."""
+    from django.utils import timezone
+
+    steps = iter(["submit", "stop"])
+
+    def fake_sleep(_):
+        job = TrainingJob.objects.get()
+        if next(steps) == "submit":
+            for state in (S.SUBMITTING, S.PENDING, S.RUNNING):
+                transition(job, state)
+            return
+        now = timezone.now()
+        for epoch in (0, 1):
+            MetricPoint.objects.create(job=job, name="val_accuracy", step=10 * (epoch + 1), epoch=epoch,
+                                       value=0.5 + epoch / 10, recorded_at=now - dt.timedelta(seconds=2 - epoch))
+        transition(job, S.STOPPING, message="budget reached")
+        transition(job, S.CANCELLED)
+
+    with mock.patch("jobs.management.commands.submit_job.time.sleep", side_effect=fake_sleep):
+        code, out, err = run(*BASE, "--wait", "--poll-interval", "0.01")
+    assert code == 1, err
+    job = TrainingJob.objects.get()
+    progress = [line.split(f"job {job.pk}: ", 1)[1] for line in err.splitlines() if f" job {job.pk}: " in line]
+    assert progress[-4:] == ["epoch 0 val_accuracy 0.5000", "epoch 1 val_accuracy 0.6000",
+                             "RUNNING → STOPPING", "STOPPING → CANCELLED"]
 
 
 def test_wait_failed_exits_1(ready):

@@ -299,6 +299,15 @@ def test_id_search_matches_the_id_only_not_digits_inside_provider_job_names(api_
     assert names(second.provider_job_name.upper()) == [second.name]  # the whole provider name, any case
     assert names(second.provider_job_name.split("-", 3)[3]) == []  # a part of it (the hex time) is not a name
     assert names("sweep-00") == ["sweep-000", "sweep-001", "sweep-002"]
+    # An unnamed job is shown as job-<id>: that finds it (and a job someone named so), nothing else.
+    TrainingJob.objects.filter(pk=third.pk).update(name="")
+    named = TrainingJob.objects.filter(pk=second.pk)
+    named.update(name=f"job-{first.pk}")
+    assert sorted(j.pk for j in selectors.training_job_list_for_user(user=user, q=f"JOB-{third.pk}")) == [third.pk]
+    assert sorted(j.pk for j in selectors.training_job_list_for_user(user=user, q=f"job-{first.pk}")) == \
+        sorted([first.pk, second.pk])
+    assert [j["id"] for j in api_client.get(f"/api/jobs/?q=job-{third.pk}").json()["results"]] == [third.pk]
+    named.update(name="sweep-001")
     assert [j["name"] for j in api_client.get(f"/api/jobs/?q={first.pk}").json()["results"]] == [first.name]
     page = owner_client.get(reverse("job-list") + f"?q={first.pk}")
     assert [j.name for j in page.context["jobs"]] == [first.name]
