@@ -55,6 +55,7 @@ empty and the optimizer skips them).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import time
 from typing import Any, NamedTuple
@@ -67,6 +68,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_pkg.config import ConfigError, JobConfig, describe_world, pipeline_stage_count, shape_errors
 from trainer_pkg.models import pipeline_units, sequential_layers
+
+_DDP_PARAMETERS = frozenset(inspect.signature(DDP.__init__).parameters)
 
 EVAL_BATCH_SIZE = 512
 
@@ -324,8 +327,12 @@ class DDPStrategy(Strategy):
         # gradient sync, where a fast rank waits for a slow one inside its own "compute"; the
         # buffers (BatchNorm statistics) are broadcast where they are read instead (sync_buffers,
         # before evaluation and checkpoints), and rank 0's evolve from rank 0's batches either way.
+        # torch 2.13 names the switch forward_sync_buffers (broadcast_buffers warns in every job's
+        # log); the older torch of the clouds' images has broadcast_buffers only.
+        no_forward_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_PARAMETERS
+                           else {"broadcast_buffers": False})
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                       find_unused_parameters=find_unused_parameters, broadcast_buffers=False)
+                       find_unused_parameters=find_unused_parameters, **no_forward_sync)
         self._checked_unused = False
         self._grads_ready = 0.0
         for p in model.parameters():

@@ -176,3 +176,16 @@ def test_cli_flags_mirror_the_new_config_fields():
     # one process cannot be a pipeline: the shape check shows the arithmetic
     with pytest.raises(Exception, match="1 node × 1 process = 1 rank; a pipeline needs at least 2 stages"):
         config_from_args(build_parser().parse_args(["--strategy", "pipeline"]))
+
+
+def test_ddp_does_not_sync_buffers_in_forward_and_says_nothing_about_it(one_rank_group):
+    """The wrapper turns off the per-forward buffer broadcast with the switch this torch has, so no
+    deprecation warning lands in every job's log (torch 2.13 warned on broadcast_buffers)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        strategy = make_strategy(JobConfig(), WithAuxHead(use_aux=True), torch.device("cpu"))
+    assert [str(w.message) for w in caught if "buffers" in str(w.message)] == []
+    ddp = strategy.ddp
+    assert getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None)) is False

@@ -40,7 +40,7 @@ from jobs.models import ACTIVE_STATE_VALUES, TERMINAL_STATE_VALUES, ComputeBacke
 LOCAL_QUEUES = {"gpubox"}  # queues whose jobs run on this machine (see the worker's -Q below)
 CHILD_STOP_GRACE_S = 15.0
 """Seconds the web server, worker and beat get to exit after SIGTERM before they are SIGKILLed."""
-DEMO_EPOCHS = 50
+DEMO_EPOCHS = 150
 """Epochs of the demo job: about a minute of training for two processes on two CPU cores, so a
 newcomer who logs in after the demo starts still sees the job running."""
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
