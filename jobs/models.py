@@ -113,6 +113,15 @@ class Dataset(Owned):
                   "[3, null, null], the job's image size), read when the dataset was saved; null for a "
                   "cloud URI, which is not read here.")
 
+    @property
+    def sample_shape_text(self) -> str:
+        """One sample's shape for people: "1 × 8 × 8", "16", "3 × H × W" (an ImageFolder's size is the
+        job's image size); "" when it was not read (a cloud URI)."""
+        if not self.sample_shape:
+            return ""
+        unknown = iter("HW")  # an ImageFolder's (C, H, W): height and width come from the job
+        return " × ".join(str(n) if n is not None else next(unknown, "?") for n in self.sample_shape)
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="dataset_unique_name")]
         ordering = ["name"]

@@ -147,3 +147,26 @@ def test_the_form_and_the_api_show_the_same_refusal(user, table_npz, cnn_model, 
     assert page.status_code == 200
     assert page.context["form"].errors["model_spec"] == [message]
     assert TrainingJob.objects.count() == 0
+
+
+def test_the_recorded_shape_is_shown_in_the_dataset_list_and_the_api(client, user, table_npz, digits_dataset):
+    from rest_framework.test import APIClient
+
+    from jobs.models import Dataset
+
+    table = services.dataset_create(owner=user, name="table16", format="npz", uri=str(table_npz))
+    cloud = services.dataset_create(owner=user, name="c", format="npz", uri="s3://tb-data/x.npz")
+    folder = Dataset(sample_shape=[3, None, None])
+    assert (digits_dataset.sample_shape_text, table.sample_shape_text, cloud.sample_shape_text,
+            folder.sample_shape_text) == ("1 × 8 × 8", "16", "", "3 × H × W")
+    client.force_login(user)
+    page = client.get("/datasets/").content.decode()
+    assert "<th>Sample shape</th>" in page and '<td class="mono small">1 × 8 × 8</td>' in page
+    assert '<td class="mono small">16</td>' in page
+    api = APIClient()
+    api.force_authenticate(user)
+    shapes = {d["name"]: d["sample_shape"] for d in api.get("/api/datasets/").json()["results"]}
+    assert shapes == {"digits": [1, 8, 8], "table16": [16], "c": None}
+    # Read-only: a client cannot claim a shape.
+    r = api.patch(f"/api/datasets/{table.pk}/", {"sample_shape": [99]}, format="json")
+    assert r.status_code == 200 and r.json()["sample_shape"] == [16]
