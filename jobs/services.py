@@ -1556,6 +1556,13 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
 
     for name in _GLOBAL_METRICS:
         add(name, record.get(name), None)
+    bad_step = record.get("nonfinite_step")
+    if (record.get("event") == "failed" and isinstance(bad_step, int) and not isinstance(bad_step, bool)
+            and 0 <= bad_step < step):
+        # A diverged run's first non-finite loss, steps before the failed record: the chart marks
+        # the step the reason names ("loss became NaN at step 2"), not only where the run stopped.
+        points.append(MetricPoint(job=job, name="train_loss", step=bad_step, epoch=epoch, rank=None,
+                                  value=None, recorded_at=at))
     for name in _RANK_METRICS:
         values = record.get(name)
         if isinstance(values, list):

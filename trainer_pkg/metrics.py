@@ -48,6 +48,8 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
                  ``null`` (JSON has no NaN); for a list field, its non-finite entries are ``null``.
                  Absent when every value is finite. See :func:`encode_record`.
 ``reason``       ``failed`` records only: why the run stopped, e.g. ``"loss became NaN at step 12"``.
+``nonfinite_step`` ``failed`` records of a diverged run only: the first step whose loss was not finite
+                 (12 above); the record's own ``step`` is later, where the ranks agreed to stop.
 ``lr``           learning rate at that step.
 ``grad_norm``    global L2 norm of the gradients before clipping, of the latest optimizer step;
                  present only when clipping is on (``train.grad_clip_norm`` > 0).

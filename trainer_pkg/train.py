@@ -314,7 +314,13 @@ def describe_nonfinite(code: float) -> str | None:
     if code == -math.inf:
         return None
     value = int(-code)
-    return f"loss became {'infinite' if value % 2 else 'NaN'} at step {value // 2}"
+    return f"loss became {'infinite' if value % 2 else 'NaN'} at step {nonfinite_step(code)}"
+
+
+def nonfinite_step(code: float) -> int:
+    """The step an agreed :meth:`NonfiniteLoss.code` (not ``-inf``) names: the first whose loss was
+    not finite."""
+    return int(-code) // 2
 
 
 STOP_POLL_MAX_STEPS = 50
@@ -811,7 +817,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         if reason is None:
             return
         if t.on_nonfinite_loss == "stop":
-            report("failed", epoch, reason=reason)
+            # The ranks agree about every stop_check_s, so the run is some steps past the bad one:
+            # the record names it, and the dashboard marks the chart there.
+            report("failed", epoch, reason=reason, nonfinite_step=nonfinite_step(code))
             raise TrainerError(f"{reason}: the run diverged (lower train.lr, or clip gradients with "
                                "train.grad_clip_norm); no checkpoint was written after it")
         if not warned_nonfinite:

@@ -303,7 +303,8 @@ def test_a_diverged_run_keeps_its_nan_points_and_its_reason_leads_the_backends(s
         [rec("started", dt=1, epoch=0, step=1, world_size=4, train_loss=2.3),
          rec("step", dt=2, epoch=0, step=5, train_loss=1.9, rank_step_time_s=[0.1, 0.1, 0.1, 0.1]),
          rec("step", dt=3, epoch=0, step=10, train_loss=nan, train_accuracy=0.1, rank_step_time_s=[0.1, nan, 0.1, 0.1])],
-        [rec("failed", dt=4, epoch=0, step=12, train_loss=float("inf"), reason="loss became NaN at step 7"),
+        [rec("failed", dt=4, epoch=0, step=12, train_loss=float("inf"), reason="loss became NaN at step 7",
+             nonfinite_step=7),
          "trainer error: rank 0: loss became NaN at step 7: the run diverged"],
     ]
     services.backend_sync(backend_id=scripted_backend.pk)
@@ -313,8 +314,8 @@ def test_a_diverged_run_keeps_its_nan_points_and_its_reason_leads_the_backends(s
     assert job.failure_reason == ("loss became NaN at step 7 (the backend reported: The replica workerpool0-0 "
                                   "exited with a non-zero status of 1.)")
     assert training_job_metric_series(job=job)["train_loss"] == [
-        {"step": 5, "epoch": 0, "value": 1.9}, {"step": 10, "epoch": 0, "value": None},
-        {"step": 12, "epoch": 0, "value": None}]
+        {"step": 5, "epoch": 0, "value": 1.9}, {"step": 7, "epoch": 0, "value": None},
+        {"step": 10, "epoch": 0, "value": None}, {"step": 12, "epoch": 0, "value": None}]
     assert training_job_metric_series(job=job)["train_accuracy"] == [{"step": 10, "epoch": 0, "value": 0.1}]
     assert list(MetricPoint.objects.filter(job=job, name="rank_step_time_s", step=10).order_by("rank")
                 .values_list("value", flat=True)) == [0.1, None, 0.1, 0.1]

@@ -38,6 +38,7 @@ def test_a_diverged_run_stops_failed_with_the_step_and_no_checkpoint(tmp_path):
     assert "epoch" not in events  # stopped before the first epoch's validation and checkpoint
     failed = records[-1]
     assert failed["reason"] == "loss became NaN at step 2"
+    assert failed["nonfinite_step"] == 2 and failed["step"] >= 2  # the ranks agree some steps later
     assert failed["train_loss"] is None and failed["nonfinite"] == ["train_loss"]
     # The first record (step 1, initial weights) is finite; every later window holds the NaN.
     assert math.isfinite(records[0]["train_loss"]) and "nonfinite" not in records[0]
