@@ -350,8 +350,8 @@ class Backend(abc.ABC):
             )
         if spec.nodes > caps.max_nodes:
             raise InvalidSpec(
-                f"{spec.nodes} nodes requested, but this backend runs at most {caps.max_nodes} "
-                f"node(s) per job."
+                f"{spec.nodes} nodes requested, but this backend runs at most "
+                f"{caps.max_nodes} {'node' if caps.max_nodes == 1 else 'nodes'} per job."
             )
         if spec.procs_per_node > caps.max_procs_per_node:
             raise InvalidSpec(

@@ -37,6 +37,7 @@ from jobs.models import (
     TrainingJob,
     UserBudget,
 )
+from trainer_pkg.config import plural
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,7 +472,7 @@ class TrainingJobAdmin(OwnedAdmin):
             else:
                 done += 1
         if done:
-            self.message_user(request, f"Cancel requested for {done} job(s).", messages.SUCCESS)
+            self.message_user(request, f"Cancel requested for {plural(done, 'job', 'jobs')}.", messages.SUCCESS)
 
     @admin.action(description="Re-run selected jobs")
     def rerun_selected(self, request, queryset):
@@ -484,7 +485,8 @@ class TrainingJobAdmin(OwnedAdmin):
                 self.message_user(request, _prefixed(job.pk, exc.messages), messages.ERROR)
         if created:
             ids = ", ".join(str(j.pk) for j in created)
-            self.message_user(request, f"Queued {len(created)} re-run(s): job(s) {ids}.", messages.SUCCESS)
+            self.message_user(request, f"Queued {plural(len(created), 're-run', 're-runs')}: "
+                              f"{'job' if len(created) == 1 else 'jobs'} {ids}.", messages.SUCCESS)
 
 
 @admin.register(JobEvent)
@@ -558,7 +560,7 @@ class OrphanJobAdmin(admin.ModelAdmin):
             else:
                 done += 1
         if done:
-            self.message_user(request, f"Stop sent for {done} orphan job(s).", messages.SUCCESS)
+            self.message_user(request, f"Stop sent for {plural(done, 'orphan job', 'orphan jobs')}.", messages.SUCCESS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ rounded half-up to 4 decimal places (the precision of ``TrainingJob.cost_usd``).
 therefore never double-counts: the same inputs give the same cost.
 
 Money is shown through :func:`format_usd` (the UI's ``usd`` filter, messages, the admin) at the
-precision of the figures it stands beside (:func:`usd_places`): cents, or up to the 4 decimals a
-job's cost is kept in, so a budget of $0.0030 reached at $0.0037 reads so, not "$0.00 at $0.00".
+precision of the figures it stands beside (:func:`usd_places`): cents, or the 4 decimals a job's
+cost is kept in, so a budget of $0.0030 reached at $0.0037 reads so, not "$0.00 at $0.00".
 Hourly prices keep all their decimals: :func:`format_usd_per_hour`.
 """
 
@@ -34,17 +34,19 @@ def _amount(value: float | int | str | Decimal) -> Decimal | None:
 
 
 def usd_places(*amounts: float | int | str | Decimal | None) -> int:
-    """Decimals (2 to 4) that show every one of ``amounts`` (USD) without rounding away a digit of
-    its 4-decimal figure: ``usd_places(12.5)`` = 2, ``usd_places(0.003, 0.0037)`` = 4. None and
+    """Decimals that show every one of ``amounts`` (USD) without rounding away a digit of its
+    4-decimal figure: 2 (cents) when each is a whole number of cents, else 4 (the precision of
+    ``TrainingJob.cost_usd``), never 3, so a job's figures read alike whatever their digits:
+    ``usd_places(12.5)`` = 2, ``usd_places(0.003)`` = ``usd_places(0.003, 0.0037)`` = 4. None and
     values that are not numbers are ignored."""
-    places = MIN_MONEY_PLACES
     for value in amounts:
         amount = _amount(value) if value is not None else None
         if amount is None:
             continue
         exact = amount.quantize(CENT_FRACTION, rounding=ROUND_HALF_UP).normalize()
-        places = max(places, min(-exact.as_tuple().exponent, MONEY_PLACES))
-    return places
+        if -exact.as_tuple().exponent > MIN_MONEY_PLACES:
+            return MONEY_PLACES
+    return MIN_MONEY_PLACES
 
 
 def format_usd(value: float | int | str | Decimal | None, places: int | None = None) -> str:
@@ -115,18 +117,19 @@ def estimate_cost_usd(*, max_runtime_s: int, instances: int, hourly_price_usd: D
 
 
 def estimate_arithmetic(*, max_runtime_s: int, instances: int, hourly_price_usd: Decimal | float,
-                        budget_usd: Decimal | float | str | None = None) -> str:
+                        budget_usd: Decimal | float | str | None = None, places: int | None = None) -> str:
     """The sum behind :func:`estimate_cost_usd`, for the form and the API:
     ``"7200 s × 2 nodes × $1.4084/h"``, and with a budget below it
-    ``"7200 s × 2 nodes × $1.4084/h = $5.6336, capped at the $3.00 budget"`` (or ``"…; the $9.00
-    budget is not reached"``). Money at one precision (:func:`usd_places`)."""
+    ``"7200 s × 2 nodes × $1.4084/h = $5.6336, capped at the $3.0000 budget"`` (or ``"…; the $9.00
+    budget is not reached"``). Money at ``places`` decimals (a job's ``money_places``), by default
+    at the one precision of the two figures (:func:`usd_places`)."""
     runtime = job_cost_usd(billable_seconds=max_runtime_s, instances=instances, hourly_price_usd=hourly_price_usd)
     sum_text = (f"{int(max_runtime_s)} s × {int(instances)} node{'' if int(instances) == 1 else 's'} × "
                 f"{format_usd_per_hour(hourly_price_usd)}")
     if budget_usd is None or budget_usd == "":
         return sum_text
     budget = to_decimal(budget_usd)
-    places = usd_places(runtime, budget)
+    places = usd_places(runtime, budget) if places is None else places
     if budget < runtime:
         return f"{sum_text} = {format_usd(runtime, places)}, capped at the {format_usd(budget, places)} budget"
     return f"{sum_text} = {format_usd(runtime, places)}; the {format_usd(budget, places)} budget is not reached"

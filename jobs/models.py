@@ -289,11 +289,16 @@ class TrainingJob(Owned):
 
     @property
     def money_places(self) -> int:
-        """Decimals (2–4) that show every money figure of the job (cost, budget, estimate, on-demand
-        cost) unrounded, so the UI and messages show them at one precision (:func:`jobs.cost.usd_places`)."""
-        from jobs.cost import usd_places
+        """Decimals (2 or 4) that show every money figure of the job (cost, budget, estimate, on-demand
+        cost, and the uncapped max runtime × nodes × price of its estimate's arithmetic) unrounded, so
+        the UI, the API's ``estimate_arithmetic`` and messages show them at one precision
+        (:func:`jobs.cost.usd_places`)."""
+        from jobs.cost import job_cost_usd, usd_places
 
-        return usd_places(self.cost_usd, self.budget_usd, self.estimated_cost_usd, self.on_demand_cost_usd)
+        runtime = (None if self.hourly_price_usd is None else
+                   job_cost_usd(billable_seconds=self.max_runtime_s, instances=self.nodes,
+                                hourly_price_usd=self.hourly_price_usd))
+        return usd_places(self.cost_usd, self.budget_usd, self.estimated_cost_usd, self.on_demand_cost_usd, runtime)
 
     @property
     def on_demand_hourly_usd(self) -> Decimal:

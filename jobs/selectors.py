@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from django.db.models import CharField, Max, Q, QuerySet, Sum, Value
 
-from jobs.cost import format_usd, format_usd_per_hour
+from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
 from jobs.models import (
     ACTIVE_STATE_VALUES,
@@ -195,7 +195,8 @@ def training_job_straggler(*, job: TrainingJob,
     record); ``lost_s`` rank-seconds all ranks spent waiting for the slowest rank over the run so
     far (the sum of the trainer's ``wait_for_slowest_s``); ``lost_usd`` = lost_s × the job's price
     per rank-second (``hourly_price_usd`` per instance-hour / ``procs_per_node`` / 3600), None
-    without a price. None with fewer than two ranks reporting, or when the slowest is less than
+    without a price; ``text`` shows it at the precision of the job's own figures
+    (``TrainingJob.money_places``), "under $0.0001" when it rounds to nothing. None with fewer than two ranks reporting, or when the slowest is less than
     :data:`STRAGGLER_MIN_BEHIND_PCT` behind the others' median. Ties go to the lowest rank.
     ``ranks``: the rows of :func:`training_job_rank_throughput` when the caller has them already.
     """
@@ -228,7 +229,11 @@ def training_job_straggler(*, job: TrainingJob,
     if lost > 0:
         text += f". Waiting so far: {lost:,.3g} rank-seconds"
         if lost_usd is not None and job.hourly_price_usd > 0:
-            text += f", {format_usd(lost_usd)} at {format_usd_per_hour(job.hourly_price_usd)} per node"
+            places = max(job.money_places, usd_places(lost_usd))
+            # waiting worth less than the smallest figure a job's cost is kept in is not "$0.0000"
+            dollars = (format_usd(lost_usd, places) if lost_usd > 0
+                       else f"under {format_usd(CENT_FRACTION, MONEY_PLACES)}")
+            text += f", {dollars} at {format_usd_per_hour(job.hourly_price_usd)} per node"
     return {
         "rank": slowest["rank"],
         "stage": stage,

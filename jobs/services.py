@@ -55,7 +55,7 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.states import is_allowed, transition
-from trainer_pkg.config import ConfigError, JobConfig, Strategy
+from trainer_pkg.config import ConfigError, JobConfig, Strategy, describe_world
 
 log = logging.getLogger(__name__)
 
@@ -1272,7 +1272,8 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
                           batch_size: int | None = None, model_spec: ModelSpec | None = None,
                           budget_usd: Any = None) -> dict:
     """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "arithmetic",
-    "max_runtime_covers", "world_size", "message"}``.
+    "money_places", "max_runtime_covers", "world_size", "message"}``; ``money_places`` (2 or 4) is
+    the one precision the estimate, its arithmetic and the budget are shown at.
 
     Estimate = min(max runtime × instances (nodes) × hourly price, ``budget_usd``) — the budget only
     when given (:func:`jobs.cost.estimate_cost_usd`); ``arithmetic`` is that sum in words
@@ -1305,17 +1306,20 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     _check_estimate(errors, estimate)
     errors.raise_if_any()
     world = nodes * procs_per_node
-    arithmetic = costs.estimate_arithmetic(**shape)
-    message = (f"{nodes} node(s) × {procs_per_node} process(es) = {world} rank(s); at most {arithmetic}"
-               + ("" if budget is not None else f" = {costs.format_usd(estimate)}"))
+    places = costs.usd_places(costs.job_cost_usd(billable_seconds=max_runtime_s, instances=nodes,
+                                                 hourly_price_usd=price), budget, estimate)
+    arithmetic = costs.estimate_arithmetic(**shape, places=places)
+    message = (f"{describe_world(nodes, procs_per_node)}; at most {arithmetic}"
+               + ("" if budget is not None else f" = {costs.format_usd(estimate, places)}"))
     return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "arithmetic": arithmetic,
-            "max_runtime_covers": type(adapter).max_runtime_covers, "world_size": world, "message": message}
+            "money_places": places, "max_runtime_covers": type(adapter).max_runtime_covers,
+            "world_size": world, "message": message}
 
 
 def _check_strategy_shape(errors: _Errors, *, strategy: str, nodes: int, procs_per_node: int,
                           batch_size: int | None, model_spec: ModelSpec | None, **pipeline: Any) -> None:
     """The JobConfig's shape errors (the trainer's own arithmetic) for the estimate's fields."""
-    from trainer_pkg.config import describe_world, shape_errors
+    from trainer_pkg.config import shape_errors
 
     raw: dict[str, Any] = {"parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
                                         **pipeline}}

@@ -258,14 +258,16 @@ MAXIMA: dict[str, int | float] = {
 """Largest accepted value of each bounded numeric field (JobConfig.errors)."""
 
 
-def _plural(n: int, one: str, many: str) -> str:
+def plural(n: int, one: str, many: str) -> str:
+    """``n`` with the noun that agrees with it: ``plural(1, "node", "nodes")`` = ``"1 node"``,
+    ``plural(2, "process", "processes")`` = ``"2 processes"``."""
     return f"{n} {one if n == 1 else many}"
 
 
 def describe_world(nodes: int, procs_per_node: int) -> str:
     """``"2 nodes × 2 processes = 4 ranks"``: the arithmetic behind a world size, for messages."""
-    return (f"{_plural(nodes, 'node', 'nodes')} × {_plural(procs_per_node, 'process', 'processes')} = "
-            f"{_plural(nodes * procs_per_node, 'rank', 'ranks')}")
+    return (f"{plural(nodes, 'node', 'nodes')} × {plural(procs_per_node, 'process', 'processes')} = "
+            f"{plural(nodes * procs_per_node, 'rank', 'ranks')}")
 
 
 def pipeline_stage_count(parallel: ParallelConfig, world_size: int) -> int:
@@ -300,7 +302,7 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
             f"that divides it (the ranks beyond one pipeline become data-parallel replicas)")
     if t.batch_size >= 1 and t.batch_size % p.microbatches:
         errs["parallel.microbatches"] = (
-            f"batch size {t.batch_size} is not divisible into {_plural(p.microbatches, 'micro-batch', 'micro-batches')}"
+            f"batch size {t.batch_size} is not divisible into {plural(p.microbatches, 'micro-batch', 'micro-batches')}"
             f" ({t.batch_size} / {p.microbatches} = {t.batch_size / p.microbatches:g}): change one of them")
     elif p.pipeline_schedule == "1f1b" and stages >= 2 and p.microbatches < stages:
         errs["parallel.microbatches"] = (
@@ -316,7 +318,7 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
         if layers is not None and layers < stages:
             errs["parallel.pipeline_stages"] = (
                 f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
-                f"parameters has {_plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
+                f"parameters has {plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
     return errs
 
 

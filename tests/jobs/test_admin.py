@@ -72,12 +72,12 @@ def test_cancel_and_rerun_actions(client, user, other_user, job, django_capture_
             response = client.post(url, {"action": "rerun_selected", "_selected_action": [job.pk]}, follow=True)
     assert response.status_code == 200
     rerun = TrainingJob.objects.get(rerun_of=job)
-    assert f"job(s) {rerun.pk}" in response.content.decode()
+    assert f"Queued 1 re-run: job {rerun.pk}." in response.content.decode()
     send.assert_called_once_with(args=[rerun.pk], queue="gpubox")
 
     response = client.post(url, {"action": "cancel_selected", "_selected_action": [job.pk, rerun.pk]}, follow=True)
     assert response.status_code == 200
-    assert "Cancel requested for 2 job(s)." in response.content.decode()
+    assert "Cancel requested for 2 jobs." in response.content.decode()
     job.refresh_from_db()
     assert job.state == S.CANCELLED and "admin" in job.failure_reason
 

@@ -65,6 +65,22 @@ def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_that_waits(jo
         (0, 0.0040, 0.0210, 0.0002, None), (1, 0.0240, 0.0010, 0.0010, None), (2, 0.0045, 0.0205, 0.0001, None)]
 
 
+def test_the_waiting_dollars_read_at_the_precision_of_the_jobs_own_figures(job):
+    # The trial's job: $0.50/h, a cost of $0.0024, 0.3 rank-seconds waited (worth $0.00004).
+    TrainingJob.objects.filter(pk=job.pk).update(hourly_price_usd=Decimal("0.50"), cost_usd=Decimal("0.0024"),
+                                                 budget_usd=None, estimated_cost_usd=Decimal("0.5000"))
+    job.refresh_from_db()
+    seed(job, 5, compute=[0.004, 0.024], data_wait=[0.0, 0.0])
+    seed_lost(job, 5, 0.3)
+    assert training_job_straggler(job=job)["text"].endswith(
+        "Waiting so far: 0.3 rank-seconds, under $0.0001 at $0.50/h per node")
+    # Whole cents of waiting beside a cost kept to 4 decimals read at 4 decimals too: 720 s × $0.25/h / 3600.
+    seed_lost(job, 6, 719.7)
+    s = training_job_straggler(job=job)
+    assert s["lost_usd"] == Decimal("0.0500")
+    assert s["text"].endswith("Waiting so far: 720 rank-seconds, $0.0500 at $0.50/h per node")
+
+
 def test_data_wait_counts_toward_the_time_to_the_sync(job):
     seed(job, 5, compute=[0.004, 0.004], data_wait=[0.0, 0.02])
     s = training_job_straggler(job=job)

@@ -152,14 +152,19 @@ def test_estimate_is_capped_by_the_jobs_budget_with_the_arithmetic(user, digits_
     capped = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="5")
     assert capped["estimated_cost_usd"] == Decimal("5.0000")
     assert capped["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget"
-    assert capped["message"] == ("1 node(s) × 1 process(es) = 1 rank(s); at most 7200 s × 1 node × $3.60/h = $7.20, "
+    assert capped["message"] == ("1 node × 1 process = 1 rank; at most 7200 s × 1 node × $3.60/h = $7.20, "
                                  "capped at the $5.00 budget")
+    assert capped["money_places"] == 2
     assert capped["max_runtime_covers"].startswith("the run from the moment its supervisor starts torchrun")
     loose = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="9.5")
     assert loose["estimated_cost_usd"] == Decimal("7.2000")
     assert loose["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20; the $9.50 budget is not reached"
     tiny = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="0.0030")
-    assert tiny["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.200, capped at the $0.003 budget"  # one precision
+    # One precision for the estimate, its sum and the budget: the 4 decimals a sub-cent budget needs.
+    assert tiny["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.2000, capped at the $0.0030 budget"
+    assert tiny["money_places"] == 4
+    two = services.training_job_estimate(backend=local_backend, nodes=1, procs_per_node=2, max_runtime_s=60)
+    assert two["message"] == "1 node × 2 processes = 2 ranks; at most 60 s × 1 node × $3.60/h = $0.06"
     with pytest.raises(ValidationError) as excinfo:
         services.training_job_estimate(backend=local_backend, max_runtime_s=60, budget_usd="-1")
     assert "budget_usd" in excinfo.value.message_dict

@@ -3,6 +3,7 @@
 import io
 import datetime as dt
 import json
+from decimal import Decimal
 from unittest import mock
 
 import pytest
@@ -77,6 +78,23 @@ def test_json_without_wait(ready, django_capture_on_commit_callbacks):
     assert job.config["train"]["lr"] == 0.1 and str(job.budget_usd) == "5.0000"
     ready.assert_called_once_with(args=[job.pk], queue="gpubox")
     assert f"job {job.pk} queued on local" in err
+
+
+def test_a_cli_job_shows_its_money_at_one_precision_as_form_jobs_do(ready):
+    from webapp.api.serializers import TrainingJobSerializer
+
+    code, _, err = run(*BASE, "--max-runtime", "3600", "--budget", "0.001")
+    assert code == 0
+    job = TrainingJob.objects.get()
+    assert f"job {job.pk} queued on local (1 node × 2 processes = 2 ranks, estimate ≤ $0.0010)" in err
+    assert TrainingJobSerializer(job).data["estimate_arithmetic"] == (
+        "3600 s × 1 node × $3.60/h = $3.6000, capped at the $0.0010 budget")
+    # Whole-cent budget and sum beside a cost kept to 4 decimals: the job's one precision is 4.
+    TrainingJob.objects.filter(pk=job.pk).update(budget_usd=Decimal("3"), estimated_cost_usd=Decimal("3"),
+                                                 cost_usd=Decimal("0.0037"))
+    job.refresh_from_db()
+    assert TrainingJobSerializer(job).data["estimate_arithmetic"] == (
+        "3600 s × 1 node × $3.60/h = $3.6000, capped at the $3.0000 budget")
 
 
 def _script(final_state, reason=""):

@@ -223,9 +223,10 @@ def test_money_is_formatted_by_one_function_at_a_shared_precision():
     from webapp.templatetags.trainboard import usd, usd_per_hour
 
     assert usd_places(Decimal("12.5")) == 2 and usd_places(Decimal("0.003"), Decimal("0.0037")) == 4
-    assert usd_places(Decimal("1.0030"), None, "n/a") == 3
+    # Never 3 places: a sub-cent figure reads at the 4 decimals a job's cost is kept in, as its others do.
+    assert usd_places(Decimal("1.0030"), None, "n/a") == 4 and usd_places(Decimal("0.5"), Decimal("0.001")) == 4
     assert [format_usd(v) for v in (Decimal("1234.5"), Decimal("0.0037"), Decimal("0.0030"), 0, -2.5)] == [
-        "$1,234.50", "$0.0037", "$0.003", "$0.00", "-$2.50"]
+        "$1,234.50", "$0.0037", "$0.0030", "$0.00", "-$2.50"]
     assert format_usd(Decimal("0.0030"), 4) == "$0.0030" and format_usd(None) == "—"
     assert usd(Decimal("1.0037"), 4) == "$1.0037" and usd(Decimal("1.0037")) == "$1.0037"  # was $1.00
     assert usd(Decimal("8"), "x") == "$8.00"

@@ -77,5 +77,5 @@ def test_admin_stop_action(client, django_user_model, orphan):
     response = client.post(reverse("admin:jobs_orphanjob_changelist"),
                            {"action": "stop_selected", "_selected_action": [orphan.pk]}, follow=True)
 
-    assert "Stop sent for 1 orphan job(s)." in response.content.decode()
+    assert "Stop sent for 1 orphan job." in response.content.decode()
     assert sm_standin.status(orphan.provider_job_name) == "Stopping"

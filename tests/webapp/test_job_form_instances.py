@@ -93,6 +93,17 @@ def test_estimate_is_runtime_times_instances_times_the_catalog_price(owner_clien
     assert default.context["estimate"]["estimated_cost_usd"] == Decimal("2.8168")
 
 
+def test_the_estimate_headline_reads_at_the_precision_of_its_arithmetic(owner_client, local_backend):
+    # A sub-cent budget: the headline, the sum and the budget all at 4 decimals (was "$0.003 max (… $0.0030 budget)").
+    response = owner_client.post(reverse("job-estimate"), {
+        "backend": local_backend.pk, "nodes": 1, "procs_per_node": 2, "max_runtime_s": 3600, "budget_usd": "0.003"})
+    assert response.context["estimate"]["ok"], response.context["estimate"]
+    page = response.content.decode()
+    assert ('<span class="estimate-figure" id="estimate-figure">$0.0030 max (3600 s × 1 node × $3.60/h = $3.6000, '
+            'capped at the $0.0030 budget)</span>') in page
+    assert "1 node × 2 processes = 2 ranks; at most 3600 s" in page
+
+
 def test_launch_on_an_offered_type_with_spot(owner_client, digits_dataset, cnn_model, sagemaker_backend):
     response = owner_client.post(reverse("job-create"), form_data(
         digits_dataset, cnn_model, sagemaker_backend, instance_type="ml.g5.xlarge", spot="on", max_runtime_s=7200))

@@ -256,7 +256,8 @@ class TrainingJobSerializer(serializers.ModelSerializer):
 
     estimate_arithmetic = serializers.SerializerMethodField(
         help_text="How estimated_cost_usd was reached: min(max_runtime_s × nodes × hourly_price_usd, budget_usd), "
-                  'e.g. "7200 s × 2 nodes × $1.4084/h = $5.6336, capped at the $3.00 budget".')
+                  'e.g. "7200 s × 2 nodes × $1.4084/h = $5.6336, capped at the $3.0000 budget", money '
+                  "at the precision of the job's own figures.")
     max_runtime_covers = serializers.CharField(
         source="backend.max_runtime_covers", read_only=True,
         help_text="What max_runtime_s counts on this job's backend, as the provider documents it (start-up "
@@ -297,7 +298,8 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         from jobs.cost import estimate_arithmetic
 
         return estimate_arithmetic(max_runtime_s=job.max_runtime_s, instances=job.nodes,
-                                   hourly_price_usd=job.hourly_price_usd, budget_usd=job.budget_usd)
+                                   hourly_price_usd=job.hourly_price_usd, budget_usd=job.budget_usd,
+                                   places=job.money_places)
 
 
 class TrainingJobDetailSerializer(TrainingJobSerializer):

@@ -24,6 +24,7 @@ from django.utils import timezone
 from jobs import selectors, services
 from jobs.cost import format_usd
 from jobs.models import TrainingJob
+from trainer_pkg.config import describe_world
 
 EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -119,8 +120,8 @@ class Command(BaseCommand):
             lines = [f"--{f.replace('_', '-')}: {m}" if f != "__all__" else m
                      for f, msgs in exc.message_dict.items() for m in msgs]
             self._bad_input("the job was not created:\n  " + "\n  ".join(lines))
-        self.stderr.write(f"job {job.pk} queued on {backend.name} ({job.nodes} node(s) × "
-                          f"{job.procs_per_node} process(es), estimate ≤ {format_usd(job.estimated_cost_usd)})")
+        self.stderr.write(f"job {job.pk} queued on {backend.name} ({describe_world(job.nodes, job.procs_per_node)}, "
+                          f"estimate ≤ {format_usd(job.estimated_cost_usd, job.money_places)})")
         timed_out = False
         if opts["wait"]:
             timeout = opts["timeout"] if opts["timeout"] is not None else job.max_runtime_s + 600

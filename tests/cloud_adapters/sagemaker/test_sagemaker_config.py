@@ -146,7 +146,7 @@ def spec(**kw) -> JobSpec:
     ({"procs_per_node": 2}, "2 × ml.g5.xlarge with 2 processes per node: ml.g5.xlarge has 1 GPU and each rank needs "
                             "its own; ask for at most 1 processes per node (world size 2 × 1 = 2)."),
     ({"instance_type": "ml.m5.xlarge", "procs_per_node": 6}, "ml.m5.xlarge has 4 vCPUs; ask for at most 4"),
-    ({"nodes": 9}, "9 nodes requested, but this backend runs at most 8 node(s) per job."),
+    ({"nodes": 9}, "9 nodes requested, but this backend runs at most 8 nodes per job."),
     ({"max_runtime_s": 28 * 86400 + 1}, "max runtime 2419201 s is above SageMaker's limit of 2419200 s (28 days)"),
     ({"dataset_uri": "/data/digits"}, "dataset '/data/digits': SageMaker reads data from S3"),
     ({"tags": {"bad!": "x"}}, "tag 'bad!'='x': keys 1–128"),
