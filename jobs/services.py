@@ -395,13 +395,32 @@ def _config_error_field(dotted: str, overridden: set[str]) -> str:
     return "hyperparameters" if overridden else ALL
 
 
+# The labels the job form shows (and the service's own messages use) for the fields above.
+_ARG_LABELS = {
+    "strategy": "Strategy", "nodes": "Nodes", "procs_per_node": "Processes per node",
+    "pipeline_stages": "Pipeline stages", "microbatches": "Micro-batches", "pipeline_schedule": "Pipeline schedule",
+    "epochs": "Epochs", "batch_size": "Batch size", "lr": "Learning rate", "seed": "Seed",
+}
+
+
+def _config_message(dotted: str, field: str, text: str) -> str:
+    """``text`` (a JobConfig error, ``parallel.pipeline_stages: ...``) worded for ``field``: a field the
+    user filled in is named by its label (``Pipeline stages: ...``), as the form and the API ask for it;
+    in the hyperparameters the config path is what the user wrote, so it stays."""
+    label = _ARG_LABELS.get(field)
+    prefix = f"{dotted}:"
+    if label is None or not text.startswith(prefix):
+        return text
+    return f"{label}:{text[len(prefix):]}"
+
+
 def _add_config_error(errors: _Errors, exc_or_msg: Any, overridden: set[str]) -> None:
     text = str(exc_or_msg)
     dotted = text.split(":", 1)[0].strip() if ":" in text else ""
     field = _config_error_field(dotted, overridden) if dotted and " " not in dotted else (
         "hyperparameters" if overridden else ALL
     )
-    errors.add(field, text)
+    errors.add(field, _config_message(dotted, field, text))
 
 
 def _spec_error_field(message: str) -> str:
@@ -735,7 +754,17 @@ def _validate_model_spec(errors: _Errors, spec: ModelSpec) -> None:
         spec.params = validate_model_params(spec.architecture, params)
     except ConfigError as exc:
         field = "architecture" if str(exc).startswith("model.arch") else "params"
-        errors.add(field, str(exc))
+        errors.add(field, _param_message(str(exc)))
+
+
+def _param_message(text: str) -> str:
+    """A model-parameter error (``model.params.num_layers: unknown parameter for cnn``) worded for the
+    Parameters field the user filled in: ``Parameter num_layers: unknown parameter for cnn``."""
+    path, sep, rest = text.partition(":")
+    if not sep or not path.startswith("model.params"):
+        return text
+    name = path[len("model.params"):].lstrip(".")
+    return f"Parameter {name}:{rest}" if name else f"Parameters:{rest}"
 
 
 def model_spec_create(*, owner, name: str, architecture: str, params: dict | None = None,
@@ -757,8 +786,12 @@ def model_spec_create(*, owner, name: str, architecture: str, params: dict | Non
 
 def model_spec_update(*, model_spec: ModelSpec, **fields: Any) -> ModelSpec:
     """Change some of ``name, description, architecture, params, team`` (params re-validated; ``team``
-    as for :func:`dataset_update`). Raises ValidationError; the row is untouched then."""
+    as for :func:`dataset_update`). A new ``architecture`` without ``params`` takes that
+    architecture's default parameters (the old ones belong to the old architecture), as the form's
+    parameters follow its architecture. Raises ValidationError; the row is untouched then."""
     errors = _Errors()
+    if "params" not in fields and fields.get("architecture", model_spec.architecture) != model_spec.architecture:
+        fields = {**fields, "params": {}}  # completed with the new architecture's defaults
     fields = _team_field(errors, fields, model_spec.owner)
     return _update(model_spec, fields, allowed=_MODEL_FIELDS, validate=_validate_model_spec,
                    empty={"params": {}, "team": None}, errors=errors)
@@ -1202,7 +1235,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         _add_config_error(errors, exc, overridden)
     if config is not None:
         for dotted, message in config.errors().items():
-            errors.add(_config_error_field(dotted, overridden), f"{dotted}: {message}")
+            field = _config_error_field(dotted, overridden)
+            errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
     if config is None or errors:
         errors.raise_if_any()
     # Pending, not raised: the backend's checks below still run, so one submit shows both.

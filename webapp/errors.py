@@ -56,39 +56,48 @@ class _TrialRun(Exception):
     """Rolls back a service call made only to collect its errors."""
 
 
-def submit_form(form: forms.BaseForm, call: Callable[[], T],
-                add_errors: Callable[[forms.BaseForm, DjangoValidationError], None] | None = None) -> T | None:
-    """Validate ``form`` and call the service ``call`` (which reads ``form.cleaned_data``); the
-    service's result when both accept, else None with every error on the form.
+def trial_call(call: Callable[[], T], *, valid: bool,
+               flagged: set[str]) -> tuple[T | None, DjangoValidationError | None]:
+    """Call the service ``call`` for an input whose own checks ``valid`` passed or not: ``(result,
+    None)`` when it is saved, else ``(None, the service's errors or None)``.
 
-    The form's own checks (a required field, a number, valid JSON) and the service's rules (a
+    The input's own checks (a required field, a number, valid JSON) and the service's rules (a
     backend's settings, the dataset's shape) used to come one after the other: an empty SageMaker
-    form flagged Name, and only on the next submit its settings. Here a form with errors still calls
-    the service, on the values that did clean, inside a savepoint that is always rolled back (nothing
-    is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is discarded); its
-    errors on the fields the form did not already flag join the form's. ``add_errors`` puts the
-    service's errors on the form (default :func:`add_service_errors`).
+    form flagged Name, and only on the next submit its settings. Here an input with errors still
+    calls the service, on the values that did clean, inside a savepoint that is always rolled back
+    (nothing is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is
+    discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
+    reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value
+    for them. Shared by the UI (:func:`submit_form`) and the API (``webapp.api.serializers``).
     """
     from django.db import transaction
 
-    add_errors = add_errors or add_service_errors
-    valid = form.is_valid()
     try:
         with transaction.atomic():
             result = call()
             if not valid:
                 raise _TrialRun
     except _TrialRun:
-        return None
+        return None, None
     except DjangoValidationError as exc:
-        if not valid:
-            # A field the form flagged keeps the form's message: the service saw no value for it.
-            flagged = set(form.errors)
-            remaining = {k: v for k, v in service_error_dict(exc).items() if field_of(k) not in flagged}
-            exc = DjangoValidationError(remaining) if remaining else None
-        if exc is not None:
-            add_errors(form, exc)
-        return None
+        if valid:
+            return None, exc
+        remaining = {k: v for k, v in service_error_dict(exc).items() if field_of(k) not in flagged}
+        return None, DjangoValidationError(remaining) if remaining else None
+    return result, None
+
+
+def submit_form(form: forms.BaseForm, call: Callable[[], T],
+                add_errors: Callable[[forms.BaseForm, DjangoValidationError], None] | None = None) -> T | None:
+    """Validate ``form`` and call the service ``call`` (which reads ``form.cleaned_data``); the
+    service's result when both accept, else None with every error on the form (the form's own and
+    the service's, in one submit: :func:`trial_call`). ``add_errors`` puts the service's errors on
+    the form (default :func:`add_service_errors`).
+    """
+    valid = form.is_valid()
+    result, exc = trial_call(call, valid=valid, flagged=set(form.errors) if not valid else set())
+    if exc is not None:
+        (add_errors or add_service_errors)(form, exc)
     return result
 
 

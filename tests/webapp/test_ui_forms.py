@@ -295,7 +295,7 @@ def test_the_model_form_shows_its_own_and_the_services_errors_together(owner_cli
         "name": "", "architecture": "mlp", "params": '{"channels": 32}'})
     errors = response.context["form"].errors
     assert errors["name"] == ["This field is required."]
-    assert errors["params"] == ["model.params.channels: unknown parameter for mlp (known: dropout, hidden_size, "
+    assert errors["params"] == ["Parameter channels: unknown parameter for mlp (known: dropout, hidden_size, "
                                 "num_layers)"]
     assert not ModelSpec.objects.exists()
 

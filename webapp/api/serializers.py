@@ -3,29 +3,81 @@ service's ValidationError comes back as a 400 keyed by the same field names."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, get_args
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import SkipField
+from rest_framework.settings import api_settings
 
 from jobs import selectors, services, validation
 from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
-from webapp.errors import to_drf_validation_error
+from webapp.errors import to_drf_validation_error, trial_call
 
 
 class ServiceSerializerMixin:
-    """``create``/``update`` call a service; its ValidationError becomes a DRF 400."""
+    """``create``/``update`` call a service; its ValidationError becomes a DRF 400.
+
+    :meth:`is_valid` reports the request's own field errors and the service's in one 400, like the
+    UI's ``submit_form``: when a field fails its own check, the service is still tried
+    (``webapp.errors.trial_call``, rolled back: nothing saved, no task sent) on the fields that did
+    validate, and its errors on the other fields join the serializer's.
+    """
 
     def _call(self, fn, **kwargs: Any):
         try:
             return fn(**kwargs)
         except DjangoValidationError as exc:
             raise to_drf_validation_error(exc) from None
+
+    def is_valid(self, *, raise_exception: bool = False) -> bool:
+        valid = super().is_valid()
+        if not valid and not getattr(self, "_service_tried", False) and isinstance(self.initial_data, Mapping) \
+                and not self._errors.get(api_settings.NON_FIELD_ERRORS_KEY):
+            self._service_tried = True
+            self._errors = self._with_service_errors(dict(self._errors))
+        if self._errors and raise_exception:
+            raise serializers.ValidationError(self.errors)
+        return not bool(self._errors)
+
+    def _with_service_errors(self, errors: dict[str, Any]) -> dict[str, Any]:
+        values = self._values_that_validate(errors)
+
+        def call():
+            try:
+                return self.update(self.instance, values) if self.instance is not None else self.create(values)
+            except serializers.ValidationError as exc:
+                # _call already turned the service's error into the API's keys; back to a dict for trial_call.
+                raise DjangoValidationError({key: [str(m) for m in (msgs if isinstance(msgs, list) else [msgs])]
+                                             for key, msgs in exc.detail.items()}) from None
+
+        _, exc = trial_call(call, valid=False, flagged=set(errors))
+        if exc is not None:
+            for key, messages in to_drf_validation_error(exc).detail.items():
+                errors.setdefault(key, []).extend(messages)
+        return errors
+
+    def _values_that_validate(self, errors: Mapping[str, Any]) -> dict[str, Any]:
+        """The validated value of each writable field without an error; on create, None for a required
+        one that has an error (the service's own error for it is dropped: the serializer's stands)."""
+        values: dict[str, Any] = {}
+        for field in self._writable_fields:
+            if field.field_name in errors:
+                if self.instance is None and field.required:
+                    self.set_value(values, field.source_attrs, None)
+                continue
+            try:
+                value = field.run_validation(field.get_value(self.initial_data))
+            except (serializers.ValidationError, DjangoValidationError, SkipField):
+                continue
+            self.set_value(values, field.source_attrs, value)
+        return values
 
 
 class StoredJSONField(serializers.JSONField):
@@ -347,7 +399,7 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         return cache[job.pk]
 
 
-class TrainingJobCreateSerializer(serializers.Serializer):
+class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer):
     """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``."""
 
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
@@ -388,10 +440,7 @@ class TrainingJobCreateSerializer(serializers.Serializer):
     )
 
     def create(self, validated_data: dict[str, Any]) -> TrainingJob:
-        try:
-            return services.training_job_create(owner=self.context["request"].user, **validated_data)
-        except DjangoValidationError as exc:
-            raise to_drf_validation_error(exc) from None
+        return self._call(services.training_job_create, owner=self.context["request"].user, **validated_data)
 
     def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
         return TrainingJobDetailSerializer(instance, context=self.context).data
