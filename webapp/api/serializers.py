@@ -147,7 +147,8 @@ class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
 class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES))
     params = serializers.DictField(
-        required=False, help_text="Architecture parameters; missing ones take the registry's defaults."
+        required=False, help_text="Architecture parameters; missing ones take the registry's defaults. An update that "
+                                  "changes the architecture without params gives it that architecture's defaults."
     )
     team = share_team_field()
 
