@@ -63,9 +63,10 @@ def offer_label(offer: InstanceOffer) -> str:
 
 
 MAX_RUNTIME_HELP = (
-    "The provider's limit on the job's whole run, counted from its start: start-up (launching the instances, "
-    "downloading the image and the data) counts, so allow for it: a limit shorter than the start-up ends the "
-    "job (MaxRuntimeExceeded) before it trains. The job is billed up to it and stopped there.")
+    "The limit on the job's whole run, counted from its start: start-up counts (on a cloud, launching the "
+    "machines and downloading the image and the data; on a GPU box, starting the processes and loading the "
+    "data), so allow for it: a limit shorter than the start-up ends the job before it trains. The job is "
+    "stopped there, so it is billed up to it at most. The estimate says what it counts on the chosen backend.")
 """What a max runtime covers, for the job form and the API schema (``Backend.max_runtime_covers`` per backend)."""
 
 SHARE_HELP = "Share with a team you belong to: its members see it and can launch jobs with it."

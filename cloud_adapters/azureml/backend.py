@@ -184,10 +184,11 @@ class AzureMLBackend(Backend):
     kind = "azureml"
     image_setting = "environment"
     image_torch_pattern = r"/environments/acpt-pytorch-(\d+\.\d+)"  # curated ACPT names carry the version
+    # command(timeout=), "the number, in seconds, after which the job will be cancelled": azure-ai-ml
+    # command(), REST limits.timeout; clouds.md §3.2.
     max_runtime_covers = (
-        "the job as Azure ML's command timeout does (\"the number, in seconds, after which the job will be "
-        "cancelled\", azure-ai-ml command(); REST limits.timeout, clouds.md §3.2): preparing the environment "
-        "and starting the nodes count")
+        "the whole job, preparing the environment and starting the nodes included; at the limit Azure ML "
+        "cancels the job (Azure Machine Learning documentation, command job timeout)")
     setting_labels = {
         "subscription_id": "Subscription ID", "resource_group": "Resource group", "workspace": "Workspace",
         "compute": "Compute cluster", "environment": "Environment", "vm_size": "Default VM size", "tier": "Tier",
@@ -328,7 +329,7 @@ class AzureMLBackend(Backend):
         if row is None and low and self._row(size, low_priority=False) is not None:
             raise InvalidSpec(
                 f"{size} has no low-priority price in the catalog for {self.region}; add a row "
-                f"'{size}{LOW_PRIORITY_SUFFIX}' (from the Azure Retail Prices API, clouds.md §4.3) or run "
+                f"'{size}{LOW_PRIORITY_SUFFIX}' (from the Azure Retail Prices API) or run "
                 f"on dedicated VMs (untick spot / set tier to dedicated).")
         if row is None:
             raise self._unknown_size(size)

@@ -142,9 +142,12 @@ class GpuBoxBackend(Backend):
     """
 
     kind = "gpubox"
+    # The supervisor's deadline runs from torchrun's start; its stop_group sends SIGTERM, then SIGKILL
+    # after the grace period (cloud_adapters/gpubox/supervisor.py).
     max_runtime_covers = (
-        "the run from the moment its supervisor starts torchrun (cloud_adapters/gpubox/supervisor.py): "
-        "rendezvous and loading the data count; then the process group gets SIGTERM and the grace period")
+        "the run from the moment the training processes start on the box, so connecting the processes and "
+        "loading the data count; at the limit the processes get SIGTERM and, once the cancel grace period is "
+        "over, are killed")
     setting_labels = {"max_procs_per_node": "Max processes per node", "hourly_rate_usd": "Hourly rate (USD)",
                       "grace_period_s": "Cancel grace period (s)", "run_root": "Run root",
                       "python": "Python interpreter"}

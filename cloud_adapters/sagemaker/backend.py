@@ -210,10 +210,11 @@ class SageMakerBackend(Backend):
     """
 
     kind = "sagemaker"
+    # StoppingCondition.MaxRuntimeInSeconds and its SIGTERM + 120 s: botocore's SageMaker model, clouds.md §1.1.
     max_runtime_covers = (
-        "the whole training job as SageMaker's MaxRuntimeInSeconds does: from the job's start, so launching "
-        "instances and downloading the image and data count; at the limit SageMaker sends SIGTERM and allows "
-        "120 s before it stops the job (StoppingCondition, botocore's SageMaker model; clouds.md §1.1)")
+        "the whole training job from its start, so launching the instances and downloading the image and the "
+        "data count; at the limit SageMaker sends the training processes SIGTERM and stops the job 120 s later "
+        "(AWS SageMaker API reference, StoppingCondition)")
     image_setting = "image_uri"
     image_torch_pattern = r"/pytorch-training:(\d+\.\d+)"  # <version>-<cpu|gpu>-<py>, clouds.md §1.1
     setting_labels = {

@@ -214,9 +214,10 @@ class VertexBackend(Backend):
     kind = "vertex"
     image_setting = "image_uri"
     image_torch_pattern = r"/pytorch-(?:gpu|cpu|tpu|xla)\.(\d+-\d+)"  # <fw>-<cpu|gpu>.<ver>.py310, clouds.md §2.1
+    # Scheduling.timeout, "the maximum job running time": aiplatform_v1 Scheduling, clouds.md §2.1.
     max_runtime_covers = (
-        "the job's running time as Vertex AI's Scheduling.timeout does (\"the maximum job running time\", "
-        "aiplatform_v1 Scheduling; clouds.md §2.1): the replicas' start-up and the image pull run inside it")
+        "the job's whole running time (Vertex AI's maximum job running time), the machines starting and the "
+        "image download included (Vertex AI API reference, Scheduling timeout)")
     setting_labels = {
         "project": "Google Cloud project ID", "region": "Region", "staging_bucket": "Staging bucket",
         "image_uri": "Executor image", "service_account": "Service account", "machine_type": "Default machine type",

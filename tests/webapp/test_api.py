@@ -227,10 +227,11 @@ def test_api_job_estimate_is_capped_by_its_budget_and_shows_the_arithmetic(
     body = api_client.post("/api/jobs/", payload, format="json").json()
     assert body["estimated_cost_usd"] == "5.0000"  # min(7200 s × 1 node × $3.60/h = $7.20, $5.00)
     assert body["estimate_arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget"
-    assert body["max_runtime_covers"].startswith("the run from the moment its supervisor starts torchrun")
+    assert body["max_runtime_covers"].startswith("the run from the moment the training processes start on the box")
     schema = yaml.safe_load(api_client.get("/api/schema/").content)["components"]["schemas"]
     for name in ("TrainingJob", "TrainingJobCreate"):
-        assert "start-up (launching the instances, downloading the image and the data) counts" in \
+        assert ("start-up counts (on a cloud, launching the machines and downloading the image and the data; "
+                "on a GPU box, starting the processes and loading the data)") in \
             schema[name]["properties"]["max_runtime_s"]["description"]
     assert "min(max_runtime_s × nodes × hourly_price_usd / 3600, budget_usd)" in \
         schema["TrainingJob"]["properties"]["estimated_cost_usd"]["description"]

@@ -282,9 +282,11 @@ def test_prices_and_offers_from_the_catalog():
     from cloud_adapters.pricing import StaticPriceCatalog, shipped_catalog
 
     dedicated_only = StaticPriceCatalog([r for r in shipped_catalog().rows("azure") if ":" not in r.instance_type])
-    with pytest.raises(InvalidSpec, match="no low-priority price in the catalog for eastus; add a row "
-                                          "'Standard_NC6s_v3:low_priority'"):
+    with pytest.raises(InvalidSpec) as missing:
         make_backend(AzureMLStandin(), prices=dedicated_only).price("Standard_NC6s_v3", spot=True)
+    assert str(missing.value) == ("Standard_NC6s_v3 has no low-priority price in the catalog for eastus; add a row "
+                                  "'Standard_NC6s_v3:low_priority' (from the Azure Retail Prices API) or run on "
+                                  "dedicated VMs (untick spot / set tier to dedicated).")
     with pytest.raises(InvalidSpec, match="'Standard_E4s_v3' has no price in the catalog for eastus; known: "
                                           "Standard_NC24ads_A100_v4, Standard_NC4as_T4_v3, Standard_NC6s_v3"):
         backend.price("Standard_E4s_v3")
