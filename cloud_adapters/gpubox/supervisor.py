@@ -21,7 +21,7 @@ What it does, in order:
    grace period, then SIGKILLs them;
 4. kills whatever is left (orphaned ranks) once torchrun has exited, then writes
    ``DIR/exit.json`` atomically: ``returncode``, ``started_at``, ``ended_at`` (Unix seconds),
-   ``cancelled``, ``reason``.
+   ``cancelled``, ``max_runtime`` (True when the max runtime stopped it), ``reason``.
 
 Its own messages go to ``DIR/supervisor.log``, never into the trainer's log. It imports neither torch
 nor Django, so it starts in a fraction of a second.
@@ -119,7 +119,7 @@ class _Supervisor:
 
         deadline = self.started_at + self.max_runtime_s
         reason = ""
-        cancelled = False
+        cancelled = timed_out = False
         while not _exited(child.pid):
             if self.cancel_requested():
                 cancelled, reason = True, self.stop_reason()
@@ -127,7 +127,9 @@ class _Supervisor:
                 self.stop_group(child.pid, pgid)
                 break
             if time.time() > deadline:
-                reason = f"MaxRuntimeExceeded: ran longer than {self.max_runtime_s:g} s"
+                timed_out = True
+                reason = (f"Max runtime reached: the run took longer than {self.max_runtime_s:g} s, start-up "
+                          f"included; raise the max runtime or resume from the job's checkpoints")
                 self.say(reason)
                 self.stop_group(child.pid, pgid)
                 break
@@ -138,7 +140,7 @@ class _Supervisor:
         signal_job(str(self.run_dir), signal.SIGKILL, exclude=os.getpid())
         returncode = child.wait()
         self.say(f"torchrun exited with code {returncode}")
-        return self.finish(returncode, cancelled=cancelled, reason=reason)
+        return self.finish(returncode, cancelled=cancelled, reason=reason, max_runtime=timed_out)
 
     def stop_group(self, pid: int, pgid: int) -> None:
         """Stop the job within the grace period, quietly when it cooperates.
@@ -171,11 +173,11 @@ class _Supervisor:
         kill_group(pgid, signal.SIGKILL)
         signal_job(str(self.run_dir), signal.SIGKILL, exclude=me)
 
-    def finish(self, returncode: int | None, *, cancelled: bool, reason: str) -> int:
+    def finish(self, returncode: int | None, *, cancelled: bool, reason: str, max_runtime: bool = False) -> int:
         write_json_atomic(
             self.run_dir / "exit.json",
             {"returncode": returncode, "started_at": self.started_at, "ended_at": time.time(),
-             "cancelled": cancelled, "reason": reason},
+             "cancelled": cancelled, "max_runtime": max_runtime, "reason": reason},
         )
         self._log.close()
         return 0

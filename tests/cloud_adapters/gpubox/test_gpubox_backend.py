@@ -165,6 +165,9 @@ def test_describe_maps_exit_records(backend):
         ({"returncode": -9}, "", JobState.FAILED, "exited -9", "exit code -9"),
         ({"returncode": 0, "cancelled": True, "reason": "stopped by user"}, "",
          JobState.CANCELLED, "cancelled", "stopped by user"),
+        ({"returncode": -15, "max_runtime": True, "reason": "Max runtime reached: the run took longer than 2 s"}, "",
+         JobState.FAILED, "max-runtime", "Max runtime reached: the run took longer than 2 s"),
+        # the record of a supervisor of before the max_runtime flag
         ({"returncode": -15, "reason": "MaxRuntimeExceeded: ran longer than 2 s"}, "",
          JobState.FAILED, "max-runtime", "MaxRuntimeExceeded: ran longer than 2 s"),
     ]
@@ -410,7 +413,8 @@ def test_max_runtime_fails_the_job(backend):
     handle = backend.submit(spec("too-slow", LONG_CONFIG, max_runtime_s=2))
     status = wait_for(backend, handle, lambda s: s.state.is_terminal, 20)
     assert status.state == JobState.FAILED
-    assert status.failure_reason == "MaxRuntimeExceeded: ran longer than 2 s"
+    assert status.failure_reason == ("Max runtime reached: the run took longer than 2 s, start-up included; raise the "
+                                     "max runtime or resume from the job's checkpoints")
     assert 2 <= status.billable_seconds < 2 + 8 + 3  # runtime + grace + slack
     tr = _proc.read_json(Path(handle.provider_job_id, "torchrun.json"))
     assert_all_gone(handle.provider_job_id, tr["pgid"], timeout=0.5)
