@@ -33,6 +33,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Protocol
 
 from cloud_adapters.pricing import SPOT_SUFFIX, PriceRow
+from trainer_pkg.config import plural
 
 Progress = Callable[[str], None]
 
@@ -179,14 +180,14 @@ def fetch_aws(regions: list[str], *, progress: Progress, options: dict[str, Any]
             )
             for number, page in enumerate(pages, start=1):
                 items.extend(page.get("PriceList", []))
-                progress(f"aws {region}: page {number}, {len(items)} product(s) so far")
+                progress(f"aws {region}: page {number}, {plural(len(items), 'product', 'products')} so far")
         except (BotoCoreError, ClientError) as exc:
             raise _aws_error(exc) from exc
         try:
             found = parse_aws_price_list(items, region, progress=progress)
         except (ValueError, AttributeError, TypeError) as exc:
             raise PriceRefreshError(f"AWS Price List API answered something unexpected for {region}: {exc}") from exc
-        progress(f"aws {region}: {len(found)} training instance type(s) priced")
+        progress(f"aws {region}: {plural(len(found), 'training instance type', 'training instance types')} priced")
         rows.extend(found)
     return rows
 
@@ -477,7 +478,7 @@ def fetch_gcp(regions: list[str], *, progress: Progress, options: dict[str, Any]
             page = _get_json(session, url, params=params, api=api, host="cloudbilling.googleapis.com")
             number += 1
             skus.extend(page.get("skus") or [])
-            progress(f"gcp: page {number}, {len(skus)} SKU(s) so far")
+            progress(f"gcp: page {number}, {plural(len(skus), 'SKU', 'SKUs')} so far")
             token = page.get("nextPageToken") or ""
             if not token:
                 break
@@ -496,8 +497,9 @@ def fetch_gcp(regions: list[str], *, progress: Progress, options: dict[str, Any]
         spot = sum(1 for r in found if r.instance_type.endswith(SPOT_SUFFIX))
         machines = sum(1 for r in found if not _looks_like_accelerator(r.instance_type)
                        and not r.instance_type.endswith(SPOT_SUFFIX))
-        progress(f"gcp {region}: {machines} machine type(s) and {len(found) - machines - spot} accelerator(s) "
-                 f"priced, {spot} spot price(s)")
+        progress(f"gcp {region}: {plural(machines, 'machine type', 'machine types')} and "
+                 f"{plural(len(found) - machines - spot, 'accelerator', 'accelerators')} priced, "
+                 f"{plural(spot, 'spot price', 'spot prices')}")
         rows.extend(found)
     return rows
 
@@ -592,7 +594,7 @@ def fetch_azure(regions: list[str], *, progress: Progress, options: dict[str, An
     rows: list[PriceRow] = []
     with requests.Session() as session:
         for region in regions:
-            scope = f"{len(sizes)} VM size(s)" if sizes else "every VM size"
+            scope = plural(len(sizes), "VM size", "VM sizes") if sizes else "every VM size"
             progress(f"azure {region}: Retail Prices, Virtual Machines, {scope} ...")
             items: list[dict[str, Any]] = []
             next_url, params, number = url, {"$filter": azure_filter(region, sizes)}, 0
@@ -600,7 +602,7 @@ def fetch_azure(regions: list[str], *, progress: Progress, options: dict[str, An
                 page = _get_json(session, next_url, params=params, api=api, host="prices.azure.com")
                 number += 1
                 items.extend(page.get("Items") or [])
-                progress(f"azure {region}: page {number}, {len(items)} price row(s) so far")
+                progress(f"azure {region}: page {number}, {plural(len(items), 'price row', 'price rows')} so far")
                 # NextPageLink is a complete URL carrying the filter and a $skip.
                 next_url, params = page.get("NextPageLink") or "", None
             try:
@@ -608,7 +610,8 @@ def fetch_azure(regions: list[str], *, progress: Progress, options: dict[str, An
             except (ValueError, AttributeError, TypeError) as exc:
                 raise PriceRefreshError(f"{api} answered something unexpected for {region}: {exc}") from exc
             low = sum(1 for r in found if r.instance_type.endswith(AZURE_LOW_PRIORITY))
-            progress(f"azure {region}: {len(found) - low} VM size(s) and {low} low-priority price(s)")
+            progress(f"azure {region}: {plural(len(found) - low, 'VM size', 'VM sizes')} and "
+                     f"{plural(low, 'low-priority price', 'low-priority prices')}")
             rows.extend(found)
     return rows
 

@@ -127,12 +127,12 @@ def test_refresh_stores_confirmed_prices_for_each_region(pricing, seeded):
     assert out.strip() == "aws prices for us-east-1, eu-west-1: 1 added, 2 updated, 0 unchanged."
     assert err.splitlines() == [
         "aws us-east-1: GetProducts AmazonSageMaker component=Training ...",
-        "aws us-east-1: page 1, 2 product(s) so far",
-        "aws us-east-1: page 2, 5 product(s) so far",
-        "aws us-east-1: 2 training instance type(s) priced",
+        "aws us-east-1: page 1, 2 products so far",
+        "aws us-east-1: page 2, 5 products so far",
+        "aws us-east-1: 2 training instance types priced",
         "aws eu-west-1: GetProducts AmazonSageMaker component=Training ...",
-        "aws eu-west-1: page 1, 1 product(s) so far",
-        "aws eu-west-1: 1 training instance type(s) priced",
+        "aws eu-west-1: page 1, 1 product so far",
+        "aws eu-west-1: 1 training instance type priced",
     ]
 
 
@@ -159,7 +159,7 @@ def test_dry_run_shows_changes_and_writes_nothing(pricing, seeded):
     assert out.splitlines() == [
         "aws us-east-1 ml.g5.xlarge: $1.408/h (was $1.4084)",
         "aws us-east-1 ml.trn1.2xlarge: $1.3438/h (new)",
-        "Dry run: 2 price(s) fetched, nothing written.",
+        "Dry run: 2 prices fetched, nothing written.",
     ]
     assert {p.instance_type: p.usd_per_hour for p in InstancePrice.objects.all()} == seeded
     assert not InstancePrice.objects.filter(confirmed=True).exists()

@@ -219,11 +219,11 @@ def test_gcp_refresh_stores_machine_types_and_accelerators(serve, shipped):
     assert out.strip() == "gcp prices for us-central1: 8 added, 0 updated, 0 unchanged."
     assert err.splitlines() == [
         f"gcp: listing Vertex AI SKUs (service {VERTEX}) ...",
-        "gcp: page 1, 7 SKU(s) so far",
-        "gcp: page 2, 15 SKU(s) so far",
+        "gcp: page 1, 7 SKUs so far",
+        "gcp: page 2, 15 SKUs so far",
         "  us-central1 a2-highgpu-1g: no A2 training core/RAM price in this region; not priced",
         "  us-central1 x9-mystery-2: shape unknown to Trainboard; not priced (edit it in the admin)",
-        "gcp us-central1: 2 machine type(s) and 4 accelerator(s) priced, 2 spot price(s)",
+        "gcp us-central1: 2 machine types and 4 accelerators priced, 2 spot prices",
     ]
 
 
@@ -256,7 +256,7 @@ def test_gcp_dry_run_shows_changes_and_writes_nothing(serve, shipped):
         "gcp us-central1 NVIDIA_TESLA_T4: $0.4025/h (was $0.35)",
         "gcp us-central1 NVIDIA_TESLA_T4:spot: $0.14/h (new)",
         "gcp us-central1 NVIDIA_TESLA_V100: $2.852/h (new)",
-        "Dry run: 5 price(s) fetched, nothing written.",
+        "Dry run: 5 prices fetched, nothing written.",
     ]
     assert stored("gcp") == {("us-central1", "NVIDIA_TESLA_T4"): (Decimal("0.35"), "", None, False)}
 
@@ -381,10 +381,10 @@ def test_azure_refresh_stores_vm_and_low_priority_prices(serve, shipped):
     assert [q for _, q, _ in server.requests] == [{"$filter": [FILTER]}, {"$filter": [FILTER], "$skip": ["100"]}]
     assert out.strip() == "azure prices for eastus: 4 added, 1 updated, 0 unchanged."
     assert err.splitlines() == [
-        "azure eastus: Retail Prices, Virtual Machines, 3 VM size(s) ...",
-        "azure eastus: page 1, 5 price row(s) so far",
-        "azure eastus: page 2, 8 price row(s) so far",
-        "azure eastus: 3 VM size(s) and 2 low-priority price(s)",
+        "azure eastus: Retail Prices, Virtual Machines, 3 VM sizes ...",
+        "azure eastus: page 1, 5 price rows so far",
+        "azure eastus: page 2, 8 price rows so far",
+        "azure eastus: 3 VM sizes and 2 low-priority prices",
     ]
 
 
@@ -398,7 +398,7 @@ def test_azure_dry_run_writes_nothing(serve, shipped):
         "azure eastus Standard_NC4as_T4_v3:low_priority: $0.2104/h (new)",
         "azure eastus Standard_NC6s_v3: $3.06/h (unchanged)",
         "azure eastus Standard_NC6s_v3:low_priority: $0.612/h (new)",
-        "Dry run: 5 price(s) fetched, nothing written.",
+        "Dry run: 5 prices fetched, nothing written.",
     ]
     assert server.requests[0][1]["$filter"] == [
         "serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' and priceType eq 'Consumption' and "

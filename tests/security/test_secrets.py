@@ -295,7 +295,7 @@ def test_rotate_secrets_re_encrypts_with_the_first_key(owner, settings):
     settings.TRAINBOARD_ENCRYPTION_KEYS = (new_key, old_key)
     out = io.StringIO()
     call_command("rotate_secrets", stdout=out)
-    assert out.getvalue().strip() == "re-encrypted the secrets of 1 backend(s) with the first key."
+    assert out.getvalue().strip() == "re-encrypted the secrets of 1 backend with the first key."
     after = _raw_column(backend.pk)
     assert after != before and after.startswith("fernet:") and secret not in after
     # The old key can go now: the new one alone opens the row; the old one alone no longer does.

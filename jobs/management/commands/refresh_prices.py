@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from jobs import price_refresh, services
 from jobs.models import InstancePrice
 from jobs.pricing import DatabasePriceCatalog
+from trainer_pkg.config import plural
 
 
 class Command(BaseCommand):
@@ -76,7 +77,7 @@ class Command(BaseCommand):
             )
         if opts["dry_run"]:
             self._show_changes(rows)
-            self.stdout.write(f"Dry run: {len(rows)} price(s) fetched, nothing written.")
+            self.stdout.write(f"Dry run: {plural(len(rows), 'price', 'prices')} fetched, nothing written.")
             return
         try:
             counts = services.instance_price_upsert(rows=rows, overwrite=True)

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 
 from jobs.fields import TOKEN_PREFIX, fernet
 from jobs.models import ComputeBackend
+from trainer_pkg.config import plural
 
 
 class Command(BaseCommand):
@@ -48,4 +49,4 @@ class Command(BaseCommand):
                         cursor.execute(f"UPDATE {table} SET secrets = %s WHERE id = %s", [new, pk])
                 rotated += 1
         verb = "would re-encrypt" if dry_run else "re-encrypted"
-        self.stdout.write(f"{verb} the secrets of {rotated} backend(s) with the first key.")
+        self.stdout.write(f"{verb} the secrets of {plural(rotated, 'backend', 'backends')} with the first key.")
