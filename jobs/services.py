@@ -295,9 +295,10 @@ def _shape_ints(errors: _Errors, nodes: Any, procs_per_node: Any, max_runtime_s:
 def _check_estimate(errors: _Errors, estimate: Decimal) -> None:
     """An estimate the cost columns cannot hold is refused (on ``max_runtime_s``, the usual cause)."""
     if estimate > MAX_COST_USD:
-        errors.add("max_runtime_s", f"The estimate {costs.format_usd(estimate)} is more than Trainboard records "
-                                    f"for one job ({costs.format_usd(MAX_COST_USD)}): lower the max runtime, "
-                                    f"nodes or instance type.")
+        places = costs.usd_places(estimate, MAX_COST_USD)
+        errors.add("max_runtime_s", f"The estimate {costs.format_usd(estimate, places)} is more than Trainboard "
+                                    f"records for one job ({costs.format_usd(MAX_COST_USD, places)}): lower the max "
+                                    f"runtime, nodes or instance type.")
 
 
 def _positive_float(errors: _Errors, field: str, value: Any, *, label: str) -> float:
@@ -1765,7 +1766,7 @@ def _enforce_budget(adapter: Backend, job: TrainingJob, handle: JobHandle) -> No
     ``budget_exceeded_at`` and the reason "Stopped: budget of $X reached at $Y" (Y = its cost then)."""
     if job.budget_usd is None or job.state not in (S.PENDING, S.RUNNING) or job.cost_usd < job.budget_usd:
         return
-    places = costs.usd_places(job.budget_usd, job.cost_usd)
+    places = job.money_places  # as the job page shows its cost and budget beside this reason
     reason = (f"Stopped: budget of {costs.format_usd(job.budget_usd, places)} reached at "
               f"{costs.format_usd(job.cost_usd, places)}")
     now = timezone.now()

@@ -95,7 +95,7 @@ def test_an_estimate_the_cost_column_cannot_hold_is_refused(user, digits_dataset
         with pytest.raises(ValidationError) as excinfo:
             _create(user, digits_dataset, cnn_model, local_backend, max_runtime_s=2_419_200)
         assert excinfo.value.message_dict["max_runtime_s"] == [
-            "The estimate $134,400,000.00 is more than Trainboard records for one job ($99,999,999.9999): lower "
+            "The estimate $134,400,000.0000 is more than Trainboard records for one job ($99,999,999.9999): lower "
             "the max runtime, nodes or instance type."]
         with pytest.raises(ValidationError) as excinfo:
             services.training_job_estimate(backend=local_backend, nodes=1, procs_per_node=1, max_runtime_s=2_419_200)

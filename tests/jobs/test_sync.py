@@ -195,6 +195,26 @@ def test_budget_stops_the_job_and_stopping_resends_cancel(submitted_job, scripte
     assert list(job.events.values_list("to_state", flat=True))[-3:] == ["RUNNING", "STOPPING", "CANCELLED"]
 
 
+def test_budget_stop_reason_reads_at_the_precision_of_the_figures_beside_it(client, user, submitted_job,
+                                                                           scripted_backend):
+    """Budget and cost of whole cents, but the estimate's sum (3601 s × 2 × $7.20/h = $14.404) has
+    sub-cents: the reason reads at the job's one precision, as the cost beside it on the page."""
+    from django.urls import reverse
+
+    job = submitted_job
+    TrainingJob.objects.filter(pk=job.pk).update(budget_usd=Decimal("1.00"), max_runtime_s=3601)
+    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0,
+                                          billable_seconds=300, instance_count=2)]
+    services.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20
+    job.refresh_from_db()
+    assert job.state == S.STOPPING and job.money_places == 4
+    assert job.failure_reason == "Stopped: budget of $1.0000 reached at $1.2000"
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert "Stopped: budget of $1.0000 reached at $1.2000" in page
+    assert '<span class="stat-value" id="stat-cost">$1.2000</span>' in page
+
+
 def test_budget_stop_shows_the_figures_at_the_jobs_own_precision(client, user, submitted_job, scripted_backend):
     """A $0.0030 budget reached at $0.0037 reads so in the stop reason, on the job page and in the
     list (it read "budget of $0.00 reached at $0.00"); a job of whole cents keeps cents."""
