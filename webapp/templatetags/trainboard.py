@@ -63,8 +63,8 @@ def duration(seconds) -> str:
 @register.filter
 def usd(value, places=None) -> str:
     """USD through :func:`jobs.cost.format_usd`: ``{{ amount|usd }}`` at the decimals the amount
-    needs (cents, or 4 decimals for a sub-cent part); ``{{ job.cost_usd|usd:job.money_places }}`` at the precision of the job's
-    own figures, so its cost, budget and estimate read alike."""
+    needs (cents, or 4 decimals for a sub-cent part); ``{{ job.cost_usd|usd:job.money_places }}`` at
+    the precision of the job's own figures, so its cost, budget and estimate read alike."""
     from jobs.cost import format_usd
 
     try:
