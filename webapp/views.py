@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cloud_adapters.base import ConnectionCheck
 from jobs import selectors, services
-from jobs.models import JobStateChoices
+from jobs.models import JobStateChoices, TrainingJob
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
@@ -275,9 +275,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "name", "state", "stalled_at", "stalled_reason", "budget_usd", "budget_exceeded_at", "nodes", "procs_per_node", "created_at",
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
         "backend__name",
-        # what TrainingJob.money_places reads to show the row's figures at the job's own precision
-        "estimated_cost_usd", "spot", "training_seconds", "instance_count", "hourly_price_usd",
-        "on_demand_price_usd")
+        # what shows the row's figures at the job's own precision
+        *TrainingJob.MONEY_FIELDS)
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
     from jobs import pagination
 
