@@ -8,6 +8,7 @@ Each demo runs on the embedded default (SQLite, the filesystem broker) in its ow
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import os
 import re
@@ -143,9 +144,11 @@ def test_follow_prints_every_transition_and_the_epochs_before_the_end(user, digi
             transition(job, S.PENDING, started_at=job.created_at)
             return
         transition(job, S.RUNNING, message="first step logged")
-        for epoch in (0, 1):
+        running_at = job.events.order_by("-id").first().created_at
+        for epoch in (0, 1):  # the trainer's epochs come after its first step
             MetricPoint.objects.create(job=job, name="val_accuracy", step=epoch + 1, epoch=epoch,
-                                       value=0.9 + epoch / 100, recorded_at=job.created_at)
+                                       value=0.9 + epoch / 100,
+                                       recorded_at=running_at + dt.timedelta(seconds=epoch + 1))
         transition(job, S.SUCCEEDED)
 
     out = io.StringIO()
