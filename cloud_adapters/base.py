@@ -464,11 +464,6 @@ class Backend(abc.ABC):
         :attr:`Capabilities.strategies` reports, so the form offers only these."""
         return tuple(s for s in self.offered_strategies if self.strategy_error(s) is None)
 
-    def estimate_cost(self, spec: JobSpec) -> float:
-        """USD for the whole max runtime: max runtime × instances × hourly price (DESIGN.md §6).
-        The dashboard shows min(this, the job's budget) (``jobs.cost.estimate_cost_usd``)."""
-        return spec.max_runtime_s / 3600.0 * spec.nodes * self.price(spec.instance_type, spec.spot)
-
 
 def uri_scheme(uri: str) -> str:
     """The lower-case scheme of a dataset URI: ``"s3"`` for ``s3://b/k``, ``"azureml"`` for

@@ -169,7 +169,6 @@ def test_prices_and_offers_come_from_the_catalog():
     backend = make_backend()
     assert backend.price("ml.g5.xlarge") == 1.4084 and backend.price() == 1.4084
     assert backend.price("ml.g5.xlarge", spot=True) == 1.4084  # billable seconds carry the spot saving
-    assert backend.estimate_cost(spec()) == pytest.approx(2 * 1.4084)
     offers = backend.instance_offers()
     assert [(o.instance_type, o.usd_per_hour, o.confirmed) for o in offers] == [
         ("ml.g5.12xlarge", 7.09, False), ("ml.g5.xlarge", 1.4084, False), ("ml.m5.xlarge", 0.23, False),

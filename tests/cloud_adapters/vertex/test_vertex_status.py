@@ -250,7 +250,6 @@ def test_price_and_offers_from_the_catalog(make_backend):
     assert sorted(offers) == ["n1-standard-4", "n1-standard-8"]  # spot rows are prices, not offers
     assert offers["n1-standard-8"].usd_per_hour == pytest.approx(MACHINE_USD + 2 * T4_USD)
     assert offers["n1-standard-8"].confirmed is False and "derived" in offers["n1-standard-8"].source
-    assert backend.estimate_cost(spec(nodes=3)) == pytest.approx(2 * 3 * (MACHINE_USD + 2 * T4_USD))
     with pytest.raises(InvalidSpec, match="machine type 'e2-standard-4' has no price in the catalog for us-central1"):
         backend.price("e2-standard-4")
     l4 = make_backend(accelerator_type="NVIDIA_L4", accelerator_count=1)
