@@ -6,8 +6,9 @@ The rule (USD, calendar month in UTC): month-to-date spend of a set of jobs = th
 
 * ``cost_usd`` for a job that has ended (SUCCEEDED, FAILED, CANCELLED): what it cost;
 * ``max(cost_usd, estimated_cost_usd)`` for a job still active (QUEUED … STOPPING): what it may still
-  bill up to. The estimate (max runtime × instances × hourly price) is the committed amount of a job
-  not yet costed; a job whose cost so far passed its estimate counts its cost.
+  bill up to. The estimate, stored at submission (:func:`jobs.cost.estimate_cost_usd`), is the
+  committed amount of a job not yet costed; a job whose cost so far passed its estimate counts its
+  cost. Both figures are the job's stored columns: this module prices nothing itself.
 
 A user's spend covers every job they own (any team); a team's spend covers every job whose ``team`` is
 that team, whoever owns it. A job created last month that still runs counts toward last month.

@@ -5,6 +5,12 @@
 rounded half-up to 4 decimal places (the precision of ``TrainingJob.cost_usd``). Re-running a sync
 therefore never double-counts: the same inputs give the same cost.
 
+:func:`job_cost_usd` is that definition. The sync writes the cost of thousands of running jobs in one
+SQL statement, so the same formula is also rendered as SQL here, beside it and from the same
+constants (:func:`job_cost_sql`, :func:`run_seconds_sql`); tests/jobs/test_cost.py compares the two
+on PostgreSQL. Everything else that prices a job (the estimate before launch, the on-demand
+comparison, the money precision) calls :func:`job_cost_usd`.
+
 Money is shown through :func:`format_usd` (the UI's ``usd`` filter, messages, the admin) at the
 precision of the figures it stands beside (:func:`usd_places`): cents, or the 4 decimals a job's
 cost is kept in, so a budget of $0.0030 reached at $0.0037 reads so, not "$0.00 at $0.00".
@@ -22,6 +28,7 @@ PRICE_FRACTION = Decimal("0.000001")
 
 MONEY_PLACES = 4  # decimals of TrainingJob.cost_usd / budget_usd / estimated_cost_usd
 MIN_MONEY_PLACES = 2  # cents
+SECONDS_PER_HOUR = 3600  # prices are per instance-hour
 
 
 def _amount(value: float | int | str | Decimal) -> Decimal | None:
@@ -82,12 +89,25 @@ def to_decimal(value: float | int | str | Decimal, places: Decimal = CENT_FRACTI
 
 
 def job_cost_usd(*, billable_seconds: float, instances: int, hourly_price_usd: Decimal | float) -> Decimal:
-    """USD for ``billable_seconds`` on ``instances`` machines at ``hourly_price_usd`` per instance-hour."""
+    """USD for ``billable_seconds`` on ``instances`` machines at ``hourly_price_usd`` per instance-hour:
+    ``seconds × instances × price / 3600``, rounded half-up to 4 decimals; negative seconds or
+    instances count as 0. The one definition of a job's cost (its SQL form: :func:`job_cost_sql`)."""
     seconds = Decimal(str(max(float(billable_seconds), 0.0)))
     price = Decimal(str(hourly_price_usd))
-    return (seconds * Decimal(max(int(instances), 0)) * price / Decimal(3600)).quantize(
+    return (seconds * Decimal(max(int(instances), 0)) * price / Decimal(SECONDS_PER_HOUR)).quantize(
         CENT_FRACTION, rounding=ROUND_HALF_UP
     )
+
+
+def job_cost_sql(*, seconds: str, instances: str, hourly_price_usd: str) -> str:
+    """:func:`job_cost_usd` as a PostgreSQL expression (``numeric``, 4 decimals) over three SQL
+    operands (columns, parameters or expressions, inserted as given: never user input).
+
+    The product is exact in ``numeric`` and cast to a scale of 30 before the division, so it is
+    rounded once, as the Decimal division at 28 digits is; ``ROUND(numeric, 4)`` rounds half away
+    from zero, which is half-up for the non-negative values both forms compute."""
+    return (f"ROUND(CAST(GREATEST(({seconds})::numeric, 0) * GREATEST(({instances}), 0) * ({hourly_price_usd})"
+            f" AS numeric(65, 30)) / {SECONDS_PER_HOUR}, {MONEY_PLACES})")
 
 
 def run_seconds(started_at: dt.datetime | None, ended_at: dt.datetime | None, now: dt.datetime) -> float:
@@ -98,6 +118,13 @@ def run_seconds(started_at: dt.datetime | None, ended_at: dt.datetime | None, no
     if started_at is None:
         return 0.0
     return max(((ended_at or now) - started_at).total_seconds(), 0.0)
+
+
+def run_seconds_sql(*, started_at: str, now: str) -> str:
+    """:func:`run_seconds` of a running job (no end yet) as a PostgreSQL ``numeric`` expression:
+    ``now − started_at`` in seconds with its microseconds (as ``timedelta.total_seconds``), at least 0.
+    The caller handles ``started_at IS NULL`` (0 s in :func:`run_seconds`)."""
+    return f"GREATEST(EXTRACT(EPOCH FROM (({now}) - ({started_at}))), 0)"
 
 
 def estimate_cost_usd(*, max_runtime_s: int, instances: int, hourly_price_usd: Decimal | float,

@@ -1,9 +1,12 @@
 """jobs/cost.py: absolute, Decimal, 4 places."""
 
 import datetime as dt
+import random
 from decimal import Decimal
 
-from jobs.cost import estimate_cost_usd, job_cost_usd, run_seconds
+import pytest
+
+from jobs.cost import estimate_cost_usd, job_cost_sql, job_cost_usd, run_seconds, run_seconds_sql
 
 
 def test_cost_formula():
@@ -30,3 +33,46 @@ def test_run_seconds_and_estimate():
     assert run_seconds(t0, t0 + dt.timedelta(seconds=90), t0 + dt.timedelta(hours=1)) == 90.0
     assert run_seconds(t0, None, t0 + dt.timedelta(seconds=30)) == 30.0
     assert estimate_cost_usd(max_runtime_s=1800, instances=2, hourly_price_usd=Decimal("3.6")) == Decimal("3.6000")
+
+
+@pytest.mark.django_db
+def test_the_sql_form_of_the_cost_gives_the_functions_values():
+    """job_cost_sql / run_seconds_sql, evaluated by PostgreSQL on the values the sync stores (a
+    timestamp to the microsecond, an integer instance count, a price of 6 decimals), against
+    job_cost_usd / run_seconds: equal to the last decimal, ties at $0.00005 and clamps included."""
+    from django.db import connection
+
+    assert connection.vendor == "postgresql", "the SQL form is PostgreSQL's (DATABASE_URL=postgres://...)"
+    rng = random.Random(12)
+    now = dt.datetime(2026, 12, 1, 9, 30, 15, 654321, tzinfo=dt.timezone.utc)
+    cases = [  # (started_at, instances, hourly price)
+        (now - dt.timedelta(seconds=1), 1, Decimal("0.18")),  # $0.00005 → $0.0001
+        (now - dt.timedelta(seconds=1), 1, Decimal("0.54")),  # $0.00015 → $0.0002
+        (now - dt.timedelta(seconds=3), 3, Decimal("0.02")),  # $0.00005 from 3 × 3 s
+        (now - dt.timedelta(seconds=1799, microseconds=999999), 2, Decimal("7.2")),  # just under $7.20
+        (now + dt.timedelta(seconds=5), 2, Decimal("7.2")),  # clock skew: start after now → 0 s
+        (now - dt.timedelta(days=28), 1000, Decimal("98.765432")),  # the longest run at scale
+        (now - dt.timedelta(hours=1), 0, Decimal("3.6")),  # no instance reported
+        (now - dt.timedelta(hours=1), 4, Decimal("0")),  # a free gpubox
+        (now - dt.timedelta(hours=1), 1, Decimal("0.000001")),
+    ]
+    prices = [Decimal("7.2"), Decimal("0.123457"), Decimal("98.765432"), Decimal("3.333333"),
+              Decimal("1.000005"), Decimal("1.4084"), Decimal("0.218499")]
+    cases += [(now - dt.timedelta(microseconds=rng.randrange(0, 10 * 86400 * 10**6)), rng.randrange(0, 17),
+               rng.choice(prices)) for _ in range(200)]
+    seconds_sql = run_seconds_sql(started_at="c.started_at", now="%s::timestamptz")
+    cost_sql = job_cost_sql(seconds=seconds_sql, instances="c.instances", hourly_price_usd="c.price")
+    values = ", ".join(["(%s::timestamptz, %s::integer, %s::numeric(12, 6))"] * len(cases))
+    params = [now, now] + [v for case in cases for v in case]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT ({seconds_sql})::double precision, {cost_sql} "
+                       f"FROM (VALUES {values}) AS c(started_at, instances, price)", params)
+        rows = cursor.fetchall()
+    expected = []
+    for started_at, instances, price in cases:
+        seconds = run_seconds(started_at, None, now)
+        expected.append((seconds, job_cost_usd(billable_seconds=seconds, instances=instances, hourly_price_usd=price)))
+    assert rows == expected
+    assert [cost for _, cost in rows[:4]] == [Decimal("0.0001"), Decimal("0.0002"), Decimal("0.0001"),
+                                              Decimal("7.2000")]
+    assert rows[4] == (0.0, Decimal("0.0000")) and rows[5][1] == Decimal("66370370.3040")
