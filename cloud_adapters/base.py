@@ -29,7 +29,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import enum
+import math
+import types
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
+
+from cloud_adapters.settings import BackendSettings, Setting
 
 if TYPE_CHECKING:
     from cloud_adapters.pricing import PriceCatalog
@@ -252,11 +256,12 @@ class InstanceOffer:
 
 
 class Backend(abc.ABC):
-    """One configured compute backend. Construct with the admin-managed settings dict.
+    """One configured compute backend: ``Backend(config, secrets=..., prices=...)``.
 
     ``kind`` is the registry key. ``config`` holds backend-level settings (region, bucket, hourly
-    rate...); per-job settings (instance type, node count, spot) come in the :class:`JobSpec` and
-    override the backend's defaults.
+    rate...), checked by :meth:`clean_config` against :attr:`settings`; per-job settings (instance
+    type, node count, spot) come in the :class:`JobSpec` and override the backend's defaults.
+    ``secrets`` are the backend's stored credentials, ``prices`` the catalog :meth:`price` reads.
     """
 
     kind: ClassVar[str]
@@ -264,20 +269,33 @@ class Backend(abc.ABC):
         "the job's whole run on this backend, from its start: start-up counts toward it")
     """What :attr:`JobSpec.max_runtime_s` limits on this backend, as the provider documents it: a
     phrase the job page shows after "Max runtime counts …" (each adapter states its own, with source)."""
+    settings: ClassVar[BackendSettings] = BackendSettings(backend_label="this", provider="this")
+    """This kind's settings and credentials, declared once (:mod:`cloud_adapters.settings`): the keys
+    :meth:`clean_config` accepts, their labels, which are required and which are host settings, and
+    the secrets a backend may store. The backend form, the admin, the API and the checks below are
+    built from it.
+
+    Host settings decide what runs on a machine the installation operates, where and with how many
+    processes (a GPU box's interpreter, run root and process limit), or where the worker sends its
+    calls and with whose credentials (an endpoint URL, a profile of the worker's own). They are the
+    operator's decision: the dashboard takes them from the installation's settings or from a staff
+    user's backend, never from another user's backend row (``jobs.services.backend_adapter``)."""
     config_keys: ClassVar[frozenset[str]] = frozenset()
-    """Every setting :meth:`clean_config` accepts (what a backend form, the API and the permission
-    walk enumerate)."""
+    """``settings.keys``, set for each subclass."""
     host_settings: ClassVar[frozenset[str]] = frozenset()
-    """The settings of :meth:`clean_config` that decide what runs on a machine the installation
-    operates, where and with how many processes (a GPU box's interpreter, run root and process
-    limit), or where the worker sends its calls and with whose credentials (an endpoint URL, a
-    profile of the worker's own). They are the operator's decision: the dashboard takes them from the
-    installation's settings or from a staff user's backend, never from another user's backend row
-    (``jobs.services.backend_adapter``)."""
+    """``settings.host``, set for each subclass."""
     secret_keys: ClassVar[Mapping[str, bool]] = {}
-    """The credentials a backend of this kind may store (encrypted, set by the dashboard as
-    ``self.secrets``), each mapped to whether it is required once any is given; {} for a kind that
-    stores none."""
+    """``settings.secret_keys``, set for each subclass."""
+    setting_labels: ClassVar[Mapping[str, str]] = {}
+    """``settings.labels``, set for each subclass."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.config_keys = cls.settings.keys
+        cls.host_settings = cls.settings.host
+        cls.secret_keys = cls.settings.secret_keys
+        cls.setting_labels = cls.settings.labels
+
     ambient_identity: ClassVar[str] = ""
     """Whose identity this adapter calls its provider as when the backend stores no credentials of
     its own: the SDK's default chain on the worker (e.g. "boto3's default credential chain: the
@@ -289,12 +307,12 @@ class Backend(abc.ABC):
     def uses_ambient_credentials(cls, config: Mapping[str, Any], secrets: Mapping[str, Any] | None) -> bool:
         """Whether a backend of this kind with settings ``config`` and stored ``secrets`` would call its
         provider with the worker's own identity (:attr:`ambient_identity`): it has one, and not every
-        required key of :attr:`secret_keys` is stored. Makes no call; an adapter whose settings can
+        required secret of :attr:`settings` is stored. Makes no call; an adapter whose settings can
         send calls unsigned (a local stand-in) overrides it."""
         if not cls.ambient_identity:
             return False
         stored = secrets or {}
-        return not all(stored.get(key) for key, required in cls.secret_keys.items() if required)
+        return not all(stored.get(key) for key, required in cls.settings.secret_keys.items() if required)
 
     image_setting: ClassVar[str] = ""
     """The backend setting that names the image the trainer runs in (``image_uri``, ``environment``);
@@ -309,16 +327,17 @@ class Backend(abc.ABC):
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
-    setting_labels: ClassVar[Mapping[str, str]] = {}
-    """``{config key: label}``: how the backend form labels each setting it has a field for, and so
-    how a settings error names it (:class:`SettingsProblems`); the form takes its labels from here."""
     dataset_schemes: ClassVar[frozenset[str]] = frozenset({""})
     """URI schemes (:func:`uri_scheme`) of the datasets this backend's jobs can read; ``""`` is a
     local path on the machine that runs the job. A built-in dataset (no URI) runs everywhere. The
     dashboard refuses a job whose dataset has another scheme at launch (``jobs.services``)."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, *, prices: "PriceCatalog | None" = None) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, *, secrets: Mapping[str, str] | None = None,
+                 prices: "PriceCatalog | None" = None) -> None:
         self.config: dict[str, Any] = self.clean_config(dict(config or {}))
+        self.secrets: Mapping[str, str] = types.MappingProxyType(dict(secrets or {}))
+        """The backend's stored credentials (keys of :attr:`settings`' secrets, decrypted by the
+        dashboard), read-only; empty = the provider's default chain on the worker (:attr:`ambient_identity`)."""
         if prices is None:
             from cloud_adapters.pricing import shipped_catalog
 
@@ -328,8 +347,37 @@ class Backend(abc.ABC):
 
     @classmethod
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        """Validate and normalise backend settings; raise :class:`InvalidSpec` naming the field."""
-        return config
+        """Validate and normalise backend settings: every problem at once, as one :class:`InvalidSpec`
+        whose ``errors`` name each setting (:class:`SettingsProblems`).
+
+        This default checks what :attr:`settings` alone declares: unknown and required keys
+        (:meth:`settings_problems`), then each value's type, choices and bounds
+        (:func:`setting_value`); blank or None values are left out, and the declared defaults fill
+        the settings not given. An adapter with checks of its own (a region's pattern) overrides it,
+        starting from :meth:`settings_problems`."""
+        problems = cls.settings_problems(config)
+        out = cls.settings.defaults
+        for key, value in config.items():
+            if key not in cls.settings.keys or value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            with problems.about(key):
+                out[key] = setting_value(cls.settings[key], value)
+        problems.raise_if_any()
+        return out
+
+    @classmethod
+    def settings_problems(cls, config: Mapping[str, Any]) -> "SettingsProblems":
+        """How ``clean_config`` starts: a :class:`SettingsProblems` worded with :attr:`settings`' labels
+        that already holds "unknown <provider> setting (known: …)." for each key of ``config`` the
+        declaration lacks, then "<label> is required for a <backend> backend." for each required
+        setting missing or blank, in declaration order."""
+        schema = cls.settings
+        problems = SettingsProblems(schema.labels, schema.backend_label)
+        known = ", ".join(sorted(schema.keys))
+        for key in sorted(set(config) - schema.keys):
+            problems.add(key, f"unknown {schema.provider} setting (known: {known}).")
+        problems.require(config, schema.required)
+        return problems
 
     @property
     @abc.abstractmethod
@@ -493,14 +541,13 @@ def with_article(label: str) -> str:
 class SettingsProblems:
     """Every problem ``clean_config`` finds in a backend's settings, so a form shows them all after
     one submit (not one per submit), each worded with the setting's label as the form shows it
-    (``Backend.setting_labels``, e.g. "AWS region") rather than its config key (``region``); a key
+    (``Backend.settings``' labels, e.g. "AWS region") rather than its config key (``region``); a key
     without a label (a setting only the JSON field sets) keeps its key. One message per setting:
     the first found (a missing setting is not also reported as malformed).
 
     Usage inside ``clean_config``::
 
-        problems = SettingsProblems(cls.setting_labels, "AWS SageMaker")
-        problems.require(config, ("region", "bucket"))
+        problems = cls.settings_problems(config)  # unknown and missing required settings recorded
         with problems.about("region"):
             ...  # the check raises InvalidSpec("region: expected ...") as it would alone
         problems.raise_if_any()  # InvalidSpec(errors={"region": ["AWS region: expected ..."]})
@@ -547,13 +594,34 @@ class SettingsProblems:
             raise InvalidSpec(" ".join(m for ms in self.errors.values() for m in ms), errors=self.errors)
 
 
-def require_settings(config: Mapping[str, Any], keys: Sequence[str], backend_label: str,
-                     labels: Mapping[str, str] | None = None) -> None:
-    """Raise :class:`InvalidSpec` ``"<label> is required for an <backend> backend."`` naming every
-    one of ``keys`` that is missing, None or blank in ``config``."""
-    problems = SettingsProblems(labels or {}, backend_label)
-    problems.require(config, keys)
-    problems.raise_if_any()
+_EXPECTED = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def setting_value(setting: Setting, value: Any) -> Any:
+    """``value`` of ``setting`` checked against its declaration: its type (a whole number is a number
+    too, returned as a float; a bool is no number), its choices, its bounds and its length; text comes
+    back stripped. Raises :class:`InvalidSpec` ``"<key>: expected …, got <value>."``."""
+    expected = _EXPECTED[setting.type]
+    if setting.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, setting.type) or (setting.type is int and isinstance(value, bool)):
+        raise InvalidSpec(f"{setting.key}: expected {expected}, got {value!r:.100}.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidSpec(f"{setting.key}: expected a finite number, got {value!r}.")
+    if isinstance(value, str):
+        value = value.strip()
+        if setting.choices and value not in [choice for choice, _ in setting.choices]:
+            raise InvalidSpec(f"{setting.key}: expected one of {', '.join(repr(c) for c, _ in setting.choices)}, "
+                              f"got {value!r:.100}.")
+        if setting.max_length is not None and len(value) > setting.max_length:
+            raise InvalidSpec(f"{setting.key}: at most {setting.max_length} characters, got {len(value)}.")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        low, high = setting.min_value, setting.max_value
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = (f"from {low:g} to {high:g}" if low is not None and high is not None else
+                      f"at least {low:g}" if low is not None else f"at most {high:g}")
+            raise InvalidSpec(f"{setting.key}: expected a number {bounds}, got {value!r:.100}.")
+    return value
 
 
 def parse_utc(value: str | float | None) -> dt.datetime | None:

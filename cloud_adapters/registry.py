@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from cloud_adapters.base import Backend, InvalidSpec, MissingDependency
+from cloud_adapters.settings import BackendSettings
 
 if TYPE_CHECKING:
     from cloud_adapters.pricing import PriceCatalog
@@ -33,7 +34,9 @@ KINDS: dict[str, KindInfo] = {
     "vertex": KindInfo("cloud_adapters.vertex", "VertexBackend", "Google Vertex AI"),
     "azureml": KindInfo("cloud_adapters.azureml", "AzureMLBackend", "Azure ML"),
 }
-"""kind -> (module path, class name, human label). Register new providers here."""
+"""kind -> (module path, class name, human label). A new provider is its package (the adapter class
+with its ``settings`` declaration) and one line here; the backend form, the admin, the API and the
+settings checks are built from the declaration."""
 
 EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure"}
 """kind -> the provider group whose SDK it needs, where it needs one (e.g. "sagemaker": "aws")."""
@@ -70,12 +73,18 @@ def backend_class(kind: str) -> type[Backend]:
     return cls
 
 
-def create_backend(kind: str, config: Mapping[str, Any] | None = None, *,
+def create_backend(kind: str, config: Mapping[str, Any] | None = None, *, secrets: Mapping[str, str] | None = None,
                    prices: "PriceCatalog | None" = None) -> Backend:
     """A configured backend of ``kind``; ``config`` is validated by the class's ``clean_config``
-    (:class:`InvalidSpec` naming the field). ``prices``: the catalog its ``price`` uses (default:
-    the shipped one)."""
-    return backend_class(kind)(config, prices=prices)
+    (:class:`InvalidSpec` naming the field). ``secrets``: its stored credentials (the keys its
+    ``settings`` declare; None = the provider's default chain). ``prices``: the catalog its ``price``
+    uses (default: the shipped one)."""
+    return backend_class(kind)(config, secrets=secrets, prices=prices)
+
+
+def backend_settings(kind: str) -> BackendSettings:
+    """The settings declaration of ``kind`` (``Backend.settings``); raises as :func:`backend_class`."""
+    return backend_class(kind).settings
 
 
 def kind_choices() -> list[tuple[str, str]]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from cloud_adapters.base import Backend, Capabilities
+from cloud_adapters.settings import BackendSettings
 
 
 class OfflineBackend(Backend):
     """Settings-only adapter: job operations refuse (a test that reaches them is wrong), price is 0.
-    Subclasses set ``kind`` and override ``clean_config`` / ``test_connection`` as the test needs."""
+    Subclasses set ``kind``, declare their ``settings`` (none here: only an empty config is valid)
+    and override ``test_connection`` as the test needs."""
 
     kind = "offline"
+    settings = BackendSettings(backend_label="Offline stand-in", provider="offline")
 
     @property
     def capabilities(self):

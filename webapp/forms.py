@@ -5,14 +5,14 @@ rule of the domain is the service's, whose ValidationError lands back on these f
 
 from __future__ import annotations
 
-import copy
 import json
 from decimal import Decimal
 from typing import Any, get_args
 
 from django import forms
 
-from cloud_adapters.base import InstanceOffer
+from cloud_adapters.base import BackendError, InstanceOffer
+from cloud_adapters.settings import BackendSettings, Setting
 from jobs import selectors, validation
 from jobs.cost import format_usd_per_hour
 from jobs.models import ComputeBackend, Dataset, Team
@@ -137,163 +137,58 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
         return parse_json_object(self.cleaned_data.get("params", ""), example=self.PARAMS_EXAMPLE)
 
 
-# Settings a backend kind's adapter reads, as form fields: kind -> {config key: field}. Shown for the
-# chosen kind only (server-rendered; static/webapp/js/backend_form.js hides the other kinds' fieldsets)
-# and only the chosen kind's are read and validated, so the form works without JavaScript. Each kind's
-# adapter validates the values (``clean_config``, through ``jobs.services``) and names the setting in
-# its message, which lands on that field. No secret is ever a field: credentials come from the
-# provider's default chain (environment, profile, instance role). Settings not listed here go in
-# the JSON field. A kind not in the registry is skipped.
-KIND_SETTINGS: dict[str, dict[str, forms.Field]] = {
-    "gpubox": {
-        "max_procs_per_node": forms.IntegerField(
-            required=False, min_value=1, max_value=1024, label="Max processes per node",
-            help_text="The most ranks one job may start on this machine; blank = the box's own limit "
-                      "(TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE, else its GPUs or CPU cores)."),
-        "hourly_rate_usd": forms.DecimalField(
-            required=False, min_value=Decimal("0"), max_digits=12, decimal_places=6, label="Hourly rate (USD)",
-            help_text="What an hour of this machine costs (0 if free)."),
-    },
-    "sagemaker": {
-        "region": forms.CharField(
-            required=False, max_length=30, label="AWS region", help_text="Where jobs run, e.g. us-east-1."),
-        "role_arn": forms.CharField(
-            required=False, max_length=2048, label="Execution role ARN",
-            help_text="The IAM role SageMaker assumes to read the data and write outputs, e.g. "
-                      "arn:aws:iam::123456789012:role/SageMakerTraining."),
-        "bucket": forms.CharField(
-            required=False, max_length=63, label="S3 bucket",
-            help_text="Holds the trainer package, outputs and checkpoints."),
-        "prefix": forms.CharField(
-            required=False, max_length=500, label="S3 prefix", help_text="Key prefix inside the bucket, e.g. trainboard/."),
-        "image_uri": forms.CharField(
-            required=False, max_length=2048, label="Training image",
-            help_text="Container image URI; blank uses AWS's PyTorch training container for the region."),
-        "instance_type": forms.CharField(
-            required=False, max_length=100, label="Default instance type",
-            help_text="Used when a job does not choose one, e.g. ml.g5.xlarge."),
-        "spot_allowed": forms.BooleanField(
-            required=False, label="Spot allowed", help_text="Jobs may ask for managed spot training."),
-        "profile": forms.CharField(
-            required=False, max_length=128, label="AWS profile name",
-            help_text="Optional: a profile of the worker's ~/.aws/config; blank uses boto3's default chain. "
-                      "No keys are stored here."),
-    },
-    # Credentials: Application Default Credentials of the worker (gcloud auth application-default
-    # login, GOOGLE_APPLICATION_CREDENTIALS, the VM's service account).
-    "vertex": {
-        "project": forms.CharField(
-            required=False, max_length=100, label="Google Cloud project ID",
-            help_text="The project that owns the jobs and pays for them, e.g. my-ml-project (the ID, not the "
-                      "display name)."),
-        "region": forms.CharField(
-            required=False, max_length=30, label="Region",
-            help_text="Where jobs run; blank uses us-central1."),
-        "staging_bucket": forms.CharField(
-            required=False, max_length=1000, label="Staging bucket",
-            help_text="A Cloud Storage location for the trainer package, outputs and checkpoints, "
-                      "gs://bucket or gs://bucket/prefix, in the same region."),
-        "image_uri": forms.CharField(
-            required=False, max_length=2048, label="Executor image",
-            help_text="A Vertex AI prebuilt PyTorch training image; blank uses the default one."),
-        "service_account": forms.CharField(
-            required=False, max_length=200, label="Service account",
-            help_text="Optional: the email of the service account the job runs as; blank uses the project's "
-                      "Vertex AI default."),
-        "machine_type": forms.CharField(
-            required=False, max_length=100, label="Default machine type",
-            help_text="Used when a job does not choose one, e.g. n1-standard-8; blank uses n1-standard-8."),
-        "accelerator_type": forms.CharField(
-            required=False, max_length=50, label="Accelerator",
-            help_text="GPU attached to each machine, e.g. NVIDIA_TESLA_T4 or NVIDIA_L4; blank for none."),
-        "accelerator_count": forms.IntegerField(
-            required=False, min_value=0, label="Accelerators per machine",
-            help_text="How many of that GPU each machine gets (0 without an accelerator)."),
-        "spot_allowed": forms.BooleanField(
-            required=False, label="Spot allowed", help_text="Jobs may ask for Spot VMs (cheaper, may be preempted)."),
-        "max_nodes": forms.IntegerField(
-            required=False, min_value=1, label="Max machines per job", help_text="Blank allows 16."),
-        "api_endpoint": forms.CharField(
-            required=False, max_length=500, label="Vertex AI API endpoint",
-            help_text="Advanced: only for a private endpoint; blank uses Google's regional endpoint."),
-        "storage_endpoint": forms.CharField(
-            required=False, max_length=500, label="Cloud Storage endpoint",
-            help_text="Advanced: only for a private endpoint; blank uses Google's."),
-    },
-    # Credentials: DefaultAzureCredential on the worker (environment, managed identity, az login).
-    "azureml": {
-        "subscription_id": forms.CharField(
-            required=False, max_length=100, label="Subscription ID",
-            help_text="The Azure subscription of the workspace, a GUID such as "
-                      "00000000-0000-0000-0000-000000000000."),
-        "resource_group": forms.CharField(
-            required=False, max_length=255, label="Resource group", help_text="The resource group of the workspace."),
-        "workspace": forms.CharField(
-            required=False, max_length=255, label="Workspace", help_text="The Azure Machine Learning workspace name."),
-        "compute": forms.CharField(
-            required=False, max_length=255, label="Compute cluster",
-            help_text="The name of the workspace's compute cluster the jobs run on."),
-        "environment": forms.CharField(
-            required=False, max_length=500, label="Environment",
-            help_text="An environment such as azureml:my-env:3 or a registry URI; blank uses the curated "
-                      "PyTorch environment."),
-        "vm_size": forms.CharField(
-            required=False, max_length=100, label="Default VM size",
-            help_text="The cluster's VM size, used for prices, e.g. Standard_NC6s_v3 (the default)."),
-        "tier": forms.ChoiceField(
-            required=False, label="Tier", choices=[("dedicated", "Dedicated"),
-                                                   ("low_priority", "Low priority (cheaper, may be preempted)")],
-            help_text="The cluster's VM priority; it sets which price the cost uses."),
-        "region": forms.CharField(
-            required=False, max_length=30, label="Azure region",
-            help_text="The workspace's region, for prices, e.g. eastus (the default)."),
-        "max_nodes": forms.IntegerField(
-            required=False, min_value=1, label="Max nodes per job", help_text="Blank allows 16."),
-        "base_url": forms.CharField(
-            required=False, max_length=500, label="Resource Manager endpoint",
-            help_text="Advanced: only for a sovereign cloud or a private endpoint; blank uses "
-                      "https://management.azure.com."),
-    },
-}
+def setting_form_field(setting: Setting) -> forms.Field:
+    """The backend form's input for one adapter setting (``Backend.settings``): a select for choices,
+    a checkbox, a whole number, a decimal (stored as a float) or text, labelled as the adapter's
+    messages name it. Never required by the form: only the chosen kind's settings are read, and the
+    adapter decides (``clean_config``, through ``jobs.services``), its message landing on this input;
+    a required setting carries ``required_for_kind`` so the template marks it "(required)" rather
+    than "(optional)"."""
+    common = {"required": False, "label": setting.label, "help_text": setting.help}
+    field: forms.Field
+    if setting.choices:
+        field = forms.ChoiceField(choices=list(setting.choices), **common)
+    elif setting.type is bool:
+        field = forms.BooleanField(**common)
+    elif setting.type is int:
+        field = forms.IntegerField(min_value=setting.min_value, max_value=setting.max_value, **common)
+    elif setting.type is float:
+        # A decimal input, so "1.1" is not read as 1.1000000000000001; config() stores a float.
+        field = forms.DecimalField(
+            min_value=None if setting.min_value is None else Decimal(str(setting.min_value)),
+            max_value=None if setting.max_value is None else Decimal(str(setting.max_value)),
+            max_digits=12, decimal_places=6, **common)
+    else:
+        field = forms.CharField(max_length=setting.max_length, **common)
+    field.required_for_kind = setting.required
+    return field
 
 
-REQUIRED_SETTINGS: dict[str, tuple[str, ...]] = {
-    "sagemaker": ("region", "role_arn", "bucket"),
-    "vertex": ("project", "staging_bucket"),
-    "azureml": ("subscription_id", "resource_group", "workspace", "compute"),
-}
-"""Settings a backend of that kind cannot do without (its adapter's ``clean_config`` says "required").
-The form fields stay ``required=False`` (only the chosen kind's fields are validated, by the adapter);
-``required_for_kind`` keeps the template from labelling them "(optional)"."""
+def _registered_schemas() -> dict[str, BackendSettings]:
+    """``{kind: settings declaration}`` of the registered kinds, in registration order; a kind whose
+    adapter cannot be imported (its SDK is missing) is left out: choosing it is refused on ``kind``
+    with the package to install."""
+    from cloud_adapters.registry import KINDS, backend_settings
 
-for _kind, _keys in REQUIRED_SETTINGS.items():
-    for _key in _keys:
-        KIND_SETTINGS[_kind][_key].required_for_kind = True
+    schemas = {}
+    for kind in KINDS:
+        try:
+            schemas[kind] = backend_settings(kind)
+        except BackendError:
+            continue
+    return schemas
 
 
 def _registered_kind_settings() -> dict[str, dict[str, str]]:
-    """``{kind: {form field name: config key}}`` for the registered kinds that have settings. A key
-    two kinds share becomes ``<kind>_<key>`` so each kind keeps its own field."""
-    from cloud_adapters.registry import KINDS
-
-    kinds = [k for k in KINDS if k in KIND_SETTINGS]
+    """``{kind: {form field name: config key}}`` for the registered kinds' settings that have an input
+    (``Setting.field``). A key two kinds share becomes ``<kind>_<key>`` so each kind keeps its own field."""
+    keys = {kind: [s.key for s in schema.fields] for kind, schema in _registered_schemas().items()}
     counts: dict[str, int] = {}
-    for kind in kinds:
-        for key in KIND_SETTINGS[kind]:
+    for kind_keys in keys.values():
+        for key in kind_keys:
             counts[key] = counts.get(key, 0) + 1
-    return {kind: {(key if counts[key] == 1 else f"{kind}_{key}"): key for key in KIND_SETTINGS[kind]}
-            for kind in kinds}
-
-
-SECRET_LABELS = {
-    "aws_access_key_id": "AWS access key ID",
-    "aws_secret_access_key": "AWS secret access key",
-    "aws_session_token": "AWS session token",
-    "service_account_json": "Service-account key (JSON)",
-    "tenant_id": "Tenant ID",
-    "client_id": "Client (application) ID",
-    "client_secret": "Client secret",
-}
+    return {kind: {(key if counts[key] == 1 else f"{kind}_{key}"): key for key in kind_keys}
+            for kind, kind_keys in keys.items() if kind_keys}
 
 
 def _secret_field_name(kind: str, key: str) -> str:
@@ -331,6 +226,12 @@ def _deadline_fields() -> dict[str, forms.Field]:
 class BackendForm(forms.Form):
     """A backend's name, kind, the chosen kind's settings and, for clouds, its stored credentials.
 
+    Each registered kind's settings and credentials come from its adapter's declaration
+    (``Backend.settings``), one fieldset per kind. Every fieldset is rendered (server-side;
+    static/webapp/js/backend_form.js hides the other kinds') and only the chosen kind's are read and
+    validated, so the form works without JavaScript. Settings without an input of their own go in
+    the JSON field.
+
     Credentials are write-only: the password inputs never render a stored value; blank keeps what is
     stored; "Clear stored credentials" removes them (the worker's own identity is used then).
     """
@@ -349,9 +250,9 @@ class BackendForm(forms.Form):
     def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from cloud_adapters.registry import KINDS
-        from jobs.services import (backend_host_settings, backend_secret_keys, backend_setting_labels,
-                                   may_set_host_settings, may_use_worker_credentials)
+        from jobs.services import may_set_host_settings, may_use_worker_credentials
 
+        schemas = _registered_schemas()
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
         self.fields = {name: fields[name] for name in ("name", "kind")}
@@ -366,30 +267,27 @@ class BackendForm(forms.Form):
         unset_help = ("Not set. Optional: leave all blank to use the worker's own identity."
                       if may_use_worker_credentials(owner) else
                       "Not set. Required: only a backend owned by staff may use the worker's own identity.")
-        for kind, names in self.kind_settings.items():
-            host_settings = backend_host_settings(kind)
-            labels = backend_setting_labels(kind)
-            for name, key in names.items():
-                field = copy.deepcopy(KIND_SETTINGS[kind][key])
-                # The adapter's label: the words its error messages use for this setting.
-                field.label = labels.get(key, field.label)
+        for kind, schema in schemas.items():
+            for name, key in self.kind_settings.get(kind, {}).items():
+                setting = schema[key]
+                field = setting_form_field(setting)
                 field.widget.attrs["data-kind"] = kind
-                if key in host_settings and not staff_owned:
+                if setting.host and not staff_owned:
                     field.widget.attrs["disabled"] = "disabled"
                     field.help_text = f"{field.help_text} Set by the box's operator (only staff backends set it here)."
                 self.fields[name] = field
-            for key in backend_secret_keys(kind):
-                name = _secret_field_name(kind, key)
-                is_set = kind == stored_kind and key in stored
+            for secret in schema.secrets:
+                name = _secret_field_name(kind, secret.key)
+                is_set = kind == stored_kind and secret.key in stored
                 widget = (forms.Textarea(attrs={"rows": 3, "class": "mono", "autocomplete": "off"})
-                          if key == "service_account_json" else forms.PasswordInput(render_value=False,
-                                                                                    attrs={"autocomplete": "new-password"}))
+                          if secret.multiline else forms.PasswordInput(render_value=False,
+                                                                       attrs={"autocomplete": "new-password"}))
                 widget.attrs["data-kind"] = kind
                 self.fields[name] = forms.CharField(
-                    required=False, strip=True, max_length=20_000, label=SECRET_LABELS.get(key, key), widget=widget,
+                    required=False, strip=True, max_length=20_000, label=secret.label, widget=widget,
                     help_text=("Stored (encrypted); leave blank to keep it." if is_set else
                                unset_help))
-                self.secret_fields.setdefault(kind, {})[name] = key
+                self.secret_fields.setdefault(kind, {})[name] = secret.key
         self.fields.update({name: fields[name] for name in ("extra_config", "enabled")})
         self.fields["clear_secrets"] = forms.BooleanField(
             required=False, label="Clear stored credentials",
@@ -412,8 +310,9 @@ class BackendForm(forms.Form):
         # For the template: one fieldset per kind, legend = the registry's label.
         self.kind_fieldsets = [
             {"kind": kind, "label": KINDS[kind].label,
-             "fields": [self[name] for name in names] + [self[name] for name in self.secret_fields.get(kind, {})]}
-            for kind, names in self.kind_settings.items()
+             "fields": [self[name] for name in self.kind_settings.get(kind, {})]
+             + [self[name] for name in self.secret_fields.get(kind, {})]}
+            for kind in schemas if kind in self.kind_settings or kind in self.secret_fields
         ]
 
     def deadline_bound_fields(self) -> list[forms.BoundField]:

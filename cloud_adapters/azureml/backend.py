@@ -61,9 +61,9 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
-    SettingsProblems,
     tagged_job_id,
 )
+from cloud_adapters.settings import BackendSettings, Secret, Setting
 
 T = TypeVar("T")
 
@@ -78,17 +78,45 @@ torch new enough for every strategy (:mod:`trainer_pkg.versions`). Source: Azure
 cu126 wheels", tagged Preview when read, 2026-12-01). ACPT 2.2 (clouds.md §3.6) has torch 2.2: older
 than the trainer's floor."""
 
-DEFAULTS: dict[str, Any] = {
-    "environment": DEFAULT_ENVIRONMENT,
-    "vm_size": "Standard_NC6s_v3",
-    "tier": "dedicated",
-    "region": "eastus",
-    "max_nodes": 16,
-    "base_url": "",
-}
-REQUIRED = ("subscription_id", "resource_group", "workspace", "compute")
-CONFIG_KEYS = frozenset(REQUIRED) | frozenset(DEFAULTS)
-TIERS = ("dedicated", "low_priority")
+SETTINGS = BackendSettings(
+    backend_label="Azure ML", provider="Azure ML",
+    settings=(
+        # A GUID; it keys the rate limit.
+        Setting("subscription_id", "Subscription ID",
+                "The Azure subscription of the workspace, a GUID such as 00000000-0000-0000-0000-000000000000.",
+                required=True, max_length=100),
+        Setting("resource_group", "Resource group", "The resource group of the workspace.", required=True,
+                max_length=255),
+        Setting("workspace", "Workspace", "The Azure Machine Learning workspace name.", required=True,
+                max_length=255),
+        Setting("compute", "Compute cluster", "The name of the workspace's compute cluster the jobs run on.",
+                required=True, max_length=255),
+        # azureml://registries/..., azureml:<name>:<version> or an ARM id.
+        Setting("environment", "Environment",
+                "An environment such as azureml:my-env:3 or a registry URI; blank uses the curated PyTorch "
+                "environment.", max_length=500, default=DEFAULT_ENVIRONMENT),
+        # Must have a price in the catalog for the region.
+        Setting("vm_size", "Default VM size",
+                "The cluster's VM size, used for prices, e.g. Standard_NC6s_v3 (the default).", max_length=100,
+                default="Standard_NC6s_v3"),
+        Setting("tier", "Tier", "The cluster's VM priority; it sets which price the cost uses.",
+                choices=(("dedicated", "Dedicated"), ("low_priority", "Low priority (cheaper, may be preempted)")),
+                default="dedicated"),
+        Setting("region", "Azure region", "The workspace's region, for prices, e.g. eastus (the default).",
+                max_length=30, default="eastus"),
+        Setting("max_nodes", "Max nodes per job", "Blank allows 16.", type=int, min_value=1, default=16),
+        # Host setting: where the worker sends its ARM calls, with the worker's own identity
+        # (DefaultAzureCredential) when the backend stores no service principal.
+        Setting("base_url", "Resource Manager endpoint",
+                "Advanced: only for a sovereign cloud or a private endpoint; blank uses https://management.azure.com.",
+                host=True, max_length=500, default=""),
+    ),
+    # A service principal; without it, DefaultAzureCredential (ambient_identity).
+    secrets=(Secret("tenant_id", "Tenant ID"), Secret("client_id", "Client (application) ID"),
+             Secret("client_secret", "Client secret")),
+)
+"""The settings of an Azure ML backend and the credentials it may store (:mod:`cloud_adapters.settings`)."""
+TIERS = tuple(value for value, _ in SETTINGS["tier"].choices)
 
 GUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 RESOURCE_GROUP_RE = re.compile(r"[-\w.()]{0,89}[-\w()]")  # ARM resource group naming rules
@@ -160,21 +188,9 @@ def timeout_iso(seconds: int) -> str:
 class AzureMLBackend(Backend):
     """Runs jobs as Azure ML command jobs; see the module docstring for what a job is made of.
 
-    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is in it:
-    credentials are the backend's stored service principal, else ``DefaultAzureCredential``):
-
-    ``subscription_id``  the workspace's subscription, a GUID (required); keys the rate limit.
-    ``resource_group``   the workspace's resource group (required).
-    ``workspace``        the Azure ML workspace name (required).
-    ``compute``          the compute cluster jobs run on (required).
-    ``environment``      the job environment: ``azureml://registries/...``, ``azureml:<name>:<version>``
-                         or an ARM id; default :data:`DEFAULT_ENVIRONMENT` (curated PyTorch).
-    ``vm_size``          the cluster's VM size, used when a job names none; must have a price in the
-                         catalog for ``region``; default ``Standard_NC6s_v3``.
-    ``tier``             ``dedicated`` or ``low_priority`` (the cluster's VM tier); default dedicated.
-    ``region``           the workspace's region, for prices; default ``eastus``.
-    ``max_nodes``        most nodes per job, 1–100; default 16.
-    ``base_url``         ARM endpoint override (a local stand-in), "" = Azure's public cloud.
+    Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
+    that is missing or malformed). Credentials are the backend's stored service principal, else
+    ``DefaultAzureCredential``.
 
     Tests pass ``credential`` (anything with ``get_token``/``get_token_info``) and ``transport`` (an
     azure-core ``HttpTransport``, used for the ARM calls, run history, log reads and the stored
@@ -189,30 +205,18 @@ class AzureMLBackend(Backend):
     max_runtime_covers = (
         "the whole job, preparing the environment and starting the nodes included; at the limit Azure ML "
         "cancels the job (Azure Machine Learning documentation, command job timeout)")
-    setting_labels = {
-        "subscription_id": "Subscription ID", "resource_group": "Resource group", "workspace": "Workspace",
-        "compute": "Compute cluster", "environment": "Environment", "vm_size": "Default VM size", "tier": "Tier",
-        "region": "Azure region", "max_nodes": "Max nodes per job", "base_url": "Resource Manager endpoint",
-    }
+    settings = SETTINGS
     dataset_schemes = frozenset(p.split(":", 1)[0] for p in DATASET_PREFIXES)
     """Datastore paths and data assets (azureml), storage URLs (https, wasbs, abfss, adl): what a
     ``uri_folder`` input mounts (clouds.md §3.1-§3.2)."""
-    config_keys = frozenset(CONFIG_KEYS)
-    host_settings = frozenset({"base_url"})
-    """Staff only: where the worker sends its ARM calls, with the worker's own identity
-    (DefaultAzureCredential) when the backend stores no service principal."""
-    secret_keys = {"tenant_id": True, "client_id": True, "client_secret": True}
-    """Keys a backend may store encrypted: a service principal; else DefaultAzureCredential."""
     # azure-identity's DefaultAzureCredential: environment, workload/managed identity, then developer logins.
     ambient_identity = ("DefaultAzureCredential: the worker's AZURE_* environment, managed identity or "
                         "Azure CLI login")
-    secrets: Mapping[str, str] = {}
-    """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None, credential: Any = None,
-                 transport: Any = None, retry_policy: retry.RetryPolicy | None = None,
-                 clock: retry.Clock | None = None) -> None:
-        super().__init__(config, prices=prices)
+    def __init__(self, config: Mapping[str, Any] | None = None, *, secrets: Mapping[str, str] | None = None,
+                 prices=None, credential: Any = None, transport: Any = None,
+                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None) -> None:
+        super().__init__(config, secrets=secrets, prices=prices)
         if self._row(self.config["vm_size"], low_priority=False) is None:
             raise self._unknown_size(self.config["vm_size"], field="vm_size")
         self.retry_policy = retry_policy or retry.RetryPolicy()
@@ -231,13 +235,10 @@ class AzureMLBackend(Backend):
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
         each setting that is missing or malformed."""
-        problems = SettingsProblems(cls.setting_labels, "Azure ML")
-        for key in sorted(set(config) - CONFIG_KEYS):
-            problems.add(key, f"unknown Azure ML setting (known: {', '.join(sorted(CONFIG_KEYS))}).")
-        problems.require(config, REQUIRED)
-        out = dict(DEFAULTS)
+        problems = cls.settings_problems(config)
+        out = SETTINGS.defaults
         out.update({k: v.strip() if isinstance(v, str) else v for k, v in config.items()
-                    if k in CONFIG_KEYS and v is not None and v != ""})
+                    if k in SETTINGS.keys and v is not None and v != ""})
 
         def text(field: str, pattern: re.Pattern[str], what: str) -> str:
             value = out.get(field)
@@ -310,8 +311,8 @@ class AzureMLBackend(Backend):
         listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
         text = (f"VM size {vm_size!r} has no price in the catalog for {self.region}; known: "
                 f"{listed or 'none (add azure rows to the price catalog)'}.")
-        if field in self.setting_labels:  # a setting: worded and keyed as clean_config's problems
-            message = f"{self.setting_labels[field]}: {text}"
+        if field in SETTINGS.labels:  # a setting: worded and keyed as clean_config's problems
+            message = f"{SETTINGS.labels[field]}: {text}"
             return InvalidSpec(message, errors={field: [message]})
         return InvalidSpec(f"{field}: {text}")
 

@@ -68,10 +68,10 @@ from cloud_adapters.base import (
     MissingDependency,
     ProviderError,
     ProviderJob,
-    SettingsProblems,
     parse_utc,
     tagged_job_id,
 )
+from cloud_adapters.settings import BackendSettings, Setting
 from cloud_adapters.gpubox import _proc
 
 # A run directory name: one safe path component, also a valid DNS label and SageMaker-style name.
@@ -87,6 +87,32 @@ RUNNING_EVENTS = frozenset({"started", "step", "epoch", "completed"})
 MAX_PROCS_PER_NODE = 1024  # the dashboard's ceiling for any backend (jobs.services.MAX_PROCS_PER_NODE)
 MAX_HOURLY_RATE_USD = 100_000.0  # 28 days (the longest max runtime) of it fit the cost column
 MAX_GRACE_PERIOD_S = 600.0  # a cancelled job holds the box at most this long before SIGKILL
+
+SETTINGS = BackendSettings(
+    backend_label="Local GPU box (torchrun)", provider="gpubox",
+    settings=(
+        # Host settings: what runs on this machine, where, and how many processes at once are its
+        # operator's decision, so the dashboard fills them from the installation's settings
+        # (TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE, TRAINBOARD_RUN_ROOT, TRAINBOARD_GPUBOX_PYTHON) or a staff
+        # user's backend only. Blank: the visible CUDA GPUs, else os.cpu_count() (at most 1024).
+        Setting("max_procs_per_node", "Max processes per node",
+                "The most ranks one job may start on this machine; blank = the box's own limit "
+                "(TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE, else its GPUs or CPU cores).",
+                type=int, host=True, min_value=1, max_value=MAX_PROCS_PER_NODE),
+        Setting("hourly_rate_usd", "Hourly rate (USD)", "What an hour of this machine costs (0 if free).",
+                type=float, min_value=0, default=0.0),
+        Setting("grace_period_s", "Cancel grace period (s)",
+                f"Seconds from SIGTERM to SIGKILL when a job is cancelled, 0–{MAX_GRACE_PERIOD_S:g}.",
+                type=float, field=False, default=10.0),
+        # Required, and checked in clean_config (the installation's value fills it for everyone else).
+        Setting("run_root", "Run root", "Absolute path of the directory that holds the run directories.",
+                host=True, field=False),
+        # Blank: this process's sys.executable.
+        Setting("python", "Python interpreter", "Absolute path of the interpreter that has torch.",
+                host=True, field=False),
+    ),
+)
+"""The settings of a GPU box (:mod:`cloud_adapters.settings`); it stores no credentials."""
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds cloud_adapters/, for the supervisor
 
@@ -125,20 +151,8 @@ def _utc(ts: float | None) -> dt.datetime | None:
 class GpuBoxBackend(Backend):
     """Runs jobs with torchrun on this machine; see the module docstring for states and layout.
 
-    Config (``clean_config`` raises :class:`InvalidSpec` naming the field):
-
-    ``run_root``            absolute path of the directory that holds the run directories (required).
-    ``max_procs_per_node``  int, 1–1024; default: the number of visible CUDA GPUs, else
-                            ``os.cpu_count()`` (at most 1024).
-    ``python``              absolute path of the interpreter that has torch; default this process's
-                            ``sys.executable``.
-    ``hourly_rate_usd``     float, 0–100,000 USD per node-hour; default 0.
-    ``grace_period_s``      float, 0–600 s from SIGTERM to SIGKILL on cancel; default 10.
-
-    The first three are :attr:`host_settings`: what runs on this machine, where, and how many
-    processes at once are its operator's decision, so the dashboard fills them from the
-    installation's settings (``TRAINBOARD_RUN_ROOT``, ``TRAINBOARD_GPUBOX_PYTHON``,
-    ``TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE``) or a staff user's backend only.
+    Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
+    that is malformed); ``run_root``, ``python`` and ``max_procs_per_node`` are host settings.
     """
 
     kind = "gpubox"
@@ -148,15 +162,10 @@ class GpuBoxBackend(Backend):
         "the run from the moment the training processes start on the box, so connecting the processes and "
         "loading the data count; at the limit the processes get SIGTERM and, once the cancel grace period is "
         "over, are killed")
-    setting_labels = {"max_procs_per_node": "Max processes per node", "hourly_rate_usd": "Hourly rate (USD)",
-                      "grace_period_s": "Cancel grace period (s)", "run_root": "Run root",
-                      "python": "Python interpreter"}
+    settings = SETTINGS
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
     queue = "gpubox"  # jobs must be started by the worker on the box itself
-    host_settings = frozenset({"run_root", "python", "max_procs_per_node"})
-    config_keys = host_settings | {"hourly_rate_usd", "grace_period_s"}
-    """Every setting :meth:`clean_config` accepts."""
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -164,9 +173,8 @@ class GpuBoxBackend(Backend):
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
         each setting that is missing or malformed."""
-        problems = SettingsProblems(cls.setting_labels, "Local GPU box (torchrun)")
-        for key in sorted(set(config) - cls.config_keys):
-            problems.add(key, f"unknown gpubox setting (known: {', '.join(sorted(cls.config_keys))}).")
+        problems = cls.settings_problems(config)
+        defaults = SETTINGS.defaults
 
         run_root = config.get("run_root")
         with problems.about("run_root"):
@@ -186,13 +194,13 @@ class GpuBoxBackend(Backend):
 
         rate = grace = 0.0
         with problems.about("hourly_rate_usd"):
-            rate = _number(config.get("hourly_rate_usd", 0.0), "hourly_rate_usd")
+            rate = _number(config.get("hourly_rate_usd", defaults["hourly_rate_usd"]), "hourly_rate_usd")
             if not 0 <= rate <= MAX_HOURLY_RATE_USD:
                 raise InvalidSpec(f"hourly_rate_usd: must be 0 to {MAX_HOURLY_RATE_USD:,g} USD per node-hour, "
                                   f"got {rate:g}.")
 
         with problems.about("grace_period_s"):
-            grace = _number(config.get("grace_period_s", 10.0), "grace_period_s")
+            grace = _number(config.get("grace_period_s", defaults["grace_period_s"]), "grace_period_s")
             if not 0 <= grace <= MAX_GRACE_PERIOD_S:
                 raise InvalidSpec(f"grace_period_s: must be 0 to {MAX_GRACE_PERIOD_S:g} seconds, got {grace:g}.")
 

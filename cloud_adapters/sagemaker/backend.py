@@ -54,9 +54,9 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
-    SettingsProblems,
     tagged_job_id,
 )
+from cloud_adapters.settings import BackendSettings, Secret, Setting
 from cloud_adapters.sagemaker import logs as cw_logs
 from cloud_adapters.sagemaker.states import NON_TERMINAL_STATUSES, TERMINAL_STATUSES, job_status
 
@@ -101,19 +101,48 @@ clouds.md; a type missing here is checked against ``max_procs_per_node`` only.""
 INSTANCE_VCPUS = {"ml.m5.xlarge": 4}
 """vCPUs of the CPU-only types above (EC2 m5.xlarge: 4), the most ranks a CPU job runs per instance."""
 
-DEFAULTS: dict[str, Any] = {
-    "prefix": "trainboard",
-    "instance_type": "ml.g5.xlarge",
-    "spot_allowed": False,
-    "profile": "",
-    "endpoint_url": "",
-    "max_nodes": 8,
-    "max_procs_per_node": 8,
-    "volume_size_gb": 50,
-    "max_calls_per_second": 10.0,
-}
-
-_CONFIG_KEYS = {"region", "role_arn", "bucket", "image_uri"} | set(DEFAULTS)
+SETTINGS = BackendSettings(
+    backend_label="AWS SageMaker", provider="SageMaker",
+    settings=(
+        Setting("region", "AWS region", "Where jobs run, e.g. us-east-1.", required=True, max_length=30),
+        # Its account keys the rate limit.
+        Setting("role_arn", "Execution role ARN",
+                "The IAM role SageMaker assumes to read the data and write outputs, e.g. "
+                "arn:aws:iam::123456789012:role/SageMakerTraining.", required=True, max_length=2048),
+        Setting("bucket", "S3 bucket", "Holds the trainer package, outputs and checkpoints.", required=True,
+                max_length=63),
+        Setting("prefix", "S3 prefix", "Key prefix inside the bucket, e.g. trainboard/.", max_length=500,
+                default="trainboard"),
+        # Blank: default_image_uri (its -cpu- variant on CPU-only instances).
+        Setting("image_uri", "Training image",
+                "Container image URI; blank uses AWS's PyTorch training container for the region.",
+                max_length=2048),
+        Setting("instance_type", "Default instance type", "Used when a job does not choose one, e.g. ml.g5.xlarge.",
+                max_length=100, default="ml.g5.xlarge"),
+        Setting("spot_allowed", "Spot allowed", "Jobs may ask for managed spot training.", type=bool, default=False),
+        # Host settings: a profile picks one of the worker's own AWS credentials, an endpoint is where the
+        # worker sends its signed calls (with the worker's session token when no secrets are stored).
+        Setting("profile", "AWS profile name",
+                "Optional: a profile of the worker's ~/.aws/config; blank uses boto3's default chain. "
+                "No keys are stored here.", host=True, max_length=128, default=""),
+        Setting("endpoint_url", help="\"\" (AWS), one URL for every service (a local stand-in), or {service: URL}.",
+                host=True, field=False, default=""),
+        Setting("max_nodes", help="Most instances per job, 1–100.", type=int, field=False, default=8),
+        Setting("max_procs_per_node", help="Most ranks per instance, 1–64 (GPU types are also capped at their "
+                                           "GPU count).", type=int, field=False, default=8),
+        Setting("volume_size_gb", help="ResourceConfig.VolumeSizeInGB, 1–16384 (NVMe types use instance storage).",
+                type=int, field=False, default=50),
+        Setting("max_calls_per_second", help="The account's API rate limit here (token bucket, burst 2×).",
+                type=float, field=False, default=10.0),
+    ),
+    # Without them, boto3's default chain (ambient_identity).
+    secrets=(
+        Secret("aws_access_key_id", "AWS access key ID"),
+        Secret("aws_secret_access_key", "AWS secret access key"),
+        Secret("aws_session_token", "AWS session token", required=False),
+    ),
+)
+"""The settings of a SageMaker backend and the credentials it may store (:mod:`cloud_adapters.settings`)."""
 
 
 def default_image_uri(region: str, *, gpu: bool = True) -> str:
@@ -189,24 +218,9 @@ def _parse_s3(uri: str, field: str) -> tuple[str, str]:
 class SageMakerBackend(Backend):
     """Runs jobs as SageMaker training jobs; see the module docstring for what a job is made of.
 
-    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is stored:
-    credentials come from boto3's default chain or the named ``profile``):
-
-    ``region``            AWS region code, e.g. ``us-east-1`` (required).
-    ``role_arn``          SageMaker execution role, ``arn:aws:iam::<12-digit account>:role/<name>``
-                          (required); its account keys the rate limit.
-    ``bucket``            S3 bucket for code, output and checkpoints (required).
-    ``prefix``            key prefix in the bucket; default ``trainboard``.
-    ``image_uri``         training image; default AWS's PyTorch training image of the region
-                          (:func:`default_image_uri`; its ``-cpu-`` variant on CPU-only instances).
-    ``instance_type``     default ``ml.*`` type when a job names none; default ``ml.g5.xlarge``.
-    ``spot_allowed``      bool; whether jobs may ask for managed spot training; default False.
-    ``profile``           AWS profile name in ~/.aws/config; default "" (the default chain).
-    ``endpoint_url``      "" (AWS), one URL for every service (a local stand-in), or {service: url}.
-    ``max_nodes``         most instances per job, 1–100; default 8.
-    ``max_procs_per_node``  most ranks per instance (GPU types are also capped at their GPU count); default 8.
-    ``volume_size_gb``    ResourceConfig.VolumeSizeInGB (≥ 1; NVMe types use instance storage); default 50.
-    ``max_calls_per_second``  the account's API rate limit here (token bucket, burst 2×); default 10.
+    Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
+    that is missing or malformed). Credentials are the backend's stored access key, else boto3's
+    default chain or the named ``profile``.
     """
 
     kind = "sagemaker"
@@ -217,27 +231,15 @@ class SageMakerBackend(Backend):
         "(AWS SageMaker API reference, StoppingCondition)")
     image_setting = "image_uri"
     image_torch_pattern = r"/pytorch-training:(\d+\.\d+)"  # <version>-<cpu|gpu>-<py>, clouds.md §1.1
-    setting_labels = {
-        "region": "AWS region", "role_arn": "Execution role ARN", "bucket": "S3 bucket", "prefix": "S3 prefix",
-        "image_uri": "Training image", "instance_type": "Default instance type", "spot_allowed": "Spot allowed",
-        "profile": "AWS profile name",
-    }
+    settings = SETTINGS
     dataset_schemes = frozenset({"s3"})
     """An S3 prefix becomes the ``train`` input channel (``InputDataConfig``'s ``S3Uri``, clouds.md §1.1)."""
-    config_keys = frozenset(_CONFIG_KEYS)
-    host_settings = frozenset({"profile", "endpoint_url"})
-    """Staff only: a profile picks one of the worker's own AWS credentials, an endpoint is where the
-    worker sends its signed calls (with the worker's session token when no secrets are stored)."""
-    secret_keys = {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}
-    """Keys a backend may store encrypted (required once any is given); without them boto3's chain."""
     # boto3's documentation, "Credentials" → "Configuring credentials": the order boto3 searches.
     ambient_identity = "boto3's default credential chain: the worker's AWS_* environment, profile or IAM role"
-    secrets: Mapping[str, str] = {}
-    """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None,
-                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None) -> None:
-        super().__init__(config, prices=prices)
+    def __init__(self, config: Mapping[str, Any] | None = None, *, secrets: Mapping[str, str] | None = None,
+                 prices=None, retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None) -> None:
+        super().__init__(config, secrets=secrets, prices=prices)
         self.retry_policy = retry_policy or retry.RetryPolicy()
         """Attempts and backoff of every provider call (tests pass a seeded RNG)."""
         self.clock = clock or retry.SYSTEM_CLOCK
@@ -251,12 +253,9 @@ class SageMakerBackend(Backend):
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
         each setting that is missing or malformed."""
-        problems = SettingsProblems(cls.setting_labels, "AWS SageMaker")
-        for key in sorted(set(config) - _CONFIG_KEYS):
-            problems.add(key, f"unknown SageMaker setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
-        problems.require(config, ("region", "role_arn", "bucket"))
-        out = dict(DEFAULTS)
-        out.update({k: v for k, v in config.items() if v is not None and k in _CONFIG_KEYS})
+        problems = cls.settings_problems(config)
+        out = SETTINGS.defaults
+        out.update({k: v for k, v in config.items() if v is not None and k in SETTINGS.keys})
 
         region = out.get("region")
         with problems.about("region"):

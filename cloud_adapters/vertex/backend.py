@@ -62,10 +62,10 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
-    SettingsProblems,
     Throttled,
     tagged_job_id,
 )
+from cloud_adapters.settings import BackendSettings, Secret, Setting
 from cloud_adapters.vertex import logs as cloud_logs
 from cloud_adapters.vertex import package
 from cloud_adapters.vertex.states import (
@@ -115,19 +115,52 @@ build also runs on CPU-only machines. It has torch 2.4: ddp only (fsdp needs 2.6
 no newer prebuilt PyTorch training image was found to default to — set ``image_uri`` to one (its
 ``pytorch-gpu.<major>-<minor>`` tag tells the adapter its torch) to run fsdp or pipeline."""
 
-DEFAULTS: dict[str, Any] = {
-    "region": "us-central1",
-    "image_uri": "",
-    "service_account": "",
-    "machine_type": "n1-standard-8",
-    "accelerator_type": "",
-    "accelerator_count": 0,
-    "spot_allowed": False,
-    "max_nodes": 16,
-    "api_endpoint": "",
-    "storage_endpoint": "",
-}
-_CONFIG_KEYS = {"project", "staging_bucket"} | set(DEFAULTS)
+SETTINGS = BackendSettings(
+    backend_label="Google Vertex AI", provider="Vertex AI",
+    settings=(
+        Setting("project", "Google Cloud project ID",
+                "The project that owns the jobs and pays for them, e.g. my-ml-project (the ID, not the display "
+                "name).", required=True, max_length=100),
+        Setting("region", "Region", "Where jobs run; blank uses us-central1.", max_length=30, default="us-central1"),
+        # For code, job configs and outputs.
+        Setting("staging_bucket", "Staging bucket",
+                "A Cloud Storage location for the trainer package, outputs and checkpoints, gs://bucket or "
+                "gs://bucket/prefix, in the same region.", required=True, max_length=1000),
+        # Blank: the prebuilt PyTorch training image of the region (IMAGE_TEMPLATE).
+        Setting("image_uri", "Executor image",
+                "A Vertex AI prebuilt PyTorch training image; blank uses the default one.", max_length=2048,
+                default=""),
+        Setting("service_account", "Service account",
+                "Optional: the email of the service account the job runs as; blank uses the project's Vertex AI "
+                "default.", max_length=200, default=""),
+        Setting("machine_type", "Default machine type",
+                "Used when a job does not choose one, e.g. n1-standard-8; blank uses n1-standard-8.",
+                max_length=100, default="n1-standard-8"),
+        # An AcceleratorType name (clouds.md §2.6-A).
+        Setting("accelerator_type", "Accelerator",
+                "GPU attached to each machine, e.g. NVIDIA_TESLA_T4 or NVIDIA_L4; blank for none.", max_length=50,
+                default=""),
+        Setting("accelerator_count", "Accelerators per machine",
+                "How many of that GPU each machine gets (0 without an accelerator).", type=int, min_value=0,
+                default=0),
+        # Scheduling.Strategy.SPOT.
+        Setting("spot_allowed", "Spot allowed", "Jobs may ask for Spot VMs (cheaper, may be preempted).", type=bool,
+                default=False),
+        Setting("max_nodes", "Max machines per job", "Blank allows 16.", type=int, min_value=1, default=16),
+        # Host settings: where the worker sends its calls, with the worker's own credentials (ADC) when the
+        # backend stores no service-account key. An http:// endpoint is a local stand-in that also answers
+        # Cloud Logging, called with anonymous credentials unless a key is stored (loopback only).
+        Setting("api_endpoint", "Vertex AI API endpoint",
+                "Advanced: only for a private endpoint; blank uses Google's regional endpoint.", host=True,
+                max_length=500, default=""),
+        Setting("storage_endpoint", "Cloud Storage endpoint",
+                "Advanced: only for a private endpoint; blank uses Google's.", host=True, max_length=500,
+                default=""),
+    ),
+    # A service-account key file (JSON text); without it, Application Default Credentials (ambient_identity).
+    secrets=(Secret("service_account_json", "Service-account key (JSON)", multiline=True),),
+)
+"""The settings of a Vertex AI backend and the credentials it may store (:mod:`cloud_adapters.settings`)."""
 
 
 def default_image_uri(region: str) -> str:
@@ -190,25 +223,9 @@ def _rfc3339(value: dt.datetime) -> str:
 class VertexBackend(Backend):
     """Runs jobs as Vertex AI custom jobs; see the module docstring for what a job is made of.
 
-    Config (``clean_config`` raises :class:`InvalidSpec` naming the field; nothing secret is in it:
-    credentials are the backend's stored service-account key, else Application Default Credentials,
-    :func:`cloud_adapters._gcp.credentials`):
-
-    ``project``           GCP project id (required).
-    ``region``            Vertex AI location; default ``us-central1``.
-    ``staging_bucket``    ``gs://bucket[/prefix]`` for code, job configs and outputs (required).
-    ``image_uri``         executor image; default the prebuilt PyTorch training image (:data:`IMAGE_TEMPLATE`).
-    ``service_account``   service account email the job runs as; "" = Vertex's default.
-    ``machine_type``      Compute Engine machine type when a job names none; default ``n1-standard-8``.
-    ``accelerator_type``  ``AcceleratorType`` name (``NVIDIA_TESLA_T4`` …; clouds.md §2.6-A); "" = none.
-    ``accelerator_count`` accelerators per replica; 0 without ``accelerator_type``, ≥ 1 with it.
-    ``spot_allowed``      bool; whether jobs may use Spot VMs (``Scheduling.Strategy.SPOT``); default False.
-    ``max_nodes``         most replicas per job, 1–1000; default 16.
-    ``api_endpoint``      "" (``<region>-aiplatform.googleapis.com``), a host, or ``http(s)://host:port``
-                          (``http://``: a local stand-in that also answers Cloud Logging; anonymous
-                          credentials unless the backend stores a service-account key, whose tokens
-                          it then sees like Google would; loopback only).
-    ``storage_endpoint``  "" (Cloud Storage) or ``http(s)://host:port`` (a GCS emulator).
+    Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
+    that is missing or malformed). Credentials are the backend's stored service-account key, else
+    Application Default Credentials (:func:`cloud_adapters._gcp.credentials`).
     """
 
     kind = "vertex"
@@ -218,21 +235,9 @@ class VertexBackend(Backend):
     max_runtime_covers = (
         "the job's whole running time (Vertex AI's maximum job running time), the machines starting and the "
         "image download included (Vertex AI API reference, Scheduling timeout)")
-    setting_labels = {
-        "project": "Google Cloud project ID", "region": "Region", "staging_bucket": "Staging bucket",
-        "image_uri": "Executor image", "service_account": "Service account", "machine_type": "Default machine type",
-        "accelerator_type": "Accelerator", "accelerator_count": "Accelerators per machine",
-        "spot_allowed": "Spot allowed", "max_nodes": "Max machines per job", "api_endpoint": "Vertex AI API endpoint",
-        "storage_endpoint": "Cloud Storage endpoint",
-    }
+    settings = SETTINGS
     dataset_schemes = frozenset({"gs"})
     """Cloud Storage, read through the /gcs FUSE mount Vertex gives every job (clouds.md §2.3)."""
-    config_keys = frozenset(_CONFIG_KEYS)
-    host_settings = frozenset({"api_endpoint", "storage_endpoint"})
-    """Staff only: where the worker sends its calls, with the worker's own credentials (ADC) when the
-    backend stores no service-account key."""
-    secret_keys = {"service_account_json": True}
-    """Keys a backend may store encrypted: a service-account key file (JSON text); else ADC."""
     # google-auth's google.auth.default(), "How Application Default Credentials works" (cloud.google.com).
     ambient_identity = ("Application Default Credentials: the worker's GOOGLE_APPLICATION_CREDENTIALS key, "
                         "gcloud login or attached service account")
@@ -246,13 +251,11 @@ class VertexBackend(Backend):
                 "service_account_json"):
             return False
         return super().uses_ambient_credentials(config, secrets)
-    secrets: Mapping[str, str] = {}
-    """The stored secrets, set by the dashboard (``jobs.services.backend_adapter``); read-only here."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, *, prices=None,
-                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None,
+    def __init__(self, config: Mapping[str, Any] | None = None, *, secrets: Mapping[str, str] | None = None,
+                 prices=None, retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None,
                  http_session: Any = None) -> None:
-        super().__init__(config, prices=prices)
+        super().__init__(config, secrets=secrets, prices=prices)
         self.retry_policy = retry_policy or retry.RetryPolicy()
         """Attempts and backoff of every provider call (tests pass a seeded RNG)."""
         self.clock = clock or retry.SYSTEM_CLOCK
@@ -270,14 +273,11 @@ class VertexBackend(Backend):
     def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         """Every problem at once (:class:`SettingsProblems`): one InvalidSpec whose ``errors`` name
         each setting that is missing or malformed."""
-        problems = SettingsProblems(cls.setting_labels, "Google Vertex AI")
-        for key in sorted(set(config) - _CONFIG_KEYS):
-            problems.add(key, f"unknown Vertex AI setting (known: {', '.join(sorted(_CONFIG_KEYS))}).")
-        problems.require(config, ["project", "staging_bucket"])
-        out = dict(DEFAULTS)
+        problems = cls.settings_problems(config)
+        out = SETTINGS.defaults
         # None or blank = the default (the dashboard's form sends "" for an untouched field).
         out.update({k: v for k, v in config.items()
-                    if k in _CONFIG_KEYS and v is not None and not (isinstance(v, str) and not v.strip())})
+                    if k in SETTINGS.keys and v is not None and not (isinstance(v, str) and not v.strip())})
 
         def text(key: str) -> str:
             value = out.get(key, "")

@@ -33,7 +33,6 @@ from typing import Any
 from cloud_adapters.base import (
     Backend,
     Capabilities,
-    InvalidSpec,
     JobHandle,
     JobSpec,
     JobState,
@@ -41,6 +40,7 @@ from cloud_adapters.base import (
     ProviderError,
     Throttled,
 )
+from cloud_adapters.settings import BackendSettings, Setting
 
 KIND = "faultcloud"
 HOURLY_USD = 3.6
@@ -162,12 +162,10 @@ CALLS: dict[str, int] = {}
 class FaultBackend(Backend):
     kind = KIND
     queue = "celery"
-
-    @classmethod
-    def clean_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        if not config.get("root"):
-            raise InvalidSpec("root: required for a faultcloud backend (the provider directory).")
-        return config
+    settings = BackendSettings(backend_label="Fault-injecting stand-in", provider="faultcloud", settings=(
+        Setting("root", "Provider directory", "Where the stand-in provider keeps its jobs and fault controls.",
+                required=True, field=False),
+    ))
 
     @property
     def provider(self) -> FaultProvider:

@@ -1,4 +1,4 @@
-"""The backend form's settings per kind (webapp.forms.KIND_SETTINGS) and the Test connection button
+"""The backend form's settings per kind (each adapter's ``settings`` declaration) and the Test connection button
 (UI, htmx fragment, API): real forms and views through Django's test client."""
 
 from __future__ import annotations
@@ -6,14 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from django import forms as django_forms
 from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 from moto import mock_aws
 
 from cloud_adapters import registry
-from cloud_adapters.base import InvalidSpec
+from cloud_adapters.settings import BackendSettings, Setting
 from jobs import services
 from jobs.models import ComputeBackend
 from webapp import forms as webapp_forms
@@ -186,32 +185,28 @@ class FakeCloudBackend(OfflineBackend):
     """A kind registered only for these tests, with a setting named like one of SageMaker's."""
 
     kind = "fakecloud"
-
-    @classmethod
-    def clean_config(cls, config):
-        if not config.get("project"):
-            raise InvalidSpec("project: required; the project that owns the jobs.")
-        return config
+    settings = BackendSettings(backend_label="Fake cloud", provider="fake cloud", settings=(
+        Setting("region", "Region", "Where the jobs run."),
+        Setting("project", "Project", "The project that owns the jobs.", required=True),
+    ))
 
 
-def test_any_registered_kind_gets_its_fields_from_the_mapping(owner_client, user, monkeypatch):
+def test_any_registered_kind_gets_its_fields_from_its_declaration(owner_client, user, monkeypatch):
     monkeypatch.setitem(registry.KINDS, "fakecloud",
                         registry.KindInfo(FakeCloudBackend.__module__, "FakeCloudBackend", "Fake cloud"))
-    monkeypatch.setitem(webapp_forms.KIND_SETTINGS, "fakecloud", {
-        "region": django_forms.CharField(required=False, label="Region"),
-        "project": django_forms.CharField(required=False, label="Project"),
-    })
     page = owner_client.get(reverse("backend-create")).content.decode()
     # "region" is a setting of several kinds now: each keeps its own field.
     assert (field("sagemaker", "region"), field("fakecloud", "region")) == ("sagemaker_region", "fakecloud_region")
     assert {"sagemaker_region", "fakecloud_region", field("fakecloud", "project")} <= field_names(page)
     assert "region" not in field_names(page)
     assert '<fieldset class="kind-settings" data-kind="fakecloud">' in page
+    assert f'<label for="id_{field("fakecloud", "project")}">Project <span class="muted">(required)</span></label>' in page
+    assert "The project that owns the jobs." in page
 
     bad = owner_client.post(reverse("backend-create"), {"name": "fc", "kind": "fakecloud",
                                                         "fakecloud_region": "north-1"})
     assert bad.context["form"].errors == {field("fakecloud", "project"): [
-        "project: required; the project that owns the jobs."]}
+        "Project is required for a Fake cloud backend."]}
     good = owner_client.post(reverse("backend-create"), {"name": "fc", "kind": "fakecloud", "fakecloud_region": "north-1",
                                                          field("fakecloud", "project"): "vision",
                                                          "sagemaker_region": "x"})

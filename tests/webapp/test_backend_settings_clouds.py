@@ -1,11 +1,7 @@
-"""The backend form's Vertex AI and Azure ML settings (webapp.forms.KIND_SETTINGS["vertex"/"azureml"]):
+"""The backend form's Vertex AI and Azure ML settings (each adapter's ``settings`` declaration):
 every configuration key has a field with a label and help a user understands, no secret field,
 values stored typed and shown again on the edit page, the adapter's message on the setting it names,
-another kind's fields ignored.
-
-While an adapter is not registered yet, ``cloud_kinds`` registers a stand-in class for its kind with
-the same required settings, as the fake kinds of test_backend_settings.py; once it is registered the
-real adapter's ``clean_config`` is what these tests run against."""
+another kind's fields ignored."""
 
 from __future__ import annotations
 
@@ -15,11 +11,9 @@ import pytest
 from django.urls import reverse
 from django.utils.html import escape
 
-from cloud_adapters import registry
-from cloud_adapters.base import InvalidSpec
+from cloud_adapters.registry import backend_settings
 from jobs.models import ComputeBackend
 from webapp import forms as webapp_forms
-from backend_fakes import OfflineBackend
 
 pytestmark = pytest.mark.django_db
 
@@ -29,44 +23,6 @@ VERTEX_KEYS = ("project", "region", "staging_bucket", "image_uri", "service_acco
                "storage_endpoint")
 AZUREML_KEYS = ("subscription_id", "resource_group", "workspace", "compute", "environment", "vm_size", "tier",
                 "region", "max_nodes", "base_url")
-
-
-class _StandInCloud(OfflineBackend):
-    """Settings checks only, as the real adapters' ``clean_config`` (required keys named first)."""
-
-    REQUIRED: tuple[str, ...] = ()
-
-    @classmethod
-    def clean_config(cls, config):
-        for key in cls.REQUIRED:
-            if not config.get(key):
-                raise InvalidSpec(f"{key}: required.")
-        return config
-
-
-class StandInVertex(_StandInCloud):
-    kind = "vertex"
-    REQUIRED = ("project", "staging_bucket")
-
-
-class StandInAzureML(_StandInCloud):
-    kind = "azureml"
-    REQUIRED = ("subscription_id", "resource_group", "workspace", "compute")
-
-
-STAND_INS = {"vertex": ("StandInVertex", "Google Vertex AI"), "azureml": ("StandInAzureML", "Azure ML")}
-
-
-@pytest.fixture
-def cloud_kinds(monkeypatch):
-    """Both kinds registered: the real adapters where registered, else the stand-ins above.
-    Returns ``{kind: True if real}``."""
-    real = {}
-    for kind, (class_name, label) in STAND_INS.items():
-        real[kind] = kind in registry.KINDS
-        if not real[kind]:
-            monkeypatch.setitem(registry.KINDS, kind, registry.KindInfo(__name__, class_name, label))
-    return real
 
 
 def field(kind: str, key: str) -> str:
@@ -98,7 +54,7 @@ def post(kind: str, settings: dict, name: str = "cloud", **extra) -> dict:
             **{field(kind, k): v for k, v in settings.items()}, **extra}
 
 
-def test_new_backend_page_has_every_vertex_and_azure_ml_setting(owner_client, cloud_kinds):
+def test_new_backend_page_has_every_vertex_and_azure_ml_setting(owner_client):
     page = owner_client.get(reverse("backend-create")).content.decode()
     assert '<fieldset class="kind-settings" data-kind="vertex">' in page
     assert '<fieldset class="kind-settings" data-kind="azureml">' in page
@@ -123,15 +79,17 @@ def test_new_backend_page_has_every_vertex_and_azure_ml_setting(owner_client, cl
 
 
 def test_every_setting_has_a_label_and_help_text():
+    form = webapp_forms.BackendForm()
     for kind in ("vertex", "azureml"):
         keys = VERTEX_KEYS if kind == "vertex" else AZUREML_KEYS
-        assert tuple(webapp_forms.KIND_SETTINGS[kind]) == keys
-        for key, form_field in webapp_forms.KIND_SETTINGS[kind].items():
+        assert tuple(s.key for s in backend_settings(kind).fields) == keys
+        for key in keys:
+            form_field = form.fields[form.setting_field(kind, key)]
             assert form_field.label and form_field.help_text, (kind, key)
             assert not form_field.required, (kind, key)  # required-ness is the adapter's to say
 
 
-def test_create_a_vertex_backend_from_its_fields(owner_client, user, cloud_kinds):
+def test_create_a_vertex_backend_from_its_fields(owner_client, user):
     response = owner_client.post(reverse("backend-create"), post("vertex", VERTEX_SETTINGS, name="vx"))
     assert response.status_code == 302, response.context["form"].errors
     backend = ComputeBackend.objects.get(owner=user, name="vx")
@@ -148,7 +106,7 @@ def test_create_a_vertex_backend_from_its_fields(owner_client, user, cloud_kinds
     assert form.initial["extra_config"] == ""
 
 
-def test_create_an_azure_ml_backend_from_its_fields(owner_client, user, cloud_kinds):
+def test_create_an_azure_ml_backend_from_its_fields(owner_client, user):
     response = owner_client.post(reverse("backend-create"), post("azureml", AZUREML_SETTINGS, name="aml"))
     assert response.status_code == 302, response.context["form"].errors
     backend = ComputeBackend.objects.get(owner=user, name="aml")
@@ -170,7 +128,7 @@ def test_create_an_azure_ml_backend_from_its_fields(owner_client, user, cloud_ki
     assert backend.config["tier"] == "dedicated"
 
 
-def test_an_unknown_tier_is_refused_by_the_form(owner_client, cloud_kinds):
+def test_an_unknown_tier_is_refused_by_the_form(owner_client):
     response = owner_client.post(reverse("backend-create"), post("azureml", {**AZUREML_SETTINGS, "tier": "spot"}))
     assert response.context["form"].errors == {field("azureml", "tier"): [
         "Select a valid choice. spot is not one of the available choices."]}
@@ -184,7 +142,7 @@ def test_an_unknown_tier_is_refused_by_the_form(owner_client, cloud_kinds):
     ("azureml", AZUREML_SETTINGS, "workspace"),
     ("azureml", AZUREML_SETTINGS, "compute"),
 ])
-def test_a_missing_required_setting_is_named_on_its_field(owner_client, cloud_kinds, kind, settings, missing):
+def test_a_missing_required_setting_is_named_on_its_field(owner_client, kind, settings, missing):
     response = owner_client.post(reverse("backend-create"), post(kind, {**settings, missing: ""}))
     assert response.status_code == 200
     errors = response.context["form"].errors
