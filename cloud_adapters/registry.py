@@ -87,6 +87,19 @@ def backend_settings(kind: str) -> BackendSettings:
     return backend_class(kind).settings
 
 
+def registered_settings() -> dict[str, BackendSettings]:
+    """``{kind: settings declaration}`` of the registered kinds, in registration order, for the forms
+    and the API that list them; a kind whose adapter cannot be imported (its SDK is missing) is left
+    out: choosing it is refused with the package to install (:func:`backend_class`)."""
+    schemas = {}
+    for kind in KINDS:
+        try:
+            schemas[kind] = backend_settings(kind)
+        except MissingDependency:
+            continue
+    return schemas
+
+
 def kind_choices() -> list[tuple[str, str]]:
     """``[(kind, label), ...]`` in registration order, for form and model choices."""
     return [(kind, info.label) for kind, info in KINDS.items()]

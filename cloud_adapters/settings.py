@@ -43,6 +43,9 @@ SETTING_TYPES = (str, int, float, bool)
 number, a number, a checkbox)."""
 
 
+_TYPE_NAMES = {str: "text", int: "whole number", float: "number", bool: "true or false"}
+
+
 class _NoDefault:
     """The default of a setting without one (required, or computed by ``clean_config``)."""
 
@@ -105,6 +108,21 @@ class Setting:
     def has_default(self) -> bool:
         return self.default is not NO_DEFAULT
 
+    def describe(self) -> str:
+        """One line of a settings list (the API's and the admin's help): ``region (AWS region; required)``,
+        ``tier (Tier; dedicated | low_priority)``, ``max_nodes (whole number)``, ``profile (AWS profile
+        name; staff only)``."""
+        facts = [self.label] if self.label else []
+        if self.choices:
+            facts.append(" | ".join(value for value, _ in self.choices))
+        elif self.type is not str:
+            facts.append(_TYPE_NAMES[self.type])
+        if self.required:
+            facts.append("required")
+        if self.host:
+            facts.append("staff only")
+        return f"{self.key} ({'; '.join(facts)})" if facts else self.key
+
 
 @dataclasses.dataclass(frozen=True)
 class Secret:
@@ -119,6 +137,11 @@ class Secret:
     an optional one (a session token) may be left out."""
     multiline: bool = False
     """A key file pasted whole (a textarea), not one line (a password input)."""
+
+    def describe(self) -> str:
+        """One line of a credentials list: ``aws_access_key_id (AWS access key ID)``, ``aws_session_token
+        (AWS session token; optional)``."""
+        return f"{self.key} ({self.label}{'' if self.required else '; optional'})"
 
 
 @dataclasses.dataclass(frozen=True)

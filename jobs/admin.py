@@ -19,7 +19,7 @@ from django.db import models
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from jobs import services, validation
 from jobs.pagination import CappedCountPaginator
@@ -200,6 +200,23 @@ def _kind_choices():
     return kind_choices()
 
 
+def backend_settings_help() -> str:
+    """The admin's help under ``config``: each registered kind's settings and credentials, from its
+    adapter's declaration (``Backend.settings``), as HTML (the admin renders help text unescaped;
+    every part is escaped here)."""
+    from cloud_adapters.registry import KINDS, registered_settings
+
+    kinds = format_html_join("", "<li>{} ({}): {}.{}</li>", (
+        (KINDS[kind].label, kind, "; ".join(s.describe() for s in schema) or "no settings",
+         format_html(" Credentials (write-only, set from the backend form or the API): {}.",
+                     ", ".join(secret.describe() for secret in schema.secrets)) if schema.secrets else "")
+        for kind, schema in registered_settings().items()))
+    return format_html(
+        "The settings of the backend's kind as a JSON object; one left out takes the adapter's default. A "
+        "setting marked staff only is the operator's: it is taken from a staff user's backend only.<ul>{}</ul>",
+        kinds)
+
+
 class ComputeBackendForm(ServiceForm):
     kind = forms.ChoiceField(choices=_kind_choices, help_text="Which adapter runs this backend's jobs.")
     # Not required, so a POST without them keeps the backend's (default: warn, report).
@@ -213,6 +230,10 @@ class ComputeBackendForm(ServiceForm):
     class Meta:
         model = ComputeBackend
         fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["config"].help_text = backend_settings_help()
 
     def save_via_service(self, data):
         data["config"] = _json_field(data.get("config"))

@@ -11,8 +11,8 @@ from typing import Any, get_args
 
 from django import forms
 
-from cloud_adapters.base import BackendError, InstanceOffer
-from cloud_adapters.settings import BackendSettings, Setting
+from cloud_adapters.base import InstanceOffer
+from cloud_adapters.settings import Setting
 from jobs import selectors, validation
 from jobs.cost import format_usd_per_hour
 from jobs.models import ComputeBackend, Dataset, Team
@@ -164,25 +164,12 @@ def setting_form_field(setting: Setting) -> forms.Field:
     return field
 
 
-def _registered_schemas() -> dict[str, BackendSettings]:
-    """``{kind: settings declaration}`` of the registered kinds, in registration order; a kind whose
-    adapter cannot be imported (its SDK is missing) is left out: choosing it is refused on ``kind``
-    with the package to install."""
-    from cloud_adapters.registry import KINDS, backend_settings
-
-    schemas = {}
-    for kind in KINDS:
-        try:
-            schemas[kind] = backend_settings(kind)
-        except BackendError:
-            continue
-    return schemas
-
-
 def _registered_kind_settings() -> dict[str, dict[str, str]]:
     """``{kind: {form field name: config key}}`` for the registered kinds' settings that have an input
     (``Setting.field``). A key two kinds share becomes ``<kind>_<key>`` so each kind keeps its own field."""
-    keys = {kind: [s.key for s in schema.fields] for kind, schema in _registered_schemas().items()}
+    from cloud_adapters.registry import registered_settings
+
+    keys = {kind: [s.key for s in schema.fields] for kind, schema in registered_settings().items()}
     counts: dict[str, int] = {}
     for kind_keys in keys.values():
         for key in kind_keys:
@@ -249,10 +236,10 @@ class BackendForm(forms.Form):
 
     def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from cloud_adapters.registry import KINDS
+        from cloud_adapters.registry import KINDS, registered_settings
         from jobs.services import may_set_host_settings, may_use_worker_credentials
 
-        schemas = _registered_schemas()
+        schemas = registered_settings()
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
         self.fields = {name: fields[name] for name in ("name", "kind")}

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from rest_framework.fields import SkipField
 from rest_framework.settings import api_settings
 
+from cloud_adapters.settings import BackendSettings
 from jobs import selectors, services, validation
 from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
@@ -170,21 +171,36 @@ def _kind_choices() -> list[tuple[str, str]]:
     return list(kind_choices())
 
 
+def backend_config_help(schemas: Mapping[str, BackendSettings]) -> str:
+    """The API's description of ``config``: each kind's settings from its adapter's declaration."""
+    kinds = " ".join(f"{kind}: {'; '.join(s.describe() for s in schema)}." for kind, schema in schemas.items()
+                     if schema.settings)
+    return ("Adapter settings of the backend's kind; one left out takes the adapter's default. A setting "
+            "marked staff only decides what the installation's machines run or where the worker sends its "
+            "calls: only a staff user's backend may set it (400 otherwise); the installation's value is used "
+            f"otherwise. {kinds}")
+
+
+def backend_secrets_help(schemas: Mapping[str, BackendSettings]) -> str:
+    """The API's description of ``secrets``: each kind's credentials from its adapter's declaration."""
+    kinds = "; ".join(f"{kind}: {', '.join(secret.describe() for secret in schema.secrets)}"
+                      for kind, schema in schemas.items() if schema.secrets)
+    return (f"Write-only credentials, stored encrypted and never returned. {kinds}. Give every one that is not "
+            "optional, or none to use the worker's own identity (a staff user's backend only, unless the "
+            "installation lets everyone's). On update a key with a value replaces it, a "
+            "missing or blank key keeps it.")
+
+
 class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
-    kind = serializers.ChoiceField(choices=_kind_choices())
-    config = serializers.DictField(
-        required=False,
-        help_text="Adapter settings, e.g. gpubox: hourly_rate_usd, grace_period_s. A GPU box's host settings "
-                  "(run_root, python, max_procs_per_node) are its operator's: only a staff user's backend may "
-                  "set them (400 otherwise); the installation's TRAINBOARD_* settings give them otherwise.",
-    )
+    """A compute backend. The kinds, and each kind's settings and credentials in the descriptions of
+    ``config`` and ``secrets``, come from the registry and the adapters' declarations when the
+    serializer is built (:meth:`get_fields`), so a registered provider is listed with nothing here."""
+
+    kind = serializers.ChoiceField(choices=[])
+    config = serializers.DictField(required=False)
     secrets = serializers.DictField(
         child=serializers.CharField(allow_blank=True, max_length=20_000, trim_whitespace=True),
-        required=False, write_only=True,
-        help_text="Write-only credentials, stored encrypted and never returned. sagemaker: aws_access_key_id, "
-                  "aws_secret_access_key (+ aws_session_token); vertex: service_account_json; azureml: tenant_id, "
-                  "client_id, client_secret. On update a key with a value replaces it, a missing or blank key keeps it.",
-    )
+        required=False, write_only=True)
     clear_secrets = serializers.BooleanField(
         required=False, write_only=True, default=False,
         help_text="Update only: remove every stored credential first.")
@@ -202,6 +218,16 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
                   "state_deadlines", "stall_policy", "orphan_policy", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        from cloud_adapters.registry import registered_settings
+
+        fields = super().get_fields()
+        schemas = registered_settings()
+        fields["kind"].choices = _kind_choices()
+        fields["config"].help_text = backend_config_help(schemas)
+        fields["secrets"].help_text = backend_secrets_help(schemas)
+        return fields
 
     def get_secrets_set(self, backend: ComputeBackend) -> list[str]:
         return sorted((backend.secrets or {}).keys())
