@@ -133,8 +133,6 @@ class Capabilities:
     """What a backend can do, as data, so forms can grey out options and services refuse early."""
 
     spot: bool = False  # offers interruptible (spot / low-priority) capacity
-    multi_node: bool = False  # can run more than one node per job
-    gpus: bool = False  # can attach GPUs
     max_nodes: int = 1  # most nodes one job may use
     max_procs_per_node: int = 1  # most processes (ranks) per node
     strategies: tuple[str, ...] = ("ddp",)  # parallelism strategies the backend runs

@@ -286,8 +286,6 @@ class AzureMLBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(
             spot=any(r.instance_type.endswith(LOW_PRIORITY_SUFFIX) for r in self.prices.rows(PROVIDER, self.region)),
-            multi_node=self.config["max_nodes"] > 1,
-            gpus=True,
             max_nodes=self.config["max_nodes"],
             max_procs_per_node=MAX_PROCS_PER_NODE,
             strategies=self.runnable_strategies(),

@@ -226,8 +226,6 @@ class GpuBoxBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(
             spot=False,
-            multi_node=False,
-            gpus=visible_gpu_count() > 0,
             max_nodes=1,
             max_procs_per_node=self.config["max_procs_per_node"],
             strategies=("ddp", "fsdp", "pipeline"),

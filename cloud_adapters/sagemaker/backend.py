@@ -336,8 +336,6 @@ class SageMakerBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(
             spot=self.config["spot_allowed"],
-            multi_node=self.config["max_nodes"] > 1,
-            gpus=True,
             max_nodes=self.config["max_nodes"],
             max_procs_per_node=self.config["max_procs_per_node"],
             strategies=self.runnable_strategies(),

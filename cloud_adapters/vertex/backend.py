@@ -366,8 +366,6 @@ class VertexBackend(Backend):
         count = self.config["accelerator_count"]
         return Capabilities(
             spot=self.config["spot_allowed"],
-            multi_node=self.config["max_nodes"] > 1,
-            gpus=count > 0,
             max_nodes=self.config["max_nodes"],
             max_procs_per_node=count if count > 0 else (_vcpus(self.config["machine_type"]) or 8),
             strategies=self.runnable_strategies(),

@@ -41,7 +41,7 @@ class QuietBackend(Backend):
 
     @property
     def capabilities(self):
-        return Capabilities(spot=True, multi_node=True, max_nodes=8, max_procs_per_node=8)
+        return Capabilities(spot=True, max_nodes=8, max_procs_per_node=8)
 
     def submit(self, spec: JobSpec) -> JobHandle:
         return JobHandle(provider="quiet", job_name=spec.job_name)

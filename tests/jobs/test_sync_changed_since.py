@@ -33,7 +33,7 @@ class RecordingBackend(Backend):
 
     @property
     def capabilities(self):
-        return Capabilities(spot=True, multi_node=True, max_nodes=4, max_procs_per_node=8)
+        return Capabilities(spot=True, max_nodes=4, max_procs_per_node=8)
 
     def submit(self, spec: JobSpec) -> JobHandle:
         return JobHandle(provider="recording", job_name=spec.job_name)

@@ -105,9 +105,8 @@ def wait_file(path: Path, timeout: float = 10.0) -> dict:
 
 def test_capabilities_and_price(backend):
     caps = backend.capabilities
-    assert (caps.max_nodes, caps.multi_node, caps.spot) == (1, False, False)
+    assert (caps.max_nodes, caps.spot) == (1, False)
     assert caps.max_procs_per_node == 2 and caps.strategies == ("ddp", "fsdp", "pipeline")
-    assert caps.gpus is os.path.exists("/dev/nvidia0")
     assert backend.price("anything", spot=False) == 0.9
 
 

@@ -31,8 +31,7 @@ def test_defaults():
         "max_nodes": 8, "max_procs_per_node": 8, "volume_size_gb": 50, "max_calls_per_second": 10.0,
     }
     caps = SageMakerBackend(dict(BASE, spot_allowed=True)).capabilities
-    assert (caps.spot, caps.multi_node, caps.gpus, caps.max_nodes, caps.strategies) == \
-        (True, True, True, 8, ("ddp", "fsdp", "pipeline"))
+    assert (caps.spot, caps.max_nodes, caps.strategies) == (True, 8, ("ddp", "fsdp", "pipeline"))
     assert SageMakerBackend(BASE).capabilities.spot is False
 
 
