@@ -19,7 +19,7 @@ newline yet) is left for the next call.
 
 Line format: the text without its newline. With more than one file a line is prefixed with its
 file's short name, ``[std_log_process_1] ``, so the process is visible — except a line carrying a
-trainer metric record (:data:`METRIC_PREFIX`): it is passed exactly as printed so the dashboard's
+trainer metric record (:data:`trainer_pkg.metrics.METRIC_PREFIX`): it is passed exactly as printed so the dashboard's
 ``parse_metric_line`` reads it.
 """
 
@@ -30,9 +30,8 @@ import re
 from typing import Callable, Mapping
 
 from cloud_adapters.base import InvalidSpec
+from trainer_pkg.metrics import METRIC_PREFIX
 
-METRIC_PREFIX = "TRAINBOARD_METRIC "  # == trainer_pkg.metrics.METRIC_PREFIX (asserted in the tests;
-# not imported: the adapter must not depend on the trainer package being importable)
 MAX_BYTES = 1 << 20  # bytes read per file per logs() call; the dashboard calls again for more
 USER_LOG = re.compile(r"user_logs/std_log.*\.txt")  # [AML JobLogPattern], clouds.md §3.3 ops
 LEGACY_LOG = re.compile(r"azureml-logs/\d{2}.+\.txt")

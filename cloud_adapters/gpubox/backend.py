@@ -666,12 +666,13 @@ def _first_step_logged(log_path: Path) -> bool:
     Reads from the start and stops at the first record, so the cost is bounded by what the job
     printed before its first step.
     """
-    from trainer_pkg.metrics import parse_metric_line  # torch-free
+    from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line  # torch-free
 
+    marker = METRIC_PREFIX.encode()
     try:
         with open(log_path, "rb") as fh:
             for raw in fh:
-                if b"TRAINBOARD_METRIC" not in raw:
+                if marker not in raw:
                     continue
                 record = parse_metric_line(raw.decode("utf-8", errors="replace"))
                 if record and record.get("event") in RUNNING_EVENTS:

@@ -21,12 +21,11 @@ import re
 from typing import Any, Callable, TypeVar
 
 from cloud_adapters.base import InvalidSpec
+from trainer_pkg.metrics import METRIC_PREFIX
 
 T = TypeVar("T")
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-METRIC_PREFIX = "TRAINBOARD_METRIC "  # == trainer_pkg.metrics.METRIC_PREFIX (asserted in the tests;
-# not imported: the adapter must not depend on the trainer package being importable)
 MAX_LINES = 2000  # lines per logs() call; the dashboard calls again for more
 EVENTS_PER_REQUEST = 1000  # GetLogEvents ``limit`` (1..10000, botocore model)
 

@@ -29,12 +29,11 @@ import re
 from typing import Any, Callable, TypeVar
 
 from cloud_adapters.base import InvalidSpec
+from trainer_pkg.metrics import METRIC_PREFIX
 
 T = TypeVar("T")
 
 LOGGING_ENDPOINT = "https://logging.googleapis.com"
-METRIC_PREFIX = "TRAINBOARD_METRIC "  # == trainer_pkg.metrics.METRIC_PREFIX (asserted in the tests;
-# not imported: the adapter must not depend on the trainer package being importable)
 MAX_LINES = 2000  # lines per logs() call; the dashboard calls again for more
 PAGE_SIZE = 1000  # entries:list pageSize (the API's maximum)
 TASK_LABEL = "ml.googleapis.com/task_name"  # entry label naming the replica when the resource lacks it

@@ -13,7 +13,7 @@ from moto import mock_aws
 from cloud_adapters.base import InvalidSpec, JobHandle
 from cloud_adapters.sagemaker import logs as cw_logs
 from sm_helpers import make_backend
-from trainer_pkg.metrics import METRIC_PREFIX, format_metric_line, parse_metric_line
+from trainer_pkg.metrics import format_metric_line, parse_metric_line
 
 NAME = "tb-job-5-abc"
 GROUP = "/aws/sagemaker/TrainingJobs"
@@ -39,10 +39,6 @@ def cw():
         client.create_log_group(logGroupName=GROUP)
         client.create_log_stream(logGroupName=GROUP, logStreamName=STREAM_1)
         yield client
-
-
-def test_metric_prefix_is_the_trainers():
-    assert cw_logs.METRIC_PREFIX == METRIC_PREFIX
 
 
 def test_two_streams_cursor_resumes_metric_lines_unchanged(cw):
