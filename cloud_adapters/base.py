@@ -208,6 +208,9 @@ class JobStatus:
 
 TAG_JOB_ID = "trainboard-job-id"
 """Tag (label) key under which :func:`jobs.services.job_spec` records the Trainboard job id."""
+TAG_JOB_NAME = "trainboard-job-name"
+"""Tag (label) key under which a cloud adapter's submit records the job's name: how it finds the job
+again and how :meth:`Backend.list_tagged` tells Trainboard's jobs from others."""
 
 
 def tagged_job_id(tags: Mapping[str, Any] | None) -> int | None:
@@ -622,12 +625,18 @@ def setting_value(setting: Setting, value: Any) -> Any:
     return value
 
 
-def parse_utc(value: str | float | None) -> dt.datetime | None:
-    """A UTC-aware datetime from an ISO-8601 string or a Unix timestamp in seconds; None passes."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, float)):
+def parse_utc(value: str | float | dt.datetime | None) -> dt.datetime | None:
+    """A UTC-aware datetime from what a provider reports as a time: a datetime (a naive one is taken
+    as UTC), an ISO-8601 string (``Z`` allowed) or a Unix timestamp in seconds. None for None, "",
+    a string that is not ISO-8601 and any other type: a time in a form nobody documented is unknown."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
-    parsed = dt.datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
-
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return parsed.astimezone(dt.timezone.utc) if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)

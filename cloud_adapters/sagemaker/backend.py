@@ -33,34 +33,31 @@ under the account's token bucket (key ``aws:<account of role_arn>:<region>``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import re
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Iterator, Mapping, Sequence
 
 from cloud_adapters import _aws, packaging, retry
 from cloud_adapters.base import (
-    Backend,
+    TAG_JOB_NAME,
     BackendError,
     Capabilities,
-    ConnectionCheck,
     InstanceOffer,
     InvalidSpec,
     JobHandle,
     JobSpec,
     JobStatus,
-    ProviderError,
-    ProviderJob,
-    tagged_job_id,
+    parse_utc,
 )
+from cloud_adapters.cloud import CloudBackend, Probe
 from cloud_adapters.settings import BackendSettings, Secret, Setting
 from cloud_adapters.sagemaker import logs as cw_logs
-from cloud_adapters.sagemaker.states import NON_TERMINAL_STATUSES, TERMINAL_STATUSES, job_status
-
-T = TypeVar("T")
+from cloud_adapters.sagemaker.states import STATES, job_status
 
 PROVIDER = "aws"  # provider name in the price catalog
 NAME_MAX = 63
@@ -77,10 +74,6 @@ MAX_HYPERPARAMETER_VALUE = 2500  # characters per value in botocore's model (§1
 MAX_ENVIRONMENT = 100  # entries; keys and values ≤ 512 characters (botocore model)
 MAX_TAGS = 50  # clouds.md §1.1 [B]
 LIST_PAGE = 100  # ListTrainingJobs MaxResults upper bound (clouds.md §1.7)
-LIST_SKEW_S = 120
-"""ListTrainingJobs(LastModifiedTimeAfter=changed_since − this): LastModifiedTime is stamped by AWS's
-clock and ``changed_since`` by ours; a margin makes a change at the boundary be listed twice rather
-than never."""
 SPOT_WAIT_FACTOR = 2
 """Spot jobs wait up to this × max runtime for capacity and run (MaxWaitTimeInSeconds ≥ MaxRuntime,
 clouds.md §1.1), capped at :data:`MAX_RUNTIME_S`."""
@@ -215,7 +208,7 @@ def _parse_s3(uri: str, field: str) -> tuple[str, str]:
     return m.group(1), m.group(2) or ""
 
 
-class SageMakerBackend(Backend):
+class SageMakerBackend(CloudBackend):
     """Runs jobs as SageMaker training jobs; see the module docstring for what a job is made of.
 
     Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
@@ -224,6 +217,9 @@ class SageMakerBackend(Backend):
     """
 
     kind = "sagemaker"
+    service = "SageMaker"
+    states = STATES
+    stop_verb = "stop"
     # StoppingCondition.MaxRuntimeInSeconds and its SIGTERM + 120 s: botocore's SageMaker model, clouds.md §1.1.
     max_runtime_covers = (
         "the whole training job from its start, so launching the instances and downloading the image and the "
@@ -420,7 +416,7 @@ class SageMakerBackend(Backend):
         self._environment(spec)
 
     def _tags(self, spec: JobSpec) -> list[dict[str, str]]:
-        tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
+        tags = {TAG_JOB_NAME: spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         if len(tags) > MAX_TAGS:
             raise InvalidSpec(f"tags: {len(tags)} given, SageMaker takes at most {MAX_TAGS}.")
         for key, value in tags.items():
@@ -508,37 +504,30 @@ class SageMakerBackend(Backend):
         archive = packaging.build_archive(source or None)
         uri, _ = packaging.upload_once(self.client("s3"), archive, bucket=self.config["bucket"],
                                        prefix=self.config["prefix"],
-                                       call=lambda fn: self._call(fn, "S3"))
+                                       call=lambda fn: self.call(fn, "S3"))
         return uri
 
-    def submit(self, spec: JobSpec) -> JobHandle:
-        """Create the training job; idempotent by name (an existing job of the name is adopted).
+    # -- submit -----------------------------------------------------------------------------
+    # CloudBackend.submit: DescribeTrainingJob (adopt when it exists); else HeadObject (+ PutObject
+    # once per trainer version) and CreateTrainingJob; on ResourceInUse DescribeTrainingJob again.
 
-        Calls: DescribeTrainingJob (adopt when it exists); else HeadObject (+ PutObject once per
-        trainer version) and CreateTrainingJob; on ResourceInUse DescribeTrainingJob again. Raises
-        :class:`InvalidSpec`, :class:`CredentialsError`, :class:`QuotaExceeded`,
-        :class:`CapacityUnavailable`, :class:`Throttled` or :class:`ProviderError`.
-        """
-        self.validate(spec)
-        name = training_job_name(spec.job_name)
-        existing = self._describe_by_name(name)
-        if existing is not None:
-            return self._handle(spec.job_name, existing)
-        request = self.training_request(spec, self.trainer_uri(spec))
+    def provider_name(self, job_name: str) -> str:
+        return training_job_name(job_name)
+
+    @contextlib.contextmanager
+    def create_request(self, spec: JobSpec, name: str) -> Iterator[dict[str, Any]]:
+        yield self.training_request(spec, self.trainer_uri(spec))
+
+    def create_job(self, spec: JobSpec, name: str, request: dict[str, Any]) -> dict[str, Any]:
         sm = self.client("sagemaker")
-        try:
-            created = self._call(lambda: sm.create_training_job(**request), "SageMaker")
-        except BackendError as exc:
-            if _aws.error_code(exc.__cause__) != "ResourceInUse":
-                raise
-            adopted = self._describe_by_name(name)  # a concurrent submit created it first
-            if adopted is None:
-                raise
-            return self._handle(spec.job_name, adopted)
-        return self._handle(spec.job_name, {"TrainingJobName": name, "TrainingJobArn": created.get("TrainingJobArn"),
-                                            "ResourceConfig": request["ResourceConfig"]})
+        created = self.call(lambda: sm.create_training_job(**request))
+        return {"TrainingJobName": name, "TrainingJobArn": created.get("TrainingJobArn"),
+                "ResourceConfig": request["ResourceConfig"]}
 
-    def _handle(self, job_name: str, desc: Mapping[str, Any]) -> JobHandle:
+    def adopt_after_failed_create(self, exc: BackendError) -> bool:
+        return _aws.error_code(exc.__cause__) == "ResourceInUse"  # a concurrent submit created it first
+
+    def job_handle(self, job_name: str, desc: Mapping[str, Any]) -> JobHandle:
         count = (desc.get("ResourceConfig") or {}).get("InstanceCount") or 1
         return JobHandle(provider=self.kind, job_name=job_name,
                          provider_job_id=str(desc.get("TrainingJobArn") or ""),
@@ -547,135 +536,97 @@ class SageMakerBackend(Backend):
 
     # -- describe ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _name(handle: JobHandle) -> str:
+    def job_ref(self, handle: JobHandle) -> str:
         return str(handle.extra.get("training_job_name") or training_job_name(handle.job_name))
 
-    def _describe_by_name(self, name: str) -> dict[str, Any] | None:
+    def no_job(self, ref: str) -> str:
+        return f"SageMaker has no training job {ref!r} in {self.region}"
+
+    def get_job(self, ref: str) -> dict[str, Any] | None:
         """DescribeTrainingJob, or None when SageMaker has no job of that name (the service answers
         ValidationException "Requested resource not found", the model lists ResourceNotFound;
         clouds.md §1.2)."""
         sm = self.client("sagemaker")
         try:
-            return self._call(lambda: sm.describe_training_job(TrainingJobName=name), "SageMaker")
+            return self.call(lambda: sm.describe_training_job(TrainingJobName=ref))
         except BackendError as exc:
             if _aws.error_code(exc.__cause__) in ("ValidationException", "ResourceNotFound"):
                 return None
             raise
 
-    def describe(self, handle: JobHandle) -> JobStatus:
-        """The job's status (mapping: :mod:`cloud_adapters.sagemaker.states`). One DescribeTrainingJob.
-
-        Raises :class:`ProviderError` when SageMaker has no such job, :class:`Throttled` or a
-        transient :class:`ProviderError` after retries.
-        """
-        name = self._name(handle)
-        desc = self._describe_by_name(name)
-        if desc is None:
-            raise ProviderError(f"SageMaker has no training job {name!r} in {self.region}; was it deleted?")
+    def job_status(self, desc: Mapping[str, Any]) -> JobStatus:
+        """The mapping of :mod:`cloud_adapters.sagemaker.states`."""
         return job_status(desc)
 
-    def describe_many(self, handles: Sequence[JobHandle],
-                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
-        """Statuses keyed by ``handle.job_name``.
+    def raw_state(self, desc: Mapping[str, Any]) -> str:
+        return str(desc.get("TrainingJobStatus") or "")
 
-        Without ``changed_since``: one DescribeTrainingJob per handle. With it: ListTrainingJobs
-        (LastModifiedTimeAfter = changed_since − :data:`LIST_SKEW_S`, 100 per page, every page), then
-        DescribeTrainingJob only for the handles listed; the others are left out (unchanged). A job
-        SageMaker no longer knows is left out too. Throttling or connection errors that outlast the
-        retries raise (:class:`Throttled` / transient :class:`ProviderError`), so the caller keeps
-        its ``changed_since`` and nothing is missed.
-        """
-        if changed_since is not None:
-            if changed_since.tzinfo is None:
-                raise ValueError("changed_since must be timezone-aware (UTC)")
-            changed = self._changed_names(changed_since - dt.timedelta(seconds=LIST_SKEW_S))
-            handles = [h for h in handles if self._name(h) in changed]
-        out: dict[str, JobStatus] = {}
-        for handle in handles:
-            desc = self._describe_by_name(self._name(handle))
-            if desc is not None:
-                out[handle.job_name] = job_status(desc)
-        return out
+    def jobs_of(self, handles: Sequence[JobHandle],
+                since: dt.datetime | None) -> Iterator[tuple[JobHandle, Mapping[str, Any]]]:
+        """Without ``since``: one DescribeTrainingJob per handle. With it: ListTrainingJobs
+        (LastModifiedTimeAfter = ``since``, 100 per page, every page), then DescribeTrainingJob only
+        for the handles listed: calls per sync = ⌈changed in the account / 100⌉ + changed in the
+        batch, not the number of active jobs."""
+        if since is not None:
+            changed = self._changed_names(since)
+            handles = [h for h in handles if self.job_ref(h) in changed]
+        return super().jobs_of(handles, since)
 
     def _changed_names(self, after: dt.datetime) -> set[str]:
         sm = self.client("sagemaker")
-        names: set[str] = set()
-        token = None
-        while True:
+
+        def page(token: str | None) -> tuple[list[str], str | None]:
             kwargs: dict[str, Any] = {"LastModifiedTimeAfter": after, "MaxResults": LIST_PAGE}
             if token:
                 kwargs["NextToken"] = token
-            page = self._call(lambda kwargs=kwargs: sm.list_training_jobs(**kwargs), "SageMaker")
-            names.update(s["TrainingJobName"] for s in page.get("TrainingJobSummaries") or [])
-            token = page.get("NextToken")
-            if not token:
-                return names
+            answer = sm.list_training_jobs(**kwargs)
+            return [s["TrainingJobName"] for s in answer.get("TrainingJobSummaries") or []], answer.get("NextToken")
+
+        return set(self.pages(page))
 
     # -- orphans ----------------------------------------------------------------------------
 
-    def list_tagged(self) -> list[ProviderJob]:
-        """Training jobs in this region that have not ended (InProgress, Stopping) and carry the
-        ``trainboard-job-name`` tag :meth:`submit` sets.
+    def unfinished_jobs(self) -> list[Mapping[str, Any]]:
+        """Training jobs in this region that have not ended (InProgress, Stopping).
 
         Calls: ListTrainingJobs(StatusEquals=InProgress), then (StatusEquals=Stopping), 100 per page,
-        every page; then ListTags once per job listed (ListTrainingJobs does not return tags):
-        ⌈in progress / 100⌉ + ⌈stopping / 100⌉ + (in progress + stopping) calls, bounded by the
-        account's running jobs, never by its history. Raises :class:`Throttled` /
-        :class:`ProviderError` after retries.
+        every page; :meth:`job_tags` adds ListTags once per job listed (ListTrainingJobs does not
+        return tags): ⌈in progress / 100⌉ + ⌈stopping / 100⌉ + (in progress + stopping) calls,
+        bounded by the account's running jobs, never by its history.
         """
         sm = self.client("sagemaker")
+        unfinished = self.states.unfinished
         summaries: list[Mapping[str, Any]] = []
-        for status in sorted(NON_TERMINAL_STATUSES):
-            token = None
-            while True:
+        for status in sorted(unfinished):
+            def page(token: str | None, status: str = status) -> tuple[list[Mapping[str, Any]], str | None]:
                 kwargs: dict[str, Any] = {"StatusEquals": status, "MaxResults": LIST_PAGE}
                 if token:
                     kwargs["NextToken"] = token
-                page = self._call(lambda kwargs=kwargs: sm.list_training_jobs(**kwargs), "SageMaker")
-                summaries += [s for s in page.get("TrainingJobSummaries") or []
-                              if s.get("TrainingJobStatus") in NON_TERMINAL_STATUSES]
-                token = page.get("NextToken")
-                if not token:
-                    break
-        found: list[ProviderJob] = []
-        for summary in summaries:
-            arn = str(summary.get("TrainingJobArn") or "")
-            tags = {t["Key"]: t["Value"] for t in self._call(
-                lambda arn=arn: sm.list_tags(ResourceArn=arn, MaxResults=MAX_TAGS), "SageMaker").get("Tags") or []}
-            job_name = tags.get("trainboard-job-name")
-            if not job_name:
-                continue  # not Trainboard's
-            status = job_status(summary)
-            created = summary.get("CreationTime")
-            found.append(ProviderJob(
-                name=job_name, state=status.state, raw_state=status.raw_state, job_id=tagged_job_id(tags),
-                created_at=created if isinstance(created, dt.datetime) else None,
-                handle=self._handle(job_name, summary)))
-        return found
+                answer = sm.list_training_jobs(**kwargs)
+                return answer.get("TrainingJobSummaries") or [], answer.get("NextToken")
+
+            summaries += [s for s in self.pages(page) if s.get("TrainingJobStatus") in unfinished]
+        return summaries
+
+    def job_tags(self, summary: Mapping[str, Any]) -> dict[str, str]:
+        arn = str(summary.get("TrainingJobArn") or "")
+        sm = self.client("sagemaker")
+        answer = self.call(lambda: sm.list_tags(ResourceArn=arn, MaxResults=MAX_TAGS))
+        return {t["Key"]: t["Value"] for t in answer.get("Tags") or []}
+
+    def created_at(self, summary: Mapping[str, Any]) -> dt.datetime | None:
+        return parse_utc(summary.get("CreationTime"))
 
     # -- cancel -----------------------------------------------------------------------------
+    # CloudBackend.cancel: StopTrainingJob (SageMaker reports Stopping, then Stopped); a stop it
+    # refuses (ValidationException) for a job already Stopping or ended is not an error.
 
-    def cancel(self, handle: JobHandle) -> None:
-        """StopTrainingJob; returns at once (SageMaker reports Stopping, then Stopped).
-
-        Idempotent: when SageMaker refuses the stop (ValidationException) because the job is already
-        Stopping, Stopped, Completed or Failed, that is not an error. Raises :class:`ProviderError`
-        when there is no such job.
-        """
-        name = self._name(handle)
+    def stop_job(self, ref: str) -> None:
         sm = self.client("sagemaker")
-        try:
-            self._call(lambda: sm.stop_training_job(TrainingJobName=name), "SageMaker")
-        except BackendError as exc:
-            if _aws.error_code(exc.__cause__) not in ("ValidationException", "ResourceNotFound"):
-                raise
-            desc = self._describe_by_name(name)
-            if desc is None:
-                raise ProviderError(f"SageMaker has no training job {name!r} in {self.region} to stop.") from exc
-            if desc.get("TrainingJobStatus") in TERMINAL_STATUSES | {"Stopping"}:
-                return
-            raise
+        self.call(lambda: sm.stop_training_job(TrainingJobName=ref))
+
+    def stop_refused(self, exc: BackendError) -> bool:
+        return _aws.error_code(exc.__cause__) in ("ValidationException", "ResourceNotFound")
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -686,26 +637,15 @@ class SageMakerBackend(Backend):
         job lines are prefixed ``[algo-N] ``, metric lines stay exactly as the trainer printed them.
         """
         count = int(handle.extra.get("instance_count") or 1)
-        return cw_logs.tail(self.client("logs"), self._name(handle), cursor, prefix_hosts=count > 1,
-                            call=lambda fn: self._call(fn, "CloudWatch Logs"))
+        return cw_logs.tail(self.client("logs"), self.job_ref(handle), cursor, prefix_hosts=count > 1,
+                            call=lambda fn: self.call(fn, "CloudWatch Logs"))
 
     # -- test connection --------------------------------------------------------------------
 
-    def test_connection(self) -> list[ConnectionCheck]:
-        """Three read-only checks, each reported in words a user can act on; never raises.
-
-        ``identity`` (STS GetCallerIdentity), ``bucket`` (S3 HeadBucket on ``bucket``),
-        ``SageMaker access`` (ListTrainingJobs MaxResults=1).
-        """
-        policy = retry.RetryPolicy(max_attempts=2, base_delay_s=0.2, rng=self.retry_policy.rng)
-        checks = []
-
-        def check(name: str, service: str, fn: Callable[[], str], explain: Callable[[BaseException], str]) -> None:
-            try:
-                message = self._call(fn, service, policy=policy)
-                checks.append(ConnectionCheck(name, True, message))
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a message
-                checks.append(ConnectionCheck(name, False, explain(exc)))
+    def connection_probes(self) -> list[Probe]:
+        """``identity`` (STS GetCallerIdentity), ``bucket`` (S3 HeadBucket on ``bucket``),
+        ``SageMaker access`` (ListTrainingJobs MaxResults=1); each runs whatever the others found."""
+        bucket = self.config["bucket"]
 
         def identity() -> str:
             who = self.client("sts").get_caller_identity()
@@ -716,10 +656,6 @@ class SageMakerBackend(Backend):
             if code in _aws.CREDENTIAL_CODES:
                 return f"AWS rejected the credentials ({code}); refresh them or fix AWS_PROFILE / the profile setting."
             return str(exc)
-
-        check("identity", "STS", identity, credentials_hint)
-
-        bucket = self.config["bucket"]
 
         def head_bucket() -> str:
             self.client("s3").head_bucket(Bucket=bucket)
@@ -738,8 +674,6 @@ class SageMakerBackend(Backend):
                         f"read/write on the prefix {self.config['prefix']}/).")
             return str(exc)
 
-        check("bucket", "S3", head_bucket, bucket_hint)
-
         def list_jobs() -> str:
             self.client("sagemaker").list_training_jobs(MaxResults=1)
             return f"SageMaker API reachable in {self.region} (ListTrainingJobs allowed)"
@@ -752,8 +686,9 @@ class SageMakerBackend(Backend):
                         f"{self.config['role_arn']}.")
             return str(exc)
 
-        check("SageMaker access", "SageMaker", list_jobs, sagemaker_hint)
-        return checks
+        return [Probe("identity", identity, credentials_hint, service="STS"),
+                Probe("bucket", head_bucket, bucket_hint, service="S3"),
+                Probe("SageMaker access", list_jobs, sagemaker_hint)]
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -766,11 +701,10 @@ class SageMakerBackend(Backend):
                     endpoint_url=self.config["endpoint_url"], secrets=self.secrets)
             return self._clients[service]
 
-    def _call(self, fn: Callable[[], T], service: str, *, policy: retry.RetryPolicy | None = None) -> T:
-        """``fn()`` under the account's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
+    def classify(self, exc: BaseException, *, service: str) -> retry.Verdict | None:
+        return _aws.classify(exc, service=service)
+
+    def rate_limit(self) -> tuple[str, float]:
+        """The account of ``role_arn`` in the region, at ``max_calls_per_second``."""
         account = _aws.role_account(self.config["role_arn"])
-        rate = self.config["max_calls_per_second"]
-        bucket = retry.limiter(f"aws:{account}:{self.region}", rate=rate, burst=max(1, int(2 * rate)),
-                               clock=self.clock)
-        return retry.call(fn, classify=lambda exc: _aws.classify(exc, service=service), bucket=bucket,
-                          policy=policy or self.retry_policy, clock=self.clock)
+        return f"aws:{account}:{self.region}", self.config["max_calls_per_second"]

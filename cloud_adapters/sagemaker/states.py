@@ -33,20 +33,35 @@ reason) with a warning that names it: SageMaker documents the values as "subject
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, Mapping
 
-from cloud_adapters.base import JobState, JobStatus
+from cloud_adapters.base import JobState, JobStatus, parse_utc
+from cloud_adapters.cloud import StateTable
 
-PENDING_SECONDARY = frozenset({
-    "Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
-    "DownloadingTrainingImage", "Interrupted", "Restarting", "Updating",
-})
-RUNNING_SECONDARY = frozenset({"Training", "Uploading"})
-LIMIT_SECONDARY = frozenset({"MaxRuntimeExceeded", "MaxWaitTimeExceeded"})
-TERMINAL_STATUSES = frozenset({"Completed", "Failed", "Stopped"})
-"""Primary statuses after which the job never changes again (StopTrainingJob is then a no-op)."""
-NON_TERMINAL_STATUSES = frozenset({"InProgress", "Stopping"})
+_PENDING, _RUNNING = JobState.PENDING, JobState.RUNNING
+STATES = StateTable(
+    states={
+        # A secondary status not listed: PENDING, so a job that never trained is not reported RUNNING.
+        "InProgress": _PENDING,
+        **{("InProgress", s): _PENDING for s in (
+            "Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
+            "DownloadingTrainingImage", "Interrupted", "Restarting", "Updating")},
+        ("InProgress", "Training"): _RUNNING,
+        ("InProgress", "Uploading"): _RUNNING,
+        "Stopping": JobState.STOPPING,
+        "Completed": JobState.SUCCEEDED,
+        "Failed": JobState.FAILED,
+        ("Stopped", "MaxRuntimeExceeded"): JobState.FAILED,
+        ("Stopped", "MaxWaitTimeExceeded"): JobState.FAILED,
+        "Stopped": JobState.CANCELLED,
+        "Deleting": JobState.CANCELLED,
+    },
+    warnings={"InProgress": ("SageMaker reported an unknown secondary status {secondary!r} for an InProgress "
+                             "job; shown as PENDING until it changes.")},
+    unknown=("SageMaker reported an unknown training job status {raw!r} (secondary {secondary!r}); the job "
+             "stays non-terminal until a known status arrives."),
+)
+"""``TrainingJobStatus`` (+ ``SecondaryStatus``) → JobState: the module's table, as data."""
 
 _LIMIT_TEXT = {
     "MaxRuntimeExceeded": "MaxRuntimeExceeded: SageMaker stopped the job when it reached its max runtime "
@@ -55,17 +70,14 @@ _LIMIT_TEXT = {
     "MaxWaitTimeExceeded": "MaxWaitTimeExceeded: the spot job did not finish within its max wait time "
                            "({wait}, waiting for capacity included); raise it or run on demand",
 }
+_REASONS = {
+    "Stopped": "stopped in SageMaker (StopTrainingJob)",
+    "Deleting": "the training job is being deleted in SageMaker",
+}
 
 
 def _seconds(value: Any) -> str:
     return f"{int(value)} s" if isinstance(value, (int, float)) and not isinstance(value, bool) else "the limit"
-
-
-def _utc(value: Any) -> dt.datetime | None:
-    """botocore parses timestamps to aware datetimes; keep them UTC."""
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    return None
 
 
 def _number(value: Any) -> float | None:
@@ -82,6 +94,21 @@ def _last_message(desc: Mapping[str, Any], status: str) -> str:
     return ""
 
 
+def failure_reason(desc: Mapping[str, Any]) -> str:
+    """Why the job of DescribeTrainingJob response ``desc`` failed or was cancelled; "" while it runs."""
+    raw = str(desc.get("TrainingJobStatus") or "")
+    secondary = str(desc.get("SecondaryStatus") or "")
+    if raw == "Failed":
+        return str(desc.get("FailureReason") or "") or "SageMaker reported the job Failed without a reason"
+    if raw == "Stopped" and secondary in _LIMIT_TEXT:
+        stopping = desc.get("StoppingCondition") or {}
+        reason = _LIMIT_TEXT[secondary].format(runtime=_seconds(stopping.get("MaxRuntimeInSeconds")),
+                                               wait=_seconds(stopping.get("MaxWaitTimeInSeconds")))
+        detail = str(desc.get("FailureReason") or "") or _last_message(desc, secondary)
+        return f"{reason} ({detail})" if detail else reason
+    return _REASONS.get(raw, "")
+
+
 def job_status(desc: Mapping[str, Any]) -> JobStatus:
     """The :class:`JobStatus` of one DescribeTrainingJob response (see the module's table).
 
@@ -92,51 +119,15 @@ def job_status(desc: Mapping[str, Any]) -> JobStatus:
     """
     raw = str(desc.get("TrainingJobStatus") or "")
     secondary = str(desc.get("SecondaryStatus") or "")
-    warning = ""
-    reason = ""
-    if raw == "InProgress":
-        if secondary in RUNNING_SECONDARY:
-            state = JobState.RUNNING
-        else:
-            state = JobState.PENDING
-            if secondary not in PENDING_SECONDARY:
-                warning = (f"SageMaker reported an unknown secondary status {secondary!r} for an "
-                           f"InProgress job; shown as PENDING until it changes.")
-    elif raw == "Stopping":
-        state = JobState.STOPPING
-    elif raw == "Completed":
-        state = JobState.SUCCEEDED
-    elif raw == "Failed":
-        state = JobState.FAILED
-        reason = str(desc.get("FailureReason") or "") or "SageMaker reported the job Failed without a reason"
-    elif raw == "Stopped" and secondary in LIMIT_SECONDARY:
-        stopping = desc.get("StoppingCondition") or {}
-        reason = _LIMIT_TEXT[secondary].format(runtime=_seconds(stopping.get("MaxRuntimeInSeconds")),
-                                               wait=_seconds(stopping.get("MaxWaitTimeInSeconds")))
-        detail = str(desc.get("FailureReason") or "") or _last_message(desc, secondary)
-        if detail:
-            reason = f"{reason} ({detail})"
-        state = JobState.FAILED
-    elif raw == "Stopped":
-        state = JobState.CANCELLED
-        reason = "stopped in SageMaker (StopTrainingJob)"
-    elif raw == "Deleting":
-        state = JobState.CANCELLED
-        reason = "the training job is being deleted in SageMaker"
-    else:
-        state = JobState.PENDING
-        warning = (f"SageMaker reported an unknown training job status {raw!r} (secondary "
-                   f"{secondary!r}); the job stays non-terminal until a known status arrives.")
-
-    resources = desc.get("ResourceConfig") or {}
-    count = resources.get("InstanceCount")
+    state, warning = STATES.resolve(raw, secondary)
+    count = (desc.get("ResourceConfig") or {}).get("InstanceCount")
     return JobStatus(
         state=state,
         raw_state=raw,
         secondary_state=secondary,
-        failure_reason=reason,
-        started_at=_utc(desc.get("TrainingStartTime")),
-        ended_at=_utc(desc.get("TrainingEndTime")) if state.is_terminal else None,
+        failure_reason=failure_reason(desc),
+        started_at=parse_utc(desc.get("TrainingStartTime")),
+        ended_at=parse_utc(desc.get("TrainingEndTime")) if state.is_terminal else None,
         billable_seconds=_number(desc.get("BillableTimeInSeconds")),
         training_seconds=_number(desc.get("TrainingTimeInSeconds")),
         instance_count=int(count) if isinstance(count, int) and count > 0 else 1,
