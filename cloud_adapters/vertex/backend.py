@@ -41,50 +41,37 @@ Every call goes through :mod:`cloud_adapters.retry` with the Google classifier
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import re
 import threading
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from cloud_adapters import _gcp, retry
-from cloud_adapters.pricing import SPOT_SUFFIX
 from cloud_adapters.base import (
-    Backend,
+    TAG_JOB_NAME,
     BackendError,
     Capabilities,
-    ConnectionCheck,
     InstanceOffer,
     InvalidSpec,
     JobHandle,
     JobSpec,
     JobStatus,
-    ProviderError,
-    ProviderJob,
     Throttled,
-    tagged_job_id,
 )
+from cloud_adapters.cloud import LIST_SKEW_S, CloudBackend, Probe
+from cloud_adapters.pricing import SPOT_SUFFIX
 from cloud_adapters.settings import BackendSettings, Secret, Setting
 from cloud_adapters.vertex import logs as cloud_logs
 from cloud_adapters.vertex import package
-from cloud_adapters.vertex.states import (
-    STATE_MAP,
-    TERMINAL_STATES,
-    RawStates,
-    job_status,
-    replica_count,
-    state_name,
-)
-
-T = TypeVar("T")
+from cloud_adapters.vertex.states import STATE_MAP, STATES, RawStates, job_status, proto_time, replica_count, state_name
 
 PROVIDER = "gcp"  # provider name in the price catalog
 SERVICE = "Vertex AI"
 PYTHON_MODULE = "trainer_pkg.launch"
 CONFIG_FILE = "trainboard_job.json"
-LABEL_JOB_NAME = "trainboard-job-name"
-"""Label carrying the job's name in GCP label form: how submit finds a job again."""
 
 LABEL_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")  # GCP label keys; values: [a-z0-9_-]{0,63}
 LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
@@ -100,8 +87,6 @@ ENDPOINT_RE = re.compile(r"(https?://)?[A-Za-z0-9.-]+(:\d+)?/?")
 SA_RE = re.compile(r"[a-z0-9-_.+]+@[a-z0-9-.]+\.[a-z]+")
 
 LIST_PAGE = 100  # ListCustomJobs page_size
-LIST_SKEW_S = 120
-"""Margin on ``changed_since`` and on the ``create_time`` filter: the times are Vertex's clock and ours."""
 CALL_TIMEOUT_S = 60.0  # per API request
 CALLS_PER_SECOND = 10.0  # the project's token bucket here (burst 2×)
 CREATE_ATTEMPTS = 5
@@ -220,7 +205,7 @@ def _rfc3339(value: dt.datetime) -> str:
     return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class VertexBackend(Backend):
+class VertexBackend(CloudBackend):
     """Runs jobs as Vertex AI custom jobs; see the module docstring for what a job is made of.
 
     Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
@@ -229,6 +214,8 @@ class VertexBackend(Backend):
     """
 
     kind = "vertex"
+    service = SERVICE
+    states = STATES
     image_setting = "image_uri"
     image_torch_pattern = r"/pytorch-(?:gpu|cpu|tpu|xla)\.(\d+-\d+)"  # <fw>-<cpu|gpu>.<ver>.py310, clouds.md §2.1
     # Scheduling.timeout, "the maximum job running time": aiplatform_v1 Scheduling, clouds.md §2.1.
@@ -469,7 +456,7 @@ class VertexBackend(Backend):
         self._env(spec)
 
     def _labels(self, spec: JobSpec) -> dict[str, str]:
-        labels = {LABEL_JOB_NAME: job_label(spec.job_name)}
+        labels = {TAG_JOB_NAME: job_label(spec.job_name)}
         for key, value in spec.tags.items():
             labels.setdefault(label_key(str(key)), label_value(str(value)))
         if len(labels) > MAX_LABELS:
@@ -554,53 +541,52 @@ class VertexBackend(Backend):
                               f"contains trainer_pkg/ (leave it empty to ship this installation's).")
         archive = package.build_sdist(source or None)
         uri, _ = package.upload_once(self.bucket(), archive, prefix=self.prefix,
-                                     call=lambda fn: self._call(fn, "Cloud Storage"))
+                                     call=lambda fn: self.call(fn, "Cloud Storage"))
         return uri
 
     def _upload_config(self, spec: JobSpec) -> None:
         blob = self.bucket().blob(self.config_object(spec))
         data = json.dumps(dict(spec.config), sort_keys=True, indent=1)
-        self._call(lambda: blob.upload_from_string(data, content_type="application/json", retry=None,
-                                                   timeout=CALL_TIMEOUT_S), "Cloud Storage")
+        self.call(lambda: blob.upload_from_string(data, content_type="application/json", retry=None,
+                                                  timeout=CALL_TIMEOUT_S), "Cloud Storage")
 
-    def submit(self, spec: JobSpec) -> JobHandle:
-        """Create the custom job; idempotent by name (a job labelled with the name is adopted).
+    # CloudBackend.submit: ListCustomJobs by label (adopt when one exists); else the archive's
+    # existence check (+ upload once per trainer version), the config upload, CreateCustomJob, and
+    # ListCustomJobs by label again (a concurrent duplicate is cancelled, after_create).
 
-        Calls: ListCustomJobs by label (adopt when one exists); else the archive's existence check
-        (+ upload once per trainer version), the config upload, CreateCustomJob, and ListCustomJobs by
-        label again (a concurrent duplicate is cancelled). Raises :class:`InvalidSpec`,
-        :class:`CredentialsError`, :class:`QuotaExceeded`, :class:`CapacityUnavailable`,
-        :class:`Throttled` or :class:`ProviderError`.
-        """
-        self.validate(spec)
-        label = job_label(spec.job_name)
-        existing = self._find(label)
-        if existing is not None:
-            return self._handle(spec.job_name, existing)
+    create_attempts = CREATE_ATTEMPTS
+
+    def provider_name(self, job_name: str) -> str:
+        """The job's ``trainboard-job-name`` label: Vertex assigns the job's name itself."""
+        return job_label(job_name)
+
+    def find_job(self, label: str) -> Any | None:
+        """The oldest CustomJob labelled ``trainboard-job-name=<label>``, or None."""
+        jobs = self.list_jobs(f'labels.{TAG_JOB_NAME}="{label}"')
+        if not jobs:
+            return None
+        return min(jobs, key=lambda j: (j.create_time.timestamp() if j.create_time else 0.0, j.name))
+
+    @contextlib.contextmanager
+    def create_request(self, spec: JobSpec, name: str) -> Iterator[Any]:
         job = self.custom_job(spec, self.trainer_uri(spec))
         self._upload_config(spec)
-        client = self.job_client()
-        for attempt in range(1, CREATE_ATTEMPTS + 1):
-            try:
-                created = self._call(lambda: client.create_custom_job(parent=self.parent, custom_job=job,
-                                                                      retry=None, timeout=CALL_TIMEOUT_S),
-                                     SERVICE, classify=_classify_create)
-                break
-            except BackendError as exc:
-                if not exc.transient or attempt == CREATE_ATTEMPTS:
-                    raise
-                self.clock.sleep(self.retry_policy.delay(attempt))
-                found = self._find(label)  # the failed create may have created the job
-                if found is not None:
-                    return self._handle(spec.job_name, found)
-        oldest = self._find(label)
-        if oldest is not None and oldest.name != created.name:
-            # A concurrent submit created the same job first: keep the older, stop ours.
-            self._cancel_name(created.name)
-            return self._handle(spec.job_name, oldest)
-        return self._handle(spec.job_name, created)
+        yield job
 
-    def _handle(self, job_name: str, job: Any) -> JobHandle:
+    def create_job(self, spec: JobSpec, name: str, request: Any) -> Any:
+        client = self.job_client()
+        return self.call(lambda: client.create_custom_job(parent=self.parent, custom_job=request, retry=None,
+                                                          timeout=CALL_TIMEOUT_S), classify=_classify_create)
+
+    def after_create(self, label: str, created: Any) -> Any:
+        oldest = self.find_job(label)
+        if oldest is not None and oldest.name != created.name:
+            # Names are Vertex's, so two concurrent submits both create: keep the older, stop ours.
+            self.stop(created.name)
+            return oldest
+        return created
+
+    def job_handle(self, job_name: str, job: Any) -> JobHandle:
         created = job.create_time
         return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=str(job.name),
                          extra={"label": job_label(job_name), "region": self.region,
@@ -610,144 +596,105 @@ class VertexBackend(Backend):
 
     # -- list / describe --------------------------------------------------------------------
 
-    def _list(self, filter_: str, page_size: int | None = None, max_pages: int | None = None) -> list[Any]:
+    def list_jobs(self, filter_: str, page_size: int | None = None, max_pages: int | None = None) -> list[Any]:
         """Every CustomJob matching ``filter_`` (one ListCustomJobs per page, each retried)."""
         from google.cloud import aiplatform_v1 as v1
 
         client = self.job_client()
-        jobs: list[Any] = []
-        token = ""
-        pages = 0
-        while True:
+
+        def page(token: str | None) -> tuple[list[Any], str]:
             request = v1.ListCustomJobsRequest(parent=self.parent, filter=filter_, page_size=page_size or LIST_PAGE,
-                                               page_token=token)
-            page = self._call(lambda request=request: next(iter(client.list_custom_jobs(
-                request=request, retry=None, timeout=CALL_TIMEOUT_S).pages)), SERVICE)
-            jobs += list(page.custom_jobs)
-            token = page.next_page_token
-            pages += 1
-            if not token or (max_pages is not None and pages >= max_pages):
-                return jobs
+                                               page_token=token or "")
+            answer = next(iter(client.list_custom_jobs(request=request, retry=None, timeout=CALL_TIMEOUT_S).pages))
+            return list(answer.custom_jobs), answer.next_page_token
 
-    def _find(self, label: str) -> Any | None:
-        """The oldest CustomJob labelled ``trainboard-job-name=<label>``, or None."""
-        jobs = self._list(f'labels.{LABEL_JOB_NAME}="{label}"')
-        if not jobs:
-            return None
-        return min(jobs, key=lambda j: (j.create_time.timestamp() if j.create_time else 0.0, j.name))
+        return list(self.pages(page, max_pages=max_pages))
 
-    def describe(self, handle: JobHandle) -> JobStatus:
-        """The job's status (mapping: :mod:`cloud_adapters.vertex.states`). One GetCustomJob.
+    def job_ref(self, handle: JobHandle) -> str:
+        return handle.provider_job_id
 
-        Raises :class:`ProviderError` when Vertex has no such job, :class:`Throttled` or a transient
-        :class:`ProviderError` after retries."""
-        job = self._get(handle.provider_job_id)
-        if job is None:
-            raise ProviderError(f"Vertex AI has no custom job {handle.provider_job_id!r}; was it deleted?")
-        return self._status(job)
+    def no_job(self, ref: str) -> str:
+        return f"Vertex AI has no custom job {ref!r}"
 
-    def _status(self, job: Any) -> JobStatus:
+    def job_status(self, job: Any) -> JobStatus:
+        """The mapping of :mod:`cloud_adapters.vertex.states`, with the state Vertex sent when the SDK
+        does not know it."""
         return job_status(job, self._raw_states.get(job.name))
 
-    def _get(self, name: str) -> Any | None:
+    def raw_state(self, job: Any) -> str:
+        return state_name(job, self._raw_states.get(job.name))
+
+    def get_job(self, ref: str) -> Any | None:
+        """GetCustomJob of resource name ``ref``, or None when Vertex has none (404) or ``ref`` is ""."""
         from google.api_core import exceptions as gexc
 
-        if not name:
+        if not ref:
             return None
         client = self.job_client()
         try:
-            return self._call(lambda: client.get_custom_job(name=name, retry=None, timeout=CALL_TIMEOUT_S), SERVICE)
+            return self.call(lambda: client.get_custom_job(name=ref, retry=None, timeout=CALL_TIMEOUT_S))
         except BackendError as exc:
             if isinstance(exc.__cause__, gexc.NotFound):
                 return None
             raise
 
-    def describe_many(self, handles: Sequence[JobHandle],
-                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
-        """Statuses keyed by ``handle.job_name`` from ONE filtered ListCustomJobs (paginated, 100 a page).
+    def jobs_of(self, handles: Sequence[JobHandle], since: dt.datetime | None) -> Iterator[tuple[JobHandle, Any]]:
+        """ONE filtered ListCustomJobs (paginated, 100 a page), whatever the batch size.
 
         Filter: ``labels.trainboard-job-name:*`` (Trainboard's jobs) ``AND create_time>=`` the oldest
-        handle's create time − :data:`LIST_SKEW_S` (ListCustomJobs filters on display_name, state,
-        create_time and labels, not update_time: [GAPIC ListCustomJobsRequest.filter]). With
-        ``changed_since`` a job whose ``update_time`` is older than it (− the skew) is left out as
-        unchanged; a job Vertex no longer lists is left out too. Throttling or connection errors that
-        outlast the retries raise, so the caller keeps its ``changed_since`` and nothing is missed.
-        """
-        if changed_since is not None and changed_since.tzinfo is None:
-            raise ValueError("changed_since must be timezone-aware (UTC)")
+        handle's create time − :data:`~cloud_adapters.cloud.LIST_SKEW_S` (ListCustomJobs filters on
+        display_name, state, create_time and labels, not update_time: [GAPIC
+        ListCustomJobsRequest.filter]); :meth:`modified_at` leaves out the jobs unchanged since."""
         if not handles:
-            return {}
-        terms = [f"labels.{LABEL_JOB_NAME}:*"]
+            return
+        terms = [f"labels.{TAG_JOB_NAME}:*"]
         created = [h.extra.get("create_time") for h in handles]
         if all(created):
             oldest = min(dt.datetime.fromisoformat(str(c)) for c in created)
             terms.append(f'create_time>="{_rfc3339(oldest - dt.timedelta(seconds=LIST_SKEW_S))}"')
-        jobs = {j.name: j for j in self._list(" AND ".join(terms))}
-        since = changed_since - dt.timedelta(seconds=LIST_SKEW_S) if changed_since else None
-        out: dict[str, JobStatus] = {}
+        jobs = {j.name: j for j in self.list_jobs(" AND ".join(terms))}
         for handle in handles:
             job = jobs.get(handle.provider_job_id)
-            if job is None:
-                continue
-            updated = job.update_time if isinstance(job.update_time, dt.datetime) else None
-            if since is not None and updated is not None and updated.timestamp() > 0 and updated < since:
-                continue
-            out[handle.job_name] = self._status(job)
-        return out
+            if job is not None:
+                yield handle, job
+
+    def modified_at(self, job: Any) -> dt.datetime | None:
+        return proto_time(job.update_time)
 
     # -- orphans ----------------------------------------------------------------------------
 
-    def list_tagged(self) -> list[ProviderJob]:
-        """Custom jobs labelled ``trainboard-job-name`` (what :meth:`submit` sets) whose state is not
-        final: QUEUED, PENDING, RUNNING, UPDATING, PAUSED or CANCELLING.
+    def unfinished_jobs(self) -> list[Any]:
+        """Custom jobs labelled ``trainboard-job-name`` whose state is not final: QUEUED, PENDING,
+        RUNNING, UPDATING, PAUSED or CANCELLING.
 
         ListCustomJobs filters combine terms with AND only, so there is one filtered list per
         non-final state (``labels.trainboard-job-name:* AND state="…"``, 100 per page): 6 +
         ⌈jobs in each state / 100⌉ − 1 calls, bounded by the project's unfinished jobs, never by
-        its history. The job's name is the label's value (Trainboard names are valid label
-        values, so the label is the name unchanged). Raises :class:`Throttled` /
-        :class:`ProviderError` after retries.
+        its history.
         """
-        found: list[ProviderJob] = []
-        for state in sorted(set(STATE_MAP) - TERMINAL_STATES):
-            for job in self._list(f'labels.{LABEL_JOB_NAME}:* AND state="{state}"'):
-                labels = dict(job.labels or {})
-                name = labels.get(LABEL_JOB_NAME, "")
-                if not name or state_name(job, self._raw_states.get(job.name)) in TERMINAL_STATES:
-                    continue
-                status = self._status(job)
-                created = job.create_time if isinstance(job.create_time, dt.datetime) \
-                    and job.create_time.timestamp() > 0 else None
-                found.append(ProviderJob(name=name, state=status.state, raw_state=status.raw_state,
-                                         job_id=tagged_job_id({"trainboard-job-id": labels.get(label_key(
-                                             "trainboard-job-id"), "")}),
-                                         created_at=created, handle=self._handle(name, job)))
-        return found
+        return [job for state in sorted(self.states.unfinished)
+                for job in self.list_jobs(f'labels.{TAG_JOB_NAME}:* AND state="{state}"')]
+
+    def job_tags(self, job: Any) -> dict[str, str]:
+        """The job's labels: Trainboard's tag keys are valid label keys, so a label is keyed as its
+        tag, and the job name's label is the name unchanged (Trainboard names are valid values)."""
+        return dict(job.labels or {})
+
+    def created_at(self, job: Any) -> dt.datetime | None:
+        return proto_time(job.create_time)
 
     # -- cancel -----------------------------------------------------------------------------
+    # CloudBackend.cancel: CancelCustomJob (Vertex reports CANCELLING, then CANCELLED, clouds.md
+    # §2.2); a cancel Vertex refuses because the job already ended or is cancelling is not an error.
 
-    def cancel(self, handle: JobHandle) -> None:
-        """CancelCustomJob; returns at once (Vertex reports CANCELLING, then CANCELLED, clouds.md §2.2).
+    def stop_job(self, ref: str) -> None:
+        client = self.job_client()
+        self.call(lambda: client.cancel_custom_job(name=ref, retry=None, timeout=CALL_TIMEOUT_S))
 
-        Idempotent: when Vertex refuses because the job already ended or is cancelling, that is not
-        an error. Raises :class:`ProviderError` when there is no such job."""
-        self._cancel_name(handle.provider_job_id)
-
-    def _cancel_name(self, name: str) -> None:
+    def stop_refused(self, exc: BackendError) -> bool:
         from google.api_core import exceptions as gexc
 
-        client = self.job_client()
-        try:
-            self._call(lambda: client.cancel_custom_job(name=name, retry=None, timeout=CALL_TIMEOUT_S), SERVICE)
-        except BackendError as exc:
-            if not isinstance(exc.__cause__, (gexc.BadRequest, gexc.NotFound, gexc.Conflict)):
-                raise
-            job = self._get(name)
-            if job is None:
-                raise ProviderError(f"Vertex AI has no custom job {name!r} to cancel.") from exc
-            if state_name(job) in TERMINAL_STATES | {"JOB_STATE_CANCELLING"}:
-                return
-            raise
+        return isinstance(exc.__cause__, (gexc.BadRequest, gexc.NotFound, gexc.Conflict))
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -764,28 +711,17 @@ class VertexBackend(Backend):
             self.http_session(), base_url=self.logging_endpoint, project=self.config["project"],
             job_id=job_id, cursor=cursor, since=since,
             prefix_tasks=int(handle.extra.get("instance_count") or 1) > 1,
-            call=lambda fn: self._call(fn, "Cloud Logging"))
+            call=lambda fn: self.call(fn, "Cloud Logging"))
 
     # -- test connection --------------------------------------------------------------------
 
-    def test_connection(self) -> list[ConnectionCheck]:
-        """Three read-only checks, each reported in words a user can act on; never raises.
-
-        ``credentials`` (Application Default Credentials found), ``bucket`` (the staging bucket's
-        metadata), ``Vertex AI access`` (ListCustomJobs page_size=1 in the region).
-        """
+    def connection_probes(self) -> list[Probe]:
+        """``credentials`` (Application Default Credentials found; without them nothing else is
+        checked), ``bucket`` (the staging bucket's metadata), ``Vertex AI access`` (ListCustomJobs
+        page_size=1 in the region)."""
         from google.api_core import exceptions as gexc
 
-        policy = retry.RetryPolicy(max_attempts=2, base_delay_s=0.2, rng=self.retry_policy.rng)
-        checks: list[ConnectionCheck] = []
-
-        def check(name: str, service: str, fn: Callable[[], str], explain: Callable[[BaseException], str]) -> bool:
-            try:
-                checks.append(ConnectionCheck(name, True, self._call(fn, service, policy=policy)))
-                return True
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a message
-                checks.append(ConnectionCheck(name, False, explain(exc)))
-                return False
+        bucket = self.config["staging_bucket"]
 
         def identity() -> str:
             key = self.secrets.get("service_account_json", "")
@@ -795,12 +731,6 @@ class VertexBackend(Backend):
             who = getattr(creds, "service_account_email", None) or "user credentials (gcloud ADC)"
             source = "the backend's stored service-account key" if key else "Application Default Credentials found"
             return f"{source}: {who}" + (f", project {project}" if project else "")
-
-        if not check("credentials", "Google auth", identity, str):
-            return checks + [ConnectionCheck("bucket", False, "not checked: no credentials"),
-                             ConnectionCheck("Vertex AI access", False, "not checked: no credentials")]
-
-        bucket = self.config["staging_bucket"]
 
         def get_bucket() -> str:
             self.storage_client().get_bucket(self.bucket_name, retry=None, timeout=30)
@@ -816,10 +746,8 @@ class VertexBackend(Backend):
                         f"Storage Object Admin on it (and the job's service account read/write).")
             return str(exc)
 
-        check("bucket", "Cloud Storage", get_bucket, bucket_hint)
-
         def list_jobs() -> str:
-            self._list("", page_size=1, max_pages=1)
+            self.list_jobs("", page_size=1, max_pages=1)
             return f"Vertex AI API reachable in {self.region} (ListCustomJobs allowed in {self.config['project']})"
 
         def vertex_hint(exc: BaseException) -> str:
@@ -830,8 +758,10 @@ class VertexBackend(Backend):
                         f"enable aiplatform.googleapis.com there.")
             return str(exc)
 
-        check("Vertex AI access", SERVICE, list_jobs, vertex_hint)
-        return checks
+        return [Probe("credentials", identity, service="Google auth", required=True,
+                      skipped="not checked: no credentials"),
+                Probe("bucket", get_bucket, bucket_hint, service="Cloud Storage"),
+                Probe("Vertex AI access", list_jobs, vertex_hint)]
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -889,14 +819,12 @@ class VertexBackend(Backend):
             return AuthorizedSession(creds)
         return self._cached("http", make)
 
-    def _call(self, fn: Callable[[], T], service: str, *, policy: retry.RetryPolicy | None = None,
-              classify: Callable[..., retry.Verdict | None] | None = None) -> T:
-        """``fn()`` under the project's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
-        bucket = retry.limiter(f"gcp:{self.config['project']}:{self.region}", rate=CALLS_PER_SECOND,
-                               burst=int(2 * CALLS_PER_SECOND), clock=self.clock)
-        classify = classify or _gcp.classify
-        return retry.call(fn, classify=lambda exc: classify(exc, service=service), bucket=bucket,
-                          policy=policy or self.retry_policy, clock=self.clock)
+    def classify(self, exc: BaseException, *, service: str) -> retry.Verdict | None:
+        return _gcp.classify(exc, service=service)
+
+    def rate_limit(self) -> tuple[str, float]:
+        """The project in the region, at :data:`CALLS_PER_SECOND`."""
+        return f"gcp:{self.config['project']}:{self.region}", CALLS_PER_SECOND
 
 
 def _classify_create(exc: BaseException, *, service: str) -> retry.Verdict | None:

@@ -45,7 +45,8 @@ import json
 import threading
 from typing import Any, Mapping
 
-from cloud_adapters.base import JobState, JobStatus
+from cloud_adapters.base import JobState, JobStatus, parse_utc
+from cloud_adapters.cloud import StateTable
 
 STATE_MAP: dict[str, JobState] = {
     "JOB_STATE_QUEUED": JobState.PENDING,
@@ -62,15 +63,16 @@ STATE_MAP: dict[str, JobState] = {
 }
 """Every named ``JobState`` except UNSPECIFIED (which warns) → the normalized state."""
 
-TERMINAL_STATES = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
-                             "JOB_STATE_EXPIRED", "JOB_STATE_PARTIALLY_SUCCEEDED"})
-"""States after which the job never changes again (cancel is then a no-op)."""
-
-_WARNINGS = {
-    "JOB_STATE_UPDATING": "Vertex AI is updating the running job; shown as RUNNING until it returns to RUNNING.",
-    "JOB_STATE_PAUSED": ("Vertex AI reports the job paused (stopped, can be resumed); it stays non-terminal "
-                         "until it is resumed or cancelled."),
-}
+STATES = StateTable(
+    states=STATE_MAP,
+    warnings={
+        "JOB_STATE_UPDATING": "Vertex AI is updating the running job; shown as RUNNING until it returns to RUNNING.",
+        "JOB_STATE_PAUSED": ("Vertex AI reports the job paused (stopped, can be resumed); it stays non-terminal "
+                             "until it is resumed or cancelled."),
+    },
+    unknown="Vertex AI reported an unknown job state {raw!r}; the job stays non-terminal until a known state arrives.",
+)
+"""The module's table, as data."""
 
 # google.rpc.Code names for job.error.code (the values Vertex puts in CustomJob.error).
 _RPC_CODES = {
@@ -81,14 +83,11 @@ _RPC_CODES = {
 }
 
 
-def _utc(value: Any) -> dt.datetime | None:
-    """proto-plus gives Timestamps as aware ``DatetimeWithNanoseconds``; an unset one is falsy/epoch."""
-    if not isinstance(value, dt.datetime):
-        return None
-    value = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    if value.timestamp() <= 0:
-        return None
-    return value.astimezone(dt.timezone.utc)
+def proto_time(value: Any) -> dt.datetime | None:
+    """A proto-plus Timestamp (an aware ``DatetimeWithNanoseconds``) in UTC; None when unset, which
+    proto-plus gives as the epoch."""
+    when = parse_utc(value)
+    return when if when is not None and when.timestamp() > 0 else None
 
 
 def state_name(job: Any, provider_state: str | None = None) -> str:
@@ -178,12 +177,7 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
     """The :class:`JobStatus` of one ``aiplatform_v1.CustomJob`` (see the module's table);
     ``provider_state`` as for :func:`state_name`."""
     raw = state_name(job, provider_state)
-    state = STATE_MAP.get(raw)
-    warning = _WARNINGS.get(raw, "")
-    if state is None:
-        state = JobState.PENDING
-        warning = (f"Vertex AI reported an unknown job state {raw!r}; the job stays non-terminal until a "
-                   f"known state arrives.")
+    state, warning = STATES.resolve(raw)
     error = error_text(job)
     reason = ""
     if raw == "JOB_STATE_FAILED":
@@ -196,8 +190,8 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
     elif raw == "JOB_STATE_CANCELLED":
         reason = "cancelled in Vertex AI (CancelCustomJob)"
 
-    started = _utc(getattr(job, "start_time", None))
-    ended = _utc(getattr(job, "end_time", None)) if state.is_terminal else None
+    started = proto_time(getattr(job, "start_time", None))
+    ended = proto_time(getattr(job, "end_time", None)) if state.is_terminal else None
     training = max(0.0, (ended - started).total_seconds()) if started and ended else None
     return JobStatus(
         state=state,
