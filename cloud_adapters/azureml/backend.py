@@ -33,6 +33,7 @@ off (``retry_total=0``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import io
@@ -43,16 +44,15 @@ import tarfile
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Iterator, Mapping, Sequence
 
 from cloud_adapters import _azure, packaging, retry
 from cloud_adapters.azureml import logs as az_logs
-from cloud_adapters.azureml.states import TERMINAL_STATUSES, job_status, status_text
+from cloud_adapters.azureml.states import STATES, job_status, status_text
 from cloud_adapters.base import (
-    Backend,
+    TAG_JOB_NAME,
     BackendError,
     Capabilities,
-    ConnectionCheck,
     CredentialsError,
     InstanceOffer,
     InvalidSpec,
@@ -60,12 +60,10 @@ from cloud_adapters.base import (
     JobSpec,
     JobStatus,
     ProviderError,
-    ProviderJob,
-    tagged_job_id,
+    parse_utc,
 )
+from cloud_adapters.cloud import CloudBackend, Probe
 from cloud_adapters.settings import BackendSettings, Secret, Setting
-
-T = TypeVar("T")
 
 PROVIDER = "azure"  # provider name in the price catalog
 LOW_PRIORITY_SUFFIX = ":low_priority"
@@ -133,8 +131,6 @@ DATASET_PREFIXES = ("azureml:", "https://", "wasbs://", "abfss://", "adl://")
 """URIs an Azure ML ``uri_folder`` input accepts: datastore paths (``azureml://datastores/...``), data
 assets (``azureml:<name>:<version>``), storage URLs (clouds.md §3.1-§3.2)."""
 
-TAG_JOB_NAME = "trainboard-job-name"
-"""Tag on every job this adapter creates; :meth:`AzureMLBackend.describe_many` lists by it."""
 CONFIG_FILE = packaging.BASE_CONFIG  # trainboard_job.json, in the code snapshot
 COMMAND = f"python -m trainer_pkg.launch --config {CONFIG_FILE}"
 EXPERIMENT = "trainboard"
@@ -158,8 +154,6 @@ RATE_PER_SECOND = 10.0
 """API calls per second this process makes per subscription (token bucket, burst 2×)."""
 LIST_PAGE_LIMIT = 200
 """Most pages :meth:`AzureMLBackend.describe_many` reads from one list (a safety stop)."""
-LIST_SKEW_S = 120
-"""Jobs whose ``last_modified_at`` is older than ``changed_since`` − this are left out as unchanged."""
 
 
 def azure_job_name(job_name: str) -> str:
@@ -185,7 +179,7 @@ def timeout_iso(seconds: int) -> str:
     return f"PT{int(seconds)}S" if seconds % 3600 else f"PT{int(seconds) // 3600}H"
 
 
-class AzureMLBackend(Backend):
+class AzureMLBackend(CloudBackend):
     """Runs jobs as Azure ML command jobs; see the module docstring for what a job is made of.
 
     Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
@@ -198,6 +192,8 @@ class AzureMLBackend(Backend):
     """
 
     kind = "azureml"
+    service = "Azure ML"
+    states = STATES
     image_setting = "environment"
     image_torch_pattern = r"/environments/acpt-pytorch-(\d+\.\d+)"  # curated ACPT names carry the version
     # command(timeout=), "the number, in seconds, after which the job will be cancelled": azure-ai-ml
@@ -468,51 +464,46 @@ class AzureMLBackend(Backend):
 
     # -- submit -----------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> JobHandle:
-        """Create the command job; idempotent by name (an existing job of the name is adopted).
+    # CloudBackend.submit: jobs.get(name) (adopt when it exists); else jobs.create_or_update (code
+    # hash lookup, upload of a new snapshot, code version, job PUT); when the create fails, jobs.get
+    # again and adopt a job a concurrent or earlier attempt created.
 
-        Calls: ``jobs.get(name)`` (adopt when it exists); else ``jobs.create_or_update`` (code hash
-        lookup, upload of a new snapshot, code version, job PUT); when the create fails, ``jobs.get``
-        again and adopt a job a concurrent or earlier attempt created. Raises :class:`InvalidSpec`,
-        :class:`CredentialsError`, :class:`QuotaExceeded`, :class:`CapacityUnavailable`,
-        :class:`Throttled` or :class:`ProviderError`.
-        """
-        self.validate(spec)
-        name = azure_job_name(spec.job_name)
-        existing = self._get(name)
-        if existing is not None:
-            return self._handle(spec.job_name, existing)
-        ml = self.ml_client()
+    def provider_name(self, job_name: str) -> str:
+        return azure_job_name(job_name)
+
+    @contextlib.contextmanager
+    def create_request(self, spec: JobSpec, name: str) -> Iterator[Any]:
         with tempfile.TemporaryDirectory(prefix="trainboard-azureml-") as tmp:
             # The snapshot's folder name becomes its blob prefix: name it after the job.
-            job = self.command_job(spec, self.write_code(spec, Path(tmp, name)))
-            try:
-                created = self._call(lambda: ml.jobs.create_or_update(job))
-            except BackendError:
-                adopted = self._get(name)  # the PUT may have landed before its answer was lost
-                if adopted is None:
-                    raise
-                return self._handle(spec.job_name, adopted)
-        return self._handle(spec.job_name, created)
+            yield self.command_job(spec, self.write_code(spec, Path(tmp, name)))
 
-    def _handle(self, job_name: str, job: Any) -> JobHandle:
+    def create_job(self, spec: JobSpec, name: str, request: Any) -> Any:
+        ml = self.ml_client()
+        return self.call(lambda: ml.jobs.create_or_update(request))
+
+    def adopt_after_failed_create(self, exc: BackendError) -> bool:
+        return True  # the PUT may have landed before its answer was lost
+
+    def job_handle(self, job_name: str, job: Any) -> JobHandle:
         resources = getattr(job, "resources", None)
         count = getattr(resources, "instance_count", None) or 1
         return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=str(getattr(job, "id", "") or ""),
                          extra={"azure_job_name": str(getattr(job, "name", "") or azure_job_name(job_name)),
                                 "instance_count": int(count)})
 
-    @staticmethod
-    def _name(handle: JobHandle) -> str:
+    def job_ref(self, handle: JobHandle) -> str:
         return str(handle.extra.get("azure_job_name") or azure_job_name(handle.job_name))
 
-    def _get(self, name: str) -> Any | None:
+    def no_job(self, ref: str) -> str:
+        return f"Azure ML workspace {self.config['workspace']} has no job {ref!r}"
+
+    def get_job(self, ref: str) -> Any | None:
         """``jobs.get(name)``, or None when the workspace has no job of that name (404)."""
         from azure.core.exceptions import ResourceNotFoundError
 
         ml = self.ml_client()
         try:
-            return self._call(lambda: ml.jobs.get(name))
+            return self.call(lambda: ml.jobs.get(ref))
         except BackendError as exc:
             if isinstance(exc.__cause__, ResourceNotFoundError):
                 return None
@@ -520,7 +511,9 @@ class AzureMLBackend(Backend):
 
     # -- describe ---------------------------------------------------------------------------
 
-    def _status(self, job: Any) -> JobStatus:
+    def job_status(self, job: Any) -> JobStatus:
+        """The mapping of :mod:`cloud_adapters.azureml.states`; a Failed job adds one run-history
+        read for its error message (the ARM job carries none)."""
         raw = status_text(getattr(job, "status", None))
         error = self._error_message(str(job.name)) if raw in ("Failed", "NotResponding") else ""
         context = getattr(job, "creation_context", None)
@@ -532,6 +525,9 @@ class AzureMLBackend(Backend):
             last_modified_at=getattr(context, "last_modified_at", None), error=error,
             instance_count=getattr(getattr(job, "resources", None), "instance_count", None),
             low_priority=tier == "spot" or self.config["tier"] == "low_priority")
+
+    def raw_state(self, job: Any) -> str:
+        return status_text(getattr(job, "status", None))
 
     def _error_message(self, name: str) -> str:
         """The failed run's error message from run history (the ARM job carries none); "" when it
@@ -545,90 +541,44 @@ class AzureMLBackend(Backend):
         code = str(getattr(error, "code", "") or "")
         return f"{code}: {message}" if code and message else message
 
-    def describe(self, handle: JobHandle) -> JobStatus:
-        """The job's status (mapping: :mod:`cloud_adapters.azureml.states`): one ``jobs.get``, plus
-        one run-history read for a Failed job's error message.
-
-        Raises :class:`ProviderError` when the workspace has no such job, :class:`Throttled` or a
-        transient :class:`ProviderError` after retries.
-        """
-        name = self._name(handle)
-        job = self._get(name)
-        if job is None:
-            raise ProviderError(f"Azure ML workspace {self.config['workspace']} has no job {name!r}; was it deleted?")
-        return self._status(job)
-
-    def describe_many(self, handles: Sequence[JobHandle],
-                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
-        """Statuses keyed by ``handle.job_name`` from ONE paginated list of the workspace's jobs that
-        carry the :data:`TAG_JOB_NAME` tag (``jobs.list(tag=...)``, REST ``?tag=``), whatever the
-        number of handles; a Failed job adds one run-history read for its error message.
-
-        ``changed_since``: jobs whose ``last_modified_at`` is older than it − :data:`LIST_SKEW_S` are
-        left out (unchanged). A handle the list does not contain (deleted, archived) is left out.
-        """
-        if changed_since is not None and changed_since.tzinfo is None:
-            raise ValueError("changed_since must be timezone-aware (UTC)")
-        if not handles:
-            return {}
-        wanted = {self._name(h): h.job_name for h in handles}
+    def _tagged_jobs(self) -> Iterator[Any]:
+        """The workspace's jobs that carry the :data:`~cloud_adapters.base.TAG_JOB_NAME` tag:
+        ``jobs.list(tag=...)`` (REST ``?tag=``), page by page, at most :data:`LIST_PAGE_LIMIT` pages."""
         ml = self.ml_client()
 
-        def list_all() -> list[Any]:
-            found = []
-            for page_no, page in enumerate(ml.jobs.list(tag=TAG_JOB_NAME).by_page()):
-                if page_no >= LIST_PAGE_LIMIT:
-                    break
-                found.extend(j for j in page if j is not None and getattr(j, "name", None) in wanted)
-            return found
+        def page(token: str | None) -> tuple[list[Any], str | None]:
+            pages = ml.jobs.list(tag=TAG_JOB_NAME).by_page(continuation_token=token)
+            return [j for j in next(pages) if j is not None], pages.continuation_token
 
-        out: dict[str, JobStatus] = {}
-        for job in self._call(list_all):
-            if changed_since is not None:
-                modified = getattr(getattr(job, "creation_context", None), "last_modified_at", None)
-                if isinstance(modified, dt.datetime):
-                    modified = modified if modified.tzinfo else modified.replace(tzinfo=dt.timezone.utc)
-                    if modified < changed_since - dt.timedelta(seconds=LIST_SKEW_S):
-                        continue
-            out[wanted[job.name]] = self._status(job)
-        return out
+        return self.pages(page, max_pages=LIST_PAGE_LIMIT)
+
+    def jobs_of(self, handles: Sequence[JobHandle], since: dt.datetime | None) -> Iterator[tuple[JobHandle, Any]]:
+        """ONE paginated list of the tagged jobs (:meth:`_tagged_jobs`), whatever the number of
+        handles; :meth:`modified_at` leaves out those unchanged since ``since``. A handle the list
+        does not contain (deleted, archived) is left out."""
+        if not handles:
+            return
+        wanted = {self.job_ref(h): h for h in handles}
+        for job in self._tagged_jobs():
+            if getattr(job, "name", None) in wanted:
+                yield wanted[job.name], job
+
+    def modified_at(self, job: Any) -> dt.datetime | None:
+        return parse_utc(getattr(getattr(job, "creation_context", None), "last_modified_at", None))
 
     # -- orphans ----------------------------------------------------------------------------
 
-    def list_tagged(self) -> list[ProviderJob]:
-        """Jobs of the workspace carrying the :data:`TAG_JOB_NAME` tag whose status is not final
-        (anything but Completed, Failed, Canceled, NotResponding), the tag's value as the name.
+    def unfinished_jobs(self) -> Iterator[Any]:
+        """The tagged jobs (:meth:`_tagged_jobs`, the list :meth:`describe_many` reads), ended ones
+        included: ``jobs.list`` cannot filter by status, and the statuses are in the list, so
+        :meth:`list_tagged` drops the ended ones with no call per job."""
+        return self._tagged_jobs()
 
-        One paginated ``jobs.list(tag=...)`` (REST ``?tag=``), at most :data:`LIST_PAGE_LIMIT` pages,
-        the same list :meth:`describe_many` reads; no per-job call (the statuses of the listed jobs
-        are in the list). Raises :class:`Throttled` / :class:`ProviderError` after retries.
-        """
-        ml = self.ml_client()
+    def job_tags(self, job: Any) -> dict[str, str]:
+        return dict(getattr(job, "tags", None) or {})
 
-        def list_all() -> list[Any]:
-            found = []
-            for page_no, page in enumerate(ml.jobs.list(tag=TAG_JOB_NAME).by_page()):
-                if page_no >= LIST_PAGE_LIMIT:
-                    break
-                found.extend(j for j in page if j is not None)
-            return found
-
-        out: list[ProviderJob] = []
-        for job in self._call(list_all):
-            tags = dict(getattr(job, "tags", None) or {})
-            name = str(tags.get(TAG_JOB_NAME) or "")
-            raw = status_text(getattr(job, "status", None))
-            if not name or raw in TERMINAL_STATUSES:
-                continue
-            status = job_status(status=raw, properties={}, created_at=None, last_modified_at=None, error="",
-                                instance_count=None, low_priority=False)
-            created = getattr(getattr(job, "creation_context", None), "created_at", None)
-            if isinstance(created, dt.datetime) and created.tzinfo is None:
-                created = created.replace(tzinfo=dt.timezone.utc)
-            out.append(ProviderJob(name=name, state=status.state, raw_state=raw, job_id=tagged_job_id(tags),
-                                   created_at=created if isinstance(created, dt.datetime) else None,
-                                   handle=self._handle(name, job)))
-        return out
+    def created_at(self, job: Any) -> dt.datetime | None:
+        return parse_utc(getattr(getattr(job, "creation_context", None), "created_at", None))
 
     # -- cancel -----------------------------------------------------------------------------
 
@@ -640,27 +590,28 @@ class AzureMLBackend(Backend):
         call beyond ``jobs.get``), and a cancel the service refuses because the job just ended is
         not an error. Raises :class:`ProviderError` when there is no such job.
         """
-        name = self._name(handle)
-        job = self._get(name)
+        name = self.job_ref(handle)
+        job = self.get_job(name)
         if job is None:
-            raise ProviderError(f"Azure ML workspace {self.config['workspace']} has no job {name!r} to cancel.")
-        if status_text(job.status) in TERMINAL_STATUSES | {"CancelRequested"}:
+            raise ProviderError(f"{self.no_job(name)} to cancel.")
+        # Looked up first, so a repeated cancel sends Azure ML no second cancel request.
+        if self.states.ended_or_ending(self.raw_state(job)):
             return
+        self.stop(name)
+
+    def stop_job(self, ref: str) -> None:
         ml = self.ml_client()
-        try:
-            self._call(lambda: ml.jobs.begin_cancel(name).result(timeout=60))
-        except BackendError:
-            after = self._get(name)
-            if after is not None and status_text(after.status) in TERMINAL_STATUSES | {"CancelRequested"}:
-                return
-            raise
+        self.call(lambda: ml.jobs.begin_cancel(ref).result(timeout=60))
+
+    def stop_refused(self, exc: BackendError) -> bool:
+        return True  # the refusal's code does not say whether the job just ended: look
 
     # -- logs -------------------------------------------------------------------------------
 
     def _run_details(self, name: str) -> Any:
         """Run history's details of the job's run (``logFiles``, ``error``, times)."""
         ml = self.ml_client()
-        return self._call(lambda: ml.jobs._runs_operations.get_run_details(name))  # noqa: SLF001 - §3.5
+        return self.call(lambda: ml.jobs._runs_operations.get_run_details(name))  # noqa: SLF001 - §3.5
 
     def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
         """New lines of the job's user logs since ``cursor`` (see :mod:`cloud_adapters.azureml.logs`
@@ -673,7 +624,7 @@ class AzureMLBackend(Backend):
 
         az_logs.parse_cursor(cursor)
         try:
-            details = self._run_details(self._name(handle))
+            details = self._run_details(self.job_ref(handle))
         except BackendError as exc:
             if isinstance(exc.__cause__, ResourceNotFoundError):
                 return [], cursor
@@ -704,35 +655,23 @@ class AzureMLBackend(Backend):
             data = response.content
             return data[:length] if response.status_code == 206 else data[offset:offset + length]
 
-        return self._call(get)
+        return self.call(get)
 
     # -- test connection --------------------------------------------------------------------
 
-    def test_connection(self) -> list[ConnectionCheck]:
-        """Three read-only checks, each in words a user can act on; never raises.
-
-        ``credential`` (a token for Azure Resource Manager), ``workspace`` (``workspaces.get``),
-        ``compute`` (``compute.get`` of the cluster, with its VM size and node range).
-        """
-        policy = retry.RetryPolicy(max_attempts=2, base_delay_s=0.2, rng=self.retry_policy.rng)
-        checks: list[ConnectionCheck] = []
+    def connection_probes(self) -> list[Probe]:
+        """``credential`` (a token for Azure Resource Manager), ``workspace`` (``workspaces.get``),
+        ``compute`` (``compute.get`` of the cluster, with its VM size and node range); a failed
+        check leaves the later ones out, as each needs the one before."""
         ws, rg, sub = self.config["workspace"], self.config["resource_group"], self.config["subscription_id"]
-
-        def check(name: str, fn: Callable[[], str], explain: Callable[[BaseException], str]) -> bool:
-            try:
-                checks.append(ConnectionCheck(name, True, self._call(fn, policy=policy)))
-                return True
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a message
-                checks.append(ConnectionCheck(name, False, explain(exc)))
-                return False
+        cluster = self.config["compute"]
 
         def token() -> str:
             self.credential().get_token("https://management.azure.com/.default")
             return "obtained a token for Azure Resource Manager"
 
-        if not check("credential", token, lambda exc: str(exc) if isinstance(exc, BackendError)
-                     else _azure.no_credentials_message(exc)):
-            return checks
+        def token_hint(exc: BaseException) -> str:
+            return str(exc) if isinstance(exc, BackendError) else _azure.no_credentials_message(exc)
 
         def status_of(exc: BaseException) -> int | None:
             return _azure.http_status(exc.__cause__ or exc)
@@ -751,10 +690,6 @@ class AzureMLBackend(Backend):
                         f"AzureML Data Scientist).")
             return str(exc)
 
-        if not check("workspace", workspace, workspace_hint):
-            return checks
-        cluster = self.config["compute"]
-
         def compute() -> str:
             found = self.ml_client().compute.get(cluster)
             size = getattr(found, "size", "") or "unknown size"
@@ -768,8 +703,9 @@ class AzureMLBackend(Backend):
                         f"Compute → Compute clusters) or correct the compute setting.")
             return str(exc)
 
-        check("compute", compute, compute_hint)
-        return checks
+        return [Probe("credential", token, token_hint, required=True),
+                Probe("workspace", workspace, workspace_hint, required=True),
+                Probe("compute", compute, compute_hint)]
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -839,14 +775,11 @@ class AzureMLBackend(Backend):
                 self._requests_transport = RequestsTransport()
             return self._requests_transport
 
-    def _call(self, fn: Callable[[], T], *, policy: retry.RetryPolicy | None = None) -> T:
-        """``fn()`` under the subscription's rate limit with retries (see :mod:`cloud_adapters.retry`)."""
-        bucket = retry.limiter(f"azure:{self.config['subscription_id']}", rate=RATE_PER_SECOND,
-                               burst=int(2 * RATE_PER_SECOND), clock=self.clock)
-        return retry.call(fn, classify=self._classify, bucket=bucket, policy=policy or self.retry_policy,
-                          clock=self.clock)
+    def rate_limit(self) -> tuple[str, float]:
+        """The subscription, at :data:`RATE_PER_SECOND`."""
+        return f"azure:{self.config['subscription_id']}", RATE_PER_SECOND
 
-    def _classify(self, exc: BaseException) -> retry.Verdict | None:
+    def classify(self, exc: BaseException, *, service: str) -> retry.Verdict | None:
         """:func:`cloud_adapters._azure.classify`, except that a token refused for the stored service
         principal says so (not "DefaultAzureCredential tried ...", which was not in use)."""
         from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError, ServiceResponseError
@@ -864,7 +797,7 @@ class AzureMLBackend(Backend):
                 f"Microsoft Entra ID refused the backend's stored service principal: {_azure.error_message(exc)} "
                 f"Check its tenant id, client id and client secret on the backend (a client secret expires; "
                 f"create a new one under App registrations → Certificates & secrets)."))
-        return _azure.classify(exc)
+        return _azure.classify(exc, service=service)
 
 
 CLOUD_ENV = "AZUREML_CURRENT_CLOUD"

@@ -34,34 +34,31 @@ once ended); Azure reports no billable seconds, so the dashboard prices the run 
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, Mapping
 
 from cloud_adapters.base import JobState, JobStatus, parse_utc
+from cloud_adapters.cloud import StateTable
 
-PENDING_STATUSES = frozenset({"NotStarted", "Queued", "Preparing", "Provisioning", "Starting"})
-RUNNING_STATUSES = frozenset({"Running", "Finalizing"})
-FAILED_STATUSES = frozenset({"Failed", "NotResponding"})
-WARN_STATUSES = frozenset({"Paused", "Unknown"})
-TERMINAL_STATUSES = frozenset({"Completed", "Failed", "Canceled", "NotResponding"})
-"""Statuses after which the job never changes again (a cancel is then a no-op)."""
-ALL_STATUSES = PENDING_STATUSES | RUNNING_STATUSES | FAILED_STATUSES | WARN_STATUSES | {
-    "CancelRequested", "Completed", "Canceled"}
-"""The fourteen values of the REST ``JobStatus`` enum (clouds.md §3.3)."""
+_PAUSED_OR_UNKNOWN = ("Azure ML reports the job {raw}; it stays non-terminal until Azure ML reports a running "
+                      "or final status.")
+STATES = StateTable(
+    states={
+        **dict.fromkeys(("NotStarted", "Queued", "Preparing", "Provisioning", "Starting"), JobState.PENDING),
+        **dict.fromkeys(("Running", "Finalizing"), JobState.RUNNING),
+        "CancelRequested": JobState.STOPPING,
+        "Completed": JobState.SUCCEEDED,
+        **dict.fromkeys(("Failed", "NotResponding"), JobState.FAILED),
+        "Canceled": JobState.CANCELLED,
+        **dict.fromkeys(("Paused", "Unknown"), JobState.PENDING),
+    },
+    warnings={"Paused": _PAUSED_OR_UNKNOWN, "Unknown": _PAUSED_OR_UNKNOWN},
+    unknown=("Azure ML reported an unknown job status {raw!r}; the job stays non-terminal until a known "
+             "status arrives."),
+)
+"""The fourteen values of the REST ``JobStatus`` enum (clouds.md §3.3) → JobState: the module's table."""
 
 START_PROPERTY = "StartTimeUtc"
 END_PROPERTY = "EndTimeUtc"
-
-
-def _utc(value: Any) -> dt.datetime | None:
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    if isinstance(value, str) and value.strip():
-        try:
-            return parse_utc(value.strip().replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return None
 
 
 def status_text(value: Any) -> str:
@@ -84,40 +81,22 @@ def job_status(*, status: Any, properties: Mapping[str, Any] | None = None, crea
     """
     raw = status_text(status)
     props = properties or {}
-    warning = reason = ""
-    if raw in PENDING_STATUSES:
-        state = JobState.PENDING
-    elif raw in RUNNING_STATUSES:
-        state = JobState.RUNNING
-    elif raw == "CancelRequested":
-        state = JobState.STOPPING
-    elif raw == "Completed":
-        state = JobState.SUCCEEDED
-    elif raw == "Failed":
-        state = JobState.FAILED
+    state, warning = STATES.resolve(raw)
+    reason = ""
+    if raw == "Failed":
         reason = error or "Azure ML reported the job Failed without an error message; see the job's std_log files"
     elif raw == "NotResponding":
-        state = JobState.FAILED
         reason = ("NotResponding: Azure ML stopped hearing from the job's nodes"
                   + (f" ({error})" if error else "") + "; check the nodes' std_log files and resubmit")
     elif raw == "Canceled":
-        state = JobState.CANCELLED
         reason = "canceled in Azure ML" + (f" ({error})" if error else "")
-    elif raw in WARN_STATUSES:
-        state = JobState.PENDING
-        warning = (f"Azure ML reports the job {raw}; it stays non-terminal until Azure ML reports a "
-                   f"running or final status.")
-    else:
-        state = JobState.PENDING
-        warning = (f"Azure ML reported an unknown job status {raw!r}; the job stays non-terminal until a "
-                   f"known status arrives.")
 
-    started = _utc(props.get(START_PROPERTY))
+    started = parse_utc(props.get(START_PROPERTY))
     if started is None and (state in (JobState.RUNNING, JobState.STOPPING) or state.is_terminal):
-        started = _utc(created_at)
+        started = parse_utc(created_at)
     ended = None
     if state.is_terminal:
-        ended = _utc(props.get(END_PROPERTY)) or _utc(last_modified_at)
+        ended = parse_utc(props.get(END_PROPERTY)) or parse_utc(last_modified_at)
         if started is not None and ended is not None and ended < started:
             ended = started
     training = (ended - started).total_seconds() if started is not None and ended is not None else None

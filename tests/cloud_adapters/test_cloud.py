@@ -504,3 +504,12 @@ def test_the_state_sets_are_read_from_the_table():
     assert [s for s in ("InProgress", "Stopping", "Completed", "Stopped", "Exploded")
             if REFINED.ended_or_ending(s)] == ["Stopping", "Completed", "Stopped"]
 
+
+@pytest.mark.parametrize("kind", ["sagemaker", "vertex", "azureml"])
+def test_every_provider_state_is_unfinished_or_terminal(kind):
+    from cloud_adapters.registry import backend_class
+
+    table = backend_class(kind).states
+    primaries = {key[0] if isinstance(key, tuple) else key for key in table.states}
+    assert table.terminal | table.unfinished == primaries and not table.terminal & table.unfinished
+    assert table.terminal and table.unfinished

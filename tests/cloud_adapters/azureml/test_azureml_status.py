@@ -13,7 +13,7 @@ import pytest
 from azureml_standin import T0, AzureMLStandin, FakeCredential, iso, make_backend
 
 from cloud_adapters.azureml import logs as az_logs
-from cloud_adapters.azureml.states import ALL_STATUSES, job_status
+from cloud_adapters.azureml.states import STATES, job_status
 from cloud_adapters.base import InvalidSpec, JobHandle, JobState, ProviderError, Throttled
 from jobs.cost import job_cost_usd
 from trainer_pkg.metrics import METRIC_PREFIX
@@ -105,7 +105,7 @@ def test_every_status_maps_to_one_state(raw, state):
 def test_the_table_covers_the_whole_enum():
     from azure.ai.ml._restclient.arm_ml_service.models import JobStatus as RestJobStatus
 
-    assert {s.value for s in RestJobStatus} == set(ALL_STATUSES)  # clouds.md §3.3: fourteen values
+    assert {s.value for s in RestJobStatus} == set(STATES.states)  # clouds.md §3.3: fourteen values
 
 
 def test_paused_unknown_and_new_values_stay_non_terminal_with_a_warning():
