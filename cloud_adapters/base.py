@@ -20,6 +20,9 @@ Operations (each documented on :class:`Backend`):
 * ``price(instance_type, spot)`` -- USD per instance-hour.
 * ``list_tagged()``       -- the provider jobs carrying Trainboard's tag that have not ended (for the
   orphan reconciler, ``jobs.orphans``).
+
+The cloud adapters implement these once, in :class:`cloud_adapters.cloud.CloudBackend`, over small
+hooks for their provider's calls.
 """
 
 from __future__ import annotations
