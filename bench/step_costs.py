@@ -4,13 +4,14 @@ of per-step work trainer_pkg/train.py's loop adds, timed in one process group, r
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python -m torch.distributed.run --standalone \\
         --nproc_per_node 2 bench/step_costs.py [--steps 200] [--rounds 5]
 
-Variants (the trainer's own objects where it has them: StopSignal, _real_mask, Window):
+Variants (the trainer's own objects where it has them: _real_mask, Window):
   base     zero_grad, DDP forward, mean cross entropy, backward, SGD step (the hand-written step)
-  agree    base + StopSignal.agreed(): a one-int all_reduce every step
-  metrics  base + the loop's metric block: per-sample cross entropy again, argmax, boolean masks
-           and three .item() calls, Window.add
+  agree    base + a blocking one-int all_reduce every step (the stop agreement the trainer replaced
+           with an asynchronous one every stop_check_s)
+  metrics  base + the metric block: per-sample cross entropy again, argmax, boolean masks, summed
+           on the device (Window.add_batch)
   mask     base + _real_mask(arange(...)) for the batch
-  sched    base + LambdaLR.step() (constant schedule) and the perf_counter/Window bookkeeping
+  sched    base + LambdaLR.step() (constant schedule) and the perf_counter/Window.add_step bookkeeping
   all      every one of the above: the trainer's step
 Rank 0 prints each variant's median µs per step over the rounds and its excess over ``base``.
 """
@@ -28,7 +29,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_pkg.models import build_model
-from trainer_pkg.train import StopSignal, Window, _real_mask, lr_factor
+from trainer_pkg.parallel import BatchResult
+from trainer_pkg.train import Window, _real_mask, lr_factor
 
 VARIANTS = ("base", "agree", "metrics", "mask", "sched", "all")
 
@@ -54,7 +56,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(
         lr_factor, schedule="constant", warmup_steps=0, total_steps=10**6))
-    stop, window = StopSignal(), Window()
+    window = Window(torch.device("cpu"))
     order = torch.randperm(n)[rank::world]
     device = torch.device("cpu")
 
@@ -67,8 +69,11 @@ def main() -> None:
         t0 = time.perf_counter()
         for s in range(steps):
             b = s % (len(order) // bs)
-            if agree and stop.agreed(device):
-                break
+            if agree:
+                flag = torch.zeros(1, dtype=torch.int32)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                if flag.item():
+                    break
             tick = time.perf_counter()
             idx = order[b * bs:(b + 1) * bs]
             keep = _real_mask(torch.arange(b * bs, b * bs + len(idx)), rank, world, n).to(device) if mask else None
@@ -80,14 +85,12 @@ def main() -> None:
                 if keep is None:
                     keep = torch.ones(len(idx), dtype=torch.bool)
                 with torch.no_grad():
-                    losses = F.cross_entropy(logits.float(), yb, reduction="none")
-                    window.add(loss_sum=losses[keep].sum().item(), correct=(logits.argmax(1) == yb)[keep].sum().item(),
-                               samples=keep.sum().item())
+                    out = BatchResult(logits=logits.detach(), loss=F.cross_entropy(logits.detach(), yb))
+                    window.add_batch(out, yb, keep, int(keep.sum()))
             opt.step()
             if book:
                 sched.step()
-                window.add(steps=1, data_seconds=0.0, seconds=time.perf_counter() - tick,
-                           step_seconds=time.perf_counter() - tick)
+                window.add_step(time.perf_counter() - tick, 0.0, 0.0)
         dist.barrier()
         return (time.perf_counter() - t0) / steps * 1e6
 

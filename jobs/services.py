@@ -55,7 +55,8 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.states import is_allowed, transition
-from trainer_pkg.config import ConfigError, JobConfig, Strategy, describe_world
+from trainer_pkg.config import ConfigError, JobConfig, Strategy
+from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
 
 log = logging.getLogger(__name__)
 
@@ -1235,7 +1236,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     except ConfigError as exc:
         _add_config_error(errors, exc, overridden)
     if config is not None:
-        for dotted, message in config.errors().items():
+        for dotted, message in config_errors(config).items():
             field = _config_error_field(dotted, overridden)
             errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
     if config is None or errors:
@@ -1354,8 +1355,6 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
 def _check_strategy_shape(errors: _Errors, *, strategy: str, nodes: int, procs_per_node: int,
                           batch_size: int | None, model_spec: ModelSpec | None, **pipeline: Any) -> None:
     """The JobConfig's shape errors (the trainer's own arithmetic) for the estimate's fields."""
-    from trainer_pkg.config import shape_errors
-
     raw: dict[str, Any] = {"parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
                                         **pipeline}}
     if batch_size is not None:

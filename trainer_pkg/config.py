@@ -6,13 +6,23 @@ dashboard's forms and validation, so the vocabulary below (``Literal`` choices) 
 
 ``JobConfig.from_dict`` is strict: an unknown key, a missing section or a value of the wrong type is a
 :class:`ConfigError` naming the field. Strings are never silently read as booleans or numbers.
+:meth:`JobConfig.field_errors` checks each field's range; whether the strategy fits the ranks (nodes ×
+processes, pipeline stages, micro-batches) is :mod:`trainer_pkg.world_shape`'s, which also needs the
+model registry. :func:`field_docs` reads the documentation beneath each field, so the trainer's
+``--help`` is this file's text.
+
+This module imports nothing from the package: every other module may import it.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import json
 import math
+import textwrap
 import typing
 from typing import Any, Literal, Mapping, get_args, get_origin
 
@@ -191,8 +201,10 @@ class JobConfig:
 
     # -- validation -------------------------------------------------------------------------
 
-    def errors(self) -> dict[str, str]:
-        """Range checks, keyed by dotted field name; empty when the config is valid."""
+    def field_errors(self) -> dict[str, str]:
+        """Range checks of single fields, keyed by dotted field name; empty when every field is in
+        range. Whether the strategy fits the world (nodes × processes, pipeline stages, micro-batches)
+        is :func:`trainer_pkg.world_shape.config_errors`, which includes these."""
         errs: dict[str, str] = {}
 
         def need(ok: bool, field: str, msg: str) -> None:
@@ -226,18 +238,7 @@ class JobConfig:
             value = getattr(getattr(self, section), name)
             need(value <= most, dotted, f"must be at most {most:,}, got {value:,}" if isinstance(value, int)
                  else f"must be at most {most:,g}, got {value:g}")
-        if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
-            for field, msg in shape_errors(self, world_size=p.world_size,
-                                           world_desc=describe_world(p.nodes, p.procs_per_node)).items():
-                need(False, field, msg)
         return errs
-
-    def validate(self) -> "JobConfig":
-        """Raise :class:`ConfigError` listing every range error; return ``self`` when valid."""
-        errs = self.errors()
-        if errs:
-            raise ConfigError("; ".join(f"{k}: {v}" for k, v in errs.items()))
-        return self
 
 
 MAXIMA: dict[str, int | float] = {
@@ -255,7 +256,7 @@ MAXIMA: dict[str, int | float] = {
     "train.grad_accum_steps": 10_000,
     "train.warmup_steps": 10_000_000,
 }
-"""Largest accepted value of each bounded numeric field (JobConfig.errors)."""
+"""Largest accepted value of each bounded numeric field (:meth:`JobConfig.field_errors`)."""
 
 
 def plural(n: int, one: str, many: str) -> str:
@@ -264,62 +265,26 @@ def plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def describe_world(nodes: int, procs_per_node: int) -> str:
-    """``"2 nodes × 2 processes = 4 ranks"``: the arithmetic behind a world size, for messages."""
-    return (f"{plural(nodes, 'node', 'nodes')} × {plural(procs_per_node, 'process', 'processes')} = "
-            f"{plural(nodes * procs_per_node, 'rank', 'ranks')}")
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The documentation of each field of the dataclass ``cls``: the string literal written beneath
+    it (torchtitan's style), whitespace collapsed; ``{}`` when the source is not available (a
+    bytecode-only install). Fields without one are left out.
 
-
-def pipeline_stage_count(parallel: ParallelConfig, world_size: int) -> int:
-    """Stages per pipeline: ``parallel.pipeline_stages``, or the world size when that is 0."""
-    return parallel.pipeline_stages or world_size
-
-
-def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_layers: bool = True) -> dict[str, str]:
-    """Whether ``cfg``'s strategy can run on ``world_size`` ranks, keyed by dotted field name.
-
-    ``world_desc`` says where the world size comes from (``describe_world(...)`` for a config, the
-    launcher's count in the trainer); every message shows the arithmetic, e.g. ``"2 nodes × 2
-    processes = 4 ranks; 3 pipeline stages do not divide 4"``. Torch-free: the dashboard calls it
-    through :meth:`JobConfig.errors`, the trainer with the world size the launcher started.
-    ``check_layers=False`` skips the stages-against-layers check (a caller without the model).
+    ``field_docs(TrainConfig)["epochs"]`` = ``"Passes over the training data."``
     """
-    p, t = cfg.parallel, cfg.train
-    errs: dict[str, str] = {}
-    if p.pipeline_stages < 0:
-        errs["parallel.pipeline_stages"] = f"must be 0 (one stage per rank) or more, got {p.pipeline_stages}"
-    if p.microbatches < 1:
-        errs["parallel.microbatches"] = f"must be at least 1, got {p.microbatches}"
-    if p.strategy != "pipeline" or errs:
-        return errs
-    stages = pipeline_stage_count(p, world_size)
-    if stages < 2:
-        errs["parallel.pipeline_stages"] = (
-            f"{world_desc}; a pipeline needs at least 2 stages: use at least 2 ranks, or strategy ddp")
-    elif world_size % stages:
-        errs["parallel.pipeline_stages"] = (
-            f"{world_desc}; {stages} pipeline stages do not divide {world_size}: choose a stage count "
-            f"that divides it (the ranks beyond one pipeline become data-parallel replicas)")
-    if t.batch_size >= 1 and t.batch_size % p.microbatches:
-        errs["parallel.microbatches"] = (
-            f"batch size {t.batch_size} is not divisible into {plural(p.microbatches, 'micro-batch', 'micro-batches')}"
-            f" ({t.batch_size} / {p.microbatches} = {t.batch_size / p.microbatches:g}): change one of them")
-    elif p.pipeline_schedule == "1f1b" and stages >= 2 and p.microbatches < stages:
-        errs["parallel.microbatches"] = (
-            f"the 1f1b schedule needs at least one micro-batch per stage: {p.microbatches} micro-batches "
-            f"< {stages} stages")
-    if check_layers and stages >= 2 and "parallel.pipeline_stages" not in errs:
-        from trainer_pkg.registry import pipeline_layer_count  # the registry imports this module
-
-        try:
-            layers = pipeline_layer_count(cfg.model.arch, cfg.model.params)
-        except ConfigError:
-            layers = None  # the registry reports bad model params itself
-        if layers is not None and layers < stages:
-            errs["parallel.pipeline_stages"] = (
-                f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
-                f"parameters has {plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
-    return errs
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:

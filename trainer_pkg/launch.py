@@ -43,11 +43,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from trainer_pkg import world_shape
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.metrics import exit_process, parse_metric_line, report_error
-from trainer_pkg.platforms import LAUNCHED_BY_US, PLATFORMS, LaunchPlan, PlatformError, plan as make_plan
+from trainer_pkg.platforms import (
+    LAUNCHED_BY_US,
+    PLATFORMS,
+    LaunchPlan,
+    PlatformError,
+    cpu_threads_per_rank,
+    plan as make_plan,
+)
 
 # Variables a platform or an outer launcher set that must not leak into the torchrun we start: it
 # sets its own per-process values (Vertex's RANK/WORLD_SIZE count machines, not processes).
@@ -63,13 +71,15 @@ def read_config(path: str) -> JobConfig:
             text = f.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    return JobConfig.from_json(text).validate()
+    return world_shape.validate(JobConfig.from_json(text))
 
 
-def torchrun_command(config_path: str, plan: LaunchPlan) -> list[str]:
-    """The torchrun argument list for ``plan``: ``--standalone`` for one node, else a static
-    rendezvous at the master with this node's rank (as SageMaker's toolkit does, clouds.md §1.6)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(plan.nnodes),
+def torchrun_command(config_path: str, plan: LaunchPlan, *, python: str = sys.executable) -> list[str]:
+    """The torchrun argument list that starts ``plan``'s ranks of this node, each running this
+    launcher on ``config_path``: ``--standalone`` for one node, else a static rendezvous at the
+    master with this node's rank (as SageMaker's toolkit does, clouds.md §1.6). ``python`` is the
+    interpreter that has torch (the GPU box's may differ from the worker's own)."""
+    cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(plan.nnodes),
            "--nproc_per_node", str(plan.nproc_per_node)]
     if plan.nnodes == 1:
         cmd.append("--standalone")
@@ -79,15 +89,26 @@ def torchrun_command(config_path: str, plan: LaunchPlan) -> list[str]:
     return cmd + ["-m", "trainer_pkg.launch", "--config", config_path]
 
 
+def torchrun_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment for :func:`torchrun_command`, from ``env`` (this process's, as a rule).
+
+    Another launcher's rank variables are dropped (torchrun sets its own per process; Vertex's
+    RANK/WORLD_SIZE count machines), ``plan.extra_env`` is added, the ranks are marked as started
+    by this launcher (so they train in process whatever else the machine's environment says), and
+    ``OMP_NUM_THREADS`` is :func:`~trainer_pkg.platforms.cpu_threads_per_rank` unless ``env`` sets
+    it. ``PYTHONPATH`` is the caller's: it knows where the package comes from.
+    """
+    out = {k: v for k, v in env.items() if k not in _RANK_VARS}
+    out.update(plan.extra_env)
+    out[LAUNCHED_BY_US] = plan.platform
+    if "OMP_NUM_THREADS" not in out:
+        out["OMP_NUM_THREADS"] = str(cpu_threads_per_rank(plan.nproc_per_node))
+    return out
+
+
 def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan) -> int:
     """Start torchrun for ``plan`` on this node and wait for it; returns the exit code to use."""
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
-    env.update(plan.extra_env)
-    env[LAUNCHED_BY_US] = plan.platform
-    if "OMP_NUM_THREADS" not in env:
-        # Split this machine's cores between the ranks (torchrun would otherwise force 1 and warn).
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        env["OMP_NUM_THREADS"] = str(max(1, cores // plan.nproc_per_node))
+    env = torchrun_env(plan, os.environ)
     # The package may be run from a checkout rather than installed: let the ranks import it too.
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)

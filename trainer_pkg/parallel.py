@@ -66,8 +66,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer_pkg.config import ConfigError, JobConfig, describe_world, pipeline_stage_count, shape_errors
+from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.models import pipeline_units, sequential_layers
+from trainer_pkg.world_shape import pipeline_stage_count, shape_errors
 
 _DDP_PARAMETERS = frozenset(inspect.signature(DDP.__init__).parameters)
 

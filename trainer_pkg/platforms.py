@@ -38,7 +38,8 @@ import os
 import re
 from typing import Any, Callable, Mapping
 
-from trainer_pkg.config import JobConfig
+from trainer_pkg import world_shape
+from trainer_pkg.config import JobConfig, apply_overrides
 
 PLATFORMS = ("torchrun", "sagemaker", "vertex", "azureml", "local")
 """Names accepted by ``--platform`` (besides ``auto``)."""
@@ -121,8 +122,6 @@ class LaunchPlan:
 
         Raises ConfigError naming the field when a hyperparameter does not parse to its type.
         """
-        from trainer_pkg.config import apply_overrides  # noqa: PLC0415 (keeps the import graph flat)
-
         if self.hyperparameters:
             cfg = apply_overrides(cfg, self.hyperparameters)
         d = cfg.to_dict()
@@ -139,7 +138,7 @@ class LaunchPlan:
         if self.sets_shape:
             d["parallel"]["nodes"] = self.nnodes
             d["parallel"]["procs_per_node"] = self.nproc_per_node
-        return JobConfig.from_dict(d).validate()
+        return world_shape.validate(JobConfig.from_dict(d))
 
 
 Env = Mapping[str, str]
@@ -184,6 +183,19 @@ def _json_var(env: Env, name: str, platform: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise PlatformError(f"{platform}: {name} is not valid JSON: {exc} (value {raw[:200]!r})") from None
+
+
+def cpu_threads_per_rank(procs_per_node: int) -> int:
+    """CPU threads for each of ``procs_per_node`` ranks sharing this machine: the cores this process
+    may run on (its affinity mask, which a container's or a scheduler's CPU limit narrows), split
+    evenly, at least 1. Ranks that each took every core would fight over them; torchrun alone would
+    give each one thread.
+
+    The launcher passes it to the ranks as ``OMP_NUM_THREADS`` (:func:`trainer_pkg.launch.torchrun_env`)
+    and the trainer applies it when a rank was started without one.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, procs_per_node))
 
 
 def _visible_gpus(env: Env) -> int:

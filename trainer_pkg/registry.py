@@ -15,7 +15,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from trainer_pkg.config import ConfigError
 
@@ -74,6 +74,11 @@ class ArchSpec:
     input_kind: str
     """``"image"`` (needs (C, H, W) input) or ``"any"`` (flattens whatever it gets); checked by
     :func:`check_input_shape`."""
+    pipeline_layers: Callable[[Mapping[str, Any]], int]
+    """The layer count for pipeline parallelism from validated params (every parameter present):
+    how many consecutive pieces the built model splits into, one per layer with weights (a conv
+    block, a residual block, a Linear). Equals ``len(trainer_pkg.models.pipeline_units(...))`` of
+    the built model (a test builds each architecture to hold it to that)."""
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -104,6 +109,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                 ParamSpec("num_layers", int, 2, 1, 16, "Hidden layers (each Linear → ReLU → Dropout)."),
                 ParamSpec("dropout", float, 0.0, 0.0, 0.9, "Dropout probability after each hidden layer."),
             ),
+            pipeline_layers=lambda p: p["num_layers"] + 1,  # hidden Linears, classifier
         ),
         ArchSpec(
             name="cnn",
@@ -115,6 +121,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                 ParamSpec("hidden_size", int, 64, 1, 8192, "Units of the hidden layer before the classifier."),
                 ParamSpec("dropout", float, 0.0, 0.0, 0.9, "Dropout probability before the classifier."),
             ),
+            pipeline_layers=lambda p: p["num_blocks"] + 2,  # conv blocks, hidden Linear, classifier
         ),
         ArchSpec(
             name="resnet",
@@ -125,6 +132,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                 ParamSpec("num_stages", int, 3, 1, 5, "Stages; each after the first halves the spatial size."),
                 ParamSpec("blocks_per_stage", int, 1, 1, 8, "Residual blocks in each stage."),
             ),
+            # stem, residual blocks, classifier
+            pipeline_layers=lambda p: 1 + p["num_stages"] * p["blocks_per_stage"] + 1,
         ),
     )
 }
@@ -179,17 +188,9 @@ def check_input_shape(arch: str, sample_shape: Sequence[int | None]) -> None:
 
 
 def pipeline_layer_count(arch: str, params: Mapping[str, Any] | None) -> int:
-    """How many consecutive pieces ``arch`` splits into for pipeline parallelism: at most this many
-    stages. One piece per layer with weights (a conv block, a residual block, a Linear); equals
-    ``len(trainer_pkg.models.pipeline_units(...))`` of the built model, computed here without torch.
+    """How many consecutive pieces ``arch`` with ``params`` splits into for pipeline parallelism: at
+    most this many stages (:attr:`ArchSpec.pipeline_layers`), computed without torch.
 
     Raises :class:`ConfigError` like :func:`validate_model_params`.
     """
-    p = validate_model_params(arch, params)
-    if arch == "mlp":
-        return p["num_layers"] + 1
-    if arch == "cnn":
-        return p["num_blocks"] + 2  # conv blocks, hidden Linear, classifier
-    if arch == "resnet":
-        return 1 + p["num_stages"] * p["blocks_per_stage"] + 1  # stem, residual blocks, classifier
-    raise ConfigError(f"model.arch: {arch} has no pipeline layer count")  # a registry bug
+    return get_arch(arch).pipeline_layers(validate_model_params(arch, params))

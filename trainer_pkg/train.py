@@ -21,6 +21,10 @@ Run it from the repository root (or anywhere after ``pip install ./trainer_pkg``
     # what the dashboard runs: the job's frozen JobConfig (see trainer_pkg.launch)
     python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2
 
+The flags are the JobConfig's fields (``--batch-size`` is ``train.batch_size``; ``--help`` prints each
+field's documentation from :mod:`trainer_pkg.config`) and override ``--config``; the shape (nodes ×
+processes) is the launcher's, never a flag's.
+
 What a run does, top to bottom in :func:`train`:
 
 1. Setup: the topology comes from torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``),
@@ -76,6 +80,7 @@ Errors: a bad dataset, config or checkpoint prints one line ``trainer error: ...
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -85,10 +90,10 @@ import math
 import os
 import random
 import signal
-import sys
 import time
 import traceback
-from typing import Any, Sequence
+import typing
+from typing import Any, Iterator, Literal, Sequence, get_args, get_origin
 
 import numpy as np
 import torch
@@ -96,16 +101,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from trainer_pkg.versions import strategy_torch_error
-from trainer_pkg.config import ConfigError, JobConfig, shape_errors
+from trainer_pkg import world_shape
+from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
 from trainer_pkg.datasets import Dataset, describe, load_dataset
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
+from trainer_pkg.platforms import cpu_threads_per_rank
+from trainer_pkg.versions import strategy_torch_error
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_VERSION = 2  # 2: optimizer state keyed by parameter name; scheduler and scaler
-EVAL_BATCH_SIZE = 512
 
 
 class TrainerError(Exception):
@@ -187,9 +193,9 @@ def _pick_device(dist_backend: str, topo: Topology, strategy: str = "ddp") -> tu
 
 def _set_cpu_threads(topo: Topology) -> None:
     # Ranks sharing a machine would otherwise each start one thread per core and fight over them.
+    # A rank the launcher started has OMP_NUM_THREADS (the same count); one torchrun started by hand may not.
     if topo.world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores // max(1, topo.local_world_size)))
+        torch.set_num_threads(cpu_threads_per_rank(topo.local_world_size))
     elif topo.world_size > 1:
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"] or 1)))
 
@@ -207,11 +213,27 @@ def _init_process_group(backend: str, topo: Topology, timeout_s: int, device: to
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 
+@contextlib.contextmanager
+def process_group(backend: str, topo: Topology, timeout_s: int, device: torch.device) -> Iterator[None]:
+    """The job's process group (``backend``, ``timeout_s`` seconds per collective) for the body,
+    destroyed on every way out of it."""
+    _init_process_group(backend, topo, timeout_s, device)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 # -- stopping on SIGTERM -------------------------------------------------------------------------
 
 
 class StopSignal:
-    """Remembers a SIGTERM/SIGINT; the loop polls :meth:`agreed` at step boundaries."""
+    """Remembers a SIGTERM/SIGINT; the ranks agree on it with :meth:`start_agreement`.
+
+    The handlers stay installed after :func:`train` returns: a SIGTERM that lands after the last
+    checkpoint, while the launcher copies the outputs, must not turn a finished run into a killed one.
+    """
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -223,12 +245,6 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         self.received = signum
-
-    def agreed(self, device: torch.device) -> bool:
-        """True on every rank once any rank has been signalled (a collective: call on all ranks)."""
-        flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
     def start_agreement(self, device: torch.device, step_seconds: float = 0.0,
                         nonfinite: float = -math.inf) -> "PendingStop":
@@ -367,7 +383,8 @@ def record_interval(step_seconds: float, target_s: float) -> int:
 
 
 class MetricsLog:
-    """Rank 0's record sink: ``metrics.jsonl`` plus the same line on stdout; a no-op elsewhere."""
+    """Rank 0's record sink: ``metrics.jsonl`` plus the same line on stdout; a no-op elsewhere. A
+    context manager: the file is closed however the run ends."""
 
     def __init__(self, path: str, enabled: bool, fresh: bool) -> None:
         self.path = path
@@ -387,30 +404,68 @@ class MetricsLog:
         if self.enabled:
             self._file.close()
 
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
 
 class Window:
-    """Training sums since the previous record, on this rank (padded duplicates excluded)."""
+    """Training sums since the previous record, on this rank (padded duplicates excluded).
+
+    Kept where they are cheapest and read only by :meth:`start_gather`: the loss sum (float64: the
+    same additions, in the same order, as Python floats) and the correct count on the device, the
+    sample counts and the timings (seconds) as Python numbers.
+    """
 
     FIELDS = ("loss_sum", "correct", "samples", "seconds", "steps", "step_seconds", "data_seconds",
               "compute_seconds", "trained")
+    _HOST = ("samples", "trained", "steps", "seconds", "step_seconds", "data_seconds", "compute_seconds")
 
-    def __init__(self) -> None:
-        self.reset()
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.host: dict[str, float] = dict.fromkeys(self._HOST, 0)
 
-    def reset(self) -> None:
-        self.values = dict.fromkeys(self.FIELDS, 0.0)
+    def add_batch(self, out: Any, y: torch.Tensor, keep: torch.Tensor | None, real: int) -> None:
+        """One batch of labels ``y`` (B,) trained on this rank, ``real`` of them not padding (``keep``,
+        a (B,) bool mask, marks which; None when all are). ``out`` is ``forward_backward``'s
+        detached loss and logits (B, classes), None on a pipeline stage without the loss."""
+        self.host["trained"] += real  # every stage of a pipeline trains the batch
+        if out is None:
+            return
+        hits = out.logits.argmax(1) == y
+        self.host["samples"] += real
+        if keep is not None:
+            keep = keep.to(self.device)
+            losses = F.cross_entropy(out.logits.float(), y, reduction="none")
+            self.loss_sum.add_(losses[keep].sum())
+            self.correct.add_(hits[keep].sum())
+        else:
+            self.loss_sum.add_(out.loss, alpha=len(y))
+            self.correct.add_(hits.sum())
 
-    def add(self, **kw: float) -> None:
-        for k, v in kw.items():
-            self.values[k] += float(v)
+    def add_step(self, seconds: float, data_seconds: float, compute_seconds: float) -> None:
+        """One optimizer step that took ``seconds``, ``data_seconds`` of them fetching batches and
+        ``compute_seconds`` in this rank's own forward and backward passes."""
+        h = self.host
+        h["steps"] += 1
+        h["data_seconds"] += data_seconds
+        h["seconds"] += seconds
+        h["step_seconds"] += seconds - data_seconds
+        h["compute_seconds"] += compute_seconds
 
-    def gather(self, device: torch.device) -> list[dict[str, float]]:
-        """Every rank's window, indexed by rank (a collective)."""
-        return self.start_gather(device).result()
-
-    def start_gather(self, device: torch.device) -> "PendingGather":
-        """Collective, asynchronous: start gathering every rank's window as it is now."""
-        mine = torch.tensor([self.values[k] for k in self.FIELDS], dtype=torch.float64, device=device)
+    def start_gather(self) -> "PendingGather":
+        """Collective, asynchronous: start gathering every rank's window as it is now, and start a
+        new, empty one."""
+        values = {"loss_sum": self.loss_sum.item(), "correct": float(self.correct.item()),
+                  **{k: float(v) for k, v in self.host.items()}}
+        self.loss_sum.zero_()
+        self.correct.zero_()
+        self.host = dict.fromkeys(self._HOST, 0)
+        mine = torch.tensor([values[k] for k in self.FIELDS], dtype=torch.float64, device=self.device)
         parts = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         return PendingGather(parts, dist.all_gather(parts, mine, async_op=True))
 
@@ -426,6 +481,58 @@ class PendingGather:
         if self.work is not None:
             self.work.wait()
         return [dict(zip(Window.FIELDS, p.tolist())) for p in self.parts]
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where the run is: optimizer steps taken, and the global gradient norm before clipping of the
+    last one (None with clipping off)."""
+
+    step: int
+    grad_norm: float | None = None
+
+
+class Recorder:
+    """The run's metric records: each carries the global window since the previous one.
+
+    A ``step`` record's all-gather runs in the background and the record is written one step later
+    (:meth:`flush`, with the time and values of its own step), so a record costs no rank a wait in
+    the step loop; any other record is written at once.
+    """
+
+    def __init__(self, log: MetricsLog, window: Window, optimizer: torch.optim.Optimizer,
+                 progress: Progress, topo: Topology, layout: dict[str, Any]) -> None:
+        self.log, self.window, self.optimizer, self.progress, self.topo = log, window, optimizer, progress, topo
+        self.layout = layout
+        self._deferred: list[tuple[dict[str, Any], PendingGather, dict[str, Any]]] = []
+
+    def flush(self) -> None:
+        """Write the ``step`` record whose gather is in flight, if any (rank 0; collective-free)."""
+        while self._deferred:
+            head, gathered, tail = self._deferred.pop()
+            fields = _window_fields(gathered.result())
+            self.log.write({**head, **fields, **(self.layout if fields else {}), **tail})
+
+    def report(self, event: str, epoch: int, **extra: Any) -> None:
+        """Collective: emit one ``event`` record for ``epoch`` with the global window since the
+        previous record and ``extra`` fields."""
+        self.flush()  # records stay in order
+        head = {"event": event, "time": time.time(), "epoch": epoch, "step": self.progress.step,
+                "world_size": self.topo.world_size, "lr": self.optimizer.param_groups[0]["lr"]}
+        tail = {"grad_norm": self.progress.grad_norm} if self.progress.grad_norm is not None else {}
+        tail.update(extra)
+        self._deferred.append((head, self.window.start_gather(), tail))
+        if event != "step":
+            self.flush()
+
+
+def _rank_layout(strategy: Strategy, world_size: int) -> dict[str, Any]:
+    """What each rank does, for the per-rank table of step records (a pipeline's stages differ by
+    design); {} for ddp and fsdp, whose ranks all do the same."""
+    if strategy.name != "pipeline":
+        return {}
+    stages = [r % strategy.num_stages for r in range(world_size)]
+    return {"rank_pipeline_stage": stages, "rank_stage_layers": [strategy.stage_sizes[s] for s in stages]}
 
 
 def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
@@ -478,6 +585,73 @@ def random_hflip(x: torch.Tensor) -> torch.Tensor:
     1/2, drawn from this rank's torch RNG (seeded per rank, saved in checkpoints)."""
     flip = torch.rand(len(x)) < 0.5
     return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
+
+
+def maybe_flip(x: torch.Tensor, enabled: bool) -> torch.Tensor:
+    """:func:`random_hflip` of the batch ``x`` when ``train.augment`` is on, else ``x`` itself."""
+    return random_hflip(x) if enabled else x
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainShard:
+    """This rank's part of each epoch's training data: its data-parallel unit's sampler order, cut
+    into batches (a pipeline's stages read the same shard).
+
+    DistributedSampler pads every shard to ``ceil(n / dp_size)`` samples by repeating samples; the
+    duplicates train but are left out of every reported metric (:meth:`padding`).
+    """
+
+    x: torch.Tensor
+    """Every training sample, (n, *sample shape), on the CPU."""
+    y: torch.Tensor
+    """Their labels, (n,)."""
+    sampler: DistributedSampler
+    batch_size: int
+    batches: int
+    """Batches per epoch (a pipeline skips an incomplete last batch)."""
+    dp_rank: int
+    dp_size: int
+
+    @classmethod
+    def of(cls, data: Dataset, strategy: Strategy, t: TrainConfig) -> "TrainShard":
+        """The shard of ``data``'s training split that ``strategy`` gives this rank. Raises
+        :class:`TrainerError` when a shard holds fewer samples than one batch of a pipeline."""
+        n = len(data.y_train)
+        shard = math.ceil(n / strategy.dp_size)
+        batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
+        if batches == 0:
+            raise TrainerError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
+                               f"pipeline reads per epoch; use a smaller batch size")
+        sampler = DistributedSampler(range(n), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
+                                     shuffle=True, seed=t.seed, drop_last=False)
+        return cls(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), sampler, t.batch_size,
+                   batches, strategy.dp_rank, strategy.dp_size)
+
+    @property
+    def n(self) -> int:
+        return len(self.y)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """This rank's sample indices for ``epoch`` in training order, (ceil(n / dp_size),) int64:
+        the sampler reshuffled for the epoch (``set_epoch``), the same on every rank of a unit."""
+        self.sampler.set_epoch(epoch)
+        return torch.tensor(list(iter(self.sampler)), dtype=torch.long)
+
+    def batch(self, order: torch.Tensor, index: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """(position of its first sample in ``order``, samples, labels) of batch ``index`` of the epoch
+        whose :meth:`epoch_order` is ``order``, on ``device``."""
+        start = index * self.batch_size
+        idx = order[start : start + self.batch_size]
+        return start, self.x[idx].to(device, non_blocking=True), self.y[idx].to(device, non_blocking=True)
+
+    def padding(self, start: int, count: int) -> tuple[torch.Tensor | None, int]:
+        """(mask of the real samples, how many) among the ``count`` at positions ``start…`` of this
+        rank's order; the mask is None when all are real, as in every batch but an epoch's last."""
+        # Rank r's item k is padding exactly when r + k·W ≥ n (see _real_mask).
+        if start + count <= math.ceil((self.n - self.dp_rank) / self.dp_size):
+            return None, count
+        keep = _real_mask(torch.arange(start, start + count), self.dp_rank, self.dp_size, self.n)
+        return keep, int(keep.sum())
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -627,30 +801,117 @@ def train(cfg: JobConfig) -> int:
     Never raises for a user error: it prints ``trainer error: ...`` on stderr and returns 1.
     """
     stop = StopSignal().install()
-    initialized = False
-    try:
-        cfg.validate()
-        # Before any collective: an image too old for the strategy fails the same way on every rank.
-        too_old = strategy_torch_error(cfg.parallel.strategy, torch.__version__, where="this image")
-        if too_old:
-            raise TrainerError(too_old)
-        topo = Topology.from_env()
-        device, backend = _pick_device(cfg.parallel.dist_backend, topo, cfg.parallel.strategy)
-        if device.type == "cpu":
-            _set_cpu_threads(topo)
-        _init_process_group(backend, topo, cfg.parallel.timeout_s, device)
-        initialized = True
-        return _run(cfg, topo, device, backend, stop)
-    except (TrainerError, ConfigError, StrategyError) as exc:
-        report_error(f"{exc}")
-        return 1
-    except Exception as exc:
-        traceback.print_exc()
-        report_error(f"{type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        if initialized and dist.is_initialized():
-            dist.destroy_process_group()
+    with contextlib.ExitStack() as resources:  # closed after the error below is reported
+        try:
+            world_shape.validate(cfg)
+            # Before any collective: an image too old for the strategy fails the same way on every rank.
+            too_old = strategy_torch_error(cfg.parallel.strategy, torch.__version__, where="this image")
+            if too_old:
+                raise TrainerError(too_old)
+            topo = Topology.from_env()
+            device, backend = _pick_device(cfg.parallel.dist_backend, topo, cfg.parallel.strategy)
+            if device.type == "cpu":
+                _set_cpu_threads(topo)
+            resources.enter_context(process_group(backend, topo, cfg.parallel.timeout_s, device))
+            return _run(cfg, topo, device, backend, stop)
+        except (TrainerError, ConfigError, StrategyError) as exc:
+            report_error(f"{exc}")
+            return 1
+        except Exception as exc:
+            traceback.print_exc()
+            report_error(f"{type(exc).__name__}: {exc}")
+            return 1
+
+
+def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, stop: StopSignal) -> int:
+    """One rank's run, top to bottom: setup, data, model, resume, loop, save. Every rank runs the
+    same collectives in the same order."""
+    t = cfg.train
+    ckpt_path = os.path.join(cfg.output.resolved_checkpoint_dir, CHECKPOINT_NAME)
+    model_path = os.path.join(cfg.output.output_dir, "model.pt")
+    _log(topo, f"world size {topo.world_size} ({backend} on {device.type}), "
+               f"{torch.get_num_threads()} CPU thread(s) per rank")
+    if topo.world_size != cfg.parallel.world_size:
+        _log(topo, f"note: the config asks for {cfg.parallel.nodes} node(s) × {cfg.parallel.procs_per_node} "
+                   f"process(es) = {cfg.parallel.world_size} rank(s); the launcher started {topo.world_size}")
+
+    # -- data and model: the same arrays and the same initial weights on every rank ---------------
+    with agreed_setup(topo, device):
+        _seed_everything(t.seed)
+        data = load_dataset(cfg.data, seed=t.seed)
+        torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
+        _check_job_fits(cfg, data, topo.world_size)
+        autocast = autocast_context(t.precision, device)
+        model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes).to(device)
+        n_params = sum(p.numel() for p in model.parameters())
+        ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
+        if topo.is_main:
+            _remove_leftovers(topo, ckpt_path, model_path)
+
+    # -- placement: the strategy wraps, shards or splits the model; optimizer, lr schedule, resume --
+    with agreed_setup(topo, device):
+        strategy = make_strategy(cfg, model, device)
+        optimizer = _make_optimizer(strategy.parameters(), t)
+        shard = TrainShard.of(data, strategy, t)
+        total_steps = t.epochs * math.ceil(shard.batches / t.grad_accum_steps)
+        scheduler = maybe_resume(ckpt, ckpt_path, strategy, optimizer, t, total_steps)
+    start_epoch, start_batch, step = _resume_position(ckpt, ckpt_path, topo, t.seed)
+    _log(topo, f"data {describe(data)}; model {cfg.model.arch} ({n_params:,} parameters); "
+               f"{_describe_strategy(strategy, t)}")
+
+    x_val, y_val = torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
+    save = functools.partial(save_checkpoint, ckpt_path, strategy=strategy, optimizer=optimizer,
+                             scheduler=scheduler, cfg=cfg, topo=topo)
+    progress = Progress(step)
+    nonfinite = NonfiniteLoss(device)
+    stepper = Stepper(strategy, optimizer, scheduler, shard, Window(device), nonfinite, progress, autocast, t)
+    agreements = Agreements(stop, t, device, step)
+    with MetricsLog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), topo.is_main, fresh=ckpt is None) as log:
+        recorder = Recorder(log, stepper.window, optimizer, progress, topo, _rank_layout(strategy, topo.world_size))
+        divergence = Divergence(t.on_nonfinite_loss, recorder, topo)
+
+        # -- the loop: one optimizer step per train.grad_accum_steps batches -----------------------
+        first_step, last_step_s = step + 1, 0.0
+        for epoch in range(start_epoch, t.epochs):
+            order = shard.epoch_order(epoch)
+            b = start_batch if epoch == start_epoch else 0
+            while b < shard.batches:
+                if agreements.due(progress.step):
+                    stopping, nonfinite_code = agreements.read()
+                    divergence.check(nonfinite_code, epoch)
+                    if stopping:
+                        return _stop(epoch, b, strategy=strategy, save=save, recorder=recorder, topo=topo,
+                                     ckpt_path=ckpt_path)
+                    agreements.start(progress.step, last_step_s, nonfinite.code())
+                batches = range(b, min(b + t.grad_accum_steps, shard.batches))
+                last_step_s = stepper.step(batches, order)
+                b = batches.stop
+                recorder.flush()  # the previous step's record: its gather has finished by now
+                if progress.step == first_step:
+                    recorder.report("started", epoch, resumed=ckpt is not None)
+                elif agreements.record_due(progress.step):
+                    recorder.report("step", epoch)
+
+            # -- end of epoch: validate, then checkpoint (never a diverged model over a good one) ---
+            divergence.check(nonfinite.agreed(device), epoch)
+            strategy.sync_buffers()
+            val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
+            digests: list[Any] = [None] * topo.world_size
+            dist.all_gather_object(digests, sample_order_digest(order))
+            recorder.report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
+            _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
+            save(epoch=epoch + 1, batches_done=0, step=progress.step)
+        agreements.finish()
+
+        # -- save: the whole model's bare state dict on rank 0 (FSDP shards, pipeline stages gathered)
+        strategy.sync_buffers()
+        state = strategy.full_state_dict()  # collective
+        if topo.is_main:
+            _atomic_torch_save(state, model_path)
+        dist.barrier()
+        recorder.report("completed", max(t.epochs - 1, 0))
+        _log(topo, f"done: {model_path}")
+        return 0
 
 
 def _log(topo: Topology, msg: str) -> None:
@@ -668,36 +929,14 @@ def _agree_setup(error: str | None, topo: Topology, device: torch.device) -> Non
         raise TrainerError(f"rank {failed.item()} failed during setup (its error is in its log)")
 
 
-def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, stop: StopSignal) -> int:
-    t = cfg.train
-    ckpt_path = os.path.join(cfg.output.resolved_checkpoint_dir, CHECKPOINT_NAME)
-    _log(topo, f"world size {topo.world_size} ({backend} on {device.type}), "
-               f"{torch.get_num_threads()} CPU thread(s) per rank")
-    if topo.world_size != cfg.parallel.world_size:
-        _log(topo, f"note: the config asks for {cfg.parallel.nodes} node(s) × {cfg.parallel.procs_per_node} "
-                   f"process(es) = {cfg.parallel.world_size} rank(s); the launcher started {topo.world_size}")
-
-    # -- setup: data, model, shape checks, checkpoint file (failures agreed across ranks) -------
+@contextlib.contextmanager
+def agreed_setup(topo: Topology, device: torch.device) -> Iterator[None]:
+    """A setup step whose outcome every rank agrees on (a collective at its end): when it failed on
+    any rank, every rank raises :class:`TrainerError` (this rank's own error, or which rank failed),
+    so no rank waits in a later collective for one that has given up."""
     error = None
     try:
-        _seed_everything(t.seed)
-        data: Dataset = load_dataset(cfg.data, seed=t.seed)
-        torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
-        if t.augment and len(data.input_shape) != 3:
-            raise TrainerError(f"train.augment flips images, but this dataset's samples have shape "
-                               f"{tuple(data.input_shape)}, not (C, H, W); turn train.augment off")
-        shape = shape_errors(cfg, world_size=topo.world_size,
-                             world_desc=f"the launcher started {topo.world_size} rank(s)")
-        if shape:
-            raise TrainerError("; ".join(f"{k}: {v}" for k, v in shape.items()))
-        autocast = autocast_context(t.precision, device)
-        model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes).to(device)
-        n_params = sum(p.numel() for p in model.parameters())
-        ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
-        if topo.is_main:
-            for path in (ckpt_path, os.path.join(cfg.output.output_dir, "model.pt")):
-                for leftover in remove_stale_temp_files(path):
-                    _log(topo, f"removed {leftover}, left half-written by an earlier run that was killed")
+        yield
     except (TrainerError, ConfigError, StrategyError) as exc:
         error = str(exc)
     except OSError as exc:
@@ -707,261 +946,211 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         error = f"{type(exc).__name__}: {exc}"
     _agree_setup(error, topo, device)
 
-    # -- the strategy places the model; optimizer, schedule, checkpoint state (collective) --------
-    error = None
+
+def _check_job_fits(cfg: JobConfig, data: Dataset, world_size: int) -> None:
+    """Raise :class:`TrainerError` when the job cannot run on ``data`` or on the ``world_size`` ranks
+    the launcher started (the world-shape checks, with their arithmetic)."""
+    if cfg.train.augment and len(data.input_shape) != 3:
+        raise TrainerError(f"train.augment flips images, but this dataset's samples have shape "
+                           f"{tuple(data.input_shape)}, not (C, H, W); turn train.augment off")
+    shape = world_shape.shape_errors(cfg, world_size=world_size,
+                                     world_desc=f"the launcher started {world_size} rank(s)")
+    if shape:
+        raise TrainerError("; ".join(f"{k}: {v}" for k, v in shape.items()))
+
+
+def _remove_leftovers(topo: Topology, *paths: str) -> None:
+    for path in paths:
+        for leftover in remove_stale_temp_files(path):
+            _log(topo, f"removed {leftover}, left half-written by an earlier run that was killed")
+
+
+def maybe_resume(ckpt: dict[str, Any] | None, ckpt_path: str, strategy: Strategy, optimizer: torch.optim.Optimizer,
+                 t: TrainConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The lr schedule over ``total_steps`` optimizer steps; with a checkpoint ``ckpt``, the model,
+    optimizer and schedule state it holds loaded into them.
+
+    Raises :class:`TrainerError` when the checkpoint does not fit this model or optimizer.
+    """
+    # Made before the optimizer state is loaded, as in the run that saved it: the parameter groups
+    # then have the saved ones' keys (initial_lr), which FSDP's loader requires.
+    scheduler = lr_scheduler(optimizer, t, total_steps)
+    if ckpt is None:
+        return scheduler
     try:
-        strategy = make_strategy(cfg, model, device)
-        optimizer = _make_optimizer(strategy.parameters(), t)
-        n_train = len(data.y_train)
-        shard = math.ceil(n_train / strategy.dp_size)  # DistributedSampler pads every shard to this
-        n_batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
-        if n_batches == 0:
-            raise TrainerError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
-                               f"pipeline reads per epoch; use a smaller batch size")
-        steps_per_epoch = math.ceil(n_batches / t.grad_accum_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
-            lr_factor, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.epochs * steps_per_epoch))
-        if ckpt is not None:
-            try:
-                strategy.load(ckpt["model"], optimizer, ckpt.get("optimizer"))
-                if ckpt.get("scheduler"):
-                    scheduler.load_state_dict(ckpt["scheduler"])
-                else:  # a checkpoint from before schedules: the lr the schedule gives at its step
-                    _set_schedule_step(scheduler, ckpt["step"])
-            except (RuntimeError, ValueError, KeyError) as exc:
-                raise TrainerError(
-                    f"checkpoint {ckpt_path} does not fit this model/optimizer "
-                    f"({str(exc).splitlines()[0]}); delete it or set output.checkpoint_dir to start fresh"
-                ) from None
-    except (TrainerError, ConfigError, StrategyError) as exc:
-        error = str(exc)
-    except Exception as exc:
-        traceback.print_exc()
-        error = f"{type(exc).__name__}: {exc}"
-    _agree_setup(error, topo, device)
+        strategy.load(ckpt["model"], optimizer, ckpt.get("optimizer"))
+        if ckpt.get("scheduler"):
+            scheduler.load_state_dict(ckpt["scheduler"])
+        else:  # a checkpoint from before schedules: the lr the schedule gives at its step
+            scheduler = lr_scheduler(optimizer, t, total_steps, step=ckpt["step"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise TrainerError(
+            f"checkpoint {ckpt_path} does not fit this model/optimizer "
+            f"({str(exc).splitlines()[0]}); delete it or set output.checkpoint_dir to start fresh"
+        ) from None
+    return scheduler
 
-    start_epoch, skip_batches, step = 0, 0, 0
-    if ckpt is not None:
-        start_epoch, skip_batches, step = ckpt["epoch"], ckpt.get("batches_done", 0), ckpt["step"]
-        rngs = ckpt.get("rng") or []
-        if ckpt.get("world_size") == topo.world_size and len(rngs) == topo.world_size:
-            _set_rng_state(rngs[topo.rank])
-        else:
-            # A different world size reshards the data: the saved position inside the epoch is void.
-            skip_batches = 0
-            torch.manual_seed(t.seed + 7919 * topo.rank + 104729 * start_epoch)
-        _log(topo, f"resuming from {ckpt_path}: epoch {start_epoch}, batch {skip_batches}, step {step}")
+
+def _resume_position(ckpt: dict[str, Any] | None, ckpt_path: str, topo: Topology, seed: int) -> tuple[int, int, int]:
+    """(epoch, batch inside it, optimizer steps taken) to start at, and this rank's random state for
+    them: the checkpoint's, or a fresh start's per-rank seed."""
+    if ckpt is None:
+        torch.manual_seed(seed + 7919 * topo.rank)  # per-rank randomness (dropout) after a shared init
+        return 0, 0, 0
+    epoch, batch, step = ckpt["epoch"], ckpt.get("batches_done", 0), ckpt["step"]
+    rngs = ckpt.get("rng") or []
+    if ckpt.get("world_size") == topo.world_size and len(rngs) == topo.world_size:
+        _set_rng_state(rngs[topo.rank])
     else:
-        torch.manual_seed(t.seed + 7919 * topo.rank)  # per-rank randomness (dropout) after a shared init
-    _log(topo, f"data {describe(data)}; model {cfg.model.arch} ({n_params:,} parameters); "
-               f"{_describe_strategy(strategy, t)}")
+        # A different world size reshards the data: the saved position inside the epoch is void.
+        batch = 0
+        torch.manual_seed(seed + 7919 * topo.rank + 104729 * epoch)
+    _log(topo, f"resuming from {ckpt_path}: epoch {epoch}, batch {batch}, step {step}")
+    return epoch, batch, step
 
-    x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    x_val, y_val = torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
-    sampler = DistributedSampler(range(n_train), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
-                                 shuffle=True, seed=t.seed, drop_last=False)
-    metrics = MetricsLog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), topo.is_main, fresh=ckpt is None)
-    window = Window()
-    grad_norm: float | None = None
-    # Training sums since the previous record, kept where they are cheapest and only read in report():
-    # the loss sum (float64: the same additions, in the same order, as Python floats) and the correct
-    # count on the device, the sample count and the timings as plain Python numbers.
-    loss_acc = torch.zeros((), dtype=torch.float64, device=device)
-    correct_acc = torch.zeros((), dtype=torch.int64, device=device)
-    acc = {"samples": 0, "trained": 0, "steps": 0, "seconds": 0.0, "step_seconds": 0.0, "data_seconds": 0.0,
-           "compute_seconds": 0.0}
 
-    # A ``step`` record's all-gather runs in the background and the record is written one step later
-    # (with the time and values of its own step): a record costs no rank a wait in the step loop.
-    deferred: list[tuple[dict[str, Any], PendingGather, dict[str, Any]]] = []
-    # What each rank does, for the per-rank table (a pipeline's stages differ by design).
-    layout: dict[str, Any] = {}
-    if strategy.name == "pipeline":
-        layout = {"rank_pipeline_stage": [r % strategy.num_stages for r in range(topo.world_size)],
-                  "rank_stage_layers": [strategy.stage_sizes[r % strategy.num_stages] for r in range(topo.world_size)]}
+class Stepper:
+    """One optimizer step at a time: forward and backward over its batches (gradients synchronised
+    only on the last: DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``), under autocast
+    when ``train.precision`` asks, clipping, the optimizer and lr schedule steps, and the sums the
+    next record reports."""
 
-    def flush_record() -> None:
-        """Write the ``step`` record whose gather is in flight, if any (rank 0; collective-free)."""
-        while deferred:
-            head, gathered, tail = deferred.pop()
-            fields = _window_fields(gathered.result())
-            metrics.write({**head, **fields, **(layout if fields else {}), **tail})
+    def __init__(self, strategy: Strategy, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, shard: TrainShard, window: Window,
+                 nonfinite: "NonfiniteLoss", progress: Progress, autocast: contextlib.AbstractContextManager,
+                 t: TrainConfig) -> None:
+        self.strategy, self.optimizer, self.scheduler = strategy, optimizer, scheduler
+        self.shard, self.window, self.nonfinite, self.progress = shard, window, nonfinite, progress
+        self.autocast, self.t = autocast, t
+        self.device = window.device
 
-    def report(event: str, epoch: int, **extra: Any) -> None:
-        """Collective: emit one record with the global window since the previous record."""
-        flush_record()  # records stay in order
-        window.values.update(loss_sum=loss_acc.item(), correct=float(correct_acc.item()),
-                             **{k: float(v) for k, v in acc.items()})
-        loss_acc.zero_()
-        correct_acc.zero_()
-        acc.update(samples=0, trained=0, steps=0, seconds=0.0, step_seconds=0.0, data_seconds=0.0,
-                   compute_seconds=0.0)
-        head = {"event": event, "time": time.time(), "epoch": epoch, "step": step,
-                "world_size": topo.world_size, "lr": optimizer.param_groups[0]["lr"]}
-        tail = {"grad_norm": grad_norm} if grad_norm is not None else {}
-        tail.update(extra)
-        gathered = window.start_gather(device)
-        window.reset()
-        deferred.append((head, gathered, tail))
-        if event != "step":
-            flush_record()
+    def step(self, batches: range, order: torch.Tensor) -> float:
+        """One optimizer step over the epoch's batches ``batches`` (indices into ``order``, this
+        rank's :meth:`TrainShard.epoch_order`); returns the seconds it took."""
+        tick = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        data_seconds = 0.0
+        for index in batches:
+            data_tick = time.perf_counter()
+            start, xb, yb = self.shard.batch(order, index, self.device)
+            xb = maybe_flip(xb, self.t.augment)
+            data_seconds += time.perf_counter() - data_tick
+            # Each batch's mean loss weighs 1/len(batches): the step's gradient is the mean over them.
+            out = self.strategy.forward_backward(xb, yb, loss_scale=1.0 / len(batches), sync=index == batches[-1],
+                                                 autocast=self.autocast)
+            keep, real = self.shard.padding(start, len(yb))
+            if out is not None:  # (out's tensors are detached: no autograd here)
+                self.nonfinite.see(out.loss, self.progress.step + 1)
+            self.window.add_batch(out, yb, keep, real)
+        self.strategy.finish_gradients()
+        self.progress.grad_norm = maybe_clip_grad_norm(self.strategy, self.t.grad_clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.progress.step += 1
+        seconds = time.perf_counter() - tick
+        self.window.add_step(seconds, data_seconds, self.strategy.take_compute_seconds())
+        return seconds
 
-    nonfinite = NonfiniteLoss(device)
-    warned_nonfinite = False
 
-    def check_nonfinite(code: float, epoch: int) -> None:
-        """Act on an agreed :meth:`NonfiniteLoss.code` (the same on every rank, so every rank acts
-        alike): ``stop`` emits the ``failed`` record and raises; ``warn`` logs once."""
-        nonlocal warned_nonfinite
+def maybe_clip_grad_norm(strategy: Strategy, max_norm: float) -> float | None:
+    """With ``train.grad_clip_norm`` > 0, clip the global gradient norm (over all ranks and shards) to
+    ``max_norm`` and return the norm before clipping; None, touching nothing, when it is 0."""
+    return strategy.clip_grad_norm_(max_norm) if max_norm > 0 else None
+
+
+class Agreements:
+    """When the ranks agree on stopping, and how often ``step`` records are made.
+
+    An agreement (:meth:`StopSignal.start_agreement`: a SIGTERM flag, the slowest step time, the
+    earliest non-finite loss) is an asynchronous all-reduce started about every
+    ``train.stop_check_s`` of training (:func:`stop_poll_interval`) and read when the next one
+    starts, long finished in the background. Every rank computes the same interval, and with
+    ``train.log_every_steps`` 0 the same record interval (:func:`record_interval`), from the agreed
+    slowest step time, so all ranks stop, and record, at the same step.
+    """
+
+    def __init__(self, stop: StopSignal, t: TrainConfig, device: torch.device, step: int) -> None:
+        self.stop, self.t, self.device = stop, t, device
+        self.pending: PendingStop | None = None
+        self.poll, self.next_at = 1, step
+        self.record_every = t.log_every_steps or RECORD_FIRST_STEPS
+        self.last_record = step + 1
+
+    def due(self, step: int) -> bool:
+        """Whether an agreement is read and the next one started before optimizer step ``step + 1``."""
+        return step >= self.next_at
+
+    def read(self) -> tuple[bool, float]:
+        """(whether any rank had been signalled, the earliest non-finite loss as a
+        :meth:`NonfiniteLoss.code`) of the agreement in flight; ``(False, -inf)`` before the first."""
+        if self.pending is None:
+            return False, -math.inf
+        stopping, slowest_step_s, nonfinite_code = self.pending.result()
+        self.pending = None
+        self.poll = stop_poll_interval(slowest_step_s, self.t.stop_check_s)
+        if not self.t.log_every_steps:
+            self.record_every = record_interval(slowest_step_s, self.t.log_every_s)
+        return stopping, nonfinite_code
+
+    def start(self, step: int, last_step_s: float, nonfinite_code: float) -> None:
+        """Start the next agreement at optimizer step ``step`` with this rank's last step time
+        (seconds) and first non-finite loss."""
+        self.pending = self.stop.start_agreement(self.device, last_step_s, nonfinite_code)
+        self.next_at = step + self.poll
+
+    def record_due(self, step: int) -> bool:
+        """Whether optimizer step ``step`` gets a ``step`` record: every ``train.log_every_steps``
+        steps, or (0) about every ``train.log_every_s`` seconds."""
+        if self.t.log_every_steps:
+            return step % self.t.log_every_steps == 0
+        if step - self.last_record >= self.record_every:
+            self.last_record = step
+            return True
+        return False
+
+    def finish(self) -> None:
+        """Wait for the last agreement (nothing is left to stop)."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+
+class Divergence:
+    """What the run does about an agreed non-finite loss (``train.on_nonfinite_loss``); the value is
+    the same on every rank, so every rank acts alike."""
+
+    def __init__(self, policy: str, recorder: Recorder, topo: Topology) -> None:
+        self.policy, self.recorder, self.topo = policy, recorder, topo
+        self.warned = False
+
+    def check(self, code: float, epoch: int) -> None:
+        """Act on ``code`` (:meth:`NonfiniteLoss.code`, agreed): ``stop`` emits the ``failed`` record and
+        raises :class:`TrainerError`; ``warn`` logs it once. Nothing for ``-inf`` (all finite)."""
         reason = describe_nonfinite(code)
         if reason is None:
             return
-        if t.on_nonfinite_loss == "stop":
+        if self.policy == "stop":
             # The ranks agree about every stop_check_s, so the run is some steps past the bad one:
             # the record names it, and the dashboard marks the chart there.
-            report("failed", epoch, reason=reason, nonfinite_step=nonfinite_step(code))
+            self.recorder.report("failed", epoch, reason=reason, nonfinite_step=nonfinite_step(code))
             raise TrainerError(f"{reason}: the run diverged (lower train.lr, or clip gradients with "
                                "train.grad_clip_norm); no checkpoint was written after it")
-        if not warned_nonfinite:
-            warned_nonfinite = True
-            _log(topo, f"warning: {reason}; training goes on (train.on_nonfinite_loss is warn)")
-
-    def save(epoch: int, batches_done: int) -> None:
-        save_checkpoint(ckpt_path, strategy=strategy, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
-                        batches_done=batches_done, step=step, cfg=cfg, topo=topo)
-
-    try:
-        # -- the loop: one optimizer step per grad_accum_steps batches -----------------------------
-        first_step = step + 1
-        # The stop flag is agreed asynchronously every ``poll`` steps (stop_poll_interval: about
-        # train.stop_check_s of training apart), each agreement read when the next one starts; every
-        # rank computes the same ``poll`` from the agreed slowest step time, so all stop at one step.
-        pending: PendingStop | None = None
-        poll, next_agreement, last_step_s = 1, step, 0.0
-        # ``step`` records: every log_every_steps steps, or (0) about every log_every_s seconds, the
-        # interval recomputed from each agreement's slowest step time (the same on every rank).
-        record_every, last_record = t.log_every_steps or RECORD_FIRST_STEPS, first_step
-        # Only a batch reaching past the sampler's padding point holds padded duplicates (the last one
-        # of an epoch): rank r's item k is padding exactly when r + k·W ≥ n (see _real_mask).
-        first_padded = max(0, math.ceil((n_train - strategy.dp_rank) / strategy.dp_size))
-        # A constant schedule without warmup has factor 1 at every step: its step() only counts.
-        constant_lr = t.lr_schedule == "constant" and t.warmup_steps == 0
-        for epoch in range(start_epoch, t.epochs):
-            sampler.set_epoch(epoch)
-            order = torch.tensor(list(iter(sampler)), dtype=torch.long)
-            b = skip_batches if epoch == start_epoch else 0
-            while b < n_batches:
-                if step >= next_agreement:
-                    # Read the agreement started ``poll`` steps ago (long finished in the background:
-                    # no wait), then start the next one with this rank's last step time.
-                    if pending is not None:
-                        stopping, slowest_step_s, nonfinite_code = pending.result()
-                        pending = None
-                        check_nonfinite(nonfinite_code, epoch)
-                        if stopping:
-                            return _stop(strategy, epoch, b, step, topo, ckpt_path, report, save)
-                        poll = stop_poll_interval(slowest_step_s, t.stop_check_s)
-                        if not t.log_every_steps:
-                            record_every = record_interval(slowest_step_s, t.log_every_s)
-                    pending = stop.start_agreement(device, last_step_s, nonfinite.code())
-                    next_agreement = step + poll
-                tick = time.perf_counter()
-                group = range(b, min(b + t.grad_accum_steps, n_batches))
-                optimizer.zero_grad(set_to_none=True)
-                data_seconds = 0.0
-                for bb in group:
-                    data_tick = time.perf_counter()
-                    start = bb * t.batch_size
-                    idx = order[start : start + t.batch_size]
-                    xb, yb = x_train[idx].to(device, non_blocking=True), y_train[idx].to(device, non_blocking=True)
-                    if t.augment:
-                        xb = random_hflip(xb)
-                    data_seconds += time.perf_counter() - data_tick
-                    # Each batch's mean loss weighs 1/len(group): the step's gradient is the mean over the group.
-                    out = strategy.forward_backward(xb, yb, loss_scale=1.0 / len(group), sync=bb == group[-1],
-                                                    autocast=autocast)
-                    keep = None
-                    if start + len(idx) > first_padded:  # padded duplicates: left out of the sums
-                        keep = _real_mask(torch.arange(start, start + len(idx)),
-                                          strategy.dp_rank, strategy.dp_size, n_train)
-                        real = int(keep.sum())
-                    else:
-                        real = len(idx)
-                    acc["trained"] += real  # every stage of a pipeline trains the batch
-                    if out is not None:  # (out's tensors are detached: no autograd here)
-                        nonfinite.see(out.loss, step + 1)
-                        hits = out.logits.argmax(1) == yb
-                        if keep is not None:
-                            acc["samples"] += real
-                            keep = keep.to(device)
-                            losses = F.cross_entropy(out.logits.float(), yb, reduction="none")
-                            loss_acc.add_(losses[keep].sum())
-                            correct_acc.add_(hits[keep].sum())
-                        else:
-                            acc["samples"] += len(idx)
-                            loss_acc.add_(out.loss, alpha=len(idx))
-                            correct_acc.add_(hits.sum())
-                strategy.finish_gradients()
-                if t.grad_clip_norm > 0:
-                    grad_norm = strategy.clip_grad_norm_(t.grad_clip_norm)
-                optimizer.step()
-                if constant_lr:
-                    scheduler.last_epoch += 1  # what step() would do, less recomputing the same lr
-                    scheduler._step_count += 1
-                else:
-                    scheduler.step()
-                step += 1
-                b = group.stop
-                seconds = last_step_s = time.perf_counter() - tick
-                acc["steps"] += 1
-                acc["data_seconds"] += data_seconds
-                acc["seconds"] += seconds
-                acc["step_seconds"] += seconds - data_seconds
-                acc["compute_seconds"] += strategy.take_compute_seconds()
-                if deferred:  # the previous step's record: its gather has finished by now
-                    flush_record()
-                if step == first_step:
-                    report("started", epoch, resumed=ckpt is not None)
-                elif (step % t.log_every_steps == 0) if t.log_every_steps else step - last_record >= record_every:
-                    report("step", epoch)
-                    last_record = step
-
-            # Before the epoch's checkpoint: a diverged model never replaces the last good one.
-            check_nonfinite(nonfinite.agreed(device), epoch)
-            strategy.sync_buffers()
-            val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
-            digests: list[Any] = [None] * topo.world_size
-            dist.all_gather_object(digests, sample_order_digest(order))
-            report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
-            _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
-            save(epoch + 1, 0)
-        if pending is not None:  # the last step's agreement: nothing left to stop
-            pending.result()
-
-        # -- finish ------------------------------------------------------------------------------
-        strategy.sync_buffers()
-        model_path = os.path.join(cfg.output.output_dir, "model.pt")
-        state = strategy.full_state_dict()  # collective: the whole model on rank 0
-        if topo.is_main:
-            _atomic_torch_save(state, model_path)
-        dist.barrier()
-        report("completed", max(t.epochs - 1, 0))
-        _log(topo, f"done: {model_path}")
-        return 0
-    finally:
-        metrics.close()
+        if not self.warned:
+            self.warned = True
+            _log(self.topo, f"warning: {reason}; training goes on (train.on_nonfinite_loss is warn)")
 
 
-def _stop(strategy, epoch, batches_done, step, topo, ckpt_path, report, save) -> int:
+def _stop(epoch: int, batches_done: int, *, strategy: Strategy, save: Any, recorder: Recorder, topo: Topology,
+          ckpt_path: str) -> int:
     """Every rank agreed to stop: checkpoint the exact position, emit ``stopped``, exit cleanly."""
     strategy.sync_buffers()
-    save(epoch, batches_done)
-    report("stopped", epoch)
-    _log(topo, f"stopped by signal at epoch {epoch}, step {step}; checkpoint {ckpt_path}")
+    save(epoch=epoch, batches_done=batches_done, step=recorder.progress.step)
+    recorder.report("stopped", epoch)
+    _log(topo, f"stopped by signal at epoch {epoch}, step {recorder.progress.step}; checkpoint {ckpt_path}")
     return 0
 
 
-def _make_optimizer(params: list[torch.nn.Parameter], t: Any) -> torch.optim.Optimizer:
+def _make_optimizer(params: list[torch.nn.Parameter], t: TrainConfig) -> torch.optim.Optimizer:
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
@@ -985,13 +1174,20 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) 
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _set_schedule_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
-    """Put ``scheduler`` (and its optimizer's lr) at ``step`` without stepping it that many times."""
-    scheduler.last_epoch = step
-    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
-        group["lr"] = lr
-    scheduler._last_lr = lrs
+def lr_scheduler(optimizer: torch.optim.Optimizer, t: TrainConfig, total_steps: int, *,
+                 step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """``train.lr_schedule`` (:func:`lr_factor` of ``train.lr``, over ``total_steps`` optimizer steps)
+    for ``optimizer``, placed after ``step`` steps: the optimizer's lr becomes that of step ``step``
+    (0-based), and each ``scheduler.step()`` after an optimizer step moves to the next.
+
+    A ``step`` > 0 goes through the scheduler's own resume argument (``last_epoch``), which reads the
+    base lr from each parameter group's ``initial_lr``.
+    """
+    for group in optimizer.param_groups:
+        group["initial_lr"] = t.lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+        lr_factor, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=total_steps),
+        last_epoch=step - 1)
 
 
 def _describe_strategy(strategy: Any, t: Any) -> str:
@@ -1008,9 +1204,66 @@ def _describe_strategy(strategy: Any, t: Any) -> str:
 
 # -- command line --------------------------------------------------------------------------------
 
+# The command line is the JobConfig: a flag per field (``--batch-size`` sets train.batch_size), its
+# help the field's documentation, its choices the field's Literal. Exceptions, by dotted field:
+_FLAG_NAMES = {"data.format": "--data-format", "model.arch": "--model"}
+_NO_FLAG = frozenset({
+    "data.name", "data.uri",  # both set by --dataset
+    "model.params",  # --model-param NAME=JSON, one per parameter
+    "parallel.nodes", "parallel.procs_per_node",  # the launcher's word (its environment), never a flag's
+})
+_GROUP_TITLES = {"data": "data", "model": "model", "parallel": "parallelism", "train": "training", "output": "output"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CliFlag:
+    """One config field the command line sets."""
+
+    section: str
+    """The JobConfig section (``train``)."""
+    field: str
+    """The field in it (``batch_size``)."""
+    flag: str
+    """The option (``--batch-size``)."""
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed arguments that holds the value (``batch_size``); None when
+        the flag was not given."""
+        return self.flag[2:].replace("-", "_")
+
+
+def cli_flags() -> list[CliFlag]:
+    """Every config field the command line sets, with its flag, in the JobConfig's order."""
+    flags = []
+    for section, cls in typing.get_type_hints(JobConfig).items():
+        for f in dataclasses.fields(cls):
+            dotted = f"{section}.{f.name}"
+            if dotted not in _NO_FLAG:
+                flags.append(CliFlag(section, f.name, _FLAG_NAMES.get(dotted, "--" + f.name.replace("_", "-"))))
+    return flags
+
+
+def _add_flag(group: Any, flag: CliFlag, cls: type, default: Any) -> None:
+    """Add ``flag`` to ``group``, typed, with choices and help from the field's declaration in ``cls``."""
+    hint = typing.get_type_hints(cls)[flag.field]
+    doc = field_docs(cls).get(flag.field, "").replace("``", "")
+    shown = repr(default) if isinstance(default, str) else default
+    help_text = f"{doc} (config default {shown})".strip().replace("%", "%%")
+    if hint is bool:
+        group.add_argument(flag.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif get_origin(hint) is Literal:
+        group.add_argument(flag.flag, choices=get_args(hint), help=help_text)
+    elif hint in (int, float, str):
+        group.add_argument(flag.flag, type=hint, help=help_text)
+    else:  # a new field of another type needs a flag of its own, or a place in _NO_FLAG
+        raise TypeError(f"{flag.section}.{flag.field}: no command-line flag for type {hint!r}")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    d = JobConfig()
+    """The trainer's command line: ``--config`` and a flag per JobConfig field (:func:`cli_flags`),
+    each overriding the file's value; unset flags parse to None."""
+    defaults = JobConfig()
     p = argparse.ArgumentParser(
         prog="python -m trainer_pkg.train",
         description="Train a classifier (ddp, fsdp or pipeline parallel). Run under torchrun for several "
@@ -1020,71 +1273,22 @@ def build_parser() -> argparse.ArgumentParser:
                "--model cnn --epochs 3 --batch-size 32 --lr 0.05 --seed 0 --output-dir out",
     )
     p.add_argument("--config", metavar="JOB_JSON", help="a JobConfig JSON file to start from")
-    g = p.add_argument_group("data")
-    g.add_argument("--dataset", metavar="NAME_OR_PATH",
-                   help="'digits' (built in) or the path of an ImageFolder tree, .csv or .npz file")
-    g.add_argument("--data-format", choices=["builtin", "imagefolder", "csv", "npz"],
-                   help="format of --dataset (default: guessed from the path)")
-    g.add_argument("--label-column", help=f"CSV label column (config default {d.data.label_column!r})")
-    g.add_argument("--val-fraction", type=float, help=f"held-out share (config default {d.data.val_fraction})")
-    g.add_argument("--image-size", type=int, help=f"ImageFolder resize (config default {d.data.image_size})")
-    g = p.add_argument_group("model")
-    g.add_argument("--model", choices=["mlp", "cnn", "resnet"], help=f"architecture (config default {d.model.arch})")
-    g.add_argument("--model-param", action="append", default=[], metavar="NAME=JSON",
-                   help="an architecture parameter, e.g. --model-param channels=16 (repeatable)")
-    g = p.add_argument_group("parallelism")
-    g.add_argument("--strategy", choices=["ddp", "fsdp", "pipeline"],
-                   help=f"parallelism strategy (config default {d.parallel.strategy})")
-    g.add_argument("--pipeline-stages", type=int,
-                   help="pipeline: stages per pipeline, dividing the world size (config default 0 = one per rank)")
-    g.add_argument("--microbatches", type=int,
-                   help=f"pipeline: micro-batches per batch (config default {d.parallel.microbatches})")
-    g.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b"],
-                   help=f"pipeline schedule (config default {d.parallel.pipeline_schedule})")
-    g.add_argument("--dist-backend", choices=["auto", "gloo", "nccl"], help="process-group backend")
-    g.add_argument("--timeout-s", type=int, help=f"process-group timeout (config default {d.parallel.timeout_s})")
-    g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=int, help=f"config default {d.train.epochs}")
-    g.add_argument("--batch-size", type=int, help=f"per process (config default {d.train.batch_size})")
-    g.add_argument("--lr", type=float, help=f"config default {d.train.lr}")
-    g.add_argument("--optimizer", choices=["sgd", "adamw"], help=f"config default {d.train.optimizer}")
-    g.add_argument("--momentum", type=float, help=f"SGD momentum (config default {d.train.momentum})")
-    g.add_argument("--weight-decay", type=float, help=f"config default {d.train.weight_decay}")
-    g.add_argument("--seed", type=int, help=f"config default {d.train.seed}")
-    g.add_argument("--log-every-steps", type=int,
-                   help=f"a step record every N steps; 0 = about every --log-every-s seconds "
-                        f"(config default {d.train.log_every_steps})")
-    g.add_argument("--log-every-s", type=float,
-                   help=f"seconds of training between step records when --log-every-steps is 0 "
-                        f"(config default {d.train.log_every_s})")
-    g.add_argument("--stop-check-s", type=float,
-                   help=f"seconds of training between agreements on a SIGTERM; 0 = every step "
-                        f"(config default {d.train.stop_check_s})")
-    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"random horizontal flips of training images (config default {d.train.augment})")
-    g.add_argument("--precision", choices=["fp32", "bf16"],
-                   help=f"bf16: bfloat16 autocast where the device supports it (config default {d.train.precision})")
-    g.add_argument("--grad-accum-steps", type=int,
-                   help=f"batches per optimizer step (config default {d.train.grad_accum_steps})")
-    g.add_argument("--grad-clip-norm", type=float,
-                   help=f"clip the global gradient norm to this; 0 = off (config default {d.train.grad_clip_norm})")
-    g.add_argument("--lr-schedule", choices=["constant", "cosine"],
-                   help=f"after warmup (config default {d.train.lr_schedule})")
-    g.add_argument("--warmup-steps", type=int, help=f"linear warmup steps (config default {d.train.warmup_steps})")
-    g.add_argument("--on-nonfinite-loss", choices=["stop", "warn"],
-                   help=f"a NaN or infinite training loss: stop the run as failed, or warn and go on "
-                        f"(config default {d.train.on_nonfinite_loss})")
-    g.add_argument("--find-unused-parameters", action=argparse.BooleanOptionalAction, default=None,
-                   help="ddp: allow parameters that get no gradient (config default "
-                        f"{d.train.find_unused_parameters})")
-    g = p.add_argument_group("output")
-    g.add_argument("--output-dir", help=f"model.pt and metrics.jsonl (config default {d.output.output_dir!r})")
-    g.add_argument("--checkpoint-dir", help="checkpoints (default <output-dir>/checkpoints)")
+    groups = {section: p.add_argument_group(title) for section, title in _GROUP_TITLES.items()}
+    groups["data"].add_argument(
+        "--dataset", metavar="NAME_OR_PATH",
+        help="'digits' (built in: data.name) or the path of an ImageFolder tree, .csv or .npz file "
+             "(data.uri); its format is guessed from the path unless --data-format is given")
+    sections = typing.get_type_hints(JobConfig)
+    for flag in cli_flags():
+        _add_flag(groups[flag.section], flag, sections[flag.section], getattr(getattr(defaults, flag.section), flag.field))
+    groups["model"].add_argument("--model-param", action="append", default=[], metavar="NAME=JSON",
+                                 help="an architecture parameter, e.g. --model-param channels=16 (repeatable)")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
-    """The JobConfig the flags describe: ``--config`` (if given) with the flags applied on top."""
+    """The JobConfig the flags describe: ``--config`` (if given) with the flags applied on top,
+    validated (:func:`trainer_pkg.world_shape.validate`). Raises :class:`ConfigError`."""
     if args.config:
         try:
             with open(args.config, encoding="utf-8") as f:
@@ -1097,22 +1301,16 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     else:
         cfg = JobConfig()
     raw = cfg.to_dict()
-
-    def put(section: str, field: str, value: Any) -> None:
+    if args.model is not None and args.model != raw["model"]["arch"]:
+        raw["model"]["params"] = {}  # another architecture's params would not fit
+    for flag in cli_flags():
+        value = getattr(args, flag.dest)
         if value is not None:
-            raw[section][field] = value
-
+            raw[flag.section][flag.field] = value
     if args.dataset is not None:
         fmt = args.data_format or _guess_format(args.dataset)
-        put("data", "format", fmt)
-        put("data", "name" if fmt == "builtin" else "uri", args.dataset)
-    else:
-        put("data", "format", args.data_format)
-    put("data", "label_column", args.label_column)
-    put("data", "val_fraction", args.val_fraction)
-    put("data", "image_size", args.image_size)
-    if args.model is not None and args.model != raw["model"]["arch"]:
-        raw["model"] = {"arch": args.model, "params": {}}  # another arch's params would not fit
+        raw["data"]["format"] = fmt
+        raw["data"]["name" if fmt == "builtin" else "uri"] = args.dataset
     for item in args.model_param:
         name, sep, value = item.partition("=")
         if not sep:
@@ -1121,24 +1319,12 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
             raw["model"]["params"][name] = json.loads(value)
         except json.JSONDecodeError:
             raise ConfigError(f"--model-param {item!r}: the value must be JSON (16, 0.1, true)") from None
-    put("parallel", "strategy", args.strategy)
-    put("parallel", "pipeline_stages", args.pipeline_stages)
-    put("parallel", "microbatches", args.microbatches)
-    put("parallel", "pipeline_schedule", args.pipeline_schedule)
-    put("parallel", "dist_backend", args.dist_backend)
-    put("parallel", "timeout_s", args.timeout_s)
-    for field in ("epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "seed",
-                  "log_every_steps", "log_every_s", "stop_check_s", "augment", "precision", "grad_accum_steps",
-                  "grad_clip_norm", "lr_schedule", "warmup_steps", "find_unused_parameters", "on_nonfinite_loss"):
-        put("train", field, getattr(args, field))
-    put("output", "output_dir", args.output_dir)
-    put("output", "checkpoint_dir", args.checkpoint_dir)
     if torchrun_env_present():
         # The shape is the launcher's, never a flag's: record it so the shape checks see the real one.
         world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
         if local >= 1 and world % local == 0:
             raw["parallel"]["nodes"], raw["parallel"]["procs_per_node"] = world // local, local
-    return JobConfig.from_dict(raw).validate()
+    return world_shape.validate(JobConfig.from_dict(raw))
 
 
 def _guess_format(dataset: str) -> str:

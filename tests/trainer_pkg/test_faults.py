@@ -18,6 +18,7 @@ import torch
 from cloud_adapters.gpubox.backend import _failure_reason
 from trainer_helpers import REPO, trainer_env, write_job
 from trainer_pkg import train as trainer
+from trainer_pkg import world_shape
 from trainer_pkg.config import ConfigError, JobConfig
 
 
@@ -132,7 +133,7 @@ def test_stop_agreement_interval_follows_the_step_time():
     # The flag: config field and CLI flag are the same value, validated.
     assert trainer.config_from_args(trainer.build_parser().parse_args(["--stop-check-s", "0.5"])).train.stop_check_s == 0.5
     with pytest.raises(ConfigError, match=r"train.stop_check_s: must be 0 \(every step\) or more, got -1"):
-        JobConfig.from_dict({"train": {"stop_check_s": -1}}).validate()
+        world_shape.validate(JobConfig.from_dict({"train": {"stop_check_s": -1}}))
 
 
 

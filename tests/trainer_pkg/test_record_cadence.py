@@ -38,7 +38,7 @@ def test_default_cadence_writes_no_step_record_in_a_run_shorter_than_log_every_s
 def test_log_every_s_must_be_positive():
     from trainer_pkg.config import JobConfig
 
-    errs = JobConfig.from_dict({"train": {"log_every_s": 0, "log_every_steps": -1}}).errors()
+    errs = JobConfig.from_dict({"train": {"log_every_s": 0, "log_every_steps": -1}}).field_errors()
     assert errs["train.log_every_s"] == "must be greater than 0 seconds, got 0.0"
     assert errs["train.log_every_steps"] == "must be 0 (by time, every train.log_every_s) or more, got -1"
 

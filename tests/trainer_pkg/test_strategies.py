@@ -138,37 +138,6 @@ def test_resume_from_a_checkpoint_of_another_strategy(tmp_path, blobs, reference
     assert_same(state, reference_two_epochs)
 
 
-def test_shape_errors_show_the_arithmetic():
-    cfg = JobConfig.from_dict({"parallel": {"strategy": "pipeline", "nodes": 2, "procs_per_node": 2,
-                                            "pipeline_stages": 3}, "train": {"batch_size": 30}})
-    errs = cfg.errors()
-    assert errs["parallel.pipeline_stages"].startswith(
-        "2 nodes × 2 processes = 4 ranks; 3 pipeline stages do not divide 4")
-    assert errs["parallel.microbatches"].startswith("batch size 30 is not divisible into 4 micro-batches")
-
-    cfg = JobConfig.from_dict({"model": {"arch": "mlp", "params": {"num_layers": 1}},
-                               "parallel": {"strategy": "pipeline", "procs_per_node": 4}})
-    assert cfg.errors() == {"parallel.pipeline_stages": (
-        "4 pipeline stages need at least one layer each, but mlp with these parameters has 2 layers: "
-        "use fewer stages or a deeper model")}
-
-    cfg = JobConfig.from_dict({"parallel": {"strategy": "pipeline"}})
-    assert cfg.errors()["parallel.pipeline_stages"].startswith(
-        "1 node × 1 process = 1 rank; a pipeline needs at least 2 stages")
-
-    cfg = JobConfig.from_dict({"parallel": {"strategy": "pipeline", "procs_per_node": 4, "pipeline_stages": 2,
-                                            "microbatches": 1, "pipeline_schedule": "1f1b"},
-                               "model": {"arch": "cnn", "params": {}}})
-    assert cfg.errors() == {"parallel.microbatches": (
-        "the 1f1b schedule needs at least one micro-batch per stage: 1 micro-batches < 2 stages")}
-    # 4 ranks as 2 pipelines of 2 stages, and ddp/fsdp never look at the pipeline fields
-    cfg.parallel.microbatches = 2
-    assert cfg.errors() == {}
-    for strategy in ("ddp", "fsdp"):
-        assert JobConfig.from_dict({"parallel": {"strategy": strategy, "procs_per_node": 3},
-                                    "train": {"batch_size": 30}}).errors() == {}
-
-
 def test_the_trainer_checks_the_shape_the_launcher_started(tmp_path, blobs):
     # The config says 2 processes (valid), but torchrun starts 3: the trainer refuses on every rank.
     job = write_job(tmp_path, data={"format": "npz", "uri": str(blobs)}, model=MLP,

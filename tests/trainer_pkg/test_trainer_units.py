@@ -1,10 +1,12 @@
 """In-process pieces of the trainer: sharding masks, checkpoint files, CLI → config."""
 
+import dataclasses
+
 import torch
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import JobConfig
-from trainer_pkg.train import _real_mask, build_parser, config_from_args, load_checkpoint, strip_module_prefix
+from trainer_pkg.train import _real_mask, build_parser, cli_flags, config_from_args, load_checkpoint, strip_module_prefix
 
 
 def test_real_mask_marks_exactly_the_padded_duplicates():
@@ -54,3 +56,42 @@ def test_cli_flags_build_the_job_config(tmp_path):
     cfg = config_from_args(build_parser().parse_args(["--config", str(base), "--lr", "0.3", "--dataset", "x.csv"]))
     assert (cfg.train.epochs, cfg.train.lr) == (7, 0.3)
     assert (cfg.data.format, cfg.data.uri) == ("csv", "x.csv")
+
+
+def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
+    parser = build_parser()
+    options = {o for action in parser._actions for o in action.option_strings}
+    assert options == {
+        "-h", "--help", "--config", "--dataset", "--data-format", "--label-column", "--val-fraction",
+        "--image-size", "--model", "--model-param", "--strategy", "--pipeline-stages", "--microbatches",
+        "--pipeline-schedule", "--dist-backend", "--timeout-s", "--epochs", "--batch-size", "--lr", "--optimizer",
+        "--momentum", "--weight-decay", "--seed", "--log-every-steps", "--log-every-s", "--stop-check-s",
+        "--augment", "--no-augment", "--precision", "--grad-accum-steps", "--grad-clip-norm", "--lr-schedule",
+        "--warmup-steps", "--on-nonfinite-loss", "--find-unused-parameters", "--no-find-unused-parameters",
+        "--output-dir", "--checkpoint-dir"}
+    by_flag = {a.option_strings[0]: a for a in parser._actions}
+    assert by_flag["--pipeline-schedule"].choices == ("gpipe", "1f1b")  # the Literal's
+    assert by_flag["--model"].choices == ("mlp", "cnn", "resnet")
+    assert by_flag["--epochs"].type is int and by_flag["--lr"].type is float
+    assert by_flag["--epochs"].help == "Passes over the training data. (config default 3)"
+    assert by_flag["--output-dir"].help.startswith("Where model.pt (bare state dict) and metrics.jsonl are written.")
+    # every field of the config has its flag, but the ones --dataset, --model-param and the launcher set
+    flagged = {f"{f.section}.{f.field}" for f in cli_flags()}
+    every = {f"{section.name}.{f.name}" for section in dataclasses.fields(JobConfig)
+             for f in dataclasses.fields(section.default_factory())}
+    assert every - flagged == {"data.name", "data.uri", "model.params", "parallel.nodes", "parallel.procs_per_node"}
+    assert "Passes over the training data." in parser.format_help()
+
+
+def test_unset_flags_keep_the_configs_values(tmp_path):
+    base = tmp_path / "job.json"
+    base.write_text(JobConfig.from_dict({"model": {"arch": "mlp", "params": {"num_layers": 3}},
+                                         "train": {"augment": True, "epochs": 4}}).to_json())
+    cfg = config_from_args(build_parser().parse_args(["--config", str(base), "--no-augment"]))
+    assert (cfg.train.augment, cfg.train.epochs, cfg.model.params) == (False, 4, {"num_layers": 3})
+    # the same architecture keeps its params; another one starts from its own defaults
+    assert config_from_args(build_parser().parse_args(["--config", str(base), "--model", "mlp"])).model.params == {
+        "num_layers": 3}
+    assert config_from_args(build_parser().parse_args(["--config", str(base), "--model", "cnn"])).model.params == {}
+    cfg = config_from_args(build_parser().parse_args(["--dataset", "d.npz", "--data-format", "npz", "--epochs", "2"]))
+    assert (cfg.data.format, cfg.data.uri, cfg.data.name, cfg.train.epochs) == ("npz", "d.npz", "digits", 2)

@@ -24,7 +24,7 @@ from django.utils import timezone
 from jobs import selectors, services
 from jobs.cost import format_usd
 from jobs.models import TrainingJob
-from trainer_pkg.config import describe_world
+from trainer_pkg.world_shape import describe_world
 
 EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
 

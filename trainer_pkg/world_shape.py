@@ -1,0 +1,102 @@
+"""Whether a job's parallel strategy fits the ranks it runs on, with the arithmetic in every message.
+
+A job's *world* is its ranks: ``parallel.nodes × parallel.procs_per_node`` as the config asks for
+them, or the ranks the launcher really started. The checks here are the ones that depend on that
+number (and on the model's depth), as torchtitan's ``ParallelDims`` checks its mesh: a pipeline's
+stage count must divide the world, each stage needs a layer, the batch must split into the
+micro-batches, and the 1f1b schedule needs a micro-batch per stage. A message states the numbers:
+``"2 nodes × 2 processes = 4 ranks; 3 pipeline stages do not divide 4: ..."``.
+
+Torch-free: the dashboard calls :func:`config_errors` before a job is queued, the launcher
+:func:`validate` before it starts anything, and the trainer :func:`shape_errors` with the world size
+the launcher started.
+
+    from trainer_pkg.world_shape import config_errors, describe_world
+    config_errors(cfg)            # {} or {"parallel.pipeline_stages": "2 nodes × 2 processes = ..."}
+    describe_world(2, 4)          # "2 nodes × 4 processes = 8 ranks"
+"""
+
+from __future__ import annotations
+
+from trainer_pkg.config import ConfigError, JobConfig, ParallelConfig, plural
+from trainer_pkg.registry import pipeline_layer_count
+
+
+def describe_world(nodes: int, procs_per_node: int) -> str:
+    """``"2 nodes × 2 processes = 4 ranks"``: the arithmetic behind a world size, for messages."""
+    return (f"{plural(nodes, 'node', 'nodes')} × {plural(procs_per_node, 'process', 'processes')} = "
+            f"{plural(nodes * procs_per_node, 'rank', 'ranks')}")
+
+
+def pipeline_stage_count(parallel: ParallelConfig, world_size: int) -> int:
+    """Stages per pipeline: ``parallel.pipeline_stages``, or the world size when that is 0."""
+    return parallel.pipeline_stages or world_size
+
+
+def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_layers: bool = True) -> dict[str, str]:
+    """Whether ``cfg``'s strategy can run on ``world_size`` ranks, keyed by dotted field name.
+
+    ``world_desc`` says where the world size comes from (``describe_world(...)`` for a config, the
+    launcher's count in the trainer); every message shows the arithmetic, e.g. ``"2 nodes × 2
+    processes = 4 ranks; 3 pipeline stages do not divide 4"``. ``check_layers=False`` skips the
+    stages-against-layers check (a caller without the model). Empty when the shape fits.
+    """
+    p, t = cfg.parallel, cfg.train
+    errs: dict[str, str] = {}
+    if p.pipeline_stages < 0:
+        errs["parallel.pipeline_stages"] = f"must be 0 (one stage per rank) or more, got {p.pipeline_stages}"
+    if p.microbatches < 1:
+        errs["parallel.microbatches"] = f"must be at least 1, got {p.microbatches}"
+    if p.strategy != "pipeline" or errs:
+        return errs
+    stages = pipeline_stage_count(p, world_size)
+    if stages < 2:
+        errs["parallel.pipeline_stages"] = (
+            f"{world_desc}; a pipeline needs at least 2 stages: use at least 2 ranks, or strategy ddp")
+    elif world_size % stages:
+        errs["parallel.pipeline_stages"] = (
+            f"{world_desc}; {stages} pipeline stages do not divide {world_size}: choose a stage count "
+            f"that divides it (the ranks beyond one pipeline become data-parallel replicas)")
+    if t.batch_size >= 1 and t.batch_size % p.microbatches:
+        errs["parallel.microbatches"] = (
+            f"batch size {t.batch_size} is not divisible into {plural(p.microbatches, 'micro-batch', 'micro-batches')}"
+            f" ({t.batch_size} / {p.microbatches} = {t.batch_size / p.microbatches:g}): change one of them")
+    elif p.pipeline_schedule == "1f1b" and stages >= 2 and p.microbatches < stages:
+        errs["parallel.microbatches"] = (
+            f"the 1f1b schedule needs at least one micro-batch per stage: {p.microbatches} micro-batches "
+            f"< {stages} stages")
+    if check_layers and stages >= 2 and "parallel.pipeline_stages" not in errs:
+        try:
+            layers = pipeline_layer_count(cfg.model.arch, cfg.model.params)
+        except ConfigError:
+            layers = None  # the registry reports bad model params itself
+        if layers is not None and layers < stages:
+            errs["parallel.pipeline_stages"] = (
+                f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
+                f"parameters has {plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
+    return errs
+
+
+def config_errors(cfg: JobConfig) -> dict[str, str]:
+    """Every error of ``cfg`` as a job, keyed by dotted field name; empty when it can run.
+
+    The field checks of :meth:`JobConfig.field_errors` first, then :func:`shape_errors` for the world the
+    config asks for (nodes × procs_per_node), skipped while either count is itself invalid. A field
+    keeps its first error.
+    """
+    errs = cfg.field_errors()
+    p = cfg.parallel
+    if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
+        found = shape_errors(cfg, world_size=p.world_size, world_desc=describe_world(p.nodes, p.procs_per_node))
+        for field, msg in found.items():
+            errs.setdefault(field, msg)
+    return errs
+
+
+def validate(cfg: JobConfig) -> JobConfig:
+    """Return ``cfg`` when :func:`config_errors` finds nothing; else raise :class:`ConfigError`
+    listing every error as ``field: message``, joined by ``"; "``."""
+    errs = config_errors(cfg)
+    if errs:
+        raise ConfigError("; ".join(f"{k}: {v}" for k, v in errs.items()))
+    return cfg
