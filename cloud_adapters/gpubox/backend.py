@@ -304,10 +304,14 @@ class GpuBoxBackend(Backend):
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
 
-        env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in spec.env.items()})
-        if "OMP_NUM_THREADS" not in spec.env:
-            env["OMP_NUM_THREADS"] = "1"  # N ranks × all cores each would oversubscribe the box
+        from trainer_pkg.launch import torchrun_command, torchrun_env  # torch-free; found by _trainer_dir
+        from trainer_pkg.platforms import LaunchPlan
+
+        # The command and thread count `trainer_pkg.launch --standalone` uses, so a job gets the same
+        # threads here as on any other backend; this supervisor, not the launcher, watches torchrun.
+        plan = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=spec.procs_per_node,
+                          reason="GPU box")
+        env = torchrun_env(plan, {**os.environ, **{str(k): str(v) for k, v in spec.env.items()}})
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(trainer_dir), str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
@@ -320,9 +324,7 @@ class GpuBoxBackend(Backend):
             "--max-runtime", str(int(spec.max_runtime_s)),
             "--start-lock-fd", str(lock_fd),
             "--",
-            self.config["python"], "-m", "torch.distributed.run",
-            "--standalone", "--nnodes", "1", "--nproc_per_node", str(spec.procs_per_node),
-            "-m", "trainer_pkg.launch", "--config", str(run_dir / "job.json"),
+            *torchrun_command(str(run_dir / "job.json"), plan, python=self.config["python"]),
         ]
         started_at = time.time()
         try:

@@ -4,8 +4,11 @@ and leaves the outcome on disk.
 Started detached by :meth:`GpuBoxBackend.submit` (never through a shell)::
 
     python -m cloud_adapters.gpubox.supervisor --run-dir DIR --grace-period 10 --max-runtime 3600 \\
-        --start-lock-fd 5 -- /usr/bin/python3 -m torch.distributed.run --standalone --nnodes 1 \\
-           --nproc_per_node 2 -m trainer_pkg.launch --config DIR/job.json
+        --start-lock-fd 5 -- /usr/bin/python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 \\
+           --standalone -m trainer_pkg.launch --config DIR/job.json
+
+(the command is :func:`trainer_pkg.launch.torchrun_command`'s, as ``trainer_pkg.launch --standalone``
+would start it).
 
 What it does, in order:
 

@@ -18,7 +18,9 @@ from cloud_adapters.base import InvalidSpec, JobHandle, JobSpec, JobState
 from cloud_adapters.gpubox import GpuBoxBackend
 from cloud_adapters.gpubox import _proc
 from cloud_adapters.gpubox.backend import MAX_LOG_LINES
+from trainer_pkg.launch import torchrun_command
 from trainer_pkg.metrics import format_metric_line, parse_metric_line
+from trainer_pkg.platforms import LAUNCHED_BY_US, LaunchPlan, cpu_threads_per_rank
 
 # A long job for cancel / max-runtime / lost-supervisor tests: many epochs of digits.
 LONG_CONFIG = {"train": {"epochs": 200}, "parallel": {"procs_per_node": 2}}
@@ -381,6 +383,28 @@ def test_cancel_running_job(backend):
     assert status.failure_reason == "stopped by user"
     assert JobState.STOPPING in seen or seen == [JobState.CANCELLED]
     assert_all_gone(run_dir, pgid, timeout=0.5)
+
+
+def test_a_job_runs_the_launchers_torchrun_command_and_thread_count(backend, monkeypatch):
+    # What `trainer_pkg.launch --standalone` would start on this machine: the same argv and, with
+    # one process, every core this worker may use (a box that forced 1 thread would show here).
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    handle = backend.submit(spec("digits-threads", {"train": {"epochs": 200}}, procs_per_node=1))
+    run_dir = handle.provider_job_id
+    try:
+        pid = wait_file(Path(run_dir, "torchrun.json"))["pid"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        environ = dict(item.split("=", 1) for item in
+                       Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item)
+        plan = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=1)
+        assert argv == torchrun_command(f"{run_dir}/job.json", plan, python=sys.executable)
+        assert argv[:8] == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1",
+                            "--standalone"]
+        assert environ["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0))) == str(cpu_threads_per_rank(1))
+        assert environ[LAUNCHED_BY_US] == "local"
+    finally:
+        backend.cancel(handle)
+        wait_for(backend, handle, lambda s: s.state.is_terminal, 30)
 
 
 def test_a_signal_from_elsewhere_is_not_reported_as_a_user_cancel(backend):
