@@ -304,7 +304,8 @@ class GpuBoxBackend(Backend):
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
 
-        from trainer_pkg.launch import torchrun_command, torchrun_env  # torch-free; found by _trainer_dir
+        # torch-free; imported here, once _trainer_dir has said what to install if the package is missing
+        from trainer_pkg.launch import torchrun_command, torchrun_env
         from trainer_pkg.platforms import LaunchPlan
 
         # The command and thread count `trainer_pkg.launch --standalone` uses, so a job gets the same
