@@ -1,5 +1,6 @@
-"""The cloud adapter tests' provider stand-ins (tests/cloud_adapters/<cloud>/standin.py) for tests in
-other folders, and the loopback servers that go with them: a free port, gcp-storage-emulator."""
+"""The cloud adapter tests' provider stand-ins (tests/cloud_adapters/<cloud>/standin.py: sagemaker,
+vertex, azureml) for tests in other folders, and the loopback servers that go with them: a free port,
+gcp-storage-emulator."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Shared fixtures: users, a digits dataset, a CNN model, a local gpubox backend, and a real Celery
-worker (+ beat) process for end-to-end tests.
+"""Shared fixtures: users, a digits dataset, a CNN model, a local gpubox backend, AWS on the SageMaker
+stand-in, and a real Celery worker (+ beat) process for end-to-end tests.
 
 The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and ``REDIS_URL``)::
 
@@ -84,6 +84,25 @@ def local_backend(user, run_root, settings):
     return services.backend_create(
         owner=user, name="local", kind="gpubox", config={"hourly_rate_usd": 3.6, "grace_period_s": 3.0},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Provider stand-ins
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """Every AWS call of the test goes to the SageMaker stand-in (moto in-process, with jobs in
+    progress and StopTrainingJob: tests/cloud_adapters/sagemaker/standin.py); boto3's default chain
+    finds fake credentials and nothing of this machine's. No bucket exists yet. Yields the stand-in
+    module (``create_bucket``, ``set_status``, ``status``, ...)."""
+    from adapter_standins import standin
+
+    sagemaker_standin = standin("sagemaker")
+    sagemaker_standin.fake_aws_env(monkeypatch, tmp_path)
+    with sagemaker_standin.aws(monkeypatch):
+        yield sagemaker_standin
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,35 +62,11 @@ def _reload(job: TrainingJob) -> TrainingJob:
 
 
 @pytest.fixture
-def aws(monkeypatch, tmp_path):
-    """moto's in-process AWS with fake credentials; records every botocore call as (operation, params)."""
-    import boto3
-    from botocore.client import BaseClient
-    from moto import mock_aws
-
-    from cloud_adapters import retry
-
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(name, value)
-    retry.reset_limiters()
-    calls: list[tuple[str, dict]] = []
-    original = BaseClient._make_api_call
-
-    def recording(self, operation_name, api_params):
-        calls.append((operation_name, json.loads(json.dumps(api_params, default=str))))
-        return original(self, operation_name, api_params)
-
-    with mock_aws(), mock.patch.object(BaseClient, "_make_api_call", recording):
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+def aws(aws_env):
+    """The SageMaker stand-in with the bucket ``BUCKET``; records every botocore call as (operation, params)."""
+    aws_env.create_bucket(BUCKET)
+    with aws_env.recording_calls() as calls:
         yield calls
-    retry.reset_limiters()
 
 
 def sagemaker_config(request: dict) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import pytest
 from django.contrib.messages import get_messages
 from django.core.exceptions import ValidationError
 from django.urls import reverse
-from moto import mock_aws
 
 from cloud_adapters import registry
 from cloud_adapters.base import ConnectionCheck
@@ -19,16 +18,6 @@ pytestmark = pytest.mark.django_db
 
 SAGEMAKER = {"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/SageMakerTraining",
              "bucket": "tb-test-bucket", "spot_allowed": True}
-
-
-@pytest.fixture
-def aws_env(monkeypatch):
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        yield
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
-from moto import mock_aws
 from rest_framework.test import APIClient
 
 from cloud_adapters import _aws
@@ -42,17 +41,6 @@ REFUSAL = "this backend stores no credentials of its own, so its calls would use
 @pytest.fixture
 def mallory(django_user_model):
     return django_user_model.objects.create_user(username="mallory", password="pw-mallory-Secret-1")
-
-
-@pytest.fixture
-def aws_env(monkeypatch):
-    """The worker's own AWS identity (what boto3's default chain finds), on moto."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        yield
 
 
 @pytest.fixture
@@ -218,7 +206,7 @@ def test_a_sync_of_an_active_job_warns_and_makes_no_provider_call(mallory, setti
         assert job.status_warning.endswith("Until then this job is not followed or stopped from here; check it "
                                            "in the provider's console.")
     # The control: where the operator allows it, the same sync does call the provider.
-    TrainingJob.objects.filter(pk=stopping.pk).update(state=S.CANCELLED)  # moto has no StopTrainingJob
+    TrainingJob.objects.filter(pk=stopping.pk).update(state=S.CANCELLED)  # the running job's describe suffices
     settings.TRAINBOARD_WORKER_CREDENTIALS = "everyone"
     try:
         services.backend_sync(backend_id=backend.pk)

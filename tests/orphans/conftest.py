@@ -1,50 +1,31 @@
-"""Fixtures for the orphan tests: moto's SageMaker stand-in (with StopTrainingJob, sm_standin.py) and a
-SageMaker backend row, a non-staff user, and a helper that submits a Trainboard job through the real
-adapter and records its handle the way the submit service does."""
+"""Fixtures for the orphan tests: the SageMaker stand-in (moto with jobs in progress and
+StopTrainingJob, tests/cloud_adapters/sagemaker/standin.py) and a SageMaker backend row, a non-staff
+user, and a helper that submits a Trainboard job through the real adapter and records its handle the
+way the submit service does."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import boto3
 import pytest
-from moto import mock_aws
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_standins import standin
+from jobs import services
+from jobs.models import JobStateChoices as S, TrainingJob
 
-import sm_standin  # noqa: E402
-
-from cloud_adapters import retry  # noqa: E402
-from jobs import services  # noqa: E402
-from jobs.models import JobStateChoices as S, TrainingJob  # noqa: E402
-
-ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
-BUCKET = "tb-test-bucket"
+sagemaker_standin = standin("sagemaker")
 
 
 @pytest.fixture
-def aws(monkeypatch, tmp_path):
-    """moto in-process for every AWS call of the test, fake credentials, StopTrainingJob added."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    retry.reset_limiters()
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        sm_standin.install_stop(monkeypatch)
-        yield
-    retry.reset_limiters()
+def aws(aws_env):
+    """The SageMaker stand-in for every AWS call of the test, with the backend's bucket."""
+    aws_env.create_bucket()
+    return aws_env
 
 
 @pytest.fixture
 def sm_backend(user):
     return services.backend_create(owner=user, name="sm", kind="sagemaker", config={
-        "region": "us-east-1", "role_arn": ROLE, "bucket": BUCKET, "max_calls_per_second": 1000.0})
+        "region": "us-east-1", "role_arn": sagemaker_standin.ROLE, "bucket": sagemaker_standin.BUCKET,
+        "max_calls_per_second": 1000.0})
 
 
 @pytest.fixture

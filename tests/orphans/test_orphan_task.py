@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-import sm_standin
+from adapter_standins import standin
 from jobs import tasks
 from jobs.models import OrphanJob, TrainingJob
 
 pytestmark = pytest.mark.django_db
+
+sagemaker_standin = standin("sagemaker")
 
 
 def test_beat_schedules_the_task():
@@ -36,7 +38,7 @@ def test_without_an_id_it_fans_out_per_backend_queue(monkeypatch, aws, sm_backen
 
 def test_with_an_id_it_reconciles(aws, sm_backend, launch):
     job = launch(sm_backend)
-    sm_standin.set_status(job.provider_job_name, "InProgress", "Training")
+    sagemaker_standin.set_status(job.provider_job_name, "InProgress", "Training")
     TrainingJob.objects.filter(pk=job.pk).delete()
 
     result = tasks.reconcile_orphans.apply(args=[sm_backend.pk]).get()

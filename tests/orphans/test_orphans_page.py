@@ -8,17 +8,19 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-import sm_standin
+from adapter_standins import standin
 from jobs import orphans
 from jobs.models import OrphanJob, TrainingJob
 
 pytestmark = pytest.mark.django_db
 
+sagemaker_standin = standin("sagemaker")
+
 
 @pytest.fixture
 def orphan(aws, sm_backend, launch):
     job = launch(sm_backend)
-    sm_standin.set_status(job.provider_job_name, "InProgress", "Training")
+    sagemaker_standin.set_status(job.provider_job_name, "InProgress", "Training")
     TrainingJob.objects.filter(pk=job.pk).delete()
     orphans.reconcile_orphans(sm_backend.pk)
     return OrphanJob.objects.get(backend=sm_backend)
@@ -39,7 +41,7 @@ def test_staff_sees_the_orphan_and_stops_it(client, user, orphan):
 
     assert response.redirect_chain == [(reverse("orphan-list"), 302)]
     assert f"Stop sent for {orphan.provider_job_name} on sm." in response.content.decode()
-    assert sm_standin.status(orphan.provider_job_name) == "Stopping"
+    assert sagemaker_standin.status(orphan.provider_job_name) == "Stopping"
     orphan.refresh_from_db()
     assert orphan.stop_requested_by == user and orphan.stop_requested_at is not None
 
@@ -48,7 +50,7 @@ def test_non_staff_is_refused_and_nothing_is_stopped(client, non_staff, orphan):
     client.force_login(non_staff)
     assert client.get(reverse("orphan-list")).status_code == 403
     assert client.post(reverse("orphan-stop", args=[orphan.pk])).status_code == 403
-    assert sm_standin.status(orphan.provider_job_name) == "InProgress"
+    assert sagemaker_standin.status(orphan.provider_job_name) == "InProgress"
     orphan.refresh_from_db()
     assert orphan.stop_requested_at is None
     jobs_page = client.get(reverse("job-list")).content.decode()
@@ -59,7 +61,7 @@ def test_anonymous_is_sent_to_login(client, orphan):
     for response in (client.get(reverse("orphan-list")), client.post(reverse("orphan-stop", args=[orphan.pk]))):
         assert response.status_code == 302
         assert response["Location"].startswith(reverse("login"))
-    assert sm_standin.status(orphan.provider_job_name) == "InProgress"
+    assert sagemaker_standin.status(orphan.provider_job_name) == "InProgress"
 
 
 def test_unknown_orphan_is_404_and_get_on_stop_is_405(client, user, orphan):
@@ -78,4 +80,4 @@ def test_admin_stop_action(client, django_user_model, orphan):
                            {"action": "stop_selected", "_selected_action": [orphan.pk]}, follow=True)
 
     assert "Stop sent for 1 orphan job." in response.content.decode()
-    assert sm_standin.status(orphan.provider_job_name) == "Stopping"
+    assert sagemaker_standin.status(orphan.provider_job_name) == "Stopping"

@@ -12,17 +12,19 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
 
-import sm_standin
+from adapter_standins import standin
 from cloud_adapters.base import JobHandle, JobState
 from jobs import orphans, services
 from jobs.models import JobStateChoices as S, OrphanJob, TrainingJob
+
+sagemaker_standin = standin("sagemaker")
 
 
 def _three_sagemaker_jobs(launch, sm_backend):
     """Three running SageMaker jobs: one whose row is deleted, one whose row went FAILED, one active."""
     deleted, failed, active = launch(sm_backend), launch(sm_backend), launch(sm_backend)
     for job in (deleted, failed, active):
-        sm_standin.set_status(job.provider_job_name, "InProgress", "Training")
+        sagemaker_standin.set_status(job.provider_job_name, "InProgress", "Training")
     deleted_id, deleted_name = deleted.pk, deleted.provider_job_name
     TrainingJob.objects.filter(pk=deleted.pk).delete()
     TrainingJob.objects.filter(pk=failed.pk).update(state=S.FAILED, failure_reason="lost track")
@@ -44,20 +46,20 @@ def test_sagemaker_orphans_listed_once_stopped_on_request_then_resolved(aws, sm_
     assert rows[deleted_name].job_id == deleted_id and rows[failed.provider_job_name].job_id == failed.pk
     assert rows[deleted_name].raw_state == "InProgress"
     assert rows[deleted_name].stop_requested_at is None  # policy "report": listed, not stopped
-    assert sm_standin.status(deleted_name) == "InProgress"
+    assert sagemaker_standin.status(deleted_name) == "InProgress"
 
     with pytest.raises(PermissionDenied):
         orphans.orphan_stop(rows[deleted_name], non_staff)
-    assert sm_standin.status(deleted_name) == "InProgress"
+    assert sagemaker_standin.status(deleted_name) == "InProgress"
 
     stopped = orphans.orphan_stop(rows[deleted_name], user)
 
-    assert sm_standin.status(deleted_name) == "Stopping"
+    assert sagemaker_standin.status(deleted_name) == "Stopping"
     assert stopped.stop_requested_at is not None and stopped.stop_requested_by == user
-    assert sm_standin.status(failed.provider_job_name) == "InProgress"
-    assert sm_standin.status(active.provider_job_name) == "InProgress"
+    assert sagemaker_standin.status(failed.provider_job_name) == "InProgress"
+    assert sagemaker_standin.status(active.provider_job_name) == "InProgress"
 
-    sm_standin.set_status(deleted_name, "Stopped", "Stopped")
+    sagemaker_standin.set_status(deleted_name, "Stopped", "Stopped")
     third = orphans.reconcile_orphans(sm_backend.pk)
 
     assert third == {"listed": 2, "open": 1, "resolved": 1, "stopped": 0}
@@ -77,9 +79,9 @@ def test_sagemaker_policy_stop_stops_orphans_in_the_sweep_once(aws, sm_backend, 
     second = orphans.reconcile_orphans(sm_backend.pk)
 
     assert first["stopped"] == 2 and second["stopped"] == 0
-    assert sm_standin.status(deleted_name) == "Stopping"
-    assert sm_standin.status(failed.provider_job_name) == "Stopping"
-    assert sm_standin.status(active.provider_job_name) == "InProgress"  # an active row: never touched
+    assert sagemaker_standin.status(deleted_name) == "Stopping"
+    assert sagemaker_standin.status(failed.provider_job_name) == "Stopping"
+    assert sagemaker_standin.status(active.provider_job_name) == "InProgress"  # an active row: never touched
     rows = OrphanJob.objects.filter(backend=sm_backend)
     assert rows.count() == 2
     assert all(o.stop_requested_at is not None and o.stop_requested_by is None for o in rows)
@@ -92,13 +94,13 @@ def test_two_reconcilers_at_once_make_one_row_and_one_stop(aws, sm_backend, laun
     sm_backend.orphan_policy = "stop"
     sm_backend.save(update_fields=["orphan_policy"])
     stops: list[str] = []
-    real_stop = sm_standin._stop_training_job
+    real_stop = sagemaker_standin.stop_training_job
 
     def counting_stop(self):
         stops.append(self._get_param("TrainingJobName"))
         return real_stop(self)
 
-    monkeypatch.setattr(sm_standin.SageMakerResponse, "stop_training_job", counting_stop, raising=False)
+    monkeypatch.setattr(sagemaker_standin.SageMakerResponse, "stop_training_job", counting_stop, raising=False)
     barrier = threading.Barrier(2)
     results, errors = [], []
 

@@ -208,10 +208,7 @@ def test_planted_secret_never_appears_in_any_response_or_log_line(owner, caplog,
 # --- the adapters use them ---------------------------------------------------------------------------
 
 
-def test_sagemaker_signs_with_the_stored_keys(owner, monkeypatch):
-    from moto import mock_aws
-
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_sagemaker_signs_with_the_stored_keys(owner, aws_env):
     key_id = "AKIA" + uuid.uuid4().hex[:16].upper()
     backend = services.backend_create(owner=owner, name="sm", kind="sagemaker", config=SAGEMAKER_CONFIG,
                                       secrets={"aws_access_key_id": key_id, "aws_secret_access_key": _planted()})
@@ -221,19 +218,17 @@ def test_sagemaker_signs_with_the_stored_keys(owner, monkeypatch):
         signed_with.append(request.headers["Authorization"].decode() if isinstance(
             request.headers["Authorization"], bytes) else request.headers["Authorization"])
 
-    with mock_aws():
-        sts = services.backend_adapter(backend).client("sts")
-        sts.meta.events.register_first("before-send.sts.GetCallerIdentity", capture)
-        identity = sts.get_caller_identity()
+    sts = services.backend_adapter(backend).client("sts")
+    sts.meta.events.register_first("before-send.sts.GetCallerIdentity", capture)
+    identity = sts.get_caller_identity()
     assert identity["Account"] == "123456789012"  # moto answered
     assert len(signed_with) == 1 and f"Credential={key_id}/" in signed_with[0]
 
-    # Without stored keys, boto3's default chain is used (under mock_aws: moto's fake environment keys).
+    # Without stored keys, boto3's default chain is used (under moto: moto's fake environment keys).
     other = services.backend_create(owner=owner, name="sm2", kind="sagemaker", config=SAGEMAKER_CONFIG)
-    with mock_aws():
-        sts = services.backend_adapter(other).client("sts")
-        sts.meta.events.register_first("before-send.sts.GetCallerIdentity", capture)
-        sts.get_caller_identity()
+    sts = services.backend_adapter(other).client("sts")
+    sts.meta.events.register_first("before-send.sts.GetCallerIdentity", capture)
+    sts.get_caller_identity()
     assert len(signed_with) == 2 and key_id not in signed_with[1] and "Credential=FOOBARKEY/" in signed_with[1]
 
 

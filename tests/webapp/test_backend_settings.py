@@ -9,7 +9,6 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
-from moto import mock_aws
 
 from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings, Setting
@@ -44,16 +43,6 @@ def sagemaker_post(**overrides) -> dict:
             **settings_post("sagemaker", **settings),
             # A value typed into the GPU box's fieldset before switching kind: ignored, even if invalid.
             "max_procs_per_node": "abc", "hourly_rate_usd": ""}
-
-
-@pytest.fixture
-def aws_env(monkeypatch):
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        yield
 
 
 @pytest.fixture

@@ -1,7 +1,11 @@
 """Fixtures for the SageMaker adapter tests: fake AWS credentials (no request leaves the machine:
 moto's ``mock_aws`` answers in-process and botocore's Stubber answers before sending), a simulated
-clock for retries and the rate limit, and helpers (sm_helpers.py) to count, script and throttle API calls;
-for the toolkit test, SageMaker's training toolkit in a virtualenv of its own and moto as a loopback server.
+clock for retries and the rate limit; for the toolkit test, SageMaker's training toolkit in a
+virtualenv of its own and moto as a loopback server.
+
+The stand-in and its helpers (standin.py) are registered here as the module ``sagemaker_standin``
+(not ``standin``), so that another provider's stand-in of the same file name cannot shadow it on
+``sys.path``; the tests import what they need from ``sagemaker_standin``.
 
 No database: these are adapter-level tests.
 """
@@ -18,28 +22,20 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator
 
-import boto3
 import pytest
 
-from adapter_standins import free_port
+from adapter_standins import standin
 from cloud_adapters import retry
-from sm_helpers import BUCKET, FakeClock
+
+sagemaker_standin = standin("sagemaker")
+FakeClock = sagemaker_standin.FakeClock
 
 
 @pytest.fixture(autouse=True)
-def aws_env(monkeypatch, tmp_path):
-    """Fake credentials for the default chain; no profile, no shared config, no instance metadata."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                 "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def fake_aws_credentials(monkeypatch, tmp_path):
+    """Fake credentials for the default chain; no profile, no shared config, no instance metadata;
+    fresh rate limiters."""
+    sagemaker_standin.fake_aws_env(monkeypatch, tmp_path)
     retry.reset_limiters()
     yield
     retry.reset_limiters()
@@ -88,14 +84,5 @@ def sagemaker_toolkit() -> Path:
 def moto_server() -> Iterator[str]:
     """moto's AWS as a server on a free loopback port (processes of their own reach it), with the
     bucket ``BUCKET``; its URL."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        boto3.client("s3", region_name="us-east-1", endpoint_url=url).create_bucket(Bucket=BUCKET)
+    with sagemaker_standin.moto_server() as url:
         yield url
-    finally:
-        server.stop()

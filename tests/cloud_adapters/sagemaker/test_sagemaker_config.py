@@ -16,7 +16,7 @@ from cloud_adapters.base import InvalidSpec, JobSpec
 from cloud_adapters.pricing import PriceRow, StaticPriceCatalog
 from cloud_adapters.sagemaker import SageMakerBackend
 from cloud_adapters.sagemaker.backend import NAME_RE, hyperparameters, training_job_name
-from sm_helpers import BUCKET, ROLE, make_backend
+from sagemaker_standin import BUCKET, ROLE, make_backend
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = {"region": "us-east-1", "role_arn": ROLE, "bucket": BUCKET}

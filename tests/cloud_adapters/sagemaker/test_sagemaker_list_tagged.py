@@ -4,29 +4,19 @@ tagged job that ended are not; the calls are ListTrainingJobs per status plus Li
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import boto3
 import pytest
-from moto import mock_aws
 
+import sagemaker_standin as sm_standin
 from cloud_adapters.base import JobSpec, JobState
-from sm_helpers import BUCKET, count_calls, make_backend
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "orphans"))
-import sm_standin  # noqa: E402
+from sagemaker_standin import BUCKET, count_calls, make_backend
 
 CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "mlp", "params": {"hidden_size": 32}},
           "parallel": {"strategy": "ddp", "procs_per_node": 1}, "train": {"epochs": 1}}
 
 
 @pytest.fixture
-def aws(monkeypatch):
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        sm_standin.install_stop(monkeypatch)
-        yield
+def aws(aws_env):
+    aws_env.create_bucket()
 
 
 def spec(name: str, job_id: int) -> JobSpec:

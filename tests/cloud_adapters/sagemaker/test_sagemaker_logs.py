@@ -12,7 +12,7 @@ from moto import mock_aws
 
 from cloud_adapters.base import InvalidSpec, JobHandle
 from cloud_adapters.sagemaker import logs as cw_logs
-from sm_helpers import make_backend
+from sagemaker_standin import make_backend
 from trainer_pkg.metrics import format_metric_line, parse_metric_line
 
 NAME = "tb-job-5-abc"

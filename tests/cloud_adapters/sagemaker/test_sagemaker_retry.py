@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, NoCredentialsE
 from cloud_adapters import _aws, retry
 from cloud_adapters.base import (CapacityUnavailable, CredentialsError, InvalidSpec, ProviderError, QuotaExceeded,
                                  Throttled)
-from sm_helpers import FakeClock
+from sagemaker_standin import FakeClock
 
 
 class Boom(Exception):

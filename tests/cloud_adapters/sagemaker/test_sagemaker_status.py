@@ -13,7 +13,7 @@ from botocore.stub import Stubber
 from cloud_adapters.base import JobHandle, JobState, ProviderError, Throttled
 from cloud_adapters.sagemaker.states import job_status
 from jobs.cost import job_cost_usd
-from sm_helpers import T0, count_calls, describe_response, make_backend, throttle
+from sagemaker_standin import T0, count_calls, describe_response, make_backend, throttle
 
 NAME = "tb-job-7-67a1b2c3"
 

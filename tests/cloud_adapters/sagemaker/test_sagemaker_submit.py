@@ -14,7 +14,7 @@ from moto import mock_aws
 
 from cloud_adapters import packaging
 from cloud_adapters.base import CredentialsError, InvalidSpec, JobSpec, QuotaExceeded, Throttled
-from sm_helpers import BUCKET, ROLE, count_calls, describe_response, make_backend, throttle
+from sagemaker_standin import BUCKET, ROLE, count_calls, describe_response, make_backend, throttle
 
 CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "mlp", "params": {"hidden_size": 32}},
           "parallel": {"strategy": "ddp", "procs_per_node": 1}, "train": {"epochs": 1, "lr": 0.05, "augment": False},

@@ -34,7 +34,7 @@ import torch
 
 from cloud_adapters import packaging
 from cloud_adapters.base import JobSpec
-from sm_helpers import BUCKET, submit_and_capture
+from sagemaker_standin import BUCKET, submit_and_capture
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
