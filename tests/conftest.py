@@ -1,5 +1,5 @@
 """Shared fixtures: users, a digits dataset, a CNN model, a local gpubox backend, AWS on the SageMaker
-stand-in, and a real Celery worker (+ beat) process for end-to-end tests.
+stand-in, a Chromium page, and a real Celery worker (+ beat) process for end-to-end tests.
 
 The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and ``REDIS_URL``)::
 
@@ -103,6 +103,41 @@ def aws_env(monkeypatch, tmp_path):
     sagemaker_standin.fake_aws_env(monkeypatch, tmp_path)
     with sagemaker_standin.aws(monkeypatch):
         yield sagemaker_standin
+
+
+# ---------------------------------------------------------------------------------------------
+# Browser
+# ---------------------------------------------------------------------------------------------
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package: the tests never download a browser
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+@pytest.fixture
+def browser_page(monkeypatch):
+    """A fresh page (1280 × 900) of Debian's Chromium driven by Playwright, closed after the test."""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
+    # The live server runs in this process; Playwright's sync API needs Django's async-safety check off.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        try:
+            yield page
+        finally:
+            context.close()
+            browser.close()
+            # Django keeps one connection per async context, and Playwright's sync API runs the
+            # test in a context of its own: close the connections the test opened in it, or the
+            # test database cannot be dropped at the end of the run.
+            connections.close_all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,32 +8,7 @@ import re
 
 import pytest
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture
-def browser_page(monkeypatch):
-    """A Chromium page on Debian's browser (as tests/browser does), closed afterwards."""
-    import os
-
-    from django.db import connections
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # the live server shares this process
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run"])
-        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        try:
-            yield page
-        finally:
-            browser.close()
-            connections.close_all()
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_pages_work_under_the_csp(live_server, browser_page, django_user_model, settings, tmp_path,
