@@ -1,4 +1,4 @@
-"""The job list at 100,000 jobs and 1,000,000 metric points: server time and SQL queries (issue 6, Scale).
+"""The job list at 100,000 jobs and 1,000,000 metric points: server time and SQL queries.
 
     .venv/bin/python bench/job_list.py                      # 100,000 jobs, 1,000,000 points, 50 requests each
     .venv/bin/python bench/job_list.py --quick              # 5,000 jobs, 50,000 points, 20 requests each

@@ -1,5 +1,5 @@
 """Launch overhead on the gpubox backend: from the API call to the first training step, against bare
-torchrun of the same job (issue 6, Scale: p95 ≤ 5 s above torchrun's own start-up).
+torchrun of the same job (target: p95 ≤ 5 s above torchrun's own start-up).
 
     .venv/bin/python bench/launch_overhead.py               # 10 dashboard runs and 10 bare torchrun runs, alternating
     .venv/bin/python bench/launch_overhead.py --quick       # 3 and 3

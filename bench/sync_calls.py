@@ -15,19 +15,9 @@ and prints the calls of each and the ratio to the baseline. Calls are what AWS r
 bills nothing for, but they are what a 10,000-job sync waits for under the account's token bucket
 (default 10 calls/s): the baseline's 10,000 calls take 1,000 s there, the changed-only sync 11 calls.
 
-Result (2026-11-29, this checkout, ``.venv/bin/python bench/sync_calls.py``)::
-
-     active  changed  baseline  list  describe  calls  ratio
-         10       10        10     1        10     11  1.100
-        100       10       100     1        10     11  0.110
-        100      100       100     1       100    101  1.010
-       1000       10      1000     1        10     11  0.011
-       1000     1000      1000    10      1000   1010  1.010
-      10000       10     10000     1        10     11  0.001
-      10000    10000     10000   100     10000  10100  1.010
-
-(Exact counts, not timings: the same on any machine.) With 10 changed, calls per sync stay at 11
-whatever the number of active jobs; when everything changed the listing adds ⌈N/100⌉ calls (1 %).
+The counts are exact, not timings, so they are the same on any machine (bench/RESULTS.md, "SageMaker
+sync cost", has the table): with 10 changed, calls per sync stay at 11 whatever the number of active
+jobs; when everything changed the listing adds ⌈N/100⌉ calls (1 %).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One sync of 10,000 active jobs: the database work of a pass, one statement for the unchanged jobs
-against the per-job path, measured in the same run (issue 6, Scale).
+against the per-job path, measured in the same run.
 
     .venv/bin/python bench/sync_db.py                  # 10,000 active jobs on 4 backends, 100 changed
     .venv/bin/python bench/sync_db.py --quick          # 1,000 jobs

@@ -1,4 +1,4 @@
-"""One sync of 10,000 active jobs across backends: provider calls and the worker's peak memory (issue 6, Scale).
+"""One sync of 10,000 active jobs across backends: provider calls and the worker's peak memory.
 
     .venv/bin/python bench/sync_memory.py                   # 10,000 active jobs on 4 backends, 1 % changed
     .venv/bin/python bench/sync_memory.py --quick           # 1,000 jobs

@@ -1,6 +1,6 @@
 """The job form in real Chromium offers only the strategies the chosen backend's image runs: a Vertex AI
 backend on its default executor image (torch 2.4) disables fsdp and pipeline and moves a chosen fsdp
-back to ddp; the local GPU box offers all three (issue 11 item 5)."""
+back to ddp; the local GPU box offers all three."""
 
 from __future__ import annotations
 

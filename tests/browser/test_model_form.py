@@ -1,6 +1,6 @@
-"""The model form in Chromium: the parameters follow the architecture unless the user edited them
-(issue 11 item 10; it kept cnn's parameters after a switch to mlp, and saving failed with
-"channels: unknown parameter for mlp")."""
+"""The model form in Chromium: the parameters follow the architecture unless the user edited them,
+so a switch from cnn to mlp does not keep cnn's parameters and fail on save with "channels: unknown
+parameter for mlp"."""
 
 from __future__ import annotations
 

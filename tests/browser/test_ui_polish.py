@@ -1,6 +1,6 @@
-"""Issue 11 in real Chromium (1280 px wide): the "Job … queued." banner goes once the job has moved
-on; Test connection from the Backends list ends on a GET page (a reload does not test again); the
-admin's job list names an unnamed job job-<id> and fits 1280 px."""
+"""Pages a first-time user meets, in real Chromium (1280 px wide): the "Job … queued." banner goes
+once the job has moved on; Test connection from the Backends list ends on a GET page (a reload does
+not test again); the admin's job list names an unnamed job job-<id> and fits 1280 px."""
 
 from __future__ import annotations
 

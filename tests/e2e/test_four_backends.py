@@ -1,11 +1,11 @@
-"""Issue 5, "the same job config submitted to each produces the three requests above and the gpubox
-run": one job (digits, the CNN, DDP, 1 node × 2 processes, 1 epoch, batch 32, lr 0.05, seed 0, 1 h
-max runtime) created through ``jobs.services`` on four backends of one user and submitted by the real
-``jobs.tasks.submit_job`` task body, called in this process:
+"""The same job config reaches every backend unchanged: one job (digits, the CNN, DDP, 1 node × 2
+processes, 1 epoch, batch 32, lr 0.05, seed 0, 1 h max runtime) created through ``jobs.services`` on
+four backends of one user and submitted by the real ``jobs.tasks.submit_job`` task body, called in
+this process:
 
 - gpubox: the real run (torchrun, gloo, 2 ranks on this machine), synced by ``jobs.tasks.sync_backend``
   until SUCCEEDED;
-- SageMaker under moto: the CreateTrainingJob request botocore sent, the config as hyperparameters;
+- SageMaker on its stand-in (moto): the CreateTrainingJob request botocore sent, the config as hyperparameters;
 - Vertex AI against its stand-in (a local HTTP server answering the real aiplatform_v1 REST client,
   gcp-storage-emulator for the trainer package): the CustomJob POSTed;
 - Azure ML against its stand-in (an in-memory workspace behind a custom azure-core transport): the

@@ -3,8 +3,8 @@
 Real ``celery -A webapp worker`` processes on the embedded default (SQLite and the filesystem broker
 under their own ``TRAINBOARD_VAR_DIR``), as ``make demo`` runs them, each in a process group of its
 own. SIGTERM goes to the whole group, as a terminal, a supervisor or ``kill -TERM -<pgid>`` sends it:
-it used to kill the idle pool processes while they held the task queue's read lock, and the main
-process then hung in its warm shutdown, ignoring SIGTERM and SIGQUIT (webapp/celery.py).
+it reaches the idle pool processes too, which may hold the task queue's read lock, and the main
+process must not then hang in its warm shutdown, ignoring SIGTERM and SIGQUIT (webapp/celery.py).
 """
 
 from __future__ import annotations

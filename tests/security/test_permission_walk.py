@@ -1,7 +1,7 @@
 """Walk every URL of the URLconf (resolved programmatically, so a new URL is covered, or this test
 fails until it is classified) as an anonymous client, a stranger, a teammate and a staff stranger.
 
-The rules asserted (issue 6, Security):
+The rules asserted:
 
 * another user's object (not shared with the requester's team) is a 404 — pages, API and the
   admin's change/history/delete pages alike (existence is never revealed);
@@ -451,7 +451,7 @@ def test_dataset_validation_refuses_a_team_the_owner_is_not_in(world):
     assert errors == {}
 
 
-# --- backend settings: what a non-staff user's backend can reach (issue 11, item 0) ----------------
+# --- backend settings: what a non-staff user's backend can reach ----------------------------------
 # Every setting of every registered kind (the adapter's ``config_keys``), classified. "host": the
 # operator's (the adapter's ``host_settings``): refused for a backend whose owner is not staff through
 # the UI form, the API and the service, and the installation's value is used. Anything else: what it

@@ -1,6 +1,6 @@
 """Backend credentials (ComputeBackend.secrets): accepted per kind, encrypted at rest, write-only in
 the form, the API and the admin, never in a response or a log line, and used by each adapter to
-build its SDK client (issue 6, Security).
+build its SDK client.
 
 A Celery worker's log is searched in test_worker_secrets.py; the credentials on the wire in
 tests/cloud_adapters/vertex/test_vertex_credentials.py and azureml/test_azureml_credentials.py."""

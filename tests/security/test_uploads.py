@@ -1,5 +1,5 @@
 """Request size limits (a too-big body is a 400, never a 500) and local dataset paths that cannot
-escape TRAINBOARD_DATASET_ROOTS (issue 6, Security: Input)."""
+escape TRAINBOARD_DATASET_ROOTS."""
 
 from __future__ import annotations
 

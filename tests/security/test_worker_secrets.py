@@ -1,4 +1,4 @@
-"""Backend secrets never reach a Celery worker's log, nor what a job shows (issue 6, Security).
+"""Backend secrets never reach a Celery worker's log, nor what a job shows.
 
 test_secrets.py searches the web process's responses and log records; this test runs a real
 ``celery worker -B`` process at DEBUG (Celery's ``--loglevel`` and Django's root logger), with a

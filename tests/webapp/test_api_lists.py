@@ -1,5 +1,6 @@
-"""Every API list is capped the same way (webapp.api.pagination.CappedLimitOffsetPagination, issue 11
-item 17): a ``limit`` past PostgreSQL's bigint was a 500 on the dataset, model and backend lists."""
+"""Every API list is capped the same way (webapp.api.pagination.CappedLimitOffsetPagination): a
+``limit`` or ``offset`` past PostgreSQL's bigint must be clamped before it reaches the query, or it
+is a 500."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.mark.parametrize("path", ["/api/datasets/", "/api/models/", "/api/backends/", "/api/jobs/"])
 def test_every_list_caps_limit_and_offset(api_client, job, path):
-    huge = 10 ** 20  # past PostgreSQL's bigint: LIMIT 10^20 was "bigint out of range", a 500
+    huge = 10 ** 20  # past PostgreSQL's bigint: LIMIT 10^20 unclamped is "bigint out of range", a 500
     body = api_client.get(f"{path}?limit={huge}").json()
     assert (body["count"], body["count_is_exact"], len(body["results"]), body["next"]) == (1, True, 1, None)
     deep = api_client.get(f"{path}?limit={huge}&offset={huge}")

@@ -1,6 +1,6 @@
-"""The API answers a request's own field errors and the service's in one 400, and saves and sends
-nothing then (issue 11 items 9 and 10 for the API; ``webapp.errors.trial_call``, which the UI's
-``submit_form`` uses too). A model's parameters follow a changed architecture."""
+"""The API answers a request's own field errors and the service's in one 400, so a client fixes
+everything in one round, and saves and sends nothing then (``webapp.errors.trial_call``, which the
+UI's ``submit_form`` uses too). A model's parameters follow a changed architecture."""
 
 from __future__ import annotations
 

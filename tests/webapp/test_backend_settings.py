@@ -66,7 +66,7 @@ def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
     assert {"max_procs_per_node", "hourly_rate_usd"} | {field("sagemaker", key) for key in (
         "region", "role_arn", "bucket", "prefix", "image_uri", "instance_type", "spot_allowed", "profile")
     } <= field_names(page)
-    # Issue 6: credentials are write-only fields named secret_<kind>_<key> (password inputs, never a value).
+    # Credentials are write-only fields named secret_<kind>_<key> (password inputs, never a value).
     assert not {n for n in field_names(page) if re.search("secret|access_key|token|password", n)} - {
         "csrfmiddlewaretoken"} - {n for n in field_names(page) if n.startswith("secret_")}
     assert not re.search(r'type="password"[^>]*value=', page)
@@ -140,8 +140,8 @@ def test_a_missing_required_setting_is_named(owner_client):
 
 
 def test_an_empty_sagemaker_form_shows_every_error_at_once(owner_client, api_client):
-    """Issue 11 item 9: it flagged Name, then the region, then the region's format, then the ARN, one
-    per submit; now one submit shows all of them, in the fields' labels, and the API the same words."""
+    """One submit shows every problem (not one per submit: Name, then the region, then its format, then
+    the ARN), in the fields' labels, and the API the same words."""
     response = owner_client.post(reverse("backend-create"), {"name": "", "kind": "sagemaker", "enabled": "on"})
     assert response.status_code == 200
     assert response.context["form"].errors == {
@@ -279,7 +279,8 @@ def test_api_test_connection(api_client, other_api_client, local_backend):
 
 
 def test_each_settings_field_is_labelled_as_its_adapters_messages_name_it():
-    """The form's label and the adapter's message agree ("AWS region" in both; issue 11 item 9)."""
+    """The form's label and the adapter's message agree ("AWS region" in both), so a message names
+    the field a user sees."""
     from cloud_adapters.registry import backend_class
 
     form = webapp_forms.BackendForm()

@@ -68,7 +68,7 @@ def test_new_backend_page_has_every_vertex_and_azure_ml_setting(owner_client):
     assert (field("vertex", "spot_allowed"), field("vertex", "image_uri")) == ("vertex_spot_allowed", "vertex_image_uri")
     assert (field("vertex", "project"), field("azureml", "subscription_id")) == ("project", "subscription_id")
     # Credentials come from ADC / DefaultAzureCredential on the worker unless typed into the write-only
-    # secret_<kind>_<key> fields (issue 6), which never carry a value back.
+    # secret_<kind>_<key> fields, which never carry a value back.
     assert not {n for n in names if re.search("secret|key|token|password|credential", n)} - {
         "csrfmiddlewaretoken"} - {n for n in names if n.startswith("secret_")}
     assert not re.search(r'type="password"[^>]*value=', page)
@@ -151,7 +151,7 @@ def test_a_missing_required_setting_is_named_on_its_field(owner_client, kind, se
     from cloud_adapters.base import with_article
     from cloud_adapters.registry import KINDS, backend_class
 
-    # The form's label, and "an Azure ML" (issue 11 item 9: "resource_group: required for a Azure ML backend.").
+    # The form's label, and the article that fits the kind's label ("an Azure ML", not "a Azure ML").
     assert message == (f"{backend_class(kind).setting_labels[missing]} is required for "
                        f"{with_article(KINDS[kind].label)} backend.")
     assert escape(message) in response.content.decode()

@@ -1,4 +1,4 @@
-"""Issue 5: "the job form offers all four backends with their instance types and prices". One user
+"""The job form offers all four backends with their instance types and prices. One user
 with a gpubox, a SageMaker, a Vertex AI and two Azure ML backends (dedicated and low priority):
 the job form's backend select lists all five, the instance type select one group per cloud backend
 with the adapters' own prices (Vertex: machine + accelerator × count; Azure ML low priority: the

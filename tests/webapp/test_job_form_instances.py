@@ -94,7 +94,7 @@ def test_estimate_is_runtime_times_instances_times_the_catalog_price(owner_clien
 
 
 def test_the_estimate_headline_reads_at_the_precision_of_its_arithmetic(owner_client, local_backend):
-    # A sub-cent budget: the headline, the sum and the budget all at 4 decimals (was "$0.003 max (… $0.0030 budget)").
+    # A sub-cent budget: the headline, the sum and the budget all at 4 decimals (not "$0.003 max (… $0.0030 budget)").
     response = owner_client.post(reverse("job-estimate"), {
         "backend": local_backend.pk, "nodes": 1, "procs_per_node": 2, "max_runtime_s": 3600, "budget_usd": "0.003"})
     assert response.context["estimate"]["ok"], response.context["estimate"]
@@ -167,7 +167,7 @@ def test_job_page_shows_the_spot_saving_and_on_demand_cost(owner_client, spot_jo
     assert spot_job.cost_usd == Decimal("0.6573")  # 840 s × 2 × $1.4084 / 3600
     html = owner_client.get(reverse("job-detail", args=[spot_job.pk])).content.decode()
     assert '<span class="stat-value" id="stat-spot-saving">30%</span>' in html  # 1 − 840 / 1200
-    # At the job's own precision (4 decimals), not rounded to cents (issue 11 item 8).
+    # At the job's one precision (4 decimals, as its cost beside it), not rounded to cents.
     assert re.search(r'id="stat-on-demand">on demand \$0\.9389 · 1200 s trained, 840 s billed</span>', html)
     assert '<span class="stat-value" id="stat-cost">$0.6573</span>' in html
     live = owner_client.get(reverse("job-live", args=[spot_job.pk])).content.decode()

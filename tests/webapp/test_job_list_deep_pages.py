@@ -2,7 +2,7 @@
 the position of the first row by the key columns alone, then a seek), not by OFFSET on the page query.
 These check that it gives exactly the rows plain OFFSET gives, ties on created_at and team-shared jobs
 included, with the same number of queries as page 1; and that a search counts to SEARCH_COUNT_CAP only
-(issue 6, Scale; bench/job_list.py times it at 100,000 jobs).
+(bench/job_list.py times it at 100,000 jobs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A teammate sees shared objects without the owner's controls; a refused action explains itself.
 
-Owner-or-staff changes (issue 6, Security): the views answer 403 to a teammate's edit, test
+Only the owner or staff may change an object: the views answer 403 to a teammate's edit, test
 connection, cancel or re-run. The pages therefore offer those controls only to whoever may use them,
 and the 403 page (templates/403.html) is the site's own page with the reason, not Django's bare one.
 """

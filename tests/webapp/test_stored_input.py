@@ -1,5 +1,5 @@
-"""Input PostgreSQL cannot store is a field error in every form and API call, never a 500 (issue 11,
-items 7 and 17; jobs/validation.py): non-finite numbers (NaN, Infinity, 1e400) and NUL characters in
+"""Input PostgreSQL cannot store is a field error in every form and API call, never a 500
+(jobs/validation.py): non-finite numbers (NaN, Infinity, 1e400) and NUL characters in
 any JSON field, JSON nested thousands deep, numbers in backend settings past what they can mean."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _post(api_client, path: str, body: str):
     return api_client.post(path, data=body, content_type="application/json")
 
 
-# --- item 7: the model form --------------------------------------------------------------------
+# --- the forms ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("params, message", [
@@ -60,7 +60,7 @@ def test_backend_and_job_forms_refuse_nan_in_their_json_fields(owner_client, dig
     assert (ComputeBackend.objects.count(), TrainingJob.objects.count()) == (1, 0)
 
 
-# --- item 17: the API ---------------------------------------------------------------------------
+# --- the API -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path, body, field, message", [
@@ -139,6 +139,6 @@ def test_api_unpaired_surrogate_is_a_400_naming_where(api_client):
 def test_api_non_finite_primary_key_is_a_field_error(api_client, digits_dataset, cnn_model, local_backend, field):
     body = {"dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk}
     text = json.dumps({k: v for k, v in body.items() if k != field})[:-1] + f', "{field}": 1e400}}'
-    response = _post(api_client, "/api/jobs/", text)  # int(inf) in the query was an OverflowError
+    response = _post(api_client, "/api/jobs/", text)  # int(inf) in the query would raise OverflowError
     assert response.status_code == 400
     assert response.json() == {field: ["A valid integer is required."]}

@@ -107,7 +107,7 @@ def test_estimate_endpoint_caps_at_the_budget_and_says_what_the_limit_counts(own
 
 
 def test_estimate_endpoint_says_which_torch_a_strategy_needs(owner_client, user):
-    """Picking fsdp for a Vertex backend on its default image (torch 2.4) shows why at once (issue 11 item 5)."""
+    """Picking fsdp for a Vertex backend on its default image (torch 2.4) shows why at once, before a submit."""
     from jobs import services
 
     vertex = services.backend_create(owner=user, name="vx", kind="vertex",
@@ -280,7 +280,7 @@ def test_backend_create_edit_and_errors(owner_client):
     assert backend.config["max_procs_per_node"] == 4
 
 
-# --- every error after one submit (issue 11 item 9) -------------------------------------------
+# --- every error after one submit ------------------------------------------------------------
 
 
 def test_the_dataset_form_shows_its_own_and_the_services_errors_together(owner_client):
