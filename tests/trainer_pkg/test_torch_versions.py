@@ -1,6 +1,5 @@
 """Which torch each strategy needs (trainer_pkg.versions): the trainer refuses at start, with the table,
-a strategy its torch is too old for; the adapters read their image's torch and offer only what it runs
-(issue 11 item 5)."""
+a strategy its torch is too old for; the adapters read their image's torch and offer only what it runs."""
 
 from __future__ import annotations
 

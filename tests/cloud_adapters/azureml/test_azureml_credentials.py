@@ -1,4 +1,4 @@
-"""An Azure ML backend's stored service principal is what its requests carry (issue 6, Security).
+"""An Azure ML backend's stored service principal is what its requests carry.
 
 The secrets go in through the dashboard's service (encrypted in the database) and come back out of
 the row; the adapter builds azure-identity's ``ClientSecretCredential`` from them. With

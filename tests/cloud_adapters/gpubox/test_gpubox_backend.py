@@ -167,7 +167,7 @@ def test_describe_maps_exit_records(backend):
          JobState.CANCELLED, "cancelled", "stopped by user"),
         ({"returncode": -15, "max_runtime": True, "reason": "Max runtime reached: the run took longer than 2 s"}, "",
          JobState.FAILED, "max-runtime", "Max runtime reached: the run took longer than 2 s"),
-        # the record of a supervisor of before the max_runtime flag
+        # an exit record without the max_runtime flag, as a run started by an older supervisor left it
         ({"returncode": -15, "reason": "MaxRuntimeExceeded: ran longer than 2 s"}, "",
          JobState.FAILED, "max-runtime", "MaxRuntimeExceeded: ran longer than 2 s"),
     ]
@@ -482,7 +482,7 @@ def test_a_lost_run_directory_is_failed_and_cancel_is_a_no_op(backend):
 
 def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the_run(backend):
     """The first attempt's worker died inside submit after creating the run directory, before the
-    supervisor started (issue 11, item 18). The retry, and a duplicate delivery racing it, must not
+    supervisor started. The retry, and a duplicate delivery racing it, must not
     adopt that empty directory (it would fail "supervisor never started" though nothing ran): one of
     them starts the run, exactly once, and the other adopts it."""
     name = "digits-retried"

@@ -120,7 +120,7 @@ Root Cause (first observed failure):
      .format(rank=0, code=1, traceback="To enable traceback see: ..."),
      "rank 1 (local rank 1) was killed by SIGKILL (exit code -9), usually the out-of-memory killer or an "
      "operator (check the machine's memory and `dmesg`); torchrun stopped the other ranks"),
-    # No torchrun summary (a single process): the last trainer error, as before.
+    # No torchrun summary (a single process): the last trainer error.
     ("noise\ntrainer error: dataset /d/x.npz not found\n", "trainer error: dataset /d/x.npz not found"),
 ])
 def test_fault_failure_reason_names_the_root_cause_rank(tmp_path, log, expected):

@@ -53,7 +53,8 @@ def test_defaults():
     ({"aws_secret_access_key": "x"}, "aws_secret_access_key", "aws_secret_access_key: unknown SageMaker setting"),
 ])
 def test_bad_settings_name_the_field(change, key, message):
-    """Each problem is keyed by its setting and worded with the form's label for it (issue 11 item 9)."""
+    """Each problem is keyed by its setting and worded with the form's label for it, so the form shows
+    it on the field the user sees."""
     with pytest.raises(InvalidSpec) as err:
         SageMakerBackend({**BASE, **change})
     assert list(err.value.errors) == [key]
@@ -62,7 +63,8 @@ def test_bad_settings_name_the_field(change, key, message):
 
 
 def test_every_bad_setting_is_reported_at_once():
-    """An empty form used to flag region, then its format, then the ARN, one per submit (issue 11 item 9)."""
+    """An empty form gets every problem in one answer, not region, then its format, then the ARN, one
+    per submit."""
     with pytest.raises(InvalidSpec) as err:
         SageMakerBackend({"region": "", "role_arn": "", "bucket": "", "instance_type": "g5", "spot_allowed": "no"})
     assert err.value.errors == {

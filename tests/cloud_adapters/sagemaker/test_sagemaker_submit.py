@@ -1,6 +1,6 @@
 """SageMakerBackend.submit against moto's mock_aws (S3 + SageMaker in-process): the trainer archive is
-uploaded once per content hash, the CreateTrainingJob request carries every field of issue 4 (read
-from the request body botocore actually sends), a second submit adopts the first job; and, with
+uploaded once per content hash, the CreateTrainingJob request carries every field the JobSpec maps
+to (read from the request body botocore actually sends), a second submit adopts the first job; and, with
 botocore's Stubber, what moto cannot do: ResourceInUse adoption and the error mapping."""
 
 from __future__ import annotations

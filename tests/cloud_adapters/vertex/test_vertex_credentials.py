@@ -1,4 +1,4 @@
-"""A Vertex backend's stored service-account key is what its requests carry (issue 6, Security).
+"""A Vertex backend's stored service-account key is what its requests carry.
 
 The key goes in through the dashboard's service (encrypted in the database), comes back out through
 ``services.backend_adapter``, and the stand-in (standin.py, :meth:`VertexStandIn.accept_key`) checks

@@ -263,7 +263,7 @@ def test_clean_config_defaults_and_errors():
             VertexBackend.clean_config(config)
         assert list(err.value.errors) == [key], config
         assert err.value.errors[key][0].startswith(message), err.value.errors
-    # Everything wrong at once is reported at once (issue 11 item 9).
+    # Everything wrong at once is reported at once, so a user fixes it in one round.
     with pytest.raises(InvalidSpec) as err:
         VertexBackend.clean_config({"project": "", "staging_bucket": "", "region": "US Central", "max_nodes": 0})
     assert list(err.value.errors) == ["project", "staging_bucket", "region", "max_nodes"]
