@@ -115,7 +115,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def dashboard_run(args, client, ids: dict[str, int], n: int) -> dict[str, Any]:
     """One job through POST /api/jobs/ and the real worker; stage times in seconds from the API call."""
-    from jobs import services
+    from jobs import sync
     from jobs.models import JobEvent, TrainingJob
 
     payload = {"dataset": ids["dataset"], "model_spec": ids["model"], "backend": ids["backend"], "nodes": 1,
@@ -137,7 +137,7 @@ def dashboard_run(args, client, ids: dict[str, int], n: int) -> dict[str, Any]:
     if job.state != "SUCCEEDED":
         raise SystemExit(f"job {job_id} ended {job.state}: {job.failure_reason}")
     if job.first_step_at is None:  # the sync that ended it also stored the log; one more just in case
-        services.backend_sync(backend_id=ids["backend"])
+        sync.backend_sync(backend_id=ids["backend"])
         job.refresh_from_db()
     events = {e.to_state: e.created_at.timestamp() for e in JobEvent.objects.filter(job_id=job_id)}
     return {

@@ -11,7 +11,7 @@ What it does, in one run:
    applies every migration and loads ``--jobs`` active jobs exactly as ``bench/sync_memory.py`` does
    (90 % RUNNING, 10 % PENDING, frozen configs, last sync 30 s ago, its counting stand-in provider that
    changes ``--changed-pct`` % of them: 100 of 10,000 by default);
-2. for each of ``--rounds`` rounds, runs one pass (``jobs.services.backend_sync`` for every backend,
+2. for each of ``--rounds`` rounds, runs one pass (``jobs.sync.backend_sync`` for every backend,
    as ``sync_jobs`` fans it out) in a fresh subprocess with ``bulk=False`` (the per-job path: every
    job locked, updated, re-read) and then one with ``bulk=True`` (the jobs that did not change and
    whose logs are not read this pass in one UPDATE), putting the sync times back to 30 s ago before
@@ -80,22 +80,22 @@ def child(args: argparse.Namespace) -> None:
     backend_ids = child_backends(args)
     from django.db import connection
 
-    from jobs import services
+    from jobs import sync
 
     one_by_one = 0
-    real_sync_one = services._sync_one
+    real_sync_one = sync._sync_one
 
     def counting_sync_one(*a, **kw):
         nonlocal one_by_one
         one_by_one += 1
         return real_sync_one(*a, **kw)
 
-    services._sync_one = counting_sync_one
+    sync._sync_one = counting_sync_one
     counter = StatementCounter()
     bulk = args.child == "bulk"
     t0 = time.perf_counter()
     with connection.execute_wrapper(counter):
-        looked_at = sum(services.backend_sync(backend_id=b, bulk=bulk) for b in backend_ids)
+        looked_at = sum(sync.backend_sync(backend_id=b, bulk=bulk) for b in backend_ids)
     seconds = time.perf_counter() - t0
     print(json.dumps({"looked_at": looked_at, "seconds": seconds, "statements": counter.statements,
                       "sql_seconds": counter.seconds, "longest_ms": counter.longest * 1000, "one_by_one": one_by_one, "calls": dict(CountingFake.calls)}))

@@ -11,7 +11,7 @@ What it does, in one run:
    frozen trainer config, a provider handle and a last sync 30 s ago) spread over ``--backends``
    backends of a counting stand-in kind (below);
 2. runs, in a fresh subprocess each (a worker's process: Django set up, nothing else), one sync pass
-   (``jobs.services.backend_sync`` for every backend, as ``sync_jobs`` fans it out) and reports
+   (``jobs.sync.backend_sync`` for every backend, as ``sync_jobs`` fans it out) and reports
    - the process's peak resident memory (``VmHWM`` from /proc/self/status) before and after the pass;
    - in a second subprocess, the Python heap's peak during the pass (``tracemalloc``; slower, so its
      time is not reported);
@@ -200,7 +200,7 @@ def child(args: argparse.Namespace) -> None:
     import tracemalloc
 
     backend_ids = child_backends(args)
-    from jobs.services import backend_sync
+    from jobs.sync import backend_sync
 
     hwm_before, rss_before = vm_kib("VmHWM"), vm_kib("VmRSS")
     if args.child == "traced":

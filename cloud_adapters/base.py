@@ -210,7 +210,7 @@ class JobStatus:
 
 
 TAG_JOB_ID = "trainboard-job-id"
-"""Tag (label) key under which :func:`jobs.services.job_spec` records the Trainboard job id."""
+"""Tag (label) key under which :func:`jobs.adapters.job_spec` records the Trainboard job id."""
 TAG_JOB_NAME = "trainboard-job-name"
 """Tag (label) key under which a cloud adapter's submit records the job's name: how it finds the job
 again and how :meth:`Backend.list_tagged` tells Trainboard's jobs from others."""
@@ -283,7 +283,7 @@ class Backend(abc.ABC):
     processes (a GPU box's interpreter, run root and process limit), or where the worker sends its
     calls and with whose credentials (an endpoint URL, a profile of the worker's own). They are the
     operator's decision: the dashboard takes them from the installation's settings or from a staff
-    user's backend, never from another user's backend row (``jobs.services.backend_adapter``)."""
+    user's backend, never from another user's backend row (``jobs.adapters.backend_adapter``)."""
     config_keys: ClassVar[frozenset[str]] = frozenset()
     """``settings.keys``, set for each subclass."""
     host_settings: ClassVar[frozenset[str]] = frozenset()
@@ -305,7 +305,7 @@ class Backend(abc.ABC):
     its own: the SDK's default chain on the worker (e.g. "boto3's default credential chain: the
     worker's environment, profile or IAM role"), the worker's own identity. "" = it calls no cloud (a
     GPU box). Which users' backends may use it is the operator's decision
-    (``jobs.services.may_use_worker_credentials``)."""
+    (``jobs.adapters.may_use_worker_credentials``)."""
 
     @classmethod
     def uses_ambient_credentials(cls, config: Mapping[str, Any], secrets: Mapping[str, Any] | None) -> bool:

@@ -8,8 +8,8 @@ one declaration:
 * ``Backend.settings_problems`` starts ``clean_config`` with the checks the declaration alone decides
   (an unknown key, a required setting left blank), worded with the labels below;
 * the labels a settings message uses (:class:`cloud_adapters.base.SettingsProblems`), the host
-  settings only the operator may set (``jobs.services.backend_host_settings``), the secret keys
-  (``jobs.services.backend_secret_keys``);
+  settings only the operator may set (``jobs.adapters.backend_host_settings``), the secret keys
+  (``jobs.adapters.backend_secret_keys``);
 * the backend form's inputs per kind (``webapp.forms.BackendForm``), the admin's and the API's list of
   each kind's settings.
 

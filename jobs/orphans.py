@@ -30,6 +30,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
 from cloud_adapters.base import BackendError, ProviderJob
+from jobs.adapters import backend_adapter
 from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, OrphanJob, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,6 @@ def reconcile_orphans(backend_id: int) -> dict[str, int]:
     written (no orphan is resolved on a failed listing); a failed stop is logged, noted on the
     orphan and left for the next pass. Raises ``ComputeBackend.DoesNotExist`` for an unknown id.
     """
-    from jobs.services import backend_adapter
-
     backend = ComputeBackend.objects.get(pk=backend_id)
     adapter = backend_adapter(backend)
     listed = adapter.list_tagged()
@@ -117,8 +116,6 @@ def orphan_stop(orphan: OrphanJob, user) -> OrphanJob:
     resolved instead. Raises PermissionDenied for a non-staff user, ValidationError when the
     orphan was already resolved or the provider refused (the message says why).
     """
-    from jobs.services import backend_adapter
-
     if not getattr(user, "is_staff", False):
         raise PermissionDenied("Only staff can stop orphan jobs.")
     if orphan.resolved_at is not None:

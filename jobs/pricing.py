@@ -2,7 +2,7 @@
 catalog shipped with the adapters (DESIGN.md §6).
 
 :class:`DatabasePriceCatalog` implements ``cloud_adapters.pricing.PriceCatalog`` (``lookup``/``rows``)
-and is what ``jobs.services.backend_adapter`` hands every adapter as ``prices=``. A row in the
+and is what ``jobs.adapters.backend_adapter`` hands every adapter as ``prices=``. A row in the
 database wins over the shipped row with the same (provider, region, instance type); a shipped row
 the database does not hold is still found, so a fresh installation prices jobs before anyone ran
 ``manage.py load_prices``.

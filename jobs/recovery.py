@@ -11,12 +11,12 @@ at once (each job is taken with ``SELECT ... FOR UPDATE SKIP LOCKED`` and every 
 2. **Killed workers.** A SUBMITTING (or STOPPING) job without a provider handle whose submission is
    older than the submit task's hard time limit (``TRAINBOARD_SUBMIT_TIME_LIMIT_S``) lost its worker
    before or just after the provider call. The sweep takes the submission over
-   (:func:`jobs.services._claim_submission`) and sends ``submit_job`` with its claim: the adapter
+   (:func:`jobs.lifecycle.submission_claim`) and sends ``submit_job`` with its claim: the adapter
    adopts the provider job of the same deterministic name, or creates it if the first call never
    arrived. After ``TRAINBOARD_RECOVERY_MAX_RESUMES`` resumes the job is FAILED with the reason.
 3. **Deadlines (DESIGN.md §4).** Each non-terminal state has a deadline in seconds:
    ``TRAINBOARD_STATE_DEADLINES_S`` overridden by the backend's ``state_deadlines``; RUNNING defaults
-   to the job's max runtime + ``TRAINBOARD_RUNNING_DEADLINE_MARGIN_S``. A job past it is flagged
+   to the job's max runtime + ``TRAINBOARD_RUNNING_DEADLINE_MARGIN_S`` (:mod:`jobs.deadlines`). A job past it is flagged
    (``stalled_at``, ``stalled_reason``, a JobEvent with the reason) and, when the backend's
    ``stall_policy`` is ``cancel``, cancelled with that reason. The next transition clears the flag.
 """
@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from functools import partial
-from typing import Any, Mapping
+from typing import Mapping
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -34,102 +33,22 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import services
-from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
+from jobs import dispatch
+from jobs.adapters import backend_queue
+from jobs.deadlines import DEADLINE_STATES, deadline_start, human_duration, stall_reason, state_deadline_s
+from jobs.lifecycle import submission_claim, submit_lease_s, training_job_fail
+from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
+from jobs.services import training_job_cancel
 
 log = logging.getLogger(__name__)
 
 REQUEUE_MESSAGE = "Recovery: submission re-sent"
 RESUME_MESSAGE = "Recovery: resuming the submission"
-DEADLINE_STATES = tuple(ACTIVE_STATE_VALUES)
-"""The states a deadline may be set for (the non-terminal ones)."""
-MAX_STATE_DEADLINE_S = 365 * 24 * 3600
-"""The longest deadline a backend may set: a year (31,536,000 s), over 13 times the longest max runtime
-(28 days). Bounded so that ``now − deadline`` stays a date (1e300 s overflowed the sweep)."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Deadlines
 # ---------------------------------------------------------------------------------------------
-
-
-def clean_state_deadlines(value: Any) -> tuple[dict[str, float], list[str]]:
-    """Check a backend's ``state_deadlines``: ``{state: seconds}`` for non-terminal states, each a
-    positive number of seconds up to :data:`MAX_STATE_DEADLINE_S`. Returns (the cleaned dict, error
-    messages); the dict is empty when there are errors. ``None`` or ``{}`` means "use the defaults"."""
-    if value in (None, ""):
-        return {}, []
-    if not isinstance(value, Mapping):
-        return {}, ['State deadlines must be an object of state: seconds, e.g. {"PENDING": 3600}.']
-    errors, cleaned = [], {}
-    for state, seconds in value.items():
-        name = str(state).upper()
-        if name not in DEADLINE_STATES:
-            errors.append(f"{state}: not a state with a deadline; use one of {', '.join(DEADLINE_STATES)} "
-                          f"(terminal states have none).")
-            continue
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds \
-                or seconds <= 0:
-            errors.append(f"{name}: the deadline must be a positive number of seconds (got {seconds!r}).")
-            continue
-        if seconds > MAX_STATE_DEADLINE_S:
-            errors.append(f"{name}: the deadline must be at most {MAX_STATE_DEADLINE_S:,} seconds (365 days); "
-                          f"leave the state out for the default.")
-            continue
-        cleaned[name] = int(seconds) if float(seconds).is_integer() else float(seconds)
-    return ({} if errors else cleaned), errors
-
-
-def state_deadline_s(job: TrainingJob, backend: ComputeBackend | None = None) -> float | None:
-    """Seconds ``job`` may stay in its current state, or None for a terminal state.
-
-    The backend's ``state_deadlines`` entry if it has one, else ``TRAINBOARD_STATE_DEADLINES_S``;
-    RUNNING without either: ``max_runtime_s`` + ``TRAINBOARD_RUNNING_DEADLINE_MARGIN_S``."""
-    state = str(job.state)
-    if state not in DEADLINE_STATES:
-        return None
-    backend = backend or job.backend
-    own = (backend.state_deadlines or {}) if isinstance(backend.state_deadlines, Mapping) else {}
-    if own.get(state):
-        return float(own[state])
-    if state == S.RUNNING:
-        return float(job.max_runtime_s) + float(settings.TRAINBOARD_RUNNING_DEADLINE_MARGIN_S)
-    default = settings.TRAINBOARD_STATE_DEADLINES_S.get(state)
-    return float(default) if default else None
-
-
-def _since(job: TrainingJob) -> dt.datetime:
-    """When the job's current deadline started. SUBMITTING counts from the first attempt
-    (``submitted_at``): a resumed submission renews its lease, not its deadline."""
-    candidates = [job.state_entered_at]
-    if job.state == S.SUBMITTING:
-        candidates.append(job.submitted_at)
-    found = [c for c in candidates if c is not None]
-    return min(found) if found else (job.updated_at or job.created_at)
-
-
-def human_duration(seconds: float) -> str:
-    """``3720`` → ``"1h 02m"``, ``600`` → ``"10m"``, ``75`` → ``"1m 15s"``, ``90000`` → ``"1d 01h"``:
-    the two largest units, the second zero-padded and left out when zero."""
-    seconds = int(max(seconds, 0))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    for big, big_unit, small, small_unit in ((days, "d", hours, "h"), (hours, "h", minutes, "m"),
-                                             (minutes, "m", secs, "s")):
-        if big:
-            return f"{big}{big_unit}" + (f" {small:02d}{small_unit}" if small else "")
-    return f"{secs}s"
-
-
-def stall_reason(job: TrainingJob, now: dt.datetime, deadline_s: float) -> str:
-    """``"PENDING for 1h 02m, past the backend's 1h deadline"`` (RUNNING adds the max runtime)."""
-    age = (now - _since(job)).total_seconds()
-    reason = f"{job.state} for {human_duration(age)}, past the backend's {human_duration(deadline_s)} deadline"
-    if job.state == S.RUNNING and not (job.backend.state_deadlines or {}).get(S.RUNNING):
-        reason += f" (max runtime {human_duration(job.max_runtime_s)} + " \
-                  f"{human_duration(settings.TRAINBOARD_RUNNING_DEADLINE_MARGIN_S)})"
-    return reason
 
 
 def flag_stalled_jobs(*, now: dt.datetime | None = None) -> list[int]:
@@ -143,7 +62,7 @@ def flag_stalled_jobs(*, now: dt.datetime | None = None) -> list[int]:
                   .select_related("backend").order_by("id"))
     for job in candidates.iterator(chunk_size=500):
         deadline = state_deadline_s(job)
-        if deadline is None or (now - _since(job)).total_seconds() <= deadline:
+        if deadline is None or (now - deadline_start(job)).total_seconds() <= deadline:
             continue
         if _flag_one(job, now, deadline):
             flagged.append(job.pk)
@@ -186,7 +105,7 @@ def _flag_one(job: TrainingJob, now: dt.datetime, deadline: float) -> bool:
         if job.backend.stall_policy == ComputeBackend.StallPolicy.CANCEL:
             job.refresh_from_db()
             try:
-                services.training_job_cancel(job=job, reason=f"Stalled: {reason}")
+                training_job_cancel(job=job, reason=f"Stalled: {reason}")
             except ValidationError:  # it ended meanwhile: nothing to cancel
                 pass
     return True
@@ -217,7 +136,7 @@ def requeue_lost_submissions(*, now: dt.datetime | None = None) -> list[int]:
             waited = human_duration((now - (job.state_entered_at or job.created_at)).total_seconds())
             JobEvent.objects.create(job_id=job_id, from_state=S.QUEUED, to_state=S.QUEUED,
                                     message=f"{REQUEUE_MESSAGE} (no worker had started it after {waited})")
-            transaction.on_commit(partial(_send_submit, job_id, services.backend_queue(job.backend), None))
+            dispatch.resubmit_after_commit(job_id, backend_queue(job.backend), None)
             sent.append(job_id)
     return sent
 
@@ -227,7 +146,7 @@ def resume_stuck_submissions(*, now: dt.datetime | None = None) -> list[int]:
     (their worker died) and send ``submit_job`` with the new claim; FAIL those resumed
     ``TRAINBOARD_RECOVERY_MAX_RESUMES`` times already. Returns the ids resumed or failed."""
     now = now or timezone.now()
-    lease = dt.timedelta(seconds=services.submit_lease_s())
+    lease = dt.timedelta(seconds=submit_lease_s())
     ids = list(TrainingJob.objects.filter(state__in=(S.SUBMITTING, S.STOPPING), provider_handle__isnull=True,
                                           state_entered_at__lt=now - lease)
                .order_by("id").values_list("pk", flat=True))
@@ -240,30 +159,20 @@ def resume_stuck_submissions(*, now: dt.datetime | None = None) -> list[int]:
                 continue
             resumes = JobEvent.objects.filter(job_id=job_id, message__startswith=RESUME_MESSAGE).count()
             if resumes >= int(settings.TRAINBOARD_RECOVERY_MAX_RESUMES):
-                services._fail(job, f"The submission did not finish after {resumes} resumed attempts (the "
-                                    f"worker was lost each time); if the provider started "
-                                    f"{job.provider_job_name}, the Orphans page lists it.")
+                training_job_fail(job, f"The submission did not finish after {resumes} resumed attempts (the "
+                                       f"worker was lost each time); if the provider started "
+                                       f"{job.provider_job_name}, the Orphans page lists it.")
                 done.append(job_id)
                 continue
-            if not services._claim_submission(job, None):
+            if not submission_claim(job, None):
                 continue
             JobEvent.objects.create(
                 job_id=job_id, from_state=job.state, to_state=job.state,
                 message=f"{RESUME_MESSAGE} (attempt {resumes + 2}: no provider handle "
                         f"{human_duration(lease.total_seconds())} after the last attempt began)")
-            transaction.on_commit(partial(_send_submit, job_id, services.backend_queue(job.backend),
-                                          job.state_entered_at.isoformat()))
+            dispatch.resubmit_after_commit(job_id, backend_queue(job.backend), job.state_entered_at.isoformat())
             done.append(job_id)
     return done
-
-
-def _send_submit(job_id: int, queue: str, claim: str | None) -> None:
-    from jobs import tasks
-
-    try:
-        tasks.submit_job.apply_async(args=[job_id], kwargs={"claim": claim} if claim else {}, queue=queue)
-    except Exception as exc:  # broker down: the next sweep sends it again
-        log.warning("job %s: could not send submit_job (%s); the next recovery sweep retries", job_id, exc)
 
 
 def recovery_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
@@ -274,3 +183,4 @@ def recovery_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
         "resumed": len(resume_stuck_submissions(now=now)),
         "stalled": len(flag_stalled_jobs(now=now)),
     }
+

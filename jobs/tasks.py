@@ -12,6 +12,10 @@ timeout; a task that waited would run twice). Task options live in :data:`OPTION
 * the submit task's hard time limit is ``TRAINBOARD_SUBMIT_TIME_LIMIT_S``: the recovery sweep
   (``recovery_sweep``, every ``TRAINBOARD_RECOVERY_INTERVAL_S``) takes over a submission older than
   that, so a worker killed mid-call never leaves a job stuck.
+
+Nothing imports this module (an import contract checks it): the services and the recovery sweep
+send ``submit_job`` and ``cancel_job`` by name (:mod:`jobs.dispatch`), beat by the names in
+``CELERY_BEAT_SCHEDULE``; the worker finds the tasks through Celery's autodiscovery.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from celery import shared_task
 from django.conf import settings
 
 from cloud_adapters.base import BackendError
-from jobs import recovery, selectors, services
+from jobs import dispatch, lifecycle, orphans, recovery, selectors, sync
+from jobs.adapters import backend_queue
 from jobs.models import ComputeBackend, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -41,10 +46,10 @@ def _submit_time_limit_s() -> float:
 
 
 OPTIONS = {
-    "submit_job": dict(name="jobs.tasks.submit_job", bind=True, acks_late=True, max_retries=MAX_RETRIES,
+    "submit_job": dict(name=dispatch.SUBMIT_JOB, bind=True, acks_late=True, max_retries=MAX_RETRIES,
                        soft_time_limit=max(_submit_time_limit_s() - 30, _submit_time_limit_s() * 0.8),
                        time_limit=_submit_time_limit_s()),
-    "cancel_job": dict(name="jobs.tasks.cancel_job", bind=True, acks_late=True, max_retries=MAX_RETRIES,
+    "cancel_job": dict(name=dispatch.CANCEL_JOB, bind=True, acks_late=True, max_retries=MAX_RETRIES,
                        soft_time_limit=60, time_limit=90),
     "sync_jobs": dict(name="jobs.tasks.sync_jobs", acks_late=False, soft_time_limit=30, time_limit=45),
     "sync_backend": dict(name="jobs.tasks.sync_backend", acks_late=False, soft_time_limit=60, time_limit=90),
@@ -67,7 +72,7 @@ def submit_job(self, job_id: int, claim: str | None = None) -> None:
 
     ``claim``: ISO-8601 time, the job's ``state_entered_at`` when this message's sender owned the
     submission (a retry of this task, or the recovery sweep resuming a job whose worker died); see
-    :func:`jobs.services.training_job_submit`. A redelivered message carries none and may resume
+    :func:`jobs.lifecycle.training_job_submit`. A redelivered message carries none and may resume
     only a submission whose lease expired.
     """
     job = TrainingJob.objects.select_related("backend").filter(pk=job_id).first()
@@ -75,12 +80,12 @@ def submit_job(self, job_id: int, claim: str | None = None) -> None:
         return
     token = dt.datetime.fromisoformat(claim) if claim else None
     try:
-        services.training_job_submit(job=job, claim=token)
+        lifecycle.training_job_submit(job=job, claim=token)
     except BackendError as exc:
         if not _is_transient(exc):
             raise
         if self.request.retries >= self.max_retries:
-            services.training_job_submit_gave_up(job=job, error=exc)
+            lifecycle.training_job_submit_gave_up(job=job, error=exc)
             return
         # The attempt that failed owns the job until its lease ends; its retry keeps that token.
         owner = job.state_entered_at.isoformat() if job.state_entered_at else None
@@ -95,7 +100,7 @@ def cancel_job(self, job_id: int) -> None:
     if job is None:
         return
     try:
-        services.training_job_cancel_send(job=job)
+        lifecycle.training_job_cancel_send(job=job)
     except BackendError as exc:
         if _is_transient(exc) and self.request.retries < self.max_retries:
             raise self.retry(exc=exc, countdown=_backoff_s(self.request.retries))
@@ -108,7 +113,7 @@ def sync_jobs() -> int:
     """Beat's entry point: one ``sync_backend`` per backend with active jobs, on that backend's queue."""
     ids = selectors.backend_ids_with_active_jobs()
     for backend in ComputeBackend.objects.filter(pk__in=ids):
-        sync_backend.apply_async(args=[backend.pk], queue=services.backend_queue(backend),
+        sync_backend.apply_async(args=[backend.pk], queue=backend_queue(backend),
                                  expires=_sync_expiry_s())
     return len(ids)
 
@@ -117,7 +122,7 @@ def sync_jobs() -> int:
 def sync_backend(backend_id: int) -> int:
     """Describe, ingest logs/metrics, apply states and cost for one backend's active jobs."""
     try:
-        return services.backend_sync(backend_id=backend_id)
+        return sync.backend_sync(backend_id=backend_id)
     except ComputeBackend.DoesNotExist:
         return 0
     except BackendError as exc:
@@ -143,12 +148,10 @@ def reconcile_orphans(backend_id: int | None = None) -> dict | int:
     then sends one per enabled backend to that backend's queue (a gpubox's run directories are on
     its worker's machine) and returns how many. With an id: one pass; a provider error is logged
     and the next beat tick retries. Safe to run twice at once."""
-    from jobs import orphans
-
     if backend_id is None:
         backends = list(ComputeBackend.objects.filter(enabled=True))
         for backend in backends:
-            reconcile_orphans.apply_async(args=[backend.pk], queue=services.backend_queue(backend),
+            reconcile_orphans.apply_async(args=[backend.pk], queue=backend_queue(backend),
                                           expires=300.0)
         return len(backends)
     try:

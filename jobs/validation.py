@@ -1,6 +1,14 @@
-"""Checks every user-supplied JSON value and text passes before it is stored (DESIGN.md §8: no 500 for
-any string, number or nesting). A leaf module: it imports no service, so forms, the API's parser and
-serializers, and ``jobs.services`` share one definition of what may be stored.
+"""Checks every user-supplied value passes before it is stored (DESIGN.md §8: no 500 for any string,
+number or nesting), and the field-error kit the services report them with. A leaf module: it imports
+no service, so forms, the API's parser and serializers, and ``jobs.services`` share one definition of
+what may be stored.
+
+Two parts. The first says what PostgreSQL can store (:func:`loads`, :func:`json_problems`,
+:func:`text_problem`; no Django). The second is how a service collects a user's input errors:
+:class:`Errors` (field → messages, raised as one ``ValidationError`` keyed by the form/API field
+names, ``__all__`` = :data:`ALL` for the rest), the bounds every job shares (:data:`MAX_NODES` ...),
+and checks that add to it instead of raising (:func:`whole_number`, :func:`budget_usd`,
+:func:`json_object`, :func:`owned`, :func:`member_team`, :func:`update_row` ...).
 
 What PostgreSQL refuses, and Python's ``json`` lets through:
 
@@ -30,7 +38,13 @@ import json
 import math
 import re
 import sys
-from typing import Any, Iterator
+from decimal import Decimal, InvalidOperation
+from typing import Any, Iterator, Mapping
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+
+from jobs import cost as costs
+from jobs.models import Team
 
 MAX_JSON_DEPTH = 32
 """Most levels of nested objects and arrays a JSON value may have (a scalar is level 0,
@@ -201,3 +215,239 @@ def _walk(value: Any, path: str, depth: int, max_depth: int) -> Iterator[str]:
     else:
         yield _where(path, f"a {type(value).__name__} is not a JSON value; give a string, number, true/false, "
                            f"null, object or array.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Field errors: what a service reports, keyed by the form/API field names
+# ---------------------------------------------------------------------------------------------
+
+ALL = NON_FIELD_ERRORS  # "__all__"
+
+
+class Errors(dict):
+    """field -> [messages]; ``raise_if_any`` raises one ValidationError with all of them.
+
+    ``field`` is a form/API field name (``config.<key>`` for one backend setting), or :data:`ALL`."""
+
+    def add(self, field: str, message: str) -> None:
+        messages = self.setdefault(field, [])
+        if message not in messages:  # two checks finding the same fault say it once
+            messages.append(message)
+
+    def raise_if_any(self) -> None:
+        if self:
+            raise ValidationError(dict(self))
+
+
+MAX_RUNTIME_S = 28 * 24 * 3600
+"""Longest max runtime a job may ask for: 28 days (2,419,200 s), SageMaker's maximum
+``StoppingCondition.MaxRuntimeInSeconds`` (shared/reference/clouds.md); the same ceiling for every backend."""
+MAX_NODES = 1000
+"""Most nodes (instances) one job may ask for."""
+MAX_PROCS_PER_NODE = 1024
+"""Most trainer processes per node (one per GPU, or per CPU core on a CPU box)."""
+MAX_EPOCHS = 100_000
+MAX_BATCH_SIZE = 1_000_000
+MAX_SEED = 2**32 - 1
+"""Seeds are 0..2³²−1 (what NumPy's seeding takes; larger values overflow ``torch.manual_seed``
+once the trainer adds its per-rank offsets)."""
+MAX_COST_USD = Decimal("99999999.9999")
+"""The largest cost the cost columns hold (12 digits, 4 after the point)."""
+
+
+def whole_number(errors: Errors, field: str, value: Any, *, minimum: int, label: str,
+                 maximum: int | None = None) -> int:
+    """``value`` (an int, an integral float, or a string of digits) as an int in ``minimum`` ..
+    ``maximum``. Otherwise an error on ``field`` naming ``label``, and a stand-in (``minimum``, or
+    ``maximum`` when above it) so the caller's other checks still run."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            pass
+    if number is None:
+        errors.add(field, f"{label} must be a whole number, got {value!r}.")
+        return minimum
+    if number < minimum:
+        errors.add(field, f"{label} must be at least {minimum}, got {number}.")
+    elif maximum is not None and number > maximum:
+        errors.add(field, f"{label} must be at most {maximum:,}, got {number:,}.")
+        return maximum
+    return number
+
+
+def shape_ints(errors: Errors, nodes: Any, procs_per_node: Any, max_runtime_s: Any) -> tuple[int, int, int]:
+    """Nodes, processes per node and max runtime (s) as whole numbers within their ranges."""
+    return (whole_number(errors, "nodes", nodes, minimum=1, maximum=MAX_NODES, label="Nodes"),
+            whole_number(errors, "procs_per_node", procs_per_node, minimum=1, maximum=MAX_PROCS_PER_NODE,
+                         label="Processes per node"),
+            whole_number(errors, "max_runtime_s", max_runtime_s, minimum=1, maximum=MAX_RUNTIME_S,
+                         label="Max runtime (s)"))
+
+
+def check_estimate(errors: Errors, estimate: Decimal) -> None:
+    """An estimate the cost columns cannot hold is refused (on ``max_runtime_s``, the usual cause)."""
+    if estimate > MAX_COST_USD:
+        places = costs.usd_places(estimate, MAX_COST_USD)
+        errors.add("max_runtime_s", f"The estimate {costs.format_usd(estimate, places)} is more than Trainboard "
+                                    f"records for one job ({costs.format_usd(MAX_COST_USD, places)}): lower the max "
+                                    f"runtime, nodes or instance type.")
+
+
+def positive_float(errors: Errors, field: str, value: Any, *, label: str) -> float:
+    """``value`` as a finite float > 0 (e.g. the learning rate); else an error on ``field`` naming
+    ``label`` (a bool is not a number) and 1.0 so the caller's other checks still run."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value)
+    except (TypeError, ValueError):
+        errors.add(field, f"{label} must be a number, got {value!r}.")
+        return 1.0
+    if not number > 0 or number != number or number == float("inf"):
+        errors.add(field, f"{label} must be greater than 0, got {value!r}.")
+    return number
+
+
+def budget(errors: Errors, value: Any) -> Decimal | None:
+    """A job's budget in USD, to the cent: None for None/"" (no budget); else more than $0 and at
+    most :data:`MAX_COST_USD`, or an error on ``budget_usd`` and None."""
+    if value in (None, ""):
+        return None
+    try:
+        if isinstance(value, bool):
+            raise InvalidOperation
+        amount = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        errors.add("budget_usd", f"Budget must be an amount in USD, e.g. 5.00, got {value!r}.")
+        return None
+    if not amount.is_finite() or amount <= 0:
+        errors.add("budget_usd", f"Budget must be more than $0 (or empty for none), got {value!r}.")
+        return None
+    if amount > MAX_COST_USD:  # checked before quantize, which fails on a huge exponent
+        errors.add("budget_usd", f"Budget must be at most ${MAX_COST_USD:,f}, got {value!r}.")
+        return None
+    return amount.quantize(costs.CENT_FRACTION)
+
+
+def json_object(errors: Errors, field: str, value: Any, *, what: str, example: str,
+                plural: bool = True) -> dict | None:
+    """``value`` as a dict: a dict, or a JSON object in a string ("" is {}). None, with errors on
+    ``field``, when it is neither, or when it holds what cannot be stored (NaN or an infinite number,
+    a NUL character, nesting past :data:`MAX_JSON_DEPTH`: each problem a message)."""
+    if isinstance(value, str):
+        try:
+            value = loads(value) if value.strip() else {}
+        except JSONInputError as exc:
+            bad = exc.decode_error
+            errors.add(field, f"{what} {'are' if plural else 'is'} not valid JSON: {bad.msg} at line "
+                              f"{bad.lineno} column {bad.colno}." if bad else f"{what}: {exc}")
+            return None
+    if not isinstance(value, dict):
+        errors.add(field, f"{what} must be a JSON object, e.g. {example}.")
+        return None
+    problems = json_problems(value)
+    for problem in problems:
+        errors.add(field, f"{what}: {problem}")
+    return None if problems else value
+
+
+def update_row(instance: Any, fields: Mapping[str, Any], *, allowed: set[str], validate: Any,
+               empty: Mapping[str, Any] | None = None, errors: Errors | None = None) -> Any:
+    """Set ``fields`` on ``instance``, validate with ``validate(errors, instance)`` and save; on any
+    error restore every field and raise (the row is untouched). ``None`` becomes ``empty[field]``
+    (or ""). An unknown field name is a programming error: TypeError."""
+    unknown = set(fields) - allowed
+    if unknown:
+        raise TypeError(f"{type(instance).__name__}: unknown fields {sorted(unknown)}")
+    original = {f: getattr(instance, f) for f in allowed}
+    for field, value in fields.items():
+        setattr(instance, field, (empty or {}).get(field, "") if value is None else value)
+    errors = errors if errors is not None else Errors()
+    validate(errors, instance)
+    if errors:
+        for field, value in original.items():
+            setattr(instance, field, value)
+        errors.raise_if_any()
+    instance.save()
+    return instance
+
+
+def owned(errors: Errors, field: str, model: type, value: Any, owner: Any, label: str) -> Any:
+    """``value`` (an instance or a pk) when it exists and ``owner`` may use it: it is theirs, or it is
+    shared with a team they are a member of (a teammate may launch on a team's backend, dataset and
+    model). Else an error on ``field`` (a pk that is not an integer is the same error, not a crash)."""
+    obj = value
+    if not isinstance(value, model):
+        try:
+            obj = model.objects.filter(pk=int(value)).first() if value not in (None, "") else None
+        except (TypeError, ValueError, OverflowError):
+            obj = None
+    owner_pk = getattr(owner, "pk", None)
+    usable = obj is not None and owner_pk is not None and (
+        obj.owner_id == owner_pk
+        or (obj.team_id is not None and Team.objects.filter(pk=obj.team_id, members__pk=owner_pk).exists()))
+    if not usable:
+        errors.add(field, f"Choose one of your {label}s; this one does not exist or is not yours.")
+        return None
+    return obj
+
+
+def member_team(errors: Errors, value: Any, owner: Any):
+    """The Team ``value`` (instance or pk) when ``owner`` is a member; None for None/"". Else an
+    error on ``team`` (an unknown or non-integer pk is the same error)."""
+    if value in (None, ""):
+        return None
+    pk = value.pk if isinstance(value, Team) else value
+    try:
+        team = Team.objects.filter(pk=int(pk), members__pk=getattr(owner, "pk", None)).first()
+    except (TypeError, ValueError, OverflowError):
+        team = None
+    if team is None:
+        errors.add("team", "Choose one of your teams; this one does not exist or you are not a member.")
+    return team
+
+
+def team_field(errors: Errors, fields: Mapping[str, Any], owner: Any) -> dict[str, Any]:
+    """``fields`` with a ``team`` pk resolved to the Team (one of ``owner``'s teams; else an error on
+    ``team`` and the field left out so the row keeps its team)."""
+    if "team" not in fields:
+        return dict(fields)
+    fields = dict(fields)
+    team = member_team(errors, fields["team"], owner)
+    if team is None and fields["team"] not in (None, ""):
+        fields.pop("team")
+    else:
+        fields["team"] = team
+    return fields
+
+
+def name_taken(model: type, owner: Any, name: str, exclude_pk: Any = None) -> bool:
+    """Whether ``owner`` already has a ``model`` row named ``name`` (other than ``exclude_pk``)."""
+    if text_problem(name) is not None:
+        return False  # no row holds such a name (full_clean says why); PostgreSQL refuses it in a query too
+    qs = model.objects.filter(owner=owner, name=name)
+    if exclude_pk is not None:
+        qs = qs.exclude(pk=exclude_pk)
+    return qs.exists()
+
+
+def full_clean(errors: Errors, obj: Any) -> None:
+    """The model's own field checks, plus: no text column may hold a NUL or an unpaired surrogate
+    (:func:`text_problem`; PostgreSQL refuses the row, a 500 otherwise)."""
+    for model_field in obj._meta.concrete_fields:
+        value = getattr(obj, model_field.attname, None)
+        if isinstance(value, str) and (problem := text_problem(value)) is not None:
+            errors.add(model_field.name, f"{model_field.verbose_name[:1].upper()}{model_field.verbose_name[1:]} {problem}")
+    try:
+        obj.full_clean(exclude=["owner"], validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        for field, messages in exc.message_dict.items():
+            for message in messages:
+                errors.add(field, message)
+

@@ -13,9 +13,11 @@ from django import forms
 
 from cloud_adapters.base import InstanceOffer
 from cloud_adapters.settings import Setting
-from jobs import selectors, validation
+from jobs import selectors, services, validation
+from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
-from jobs.models import ComputeBackend, Dataset, Team
+from jobs.deadlines import DEADLINE_STATES
+from jobs.models import ComputeBackend, Dataset, Team, TrainingJob
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
@@ -191,8 +193,6 @@ def _deadline_fields() -> dict[str, forms.Field]:
     (``settings.TRAINBOARD_STATE_DEADLINES_S``; RUNNING: the job's max runtime + the margin)."""
     from django.conf import settings
 
-    from jobs.recovery import DEADLINE_STATES
-
     fields = {}
     for state in DEADLINE_STATES:
         if state == "RUNNING":
@@ -237,7 +237,6 @@ class BackendForm(forms.Form):
     def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from cloud_adapters.registry import KINDS, registered_settings
-        from jobs.services import may_set_host_settings, may_use_worker_credentials
 
         schemas = registered_settings()
         self.kind_settings = _registered_kind_settings()
@@ -395,9 +394,6 @@ def _preselected_backend_id(user, backends) -> int | None:
     accepted by its provider (``submitted_at`` set), which shows that the credentials it runs with
     (stored, or the SDK's default chain: an IAM role, ADC, a managed identity) worked. A cloud
     backend with none of these stays in the list; it is only not chosen for the user."""
-    from jobs.models import TrainingJob
-    from jobs.services import backend_secret_keys
-
     enabled = list(backends.filter(enabled=True).order_by("name", "pk"))
     ids = [b.pk for b in enabled]
     accepted = set(TrainingJob.objects.filter(owner=user, backend__in=ids, submitted_at__isnull=False)
@@ -486,8 +482,6 @@ class TrainingJobForm(forms.Form):
         the chosen backend's group; without it ``clean`` refuses another backend's type). With no such
         backend the field stays free text, as for the gpubox. ``spot_backends``: backends with spot;
         ``backend_strategies``: the strategies each backend's image runs."""
-        from jobs import services
-
         self.backend_offers: dict[int, list[InstanceOffer]] = {}
         self.spot_backends: list[int] = []
         self.backend_strategies: dict[int, tuple[str, ...]] = {}

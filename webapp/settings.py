@@ -317,7 +317,7 @@ TRAINBOARD_DATASET_ROOTS = [str(Path(p).resolve()) for p in
 # The GPU box's host settings: where it keeps one run directory per job (job.json, log, metrics,
 # exit code), the interpreter that runs torchrun, and the most ranks one job may start there. They
 # are the box operator's decision (DESIGN.md §8): only these settings or a staff user's backend set
-# them, never another user's backend (jobs.services.backend_adapter).
+# them, never another user's backend (jobs.adapters.backend_adapter).
 TRAINBOARD_RUN_ROOT = Path(env.str("TRAINBOARD_RUN_ROOT", default=str(VAR_DIR / "runs"))).resolve()
 TRAINBOARD_GPUBOX_PYTHON = env.str("TRAINBOARD_GPUBOX_PYTHON", default="")  # "" = the worker's own interpreter
 if TRAINBOARD_GPUBOX_PYTHON and not os.path.isabs(TRAINBOARD_GPUBOX_PYTHON):
@@ -333,7 +333,7 @@ TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = int(_max_procs) if _max_procs else None
 # Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
 # own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because
 # that identity is the operator's account: with "everyone", any user's backend naming any role or
-# service account launches billable jobs there (jobs.services.may_use_worker_credentials).
+# service account launches billable jobs there (jobs.adapters.may_use_worker_credentials).
 TRAINBOARD_WORKER_CREDENTIALS = env.str("TRAINBOARD_WORKER_CREDENTIALS", default="staff").strip().lower()
 if TRAINBOARD_WORKER_CREDENTIALS not in ("staff", "everyone"):
     raise ImproperlyConfigured(f"TRAINBOARD_WORKER_CREDENTIALS must be staff or everyone "

@@ -84,7 +84,7 @@ STARTUP_GRACE_S = 30.0  # a run dir this young without supervisor.json is still 
 START_LOCK_WAIT_S = 30.0  # how long a submit waits for another attempt that is starting the same run
 ESCALATE_AFTER_S = 5.0  # on top of the grace period before cancel SIGKILLs the group itself
 RUNNING_EVENTS = frozenset({"started", "step", "epoch", "completed"})
-MAX_PROCS_PER_NODE = 1024  # the dashboard's ceiling for any backend (jobs.services.MAX_PROCS_PER_NODE)
+MAX_PROCS_PER_NODE = 1024  # the dashboard's ceiling for any backend (jobs.validation.MAX_PROCS_PER_NODE)
 MAX_HOURLY_RATE_USD = 100_000.0  # 28 days (the longest max runtime) of it fit the cost column
 MAX_GRACE_PERIOD_S = 600.0  # a cancelled job holds the box at most this long before SIGKILL
 

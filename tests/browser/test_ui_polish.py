@@ -9,9 +9,10 @@ from unittest import mock
 
 import pytest
 
-from jobs import services, tasks
+from jobs import dispatch, services
 from jobs.models import JobStateChoices as S, TrainingJob
 from jobs.states import transition
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.browser
 
@@ -29,7 +30,7 @@ def test_queued_banner_goes_once_the_job_moved_on(live_server, browser_page, use
     page = browser_page
     page.set_default_timeout(30_000)
     _log_in(page, live_server)
-    with mock.patch.object(tasks.submit_job, "apply_async"):  # no worker: the test moves the job
+    with sent_tasks(dispatch.SUBMIT_JOB):  # no worker: the test moves the job
         page.goto(f"{live_server.url}/jobs/new/")
         page.select_option("#id_backend", label="local")
         page.fill("#id_name", "banner")
@@ -65,7 +66,7 @@ def test_test_connection_from_the_list_redirects_to_the_edit_page(live_server, b
 
 def test_admin_job_list_names_unnamed_jobs_and_fits_1280px(live_server, browser_page, user, digits_dataset,
                                                           cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         unnamed = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                                backend=local_backend, procs_per_node=2)
         services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,

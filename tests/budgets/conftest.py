@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from jobs import services
+from jobs import dispatch, services
 from jobs.models import Team
 
 
@@ -17,7 +17,7 @@ from jobs.models import Team
 def sent(monkeypatch):
     """Job ids whose submit message would have been sent (after commit)."""
     ids: list[int] = []
-    monkeypatch.setattr(services, "_enqueue_submit", lambda job_id, queue: ids.append(job_id))
+    monkeypatch.setattr(dispatch, "send_submit", lambda job_id, queue: ids.append(job_id))
     return ids
 
 

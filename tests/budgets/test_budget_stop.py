@@ -1,6 +1,6 @@
 """A running job whose cost reaches its budget is stopped within one sync and marked so: a real gpubox
 job (supervisor + torchrun) at $3,600 per node-hour ($1 a second) with a $1.00 budget, synced by
-services.backend_sync until the sync that prices it at $1.00 or more moves it to STOPPING with
+sync.backend_sync until the sync that prices it at $1.00 or more moves it to STOPPING with
 budget_exceeded_at and "Stopped: budget of $1.0000 reached at $1.0238" (both at the precision of the
 job's cost, kept to 4 decimals); the provider then reports it
 CANCELLED and the job page shows the mark."""
@@ -15,7 +15,7 @@ import pytest
 from django.urls import reverse
 
 from cloud_adapters.base import JobHandle, JobState
-from jobs import services
+from jobs import adapters, dispatch, lifecycle, services, sync
 from jobs.cost import format_usd, usd_places
 from jobs.models import JobStateChoices as S, TrainingJob
 
@@ -30,19 +30,19 @@ def pricey_backend(user, run_root, settings):
 @pytest.mark.django_db
 def test_job_over_budget_is_stopped_in_the_sync_that_prices_it_and_marked(
         client, user, digits_dataset, cnn_model, pricey_backend, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue_submit", lambda job_id, queue: None)
+    monkeypatch.setattr(dispatch, "send_submit", lambda job_id, queue: None)
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                        backend=pricey_backend, epochs=500, max_runtime_s=600, budget_usd="1.00")
-    services.training_job_submit(job=job)
+    lifecycle.training_job_submit(job=job)
     job.refresh_from_db()
     assert job.state == S.PENDING
-    adapter = services.backend_adapter(pricey_backend)
+    adapter = adapters.backend_adapter(pricey_backend)
     handle = JobHandle.from_dict(job.provider_handle)
     try:
         deadline = time.monotonic() + 60
         while True:
             before = TrainingJob.objects.get(pk=job.pk)
-            services.backend_sync(backend_id=pricey_backend.pk)
+            sync.backend_sync(backend_id=pricey_backend.pk)
             job.refresh_from_db()
             if job.cost_usd >= Decimal("1.00"):
                 break
@@ -59,13 +59,13 @@ def test_job_over_budget_is_stopped_in_the_sync_that_prices_it_and_marked(
                                       f"{format_usd(job.cost_usd, places)}")
         assert re.fullmatch(r"Stopped: budget of \$1\.00(0{0,2}) reached at \$\d+\.\d\d\d{0,2}", job.failure_reason)
         assert job.events.last().message == job.failure_reason
-        assert (services.backend_adapter(pricey_backend).run_root / job.provider_job_name / "cancel_requested").exists()
+        assert (adapters.backend_adapter(pricey_backend).run_root / job.provider_job_name / "cancel_requested").exists()
 
         deadline = time.monotonic() + 60
         while job.state != S.CANCELLED:
             assert time.monotonic() < deadline, job.state
             time.sleep(0.3)
-            services.backend_sync(backend_id=pricey_backend.pk)
+            sync.backend_sync(backend_id=pricey_backend.pk)
             job.refresh_from_db()
         assert adapter.describe(handle).state == JobState.CANCELLED
         assert job.failure_reason.startswith(f"Stopped: budget of {format_usd(Decimal('1.00'), places)} reached at $")

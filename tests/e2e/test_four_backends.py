@@ -36,9 +36,10 @@ import pytest
 import requests
 
 from adapter_standins import free_port, gcs_emulator, standin
-from jobs import services, tasks
+from jobs import dispatch, services, tasks
 from jobs.models import InstancePrice, JobStateChoices as S, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
+from taskkit import sent_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE = REPO / "node_modules" / ".bin" / "azurite-blob"
@@ -180,7 +181,7 @@ def without(config: dict, *sections: str) -> dict:
 def create_and_submit(owner, dataset, model, backend, capture_on_commit) -> TrainingJob:
     """The job through ``training_job_create`` (which enqueues ``submit_job`` on commit: recorded
     here), then the task body itself."""
-    with mock.patch.object(tasks.submit_job, "apply_async") as enqueue, capture_on_commit(execute=True):
+    with sent_tasks(dispatch.SUBMIT_JOB) as enqueue, capture_on_commit(execute=True):
         job = services.training_job_create(owner=owner, dataset=dataset, model_spec=model, backend=backend,
                                            name=f"same-job-on-{backend.name}", **SHAPE)
     assert [c.kwargs.get("args") or c.args[0] for c in enqueue.call_args_list] == [[job.pk]]

@@ -8,16 +8,16 @@ from __future__ import annotations
 import re
 import threading
 from decimal import Decimal
-from unittest import mock
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from cloud_adapters.base import JobSpec
-from jobs import recovery, services, tasks
+from jobs import adapters, dispatch, lifecycle, recovery, services, sync, tasks
 from jobs.models import JobEvent, JobLogLine, JobStateChoices as S, MetricPoint, TrainingJob
 from trainer_pkg.metrics import format_metric_line
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +52,7 @@ def _reload(job: TrainingJob) -> TrainingJob:
 
 @pytest.fixture
 def job(user, digits_dataset, cnn_model, fault_backend) -> TrainingJob:
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                             backend=fault_backend)
 
@@ -60,7 +60,7 @@ def job(user, digits_dataset, cnn_model, fault_backend) -> TrainingJob:
 def test_the_stand_in_really_duplicates_two_simultaneous_submits(provider, fault_backend):
     """The control: two adapter calls at once, with no Trainboard guard, make two provider jobs."""
     provider.control(race_window_s=0.5)
-    adapter = services.backend_adapter(fault_backend)
+    adapter = adapters.backend_adapter(fault_backend)
     spec = JobSpec(job_name="tb-job-race-1", config={})
     _twice(adapter.submit, spec)
     assert provider.count("tb-job-race-1") == 2
@@ -80,9 +80,9 @@ def test_submit_delivered_twice_at_once_makes_one_provider_job(provider, job):
 def test_resume_delivered_twice_at_once_makes_one_provider_job(provider, job):
     """The sweep's resume message and a stale redelivery of the first one, at once."""
     provider.control(race_window_s=0.5)
-    old = timezone.now() - timezone.timedelta(seconds=services.submit_lease_s() + 5)
+    old = timezone.now() - timezone.timedelta(seconds=lifecycle.submit_lease_s() + 5)
     TrainingJob.objects.filter(pk=job.pk).update(state=S.SUBMITTING, submitted_at=old, state_entered_at=old)
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         assert recovery.resume_stuck_submissions() == [job.pk]
     claim = send.call_args.kwargs["kwargs"]["claim"]
     barrier = threading.Barrier(2)
@@ -109,7 +109,7 @@ def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, dig
     that cancels stalled jobs: two sweeps at once re-send one message, resume once, flag and cancel
     once; running every message sent (twice over) makes one provider job per job."""
     services.backend_update(backend=fault_backend, stall_policy="cancel", state_deadlines={"PENDING": 60})
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         lost, dead, slow = (services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                                          backend=fault_backend) for _ in range(3))
     # Past the re-send period (60 s) and the submission lease (150 s), within the QUEUED (600 s) and
@@ -121,8 +121,8 @@ def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, dig
     slow_record = provider.jobs(_reload(slow).provider_job_name)[0]
     TrainingJob.objects.filter(pk=slow.pk).update(state_entered_at=timezone.now() - timezone.timedelta(seconds=61))
 
-    with mock.patch.object(tasks.submit_job, "apply_async") as send, \
-            mock.patch.object(tasks.cancel_job, "apply_async") as send_cancel:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send, \
+            sent_tasks(dispatch.CANCEL_JOB) as send_cancel:
         results = _twice(recovery.recovery_sweep)
     assert sorted(r["requeued"] for r in results) == [0, 1]
     assert sorted(r["resumed"] for r in results) == [0, 1]
@@ -152,7 +152,7 @@ def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, dig
 def test_two_sync_passes_at_once_equal_one(provider, user, digits_dataset, cnn_model, fault_backend):
     """Two sync passes of one backend at once: the cost is what one pass computes (absolute, not
     added), log lines and metric points are stored once, the STOPPING job's cancel has one effect."""
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         running, stopping = (services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                                           backend=fault_backend) for _ in range(2))
     tasks.submit_job(running.pk)
@@ -166,11 +166,11 @@ def test_two_sync_passes_at_once_equal_one(provider, user, digits_dataset, cnn_m
         format_metric_line({"event": "step", "step": s, "epoch": 0, "train_loss": 1.0 / (s + 1), "time": t0 + s})
         for s in range(30)]
     provider.write_log(run_id, lines)
-    with mock.patch.object(tasks.cancel_job, "apply_async"):
+    with sent_tasks(dispatch.CANCEL_JOB):
         services.training_job_cancel(job=stopping, reason="enough")
     assert _reload(stopping).state == S.STOPPING
 
-    _twice(services.backend_sync, backend_id=fault_backend.pk)
+    _twice(sync.backend_sync, backend_id=fault_backend.pk)
     running, stopping = _reload(running), _reload(stopping)
     assert running.state == S.RUNNING
     assert running.billable_seconds == 1800.0
@@ -182,6 +182,6 @@ def test_two_sync_passes_at_once_equal_one(provider, user, digits_dataset, cnn_m
     assert JobEvent.objects.filter(job=stopping, to_state=S.CANCELLED).count() == 1
 
     # A third pass changes nothing.
-    services.backend_sync(backend_id=fault_backend.pk)
+    sync.backend_sync(backend_id=fault_backend.pk)
     assert _reload(running).cost_usd == Decimal("1.8000")
     assert JobLogLine.objects.filter(job=running).count() == 150

@@ -5,7 +5,6 @@ with the reason (job page, list badge, API, ?stalled=true), once; a backend whos
 from __future__ import annotations
 
 import datetime as dt
-from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -13,8 +12,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from jobs import recovery, services, states, tasks
+from jobs import deadlines, dispatch, recovery, services, states
 from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +24,7 @@ def _reload(job: TrainingJob) -> TrainingJob:
 
 
 def _job(user, digits_dataset, cnn_model, backend, **kwargs) -> TrainingJob:
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                             backend=backend, **kwargs)
 
@@ -42,7 +42,7 @@ def _age(job: TrainingJob, state: str, seconds: float) -> TrainingJob:
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (59, "59s"), (75, "1m 15s"), (600, "10m"),
                                            (3720, "1h 02m"), (3600, "1h"), (90000, "1d 01h")])
 def test_human_duration(seconds, text):
-    assert recovery.human_duration(seconds) == text
+    assert deadlines.human_duration(seconds) == text
 
 
 def test_deadlines_default_backend_override_and_running_from_max_runtime(user, digits_dataset, cnn_model,
@@ -52,19 +52,19 @@ def test_deadlines_default_backend_override_and_running_from_max_runtime(user, d
     expected = {S.QUEUED: 600, S.SUBMITTING: 300, S.PENDING: 3600, S.RUNNING: 2400, S.STOPPING: 900}
     for state, seconds in expected.items():
         job.state = state
-        assert recovery.state_deadline_s(job) == seconds, state
+        assert deadlines.state_deadline_s(job) == seconds, state
     job.state = S.SUCCEEDED
-    assert recovery.state_deadline_s(job) is None
+    assert deadlines.state_deadline_s(job) is None
     services.backend_update(backend=fault_backend, state_deadlines={"pending": 120, "RUNNING": 7200})
     fault_backend.refresh_from_db()
     assert fault_backend.state_deadlines == {"PENDING": 120, "RUNNING": 7200}
     job = _reload(job)
     job.state = S.PENDING
-    assert recovery.state_deadline_s(job) == 120
+    assert deadlines.state_deadline_s(job) == 120
     job.state = S.RUNNING
-    assert recovery.state_deadline_s(job) == 7200
+    assert deadlines.state_deadline_s(job) == 7200
     job.state = S.QUEUED
-    assert recovery.state_deadline_s(job) == 600
+    assert deadlines.state_deadline_s(job) == 600
 
 
 def test_pending_past_its_deadline_is_flagged_once_and_unflagged_by_the_next_transition(
@@ -102,7 +102,7 @@ def test_cancel_policy_cancels_with_the_reason(user, digits_dataset, cnn_model, 
     services.backend_update(backend=fault_backend, stall_policy="cancel", state_deadlines={"QUEUED": 30})
     queued = _age(_job(user, digits_dataset, cnn_model, fault_backend), S.QUEUED, 45)
     running = _age(_job(user, digits_dataset, cnn_model, fault_backend, max_runtime_s=60), S.RUNNING, 700)
-    with mock.patch.object(tasks.cancel_job, "apply_async") as send_cancel, \
+    with sent_tasks(dispatch.CANCEL_JOB) as send_cancel, \
             django_capture_on_commit_callbacks(execute=True):
         flagged = recovery.flag_stalled_jobs()
     assert sorted(flagged) == sorted([queued.pk, running.pk])

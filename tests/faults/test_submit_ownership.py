@@ -1,4 +1,4 @@
-"""Who may call the provider for a job without a handle (jobs.services._claim_submission): the first
+"""Who may call the provider for a job without a handle (jobs.lifecycle.submission_claim): the first
 attempt, its own Celery retry (the claim travels in the retry's kwargs), the sweep once the lease
 expired; a redelivered message within the lease does nothing. A job cancelled while its submission
 was lost is adopted (or created) by name and stopped, never leaked."""
@@ -11,8 +11,9 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from jobs import recovery, services, tasks
+from jobs import dispatch, lifecycle, recovery, services, sync, tasks
 from jobs.models import JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +24,7 @@ def _reload(job: TrainingJob) -> TrainingJob:
 
 @pytest.fixture
 def job(user, digits_dataset, cnn_model, fault_backend) -> TrainingJob:
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                             backend=fault_backend)
 
@@ -55,15 +56,15 @@ def test_cancelled_while_the_submission_was_lost_is_adopted_and_stopped(provider
                                                                        django_capture_on_commit_callbacks):
     TrainingJob.objects.filter(pk=job.pk).update(state=S.SUBMITTING, submitted_at=timezone.now())
     started = provider.create(job.provider_job_name, {"trainboard-job-id": str(job.pk)})  # then the worker died
-    with mock.patch.object(tasks.cancel_job, "apply_async") as send_cancel, \
+    with sent_tasks(dispatch.CANCEL_JOB) as send_cancel, \
             django_capture_on_commit_callbacks(execute=True):
         services.training_job_cancel(job=_reload(job), reason="enough")
     tasks.cancel_job(job.pk)  # no handle yet: nothing it can stop
     assert _reload(job).state == S.STOPPING and provider.get(started["id"])["state"] == "RUNNING"
 
     TrainingJob.objects.filter(pk=job.pk).update(
-        state_entered_at=timezone.now() - dt.timedelta(seconds=services.submit_lease_s() + 1))
-    with mock.patch.object(tasks.submit_job, "apply_async") as send, \
+        state_entered_at=timezone.now() - dt.timedelta(seconds=lifecycle.submit_lease_s() + 1))
+    with sent_tasks(dispatch.SUBMIT_JOB) as send, \
             django_capture_on_commit_callbacks(execute=True):
         assert recovery.resume_stuck_submissions() == [job.pk]
     tasks.submit_job(*send.call_args.kwargs["args"], **send.call_args.kwargs["kwargs"])
@@ -71,7 +72,7 @@ def test_cancelled_while_the_submission_was_lost_is_adopted_and_stopped(provider
     assert job.state == S.STOPPING
     assert job.provider_handle["provider_job_id"] == started["id"]  # adopted by name
     assert provider.cancel_effects() == [started["id"]]
-    services.backend_sync(backend_id=fault_backend.pk)
+    sync.backend_sync(backend_id=fault_backend.pk)
     job = _reload(job)
     assert job.state == S.CANCELLED and job.failure_reason == "enough"
     assert provider.count(job.provider_job_name) == 1

@@ -8,14 +8,14 @@ version of this, against botocore, is tests/cloud_adapters/sagemaker/test_sagema
 from __future__ import annotations
 
 from decimal import Decimal
-from unittest import mock
 
 import pytest
 
 import fault_backend as fb
 from cloud_adapters.base import BackendError
-from jobs import services, tasks
+from jobs import dispatch, lifecycle, services, tasks
 from jobs.models import JobLogLine, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +36,7 @@ def _submit_through_throttling(job: TrainingJob) -> int:
     """Call the submit service as the task's retries would until it gets through; returns attempts."""
     for attempt in range(1, 30):
         try:
-            services.training_job_submit(job=job, retrying=attempt > 1)
+            lifecycle.training_job_submit(job=job, retrying=attempt > 1)
             return attempt
         except BackendError as exc:
             assert exc.transient, exc
@@ -50,7 +50,7 @@ def test_throttled_and_timing_out_provider_keeps_states_correct_and_converges(se
                                                                              digits_dataset, cnn_model):
     fb._RNGS.clear()
     fb.CALLS.clear()
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         jobs = {name: services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                                    backend=fault_backend, name=name) for name in SCRIPT}
     provider.control(throttle_share=0.3, timeout_share=0.1, seed=seed)
@@ -63,7 +63,7 @@ def test_throttled_and_timing_out_provider_keeps_states_correct_and_converges(se
         provider.set_state(ids[name], "RUNNING", billable_seconds=600.0)
 
     failed_syncs = 0
-    with mock.patch.object(tasks.cancel_job, "apply_async"):
+    with sent_tasks(dispatch.CANCEL_JOB):
         for rnd in range(ROUNDS):
             for name, life in SCRIPT.items():
                 step = life[min(rnd, len(life) - 1)]
@@ -90,7 +90,7 @@ def test_throttled_and_timing_out_provider_keeps_states_correct_and_converges(se
     assert failed_syncs >= 1  # the faults were real: some passes were lost entirely
 
     provider.control(throttle_share=0, timeout_share=0)  # the provider recovers
-    with mock.patch.object(tasks.cancel_job, "apply_async"):
+    with sent_tasks(dispatch.CANCEL_JOB):
         assert tasks.sync_backend(fault_backend.pk) >= 0
         tasks.sync_backend(fault_backend.pk)  # a STOPPING job's cancel is confirmed by the pass after
     expected = {"ok": S.SUCCEEDED, "fails": S.FAILED, "cancelled": S.CANCELLED}

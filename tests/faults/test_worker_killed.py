@@ -7,14 +7,14 @@ Real Celery workers (prefork, embedded beat), Redis, PostgreSQL; the provider is
 from __future__ import annotations
 
 import datetime as dt
-from unittest import mock
 
 import pytest
 from django.utils import timezone
 
 from faultkit import wait_for
-from jobs import recovery, services
+from jobs import dispatch, lifecycle, recovery, services
 from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -71,16 +71,16 @@ def test_provider_job_exists_row_without_handle_is_adopted_by_the_sweep(provider
                                                                         digits_dataset, cnn_model):
     """"Just after the provider call", in process: the provider job exists, the row is SUBMITTING
     without a handle and its lease has expired; one sweep + the submit task it sends adopt the job."""
-    from jobs import tasks
+    from jobs import dispatch, lifecycle, tasks
 
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, fault_backend)
-    long_ago = timezone.now() - dt.timedelta(seconds=services.submit_lease_s() + 5)
+    long_ago = timezone.now() - dt.timedelta(seconds=lifecycle.submit_lease_s() + 5)
     TrainingJob.objects.filter(pk=job.pk).update(state=S.SUBMITTING, submitted_at=long_ago,
                                                  state_entered_at=long_ago)
     existing = provider.create(job.provider_job_name, {"trainboard-job-id": str(job.pk)})
 
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         assert recovery.resume_stuck_submissions() == [job.pk]
         assert recovery.resume_stuck_submissions() == []  # claimed: the next sweep leaves it alone
     claim = _reload(job).state_entered_at
@@ -99,18 +99,18 @@ def test_provider_job_exists_row_without_handle_is_adopted_by_the_sweep(provider
 
 def test_resumes_are_limited_then_the_job_fails_with_the_reason(provider, fault_backend, user, digits_dataset,
                                                                cnn_model, settings):
-    from jobs import tasks
+    from jobs import dispatch, lifecycle, tasks
 
     settings.TRAINBOARD_RECOVERY_MAX_RESUMES = 2
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, fault_backend)
-    lease = dt.timedelta(seconds=services.submit_lease_s() + 1)
+    lease = dt.timedelta(seconds=lifecycle.submit_lease_s() + 1)
 
     def expire():
         TrainingJob.objects.filter(pk=job.pk).update(state_entered_at=timezone.now() - lease)
 
     TrainingJob.objects.filter(pk=job.pk).update(state=S.SUBMITTING, submitted_at=timezone.now() - lease)
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         for _ in range(2):  # each resumed submission "dies" again (its message is never run)
             expire()
             assert recovery.resume_stuck_submissions() == [job.pk]

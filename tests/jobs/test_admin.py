@@ -1,13 +1,13 @@
 """jobs/admin.py: pages render for the owner, another staff user gets 404, actions use the services."""
 
-from unittest import mock
 
 import pytest
 from django.urls import reverse
 
-from jobs import services, tasks
+from jobs import dispatch, services
 from jobs.models import ComputeBackend, Dataset, JobStateChoices as S, ModelSpec, TrainingJob
 from jobs.states import transition
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -16,7 +16,7 @@ MODELS = ["dataset", "modelspec", "computebackend", "trainingjob", "jobevent", "
 
 @pytest.fixture
 def job(user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                             backend=local_backend, procs_per_node=2, name="mine")
 
@@ -67,7 +67,7 @@ def test_superuser_sees_everyone(client, django_user_model, job):
 def test_cancel_and_rerun_actions(client, user, other_user, job, django_capture_on_commit_callbacks):
     client.force_login(user)
     url = reverse("admin:jobs_trainingjob_changelist")
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         with django_capture_on_commit_callbacks(execute=True):
             response = client.post(url, {"action": "rerun_selected", "_selected_action": [job.pk]}, follow=True)
     assert response.status_code == 200

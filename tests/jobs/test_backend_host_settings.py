@@ -2,21 +2,21 @@
 decide what runs on the worker's machine, where and how many processes at once. They come from the
 installation (``TRAINBOARD_RUN_ROOT``, ``TRAINBOARD_GPUBOX_PYTHON``,
 ``TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE``) or a staff user's backend, never from another user's row
-(jobs.services.backend_adapter / _validate_backend; the migration 0010 strips old rows)."""
+(jobs.adapters.backend_adapter / _validate_backend; the migration 0010 strips old rows)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
-from unittest import mock
 
 import pytest
 from django.apps import apps
 from django.core.exceptions import ValidationError
 
 from cloud_adapters.base import JobHandle
-from jobs import services, tasks
+from jobs import adapters, dispatch, services, tasks
 from jobs.models import ComputeBackend, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -73,7 +73,7 @@ def test_staff_may_set_host_settings_on_their_own_backend_only(user, mallory, bo
     mine = services.backend_create(owner=user, name="big", kind="gpubox",
                                    config={"run_root": str(tmp_path / "staff-runs"), "max_procs_per_node": 8,
                                            "python": sys.executable})
-    adapter = services.backend_adapter(mine)
+    adapter = adapters.backend_adapter(mine)
     assert adapter.config["run_root"] == str(tmp_path / "staff-runs")
     assert adapter.capabilities.max_procs_per_node == 8
     # A staff user editing someone else's backend: the rule is the row's owner, not the editor.
@@ -101,18 +101,18 @@ def test_every_numeric_gpubox_setting_is_bounded_even_for_staff(user, box_settin
 
 def test_a_stored_row_of_a_non_staff_owner_cannot_reach_the_host(mallory, user, box_settings, run_root):
     backend = _legacy_row(mallory, {**HOSTILE, "hourly_rate_usd": 2.0})
-    config = services.backend_adapter(backend).config
+    config = adapters.backend_adapter(backend).config
     assert config == {"run_root": str(run_root), "python": sys.executable, "max_procs_per_node": 2,
                       "hourly_rate_usd": 2.0, "grace_period_s": 10.0}
     # The same row owned by staff is staff's decision; once the owner is no longer staff it is not.
     ComputeBackend.objects.filter(pk=backend.pk).update(owner=user, config={"python": "/bin/echo",
                                                                             "max_procs_per_node": 4})
     backend.refresh_from_db()
-    config = services.backend_adapter(backend).config
+    config = adapters.backend_adapter(backend).config
     assert (config["python"], config["max_procs_per_node"]) == ("/bin/echo", 4)
     type(user).objects.filter(pk=user.pk).update(is_staff=False)
     backend = ComputeBackend.objects.get(pk=backend.pk)
-    assert services.backend_adapter(backend).config["python"] == sys.executable
+    assert adapters.backend_adapter(backend).config["python"] == sys.executable
 
 
 def test_a_job_past_the_hosts_process_limit_is_refused_at_launch_with_the_arithmetic(
@@ -135,7 +135,7 @@ def test_a_non_staff_job_runs_the_hosts_interpreter_in_the_hosts_run_root(
     backend = _legacy_row(mallory, {"run_root": str(elsewhere), "python": "/bin/echo", "hourly_rate_usd": 0})
     dataset = services.dataset_create(owner=mallory, name="d", format="builtin", builtin_name="digits")
     model = services.model_spec_create(owner=mallory, name="m", architecture="cnn", params={})
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=mallory, dataset=dataset, model_spec=model, backend=backend,
                                            nodes=1, procs_per_node=1, epochs=50)
     tasks.submit_job(job.pk)
@@ -152,7 +152,7 @@ def test_a_non_staff_job_runs_the_hosts_interpreter_in_the_hosts_run_root(
         argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         assert argv[:3] == [sys.executable.encode(), b"-m", b"torch.distributed.run"]
     finally:
-        services.backend_adapter(backend).cancel(JobHandle.from_dict(job.provider_handle))
+        adapters.backend_adapter(backend).cancel(JobHandle.from_dict(job.provider_handle))
         wait_until(lambda: (run_dir / "exit.json").exists(), timeout=60, what="the run to stop")
         wait_until(lambda: not live_processes(str(run_dir)), timeout=30, what="processes to exit")
 

@@ -5,7 +5,7 @@ worker itself (boto3's default chain, Application Default Credentials, DefaultAz
 operator's account. Under ``TRAINBOARD_WORKER_CREDENTIALS=staff`` (the default) only a backend owned
 by active staff may do that: anyone else's is refused on save (service, API, form) and, for a row
 stored before the rule or whose owner lost staff, refused again where the adapter is built
-(jobs.services.backend_adapter), so Test connection, a launch and a sync make no provider call with
+(jobs.adapters.backend_adapter), so Test connection, a launch and a sync make no provider call with
 the worker's identity. ``everyone`` lets every user's backend use it."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from cloud_adapters import _aws
 from cloud_adapters.base import BackendError, ConnectionCheck, CredentialsError
 from cloud_adapters.registry import backend_class
-from jobs import services
+from jobs import adapters, services, sync
 from jobs.models import ComputeBackend, JobStateChoices as S, TrainingJob
 from webapp.forms import BackendForm
 
@@ -106,24 +106,24 @@ def test_all_errors_at_once_and_clearing_credentials_is_refused_too(mallory):
 def test_staff_and_the_everyone_setting_may_use_the_workers_identity(user, mallory, settings):
     assert settings.TRAINBOARD_WORKER_CREDENTIALS == "staff"  # the default
     staff_owned = services.backend_create(owner=user, name="ops", kind="sagemaker", config=SAGEMAKER)
-    assert services.backend_adapter(staff_owned).config["role_arn"] == SAGEMAKER["role_arn"]
+    assert adapters.backend_adapter(staff_owned).config["role_arn"] == SAGEMAKER["role_arn"]
     settings.TRAINBOARD_WORKER_CREDENTIALS = "everyone"
     for kind in CLOUDS:
         backend = services.backend_create(owner=mallory, name=f"m-{kind}", kind=kind, config=CLOUDS[kind])
-        assert services.backend_adapter(backend).kind == kind
+        assert adapters.backend_adapter(backend).kind == kind
     # Back to staff: the rows saved meanwhile are refused where they are used.
     settings.TRAINBOARD_WORKER_CREDENTIALS = "staff"
     with pytest.raises(CredentialsError, match="which only a backend owned by staff may use"):
-        services.backend_adapter(ComputeBackend.objects.get(name="m-vertex"))
+        adapters.backend_adapter(ComputeBackend.objects.get(name="m-vertex"))
 
 
 def test_an_owner_who_is_no_longer_staff_loses_the_workers_identity(user):
     backend = services.backend_create(owner=user, name="ops", kind="azureml", config=CLOUDS["azureml"])
-    services.backend_adapter(backend)
+    adapters.backend_adapter(backend)
     type(user).objects.filter(pk=user.pk).update(is_staff=False)
     backend = ComputeBackend.objects.get(pk=backend.pk)
     with pytest.raises(CredentialsError) as excinfo:
-        services.backend_adapter(backend)
+        adapters.backend_adapter(backend)
     assert str(excinfo.value).startswith(f"{REFUSAL} (DefaultAzureCredential")
 
 
@@ -196,7 +196,7 @@ def test_a_sync_of_an_active_job_warns_and_makes_no_provider_call(mallory, setti
                                          config={}, state=S.RUNNING, provider_handle=handle)
     stopping = TrainingJob.objects.create(owner=mallory, dataset=dataset, model_spec=model, backend=backend,
                                           config={}, state=S.STOPPING, provider_handle={**handle, "job_name": "tb-job-2-abc"})
-    assert services.backend_sync(backend_id=backend.pk) == 2
+    assert sync.backend_sync(backend_id=backend.pk) == 2
     assert aws_clients == []
     for job in (running, stopping):
         before = job.state
@@ -209,7 +209,7 @@ def test_a_sync_of_an_active_job_warns_and_makes_no_provider_call(mallory, setti
     TrainingJob.objects.filter(pk=stopping.pk).update(state=S.CANCELLED)  # the running job's describe suffices
     settings.TRAINBOARD_WORKER_CREDENTIALS = "everyone"
     try:
-        services.backend_sync(backend_id=backend.pk)
+        sync.backend_sync(backend_id=backend.pk)
     except BackendError:
         pass  # moto knows no such training job; what matters is that it was asked
     assert "sagemaker" in aws_clients

@@ -21,12 +21,13 @@ from unittest import mock
 
 import pytest
 
-from jobs import services, tasks
+from jobs import dispatch, services
 from jobs.management.commands import demo as demo_command
 from jobs.management.commands.demo import CHILD_STOP_GRACE_S
 from jobs.models import JobStateChoices as S, MetricPoint
 from jobs.states import transition
 from polling import wait_for
+from taskkit import sent_tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,7 +134,7 @@ def test_follow_prints_every_transition_and_the_epochs_before_the_end(user, digi
                                                                       local_backend):
     """The demo's follow loop used to print the state it saw once a second: QUEUED, PENDING (the
     SUBMITTING between them lost). It prints the job's history, each epoch before the final state."""
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=local_backend, procs_per_node=2, epochs=2)
     steps = iter(["one sync: submitted and pending", "one sync: ran and ended"])

@@ -4,26 +4,26 @@ CANCELLED before the command exits (not left STOPPING until the next start). Rea
 from __future__ import annotations
 
 import io
-from unittest import mock
 
 import pytest
 
-from jobs import services, tasks
+from jobs import dispatch, services, sync, tasks
 from jobs.management.commands import demo
 from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
 
 def test_shutdown_cancels_local_training_and_records_cancelled(user, digits_dataset, cnn_model, local_backend,
                                                                  wait_until, live_processes):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=local_backend, nodes=1, procs_per_node=2, epochs=500)
     tasks.submit_job(job.pk)
 
     def running():
-        services.backend_sync(backend_id=local_backend.pk)
+        sync.backend_sync(backend_id=local_backend.pk)
         return TrainingJob.objects.get(pk=job.pk).state == S.RUNNING
 
     wait_until(running, timeout=180, what="the job to be RUNNING")

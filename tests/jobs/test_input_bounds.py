@@ -8,8 +8,10 @@ from unittest import mock
 import pytest
 from django.core.exceptions import ValidationError
 
-from jobs import services, tasks
+from jobs import dispatch, services, validation
 from jobs.models import TrainingJob
+from jobs.services import training_jobs
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +33,7 @@ def _create(user, dataset, model, backend, **kw):
 ])
 def test_values_past_their_bound_are_field_errors_and_nothing_is_written(
         user, digits_dataset, cnn_model, local_backend, field, value, message):
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         with pytest.raises(ValidationError) as excinfo:
             _create(user, digits_dataset, cnn_model, local_backend, **{field: value})
     assert message in excinfo.value.message_dict[field]
@@ -40,7 +42,7 @@ def test_values_past_their_bound_are_field_errors_and_nothing_is_written(
 
 
 def test_the_bounds_themselves_are_accepted(user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend, max_runtime_s=2_419_200, seed=2**32 - 1,
                       epochs=100_000)
     assert job.max_runtime_s == 2_419_200
@@ -83,7 +85,7 @@ def test_a_budget_the_cost_columns_cannot_hold_is_refused(user, digits_dataset, 
 
 
 def test_the_largest_budget_is_accepted(user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend, budget_usd="99999999.9999")
     job.refresh_from_db()
     assert job.budget_usd == Decimal("99999999.9999")
@@ -91,7 +93,7 @@ def test_the_largest_budget_is_accepted(user, digits_dataset, cnn_model, local_b
 
 def test_an_estimate_the_cost_column_cannot_hold_is_refused(user, digits_dataset, cnn_model, local_backend):
     # 28 days x 1 instance x $200,000/h = $134,400,000.00 > $99,999,999.99
-    with mock.patch.object(services, "_hourly_price", return_value=Decimal("200000")):
+    with mock.patch.object(training_jobs, "_hourly_price", return_value=Decimal("200000")):
         with pytest.raises(ValidationError) as excinfo:
             _create(user, digits_dataset, cnn_model, local_backend, max_runtime_s=2_419_200)
         assert excinfo.value.message_dict["max_runtime_s"] == [
@@ -117,7 +119,7 @@ def test_the_api_answers_400_with_the_bound(user, digits_dataset, cnn_model, loc
 
 
 def test_one_fault_found_by_two_checks_is_said_once(user, digits_dataset, cnn_model, local_backend):
-    errors = services._Errors()
+    errors = validation.Errors()
     errors.add("instance_type", "Unknown instance type 'x'.")
     errors.add("instance_type", "Unknown instance type 'x'.")
     errors.add("instance_type", "Another fault.")

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 
 from cloud_adapters.pricing import PriceRow, StaticPriceCatalog, shipped_catalog
-from jobs import services
+from jobs import adapters, services
 from jobs.models import InstancePrice
 from jobs.pricing import DatabasePriceCatalog
 
@@ -167,7 +167,7 @@ def test_demo_seeds_prices_after_migrating(monkeypatch, settings, tmp_path):
 
 def test_backend_adapter_prices_from_the_database_with_shipped_fallback(user):
     backend = services.backend_create(owner=user, name="sm", kind="sagemaker", config=SAGEMAKER)
-    adapter = services.backend_adapter(backend)
+    adapter = adapters.backend_adapter(backend)
     assert isinstance(adapter.prices, DatabasePriceCatalog)
     assert adapter.price("ml.g5.xlarge") == pytest.approx(1.4084)  # shipped row, nothing stored yet
     InstancePrice.objects.create(provider="aws", region="us-east-1", instance_type="ml.g5.xlarge",

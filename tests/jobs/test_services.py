@@ -11,8 +11,9 @@ from django.db import transaction
 
 from cloud_adapters.base import CredentialsError, JobHandle, Throttled
 from cloud_adapters.gpubox import GpuBoxBackend
-from jobs import services, tasks
+from jobs import adapters, dispatch, lifecycle, services, tasks
 from jobs.models import Dataset, JobEvent, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +54,7 @@ def _errors(excinfo) -> dict:
 ])
 def test_create_rejects_bad_input_with_field_errors_and_writes_nothing(
         user, digits_dataset, cnn_model, local_backend, field, value, needle):
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         with pytest.raises(ValidationError) as excinfo:
             _create(user, digits_dataset, cnn_model, local_backend, **{field: value})
     errors = _errors(excinfo)
@@ -98,7 +99,7 @@ def test_create_rejects_disabled_backend(user, digits_dataset, cnn_model, local_
 
 def test_create_freezes_config_and_enqueues_on_commit(user, digits_dataset, cnn_model, local_backend,
                                                       django_capture_on_commit_callbacks):
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         with django_capture_on_commit_callbacks(execute=True) as callbacks:
             job = _create(user, digits_dataset, cnn_model, local_backend, batch_size=16, lr=0.1, seed=7,
                           max_runtime_s=1800, budget_usd="2.5", name="first",
@@ -124,7 +125,7 @@ def test_create_freezes_config_and_enqueues_on_commit(user, digits_dataset, cnn_
 
 def test_create_inside_rolled_back_transaction_enqueues_nothing(
         user, digits_dataset, cnn_model, local_backend, django_capture_on_commit_callbacks):
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         with django_capture_on_commit_callbacks(execute=True) as callbacks:
             with pytest.raises(RuntimeError):
                 with transaction.atomic():
@@ -168,7 +169,7 @@ def test_estimate_is_capped_by_the_jobs_budget_with_the_arithmetic(user, digits_
     with pytest.raises(ValidationError) as excinfo:
         services.training_job_estimate(backend=local_backend, max_runtime_s=60, budget_usd="-1")
     assert "budget_usd" in excinfo.value.message_dict
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend, max_runtime_s=7200, budget_usd="5")
     assert job.estimated_cost_usd == Decimal("5.0000")
 
@@ -196,7 +197,7 @@ def test_launch_refuses_a_strategy_the_backends_image_cannot_run(user, digits_da
 
 
 def test_rerun_copies_frozen_config(user, other_user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend)
         again = services.training_job_rerun(job=job, owner=user)
         with pytest.raises(ValidationError):
@@ -211,9 +212,9 @@ def test_rerun_copies_frozen_config(user, other_user, digits_dataset, cnn_model,
 
 
 def test_cancel_queued_is_immediate(user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend)
-    with mock.patch.object(tasks.cancel_job, "apply_async") as send:
+    with sent_tasks(dispatch.CANCEL_JOB) as send:
         services.training_job_cancel(job=job)
     assert job.state == S.CANCELLED and job.failure_reason == "Cancelled by user"
     send.assert_not_called()
@@ -226,11 +227,11 @@ def test_cancel_running_goes_stopping_and_enqueues(user, digits_dataset, cnn_mod
                                                    django_capture_on_commit_callbacks):
     from jobs.states import transition
 
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend)
     for state in (S.SUBMITTING, S.PENDING, S.RUNNING):
         transition(job, state)
-    with mock.patch.object(tasks.cancel_job, "apply_async") as send:
+    with sent_tasks(dispatch.CANCEL_JOB) as send:
         with django_capture_on_commit_callbacks(execute=True):
             services.training_job_cancel(job=job, reason="enough")
     assert job.state == S.STOPPING and job.failure_reason == "enough" and job.cancel_requested_at
@@ -241,7 +242,7 @@ def test_cancel_running_goes_stopping_and_enqueues(user, digits_dataset, cnn_mod
 
 
 def test_submit_failure_is_failed_with_message(user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend)
     with mock.patch.object(GpuBoxBackend, "submit", side_effect=CredentialsError("no key; run aws configure")):
         tasks.submit_job(job.pk)
@@ -251,7 +252,7 @@ def test_submit_failure_is_failed_with_message(user, digits_dataset, cnn_model, 
 
 
 def test_submit_transient_error_is_retried_not_failed(user, digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend)
     with mock.patch.object(GpuBoxBackend, "submit", side_effect=Throttled("slow down")), \
             mock.patch.object(tasks.submit_job, "retry", side_effect=RuntimeError("retry scheduled")) as retry:
@@ -262,13 +263,13 @@ def test_submit_transient_error_is_retried_not_failed(user, digits_dataset, cnn_
     assert job.state == S.SUBMITTING and "slow down" in job.status_warning
     # The retry resumes the SUBMITTING job.
     with mock.patch.object(GpuBoxBackend, "submit", return_value=JobHandle("gpubox", job.provider_job_name)):
-        services.training_job_submit(job=job, retrying=True)
+        lifecycle.training_job_submit(job=job, retrying=True)
     assert job.state == S.PENDING
 
 
 def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_model, local_backend, run_root,
                                                     wait_until, live_processes):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = _create(user, digits_dataset, cnn_model, local_backend, epochs=50)
     original = GpuBoxBackend.submit
     with mock.patch.object(GpuBoxBackend, "submit", autospec=True, side_effect=original) as submit:
@@ -291,7 +292,7 @@ def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_mo
         assert len(torchruns()) == 1
         assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "PENDING"]
     finally:
-        services.backend_adapter(local_backend).cancel(JobHandle.from_dict(job.provider_handle))
+        adapters.backend_adapter(local_backend).cancel(JobHandle.from_dict(job.provider_handle))
         wait_until(lambda: (run_dir / "exit.json").exists(), timeout=30, what="the run to stop")
         wait_until(lambda: not live_processes(str(run_dir)), timeout=30, what="processes to exit")
 

@@ -9,9 +9,10 @@ from unittest import mock
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs import services, tasks
+from jobs import dispatch, services
 from jobs.models import MetricPoint, JobStateChoices as S, TrainingJob
 from jobs.states import transition
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +22,7 @@ BASE = ["--dataset", "digits", "--model", "digits-cnn", "--backend", "local", "-
 
 @pytest.fixture
 def ready(digits_dataset, cnn_model, local_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         yield send
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from cloud_adapters import registry
 from cloud_adapters.base import Backend, Capabilities, JobHandle, JobSpec, JobState, JobStatus
-from jobs import services, tasks
+from jobs import dispatch, services, sync, tasks
 from jobs.models import JobLogLine, MetricPoint, JobStateChoices as S, TrainingJob
 from jobs.selectors import training_job_metric_series, training_job_rank_throughput, training_job_log_tail
 from trainer_pkg.metrics import format_metric_line
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +72,7 @@ def scripted_backend(user, monkeypatch):
 
 @pytest.fixture
 def submitted_job(user, digits_dataset, cnn_model, scripted_backend):
-    with mock.patch.object(tasks.submit_job, "apply_async") as send:
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=scripted_backend, nodes=2, procs_per_node=2)
     send.assert_not_called()  # captured on commit inside the test transaction: not run
@@ -101,7 +102,7 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
              rank_data_wait_s=[0.01, 0.0, 0.02, 0.03]),
          rec("epoch", dt=8, epoch=0, step=12, val_loss=0.9, val_accuracy=0.7)],
     ]
-    assert services.backend_sync(backend_id=scripted_backend.pk) == 1
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 1
     job.refresh_from_db()
     assert job.state == S.RUNNING
     assert (job.raw_state, job.secondary_state) == ("InProgress", "Training")
@@ -114,8 +115,8 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
     # The last log lines arrive with the terminal state: they are stored before SUCCEEDED applies.
     ScriptedBackend.log_chunks.append([rec("epoch", dt=20, epoch=1, step=24, val_loss=0.5, val_accuracy=0.93),
                                        rec("completed", dt=21, epoch=1, step=24), "bye"])
-    with mock.patch("jobs.services.transition", wraps=services.transition) as spy:
-        services.backend_sync(backend_id=scripted_backend.pk)
+    with mock.patch("jobs.sync.transition", wraps=sync.transition) as spy:
+        sync.backend_sync(backend_id=scripted_backend.pk)
         at_transition = MetricPoint.objects.filter(job=job, name="val_accuracy").count()
     assert spy.call_count == 1 and at_transition == 2
     job.refresh_from_db()
@@ -144,7 +145,7 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
         {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12, "data_wait_s": 0.03, **NOT_REPORTED},
     ]
     # Terminal jobs are no longer synced.
-    assert services.backend_sync(backend_id=scripted_backend.pk) == 0
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 0
     assert ScriptedBackend.calls["describe_many"] == 2
 
 
@@ -153,8 +154,8 @@ def test_unchanged_and_unknown_states_write_no_event(submitted_job, scripted_bac
         JobStatus(JobState.PENDING, raw_state="Queued", started_at=None),
         JobStatus(JobState.PENDING, raw_state="Mystery", warning="unknown provider state 'Mystery'"),
     ]
-    services.backend_sync(backend_id=scripted_backend.pk)
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job = TrainingJob.objects.get(pk=submitted_job.pk)
     assert job.state == S.PENDING and job.raw_state == "Mystery"
     assert "Mystery" in job.status_warning
@@ -164,7 +165,7 @@ def test_unchanged_and_unknown_states_write_no_event(submitted_job, scripted_bac
 def test_failed_status_sets_failure_reason(submitted_job, scripted_backend):
     ScriptedBackend.statuses = [JobStatus(JobState.FAILED, raw_state="Failed", failure_reason="CUDA OOM on rank 3",
                                           started_at=T0, ended_at=T0 + dt.timedelta(seconds=10))]
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job = TrainingJob.objects.get(pk=submitted_job.pk)
     assert job.state == S.FAILED and job.failure_reason == "CUDA OOM on rank 3"
     assert job.billable_seconds == 10.0  # from the run interval when the provider reports none
@@ -180,15 +181,15 @@ def test_budget_stops_the_job_and_stopping_resends_cancel(submitted_job, scripte
         JobStatus(JobState.CANCELLED, raw_state="Stopped", started_at=T0, ended_at=T0 + dt.timedelta(seconds=320),
                   billable_seconds=320, instance_count=2, failure_reason="stopped"),
     ]
-    services.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20 ≥ $1.00
+    sync.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20 ≥ $1.00
     job.refresh_from_db()
     assert job.state == S.STOPPING and job.failure_reason == "Stopped: budget of $1.00 reached at $1.20"
     assert job.budget_exceeded_at is not None
     assert ScriptedBackend.calls["cancel"] == 1
-    services.backend_sync(backend_id=scripted_backend.pk)  # still running: cancel re-sent
+    sync.backend_sync(backend_id=scripted_backend.pk)  # still running: cancel re-sent
     job.refresh_from_db()
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 2
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
     assert job.state == S.CANCELLED and job.failure_reason == "Stopped: budget of $1.00 reached at $1.20"
     assert job.cost_usd == Decimal("1.2800")
@@ -205,7 +206,7 @@ def test_budget_stop_reason_reads_at_the_precision_of_the_figures_beside_it(clie
     TrainingJob.objects.filter(pk=job.pk).update(budget_usd=Decimal("1.00"), max_runtime_s=3601)
     ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0,
                                           billable_seconds=300, instance_count=2)]
-    services.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20
+    sync.backend_sync(backend_id=scripted_backend.pk)  # 300 s × 2 × $7.20/h = $1.20
     job.refresh_from_db()
     assert job.state == S.STOPPING and job.money_places == 4
     assert job.failure_reason == "Stopped: budget of $1.0000 reached at $1.2000"
@@ -224,7 +225,7 @@ def test_budget_stop_shows_the_figures_at_the_jobs_own_precision(client, user, s
     TrainingJob.objects.filter(pk=job.pk).update(budget_usd=Decimal("0.0030"))
     ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0,
                                           billable_seconds=0.925, instance_count=2)]
-    services.backend_sync(backend_id=scripted_backend.pk)  # 0.925 s × 2 × $7.20/h = $0.0037
+    sync.backend_sync(backend_id=scripted_backend.pk)  # 0.925 s × 2 × $7.20/h = $0.0037
     job.refresh_from_db()
     assert job.cost_usd == Decimal("0.0037") and job.state == S.STOPPING
     assert job.failure_reason == "Stopped: budget of $0.0030 reached at $0.0037"
@@ -276,7 +277,7 @@ def test_spot_saving_compares_the_spot_price_with_on_demand(client, user, digits
                         registry.KindInfo(SpotPricedBackend.__module__, "SpotPricedBackend", "Spot priced"))
     SpotPricedBackend.statuses, SpotPricedBackend.log_chunks, SpotPricedBackend.calls = [], [], {}
     backend = services.backend_create(owner=user, name="spotpriced", kind="spotpriced")
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=backend, nodes=2, spot=True)
     assert (job.hourly_price_usd, job.on_demand_price_usd) == (Decimal("2"), Decimal("8"))
@@ -284,7 +285,7 @@ def test_spot_saving_compares_the_spot_price_with_on_demand(client, user, digits
     SpotPricedBackend.statuses = [JobStatus(JobState.SUCCEEDED, raw_state="Done", started_at=T0,
                                             ended_at=T0 + dt.timedelta(seconds=900), training_seconds=900,
                                             instance_count=2, spot=True)]
-    services.backend_sync(backend_id=backend.pk)
+    sync.backend_sync(backend_id=backend.pk)
     job.refresh_from_db()
     assert job.billable_seconds == 900 and job.cost_usd == Decimal("1.0000")  # 900 s × 2 × $2/h
     assert job.spot_saving == pytest.approx(0.75)  # 1 − $2 / $8
@@ -293,7 +294,7 @@ def test_spot_saving_compares_the_spot_price_with_on_demand(client, user, digits
     page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert '<span class="stat-value" id="stat-spot-saving">75%</span>' in page
     assert 'id="stat-on-demand">on demand $4.00 · 900 s trained, 900 s billed</span>' in page
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         rerun = services.training_job_rerun(job=job, owner=user)
     assert (rerun.hourly_price_usd, rerun.on_demand_price_usd) == (Decimal("2"), Decimal("8"))
     # A job stored before the on-demand price was kept is compared at its own price, as before.
@@ -328,8 +329,8 @@ def test_a_diverged_run_keeps_its_nan_points_and_its_reason_leads_the_backends(s
              nonfinite_step=7),
          "trainer error: rank 0: loss became NaN at step 7: the run diverged"],
     ]
-    services.backend_sync(backend_id=scripted_backend.pk)
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
     assert job.state == S.FAILED
     assert job.failure_reason == ("loss became NaN at step 7 (the backend reported: The replica workerpool0-0 "
@@ -348,7 +349,7 @@ def test_a_failure_reason_that_already_names_the_trainers_reason_is_kept(submitt
     ScriptedBackend.statuses = [JobStatus(JobState.FAILED, raw_state="exit 1", started_at=T0,
                                           ended_at=T0 + dt.timedelta(seconds=9), failure_reason=gpubox_reason)]
     ScriptedBackend.log_chunks = [[rec("failed", dt=4, epoch=0, step=4, reason="loss became NaN at step 3")]]
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
     assert (job.state, job.failure_reason) == (S.FAILED, gpubox_reason)
 
@@ -380,7 +381,7 @@ def test_a_spot_interruption_goes_back_to_pending_and_is_counted_on_the_job_page
     client.force_login(user)
     for expected_state, expected_count in [(S.RUNNING, 0), (S.PENDING, 1), (S.RUNNING, 1), (S.PENDING, 2),
                                            (S.RUNNING, 2)]:
-        services.backend_sync(backend_id=scripted_backend.pk)
+        sync.backend_sync(backend_id=scripted_backend.pk)
         job.refresh_from_db()
         assert (job.state, training_job_interruption_count(job=job)) == (expected_state, expected_count)
         assert job.started_at == T0  # the first start: the run interval spans the interruptions
@@ -390,11 +391,11 @@ def test_a_spot_interruption_goes_back_to_pending_and_is_counted_on_the_job_page
     ScriptedBackend.statuses.insert(0, JobStatus(JobState.PENDING, raw_state="InProgress", secondary_state="Mystery",
                                                  warning="unknown SecondaryStatus 'Mystery'", started_at=T0,
                                                  instance_count=2, billable_seconds=70))
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
     assert (job.state, job.secondary_state, training_job_interruption_count(job=job)) == (S.RUNNING, "Mystery", 2)
     assert "Mystery" in job.status_warning
-    services.backend_sync(backend_id=scripted_backend.pk)
+    sync.backend_sync(backend_id=scripted_backend.pk)
     job.refresh_from_db()
     assert job.state == S.SUCCEEDED and job.billable_seconds == 80
     assert list(job.events.values_list("from_state", "to_state", "message"))[3:] == [

@@ -1,5 +1,5 @@
 """A sync pass writes the jobs that did not change and whose logs it does not read in one statement
-(``jobs.services._sync_unchanged``): the same values as the per-job path, a number of queries that
+(``jobs.sync._sync_unchanged``): the same values as the per-job path, a number of queries that
 does not grow with them, and a job that crosses its budget among them is still stopped in that pass."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from django.test.utils import CaptureQueriesContext
 
 from cloud_adapters import registry
 from cloud_adapters.base import Backend, Capabilities, JobHandle, JobSpec, JobState, JobStatus
-from jobs import cost as costs, services, tasks
+from jobs import cost as costs, dispatch, services, sync, tasks
 from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -76,7 +77,7 @@ def quiet(user, monkeypatch, settings):
 
 @pytest.fixture
 def template_job(user, digits_dataset, cnn_model, quiet):
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=quiet, nodes=2, procs_per_node=1, name="template")
     tasks.submit_job(job.pk)
@@ -111,8 +112,8 @@ def running(template, *, started_ago_s: float = 1800.0, **fields) -> TrainingJob
 
 
 def sync_at(backend, when: dt.datetime, *, bulk: bool = True) -> int:
-    with mock.patch("jobs.services.timezone.now", return_value=when):
-        return services.backend_sync(backend_id=backend.pk, bulk=bulk)
+    with mock.patch("jobs.sync.timezone.now", return_value=when):
+        return sync.backend_sync(backend_id=backend.pk, bulk=bulk)
 
 
 def reload(job: TrainingJob) -> TrainingJob:

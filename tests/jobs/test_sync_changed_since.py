@@ -13,8 +13,9 @@ import pytest
 
 from cloud_adapters import registry
 from cloud_adapters.base import Backend, Capabilities, JobHandle, JobSpec, JobState, JobStatus
-from jobs import services, tasks
+from jobs import dispatch, services, sync, tasks
 from jobs.models import JobLogLine, JobStateChoices as S, TrainingJob
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -72,7 +73,7 @@ def recording_backend(user, monkeypatch):
 @pytest.fixture
 def make_job(user, digits_dataset, cnn_model, recording_backend):
     def make(**kwargs) -> TrainingJob:
-        with mock.patch.object(tasks.submit_job, "apply_async"):
+        with sent_tasks(dispatch.SUBMIT_JOB):
             job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                                backend=recording_backend, nodes=2, procs_per_node=1, **kwargs)
         tasks.submit_job(job.pk)
@@ -83,8 +84,8 @@ def make_job(user, digits_dataset, cnn_model, recording_backend):
 
 
 def sync_at(backend, when: dt.datetime) -> int:
-    with mock.patch("jobs.services.timezone.now", return_value=when):
-        return services.backend_sync(backend_id=backend.pk)
+    with mock.patch("jobs.sync.timezone.now", return_value=when):
+        return sync.backend_sync(backend_id=backend.pk)
 
 
 def reload(job: TrainingJob) -> TrainingJob:
@@ -110,7 +111,7 @@ def test_changed_since_is_the_oldest_sync_minus_a_minute_or_none(make_job, recor
     make_job(name="c")
     sync_at(recording_backend, T0 + dt.timedelta(seconds=60))
     assert RecordingBackend.seen[-1] is None
-    assert services.sync_changed_since([]) is None
+    assert sync.sync_changed_since([]) is None
 
 
 def test_an_unchanged_running_job_gets_its_logs_and_cost_from_the_run_interval(make_job, recording_backend):
@@ -198,7 +199,7 @@ def test_gpubox_describes_every_job_whatever_changed_since_says(user, digits_dat
                                                                 run_root):
     """The gpubox keeps the base describe_many (one describe per handle): a job synced a minute ago
     is still read from its run directory."""
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=local_backend, procs_per_node=1, name="box")
     run_dir = run_root / job.provider_job_name

@@ -6,19 +6,19 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from unittest import mock
 
 import pytest
 
-from jobs import services, tasks
+from jobs import dispatch, services, sync, tasks
 from jobs.models import JobStateChoices as S, TrainingJob
 from jobs.states import transition
+from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
 
 def _pending_job(owner, dataset, model, backend, name: str) -> TrainingJob:
-    with mock.patch.object(tasks.submit_job, "apply_async"):
+    with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=owner, dataset=dataset, model_spec=model, backend=backend,
                                            procs_per_node=1, name=name)
     transition(job, S.SUBMITTING, message="test")
@@ -45,7 +45,7 @@ def test_a_lost_run_directory_fails_its_job_and_the_others_still_sync(user, digi
     _finished_run(run_root / fine.provider_job_name)
     shutil.rmtree(run_root / lost.provider_job_name)  # someone cleaned the disk under a live job
 
-    assert services.backend_sync(backend_id=local_backend.pk) == 2
+    assert sync.backend_sync(backend_id=local_backend.pk) == 2
     lost.refresh_from_db()
     fine.refresh_from_db()
     assert fine.state == S.SUCCEEDED

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from adapter_standins import standin
-from jobs import services
+from jobs import adapters, services
 from jobs.models import JobStateChoices as S, TrainingJob
 
 sagemaker_standin = standin("sagemaker")
@@ -41,7 +41,7 @@ def launch(user, digits_dataset, cnn_model):
     def _launch(backend, **fields):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=backend, epochs=200, max_runtime_s=600, **fields)
-        handle = services.backend_adapter(backend).submit(services.job_spec(job))
+        handle = adapters.backend_adapter(backend).submit(adapters.job_spec(job))
         TrainingJob.objects.filter(pk=job.pk).update(provider_handle=handle.to_dict(), state=S.PENDING)
         job.refresh_from_db()
         return job

@@ -14,7 +14,7 @@ from django.db import connection
 
 from adapter_standins import standin
 from cloud_adapters.base import JobHandle, JobState
-from jobs import orphans, services
+from jobs import adapters, orphans
 from jobs.models import JobStateChoices as S, OrphanJob, TrainingJob
 
 sagemaker_standin = standin("sagemaker")
@@ -137,7 +137,7 @@ def _wait_state(adapter, name: str, run_root, state: JobState, timeout: float = 
 @pytest.mark.django_db
 def test_gpubox_orphan_of_a_deleted_row_is_stopped_on_request(local_backend, launch, run_root, user):
     kept, lost = launch(local_backend), launch(local_backend)
-    adapter = services.backend_adapter(local_backend)
+    adapter = adapters.backend_adapter(local_backend)
     try:
         TrainingJob.objects.filter(pk=lost.pk).delete()
 

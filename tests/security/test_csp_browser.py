@@ -8,6 +8,9 @@ import re
 
 import pytest
 
+from jobs import dispatch
+from taskkit import record_sent_tasks
+
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
@@ -26,10 +29,8 @@ def test_pages_work_under_the_csp(live_server, browser_page, django_user_model, 
     box = services.backend_create(owner=user, name="box", kind="gpubox",
                                   config={"hourly_rate_usd": 3.6})
     # No broker in this test: submissions and cancels are recorded, so the job stays QUEUED.
-    from unittest import mock
-
-    monkeypatch.setattr("jobs.tasks.submit_job.apply_async", mock.Mock())
-    monkeypatch.setattr("jobs.tasks.cancel_job.apply_async", mock.Mock())
+    record_sent_tasks(monkeypatch, dispatch.SUBMIT_JOB)
+    record_sent_tasks(monkeypatch, dispatch.CANCEL_JOB)
     job = services.training_job_create(owner=user, dataset=digits, model_spec=cnn, backend=box, nodes=1,
                                        procs_per_node=1, epochs=1, name="csp-job")
     now = timezone.now()

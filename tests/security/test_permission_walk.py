@@ -438,15 +438,16 @@ def test_sharing_is_only_with_a_team_one_belongs_to(world):
 
 def test_dataset_validation_refuses_a_team_the_owner_is_not_in(world):
     # dataset_create takes no team yet (see the report); its validation already checks membership.
-    from jobs import services
+    from jobs import validation
     from jobs.models import Dataset
+    from jobs.services import resources
 
-    errors = services._Errors()
-    services._validate_dataset(errors, Dataset(owner=world["users"]["dave"], name="d", format="builtin",
+    errors = validation.Errors()
+    resources._validate_dataset(errors, Dataset(owner=world["users"]["dave"], name="d", format="builtin",
                                                builtin_name="digits", team=world["team"]))
     assert errors == {"team": ["Choose one of your teams; you are not a member of this one."]}
-    errors = services._Errors()
-    services._validate_dataset(errors, Dataset(owner=world["users"]["erin"], name="d", format="builtin",
+    errors = validation.Errors()
+    resources._validate_dataset(errors, Dataset(owner=world["users"]["erin"], name="d", format="builtin",
                                                builtin_name="digits", team=world["team"]))
     assert errors == {}
 
@@ -516,11 +517,11 @@ def test_a_host_setting_is_refused_for_non_staff_through_the_form_the_api_and_th
 
     from django.core.exceptions import ValidationError
 
-    from jobs import services
+    from jobs import adapters, services
     from jobs.models import ComputeBackend
 
     dave, sam = world["users"]["dave"], world["users"]["sam"]
-    label = services.backend_setting_labels(kind).get(key, key)
+    label = adapters.backend_setting_labels(kind).get(key, key)
     refusal = f"{label}: only a backend owned by staff may set this"
     # The service (what the admin and any command call): on the setting itself.
     with pytest.raises(ValidationError) as exc:
@@ -557,13 +558,13 @@ def test_a_non_staff_gpubox_backend_reaches_only_its_price_and_its_cancel_grace(
 
     from django.core.exceptions import ValidationError
 
-    from jobs import services
+    from jobs import adapters, services
 
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 3
     carol = world["users"]["carol"]
     backend = services.backend_update(backend=world["objects"]["backend"],
                                       config={"hourly_rate_usd": 100_000, "grace_period_s": 600})
-    adapter = services.backend_adapter(backend)
+    adapter = adapters.backend_adapter(backend)
     assert adapter.price() == 100_000.0 and adapter.config["grace_period_s"] == 600.0
     assert (adapter.config["run_root"], adapter.config["python"], adapter.capabilities.max_procs_per_node) == \
         (str(tmp_path), sys.executable, 3)
@@ -598,7 +599,7 @@ def test_a_non_staff_cloud_backend_cannot_use_the_workers_identity(world, kind, 
 
     from cloud_adapters.base import CredentialsError
     from cloud_adapters.registry import backend_class
-    from jobs import services
+    from jobs import adapters, services
     from jobs.models import ComputeBackend
 
     dave, sam = world["users"]["dave"], world["users"]["sam"]
@@ -617,10 +618,10 @@ def test_a_non_staff_cloud_backend_cannot_use_the_workers_identity(world, kind, 
     # A row stored before the rule is refused where it is used: no adapter, so no provider call.
     old = ComputeBackend.objects.create(owner=dave, name="dave-old", kind=kind, config=config)
     with pytest.raises(CredentialsError):
-        services.backend_adapter(old)
+        adapters.backend_adapter(old)
     # Staff's backend may, and so may dave's where the operator allows it.
     r = _api(sam).post(reverse("api-backend-list"), {"name": "sam-cloud", "kind": kind, "config": config},
                        format="json")
     assert r.status_code == 201, r.content
     settings.TRAINBOARD_WORKER_CREDENTIALS = "everyone"
-    assert services.backend_adapter(old).kind == kind
+    assert adapters.backend_adapter(old).kind == kind

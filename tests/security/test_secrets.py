@@ -21,7 +21,7 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from jobs import services
+from jobs import adapters, services
 from jobs.models import ComputeBackend
 
 pytestmark = pytest.mark.django_db
@@ -218,7 +218,7 @@ def test_sagemaker_signs_with_the_stored_keys(owner, aws_env):
         signed_with.append(request.headers["Authorization"].decode() if isinstance(
             request.headers["Authorization"], bytes) else request.headers["Authorization"])
 
-    sts = services.backend_adapter(backend).client("sts")
+    sts = adapters.backend_adapter(backend).client("sts")
     sts.meta.events.register_first("before-send.sts.GetCallerIdentity", capture)
     identity = sts.get_caller_identity()
     assert identity["Account"] == "123456789012"  # moto answered
@@ -226,7 +226,7 @@ def test_sagemaker_signs_with_the_stored_keys(owner, aws_env):
 
     # Without stored keys, boto3's default chain is used (under moto: moto's fake environment keys).
     other = services.backend_create(owner=owner, name="sm2", kind="sagemaker", config=SAGEMAKER_CONFIG)
-    sts = services.backend_adapter(other).client("sts")
+    sts = adapters.backend_adapter(other).client("sts")
     sts.meta.events.register_first("before-send.sts.GetCallerIdentity", capture)
     sts.get_caller_identity()
     assert len(signed_with) == 2 and key_id not in signed_with[1] and "Credential=FOOBARKEY/" in signed_with[1]
@@ -251,7 +251,7 @@ def test_vertex_builds_its_clients_with_the_stored_service_account(owner, monkey
     email = f"tb-{uuid.uuid4().hex[:8]}@tb-project.iam.gserviceaccount.com"
     backend = services.backend_create(owner=owner, name="vx", kind="vertex", config=VERTEX_CONFIG,
                                       secrets={"service_account_json": _service_account_json(email)})
-    adapter = services.backend_adapter(backend)
+    adapter = adapters.backend_adapter(backend)
     creds = adapter.job_client()._transport._credentials
     assert creds.service_account_email == email
     assert adapter.storage_client()._credentials.service_account_email == email
@@ -261,7 +261,7 @@ def test_vertex_builds_its_clients_with_the_stored_service_account(owner, monkey
 
     services.backend_update(backend=backend, secrets={"service_account_json": '{"private_key": "PLANTED-x"}'})
     with pytest.raises(CredentialsError) as exc:
-        services.backend_adapter(ComputeBackend.objects.get(pk=backend.pk)).job_client()
+        adapters.backend_adapter(ComputeBackend.objects.get(pk=backend.pk)).job_client()
     assert "not a usable service-account key file" in str(exc.value) and "PLANTED" not in str(exc.value)
 
 
@@ -271,11 +271,11 @@ def test_azureml_uses_a_client_secret_credential_from_the_stored_service_princip
     backend = services.backend_create(owner=owner, name="az", kind="azureml", config=AZURE_CONFIG,
                                       secrets={"tenant_id": "tenant-1", "client_id": "client-1",
                                                "client_secret": _planted()})
-    credential = services.backend_adapter(backend).credential()
+    credential = adapters.backend_adapter(backend).credential()
     assert isinstance(credential, ClientSecretCredential)
     assert (credential._tenant_id, credential._client_id) == ("tenant-1", "client-1")
     plain = services.backend_create(owner=owner, name="az2", kind="azureml", config=AZURE_CONFIG)
-    assert isinstance(services.backend_adapter(plain).credential(), DefaultAzureCredential)
+    assert isinstance(adapters.backend_adapter(plain).credential(), DefaultAzureCredential)
 
 
 def test_rotate_secrets_re_encrypts_with_the_first_key(owner, settings):

@@ -4,17 +4,19 @@ tests/conftest.py)."""
 from __future__ import annotations
 
 import datetime as dt
-from unittest import mock
 
 import pytest
 from django.utils import timezone
+
+from jobs import dispatch
+from taskkit import sent_tasks
 
 
 @pytest.fixture(autouse=True)
 def no_celery_publish():
     """Nothing in these tests reaches a broker: ``submit_job``/``cancel_job`` are recorded instead."""
-    with mock.patch("jobs.tasks.submit_job.apply_async") as submit, \
-            mock.patch("jobs.tasks.cancel_job.apply_async") as cancel:
+    with sent_tasks(dispatch.SUBMIT_JOB) as submit, \
+            sent_tasks(dispatch.CANCEL_JOB) as cancel:
         yield {"submit": submit, "cancel": cancel}
 
 

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.models import TrainingJob
-from jobs.services import backend_adapter
+from jobs.adapters import backend_adapter
 
 pytestmark = pytest.mark.django_db
 

@@ -278,7 +278,7 @@ def test_id_search_matches_the_id_only_not_digits_inside_provider_job_names(api_
     (``tb-job-<id>-<hex>``) would also match the hex creation time inside them, and so (nearly) every job."""
     import datetime as dt
 
-    from jobs import selectors, services
+    from jobs import adapters, selectors
 
     _make_jobs(user, digits_dataset, cnn_model, local_backend, 3)
     first, second, third = TrainingJob.objects.filter(owner=user).order_by("pk")
@@ -287,7 +287,7 @@ def test_id_search_matches_the_id_only_not_digits_inside_provider_job_names(api_
     # derives from that time.
     for other in (second, third):
         other.created_at = dt.datetime.fromtimestamp(int(f"69{first.pk:06d}", 16), tz=dt.timezone.utc)
-        other.provider_job_name = services.provider_job_name(other)
+        other.provider_job_name = adapters.provider_job_name(other)
         other.save(update_fields=["created_at", "provider_job_name"])
         assert str(first.pk) in other.provider_job_name.split("-", 3)[3]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from jobs import services
+from jobs import sync
 from jobs.models import MetricPoint, TrainingJob
 from trainer_pkg.metrics import parse_metric_line
 
@@ -65,7 +65,7 @@ def test_the_slowed_rank_is_named_with_what_the_waiting_cost(tmp_path, strategy,
     TrainingJob.objects.filter(pk=job.pk).update(hourly_price_usd=Decimal("3.60"))
     job.refresh_from_db()
     now = dt.datetime.now(dt.timezone.utc)
-    MetricPoint.objects.bulk_create(p for r in records for p in services.metric_points_from_record(job, r, now))
+    MetricPoint.objects.bulk_create(p for r in records for p in sync.metric_points_from_record(job, r, now))
     # (the "started" record's window, step 1, is warm-up and is not a series point)
     lost = sum(r.get("wait_for_slowest_s", 0.0) for r in records if r["event"] in ("step", "epoch"))
 

@@ -34,7 +34,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management import BaseCommand, CommandError, call_command
 
-from jobs import selectors, services
+from jobs import adapters, lifecycle, selectors, services, sync
 from jobs.models import ACTIVE_STATE_VALUES, TERMINAL_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
 
 LOCAL_QUEUES = {"gpubox"}  # queues whose jobs run on this machine (see the worker's -Q below)
@@ -242,14 +242,14 @@ class Command(BaseCommand):
         # Training on this machine (the GPU-box queue this demo's worker served) runs detached from
         # the worker: stop it through the backend, whoever launched it, rather than leave it running.
         local = [job for job in TrainingJob.objects.filter(state__in=ACTIVE_STATE_VALUES).select_related("backend")
-                 if services.backend_queue(job.backend) in LOCAL_QUEUES]
+                 if adapters.backend_queue(job.backend) in LOCAL_QUEUES]
         for job in local:
             try:
                 job = services.training_job_cancel(job=job, reason="Demo stopped with Ctrl-C")
             except ValidationError:  # it ended meanwhile
                 continue
             # The worker is about to stop: send the stop now rather than through its queue.
-            services.training_job_cancel_send(job=job)
+            lifecycle.training_job_cancel_send(job=job)
             self.stdout.write(f"Cancelling job {job.pk}")
         if local:
             self._confirm_cancelled([job.pk for job in local])
@@ -279,7 +279,7 @@ class Command(BaseCommand):
             backends = set(TrainingJob.objects.filter(pk__in=pending).values_list("backend_id", flat=True))
             for backend_id in backends:
                 try:
-                    services.backend_sync(backend_id=backend_id)
+                    sync.backend_sync(backend_id=backend_id)
                 except Exception as exc:  # noqa: BLE001 — best effort on the way out; said, not raised
                     self.stderr.write(f"sync of backend {backend_id} on shutdown failed: {exc}")
             for job in TrainingJob.objects.filter(pk__in=pending, state__in=TERMINAL_STATE_VALUES):

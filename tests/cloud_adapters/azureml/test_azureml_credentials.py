@@ -32,7 +32,7 @@ CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "ml
 
 
 def _adapter(user, workspace, secrets: dict, name: str = "az") -> AzureMLBackend:
-    """The adapter of a backend row holding ``secrets``, as ``services.backend_adapter`` builds it
+    """The adapter of a backend row holding ``secrets``, as ``jobs.adapters.backend_adapter`` builds it
     (decrypted ``secrets`` handed over), with the stand-in as its transport."""
     row = services.backend_create(owner=user, name=name, kind="azureml", config=dict(SETTINGS), secrets=secrets)
     stored = ComputeBackend.objects.get(pk=row.pk)

@@ -1,7 +1,7 @@
 """A Vertex backend's stored service-account key is what its requests carry.
 
 The key goes in through the dashboard's service (encrypted in the database), comes back out through
-``services.backend_adapter``, and the stand-in (standin.py, :meth:`VertexStandIn.accept_key`) checks
+``adapters.backend_adapter``, and the stand-in (standin.py, :meth:`VertexStandIn.accept_key`) checks
 every request the way Google does: a self-signed JWT or an access token from the key's ``token_uri``,
 signed by that key, else 401. So these tests see the credentials on the wire, not how a client was
 built.
@@ -16,7 +16,7 @@ import pytest
 from google.auth import jwt
 
 from cloud_adapters.base import CredentialsError, JobSpec
-from jobs import services
+from jobs import adapters, services
 from jobs.models import ComputeBackend
 from standin import service_account_key
 
@@ -47,7 +47,7 @@ def test_every_request_carries_the_stored_service_account(user, vertex, gcs):
     key_json, public = service_account_key(email, token_uri=f"{vertex.url}/token")
     vertex.accept_key(email, public)  # from now on the stand-in answers 401 to anyone else
     row = _backend(user, vertex, gcs, secrets={"service_account_json": key_json})
-    adapter = services.backend_adapter(ComputeBackend.objects.get(pk=row.pk))  # decrypted from the database
+    adapter = adapters.backend_adapter(ComputeBackend.objects.get(pk=row.pk))  # decrypted from the database
 
     handle = adapter.submit(_spec("tb-job-1-cred"))  # uploads to the GCS emulator, then CreateCustomJob
     status = adapter.describe(handle)
@@ -85,9 +85,9 @@ def test_without_the_stored_key_the_requests_are_refused(user, vertex, gcs):
     vertex.accept_key(email, service_account_key(email, token_uri=f"{vertex.url}/token")[1])
     # Another key of the same name (not the one the stand-in knows), and no key at all.
     other_json, _ = service_account_key(email, token_uri=f"{vertex.url}/token")
-    signed_by_other = services.backend_adapter(_backend(user, vertex, gcs, name="other",
+    signed_by_other = adapters.backend_adapter(_backend(user, vertex, gcs, name="other",
                                                         secrets={"service_account_json": other_json}))
-    anonymous = services.backend_adapter(_backend(user, vertex, gcs, name="anon"))
+    anonymous = adapters.backend_adapter(_backend(user, vertex, gcs, name="anon"))
     with pytest.raises(CredentialsError, match="Vertex AI 401 Unauthorized"):
         signed_by_other.list_tagged()
     refused = vertex.calls("GET", r"/customJobs$")
@@ -108,7 +108,7 @@ def test_a_stored_key_is_never_sent_in_clear_text_off_this_machine(user):
         config={"project": "my-proj", "staging_bucket": STAGING, "api_endpoint": "http://vertex.example.com:8080"},
         secrets={"service_account_json": key_json})
     with pytest.raises(CredentialsError) as exc:
-        services.backend_adapter(row).job_client()
+        adapters.backend_adapter(row).job_client()
     assert str(exc.value) == (
         "the endpoint http://vertex.example.com:8080 is plain http:// on another machine: the backend's "
         "service-account token would cross the network unencrypted. Use https://, or a stand-in on 127.0.0.1.")

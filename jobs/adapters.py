@@ -1,0 +1,187 @@
+"""The adapter factory: from a :class:`~jobs.models.ComputeBackend` row to a configured
+``cloud_adapters`` :class:`~cloud_adapters.base.Backend`, and the facts about a backend kind that the
+services, the worker side and the forms share (host settings, secret keys, its Celery queue, the
+provider job name and :class:`~cloud_adapters.base.JobSpec` of a stored job).
+
+A leaf module: it imports no service, so every layer above may use it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import PurePath
+from typing import Any, Mapping
+
+from django.conf import settings
+
+from cloud_adapters.base import Backend, BackendError, CredentialsError, JobSpec
+from cloud_adapters import registry
+from jobs.models import ComputeBackend, TrainingJob
+from jobs.pricing import DatabasePriceCatalog
+
+log = logging.getLogger(__name__)
+
+
+HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
+    "gpubox": {"run_root": "TRAINBOARD_RUN_ROOT", "python": "TRAINBOARD_GPUBOX_PYTHON",
+               "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE"},
+}
+"""kind -> {host setting: the Django setting (and environment variable of the same name) holding this
+installation's value}. Data, not if/elif: which settings are host settings is the adapter's
+``host_settings``; this says where the installation's values live."""
+
+
+def _host_config_defaults() -> dict[str, dict[str, Any]]:
+    """This installation's host settings by adapter kind (:data:`HOST_SETTING_SOURCES`; a blank
+    setting leaves the adapter's own default, e.g. the worker's interpreter). ``settings.
+    TRAINBOARD_BACKEND_DEFAULTS`` (``{kind: {key: value}}``), when set, replaces them."""
+    configured = getattr(settings, "TRAINBOARD_BACKEND_DEFAULTS", None)
+    if configured:
+        return configured
+    defaults: dict[str, dict[str, Any]] = {}
+    for kind, sources in HOST_SETTING_SOURCES.items():
+        values = {key: getattr(settings, name, None) for key, name in sources.items()}
+        defaults[kind] = {key: str(v) if isinstance(v, PurePath) else v for key, v in values.items()
+                          if v not in (None, "")}
+    return defaults
+
+
+def backend_host_settings(kind: str) -> frozenset[str]:
+    """The settings of a ``kind`` backend that only staff may set (the adapter's ``host_settings``:
+    for the gpubox ``run_root``, ``python``, ``max_procs_per_node``); empty for an unknown kind."""
+    try:
+        return frozenset(registry.backend_class(kind).host_settings)
+    except (LookupError, ValueError, BackendError):
+        return frozenset()
+
+
+def backend_setting_labels(kind: str) -> dict[str, str]:
+    """``{config key: label}`` of a ``kind`` backend's settings (the adapter's ``setting_labels``):
+    the backend form labels its fields with them, as the adapter's messages name the settings; {}
+    for an unknown kind or one whose SDK is missing."""
+    try:
+        return dict(registry.backend_class(kind).setting_labels)
+    except (LookupError, ValueError, BackendError):
+        return {}
+
+
+def may_set_host_settings(user) -> bool:
+    """Whether a backend owned by ``user`` may carry host settings (:func:`backend_host_settings`):
+    an active staff user's may; anyone else's takes them from the installation."""
+    return bool(user is not None and getattr(user, "is_active", False) and getattr(user, "is_staff", False))
+
+
+def may_use_worker_credentials(user) -> bool:
+    """Whether a cloud backend owned by ``user`` may call its provider with the worker's own identity
+    (the adapter's ``ambient_identity``: boto3's default chain, Application Default Credentials,
+    DefaultAzureCredential) when it stores no credentials of its own.
+
+    ``settings.TRAINBOARD_WORKER_CREDENTIALS``: ``"staff"`` (the default) lets only an active staff
+    user's backend; ``"everyone"`` lets every user's. The default is the safe one because that
+    identity is the operator's cloud account: a backend naming any role ARN or service account would
+    otherwise launch billable jobs there as the operator (DESIGN.md §8: as whom a job runs is the
+    operator's decision)."""
+    return settings.TRAINBOARD_WORKER_CREDENTIALS == "everyone" or may_set_host_settings(user)
+
+
+def worker_credentials_refusal(cls: type[Backend], config: Mapping[str, Any], secrets: Mapping[str, Any] | None,
+                               owner) -> str | None:
+    """Why a ``cls`` backend of ``owner`` with ``config`` and stored ``secrets`` may not be used: it
+    would call its provider with the worker's own identity (``cls.uses_ambient_credentials``) and
+    :func:`may_use_worker_credentials` says no for ``owner``. The message says what to do; None when
+    it may be used."""
+    if may_use_worker_credentials(owner) or not cls.uses_ambient_credentials(config, secrets):
+        return None
+    keys = " and ".join(k for k, required in cls.secret_keys.items() if required)
+    return (f"this backend stores no credentials of its own, so its calls would use the worker's own "
+            f"identity ({cls.ambient_identity}), which only a backend owned by staff may use. Store the "
+            f"backend's own credentials ({keys}), or ask staff to set up the backend.")
+
+
+def effective_config(kind: str, config: Mapping[str, Any] | None, *, host_settings_from_row: bool) -> dict[str, Any]:
+    """The installation's host settings for ``kind``, then the row's ``config`` over them; the row's
+    own host settings count only when ``host_settings_from_row`` (its owner is staff)."""
+    refused = frozenset() if host_settings_from_row else backend_host_settings(kind)
+    merged = dict(_host_config_defaults().get(kind, {}))
+    merged.update({k: v for k, v in (config or {}).items() if v not in (None, "") and k not in refused})
+    return merged
+
+
+def backend_adapter(backend: ComputeBackend) -> Backend:
+    """The configured ``cloud_adapters`` Backend for a ComputeBackend row, pricing from the
+    admin-managed catalog (:class:`jobs.pricing.DatabasePriceCatalog`, shipped rows as fallback).
+
+    Host settings (:func:`backend_host_settings`: where a GPU box runs jobs, with which interpreter,
+    how many processes) come from the installation (:data:`HOST_SETTING_SOURCES`); the row's values
+    of them are used only while its owner is an active staff user (:func:`may_set_host_settings`).
+    A non-staff user's row never carries them since the service refuses them, and any such value left
+    from before (or from an owner no longer staff) is ignored here — the rule is the row's owner, at
+    the time of use.
+
+    The backend's stored ``secrets`` (decrypted) are handed to the adapter as ``adapter.secrets``,
+    which builds its SDK clients with them instead of the provider's default credential chain. A
+    cloud backend without them uses the worker's own identity, so it is built only while its owner
+    may use that (:func:`may_use_worker_credentials`, checked at the time of use like the host
+    settings): a row stored before the rule, or whose owner is no longer staff, raises
+    :class:`CredentialsError` saying what to do, before any provider call.
+
+    Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency,
+    CredentialsError as above); ImproperlyConfigured when the stored secrets cannot be decrypted with
+    the configured keys.
+    """
+    config = effective_config(backend.kind, backend.config,
+                               host_settings_from_row=may_set_host_settings(backend.owner))
+    adapter = registry.create_backend(backend.kind, config, prices=DatabasePriceCatalog())
+    refusal = worker_credentials_refusal(type(adapter), adapter.config, backend.secrets, backend.owner)
+    if refusal:
+        raise CredentialsError(refusal)
+    if backend.secrets:
+        adapter.secrets = dict(backend.secrets)
+    return adapter
+
+
+def backend_queue(backend: ComputeBackend) -> str:
+    """The Celery queue whose workers reach ``backend`` (``Backend.queue``; "celery" if unknown)."""
+    try:
+        return registry.backend_class(backend.kind).queue
+    except (LookupError, ValueError, BackendError):
+        return "celery"
+
+
+def provider_job_name(job: TrainingJob) -> str:
+    """Deterministic, provider-safe job name: ``tb-job-<id>-<creation time, hex seconds>``.
+
+    Derived only from the row, so a retried submit finds the job its first attempt created. The
+    creation time keeps a fresh database (ids restarting at 1) from adopting an old run's job.
+    Lowercase letters, digits and hyphens, under 63 characters: valid on SageMaker, Vertex, Azure ML.
+    """
+    prefix = getattr(settings, "TRAINBOARD_JOB_NAME_PREFIX", "tb-job")
+    return f"{prefix}-{job.pk}-{int(job.created_at.timestamp()):x}"
+
+
+def job_spec(job: TrainingJob) -> JobSpec:
+    """The :class:`JobSpec` for a stored job (its frozen config and shape)."""
+    return JobSpec(
+        job_name=job.provider_job_name or provider_job_name(job),
+        config=job.config,
+        nodes=job.nodes,
+        procs_per_node=job.procs_per_node,
+        instance_type=job.instance_type,
+        spot=job.spot,
+        max_runtime_s=job.max_runtime_s,
+        dataset_uri=(job.config.get("data") or {}).get("uri", ""),
+        tags={"trainboard-job-id": str(job.pk), "trainboard-owner-id": str(job.owner_id)},
+    )
+
+
+
+def backend_secret_keys(kind: str) -> dict[str, bool]:
+    """The secret keys a backend of ``kind`` accepts, each mapped to whether it is required once any
+    secret is given (e.g. sagemaker: ``aws_access_key_id``/``aws_secret_access_key`` required,
+    ``aws_session_token`` optional). Declared by each adapter class as ``secret_keys``; {} for a kind
+    that stores no secret (gpubox) or is unknown."""
+    try:
+        return dict(getattr(registry.backend_class(kind), "secret_keys", None) or {})
+    except (LookupError, ValueError, BackendError):
+        return {}
+

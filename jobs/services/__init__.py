@@ -1,0 +1,51 @@
+"""Writes. Views, the API, admin actions and management commands call these functions; the worker
+side (:mod:`jobs.lifecycle`, :mod:`jobs.sync`) and the leaf modules they share (:mod:`jobs.adapters`,
+:mod:`jobs.dispatch`, :mod:`jobs.deadlines`, :mod:`jobs.validation`) live beside this package.
+
+One module per sub-domain: :mod:`~jobs.services.resources` (datasets, model specs, backends, their
+connection test and instance offers), :mod:`~jobs.services.prices` (the instance price catalog),
+:mod:`~jobs.services.training_jobs` (create, estimate, re-run, cancel). This package re-exports
+their public functions, so callers write ``services.training_job_create(...)``.
+
+Every function is keyword-only. Input errors raise :class:`django.core.exceptions.ValidationError`
+whose ``message_dict`` is keyed by the form/API field names (``__all__`` for the rest) with messages
+a user can act on, and nothing is written when they raise. Side effects outside the database (Celery
+messages, provider calls) happen after commit, so a rolled-back request never launches a cloud job.
+The contract is docs/internal-api.md.
+"""
+
+from jobs.services.prices import instance_price_save, instance_price_seed, instance_price_upsert
+from jobs.services.resources import (
+    backend_create,
+    backend_instance_offers,
+    backend_test_connection,
+    backend_update,
+    dataset_create,
+    dataset_update,
+    model_spec_create,
+    model_spec_update,
+)
+from jobs.services.training_jobs import (
+    training_job_cancel,
+    training_job_create,
+    training_job_estimate,
+    training_job_rerun,
+)
+
+__all__ = [
+    "backend_create",
+    "backend_instance_offers",
+    "backend_test_connection",
+    "backend_update",
+    "dataset_create",
+    "dataset_update",
+    "instance_price_save",
+    "instance_price_seed",
+    "instance_price_upsert",
+    "model_spec_create",
+    "model_spec_update",
+    "training_job_cancel",
+    "training_job_create",
+    "training_job_estimate",
+    "training_job_rerun",
+]

@@ -1,0 +1,500 @@
+"""Writes of training jobs: create (validate, price, store QUEUED, enqueue the submission), estimate,
+re-run and cancel. The worker's side of a job (submit, sync) is :mod:`jobs.lifecycle` and
+:mod:`jobs.sync`.
+
+Every function is keyword-only. Input errors raise :class:`django.core.exceptions.ValidationError`
+whose ``message_dict`` is keyed by the form/API field names (``__all__`` for the rest) with messages
+a user can act on, and nothing is written when they raise. Celery messages are sent after commit
+(:mod:`jobs.dispatch`), so a rolled-back request never launches a cloud job. The contract is
+docs/internal-api.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from cloud_adapters import registry
+from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, scheme_label, uri_scheme, with_article
+from jobs import cost as costs
+from jobs import dispatch, validation
+from jobs.adapters import backend_adapter, backend_queue, job_spec, provider_job_name
+from jobs.budgets import check_monthly_budgets
+from jobs.models import (
+    TERMINAL_STATE_VALUES,
+    ComputeBackend,
+    Dataset,
+    JobEvent,
+    JobStateChoices as S,
+    ModelSpec,
+    TrainingJob,
+)
+from jobs.states import transition
+from jobs.validation import ALL, Errors
+from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.registry import check_input_shape, validate_model_params
+from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
+
+log = logging.getLogger(__name__)
+
+
+# The trainer config a job freezes, and which form/API field each of its errors belongs to
+
+def _hyperparameters(errors: Errors, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    return validation.json_object(errors, "hyperparameters", value, what="Hyperparameters",
+                        example='{"train": {"optimizer": "adamw"}} (trainer config overrides)') or {}
+
+
+def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key != "params":
+            out[key] = _deep_merge(out[key], value)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}  # model params: merged one level
+        else:
+            out[key] = value
+    return out
+
+
+def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        keys.add(prefix + key)
+        if isinstance(value, Mapping):
+            keys |= _flatten_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+# The form/API field that owns each JobConfig field the service fills from its arguments.
+_CONFIG_FIELD_TO_ARG = {
+    "parallel.strategy": "strategy",
+    "parallel.nodes": "nodes",
+    "parallel.procs_per_node": "procs_per_node",
+    "parallel.pipeline_stages": "pipeline_stages",
+    "parallel.microbatches": "microbatches",
+    "parallel.pipeline_schedule": "pipeline_schedule",
+    "train.epochs": "epochs",
+    "train.batch_size": "batch_size",
+    "train.lr": "lr",
+    "train.seed": "seed",
+}
+
+
+def _pipeline_fields(pipeline_stages, microbatches, pipeline_schedule) -> dict[str, Any]:
+    """The pipeline's ``parallel`` fields that were given (None: the JobConfig default)."""
+    given = {"pipeline_stages": pipeline_stages, "microbatches": microbatches,
+             "pipeline_schedule": pipeline_schedule}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _config_error_field(dotted: str, overridden: set[str]) -> str:
+    """Which form field a JobConfig error belongs to (``dotted`` like ``train.epochs``)."""
+    if dotted in overridden or any(dotted.startswith(k + ".") for k in overridden):
+        return "hyperparameters"
+    if dotted in _CONFIG_FIELD_TO_ARG:
+        return _CONFIG_FIELD_TO_ARG[dotted]
+    if dotted.startswith("data."):
+        return "dataset"
+    if dotted.startswith("model."):
+        return "model_spec"
+    return "hyperparameters" if overridden else ALL
+
+
+# The labels the job form shows (and the service's own messages use) for the fields above.
+_ARG_LABELS = {
+    "strategy": "Strategy", "nodes": "Nodes", "procs_per_node": "Processes per node",
+    "pipeline_stages": "Pipeline stages", "microbatches": "Micro-batches", "pipeline_schedule": "Pipeline schedule",
+    "epochs": "Epochs", "batch_size": "Batch size", "lr": "Learning rate", "seed": "Seed",
+}
+
+
+def _config_message(dotted: str, field: str, text: str) -> str:
+    """``text`` (a JobConfig error, ``parallel.pipeline_stages: ...``) worded for ``field``: a field the
+    user filled in is named by its label (``Pipeline stages: ...``), as the form and the API ask for it;
+    in the hyperparameters the config path is what the user wrote, so it stays."""
+    label = _ARG_LABELS.get(field)
+    prefix = f"{dotted}:"
+    if label is None or not text.startswith(prefix):
+        return text
+    return f"{label}:{text[len(prefix):]}"
+
+
+def _add_config_error(errors: Errors, exc_or_msg: Any, overridden: set[str]) -> None:
+    text = str(exc_or_msg)
+    dotted = text.split(":", 1)[0].strip() if ":" in text else ""
+    field = _config_error_field(dotted, overridden) if dotted and " " not in dotted else (
+        "hyperparameters" if overridden else ALL
+    )
+    errors.add(field, _config_message(dotted, field, text))
+
+
+def _spec_error_field(message: str) -> str:
+    """The form field an adapter's InvalidSpec message is about (the message shows the arithmetic)."""
+    lowered = message.lower()
+    for needle, field in (
+        ("process", "procs_per_node"), ("node", "nodes"), ("spot", "spot"),
+        ("instance", "instance_type"), ("runtime", "max_runtime_s"), ("strateg", "strategy"),
+    ):
+        if needle in lowered:
+            return field
+    return ALL
+
+
+
+def _adapter_or_error(errors: Errors, backend: ComputeBackend | None) -> Backend | None:
+    if backend is None:
+        return None
+    if not backend.enabled:
+        errors.add("backend", f"Backend {backend.name} is disabled; enable it in the admin or choose another.")
+        return None
+    try:
+        return backend_adapter(backend)
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        errors.add("backend", f"Backend {backend.name} cannot be used: {exc}")
+        return None
+
+
+def _check_spec(errors: Errors, adapter: Backend, spec: JobSpec, strategy: str,
+                dataset: Dataset | None = None) -> None:
+    caps = adapter.capabilities
+    if strategy not in caps.strategies:
+        # An image whose torch is too old says which version the strategy needs (Backend.strategy_error).
+        errors.add("strategy", adapter.strategy_error(strategy) or (
+            f"This backend runs {', '.join(caps.strategies) or 'no strategy'}; {strategy!r} is not one of them."))
+    spec = _check_dataset_scheme(errors, adapter, spec, dataset)
+    try:
+        adapter.validate(spec)
+    except InvalidSpec as exc:
+        errors.add(_spec_error_field(str(exc)), str(exc))
+
+
+def _check_dataset_scheme(errors: Errors, adapter: Backend, spec: JobSpec, dataset: Dataset | None) -> JobSpec:
+    """An error on ``dataset`` when the adapter cannot read the scheme of ``spec.dataset_uri``
+    (``Backend.dataset_schemes``: an ``s3://`` dataset on a GPU box would fail at run time), naming
+    the dataset, the scheme and the backend kind. Returns the spec to validate further: without the
+    URI when it was refused, so the adapter does not report the same dataset a second time."""
+    scheme = uri_scheme(spec.dataset_uri)
+    if not spec.dataset_uri or scheme in adapter.dataset_schemes:
+        return spec
+    kind = registry.KINDS[adapter.kind].label if adapter.kind in registry.KINDS else adapter.kind
+    named = f"Dataset {dataset.name}" if dataset is not None and dataset.uri == spec.dataset_uri else "The dataset"
+    reads = " or ".join(sorted(scheme_label(s) for s in adapter.dataset_schemes)) or "no dataset URIs"
+    errors.add("dataset", f"{named} ({spec.dataset_uri[:200]}) cannot be read by {with_article(kind)} backend: "
+                          f"it reads {reads}, not {scheme_label(scheme)}. Choose a dataset stored where this "
+                          f"backend reads, or a backend that reads {scheme_label(scheme)}.")
+    return dataclasses.replace(spec, dataset_uri="")
+
+
+MAX_HOURLY_PRICE_USD = Decimal("999999.999999")
+"""The largest price per instance-hour the price columns hold (12 digits, 6 after the point)."""
+
+
+def _storable_price(usd_per_hour: Any) -> Decimal | None:
+    """``usd_per_hour`` as the price columns hold it, or None when they cannot (negative, NaN,
+    infinite, or past :data:`MAX_HOURLY_PRICE_USD`, where rounding it raised InvalidOperation)."""
+    try:
+        exact = Decimal(str(usd_per_hour))
+    except (InvalidOperation, ValueError, TypeError):
+        return None
+    if not exact.is_finite() or not 0 <= exact <= MAX_HOURLY_PRICE_USD:
+        return None
+    return costs.to_decimal(exact, costs.PRICE_FRACTION)
+
+
+def _hourly_price(errors: Errors, adapter: Backend, instance_type: str, spot: bool) -> Decimal:
+    try:
+        usd_per_hour = adapter.price(instance_type, spot)
+    except BackendError as exc:
+        errors.add("instance_type", str(exc))
+        return Decimal("0")
+    price = _storable_price(usd_per_hour)
+    if price is None:
+        # A backend's settings multiply its price (Vertex: accelerators per machine), so they can
+        # reach a figure no cost can be recorded for.
+        errors.add("backend", f"This backend prices an instance-hour at {usd_per_hour!r} USD, outside what Trainboard "
+                              f"records ($0 to ${MAX_HOURLY_PRICE_USD:,f}); check its settings, e.g. the "
+                              f"accelerators per machine.")
+        return Decimal("0")
+    return price
+
+
+def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: Decimal) -> Decimal | None:
+    """The on-demand price per instance-hour a job is compared with (``Backend.on_demand_price``):
+    ``hourly`` itself for an on-demand job; None when the catalog has no on-demand row (the job is
+    then compared at its own price, as jobs created before the figure was kept)."""
+    if not spot:
+        return hourly
+    try:
+        return _storable_price(adapter.on_demand_price(instance_type))
+    except BackendError:
+        return None
+
+
+def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,
+               procs_per_node: int, instance_type: str, spot: bool, max_runtime_s: int,
+               budget_usd: Decimal | None, hourly_price: Decimal, name: str,
+               rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None) -> TrainingJob:
+    """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
+    first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
+    refusal (ValidationError with the figures) writes nothing."""
+    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=hourly_price,
+                                       budget_usd=budget_usd)
+    errors = Errors()
+    validation.check_estimate(errors, estimate)
+    errors.raise_if_any()
+    with transaction.atomic():
+        check_monthly_budgets(owner=owner, team=team, estimate=estimate)
+        job = TrainingJob.objects.create(
+            owner=owner, team=team, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
+            rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
+            procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
+            max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
+            on_demand_price_usd=on_demand_price,
+            estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
+            state_entered_at=timezone.now(),
+        )
+        job.provider_job_name = provider_job_name(job)
+        job.save(update_fields=["provider_job_name"])
+        message = f"Re-run of job {rerun_of.pk}" if rerun_of else "Created"
+        JobEvent.objects.create(job=job, from_state="", to_state=S.QUEUED, message=message)
+        dispatch.submit_after_commit(job.pk, backend_queue(backend))
+    return job
+
+
+def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
+                        procs_per_node: int = 1, pipeline_stages: int | None = None,
+                        microbatches: int | None = None, pipeline_schedule: str | None = None,
+                        epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
+                        seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
+                        spot: bool = False, hyperparameters=None, name: str = "",
+                        rerun_of: TrainingJob | None = None, team=None) -> TrainingJob:
+    """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
+
+    ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
+    ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
+    ``{"train": {"optimizer": "adamw"}}``. The backend checks the shape (``Backend.validate``).
+    ``jobs.tasks.submit_job`` is sent to the backend's queue when the transaction commits.
+    ``team`` (a Team or its pk; None/"" = no team) must be one of the owner's teams: the job is then
+    shared with it and counts toward its monthly budget. A submission whose estimate would take the
+    owner's or the team's month-to-date spend past its monthly budget is refused with the figures
+    (``jobs.budgets``).
+    Raises ValidationError keyed by these argument names; writes nothing then.
+    """
+    errors = Errors()
+    dataset = validation.owned(errors, "dataset", Dataset, dataset, owner, "dataset")
+    model_spec = validation.owned(errors, "model_spec", ModelSpec, model_spec, owner, "model")
+    backend = validation.owned(errors, "backend", ComputeBackend, backend, owner, "backend")
+    team = validation.member_team(errors, team, owner)
+    nodes, procs_per_node, max_runtime_s = validation.shape_ints(errors, nodes, procs_per_node, max_runtime_s)
+    epochs = validation.whole_number(errors, "epochs", epochs, minimum=1, maximum=validation.MAX_EPOCHS,
+                                     label="Epochs")
+    batch_size = validation.whole_number(errors, "batch_size", batch_size, minimum=1,
+                                         maximum=validation.MAX_BATCH_SIZE, label="Batch size")
+    seed = validation.whole_number(errors, "seed", seed, minimum=0, maximum=validation.MAX_SEED, label="Seed")
+    lr = validation.positive_float(errors, "lr", lr, label="Learning rate")
+    budget = validation.budget(errors, budget_usd)
+    overrides = _hyperparameters(errors, hyperparameters)
+    instance_type = (instance_type or "").strip()
+    spot = bool(spot)
+    name = (name or "").strip()[:200]
+    for field, label, text in (("name", "Name", name), ("instance_type", "Instance type", instance_type)):
+        if (problem := validation.text_problem(text)) is not None:
+            errors.add(field, f"{label} {problem}")
+    if errors or dataset is None or model_spec is None:
+        errors.raise_if_any()
+
+    # The trainer config: data from the Dataset, model from the ModelSpec, shape and training from
+    # the arguments, then the user's overrides; the trainer's own schema validates the result.
+    base = {
+        "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
+                 "label_column": dataset.label_column or "label"},
+        "model": {"arch": model_spec.architecture, "params": dict(model_spec.params or {})},
+        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
+                     **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
+        "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
+    }
+    overridden = _flatten_keys(overrides)
+    config = None
+    try:
+        config = JobConfig.from_dict(_deep_merge(base, overrides))
+        config.model.params = validate_model_params(config.model.arch, config.model.params)
+    except ConfigError as exc:
+        _add_config_error(errors, exc, overridden)
+    if config is not None:
+        for dotted, message in config_errors(config).items():
+            field = _config_error_field(dotted, overridden)
+            errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
+    if config is None or errors:
+        errors.raise_if_any()
+    # Pending, not raised: the backend's checks below still run, so one submit shows both.
+    _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
+
+    # The frozen config is the truth; the row's shape columns mirror it (overrides included).
+    strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
+    adapter = _adapter_or_error(errors, backend)
+    if adapter is None:
+        errors.raise_if_any()
+    spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
+                   instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
+                   dataset_uri=config.data.uri)
+    _check_spec(errors, adapter, spec, strategy, dataset)
+    price = _hourly_price(errors, adapter, instance_type, spot)
+    errors.raise_if_any()
+    return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
+                      config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
+                      instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
+                      hourly_price=price, name=name, rerun_of=rerun_of, team=team,
+                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price))
+
+
+def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,
+                              overridden: set[str]) -> None:
+    """An error (on ``model_spec``, or ``hyperparameters`` when they chose the architecture) when the
+    job's architecture cannot take the dataset's samples, by the registry's own rule
+    (:func:`trainer_pkg.registry.check_input_shape`) on the shape read when the dataset was saved
+    (``Dataset.sample_shape``); the message names both shapes. Not checked when that shape is unknown
+    (a cloud URI) or the overrides point the job at other data."""
+    data = config.data
+    same_data = (data.format, data.uri) == (dataset.format, dataset.uri) and (
+        dataset.format != Dataset.Format.BUILTIN or data.name == dataset.builtin_name)
+    if dataset.sample_shape is None or not same_data:
+        return
+    try:
+        check_input_shape(config.model.arch, dataset.sample_shape)
+    except ConfigError as exc:
+        reason = str(exc).removeprefix("model.arch: ")
+        errors.add(_config_error_field("model.arch", overridden),
+                   f"Model {model_spec.name} does not fit dataset {dataset.name}: {reason}.")
+
+
+def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_node: int = 1,
+                          max_runtime_s: int = 3600, instance_type: str = "", spot: bool = False,
+                          strategy: str = "ddp", pipeline_stages: int | None = None,
+                          microbatches: int | None = None, pipeline_schedule: str | None = None,
+                          batch_size: int | None = None, model_spec: ModelSpec | None = None,
+                          budget_usd: Any = None) -> dict:
+    """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "arithmetic",
+    "money_places", "max_runtime_covers", "world_size", "message"}``; ``money_places`` (2 or 4) is
+    the one precision the estimate, its arithmetic and the budget are shown at.
+
+    Estimate = min(max runtime × instances (nodes) × hourly price, ``budget_usd``) — the budget only
+    when given (:func:`jobs.cost.estimate_cost_usd`); ``arithmetic`` is that sum in words
+    (:func:`jobs.cost.estimate_arithmetic`), ``max_runtime_covers`` what the backend's limit counts
+    (``Backend.max_runtime_covers``: start-up included). Raises ValidationError like
+    :func:`training_job_create` for a shape the backend cannot run, including the strategy's own
+    arithmetic (pipeline stages against ranks, micro-batches against the batch size and, with
+    ``model_spec``, stages against the model's layers), keyed by the same field names.
+    """
+    errors = Errors()
+    nodes, procs_per_node, max_runtime_s = validation.shape_ints(errors, nodes, procs_per_node, max_runtime_s)
+    if not isinstance(backend, ComputeBackend):
+        backend = ComputeBackend.objects.filter(pk=backend).first()
+        if backend is None:
+            errors.add("backend", "Choose one of your backends.")
+    errors.raise_if_any()
+    adapter = _adapter_or_error(errors, backend)
+    errors.raise_if_any()
+    spec = JobSpec(job_name="tb-job-estimate", config={}, nodes=nodes, procs_per_node=procs_per_node,
+                   instance_type=(instance_type or "").strip(), spot=bool(spot), max_runtime_s=max_runtime_s)
+    _check_spec(errors, adapter, spec, strategy)
+    _check_strategy_shape(errors, strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
+                          batch_size=batch_size, model_spec=model_spec,
+                          **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule))
+    price = _hourly_price(errors, adapter, spec.instance_type, spec.spot)
+    budget = validation.budget(errors, budget_usd)
+    errors.raise_if_any()
+    shape = dict(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price, budget_usd=budget)
+    estimate = costs.estimate_cost_usd(**shape)
+    validation.check_estimate(errors, estimate)
+    errors.raise_if_any()
+    world = nodes * procs_per_node
+    places = costs.usd_places(costs.job_cost_usd(billable_seconds=max_runtime_s, instances=nodes,
+                                                 hourly_price_usd=price), budget, estimate)
+    arithmetic = costs.estimate_arithmetic(**shape, places=places)
+    message = (f"{describe_world(nodes, procs_per_node)}; at most {arithmetic}"
+               + ("" if budget is not None else f" = {costs.format_usd(estimate, places)}"))
+    return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "arithmetic": arithmetic,
+            "money_places": places, "max_runtime_covers": type(adapter).max_runtime_covers,
+            "world_size": world, "message": message}
+
+
+def _check_strategy_shape(errors: Errors, *, strategy: str, nodes: int, procs_per_node: int,
+                          batch_size: int | None, model_spec: ModelSpec | None, **pipeline: Any) -> None:
+    """The JobConfig's shape errors (the trainer's own arithmetic) for the estimate's fields."""
+    raw: dict[str, Any] = {"parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
+                                        **pipeline}}
+    if batch_size is not None:
+        raw["train"] = {"batch_size": batch_size}
+    if model_spec is not None:
+        raw["model"] = {"arch": model_spec.architecture, "params": dict(model_spec.params or {})}
+    try:
+        config = JobConfig.from_dict(raw)
+    except ConfigError as exc:
+        _add_config_error(errors, exc, set())
+        return
+    found = shape_errors(config, world_size=nodes * procs_per_node, world_desc=describe_world(nodes, procs_per_node),
+                         check_layers=model_spec is not None)
+    for dotted, message in found.items():
+        errors.add(_config_error_field(dotted, set()), message)
+
+
+def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
+    """A new QUEUED job with ``job``'s frozen config and shape (``rerun_of=job``), priced now; for
+    ``job``'s team while the owner is still a member of it. The monthly budgets are checked as for a
+    new job (ValidationError with the figures)."""
+    errors = Errors()
+    if job.owner_id != getattr(owner, "pk", None):
+        errors.add(ALL, "You can only re-run your own jobs.")
+        errors.raise_if_any()
+    backend = job.backend
+    adapter = _adapter_or_error(errors, backend)
+    errors.raise_if_any()
+    spec = job_spec(job)
+    _check_spec(errors, adapter, spec, job.strategy, job.dataset)
+    price = _hourly_price(errors, adapter, job.instance_type, job.spot)
+    errors.raise_if_any()
+    return _store_job(owner=owner, dataset=job.dataset, model_spec=job.model_spec, backend=backend,
+                      config=dict(job.config), strategy=job.strategy, nodes=job.nodes,
+                      procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,
+                      max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
+                      on_demand_price=_on_demand_price(adapter, job.instance_type, job.spot, price),
+                      name=rerun_name(job), rerun_of=job,
+                      team=job.team if job.team_id and job.team.members.filter(pk=owner.pk).exists() else None)
+
+
+def rerun_name(job: TrainingJob) -> str:
+    """``<name> (re-run of #<id>)``; re-running a re-run replaces the suffix instead of stacking it."""
+    base = re.sub(r" \(re-run of #\d+\)$", "", job.name or f"job-{job.pk}")
+    return f"{base} (re-run of #{job.pk})"
+
+
+def training_job_cancel(*, job: TrainingJob, reason: str = "Cancelled by user") -> TrainingJob:
+    """Stop ``job``. QUEUED → CANCELLED at once; SUBMITTING/PENDING/RUNNING → STOPPING and
+    ``jobs.tasks.cancel_job`` asks the provider (CANCELLED when a later sync confirms it); STOPPING
+    → re-sends the cancel. A terminal job raises ValidationError."""
+    for _ in range(3):
+        state = job.state
+        if state in TERMINAL_STATE_VALUES:
+            raise ValidationError({ALL: [f"Job {job.pk} already ended ({state}); there is nothing to cancel."]})
+        now = timezone.now()
+        if state == S.QUEUED:
+            if transition(job, S.CANCELLED, message=reason, failure_reason=reason, cancel_requested_at=now):
+                return job
+            continue
+        if state == S.STOPPING:
+            dispatch.cancel_after_commit(job.pk, backend_queue(job.backend))
+            return job
+        if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now):
+            dispatch.cancel_after_commit(job.pk, backend_queue(job.backend))
+            return job
+    return job

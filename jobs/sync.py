@@ -1,0 +1,420 @@
+"""The sync: one pass over a backend's active jobs (the body of ``jobs.tasks.sync_backend``, which
+beat sends every ``TRAINBOARD_SYNC_INTERVAL_S``).
+
+One ``describe_many`` for all of them; per job whose status changed or whose log this pass reads:
+new log lines and metric points stored (:func:`metric_points_from_record`), then the provider state
+applied through the state machine with times, billable seconds and cost recomputed absolutely
+(never ``+=``); a job whose cost reached its budget is stopped. The jobs left out and not read are
+written in one statement on PostgreSQL (:func:`_sync_unchanged`). Terminal states stop syncing.
+
+The worker side: nothing here is called from a request.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any, Mapping
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from cloud_adapters.base import Backend, BackendError, JobHandle, JobState, JobStatus
+from jobs import cost as costs
+from jobs.adapters import backend_adapter
+from jobs.models import (
+    ACTIVE_STATE_VALUES,
+    INTERRUPTION,
+    TERMINAL_STATE_VALUES,
+    ComputeBackend,
+    JobLogLine,
+    JobStateChoices as S,
+    MetricPoint,
+    TrainingJob,
+)
+from jobs.states import is_allowed, transition
+from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
+
+log = logging.getLogger(__name__)
+
+_GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr",
+                   "wait_for_slowest_s")
+_RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s",
+                 "rank_sync_wait_s", "rank_pipeline_stage", "rank_stage_layers")
+_METRIC_EVENTS = {"step", "epoch", "failed"}
+_MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _when(record: Mapping[str, Any], default: dt.datetime) -> dt.datetime:
+    t = _number(record.get("time"))
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc) if t is not None else default
+
+
+def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: dt.datetime) -> list[MetricPoint]:
+    """MetricPoint rows for one trainer record (schema: trainer_pkg/metrics.py).
+
+    Global values become rows with ``rank`` NULL; ``rank_*`` lists one row per rank. Only ``step``,
+    ``epoch`` and ``failed`` records carry series (``started``/``completed`` mark times and would
+    duplicate). A value the trainer reported as non-finite (named in the record's ``nonfinite``, or
+    a NaN/Infinity literal from an older trainer) becomes a row with ``value`` None: the chart's gap.
+    """
+    if record.get("event") not in _METRIC_EVENTS:
+        return []
+    step = record.get("step")
+    step = int(step) if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
+    epoch = record.get("epoch")
+    epoch = int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
+    at = _when(record, now)
+    flagged = record.get("nonfinite")
+    flagged = {n for n in flagged if isinstance(n, str)} if isinstance(flagged, list) else set()
+    points = []
+
+    def add(name: str, raw: Any, rank: int | None) -> None:
+        value = _number(raw)
+        nonfinite = (raw is None and name in flagged) or (isinstance(raw, float) and value is None)
+        if value is not None or nonfinite:
+            points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank, value=value,
+                                      recorded_at=at))
+
+    for name in _GLOBAL_METRICS:
+        add(name, record.get(name), None)
+    bad_step = record.get("nonfinite_step")
+    if (record.get("event") == "failed" and isinstance(bad_step, int) and not isinstance(bad_step, bool)
+            and 0 <= bad_step < step):
+        # A diverged run's first non-finite loss, steps before the failed record: the chart marks
+        # the step the reason names ("loss became NaN at step 2"), not only where the run stopped.
+        points.append(MetricPoint(job=job, name="train_loss", step=bad_step, epoch=epoch, rank=None,
+                                  value=None, recorded_at=at))
+    for name in _RANK_METRICS:
+        values = record.get(name)
+        if isinstance(values, list):
+            for rank, raw in enumerate(values):
+                add(name, raw, rank)
+    return points
+
+
+def _trainer_failure_reason(job: TrainingJob) -> str | None:
+    """The reason the trainer gave when it stopped the run itself (its ``failed`` record, e.g. "loss
+    became NaN at step 12"), from the job's stored log; None when it gave none."""
+    texts = (JobLogLine.objects.filter(job_id=job.pk, text__contains=METRIC_PREFIX)
+             .filter(text__contains='"event":"failed"').order_by("-seq").values_list("text", flat=True)[:1])
+    for text in texts:
+        record = parse_metric_line(text) or {}
+        reason = record.get("reason")
+        if isinstance(reason, str) and reason.strip():
+            return reason.strip()[:500]
+    return None
+
+
+def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime) -> tuple[int, dt.datetime | None]:
+    """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step time)."""
+    log_rows, points, first_step = [], [], None
+    for line in lines:
+        text = str(line).replace("\x00", "")  # PostgreSQL text cannot hold NUL
+        log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
+        next_seq += 1
+        record = parse_metric_line(text)
+        if record is None:
+            continue
+        if record.get("event") == "started" and first_step is None:
+            first_step = _when(record, now)
+        points.extend(metric_points_from_record(job, record, now))
+    JobLogLine.objects.bulk_create(log_rows)
+    MetricPoint.objects.bulk_create(points)
+    return next_seq, first_step
+
+
+def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime) -> bool:
+    """Read ``logs(handle, cursor)`` until empty; True when drained (False: a backlog remains)."""
+    cursor = job.log_cursor
+    last = job.log_lines.aggregate(m=Max("seq"))["m"]
+    next_seq = 0 if last is None else last + 1
+    for _ in range(_MAX_LOG_CALLS):
+        lines, new_cursor = adapter.logs(handle, cursor)
+        if not lines:
+            if new_cursor != cursor:
+                job.log_cursor = new_cursor or ""
+                TrainingJob.objects.filter(pk=job.pk).update(log_cursor=job.log_cursor)
+            return True
+        next_seq, first_step = _ingest_lines(job, lines, next_seq, now)
+        cursor = new_cursor
+        update = {"log_cursor": cursor or ""}
+        if first_step is not None and job.first_step_at is None:
+            update["first_step_at"] = job.first_step_at = first_step
+        job.log_cursor = cursor or ""
+        TrainingJob.objects.filter(pk=job.pk).update(**update)
+    return False
+
+
+def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dict[str, Any]:
+    """Columns to write from a provider status; cost recomputed absolutely from them."""
+    target = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    terminal = target in TERMINAL_STATE_VALUES
+    started_at = status.started_at or job.started_at
+    ended_at = (status.ended_at or job.ended_at or now) if terminal else None
+    billable = status.billable_seconds
+    if billable is None:
+        billable = costs.run_seconds(started_at, ended_at, now)
+    instances = max(int(status.instance_count or job.nodes), 1)
+    fields: dict[str, Any] = {
+        "raw_state": (status.raw_state or "")[:100],
+        "secondary_state": (status.secondary_state or "")[:100],
+        "status_warning": status.warning or "",
+        "started_at": started_at,
+        "billable_seconds": float(billable),
+        "instance_count": instances,
+        "cost_usd": costs.job_cost_usd(billable_seconds=billable, instances=instances,
+                                       hourly_price_usd=job.hourly_price_usd),
+        "last_synced_at": now,
+    }
+    if status.training_seconds is not None:
+        fields["training_seconds"] = float(status.training_seconds)
+    if terminal:
+        fields["ended_at"] = ended_at
+    if target == S.FAILED:
+        reason = status.failure_reason or job.failure_reason or (
+            f"The backend reported the job failed ({status.raw_state or 'no reason given'}).")
+        # The trainer's own reason (a diverged loss) is what the user acts on; a cloud's reason is
+        # generic ("exited with a non-zero status of 1"), so it follows as the detail.
+        trainer_reason = _trainer_failure_reason(job)
+        if trainer_reason and trainer_reason not in reason:
+            reason = f"{trainer_reason} (the backend reported: {reason})"
+        fields["failure_reason"] = reason
+    elif target == S.CANCELLED:
+        fields["failure_reason"] = job.failure_reason or status.failure_reason or "Cancelled"
+    return fields
+
+
+def _unchanged_fields(job: TrainingJob, now: dt.datetime) -> dict[str, Any]:
+    """Columns to write for a job ``describe_many`` left out (unchanged since ``changed_since``, or
+    not found): the sync time and, while it runs, its cost so far from the run interval (start →
+    now) — recomputed absolutely, never incremented. The provider's own billable seconds arrive
+    with the status that reports them."""
+    fields: dict[str, Any] = {"last_synced_at": now}
+    if job.state == S.RUNNING and job.started_at is not None:
+        billable = costs.run_seconds(job.started_at, None, now)
+        fields["billable_seconds"] = billable
+        fields["cost_usd"] = costs.job_cost_usd(billable_seconds=billable, instances=job.instance_count,
+                                                hourly_price_usd=job.hourly_price_usd)
+    return fields
+
+
+def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime,
+              read_logs: bool = True) -> None:
+    handle = JobHandle.from_dict(job.provider_handle)
+    drained = True
+    if read_logs or status is not None:  # a changed job's log is always read (its end needs all of it)
+        drained = _drain_logs(adapter, job, handle, now)
+        TrainingJob.objects.filter(pk=job.pk).update(logs_read_at=now)
+    if status is None:  # unchanged since the last sync, or not found: state left as it is
+        fields = _unchanged_fields(job, now)
+        TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
+        job.refresh_from_db()
+        _enforce_budget(adapter, job, handle)
+        return
+    target = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    if target in TERMINAL_STATE_VALUES and not drained:
+        # Apply the final state only once every log line (and metric) is stored.
+        TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now)
+        return
+    fields = _status_fields(job, status, now)
+    if (target in TERMINAL_STATE_VALUES and job.state in (S.SUBMITTING, S.PENDING)
+            and job.first_step_at is not None):
+        # It ran and ended between two syncs; the trainer's "started" record is in the log we just
+        # stored, so the history says so rather than jumping PENDING → SUCCEEDED.
+        transition(job, S.RUNNING, message="first step logged", started_at=fields["started_at"])
+    # An unknown provider state reads as PENDING (with a warning) only so that a job that never ran
+    # is not shown RUNNING; for a running job it is no interruption: it stays RUNNING, warning shown.
+    unsure_interruption = (str(job.state), target) == INTERRUPTION and bool(status.warning)
+    if target != job.state and is_allowed(job.state, target) and not unsure_interruption:
+        message = " / ".join(x for x in (status.raw_state, status.secondary_state) if x)
+        if target in (S.FAILED,) and fields.get("failure_reason"):
+            message = f"{message}: {fields['failure_reason']}" if message else fields["failure_reason"]
+        transition(job, target, message=message[:2000], **fields)
+    else:
+        # Same state, or a move the machine refuses (the provider still says RUNNING while we are
+        # STOPPING): refresh the numbers only.
+        fields = {k: v for k, v in fields.items() if k not in ("ended_at", "failure_reason")}
+        TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
+        job.refresh_from_db()
+    _enforce_budget(adapter, job, handle)
+
+
+def _enforce_budget(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
+    """Stop a PENDING/RUNNING job whose cost reached its budget: → STOPPING with
+    ``budget_exceeded_at`` and the reason "Stopped: budget of $X reached at $Y" (Y = its cost then)."""
+    if job.budget_usd is None or job.state not in (S.PENDING, S.RUNNING) or job.cost_usd < job.budget_usd:
+        return
+    places = job.money_places  # as the job page shows its cost and budget beside this reason
+    reason = (f"Stopped: budget of {costs.format_usd(job.budget_usd, places)} reached at "
+              f"{costs.format_usd(job.cost_usd, places)}")
+    now = timezone.now()
+    if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now,
+                  budget_exceeded_at=now):
+        _send_cancel(adapter, job, handle)
+
+
+def _send_cancel(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
+    try:
+        adapter.cancel(handle)
+    except BackendError as exc:
+        log.warning("job %s: cancel not sent this sync (%s); the next sync retries", job.pk, exc)
+
+
+_UNCHANGED_SQL = """
+WITH synced AS (
+    UPDATE {table} AS j SET
+        last_synced_at = %(now)s,
+        billable_seconds = CASE WHEN j.state = %(running)s AND j.started_at IS NOT NULL
+            THEN GREATEST(EXTRACT(EPOCH FROM (%(now)s - j.started_at)), 0)::double precision
+            ELSE j.billable_seconds END,
+        cost_usd = CASE WHEN j.state = %(running)s AND j.started_at IS NOT NULL
+            THEN ROUND(CAST(GREATEST(EXTRACT(EPOCH FROM (%(now)s - j.started_at)), 0)::numeric
+                            * j.instance_count * j.hourly_price_usd AS numeric(65, 30)) / 3600, 4)
+            ELSE j.cost_usd END
+    FROM (SELECT id FROM {table} WHERE id = ANY(%(ids)s) AND state = ANY(%(active)s)
+          ORDER BY id FOR UPDATE SKIP LOCKED) AS free
+    WHERE j.id = free.id
+    RETURNING j.id, j.state, j.cost_usd, j.budget_usd
+)
+SELECT id FROM synced
+WHERE state = ANY(%(budgeted)s) AND budget_usd IS NOT NULL AND cost_usd >= budget_usd
+ORDER BY id
+"""
+
+
+def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
+    """Write :func:`_unchanged_fields` for every job of ``job_ids`` in one statement, and return the
+    ids of those whose cost now reaches their budget (the caller stops them, one by one).
+
+    For the jobs ``describe_many`` left out whose logs this pass does not read: at 10,000 active
+    jobs, locking, updating and re-reading each row made a pass take 40–80 s (31,000 statements)
+    (bench/RESULTS.md, Scale). The values are those of the per-job path, computed by PostgreSQL from
+    the row under its lock: ``now − started_at`` in seconds (exact microseconds, as
+    ``timedelta.total_seconds``), cost = ROUND(seconds × instance_count × hourly_price_usd / 3600, 4),
+    half away from zero = half up for costs ≥ 0 (:func:`jobs.cost.job_cost_usd`), with a scale of 30
+    before the division so nothing is rounded twice. Recomputed absolutely, never added to. A row
+    another sync or a transition holds is skipped (``SKIP LOCKED``), as the per-job lock does, and so
+    is a job no longer active. PostgreSQL only: the caller uses the per-job path elsewhere.
+    """
+    if not job_ids:
+        return []
+    sql = _UNCHANGED_SQL.format(table=connection.ops.quote_name(TrainingJob._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"now": now, "running": S.RUNNING.value, "ids": list(job_ids),
+                             "active": list(ACTIVE_STATE_VALUES),
+                             "budgeted": [S.PENDING.value, S.RUNNING.value]})
+        return [row[0] for row in cursor.fetchall()]
+
+
+SYNC_MARGIN = dt.timedelta(seconds=60)
+"""Overlap between syncs: provider modification times and our clock may disagree by this much."""
+
+
+def sync_changed_since(jobs: list[TrainingJob]) -> dt.datetime | None:
+    """``changed_since`` for ``describe_many``: the oldest ``last_synced_at`` among ``jobs`` minus
+    :data:`SYNC_MARGIN`, or None when any of them has never been synced (it must be described)."""
+    synced = [job.last_synced_at for job in jobs]
+    if not synced or any(at is None for at in synced):
+        return None
+    return min(synced) - SYNC_MARGIN
+
+
+def log_readers(jobs: list[TrainingJob], changed: set[str], limit: int) -> set[int]:
+    """Ids of the jobs whose logs one sync pass reads: every job whose status ``changed`` (by provider
+    job name) and at most ``limit`` of the others, least recently read first (never read = first), so
+    at 10,000 active jobs a pass makes ``changed + limit`` log reads, not 10,000, and every job's log
+    is still read every ``active / limit`` passes."""
+    never = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    ids = {j.pk for j in jobs if (j.provider_handle or {}).get("job_name", "") in changed}
+    rest = sorted((j for j in jobs if j.pk not in ids), key=lambda j: (j.logs_read_at or never, j.pk))
+    return ids | {j.pk for j in rest[:max(limit, 0)]}
+
+
+def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
+    """One sync pass over a backend's active jobs (the body of ``jobs.tasks.sync_backend``).
+
+    One ``describe_many`` call for all of them, with ``changed_since`` from :func:`sync_changed_since`
+    so an adapter may list only the jobs that changed. STOPPING jobs get their cancel re-sent. Per
+    job whose status changed or whose log this pass reads (row locked, skipped if another sync holds
+    it): new log lines and metric points are stored, then the provider state is applied through the
+    state machine with times, billable and training seconds, instance count and cost recomputed
+    absolutely. A job left out of the result keeps its state and, while RUNNING, its cost so far is
+    recomputed from the run interval; its log is read when it is among the
+    ``TRAINBOARD_LOG_READS_PER_SYNC`` least recently read (:func:`log_readers`). The rest (left out
+    and not read) are written in one statement (:func:`_sync_unchanged`), so the pass's database
+    work grows with the changed jobs, not the active ones. A job whose cost reached its budget is
+    stopped in this pass, whichever way it was written.
+
+    ``bulk=False`` (and any database but PostgreSQL) writes every job by the per-job path; the
+    results are the same (bench/sync_db.py compares the two).
+    A backend whose adapter cannot be built (:func:`backend_adapter` raises a non-transient
+    BackendError, e.g. it may not use the worker's identity) is not called at all: its jobs keep
+    their state and get a ``status_warning`` saying why they are not followed.
+    Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
+    """
+    backend = ComputeBackend.objects.get(pk=backend_id)
+    # Only what this loop reads (each job is re-read, locked, before it is synced): at 10,000 active
+    # jobs the frozen configs alone would be most of the worker's memory (bench/sync_memory.py).
+    jobs = list(
+        TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
+        .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
+        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at")
+    )
+    if not jobs:
+        return 0
+    try:
+        adapter = backend_adapter(backend)
+    except BackendError as exc:
+        if exc.transient:
+            raise
+        # E.g. a backend that may not use the worker's identity (stored before that rule): its jobs
+        # are not touched (no provider call at all); each says why it is no longer followed.
+        log.warning("backend %s: not synced: %s", backend.pk, exc)
+        TrainingJob.objects.filter(pk__in=[job.pk for job in jobs]).update(
+            status_warning=f"Not synced: backend {backend.name} cannot be used: {exc} Until then this job "
+                           f"is not followed or stopped from here; check it in the provider's console.")
+        return len(jobs)
+    for job in jobs:
+        if job.state == S.STOPPING:
+            # Re-sent every sync: idempotent, and lets a gpubox escalate SIGTERM to SIGKILL.
+            _send_cancel(adapter, job, JobHandle.from_dict(job.provider_handle))
+    statuses = adapter.describe_many([JobHandle.from_dict(j.provider_handle) for j in jobs],
+                                     changed_since=sync_changed_since(jobs))
+    now = timezone.now()
+    readers = log_readers(jobs, set(statuses), settings.TRAINBOARD_LOG_READS_PER_SYNC)
+
+    def changed_or_read(job: TrainingJob) -> bool:
+        return job.pk in readers or job.provider_handle.get("job_name", "") in statuses
+
+    one_by_one = jobs
+    if bulk and connection.vendor == "postgresql":
+        over_budget = set(_sync_unchanged([job.pk for job in jobs if not changed_or_read(job)], now))
+        # Those over budget go through the per-job path too: it writes the same values again, then
+        # stops them (in this pass, as if they had been written one by one).
+        one_by_one = [job for job in jobs if changed_or_read(job) or job.pk in over_budget]
+    for job in one_by_one:
+        with transaction.atomic():
+            locked = (TrainingJob.objects.select_for_update(skip_locked=True)
+                      .filter(pk=job.pk, state__in=ACTIVE_STATE_VALUES).first())
+            if locked is None:
+                continue
+            try:
+                _sync_one(adapter, locked, statuses.get(locked.provider_handle.get("job_name", "")), now,
+                          read_logs=locked.pk in readers)
+            except BackendError as exc:
+                if not exc.transient:
+                    log.warning("job %s: sync error: %s", job.pk, exc)
+                    TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Sync error: {exc}")
+                else:
+                    log.info("job %s: transient sync error, next sync retries: %s", job.pk, exc)
+    return len(jobs)
