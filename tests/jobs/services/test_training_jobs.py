@@ -1,18 +1,15 @@
-"""jobs/services.py: validation (field keys, nothing written), enqueue after commit, submit, cancel."""
+"""jobs/services/training_jobs.py: create (field keys, nothing written, enqueue after commit), estimate,
+re-run and cancel."""
 
 import json
-import time
 from decimal import Decimal
-from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from cloud_adapters.base import CredentialsError, JobHandle, Throttled
-from cloud_adapters.gpubox import GpuBoxBackend
-from jobs import adapters, dispatch, lifecycle, services, tasks
-from jobs.models import Dataset, JobEvent, JobStateChoices as S, TrainingJob
+from jobs import dispatch, services
+from jobs.models import JobEvent, JobStateChoices as S, TrainingJob
 from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
@@ -27,6 +24,7 @@ def _create(user, dataset, model, backend, **kw):
 
 def _errors(excinfo) -> dict:
     return excinfo.value.message_dict
+
 
 
 # --- create: validation --------------------------------------------------------------------
@@ -236,104 +234,3 @@ def test_cancel_running_goes_stopping_and_enqueues(user, digits_dataset, cnn_mod
             services.training_job_cancel(job=job, reason="enough")
     assert job.state == S.STOPPING and job.failure_reason == "enough" and job.cancel_requested_at
     send.assert_called_once_with(args=[job.pk], queue="gpubox")
-
-
-# --- submit ------------------------------------------------------------------------------------
-
-
-def test_submit_failure_is_failed_with_message(user, digits_dataset, cnn_model, local_backend):
-    with sent_tasks(dispatch.SUBMIT_JOB):
-        job = _create(user, digits_dataset, cnn_model, local_backend)
-    with mock.patch.object(GpuBoxBackend, "submit", side_effect=CredentialsError("no key; run aws configure")):
-        tasks.submit_job(job.pk)
-    job.refresh_from_db()
-    assert job.state == S.FAILED and job.failure_reason == "no key; run aws configure"
-    assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "FAILED"]
-
-
-def test_submit_transient_error_is_retried_not_failed(user, digits_dataset, cnn_model, local_backend):
-    with sent_tasks(dispatch.SUBMIT_JOB):
-        job = _create(user, digits_dataset, cnn_model, local_backend)
-    with mock.patch.object(GpuBoxBackend, "submit", side_effect=Throttled("slow down")), \
-            mock.patch.object(tasks.submit_job, "retry", side_effect=RuntimeError("retry scheduled")) as retry:
-        with pytest.raises(RuntimeError, match="retry scheduled"):
-            tasks.submit_job(job.pk)
-    assert retry.call_count == 1
-    job.refresh_from_db()
-    assert job.state == S.SUBMITTING and "slow down" in job.status_warning
-    # The retry resumes the SUBMITTING job.
-    with mock.patch.object(GpuBoxBackend, "submit", return_value=JobHandle("gpubox", job.provider_job_name)):
-        lifecycle.training_job_submit(job=job, retrying=True)
-    assert job.state == S.PENDING
-
-
-def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_model, local_backend, run_root,
-                                                    wait_until, live_processes):
-    with sent_tasks(dispatch.SUBMIT_JOB):
-        job = _create(user, digits_dataset, cnn_model, local_backend, epochs=50)
-    original = GpuBoxBackend.submit
-    with mock.patch.object(GpuBoxBackend, "submit", autospec=True, side_effect=original) as submit:
-        tasks.submit_job(job.pk)
-        tasks.submit_job(job.pk)  # a duplicate delivery of the same message
-    assert submit.call_count == 1
-    job.refresh_from_db()
-    assert job.state == S.PENDING
-    assert job.provider_handle["job_name"] == job.provider_job_name
-    run_dir = run_root / job.provider_job_name
-    assert [p.name for p in run_root.iterdir()] == [job.provider_job_name]
-
-    def torchruns():  # torchrun itself, not the supervisor whose argv carries its command line
-        return [p for p in live_processes(str(run_dir))
-                if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-m", b"torch.distributed.run"]]
-
-    try:
-        wait_until(torchruns, timeout=30, what="torchrun to start")
-        time.sleep(0.5)  # a second torchrun would have been spawned by now
-        assert len(torchruns()) == 1
-        assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "PENDING"]
-    finally:
-        adapters.backend_adapter(local_backend).cancel(JobHandle.from_dict(job.provider_handle))
-        wait_until(lambda: (run_dir / "exit.json").exists(), timeout=30, what="the run to stop")
-        wait_until(lambda: not live_processes(str(run_dir)), timeout=30, what="processes to exit")
-
-
-# --- datasets, models, backends ----------------------------------------------------------------
-
-
-def test_dataset_validation(user, tmp_path):
-    with pytest.raises(ValidationError) as excinfo:
-        services.dataset_create(owner=user, name="d", format="builtin", builtin_name="mnist")
-    assert "builtin_name" in excinfo.value.message_dict
-    with pytest.raises(ValidationError) as excinfo:
-        services.dataset_create(owner=user, name="d", format="npz")
-    assert "uri" in excinfo.value.message_dict
-    with pytest.raises(ValidationError) as excinfo:
-        services.dataset_create(owner=user, name="d", format="npz", uri=str(tmp_path / "missing.npz"))
-    assert "does not exist" in excinfo.value.message_dict["uri"][0]
-    services.dataset_create(owner=user, name="d", format="builtin", builtin_name="digits")
-    with pytest.raises(ValidationError) as excinfo:
-        services.dataset_create(owner=user, name="d", format="builtin", builtin_name="digits")
-    assert "already have" in excinfo.value.message_dict["name"][0]
-    with pytest.raises(ValidationError) as excinfo:
-        services.dataset_create(owner=user, name="not a slug", format="builtin", builtin_name="digits")
-    assert "name" in excinfo.value.message_dict
-    assert Dataset.objects.count() == 1
-
-
-def test_model_and_backend_validation(user):
-    with pytest.raises(ValidationError) as excinfo:
-        services.model_spec_create(owner=user, name="m", architecture="transformer")
-    assert "architecture" in excinfo.value.message_dict
-    with pytest.raises(ValidationError) as excinfo:
-        services.model_spec_create(owner=user, name="m", architecture="cnn", params={"channels": 0})
-    assert "params" in excinfo.value.message_dict
-    spec = services.model_spec_create(owner=user, name="m", architecture="mlp", params={"hidden_size": 8})
-    assert spec.params == {"hidden_size": 8, "num_layers": 2, "dropout": 0.0}
-    with pytest.raises(ValidationError) as excinfo:
-        services.backend_create(owner=user, name="b", kind="nope")
-    assert "kind" in excinfo.value.message_dict
-    with pytest.raises(ValidationError) as excinfo:
-        services.backend_create(owner=user, name="b", kind="gpubox", config={"hourly_rate_usd": -1})
-    assert excinfo.value.message_dict["config.hourly_rate_usd"] == ["Hourly rate (USD): must be 0 to 100,000 USD per node-hour, got -1."]
-    backend = services.backend_create(owner=user, name="b", kind="gpubox", config={"max_procs_per_node": 2})
-    assert backend.config == {"max_procs_per_node": 2}  # run_root comes from this host's settings

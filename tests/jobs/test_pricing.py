@@ -1,5 +1,6 @@
 """The admin-managed price catalog: InstancePrice rows, DatabasePriceCatalog over the shipped CSV,
-``load_prices`` (and the demo's seeding), the admin, and adapters priced from the database."""
+``load_prices`` (and the demo's seeding), the admin, and adapters priced from the database. The
+catalog's writes themselves: tests/jobs/services/test_prices.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import io
 from decimal import Decimal
 
 import pytest
-from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import IntegrityError, transaction
 from django.urls import reverse
@@ -122,19 +122,6 @@ def test_load_prices_seeds_the_shipped_rows_and_is_idempotent():
     call_command("load_prices", "--overwrite", stdout=out)
     assert f"0 added, 1 updated, {len(SHIPPED) - 1} already stored" in out.getvalue()
     assert (stored().usd_per_hour, stored().confirmed) == (Decimal("1.408400"), False)
-
-
-def test_upsert_refuses_a_bad_row_and_writes_nothing():
-    rows = [PriceRow("aws", "us-east-1", "ml.ok", Decimal("1.0")),
-            PriceRow("aws", "us-east-1", "ml.bad", Decimal("-1")),
-            PriceRow("ibm", "dal10", "bx2", Decimal("1.0"), as_of="yesterday")]
-    with pytest.raises(ValidationError) as caught:
-        services.instance_price_upsert(rows=rows)
-    errors = caught.value.message_dict
-    assert errors["usd_per_hour"] == ["aws us-east-1 ml.bad: USD per hour must be a number ≥ 0, got Decimal('-1')."]
-    assert errors["provider"] == ["ibm dal10 bx2: provider must be one of aws, gcp, azure, got 'ibm'."]
-    assert errors["as_of"] == ["ibm dal10 bx2: as_of 'yesterday' is not a date (YYYY-MM-DD)."]
-    assert InstancePrice.objects.count() == 0
 
 
 def test_demo_seeds_prices_after_migrating(monkeypatch, settings, tmp_path):
