@@ -174,7 +174,6 @@ def job_spec(job: TrainingJob) -> JobSpec:
     )
 
 
-
 def backend_secret_keys(kind: str) -> dict[str, bool]:
     """The secret keys a backend of ``kind`` accepts, each mapped to whether it is required once any
     secret is given (e.g. sagemaker: ``aws_access_key_id``/``aws_secret_access_key`` required,

@@ -45,7 +45,10 @@ from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
 log = logging.getLogger(__name__)
 
 
+# =============================================================================================
 # The trainer config a job freezes, and which form/API field each of its errors belongs to
+# =============================================================================================
+
 
 def _hyperparameters(errors: Errors, value: Any) -> dict[str, Any]:
     if value is None:
@@ -150,6 +153,10 @@ def _spec_error_field(message: str) -> str:
     return ALL
 
 
+# =============================================================================================
+# The backend's checks and price
+# =============================================================================================
+
 
 def _adapter_or_error(errors: Errors, backend: ComputeBackend | None) -> Backend | None:
     if backend is None:
@@ -238,6 +245,11 @@ def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: D
         return _storable_price(adapter.on_demand_price(instance_type))
     except BackendError:
         return None
+
+
+# =============================================================================================
+# Create, estimate, re-run, cancel
+# =============================================================================================
 
 
 def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,
