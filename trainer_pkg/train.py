@@ -89,6 +89,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import time
 import traceback
@@ -1247,7 +1248,7 @@ def cli_flags() -> list[CliFlag]:
 def _add_flag(group: Any, flag: CliFlag, cls: type, default: Any) -> None:
     """Add ``flag`` to ``group``, typed, with choices and help from the field's declaration in ``cls``."""
     hint = typing.get_type_hints(cls)[flag.field]
-    doc = field_docs(cls).get(flag.field, "").replace("``", "")
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", field_docs(cls).get(flag.field, "")).replace("``", "")  # reST to text
     shown = repr(default) if isinstance(default, str) else default
     help_text = f"{doc} (config default {shown})".strip().replace("%", "%%")
     if hint is bool:

@@ -80,7 +80,10 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
     every = {f"{section.name}.{f.name}" for section in dataclasses.fields(JobConfig)
              for f in dataclasses.fields(section.default_factory())}
     assert every - flagged == {"data.name", "data.uri", "model.params", "parallel.nodes", "parallel.procs_per_node"}
-    assert "Passes over the training data." in parser.format_help()
+    text = parser.format_help()
+    assert "Passes over the training data." in text
+    assert "(see trainer_pkg.train.record_interval)" in by_flag["--log-every-steps"].help  # reST roles as text
+    assert ":func:" not in text and "``" not in text
 
 
 def test_unset_flags_keep_the_configs_values(tmp_path):
