@@ -7,6 +7,22 @@ applied through the state machine with times, billable seconds and cost recomput
 (never ``+=``); a job whose cost reached its budget is stopped. The jobs left out and not read are
 written in one statement on PostgreSQL (:func:`_sync_unchanged`). Terminal states stop syncing.
 
+Transactions: no row lock is held across a provider call, so a provider that is slow or sleeps
+through retry backoff never keeps a user's cancel, the recovery sweep or another pass waiting.
+
+* ``describe_many``, ``logs`` and ``cancel`` run outside any transaction (a pass runs in autocommit,
+  as the Celery task does; called inside an outer ``atomic()`` this cannot hold).
+* Each write locks the job's row (``SELECT … FOR UPDATE SKIP LOCKED``: a row another transaction
+  holds is left to the next pass), re-reads it and writes from what the row holds then: a job that
+  ended meanwhile is not written, and a state another writer committed is moved on only by the
+  state machine's legal moves (:mod:`jobs.states`), so a provider's stale RUNNING never undoes a
+  user's STOPPING.
+* Log lines are stored chunk by chunk, each only while the row's ``log_cursor`` is still the one
+  its ``logs`` call was made from; two passes reading one log at once store it once.
+* A budget stop is committed (STOPPING, ``budget_exceeded_at``) before its ``cancel`` is sent; a
+  cancel that fails is sent again by the next pass, as for every STOPPING job.
+* The one statement for the unchanged jobs locks their rows for that statement only.
+
 The worker side: nothing here is called from a request.
 """
 
@@ -133,25 +149,51 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
     return next_seq, first_step
 
 
+def _locked(job_id: int) -> TrainingJob | None:
+    """The job's row, locked until the caller's transaction ends, while it is active and no other
+    transaction holds it (``SKIP LOCKED``: a pass never waits behind another writer); else None.
+    Call inside ``transaction.atomic()``, and make no provider call until it ends."""
+    return (TrainingJob.objects.select_for_update(skip_locked=True)
+            .filter(pk=job_id, state__in=ACTIVE_STATE_VALUES).first())
+
+
+class _RowMovedOn(Exception):
+    """The job's row changed while this pass waited for the provider (another pass stored the same
+    log lines, the job ended, or another transaction holds the row): what this pass read for the
+    job is dropped, and the next pass reads it again."""
+
+
 def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime) -> bool:
-    """Read ``logs(handle, cursor)`` until empty; True when drained (False: a backlog remains)."""
+    """Read ``logs(handle, cursor)`` from the job's stored cursor until empty, storing each chunk as
+    it comes; True when drained (False: a backlog remains after :data:`_MAX_LOG_CALLS` calls).
+
+    Each ``logs`` call runs outside any transaction. Its lines are then written under the job's row
+    lock, and only while the stored cursor is still the one the call was made from, so two passes
+    reading one log at once store it once. Raises :class:`_RowMovedOn`, dropping the chunk, when
+    the cursor moved meanwhile, the job ended or its row is held.
+    """
     cursor = job.log_cursor
-    last = job.log_lines.aggregate(m=Max("seq"))["m"]
-    next_seq = 0 if last is None else last + 1
+    next_seq = None
     for _ in range(_MAX_LOG_CALLS):
         lines, new_cursor = adapter.logs(handle, cursor)
-        if not lines:
-            if new_cursor != cursor:
-                job.log_cursor = new_cursor or ""
-                TrainingJob.objects.filter(pk=job.pk).update(log_cursor=job.log_cursor)
+        if not lines and (new_cursor or "") == (cursor or ""):
             return True
-        next_seq, first_step = _ingest_lines(job, lines, next_seq, now)
+        with transaction.atomic():
+            locked = _locked(job.pk)
+            if locked is None or locked.log_cursor != (cursor or ""):
+                raise _RowMovedOn
+            update: dict[str, Any] = {"log_cursor": new_cursor or ""}
+            if lines:
+                if next_seq is None:  # the cursor check above keeps it right for the later chunks
+                    last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
+                    next_seq = 0 if last is None else last + 1
+                next_seq, first_step = _ingest_lines(locked, lines, next_seq, now)
+                if first_step is not None and locked.first_step_at is None:
+                    update["first_step_at"] = first_step
+            TrainingJob.objects.filter(pk=job.pk).update(**update)
+        if not lines:
+            return True
         cursor = new_cursor
-        update = {"log_cursor": cursor or ""}
-        if first_step is not None and job.first_step_at is None:
-            update["first_step_at"] = job.first_step_at = first_step
-        job.log_cursor = cursor or ""
-        TrainingJob.objects.filter(pk=job.pk).update(**update)
     return False
 
 
@@ -210,23 +252,47 @@ def _unchanged_fields(job: TrainingJob, now: dt.datetime) -> dict[str, Any]:
 
 def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime,
               read_logs: bool = True) -> None:
+    """Sync one job of a pass: store its new log lines (when read), then write its ``status`` (None:
+    left out of ``describe_many``) and stop it if its cost reached its budget.
+
+    ``job`` is the pass's list entry (id, state, handle, log cursor). The provider calls (``logs``,
+    the budget stop's ``cancel``) run outside any transaction; each write locks the row, re-reads
+    it and writes from what it holds then, so a cancel or an end that another writer committed
+    meanwhile is kept (:func:`jobs.states.transition` allows only legal moves from there). A row
+    another transaction holds, or that ended, is left to the next pass.
+    """
     handle = JobHandle.from_dict(job.provider_handle)
+    read = read_logs or status is not None  # a changed job's log is always read (its end needs all of it)
     drained = True
-    if read_logs or status is not None:  # a changed job's log is always read (its end needs all of it)
-        drained = _drain_logs(adapter, job, handle, now)
-        TrainingJob.objects.filter(pk=job.pk).update(logs_read_at=now)
+    if read:
+        try:
+            drained = _drain_logs(adapter, job, handle, now)
+        except _RowMovedOn:
+            return
+    with transaction.atomic():
+        locked = _locked(job.pk)
+        if locked is None:
+            return
+        stopped = _write_status(locked, status, now, drained=drained, logs_read=read)
+    if stopped:  # committed: the stop is on record before the provider is asked
+        _send_cancel(adapter, locked, handle)
+
+
+def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, *, drained: bool,
+                  logs_read: bool) -> bool:
+    """Write ``status`` onto ``job``, whose row the caller holds locked; True when the job's budget
+    stop was made (the caller sends the cancel after commit). No provider call."""
+    read = {"logs_read_at": now} if logs_read else {}
     if status is None:  # unchanged since the last sync, or not found: state left as it is
-        fields = _unchanged_fields(job, now)
-        TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
+        TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**_unchanged_fields(job, now), **read)
         job.refresh_from_db()
-        _enforce_budget(adapter, job, handle)
-        return
+        return _enforce_budget(job)
     target = status.state.value if isinstance(status.state, JobState) else str(status.state)
     if target in TERMINAL_STATE_VALUES and not drained:
         # Apply the final state only once every log line (and metric) is stored.
-        TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now)
-        return
-    fields = _status_fields(job, status, now)
+        TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now, **read)
+        return False
+    fields = {**_status_fields(job, status, now), **read}
     if (target in TERMINAL_STATE_VALUES and job.state in (S.SUBMITTING, S.PENDING)
             and job.first_step_at is not None):
         # It ran and ended between two syncs; the trainer's "started" record is in the log we just
@@ -246,21 +312,21 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         fields = {k: v for k, v in fields.items() if k not in ("ended_at", "failure_reason")}
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
         job.refresh_from_db()
-    _enforce_budget(adapter, job, handle)
+    return _enforce_budget(job)
 
 
-def _enforce_budget(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
+def _enforce_budget(job: TrainingJob) -> bool:
     """Stop a PENDING/RUNNING job whose cost reached its budget: → STOPPING with
-    ``budget_exceeded_at`` and the reason "Stopped: budget of $X reached at $Y" (Y = its cost then)."""
+    ``budget_exceeded_at`` and the reason "Stopped: budget of $X reached at $Y" (Y = its cost then).
+    True when this call moved it; the caller then sends the cancel, once that is committed."""
     if job.budget_usd is None or job.state not in (S.PENDING, S.RUNNING) or job.cost_usd < job.budget_usd:
-        return
+        return False
     places = job.money_places  # as the job page shows its cost and budget beside this reason
     reason = (f"Stopped: budget of {costs.format_usd(job.budget_usd, places)} reached at "
               f"{costs.format_usd(job.cost_usd, places)}")
     now = timezone.now()
-    if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now,
-                  budget_exceeded_at=now):
-        _send_cancel(adapter, job, handle)
+    return transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now,
+                      budget_exceeded_at=now)
 
 
 def _send_cancel(adapter: Backend, job: TrainingJob, handle: JobHandle) -> None:
@@ -275,11 +341,10 @@ WITH synced AS (
     UPDATE {table} AS j SET
         last_synced_at = %(now)s,
         billable_seconds = CASE WHEN j.state = %(running)s AND j.started_at IS NOT NULL
-            THEN GREATEST(EXTRACT(EPOCH FROM (%(now)s - j.started_at)), 0)::double precision
+            THEN ({seconds})::double precision
             ELSE j.billable_seconds END,
         cost_usd = CASE WHEN j.state = %(running)s AND j.started_at IS NOT NULL
-            THEN ROUND(CAST(GREATEST(EXTRACT(EPOCH FROM (%(now)s - j.started_at)), 0)::numeric
-                            * j.instance_count * j.hourly_price_usd AS numeric(65, 30)) / 3600, 4)
+            THEN {cost}
             ELSE j.cost_usd END
     FROM (SELECT id FROM {table} WHERE id = ANY(%(ids)s) AND state = ANY(%(active)s)
           ORDER BY id FOR UPDATE SKIP LOCKED) AS free
@@ -290,6 +355,8 @@ SELECT id FROM synced
 WHERE state = ANY(%(budgeted)s) AND budget_usd IS NOT NULL AND cost_usd >= budget_usd
 ORDER BY id
 """
+"""One statement for the jobs of a pass that are neither changed nor read: ``{seconds}`` and
+``{cost}`` are :func:`jobs.cost.run_seconds_sql` and :func:`jobs.cost.job_cost_sql` of the row."""
 
 
 def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
@@ -299,16 +366,19 @@ def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
     For the jobs ``describe_many`` left out whose logs this pass does not read: at 10,000 active
     jobs, locking, updating and re-reading each row made a pass take 40–80 s (31,000 statements)
     (bench/RESULTS.md, Scale). The values are those of the per-job path, computed by PostgreSQL from
-    the row under its lock: ``now − started_at`` in seconds (exact microseconds, as
-    ``timedelta.total_seconds``), cost = ROUND(seconds × instance_count × hourly_price_usd / 3600, 4),
-    half away from zero = half up for costs ≥ 0 (:func:`jobs.cost.job_cost_usd`), with a scale of 30
-    before the division so nothing is rounded twice. Recomputed absolutely, never added to. A row
-    another sync or a transition holds is skipped (``SKIP LOCKED``), as the per-job lock does, and so
-    is a job no longer active. PostgreSQL only: the caller uses the per-job path elsewhere.
+    the row under its lock by the SQL form of :func:`jobs.cost.run_seconds` and
+    :func:`jobs.cost.job_cost_usd` (``run_seconds_sql``, ``job_cost_sql``, which tests/jobs/test_cost.py
+    holds equal to them): recomputed absolutely, never added to. The rows are locked for this one
+    statement only (it runs on its own, in autocommit, with no provider call). A row another sync or
+    a transition holds is skipped (``SKIP LOCKED``), as the per-job lock does, and so is a job no
+    longer active. PostgreSQL only: the caller uses the per-job path elsewhere.
     """
     if not job_ids:
         return []
-    sql = _UNCHANGED_SQL.format(table=connection.ops.quote_name(TrainingJob._meta.db_table))
+    seconds = costs.run_seconds_sql(started_at="j.started_at", now="%(now)s")
+    sql = _UNCHANGED_SQL.format(
+        table=connection.ops.quote_name(TrainingJob._meta.db_table), seconds=seconds,
+        cost=costs.job_cost_sql(seconds=seconds, instances="j.instance_count", hourly_price_usd="j.hourly_price_usd"))
     with connection.cursor() as cursor:
         cursor.execute(sql, {"now": now, "running": S.RUNNING.value, "ids": list(job_ids),
                              "active": list(ACTIVE_STATE_VALUES),
@@ -345,15 +415,16 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
 
     One ``describe_many`` call for all of them, with ``changed_since`` from :func:`sync_changed_since`
     so an adapter may list only the jobs that changed. STOPPING jobs get their cancel re-sent. Per
-    job whose status changed or whose log this pass reads (row locked, skipped if another sync holds
-    it): new log lines and metric points are stored, then the provider state is applied through the
-    state machine with times, billable and training seconds, instance count and cost recomputed
-    absolutely. A job left out of the result keeps its state and, while RUNNING, its cost so far is
-    recomputed from the run interval; its log is read when it is among the
-    ``TRAINBOARD_LOG_READS_PER_SYNC`` least recently read (:func:`log_readers`). The rest (left out
-    and not read) are written in one statement (:func:`_sync_unchanged`), so the pass's database
-    work grows with the changed jobs, not the active ones. A job whose cost reached its budget is
-    stopped in this pass, whichever way it was written.
+    job whose status changed or whose log this pass reads (its row locked only to write, skipped if
+    another transaction holds it; see the module's transaction rule): new log lines and metric
+    points are stored, then the provider state is applied through the state machine with times,
+    billable and training seconds, instance count and cost recomputed absolutely. A job left out
+    of the result keeps its state and, while RUNNING, its cost so far is recomputed from the run
+    interval; its log is read when it is among the ``TRAINBOARD_LOG_READS_PER_SYNC`` least
+    recently read (:func:`log_readers`). The rest (left out and not read) are written in one
+    statement (:func:`_sync_unchanged`), so the pass's database work grows with the changed jobs,
+    not the active ones. A job whose cost reached its budget is stopped in this pass, whichever way
+    it was written.
 
     ``bulk=False`` (and any database but PostgreSQL) writes every job by the per-job path; the
     results are the same (bench/sync_db.py compares the two).
@@ -363,12 +434,12 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
     Returns the number of jobs looked at. Transient BackendErrors from describe_many propagate.
     """
     backend = ComputeBackend.objects.get(pk=backend_id)
-    # Only what this loop reads (each job is re-read, locked, before it is synced): at 10,000 active
-    # jobs the frozen configs alone would be most of the worker's memory (bench/sync_memory.py).
+    # Only what this loop reads (each job is re-read, locked, before anything is written): at 10,000
+    # active jobs the frozen configs alone would be most of the worker's memory (bench/sync_memory.py).
     jobs = list(
         TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
         .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
-        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at")
+        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor")
     )
     if not jobs:
         return 0
@@ -403,18 +474,13 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
         # stops them (in this pass, as if they had been written one by one).
         one_by_one = [job for job in jobs if changed_or_read(job) or job.pk in over_budget]
     for job in one_by_one:
-        with transaction.atomic():
-            locked = (TrainingJob.objects.select_for_update(skip_locked=True)
-                      .filter(pk=job.pk, state__in=ACTIVE_STATE_VALUES).first())
-            if locked is None:
-                continue
-            try:
-                _sync_one(adapter, locked, statuses.get(locked.provider_handle.get("job_name", "")), now,
-                          read_logs=locked.pk in readers)
-            except BackendError as exc:
-                if not exc.transient:
-                    log.warning("job %s: sync error: %s", job.pk, exc)
-                    TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Sync error: {exc}")
-                else:
-                    log.info("job %s: transient sync error, next sync retries: %s", job.pk, exc)
+        try:
+            _sync_one(adapter, job, statuses.get(job.provider_handle.get("job_name", "")), now,
+                      read_logs=job.pk in readers)
+        except BackendError as exc:
+            if not exc.transient:
+                log.warning("job %s: sync error: %s", job.pk, exc)
+                TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Sync error: {exc}")
+            else:
+                log.info("job %s: transient sync error, next sync retries: %s", job.pk, exc)
     return len(jobs)

@@ -285,3 +285,49 @@ def test_a_row_another_transaction_holds_is_skipped_not_waited_for(quiet, templa
     assert QuietBackend.log_calls == [reader.provider_job_name]
     assert (reload(held).last_synced_at, held.cost_usd) == (T0 - dt.timedelta(seconds=30), Decimal("0"))
     assert (reload(free).last_synced_at, free.cost_usd) == (at, Decimal("8.4000"))
+
+
+def test_the_bulk_statement_costs_varied_jobs_as_jobs_cost_does(quiet, template_job):
+    """Spot and on-demand jobs, prices of 6 decimals, instance counts from 0, start times to the
+    microsecond (one after the clock: skew), ties at the fourth decimal: every unchanged RUNNING job
+    written by the one statement gets :func:`jobs.cost.job_cost_usd` of its run interval; PENDING and
+    STOPPING jobs keep their numbers, ended jobs are not touched."""
+    rng = random.Random(12)
+    at = T0 + dt.timedelta(seconds=3600, microseconds=250_001)
+    reader = clone(template_job, state=S.PENDING, logs_read_at=None)  # the one job read: the per-job path
+
+    def started(before_s: float, **fields) -> TrainingJob:
+        return clone(template_job, state=S.RUNNING, started_at=at - dt.timedelta(seconds=before_s), **fields)
+
+    running_jobs = [
+        started(1, instance_count=1, hourly_price_usd=Decimal(price))
+        for price in ("0.18", "0.54", "0.90")  # $0.00005, $0.00015, $0.00025: half-up
+    ] + [
+        started(-5, instance_count=2),  # started "after" now (clock skew): 0 s
+        started(28 * 86400, instance_count=8, hourly_price_usd=Decimal("98.765432")),
+    ] + [
+        running(template_job, started_ago_s=rng.randrange(0, 3 * 86400 * 10**6) / 10**6,
+                instance_count=rng.randrange(0, 9), spot=spot,
+                hourly_price_usd=rng.choice([Decimal("2.16"), Decimal("0.037037"), Decimal("1.000001")] if spot else
+                                            [Decimal("7.2"), Decimal("0.123457"), Decimal("3.333333")]),
+                on_demand_price_usd=Decimal("7.2") if spot else None)
+        for spot in [True, False] * 20
+    ]
+    kept = {clone(template_job, state=state, started_at=T0 - dt.timedelta(seconds=900), billable_seconds=12.5,
+                  cost_usd=Decimal("0.0250")).pk: state
+            for state in (S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED)}
+    template_job.delete()
+    assert sync_at(quiet, at) == len(running_jobs) + 3  # the ended ones are not in the pass
+    assert QuietBackend.log_calls == [reader.provider_job_name]
+    for job in running_jobs:
+        job = reload(job)
+        seconds = costs.run_seconds(job.started_at, None, at)
+        expected = costs.job_cost_usd(billable_seconds=seconds, instances=job.instance_count,
+                                      hourly_price_usd=job.hourly_price_usd)
+        assert (job.billable_seconds, job.cost_usd, job.last_synced_at) == (seconds, expected, at), job.pk
+    assert [reload(j).cost_usd for j in running_jobs[:5]] == [
+        Decimal("0.0001"), Decimal("0.0002"), Decimal("0.0003"), Decimal("0.0000"), Decimal("530962.9624")]
+    for pk, state in kept.items():
+        job = TrainingJob.objects.get(pk=pk)
+        assert (job.state, job.billable_seconds, job.cost_usd) == (state, 12.5, Decimal("0.0250"))
+        assert job.last_synced_at == (at if state in (S.PENDING, S.STOPPING) else T0 - dt.timedelta(seconds=30))
