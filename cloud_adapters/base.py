@@ -23,6 +23,11 @@ Operations (each documented on :class:`Backend`):
 
 The cloud adapters implement these once, in :class:`cloud_adapters.cloud.CloudBackend`, over small
 hooks for their provider's calls.
+
+A backend is built as ``Backend(config, secrets=..., prices=...)``: ``config`` is checked by
+``clean_config`` against the kind's settings, declared once in :attr:`Backend.settings`
+(:mod:`cloud_adapters.settings`), from which the dashboard also builds its forms and the API's
+description of them.
 """
 
 from __future__ import annotations
@@ -284,22 +289,6 @@ class Backend(abc.ABC):
     calls and with whose credentials (an endpoint URL, a profile of the worker's own). They are the
     operator's decision: the dashboard takes them from the installation's settings or from a staff
     user's backend, never from another user's backend row (``jobs.adapters.backend_adapter``)."""
-    config_keys: ClassVar[frozenset[str]] = frozenset()
-    """``settings.keys``, set for each subclass."""
-    host_settings: ClassVar[frozenset[str]] = frozenset()
-    """``settings.host``, set for each subclass."""
-    secret_keys: ClassVar[Mapping[str, bool]] = {}
-    """``settings.secret_keys``, set for each subclass."""
-    setting_labels: ClassVar[Mapping[str, str]] = {}
-    """``settings.labels``, set for each subclass."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.config_keys = cls.settings.keys
-        cls.host_settings = cls.settings.host
-        cls.secret_keys = cls.settings.secret_keys
-        cls.setting_labels = cls.settings.labels
-
     ambient_identity: ClassVar[str] = ""
     """Whose identity this adapter calls its provider as when the backend stores no credentials of
     its own: the SDK's default chain on the worker (e.g. "boto3's default credential chain: the

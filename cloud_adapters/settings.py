@@ -76,7 +76,7 @@ class Setting:
     host: bool = False
     """A host setting: it decides what runs on a machine the installation operates, where and how many
     processes at once, or where the worker sends its calls and with whose credentials. Only a staff
-    user's backend sets it; anyone else's takes the installation's value (``jobs.services``)."""
+    user's backend sets it; anyone else's takes the installation's value (``jobs.adapters.backend_adapter``)."""
     field: bool = True
     """The backend form has an input of its own for it; False = set in the form's JSON field ("Other
     settings") or the API's ``config``."""

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from cloud_adapters.base import Backend, BackendError, CredentialsError, JobSpec
 from cloud_adapters import registry
+from cloud_adapters.settings import BackendSettings
 from jobs.models import ComputeBackend, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
 
@@ -28,7 +29,7 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
 }
 """kind -> {host setting: the Django setting (and environment variable of the same name) holding this
 installation's value}. Data, not if/elif: which settings are host settings is the adapter's
-``host_settings``; this says where the installation's values live."""
+declaration (``Setting.host``); this says where the installation's values live."""
 
 
 def _host_config_defaults() -> dict[str, dict[str, Any]]:
@@ -46,23 +47,27 @@ def _host_config_defaults() -> dict[str, dict[str, Any]]:
     return defaults
 
 
-def backend_host_settings(kind: str) -> frozenset[str]:
-    """The settings of a ``kind`` backend that only staff may set (the adapter's ``host_settings``:
-    for the gpubox ``run_root``, ``python``, ``max_procs_per_node``); empty for an unknown kind."""
+def backend_declaration(kind: str) -> BackendSettings:
+    """The settings declaration of a ``kind`` backend (``Backend.settings``: its settings, their
+    labels, which are required or host settings, its secrets); an empty one for an unknown kind or
+    one whose SDK is missing."""
     try:
-        return frozenset(registry.backend_class(kind).host_settings)
+        return registry.backend_settings(kind)
     except (LookupError, ValueError, BackendError):
-        return frozenset()
+        return BackendSettings(backend_label=str(kind), provider=str(kind))
+
+
+def backend_host_settings(kind: str) -> frozenset[str]:
+    """The settings of a ``kind`` backend that only staff may set (its declaration's host settings:
+    for the gpubox ``run_root``, ``python``, ``max_procs_per_node``); empty for an unknown kind."""
+    return backend_declaration(kind).host
 
 
 def backend_setting_labels(kind: str) -> dict[str, str]:
-    """``{config key: label}`` of a ``kind`` backend's settings (the adapter's ``setting_labels``):
-    the backend form labels its fields with them, as the adapter's messages name the settings; {}
-    for an unknown kind or one whose SDK is missing."""
-    try:
-        return dict(registry.backend_class(kind).setting_labels)
-    except (LookupError, ValueError, BackendError):
-        return {}
+    """``{config key: label}`` of a ``kind`` backend's settings (its declaration's labels): the
+    backend form labels its fields with them, as the adapter's messages name the settings; {} for an
+    unknown kind or one whose SDK is missing."""
+    return backend_declaration(kind).labels
 
 
 def may_set_host_settings(user) -> bool:
@@ -92,7 +97,7 @@ def worker_credentials_refusal(cls: type[Backend], config: Mapping[str, Any], se
     it may be used."""
     if may_use_worker_credentials(owner) or not cls.uses_ambient_credentials(config, secrets):
         return None
-    keys = " and ".join(k for k, required in cls.secret_keys.items() if required)
+    keys = " and ".join(k for k, required in cls.settings.secret_keys.items() if required)
     return (f"this backend stores no credentials of its own, so its calls would use the worker's own "
             f"identity ({cls.ambient_identity}), which only a backend owned by staff may use. Store the "
             f"backend's own credentials ({keys}), or ask staff to set up the backend.")
@@ -118,8 +123,8 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     from before (or from an owner no longer staff) is ignored here — the rule is the row's owner, at
     the time of use.
 
-    The backend's stored ``secrets`` (decrypted) are handed to the adapter as ``adapter.secrets``,
-    which builds its SDK clients with them instead of the provider's default credential chain. A
+    The backend's stored ``secrets`` (decrypted) are passed to the adapter's constructor, which
+    builds its SDK clients with them instead of the provider's default credential chain. A
     cloud backend without them uses the worker's own identity, so it is built only while its owner
     may use that (:func:`may_use_worker_credentials`, checked at the time of use like the host
     settings): a row stored before the rule, or whose owner is no longer staff, raises
@@ -131,12 +136,11 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     """
     config = effective_config(backend.kind, backend.config,
                                host_settings_from_row=may_set_host_settings(backend.owner))
-    adapter = registry.create_backend(backend.kind, config, prices=DatabasePriceCatalog())
+    adapter = registry.create_backend(backend.kind, config, secrets=backend.secrets or None,
+                                      prices=DatabasePriceCatalog())
     refusal = worker_credentials_refusal(type(adapter), adapter.config, backend.secrets, backend.owner)
     if refusal:
         raise CredentialsError(refusal)
-    if backend.secrets:
-        adapter.secrets = dict(backend.secrets)
     return adapter
 
 
@@ -177,10 +181,7 @@ def job_spec(job: TrainingJob) -> JobSpec:
 def backend_secret_keys(kind: str) -> dict[str, bool]:
     """The secret keys a backend of ``kind`` accepts, each mapped to whether it is required once any
     secret is given (e.g. sagemaker: ``aws_access_key_id``/``aws_secret_access_key`` required,
-    ``aws_session_token`` optional). Declared by each adapter class as ``secret_keys``; {} for a kind
-    that stores no secret (gpubox) or is unknown."""
-    try:
-        return dict(getattr(registry.backend_class(kind), "secret_keys", None) or {})
-    except (LookupError, ValueError, BackendError):
-        return {}
+    ``aws_session_token`` optional), as its declaration's secrets say; {} for a kind that stores no
+    secret (gpubox) or is unknown."""
+    return backend_declaration(kind).secret_keys
 

@@ -264,7 +264,7 @@ def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     refusal = worker_credentials_refusal(cls, effective, secrets, backend.owner) if secrets is not None else None
     if refusal:
         # Named by the first key to give, as the other secrets messages are, so the form puts it there.
-        first = next(k for k, required in cls.secret_keys.items() if required)
+        first = next(k for k, required in cls.settings.secret_keys.items() if required)
         errors.add("secrets", f"{first}: required, because {refusal}")
     try:
         cleaned = cls.clean_config(effective)

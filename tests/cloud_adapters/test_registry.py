@@ -78,7 +78,7 @@ def test_create_backend_rejects_bad_config_naming_the_field(config, field):
     with pytest.raises(InvalidSpec) as err:
         registry.create_backend("gpubox", config)
     assert list(err.value.errors) == [field]
-    label = registry.backend_class("gpubox").setting_labels.get(field, field)
+    label = registry.backend_settings("gpubox").labels.get(field, field)
     assert err.value.errors[field][0].startswith(f"{label}:") and str(err.value).startswith(f"{label}:")
 
 

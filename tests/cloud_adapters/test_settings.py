@@ -36,9 +36,6 @@ def test_what_the_declaration_gives():
     assert [s.key for s in schema.fields] == ["project", "tier", "nodes", "rate", "spot"]
     assert schema.secret_keys == {"token": True, "note": False}
     assert schema["nodes"].max_value == 8 and schema.secret("token").label == "API token"
-    # The attributes jobs/ reads are the declaration's.
-    assert (TinyBackend.config_keys, TinyBackend.host_settings, TinyBackend.secret_keys) == (
-        schema.keys, schema.host, schema.secret_keys)
 
 
 def test_the_default_clean_config_checks_the_declaration_and_fills_its_defaults():

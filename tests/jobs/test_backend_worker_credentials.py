@@ -67,7 +67,7 @@ def test_which_adapters_use_the_workers_identity_is_data_on_the_adapter():
         cls = backend_class(kind)
         assert cls.ambient_identity
         assert cls.uses_ambient_credentials(CLOUDS[kind], {}) is True
-        required = {k: "v" for k, r in cls.secret_keys.items() if r}
+        required = {k: "v" for k, r in cls.settings.secret_keys.items() if r}
         assert cls.uses_ambient_credentials(CLOUDS[kind], required) is False
     assert backend_class("sagemaker").uses_ambient_credentials(SAGEMAKER, {"aws_access_key_id": "only-one"}) is True
     # The GPU box calls no cloud; a Vertex stand-in on http:// is called unsigned (anonymous).

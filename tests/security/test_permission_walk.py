@@ -453,8 +453,8 @@ def test_dataset_validation_refuses_a_team_the_owner_is_not_in(world):
 
 
 # --- backend settings: what a non-staff user's backend can reach ----------------------------------
-# Every setting of every registered kind (the adapter's ``config_keys``), classified. "host": the
-# operator's (the adapter's ``host_settings``): refused for a backend whose owner is not staff through
+# Every setting of every registered kind (the adapter's declaration, ``settings.keys``), classified.
+# "host": the operator's (``settings.host``): refused for a backend whose owner is not staff through
 # the UI form, the API and the service, and the installation's value is used. Anything else: what it
 # reaches, which is the owner's own jobs on that provider only. A new setting fails
 # test_every_backend_setting_is_classified until it is classified here.
@@ -506,8 +506,8 @@ def test_every_backend_setting_is_classified():
     assert set(SETTING_REACH) == set(KINDS)
     for kind in KINDS:
         cls = backend_class(kind)
-        assert set(SETTING_REACH[kind]) == set(cls.config_keys), f"classify {kind}'s settings here"
-        assert {k for k, reach in SETTING_REACH[kind].items() if reach == "host"} == set(cls.host_settings)
+        assert set(SETTING_REACH[kind]) == set(cls.settings.keys), f"classify {kind}'s settings here"
+        assert {k for k, reach in SETTING_REACH[kind].items() if reach == "host"} == set(cls.settings.host)
     assert set(HOST_VALUES) == {key for _, key in _host_settings()}
 
 
@@ -604,7 +604,7 @@ def test_a_non_staff_cloud_backend_cannot_use_the_workers_identity(world, kind, 
 
     dave, sam = world["users"]["dave"], world["users"]["sam"]
     config = CLOUD_CONFIGS[kind]
-    first = next(k for k, required in backend_class(kind).secret_keys.items() if required)
+    first = next(k for k, required in backend_class(kind).settings.secret_keys.items() if required)
     refusal = (f"{first}: required, because this backend stores no credentials of its own, so its calls would "
                f"use the worker's own identity ({backend_class(kind).ambient_identity}), which only a backend "
                f"owned by staff may use.")

@@ -286,7 +286,7 @@ def test_each_settings_field_is_labelled_as_its_adapters_messages_name_it():
     form = webapp_forms.BackendForm()
     checked = 0
     for kind, names in form.kind_settings.items():
-        labels = backend_class(kind).setting_labels
+        labels = backend_class(kind).settings.labels
         for name, key in names.items():
             assert form.fields[name].label == labels[key], (kind, key)
             checked += 1

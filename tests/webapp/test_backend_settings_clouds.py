@@ -152,7 +152,7 @@ def test_a_missing_required_setting_is_named_on_its_field(owner_client, kind, se
     from cloud_adapters.registry import KINDS, backend_class
 
     # The form's label, and the article that fits the kind's label ("an Azure ML", not "a Azure ML").
-    assert message == (f"{backend_class(kind).setting_labels[missing]} is required for "
+    assert message == (f"{backend_class(kind).settings.labels[missing]} is required for "
                        f"{with_article(KINDS[kind].label)} backend.")
     assert escape(message) in response.content.decode()
     assert not ComputeBackend.objects.exists()

@@ -33,13 +33,11 @@ CONFIG = {"data": {"format": "builtin", "name": "digits"}, "model": {"arch": "ml
 
 def _adapter(user, workspace, secrets: dict, name: str = "az") -> AzureMLBackend:
     """The adapter of a backend row holding ``secrets``, as ``jobs.adapters.backend_adapter`` builds it
-    (decrypted ``secrets`` handed over), with the stand-in as its transport."""
+    (decrypted ``secrets`` passed to the constructor), with the stand-in as its transport."""
     row = services.backend_create(owner=user, name=name, kind="azureml", config=dict(SETTINGS), secrets=secrets)
     stored = ComputeBackend.objects.get(pk=row.pk)
-    adapter = AzureMLBackend(stored.config, transport=StandinTransport(workspace), clock=FakeClock(),
-                             retry_policy=retry.RetryPolicy(rng=random.Random(0)))
-    adapter.secrets = dict(stored.secrets)
-    return adapter
+    return AzureMLBackend(stored.config, secrets=stored.secrets, transport=StandinTransport(workspace),
+                          clock=FakeClock(), retry_policy=retry.RetryPolicy(rng=random.Random(0)))
 
 
 def test_arm_requests_carry_the_token_of_the_stored_service_principal(user, workspace):

@@ -256,7 +256,7 @@ def test_bad_settings_name_the_field(change, field):
     with pytest.raises(InvalidSpec) as err:
         AzureMLBackend(settings, credential=FakeCredential(), transport=StandinTransport(AzureMLStandin()))
     assert list(err.value.errors) == [field]
-    label = AzureMLBackend.setting_labels.get(field, field)
+    label = AzureMLBackend.settings.labels.get(field, field)
     assert err.value.errors[field][0].startswith(label + (" is required for an Azure ML backend." if change[field] is None
                                                           else ": "))
 
