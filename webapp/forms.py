@@ -155,7 +155,8 @@ def setting_form_field(setting: Setting) -> forms.Field:
     elif setting.type is int:
         field = forms.IntegerField(min_value=setting.min_value, max_value=setting.max_value, **common)
     elif setting.type is float:
-        # A decimal input, so "1.1" is not read as 1.1000000000000001; config() stores a float.
+        # A decimal of at most 6 places and 12 digits (a rate in USD, a number of seconds); config()
+        # stores it as a float, the type the adapter checks.
         field = forms.DecimalField(
             min_value=None if setting.min_value is None else Decimal(str(setting.min_value)),
             max_value=None if setting.max_value is None else Decimal(str(setting.max_value)),
