@@ -153,10 +153,11 @@ def azureml(monkeypatch, azurite):
     workspace = azureml_standin.AzureMLStandin(blob=azurite, vm_size="Standard_NC12s_v3")
     original = registry.create_backend
 
-    def create_backend(kind, config=None, *, prices=None):
+    def create_backend(kind, config=None, *, secrets=None, prices=None):
         if kind != "azureml":
-            return original(kind, config, prices=prices)
-        return registry.backend_class(kind)(config, prices=prices, credential=azureml_standin.FakeCredential(),
+            return original(kind, config, secrets=secrets, prices=prices)
+        return registry.backend_class(kind)(config, secrets=secrets, prices=prices,
+                                            credential=azureml_standin.FakeCredential(),
                                             transport=azureml_standin.StandinTransport(workspace))
 
     monkeypatch.setattr(registry, "create_backend", create_backend)
