@@ -12,16 +12,21 @@ shared by everyone: Django's model permissions govern them, not ownership.
 from __future__ import annotations
 
 import datetime as dt
+from typing import get_args
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.db import models
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from cloud_adapters import registry
 from jobs import services, validation
+from jobs.cost import format_usd
+from jobs.orphans import orphan_stop
 from jobs.pagination import CappedCountPaginator
 from jobs.models import (
     TERMINAL_STATE_VALUES,
@@ -37,7 +42,7 @@ from jobs.models import (
     TrainingJob,
     UserBudget,
 )
-from trainer_pkg.config import plural
+from trainer_pkg.config import Strategy, plural
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,22 +200,18 @@ class ModelSpecForm(ServiceForm):
 
 
 def _kind_choices():
-    from cloud_adapters.registry import kind_choices
-
-    return kind_choices()
+    return registry.kind_choices()
 
 
 def backend_settings_help() -> str:
     """The admin's help under ``config``: each registered kind's settings and credentials, from its
     adapter's declaration (``Backend.settings``), as HTML (the admin renders help text unescaped;
     every part is escaped here)."""
-    from cloud_adapters.registry import KINDS, registered_settings
-
     kinds = format_html_join("", "<li>{} ({}): {}.{}</li>", (
-        (KINDS[kind].label, kind, "; ".join(s.describe() for s in schema) or "no settings",
+        (registry.KINDS[kind].label, kind, "; ".join(s.describe() for s in schema) or "no settings",
          format_html(" Credentials (write-only, set from the backend form or the API): {}.",
                      ", ".join(secret.describe() for secret in schema.secrets)) if schema.secrets else "")
-        for kind, schema in registered_settings().items()))
+        for kind, schema in registry.registered_settings().items()))
     return format_html(
         "The settings of the backend's kind as a JSON object; one left out takes the adapter's default. A "
         "setting marked staff only is the operator's: it is taken from a staff user's backend only.<ul>{}</ul>",
@@ -382,10 +383,6 @@ class TrainingJobAdmin(OwnedAdmin):
         parameter_name = "strategy"
 
         def lookups(self, request, model_admin):
-            from typing import get_args
-
-            from trainer_pkg.config import Strategy
-
             return [(s, s) for s in get_args(Strategy)]
 
         def queryset(self, request, queryset):
@@ -438,8 +435,6 @@ class TrainingJobAdmin(OwnedAdmin):
     def delete_selected(self, request, queryset):
         """Django's "Delete selected", refused as a whole with a message naming the active jobs when
         any selected job has not ended (a running job's cloud resources would be left behind)."""
-        from django.contrib.admin.actions import delete_selected as django_delete_selected
-
         active = list(queryset.exclude(state__in=TERMINAL_STATE_VALUES).select_related(None)
                       .order_by("pk").only("pk", "name", "state"))
         if not active:
@@ -469,8 +464,6 @@ class TrainingJobAdmin(OwnedAdmin):
 
     @admin.display(description="cost", ordering="cost_usd")
     def cost(self, job):
-        from jobs.cost import format_usd
-
         return format_usd(job.cost_usd, job.money_places)
 
     @admin.display(description="duration")
@@ -569,8 +562,6 @@ class OrphanJobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Stop selected orphan jobs at the provider")
     def stop_selected(self, request, queryset):
-        from jobs.orphans import orphan_stop
-
         done = 0
         for orphan in queryset.select_related("backend"):
             try:

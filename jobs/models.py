@@ -11,8 +11,11 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
 
-from cloud_adapters.base import TERMINAL_STATES, JobState
+from cloud_adapters import registry
+from cloud_adapters.base import TERMINAL_STATES, Backend, BackendError, JobState
+from jobs import cost
 from jobs.fields import EncryptedJSONField
 
 
@@ -188,11 +191,8 @@ class ComputeBackend(Owned):
     def max_runtime_covers(self) -> str:
         """What a job's max runtime counts on this backend (``Backend.max_runtime_covers`` of its
         adapter: start-up included); the contract's wording when the adapter cannot be loaded."""
-        from cloud_adapters.base import Backend, BackendError
-        from cloud_adapters.registry import backend_class
-
         try:
-            return backend_class(self.kind).max_runtime_covers
+            return registry.backend_class(self.kind).max_runtime_covers
         except BackendError:
             return Backend.max_runtime_covers
 
@@ -297,12 +297,10 @@ class TrainingJob(Owned):
         cost, and the uncapped max runtime × nodes × price of its estimate's arithmetic) unrounded, so
         the UI, the API's ``estimate_arithmetic`` and messages show them at one precision
         (:func:`jobs.cost.usd_places`)."""
-        from jobs.cost import job_cost_usd, usd_places
-
         runtime = (None if self.hourly_price_usd is None else
-                   job_cost_usd(billable_seconds=self.max_runtime_s, instances=self.nodes,
+                   cost.job_cost_usd(billable_seconds=self.max_runtime_s, instances=self.nodes,
                                 hourly_price_usd=self.hourly_price_usd))
-        return usd_places(self.cost_usd, self.budget_usd, self.estimated_cost_usd, self.on_demand_cost_usd, runtime)
+        return cost.usd_places(self.cost_usd, self.budget_usd, self.estimated_cost_usd, self.on_demand_cost_usd, runtime)
 
     @property
     def on_demand_hourly_usd(self) -> Decimal:
@@ -316,29 +314,23 @@ class TrainingJob(Owned):
         (training × on-demand price)`` (:func:`jobs.cost.spot_saving`): fewer billed seconds on
         SageMaker, a lower hourly price on Vertex AI and Azure ML. None unless this is a spot job whose
         provider reported its training time."""
-        from jobs.cost import spot_saving
-
         if not self.spot:
             return None
-        return spot_saving(billable_seconds=self.billable_seconds, training_seconds=self.training_seconds,
+        return cost.spot_saving(billable_seconds=self.billable_seconds, training_seconds=self.training_seconds,
                            hourly_price_usd=self.hourly_price_usd, on_demand_price_usd=self.on_demand_hourly_usd)
 
     @property
     def on_demand_cost_usd(self) -> Decimal | None:
         """What a spot job would have cost on demand: training seconds × instances × on-demand hourly
         price; None unless this is a spot job whose provider reported its training time."""
-        from jobs.cost import job_cost_usd
-
         if not self.spot or self.training_seconds is None:
             return None
-        return job_cost_usd(billable_seconds=self.training_seconds, instances=self.instance_count,
+        return cost.job_cost_usd(billable_seconds=self.training_seconds, instances=self.instance_count,
                             hourly_price_usd=self.on_demand_hourly_usd)
 
     @property
     def duration_s(self) -> float | None:
         """Seconds from start (or submission) to end, or to now while the job is active."""
-        from django.utils import timezone
-
         begin = self.started_at or self.submitted_at
         if begin is None:
             return None

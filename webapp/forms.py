@@ -10,23 +10,23 @@ from decimal import Decimal
 from typing import Any, get_args
 
 from django import forms
+from django.conf import settings
 
+from cloud_adapters import registry
 from cloud_adapters.base import InstanceOffer
 from cloud_adapters.settings import Setting
 from jobs import selectors, services, validation
 from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
-from jobs.models import ComputeBackend, Dataset, Team, TrainingJob
+from jobs.models import ComputeBackend, Dataset, JobStateChoices, Team, TrainingJob
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
 
 def _kind_choices() -> list[tuple[str, str]]:
-    # Imported when the form renders, so the registry stays the one place that lists providers.
-    from cloud_adapters.registry import kind_choices
-
-    return list(kind_choices())
+    # Read when the form renders, so a kind registered after import (a test's) is offered too.
+    return list(registry.kind_choices())
 
 
 def parse_json_object(text: str, *, example: str) -> dict[str, Any]:
@@ -170,9 +170,7 @@ def setting_form_field(setting: Setting) -> forms.Field:
 def _registered_kind_settings() -> dict[str, dict[str, str]]:
     """``{kind: {form field name: config key}}`` for the registered kinds' settings that have an input
     (``Setting.field``). A key two kinds share becomes ``<kind>_<key>`` so each kind keeps its own field."""
-    from cloud_adapters.registry import registered_settings
-
-    keys = {kind: [s.key for s in schema.fields] for kind, schema in registered_settings().items()}
+    keys = {kind: [s.key for s in schema.fields] for kind, schema in registry.registered_settings().items()}
     counts: dict[str, int] = {}
     for kind_keys in keys.values():
         for key in kind_keys:
@@ -192,8 +190,6 @@ def _deadline_field_name(state: str) -> str:
 def _deadline_fields() -> dict[str, forms.Field]:
     """One optional seconds input per non-terminal state; the placeholder shows the default
     (``settings.TRAINBOARD_STATE_DEADLINES_S``; RUNNING: the job's max runtime + the margin)."""
-    from django.conf import settings
-
     fields = {}
     for state in DEADLINE_STATES:
         if state == "RUNNING":
@@ -237,9 +233,7 @@ class BackendForm(forms.Form):
 
     def __init__(self, *args: Any, user=None, backend=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from cloud_adapters.registry import KINDS, registered_settings
-
-        schemas = registered_settings()
+        schemas = registry.registered_settings()
         self.kind_settings = _registered_kind_settings()
         fields = dict(self.fields)
         self.fields = {name: fields[name] for name in ("name", "kind")}
@@ -296,7 +290,7 @@ class BackendForm(forms.Form):
                       "stop them.")
         # For the template: one fieldset per kind, legend = the registry's label.
         self.kind_fieldsets = [
-            {"kind": kind, "label": KINDS[kind].label,
+            {"kind": kind, "label": registry.KINDS[kind].label,
              "fields": [self[name] for name in self.kind_settings.get(kind, {})]
              + [self[name] for name in self.secret_fields.get(kind, {})]}
             for kind in schemas if kind in self.kind_settings or kind in self.secret_fields
@@ -567,8 +561,6 @@ class JobListFilterForm(forms.Form):
         self.backends = list(backends)  # the user's, already fetched by the view (no extra query)
 
     def clean_state(self) -> str | None:
-        from jobs.models import JobStateChoices
-
         value = self.cleaned_data.get("state") or ""
         if not value:
             return None

@@ -22,7 +22,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from cloud_adapters.base import ConnectionCheck
-from jobs import selectors, services
+from jobs import pagination, selectors, services
 from jobs.models import JobStateChoices, TrainingJob
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import add_service_errors, service_error_dict, submit_form
@@ -277,9 +277,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "backend__name",
         # what shows the row's figures at the job's own precision
         *TrainingJob.MONEY_FIELDS)
-    # Capped count and key-first page fetch: the same queries on page 1 and page 4,000 (issue 6, Scale).
-    from jobs import pagination
-
+    # Capped count and key-first page fetch: the same queries on page 1 and page 4,000.
     # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any
     # depth; a deep ?page=N finds its position by the key columns alone. A search counts to 1,000.
     paginator = pagination.CappedCountPaginator(

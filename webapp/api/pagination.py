@@ -7,6 +7,7 @@ HTML list and the admin.
 from __future__ import annotations
 
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from jobs import pagination as job_pages
@@ -78,8 +79,6 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
         return rows
 
     def get_paginated_response(self, data):
-        from rest_framework.response import Response
-
         return Response({
             "count": self.count,
             "count_is_exact": self.count_is_exact,

@@ -13,8 +13,10 @@ from rest_framework import serializers
 from rest_framework.fields import SkipField
 from rest_framework.settings import api_settings
 
+from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs import selectors, services, validation
+from jobs.cost import estimate_arithmetic
 from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
@@ -166,9 +168,7 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
 
 
 def _kind_choices() -> list[tuple[str, str]]:
-    from cloud_adapters.registry import kind_choices
-
-    return list(kind_choices())
+    return list(registry.kind_choices())
 
 
 def backend_config_help(schemas: Mapping[str, BackendSettings]) -> str:
@@ -220,10 +220,8 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def get_fields(self) -> dict[str, serializers.Field]:
-        from cloud_adapters.registry import registered_settings
-
         fields = super().get_fields()
-        schemas = registered_settings()
+        schemas = registry.registered_settings()
         fields["kind"].choices = _kind_choices()
         fields["config"].help_text = backend_config_help(schemas)
         fields["secrets"].help_text = backend_secrets_help(schemas)
@@ -374,8 +372,6 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         return job.stalled_at is not None
 
     def get_estimate_arithmetic(self, job: TrainingJob) -> str:
-        from jobs.cost import estimate_arithmetic
-
         return estimate_arithmetic(max_runtime_s=job.max_runtime_s, instances=job.nodes,
                                    hourly_price_usd=job.hourly_price_usd, budget_usd=job.budget_usd,
                                    places=job.money_places)
