@@ -364,9 +364,9 @@ class JobEventInline(admin.TabularInline):
 _JOB_FIELDS = [f.name for f in TrainingJob._meta.get_fields() if f.concrete and f.name != "id"]
 
 
-# At 1280 px the navigation sidebar (276 px) and the filter column (240 px) left the job list 631 px
-# for 780 px of columns, so it scrolled sideways; the breadcrumbs and the admin index still reach
-# every model.
+# Off: at 1280 px the navigation sidebar (276 px) and the filter column (240 px) leave the job list
+# 631 px for 780 px of columns, so it would scroll sideways; the breadcrumbs and the admin index
+# reach every model without it.
 admin.site.enable_nav_sidebar = False
 
 
@@ -377,7 +377,7 @@ class TrainingJobAdmin(OwnedAdmin):
 
     class StrategyFilter(admin.SimpleListFilter):
         """The trainer's strategies as fixed choices: the default filter runs SELECT DISTINCT over
-        every job on each page view (issue 6, Scale)."""
+        every job on each page view."""
 
         title = "strategy"
         parameter_name = "strategy"
@@ -576,7 +576,7 @@ class OrphanJobAdmin(admin.ModelAdmin):
 
 
 # ---------------------------------------------------------------------------------------------
-# Teams and budgets (issue 6): not owned rows; Django's model permissions govern them.
+# Teams and budgets: not owned rows; Django's model permissions govern them.
 # ---------------------------------------------------------------------------------------------
 
 

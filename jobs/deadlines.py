@@ -26,7 +26,7 @@ DEADLINE_STATES = tuple(ACTIVE_STATE_VALUES)
 """The states a deadline may be set for (the non-terminal ones)."""
 MAX_STATE_DEADLINE_S = 365 * 24 * 3600
 """The longest deadline a backend may set: a year (31,536,000 s), over 13 times the longest max runtime
-(28 days). Bounded so that ``now − deadline`` stays a date (1e300 s overflowed the sweep)."""
+(28 days). Bounded so that ``now − deadline`` stays a date (``timedelta(seconds=1e300)`` overflows)."""
 
 
 def clean_state_deadlines(value: Any) -> tuple[dict[str, float], list[str]]:

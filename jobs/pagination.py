@@ -1,4 +1,4 @@
-"""Pagination that costs the same on page 1 and page 4,000 of 100,000 jobs (issue 6, Scale).
+"""Pagination that costs the same on page 1 and page 4,000 of 100,000 jobs.
 
 Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long list:
 
@@ -20,7 +20,7 @@ Two things make a plain ``Paginator``/``LimitOffsetPagination`` slow on a long l
   scan of the key columns, no join, no other column), and the page is read by seeking to it
   (:func:`at_or_older`), as the links do: the same rows as ``OFFSET n`` (the order is total, ``id``
   breaks ties), one skip instead of a skip plus a 10,001-row count. Past the end it falls back to the
-  count (one query more, as before).
+  count (one query more).
 
 Searches count up to ``SEARCH_COUNT_CAP`` (1,000) only: a search's count cannot come from an index alone
 (the name arms need the rows), so each counted match is a heap row; "1,000+ matches" says enough.
@@ -51,9 +51,9 @@ MAX_OFFSET = 2**62
 without a query instead of failing (``?page=99999999999999999999``)."""
 
 SEARCH_COUNT_CAP = 1_000
-"""Matches of a search (``?q=``) counted at most: "1,000+" past it. A search that matches a third of
-100,000 jobs took 8 ms to count 10,001 of its matches (each one a heap row, the name arms are not in
-any covering index), 3 ms to count 1,001 (bench/RESULTS.md, Scale)."""
+"""Matches of a search (``?q=``) counted at most: "1,000+" past it. Each counted match is a heap row
+(the name arms are in no covering index), not an index entry as in the plain list's count, so a search
+counts a tenth as far (timings in bench/RESULTS.md, "Job list at 100,000 jobs")."""
 
 
 def capped_count(queryset: QuerySet, cap: int = COUNT_CAP) -> int:

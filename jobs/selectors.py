@@ -3,7 +3,7 @@
 Views fetch one object with ``get_object_or_404(<list queryset>, pk=pk)``, so another user's object
 is a 404. The contract is docs/internal-api.md.
 
-Visibility (issue 6): a user sees what they own and what is shared with a team they are a member
+Visibility: a user sees what they own and what is shared with a team they are a member
 of (``team`` set on the object). Changing an object (edit, cancel, re-run, test connection) is for
 its owner or staff only: :func:`can_change`; a teammate who may see it gets a 403 for those.
 """
@@ -113,7 +113,7 @@ def _related_name_match(q: str, **columns: str) -> Q:
     Why not ``Q(dataset__name__icontains=q)``: that joins every job to its dataset, model and backend
     and tests each row; with literal id lists every arm of the search's OR is an indexed column of the
     job table (foreign keys; trigram indexes on name and provider job name, jobs/migrations/
-    0004_scale_indexes.py), so a search reads the matching jobs only (issue 6, Scale).
+    0004_scale_indexes.py), so a search reads the matching jobs only.
     """
     tags = {"dataset": Dataset, "model_spec": ModelSpec, "backend": ComputeBackend}
     parts = [tags[tag].objects.filter(name__icontains=q).order_by()

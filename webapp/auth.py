@@ -45,7 +45,7 @@ class RateLimitedObtainAuthToken(ObtainAuthToken):
     """``POST /api/auth/token/``: DRF's token view, answering a locked-out username + address with
     429 and :func:`lockout_message` (axes marks the DRF request, which its middleware does not see)."""
 
-    # DRF's view names its own parsers; the API's JSON one bounds the nesting (a deep body was a 500).
+    # DRF's view names its own parsers; the API's JSON one bounds the nesting (a deep body is a 400).
     parser_classes = api_settings.DEFAULT_PARSER_CLASSES
 
     def post(self, request, *args, **kwargs):

@@ -21,8 +21,8 @@ def _leave_worker_process_group(**_kwargs) -> None:
 
     Why: with the filesystem broker the worker uses billiard's blocking pool, whose idle pool
     processes wait for work holding the task queue's read lock, a semaphore shared with the main
-    process. A group SIGTERM used to kill them there; the lock stayed taken and the main process,
-    finishing its warm shutdown, blocked on it for good, ignoring every further SIGTERM and SIGQUIT
+    process. A group SIGTERM would kill them there; the lock would stay taken and the main process,
+    finishing its warm shutdown, would block on it for good, ignoring every further SIGTERM and SIGQUIT
     (tests/e2e/test_worker_shutdown.py). Pool processes still die with the worker: Celery sets their
     parent-death signal to SIGKILL.
     """

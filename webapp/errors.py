@@ -62,9 +62,9 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     None)`` when it is saved, else ``(None, the service's errors or None)``.
 
     The input's own checks (a required field, a number, valid JSON) and the service's rules (a
-    backend's settings, the dataset's shape) used to come one after the other: an empty SageMaker
-    form flagged Name, and only on the next submit its settings. Here an input with errors still
-    calls the service, on the values that did clean, inside a savepoint that is always rolled back
+    backend's settings, the dataset's shape) are reported together: checked one after the other, an
+    empty SageMaker form would flag Name, and only on the next submit its settings. So an input with
+    errors still calls the service, on the values that did clean, inside a savepoint that is always rolled back
     (nothing is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is
     discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
     reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value

@@ -205,7 +205,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    # Every list: limit at most 500 (a limit past PostgreSQL's bigint was a 500), a capped count.
+    # Every list: limit at most 500 (a larger one, even past PostgreSQL's bigint, is cut to it), a capped count.
     "DEFAULT_PAGINATION_CLASS": "webapp.api.pagination.CappedLimitOffsetPagination",
     "PAGE_SIZE": 25,  # rows per page without ?limit= (the HTML job list's page); ?limit= up to 500
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

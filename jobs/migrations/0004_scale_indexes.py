@@ -1,4 +1,4 @@
-"""Indexes for the job list at 100,000 jobs (issue 6, Scale; figures in bench/RESULTS.md).
+"""Indexes for the job list at 100,000 jobs (figures in bench/RESULTS.md, "Job list at 100,000 jobs").
 
 - ``job_list_order`` (both databases): ``(created_at DESC, id DESC, owner_id, team_id, state, backend_id)``.
   The list is ordered by ``-created_at, -id`` and filtered by "own or shared with my team"

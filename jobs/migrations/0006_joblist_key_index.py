@@ -1,16 +1,16 @@
-"""The job list's order index, half the size (issue 6, Scale; figures in bench/RESULTS.md).
+"""The job list's order index, half the size (figures in bench/RESULTS.md, "Job list at 100,000 jobs").
 
 ``job_list_order`` (0004) is ``(created_at DESC, id DESC, owner_id, team_id, state, backend_id)``. It
 reads twice the pages it needs to:
 
 - New jobs carry the newest ``created_at``, which in a DESC index lands on the *first* leaf page. B-tree
   leaf pages split half and half there; only appends to the *last* page are packed (fill factor 90).
-  At 100,000 jobs inserted oldest first, as a real list grows: 12 MB, where the same columns ascending
-  take 7.4 MB.
+  Grown oldest first, as a real list grows, the index is therefore mostly half-empty pages, where the
+  same columns ascending are packed.
 - ``state`` and ``backend_id`` are not needed: a filter on either is served by ``job_list_state`` /
   ``job_list_backend``, each of which holds the other column too.
 
-``job_list_key (created_at, id, owner_id, team_id)``, ascending, replaces it: 4.9 MB at 100,000 jobs.
+``job_list_key (created_at, id, owner_id, team_id)``, ascending, replaces it at under half its size.
 PostgreSQL reads it backwards for ``ORDER BY created_at DESC, id DESC`` (index-only, the same order),
 forwards for the "Newer" link's ascending seek. What reads it: every unfiltered page's capped count
 (10,001 entries), its keys-first page, and a deep page's position (jobs.pagination.position_at, which

@@ -1,5 +1,5 @@
 """``Dataset.sample_shape``: the shape of one sample, read when the dataset is saved, so a model that
-cannot take it is refused at launch (issue 11 item 12). Rows saved before stay null (not checked)
+cannot take it is refused at launch. Rows saved before this migration stay null (not checked)
 until they are saved again."""
 
 from django.db import migrations, models

@@ -1,9 +1,9 @@
-"""Remove host settings from the backends of users who are not staff (issue 11, item 0).
+"""Remove host settings from the backends of users who are not staff.
 
 A GPU box's ``run_root``, ``python`` and ``max_procs_per_node`` decide what runs on the worker's
 machine, where and with how many processes; a cloud backend's endpoint URLs (and SageMaker's
 ``profile``) decide where the worker sends its calls and with which of its own credentials. Only the
-installation's settings or a staff user's backend may set them (``jobs.services.backend_adapter``). Rows saved before that rule may carry them:
+installation's settings or a staff user's backend may set them (``jobs.adapters.backend_adapter``). Rows saved before that rule may carry them:
 the adapter already ignores them, and this migration removes them so that editing such a backend
 does not stumble on a value its owner may no longer save.
 

@@ -238,7 +238,7 @@ def _hourly_price(errors: Errors, adapter: Backend, instance_type: str, spot: bo
 def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: Decimal) -> Decimal | None:
     """The on-demand price per instance-hour a job is compared with (``Backend.on_demand_price``):
     ``hourly`` itself for an on-demand job; None when the catalog has no on-demand row (the job is
-    then compared at its own price, as jobs created before the figure was kept)."""
+    then compared at its own price, as is a job stored without the figure)."""
     if not spot:
         return hourly
     try:

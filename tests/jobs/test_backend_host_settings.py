@@ -1,8 +1,8 @@
-"""A GPU box's host settings (issue 11, item 0): ``run_root``, ``python`` and ``max_procs_per_node``
+"""A GPU box's host settings: ``run_root``, ``python`` and ``max_procs_per_node``
 decide what runs on the worker's machine, where and how many processes at once. They come from the
 installation (``TRAINBOARD_RUN_ROOT``, ``TRAINBOARD_GPUBOX_PYTHON``,
 ``TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE``) or a staff user's backend, never from another user's row
-(jobs.adapters.backend_adapter / _validate_backend; the migration 0010 strips old rows)."""
+(jobs.adapters.backend_adapter / _validate_backend; migration 0010 strips them from rows saved before the rule)."""
 
 from __future__ import annotations
 

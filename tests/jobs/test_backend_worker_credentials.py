@@ -1,4 +1,4 @@
-"""Whose cloud identity a backend without stored credentials uses (follow-up of issue 11, item 0).
+"""Whose cloud identity a backend without stored credentials uses.
 
 A SageMaker, Vertex AI or Azure ML backend that stores no credentials calls its provider as the
 worker itself (boto3's default chain, Application Default Credentials, DefaultAzureCredential): the

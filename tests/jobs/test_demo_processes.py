@@ -132,8 +132,8 @@ def test_make_demo_passes_port():
 @pytest.mark.django_db
 def test_follow_prints_every_transition_and_the_epochs_before_the_end(user, digits_dataset, cnn_model,
                                                                       local_backend):
-    """The demo's follow loop used to print the state it saw once a second: QUEUED, PENDING (the
-    SUBMITTING between them lost). It prints the job's history, each epoch before the final state."""
+    """Printing the state seen once a second would show QUEUED, PENDING (the SUBMITTING between
+    them lost): the demo's follow loop prints the job's history, each epoch before the final state."""
     with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=local_backend, procs_per_node=2, epochs=2)

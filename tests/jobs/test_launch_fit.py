@@ -1,5 +1,5 @@
-"""A job whose dataset its backend cannot read (issue 11 item 13), or whose model cannot take the
-dataset's samples (item 12), is refused at launch by the one service the form, the API and the CLI
+"""A job whose dataset its backend cannot read, or whose model cannot take the dataset's samples,
+is refused at launch by the one service the form, the API and the CLI
 call, instead of failing on the backend at run time."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_the_api_and_rerun_refuse_it_too(user, cnn_model, local_backend):
     assert excinfo.value.message_dict["dataset"][0].startswith("Dataset imagenet-s3 (s3://tb-data/imagenet/) cannot be read")
 
 
-# --- the model against the dataset's shape (item 12) ------------------------------------------
+# --- the model against the dataset's shape ----------------------------------------------------
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_that_waits(jo
 
 
 def test_the_waiting_dollars_read_at_the_precision_of_the_jobs_own_figures(job):
-    # The trial's job: $0.50/h, a cost of $0.0024, 0.3 rank-seconds waited (worth $0.00004).
+    # A small CPU job: $0.50/h, a cost of $0.0024, 0.3 rank-seconds waited (worth $0.00004).
     TrainingJob.objects.filter(pk=job.pk).update(hourly_price_usd=Decimal("0.50"), cost_usd=Decimal("0.0024"),
                                                  budget_usd=None, estimated_cost_usd=Decimal("0.5000"))
     job.refresh_from_db()

@@ -137,7 +137,7 @@ def test_wait_succeeded_exits_0_with_progress_and_json(ready):
 
 def test_wait_prints_every_transition_and_the_epochs_before_the_final_state(ready):
     """One sync pass can store a fast job's last metrics, RUNNING and SUCCEEDED between two polls:
-    --wait used to print PENDING → SUCCEEDED and then the epochs."""
+    printing the state seen at each poll would show PENDING → SUCCEEDED and then the epochs."""
     steps = iter(["submit", "all at once"])
 
     def fake_sleep(_):

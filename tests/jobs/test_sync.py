@@ -144,7 +144,7 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
         {"rank": 2, "samples_per_s": 199.0, "step_time_s": 0.1, "data_wait_s": 0.02, **NOT_REPORTED},
         {"rank": 3, "samples_per_s": 200.0, "step_time_s": 0.12, "data_wait_s": 0.03, **NOT_REPORTED},
     ]
-    # Terminal jobs are no longer synced.
+    # A terminal job is not synced again.
     assert sync.backend_sync(backend_id=scripted_backend.pk) == 0
     assert ScriptedBackend.calls["describe_many"] == 2
 
@@ -297,7 +297,7 @@ def test_spot_saving_compares_the_spot_price_with_on_demand(client, user, digits
     with sent_tasks(dispatch.SUBMIT_JOB):
         rerun = services.training_job_rerun(job=job, owner=user)
     assert (rerun.hourly_price_usd, rerun.on_demand_price_usd) == (Decimal("2"), Decimal("8"))
-    # A job stored before the on-demand price was kept is compared at its own price, as before.
+    # A job stored without an on-demand price is compared at its own price.
     TrainingJob.objects.filter(pk=job.pk).update(on_demand_price_usd=None)
     job.refresh_from_db()
     assert job.spot_saving == 0.0 and job.on_demand_cost_usd == Decimal("1.0000")

@@ -154,7 +154,7 @@ def test_unchanged_jobs_that_are_not_running_keep_their_numbers(quiet, template_
     assert (reload(no_start).cost_usd, no_start.state) == (Decimal("1.25"), S.RUNNING)
     assert (reload(stopping).billable_seconds, stopping.cost_usd, stopping.state) == (
         500.0, Decimal("2.0"), S.STOPPING)
-    assert QuietBackend.cancels == [stopping.provider_job_name]  # re-sent every pass, as before
+    assert QuietBackend.cancels == [stopping.provider_job_name]  # re-sent every pass while STOPPING
     assert all(reload(j).last_synced_at == at for j in (pending, no_start, stopping, reader))
     assert not JobEvent.objects.filter(job__in=[pending, no_start, stopping]).exists()
 

@@ -1,5 +1,5 @@
 """One gpubox run directory that has gone missing fails that job alone; the backend's other jobs
-sync in the same pass (issue 11, item 14). A missing run root is no verdict on any job."""
+sync in the same pass. A missing run root is no verdict on any job."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """jobs/validation.py, and the services that use it: what PostgreSQL cannot store (NaN, infinity, NUL,
 unpaired surrogates, deep nesting) is a ValidationError on its field from every caller, the CLI and
-other Python callers included, never a DataError from the database (issue 11, items 7 and 17)."""
+other Python callers included, never a DataError from the database."""
 
 from __future__ import annotations
 

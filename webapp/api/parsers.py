@@ -1,6 +1,6 @@
 """The API's JSON request parser: DRF's, with :func:`jobs.validation.loads` in place of ``json.load``,
-so a body nested thousands of levels deep is a 400 before Python's recursion limit is reached (it was
-a RecursionError, a 500).
+so a body nested thousands of levels deep is a 400 before Python's recursion limit is reached (where
+``json.load`` would raise a RecursionError, a 500).
 
 ``NaN`` and ``Infinity`` parse (to float NaN and infinity) instead of failing the whole body as DRF's
 strict mode does: each field then refuses them with its own message and the path inside the value

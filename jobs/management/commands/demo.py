@@ -206,8 +206,8 @@ class Command(BaseCommand):
                 )
 
     def _follow(self, job: TrainingJob | None, stopping: dict, exit_when_done: bool):
-        # Every transition and each epoch, in order (not the state seen once a second, which skipped
-        # the ones a single sync made); see selectors.training_job_progress.
+        # Every transition and each epoch, in order (not the state seen once a second, which would
+        # skip the states a single sync passes through); see selectors.training_job_progress.
         cursor, ended = (0, 0), False
         while not stopping["now"]:
             self._check_children()

@@ -174,7 +174,7 @@ def test_estimate_is_capped_by_the_jobs_budget_with_the_arithmetic(user, digits_
 
 def test_launch_refuses_a_strategy_the_backends_image_cannot_run(user, digits_dataset, cnn_model):
     """Vertex's default executor image has torch 2.4: fsdp (2.6) and pipeline (2.7) are refused at launch
-    with the versions, ddp runs; an image_uri with a newer torch lifts it (issue 11 item 5)."""
+    with the versions, ddp runs; an image_uri with a newer torch lifts it."""
     vertex = services.backend_create(owner=user, name="vx", kind="vertex",
                                      config={"project": "my-proj", "staging_bucket": "gs://stage/tb"})
     for strategy, need in (("fsdp", "2.6"), ("pipeline", "2.7")):
