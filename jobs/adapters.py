@@ -119,15 +119,15 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
     Host settings (:func:`backend_host_settings`: where a GPU box runs jobs, with which interpreter,
     how many processes) come from the installation (:data:`HOST_SETTING_SOURCES`); the row's values
     of them are used only while its owner is an active staff user (:func:`may_set_host_settings`).
-    A non-staff user's row never carries them since the service refuses them, and any such value left
-    from before (or from an owner no longer staff) is ignored here — the rule is the row's owner, at
-    the time of use.
+    A non-staff user's row never carries them since the service refuses them, and any such value a
+    row still holds (saved while its owner was staff) is ignored here — the rule is the row's owner,
+    at the time of use.
 
     The backend's stored ``secrets`` (decrypted) are passed to the adapter's constructor, which
     builds its SDK clients with them instead of the provider's default credential chain. A
     cloud backend without them uses the worker's own identity, so it is built only while its owner
     may use that (:func:`may_use_worker_credentials`, checked at the time of use like the host
-    settings): a row stored before the rule, or whose owner is no longer staff, raises
+    settings): one whose owner may not (e.g. not staff) raises
     :class:`CredentialsError` saying what to do, before any provider call.
 
     Raises :class:`BackendError` (e.g. InvalidSpec for a bad stored config, MissingDependency,

@@ -363,9 +363,9 @@ def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
     """Write :func:`_unchanged_fields` for every job of ``job_ids`` in one statement, and return the
     ids of those whose cost now reaches their budget (the caller stops them, one by one).
 
-    For the jobs ``describe_many`` left out whose logs this pass does not read: at 10,000 active
-    jobs, locking, updating and re-reading each row made a pass take 40–80 s (31,000 statements)
-    (bench/RESULTS.md, Scale). The values are those of the per-job path, computed by PostgreSQL from
+    For the jobs ``describe_many`` left out whose logs this pass does not read: one statement in
+    place of a lock, an update and a re-read per row, so a pass's database work grows with the jobs
+    that changed (at 10,000 active jobs: bench/RESULTS.md, "One sync of 10,000 active jobs"). The values are those of the per-job path, computed by PostgreSQL from
     the row under its lock by the SQL form of :func:`jobs.cost.run_seconds` and
     :func:`jobs.cost.job_cost_usd` (``run_seconds_sql``, ``job_cost_sql``, which tests/jobs/test_cost.py
     holds equal to them): recomputed absolutely, never added to. The rows are locked for this one

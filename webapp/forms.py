@@ -547,9 +547,9 @@ class TrainingJobForm(forms.Form):
 class JobListFilterForm(forms.Form):
     """The job list's query string (``?state=&backend=&q=``), checked like the API's filter.
 
-    The API answers an unknown state or a non-numeric backend with 400; the HTML list used to drop
-    them silently and show every job as if unfiltered. :meth:`problems` says what was wrong in words a
-    user can act on; :meth:`filters` gives the valid values only (a bad one is left out).
+    The API answers an unknown state or a non-numeric backend with 400; the HTML list says so too,
+    rather than dropping them silently and showing every job as if unfiltered. :meth:`problems` says
+    what was wrong in words a user can act on; :meth:`filters` gives the valid values only (a bad one is left out).
     """
 
     state = forms.CharField(required=False)

@@ -388,8 +388,8 @@ class GpuBoxBackend(Backend):
             if exit_info.get("cancelled"):
                 return JobStatus(JobState.CANCELLED, raw_state="cancelled",
                                  failure_reason=exit_info.get("reason") or "stopped by user", **common)
-            # A supervisor of before the max_runtime flag marked the stop by this prefix only; a run it
-            # started may still end after an upgrade.
+            # A supervisor from a release without the max_runtime flag marks the stop by this prefix
+            # only, and a run it started may end after an upgrade.
             if exit_info.get("max_runtime") or str(exit_info.get("reason", "")).startswith("MaxRuntimeExceeded"):
                 return JobStatus(JobState.FAILED, raw_state="max-runtime",
                                  failure_reason=exit_info["reason"], **common)

@@ -72,7 +72,7 @@ def test_the_api_and_rerun_refuse_it_too(user, cnn_model, local_backend):
                                        "nodes": 1, "procs_per_node": 1}, format="json")
     assert response.status_code == 400
     assert response.json()["dataset"][0].startswith("Dataset imagenet-s3 (s3://tb-data/imagenet/) cannot be read")
-    # A job stored before this check (its dataset on a backend that cannot read it) is not re-run.
+    # A stored job whose dataset its backend cannot read is not re-run either.
     job = TrainingJob.objects.create(owner=user, dataset=s3, model_spec=cnn_model, backend=local_backend,
                                      config={"data": {"format": "imagefolder", "uri": s3.uri}}, nodes=1,
                                      procs_per_node=1, state="FAILED")
