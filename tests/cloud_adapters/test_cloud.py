@@ -27,23 +27,9 @@ from cloud_adapters.base import (
     Throttled,
 )
 from cloud_adapters.cloud import LIST_SKEW_S, CloudBackend, Probe, StateTable
+from fake_clock import FakeClock
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-
-
-class FakeClock:
-    """Time that moves only when someone sleeps; every sleep recorded (seconds)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 class ApiError(Exception):

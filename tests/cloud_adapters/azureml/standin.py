@@ -48,6 +48,7 @@ import urllib3
 from azure.core.credentials import AccessToken, AccessTokenInfo
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest._requests_basic import RestRequestsTransportResponse
+from fake_clock import FakeClock
 
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000000aa"
 RESOURCE_GROUP = "rg-trainboard"
@@ -488,19 +489,6 @@ class StandinTransport(HttpTransport):
         return self.standin.handle(request)
 
 
-class FakeClock:
-    """Simulated time: ``sleep`` advances ``monotonic`` at once and records each wait."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(seconds, 0.0)
 
 
 SETTINGS = {"subscription_id": SUBSCRIPTION, "resource_group": RESOURCE_GROUP, "workspace": WORKSPACE,

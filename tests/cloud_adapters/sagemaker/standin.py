@@ -40,6 +40,7 @@ from adapter_standins import free_port
 from cloud_adapters import retry
 from cloud_adapters.base import JobSpec
 from cloud_adapters.sagemaker import SageMakerBackend
+from fake_clock import FakeClock
 
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
@@ -152,19 +153,6 @@ def install_stop(monkeypatch) -> None:
 # --- the adapter under test ----------------------------------------------------------------------------
 
 
-class FakeClock:
-    """Simulated time: ``sleep`` advances ``monotonic`` at once and records each wait."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(seconds, 0.0)
 
 
 def make_backend(clock: FakeClock | None = None, seed: int = 0, **config: Any) -> SageMakerBackend:

@@ -15,23 +15,11 @@ import pytest
 from adapter_standins import gcs_emulator
 from cloud_adapters import retry
 from standin import VertexStandIn
+from fake_clock import FakeClock
 
 STAGING = "gs://stage/tb"
 
 
-class FakeClock:
-    """Monotonic time that only moves when someone sleeps; every sleep recorded (seconds)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(seconds, 0.0)
 
 
 @pytest.fixture(autouse=True)
