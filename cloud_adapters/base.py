@@ -147,6 +147,25 @@ class Capabilities:
 
 
 @dataclasses.dataclass(frozen=True)
+class CodeBundle:
+    """A user's code archive as a backend receives it: stored once, named by its content.
+
+    The archive is the dashboard's normalized form (``jobs.code_archives``): a deterministic
+    ``.tar.gz`` whose members are relative paths (no leading directory), regular files only. A
+    backend puts its contents where ``config.code.dir`` says on the platform.
+    """
+
+    sha256: str  # hex SHA-256 of the archive's bytes
+    path: str  # absolute local path of the stored .tar.gz (the dashboard's content-addressed store)
+    requirements: str = ""  # text of the archive's top-level requirements.txt ("" = none)
+
+    @property
+    def name(self) -> str:
+        """``trainboard-code-<sha256[:16]>.tar.gz``: the object name in a bucket, uploaded once."""
+        return f"trainboard-code-{self.sha256[:16]}.tar.gz"
+
+
+@dataclasses.dataclass(frozen=True)
 class JobSpec:
     """Everything a backend needs to start one job (input record)."""
 
@@ -163,6 +182,11 @@ class JobSpec:
     trainer_package_uri: str = ""  # where the packaged trainer lies ("" = run from this checkout)
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # carry the Trainboard job id
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # extra environment variables
+    code: "CodeBundle | None" = None  # the user's code archive; None = Trainboard's trainer only
+    image: str = ""  # container image for this job ("" = the backend's default image)
+    secret_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # environment variables whose values are secrets: set in the job's processes, never logged,
+    # tagged or shown back (the backend's job secrets)
 
     @property
     def world_size(self) -> int:

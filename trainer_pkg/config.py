@@ -32,7 +32,7 @@ Precision = Literal["fp32", "bf16"]
 LRSchedule = Literal["constant", "cosine"]
 DataFormat = Literal["builtin", "imagefolder", "csv", "npz"]
 BuiltinDataset = Literal["digits"]
-Architecture = Literal["mlp", "cnn", "resnet"]
+Architecture = Literal["mlp", "cnn", "resnet", "custom"]
 Optimizer = Literal["sgd", "adamw"]
 DistBackend = Literal["auto", "gloo", "nccl"]
 OnNonfiniteLoss = Literal["stop", "warn"]
@@ -63,7 +63,15 @@ class ModelConfig:
     arch: Architecture = "cnn"
     """Architecture from the trainer's model registry (``trainer_pkg.models``)."""
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Architecture parameters; validated and completed with defaults by the model registry."""
+    """Architecture parameters; validated and completed with defaults by the model registry. For
+    ``custom``: any JSON object, passed to the entry point as keyword arguments."""
+    entry_point: str = ""
+    """``custom`` only: ``package.module:function`` in the user's code (``code.dir``); called as
+    ``function(num_classes=..., input_shape=(C, ...), **params)`` it returns a ``torch.nn.Module``
+    mapping a batch (B, *input_shape) to logits (B, num_classes)."""
+    shard_classes: list[str] = dataclasses.field(default_factory=list)
+    """FSDP only: class names of the submodules that each get their own ``fully_shard`` (e.g.
+    ``["Block"]``); empty = each layer of a built-in model, each top-level child of a custom one."""
 
 
 @dataclasses.dataclass
@@ -165,12 +173,28 @@ class OutputConfig:
 
 
 @dataclasses.dataclass
+class CodeConfig:
+    dir: str = ""
+    """Directory holding the user's unpacked code archive: first on ``sys.path`` for a ``custom``
+    model's entry point, and the working directory of a ``script``; "" = no user code. The backend
+    sets it to where the archive lies on the platform."""
+    sha256: str = ""
+    """SHA-256 of the code archive (hex), for the record: logged at start, shown on the job page."""
+    script: str = ""
+    """Run the user's own training script under the launcher instead of Trainboard's trainer: a
+    ``.py`` file relative to ``dir`` (``train.py``) or ``-m package.module``; "" = our trainer."""
+    args: list[str] = dataclasses.field(default_factory=list)
+    """Arguments passed to ``script`` as they are (never through a shell)."""
+
+
+@dataclasses.dataclass
 class JobConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+    code: CodeConfig = dataclasses.field(default_factory=CodeConfig)
 
     # -- serialisation ----------------------------------------------------------------------
 
@@ -336,6 +360,10 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected an object, got {value!r}")
         return dict(value)
+    if origin is list and get_args(hint) == (str,):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+        return list(value)
     raise ConfigError(f"{where}: unsupported field type {hint!r}")  # a schema bug, not user input
 
 
