@@ -7,6 +7,7 @@ requesting user). Every row has an owner.
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -133,13 +134,77 @@ class Dataset(Owned):
         return self.name
 
 
+class CodeArchive(models.Model):
+    """A user's code, normalized to one deterministic ``.tar.gz`` and stored once by its SHA-256.
+
+    Content-addressed and shared, so not owned: the same files uploaded by two users are one row and
+    one file. A user sees an archive only through the models and jobs of theirs that use it. Written by
+    :func:`jobs.code_archives.store`; the file lies at :attr:`path` (docs/user-code.md "Code archives").
+    """
+
+    sha256 = models.CharField(max_length=64, unique=True, help_text="Hex SHA-256 of the normalized .tar.gz.")
+    size_bytes = models.PositiveBigIntegerField(help_text="Size of the normalized .tar.gz, bytes.")
+    file_count = models.PositiveIntegerField(help_text="Regular files in the archive.")
+    files = models.JSONField(
+        default=list, blank=True,
+        help_text="Member paths, sorted; at most the first 2,000 (TRAINBOARD_CODE_MAX_FILES' default).")
+    requirements = models.TextField(blank=True, help_text="Text of the archive's top-level requirements.txt.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    FILES_KEPT = 2000
+    """How many member paths :attr:`files` keeps (the rest are counted in :attr:`file_count`)."""
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+        verbose_name = "code archive"
+
+    def __str__(self) -> str:
+        return self.sha256[:12]
+
+    @property
+    def short_sha(self) -> str:
+        """The first 12 hex digits of the hash, as the pages show it."""
+        return self.sha256[:12]
+
+    @property
+    def path(self) -> Path:
+        """Where the archive lies: ``<TRAINBOARD_CODE_STORE>/<sha[:2]>/<sha>.tar.gz``."""
+        return Path(settings.TRAINBOARD_CODE_STORE) / self.sha256[:2] / f"{self.sha256}.tar.gz"
+
+
 class ModelSpec(Owned):
-    """A model architecture from the trainer's registry with validated parameters."""
+    """A model to train: a built-in architecture from the trainer's registry with validated
+    parameters, a user's model function in a code archive (``kind`` code), or a user's training
+    script in one (``kind`` script)."""
+
+    class Kind(models.TextChoices):
+        BUILTIN = "builtin", "Built-in architecture"
+        CODE = "code", "My model, Trainboard's trainer"
+        SCRIPT = "script", "My training script"
 
     name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. digits-cnn.")
     description = models.TextField(blank=True)
-    architecture = models.CharField(max_length=50, help_text="mlp, cnn or resnet.")
-    params = models.JSONField(default=dict, blank=True, help_text="Architecture parameters (JSON).")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.BUILTIN)
+    architecture = models.CharField(
+        max_length=50, blank=True,
+        help_text="Built-in: mlp, cnn or resnet. Kind code: custom (the trainer's name for a user's "
+                  "model). Kind script: blank.")
+    params = models.JSONField(
+        default=dict, blank=True,
+        help_text="Built-in: architecture parameters; kind code: the model function's keyword arguments (JSON).")
+    code = models.ForeignKey(
+        CodeArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="model_specs",
+        help_text="The archive holding the model function or the script (kinds code and script).")
+    entry_point = models.CharField(
+        max_length=300, blank=True,
+        help_text="Kind code: package.module:function returning a torch.nn.Module. Kind script: a file "
+                  "in the archive (train.py) or -m package.module.")
+    script_args = models.JSONField(default=list, blank=True, help_text="Kind script: its argument list.")
+    shard_classes = models.JSONField(
+        default=list, blank=True,
+        help_text="Kind code, FSDP: class names sharded one fully_shard each (default: each top-level child).")
+    image = models.CharField(
+        max_length=500, blank=True, help_text="Container image for this model's jobs; blank = the backend's.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="modelspec_unique_name")]
@@ -159,6 +224,10 @@ class ComputeBackend(Owned):
     secrets = EncryptedJSONField(
         help_text="Credentials the adapter needs when the platform identity is not used; encrypted at "
                   "rest, never rendered back.",
+    )
+    job_secrets = EncryptedJSONField(
+        help_text="Environment variables (name → value) set in this backend's jobs, e.g. API tokens "
+                  "the user's code needs; encrypted at rest, never logged or rendered back.",
     )
     enabled = models.BooleanField(default=True)
 
@@ -207,6 +276,16 @@ class TrainingJob(Owned):
     rerun_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns"
     )
+    code = models.ForeignKey(
+        CodeArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
+        help_text="The code archive the job ran (a re-run runs the same one); null = Trainboard's trainer only.")
+    image = models.CharField(max_length=500, blank=True, help_text="Container image; blank = the backend's.")
+    env = models.JSONField(
+        default=dict, blank=True, help_text="Non-secret environment variables (name → value) of the job's processes.")
+    dataset_fingerprint = models.JSONField(
+        null=True, blank=True,
+        help_text="What identified the dataset's content when the job was created (sizes, times, "
+                  "ETags, generations); null when not taken.")
 
     # Frozen at creation: the full trainer config plus the cluster shape it asks for.
     config = models.JSONField(help_text="trainer_pkg JobConfig, frozen at creation.")

@@ -314,6 +314,21 @@ if not PRODUCTION:
 TRAINBOARD_DATASET_ROOTS = [str(Path(p).resolve()) for p in
                             env.list("TRAINBOARD_DATASET_ROOTS", default=_dataset_roots_default) if p]
 
+# Users' code archives (docs/user-code.md "Code archives", jobs.code_archives): where the normalized
+# archives are stored once by SHA-256, the directories a model's code may be registered from (symlinks
+# and ".." resolved; defaults like the dataset roots), and the limits: bytes (the upload as sent and
+# the archive's total uncompressed size, each) and regular files.
+TRAINBOARD_CODE_STORE = Path(env.str("TRAINBOARD_CODE_STORE", default=str(VAR_DIR / "code"))).resolve()
+_code_roots_default = [str(VAR_DIR / "code-src")]
+if not PRODUCTION:
+    _code_roots_default.append(tempfile.gettempdir())
+TRAINBOARD_CODE_ROOTS = [str(Path(p).resolve()) for p in
+                         env.list("TRAINBOARD_CODE_ROOTS", default=_code_roots_default) if p]
+TRAINBOARD_CODE_MAX_BYTES = env.int("TRAINBOARD_CODE_MAX_BYTES", default=50 * 1024 * 1024)  # bytes (50 MiB)
+TRAINBOARD_CODE_MAX_FILES = env.int("TRAINBOARD_CODE_MAX_FILES", default=2000)
+if TRAINBOARD_CODE_MAX_BYTES < 1 or TRAINBOARD_CODE_MAX_FILES < 1:
+    raise ImproperlyConfigured("TRAINBOARD_CODE_MAX_BYTES and TRAINBOARD_CODE_MAX_FILES must be at least 1")
+
 # The GPU box's host settings: where it keeps one run directory per job (job.json, log, metrics,
 # exit code), the interpreter that runs torchrun, and the most ranks one job may start there. They
 # are the box operator's decision (DESIGN.md §8): only these settings or a staff user's backend set
