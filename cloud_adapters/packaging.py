@@ -31,7 +31,7 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -108,6 +108,20 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> Non
     tar.addfile(info, io.BytesIO(data))
 
 
+def deterministic_tar_gz(entries: Iterable[tuple[str, bytes, int]]) -> bytes:
+    """``(archive path, contents, mode)`` entries, in the order given, as ``.tar.gz`` bytes that depend
+    on nothing else: mtime 0, uid/gid 0, no owner names, regular files only, a gzip header without
+    name or time. Sort the entries first for bytes independent of the order they were found in."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, mode in entries:
+            _add(tar, name, data, mode)
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
 def build_archive(source_root: Path | str | None = None) -> TrainerArchive:
     """The trainer archive of ``source_root/trainer_pkg`` (default: this checkout's).
 
@@ -121,15 +135,7 @@ def build_archive(source_root: Path | str | None = None) -> TrainerArchive:
     entries = [(ENTRY_SCRIPT, ENTRY_SOURCE.encode(), 0o755), (BASE_CONFIG, b"{}\n", 0o644)]
     entries += [(rel, path.read_bytes(), 0o644) for rel, path in _trainer_files(package)]
     entries.sort(key=lambda e: e[0])
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data, mode in entries:
-            _add(tar, name, data, mode)
-    out = io.BytesIO()
-    # mtime=0 and no file name in the gzip header: the compressed bytes depend on content only.
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
-        gz.write(raw.getvalue())
-    data = out.getvalue()
+    data = deterministic_tar_gz(entries)
     return TrainerArchive(data=data, sha256=hashlib.sha256(data).hexdigest(),
                           members=tuple(e[0] for e in entries))
 
