@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, get_args
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db import transaction
 
 from cloud_adapters.base import BackendError, ConnectionCheck, InstanceOffer, InvalidSpec, with_article
 from cloud_adapters import registry
@@ -28,9 +31,22 @@ from jobs.adapters import (
     may_set_host_settings,
     worker_credentials_refusal,
 )
+from jobs import code_archives
 from jobs.deadlines import clean_state_deadlines
 from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, Dataset, ModelSpec
-from jobs.validation import ALL, Errors, full_clean, json_object, member_team, name_taken, team_field, update_row
+from jobs.validation import (
+    ALL,
+    Errors,
+    JSONInputError,
+    full_clean,
+    json_object,
+    loads,
+    member_team,
+    name_taken,
+    team_field,
+    text_problem,
+    update_row,
+)
 from trainer_pkg.config import BuiltinDataset, ConfigError, Strategy
 from trainer_pkg.datasets import inspect_dataset
 from trainer_pkg.registry import ARCHITECTURES, validate_model_params
@@ -131,15 +147,48 @@ def dataset_update(*, dataset: Dataset, **fields: Any) -> Dataset:
 # Model specs
 # =============================================================================================
 
-_MODEL_FIELDS = {"name", "description", "architecture", "params", "team"}
+_MODEL_FIELDS = {"name", "description", "kind", "architecture", "params", "team", "entry_point", "script_args",
+                 "shard_classes", "image"}
+_CODE_FIELDS = ("entry_point", "script_args", "shard_classes")
+CUSTOM_ARCHITECTURE = "custom"
+"""The trainer's ``model.arch`` for a user's model (``trainer_pkg.config``): what a model of kind
+code stores as its architecture."""
+MAX_SCRIPT_ARGS = 200
+MAX_SHARD_CLASSES = 50
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IMAGE = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"  # registry host[:port]/
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # repository path
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")  # :tag, @digest
+"""A container image reference as Docker reads one (``registry/path:tag@sha256:…``): ECR, Artifact
+Registry and ACR URIs all take this form."""
 
 
-def _validate_model_spec(errors: Errors, spec: ModelSpec) -> None:
+def _validate_model_spec(errors: Errors, spec: ModelSpec, archive: code_archives.NormalizedArchive | None = None) -> None:
+    """Every check of ``spec``, its errors added to ``errors``. ``archive``: the code given with this
+    write (already normalized), else the stored one is read back when the entry point must be checked."""
     full_clean(errors, spec)
     if spec.name and name_taken(ModelSpec, spec.owner, spec.name, spec.pk):
         errors.add("name", f"You already have a model named {spec.name}; choose another name.")
     if spec.team_id is not None and not spec.team.members.filter(pk=spec.owner_id).exists():
         errors.add("team", "Choose one of your teams; you are not a member of this one.")
+    _check_image(errors, spec)
+    if spec.kind == ModelSpec.Kind.BUILTIN:
+        if archive is not None or spec.code_id is not None:
+            errors.add("code", "A built-in model takes no code; choose kind code (your model function) or "
+                               "script (your training script) to use an archive.")
+        for field in _CODE_FIELDS:
+            if getattr(spec, field):
+                errors.add(field, f"Only a model of kind code or script has {field.replace('_', ' ')}; remove it, "
+                                  f"or choose one of those kinds.")
+        _validate_builtin_params(errors, spec)
+        return
+    if spec.kind not in ModelSpec.Kind.values:
+        return  # full_clean said so
+    _validate_user_code(errors, spec, archive)
+
+
+def _validate_builtin_params(errors: Errors, spec: ModelSpec) -> None:
     arch = ARCHITECTURES.get(spec.architecture)
     example = json.dumps(arch.defaults()) if arch else '{"hidden_size": 128}'
     params = json_object(errors, "params", spec.params, what="Parameters", example=example)
@@ -152,6 +201,90 @@ def _validate_model_spec(errors: Errors, spec: ModelSpec) -> None:
         errors.add(field, _param_message(str(exc)))
 
 
+def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.NormalizedArchive | None) -> None:
+    """Kinds code and script: an archive, an entry point (or script) in it, their lists."""
+    is_code = spec.kind == ModelSpec.Kind.CODE
+    spec.architecture = CUSTOM_ARCHITECTURE if is_code else ""
+    if archive is None and spec.code_id is None and "code" not in errors:
+        errors.add("code", "Give the model's code: upload a .zip or .tar.gz, or name a directory on the server.")
+    if is_code:
+        params = json_object(errors, "params", spec.params, what="Parameters", example='{"hidden_size": 128}')
+        reserved = sorted({"num_classes", "input_shape"} & set(params or {}))
+        if reserved:
+            errors.add("params", f"Parameters: {', '.join(reserved)} come from the dataset; remove "
+                                 f"{'it' if len(reserved) == 1 else 'them'}.")
+        elif params is not None:
+            spec.params = params
+        spec.shard_classes = _string_list(errors, "shard_classes", spec.shard_classes, what="Shard classes",
+                                          most=MAX_SHARD_CLASSES, identifiers=True)
+        if spec.script_args:
+            errors.add("script_args", "Only a model of kind script takes script arguments; your model "
+                                      "function takes parameters (JSON).")
+    else:
+        if spec.params:
+            errors.add("params", "A script takes no parameters (JSON): give it script arguments instead.")
+        spec.script_args = _string_list(errors, "script_args", spec.script_args, what="Script arguments",
+                                        most=MAX_SCRIPT_ARGS)
+        if spec.shard_classes:
+            errors.add("shard_classes", "Only a model of kind code has shard classes: a script shards its "
+                                        "model itself.")
+    spec.entry_point = (spec.entry_point or "").strip()
+    if not spec.entry_point:
+        errors.add("entry_point", "Give the entry point: package.module:function returning the torch.nn.Module "
+                                  "(e.g. mymodel.net:build)." if is_code else
+                                  "Give the script: a .py file in the archive (train.py) or -m package.module.")
+        return
+    if "entry_point" in errors:
+        return
+    if archive is None and spec.code_id is not None and "code" not in errors:
+        try:
+            archive = code_archives.load_stored(spec.code)
+        except code_archives.ArchiveError as exc:
+            errors.add("code", f"The stored archive {spec.code.short_sha} cannot be read ({exc}); upload the "
+                               f"code again.")
+    if archive is None:
+        return
+    try:
+        (code_archives.check_entry_point if is_code else code_archives.check_script)(archive, spec.entry_point)
+    except code_archives.ArchiveError as exc:
+        errors.add("entry_point", str(exc))
+
+
+def _string_list(errors: Errors, field: str, value: Any, *, what: str, most: int,
+                 identifiers: bool = False) -> list[str]:
+    """``value`` (a list of strings, or a JSON array in a string; "" = []) checked: at most ``most``
+    items of at most 1,000 characters each, storable text (and Python names when ``identifiers``)."""
+    if isinstance(value, str):
+        try:
+            value = loads(value) if value.strip() else []
+        except JSONInputError as exc:
+            errors.add(field, f"{what}: {exc}")
+            return []
+    example = '["Block"]' if identifiers else '["--epochs", "3"]'
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        errors.add(field, f"{what} must be a list of strings, e.g. {example}.")
+        return []
+    if len(value) > most:
+        errors.add(field, f"{what}: at most {most} items, got {len(value)}.")
+        return []
+    for index, item in enumerate(value):
+        problem = text_problem(item) or ("longer than 1,000 characters." if len(item) > 1000 else None)
+        if identifiers and problem is None and not _IDENTIFIER.fullmatch(item):
+            problem = f"{item!r} is not a Python class name."
+        if problem is not None:
+            errors.add(field, f"{what} [{index}]: {problem}")
+    return list(value)
+
+
+def _check_image(errors: Errors, spec: ModelSpec) -> None:
+    spec.image = (spec.image or "").strip()
+    if spec.image and "image" not in errors and not _IMAGE.fullmatch(spec.image):
+        errors.add("image", f"Image: {spec.image[:100]!r} is not a container image reference; give one like "
+                            f"123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1.0, "
+                            f"us-docker.pkg.dev/project/repo/train:1.0 or myregistry.azurecr.io/train:1.0, "
+                            f"or leave it blank for the backend's image.")
+
+
 def _param_message(text: str) -> str:
     """A model-parameter error (``model.params.num_layers: unknown parameter for cnn``) worded for the
     Parameters field the user filled in: ``Parameter num_layers: unknown parameter for cnn``."""
@@ -162,34 +295,99 @@ def _param_message(text: str) -> str:
     return f"Parameter {name}:{rest}" if name else f"Parameters:{rest}"
 
 
-def model_spec_create(*, owner, name: str, architecture: str, params: dict | None = None,
-                      description: str = "", team=None) -> ModelSpec:
-    """Register a model: an architecture from the trainer's registry; ``params`` completed with defaults.
+def _read_code(errors: Errors, code: Any) -> code_archives.NormalizedArchive | None:
+    """``code`` (an uploaded file: anything with ``read``; or a directory path on the server) read
+    and normalized; None with the reason on ``code`` when it is refused, or when ``code`` is None."""
+    if code in (None, ""):
+        return None
+    try:
+        if hasattr(code, "read"):
+            return code_archives.normalize_upload(code, str(getattr(code, "name", "") or ""))
+        if isinstance(code, (str, os.PathLike)):
+            return code_archives.normalize_directory(code)
+    except code_archives.ArchiveError as exc:
+        errors.add("code", str(exc))
+        return None
+    errors.add("code", "Code must be an uploaded .zip or .tar.gz, or a directory path on the server.")
+    return None
 
-    ``team`` (a Team or its pk; None/"" = private) must be one of ``owner``'s teams: its members then
-    see the model and may launch jobs with it. Raises ValidationError keyed by field.
-    """
-    errors = Errors()
-    team = member_team(errors, team, owner)
-    spec = ModelSpec(owner=owner, name=(name or "").strip(), architecture=architecture or "",
-                     params=params if params is not None else {}, description=description or "", team=team)
-    _validate_model_spec(errors, spec)
-    errors.raise_if_any()
-    spec.save()
+
+def _save_with_code(spec: ModelSpec, archive: code_archives.NormalizedArchive | None) -> ModelSpec:
+    """Store ``archive`` (when given) and save ``spec`` pointing at it, in one transaction. Should
+    the save fail after the file was written, the file stays with no row: harmless, because it is
+    named by its content and the next store of the same files uses it as it is."""
+    with transaction.atomic():
+        if archive is not None:
+            spec.code = code_archives.store(archive)
+        spec.save()
     return spec
 
 
-def model_spec_update(*, model_spec: ModelSpec, **fields: Any) -> ModelSpec:
-    """Change some of ``name, description, architecture, params, team`` (params re-validated; ``team``
-    as for :func:`dataset_update`). A new ``architecture`` without ``params`` takes that
-    architecture's default parameters (the old ones belong to the old architecture), as the form's
-    parameters follow its architecture. Raises ValidationError; the row is untouched then."""
+def model_spec_create(*, owner, name: str, architecture: str = "", params: dict | None = None,
+                      description: str = "", team=None, kind: str = ModelSpec.Kind.BUILTIN, code: Any = None,
+                      entry_point: str = "", script_args: list[str] | None = None,
+                      shard_classes: list[str] | None = None, image: str = "") -> ModelSpec:
+    """Register a model (docs/user-code.md):
+
+    - kind ``builtin``: an ``architecture`` from the trainer's registry; ``params`` completed with defaults.
+    - kind ``code``: ``code`` plus ``entry_point`` ``package.module:function`` (checked statically: the
+      module's file defines the function), called with ``params`` (JSON object, without ``num_classes``
+      / ``input_shape``) as keyword arguments; ``shard_classes``: class names for FSDP (Python names).
+    - kind ``script``: ``code`` plus ``entry_point`` ``train.py`` (a file in it) or ``-m package.module``,
+      run with ``script_args`` (strings).
+
+    ``code``: an uploaded file (``.zip``/``.tar.gz``, anything with ``read``) or a directory path under
+    ``TRAINBOARD_CODE_ROOTS`` (:mod:`jobs.code_archives`; normalized and stored once by SHA-256).
+    ``image``: a container image reference for the model's jobs, or "". ``team`` (a Team or its pk;
+    None/"" = private) must be one of ``owner``'s teams: its members then see the model and may launch
+    jobs with it. Raises ValidationError with every error keyed by field (``code``, ``entry_point``,
+    ...); nothing is stored then, neither row nor archive file.
+    """
+    errors = Errors()
+    team = member_team(errors, team, owner)
+    archive = _read_code(errors, code)
+    spec = ModelSpec(owner=owner, name=(name or "").strip(), kind=kind or "", architecture=architecture or "",
+                     params=params if params is not None else {}, description=description or "", team=team,
+                     entry_point=entry_point or "", script_args=script_args if script_args is not None else [],
+                     shard_classes=shard_classes if shard_classes is not None else [], image=image or "")
+    _validate_model_spec(errors, spec, archive)
+    errors.raise_if_any()
+    return _save_with_code(spec, archive)
+
+
+def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any) -> ModelSpec:
+    """Change some of ``name, description, kind, architecture, params, team, entry_point, script_args,
+    shard_classes, image`` and, with ``code`` (as for :func:`model_spec_create`), the archive; the
+    entry point is re-checked against the new archive or the stored one. A new ``architecture``
+    without ``params`` takes that architecture's default parameters (the old ones belong to the old
+    architecture), as the form's parameters follow its architecture; a change to kind builtin drops
+    the archive. ``team`` as for :func:`dataset_update`. Raises ValidationError; the row is untouched
+    and nothing is stored then."""
     errors = Errors()
     if "params" not in fields and fields.get("architecture", model_spec.architecture) != model_spec.architecture:
         fields = {**fields, "params": {}}  # completed with the new architecture's defaults
     fields = team_field(errors, fields, model_spec.owner)
-    return update_row(model_spec, fields, allowed=_MODEL_FIELDS, validate=_validate_model_spec,
-                   empty={"params": {}, "team": None}, errors=errors)
+    unknown = set(fields) - _MODEL_FIELDS
+    if unknown:
+        raise TypeError(f"ModelSpec: unknown fields {sorted(unknown)}")
+    original = {f: getattr(model_spec, f) for f in _MODEL_FIELDS | {"code"}}
+    empty = {"params": {}, "team": None, "script_args": [], "shard_classes": []}
+    for field, value in fields.items():
+        setattr(model_spec, field, empty.get(field, "") if value is None else value)
+    if model_spec.kind != original["kind"]:
+        # What a kind takes belongs to that kind: the fields not given start empty under the new one.
+        for field in ("params", "entry_point", "script_args", "shard_classes"):
+            if field not in fields:
+                setattr(model_spec, field, empty.get(field, ""))
+        if model_spec.kind == ModelSpec.Kind.BUILTIN and code in (None, ""):
+            model_spec.code = None  # the old archive stays for the jobs that ran it
+    archive = _read_code(errors, code)
+    _validate_model_spec(errors, model_spec, archive)
+    if errors:
+        for field, value in original.items():
+            setattr(model_spec, field, value)
+        errors.raise_if_any()
+    return _save_with_code(model_spec, archive)
 
 
 # =============================================================================================
