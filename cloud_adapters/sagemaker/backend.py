@@ -3,7 +3,17 @@
 What a job is made of (clouds.md §1.1 for every request field):
 
 * the trainer archive (:mod:`cloud_adapters.packaging`), uploaded once per content hash to
-  ``s3://<bucket>/<prefix>/code/trainboard-trainer-<sha256[:16]>.tar.gz``;
+  ``s3://<bucket>/<prefix>/code/trainboard-trainer-<sha256[:16]>.tar.gz``; with user code
+  (``JobSpec.code``) the archive also holds the user's files at its root, beside ``trainer_pkg/``, and
+  is named by the hash of the whole: the toolkit unpacks it into ``/opt/ml/code``, installs a root
+  ``requirements.txt`` with ``pip install -r requirements.txt`` there before the entry script
+  (sagemaker-training ``entry_point.install``), and the job's ``code.dir`` hyperparameter is ``"."``
+  (:data:`~cloud_adapters.packaging.CODE_DIR_HERE`: the directory holding ``trainer_pkg/``, which is
+  also the entry script's working directory);
+* the image: ``JobSpec.image`` when set, else the backend's ``image_uri``;
+* ``JobSpec.env`` and ``JobSpec.secret_env`` in the request's ``Environment`` (how SageMaker passes
+  variables to the container; DescribeTrainingJob shows them to whoever may describe the job), never in
+  the tags or hyperparameters;
 * CreateTrainingJob with AWS's PyTorch training image in script mode: ``sagemaker_program`` =
   ``trainboard_entry.py`` in ``sagemaker_submit_directory`` = the archive. The toolkit runs the entry
   once per instance; it starts ``python -m trainer_pkg.launch``, which reads SM_HOSTS/SM_CURRENT_HOST
@@ -64,6 +74,7 @@ NAME_MAX = 63
 NAME_RE = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # TrainingJobName, clouds.md §1.1 [B]
 BUCKET_RE = re.compile(r"(?!\d+\.\d+\.\d+\.\d+$)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3 bucket naming rules
 REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d")
+IMAGE_RE = re.compile(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?")  # <registry>/<repository>[:tag|@digest]
 ENV_KEY_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Environment keys, botocore model
 TAG_RE = re.compile(r"[\w\s.:/=+\-@]*", re.UNICODE)  # Tag Key/Value pattern, botocore model
 
@@ -288,7 +299,7 @@ class SageMakerBackend(CloudBackend):
             # The default image is the region's: without a valid region there is none to check.
             if image.strip() or not problems.has("region"):
                 out["image_uri"] = image.strip() or default_image_uri(region)
-                if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", out["image_uri"]):
+                if not IMAGE_RE.fullmatch(out["image_uri"]):
                     raise InvalidSpec(
                         f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {out['image_uri']!r}.")
 
@@ -409,7 +420,14 @@ class SageMakerBackend(CloudBackend):
             _parse_s3(spec.dataset_uri, "dataset")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
-        if len(hyperparameters(spec.config)) + 5 > MAX_HYPERPARAMETERS:
+        if spec.image and not IMAGE_RE.fullmatch(spec.image):
+            raise InvalidSpec(f"image {spec.image!r}: expected an ECR image URI '<registry>/<repository>[:tag|@digest]', "
+                              f"e.g. 123456789012.dkr.ecr.{self.region}.amazonaws.com/my-training:1.")
+        if spec.code is not None and spec.trainer_package_uri.startswith("s3://"):
+            raise InvalidSpec(f"trainer package {spec.trainer_package_uri!r}: a job with its own code ships the "
+                              f"trainer and the code as one archive, so the trainer must be a directory that "
+                              f"contains trainer_pkg/ (or empty for this installation's).")
+        if len(hyperparameters(self._config(spec))) + 5 > MAX_HYPERPARAMETERS:
             raise InvalidSpec(f"config: more than {MAX_HYPERPARAMETERS - 5} fields; SageMaker takes "
                               f"{MAX_HYPERPARAMETERS} hyperparameters.")
         self._tags(spec)
@@ -426,18 +444,29 @@ class SageMakerBackend(CloudBackend):
         return [{"Key": k, "Value": v} for k, v in tags.items()]
 
     def _environment(self, spec: JobSpec) -> dict[str, str]:
+        """The request's Environment: ours, then ``spec.env``, then ``spec.secret_env`` (a message about
+        a variable names it, never its value)."""
         env = {"PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name,
                packaging.PROCS_ENV: str(spec.procs_per_node)}
         env.update({str(k): str(v) for k, v in spec.env.items()})
+        env.update({str(k): str(v) for k, v in spec.secret_env.items()})
         if len(env) > MAX_ENVIRONMENT:
-            raise InvalidSpec(f"env: {len(env)} variables, SageMaker takes at most {MAX_ENVIRONMENT}.")
+            raise InvalidSpec(f"env: {len(env)} variables (with the job's secrets), SageMaker takes at most "
+                              f"{MAX_ENVIRONMENT}.")
         for key, value in env.items():
             if not ENV_KEY_RE.fullmatch(key) or len(key) > 512 or len(value) > 512:
                 raise InvalidSpec(f"env {key!r}: names are letters, digits and '_' (not starting with a "
                                   f"digit); names and values at most 512 characters.")
         return env
 
-    def _image(self, instance_type: str) -> str:
+    def _config(self, spec: JobSpec) -> dict[str, Any]:
+        """The job's config as the hyperparameters carry it: ``code.dir`` and ``code.sha256`` set when
+        the job has user code (its files lie beside trainer_pkg/ in the submit directory)."""
+        return packaging.config_with_code(spec.config, spec.code, packaging.CODE_DIR_HERE)
+
+    def _image(self, instance_type: str, job_image: str = "") -> str:
+        if job_image:
+            return job_image
         image = self.config["image_uri"]
         if image == default_image_uri(self.region) and INSTANCE_GPUS.get(instance_type) == 0:
             return default_image_uri(self.region, gpu=False)  # the CPU build of the same container
@@ -452,7 +481,7 @@ class SageMakerBackend(CloudBackend):
         ``trainer_uri`` (field meanings and limits: clouds.md §1.1). Makes no call."""
         name = training_job_name(spec.job_name)
         itype = spec.instance_type or self.config["instance_type"]
-        hps = hyperparameters(spec.config)
+        hps = hyperparameters(self._config(spec))
         hps.update({
             # Script mode of AWS's framework containers, JSON-encoded as the SDK sends them (§1.1).
             "sagemaker_program": json.dumps(packaging.ENTRY_SCRIPT),
@@ -468,7 +497,8 @@ class SageMakerBackend(CloudBackend):
         request: dict[str, Any] = {
             "TrainingJobName": name,
             "RoleArn": self.config["role_arn"],
-            "AlgorithmSpecification": {"TrainingImage": self._image(itype), "TrainingInputMode": "FastFile"},
+            "AlgorithmSpecification": {"TrainingImage": self._image(itype, spec.image),
+                                       "TrainingInputMode": "FastFile"},
             "HyperParameters": hps,
             "OutputDataConfig": {"S3OutputPath": spec.output_uri or self._s3_uri("output")},
             "CheckpointConfig": {"S3Uri": spec.checkpoint_uri or self._s3_uri("checkpoints", name),
@@ -493,15 +523,23 @@ class SageMakerBackend(CloudBackend):
         """The archive's S3 URI, uploading it first when the bucket lacks it (HeadObject).
 
         ``spec.trainer_package_uri``: "" packages this checkout's trainer_pkg; an ``s3://`` URI is
-        used as is; a local directory holding ``trainer_pkg/`` is packaged from there.
+        used as is; a local directory holding ``trainer_pkg/`` is packaged from there. ``spec.code``'s
+        files join the archive at its root (:func:`~cloud_adapters.packaging.build_archive`): a member
+        named like one of ours, or a top-level ``setup.py``, is refused with :class:`InvalidSpec`.
         """
         source = spec.trainer_package_uri
-        if source.startswith("s3://"):
+        if source.startswith("s3://") and spec.code is None:
             return source
         if source and not Path(source, "trainer_pkg", "__init__.py").is_file():
-            raise InvalidSpec(f"trainer package {source!r}: expected an s3:// URI or a directory that "
+            raise InvalidSpec(f"trainer package {source!r}: expected "
+                              f"{'a directory' if spec.code is not None else 'an s3:// URI or a directory'} that "
                               f"contains trainer_pkg/ (leave it empty to ship this installation's).")
-        archive = packaging.build_archive(source or None)
+        archive = packaging.build_archive(source or None, code=spec.code)
+        if spec.code is not None and "setup.py" in archive.members:
+            # The toolkit would `pip install .` the submit directory as a package instead of running the script.
+            raise InvalidSpec("code archive member 'setup.py': SageMaker's training toolkit installs a submit "
+                              "directory with a top-level setup.py as a Python package; move setup.py into "
+                              "a subdirectory, or list your dependencies in requirements.txt.")
         uri, _ = packaging.upload_once(self.client("s3"), archive, bucket=self.config["bucket"],
                                        prefix=self.config["prefix"],
                                        call=lambda fn: self.call(fn, "S3"))
