@@ -5,6 +5,11 @@ What a job is made of (clouds.md §2.1 for every field):
 
 * the trainer as a pip-installable source archive (:mod:`cloud_adapters.vertex.package`), uploaded once
   per content hash to ``gs://<bucket>/<prefix>/code/trainboard-trainer-<sha256[:16]>.tar.gz``;
+* with the user's code (``JobSpec.code``), a second archive in ``package_uris``: the code as a package
+  whose dependencies are its ``requirements.txt`` (:func:`cloud_adapters.vertex.package.build_code_sdist`),
+  uploaded once per content hash beside the trainer's; the config's ``code.dir`` is that package's
+  directory name, relative to the site-packages both are installed into (:func:`~.package.code_dir`);
+* ``executor_image_uri``: ``JobSpec.image`` when set, else the backend's ``image_uri``;
 * the job's config as JSON at ``gs://<bucket>/<prefix>/jobs/<label>/trainboard_job.json``, read by
   the trainer through Vertex's Cloud Storage FUSE mount ``/gcs/<bucket>/…`` (the mount the trainer
   already reads ``AIP_MODEL_DIR``/``AIP_CHECKPOINT_DIR`` through, trainer_pkg/platforms.py
@@ -13,7 +18,8 @@ What a job is made of (clouds.md §2.1 for every field):
   (omitted for one node) — the order Vertex gives meaning to (§2.1); each a ``PythonPackageSpec``
   (``executor_image_uri`` = the prebuilt PyTorch image, ``package_uris`` = [the archive],
   ``python_module`` = ``trainer_pkg.launch``, ``args`` = ``--config /gcs/… --platform vertex
-  --nproc-per-node N``), the machine type and accelerators; ``scheduling`` (timeout = max runtime,
+  --nproc-per-node N``, ``env`` = ``JobSpec.env`` and ``JobSpec.secret_env``), the machine type and
+  accelerators; ``scheduling`` (timeout = max runtime,
   SPOT strategy for spot, ``restart_job_on_worker_restart`` for more than one node: DDP is not
   resilient to a worker leaving, and the trainer resumes from its checkpoint); ``base_output_directory``
   ``gs://<bucket>/<prefix>/output/<label>/`` so Vertex sets ``AIP_MODEL_DIR`` = ``<base>/model/`` and
@@ -49,7 +55,7 @@ import re
 import threading
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from cloud_adapters import _gcp, retry
+from cloud_adapters import _gcp, packaging, retry
 from cloud_adapters.base import (
     TAG_JOB_NAME,
     BackendError,
@@ -82,6 +88,7 @@ ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PROJECT_RE = re.compile(r"([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")  # project ids: 6–30, optional domain
 REGION_RE = re.compile(r"[a-z]+(-[a-z]+)+\d+")
 BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # GCS bucket names
+IMAGE_RE = re.compile(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?")  # <registry>/<repository>[:tag|@digest]
 MACHINE_RE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)+")
 ENDPOINT_RE = re.compile(r"(https?://)?[A-Za-z0-9.-]+(:\d+)?/?")
 SA_RE = re.compile(r"[a-z0-9-_.+]+@[a-z0-9-.]+\.[a-z]+")
@@ -290,7 +297,7 @@ class VertexBackend(CloudBackend):
             # The default image is the region's: without a valid region there is none to check.
             if image or not problems.has("region"):
                 image = image or default_image_uri(region)
-                if not re.fullmatch(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?", image):
+                if not IMAGE_RE.fullmatch(image):
                     raise InvalidSpec(f"image_uri: expected '<registry>/<repository>[:tag|@digest]', got {image!r}.")
         with problems.about("service_account"):
             account = text("service_account")
@@ -452,6 +459,12 @@ class VertexBackend(CloudBackend):
             json.dumps(spec.config)
         except (TypeError, ValueError) as exc:
             raise InvalidSpec(f"config: not JSON-serialisable ({exc}).") from None
+        if spec.image and not IMAGE_RE.fullmatch(spec.image):
+            raise InvalidSpec(f"image {spec.image!r}: expected an Artifact Registry image URI "
+                              f"'<registry>/<repository>[:tag|@digest]', e.g. "
+                              f"us-docker.pkg.dev/{self.config['project']}/training/my-image:1.")
+        if spec.code is not None:
+            package.pip_dependencies(spec.code.requirements)
         self._labels(spec)
         self._env(spec)
 
@@ -464,10 +477,13 @@ class VertexBackend(CloudBackend):
         return labels
 
     def _env(self, spec: JobSpec) -> dict[str, str]:
+        """The replicas' environment: ours, then ``spec.env``, then ``spec.secret_env`` (a message about
+        a variable names it, never its value)."""
         env = {"PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name}
         env.update({str(k): str(v) for k, v in spec.env.items()})
+        env.update({str(k): str(v) for k, v in spec.secret_env.items()})
         if len(env) > MAX_ENV:
-            raise InvalidSpec(f"env: {len(env)} variables, Vertex AI takes at most {MAX_ENV}.")
+            raise InvalidSpec(f"env: {len(env)} variables (with the job's secrets), Vertex AI takes at most {MAX_ENV}.")
         for key in env:
             if not ENV_KEY_RE.fullmatch(key):
                 raise InvalidSpec(f"env {key!r}: names are letters, digits and '_', not starting with a digit.")
@@ -489,9 +505,10 @@ class VertexBackend(CloudBackend):
         """Where a replica reads the job's config: its Cloud Storage FUSE path ``/gcs/<bucket>/<object>``."""
         return f"/gcs/{self.bucket_name}/{self.config_object(spec)}"
 
-    def custom_job(self, spec: JobSpec, package_uri: str) -> Any:
-        """The ``aiplatform_v1.CustomJob`` for ``spec`` with the trainer archive at ``package_uri``
-        (field meanings: clouds.md §2.1). Makes no call."""
+    def custom_job(self, spec: JobSpec, package_uri: str, code_uri: str = "") -> Any:
+        """The ``aiplatform_v1.CustomJob`` for ``spec`` with the trainer archive at ``package_uri`` and
+        the user's code package at ``code_uri`` ("" = none) (field meanings: clouds.md §2.1). Makes no
+        call."""
         from google.cloud import aiplatform_v1 as v1
         from google.protobuf import duration_pb2
 
@@ -500,8 +517,8 @@ class VertexBackend(CloudBackend):
             machine_spec.accelerator_type = v1.AcceleratorType[self.config["accelerator_type"]]
             machine_spec.accelerator_count = self.config["accelerator_count"]
         python = v1.PythonPackageSpec(
-            executor_image_uri=self.config["image_uri"],
-            package_uris=[package_uri],
+            executor_image_uri=spec.image or self.config["image_uri"],
+            package_uris=[package_uri, code_uri] if code_uri else [package_uri],
             python_module=PYTHON_MODULE,
             args=["--config", self.config_path(spec), "--platform", "vertex",
                   "--nproc-per-node", str(spec.procs_per_node)],
@@ -544,9 +561,24 @@ class VertexBackend(CloudBackend):
                                      call=lambda fn: self.call(fn, "Cloud Storage"))
         return uri
 
+    def code_uri(self, spec: JobSpec) -> str:
+        """The ``gs://`` URI of the user's code package (:func:`~.package.build_code_sdist`), uploaded
+        first when the bucket lacks it; "" for a job without code."""
+        if spec.code is None:
+            return ""
+        uri, _ = package.upload_once(self.bucket(), package.build_code_sdist(spec.code), prefix=self.prefix,
+                                     call=lambda fn: self.call(fn, "Cloud Storage"))
+        return uri
+
+    def job_config(self, spec: JobSpec) -> dict[str, Any]:
+        """The config a replica reads: ``spec.config`` with ``code.dir`` = the code package's directory
+        (relative to site-packages, where trainer_pkg is) and ``code.sha256`` when the job has code."""
+        return packaging.config_with_code(spec.config, spec.code,
+                                          package.code_dir(spec.code) if spec.code else "")
+
     def _upload_config(self, spec: JobSpec) -> None:
         blob = self.bucket().blob(self.config_object(spec))
-        data = json.dumps(dict(spec.config), sort_keys=True, indent=1)
+        data = json.dumps(self.job_config(spec), sort_keys=True, indent=1)
         self.call(lambda: blob.upload_from_string(data, content_type="application/json", retry=None,
                                                   timeout=CALL_TIMEOUT_S), "Cloud Storage")
 
@@ -569,7 +601,7 @@ class VertexBackend(CloudBackend):
 
     @contextlib.contextmanager
     def create_request(self, spec: JobSpec, name: str) -> Iterator[Any]:
-        job = self.custom_job(spec, self.trainer_uri(spec))
+        job = self.custom_job(spec, self.trainer_uri(spec), self.code_uri(spec))
         self._upload_config(spec)
         yield job
 

@@ -19,22 +19,44 @@ is setuptools (``requires = ["setuptools>=68"]``), fetched by pip's build isolat
 File selection and the deterministic tar/gzip form are :mod:`cloud_adapters.packaging`'s: the same
 trainer gives the same bytes, hence the same name, on any machine, and :func:`upload_once` uploads
 nothing when the object is already in the bucket.
+
+A job with the user's code (``JobSpec.code``) gets a second source archive in ``package_uris``,
+:func:`build_code_sdist`, named ``trainboard-code-<sha256[:16] of its bytes>.tar.gz``::
+
+    trainboard-code-<h>/pyproject.toml              project trainboard-code-<h>, dependencies = the
+                                                    requirements.txt lines, one package:
+    trainboard-code-<h>/trainboard_code_<h>/<file>  every file of the user's archive, as package data
+
+where ``<h>`` is the first 16 hex digits of the user archive's SHA-256. pip installs the package beside
+``trainer_pkg`` (both archives go to the same site-packages) and its ``dependencies`` with it, which is
+how the requirements are installed the Vertex way. The job's ``code.dir`` is the package's directory
+name, ``trainboard_code_<h>`` (:func:`code_dir`): relative, so taken relative to the directory that
+holds ``trainer_pkg`` (:data:`cloud_adapters.packaging.CODE_DIR_HERE`), which on a replica is that
+site-packages directory, wherever the image's Python keeps it.
 """
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import io
+import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from cloud_adapters import packaging
+from cloud_adapters.base import CodeBundle, InvalidSpec
 
 T = TypeVar("T")
 
 PACKAGE_DIR = "trainer_pkg/"
+CODE_PREFIX = "trainboard-code-"
+"""Object name of a code sdist before its hash."""
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\s*\[|\s*[<>=!~;@(]|\s*$)")
+"""The start of a PEP 508 requirement: a project name, then extras, a version, a marker or a URL."""
 
 
 def build_sdist(source_root: Path | str | None = None) -> packaging.TrainerArchive:
@@ -66,6 +88,60 @@ def build_sdist(source_root: Path | str | None = None) -> packaging.TrainerArchi
     data = out.getvalue()
     return packaging.TrainerArchive(data=data, sha256=hashlib.sha256(data).hexdigest(),
                                     members=tuple(f"{root}/{name}" for name, _ in sorted(files)))
+
+
+def code_dir(code: CodeBundle) -> str:
+    """``trainboard_code_<sha256[:16]>``: the code package's import name, and the job's ``code.dir``."""
+    return f"trainboard_code_{code.sha256[:16]}"
+
+
+def pip_dependencies(requirements: str) -> list[str]:
+    """The requirement lines of ``requirements`` (:func:`cloud_adapters.packaging.requirement_lines`) as
+    a package's ``dependencies``, each a PEP 508 requirement.
+
+    Raises :class:`InvalidSpec` naming the first line that is a pip option (``-r``, ``--index-url``,
+    ``-e``, ``--hash``: a package's metadata cannot carry them) or does not start with a project name.
+    """
+    out = []
+    for line in packaging.requirement_lines(requirements):
+        if line.startswith("-") or re.search(r"\s--?[a-z]", line.split(";", 1)[0]):
+            raise InvalidSpec(
+                f"requirements.txt line {line!r}: Vertex AI installs the code's requirements as its package's "
+                f"dependencies, which hold requirements only, not pip options; remove the option (put an index "
+                f"or a private package into the executor image instead).")
+        if not _REQUIREMENT_NAME.match(line):
+            raise InvalidSpec(f"requirements.txt line {line!r}: expected a requirement such as 'requests==2.32.3' "
+                              f"or 'numpy>=2; python_version >= \"3.10\"'.")
+        out.append(line)
+    return out
+
+
+def build_code_sdist(code: CodeBundle) -> packaging.TrainerArchive:
+    """The pip-installable source archive of the user's code (layout: the module docstring).
+
+    Deterministic for the same archive and requirements. Raises :class:`InvalidSpec` when the stored
+    archive cannot be read or changed (:func:`cloud_adapters.packaging.code_files`) or a requirement
+    cannot be a dependency (:func:`pip_dependencies`).
+    """
+    files = packaging.code_files(code)
+    deps = pip_dependencies(code.requirements)
+    package = code_dir(code)
+    root = f"{CODE_PREFIX}{code.sha256[:16]}"
+
+    def toml_list(items: list[str]) -> str:  # JSON strings are TOML basic strings
+        return "[" + "".join(f"\n    {json.dumps(i)}," for i in items) + ("\n]" if items else "]")
+
+    # Each file named exactly (glob-escaped), so dotfiles and files in any folder are all installed.
+    pyproject = (
+        "# The user's code archive as a package: Vertex AI pip-installs it from package_uris.\n"
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "{root}"\nversion = "0"\ndescription = "Trainboard code archive {code.sha256}"\n'
+        f"dependencies = {toml_list(deps)}\n\n"
+        f'[tool.setuptools]\npackages = ["{package}"]\ninclude-package-data = false\n\n'
+        f"[tool.setuptools.package-data]\n{package} = {toml_list([glob.escape(n) for n, _, _ in files])}\n")
+    entries = [(f"{root}/pyproject.toml", pyproject.encode(), 0o644)]
+    entries += [(f"{root}/{package}/{name}", data, mode) for name, data, mode in files]
+    return packaging.deterministic_tar_gz(entries, prefix=CODE_PREFIX)
 
 
 def object_name(prefix: str, *parts: str) -> str:
