@@ -59,7 +59,8 @@ OURS_TOP = ("trainer_pkg", "trainboard_")
 """Top-level names a user archive may not use: the trainer package and our ``trainboard_*`` files."""
 
 _INCLUDE_SUFFIXES = (".py", ".toml", ".typed")
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout whose ``trainer_pkg`` is shipped when a job names no trainer directory."""
 
 ENTRY_SOURCE = '''\
 """Trainboard's entry point in a cloud training container: run trainer_pkg.launch on this host.
@@ -212,7 +213,7 @@ def build_archive(source_root: Path | str | None = None, *, code: CodeBundle | N
     FileNotFoundError when ``source_root`` holds no ``trainer_pkg`` package, :class:`InvalidSpec`
     when ``code`` cannot be read or a member of it would replace one of ours (:func:`refuse_ours`).
     """
-    root = Path(source_root) if source_root is not None else _REPO_ROOT
+    root = Path(source_root) if source_root is not None else REPO_ROOT
     package = root / "trainer_pkg"
     if not (package / "__init__.py").is_file():
         raise FileNotFoundError(f"{package} is not the trainer package (no __init__.py)")

@@ -13,7 +13,19 @@ What a job is made of (clouds.md §3.1 for the builder, §3.2 for the wire body)
   platform starts the ranks itself and sets per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and
   ``MASTER_ADDR``/``MASTER_PORT`` (clouds.md §3.4); the launcher trains in place
   (trainer_pkg/platforms.py ``read_azureml``);
-* ``instance_count`` = nodes on the backend's compute cluster, the backend's curated environment;
+* with the user's code (``JobSpec.code``) its files join the snapshot at its root, beside
+  ``trainer_pkg/``, and the config's ``code.dir`` is ``"."`` (the command's working directory, the
+  directory holding trainer_pkg); a root ``.gitignore`` of the user's gets an empty ``.amlignore``
+  beside it, because azure-ai-ml's upload leaves out what a root ``.gitignore`` matches unless an
+  ``.amlignore`` is there (``get_ignore_file``) and the job must run every file of the archive;
+* ``instance_count`` = nodes on the backend's compute cluster;
+* the environment (:meth:`AzureMLBackend.environment`): the backend's ``environment`` setting; for a
+  job with requirements an ``Environment`` of an image (``JobSpec.image``, else
+  :data:`REQUIREMENTS_IMAGE`) plus a conda file whose pip dependencies are the trainer's and then the
+  requirement lines (Azure ML builds the image's conda environment from it: a new environment, so
+  the trainer's own dependencies are listed too); for a job with only an image, that image alone;
+* ``environment_variables``: ours, ``JobSpec.env``, ``JobSpec.secret_env`` (how Azure ML hands
+  variables to every process; the job's definition shows them to whoever may read the job);
 * the dataset (``spec.dataset_uri``) as input ``data``, ``uri_folder`` mounted read-only
   (``ro_mount``), which the launcher finds as ``AZURE_ML_INPUT_data``; outputs ``model`` and
   ``checkpoints`` (``uri_folder``, ``rw_mount``), found as ``AZURE_ML_OUTPUT_model`` /
@@ -127,9 +139,18 @@ JOB_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,254}")
 """Job names: a letter or digit, then letters, digits, '_' or '-', at most 255 (the REST API's job id
 rule; not in clouds.md)."""
 ENV_KEY_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+IMAGE_RE = re.compile(r"[\w.\-]+(:\d+)?/[\w.\-/]+([:@][\w.\-:]+)?")  # <registry>/<repository>[:tag|@digest]
 DATASET_PREFIXES = ("azureml:", "https://", "wasbs://", "abfss://", "adl://")
 """URIs an Azure ML ``uri_folder`` input accepts: datastore paths (``azureml://datastores/...``), data
 assets (``azureml:<name>:<version>``), storage URLs (clouds.md §3.1-§3.2)."""
+
+REQUIREMENTS_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"
+"""Image of the environment Azure ML builds for a job whose code has requirements and that names no
+image: Azure ML's base image for environments defined as an image plus a conda file (Azure/AzureML-
+Containers ``base/cpu/openmpi4.1.0-ubuntu22.04``; torch's PyPI wheels bring their own CUDA runtime)."""
+CONDA_PYTHON = "3.11"
+"""Python of that conda environment: one the trainer supports (``requires-python >= 3.10``)."""
+AMLIGNORE = ".amlignore"
 
 CONFIG_FILE = packaging.BASE_CONFIG  # trainboard_job.json, in the code snapshot
 COMMAND = f"python -m trainer_pkg.launch --config {CONFIG_FILE}"
@@ -385,12 +406,16 @@ class AzureMLBackend(CloudBackend):
                 f"https:// blob URL (or a built-in dataset).")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
+        if spec.image and not IMAGE_RE.fullmatch(spec.image):
+            raise InvalidSpec(f"image {spec.image!r}: expected a container image such as "
+                              f"'myregistry.azurecr.io/training:1' ('<registry>/<repository>[:tag|@digest]').")
         self._config_json(spec)
         self._environment(spec)
 
     def _config_json(self, spec: JobSpec) -> str:
-        """The job config written into the code snapshot, with the job's shape in ``parallel``."""
-        cfg = {k: dict(v) if isinstance(v, Mapping) else v for k, v in spec.config.items()}
+        """The job config written into the code snapshot, with the job's shape in ``parallel`` and,
+        for a job with user code, ``code.dir`` "." and the archive's hash."""
+        cfg = packaging.config_with_code(spec.config, spec.code, packaging.CODE_DIR_HERE)
         parallel = cfg.setdefault("parallel", {})
         if not isinstance(parallel, dict):
             raise InvalidSpec(f"config.parallel: expected an object of fields, got {parallel!r:.100}")
@@ -402,8 +427,11 @@ class AzureMLBackend(CloudBackend):
             raise InvalidSpec(f"config: not JSON-serialisable ({exc}).") from None
 
     def _environment(self, spec: JobSpec) -> dict[str, str]:
+        """The processes' ``environment_variables``: ours, then ``spec.env``, then ``spec.secret_env``
+        (a message about a variable names it, never its value)."""
         env = {"PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name}
         env.update({str(k): str(v) for k, v in spec.env.items()})
+        env.update({str(k): str(v) for k, v in spec.secret_env.items()})
         for key in env:
             if not ENV_KEY_RE.fullmatch(key):
                 raise InvalidSpec(f"env {key!r}: names are letters, digits and '_', not starting with a digit.")
@@ -414,19 +442,56 @@ class AzureMLBackend(CloudBackend):
 
     def write_code(self, spec: JobSpec, directory: Path | str) -> Path:
         """Lay out the job's code snapshot in ``directory``: the trainer archive's files (from
-        ``spec.trainer_package_uri``, a directory holding ``trainer_pkg/``, or this checkout's) and
-        ``trainboard_job.json`` = the job config. Returns the directory."""
+        ``spec.trainer_package_uri``, a directory holding ``trainer_pkg/``, or this checkout's) with
+        ``spec.code``'s files at the root (:func:`~cloud_adapters.packaging.build_archive`, which refuses
+        members named like ours), an empty ``.amlignore`` when the user's root ``.gitignore`` would
+        otherwise thin the upload, and ``trainboard_job.json`` = the job config. Returns the directory."""
         source = spec.trainer_package_uri
         if source and not Path(source, "trainer_pkg", "__init__.py").is_file():
             raise InvalidSpec(f"trainer package {source!r}: expected a directory that contains trainer_pkg/ "
                               f"(leave it empty to ship this installation's).")
-        archive = packaging.build_archive(source or None)
+        archive = packaging.build_archive(source or None, code=spec.code)
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
             tar.extractall(root, filter="data")
+        if (root / ".gitignore").is_file() and not (root / AMLIGNORE).exists():
+            (root / AMLIGNORE).write_text("", encoding="utf-8")
         (root / CONFIG_FILE).write_text(self._config_json(spec), encoding="utf-8")
         return root
+
+    def conda_file(self, spec: JobSpec) -> dict[str, Any]:
+        """The conda file of a job with requirements: Python :data:`CONDA_PYTHON` and pip, whose
+        dependencies are the trainer's (its pyproject's ``dependencies`` and the extras its data needs:
+        ``digits`` for the built-in dataset, ``images`` for an image folder) and then the requirement
+        lines of ``spec.code`` (:func:`~cloud_adapters.packaging.requirement_lines`, pip options kept:
+        Azure ML hands the list to pip as a requirements file)."""
+        import tomllib
+
+        source = Path(spec.trainer_package_uri or packaging.REPO_ROOT)
+        project = tomllib.loads((source / "trainer_pkg" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        data = spec.config.get("data") if isinstance(spec.config.get("data"), Mapping) else {}
+        fmt = data.get("format", "builtin")
+        extras = project.get("optional-dependencies", {})
+        wanted = {"builtin": "digits", "imagefolder": "images"}.get(str(fmt))
+        trainer = list(project.get("dependencies", [])) + list(extras.get(wanted, []) if wanted else [])
+        user = packaging.requirement_lines(spec.code.requirements) if spec.code is not None else []
+        return {"name": "trainboard", "channels": ["conda-forge"],
+                "dependencies": [f"python={CONDA_PYTHON}", "pip", {"pip": trainer + user}]}
+
+    def environment(self, spec: JobSpec) -> Any:
+        """The job's environment: an azure-ai-ml ``Environment`` of the job's image (else
+        :data:`REQUIREMENTS_IMAGE`) plus :meth:`conda_file` when its code has requirements; of the job's
+        image alone when it names one; else the backend's ``environment`` setting (a reference)."""
+        from azure.ai.ml.entities import Environment
+
+        requirements = spec.code is not None and bool(packaging.requirement_lines(spec.code.requirements))
+        if requirements:
+            return Environment(image=spec.image or REQUIREMENTS_IMAGE, conda_file=self.conda_file(spec),
+                               description=f"Trainboard code {spec.code.sha256[:16]} and its requirements")
+        if spec.image:
+            return Environment(image=spec.image)
+        return self.config["environment"]
 
     def command_job(self, spec: JobSpec, code_dir: Path | str) -> Any:
         """The azure-ai-ml ``Command`` for ``spec`` with its code snapshot in ``code_dir``
@@ -448,7 +513,7 @@ class AzureMLBackend(CloudBackend):
             experiment_name=EXPERIMENT,
             command=COMMAND,
             code=str(code_dir),
-            environment=self.config["environment"],
+            environment=self.environment(spec),
             environment_variables=self._environment(spec),
             compute=self.config["compute"],
             instance_count=int(spec.nodes),

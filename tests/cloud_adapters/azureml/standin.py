@@ -2,7 +2,8 @@
 
 The real ``MLClient`` (and the adapter's log reader) send their HTTP requests to
 :class:`StandinTransport`, which answers from :class:`AzureMLStandin` without any network: ARM
-(workspace, compute, jobs get/PUT/list/cancel, code versions, startPendingUpload), the workspace's
+(workspace, compute, jobs get/PUT/list/cancel, code versions, startPendingUpload, environment
+versions), the workspace's
 discovery document and run history (run details with log-file URLs and errors), and the log files
 themselves (with HTTP ``Range``). Only the code snapshot's bytes leave the process: the SAS URL that
 ``startPendingUpload`` returns points at a real Blob service (Azurite on 127.0.0.1, see
@@ -21,7 +22,8 @@ every ARM and run-history request must carry ``Authorization: Bearer`` with a to
 401 ``InvalidAuthenticationToken``. ``Seen.app`` records whose token a request carried.
 
 What it records: ``requests`` (every request: :class:`Seen`), ``puts`` (job name → PUT body as
-sent), ``jobs`` (the stored job resources). Faults: :meth:`AzureMLStandin.fail` answers the next
+sent), ``jobs`` (the stored job resources), ``environments`` ((name, version) → the stored
+environment version, e.g. the anonymous one azure-ai-ml creates for an image plus a conda file). Faults: :meth:`AzureMLStandin.fail` answers the next
 matching requests with an error status (429 for throttling).
 
 Response objects follow clouds.md §3.5: ``RestRequestsTransportResponse`` around a
@@ -170,6 +172,7 @@ class AzureMLStandin:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.puts: dict[str, list[dict[str, Any]]] = {}
         self.codes: dict[tuple[str, str], dict[str, Any]] = {}
+        self.environments: dict[tuple[str, str], dict[str, Any]] = {}  # (name, version) -> stored version
         self.log_files: dict[str, dict[str, bytes]] = {}  # job -> {user_logs/...: bytes}
         self.run_errors: dict[str, dict[str, str]] = {}  # job -> {"code", "message"}
         self.requests: list[Seen] = []
@@ -376,6 +379,17 @@ class AzureMLStandin:
             code = self.codes.get((m.group(1), m.group(2)))
             return response(request, 200, code) if code else response(
                 request, 404, error_body("UserError", "code version not found"))
+        m = re.fullmatch(r"/environments/([^/]+)/versions/([^/]+)", rest)
+        if m and method == "PUT":
+            env = {"id": f"{self.scope}/environments/{m.group(1)}/versions/{m.group(2)}", "name": m.group(2),
+                   "type": "Microsoft.MachineLearningServices/workspaces/environments/versions",
+                   "properties": dict(body["properties"]), "systemData": {"createdAt": iso(self.now)}}
+            self.environments[(m.group(1), m.group(2))] = env
+            return response(request, 201, env)
+        if m and method == "GET":
+            env = self.environments.get((m.group(1), m.group(2)))
+            return response(request, 200, env) if env else response(
+                request, 404, error_body("UserError", "environment version not found"))
         return response(request, 404, error_body("NotFound", f"stand-in has no ARM route for {method} {rest}"))
 
     # -- resources --------------------------------------------------------------------------
