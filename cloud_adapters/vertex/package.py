@@ -38,8 +38,6 @@ site-packages directory, wherever the image's Python keeps it.
 from __future__ import annotations
 
 import glob
-import gzip
-import hashlib
 import io
 import json
 import re
@@ -75,19 +73,7 @@ def build_sdist(source_root: Path | str | None = None) -> packaging.TrainerArchi
                  for m in src.getmembers() if m.isfile() and m.name.startswith(PACKAGE_DIR)]
     if not any(name == "pyproject.toml" for name, _ in files):
         raise ValueError("trainer_pkg has no pyproject.toml; Vertex AI installs package_uris with pip")
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in sorted(files):
-            info = tarfile.TarInfo(f"{root}/{name}")
-            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
-    out = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
-        gz.write(raw.getvalue())
-    data = out.getvalue()
-    return packaging.TrainerArchive(data=data, sha256=hashlib.sha256(data).hexdigest(),
-                                    members=tuple(f"{root}/{name}" for name, _ in sorted(files)))
+    return packaging.archive_of((f"{root}/{name}", data, 0o644) for name, data in files)
 
 
 def code_dir(code: CodeBundle) -> str:
@@ -141,7 +127,7 @@ def build_code_sdist(code: CodeBundle) -> packaging.TrainerArchive:
         f"[tool.setuptools.package-data]\n{package} = {toml_list([glob.escape(n) for n, _, _ in files])}\n")
     entries = [(f"{root}/pyproject.toml", pyproject.encode(), 0o644)]
     entries += [(f"{root}/{package}/{name}", data, mode) for name, data, mode in files]
-    return packaging.deterministic_tar_gz(entries, prefix=CODE_PREFIX)
+    return packaging.archive_of(entries, prefix=CODE_PREFIX)
 
 
 def object_name(prefix: str, *parts: str) -> str:
