@@ -14,10 +14,10 @@ from typing import Any, Mapping
 
 from django.conf import settings
 
-from cloud_adapters.base import Backend, BackendError, CredentialsError, JobSpec
+from cloud_adapters.base import Backend, BackendError, CodeBundle, CredentialsError, JobSpec
 from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
-from jobs.models import ComputeBackend, TrainingJob
+from jobs.models import CodeArchive, ComputeBackend, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,18 @@ def provider_job_name(job: TrainingJob) -> str:
     return f"{prefix}-{job.pk}-{int(job.created_at.timestamp()):x}"
 
 
+def code_bundle(archive: CodeArchive | None) -> CodeBundle | None:
+    """The :class:`CodeBundle` a backend receives for a stored archive (its hash, the path of its
+    ``.tar.gz`` in the local store, its requirements text); None for no archive."""
+    if archive is None:
+        return None
+    return CodeBundle(sha256=archive.sha256, path=str(archive.path), requirements=archive.requirements or "")
+
+
 def job_spec(job: TrainingJob) -> JobSpec:
-    """The :class:`JobSpec` for a stored job (its frozen config and shape)."""
+    """The :class:`JobSpec` for a stored job: its frozen config and shape, the code archive it
+    recorded (:func:`code_bundle`), its image and environment, and its backend's job secrets
+    (decrypted, as ``secret_env``: a backend sets them in the job's processes and never logs them)."""
     return JobSpec(
         job_name=job.provider_job_name or provider_job_name(job),
         config=job.config,
@@ -175,6 +185,10 @@ def job_spec(job: TrainingJob) -> JobSpec:
         max_runtime_s=job.max_runtime_s,
         dataset_uri=(job.config.get("data") or {}).get("uri", ""),
         tags={"trainboard-job-id": str(job.pk), "trainboard-owner-id": str(job.owner_id)},
+        env=dict(job.env or {}),
+        code=code_bundle(job.code) if job.code_id else None,
+        image=job.image or "",
+        secret_env=dict(job.backend.job_secrets or {}),
     )
 
 

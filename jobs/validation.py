@@ -451,3 +451,143 @@ def full_clean(errors: Errors, obj: Any) -> None:
             for message in messages:
                 errors.add(field, message)
 
+
+
+# =============================================================================================
+# Environment variables of a job's processes, and container images
+# =============================================================================================
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A variable name every platform's process environment accepts (POSIX shells' rule)."""
+MAX_ENV_NAME = 100
+MAX_ENV_VALUE = 4096
+"""Characters, per value: SageMaker's ``Environment`` takes at most 512 per value and Vertex's
+``env`` more; 4,096 keeps a token or a URL whole."""
+MAX_ENV_VARS = 64
+
+RESERVED_ENV: dict[str, str] = {
+    **dict.fromkeys(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "NODE_RANK"), "torchrun sets it on every rank from the job's shape"),
+    "PYTHONPATH": "the launcher puts the trainer and your code on it",
+    **dict.fromkeys(("PATH", "HOME"), "the platform sets it for the job's user and image"),
+    **dict.fromkeys(("LD_PRELOAD", "LD_LIBRARY_PATH"),
+                    "it changes which libraries every process of the image loads; put them in a container image"),
+}
+"""Names a job may not set, each with the reason its message gives: torchrun's rank variables and
+what the launcher or the platform owns (docs/user-code.md "Environment a user script sees")."""
+
+RESERVED_ENV_PREFIXES: dict[str, str] = {
+    "TRAINBOARD_": "Trainboard's own (the launcher sets TRAINBOARD_MODEL_DIR, TRAINBOARD_DATA_DIR, ...)",
+    "SM_": "SageMaker's (its training toolkit sets them)",
+    "AIP_": "Vertex AI's (it sets them in every replica)",
+    "AZUREML_": "Azure ML's (it sets them in every node)",
+    "CUDA_": "the platform's GPU settings (CUDA_VISIBLE_DEVICES is chosen per rank)",
+}
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a job's environment variable (not a name, too long, or reserved by
+    :data:`RESERVED_ENV` / :data:`RESERVED_ENV_PREFIXES`, saying whose it is), or None."""
+    if not ENV_NAME.fullmatch(name):
+        return (f"{name[:100]!r} is not a variable name: letters, digits and _, not starting with a digit "
+                f"(e.g. WANDB_API_KEY).")
+    if len(name) > MAX_ENV_NAME:
+        return f"{name[:40]}...: a name is at most {MAX_ENV_NAME} characters, this one has {len(name)}."
+    if name in RESERVED_ENV:
+        return f"{name} cannot be set here: {RESERVED_ENV[name]}."
+    for prefix, whose in RESERVED_ENV_PREFIXES.items():
+        if name.startswith(prefix):
+            return f"{name} cannot be set here: names starting {prefix} are {whose}."
+    return None
+
+
+def _env_pairs(errors: Errors, field: str, value: Any, what: str) -> list[tuple[str, Any, str | None]] | None:
+    """``value`` (a mapping, or ``KEY=VALUE`` lines; blank lines and ``#`` comments skipped) as
+    (name, value, problem) in input order, ``problem`` being a line that is not ``KEY=VALUE``; None
+    with an error when ``value`` is neither."""
+    if isinstance(value, Mapping):
+        return [(str(k), v, None) for k, v in value.items()]
+    if not isinstance(value, str):
+        errors.add(field, f"{what}s must be an object of NAME: value strings, or NAME=VALUE lines.")
+        return None
+    pairs: list[tuple[str, Any, str | None]] = []
+    for number, line in enumerate(value.splitlines(), start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        name, sep, rest = text.partition("=")
+        problem = None if sep else (f"Line {number}: {text[:60]!r} is not NAME=VALUE; write one variable per "
+                                    f"line, e.g. WANDB_PROJECT=vision.")
+        pairs.append((name.strip(), rest.strip(), problem))
+    return pairs
+
+
+def env_vars(errors: Errors, field: str, value: Any, *, what: str = "Environment variable",
+             allow_empty: bool = False) -> dict[str, str]:
+    """``value`` (a dict of name → string, or ``KEY=VALUE`` lines; None = {}) checked as environment
+    variables of a job's processes, every problem added to ``errors`` under ``field`` at once: names
+    ``[A-Za-z_][A-Za-z0-9_]*`` of at most :data:`MAX_ENV_NAME` characters and not reserved
+    (:func:`env_name_problem`), each once; values strings of at most :data:`MAX_ENV_VALUE`
+    characters that can be stored; at most :data:`MAX_ENV_VARS` variables. No message quotes a
+    value, so the same check serves secrets. ``allow_empty``: an empty value is kept (an update's "remove this one"), else refused.
+    Returns the valid ones (name → value, in input order)."""
+    if value in (None, ""):
+        return {}
+    pairs = _env_pairs(errors, field, value, what)
+    if pairs is None:
+        return {}
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    for name, val, line_problem in pairs:
+        if line_problem is not None:
+            errors.add(field, line_problem)
+            continue
+        if (problem := text_problem(name)) is not None:
+            errors.add(field, f"{what} name {problem}")
+            continue
+        if (problem := env_name_problem(name)) is not None:
+            errors.add(field, f"{what} {problem}")
+            continue
+        if name in seen:
+            errors.add(field, f"{what} {name} is given twice; keep one.")
+            continue
+        seen.add(name)
+        if val is None and allow_empty:
+            val = ""
+        if not isinstance(val, str):
+            errors.add(field, f"{what} {name}: the value must be a string, got {type(val).__name__}.")
+            continue
+        if not val and not allow_empty:
+            errors.add(field, f"{what} {name} has an empty value; give one, or remove the line.")
+            continue
+        if len(val) > MAX_ENV_VALUE:
+            errors.add(field, f"{what} {name}: a value is at most {MAX_ENV_VALUE:,} characters, this one has "
+                              f"{len(val):,}.")
+            continue
+        if (problem := text_problem(val)) is not None:
+            errors.add(field, f"{what} {name}: the value {problem}")
+            continue
+        out[name] = val
+    if len(seen) > MAX_ENV_VARS:
+        errors.add(field, f"At most {MAX_ENV_VARS} {what.lower()}s, got {len(seen)}.")
+    return out
+
+
+IMAGE_REFERENCE = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"  # registry host[:port]/
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # repository path
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")  # :tag, @digest
+"""A container image reference as Docker reads one (``registry/path:tag@sha256:…``): ECR, Artifact
+Registry and ACR URIs all take this form."""
+MAX_IMAGE = 500
+
+
+def image_problem(image: str) -> str | None:
+    """Why ``image`` (stripped, non-empty) is not a container image reference, as the message for an
+    ``image`` field; None when it is one."""
+    if len(image) <= MAX_IMAGE and IMAGE_REFERENCE.fullmatch(image):
+        return None
+    return (f"Image: {image[:100]!r} is not a container image reference; give one like "
+            f"123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1.0, "
+            f"us-docker.pkg.dev/project/repo/train:1.0 or myregistry.azurecr.io/train:1.0, "
+            f"or leave it blank for the backend's image.")

@@ -39,6 +39,7 @@ from jobs.validation import (
     Errors,
     JSONInputError,
     full_clean,
+    image_problem,
     json_object,
     loads,
     member_team,
@@ -156,12 +157,6 @@ code stores as its architecture."""
 MAX_SCRIPT_ARGS = 200
 MAX_SHARD_CLASSES = 50
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_IMAGE = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"  # registry host[:port]/
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # repository path
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")  # :tag, @digest
-"""A container image reference as Docker reads one (``registry/path:tag@sha256:…``): ECR, Artifact
-Registry and ACR URIs all take this form."""
 
 
 def _validate_model_spec(errors: Errors, spec: ModelSpec, archive: code_archives.NormalizedArchive | None = None) -> None:
@@ -278,11 +273,8 @@ def _string_list(errors: Errors, field: str, value: Any, *, what: str, most: int
 
 def _check_image(errors: Errors, spec: ModelSpec) -> None:
     spec.image = (spec.image or "").strip()
-    if spec.image and "image" not in errors and not _IMAGE.fullmatch(spec.image):
-        errors.add("image", f"Image: {spec.image[:100]!r} is not a container image reference; give one like "
-                            f"123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1.0, "
-                            f"us-docker.pkg.dev/project/repo/train:1.0 or myregistry.azurecr.io/train:1.0, "
-                            f"or leave it blank for the backend's image.")
+    if spec.image and "image" not in errors and (problem := image_problem(spec.image)) is not None:
+        errors.add("image", problem)
 
 
 def _param_message(text: str) -> str:

@@ -25,10 +25,12 @@ from cloud_adapters import registry
 from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, scheme_label, uri_scheme, with_article
 from jobs import cost as costs
 from jobs import dispatch, validation
-from jobs.adapters import backend_adapter, backend_queue, job_spec, provider_job_name
+from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name
 from jobs.budgets import check_monthly_budgets
+from jobs.fingerprints import dataset_fingerprint
 from jobs.models import (
     TERMINAL_STATE_VALUES,
+    CodeArchive,
     ComputeBackend,
     Dataset,
     JobEvent,
@@ -255,7 +257,9 @@ def _on_demand_price(adapter: Backend, instance_type: str, spot: bool, hourly: D
 def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], strategy: str, nodes: int,
                procs_per_node: int, instance_type: str, spot: bool, max_runtime_s: int,
                budget_usd: Decimal | None, hourly_price: Decimal, name: str,
-               rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None) -> TrainingJob:
+               rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None,
+               code: CodeArchive | None = None, image: str = "", env: Mapping[str, str] | None = None,
+               fingerprint: dict[str, Any] | None = None) -> TrainingJob:
     """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
     first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
     refusal (ValidationError with the figures) writes nothing."""
@@ -273,7 +277,8 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
             max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
             on_demand_price_usd=on_demand_price,
             estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
-            state_entered_at=timezone.now(),
+            state_entered_at=timezone.now(), code=code, image=image, env=dict(env or {}),
+            dataset_fingerprint=fingerprint,
         )
         job.provider_job_name = provider_job_name(job)
         job.save(update_fields=["provider_job_name"])
@@ -289,18 +294,30 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                         epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
                         seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
                         spot: bool = False, hyperparameters=None, name: str = "",
-                        rerun_of: TrainingJob | None = None, team=None) -> TrainingJob:
+                        rerun_of: TrainingJob | None = None, team=None, env=None,
+                        image: str | None = None) -> TrainingJob:
     """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
 
     ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
     ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
-    ``{"train": {"optimizer": "adamw"}}``. The backend checks the shape (``Backend.validate``).
+    ``{"train": {"optimizer": "adamw"}}`` (not the ``code`` section: the model's archive sets it).
+    The backend checks the shape (``Backend.validate``).
     ``jobs.tasks.submit_job`` is sent to the backend's queue when the transaction commits.
     ``team`` (a Team or its pk; None/"" = no team) must be one of the owner's teams: the job is then
     shared with it and counts toward its monthly budget. A submission whose estimate would take the
     owner's or the team's month-to-date spend past its monthly budget is refused with the figures
     (``jobs.budgets``).
-    Raises ValidationError keyed by these argument names; writes nothing then.
+
+    The model's kind decides the config (docs/user-code.md): a built-in architecture as it is; kind
+    ``code``: ``model.arch`` "custom" with the model's entry point, parameters and shard classes;
+    kind ``script``: ``code.script`` and ``code.args`` (no model checks: the script is the model).
+    Both record ``code.sha256`` and the job's ``code`` (the model's archive now; a re-run keeps it).
+    ``env``: the job's environment variables, a dict or ``KEY=VALUE`` lines
+    (:func:`jobs.validation.env_vars`: names not reserved for the launcher or the platform, not one
+    of the backend's job secrets; at most 64; values ≤ 4,096 characters). ``image``: a container
+    image reference; None or "" = the model's image, else the backend's. The dataset's fingerprint
+    (:func:`jobs.fingerprints.dataset_fingerprint`) is stored with the job.
+    Raises ValidationError keyed by these argument names (every error at once); writes nothing then.
     """
     errors = Errors()
     dataset = validation.owned(errors, "dataset", Dataset, dataset, owner, "dataset")
@@ -316,12 +333,21 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     lr = validation.positive_float(errors, "lr", lr, label="Learning rate")
     budget = validation.budget(errors, budget_usd)
     overrides = _hyperparameters(errors, hyperparameters)
+    if "code" in overrides:
+        errors.add("hyperparameters", "Hyperparameters: the code section is set from the model's code archive "
+                                      "(its hash, script and arguments); remove it, and change the model instead.")
+        overrides = {k: v for k, v in overrides.items() if k != "code"}
+    env = validation.env_vars(errors, "env", env)
+    image = _job_image(errors, image, model_spec)
     instance_type = (instance_type or "").strip()
     spot = bool(spot)
     name = (name or "").strip()[:200]
     for field, label, text in (("name", "Name", name), ("instance_type", "Instance type", instance_type)):
         if (problem := validation.text_problem(text)) is not None:
             errors.add(field, f"{label} {problem}")
+    if backend is not None:
+        _check_env_against_secrets(errors, env, backend)
+    archive = _model_archive(errors, model_spec)
     if errors or dataset is None or model_spec is None:
         errors.raise_if_any()
 
@@ -330,26 +356,31 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     base = {
         "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
                  "label_column": dataset.label_column or "label"},
-        "model": {"arch": model_spec.architecture, "params": dict(model_spec.params or {})},
+        **_model_sections(model_spec, archive),
         "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
                      **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
         "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
     }
     overridden = _flatten_keys(overrides)
+    is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
     config = None
     try:
         config = JobConfig.from_dict(_deep_merge(base, overrides))
-        config.model.params = validate_model_params(config.model.arch, config.model.params)
+        if not is_script and config.model.arch != CUSTOM_ARCH:
+            config.model.params = validate_model_params(config.model.arch, config.model.params)
     except ConfigError as exc:
         _add_config_error(errors, exc, overridden)
     if config is not None:
-        for dotted, message in config_errors(config).items():
+        for dotted, message in _job_config_errors(config, is_script).items():
             field = _config_error_field(dotted, overridden)
             errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
     if config is None or errors:
         errors.raise_if_any()
     # Pending, not raised: the backend's checks below still run, so one submit shows both.
-    _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
+    if not is_script and config.model.arch != CUSTOM_ARCH:
+        # A custom model's shapes are known only once its entry point runs (the trainer checks the
+        # first batch); a script has no model of ours at all.
+        _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
@@ -358,7 +389,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         errors.raise_if_any()
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
                    instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
-                   dataset_uri=config.data.uri)
+                   dataset_uri=config.data.uri, env=env, code=code_bundle(archive), image=image,
+                   secret_env=dict(backend.job_secrets or {}))
     _check_spec(errors, adapter, spec, strategy, dataset)
     price = _hourly_price(errors, adapter, instance_type, spot)
     errors.raise_if_any()
@@ -366,7 +398,87 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
                       hourly_price=price, name=name, rerun_of=rerun_of, team=team,
-                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price))
+                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price),
+                      code=archive, image=image, env=env, fingerprint=_fingerprint(config))
+
+
+CUSTOM_ARCH = "custom"
+"""``model.arch`` of a user's model (``trainer_pkg.config.Architecture``): built by its entry point."""
+
+
+def _model_sections(model_spec: ModelSpec, archive: CodeArchive | None) -> dict[str, Any]:
+    """The ``model`` and ``code`` sections of a job's config for ``model_spec`` (docs/user-code.md
+    "Trainer config"); ``code.dir`` is left for the backend to set where it puts the archive."""
+    if model_spec.kind == ModelSpec.Kind.CODE:
+        return {"model": {"arch": CUSTOM_ARCH, "entry_point": model_spec.entry_point,
+                          "params": dict(model_spec.params or {}),
+                          "shard_classes": list(model_spec.shard_classes or [])},
+                "code": {"sha256": archive.sha256 if archive else ""}}
+    if model_spec.kind == ModelSpec.Kind.SCRIPT:
+        return {"code": {"sha256": archive.sha256 if archive else "", "script": model_spec.entry_point,
+                         "args": list(model_spec.script_args or [])}}
+    return {"model": {"arch": model_spec.architecture, "params": dict(model_spec.params or {})}}
+
+
+def _model_archive(errors: Errors, model_spec: ModelSpec | None) -> CodeArchive | None:
+    """The archive a job of ``model_spec`` runs (kinds code and script); an error on ``model_spec``
+    when such a model has none."""
+    if model_spec is None or model_spec.kind == ModelSpec.Kind.BUILTIN:
+        return None
+    if model_spec.code_id is None:
+        errors.add("model_spec", f"Model {model_spec.name} has no code archive; upload its code in the model "
+                                 f"form, then launch the job.")
+        return None
+    return model_spec.code
+
+
+def _job_config_errors(config: JobConfig, is_script: bool) -> dict[str, str]:
+    """The trainer's own checks of a job's config: all of them (:func:`config_errors`), except for a
+    script, whose model section is not ours: its fields and its shape without the layer count."""
+    if not is_script:
+        return config_errors(config)
+    errs = config.field_errors()
+    p = config.parallel
+    if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
+        found = shape_errors(config, world_size=p.world_size, world_desc=describe_world(p.nodes, p.procs_per_node),
+                             check_layers=False)
+        for dotted, message in found.items():
+            errs.setdefault(dotted, message)
+    return errs
+
+
+def _job_image(errors: Errors, image: str | None, model_spec: ModelSpec | None) -> str:
+    """The job's container image: ``image`` when given (checked, error on ``image``), else the
+    model's, else "" (the backend's)."""
+    if not isinstance(image, (str, type(None))):
+        errors.add("image", "Image must be text: a container image reference, or blank for the model's or "
+                            "the backend's image.")
+        return ""
+    image = (image or "").strip()
+    if not image:
+        return model_spec.image if model_spec is not None else ""
+    if (problem := validation.text_problem(image)) is not None:
+        errors.add("image", f"Image {problem}")
+        return ""
+    if (problem := validation.image_problem(image)) is not None:
+        errors.add("image", problem)
+        return ""
+    return image
+
+
+def _check_env_against_secrets(errors: Errors, env: Mapping[str, str], backend: ComputeBackend) -> None:
+    """An error on ``env`` for each variable that is also one of ``backend``'s job secrets: the
+    secret would be set twice, and which value wins differs between platforms."""
+    for name in sorted(set(backend.job_secrets or {}) & set(env)):
+        errors.add("env", f"Environment variable {name} is a job secret of backend {backend.name}; remove it "
+                          f"here (the secret is set in the job already), or choose another name.")
+
+
+def _fingerprint(config: JobConfig) -> dict[str, Any] | None:
+    """The dataset fingerprint of the data the job's config reads (None for a cloud URI: the worker
+    takes it at submit)."""
+    data = config.data
+    return dataset_fingerprint(format=data.format, uri=data.uri, builtin_name=data.name)
 
 
 def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,
@@ -447,23 +559,26 @@ def _check_strategy_shape(errors: Errors, *, strategy: str, nodes: int, procs_pe
                                         **pipeline}}
     if batch_size is not None:
         raw["train"] = {"batch_size": batch_size}
-    if model_spec is not None:
-        raw["model"] = {"arch": model_spec.architecture, "params": dict(model_spec.params or {})}
+    # A script's model is its own: only the shape is checked, not its layers.
+    with_model = model_spec is not None and model_spec.kind != ModelSpec.Kind.SCRIPT
+    if with_model:
+        raw["model"] = _model_sections(model_spec, None)["model"]
     try:
         config = JobConfig.from_dict(raw)
     except ConfigError as exc:
         _add_config_error(errors, exc, set())
         return
     found = shape_errors(config, world_size=nodes * procs_per_node, world_desc=describe_world(nodes, procs_per_node),
-                         check_layers=model_spec is not None)
+                         check_layers=with_model)
     for dotted, message in found.items():
         errors.add(_config_error_field(dotted, set()), message)
 
 
 def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
-    """A new QUEUED job with ``job``'s frozen config and shape (``rerun_of=job``), priced now; for
-    ``job``'s team while the owner is still a member of it. The monthly budgets are checked as for a
-    new job (ValidationError with the figures)."""
+    """A new QUEUED job with ``job``'s frozen config and shape (``rerun_of=job``), its code archive,
+    image and environment (never the model's current archive: the re-run trains what ran), its
+    dataset fingerprinted again, priced now; for ``job``'s team while the owner is still a member
+    of it. The monthly budgets are checked as for a new job (ValidationError with the figures)."""
     errors = Errors()
     if job.owner_id != getattr(owner, "pk", None):
         errors.add(ALL, "You can only re-run your own jobs.")
@@ -475,12 +590,17 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
     _check_spec(errors, adapter, spec, job.strategy, job.dataset)
     price = _hourly_price(errors, adapter, job.instance_type, job.spot)
     errors.raise_if_any()
+    config = dict(job.config)
+    data = config.get("data") or {}
+    fingerprint = dataset_fingerprint(format=data.get("format", ""), uri=data.get("uri", ""),
+                                      builtin_name=data.get("name", ""))
     return _store_job(owner=owner, dataset=job.dataset, model_spec=job.model_spec, backend=backend,
-                      config=dict(job.config), strategy=job.strategy, nodes=job.nodes,
+                      config=config, strategy=job.strategy, nodes=job.nodes,
                       procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,
                       max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
                       on_demand_price=_on_demand_price(adapter, job.instance_type, job.spot, price),
-                      name=rerun_name(job), rerun_of=job,
+                      name=rerun_name(job), rerun_of=job, code=job.code, image=job.image, env=job.env,
+                      fingerprint=fingerprint,
                       team=job.team if job.team_id and job.team.members.filter(pk=owner.pk).exists() else None)
 
 
