@@ -130,6 +130,24 @@ def normalize_upload(fileobj: IO[bytes], filename: str = "") -> NormalizedArchiv
         spooled.close()
 
 
+REQUEST_OVERHEAD = 1024 * 1024
+"""Bytes a request carrying an upload may have beyond the archive itself (the other fields, multipart framing)."""
+
+
+def request_too_large(content_length: str | int | None) -> str | None:
+    """Why a request body of ``content_length`` bytes (its Content-Length header) is refused before
+    it is read, or None: more than ``TRAINBOARD_CODE_MAX_BYTES`` plus :data:`REQUEST_OVERHEAD`."""
+    try:
+        length = int(content_length or 0)
+    except (TypeError, ValueError):
+        return None
+    limit = max_bytes()
+    if length <= limit + REQUEST_OVERHEAD:
+        return None
+    return (f"The upload is larger than {_mib(limit)} (TRAINBOARD_CODE_MAX_BYTES); leave data and checkpoints "
+            f"out of the code archive.")
+
+
 def normalize_directory(path: str | os.PathLike[str]) -> NormalizedArchive:
     """The normalized archive of the files under directory ``path``, which must lie inside one of
     ``settings.TRAINBOARD_CODE_ROOTS`` after symlinks and ``..`` are resolved (a relative path is

@@ -221,6 +221,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # A model's kind and a backend's kind are both "kind": each enum gets its own name.
+    "ENUM_NAME_OVERRIDES": {"ModelKindEnum": "jobs.models.ModelSpec.Kind"},
 }
 
 # --- Celery ----------------------------------------------------------------------------------

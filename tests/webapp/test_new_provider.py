@@ -99,7 +99,7 @@ def test_the_api_takes_and_describes_the_new_providers_settings(api_client, djan
 
     schema = api_client.get(reverse("api-schema"), {"format": "json"}).json()
     backend = schema["components"]["schemas"]["Backend"]["properties"]
-    assert "tinycloud" in schema["components"]["schemas"]["KindEnum"]["enum"]
+    assert "tinycloud" in schema["components"]["schemas"]["BackendKindEnum"]["enum"]  # ModelKindEnum is the other kind
     assert ("tinycloud: project (Tiny project; required); zone (Tiny zone; north | south); quota (Tiny quota; "
             "whole number); endpoint (Tiny endpoint; staff only).") in backend["config"]["description"]
     assert "tinycloud: api_key (Tiny API key), note (Tiny note; optional)" in backend["secrets"]["description"]

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -17,7 +18,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs import selectors, services, validation
 from jobs.cost import estimate_arithmetic
-from jobs.models import ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
+from jobs.models import CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
@@ -147,24 +148,122 @@ class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         return self._call(services.dataset_update, dataset=instance, **validated_data)
 
 
+CODE_FILES_SHOWN = 50
+"""Member paths a model's ``code`` lists in the API (the archive's first, sorted)."""
+
+
+class CodeArchiveSerializer(serializers.ModelSerializer):
+    """A stored code archive: its hash, size, files and requirements (read only)."""
+
+    files = serializers.SerializerMethodField(help_text=f"The first {CODE_FILES_SHOWN} member paths, sorted.")
+
+    class Meta:
+        model = CodeArchive
+        fields = ["sha256", "size_bytes", "file_count", "requirements", "files"]
+        read_only_fields = fields
+
+    def get_files(self, archive: CodeArchive) -> list[str]:
+        return list(archive.files[:CODE_FILES_SHOWN])
+
+
+class CodeField(serializers.FileField):
+    """Written: the uploaded ``.zip``/``.tar.gz`` (multipart); read: the stored archive's summary
+    (:class:`CodeArchiveSerializer`), or null for a built-in model."""
+
+    def to_representation(self, value: CodeArchive | None) -> dict[str, Any] | None:
+        return CodeArchiveSerializer(value).data if value is not None else None
+
+
+class CodeFieldExtension(OpenApiSerializerFieldExtension):
+    """The schema of :class:`CodeField` in a response (and a JSON body, where it is read only): the
+    archive's summary. A multipart body documents the upload with :class:`ModelSpecUploadSerializer`."""
+
+    target_class = CodeField
+
+    def map_serializer_field(self, auto_schema, direction):
+        component = auto_schema.resolve_serializer(CodeArchiveSerializer, direction)
+        return {"allOf": [component.ref], "readOnly": True, "nullable": True,
+                "description": "The model's code archive (kinds code and script); null for a built-in model."}
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class JSONObjectField(StoredJSONField):
+    """A JSON object: in a JSON body as itself, in a multipart or form body as its JSON text."""
+
+
+@extend_schema_field({"type": "array", "items": {"type": "string"}})
+class JSONStringListField(StoredJSONField):
+    """A list of strings: in a JSON body as itself, in a multipart or form body as its JSON text."""
+
+
 class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
-    architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES))
-    params = serializers.DictField(
-        required=False, help_text="Architecture parameters; missing ones take the registry's defaults. An update that "
-                                  "changes the architecture without params gives it that architecture's defaults."
+    """A model (docs/user-code.md): kind ``builtin`` (an architecture and its parameters), ``code`` (an
+    archive and ``entry_point`` package.module:function) or ``script`` (an archive and ``entry_point``
+    train.py or -m package.module, with ``script_args``). The archive comes as a multipart ``code``
+    file or, in JSON, as ``code_dir``, a directory on the server; an archive refused says which member
+    and why (400)."""
+
+    architecture = serializers.ChoiceField(
+        choices=sorted(ARCHITECTURES), required=False, allow_blank=True,
+        help_text="Kind builtin: the registry's architecture. Set by the server for the other kinds "
+                  "(code: custom; script: blank).")
+    params = JSONObjectField(
+        required=False, help_text="Kind builtin: architecture parameters; missing ones take the registry's defaults. "
+                                  "An update that changes the architecture (or the kind) without params gives it "
+                                  "that architecture's defaults. Kind code: the model function's keyword "
+                                  "arguments. In a multipart body: the object's JSON text."
     )
+    script_args = JSONStringListField(
+        required=False, help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\"] (multipart: the JSON text).")
+    shard_classes = JSONStringListField(
+        required=False, help_text="Kind code, FSDP: class names sharded one fully_shard each, e.g. [\"Block\"]; "
+                                  "[] = each top-level child (multipart: the JSON text).")
+    code = CodeField(required=False, allow_empty_file=False)
+    code_dir = serializers.CharField(
+        required=False, allow_blank=True, write_only=True, max_length=4096,
+        help_text="Instead of an uploaded code file: a directory on the server under TRAINBOARD_CODE_ROOTS.")
     team = share_team_field()
 
     class Meta:
         model = ModelSpec
-        fields = ["id", "name", "description", "architecture", "params", "team", "created_at", "updated_at"]
+        fields = ["id", "name", "description", "kind", "architecture", "params", "entry_point", "script_args",
+                  "shard_classes", "image", "code", "code_dir", "team", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
+    def _code_kwargs(self, validated_data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """The service's ``code`` from the upload or ``code_dir`` (both: a 400), and where its errors go."""
+        upload, directory = validated_data.pop("code", None), validated_data.pop("code_dir", "") or ""
+        if upload is not None and directory:
+            raise serializers.ValidationError({"code_dir": ["Give the code one way: an uploaded file (code) or a "
+                                                            "directory on the server (code_dir), not both."]})
+        if directory:
+            return {**validated_data, "code": directory}, {"code": "code_dir"}
+        return ({**validated_data, "code": upload} if upload is not None else validated_data), {}
+
+    def _call_with_code(self, fn, validated_data: dict[str, Any], **kwargs: Any):
+        values, field_map = self._code_kwargs(validated_data)
+        try:
+            return fn(**kwargs, **values)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc, field_map) from None
+
     def create(self, validated_data: dict[str, Any]) -> ModelSpec:
-        return self._call(services.model_spec_create, owner=self.context["request"].user, **validated_data)
+        return self._call_with_code(services.model_spec_create, validated_data, owner=self.context["request"].user)
 
     def update(self, instance: ModelSpec, validated_data: dict[str, Any]) -> ModelSpec:
-        return self._call(services.model_spec_update, model_spec=instance, **validated_data)
+        return self._call_with_code(services.model_spec_update, validated_data, model_spec=instance)
+
+
+@extend_schema_field(OpenApiTypes.BINARY)
+class _UploadedFileField(serializers.FileField):
+    """A file in a request body (drf-spectacular documents a FileField as a URI, its response form)."""
+
+
+class ModelSpecUploadSerializer(ModelSpecSerializer):
+    """The multipart body of a model with its code uploaded (schema only: the same fields, ``code`` a file)."""
+
+    code = _UploadedFileField(required=False, write_only=True,
+                              help_text="The code: a .zip or .tar.gz of at most TRAINBOARD_CODE_MAX_BYTES.")
 
 
 def _kind_choices() -> list[tuple[str, str]]:

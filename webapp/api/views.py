@@ -8,10 +8,11 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import selectors, services
+from jobs import code_archives, selectors, services
 from jobs.models import JobStateChoices, TrainingJob
 from webapp.api.pagination import CappedLimitOffsetPagination
 from webapp.api.serializers import (
@@ -19,6 +20,7 @@ from webapp.api.serializers import (
     ConnectionCheckSerializer,
     DatasetSerializer,
     ModelSpecSerializer,
+    ModelSpecUploadSerializer,
     TrainingJobCreateSerializer,
     TrainingJobDetailSerializer,
     TrainingJobSerializer,
@@ -56,15 +58,43 @@ class DatasetViewSet(_ListCreateRetrieveUpdate):
         return selectors.dataset_list_for_user(user=self.request.user)
 
 
+_MODEL_BODIES = {"application/json": ModelSpecSerializer, "multipart/form-data": ModelSpecUploadSerializer}
+
+
 @extend_schema_view(
     list=extend_schema(summary="Your models"),
-    create=extend_schema(summary="Register a model: an architecture from the registry and its parameters"),
+    create=extend_schema(summary="Register a model: a built-in architecture, your model function or your script",
+                         description="A built-in model: kind builtin, architecture and params (JSON). Your code: "
+                                     "kind code (entry_point package.module:function) or script (entry_point "
+                                     "train.py or -m package.module, script_args), with the code as a multipart "
+                                     "file field code (.zip or .tar.gz) or, in JSON, code_dir (a directory on the "
+                                     "server). A refused archive is a 400 naming the member and why; nothing is "
+                                     "stored then.",
+                         request=_MODEL_BODIES),
+    update=extend_schema(request=_MODEL_BODIES),
+    partial_update=extend_schema(request=_MODEL_BODIES),
 )
 class ModelSpecViewSet(_ListCreateRetrieveUpdate):
     serializer_class = ModelSpecSerializer
 
     def get_queryset(self):
-        return selectors.model_spec_list_for_user(user=self.request.user)
+        return selectors.model_spec_list_for_user(user=self.request.user).select_related("code")
+
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        refuse_oversized_upload(request)
+        return super().create(request, *args, **kwargs)
+
+    def update(self, request: Request, *args, **kwargs) -> Response:
+        refuse_oversized_upload(request)
+        return super().update(request, *args, **kwargs)
+
+
+def refuse_oversized_upload(request) -> None:
+    """A 400 on ``code`` before a body larger than an archive may be is read (the files of a
+    multipart body are not bounded by DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+    problem = code_archives.request_too_large(request.META.get("CONTENT_LENGTH"))
+    if problem:
+        raise ValidationError({"code": [problem]})
 
 
 @extend_schema_view(

@@ -1,0 +1,182 @@
+"""POST/GET /api/models/ with code: a multipart upload, a server directory in JSON, refusals as 400s
+naming the member (never a 500, nothing stored), owner/team/staff visibility, and the schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from codekit import MODEL_FILES, Link, tar_gz_bytes, upload, zip_bytes
+from jobs.models import CodeArchive, ModelSpec, Team
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def code_store(settings, tmp_path) -> Path:
+    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
+    settings.TRAINBOARD_CODE_ROOTS = [str(tmp_path / "roots")]
+    (tmp_path / "roots").mkdir()
+    return tmp_path / "store"
+
+
+def stored(store: Path) -> list[Path]:
+    return [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+
+
+def test_multipart_create_and_get(api_client, code_store):
+    response = api_client.post("/api/models/", {
+        "name": "tiny", "kind": "code", "entry_point": "mymodel.net:build", "params": '{"width": 32}',
+        "shard_classes": '["Block"]', "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1.0",
+        "code": upload(zip_bytes(MODEL_FILES), "tiny.zip"),
+    }, format="multipart")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    row = CodeArchive.objects.get()
+    assert body["code"] == {"sha256": row.sha256, "size_bytes": row.size_bytes, "file_count": 4,
+                            "requirements": "tinypkg==1.0\n",
+                            "files": ["mymodel/__init__.py", "mymodel/net.py", "requirements.txt", "train.py"]}
+    assert (body["kind"], body["architecture"], body["entry_point"], body["params"], body["shard_classes"],
+            body["script_args"], body["image"]) == (
+        "code", "custom", "mymodel.net:build", {"width": 32}, ["Block"], [],
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1.0")
+    assert "code_dir" not in body
+    got = api_client.get(f"/api/models/{body['id']}/").json()
+    assert got == body
+    listed = api_client.get("/api/models/").json()["results"]
+    assert [m["code"]["sha256"] for m in listed] == [row.sha256]
+    assert len(stored(code_store)) == 1
+
+
+def test_files_listed_are_the_first_fifty(api_client, code_store):
+    files = {**MODEL_FILES, **{f"data/f{i:03d}.txt": b"x" for i in range(60)}}
+    body = api_client.post("/api/models/", {"name": "many", "kind": "script", "entry_point": "train.py",
+                                            "script_args": '["--epochs", "2"]',
+                                            "code": upload(tar_gz_bytes(files), "m.tar.gz")},
+                           format="multipart").json()
+    assert body["code"]["file_count"] == 64
+    assert body["code"]["files"] == sorted(files)[:50]
+    assert body["script_args"] == ["--epochs", "2"]
+    assert CodeArchive.objects.get().files == sorted(files)
+
+
+def test_json_create_from_a_server_directory(api_client, tmp_path, code_store):
+    for name, data in MODEL_FILES.items():
+        (tmp_path / "roots" / "proj" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "roots" / "proj" / name).write_bytes(data)
+    response = api_client.post("/api/models/", {"name": "fromdir", "kind": "script", "entry_point": "-m mymodel.net",
+                                                "code_dir": str(tmp_path / "roots" / "proj")}, format="json")
+    assert response.status_code == 201, response.json()  # -m runs mymodel/net.py as a script
+    assert ModelSpec.objects.get().entry_point == "-m mymodel.net"
+    response = api_client.post("/api/models/", {"name": "pkg", "kind": "script", "entry_point": "-m mymodel",
+                                                "code_dir": "proj"}, format="json")
+    assert response.status_code == 400  # a package runs with -m through its __main__.py
+    assert response.json() == {"entry_point": [
+        "module 'mymodel' not in the archive (looked for mymodel.py, mymodel/__main__.py)."]}
+    response = api_client.post("/api/models/", {"name": "fromdir2", "kind": "script", "entry_point": "train.py",
+                                                "script_args": ["--epochs", "3"],
+                                                "code_dir": str(tmp_path / "roots" / "proj")}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["code"]["file_count"] == 4
+    outside = api_client.post("/api/models/", {"name": "out", "kind": "script", "entry_point": "train.py",
+                                               "code_dir": "/etc"}, format="json")
+    assert outside.status_code == 400
+    assert list(outside.json()) == ["code_dir"]
+    assert "TRAINBOARD_CODE_ROOTS" in outside.json()["code_dir"][0]
+
+
+@pytest.mark.parametrize("code, field, message", [
+    (lambda: zip_bytes({**MODEL_FILES, "../evil.py": b""}), "code", "member '../evil.py': path leaves the archive (..)"),
+    (lambda: tar_gz_bytes({**MODEL_FILES, "x": Link("/etc/passwd")}), "code",
+     "member 'x': a symbolic link (to '/etc/passwd'); links are refused, inside the archive or out of it: put "
+     "the file itself in the archive."),
+    (lambda: b"\x1f\x8bnot really gzip", "code", None),
+    (lambda: b"PK\x03\x04truncated zip", "code", None),
+    (lambda: zip_bytes(MODEL_FILES), "entry_point",
+     "function 'missing' is not defined at the top level of mymodel/net.py (it defines: Block, build)."),
+])
+def test_bad_archives_are_400_naming_the_member(api_client, code_store, code, field, message):
+    response = api_client.post("/api/models/", {"name": "bad", "kind": "code", "entry_point": "mymodel.net:missing",
+                                                "code": upload(code(), "bad.zip")}, format="multipart")
+    assert response.status_code == 400
+    errors = response.json()
+    if message is not None:
+        assert errors[field] == [message]
+    else:
+        assert errors[field][0].startswith("Not a readable ")
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+
+
+def test_upload_and_directory_together_and_oversized_bodies_are_refused(api_client, code_store, settings):
+    both = api_client.post("/api/models/", {"name": "b", "kind": "code", "entry_point": "mymodel.net:build",
+                                            "code_dir": "proj", "code": upload(zip_bytes(MODEL_FILES))},
+                           format="multipart")
+    assert both.status_code == 400 and "not both" in both.json()["code_dir"][0]
+    settings.TRAINBOARD_CODE_MAX_BYTES = 1024
+    big = api_client.post("/api/models/", {"name": "b", "kind": "code", "entry_point": "mymodel.net:build",
+                                           "code": upload(b"PK" + bytes(3 * 1024 * 1024), "big.zip")},
+                          format="multipart")
+    assert big.status_code == 400
+    assert big.json() == {"code": ["The upload is larger than 1,024 bytes (TRAINBOARD_CODE_MAX_BYTES); leave data "
+                                   "and checkpoints out of the code archive."]}
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+
+
+def test_builtin_models_are_unchanged_and_json_code_is_refused(api_client):
+    model = api_client.post("/api/models/", {"name": "m", "architecture": "mlp", "params": {"num_layers": 3}},
+                            format="json")
+    assert model.status_code == 201
+    assert (model.json()["kind"], model.json()["code"], model.json()["params"]) == (
+        "builtin", None, {"hidden_size": 128, "num_layers": 3, "dropout": 0.0})
+    not_a_file = api_client.post("/api/models/", {"name": "m2", "kind": "code", "entry_point": "a.b:c",
+                                                  "code": "print('hi')"}, format="json")
+    assert not_a_file.status_code == 400 and "code" in not_a_file.json()
+    missing = api_client.post("/api/models/", {"name": "m3", "kind": "code", "entry_point": "a.b:c"}, format="json")
+    assert missing.json() == {"code": ["Give the model's code: upload a .zip or .tar.gz, or name a directory on "
+                                       "the server."]}
+
+
+def test_visibility_owner_team_and_staff(api_client, other_api_client, user, django_user_model, code_store):
+    """As for every model: the owner's, a teammate's to see and use (not change), a 404 to anyone else,
+    staff included (the API is scoped like the pages; the admin is where staff see every row)."""
+    from rest_framework.test import APIClient
+
+    mine = api_client.post("/api/models/", {"name": "tiny", "kind": "code", "entry_point": "mymodel.net:build",
+                                            "code": upload(zip_bytes(MODEL_FILES))}, format="multipart").json()
+    carol = django_user_model.objects.create_user(username="carol", password="pw-carol-123")
+    teammate = APIClient()
+    teammate.force_authenticate(carol)
+    assert teammate.get(f"/api/models/{mine['id']}/").status_code == 404
+    assert other_api_client.get(f"/api/models/{mine['id']}/").status_code == 404  # bob: staff, not in the team
+    team = Team.objects.create(name="vision")
+    team.members.add(user, carol)
+    shared = api_client.patch(f"/api/models/{mine['id']}/", {"team": team.pk}, format="json")
+    assert shared.status_code == 200, shared.json()
+    seen = teammate.get(f"/api/models/{mine['id']}/")
+    assert seen.status_code == 200 and seen.json()["code"]["sha256"] == mine["code"]["sha256"]
+    assert teammate.patch(f"/api/models/{mine['id']}/", {"entry_point": "mymodel.net:Block"},
+                          format="json").status_code == 403
+    assert other_api_client.get(f"/api/models/{mine['id']}/").status_code == 404
+    # The owner changes the entry point: checked against the stored archive.
+    wrong = api_client.patch(f"/api/models/{mine['id']}/", {"entry_point": "mymodel.net:Block"}, format="json")
+    assert wrong.status_code == 400
+    assert wrong.json() == {"entry_point": ["'Block' in mymodel/net.py is a class, not a function; name a "
+                                            "function that returns the torch.nn.Module."]}
+    assert ModelSpec.objects.get().entry_point == "mymodel.net:build"
+
+
+def test_schema_documents_the_upload_and_stays_valid(api_client):
+    from drf_spectacular.validation import validate_schema
+
+    schema = yaml.safe_load(api_client.get("/api/schema/").content)
+    validate_schema(schema)
+    body = schema["paths"]["/api/models/"]["post"]["requestBody"]["content"]
+    upload_schema = schema["components"]["schemas"][body["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert upload_schema["properties"]["code"]["format"] == "binary"
+    model = schema["components"]["schemas"]["ModelSpec"]["properties"]
+    assert model["code"]["readOnly"] is True
+    assert model["code_dir"]["writeOnly"] is True
+    archive = schema["components"]["schemas"]["CodeArchive"]["properties"]
+    assert set(archive) == {"sha256", "size_bytes", "file_count", "requirements", "files"}
