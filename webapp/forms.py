@@ -19,7 +19,7 @@ from jobs import selectors, services, validation
 from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
-from jobs.models import ComputeBackend, Dataset, JobStateChoices, Team, TrainingJob
+from jobs.models import ComputeBackend, Dataset, JobStateChoices, ModelSpec, Team, TrainingJob
 from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
@@ -110,19 +110,59 @@ class DatasetForm(TeamChoiceMixin, forms.Form):
 
 
 class ModelSpecForm(TeamChoiceMixin, forms.Form):
+    """A model: a built-in architecture, or the user's code (an uploaded archive or a directory on the
+    server) with its entry point. The fields of the kinds not chosen are not sent to the service, so
+    what a hidden section still holds (the architecture's defaults) is not read as the user's."""
+
     PARAMS_EXAMPLE = '{"channels": 32}'
+    FUNCTION_PARAMS_EXAMPLE = '{"width": 256, "depth": 4}'
 
     name = forms.SlugField(max_length=100, help_text="Short name, unique among your models, e.g. digits-cnn.")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    kind = forms.ChoiceField(
+        choices=ModelSpec.Kind.choices, initial=ModelSpec.Kind.BUILTIN, required=False, widget=forms.RadioSelect,
+        help_text="Built-in: one of Trainboard's architectures. My model: a function in your code that returns a "
+                  "torch.nn.Module, trained by Trainboard's trainer. My script: your own training script, started "
+                  "on every rank by Trainboard's launcher.")
     architecture = forms.ChoiceField(
         choices=[(name, f"{name} — {spec.description}") for name, spec in ARCHITECTURES.items()],
-        initial="cnn",
+        initial="cnn", required=False,
     )
     params = forms.CharField(
         required=False, label="Parameters (JSON)",
         widget=forms.Textarea(attrs={"rows": 6, "class": "mono", "spellcheck": "false"}),
         help_text="A JSON object; parameters left out take the defaults listed beside the form.",
     )
+    code = forms.FileField(
+        required=False, label="Code archive",
+        widget=forms.ClearableFileInput(attrs={"accept": ".zip,.tar.gz,.tgz,application/zip,application/gzip"}),
+        help_text="A .zip or .tar.gz of your code (a top-level requirements.txt is installed with it). Editing: "
+                  "leave empty to keep the current archive.")
+    code_dir = forms.CharField(
+        required=False, max_length=4096, label="Or a directory on the server",
+        help_text="Instead of uploading: the path of a directory under the installation's code roots.")
+    entry_point = forms.CharField(
+        required=False, max_length=300, widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
+        help_text="My model: package.module:function, e.g. mymodel.net:build, called with num_classes, "
+                  "input_shape and the parameters below. My script: train.py (a file in the archive) or "
+                  "-m package.module.")
+    function_params = forms.CharField(
+        required=False, label="Function parameters (JSON)",
+        widget=forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false"}),
+        help_text=f"Keyword arguments of your function, e.g. {FUNCTION_PARAMS_EXAMPLE}.")
+    shard_classes = forms.CharField(
+        required=False, label="Shard classes (FSDP)", widget=forms.TextInput(attrs={"class": "mono"}),
+        help_text="Class names, comma separated, each sharded with its own fully_shard, e.g. Block; empty = each "
+                  "top-level child.")
+    script_args = forms.CharField(
+        required=False, label="Script arguments",
+        widget=forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false"}),
+        help_text="One argument per line, e.g. --epochs on one line and 3 on the next.")
+    image = forms.CharField(
+        required=False, max_length=500, label="Container image",
+        widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
+        help_text="Optional: an image for this model's jobs (ECR, Artifact Registry or ACR URI); empty = the "
+                  "backend's.")
     team = team_field(None)  # replaced per user in __init__
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -135,8 +175,49 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
             # keeps when the architecture changes (it replaces only text the page or it wrote).
             self.fields["params"].widget.attrs["data-edited"] = "true"
 
+    def clean_kind(self) -> str:
+        return self.cleaned_data.get("kind") or ModelSpec.Kind.BUILTIN
+
     def clean_params(self) -> dict[str, Any]:
         return parse_json_object(self.cleaned_data.get("params", ""), example=self.PARAMS_EXAMPLE)
+
+    def clean_function_params(self) -> dict[str, Any]:
+        return parse_json_object(self.cleaned_data.get("function_params", ""), example=self.FUNCTION_PARAMS_EXAMPLE)
+
+    def clean_shard_classes(self) -> list[str]:
+        return [name.strip() for name in (self.cleaned_data.get("shard_classes") or "").split(",") if name.strip()]
+
+    def clean_script_args(self) -> list[str]:
+        text = (self.cleaned_data.get("script_args") or "").replace("\r\n", "\n")
+        return [line for line in text.split("\n") if line.strip()]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("code") and (data.get("code_dir") or "").strip():
+            self.add_error("code_dir", "Give the code one way: upload an archive or name a directory, not both.")
+        return data
+
+    def uses_code_dir(self) -> bool:
+        """Whether the code comes from the directory field (its errors then go there)."""
+        return not self.cleaned_data.get("code") and bool((self.cleaned_data.get("code_dir") or "").strip())
+
+    def service_values(self) -> dict[str, Any]:
+        """The keyword arguments of ``model_spec_create``/``model_spec_update``: the chosen kind's
+        fields only ("" for one that did not clean: the form shows its error)."""
+        data = self.cleaned_data
+        kind = data.get("kind") or ModelSpec.Kind.BUILTIN
+        values: dict[str, Any] = {name: data.get(name, "") for name in ("name", "description", "team", "image")}
+        values["kind"] = kind
+        if kind == ModelSpec.Kind.BUILTIN:
+            return {**values, "architecture": data.get("architecture", ""), "params": data.get("params", "")}
+        code = data.get("code") or (data.get("code_dir") or "").strip() or None
+        values.update(entry_point=data.get("entry_point", ""), **({"code": code} if code is not None else {}))
+        if kind == ModelSpec.Kind.CODE:
+            values.update(params=data.get("function_params", ""), shard_classes=data.get("shard_classes", []),
+                          script_args=[])
+        else:
+            values.update(params={}, script_args=data.get("script_args", []), shard_classes=[])
+        return values
 
 
 def setting_form_field(setting: Setting) -> forms.Field:

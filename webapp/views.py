@@ -22,8 +22,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from cloud_adapters.base import ConnectionCheck
-from jobs import pagination, selectors, services
-from jobs.models import JobStateChoices, TrainingJob
+from jobs import code_archives, pagination, selectors, services
+from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
@@ -121,24 +121,46 @@ def _architectures() -> list[dict[str, Any]]:
     ]
 
 
-def _model_form_page(request: HttpRequest, form: ModelSpecForm, model_spec) -> HttpResponse:
+def _model_form_page(request: HttpRequest, form: ModelSpecForm, model_spec, status: int = 200) -> HttpResponse:
     return render(request, "webapp/models/form.html",
-                  {"form": form, "model_spec": model_spec, "architectures": _architectures()})
+                  {"form": form, "model_spec": model_spec, "architectures": _architectures()}, status=status)
+
+
+def _submit_model_form(request: HttpRequest, form: ModelSpecForm, call) -> Any:
+    """``submit_form`` for the model form: the service's errors on ``code`` go to the directory field
+    when the code came from there."""
+    def add_errors(form: ModelSpecForm, exc: ValidationError) -> None:
+        add_service_errors(form, exc, {"code": "code_dir"} if form.uses_code_dir() else None)
+
+    return submit_form(form, lambda: call(**form.service_values()), add_errors)
+
+
+def _oversized_model_post(request: HttpRequest, initial: dict[str, Any], model_spec) -> HttpResponse | None:
+    """The form again, with why, for a POST too large to be an archive (refused before its body is read)."""
+    problem = request.method == "POST" and code_archives.request_too_large(request.META.get("CONTENT_LENGTH"))
+    if not problem:
+        return None
+    messages.error(request, problem)
+    return _model_form_page(request, ModelSpecForm(initial=initial, user=request.user), model_spec, status=400)
 
 
 @login_required
 def model_list(request: HttpRequest) -> HttpResponse:
-    models = selectors.model_spec_list_for_user(user=request.user)
+    models = selectors.model_spec_list_for_user(user=request.user).select_related("code")
     return render(request, "webapp/models/list.html", {"models": models})
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def model_create(request: HttpRequest) -> HttpResponse:
-    initial = {"architecture": "cnn", "params": json.dumps(ARCHITECTURES["cnn"].defaults(), indent=2)}
-    form = ModelSpecForm(request.POST or None, initial=initial, user=request.user)
+    initial = {"kind": ModelSpec.Kind.BUILTIN, "architecture": "cnn",
+               "params": json.dumps(ARCHITECTURES["cnn"].defaults(), indent=2)}
+    if (refused := _oversized_model_post(request, initial, None)) is not None:
+        return refused
+    form = ModelSpecForm(request.POST or None, request.FILES or None, initial=initial, user=request.user)
     if request.method == "POST":
-        model_spec = submit_form(form, lambda: services.model_spec_create(owner=request.user, **_values(form)))
+        model_spec = _submit_model_form(request, form, lambda **values: services.model_spec_create(
+            owner=request.user, **values))
         if model_spec is not None:
             messages.success(request, f"Model {model_spec.name} created.")
             return redirect("model-list")
@@ -148,16 +170,24 @@ def model_create(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    model_spec = _changeable(request, get_object_or_404(selectors.model_spec_list_for_user(user=request.user),
-                                                        pk=pk))
+    model_spec = _changeable(request, get_object_or_404(
+        selectors.model_spec_list_for_user(user=request.user).select_related("code"), pk=pk))
+    builtin = model_spec.kind == ModelSpec.Kind.BUILTIN
     initial = {
-        "name": model_spec.name, "description": model_spec.description,
-        "architecture": model_spec.architecture, "params": json.dumps(model_spec.params or {}, indent=2),
+        "name": model_spec.name, "description": model_spec.description, "kind": model_spec.kind,
+        "architecture": model_spec.architecture if builtin else "cnn",
+        "params": json.dumps((model_spec.params if builtin else ARCHITECTURES["cnn"].defaults()) or {}, indent=2),
+        "function_params": "" if builtin or not model_spec.params else json.dumps(model_spec.params, indent=2),
+        "entry_point": model_spec.entry_point, "shard_classes": ", ".join(model_spec.shard_classes or []),
+        "script_args": "\n".join(model_spec.script_args or []), "image": model_spec.image,
         "team": model_spec.team_id,
     }
-    form = ModelSpecForm(request.POST or None, initial=initial, user=request.user)
+    if (refused := _oversized_model_post(request, initial, model_spec)) is not None:
+        return refused
+    form = ModelSpecForm(request.POST or None, request.FILES or None, initial=initial, user=request.user)
     if request.method == "POST":
-        if submit_form(form, lambda: services.model_spec_update(model_spec=model_spec, **_values(form))) is not None:
+        if _submit_model_form(request, form, lambda **values: services.model_spec_update(
+                model_spec=model_spec, **values)) is not None:
             messages.success(request, f"Model {form.cleaned_data['name']} saved.")
             return redirect("model-list")
     return _model_form_page(request, form, model_spec)

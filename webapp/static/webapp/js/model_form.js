@@ -5,7 +5,25 @@
  * parameters are unknown to another ("channels: unknown parameter for mlp"), so when the textarea
  * still holds what the page or this script put there, choosing another architecture replaces it
  * with that architecture's defaults (or, back on an architecture shown before, with what it held
- * then: an edit page's saved parameters come back). Text the user typed is never replaced. */
+ * then: an edit page's saved parameters come back). Text the user typed is never replaced.
+ *
+ * The kind (built-in, my model, my script) shows only its own fields; the server reads only the
+ * chosen kind's fields too, so what a hidden section holds does not matter. */
+(function () {
+  "use strict";
+  const kinds = document.querySelectorAll('input[name="kind"]');
+  function showKind() {
+    const checked = document.querySelector('input[name="kind"]:checked');
+    const kind = checked ? checked.value : "builtin";
+    document.querySelectorAll(".kind-section").forEach(function (section) {
+      section.hidden = section.dataset.kinds.split(" ").indexOf(kind) < 0;
+    });
+    const docs = document.querySelector(".arch-docs");
+    if (docs) docs.hidden = kind !== "builtin";
+  }
+  kinds.forEach(function (input) { input.addEventListener("change", showKind); });
+  showKind();
+})();
 (function () {
   "use strict";
   const select = document.getElementById("id_architecture");
