@@ -4,6 +4,12 @@ Torch-free on purpose: the dashboard imports this module to build its model form
 job before it is queued, and the web process does not install torch. ``trainer_pkg.models`` turns a
 validated ``(arch, params)`` pair into an ``nn.Module``.
 
+:data:`ARCHITECTURES` holds the built-in models only (the dashboard's model form lists them). The
+config's other architecture, :data:`CUSTOM` (``"custom"``), is the user's own model, built by
+``model.entry_point`` from the user's code (:mod:`trainer_pkg.user_model`): its parameters are any
+JSON object (the entry point's keyword arguments), it has no input-shape rule, and its pipeline layer
+count is known only once it is built (:func:`pipeline_layer_count` returns None).
+
 Usage::
 
     from trainer_pkg.registry import ARCHITECTURES, validate_model_params
@@ -15,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from typing import Any, Callable, Mapping, Sequence
 
 from trainer_pkg.config import ConfigError
@@ -139,6 +146,13 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 
+CUSTOM = "custom"
+"""``model.arch`` of a user's model (``model.entry_point``); not in :data:`ARCHITECTURES`."""
+
+TRAINER_ARGUMENTS = ("num_classes", "input_shape")
+"""The keyword arguments the trainer itself passes a custom model's entry point (from the dataset)."""
+
+
 def get_arch(arch: str) -> ArchSpec:
     """The :class:`ArchSpec` named ``arch``; :class:`ConfigError` listing the known ones otherwise."""
     try:
@@ -154,7 +168,13 @@ def validate_model_params(arch: str, params: Mapping[str, Any] | None) -> dict[s
 
     Raises :class:`ConfigError` naming the parameter for an unknown name (listing the known ones),
     a wrong type or a value out of bounds, and for an unknown architecture.
+
+    For :data:`CUSTOM` any JSON object is accepted as it is (no defaults: the entry point has its
+    own); :class:`ConfigError` when ``params`` is not an object, a key is not a Python identifier, or
+    a key is one the trainer passes itself (:data:`TRAINER_ARGUMENTS`).
     """
+    if arch == CUSTOM:
+        return _custom_params(params)
     spec = get_arch(arch)
     params = dict(params or {})
     by_name = {p.name: p for p in spec.params}
@@ -177,6 +197,8 @@ def check_input_shape(arch: str, sample_shape: Sequence[int | None]) -> None:
     ``any`` one flattens whatever it gets. The message names both shapes. Also raises for an
     unknown architecture, as :func:`get_arch`.
     """
+    if arch == CUSTOM:
+        return  # the user's model says what it takes: the trainer's first-batch check tells
     spec = get_arch(arch)
     shape = tuple(sample_shape)
     if spec.input_kind == "image" and len(shape) != 3:
@@ -187,10 +209,61 @@ def check_input_shape(arch: str, sample_shape: Sequence[int | None]) -> None:
         )
 
 
-def pipeline_layer_count(arch: str, params: Mapping[str, Any] | None) -> int:
+def pipeline_layer_count(arch: str, params: Mapping[str, Any] | None) -> int | None:
     """How many consecutive pieces ``arch`` with ``params`` splits into for pipeline parallelism: at
-    most this many stages (:attr:`ArchSpec.pipeline_layers`), computed without torch.
+    most this many stages (:attr:`ArchSpec.pipeline_layers`), computed without torch. None for
+    :data:`CUSTOM`: only the built model knows (the trainer checks it after building).
 
     Raises :class:`ConfigError` like :func:`validate_model_params`.
     """
+    if arch == CUSTOM:
+        validate_model_params(arch, params)
+        return None
     return get_arch(arch).pipeline_layers(validate_model_params(arch, params))
+
+
+def _custom_params(params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"model.params: a custom model's parameters are a JSON object (the entry point's "
+                          f"keyword arguments), got {type(params).__name__} {params!r}")
+    for name in params:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise ConfigError(f"model.params.{name}: not a Python keyword argument name (letters, digits and "
+                              "_, not starting with a digit)")
+        if name in TRAINER_ARGUMENTS:
+            raise ConfigError(f"model.params.{name}: the trainer passes {name} itself (from the dataset); "
+                              "remove it from the parameters")
+    return dict(params)
+
+
+def parse_entry_point(entry_point: str) -> tuple[str, str]:
+    """``"tinyformer.model:build"`` → ``("tinyformer.model", "build")``: the module to import and the
+    function in it. Raises :class:`ConfigError` for anything else, e.g. ``tinyformer.model.build``
+    or an empty string, with an example of the form."""
+    module, sep, function = entry_point.strip().partition(":")
+    names = module.split(".") + [function]
+    if not sep or not all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+        shown = repr(entry_point) if entry_point else "empty"
+        raise ConfigError(f"model.entry_point: {shown} is not package.module:function (e.g. "
+                          "tinyformer.model:build, the module importable from the code archive's top level)")
+    return module, function
+
+
+def model_errors(model: Any) -> dict[str, str]:
+    """The errors of a ``ModelConfig`` that the registry can see without torch, keyed by dotted
+    field name; empty when there are none: a custom model's entry point and parameters, and an entry
+    point set on a built-in architecture (which would be silently ignored)."""
+    errs: dict[str, str] = {}
+    for check in (lambda: validate_model_params(model.arch, model.params),
+                  lambda: parse_entry_point(model.entry_point) if model.arch == CUSTOM else None):
+        try:
+            check()
+        except ConfigError as exc:
+            field, _, message = str(exc).partition(": ")
+            errs.setdefault(field, message)
+    if model.arch != CUSTOM and model.entry_point:
+        errs["model.entry_point"] = (f"only read for a custom model, but model.arch is {model.arch}: clear it, "
+                                     "or set model.arch to custom")
+    return errs

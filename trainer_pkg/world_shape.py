@@ -19,7 +19,7 @@ the launcher started.
 from __future__ import annotations
 
 from trainer_pkg.config import ConfigError, JobConfig, ParallelConfig, plural
-from trainer_pkg.registry import pipeline_layer_count
+from trainer_pkg.registry import model_errors, pipeline_layer_count
 
 
 def describe_world(nodes: int, procs_per_node: int) -> str:
@@ -39,7 +39,9 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
     ``world_desc`` says where the world size comes from (``describe_world(...)`` for a config, the
     launcher's count in the trainer); every message shows the arithmetic, e.g. ``"2 nodes × 2
     processes = 4 ranks; 3 pipeline stages do not divide 4"``. ``check_layers=False`` skips the
-    stages-against-layers check (a caller without the model). Empty when the shape fits.
+    stages-against-layers check (a caller without the model); a custom model skips it always (its
+    layers are known once it is built: :func:`trainer_pkg.parallel.make_strategy` checks them then).
+    Empty when the shape fits.
     """
     p, t = cfg.parallel, cfg.train
     errs: dict[str, str] = {}
@@ -70,7 +72,7 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
             layers = pipeline_layer_count(cfg.model.arch, cfg.model.params)
         except ConfigError:
             layers = None  # the registry reports bad model params itself
-        if layers is not None and layers < stages:
+        if layers is not None and layers < stages:  # None: a custom model, counted once built
             errs["parallel.pipeline_stages"] = (
                 f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
                 f"parameters has {plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
@@ -80,11 +82,14 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
 def config_errors(cfg: JobConfig) -> dict[str, str]:
     """Every error of ``cfg`` as a job, keyed by dotted field name; empty when it can run.
 
-    The field checks of :meth:`JobConfig.field_errors` first, then :func:`shape_errors` for the world the
-    config asks for (nodes × procs_per_node), skipped while either count is itself invalid. A field
-    keeps its first error.
+    The field checks of :meth:`JobConfig.field_errors` first, then the model section's
+    (:func:`trainer_pkg.registry.model_errors`: a custom model's entry point and parameters), then
+    :func:`shape_errors` for the world the config asks for (nodes × procs_per_node), skipped while
+    either count is itself invalid. A field keeps its first error.
     """
     errs = cfg.field_errors()
+    for field, msg in model_errors(cfg.model).items():
+        errs.setdefault(field, msg)
     p = cfg.parallel
     if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
         found = shape_errors(cfg, world_size=p.world_size, world_desc=describe_world(p.nodes, p.procs_per_node))
