@@ -1,11 +1,13 @@
 """Torch modules for the architectures declared in :mod:`trainer_pkg.registry`.
 
 ``build_model(arch, params, input_shape, num_classes)`` is the one entry; ``params`` is validated (and
-completed with defaults) here too, so a caller can pass the raw ``ModelConfig.params``.
+completed with defaults) here too, so a caller can pass the raw ``ModelConfig.params``. For arch
+``custom`` it calls the user's ``entry_point`` (:mod:`trainer_pkg.user_model`).
 
-Every model also lists its layers in execution order (:func:`sequential_layers`): applying them one
-after another is exactly ``model(x)``. Pipeline parallelism splits that list into consecutive stages
-(:mod:`trainer_pkg.parallel`), and FSDP shards each of its layers separately.
+Every built-in model also lists its layers in execution order (:func:`sequential_layers`): applying
+them one after another is exactly ``model(x)``. Pipeline parallelism splits that list into
+consecutive stages (:mod:`trainer_pkg.parallel`), and FSDP shards each of its layers separately. A
+custom model lists them the same way (a ``layers()`` method), or is an ``nn.Sequential``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer_pkg.config import ConfigError
-from trainer_pkg.registry import check_input_shape, validate_model_params
+from trainer_pkg.registry import CUSTOM, check_input_shape, validate_model_params
+from trainer_pkg.user_model import build_user_model
 
 
 def build_model(
-    arch: str, params: Mapping[str, Any] | None, input_shape: tuple[int, ...], num_classes: int
+    arch: str, params: Mapping[str, Any] | None, input_shape: tuple[int, ...], num_classes: int, *,
+    entry_point: str = "", code_dir: str = "",
 ) -> nn.Module:
     """An ``nn.Module`` mapping a batch of shape (B, *input_shape) to logits (B, num_classes).
+
+    ``entry_point`` and ``code_dir`` (``model.entry_point``, ``code.dir``) are read for arch
+    ``custom`` only: :func:`trainer_pkg.user_model.build_user_model` imports and calls the user's
+    function and raises :class:`trainer_pkg.user_model.UserCodeError` for whatever goes wrong in it.
 
     Raises :class:`ConfigError` for invalid params, or an image architecture given non-image input
     (:func:`trainer_pkg.registry.check_input_shape`, the check the dashboard makes at launch).
@@ -32,6 +40,8 @@ def build_model(
     input_shape = tuple(int(s) for s in input_shape)
     if num_classes < 2:
         raise ConfigError(f"the dataset has {num_classes} class(es): classification needs at least 2")
+    if arch == CUSTOM:
+        return build_user_model(entry_point, code_dir, p, input_shape=input_shape, num_classes=num_classes)
     check_input_shape(arch, input_shape)
     if arch == "mlp":
         return MLP(math.prod(input_shape), num_classes, **p)
@@ -43,16 +53,55 @@ def build_model(
 
 
 def sequential_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's layers in execution order, each with its qualified name inside ``model``.
+    """The model's layers in execution order, each with its qualified name inside ``model``: what
+    its ``layers()`` method returns, else an ``nn.Sequential``'s children.
 
-    Running them one after another on a batch equals ``model(batch)``; the names are the prefixes of
-    the model's ``state_dict`` keys, so a stage built from a slice of the list maps back to them.
-    Raises :class:`ConfigError` for a model that does not declare its layers.
+    Running them one after another on a batch must equal ``model(batch)`` (the model's promise: it
+    cannot be checked without running them); the names are the prefixes of the model's
+    ``state_dict`` keys, so a stage built from a slice of the list maps back to them. Checked here:
+    each item is a ``(name, module)`` pair whose name is that module's path in ``model``
+    (``model.get_submodule(name)``), and every parameter and buffer lies in exactly one listed layer.
+
+    Raises :class:`ConfigError` for a model that lists no layers ("pipeline needs an nn.Sequential or
+    a layers() method") or lists them wrongly, naming the item or the state-dict keys at fault.
     """
     layers = getattr(model, "layers", None)
-    if not callable(layers):
-        raise ConfigError(f"{type(model).__name__} does not list its layers, so it cannot be split into stages")
-    return list(layers())
+    if callable(layers) and not isinstance(layers, nn.Module):  # self.layers = nn.ModuleList is no list
+        pairs, source = list(layers()), f"{type(model).__name__}.layers()"
+    elif isinstance(model, nn.Sequential):
+        pairs, source = list(model.named_children()), f"{type(model).__name__} (an nn.Sequential)"
+    else:
+        raise ConfigError(
+            f"{type(model).__name__} cannot be split into pipeline stages: pipeline needs an nn.Sequential or "
+            "a layers() method returning (name, module) pairs in execution order; or use strategy ddp or fsdp")
+    return _checked_layers(model, pairs, source)
+
+
+def _checked_layers(model: nn.Module, pairs: list[Any], source: str) -> list[tuple[str, nn.Module]]:
+    covered: dict[str, str] = {}  # state-dict key -> the layer holding it
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                and isinstance(pair[1], nn.Module)):
+            raise ConfigError(f"{source} item {i} is {type(pair).__name__} {pair!r:.80}, not a (name, module) pair")
+        name, layer = pair
+        try:
+            found = model.get_submodule(name) if name else None
+        except AttributeError:
+            found = None
+        if found is not layer:
+            raise ConfigError(f"{source} item {i} is named {name!r}, but that is not its path in the model "
+                              "(names must be the attribute paths of model.named_modules(), e.g. blocks.0)")
+        for key in layer.state_dict():
+            full = f"{name}.{key}"
+            if full in covered:
+                raise ConfigError(f"{source}: {full} is in two listed layers ({covered[full]} and {name})")
+            covered[full] = name
+    missing = [k for k in model.state_dict() if k not in covered]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConfigError(f"{source} leaves out {shown}: every parameter and buffer must be in one listed layer "
+                          "(a pipeline stage holds only its layers)")
+    return list(pairs)
 
 
 def pipeline_units(layers: list[tuple[str, nn.Module]]) -> list[list[tuple[str, nn.Module]]]:

@@ -7,13 +7,16 @@
     Every rank holds the whole model (``DistributedDataParallel``) and a disjoint shard of the data;
     gradients are averaged across ranks during backward.
 ``fsdp``
-    The same data split, but FSDP2 ``fully_shard`` is applied to each layer of
-    :func:`trainer_pkg.models.sequential_layers` that has weights and then to the root: parameters,
+    The same data split, but FSDP2 ``fully_shard`` is applied to each unit of :func:`fsdp_units` that
+    has weights (the submodules of the classes named in ``model.shard_classes``; else each layer of
+    :func:`trainer_pkg.models.sequential_layers`, or each top-level child of a custom model) and then
+    to the root: parameters,
     gradients and optimizer state live as 1/world-size shards (DTensors) and each layer's weights are
     all-gathered only while it runs. Gradients are reduce-scattered (averaged), so the run equals
     DDP's up to float rounding.
 ``pipeline``
-    The model's layers (:func:`trainer_pkg.models.pipeline_units`) are split into ``S`` consecutive
+    The model's layers (:func:`trainer_pkg.models.pipeline_units` of its ``layers()``, or of an
+    ``nn.Sequential``'s children) are split into ``S`` consecutive
     stages of about equal parameter count, one stage per rank (``torch.distributed.pipelining``).
     Each batch is cut into ``parallel.microbatches`` micro-batches that flow stage to stage under the
     GPipe or 1F1B schedule; the loss is computed on the last stage. With ``W = S × R`` ranks there
@@ -66,8 +69,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.config import ConfigError, JobConfig, plural
 from trainer_pkg.models import pipeline_units, sequential_layers
+from trainer_pkg.registry import CUSTOM
 from trainer_pkg.world_shape import pipeline_stage_count, shape_errors
 
 _DDP_PARAMETERS = frozenset(inspect.signature(DDP.__init__).parameters)
@@ -371,10 +375,41 @@ class DDPStrategy(Strategy):
                 f"searches the graph every step and leaves them unchanged), or remove them from the model")
 
 
+def fsdp_units(model: nn.Module, shard_classes: list[str], *, custom: bool) -> list[nn.Module]:
+    """The submodules of ``model`` that each get their own ``fully_shard`` before the root, in an
+    order that shards every module before any module containing it (FSDP2 needs that).
+
+    ``shard_classes`` (``model.shard_classes``) non-empty: every submodule whose class name
+    (``type(m).__name__``) is listed, e.g. ``["Block"]``. Empty: each layer of a built-in model
+    (:func:`trainer_pkg.models.sequential_layers`), each top-level child of a ``custom`` one.
+
+    Raises :class:`StrategyError` for a listed name no submodule has, listing the class names the
+    model has.
+    """
+    if not shard_classes:
+        if custom:
+            return [m for _, m in model.named_children()]
+        return [m for _, m in sequential_layers(model)]
+    below_root = list(model.modules())[1:]
+    present = {type(m).__name__ for m in below_root}
+    unknown = [c for c in shard_classes if c not in present]
+    if unknown:
+        raise StrategyError(
+            f"model.shard_classes: no submodule of class {', '.join(map(repr, unknown))} in "
+            f"{type(model).__name__}; its submodules' classes are {', '.join(sorted(present)) or 'none'}")
+    wanted = set(shard_classes)
+    # modules() lists a module before its descendants, so the reverse shards the innermost first.
+    return [m for m in reversed(below_root) if type(m).__name__ in wanted]
+
+
 class FSDPStrategy(Strategy):
     name = "fsdp"
 
-    def __init__(self, model: nn.Module, device: torch.device):
+    def __init__(self, model: nn.Module, device: torch.device, units: list[nn.Module] | None = None):
+        """``units``: the submodules sharded one ``fully_shard`` each before the root
+        (:func:`fsdp_units`; default: each of :func:`trainer_pkg.models.sequential_layers`)."""
+        if units is None:
+            units = [m for _, m in sequential_layers(model)]
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -382,7 +417,7 @@ class FSDPStrategy(Strategy):
         mesh = init_device_mesh(device.type, (self.dp_size,))
         self._blocked_s = 0.0
         sharded = []
-        for _, layer in sequential_layers(model):
+        for layer in units:
             if any(p.requires_grad for p in layer.parameters()):
                 fully_shard(layer, mesh=mesh)
                 sharded.append(layer)
@@ -643,7 +678,10 @@ def make_strategy(cfg: JobConfig, model: nn.Module, device: torch.device) -> Str
     """Collective: place ``model`` (built identically on every rank) for ``cfg.parallel.strategy``.
 
     Raises StrategyError for a shape the strategy cannot run on the current process group, with the
-    arithmetic (the launcher's world size may differ from the config's nodes × processes).
+    arithmetic (the launcher's world size may differ from the config's nodes × processes), for fewer
+    layers than pipeline stages (a custom model's are counted here, once built), and for a
+    ``model.shard_classes`` name the model has no submodule of; ConfigError for a model a pipeline
+    cannot split (:func:`trainer_pkg.models.sequential_layers`).
     """
     world = dist.get_world_size()
     errs = shape_errors(cfg, world_size=world, world_desc=f"the launcher started {world} rank(s)")
@@ -653,13 +691,14 @@ def make_strategy(cfg: JobConfig, model: nn.Module, device: torch.device) -> Str
     if p.strategy == "ddp":
         return DDPStrategy(model, device, find_unused_parameters=cfg.train.find_unused_parameters)
     if p.strategy == "fsdp":
-        return FSDPStrategy(model, device)
+        units = fsdp_units(model, cfg.model.shard_classes, custom=cfg.model.arch == CUSTOM)
+        return FSDPStrategy(model, device, units)
     if p.strategy == "pipeline":
         stages = pipeline_stage_count(p, world)
         units = pipeline_units(sequential_layers(model))
         if len(units) < stages:
-            raise StrategyError(f"{stages} pipeline stages need at least one layer each, but the model has "
-                                f"{len(units)}: use fewer stages or a deeper model")
+            raise StrategyError(f"the model has {plural(len(units), 'layer', 'layers')}; {stages} pipeline stages "
+                                f"need at least {stages}: use fewer stages (parallel.pipeline_stages) or a deeper model")
         return PipelineStrategy(model, device, num_stages=stages, microbatches=p.microbatches,
                                 schedule=p.pipeline_schedule)
     raise ConfigError(f"parallel.strategy: unknown strategy {p.strategy!r}")  # a schema bug

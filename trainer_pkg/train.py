@@ -37,6 +37,12 @@ What a run does, top to bottom in :func:`train`:
    A pipeline's data-parallel unit is a whole pipeline: its stages read the same shard.
 3. Model: built from the registry on every rank with the same seed, then placed by the strategy
    (:mod:`trainer_pkg.parallel`): wrapped in DDP, sharded with FSDP2, or cut into pipeline stages.
+   A custom model (``model.arch`` ``custom``) is the user's: ``code.dir`` goes first on ``sys.path``,
+   ``model.entry_point`` (``package.module:function``) is called as
+   ``function(num_classes=N, input_shape=(C, ...), **model.params)``, and one forward on a real
+   batch checks that it returns (B, N) logits before any wrapper (:mod:`trainer_pkg.user_model`).
+   FSDP shards the submodules whose class is in ``model.shard_classes`` (default: each top-level
+   child); a pipeline splits an ``nn.Sequential``'s children or the model's ``layers()``.
    The shape (stages against ranks, micro-batches against the batch size, stages against layers) is
    checked against the ranks the launcher started before any of that, with the arithmetic shown.
 4. Resume: if ``<checkpoint_dir>/last.pt`` exists the run continues where it stopped (model,
@@ -75,6 +81,9 @@ checkpoint is kept. ``warn`` logs it once and trains on.
 
 Errors: a bad dataset, config or checkpoint prints one line ``trainer error: ...`` on stderr and exits
 1 on every rank (setup failures are agreed over the process group so no rank waits for another).
+An exception in a custom model's code (importing it, calling its entry point, its first forward)
+first prints the user's traceback, only the frames in their files, and its last line ends the
+``trainer error: rank N: model.entry_point ...`` line.
 """
 
 from __future__ import annotations
@@ -109,6 +118,8 @@ from trainer_pkg.metrics import encode_record, exit_process, format_metric_line,
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
 from trainer_pkg.platforms import cpu_threads_per_rank
+from trainer_pkg.registry import CUSTOM
+from trainer_pkg.user_model import UserCodeError, check_first_batch
 from trainer_pkg.versions import strategy_torch_error
 
 CHECKPOINT_NAME = "last.pt"
@@ -815,7 +826,7 @@ def train(cfg: JobConfig) -> int:
                 _set_cpu_threads(topo)
             resources.enter_context(process_group(backend, topo, cfg.parallel.timeout_s, device))
             return _run(cfg, topo, device, backend, stop)
-        except (TrainerError, ConfigError, StrategyError) as exc:
+        except (TrainerError, ConfigError, StrategyError, UserCodeError) as exc:
             report_error(f"{exc}")
             return 1
         except Exception as exc:
@@ -832,6 +843,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     model_path = os.path.join(cfg.output.output_dir, "model.pt")
     _log(topo, f"world size {topo.world_size} ({backend} on {device.type}), "
                f"{torch.get_num_threads()} CPU thread(s) per rank")
+    if cfg.code.dir or cfg.code.sha256:
+        _log(topo, f"user code: sha256 {cfg.code.sha256 or '(not recorded)'} in {cfg.code.dir or '(no code.dir)'}")
     if topo.world_size != cfg.parallel.world_size:
         _log(topo, f"note: the config asks for {cfg.parallel.nodes} node(s) × {cfg.parallel.procs_per_node} "
                    f"process(es) = {cfg.parallel.world_size} rank(s); the launcher started {topo.world_size}")
@@ -843,7 +856,12 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
         _check_job_fits(cfg, data, topo.world_size)
         autocast = autocast_context(t.precision, device)
-        model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes).to(device)
+        model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes,
+                            entry_point=cfg.model.entry_point, code_dir=cfg.code.dir).to(device)
+        if cfg.model.arch == CUSTOM:  # before any wrapper: a wrong output shape fails here, not in the loss
+            first = torch.from_numpy(data.x_train[:t.batch_size]).to(device)
+            check_first_batch(model, first, num_classes=data.num_classes, entry_point=cfg.model.entry_point,
+                              code_dir=cfg.code.dir, autocast=autocast)
         n_params = sum(p.numel() for p in model.parameters())
         ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
         if topo.is_main:
@@ -857,7 +875,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         total_steps = t.epochs * math.ceil(shard.batches / t.grad_accum_steps)
         scheduler = maybe_resume(ckpt, ckpt_path, strategy, optimizer, t, total_steps)
     start_epoch, start_batch, step = _resume_position(ckpt, ckpt_path, topo, t.seed)
-    _log(topo, f"data {describe(data)}; model {cfg.model.arch} ({n_params:,} parameters); "
+    shown = f"custom {cfg.model.entry_point}" if cfg.model.arch == CUSTOM else cfg.model.arch
+    _log(topo, f"data {describe(data)}; model {shown} ({n_params:,} parameters); "
                f"{_describe_strategy(strategy, t)}")
 
     x_val, y_val = torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
@@ -934,10 +953,14 @@ def _agree_setup(error: str | None, topo: Topology, device: torch.device) -> Non
 def agreed_setup(topo: Topology, device: torch.device) -> Iterator[None]:
     """A setup step whose outcome every rank agrees on (a collective at its end): when it failed on
     any rank, every rank raises :class:`TrainerError` (this rank's own error, or which rank failed),
-    so no rank waits in a later collective for one that has given up."""
+    so no rank waits in a later collective for one that has given up. A fault in the user's model
+    code (:class:`trainer_pkg.user_model.UserCodeError`) also prints the user's traceback first."""
     error = None
     try:
         yield
+    except UserCodeError as exc:
+        exc.write_traceback(topo.rank)  # the user's frames, then the one-line error like any other
+        error = str(exc)
     except (TrainerError, ConfigError, StrategyError) as exc:
         error = str(exc)
     except OSError as exc:

@@ -63,7 +63,7 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
     options = {o for action in parser._actions for o in action.option_strings}
     assert options == {
         "-h", "--help", "--config", "--dataset", "--data-format", "--label-column", "--val-fraction",
-        "--image-size", "--model", "--model-param", "--strategy", "--pipeline-stages", "--microbatches",
+        "--image-size", "--model", "--model-param", "--entry-point", "--strategy", "--pipeline-stages", "--microbatches",
         "--pipeline-schedule", "--dist-backend", "--timeout-s", "--epochs", "--batch-size", "--lr", "--optimizer",
         "--momentum", "--weight-decay", "--seed", "--log-every-steps", "--log-every-s", "--stop-check-s",
         "--augment", "--no-augment", "--precision", "--grad-accum-steps", "--grad-clip-norm", "--lr-schedule",
@@ -71,7 +71,7 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
         "--output-dir", "--checkpoint-dir"}
     by_flag = {a.option_strings[0]: a for a in parser._actions}
     assert by_flag["--pipeline-schedule"].choices == ("gpipe", "1f1b")  # the Literal's
-    assert by_flag["--model"].choices == ("mlp", "cnn", "resnet")
+    assert by_flag["--model"].choices == ("mlp", "cnn", "resnet", "custom")
     assert by_flag["--epochs"].type is int and by_flag["--lr"].type is float
     assert by_flag["--epochs"].help == "Passes over the training data. (config default 3)"
     assert by_flag["--output-dir"].help.startswith("Where model.pt (bare state dict) and metrics.jsonl are written.")
@@ -79,7 +79,8 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
     flagged = {f"{f.section}.{f.field}" for f in cli_flags()}
     every = {f"{section.name}.{f.name}" for section in dataclasses.fields(JobConfig)
              for f in dataclasses.fields(section.default_factory())}
-    assert every - flagged == {"data.name", "data.uri", "model.params", "parallel.nodes", "parallel.procs_per_node"}
+    assert every - flagged == {"data.name", "data.uri", "model.params", "parallel.nodes", "parallel.procs_per_node",
+                               "model.shard_classes", "code.dir", "code.sha256", "code.script", "code.args"}
     text = parser.format_help()
     assert "Passes over the training data." in text
     assert "(see trainer_pkg.train.record_interval)" in by_flag["--log-every-steps"].help  # reST roles as text
