@@ -32,6 +32,7 @@ from torch import nn
 
 from trainer_pkg.registry import parse_entry_point
 
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 _MESSAGE_CHARS = 600  # one line of the job's failure reason, not a page
 
@@ -59,18 +60,27 @@ class UserCodeError(Exception):
         os.write(2, text.encode("utf-8", "replace"))
 
 
+def resolve_code_dir(code_dir: str) -> str:
+    """``code.dir`` as an absolute path: a relative one is relative to the directory holding the
+    ``trainer_pkg`` package (docs/user-code.md: SageMaker and Azure ML set ``"."``, the files lying
+    beside ``trainer_pkg/``); ``""`` stays ``""`` (no user code directory)."""
+    if not code_dir:
+        return ""
+    return os.path.normpath(os.path.join(_PACKAGE_PARENT, code_dir))
+
+
 def put_code_on_path(code_dir: str) -> None:
-    """Make ``code_dir`` (``code.dir``) the first entry of ``sys.path``, so the user's packages are
-    found before any installed package of the same name; nothing for ``""``.
+    """Make ``code_dir`` (``code.dir``, :func:`resolve_code_dir`) the first entry of ``sys.path``, so
+    the user's packages are found before any installed package of the same name; nothing for ``""``.
 
     Raises :class:`UserCodeError` when ``code_dir`` is not a directory.
     """
     if not code_dir:
         return
-    if not os.path.isdir(code_dir):
+    path = resolve_code_dir(code_dir)
+    if not os.path.isdir(path):
         raise UserCodeError(f"code.dir {code_dir} is not a directory on this machine: the code archive was not "
                             "unpacked there (a backend fault: see the job's log)")
-    path = os.path.abspath(code_dir)
     if sys.path[:1] != [path]:
         if path in sys.path:
             sys.path.remove(path)
@@ -157,10 +167,10 @@ def check_first_batch(model: nn.Module, x: torch.Tensor, *, num_classes: int, en
 
 
 def user_traceback(exc: BaseException, code_dir: str) -> str:
-    """``exc``'s traceback with only the frames in the user's files (under ``code_dir``; without a
-    code dir, every frame that is neither the trainer's nor torch's), then the exception line(s): a
-    SyntaxError's show the file, the line and a caret."""
-    root = os.path.realpath(code_dir) + os.sep if code_dir else None
+    """``exc``'s traceback with only the frames in the user's files (under ``code_dir``, and never
+    the trainer's or torch's), then the exception line(s): a SyntaxError's show the file, the line
+    and a caret."""
+    root = os.path.realpath(resolve_code_dir(code_dir)) + os.sep if code_dir else None
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename, root)]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
     return "".join(lines + traceback.format_exception_only(type(exc), exc))
@@ -182,17 +192,18 @@ def _is_users(filename: str, root: str | None) -> bool:
     if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
         return False
     path = os.path.realpath(filename)
-    if root is not None:
-        return path.startswith(root)
-    return not path.startswith(_OURS)
+    if path.startswith(_OURS):  # also under a code.dir of "." (the archive's files beside trainer_pkg/)
+        return False
+    return root is None or path.startswith(root)
 
 
 def _search_place(code_dir: str) -> str:
     if not code_dir:
         return "on sys.path (code.dir is not set)"
+    path = resolve_code_dir(code_dir)
     try:
-        names = sorted(n + ("/" if os.path.isdir(os.path.join(code_dir, n)) else "")
-                       for n in os.listdir(code_dir) if not n.startswith(".") and n != "__pycache__")
+        names = sorted(n + ("/" if os.path.isdir(os.path.join(path, n)) else "")
+                       for n in os.listdir(path) if not n.startswith(".") and n != "__pycache__")
     except OSError:
         names = []
     shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -202,8 +213,9 @@ def _search_place(code_dir: str) -> str:
 def _short_path(path: str | None, code_dir: str) -> str:
     if not path:
         return "no file"
-    if code_dir and os.path.realpath(path).startswith(os.path.realpath(code_dir) + os.sep):
-        return os.path.relpath(os.path.realpath(path), os.path.realpath(code_dir))
+    root = os.path.realpath(resolve_code_dir(code_dir)) if code_dir else ""
+    if root and os.path.realpath(path).startswith(root + os.sep):
+        return os.path.relpath(os.path.realpath(path), root)
     return path
 
 

@@ -16,13 +16,14 @@ import pytest
 import torch
 from torch import nn
 
-from trainer_helpers import records, torchrun, write_job
+from trainer_helpers import REPO, records, torchrun, write_job
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.models import sequential_layers
 from trainer_pkg.parallel import StrategyError, fsdp_units
 from trainer_pkg.registry import (
     ARCHITECTURES, CUSTOM, check_input_shape, parse_entry_point, pipeline_layer_count, validate_model_params)
-from trainer_pkg.user_model import UserCodeError, build_user_model, check_first_batch
+from trainer_pkg.user_model import (
+    UserCodeError, build_user_model, check_first_batch, resolve_code_dir, user_traceback)
 from trainer_pkg.world_shape import config_errors
 
 MODEL = '''\
@@ -295,6 +296,21 @@ def test_build_user_model_in_process(code_dir, tinyformer):
     with pytest.raises(UserCodeError, match=r"^code.dir /nonexistent/code is not a directory"):
         build_user_model("tinyformer.model:build", "/nonexistent/code", {}, input_shape=DIGITS_SHAPE,
                          num_classes=DIGITS_CLASSES)
+
+
+def test_a_relative_code_dir_is_beside_trainer_pkg_and_our_frames_are_never_the_users():
+    # SageMaker and Azure ML set code.dir "." (the archive's files beside trainer_pkg/)
+    assert resolve_code_dir(".") == str(REPO) and resolve_code_dir("code/x") == str(REPO / "code" / "x")
+    assert resolve_code_dir("/abs/dir") == "/abs/dir" and resolve_code_dir("") == ""
+    try:
+        parse_entry_point("no-colon")  # raises in trainer_pkg/registry.py, which lies under code.dir "."
+    except ConfigError as exc:
+        shown = user_traceback(exc, ".")
+    assert f'File "{Path(__file__).resolve()}"' in shown  # this file lies there too, and is no file of ours
+    assert "registry.py\", line" not in shown and shown.count("  File ") == 1
+    assert shown.endswith("trainer_pkg.config.ConfigError: model.entry_point: 'no-colon' is not "
+                          "package.module:function (e.g. tinyformer.model:build, the module importable from the "
+                          "code archive's top level)\n")
 
 
 def test_first_batch_check_names_what_came_back_and_leaves_the_model_as_it_was():
