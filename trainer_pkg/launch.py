@@ -23,29 +23,45 @@ local      ``--standalone``: torchrun on this machine with ``--nproc-per-node`` 
            ``parallel.procs_per_node``); nothing set: one process.
 =========  ==========================================================================================
 
+A user's script (``code.script``: ``train.py`` relative to ``code.dir``, or ``-m package.module``, with
+``code.args``) runs instead of the trainer, the same way: torchrun starts it as ``python train.py
+args`` in every rank where the table says torchrun is started; where the platform started the ranks
+(azureml, torchrun) or the job is one process, this process runs it as a child and waits. Either way
+it runs in ``code.dir`` (``sys.path``: the script's directory as Python puts it, then ``code.dir``, then
+this package) with torchrun's ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and the job's
+directories as ``TRAINBOARD_MODEL_DIR``, ``TRAINBOARD_CHECKPOINT_DIR``, ``TRAINBOARD_DATA_DIR``,
+``TRAINBOARD_CODE_DIR`` (:func:`trainboard_env`; our own trainer's ranks get them too), and its exit
+code is the job's. It reports metrics with :mod:`trainer_pkg.report`.
+
 Every rank this launcher starts logs one line ``[launch] rank R (local rank L, node_rank N) of world
 size W ...`` so a job's log shows the whole cluster. SIGTERM/SIGINT are passed on to torchrun (which
 passes them to the ranks); when the ranks stopped cleanly (a checkpoint and a ``stopped`` record were
 written) the exit code is 0.
 
-Exit codes: 0 success (or a clean stop on SIGTERM), 1 training failed, 2 the config is invalid or the
-platform's environment lacks or garbles a variable (the message names it).
+Exit codes: 0 success (or a clean stop on SIGTERM), 1 training failed, 2 the config is invalid (for a
+script: ``code.dir`` empty, or the file missing) or the platform's environment lacks or garbles a
+variable (the message names it). A script's own exit code is passed on as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Mapping, Sequence
 
-from trainer_pkg import world_shape
+from trainer_pkg import report, world_shape
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.metrics import exit_process, parse_metric_line, report_error
 from trainer_pkg.platforms import (
@@ -64,6 +80,102 @@ _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 
+# The package may be run from a checkout rather than installed: the processes we start import it too.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclasses.dataclass(frozen=True)
+class UserScript:
+    """The user's training script (``code.script``/``code.args``), checked and made absolute."""
+
+    code_dir: str
+    """Absolute directory of the unpacked code: the script's working directory, on its sys.path."""
+    path: str = ""
+    """Absolute path of the ``.py`` file; "" for a module."""
+    module: str = ""
+    """Dotted module name run as ``python -m``; "" for a file."""
+    args: tuple[str, ...] = ()
+    """The script's own arguments, passed as they are (an argv list, never a shell)."""
+
+    def argv(self) -> list[str]:
+        """What follows the interpreter (or torchrun's options): ``[path, *args]`` or ``["-m", module, *args]``."""
+        return (["-m", self.module] if self.module else [self.path]) + list(self.args)
+
+    def describe(self) -> str:
+        """``python train.py --lr 0.1`` as a person would type it (for the log only; never executed)."""
+        shown = ["-m", self.module] if self.module else [os.path.relpath(self.path, self.code_dir)]
+        return shlex.join(["python", *shown, *self.args])
+
+
+def user_script(cfg: JobConfig) -> UserScript | None:
+    """The script ``cfg.code`` asks to run instead of Trainboard's trainer; None when ``code.script`` is "".
+
+    ``code.script`` is a ``.py`` file relative to ``code.dir`` (``train.py``, ``src/train.py``) or
+    ``-m package.module``. Raises :class:`ConfigError` naming the field when ``code.dir`` is empty or
+    not a directory, the file is missing or lies outside ``code.dir``, or the module name is malformed.
+    """
+    code = cfg.code
+    spec = code.script.strip()
+    if not spec:
+        return None
+    if not code.dir.strip():
+        raise ConfigError(f"code.script is {spec!r} but code.dir is empty: set code.dir to the directory "
+                          "holding the unpacked code")
+    code_dir = os.path.abspath(code.dir)
+    if not os.path.isdir(code_dir):
+        raise ConfigError(f"code.dir {code_dir} is not a directory: the code archive was not unpacked there")
+    args = tuple(code.args)
+    if spec == "-m" or spec.startswith("-m ") or spec.startswith("-m\t"):
+        module = spec[2:].strip()
+        if not _MODULE_NAME.fullmatch(module):
+            raise ConfigError(f"code.script {spec!r}: after -m give a dotted module name such as "
+                              "'-m mypkg.train'")
+        return UserScript(code_dir=code_dir, module=module, args=args)
+    if os.path.isabs(spec):
+        raise ConfigError(f"code.script {spec!r} must be a path relative to code.dir, e.g. 'train.py'")
+    path = os.path.realpath(os.path.join(code_dir, spec))
+    if os.path.commonpath([path, os.path.realpath(code_dir)]) != os.path.realpath(code_dir):
+        raise ConfigError(f"code.script {spec!r} points outside code.dir {code_dir}")
+    if not os.path.isfile(path):
+        raise ConfigError(f"code.script {spec!r}: no such file in code.dir {code_dir}")
+    return UserScript(code_dir=code_dir, path=path, args=args)
+
+
+def trainboard_env(cfg: JobConfig) -> dict[str, str]:
+    """Trainboard's directories for every rank, from ``cfg`` as :meth:`LaunchPlan.resolve` left it:
+    ``TRAINBOARD_MODEL_DIR`` (``output.output_dir``), ``TRAINBOARD_CHECKPOINT_DIR``
+    (``output.resolved_checkpoint_dir``), ``TRAINBOARD_DATA_DIR`` (``data.uri``) and
+    ``TRAINBOARD_CODE_DIR`` (``code.dir``); the per-platform table is in docs/user-code.md.
+
+    Local paths are made absolute (a script runs in ``code.dir``, not where the launcher was started);
+    a URI is passed as it is; a variable whose value would be "" is left out (a built-in dataset has no
+    path).
+    """
+    values = {report.MODEL_DIR: cfg.output.output_dir, report.CHECKPOINT_DIR: cfg.output.resolved_checkpoint_dir,
+              report.DATA_DIR: cfg.data.uri, report.CODE_DIR: cfg.code.dir}
+    return {name: value if "://" in value else os.path.abspath(value)
+            for name, value in values.items() if value.strip()}
+
+
+def _with_trainboard_env(env: Mapping[str, str], cfg: JobConfig) -> dict[str, str]:
+    """``env`` with Trainboard's directories for ``cfg``; ones an outer environment set that this job
+    has no value for are dropped, so a rank never reads another job's directory."""
+    dirs = (report.MODEL_DIR, report.CHECKPOINT_DIR, report.DATA_DIR, report.CODE_DIR)
+    out = {k: v for k, v in env.items() if k not in dirs}
+    out.update(trainboard_env(cfg))
+    return out
+
+
+def _script_pythonpath(env: Mapping[str, str], script: UserScript | None) -> str:
+    """PYTHONPATH for the processes we start: for a script its code directory first (after the
+    script's own directory, which Python puts in front), then this package's parent (an archive
+    cannot shadow it: members named ``trainer_pkg/`` are refused), then the caller's."""
+    parts = [script.code_dir if script else "", _PACKAGE_PARENT, env.get("PYTHONPATH", "")]
+    return os.pathsep.join(p for p in parts if p)
+
+
 def read_config(path: str) -> JobConfig:
     """The validated JobConfig in the JSON file ``path``; :class:`ConfigError` saying what is wrong."""
     try:
@@ -74,11 +186,13 @@ def read_config(path: str) -> JobConfig:
     return world_shape.validate(JobConfig.from_json(text))
 
 
-def torchrun_command(config_path: str, plan: LaunchPlan, *, python: str = sys.executable) -> list[str]:
+def torchrun_command(config_path: str, plan: LaunchPlan, *, python: str = sys.executable,
+                     script: UserScript | None = None) -> list[str]:
     """The torchrun argument list that starts ``plan``'s ranks of this node, each running this
-    launcher on ``config_path``: ``--standalone`` for one node, else a static rendezvous at the
-    master with this node's rank (as SageMaker's toolkit does, clouds.md §1.6). ``python`` is the
-    interpreter that has torch (the GPU box's may differ from the worker's own)."""
+    launcher on ``config_path`` — or, with ``script``, the user's script (``path args`` or ``-m module
+    args``: torchrun runs it as ``python path args`` in every rank): ``--standalone`` for one node, else
+    a static rendezvous at the master with this node's rank (as SageMaker's toolkit does, clouds.md
+    §1.6). ``python`` is the interpreter that has torch (the GPU box's may differ from the worker's own)."""
     cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(plan.nnodes),
            "--nproc_per_node", str(plan.nproc_per_node)]
     if plan.nnodes == 1:
@@ -86,6 +200,8 @@ def torchrun_command(config_path: str, plan: LaunchPlan, *, python: str = sys.ex
     else:
         cmd += ["--node_rank", str(plan.node_rank), "--master_addr", plan.master_addr,
                 "--master_port", str(plan.master_port)]
+    if script is not None:
+        return cmd + script.argv()
     return cmd + ["-m", "trainer_pkg.launch", "--config", config_path]
 
 
@@ -106,18 +222,74 @@ def torchrun_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan) -> int:
-    """Start torchrun for ``plan`` on this node and wait for it; returns the exit code to use."""
-    env = torchrun_env(plan, os.environ)
-    # The package may be run from a checkout rather than installed: let the ranks import it too.
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-
+def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan, script: UserScript | None = None) -> int:
+    """Start torchrun for ``plan`` on this node (ranks running our trainer, or ``script`` in
+    ``script.code_dir``) and wait for it; returns the exit code to use."""
+    env = _with_trainboard_env(torchrun_env(plan, os.environ), cfg)
+    env["PYTHONPATH"] = _script_pythonpath(env, script)
+    if script is not None:  # the mark tells our own ranks their config is resolved; a script has none
+        env.pop(LAUNCHED_BY_US)
     started = time.time()
-    # torchrun gets its own session so a signal to our process group reaches it once, from us:
-    # a second SIGTERM while torchrun is shutting its ranks down would cut that shutdown short.
-    proc = subprocess.Popen(torchrun_command(os.path.abspath(config_path), plan), env=env,
-                            start_new_session=True)
+    cmd = torchrun_command(os.path.abspath(config_path), plan, script=script)
+    code, signalled = _supervise(cmd, env, cwd=script.code_dir if script else None)
+    if signalled and code != 0 and _stopped_cleanly(cfg, since=started):
+        # torchrun itself exits 1 after forwarding a signal even when every rank exited 0.
+        return 0
+    return code
+
+
+def run_script_here(cfg: JobConfig, plan: LaunchPlan, script: UserScript) -> int:
+    """Run ``script`` as this process's rank (the platform started the ranks, or the job is one
+    process) and wait for it; returns its exit code (128 + N when signal N ended it).
+
+    It runs as ``python path args`` (or ``-m module``) in ``code_dir``, with torchrun's variables
+    (:func:`rank_env`), Trainboard's directories and the plan's extra variables.
+    """
+    env = _with_trainboard_env(rank_env(plan, os.environ), cfg)
+    env.update(plan.extra_env)
+    env.pop(LAUNCHED_BY_US, None)
+    env["PYTHONPATH"] = _script_pythonpath(env, script)
+    code, _ = _supervise([sys.executable, *script.argv()], env, cwd=script.code_dir)
+    return 128 - code if code < 0 else code
+
+
+def rank_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` all set for a process that runs in place.
+
+    Ranks the platform started keep the values it gave (Azure ML's per-process ones) and get the
+    missing ones from ``plan`` (Azure sets no ``LOCAL_WORLD_SIZE``). A job of one process gets rank 0
+    of 1 and a free port on 127.0.0.1, so ``init_process_group("env://")`` works there too; another
+    launcher's per-machine values (Vertex's RANK/WORLD_SIZE of one replica) are replaced.
+    """
+    if not plan.in_process:
+        out = {k: v for k, v in env.items() if k not in _RANK_VARS}
+        out.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(_free_port()))
+        return out
+    out = dict(env)
+    defaults = {"LOCAL_WORLD_SIZE": str(plan.nproc_per_node), "MASTER_ADDR": plan.master_addr or "127.0.0.1",
+                "MASTER_PORT": str(plan.master_port or _free_port())}
+    for name, value in defaults.items():
+        if not out.get(name, "").strip():
+            out[name] = value
+    return out
+
+
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for the rendezvous of a job of one process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _supervise(cmd: list[str], env: Mapping[str, str], cwd: str | None) -> tuple[int, list[int]]:
+    """Run ``cmd`` and wait for it, passing SIGTERM/SIGINT on; (its exit code, the signals passed on).
+
+    The child gets its own session so a signal to our process group reaches it once, from us: a
+    second SIGTERM while torchrun is shutting its ranks down would cut that shutdown short.
+    """
+    proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, start_new_session=True)
     signalled: list[int] = []
 
     def forward(signum, frame) -> None:
@@ -134,10 +306,7 @@ def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan) -> int:
             proc.wait()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if signalled and code != 0 and _stopped_cleanly(cfg, since=started):
-        # torchrun itself exits 1 after forwarding a signal even when every rank exited 0.
-        return 0
-    return code
+    return code, signalled
 
 
 def _last_record(cfg: JobConfig) -> dict:
@@ -172,6 +341,9 @@ def failure_message(cfg: JobConfig, code: int, since: float) -> str:
     if (record.get("event") == "failed" and isinstance(record.get("reason"), str)
             and record.get("time", 0) >= since):
         return f"{record['reason']} (training failed with exit code {code})"
+    if cfg.code.script.strip():
+        return (f"the script {cfg.code.script.strip()} failed with exit code {code}; its traceback or "
+                "error is in the job's log")
     return (f"training failed with exit code {code}; the ranks' errors ('trainer error: ...') are in "
             "the job's log")
 
@@ -219,10 +391,15 @@ def build_parser() -> argparse.ArgumentParser:
             "             nothing set                            -> one process\n\n"
             "On a cloud the platform's directories replace the config's: model/output, checkpoints\n"
             "and data (SageMaker /opt/ml/..., Vertex AIP_MODEL_DIR/AIP_CHECKPOINT_DIR, Azure\n"
-            "AZURE_ML_OUTPUT_<name>); SageMaker hyperparameters (strings) override config fields."
+            "AZURE_ML_OUTPUT_<name>); SageMaker hyperparameters (strings) override config fields.\n\n"
+            "With code.script set (train.py in code.dir, or -m package.module) the user's script runs\n"
+            "instead of the trainer, with code.args, in code.dir, on every rank: torchrun's RANK,\n"
+            "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TRAINBOARD_MODEL_DIR,\n"
+            "TRAINBOARD_CHECKPOINT_DIR, TRAINBOARD_DATA_DIR, TRAINBOARD_CODE_DIR are set."
         ),
         epilog="exit codes: 0 done (or stopped cleanly by SIGTERM, resumable), 1 training failed, "
-               "2 invalid config or platform environment (the message names the variable). "
+               "2 invalid config or platform environment (the message names the variable); a script's "
+               "own exit code otherwise. "
                "Example: python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2",
     )
     p.add_argument("--config", required=True, metavar="JOB_JSON",
@@ -258,26 +435,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write_failure(plan and plan.failure_file, f"invalid config: {exc}")
         return 2
 
+    try:
+        script = user_script(cfg)
+    except ConfigError as exc:
+        report_error(f"invalid config {args.config}: {exc}")
+        _write_failure(plan.failure_file, f"invalid config: {exc}")
+        return 2
+
     ours = os.environ.get(LAUNCHED_BY_US)  # set in the ranks we started: their node launcher logged
-    if not ours and not (plan.in_process and os.environ.get("LOCAL_RANK", "0") != "0"):
+    node_leader = not ours and not (plan.in_process and os.environ.get("LOCAL_RANK", "0") != "0")
+    if node_leader:
         print(f"[launch] {plan.describe()}", flush=True)
+        if script is not None:
+            sha = f", code sha256 {cfg.code.sha256}" if cfg.code.sha256 else ""
+            print(f"[launch] running the user's script instead of the trainer: {script.describe()} "
+                  f"(in {script.code_dir}{sha})", flush=True)
 
     if plan.in_process:
-        os.environ.update(plan.extra_env)
         _log_rank(f"{ours} via torchrun" if ours else plan.platform)
-        code = _train(cfg)
+        if script is not None:
+            code = run_script_here(cfg, plan, script)
+        else:
+            _set_environ(_with_trainboard_env(rank_env(plan, {**os.environ, **plan.extra_env}), cfg))
+            code = _train(cfg)
     elif plan.world_size == 1:
-        for name in _RANK_VARS:  # e.g. Vertex's per-machine RANK=0/WORLD_SIZE=1: not a process group
-            os.environ.pop(name, None)
-        code = _train(cfg)
+        if script is not None:
+            code = run_script_here(cfg, plan, script)
+        else:
+            # Vertex's per-machine RANK=0/WORLD_SIZE=1 and the like: one process is not a process group.
+            _set_environ(_with_trainboard_env({k: v for k, v in os.environ.items() if k not in _RANK_VARS}, cfg))
+            code = _train(cfg)
     else:  # this process only supervises torchrun: it never imports torch
         path = _resolved_config_file(cfg)
         try:
-            code = run_torchrun(cfg, path, plan)
+            code = run_torchrun(cfg, path, plan, script)
         finally:
             os.unlink(path)
     _finish(plan, cfg, code, started)
     return code
+
+
+def _set_environ(env: Mapping[str, str]) -> None:
+    """Make this process's environment ``env`` (for our trainer, which runs in this process)."""
+    for name in set(os.environ) - set(env):
+        del os.environ[name]
+    os.environ.update(env)
 
 
 def _train(cfg: JobConfig) -> int:

@@ -53,6 +53,10 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 ``lr``           learning rate at that step.
 ``grad_norm``    global L2 norm of the gradients before clipping, of the latest optimizer step;
                  present only when clipping is on (``train.grad_clip_norm`` > 0).
+``user_metrics`` records of a user's script (:func:`trainer_pkg.report.log`) only: the names of the
+                 record's fields that are the script's own scalars, each matching
+                 :data:`USER_METRIC_NAME`, at most :data:`MAX_USER_METRICS`; the dashboard charts
+                 each one under its name.
 """
 
 from __future__ import annotations
@@ -60,10 +64,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from typing import Any
 
 METRIC_PREFIX = "TRAINBOARD_METRIC "
+
+USER_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,99}")
+"""A user metric's name (``fullmatch``): 1-100 characters, a letter or ``_`` first, then letters,
+digits and ``_ . / -`` (``loss``, ``tokens/s``, ``eval.top-1``)."""
+
+MAX_USER_METRICS = 50
+"""Most user metrics in one record."""
+
+RECORD_FIELDS = frozenset({"event", "time", "step", "epoch", "user_metrics", "nonfinite", "nonfinite_step",
+                           "reason", "resumed", "world_size"})
+"""Fields of a record that say what and when it is, never a user metric's name."""
 
 
 def _finite(value: Any) -> bool:

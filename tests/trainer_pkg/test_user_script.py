@@ -1,0 +1,212 @@
+"""A user's own training script under ``python -m trainer_pkg.launch``: real processes (torchrun, gloo on
+CPU), the script written by the test into tmp_path as an unpacked code archive would lie.
+
+What is asserted: the ranks saw torchrun's variables and the job's directories, the script's own
+arguments arrived as a list (no shell), its ``report.log`` records are on stdout (rank 0 only) and in
+metrics.jsonl, its exit code is the job's, and a bad ``code`` section exits 2 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_platforms import clean_env, write_npz
+from trainer_helpers import REPO
+from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.launch import UserScript, user_script
+from trainer_pkg.metrics import parse_metric_line
+from user_scripts import DDP_SCRIPT, ENV_SCRIPT, seen_env, write_code
+
+NOTE = "two words; echo $HOME `id` > /tmp/x"  # a shell would split, expand and redirect this
+
+
+def job(tmp_path: Path, code_dir: Path, script: str, args: list[str], **sections) -> Path:
+    cfg = {"data": {"format": "npz", "uri": str(write_npz(tmp_path / "data" / "tiny.npz"))},
+           "output": {"output_dir": str(tmp_path / "out")},
+           "code": {"dir": str(code_dir), "sha256": "ab" * 32, "script": script, "args": args}}
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def launch(config: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "trainer_pkg.launch", "--config", str(config), *extra]
+    return subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def metric_records(stdout: str) -> list[dict]:
+    return [r for r in map(parse_metric_line, stdout.splitlines()) if r is not None]
+
+
+def assert_ddp_run(tmp_path: Path, run: subprocess.CompletedProcess, code_dir: Path, env_out: Path) -> None:
+    """What DDP_SCRIPT on 2 ranks with --lr 0.5 --steps 3 leaves behind."""
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = seen_env(env_out)
+    assert sorted(seen) == [0, 1]
+    for rank, env in seen.items():
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+            str(rank), str(rank), "2", "2")
+        assert env["MASTER_ADDR"] and env["MASTER_PORT"].isdigit()
+        assert env["TRAINBOARD_MODEL_DIR"] == str(tmp_path / "out")
+        assert env["TRAINBOARD_CHECKPOINT_DIR"] == str(tmp_path / "out" / "checkpoints")
+        assert env["TRAINBOARD_DATA_DIR"] == str(tmp_path / "data" / "tiny.npz")
+        assert env["TRAINBOARD_CODE_DIR"] == str(code_dir)
+        assert env["TRAINBOARD_LAUNCH_PLATFORM"] is None  # our ranks' mark, not the script's business
+        assert env["cwd"] == str(code_dir) and env["sys_path0"] == str(code_dir)
+        assert env["argv"] == ["--lr", "0.5", "--steps", "3", "--env-out", str(env_out), "--note", NOTE]
+
+    printed = metric_records(run.stdout)
+    assert [r["step"] for r in printed] == [1, 2, 3]  # rank 0 only: one record per step
+    assert all(r["event"] == "step" and r["user_metrics"] == ["my_loss", "tokens/s"] for r in printed)
+    assert all(r["tokens/s"] == 96.0 for r in printed)  # 48 samples per rank × 2 ranks
+    losses = [r["my_loss"] for r in printed]
+    assert all(isinstance(v, float) for v in losses) and losses[2] < losses[0]
+    stored = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert stored == printed
+
+    state = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
+    assert state["weight"].shape == (4, 8)
+    assert torch.load(tmp_path / "out" / "checkpoints" / "last.pt", weights_only=True) == {"step": 3}
+
+
+def test_script_trains_with_ddp_on_two_ranks(tmp_path):
+    code_dir = write_code(tmp_path / "code", DDP_SCRIPT)
+    env_out = tmp_path / "seen"
+    env_out.mkdir()
+    config = job(tmp_path, code_dir, "train.py",
+                 ["--lr", "0.5", "--steps", "3", "--env-out", str(env_out), "--note", NOTE])
+    run = launch(config, "--standalone", "--nproc-per-node", "2")
+    assert_ddp_run(tmp_path, run, code_dir, env_out)
+    assert "[launch] running the user's script instead of the trainer: python train.py --lr 0.5 --steps 3 " \
+           f"--env-out {env_out} --note '{NOTE}' (in {code_dir}, code sha256 {'ab' * 32})" in run.stdout
+
+
+def test_module_script_trains_with_ddp_on_two_ranks(tmp_path):
+    code_dir = write_code(tmp_path / "code", DDP_SCRIPT, name="mypkg/train.py")
+    env_out = tmp_path / "seen"
+    env_out.mkdir()
+    config = job(tmp_path, code_dir, "-m mypkg.train",
+                 ["--lr", "0.5", "--steps", "3", "--env-out", str(env_out), "--note", NOTE])
+    run = launch(config, "--standalone", "--nproc-per-node", "2")
+    assert_ddp_run(tmp_path, run, code_dir, env_out)
+    assert "python -m mypkg.train --lr 0.5" in run.stdout
+
+
+def test_one_process_script_that_prints_nothing_succeeds(tmp_path):
+    code_dir = write_code(tmp_path / "code", ENV_SCRIPT, name="src/run.py")
+    env_out = tmp_path / "seen"
+    env_out.mkdir()
+    # An outer environment's TRAINBOARD_DATA_DIR must not reach a job whose dataset has no path.
+    run = subprocess.run(
+        [sys.executable, "-m", "trainer_pkg.launch", "--config",
+         str(job(tmp_path, code_dir, "src/run.py", ["--env-out", str(env_out)],
+                 data={"format": "builtin", "uri": ""}, output={"output_dir": "rel-out"}))],
+        cwd=tmp_path, env=clean_env(TRAINBOARD_DATA_DIR="/elsewhere"),
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert metric_records(run.stdout) == [] and run.stderr == ""
+    [(rank, env)] = seen_env(env_out).items()
+    assert rank == 0
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("0", "0", "1", "1")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
+    assert env["TRAINBOARD_DATA_DIR"] is None
+    assert env["TRAINBOARD_MODEL_DIR"] == str(tmp_path / "rel-out")  # relative to where the launcher ran
+    assert env["cwd"] == str(code_dir) and env["sys_path0"] == str(code_dir / "src")
+
+
+def test_script_exit_code_is_the_jobs(tmp_path):
+    code_dir = write_code(tmp_path / "code", "import sys\nprint('bye')\nsys.exit(3)\n")
+    run = launch(job(tmp_path, code_dir, "train.py", []))
+    assert run.returncode == 3 and "bye" in run.stdout
+
+
+def test_script_that_raises_fails_with_its_traceback(tmp_path):
+    code_dir = write_code(tmp_path / "code", "import os\n\ndef train():\n"
+                          "    raise RuntimeError('boom on rank ' + os.environ['RANK'])\n\ntrain()\n")
+    run = launch(job(tmp_path, code_dir, "train.py", []), "--standalone", "--nproc-per-node", "2")
+    assert run.returncode != 0
+    for rank in (0, 1):
+        assert f"RuntimeError: boom on rank {rank}" in run.stderr
+    assert "Traceback (most recent call last):" in run.stderr
+    assert 'train.py", line 4, in train' in run.stderr
+
+
+SIGTERM_SCRIPT = """
+import os, signal, sys, time
+def stop(signum, frame):
+    open(os.path.join(os.environ["TRAINBOARD_MODEL_DIR"], "stopped"), "w").write(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+sys.exit(1)
+"""
+
+
+def test_sigterm_reaches_the_script_and_its_exit_code_is_kept(tmp_path):
+    code_dir = write_code(tmp_path / "code", SIGTERM_SCRIPT)
+    (tmp_path / "out").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_pkg.launch", "--config",
+                             str(job(tmp_path, code_dir, "train.py", []))],
+                            cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while "ready" not in proc.stdout.readline():
+            assert proc.poll() is None, proc.stderr.read()
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (tmp_path / "out" / "stopped").read_text() == str(int(signal.SIGTERM))
+
+
+@pytest.mark.parametrize("code, message", [
+    ({"script": "train.py"}, "code.script is 'train.py' but code.dir is empty"),
+    ({"dir": "{code}", "script": "missing.py"}, "code.script 'missing.py': no such file in code.dir {code}"),
+    ({"dir": "{code}/nope", "script": "train.py"}, "code.dir {code}/nope is not a directory"),
+    ({"dir": "{code}", "script": "../train.py"}, "code.script '../train.py' points outside code.dir {code}"),
+    ({"dir": "{code}", "script": "/etc/passwd"}, "code.script '/etc/passwd' must be a path relative to code.dir"),
+    ({"dir": "{code}", "script": "-m my-pkg.train"}, "code.script '-m my-pkg.train': after -m give a dotted module name"),
+    ({"dir": "{code}", "script": "-m"}, "code.script '-m': after -m give a dotted module name"),
+])
+def test_bad_code_section_exits_2_naming_the_field(tmp_path, code, message):
+    code_dir = write_code(tmp_path / "code", ENV_SCRIPT)
+    (tmp_path / "train.py").write_text("print('outside')\n")
+    section = {k: v.replace("{code}", str(code_dir)) for k, v in code.items()}
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps({"code": section}))
+    started = time.monotonic()
+    run = launch(config, "--standalone", "--nproc-per-node", "2", timeout=30)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert time.monotonic() - started < 10
+    assert run.stderr.startswith("trainer error: invalid config ")
+    assert message.replace("{code}", str(code_dir)) in run.stderr
+    assert "outside" not in run.stdout
+
+
+def test_user_script_parses_both_forms(tmp_path):
+    code_dir = write_code(tmp_path / "code", ENV_SCRIPT, name="src/train.py")
+    cfg = JobConfig.from_dict({"code": {"dir": str(code_dir), "script": "src/train.py", "args": ["-x", "a b"]}})
+    script = user_script(cfg)
+    assert script == UserScript(code_dir=str(code_dir), path=str(code_dir / "src" / "train.py"), args=("-x", "a b"))
+    assert script.argv() == [str(code_dir / "src" / "train.py"), "-x", "a b"]
+    assert script.describe() == "python src/train.py -x 'a b'"
+    cfg = JobConfig.from_dict({"code": {"dir": str(code_dir), "script": "  -m  src.train ", "args": ["--lr", "1"]}})
+    assert user_script(cfg).argv() == ["-m", "src.train", "--lr", "1"]
+    assert user_script(JobConfig()) is None
+    with pytest.raises(ConfigError, match="code.dir is empty"):
+        user_script(JobConfig.from_dict({"code": {"script": "-m src.train"}}))

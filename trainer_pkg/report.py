@@ -1,0 +1,190 @@
+"""What a user's training script calls to show its metrics on the job page and to find its directories.
+
+Run under ``python -m trainer_pkg.launch`` (``code.script`` set), a script sees torchrun's variables
+and Trainboard's directories on every platform; this module reads them::
+
+    from trainer_pkg import report
+
+    for step in range(steps):
+        loss = train_one_step()
+        report.log(step=step, loss=loss, **{"tokens/s": tokens_per_s})   # rank 0 prints; others: no-op
+    torch.save(model.state_dict(), os.path.join(report.model_dir(), "model.pt"))
+
+``report.log`` prints one ``TRAINBOARD_METRIC {...}`` line (the record format of
+:mod:`trainer_pkg.metrics`) that the dashboard reads from the job's log on every backend, and appends
+the same record to ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl``. Each name becomes a chart on the job page.
+
+Directories (:data:`MODEL_DIR`, :data:`CHECKPOINT_DIR`, :data:`DATA_DIR`, :data:`CODE_DIR`): where the
+platform keeps the model that is uploaded at the end (SageMaker's ``SM_MODEL_DIR``, Vertex's
+``AIP_MODEL_DIR``, the Azure ML ``model`` output, the job's output directory on a GPU box), the
+checkpoints it keeps across a restart, the dataset, and the unpacked code. The table per platform is in
+docs/user-code.md.
+
+Torch-free: importing this module (or ``trainer_pkg``) imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from trainer_pkg.metrics import MAX_USER_METRICS, RECORD_FIELDS, USER_METRIC_NAME, encode_record, format_metric_line
+
+MODEL_DIR = "TRAINBOARD_MODEL_DIR"
+"""Variable naming the directory for the final model (uploaded by the platform when the job ends)."""
+CHECKPOINT_DIR = "TRAINBOARD_CHECKPOINT_DIR"
+"""Variable naming the directory for checkpoints (kept by the platform across a restart)."""
+DATA_DIR = "TRAINBOARD_DATA_DIR"
+"""Variable naming the dataset's local path: a directory, or the file of a CSV/NPZ dataset."""
+CODE_DIR = "TRAINBOARD_CODE_DIR"
+"""Variable naming the directory of the unpacked code archive (the script's working directory)."""
+
+_last_step = -1  # the step of this process's previous log() call
+
+
+def log(step: int | None = None, **metrics: Any) -> None:
+    """Report scalar metrics at ``step``: rank 0 prints one ``TRAINBOARD_METRIC`` record; other ranks
+    only validate (so a bad call fails on every rank alike) and return.
+
+    ``step``: the optimizer step (an int ≥ 0); omitted, one more than the previous call's (0 first).
+    ``metrics``: name → a real number: an int, a float, a numpy scalar or a one-element tensor (read
+    with ``float()``; call it after the values you want are all-reduced, as this reports rank 0's).
+    NaN and infinity are kept, as ``null`` listed under ``nonfinite``: the chart shows the gap.
+    Names that are not Python identifiers go through a dict: ``report.log(**{"tokens/s": 812.0})``.
+
+    The record: ``{"event": "step", "step": 10, "time": <Unix s>, "loss": 0.42, "user_metrics":
+    ["loss"]}``, printed to stdout in one write and appended to ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl``
+    when that variable is set.
+
+    Raises ValueError, naming the metric, when ``step`` is not an int ≥ 0, a name does not match
+    ``[A-Za-z_][A-Za-z0-9_./-]{0,99}`` or is one of the record's own fields (``time``, ``event`` …),
+    there are more than 50 metrics, or a value is not a real number.
+    """
+    global _last_step
+    step = _last_step + 1 if step is None else _check_step(step)
+    record: dict[str, Any] = {"event": "step", "step": step, "time": time.time()}
+    record.update(_check_metrics(metrics))
+    record["user_metrics"] = list(metrics)
+    _last_step = step
+    if not _is_rank_zero():
+        return
+    sys.stdout.write(format_metric_line(record) + "\n")  # one write: other ranks share the pipe
+    sys.stdout.flush()
+    directory = os.environ.get(MODEL_DIR, "").strip()
+    if directory and not _is_uri(directory):
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "metrics.jsonl"), "a", encoding="utf-8") as f:
+            f.write(json.dumps(encode_record(record), sort_keys=True, allow_nan=False) + "\n")
+
+
+def model_dir() -> str:
+    """The directory for the final model (``TRAINBOARD_MODEL_DIR``), created if missing.
+
+    Raises RuntimeError when the variable is not set (the script was not started by the launcher).
+    """
+    return _directory(MODEL_DIR, create=True)
+
+
+def checkpoint_dir() -> str:
+    """The directory for checkpoints (``TRAINBOARD_CHECKPOINT_DIR``), created if missing. On a cloud
+    it survives a spot restart: look for your last checkpoint there when the script starts.
+
+    Raises RuntimeError when the variable is not set (the script was not started by the launcher).
+    """
+    return _directory(CHECKPOINT_DIR, create=True)
+
+
+def data_dir() -> str:
+    """The dataset's local path (``TRAINBOARD_DATA_DIR``): a directory (ImageFolder, a SageMaker
+    channel, an Azure ML input) or, for a CSV/NPZ dataset, its file.
+
+    Raises RuntimeError when the variable is not set: the script was not started by the launcher, or
+    the job's dataset has no path (a built-in one).
+    """
+    return _directory(DATA_DIR, create=False)
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise ValueError(f"report.log: step must be an int (the optimizer step), got {step!r}")
+    value = step.__index__()  # numpy integers too
+    if value < 0:
+        raise ValueError(f"report.log: step must be 0 or more, got {value}")
+    return value
+
+
+def _check_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """``metrics`` as floats; ValueError listing every bad name and value at once."""
+    if len(metrics) > MAX_USER_METRICS:
+        raise ValueError(f"report.log: at most {MAX_USER_METRICS} metrics per call, got {len(metrics)}; "
+                         "split them over several calls with the same step")
+    problems, out = [], {}
+    for name, value in metrics.items():
+        if not USER_METRIC_NAME.fullmatch(name):
+            problems.append(f"metric name {name!r} is not allowed: use 1-100 letters, digits or _ . / -, "
+                            "starting with a letter or _")
+            continue
+        if name in RECORD_FIELDS:
+            problems.append(f"metric name {name!r} is a field of the record itself; choose another "
+                            f"(reserved: {', '.join(sorted(RECORD_FIELDS))})")
+            continue
+        number = _real(value)
+        if number is None:
+            problems.append(f"metric {name!r} must be a real number (int, float, numpy scalar or "
+                            f"one-element tensor), got {type(value).__name__} {_short(value)}")
+            continue
+        out[name] = number
+    if problems:
+        raise ValueError("report.log: " + "; ".join(problems))
+    return out
+
+
+def _real(value: Any) -> float | None:
+    """``float(value)`` for a number-like value; None for a string, a bool or anything float() refuses.
+
+    Strings are refused although float() reads them: ``"nan"`` or ``"3"`` is a bug in the caller.
+    """
+    if isinstance(value, (str, bytes, bool)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # RuntimeError: a tensor of several elements
+        return None
+    return number if isinstance(number, float) else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_rank_zero() -> bool:
+    """Rank 0 by torchrun's ``RANK``; a process without it (one process) is rank 0."""
+    rank = os.environ.get("RANK", "").strip()
+    return not rank or rank == "0"
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _directory(variable: str, *, create: bool) -> str:
+    path = os.environ.get(variable, "").strip()
+    if not path:
+        raise RuntimeError(
+            f"{variable} is not set: run the script under Trainboard's launcher (a job of kind script, or "
+            "python -m trainer_pkg.launch --config job.json with code.script set), or set it yourself"
+            + ("; a built-in dataset has no path" if variable == DATA_DIR else ""))
+    if create and not _is_uri(path):
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+__all__ = ["CHECKPOINT_DIR", "CODE_DIR", "DATA_DIR", "MODEL_DIR", "checkpoint_dir", "data_dir", "log",
+           "model_dir"]
