@@ -51,12 +51,17 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.states import is_allowed, transition
-from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
+from trainer_pkg.metrics import (
+    GLOBAL_METRICS,
+    MAX_USER_METRICS,
+    METRIC_PREFIX,
+    RECORD_FIELDS,
+    USER_METRIC_NAME,
+    parse_metric_line,
+)
 
 log = logging.getLogger(__name__)
 
-_GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr",
-                   "wait_for_slowest_s")
 _RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s",
                  "rank_sync_wait_s", "rank_pipeline_stage", "rank_stage_layers")
 _METRIC_EVENTS = {"step", "epoch", "failed"}
@@ -82,6 +87,12 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
     ``epoch`` and ``failed`` records carry series (``started``/``completed`` mark times and would
     duplicate). A value the trainer reported as non-finite (named in the record's ``nonfinite``, or
     a NaN/Infinity literal from an older trainer) becomes a row with ``value`` None: the chart's gap.
+
+    A user script's record (``trainer_pkg.report.log``) names its own scalars in ``user_metrics``:
+    each becomes a global row under that name, once (a name that is also a built-in one is stored as
+    the built-in). A name that does not match ``USER_METRIC_NAME`` or is a field of the record itself
+    is skipped, and a list longer than ``MAX_USER_METRICS`` is ignored: a log line is never a reason
+    to fail a sync.
     """
     if record.get("event") not in _METRIC_EVENTS:
         return []
@@ -101,7 +112,9 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
             points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank, value=value,
                                       recorded_at=at))
 
-    for name in _GLOBAL_METRICS:
+    for name in GLOBAL_METRICS:
+        add(name, record.get(name), None)
+    for name in _user_metric_names(record):
         add(name, record.get(name), None)
     bad_step = record.get("nonfinite_step")
     if (record.get("event") == "failed" and isinstance(bad_step, int) and not isinstance(bad_step, bool)
@@ -116,6 +129,19 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
             for rank, raw in enumerate(values):
                 add(name, raw, rank)
     return points
+
+
+def _user_metric_names(record: Mapping[str, Any]) -> list[str]:
+    """The record's well-formed ``user_metrics`` names, each once, built-in ones left out (stored already)."""
+    names = record.get("user_metrics")
+    if not isinstance(names, list) or len(names) > MAX_USER_METRICS:
+        return []
+    out: list[str] = []
+    for name in names:
+        if (isinstance(name, str) and USER_METRIC_NAME.fullmatch(name) and name not in RECORD_FIELDS
+                and name not in GLOBAL_METRICS and name not in out):
+            out.append(name)
+    return out
 
 
 def _trainer_failure_reason(job: TrainingJob) -> str | None:

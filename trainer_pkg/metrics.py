@@ -70,6 +70,10 @@ from typing import Any
 
 METRIC_PREFIX = "TRAINBOARD_METRIC "
 
+GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr",
+                  "wait_for_slowest_s")
+"""The trainer's own scalar fields (one value for the job, not per rank), as the dashboard stores them."""
+
 USER_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,99}")
 """A user metric's name (``fullmatch``): 1-100 characters, a letter or ``_`` first, then letters,
 digits and ``_ . / -`` (``loss``, ``tokens/s``, ``eval.top-1``)."""
