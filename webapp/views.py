@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from cloud_adapters.base import ConnectionCheck
 from jobs import code_archives, pagination, selectors, services
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
+from trainer_pkg.metrics import GLOBAL_METRICS
 from trainer_pkg.registry import ARCHITECTURES
 from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
@@ -36,6 +37,9 @@ CHART_SERIES = {
     "loss": ("train_loss", "val_loss"),
     "accuracy": ("train_accuracy", "val_accuracy"),
 }
+# Beyond those, one chart per other metric name a job reported (a user script's report.log), titled
+# by the name; at most this many, in name order, so a script inventing names cannot flood the page.
+MAX_METRIC_CHARTS = 50
 
 
 def _values(form) -> dict[str, Any]:
@@ -384,14 +388,28 @@ def _live_context(job) -> dict[str, Any]:
     }
 
 
+def _metric_chart_names(job, names) -> list[str]:
+    """The metric names that get a chart of their own: every one not drawn in :data:`CHART_SERIES`;
+    for a job of our trainer, not its other own fields either (lr, throughput: the rank table's), so
+    its page is as before. A script's metrics are all its own, whatever their names (``lr`` too)."""
+    drawn = {n for series in CHART_SERIES.values() for n in series}
+    script = isinstance(job.config, dict) and bool((job.config.get("code") or {}).get("script"))
+    own = () if script else GLOBAL_METRICS
+    return sorted(n for n in names if n not in drawn and n not in own)[:MAX_METRIC_CHARTS]
+
+
 def _metrics_payload(job) -> dict[str, Any]:
-    """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value}, ...]}}``."""
+    """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value}, ...]},
+    "metric_charts": [name, ...]}``; ``metric_charts`` lists the names charted one chart each (a user
+    script's), and ``series`` holds those and the loss and accuracy lines."""
     series = selectors.training_job_metric_series(job=job)
-    names = [n for names in CHART_SERIES.values() for n in names]
+    extra = _metric_chart_names(job, series)
+    names = [n for names in CHART_SERIES.values() for n in names] + extra
     return {
         "state": job.state,
         "is_terminal": job.is_terminal,
         "series": {n: [{"x": p["step"], "y": p["value"]} for p in series.get(n, [])] for n in names},
+        "metric_charts": extra,
     }
 
 

@@ -99,3 +99,60 @@ def test_nonfinite_points_are_gaps_with_a_marker(live_server, browser_page, user
     # The accuracy chart has nothing to mark: no marker entry in its legend.
     assert page.evaluate("() => window.trainboardCharts['chart-accuracy'].legend.legendItems.map(i => i.text)") == [
         "train accuracy", "val accuracy"]
+
+
+def test_a_scripts_metrics_get_one_chart_each_titled_by_name(live_server, browser_page, user, digits_dataset,
+                                                             cnn_model, local_backend):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    config = {**job.config, "code": {**job.config.get("code", {}), "dir": "/code", "script": "train.py"}}
+    type(job).objects.filter(pk=job.pk).update(config=config)  # a script job, as the dashboard freezes it
+    points = {"my_loss": [2.0, 1.0, None], "tokens/s": [800.0, 820.0, 810.0], "lr": [0.1, 0.05, 0.01],
+              "train_loss": [2.1, 1.1, 0.9]}
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name=name, step=i + 1, epoch=None, value=v, recorded_at=T0)
+         for name, values in points.items() for i, v in enumerate(values)])
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && window.trainboardCharts['chart-metric-2']")
+    cards = page.evaluate("""() => [...document.querySelectorAll('#charts .metric-chart')].map(card => {
+      const canvas = card.querySelector('canvas');
+      const chart = Chart.getChart(canvas);
+      return {metric: card.dataset.metric, title: card.querySelector('h2').textContent,
+              label: canvas.getAttribute('aria-label'), drawn: window.trainboardCharts[canvas.id] === chart,
+              datasets: chart.data.datasets.map(d => d.label), data: chart.data.datasets[0].data,
+              axis: chart.options.scales.y.title.text, height: canvas.getBoundingClientRect().height};
+    })""")
+    assert [c["metric"] for c in cards] == ["lr", "my_loss", "tokens/s"]  # lr too: the script's own
+    assert [c["title"] for c in cards] == ["lr", "my_loss", "tokens/s"]
+    assert all(c["drawn"] and c["height"] > 100 and c["label"] == f"{c['metric']} by step" and c["axis"] == c["metric"]
+               for c in cards)
+    assert cards[1]["datasets"] == ["my_loss", "not finite (NaN/inf)"]
+    assert cards[1]["data"] == [{"x": 1, "y": 2.0}, {"x": 2, "y": 1.0}, {"x": 3, "y": None}]
+    assert cards[2]["data"] == [{"x": 1, "y": 800.0}, {"x": 2, "y": 820.0}, {"x": 3, "y": 810.0}]
+    # A user metric named like the trainer's loss is drawn in the loss chart, not twice.
+    assert page.evaluate("() => window.trainboardCharts['chart-loss'].data.datasets[0].data.length") == 3
+    assert page.locator("#charts canvas").count() == 2 + 3
+
+    # A name first reported after the page loaded gets its chart at the next refresh.
+    MetricPoint.objects.create(job=job, name="eval/top-1", step=3, value=0.5, recorded_at=T0)
+    page.wait_for_function("() => document.querySelector('#charts .metric-chart[data-metric=\"eval/top-1\"]')",
+                           timeout=15_000)
+    assert page.evaluate("""() => Chart.getChart(document.querySelector(
+        '#charts .metric-chart[data-metric="eval/top-1"] canvas')).data.datasets[0].data""") == [{"x": 3, "y": 0.5}]
+
+
+def test_a_trainer_job_shows_only_loss_and_accuracy(live_server, browser_page, user, digits_dataset, cnn_model,
+                                                     local_backend):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name=n, step=1, value=1.0, recorded_at=T0)
+         for n in ("train_loss", "lr", "samples_per_s", "wait_for_slowest_s", "custom_from_model")])
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && window.trainboardCharts['chart-metric-0']")
+    assert page.evaluate("() => [...document.querySelectorAll('#charts h2')].map(h => h.textContent)") == [
+        "Loss", "Accuracy", "custom_from_model"]

@@ -26,6 +26,7 @@ from trainer_helpers import REPO, records
 from trainer_pkg.config import ConfigError, JobConfig, apply_overrides, parse_string_value
 from trainer_pkg.platforms import LAUNCHED_BY_US, PlatformError, detect, gcs_fuse_path, plan
 from trainer_pkg.train import load_checkpoint
+from user_scripts import ENV_SCRIPT, seen_env, write_code
 
 RANK_LINE = re.compile(r"\[launch\] rank (\d+) \(local rank (\d+), node_rank (\d+)\) of world size (\d+)")
 PLATFORM_PREFIXES = ("SM_", "AZUREML_", "AZ_BATCH", "AZURE_ML_", "AIP_", "TRAINBOARD_", "PET_", "TORCHELASTIC_")
@@ -281,6 +282,73 @@ def test_torchrun_two_nodes_train_in_process(tmp_path):
     assert rank_lines(out0) == {(0, 0, 0, 4), (1, 1, 0, 4)}
     assert rank_lines(out1) == {(2, 0, 1, 4), (3, 1, 1, 4)}
     assert_trained_4_ranks(tmp_path / "out", tmp_path / "out" / "checkpoints")
+
+
+# -- a user's script on each platform: torchrun's variables and the platform's directories --------
+
+
+def script_config(tmp_path: Path, **sections) -> tuple[Path, Path]:
+    """A job whose code.script is ENV_SCRIPT (records each rank's environment into tmp_path/seen);
+    returns (job.json, the seen directory)."""
+    code_dir = write_code(tmp_path / "code", ENV_SCRIPT)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    config = write_config(tmp_path / "job.json", code={"dir": str(code_dir), "script": "train.py",
+                                                      "args": ["--env-out", str(seen)]}, **sections)
+    return config, seen
+
+
+def assert_ranks_saw(seen: Path, port: int, dirs_by_node: dict[int, dict[str, str]]) -> None:
+    """Ranks 0-3 (2 nodes × 2 processes) saw torchrun's variables and their node's TRAINBOARD_* dirs."""
+    envs = seen_env(seen)
+    assert sorted(envs) == [0, 1, 2, 3]
+    for rank, env in envs.items():
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+            str(rank), str(rank % 2), "4", "2")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", str(port))
+        got = {k: env[k] for k in ("TRAINBOARD_MODEL_DIR", "TRAINBOARD_CHECKPOINT_DIR", "TRAINBOARD_DATA_DIR")}
+        assert got == dirs_by_node[rank // 2], rank
+        assert env["TRAINBOARD_CODE_DIR"] == env["cwd"] == str(seen.parent / "code")
+
+
+def test_script_on_sagemaker_sees_the_containers_directories(tmp_path):
+    hosts, port = ["127.0.0.1", "127.0.0.2"], free_port()
+    config, seen = script_config(tmp_path, data={"uri": "s3://bucket/data/train/tiny.npz"},
+                                 output={"output_dir": "s3://bucket/out"})
+    roots = [tmp_path / f"node{i}" / "opt" / "ml" for i in range(2)]
+    envs = [clean_env(**sagemaker_layout(roots[i], hosts[i], hosts, port, {})) for i in range(2)]
+    results = run_all([(launcher(config), envs[0]), (launcher(config), envs[1])])
+    assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+    assert_ranks_saw(seen, port, {n: {
+        "TRAINBOARD_MODEL_DIR": str(roots[n] / "model"), "TRAINBOARD_CHECKPOINT_DIR": str(roots[n] / "checkpoints"),
+        "TRAINBOARD_DATA_DIR": str(roots[n] / "input" / "data" / "train" / "tiny.npz")} for n in range(2)})
+
+
+def test_script_on_vertex_sees_the_gcs_directories(tmp_path):
+    port = free_port()
+    config, seen = script_config(tmp_path, data={"uri": "gs://bucket/data/tiny.npz"})
+    envs = [vertex_env(tmp_path, "workerpool0", 0, 0, port), vertex_env(tmp_path, "workerpool1", 0, 1, port)]
+    results = run_all([(launcher(config), envs[0]), (launcher(config), envs[1])])
+    assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+    gcs = tmp_path / "gcs" / "bucket"
+    dirs = {"TRAINBOARD_MODEL_DIR": str(gcs / "job" / "model"), "TRAINBOARD_CHECKPOINT_DIR": str(gcs / "job" / "checkpoints"),
+            "TRAINBOARD_DATA_DIR": str(gcs / "data" / "tiny.npz")}
+    assert_ranks_saw(seen, port, {0: dirs, 1: dirs})
+
+
+def test_script_on_azureml_runs_in_each_process_the_platform_started(tmp_path):
+    port = free_port()
+    write_npz(tmp_path / "az" / "inputs" / "data" / "tiny.npz")
+    config, seen = script_config(tmp_path, data={"uri": "azureml://datastores/workspaceblobstore/paths/tiny.npz"})
+    results = run_all([(launcher(config), azure_env(tmp_path, r, port)) for r in range(4)])
+    for rank, (code, out, err) in enumerate(results):
+        assert code == 0, (rank, err[-2000:])
+        assert rank_lines(out) == {(rank, rank % 2, rank // 2, 4)}  # this process ran the script itself
+    az = tmp_path / "az"
+    dirs = {"TRAINBOARD_MODEL_DIR": str(az / "outputs" / "model"),
+            "TRAINBOARD_CHECKPOINT_DIR": str(az / "outputs" / "checkpoints"),
+            "TRAINBOARD_DATA_DIR": str(az / "inputs" / "data" / "tiny.npz")}
+    assert_ranks_saw(seen, port, {0: dirs, 1: dirs})  # LOCAL_WORLD_SIZE, which Azure does not set: 2
 
 
 # -- a missing or malformed variable fails fast with exit code 2, naming it ------------------------

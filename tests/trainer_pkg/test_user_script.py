@@ -22,8 +22,9 @@ import torch
 from test_platforms import clean_env, write_npz
 from trainer_helpers import REPO
 from trainer_pkg.config import ConfigError, JobConfig
-from trainer_pkg.launch import UserScript, user_script
+from trainer_pkg.launch import UserScript, torchrun_command, torchrun_env, user_script
 from trainer_pkg.metrics import parse_metric_line
+from trainer_pkg.platforms import LaunchPlan
 from user_scripts import DDP_SCRIPT, ENV_SCRIPT, seen_env, write_code
 
 NOTE = "two words; echo $HOME `id` > /tmp/x"  # a shell would split, expand and redirect this
@@ -210,3 +211,22 @@ def test_user_script_parses_both_forms(tmp_path):
     assert user_script(JobConfig()) is None
     with pytest.raises(ConfigError, match="code.dir is empty"):
         user_script(JobConfig.from_dict({"code": {"script": "-m src.train"}}))
+
+
+def test_script_in_ranks_that_torchrun_started_with_our_launcher(tmp_path):
+    # The GPU box's command: torchrun_command/torchrun_env without a script, so each rank is this
+    # launcher, which runs the script as its child with the rank's variables.
+    code_dir = write_code(tmp_path / "code", ENV_SCRIPT)
+    env_out = tmp_path / "seen"
+    env_out.mkdir()
+    config = job(tmp_path, code_dir, "train.py", ["--env-out", str(env_out)])
+    plan = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=2, reason="GPU box")
+    run = subprocess.run(torchrun_command(str(config), plan), cwd=REPO, env=torchrun_env(plan, clean_env()),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = seen_env(env_out)
+    assert sorted(seen) == [0, 1]
+    for rank, env in seen.items():
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(rank), str(rank), "2", "2")
+        assert env["TRAINBOARD_MODEL_DIR"] == str(tmp_path / "out") and env["cwd"] == str(code_dir)
+        assert env["TRAINBOARD_LAUNCH_PLATFORM"] is None

@@ -1,4 +1,5 @@
-/* The job page: draws the loss and accuracy charts and keeps them current.
+/* The job page: draws the loss and accuracy charts, one chart per other metric the job reports (a
+ * user script's report.log names, listed in the payload's metric_charts), and keeps them current.
  *
  * htmx re-renders #job-live (and #job-details, out of band) every 2 s while the job is active. After
  * each swap this script fetches the metrics JSON and updates the existing Chart instances in place;
@@ -37,6 +38,13 @@
     "chart-loss": [["train_loss", "train loss", COLORS.train], ["val_loss", "val loss", COLORS.val]],
     "chart-accuracy": [["train_accuracy", "train accuracy", COLORS.train], ["val_accuracy", "val accuracy", COLORS.val]],
   };
+  const METRIC_CHART_IDS = {}; // canvas id -> metric name, for the charts of metric_charts
+  const metricCanvas = {}; // metric name -> canvas id
+  // chart canvas id -> its y axis; a metric chart's axis is titled by the metric's name
+  const Y_SCALES = {
+    "chart-loss": { beginAtZero: true, title: { display: true, text: "loss" } },
+    "chart-accuracy": { min: 0, max: 1, title: { display: true, text: "accuracy" } },
+  };
 
   const NONFINITE_LABEL = "not finite (NaN/inf)";
   const NONFINITE_COLOR = "#dc2626";
@@ -58,7 +66,6 @@
 
   function makeChart(canvasId, series, payload) {
     const canvas = document.getElementById(canvasId);
-    const isAccuracy = canvasId === "chart-accuracy";
     return new Chart(canvas, {
       type: "line",
       data: {
@@ -68,7 +75,8 @@
           borderColor: color,
           backgroundColor: color,
           borderWidth: 2,
-          pointRadius: name.startsWith("val_") ? 3 : 0,
+          // Per-epoch validation and a script's own metrics (maybe a few points): dots as well.
+          pointRadius: name.startsWith("val_") || canvasId in METRIC_CHART_IDS ? 3 : 0,
           // Monotone cubic interpolation (Fritsch–Carlson): each segment stays between the two
           // measured points it joins, so the line never dips below a minimum it did not measure.
           // (A Bézier tension overshoots at every zig-zag of a noisy loss.)
@@ -93,9 +101,7 @@
         interaction: { mode: "nearest", intersect: false },
         scales: {
           x: { type: "linear", title: { display: true, text: "step" }, ticks: { precision: 0 } },
-          y: isAccuracy
-            ? { min: 0, max: 1, title: { display: true, text: "accuracy" } }
-            : { beginAtZero: true, title: { display: true, text: "loss" } },
+          y: Y_SCALES[canvasId],
         },
         plugins: {
           legend: {
@@ -114,7 +120,37 @@
     instances[canvasId] = makeChart(canvasId, series, initial);
   }
 
+  // One card per metric name, made when the name first appears: a running script may start reporting
+  // a metric at any step. Built with the DOM API (textContent), so a name is never read as markup.
+  function ensureMetricCharts(payload) {
+    for (const name of payload.metric_charts || []) {
+      if (metricCanvas[name]) continue;
+      const canvasId = "chart-metric-" + Object.keys(metricCanvas).length;
+      const card = document.createElement("div");
+      card.className = "card chart-card metric-chart";
+      card.dataset.metric = name;
+      const title = document.createElement("h2");
+      title.textContent = name;
+      const box = document.createElement("div");
+      box.className = "chart-box";
+      const canvas = document.createElement("canvas");
+      canvas.id = canvasId;
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", name + " by step");
+      box.appendChild(canvas);
+      card.append(title, box);
+      charts.appendChild(card);
+      metricCanvas[name] = canvasId;
+      METRIC_CHART_IDS[canvasId] = name;
+      LAYOUT[canvasId] = [[name, name, COLORS.train]];
+      Y_SCALES[canvasId] = { title: { display: true, text: name } };
+      instances[canvasId] = makeChart(canvasId, LAYOUT[canvasId], payload);
+    }
+  }
+  ensureMetricCharts(initial);
+
   function applyMetrics(payload) {
+    ensureMetricCharts(payload);
     for (const [canvasId, series] of Object.entries(LAYOUT)) {
       const chart = instances[canvasId];
       series.forEach(([name], i) => {
