@@ -66,6 +66,7 @@ from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.metrics import exit_process, parse_metric_line, report_error
 from trainer_pkg.platforms import (
     LAUNCHED_BY_US,
+    PACKAGE_PARENT,
     PLATFORMS,
     LaunchPlan,
     PlatformError,
@@ -79,9 +80,6 @@ _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
-
-# The package may be run from a checkout rather than installed: the processes we start import it too.
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -113,7 +111,8 @@ def user_script(cfg: JobConfig) -> UserScript | None:
     """The script ``cfg.code`` asks to run instead of Trainboard's trainer; None when ``code.script`` is "".
 
     ``code.script`` is a ``.py`` file relative to ``code.dir`` (``train.py``, ``src/train.py``) or
-    ``-m package.module``. Raises :class:`ConfigError` naming the field when ``code.dir`` is empty or
+    ``-m package.module``; ``code.dir`` is absolute or relative to
+    :data:`~trainer_pkg.platforms.PACKAGE_PARENT`. Raises :class:`ConfigError` naming the field when ``code.dir`` is empty or
     not a directory, the file is missing or lies outside ``code.dir``, or the module name is malformed.
     """
     code = cfg.code
@@ -123,7 +122,7 @@ def user_script(cfg: JobConfig) -> UserScript | None:
     if not code.dir.strip():
         raise ConfigError(f"code.script is {spec!r} but code.dir is empty: set code.dir to the directory "
                           "holding the unpacked code")
-    code_dir = os.path.abspath(code.dir)
+    code_dir = os.path.normpath(os.path.join(PACKAGE_PARENT, code.dir))  # as LaunchPlan.resolve has it
     if not os.path.isdir(code_dir):
         raise ConfigError(f"code.dir {code_dir} is not a directory: the code archive was not unpacked there")
     args = tuple(code.args)
@@ -170,9 +169,10 @@ def _with_trainboard_env(env: Mapping[str, str], cfg: JobConfig) -> dict[str, st
 
 def _script_pythonpath(env: Mapping[str, str], script: UserScript | None) -> str:
     """PYTHONPATH for the processes we start: for a script its code directory first (after the
-    script's own directory, which Python puts in front), then this package's parent (an archive
-    cannot shadow it: members named ``trainer_pkg/`` are refused), then the caller's."""
-    parts = [script.code_dir if script else "", _PACKAGE_PARENT, env.get("PYTHONPATH", "")]
+    script's own directory, which Python puts in front), then this package's parent (the package may
+    be run from a checkout rather than installed; an archive cannot shadow it: members named
+    ``trainer_pkg/`` are refused), then the caller's."""
+    parts = [script.code_dir if script else "", PACKAGE_PARENT, env.get("PYTHONPATH", "")]
     return os.pathsep.join(p for p in parts if p)
 
 

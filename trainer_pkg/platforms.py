@@ -49,6 +49,10 @@ LAUNCHED_BY_US = "TRAINBOARD_LAUNCH_PLATFORM"
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory holding the ``trainer_pkg`` this process runs: what a relative ``code.dir`` is relative
+to (the clouds put the user's files beside or near the package, docs/user-code.md)."""
+
 SAGEMAKER_DEFAULT_PORT = 7777
 """The port the SageMaker PyTorch container exports as MASTER_PORT (clouds.md §1.6)."""
 
@@ -118,7 +122,9 @@ class LaunchPlan:
         return ", ".join(parts)
 
     def resolve(self, cfg: JobConfig) -> JobConfig:
-        """``cfg`` with this plan's hyperparameters, directories and shape applied (validated).
+        """``cfg`` with this plan's hyperparameters, directories and shape applied (validated), and a
+        relative ``code.dir`` made absolute from :data:`PACKAGE_PARENT` (SageMaker's and Azure ML's
+        ``"."``, Vertex's ``trainboard_code_<hash>`` beside the installed package).
 
         Raises ConfigError naming the field when a hyperparameter does not parse to its type.
         """
@@ -135,6 +141,8 @@ class LaunchPlan:
             # Decided on the config the hyperparameters made: the job file shipped with the code holds
             # only defaults (format builtin), so deciding before them would keep an s3:// URI.
             d["data"]["uri"] = _data_in_dir(self.data_dir, cfg)
+        if cfg.code.dir.strip() and not os.path.isabs(cfg.code.dir):
+            d["code"]["dir"] = os.path.normpath(os.path.join(PACKAGE_PARENT, cfg.code.dir))
         if self.sets_shape:
             d["parallel"]["nodes"] = self.nnodes
             d["parallel"]["procs_per_node"] = self.nproc_per_node

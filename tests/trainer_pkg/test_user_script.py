@@ -230,3 +230,25 @@ def test_script_in_ranks_that_torchrun_started_with_our_launcher(tmp_path):
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(rank), str(rank), "2", "2")
         assert env["TRAINBOARD_MODEL_DIR"] == str(tmp_path / "out") and env["cwd"] == str(code_dir)
         assert env["TRAINBOARD_LAUNCH_PLATFORM"] is None
+
+
+def test_a_relative_code_dir_is_relative_to_the_directory_holding_trainer_pkg(tmp_path):
+    # SageMaker and Azure ML set code.dir "." (the files beside trainer_pkg/), Vertex the code package's
+    # directory name: not relative to where the launcher was started.
+    code_dir = write_code(tmp_path / "code", ENV_SCRIPT)
+    env_out = tmp_path / "seen"
+    env_out.mkdir()
+    config = job(tmp_path, Path(os.path.relpath(code_dir, REPO)), "train.py", ["--env-out", str(env_out)])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run([sys.executable, "-m", "trainer_pkg.launch", "--config", str(config)], cwd=elsewhere,
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    [env] = seen_env(env_out).values()
+    assert env["cwd"] == env["TRAINBOARD_CODE_DIR"] == str(code_dir)
+
+    for given, resolved in ((".", REPO), ("trainboard_code_0123456789abcdef", REPO / "trainboard_code_0123456789abcdef"),
+                            (str(code_dir), code_dir), ("", None)):
+        cfg = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=1).resolve(
+            JobConfig.from_dict({"code": {"dir": given}}))
+        assert cfg.code.dir == (str(resolved) if resolved else "")
