@@ -18,6 +18,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.db import models
+from django.db.models import Q
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.utils import timezone
@@ -30,6 +31,7 @@ from jobs.orphans import orphan_stop
 from jobs.pagination import CappedCountPaginator
 from jobs.models import (
     TERMINAL_STATE_VALUES,
+    CodeArchive,
     ComputeBackend,
     Dataset,
     InstancePrice,
@@ -188,12 +190,21 @@ class DatasetForm(ServiceForm):
 
 
 class ModelSpecForm(ServiceForm):
+    """A model's fields; its code archive is uploaded from the model form, the API or ``manage.py
+    register_model`` (here it is shown, and kept on change)."""
+
+    # Not required, so a POST without it is a built-in model, as before kinds existed.
+    kind = forms.ChoiceField(required=False, choices=ModelSpec.Kind.choices, initial=ModelSpec.Kind.BUILTIN)
+
     class Meta:
         model = ModelSpec
-        fields = ["name", "description", "architecture", "params", "team"]
+        fields = ["name", "description", "kind", "architecture", "params", "entry_point", "script_args",
+                  "shard_classes", "image", "team"]
 
     def save_via_service(self, data):
-        data["params"] = _json_field(data.get("params"))
+        for name in ("params", "script_args", "shard_classes"):
+            data[name] = _json_field(data.get(name))
+        data["kind"] = data.get("kind") or ModelSpec.Kind.BUILTIN
         if self.instance.pk:
             return services.model_spec_update(model_spec=self.instance, **data)
         return services.model_spec_create(owner=self.request.user, **data)
@@ -265,11 +276,71 @@ class DatasetAdmin(ServiceFormAdmin):
 @admin.register(ModelSpec)
 class ModelSpecAdmin(ServiceFormAdmin):
     form = ModelSpecForm
-    list_display = ["name", "owner", "architecture", "created_at"]
-    list_filter = ["architecture", "created_at"]
-    search_fields = ["name", "description", "owner__username"]
+    list_display = ["name", "owner", "kind", "architecture", "entry_point", "code_hash", "created_at"]
+    list_filter = ["kind", "architecture", "created_at"]
+    list_select_related = ["owner", "code"]
+    search_fields = ["name", "description", "entry_point", "owner__username", "=code__sha256"]
+    search_help_text = "Name, description, entry point, owner, or a code archive's full SHA-256."
     date_hierarchy = "created_at"
-    readonly_fields = ["owner", "created_at", "updated_at"]
+    readonly_fields = ["owner", "code_summary", "created_at", "updated_at"]
+
+    @admin.display(description="Code", ordering="code__sha256")
+    def code_hash(self, obj) -> str:
+        return obj.code.short_sha if obj.code_id else "—"
+
+    @admin.display(description="Code archive")
+    def code_summary(self, obj) -> str:
+        """The archive's hash, size and requirements (its files are on the code archive's page)."""
+        if obj is None or not obj.code_id:
+            return "none (a built-in model)"
+        code = obj.code
+        requirements = f"; requirements: {code.requirements.strip()}" if code.requirements.strip() else ""
+        return f"{code.sha256} ({code.file_count} files, {code.size_bytes:,} bytes){requirements}"
+
+
+@admin.register(CodeArchive)
+class CodeArchiveAdmin(admin.ModelAdmin):
+    """Stored code archives, read only: content-addressed and shared, so a staff user sees those their
+    own models or jobs use (a superuser, all); the rows are written by ``jobs.code_archives.store``
+    and kept while a model or a job uses them."""
+
+    list_display = ["short_sha", "file_count", "size_bytes", "created_at"]
+    search_fields = ["=sha256"]
+    date_hierarchy = "created_at"
+    fields = ["sha256", "size_bytes", "file_count", "requirements", "files", "created_at", "stored_at"]
+    readonly_fields = fields
+
+    @admin.display(description="Stored at")
+    def stored_at(self, obj) -> str:
+        return str(obj.path)
+
+    def get_queryset(self, request):
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        uses = Q(model_specs__owner=request.user) | Q(jobs__owner=request.user)
+        return qs.filter(pk__in=CodeArchive.objects.filter(uses).values("pk"))
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            raise Http404("No such archive, or none of your models or jobs uses it.")
+        return obj
+
+    def has_module_permission(self, request):
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(ComputeBackend)
@@ -279,7 +350,7 @@ class ComputeBackendAdmin(ServiceFormAdmin):
     list_filter = ["kind", "enabled", "stall_policy", "orphan_policy", "created_at"]
     search_fields = ["name", "kind", "owner__username"]
     date_hierarchy = "created_at"
-    readonly_fields = ["owner", "credentials", "created_at", "updated_at"]
+    readonly_fields = ["owner", "credentials", "job_secret_names", "created_at", "updated_at"]
     actions = ["test_connection_selected"]
 
     @admin.display(description="Stored credentials")
@@ -288,6 +359,12 @@ class ComputeBackendAdmin(ServiceFormAdmin):
         written from the backend form or the API (write-only)."""
         keys = sorted((obj.secrets or {}).keys()) if obj is not None and obj.pk else []
         return f"set: {', '.join(keys)}" if keys else "not set"
+
+    @admin.display(description="Job secrets")
+    def job_secret_names(self, obj) -> str:
+        """The names of the environment variables set from the backend's job secrets, never their values."""
+        keys = sorted((obj.job_secrets or {}).keys()) if obj is not None and obj.pk else []
+        return f"set: {', '.join(keys)}" if keys else "none"
 
     @admin.action(description="Test connection of selected backends")
     def test_connection_selected(self, request, queryset):
@@ -403,8 +480,9 @@ class TrainingJobAdmin(OwnedAdmin):
     fieldsets = [
         (None, {"fields": ["name", "owner", "team", "state", "state_entered_at", "stalled_at", "stalled_reason",
                            "failure_reason", "status_warning", "rerun_of"]}),
-        ("What it runs", {"fields": ["dataset", "model_spec", "backend", "strategy", "shape", "instance_type",
-                                     "spot", "max_runtime_s", "config"]}),
+        ("What it runs", {"fields": ["dataset", "dataset_fingerprint", "model_spec", "code", "image", "env",
+                                     "backend", "strategy", "shape", "instance_type", "spot", "max_runtime_s",
+                                     "config"]}),
         ("Lifecycle", {"fields": ["provider_job_name", "provider_handle", "raw_state", "secondary_state",
                                   "created_at", "submitted_at", "started_at", "first_step_at", "ended_at",
                                   "cancel_requested_at", "last_synced_at", "duration", "log_cursor"]}),
