@@ -48,13 +48,14 @@ from django.conf import settings
 
 from cloud_adapters.packaging import deterministic_tar_gz
 from jobs.models import CodeArchive
+from trainer_pkg.config import ConfigError
+from trainer_pkg.registry import parse_entry_point
 
 REQUIREMENTS = "requirements.txt"
 SKIPPED_DIRS = frozenset({"__pycache__", ".git", "__MACOSX"})
 """Directory names left out of every archive, at any depth (not code: see the module docstring)."""
 
 _CHUNK = 1024 * 1024
-_ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -492,10 +493,11 @@ def check_entry_point(archive: NormalizedArchive, entry_point: str) -> None:
     Raises :class:`ArchiveError` (member None) with the message for the ``entry_point`` field.
     """
     entry_point = (entry_point or "").strip()
-    if not _ENTRY_POINT.fullmatch(entry_point):
+    try:
+        module, function = parse_entry_point(entry_point)  # the trainer's own reading of it
+    except ConfigError:
         raise ArchiveError(None, f"entry point {entry_point!r}: expected package.module:function, e.g. "
-                                 f"mymodel.net:build.")
-    module, function = entry_point.split(":")
+                                 f"mymodel.net:build.") from None
     path = _module_file(archive, module, ("{}.py", "{}/__init__.py"))
     tree = _parse(archive, path)
     functions, imported, others = _top_level_names(tree)

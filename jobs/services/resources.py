@@ -50,7 +50,7 @@ from jobs.validation import (
 )
 from trainer_pkg.config import BuiltinDataset, ConfigError, Strategy
 from trainer_pkg.datasets import inspect_dataset
-from trainer_pkg.registry import ARCHITECTURES, validate_model_params
+from trainer_pkg.registry import ARCHITECTURES, CUSTOM, validate_model_params
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +151,6 @@ def dataset_update(*, dataset: Dataset, **fields: Any) -> Dataset:
 _MODEL_FIELDS = {"name", "description", "kind", "architecture", "params", "team", "entry_point", "script_args",
                  "shard_classes", "image"}
 _CODE_FIELDS = ("entry_point", "script_args", "shard_classes")
-CUSTOM_ARCHITECTURE = "custom"
-"""The trainer's ``model.arch`` for a user's model (``trainer_pkg.config``): what a model of kind
-code stores as its architecture."""
 MAX_SCRIPT_ARGS = 200
 MAX_SHARD_CLASSES = 50
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -199,17 +196,16 @@ def _validate_builtin_params(errors: Errors, spec: ModelSpec) -> None:
 def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.NormalizedArchive | None) -> None:
     """Kinds code and script: an archive, an entry point (or script) in it, their lists."""
     is_code = spec.kind == ModelSpec.Kind.CODE
-    spec.architecture = CUSTOM_ARCHITECTURE if is_code else ""
+    spec.architecture = CUSTOM if is_code else ""  # the trainer's model.arch of a user's model
     if archive is None and spec.code_id is None and "code" not in errors:
         errors.add("code", "Give the model's code: upload a .zip or .tar.gz, or name a directory on the server.")
     if is_code:
         params = json_object(errors, "params", spec.params, what="Parameters", example='{"hidden_size": 128}')
-        reserved = sorted({"num_classes", "input_shape"} & set(params or {}))
-        if reserved:
-            errors.add("params", f"Parameters: {', '.join(reserved)} come from the dataset; remove "
-                                 f"{'it' if len(reserved) == 1 else 'them'}.")
-        elif params is not None:
-            spec.params = params
+        if params is not None:
+            try:  # keyword-argument names, and not the ones the trainer passes itself
+                spec.params = validate_model_params(CUSTOM, params)
+            except ConfigError as exc:
+                errors.add("params", _param_message(str(exc)))
         spec.shard_classes = _string_list(errors, "shard_classes", spec.shard_classes, what="Shard classes",
                                           most=MAX_SHARD_CLASSES, identifiers=True)
         if spec.script_args:

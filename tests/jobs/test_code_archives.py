@@ -205,7 +205,8 @@ def test_all_errors_at_once(user, code_store):
     errors = excinfo.value.message_dict
     assert set(errors) == {"name", "entry_point", "shard_classes", "image", "params", "script_args"}
     assert errors["shard_classes"] == ["Shard classes [1]: 'not a class' is not a Python class name."]
-    assert errors["params"] == ["Parameters: num_classes come from the dataset; remove it."]
+    assert errors["params"] == ["Parameter num_classes: the trainer passes num_classes itself (from the dataset); "
+                                "remove it from the parameters"]
     assert (CodeArchive.objects.count(), ModelSpec.objects.count(), stored_files(code_store)) == (0, 0, [])
 
 
