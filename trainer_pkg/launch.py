@@ -36,8 +36,10 @@ code is the job's. It reports metrics with :mod:`trainer_pkg.report`.
 
 Every rank this launcher starts logs one line ``[launch] rank R (local rank L, node_rank N) of world
 size W ...`` so a job's log shows the whole cluster. SIGTERM/SIGINT are passed on to torchrun (which
-passes them to the ranks); when the ranks stopped cleanly (a checkpoint and a ``stopped`` record were
-written) the exit code is 0.
+passes them to the ranks) or to the script this process runs; when the ranks stopped cleanly (a
+checkpoint and a ``stopped`` record were written) the exit code is 0. A script run by this process
+exits as it chooses; one under torchrun gets torchrun's code after a signal (1: torchrun does not
+report its ranks' codes then).
 
 Exit codes: 0 success (or a clean stop on SIGTERM), 1 training failed, 2 the config is invalid (for a
 script: ``code.dir`` empty, or the file missing) or the platform's environment lacks or garbles a

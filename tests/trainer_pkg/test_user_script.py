@@ -175,6 +175,39 @@ def test_sigterm_reaches_the_script_and_its_exit_code_is_kept(tmp_path):
     assert (tmp_path / "out" / "stopped").read_text() == str(int(signal.SIGTERM))
 
 
+RANKS_SIGTERM_SCRIPT = """
+import os, signal, sys, time
+out, rank = os.environ["TRAINBOARD_MODEL_DIR"], os.environ["RANK"]
+def stop(signum, frame):
+    open(os.path.join(out, "stopped-rank" + rank), "w").write(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+os.makedirs(out, exist_ok=True)
+open(os.path.join(out, "ready-rank" + rank), "w").close()
+time.sleep(60)
+"""
+
+
+def test_sigterm_reaches_every_rank_of_a_script_under_torchrun(tmp_path):
+    code_dir = write_code(tmp_path / "code", RANKS_SIGTERM_SCRIPT)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_pkg.launch", "--config",
+                             str(job(tmp_path, code_dir, "train.py", [])), "--standalone", "--nproc-per-node", "2"],
+                            cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((out / "ready-rank0").exists() and (out / "ready-rank1").exists()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)  # torchrun's own code after a signal (it does not report the ranks')
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [(out / f"stopped-rank{r}").read_text() for r in (0, 1)] == [str(int(signal.SIGTERM))] * 2
+
+
 @pytest.mark.parametrize("code, message", [
     ({"script": "train.py"}, "code.script is 'train.py' but code.dir is empty"),
     ({"dir": "{code}", "script": "missing.py"}, "code.script 'missing.py': no such file in code.dir {code}"),
