@@ -285,3 +285,36 @@ def test_a_relative_code_dir_is_relative_to_the_directory_holding_trainer_pkg(tm
         cfg = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=1).resolve(
             JobConfig.from_dict({"code": {"dir": given}}))
         assert cfg.code.dir == (str(resolved) if resolved else "")
+
+
+RECORDING_MODEL = '''
+import json, math, os
+from torch import nn
+
+def build(num_classes, input_shape):
+    seen = {name: os.environ.get(name) for name in
+            ("RANK", "WORLD_SIZE", "TRAINBOARD_MODEL_DIR", "TRAINBOARD_CHECKPOINT_DIR", "TRAINBOARD_DATA_DIR",
+             "TRAINBOARD_CODE_DIR")}
+    with open(os.path.join(os.environ["SEEN_DIR"], "rank%s.json" % os.environ["RANK"]), "w") as f:
+        json.dump(seen, f)
+    return nn.Sequential(nn.Linear(math.prod(input_shape), num_classes))
+'''
+
+
+def test_our_trainers_ranks_see_the_directories_too(tmp_path):
+    code_dir = write_code(tmp_path / "code", RECORDING_MODEL, name="recorder.py")
+    seen_dir = tmp_path / "seen"
+    seen_dir.mkdir()
+    config = job(tmp_path, code_dir, "", [], model={"arch": "custom", "entry_point": "recorder:build"},
+                 train={"epochs": 1, "batch_size": 16}, parallel={"timeout_s": 60})
+    run = subprocess.run([sys.executable, "-m", "trainer_pkg.launch", "--config", str(config), "--standalone",
+                          "--nproc-per-node", "2"], cwd=REPO, env=clean_env(SEEN_DIR=str(seen_dir)),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "out" / "model.pt").is_file()  # our trainer trained it
+    assert sorted(seen_env(seen_dir)) == [0, 1]
+    for rank, seen in seen_env(seen_dir).items():
+        assert seen == {"RANK": str(rank), "WORLD_SIZE": "2", "TRAINBOARD_MODEL_DIR": str(tmp_path / "out"),
+                        "TRAINBOARD_CHECKPOINT_DIR": str(tmp_path / "out" / "checkpoints"),
+                        "TRAINBOARD_DATA_DIR": str(tmp_path / "data" / "tiny.npz"),
+                        "TRAINBOARD_CODE_DIR": str(code_dir)}
