@@ -508,7 +508,8 @@ class MetricPoint(models.Model):
 
     Names: train_loss, train_accuracy, val_loss, val_accuracy, samples_per_s, lr (global) and
     rank_samples_per_s, rank_step_time_s, rank_data_wait_s, rank_compute_s, rank_sync_wait_s,
-    rank_pipeline_stage, rank_stage_layers (with ``rank`` set); wait_for_slowest_s (global).
+    rank_pipeline_stage, rank_stage_layers (with ``rank`` set); wait_for_slowest_s (global); and any
+    name a user's script reports with ``trainer_pkg.report.log`` (global; see ``jobs.sync``).
 
     ``value`` is None where the trainer reported NaN or infinity (a diverged run): the point is kept
     so charts show the gap where it is, never a line drawn over it.
