@@ -169,15 +169,23 @@ def resolve_code_dir(path: str | os.PathLike[str]) -> Path:
     if not roots:
         raise ArchiveError(None, "Code directories on the server are not allowed here (TRAINBOARD_CODE_ROOTS is "
                                  "empty); upload a .zip or .tar.gz instead.")
-    if not raw.strip() or "\x00" in raw:
+    if not raw.strip():
         raise ArchiveError(None, "Give the directory's path.")
-    candidate = Path(raw)
-    resolved = (candidate if candidate.is_absolute() else roots[0] / candidate).resolve()
-    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+    if "\x00" in raw:
+        raise ArchiveError(None, "The directory's path contains a NUL character; give the path as it is.")
+    try:
+        candidate = Path(raw)
+        resolved = (candidate if candidate.is_absolute() else roots[0] / candidate).resolve()
+        inside = any(resolved == root or resolved.is_relative_to(root) for root in roots)
+        is_dir = inside and resolved.is_dir()
+    except (OSError, ValueError) as exc:  # a name too long for the filesystem, a loop of links
+        raise ArchiveError(None, f"{raw[:200]!r} cannot be read as a directory "
+                                 f"({getattr(exc, 'strerror', None) or exc}).") from None
+    if not inside:
         raise ArchiveError(None, f"A code directory must lie inside {' or '.join(str(r) for r in roots)} "
                                  f"(TRAINBOARD_CODE_ROOTS); {raw!r} is outside. Put the code there, or upload "
                                  f"it as a .zip or .tar.gz.")
-    if not resolved.is_dir():
+    if not is_dir:
         raise ArchiveError(None, f"{raw!r} is not a directory on the server.")
     return resolved
 
@@ -426,6 +434,10 @@ def _clean_name(raw: str) -> str | None:
     archive's root itself. Raises ArchiveError for a path that could land anywhere else."""
     if "\x00" in raw or any(ord(c) < 32 for c in raw):
         raise ArchiveError(_printable(raw), "a control character in the name; rename it.")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile and os.walk keep undecodable bytes as surrogates
+        raise ArchiveError(_printable(raw), "the name is not UTF-8 text; rename it.") from None
     if "\\" in raw:
         raise ArchiveError(raw, "a backslash in the path (a Windows separator); pack the files with a tool "
                                 "that writes / between directories.")

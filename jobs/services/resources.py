@@ -17,7 +17,7 @@ from typing import Any, Mapping, NamedTuple, get_args
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from cloud_adapters.base import BackendError, ConnectionCheck, InstanceOffer, InvalidSpec, with_article
 from cloud_adapters import registry
@@ -304,10 +304,16 @@ def _save_with_code(spec: ModelSpec, archive: code_archives.NormalizedArchive | 
     """Store ``archive`` (when given) and save ``spec`` pointing at it, in one transaction. Should
     the save fail after the file was written, the file stays with no row: harmless, because it is
     named by its content and the next store of the same files uses it as it is."""
-    with transaction.atomic():
-        if archive is not None:
-            spec.code = code_archives.store(archive)
-        spec.save()
+    try:
+        with transaction.atomic():
+            if archive is not None:
+                spec.code = code_archives.store(archive)
+            spec.save()
+    except IntegrityError as exc:
+        if "modelspec_unique_name" not in str(exc):
+            raise
+        # The name was free when checked, and another request took it since.
+        raise ValidationError({"name": [f"You already have a model named {spec.name}; choose another name."]}) from None
     return spec
 
 

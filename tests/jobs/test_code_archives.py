@@ -309,3 +309,66 @@ def test_directory_with_a_link_or_a_fifo_is_refused(user, code_store, tmp_path):
     os.mkfifo(tree / "pipe")
     assert refused(user, code_store, str(tree)) == (
         "member 'pipe': a FIFO, not a regular file; only regular files and directories may be in a code archive.")
+
+
+def test_names_that_are_not_text_are_refused(user, code_store, tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.GNU_FORMAT, encoding="latin-1") as tar:
+        for name, data in {**MODEL_FILES, "caf\xe9.py": b"x = 1\n"}.items():  # latin-1 bytes: not UTF-8
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert refused(user, code_store, upload(buf.getvalue(), "m.tgz")) == \
+        "member 'caf\\udce9.py': the name is not UTF-8 text; rename it."
+    assert refused(user, code_store, upload(zip_bytes({**MODEL_FILES, "a\x01b.py": b""}))) == \
+        "member 'a\\x01b.py': a control character in the name; rename it."
+
+
+def test_directory_paths_the_filesystem_cannot_take(user, code_store, tmp_path):
+    too_long = str(tmp_path / "roots" / ("x" * 300))
+    assert refused(user, code_store, too_long).endswith("cannot be read as a directory (File name too long).")
+    assert refused(user, code_store, str(tmp_path / "roots" / "missing")) == \
+        f"{str(tmp_path / 'roots' / 'missing')!r} is not a directory on the server."
+    assert refused(user, code_store, "proj\x00/x") == \
+        "The directory's path contains a NUL character; give the path as it is."
+
+
+def test_a_save_that_fails_after_the_file_was_written_leaves_no_row(user, code_store, monkeypatch):
+    """Another request takes the name between the check and the save: the archive's row goes with
+    the rolled-back save, the error is the name's, and the file left behind (named by its content)
+    is the one the next store of the same files uses."""
+    from jobs.services import resources
+
+    ModelSpec.objects.create(owner=user, name="mine", architecture="cnn")
+    monkeypatch.setattr(resources, "name_taken", lambda *args, **kwargs: False)
+    with pytest.raises(ValidationError) as excinfo:
+        create(user, upload(zip_bytes(MODEL_FILES)))
+    assert excinfo.value.message_dict == {"name": ["You already have a model named mine; choose another name."]}
+    assert (CodeArchive.objects.count(), ModelSpec.objects.count()) == (0, 1)
+    left = stored_files(code_store)
+    assert len(left) == 1
+    spec = services.model_spec_create(owner=user, name="mine2", kind="code", entry_point="mymodel.net:build",
+                                      code=upload(zip_bytes(MODEL_FILES)))
+    assert stored_files(code_store) == left == [f"{spec.code.sha256[:2]}/{spec.code.sha256}.tar.gz"]
+
+
+def test_store_writes_once_and_leaves_no_temporary_file_on_failure(user, code_store, monkeypatch):
+    archive = code_archives.normalize_upload(io.BytesIO(zip_bytes(MODEL_FILES)))
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(code_archives.os, "replace", refuse)
+    with pytest.raises(OSError):
+        code_archives.store(archive)
+    assert stored_files(code_store) == [] and CodeArchive.objects.count() == 0
+    monkeypatch.undo()
+    row = code_archives.store(archive)
+    first = row.path.stat().st_mtime_ns
+    assert code_archives.store(archive).pk == row.pk and row.path.stat().st_mtime_ns == first  # not rewritten
+    assert oct(row.path.stat().st_mode & 0o777) == "0o644"
+    assert code_archives.load_stored(row).files == archive.files
+    row.path.write_bytes(b"tampered")
+    with pytest.raises(code_archives.ArchiveError) as excinfo:
+        code_archives.load_stored(row)
+    assert str(excinfo.value).startswith("Not a readable .tar.gz archive")
