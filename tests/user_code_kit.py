@@ -13,9 +13,10 @@ import base64
 import csv
 import hashlib
 import io
+import sys
 import zipfile
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from cloud_adapters import packaging
 from cloud_adapters.base import CodeBundle
@@ -119,3 +120,18 @@ def build_wheel(dest: Path, name: str = DEP_NAME, version: str = DEP_VERSION) ->
         for path, data in files.items():
             whl.writestr(path, data)
     return dest
+
+
+def build_user_model(code_dir: Path, **kwargs: Any) -> Any:
+    """``usermodel.net.build(**kwargs)`` imported from ``code_dir`` (where a platform unpacked
+    :data:`MODEL_FILES`), leaving ``sys.path`` and ``sys.modules`` as they were: the module a job's
+    model.pt must load into."""
+    sys.path.insert(0, str(code_dir))
+    try:
+        from usermodel.net import build
+
+        return build(**kwargs)
+    finally:
+        sys.path.remove(str(code_dir))
+        for name in [m for m in sys.modules if m == "usermodel" or m.startswith("usermodel.")]:
+            del sys.modules[name]

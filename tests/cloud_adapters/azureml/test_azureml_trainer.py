@@ -6,7 +6,7 @@ MASTER_ADDR/MASTER_PORT; processes already started, no torchrun) plus the job's
 ``AZURE_ML_OUTPUT_<name>`` folders (trainer_pkg/platforms.py ``read_azureml``). 2 nodes × 2 processes
 on 127.0.0.1 train one epoch of digits with gloo; the model lands in the ``model`` output. The
 processes' stdout, served back as their std_log files, comes out of ``logs()`` with the metric
-records exactly as printed.
+records exactly as printed. A user's model in the snapshot (``model.arch`` custom) trains the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
 from trainer_helpers import records  # noqa: E402  (the trainer tests' reader of metrics.jsonl)
+from user_code_kit import MODEL_FILES, build_user_model, code_bundle  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
                                         "ignore::UserWarning")  # azure-ai-ml's marshmallow schemas
@@ -77,6 +78,31 @@ def process_env(body: dict, outputs: Path, rank: int, port: int) -> dict[str, st
     return env
 
 
+def run_processes(body: dict, code: Path, outputs: Path, python: str = sys.executable) -> tuple[int, list[tuple[int, str]]]:
+    """The job's command started in the snapshot ``code`` once per process of its 2 × 2 PyTorch
+    distribution, as Azure ML starts them (:func:`process_env`), with the environment's ``python``;
+    (the rendezvous port, (exit code, output) per rank). Asserts every process exited 0 and printed its
+    own rank line."""
+    port = free_port()
+    argv = shlex.split(body["command"])
+    assert argv[:3] == ["python", "-m", "trainer_pkg.launch"]
+    procs = [subprocess.Popen([python, *argv[1:]], cwd=code, env=process_env(body, outputs, rank, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(4)]
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        results.append((proc.returncode, out))
+    for rank, (code_, out) in enumerate(results):
+        assert code_ == 0, (rank, out[-3000:])
+        assert {tuple(map(int, m.groups())) for m in RANK_LINE.finditer(out)} == {(rank, rank % 2, rank // 2, 4)}
+    return port, results
+
+
 def test_uploaded_trainer_trains_under_azure_mls_process_environment(workspace, azurite, tmp_path):
     backend = make_backend(workspace, prices=two_gpu_catalog())
     job = JobSpec(job_name="tb-job-5-65f1a2b3", config=CONFIG, nodes=2, procs_per_node=2,
@@ -91,23 +117,7 @@ def test_uploaded_trainer_trains_under_azure_mls_process_environment(workspace, 
         "strategy": "ddp", "timeout_s": 60, "nodes": 2, "procs_per_node": 2}
 
     outputs = tmp_path / "outputs"
-    port = free_port()
-    argv = shlex.split(body["command"])
-    assert argv[:3] == ["python", "-m", "trainer_pkg.launch"]
-    procs = [subprocess.Popen([sys.executable, *argv[1:]], cwd=code, env=process_env(body, outputs, rank, port),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(4)]
-    results = []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        results.append((proc.returncode, out))
-    for rank, (code_, out) in enumerate(results):
-        assert code_ == 0, (rank, out[-3000:])
-        assert {tuple(map(int, m.groups())) for m in RANK_LINE.finditer(out)} == {(rank, rank % 2, rank // 2, 4)}
+    port, results = run_processes(body, code, outputs)
     assert ("[launch] platform: azureml (AZUREML_RUN_ID is set), node_rank 0 of 2 node(s) × 2 process(es) per "
             f"node = world size 4, master 127.0.0.1:{port}, ranks already started") in results[0][1]
 
@@ -131,3 +141,26 @@ def test_uploaded_trainer_trains_under_azure_mls_process_environment(workspace, 
     assert "[std_log_process_2] [launch] rank 2 (local rank 0, node_rank 1) of world size 4" in \
         " ".join(line for line in lines if line.startswith("[std_log_process_2]"))
     assert len(workspace.calls("PUT", r"/jobs/")) == 1
+
+
+def test_a_custom_model_in_the_snapshot_trains_under_azure_ml(workspace, azurite, tmp_path):
+    code = code_bundle(tmp_path / "store", MODEL_FILES)
+    config = {**CONFIG, "model": {"arch": "custom", "entry_point": "usermodel.net:build", "params": {"width": 16}}}
+    backend = make_backend(workspace, prices=two_gpu_catalog())
+    backend.submit(JobSpec(job_name="tb-job-6-custom", config=config, nodes=2, procs_per_node=2,
+                           instance_type="Standard_NC12s_v3", max_runtime_s=600, code=code))
+    body = workspace.puts["tb-job-6-custom"][0]["properties"]
+    snapshot = download_snapshot(azurite, workspace.calls("PUT", r"/codes/")[0].body["properties"]["codeUri"],
+                                 tmp_path / "wd")
+    assert (snapshot / "usermodel" / "net.py").read_text() == MODEL_FILES["usermodel/net.py"]
+
+    outputs = tmp_path / "outputs"
+    _, results = run_processes(body, snapshot, outputs)
+    assert f"user code: sha256 {code.sha256} in " in results[0][1]
+    recs = records(outputs / "model")
+    assert recs[0]["event"] == "started" and recs[-1]["event"] == "completed"
+    [epoch] = [r for r in recs if r["event"] == "epoch"]
+    assert epoch["val_accuracy"] > 0.3  # 10 digit classes: chance is 0.1
+    model = build_user_model(snapshot, num_classes=10, input_shape=(64,), width=16)
+    model.load_state_dict(torch.load(outputs / "model" / "model.pt", map_location="cpu", weights_only=True),
+                          strict=True)

@@ -12,6 +12,8 @@ prefix's last ``/``), and the request's Environment is set. The toolkit download
 ``sagemaker_submit_directory`` in moto's S3 (a loopback server), unpacks it into ``code/`` and runs
 the entry script; the trainer must find the data in the channel and leave the model in SM_MODEL_DIR.
 
+With the user's code in the submit directory, a custom model from it trains on both hosts the same way.
+
 Host names are the loopback addresses 127.0.0.1 and 127.0.0.2: the toolkit and the container module
 wait until every host in resourceconfig.json resolves (``socket.gethostbyname``) and the container
 sets MASTER_ADDR to the first, and an address resolves as itself on any machine, without /etc/hosts
@@ -27,6 +29,7 @@ import socket
 import sys
 import tarfile
 from pathlib import Path
+from typing import Callable
 
 import boto3
 import pytest
@@ -41,6 +44,7 @@ sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
 from test_platforms import clean_env, rank_lines, run_all, write_npz  # noqa: E402
 from test_trainer_datasets import _csv, _image_tree  # noqa: E402
 from trainer_helpers import records  # noqa: E402
+from user_code_kit import MODEL_FILES, build_user_model, code_bundle  # noqa: E402
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CONTAINER_MASTER_PORT = 7777  # sagemaker_pytorch_container.training.MASTER_PORT
@@ -126,6 +130,27 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _run_on_two_hosts(tmp_path: Path, toolkit: Path, moto_server: str, request: dict, s3,
+                      host_env: Callable[[Path], dict[str, str]] = lambda root: {},
+                      ) -> tuple[list[Path], list[Path], tuple[str, str], tuple[str, str]]:
+    """Both hosts of ``request`` laid out under ``tmp_path`` and the toolkit run on each at once, with
+    the request's Environment plus ``host_env(root)``; (the /opt/ml roots, the train channels, (stdout,
+    stderr) of host 1 and of host 2). Asserts both exited 0, showing their errors otherwise."""
+    roots = [tmp_path / f"host{i + 1}" / "opt" / "ml" for i in range(len(HOSTS))]
+    channels, commands = [], []
+    for root, host in zip(roots, HOSTS):
+        channels.append(_sagemaker_host(root, host, request, s3))
+        env = clean_env(**request["Environment"], SAGEMAKER_BASE_DIR=str(root),
+                        SAGEMAKER_TRAINING_MODULE="sagemaker_pytorch_container.training:main",
+                        TRAINING_JOB_NAME=request["TrainingJobName"], AWS_REGION="us-east-1",
+                        S3_ENDPOINT_URL=moto_server, AWS_ENDPOINT_URL=moto_server, PYTHONPATH="")
+        env.update(host_env(root))
+        commands.append(([str(toolkit)], env))
+    (code0, out0, err0), (code1, out1, err1) = run_all(commands, timeout=420)
+    assert code0 == 0 and code1 == 0, (_why(out0 + err0), _why(out1 + err1))
+    return roots, channels, (out0, err0), (out1, err1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(DATASETS))
 def test_toolkit_trains_an_s3_dataset_on_two_hosts(tmp_path, sagemaker_toolkit, moto_server, fmt):
@@ -146,18 +171,8 @@ def test_toolkit_trains_an_s3_dataset_on_two_hosts(tmp_path, sagemaker_toolkit, 
     assert request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == dataset_uri
     assert json.loads(request["HyperParameters"]["data.uri"]) == dataset_uri
 
-    roots = [tmp_path / f"host{i + 1}" / "opt" / "ml" for i in range(len(HOSTS))]
-    channels, commands = [], []
-    for root, host in zip(roots, HOSTS):
-        channels.append(_sagemaker_host(root, host, request, s3))
-        env = clean_env(**request["Environment"], SAGEMAKER_BASE_DIR=str(root),
-                        SAGEMAKER_TRAINING_MODULE="sagemaker_pytorch_container.training:main",
-                        TRAINING_JOB_NAME=request["TrainingJobName"], AWS_REGION="us-east-1",
-                        S3_ENDPOINT_URL=moto_server, AWS_ENDPOINT_URL=moto_server, PYTHONPATH="")
-        commands.append(([str(sagemaker_toolkit)], env))
-
-    (code0, out0, err0), (code1, out1, err1) = run_all(commands, timeout=420)
-    assert code0 == 0 and code1 == 0, (_why(out0 + err0), _why(out1 + err1))
+    roots, channels, (out0, err0), (out1, err1) = _run_on_two_hosts(tmp_path, sagemaker_toolkit, moto_server,
+                                                                   request, s3)
 
     # The toolkit fetched the archive the adapter uploaded and ran its entry script on both hosts.
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
@@ -185,3 +200,39 @@ def test_toolkit_trains_an_s3_dataset_on_two_hosts(tmp_path, sagemaker_toolkit, 
     assert (data["format"], data["uri"]) == (fmt, str(expected))
     assert ckpt["config"]["output"]["output_dir"] == str(model_dir)
     assert (roots[0] / "output" / "data" / "metrics.jsonl").is_file()
+
+
+def _npz_job(tmp_path: Path, moto_server: str) -> tuple[object, str]:
+    """The npz dataset in moto's S3 (4 classes of 8 features); (the S3 client, its URI)."""
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto_server)
+    _upload(s3, write_npz(tmp_path / "dataset" / "tiny.npz"), "datasets/tiny.npz")
+    return s3, f"s3://{BUCKET}/datasets/tiny.npz"
+
+
+@pytest.mark.slow
+def test_toolkit_trains_a_custom_model_from_the_users_code(tmp_path, sagemaker_toolkit, moto_server):
+    assert _port_free(CONTAINER_MASTER_PORT), f"port {CONTAINER_MASTER_PORT} is in use on this machine"
+    s3, dataset_uri = _npz_job(tmp_path, moto_server)
+    code = code_bundle(tmp_path / "store", MODEL_FILES)
+    config = {"data": {"format": "npz", "uri": dataset_uri},
+              "model": {"arch": "custom", "entry_point": "usermodel.net:build", "params": {"width": 16}},
+              "parallel": {"strategy": "ddp", "procs_per_node": 2, "timeout_s": 120},
+              "train": {"epochs": 2, "batch_size": 8, "log_every_steps": 1, "lr": 0.05}}
+    request, _ = submit_and_capture(
+        JobSpec(job_name="tb-job-8-custom", config=config, dataset_uri=dataset_uri, nodes=2, procs_per_node=2,
+                instance_type="ml.m5.xlarge", max_runtime_s=1800, code=code), endpoint_url=moto_server)
+    roots, _, (out0, err0), (out1, _) = _run_on_two_hosts(tmp_path, sagemaker_toolkit, moto_server, request, s3)
+
+    code_dir = roots[0] / "code"  # the toolkit unpacked the user's files beside trainer_pkg/
+    assert (code_dir / "usermodel" / "net.py").read_text() == MODEL_FILES["usermodel/net.py"]
+    assert f"user code: sha256 {code.sha256} in " in out0 + err0
+    assert rank_lines(out0) == {(0, 0, 0, 4), (1, 1, 0, 4)} and rank_lines(out1) == {(2, 0, 1, 4), (3, 1, 1, 4)}
+
+    model_dir = roots[0] / "model"
+    recs = records(model_dir)
+    assert recs[0]["event"] == "started" and recs[-1]["event"] == "completed"
+    assert [r["epoch"] for r in recs if r["event"] == "epoch"] == [0, 1]
+    # model.pt is the bare state dict of the user's own module: it loads into a fresh build().
+    model = build_user_model(code_dir, num_classes=4, input_shape=(8,), width=16)
+    model.load_state_dict(torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True), strict=True)
+    assert type(model[2]).__name__ == "Block"
