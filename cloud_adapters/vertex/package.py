@@ -106,10 +106,13 @@ def build_code_sdist(code: CodeBundle) -> packaging.TrainerArchive:
     """The pip-installable source archive of the user's code (layout: the module docstring).
 
     Deterministic for the same archive and requirements. Raises :class:`InvalidSpec` when the stored
-    archive cannot be read or changed (:func:`cloud_adapters.packaging.code_files`) or a requirement
-    cannot be a dependency (:func:`pip_dependencies`).
+    archive cannot be read or changed (:func:`cloud_adapters.packaging.code_files`), a member is named
+    like ours (:func:`~cloud_adapters.packaging.refuse_ours`) or a requirement cannot be a dependency
+    (:func:`pip_dependencies`).
     """
     files = packaging.code_files(code)
+    # code.dir goes first on sys.path: a trainer_pkg/ of the user's there would shadow ours.
+    packaging.refuse_ours(files, ())
     deps = pip_dependencies(code.requirements)
     package = code_dir(code)
     root = f"{CODE_PREFIX}{code.sha256[:16]}"

@@ -6,8 +6,8 @@ recreated Vertex environment — ``CLUSTER_SPEC``, per-machine ``RANK``/``WORLD_
 on 2 "machines" × 2 processes on 127.0.0.1 (gloo, CPU), one epoch of digits.
 
 With the user's code the CustomJob carries a second package, the code's: a custom model from it trains
-the same way, started through the code package's ``trainboard_launch`` from a working directory that is
-neither the checkout nor site-packages.
+the same way, from a working directory that is neither the checkout nor site-packages (the launcher
+finds the package's directory, the config's relative ``code.dir``, beside the installed trainer_pkg).
 
 The Vertex variables come from tests/trainer_pkg/test_platforms.py (``vertex_vars``), the same helpers
 the checkout's platform test uses; here the code runs from the installed archive, not the checkout.

@@ -49,7 +49,7 @@ def test_code_package_rides_beside_the_trainer_with_the_jobs_image_and_secrets(m
     for pool in body["jobSpec"]["workerPoolSpecs"]:
         python = pool["pythonPackageSpec"]
         assert python["packageUris"] == [f"gs://stage/tb/code/{trainer.name}", f"gs://stage/tb/code/{sdist.name}"]
-        assert python["executorImageUri"] == IMAGE
+        assert python["executorImageUri"] == IMAGE and python["pythonModule"] == "trainer_pkg.launch"
         env = {e["name"]: e["value"] for e in python["env"]}
         assert env["HF_TOKEN"] == SECRET and env["MY_SETTING"] == "on"
 
@@ -123,6 +123,19 @@ def test_a_pip_option_in_requirements_is_refused_naming_the_line(make_backend, v
     with pytest.raises(InvalidSpec, match=rf"requirements.txt line '{line[:8]}.*': Vertex AI installs the code's "
                                           r"requirements as its package's dependencies"):
         make_backend().validate(spec(code))
+    assert vertex.created == []
+
+
+def test_a_job_without_code_has_one_package(make_backend, vertex):
+    make_backend().submit(spec(None, config={"model": {"arch": "mlp"}}))
+    python = vertex.created[0]["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
+    assert python["pythonModule"] == "trainer_pkg.launch" and len(python["packageUris"]) == 1
+
+
+def test_a_member_that_would_shadow_the_trainer_is_refused(make_backend, vertex, tmp_path):
+    code = code_bundle(tmp_path / "store", {**MODEL_FILES, "trainer_pkg/train.py": "print('mine')\n"})
+    with pytest.raises(InvalidSpec, match=r"code archive member 'trainer_pkg/train.py': the name is Trainboard's"):
+        make_backend().submit(spec(code))
     assert vertex.created == []
 
 
