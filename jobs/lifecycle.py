@@ -20,7 +20,8 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from cloud_adapters.base import BackendError, JobHandle
+from cloud_adapters.base import Backend, BackendError, JobHandle, uri_scheme
+from cloud_adapters.fingerprints import fingerprint_dataset
 from jobs.adapters import backend_adapter, job_spec
 from jobs.models import JobStateChoices as S, TrainingJob
 from jobs.states import is_allowed, transition
@@ -104,6 +105,7 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
     except (BackendError, LookupError, ValueError, TypeError) as exc:
         training_job_fail(job, f"Backend {job.backend.name} cannot be used: {exc}")
         return job
+    _record_cloud_fingerprint(adapter, job)
     try:
         handle = adapter.submit(job_spec(job))
     except BackendError as exc:
@@ -122,6 +124,23 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
             except BackendError as exc:
                 log.warning("job %s: cancel after submit failed (the next sync re-sends it): %s", job.pk, exc)
     return job
+
+
+def _record_cloud_fingerprint(adapter: Backend, job: TrainingJob) -> None:
+    """Store the fingerprint of the job's cloud dataset (the object store's listing, read with the
+    job's backend: :func:`cloud_adapters.fingerprints.fingerprint_dataset`) unless one is stored
+    already (a resumed submission). A listing that fails is stored as its error; it never stops
+    the submission."""
+    uri = (job.config.get("data") or {}).get("uri", "")
+    if job.dataset_fingerprint is not None or not uri_scheme(uri):
+        return
+    fingerprint = fingerprint_dataset(adapter, uri)
+    if fingerprint is None:
+        return
+    if "error" in fingerprint:
+        log.warning("job %s: dataset %s not fingerprinted: %s", job.pk, uri, fingerprint["error"])
+    TrainingJob.objects.filter(pk=job.pk, dataset_fingerprint__isnull=True).update(dataset_fingerprint=fingerprint)
+    job.dataset_fingerprint = fingerprint
 
 
 def training_job_submit_gave_up(*, job: TrainingJob, error: BaseException) -> None:

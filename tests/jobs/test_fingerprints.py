@@ -104,3 +104,41 @@ def test_dataset_fingerprint_by_kind(tmp_path):
     assert dataset_fingerprint(format="npz", uri="gs://b/x.npz") is None
     write(tmp_path / "x.npz", b"12345", 1_700_000_000)
     assert dataset_fingerprint(format="npz", uri=str(tmp_path / "x.npz"))["size_bytes"] == 5
+
+
+# --- a cloud dataset: taken by the worker at submit ------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_submit_records_an_s3_datasets_listing_and_a_failed_listing_never_fails_the_job(
+        user, cnn_model, aws_env):
+    from jobs import lifecycle, services
+    from jobs.models import TrainingJob
+
+    aws_env.create_bucket()  # the backend's own bucket: the trainer archive goes there
+    aws_env.create_bucket("tb-data")
+    import boto3
+
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.put_object(Bucket="tb-data", Key="images/cat/1.png", Body=b"cat")
+    s3.put_object(Bucket="tb-data", Key="images/dog/1.png", Body=b"dog!")
+    sm = services.backend_create(owner=user, name="sm", kind="sagemaker", config={
+        "region": "us-east-1", "role_arn": aws_env.ROLE, "bucket": aws_env.BUCKET})
+    images = services.dataset_create(owner=user, name="images", format="imagefolder", uri="s3://tb-data/images/")
+    gone = services.dataset_create(owner=user, name="gone", format="imagefolder", uri="s3://no-such-bucket/x/")
+
+    job = services.training_job_create(owner=user, dataset=images, model_spec=cnn_model, backend=sm)
+    assert job.dataset_fingerprint is None  # not at creation: the web process lists no bucket
+    lifecycle.training_job_submit(job=TrainingJob.objects.get(pk=job.pk))
+    job.refresh_from_db()
+    assert job.state == "PENDING"
+    fp = job.dataset_fingerprint
+    assert (fp["kind"], fp["uri"], fp["objects"], fp["size_bytes"]) == ("s3", "s3://tb-data/images/", 2, 7)
+    assert len(fp["listing_sha256"]) == 64
+
+    broken = services.training_job_create(owner=user, dataset=gone, model_spec=cnn_model, backend=sm)
+    lifecycle.training_job_submit(job=TrainingJob.objects.get(pk=broken.pk))
+    broken.refresh_from_db()
+    assert broken.state == "PENDING"
+    assert broken.dataset_fingerprint == {"kind": "s3", "uri": "s3://no-such-bucket/x/",
+                                          "error": "S3 NoSuchBucket: The specified bucket does not exist"}
