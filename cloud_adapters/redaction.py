@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 import traceback
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 REDACTED = "[redacted]"
 
@@ -91,8 +91,41 @@ def register(secrets: Any) -> None:
         if found <= _known:
             return
         _known.update(found)
-        # Longest first, so a value is removed whole rather than around a shorter one inside it.
-        _known_re = re.compile("|".join(re.escape(t) for t in sorted(_known, key=len, reverse=True)))
+        _known_re = _alternation(_known)
+
+
+def _alternation(texts: Iterable[str]) -> re.Pattern[str] | None:
+    """One pattern matching any of ``texts`` literally; None for none. Longest first, so a value is
+    removed whole rather than around a shorter one inside it."""
+    texts = sorted(set(texts), key=len, reverse=True)
+    return re.compile("|".join(re.escape(t) for t in texts)) if texts else None
+
+
+JOB_SECRET_MASK = "***"
+MIN_JOB_SECRET_LENGTH = 4
+"""Shorter job-secret values are not masked in log lines: "1" or "yes" would blank the log's own text."""
+
+
+def job_secret_redactor(secrets: Mapping[str, str]) -> Callable[[str], str]:
+    """A function that replaces, in one log line, every value of ``secrets`` (a backend's job
+    secrets: name → value) of at least :data:`MIN_JOB_SECRET_LENGTH` characters by
+    :data:`JOB_SECRET_MASK`, and each line of 16 characters or more of a multi-line value (a log line
+    holds one line of it). The identity when there is nothing to mask.
+
+    The job's own output is stored as it is but for these: unlike :func:`redact`, credential shapes
+    are left (the user's code may print what it likes of its own), only the values this backend
+    gives its jobs are masked."""
+    texts: set[str] = set()
+    for value in secrets.values():
+        if not isinstance(value, str):
+            continue
+        if len(value) >= MIN_JOB_SECRET_LENGTH:
+            texts.add(value)
+        texts.update(line.strip() for line in value.splitlines() if len(line.strip()) >= 16)
+    pattern = _alternation(texts)
+    if pattern is None:
+        return lambda line: line
+    return lambda line: pattern.sub(JOB_SECRET_MASK, line)
 
 
 def redact(text: str) -> str:

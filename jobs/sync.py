@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -38,6 +38,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from cloud_adapters.base import Backend, BackendError, JobHandle, JobState, JobStatus
+from cloud_adapters.redaction import job_secret_redactor
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.models import (
@@ -157,11 +158,14 @@ def _trainer_failure_reason(job: TrainingJob) -> str | None:
     return None
 
 
-def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime) -> tuple[int, dt.datetime | None]:
-    """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step time)."""
+def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime,
+                  mask: Callable[[str], str]) -> tuple[int, dt.datetime | None]:
+    """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step time).
+    Each line passes through ``mask`` first (the backend's job-secret values become ``***``), so no
+    stored line holds one."""
     log_rows, points, first_step = [], [], None
     for line in lines:
-        text = str(line).replace("\x00", "")  # PostgreSQL text cannot hold NUL
+        text = mask(str(line).replace("\x00", ""))  # PostgreSQL text cannot hold NUL
         log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
         next_seq += 1
         record = parse_metric_line(text)
@@ -189,7 +193,8 @@ class _RowMovedOn(Exception):
     job is dropped, and the next pass reads it again."""
 
 
-def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime) -> bool:
+def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime,
+                mask: Callable[[str], str]) -> bool:
     """Read ``logs(handle, cursor)`` from the job's stored cursor until empty, storing each chunk as
     it comes; True when drained (False: a backlog remains after :data:`_MAX_LOG_CALLS` calls).
 
@@ -213,7 +218,7 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
                 if next_seq is None:  # the cursor check above keeps it right for the later chunks
                     last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
                     next_seq = 0 if last is None else last + 1
-                next_seq, first_step = _ingest_lines(locked, lines, next_seq, now)
+                next_seq, first_step = _ingest_lines(locked, lines, next_seq, now, mask)
                 if first_step is not None and locked.first_step_at is None:
                     update["first_step_at"] = first_step
             TrainingJob.objects.filter(pk=job.pk).update(**update)
@@ -277,7 +282,7 @@ def _unchanged_fields(job: TrainingJob, now: dt.datetime) -> dict[str, Any]:
 
 
 def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now: dt.datetime,
-              read_logs: bool = True) -> None:
+              read_logs: bool = True, *, mask: Callable[[str], str]) -> None:
     """Sync one job of a pass: store its new log lines (when read), then write its ``status`` (None:
     left out of ``describe_many``) and stop it if its cost reached its budget.
 
@@ -292,7 +297,7 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
     drained = True
     if read:
         try:
-            drained = _drain_logs(adapter, job, handle, now)
+            drained = _drain_logs(adapter, job, handle, now, mask)
         except _RowMovedOn:
             return
     with transaction.atomic():
@@ -489,6 +494,7 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
                                      changed_since=sync_changed_since(jobs))
     now = timezone.now()
     readers = log_readers(jobs, set(statuses), settings.TRAINBOARD_LOG_READS_PER_SYNC)
+    mask = job_secret_redactor(backend.job_secrets or {})  # the values this backend sets in its jobs
 
     def changed_or_read(job: TrainingJob) -> bool:
         return job.pk in readers or job.provider_handle.get("job_name", "") in statuses
@@ -502,7 +508,7 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
     for job in one_by_one:
         try:
             _sync_one(adapter, job, statuses.get(job.provider_handle.get("job_name", "")), now,
-                      read_logs=job.pk in readers)
+                      read_logs=job.pk in readers, mask=mask)
         except BackendError as exc:
             if not exc.transient:
                 log.warning("job %s: sync error: %s", job.pk, exc)

@@ -288,6 +288,14 @@ def _deadline_fields() -> dict[str, forms.Field]:
     return fields
 
 
+class WriteOnlyTextarea(forms.Textarea):
+    """A textarea that never renders a value, not even the one just posted: what is typed in it is
+    secret (a backend's job secrets), so a form shown again with errors asks for it again."""
+
+    def format_value(self, value: Any) -> None:
+        return None
+
+
 class BackendForm(forms.Form):
     """A backend's name, kind, the chosen kind's settings and, for clouds, its stored credentials.
 
@@ -356,6 +364,19 @@ class BackendForm(forms.Form):
             help_text="Remove every stored credential of this backend; jobs then use the worker's own identity"
                       + ("." if may_use_worker_credentials(owner) else
                          ", which only a backend owned by staff may (so a cloud backend of yours is refused)."))
+        stored_job_secrets = sorted((backend.job_secrets or {}).keys()) if backend is not None else []
+        self.fields["job_secrets"] = forms.CharField(
+            required=False, strip=True, max_length=300_000, label="Job secrets",
+            widget=WriteOnlyTextarea(attrs={"rows": 3, "class": "mono", "autocomplete": "off",
+                                            "spellcheck": "false", "placeholder": "WANDB_API_KEY=..."}),
+            help_text=("Environment variables set in every job of this backend whose values are secret (API "
+                       "tokens your code needs): NAME=VALUE, one per line; stored encrypted, never shown or "
+                       "logged. " + (f"Stored: {', '.join(stored_job_secrets)}. A line replaces that one; "
+                                     f"NAME= removes it; blank keeps them all." if stored_job_secrets else
+                                     "None stored.")))
+        self.fields["clear_job_secrets"] = forms.BooleanField(
+            required=False, label="Clear stored job secrets",
+            help_text="Remove every job secret of this backend (before the lines above are added).")
         self.fields["team"] = team_field(user)
         self.deadline_fields = _deadline_fields()
         self.fields.update(self.deadline_fields)

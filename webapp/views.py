@@ -238,7 +238,8 @@ def backend_create(request: HttpRequest) -> HttpResponse:
         backend = submit_form(form, lambda: services.backend_create(
             owner=request.user, name=form.cleaned_data.get("name", ""), kind=form.chosen_kind(),
             config=form.config(), enabled=form.cleaned_data.get("enabled", True), secrets=form.secrets(),
-            team=form.cleaned_data.get("team"), **form.policy_kwargs(),
+            team=form.cleaned_data.get("team"), job_secrets=form.cleaned_data.get("job_secrets", ""),
+            **form.policy_kwargs(),
         ), _add_backend_errors)
         if backend is not None:
             messages.success(request, f"Backend {backend.name} created.")
@@ -257,7 +258,8 @@ def backend_edit(request: HttpRequest, pk: int) -> HttpResponse:
             backend=backend, name=form.cleaned_data.get("name", ""), kind=form.chosen_kind(),
             config=form.config(), enabled=form.cleaned_data.get("enabled", True), secrets=form.secrets(),
             clear_secrets=form.cleaned_data.get("clear_secrets", False), team=form.cleaned_data.get("team"),
-            **form.policy_kwargs(),
+            job_secrets=form.cleaned_data.get("job_secrets", ""),
+            clear_job_secrets=form.cleaned_data.get("clear_job_secrets", False), **form.policy_kwargs(),
         ), _add_backend_errors)
         if saved is not None:
             messages.success(request, f"Backend {form.cleaned_data['name']} saved.")

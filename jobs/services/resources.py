@@ -37,7 +37,9 @@ from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, Dataset, ModelSpec
 from jobs.validation import (
     ALL,
     Errors,
+    MAX_ENV_VARS,
     JSONInputError,
+    env_vars,
     full_clean,
     image_problem,
     json_object,
@@ -418,6 +420,22 @@ def _clean_secrets(errors: Errors, kind: str, secrets: Any) -> dict[str, str] | 
     return cleaned
 
 
+def _clean_job_secrets(errors: Errors, stored: Mapping[str, str], given: Any) -> dict[str, str]:
+    """``stored`` job secrets with ``given`` (a dict or ``NAME=VALUE`` lines; None = nothing) merged
+    in: a value replaces that name's, a blank value removes the name. Names are checked as a job's
+    environment variable names (:func:`jobs.validation.env_vars`: not the launcher's or a
+    platform's), values as theirs; errors go on ``job_secrets`` and never quote a value."""
+    merged = dict(stored)
+    for name, value in env_vars(errors, "job_secrets", given, what="Job secret", allow_empty=True).items():
+        if value:
+            merged[name] = value
+        else:
+            merged.pop(name, None)
+    if len(merged) > MAX_ENV_VARS and "job_secrets" not in errors:
+        errors.add("job_secrets", f"At most {MAX_ENV_VARS} job secrets, got {len(merged)}; remove some (NAME=).")
+    return merged
+
+
 def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     full_clean(errors, backend)
     if backend.name and name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
@@ -484,7 +502,7 @@ def _setting_named(message: str) -> str:
 def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True,
                    secrets: Mapping[str, str] | None = None, team=None,
                    state_deadlines: Mapping[str, float] | None = None, stall_policy: str = "warn",
-                   orphan_policy: str = "report") -> ComputeBackend:
+                   orphan_policy: str = "report", job_secrets: Any = None) -> ComputeBackend:
     """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
 
     ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
@@ -492,14 +510,17 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     ``state_deadlines``: ``{state: seconds}`` for non-terminal states (missing ones use
     ``settings.TRAINBOARD_STATE_DEADLINES_S``; RUNNING: max runtime + margin); ``stall_policy``
     "warn" | "cancel" (what a job past its deadline gets); ``orphan_policy`` "report" | "stop".
-    Raises ValidationError keyed by field (``secrets`` messages name keys, never values).
+    ``job_secrets``: environment variables set in every job of the backend (name → value, or
+    ``NAME=VALUE`` lines; :func:`_clean_job_secrets`), stored encrypted, never shown back.
+    Raises ValidationError keyed by field (``secrets`` and ``job_secrets`` messages name keys, never values).
     """
+    errors = Errors()
     backend = ComputeBackend(owner=owner, name=(name or "").strip(), kind=kind or "",
                              config=config if config is not None else {}, enabled=bool(enabled),
                              secrets=secrets if secrets is not None else {}, team=team,
                              state_deadlines=state_deadlines if state_deadlines is not None else {},
-                             stall_policy=stall_policy or "", orphan_policy=orphan_policy or "")
-    errors = Errors()
+                             stall_policy=stall_policy or "", orphan_policy=orphan_policy or "",
+                             job_secrets=_clean_job_secrets(errors, {}, job_secrets))
     _validate_backend(errors, backend)
     errors.raise_if_any()
     backend.save()
@@ -507,14 +528,17 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
 
 
 def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None] | None = None,
-                   clear_secrets: bool = False, **fields: Any) -> ComputeBackend:
+                   clear_secrets: bool = False, job_secrets: Any = None, clear_job_secrets: bool = False,
+                   **fields: Any) -> ComputeBackend:
     """Change some of ``name, kind, config, enabled, team, state_deadlines, stall_policy,
     orphan_policy`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
     while no job is active.
 
     ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a
     blank or missing key keeps it (write-only forms send blanks). ``clear_secrets`` removes all stored
-    secrets first. Raises ValidationError; nothing is saved then.
+    secrets first. ``job_secrets`` merges likewise, except that a name given with a blank value is
+    removed (``NAME=`` in the form); ``clear_job_secrets`` removes every one first. Raises
+    ValidationError; nothing is saved then.
     """
     errors = Errors()
     if "kind" in fields and fields["kind"] != backend.kind and backend.pk and \
@@ -527,8 +551,13 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
         merged = {} if clear_secrets else dict(backend.secrets or {})
         merged.update({k: v for k, v in (secrets or {}).items() if v not in (None, "")})
         fields = {**fields, "secrets": merged}
-    return update_row(backend, fields, allowed=_BACKEND_FIELDS | {"secrets"}, validate=_validate_backend,
-                   empty={"config": {}, "secrets": {}, "team": None, "state_deadlines": {}}, errors=errors)
+    if clear_job_secrets or job_secrets not in (None, "", {}):
+        stored = {} if clear_job_secrets else dict(backend.job_secrets or {})
+        fields = {**fields, "job_secrets": _clean_job_secrets(errors, stored, job_secrets)}
+    return update_row(backend, fields, allowed=_BACKEND_FIELDS | {"secrets", "job_secrets"},
+                      validate=_validate_backend,
+                      empty={"config": {}, "secrets": {}, "team": None, "state_deadlines": {}, "job_secrets": {}},
+                      errors=errors)
 
 
 def backend_test_connection(*, backend: ComputeBackend, user) -> list[ConnectionCheck]:

@@ -67,8 +67,10 @@ def test_new_backend_page_shows_each_kinds_settings_and_no_secret(owner_client):
         "region", "role_arn", "bucket", "prefix", "image_uri", "instance_type", "spot_allowed", "profile")
     } <= field_names(page)
     # Credentials are write-only fields named secret_<kind>_<key> (password inputs, never a value).
+    # Job secrets (environment variables for the jobs) are one write-only textarea.
     assert not {n for n in field_names(page) if re.search("secret|access_key|token|password", n)} - {
-        "csrfmiddlewaretoken"} - {n for n in field_names(page) if n.startswith("secret_")}
+        "csrfmiddlewaretoken", "job_secrets"} - {n for n in field_names(page) if n.startswith("secret_")}
+    assert re.search(r'<textarea name="job_secrets"[^>]*>\s*</textarea>', page)
     assert not re.search(r'type="password"[^>]*value=', page)
     assert "backend_form.js" in page
     assert "blank uses AWS&#x27;s PyTorch training container" in page

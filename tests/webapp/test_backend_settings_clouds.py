@@ -68,9 +68,9 @@ def test_new_backend_page_has_every_vertex_and_azure_ml_setting(owner_client):
     assert (field("vertex", "spot_allowed"), field("vertex", "image_uri")) == ("vertex_spot_allowed", "vertex_image_uri")
     assert (field("vertex", "project"), field("azureml", "subscription_id")) == ("project", "subscription_id")
     # Credentials come from ADC / DefaultAzureCredential on the worker unless typed into the write-only
-    # secret_<kind>_<key> fields, which never carry a value back.
+    # secret_<kind>_<key> fields (the job_secrets textarea likewise), which never carry a value back.
     assert not {n for n in names if re.search("secret|key|token|password|credential", n)} - {
-        "csrfmiddlewaretoken"} - {n for n in names if n.startswith("secret_")}
+        "csrfmiddlewaretoken", "job_secrets"} - {n for n in names if n.startswith("secret_")}
     assert not re.search(r'type="password"[^>]*value=', page)
     for text in ("Google Cloud project ID", "Staging bucket", "gs://bucket or gs://bucket/prefix", "Executor image",
                  "Accelerators per machine", "NVIDIA_TESLA_T4", "Subscription ID", "Compute cluster",

@@ -305,6 +305,19 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         help_text="Update only: remove every stored credential first.")
     secrets_set = serializers.SerializerMethodField(
         help_text="Which credential keys are stored (names only, never values).")
+    job_secrets = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, allow_null=True, max_length=20_000, trim_whitespace=True),
+        required=False, write_only=True,
+        help_text="Write-only environment variables set in every job of this backend (API tokens the user's "
+                  'code needs), e.g. {"WANDB_API_KEY": "..."}; stored encrypted, never returned or logged. Names '
+                  "as environment variables (not the launcher's RANK, MASTER_ADDR, ..., nor TRAINBOARD_*, SM_*, "
+                  "AIP_*, AZUREML_*, CUDA_*). On update a name with a value replaces it, a blank or null value "
+                  "removes it, a missing name keeps it.")
+    clear_job_secrets = serializers.BooleanField(
+        required=False, write_only=True, default=False,
+        help_text="Update only: remove every stored job secret first.")
+    job_secrets_set = serializers.SerializerMethodField(
+        help_text="Which job secrets are stored (names only, never values).")
     team = share_team_field()
     state_deadlines = serializers.DictField(
         child=serializers.FloatField(), required=False,
@@ -315,7 +328,8 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     class Meta:
         model = ComputeBackend
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
-                  "state_deadlines", "stall_policy", "orphan_policy", "created_at", "updated_at"]
+                  "job_secrets", "clear_job_secrets", "job_secrets_set", "state_deadlines", "stall_policy",
+                  "orphan_policy", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def get_fields(self) -> dict[str, serializers.Field]:
@@ -329,8 +343,12 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     def get_secrets_set(self, backend: ComputeBackend) -> list[str]:
         return sorted((backend.secrets or {}).keys())
 
+    def get_job_secrets_set(self, backend: ComputeBackend) -> list[str]:
+        return sorted((backend.job_secrets or {}).keys())
+
     def create(self, validated_data: dict[str, Any]) -> ComputeBackend:
         validated_data.pop("clear_secrets", None)
+        validated_data.pop("clear_job_secrets", None)
         return self._call(services.backend_create, owner=self.context["request"].user, **validated_data)
 
     def update(self, instance: ComputeBackend, validated_data: dict[str, Any]) -> ComputeBackend:
