@@ -391,12 +391,12 @@ def fsdp_units(model: nn.Module, shard_classes: list[str], *, custom: bool) -> l
             return [m for _, m in model.named_children()]
         return [m for _, m in sequential_layers(model)]
     below_root = list(model.modules())[1:]
-    present = {type(m).__name__ for m in below_root}
+    present = {type(m).__name__ for m in model.modules()}  # the root's own class: sharded last anyway
     unknown = [c for c in shard_classes if c not in present]
     if unknown:
         raise StrategyError(
             f"model.shard_classes: no submodule of class {', '.join(map(repr, unknown))} in "
-            f"{type(model).__name__}; its submodules' classes are {', '.join(sorted(present)) or 'none'}")
+            f"{type(model).__name__}; its modules' classes are {', '.join(sorted(present))}")
     wanted = set(shard_classes)
     # modules() lists a module before its descendants, so the reverse shards the innermost first.
     return [m for m in reversed(below_root) if type(m).__name__ in wanted]
