@@ -136,3 +136,11 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """Give ``path`` and everything under it to ``uid:gid`` (links themselves, never their targets)."""
+    os.lchown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, gid)

@@ -5,8 +5,13 @@ Every job lives in a run directory, ``<run_root>/<job_name>/``, and its state li
 survives a Celery worker restart and any worker on the machine can describe or cancel any job::
 
     <run_root>/<job_name>/
-        job.json           the trainer config as run (output dirs point into this directory)
+        job.json           the trainer config as run (output dirs point into this directory;
+                           code.dir at code/ when the job brought an archive)
         tags.json          the JobSpec's tags plus trainboard-job-name (what list_tagged reads)
+        trainer.json       sha256 and directory of the trainer snapshot the job runs, and the
+                           directory it was made from
+        code/              the job's code archive, unpacked (regular files only)
+        requirements.txt   the archive's requirements, when it has any
         supervisor.json    supervisor pid, /proc start ticks, start time (Unix seconds)
         torchrun.json      torchrun pid = process-group id, start ticks
         train.log          torchrun's and every rank's stdout + stderr (metric records included)
@@ -17,6 +22,15 @@ survives a Celery worker restart and any worker on the machine can describe or c
         exit.json          written last and atomically: returncode, started_at, ended_at,
                            cancelled, reason
         output/            model.pt, metrics.jsonl; output/checkpoints/ per-epoch checkpoints
+
+Beside them, ``<run_root>/.trainers/`` and ``<run_root>/.envs/`` hold the trainer snapshots and the
+requirements environments jobs share (:mod:`cloud_adapters.gpubox._usercode`).
+
+A job's processes start from a clean environment (docs/user-code.md "GPU box: clean environment"):
+the allowlist of :func:`_usercode.base_environment`, the job's ``env`` and ``secret_env``, the
+snapshot and code directory on ``PYTHONPATH`` and torchrun's variables; the job's variables reach
+the supervisor through a pipe only, never a file or a command line. With ``run_as`` they run as that
+OS user; with ``spec.image``, in a ``docker run`` of the image (:func:`_usercode.container_command`).
 
 State table (DESIGN.md §4, gpubox row), as :meth:`GpuBoxBackend.describe` reads it from disk:
 
@@ -31,6 +45,7 @@ STOPPING    supervisor alive, ``cancel_requested`` present   ``stopping``
             (SIGTERM sent)
 SUCCEEDED   exit.json, returncode 0, not cancelled           ``exited 0``
 FAILED      exit.json, returncode ≠ 0 (or max runtime);      ``exited N`` / ``max-runtime``
+            the requirements did not install (pip's error);  ``requirements failed``
             supervisor gone without exit.json; the run       ``lost``
             directory itself gone (its run root still there)
 CANCELLED   exit.json with ``cancelled`` (stopped by user)   ``cancelled``
@@ -50,6 +65,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -72,7 +88,7 @@ from cloud_adapters.base import (
     tagged_job_id,
 )
 from cloud_adapters.settings import BackendSettings, Setting
-from cloud_adapters.gpubox import _proc
+from cloud_adapters.gpubox import _proc, _usercode
 
 # A run directory name: one safe path component, also a valid DNS label and SageMaker-style name.
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
@@ -109,6 +125,19 @@ SETTINGS = BackendSettings(
                 host=True, field=False),
         # Blank: this process's sys.executable.
         Setting("python", "Python interpreter", "Absolute path of the interpreter that has torch.",
+                host=True, field=False),
+        # How user code runs on the box is its operator's decision too (TRAINBOARD_GPUBOX_PIP_ARGS,
+        # TRAINBOARD_GPUBOX_RUN_AS, TRAINBOARD_GPUBOX_ENV_PASSTHROUGH): a job's own requirements.txt
+        # may name packages, never pip's options, and no job picks the OS user it runs as.
+        Setting("pip_args", "pip options",
+                "Options pip gets when it installs a job's requirements, split like a shell line, e.g. "
+                "--no-index --find-links /wheels on a box without internet; blank = pip's defaults.",
+                host=True, field=False),
+        Setting("run_as", "Run jobs as", "OS user whose uid a job's processes run with (the worker must "
+                "run as root); blank = the worker's own user.", host=True, field=False),
+        Setting("env_passthrough", "Passed-through variables",
+                "Names of the worker's environment variables a job inherits besides PATH, HOME, LANG, "
+                "LC_ALL, TZ, TMPDIR, CUDA_VISIBLE_DEVICES and NCCL_*, separated by commas or spaces.",
                 host=True, field=False),
     ),
 )
@@ -208,6 +237,29 @@ class GpuBoxBackend(Backend):
         with problems.about("python"):
             if not isinstance(python, str) or not os.path.isabs(python) or "\0" in python:
                 raise InvalidSpec(f"python: must be an absolute interpreter path, got {python!r}.")
+
+        pip_args = config.get("pip_args") or ""
+        with problems.about("pip_args"):
+            try:
+                shlex.split(pip_args)
+            except (ValueError, AttributeError) as exc:
+                raise InvalidSpec(f"pip_args: cannot be split into pip's options ({exc}); quote each option "
+                                  f"as in a shell line, e.g. --no-index --find-links /wheels.") from None
+
+        run_as = config.get("run_as") or ""
+        with problems.about("run_as"):
+            if not isinstance(run_as, str) or (run_as and not _usercode.USER_NAME_RE.fullmatch(run_as)):
+                raise InvalidSpec(f"run_as: expected an OS user name (e.g. trainboard-jobs), got {_shown(run_as)}.")
+
+        passthrough = config.get("env_passthrough") or ""
+        with problems.about("env_passthrough"):
+            if not isinstance(passthrough, str):
+                raise InvalidSpec(f"env_passthrough: expected variable names separated by commas, got "
+                                  f"{_shown(passthrough)}.")
+            bad = [n for n in _usercode.passthrough_names(passthrough) if not _usercode.ENV_NAME_RE.fullmatch(n)]
+            if bad:
+                raise InvalidSpec(f"env_passthrough: {', '.join(map(repr, bad[:5]))} "
+                                  f"{'is not a variable name' if len(bad) == 1 else 'are not variable names'}.")
         problems.raise_if_any()
 
         return {
@@ -216,6 +268,9 @@ class GpuBoxBackend(Backend):
             "hourly_rate_usd": rate,
             "grace_period_s": grace,
             "python": python,
+            "pip_args": pip_args,
+            "run_as": run_as,
+            "env_passthrough": passthrough,
         }
 
     @property
@@ -238,7 +293,11 @@ class GpuBoxBackend(Backend):
     # -- submit -----------------------------------------------------------------------------
 
     def validate(self, spec: JobSpec) -> None:
-        """Base checks plus the job name and the per-node process arithmetic of this box."""
+        """Base checks plus the job name, the per-node process arithmetic of this box, and what the
+        job brings: its environment variables' names (:data:`RESERVED_ENV` are Trainboard's), the
+        image reference, the code archive's hash and path, and a requirements text without pip
+        options. What only the box itself can say (Docker, the run user, the archive's bytes) is
+        checked by :meth:`submit` on the box."""
         _check_job_name(spec.job_name)
         caps = self.capabilities
         if spec.procs_per_node > caps.max_procs_per_node >= 1 and spec.nodes >= 1:
@@ -255,9 +314,32 @@ class GpuBoxBackend(Backend):
                 f"trainer package {spec.trainer_package_uri!r}: the gpubox runs trainer_pkg from a "
                 f"local directory that contains it; leave it empty to use this machine's installation."
             )
+        problems = (_usercode.env_problems(spec.env, "env", RESERVED_ENV)
+                    + _usercode.env_problems(spec.secret_env, "secret_env", RESERVED_ENV))
+        if spec.image and not _usercode.IMAGE_RE.fullmatch(spec.image):
+            problems.append(f"image: {spec.image[:80]!r} is not a container image reference "
+                            f"(e.g. ghcr.io/org/train:1.2 or pytorch/pytorch@sha256:...).")
+        if spec.code is not None:
+            if not re.fullmatch(r"[0-9a-f]{64}", str(spec.code.sha256)):
+                problems.append(f"code: {str(spec.code.sha256)[:80]!r} is not a SHA-256 (64 lowercase hex digits).")
+            if not os.path.isabs(str(spec.code.path)):
+                problems.append(f"code: the archive path {str(spec.code.path)[:200]!r} must be absolute (the "
+                                f"dashboard's code store on this machine).")
+            problems += _usercode.requirements_problems(spec.code.requirements or "")
+        if problems:
+            raise InvalidSpec(" ".join(problems))
 
     def submit(self, spec: JobSpec) -> JobHandle:
         """Create ``<run_root>/<job_name>`` and start the supervisor; returns at once.
+
+        What the job brings is put in place first: the trainer package as a content-addressed
+        snapshot (``<run_root>/.trainers/<sha16>/``, recorded in ``trainer.json``), the code
+        archive unpacked into ``<run_dir>/code/`` (``code.dir`` and ``code.sha256`` of the config
+        point at it). A requirements environment is built by the supervisor, in the job's run,
+        never here. Raises :class:`InvalidSpec` when the archive's bytes do not hash to
+        ``spec.code.sha256`` or hold anything but regular files at relative paths, when the job asks
+        for an image and this box has no Docker, or when ``run_as`` names no user or the worker is
+        not root.
 
         Idempotent: a run whose supervisor started (``supervisor.json``, or ``exit.json`` when it
         could not start) is adopted and no second torchrun is started. A run directory without
@@ -284,9 +366,26 @@ class GpuBoxBackend(Backend):
         parallel = config.setdefault("parallel", {})
         parallel["nodes"] = spec.nodes
         parallel["procs_per_node"] = spec.procs_per_node
+        if spec.code is not None:
+            code = config.setdefault("code", {})
+            if not isinstance(code, dict):
+                raise InvalidSpec("config: code must be an object (code.script, code.args).")
+            code["dir"] = str(run_dir / "code")
+            code["sha256"] = spec.code.sha256
+
+        # The box's own word, before anything is written: a job it cannot run leaves nothing behind.
+        user = _usercode.run_user(self.config["run_as"]) if self.config["run_as"] else None
+        if spec.image and (problem := _usercode.docker_problem()):
+            raise InvalidSpec(problem)
+        if spec.code is not None:
+            _usercode.check_code_archive(spec.code.path, spec.code.sha256)
 
         try:
             self.run_root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ProviderError(f"cannot create run root {self.run_root}: {exc}") from exc
+        trainer = (*_usercode.trainer_snapshot(self.run_root, trainer_dir), trainer_dir)
+        try:
             os.mkdir(run_dir)
         except FileExistsError:
             pass  # an earlier attempt made it; the lock below decides whether its run started
@@ -295,48 +394,113 @@ class GpuBoxBackend(Backend):
         with _start_lock(run_dir) as lock_fd:
             if _started(run_dir):
                 return handle  # another attempt started it while we waited: adopt it
-            return self._start(spec, run_dir, handle, config, trainer_dir, lock_fd)
+            return self._start(spec, run_dir, handle, config, trainer, user, lock_fd)
 
     def _start(self, spec: JobSpec, run_dir: Path, handle: JobHandle, config: dict[str, Any],
-               trainer_dir: Path, lock_fd: int) -> JobHandle:
-        """Write the run's files and start its supervisor (the caller holds ``start.lock``)."""
+               trainer: tuple[str, Path, Path], user: _usercode.RunUser | None, lock_fd: int) -> JobHandle:
+        """Write the run's files and start its supervisor (the caller holds ``start.lock``).
+        ``trainer``: the snapshot's SHA-256, its directory, and the directory it was made from."""
+        trainer_sha, trainer_path, trainer_source = trainer
+        code_dir = run_dir / "code"
+        if spec.code is not None:
+            _usercode.extract(spec.code.path, code_dir, f"code archive {spec.code.sha256[:16]}")
         _proc.write_json_atomic(run_dir / "job.json", config)
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
+        _proc.write_json_atomic(run_dir / "trainer.json", {
+            "sha256": trainer_sha, "dir": str(trainer_path), "source": str(trainer_source)})
 
         # torch-free; imported here, once _trainer_dir has said what to install if the package is missing
         from trainer_pkg.launch import torchrun_command, torchrun_env
         from trainer_pkg.platforms import LaunchPlan
 
+        runner = user or _usercode.worker_user()
+        if user is not None:
+            # The job writes its outputs, and a script its working directory (code.dir); the rest of
+            # the run directory (exit.json, the supervisor's records) stays the worker's.
+            output_dir = run_dir / "output"
+            output_dir.mkdir(exist_ok=True)
+            _proc.chown_tree(output_dir, user.uid, user.gid)
+            if code_dir.is_dir():
+                _proc.chown_tree(code_dir, user.uid, user.gid)
+        base = _usercode.base_environment(os.environ, runner,
+                                          _usercode.passthrough_names(self.config["env_passthrough"]))
+
+        # The requirements environment: built by the supervisor before torchrun, once per text.
+        requirements = spec.code.requirements if spec.code is not None else ""
+        environment = None
+        python = self.config["python"] if not spec.image else _usercode.IMAGE_PYTHON
+        if requirements.strip():
+            env_sha = _usercode.requirements_sha256(requirements, spec.image)
+            envs = self.run_root / ".envs"
+            envs.mkdir(exist_ok=True)
+            env_dir = envs / env_sha[:16]
+            req_file = run_dir / "requirements.txt"
+            req_file.write_text(requirements, encoding="utf-8")
+            pip_args = shlex.split(self.config["pip_args"])
+            steps = _usercode.environment_steps(env_dir, python, req_file, pip_args)
+            if spec.image:
+                # The operator's wheel directories (--find-links /wheels) are seen inside, read-only.
+                mounts = [(str(run_dir), True), (str(envs), False)] + [
+                    (a, True) for a in pip_args if os.path.isabs(a) and os.path.isdir(a)]
+                steps = [_usercode.container_command(spec.image, step, name=f"tb-{spec.job_name}-env{i}",
+                                                     user=runner, workdir=str(run_dir), mounts=mounts,
+                                                     env_names=(), gpus=False)
+                         for i, step in enumerate(steps)]
+            environment = {"dir": str(env_dir), "lock": str(envs / f"{env_sha[:16]}.lock"),
+                           "marker": str(env_dir / _usercode.ENV_READY_MARKER), "sha256": env_sha,
+                           "steps": steps, "env": base}
+            python = str(env_dir / "bin" / "python")
+
         # The command and thread count `trainer_pkg.launch --standalone` uses, so a job gets the same
         # threads here as on any other backend; this supervisor, not the launcher, watches torchrun.
         plan = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=spec.procs_per_node,
                           reason="GPU box")
-        env = torchrun_env(plan, {**os.environ, **{str(k): str(v) for k, v in spec.env.items()}})
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(trainer_dir), str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        env["PYTHONUNBUFFERED"] = "1"  # metric lines reach train.log as they are printed
+        job_env = torchrun_env(plan, {**base, **{str(k): str(v) for k, v in spec.env.items()},
+                                      **{str(k): str(v) for k, v in spec.secret_env.items()}})
+        # The snapshot, not the worker's checkout: what was submitted is what runs.
+        job_env["PYTHONPATH"] = os.pathsep.join(
+            str(p) for p in (trainer_path, code_dir if spec.code is not None else None) if p)
+        job_env["PYTHONUNBUFFERED"] = "1"  # metric lines reach train.log as they are printed
+        if environment is not None:
+            job_env["VIRTUAL_ENV"] = environment["dir"]
+            job_env["PATH"] = os.pathsep.join((str(Path(environment["dir"], "bin")), job_env["PATH"]))
+        command = torchrun_command(str(run_dir / "job.json"), plan, python=python)
+        cleanup = None
+        if spec.image:
+            name = f"tb-{spec.job_name}"
+            command = _usercode.container_command(
+                spec.image, command, name=name, user=runner, workdir=str(run_dir), gpus=visible_gpu_count() > 0,
+                mounts=self._container_mounts(config, run_dir, trainer_path, environment),
+                # The image's own PATH, HOME and temporary directory; everything else by name.
+                env_names=[k for k in job_env if k not in ("PATH", "HOME", "TMPDIR")] + [_proc.RUN_TAG_VAR])
+            cleanup = ["docker", "rm", "--force", name]
 
-        command = [
+        # The supervisor's own environment is the clean base and nothing of the job's: a job's
+        # variables (LD_PRELOAD, PYTHONSTARTUP ...) must not reach a process that runs as the worker.
+        sup_env = dict(base, PYTHONPATH=str(_REPO_ROOT))
+        sup_plan = {"env": job_env, "user": user.as_json() if user is not None else None,
+                    "environment": environment, "cleanup": cleanup}
+        sup_command = [
             sys.executable, "-m", "cloud_adapters.gpubox.supervisor",
             "--run-dir", str(run_dir),
             "--grace-period", repr(float(self.config["grace_period_s"])),
             "--max-runtime", str(int(spec.max_runtime_s)),
             "--start-lock-fd", str(lock_fd),
+            "--plan-stdin",
             "--",
-            *torchrun_command(str(run_dir / "job.json"), plan, python=self.config["python"]),
+            *command,
         ]
         started_at = time.time()
         try:
             with open(run_dir / "supervisor.log", "ab") as errlog:  # a crash trace lands here
                 sup = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
+                    sup_command,
+                    stdin=subprocess.PIPE,  # the plan: the job's variables never touch the disk or argv
                     stdout=errlog,
                     stderr=subprocess.STDOUT,
                     cwd=run_dir,
-                    env=env,
+                    env=sup_env,
                     start_new_session=True,  # outlives the worker; the worker's signals don't reach it
                     close_fds=True,
                     pass_fds=(lock_fd,),  # held until it has recorded itself, should this worker die first
@@ -348,6 +512,11 @@ class GpuBoxBackend(Backend):
                  "cancelled": False, "reason": f"could not start the supervisor: {exc}"},
             )
             raise ProviderError(f"could not start the gpubox supervisor: {exc}") from exc
+        try:
+            with sup.stdin:
+                sup.stdin.write(json.dumps(sup_plan).encode())
+        except OSError:
+            pass  # the supervisor died at once: it left exit.json, or describe reports it lost
         _proc.write_json_atomic(
             run_dir / "supervisor.json",
             {"pid": sup.pid, "start_ticks": _proc.start_ticks(sup.pid), "started_at": started_at},
@@ -355,6 +524,25 @@ class GpuBoxBackend(Backend):
         _reap()
         _spawned.append(sup)
         return handle
+
+    @staticmethod
+    def _container_mounts(config: Mapping[str, Any], run_dir: Path, trainer_path: Path,
+                          environment: Mapping[str, Any] | None) -> list[tuple[str, bool]]:
+        """``(host path, read_only)`` a job's container sees at the same paths: the run directory,
+        the trainer snapshot, the requirements environment, a local dataset, and output or
+        checkpoint directories outside the run directory."""
+        mounts = [(str(run_dir), False), (str(trainer_path), True)]
+        if environment is not None:
+            mounts.append((environment["dir"], True))
+        data_uri = str((config.get("data") or {}).get("uri") or "")
+        if os.path.isabs(data_uri) and os.path.exists(data_uri):
+            mounts.append((os.path.normpath(data_uri), True))
+        output = config.get("output") or {}
+        for key in ("output_dir", "checkpoint_dir"):
+            path = str(output.get(key) or "")
+            if os.path.isabs(path) and not Path(path).is_relative_to(run_dir):
+                mounts.append((os.path.normpath(path), False))
+        return mounts
 
     # -- describe ---------------------------------------------------------------------------
 
@@ -393,6 +581,10 @@ class GpuBoxBackend(Backend):
             if exit_info.get("max_runtime") or str(exit_info.get("reason", "")).startswith("MaxRuntimeExceeded"):
                 return JobStatus(JobState.FAILED, raw_state="max-runtime",
                                  failure_reason=exit_info["reason"], **common)
+            if exit_info.get("stage") == "requirements":  # pip's own error, not a rank's
+                return JobStatus(JobState.FAILED, raw_state="requirements failed",
+                                 failure_reason=exit_info.get("reason") or "installing the requirements failed",
+                                 **common)
             if code == 0:
                 return JobStatus(JobState.SUCCEEDED, raw_state="exited 0", **common)
             reason = _failure_reason(run_dir / "train.log", code) if code is not None else ""
@@ -590,6 +782,16 @@ class GpuBoxBackend(Backend):
                 "`pip install -e trainer_pkg` or run the worker from the repository root."
             )
         return Path(list(found.submodule_search_locations)[0]).resolve().parent
+
+
+RESERVED_ENV = frozenset({
+    _proc.RUN_TAG_VAR, "PYTHONPATH", "TRAINBOARD_LAUNCH_PLATFORM", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+})
+"""Variables a job's ``env``/``secret_env`` may not set: the supervisor finds the job's processes by
+the first, the trainer snapshot and the code directory are on PYTHONPATH, torchrun sets the rest."""
 
 
 def _shown(value: Any) -> str:

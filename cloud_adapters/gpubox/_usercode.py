@@ -1,0 +1,333 @@
+"""What a GPU-box job brings and how it is kept apart from the worker: archives, the trainer
+snapshot, the requirements environment, the job's clean environment, its OS user and its container.
+
+Kept free of torch and Django (the backend imports it on every submit). Nothing here runs a shell:
+every command is an argument list, and no user text becomes an option of ours.
+
+On disk, beside the run directories of ``<run_root>``::
+
+    .trainers/<sha16>/      the trainer package a job runs (trainer_pkg/ from
+                            cloud_adapters.packaging.build_archive, named by that archive's SHA-256),
+                            extracted once, atomically (temporary directory + rename), read-only
+    .envs/<sha16>/          a virtualenv per SHA-256 of a requirements text (--system-site-packages,
+                            so torch is the interpreter's); ``.trainboard-ready`` inside is written
+                            last: without it the directory is an unfinished build
+    .envs/<sha16>.lock      flock held while that environment is built
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import pwd
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from cloud_adapters.base import InvalidSpec, ProviderError
+
+ENV_READY_MARKER = ".trainboard-ready"
+"""Written last, atomically, in a built environment: its presence means the environment is whole."""
+
+ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES")
+"""The worker's variables a job inherits (docs/user-code.md "GPU box: clean environment"); HOME,
+USER and LOGNAME are the run user's, NCCL_* are inherited too, and so are the names the operator
+lists in ``env_passthrough``."""
+ENV_ALLOWED_PREFIXES = ("NCCL_",)
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")  # useradd(8)'s portable names
+# A Docker image reference: registry/repository[:tag][@digest]; never starting with "-", so that it
+# cannot be read as an option of `docker run`.
+IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
+
+IMAGE_PYTHON = "python3"
+"""The interpreter a job's image runs torchrun with (it must have torch)."""
+
+
+# -- archives -------------------------------------------------------------------------------
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_members(tar: tarfile.TarFile, what: str) -> list[tarfile.TarInfo]:
+    """The members of ``tar`` if every one is a regular file or a directory at a relative path
+    without ``..``; else :class:`InvalidSpec` naming the first bad member of ``what`` (e.g. "code
+    archive 1a2b…"). An archive the dashboard stored never has one: this guards the box against a
+    store that was written to by hand."""
+    members = tar.getmembers()
+    for member in members:
+        name = member.name
+        parts = [p for p in name.split("/") if p not in ("", ".")]
+        if name.startswith("/") or "\0" in name or "\\" in name or not parts:
+            raise InvalidSpec(f"{what}: member {name!r} is not a relative path; the archive is refused.")
+        if ".." in parts:
+            raise InvalidSpec(f"{what}: member {name!r} leaves the archive's directory (a '..' "
+                              f"component); the archive is refused.")
+        if not (member.isreg() or member.isdir()):
+            kind = "a link" if member.issym() or member.islnk() else "not a regular file"
+            raise InvalidSpec(f"{what}: member {name!r} is {kind}; only regular files and directories "
+                              f"may be in it. The archive is refused.")
+    return members
+
+
+def extract(source: str | os.PathLike | bytes, dest: Path, what: str) -> None:
+    """Unpack the .tar.gz ``source`` (a path or its bytes) into the new directory ``dest``.
+
+    Atomic: the files are written under a temporary sibling that is renamed to ``dest`` at the end,
+    so ``dest`` is whole or absent. A ``dest`` that exists already is left as it is (another
+    process put the same content there). Files get mode 0644 (0755 when executable in the
+    archive), directories 0755. Raises :class:`InvalidSpec` for an unsafe or unreadable archive
+    (:func:`check_members`), :class:`ProviderError` when the disk refuses.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        return
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    except OSError as exc:
+        raise ProviderError(f"cannot unpack {what} under {dest.parent}: {exc}") from exc
+    try:
+        fileobj = io.BytesIO(source) if isinstance(source, bytes) else None
+        try:
+            tar = tarfile.open(name=None if fileobj else os.fspath(source), fileobj=fileobj, mode="r:gz")
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise InvalidSpec(f"{what}: not a readable .tar.gz ({exc}).") from None
+        with tar:
+            for member in check_members(tar, what):
+                target = tmp.joinpath(*[p for p in member.name.split("/") if p not in ("", ".")])
+                if member.isdir():
+                    target.mkdir(mode=0o755, parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                data = tar.extractfile(member)
+                assert data is not None  # a regular file
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o755 if member.mode & 0o111 else 0o644)
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(data, out)
+        os.chmod(tmp, 0o755)  # mkdtemp made it 0700
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            # Another submit unpacked the same content first: keep theirs.
+    except OSError as exc:
+        raise ProviderError(f"cannot unpack {what} into {dest}: {exc}") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_code_archive(path: str, sha256: str) -> None:
+    """Raise :class:`InvalidSpec` unless the file at ``path`` exists, its SHA-256 is ``sha256`` and
+    its members are safe (:func:`check_members`)."""
+    what = f"code archive {sha256[:16]}"
+    try:
+        actual = file_sha256(path)
+    except OSError as exc:
+        raise InvalidSpec(f"{what}: cannot read {path} ({exc.strerror or exc}); the stored archive is "
+                          f"missing on this GPU box. Upload the code again.") from None
+    if actual != sha256.lower():
+        raise InvalidSpec(f"{what}: the file {path} has SHA-256 {actual}, not the job's {sha256}; the "
+                          f"stored archive changed since the job was made. Upload the code again.")
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            check_members(tar, what)
+    except (tarfile.TarError, EOFError) as exc:
+        raise InvalidSpec(f"{what}: not a readable .tar.gz ({exc}).") from None
+
+
+def requirements_problems(text: str) -> list[str]:
+    """What a GPU box refuses in a requirements text: pip options (``-r``, ``-e``, ``--index-url``,
+    ``--find-links`` ...), whose say is the operator's (``pip_args``). One message per line."""
+    problems = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split(" #", 1)[0].strip()
+        if line.startswith("-"):
+            problems.append(
+                f"requirements.txt line {number}: {line[:60]!r} is a pip option; on a GPU box pip's options "
+                f"(index, find-links, constraints) are the operator's (TRAINBOARD_GPUBOX_PIP_ARGS). "
+                f"List package requirements only.")
+    return problems
+
+
+# -- the trainer snapshot --------------------------------------------------------------------
+
+def trainer_snapshot(run_root: Path, source_root: Path) -> tuple[str, Path]:
+    """``(sha256, directory)`` of the trainer package in ``source_root/trainer_pkg``, unpacked at
+    ``<run_root>/.trainers/<sha256[:16]>/`` unless it is there already.
+
+    The SHA-256 is :func:`cloud_adapters.packaging.build_archive`'s, the same one a cloud job's
+    trainer archive is named by. A job runs from this directory, so a later change to the worker's
+    checkout never changes the code of a job already submitted. Raises :class:`ProviderError` when
+    the disk refuses, :class:`InvalidSpec` when ``source_root`` holds no trainer package.
+    """
+    from cloud_adapters.packaging import build_archive
+
+    try:
+        archive = build_archive(source_root)
+    except FileNotFoundError as exc:
+        raise InvalidSpec(f"trainer package {str(source_root)!r}: {exc}.") from None
+    parent = run_root / ".trainers"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProviderError(f"cannot create {parent}: {exc}") from exc
+    dest = parent / archive.sha256[:16]
+    extract(archive.data, dest, f"trainer snapshot {archive.sha256[:16]}")
+    return archive.sha256, dest
+
+
+# -- the requirements environment ------------------------------------------------------------
+
+def requirements_sha256(text: str, image: str = "") -> str:
+    """The SHA-256 that names a requirements environment: of the text, and of the image when the
+    environment is built inside one (an environment is bound to its interpreter)."""
+    key = text if not image else f"{text}\0image={image}"
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def environment_steps(env_dir: Path, python: str, requirements_file: Path, pip_args: Sequence[str]) -> list[list[str]]:
+    """The commands that build a requirements environment at ``env_dir`` with ``python``: a
+    virtualenv that sees ``python``'s own packages (torch is not reinstalled), then pip installing
+    ``requirements_file`` with the operator's ``pip_args`` (e.g. ``--no-index --find-links /wheels``)."""
+    return [
+        [python, "-m", "venv", "--system-site-packages", str(env_dir)],
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+         "--no-input", *pip_args, "-r", str(requirements_file)],
+    ]
+
+
+# -- who runs the job, with which environment -------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class RunUser:
+    """The OS user a job's processes run as."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary groups (getgrouplist)
+    home: str
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def run_user(name: str) -> RunUser:
+    """The OS user ``name`` a job is to run as; :class:`InvalidSpec` when there is none or this
+    worker cannot switch to it (it is not root)."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise InvalidSpec(f"run_as: there is no OS user {name!r} on this GPU box; create it (useradd --system "
+                          f"{name}) or leave TRAINBOARD_GPUBOX_RUN_AS blank to run jobs as the worker's user.") from None
+    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+        raise InvalidSpec(f"run_as: running jobs as {name!r} needs the gpubox worker to run as root (it runs as uid "
+                          f"{os.geteuid()}); start the worker as root or leave TRAINBOARD_GPUBOX_RUN_AS blank.")
+    return RunUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid,
+                   groups=tuple(os.getgrouplist(name, entry.pw_gid)), home=entry.pw_dir)
+
+
+def worker_user() -> RunUser:
+    """The worker's own user (what a job runs as when ``run_as`` is blank)."""
+    uid = os.geteuid()
+    try:
+        entry = pwd.getpwuid(uid)
+        name, home = entry.pw_name, entry.pw_dir
+    except KeyError:  # a uid without a passwd entry (a container's arbitrary user)
+        name, home = str(uid), os.environ.get("HOME", "/")
+    return RunUser(name=name, uid=uid, gid=os.getegid(), groups=tuple(os.getgroups()), home=home)
+
+
+def passthrough_names(text: str) -> list[str]:
+    """The variable names in the operator's ``env_passthrough`` (commas or spaces between them)."""
+    return [n for n in re.split(r"[\s,]+", text or "") if n]
+
+
+def base_environment(worker_env: Mapping[str, str], user: RunUser, passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """The environment every process of a job starts from: :data:`ENV_ALLOWLIST`, ``NCCL_*`` and
+    the ``passthrough`` names of ``worker_env``, with HOME/USER/LOGNAME of ``user``. Nothing else
+    of the worker's (database and broker URLs, Django's secret key, cloud credentials) is in it."""
+    allowed = set(ENV_ALLOWLIST) | set(passthrough)
+    env = {k: v for k, v in worker_env.items()
+           if k in allowed or k.startswith(ENV_ALLOWED_PREFIXES)}
+    env.setdefault("PATH", os.defpath)
+    env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+    return env
+
+
+def env_problems(env: Mapping[str, str], field: str, reserved: Iterable[str]) -> list[str]:
+    """What is wrong with a job's ``env`` or ``secret_env`` (``field``): names that are not
+    variable names, that belong to Trainboard or torchrun (``reserved``) or configure the Docker
+    client (``DOCKER_*``), values that are not text. Secret values are never quoted."""
+    reserved = set(reserved)
+    problems = []
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
+            problems.append(f"{field}: {str(name)[:40]!r} is not an environment variable name "
+                            f"(letters, digits and '_', not starting with a digit).")
+        elif name in reserved or name.startswith("DOCKER_"):
+            problems.append(f"{field}: {name} is set by Trainboard for every job; remove it (the user code's "
+                            f"directory is already on sys.path).")
+        elif not isinstance(value, str) or "\0" in value:
+            shown = "its value" if field == "secret_env" else repr(value)[:40]
+            problems.append(f"{field}: {name}: {shown} must be text without NUL characters.")
+    return problems
+
+
+# -- the container ---------------------------------------------------------------------------
+
+def docker_problem() -> str | None:
+    """Why this box cannot run a job in an image (no ``docker`` on PATH, or its daemon does not
+    answer ``docker info``), or None when it can."""
+    import subprocess
+
+    docker = shutil.which("docker")
+    if docker is None:
+        return ("this GPU box has no Docker (docker not found on PATH); leave the image empty to run on the host")
+    try:
+        done = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                              text=True, timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"this GPU box's Docker does not answer (docker info: {exc}); start its daemon or leave the image empty"
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        return f"this GPU box's Docker does not answer (docker info: {why[0][:200]}); start its daemon or leave the image empty"
+    return None
+
+
+def container_command(image: str, command: Sequence[str], *, name: str, user: RunUser, workdir: str,
+                      mounts: Iterable[tuple[str, bool]], env_names: Iterable[str], gpus: bool) -> list[str]:
+    """``docker run`` of ``command`` in ``image``, as the job's processes run on the host: the
+    host's network and IPC namespace (torchrun's rendezvous, NCCL's shared memory), as ``user``'s
+    uid:gid, each ``(path, read_only)`` of ``mounts`` at the same path inside, every GPU when
+    ``gpus``, and the variables ``env_names`` passed by name only (``-e NAME``: the values come
+    from the Docker client's environment, never the command line). ``--name`` lets the supervisor
+    remove a container its client left behind."""
+    argv = ["docker", "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
+            "--user", f"{user.uid}:{user.gid}", "--workdir", workdir]
+    if gpus:
+        argv += ["--gpus", "all"]
+    seen = set()
+    for path, read_only in mounts:
+        if path in seen:
+            continue
+        seen.add(path)
+        argv += ["--volume", f"{path}:{path}:{'ro' if read_only else 'rw'}"]
+    for env_name in sorted(set(env_names)):
+        argv += ["--env", env_name]
+    return argv + [image, *command]
