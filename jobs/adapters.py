@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
     "gpubox": {"run_root": "TRAINBOARD_RUN_ROOT", "python": "TRAINBOARD_GPUBOX_PYTHON",
-               "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE"},
+               "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE",
+               "pip_args": "TRAINBOARD_GPUBOX_PIP_ARGS", "run_as": "TRAINBOARD_GPUBOX_RUN_AS",
+               "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH"},
 }
 """kind -> {host setting: the Django setting (and environment variable of the same name) holding this
 installation's value}. Data, not if/elif: which settings are host settings is the adapter's
@@ -59,7 +61,8 @@ def backend_declaration(kind: str) -> BackendSettings:
 
 def backend_host_settings(kind: str) -> frozenset[str]:
     """The settings of a ``kind`` backend that only staff may set (its declaration's host settings:
-    for the gpubox ``run_root``, ``python``, ``max_procs_per_node``); empty for an unknown kind."""
+    for the gpubox ``run_root``, ``python``, ``max_procs_per_node``, ``pip_args``, ``run_as``,
+    ``env_passthrough``); empty for an unknown kind."""
     return backend_declaration(kind).host
 
 

@@ -6,6 +6,7 @@ server. ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/trainboard``
 """
 
 import os
+import shlex
 from pathlib import Path
 
 import environ
@@ -346,6 +347,17 @@ if _max_procs and not (_max_procs.isdigit() and 1 <= int(_max_procs) <= 1024):
     raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE must be a whole number from 1 to 1024 "
                                f"(got {_max_procs!r})")
 TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = int(_max_procs) if _max_procs else None
+# How user code runs on the GPU box, also the operator's alone: pip's options for a job's
+# requirements.txt (e.g. "--no-index --find-links /wheels" on a box without internet), the OS user a
+# job's processes run as (the worker must be root; "" = the worker's user), and the names of the
+# worker's variables a job inherits besides the allowlist of docs/user-code.md.
+TRAINBOARD_GPUBOX_PIP_ARGS = env.str("TRAINBOARD_GPUBOX_PIP_ARGS", default="")
+try:
+    shlex.split(TRAINBOARD_GPUBOX_PIP_ARGS)
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_PIP_ARGS must split like a shell line ({_exc})") from None
+TRAINBOARD_GPUBOX_RUN_AS = env.str("TRAINBOARD_GPUBOX_RUN_AS", default="").strip()
+TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH", default="").strip()
 # Whose cloud backends may call their provider with the worker's own identity (boto3's default chain,
 # Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
 # own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because

@@ -1,7 +1,8 @@
-"""A GPU box's host settings: ``run_root``, ``python`` and ``max_procs_per_node``
-decide what runs on the worker's machine, where and how many processes at once. They come from the
-installation (``TRAINBOARD_RUN_ROOT``, ``TRAINBOARD_GPUBOX_PYTHON``,
-``TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE``) or a staff user's backend, never from another user's row
+"""A GPU box's host settings: ``run_root``, ``python``, ``max_procs_per_node``, ``pip_args``, ``run_as``
+and ``env_passthrough`` decide what runs on the worker's machine, where, how many processes at once and
+as whom. They come from the installation (``TRAINBOARD_RUN_ROOT``, ``TRAINBOARD_GPUBOX_PYTHON``,
+``TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE``, ``TRAINBOARD_GPUBOX_PIP_ARGS``, ``TRAINBOARD_GPUBOX_RUN_AS``,
+``TRAINBOARD_GPUBOX_ENV_PASSTHROUGH``) or a staff user's backend, never from another user's row
 (jobs.adapters.backend_adapter / _validate_backend; migration 0010 strips them from rows saved before the rule)."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from taskkit import sent_tasks
 
 pytestmark = pytest.mark.django_db
 
-HOSTILE = {"run_root": "/tmp/anywhere-i-like", "python": "/bin/echo", "max_procs_per_node": 2**70}
+HOSTILE = {"run_root": "/tmp/anywhere-i-like", "python": "/bin/echo", "max_procs_per_node": 2**70,
+           "run_as": "root", "pip_args": "--index-url http://127.0.0.1:9/simple", "env_passthrough": "DATABASE_URL"}
 
 
 @pytest.fixture
@@ -54,10 +56,13 @@ def test_a_non_staff_user_cannot_set_any_host_setting_and_hears_about_each(mallo
     # sets it, plus the other settings' problems.
     assert {key: [m.split(":", 1)[0] for m in messages] for key, messages in errors.items()} == {
         "config.max_procs_per_node": ["Max processes per node"], "config.python": ["Python interpreter"],
-        "config.run_root": ["Run root"], "config.hourly_rate_usd": ["Hourly rate (USD)"]}
+        "config.run_root": ["Run root"], "config.hourly_rate_usd": ["Hourly rate (USD)"],
+        "config.run_as": ["Run jobs as"], "config.pip_args": ["pip options"],
+        "config.env_passthrough": ["Passed-through variables"]}
     assert "only a backend owned by staff may set this" in errors["config.run_root"][0]
     assert "(TRAINBOARD_RUN_ROOT)" in errors["config.run_root"][0]
     assert "(TRAINBOARD_GPUBOX_PYTHON)" in errors["config.python"][0]
+    assert "(TRAINBOARD_GPUBOX_RUN_AS)" in errors["config.run_as"][0]
     assert not ComputeBackend.objects.filter(name="evil").exists()
 
     backend = services.backend_create(owner=mallory, name="mine", kind="gpubox",
@@ -103,7 +108,8 @@ def test_a_stored_row_of_a_non_staff_owner_cannot_reach_the_host(mallory, user, 
     backend = _legacy_row(mallory, {**HOSTILE, "hourly_rate_usd": 2.0})
     config = adapters.backend_adapter(backend).config
     assert config == {"run_root": str(run_root), "python": sys.executable, "max_procs_per_node": 2,
-                      "hourly_rate_usd": 2.0, "grace_period_s": 10.0}
+                      "hourly_rate_usd": 2.0, "grace_period_s": 10.0, "pip_args": "", "run_as": "",
+                      "env_passthrough": ""}
     # The same row owned by staff is staff's decision; once the owner is no longer staff it is not.
     ComputeBackend.objects.filter(pk=backend.pk).update(owner=user, config={"python": "/bin/echo",
                                                                             "max_procs_per_node": 4})
@@ -159,7 +165,9 @@ def test_a_non_staff_job_runs_the_hosts_interpreter_in_the_hosts_run_root(
 
 def test_migration_0010_strips_host_settings_from_non_staff_rows_only(mallory, user, box_settings):
     migration = importlib.import_module("jobs.migrations.0010_strip_user_host_settings")
-    theirs = _legacy_row(mallory, {**HOSTILE, "hourly_rate_usd": 2.0})
+    # The host settings the migration knew; a later one on such a row is ignored by backend_adapter.
+    known = {k: HOSTILE[k] for k in ("run_root", "python", "max_procs_per_node")}
+    theirs = _legacy_row(mallory, {**known, "hourly_rate_usd": 2.0})
     ours = services.backend_create(owner=user, name="staff-box", kind="gpubox",
                                    config={"max_procs_per_node": 4, "hourly_rate_usd": 1.0})
     untouched = services.backend_create(owner=mallory, name="plain", kind="gpubox", config={"grace_period_s": 3})
