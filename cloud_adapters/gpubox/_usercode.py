@@ -200,12 +200,27 @@ def requirements_sha256(text: str, image: str = "") -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+# Run by the box's interpreter with the new environment's directory as its argument: a .pth file in
+# that environment's site-packages lists the interpreter's own. `venv --system-site-packages` alone
+# reaches only the base installation's, not those of an interpreter that is itself a virtualenv
+# (a box whose torch lives in one).
+_LINK_SITE_PACKAGES = """\
+import glob, os, sys, sysconfig
+paths = [p for p in dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")) if os.path.isdir(p)]
+(site,) = glob.glob(os.path.join(sys.argv[1], "lib", "python*", "site-packages"))
+with open(os.path.join(site, "_trainboard_interpreter.pth"), "w") as fh:
+    fh.write("".join(p + "\\n" for p in paths))
+"""
+
+
 def environment_steps(env_dir: Path, python: str, requirements_file: Path, pip_args: Sequence[str]) -> list[list[str]]:
     """The commands that build a requirements environment at ``env_dir`` with ``python``: a
-    virtualenv that sees ``python``'s own packages (torch is not reinstalled), then pip installing
-    ``requirements_file`` with the operator's ``pip_args`` (e.g. ``--no-index --find-links /wheels``)."""
+    virtualenv that sees ``python``'s own packages (torch is not reinstalled, and pip counts it as
+    installed), then pip installing ``requirements_file`` with the operator's ``pip_args`` (e.g.
+    ``--no-index --find-links /wheels``)."""
     return [
         [python, "-m", "venv", "--system-site-packages", str(env_dir)],
+        [python, "-c", _LINK_SITE_PACKAGES, str(env_dir)],
         [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
          "--no-input", *pip_args, "-r", str(requirements_file)],
     ]

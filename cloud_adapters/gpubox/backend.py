@@ -475,6 +475,8 @@ class GpuBoxBackend(Backend):
                 # The image's own PATH, HOME and temporary directory; everything else by name.
                 env_names=[k for k in job_env if k not in ("PATH", "HOME", "TMPDIR")] + [_proc.RUN_TAG_VAR])
             cleanup = ["docker", "rm", "--force", name]
+            if environment is not None:
+                cleanup += [f"{name}-env{i}" for i in range(len(environment["steps"]))]
 
         # The supervisor's own environment is the clean base and nothing of the job's: a job's
         # variables (LD_PRELOAD, PYTHONSTARTUP ...) must not reach a process that runs as the worker.

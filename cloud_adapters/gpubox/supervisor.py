@@ -36,7 +36,8 @@ What it does, in order:
 4. waits. A cancel (SIGTERM/SIGINT to the supervisor, or the file ``DIR/cancel_requested``) or the
    max runtime sends SIGTERM to every rank (then to torchrun's group if it lingers), waits up to the
    grace period, then SIGKILLs them;
-5. kills whatever is left (orphaned ranks) once torchrun has exited, runs the plan's ``cleanup``, then writes
+5. kills whatever is left (orphaned ranks) once torchrun has exited, runs the plan's ``cleanup``
+   (on every way out, a failed environment build included), then writes
    ``DIR/exit.json`` atomically: ``returncode``, ``started_at``, ``ended_at`` (Unix seconds),
    ``cancelled``, ``max_runtime`` (True when the max runtime stopped it), ``reason``, ``stage``
    (``requirements`` when the environment's build failed, else ``train``).
@@ -192,20 +193,24 @@ class _Supervisor:
         return False, False, ""
 
     def reap(self, child: subprocess.Popen, pgid: int) -> int:
-        """Kill what ``child`` left behind, run the plan's cleanup, then reap it; its exit code."""
+        """Kill what ``child`` left behind, then reap it; its exit code."""
         # The child has exited but is not reaped yet, so its pid (= the group id) cannot have been
         # reused: kill anything it left behind (ranks live in sessions of their own), then reap it.
         kill_group(pgid, signal.SIGKILL)
         signal_job(str(self.run_dir), signal.SIGKILL, exclude=os.getpid())
-        cleanup = (self.plan or {}).get("cleanup")
-        if cleanup:
-            # A killed `docker run` client leaves its container running: remove it (by its name).
-            try:
-                subprocess.run(cleanup, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=60, env=(self.plan or {}).get("env"))
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                self.say(f"cleanup {cleanup[:3]} failed: {exc}")
         return child.wait()
+
+    def cleanup(self) -> None:
+        """Run the plan's cleanup once the job is over: a killed ``docker run`` client leaves its
+        container running, so the job's containers are removed by name."""
+        command = (self.plan or {}).get("cleanup")
+        if not command:
+            return
+        try:
+            subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)  # our own, clean, environment
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.say(f"cleanup {command[:3]} failed: {exc}")
 
     # -- the requirements environment ---------------------------------------------------------
 
@@ -314,6 +319,7 @@ class _Supervisor:
 
     def finish(self, returncode: int | None, *, cancelled: bool, reason: str, max_runtime: bool = False,
                stage: str = "train") -> int:
+        self.cleanup()
         write_json_atomic(
             self.run_dir / "exit.json",
             {"returncode": returncode, "started_at": self.started_at, "ended_at": time.time(),
