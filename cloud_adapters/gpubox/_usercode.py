@@ -8,7 +8,7 @@ On disk, beside the run directories of ``<run_root>``::
 
     .trainers/<sha16>/      the trainer package a job runs (trainer_pkg/ from
                             cloud_adapters.packaging.build_archive, named by that archive's SHA-256),
-                            extracted once, atomically (temporary directory + rename), read-only
+                            written once, atomically (temporary directory + rename)
     .envs/<sha16>/          a virtualenv per SHA-256 of a requirements text (--system-site-packages,
                             so torch is the interpreter's); ``.trainboard-ready`` inside is written
                             last: without it the directory is an unfinished build
@@ -29,7 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from cloud_adapters import packaging
 from cloud_adapters.base import InvalidSpec, ProviderError
+from cloud_adapters.packaging import Entry
 
 ENV_READY_MARKER = ".trainboard-ready"
 """Written last, atomically, in a built environment: its presence means the environment is whole."""
@@ -52,122 +54,56 @@ IMAGE_PYTHON = "python3"
 
 # -- archives -------------------------------------------------------------------------------
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of the file at ``path``, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def check_members(tar: tarfile.TarFile, what: str) -> list[tarfile.TarInfo]:
-    """The members of ``tar`` if every one is a regular file or a directory at a relative path
-    without ``..``; else :class:`InvalidSpec` naming the first bad member of ``what`` (e.g. "code
-    archive 1a2b…"). An archive the dashboard stored never has one: this guards the box against a
-    store that was written to by hand."""
-    members = tar.getmembers()
-    for member in members:
-        name = member.name
-        parts = [p for p in name.split("/") if p not in ("", ".")]
-        if name.startswith("/") or "\0" in name or "\\" in name or not parts:
-            raise InvalidSpec(f"{what}: member {name!r} is not a relative path; the archive is refused.")
-        if ".." in parts:
-            raise InvalidSpec(f"{what}: member {name!r} leaves the archive's directory (a '..' "
-                              f"component); the archive is refused.")
-        if not (member.isreg() or member.isdir()):
-            kind = "a link" if member.issym() or member.islnk() else "not a regular file"
-            raise InvalidSpec(f"{what}: member {name!r} is {kind}; only regular files and directories "
-                              f"may be in it. The archive is refused.")
-    return members
-
-
-def extract(source: str | os.PathLike | bytes, dest: Path, what: str) -> None:
-    """Unpack the .tar.gz ``source`` (a path or its bytes) into the new directory ``dest``.
+def write_tree(entries: Iterable[Entry], dest: Path, what: str) -> None:
+    """Write ``entries`` (``(relative path, contents, mode)``, regular files only: what
+    :func:`cloud_adapters.packaging.code_files` returns) into the new directory ``dest``.
 
     Atomic: the files are written under a temporary sibling that is renamed to ``dest`` at the end,
-    so ``dest`` is whole or absent. A ``dest`` that exists already is left as it is (another
-    process put the same content there). Files get mode 0644 (0755 when executable in the
-    archive), directories 0755. Raises :class:`InvalidSpec` for an unsafe or unreadable archive
-    (:func:`check_members`), :class:`ProviderError` when the disk refuses.
+    so ``dest`` is whole or absent. A ``dest`` that exists already is left as it is (the same content,
+    put there by another submit). Directories get mode 0755. Raises :class:`ProviderError` when the
+    disk refuses.
     """
-    dest = Path(dest)
     if dest.exists():
         return
+    tmp = None
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    except OSError as exc:
-        raise ProviderError(f"cannot unpack {what} under {dest.parent}: {exc}") from exc
-    try:
-        fileobj = io.BytesIO(source) if isinstance(source, bytes) else None
-        try:
-            tar = tarfile.open(name=None if fileobj else os.fspath(source), fileobj=fileobj, mode="r:gz")
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise InvalidSpec(f"{what}: not a readable .tar.gz ({exc}).") from None
-        with tar:
-            for member in check_members(tar, what):
-                target = tmp.joinpath(*[p for p in member.name.split("/") if p not in ("", ".")])
-                if member.isdir():
-                    target.mkdir(mode=0o755, parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                data = tar.extractfile(member)
-                assert data is not None  # a regular file
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o755 if member.mode & 0o111 else 0o644)
-                with os.fdopen(fd, "wb") as out:
-                    shutil.copyfileobj(data, out)
+        for name, data, mode in entries:
+            target = tmp.joinpath(*name.split("/"))
+            target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
         os.chmod(tmp, 0o755)  # mkdtemp made it 0700
         try:
             os.rename(tmp, dest)
         except OSError:
             if not dest.is_dir():
                 raise
-            # Another submit unpacked the same content first: keep theirs.
+            # Another submit wrote the same content first: keep theirs.
     except OSError as exc:
-        raise ProviderError(f"cannot unpack {what} into {dest}: {exc}") from exc
+        raise ProviderError(f"cannot write {what} into {dest}: {exc}") from exc
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_code_archive(path: str, sha256: str) -> None:
-    """Raise :class:`InvalidSpec` unless the file at ``path`` exists, its SHA-256 is ``sha256`` and
-    its members are safe (:func:`check_members`)."""
-    what = f"code archive {sha256[:16]}"
-    try:
-        actual = file_sha256(path)
-    except OSError as exc:
-        raise InvalidSpec(f"{what}: cannot read {path} ({exc.strerror or exc}); the stored archive is "
-                          f"missing on this GPU box. Upload the code again.") from None
-    if actual != sha256.lower():
-        raise InvalidSpec(f"{what}: the file {path} has SHA-256 {actual}, not the job's {sha256}; the "
-                          f"stored archive changed since the job was made. Upload the code again.")
-    try:
-        with tarfile.open(path, mode="r:gz") as tar:
-            check_members(tar, what)
-    except (tarfile.TarError, EOFError) as exc:
-        raise InvalidSpec(f"{what}: not a readable .tar.gz ({exc}).") from None
-
-
 def requirements_problems(text: str) -> list[str]:
-    """What a GPU box refuses in a requirements text: pip options (``-r``, ``-e``, ``--index-url``,
-    ``--find-links`` ...), whose say is the operator's (``pip_args``). One message per line."""
-    problems = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split(" #", 1)[0].strip()
-        if line.startswith("-"):
-            problems.append(
-                f"requirements.txt line {number}: {line[:60]!r} is a pip option; on a GPU box pip's options "
-                f"(index, find-links, constraints) are the operator's (TRAINBOARD_GPUBOX_PIP_ARGS). "
-                f"List package requirements only.")
-    return problems
+    """What a GPU box refuses in a requirements text (:func:`cloud_adapters.packaging.
+    requirement_lines`): pip options (``-r``, ``-e``, ``--index-url``, ``--find-links``, a
+    requirement's ``--hash``...), whose say is the operator's (``pip_args``). One message per line."""
+    return [
+        f"requirements.txt line {line[:80]!r}: pip options are the GPU box operator's "
+        f"(TRAINBOARD_GPUBOX_PIP_ARGS: index, find-links, constraints); list package requirements only."
+        for line in packaging.requirement_lines(text)
+        if line.startswith("-") or re.search(r"\s--?[a-z]", line.split(";", 1)[0])
+    ]
 
 
 # -- the trainer snapshot --------------------------------------------------------------------
 
 def trainer_snapshot(run_root: Path, source_root: Path) -> tuple[str, Path]:
-    """``(sha256, directory)`` of the trainer package in ``source_root/trainer_pkg``, unpacked at
+    """``(sha256, directory)`` of the trainer package in ``source_root/trainer_pkg``, written to
     ``<run_root>/.trainers/<sha256[:16]>/`` unless it is there already.
 
     The SHA-256 is :func:`cloud_adapters.packaging.build_archive`'s, the same one a cloud job's
@@ -175,10 +111,8 @@ def trainer_snapshot(run_root: Path, source_root: Path) -> tuple[str, Path]:
     checkout never changes the code of a job already submitted. Raises :class:`ProviderError` when
     the disk refuses, :class:`InvalidSpec` when ``source_root`` holds no trainer package.
     """
-    from cloud_adapters.packaging import build_archive
-
     try:
-        archive = build_archive(source_root)
+        archive = packaging.build_archive(source_root)
     except FileNotFoundError as exc:
         raise InvalidSpec(f"trainer package {str(source_root)!r}: {exc}.") from None
     parent = run_root / ".trainers"
@@ -187,7 +121,10 @@ def trainer_snapshot(run_root: Path, source_root: Path) -> tuple[str, Path]:
     except OSError as exc:
         raise ProviderError(f"cannot create {parent}: {exc}") from exc
     dest = parent / archive.sha256[:16]
-    extract(archive.data, dest, f"trainer snapshot {archive.sha256[:16]}")
+    if not dest.exists():
+        with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:  # ours: regular files
+            entries = [(m.name, tar.extractfile(m).read(), m.mode) for m in tar.getmembers()]  # type: ignore[union-attr]
+        write_tree(entries, dest, f"trainer snapshot {archive.sha256[:16]}")
     return archive.sha256, dest
 
 

@@ -87,6 +87,7 @@ from cloud_adapters.base import (
     parse_utc,
     tagged_job_id,
 )
+from cloud_adapters import packaging
 from cloud_adapters.settings import BackendSettings, Setting
 from cloud_adapters.gpubox import _proc, _usercode
 
@@ -337,9 +338,9 @@ class GpuBoxBackend(Backend):
         archive unpacked into ``<run_dir>/code/`` (``code.dir`` and ``code.sha256`` of the config
         point at it). A requirements environment is built by the supervisor, in the job's run,
         never here. Raises :class:`InvalidSpec` when the archive's bytes do not hash to
-        ``spec.code.sha256`` or hold anything but regular files at relative paths, when the job asks
-        for an image and this box has no Docker, or when ``run_as`` names no user or the worker is
-        not root.
+        ``spec.code.sha256``, hold anything but regular files at relative paths or use our names
+        (``trainer_pkg/``, ``trainboard_*``), when the job asks for an image and this box has no
+        Docker, or when ``run_as`` names no user or the worker is not root.
 
         Idempotent: a run whose supervisor started (``supervisor.json``, or ``exit.json`` when it
         could not start) is adopted and no second torchrun is started. A run directory without
@@ -366,19 +367,16 @@ class GpuBoxBackend(Backend):
         parallel = config.setdefault("parallel", {})
         parallel["nodes"] = spec.nodes
         parallel["procs_per_node"] = spec.procs_per_node
-        if spec.code is not None:
-            code = config.setdefault("code", {})
-            if not isinstance(code, dict):
-                raise InvalidSpec("config: code must be an object (code.script, code.args).")
-            code["dir"] = str(run_dir / "code")
-            code["sha256"] = spec.code.sha256
+        config = packaging.config_with_code(config, spec.code, str(run_dir / "code"))
 
         # The box's own word, before anything is written: a job it cannot run leaves nothing behind.
         user = _usercode.run_user(self.config["run_as"]) if self.config["run_as"] else None
         if spec.image and (problem := _usercode.docker_problem()):
             raise InvalidSpec(problem)
+        code_files = None
         if spec.code is not None:
-            _usercode.check_code_archive(spec.code.path, spec.code.sha256)
+            code_files = packaging.code_files(spec.code)  # the hash and every member checked
+            packaging.refuse_ours(code_files, ())  # a trainer_pkg/ of its own would shadow the snapshot
 
         try:
             self.run_root.mkdir(parents=True, exist_ok=True)
@@ -394,16 +392,18 @@ class GpuBoxBackend(Backend):
         with _start_lock(run_dir) as lock_fd:
             if _started(run_dir):
                 return handle  # another attempt started it while we waited: adopt it
-            return self._start(spec, run_dir, handle, config, trainer, user, lock_fd)
+            return self._start(spec, run_dir, handle, config, trainer, code_files, user, lock_fd)
 
     def _start(self, spec: JobSpec, run_dir: Path, handle: JobHandle, config: dict[str, Any],
-               trainer: tuple[str, Path, Path], user: _usercode.RunUser | None, lock_fd: int) -> JobHandle:
+               trainer: tuple[str, Path, Path], code_files: list[packaging.Entry] | None,
+               user: _usercode.RunUser | None, lock_fd: int) -> JobHandle:
         """Write the run's files and start its supervisor (the caller holds ``start.lock``).
-        ``trainer``: the snapshot's SHA-256, its directory, and the directory it was made from."""
+        ``trainer``: the snapshot's SHA-256, its directory, and the directory it was made from;
+        ``code_files``: the job's archive, checked (:func:`cloud_adapters.packaging.code_files`)."""
         trainer_sha, trainer_path, trainer_source = trainer
         code_dir = run_dir / "code"
-        if spec.code is not None:
-            _usercode.extract(spec.code.path, code_dir, f"code archive {spec.code.sha256[:16]}")
+        if code_files is not None:
+            _usercode.write_tree(code_files, code_dir, f"code archive {spec.code.sha256[:16]}")
         _proc.write_json_atomic(run_dir / "job.json", config)
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
