@@ -186,12 +186,12 @@ class GpuBoxBackend(Backend):
     """
 
     kind = "gpubox"
-    # The supervisor's deadline runs from torchrun's start; its stop_group sends SIGTERM, then SIGKILL
-    # after the grace period (cloud_adapters/gpubox/supervisor.py).
+    # The supervisor's deadline runs from its own start, a requirements build included; its stop_group
+    # sends SIGTERM, then SIGKILL after the grace period (cloud_adapters/gpubox/supervisor.py).
     max_runtime_covers = (
-        "the run from the moment the training processes start on the box, so connecting the processes and "
-        "loading the data count; at the limit the processes get SIGTERM and, once the cancel grace period is "
-        "over, are killed")
+        "the run from the moment the job starts on the box, so installing the code's requirements, connecting "
+        "the processes and loading the data count; at the limit the processes get SIGTERM and, once the cancel "
+        "grace period is over, are killed")
     settings = SETTINGS
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""

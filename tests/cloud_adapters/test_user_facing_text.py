@@ -13,9 +13,9 @@ from webapp.forms import MAX_RUNTIME_HELP
 INTERNAL = re.compile(r"clouds\.md|§|botocore|aiplatform_v1|azure-ai-ml|\.py\b|MaxRuntime|torchrun")
 
 COVERS = {
-    "gpubox": "the run from the moment the training processes start on the box, so connecting the processes and "
-              "loading the data count; at the limit the processes get SIGTERM and, once the cancel grace period "
-              "is over, are killed",
+    "gpubox": "the run from the moment the job starts on the box, so installing the code's requirements, "
+              "connecting the processes and loading the data count; at the limit the processes get SIGTERM and, "
+              "once the cancel grace period is over, are killed",
     "sagemaker": "the whole training job from its start, so launching the instances and downloading the image and "
                  "the data count; at the limit SageMaker sends the training processes SIGTERM and stops the job "
                  "120 s later (AWS SageMaker API reference, StoppingCondition)",

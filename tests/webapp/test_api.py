@@ -227,7 +227,7 @@ def test_api_job_estimate_is_capped_by_its_budget_and_shows_the_arithmetic(
     body = api_client.post("/api/jobs/", payload, format="json").json()
     assert body["estimated_cost_usd"] == "5.0000"  # min(7200 s × 1 node × $3.60/h = $7.20, $5.00)
     assert body["estimate_arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget"
-    assert body["max_runtime_covers"].startswith("the run from the moment the training processes start on the box")
+    assert body["max_runtime_covers"].startswith("the run from the moment the job starts on the box")
     schema = yaml.safe_load(api_client.get("/api/schema/").content)["components"]["schemas"]
     for name in ("TrainingJob", "TrainingJobCreate"):
         assert ("start-up counts (on a cloud, launching the machines and downloading the image and the data; "

@@ -99,7 +99,7 @@ def test_estimate_endpoint_caps_at_the_budget_and_says_what_the_limit_counts(own
     })
     html = response.content.decode()
     assert "$5.00 max (7200 s × 1 node × $3.60/h = $7.20, capped at the $5.00 budget)" in html
-    assert "the max runtime counts the run from the moment the training processes start on the box" in html
+    assert "the max runtime counts the run from the moment the job starts on the box" in html
     form = owner_client.get(reverse("job-create")).content.decode()
     assert ("start-up counts (on a cloud, launching the machines and downloading the image and the data; on a "
             "GPU box, starting the processes and loading the data)") in form

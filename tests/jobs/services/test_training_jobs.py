@@ -154,7 +154,7 @@ def test_estimate_is_capped_by_the_jobs_budget_with_the_arithmetic(user, digits_
     assert capped["message"] == ("1 node × 1 process = 1 rank; at most 7200 s × 1 node × $3.60/h = $7.20, "
                                  "capped at the $5.00 budget")
     assert capped["money_places"] == 2
-    assert capped["max_runtime_covers"].startswith("the run from the moment the training processes start on the box")
+    assert capped["max_runtime_covers"].startswith("the run from the moment the job starts on the box")
     loose = services.training_job_estimate(backend=local_backend, nodes=1, max_runtime_s=7200, budget_usd="9.5")
     assert loose["estimated_cost_usd"] == Decimal("7.2000")
     assert loose["arithmetic"] == "7200 s × 1 node × $3.60/h = $7.20; the $9.50 budget is not reached"
