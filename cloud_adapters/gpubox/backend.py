@@ -482,7 +482,7 @@ class GpuBoxBackend(Backend):
         # variables (LD_PRELOAD, PYTHONSTARTUP ...) must not reach a process that runs as the worker.
         sup_env = dict(base, PYTHONPATH=str(_REPO_ROOT))
         sup_plan = {"env": job_env, "user": user.as_json() if user is not None else None,
-                    "environment": environment, "cleanup": cleanup}
+                    "environment": environment, "cleanup": cleanup, "in_container": bool(spec.image)}
         sup_command = [
             sys.executable, "-m", "cloud_adapters.gpubox.supervisor",
             "--run-dir", str(run_dir),

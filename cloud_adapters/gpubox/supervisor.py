@@ -15,7 +15,9 @@ With ``--plan-stdin`` the submitting worker writes one JSON object to its stdin 
     {"env": {...},          the job's whole environment (secrets included: never written anywhere)
      "user": {"name", "uid", "gid", "groups", "home"} | null,   the OS user the job runs as
      "environment": {"dir", "lock", "marker", "sha256", "steps": [[argv], ...], "env": {...}} | null,
-     "cleanup": [argv] | null}    run once the job is over (``docker rm --force`` of its container)
+     "cleanup": [argv] | null,    run once the job is over (``docker rm --force`` of its container)
+     "in_container": bool}        the commands are ``docker run``s (started as the worker, see
+                                  ``_Supervisor._user_kwargs``)
 
 Without it the command gets this process's own environment.
 
@@ -106,9 +108,11 @@ class _Supervisor:
         return "stopped by a signal to the job's supervisor (no cancel was requested: a shutdown or a kill)"
 
     def _user_kwargs(self) -> dict[str, Any]:
-        """Popen's arguments that start a child as the plan's user (none when that is us already)."""
+        """Popen's arguments that start a child as the plan's user (none when that is us already, or
+        when the child is a ``docker`` client: the Docker daemon's socket is the worker's, and the
+        container itself runs as the user by ``docker run --user``)."""
         user = (self.plan or {}).get("user")
-        if not user or int(user["uid"]) == os.geteuid():
+        if not user or int(user["uid"]) == os.geteuid() or (self.plan or {}).get("in_container"):
             return {}
         return {"user": int(user["uid"]), "group": int(user["gid"]),
                 "extra_groups": [int(g) for g in user.get("groups") or []]}

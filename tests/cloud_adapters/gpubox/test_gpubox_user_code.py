@@ -465,6 +465,17 @@ def test_run_as_starts_the_job_as_that_user(store, monkeypatch):
         assert (run_dir / "output").stat().st_uid == entry.pw_uid
         assert (run_dir / "code" / "train.py").stat().st_uid == entry.pw_uid
         assert (run_dir / "exit.json").stat().st_uid == 0 and run_dir.stat().st_uid == 0
+
+        # In an image the container runs as the user; the Docker client, which needs the daemon's
+        # socket, runs as the worker.
+        calls = fake_docker(root / "bin", root / "docker-calls.jsonl", monkeypatch)
+        handle = backend.submit(script_spec("run-as-image", code_bundle(store, {"train.py": ENV_SCRIPT}),
+                                            image="ghcr.io/example/train:1.2"))
+        status = wait_terminal(backend, handle, timeout=60)
+        assert status.state == JobState.SUCCEEDED, (status, _log(handle))
+        job, cleanup = [json.loads(line) for line in calls.read_text().splitlines()]
+        assert job["argv"][job["argv"].index("--user") + 1] == f"{entry.pw_uid}:{entry.pw_gid}"
+        assert job["uid"] == cleanup["uid"] == os.geteuid()
     finally:
         subprocess.run(["userdel", user], stderr=subprocess.DEVNULL)
         shutil.rmtree(root, ignore_errors=True)
@@ -484,16 +495,21 @@ if args[:1] == ["info"]:
     sys.exit(0)
 names = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
 with open({calls!r}, "a") as fh:
-    fh.write(json.dumps({{"argv": args, "env": {{n: os.environ.get(n) for n in names}}}}) + "\\n")
+    fh.write(json.dumps({{"argv": args, "uid": os.getuid(), "env": {{n: os.environ.get(n) for n in names}}}}) + "\\n")
 '''
 
 
-def test_an_image_runs_the_job_under_docker_run(backend, store, tmp_path, monkeypatch):
-    bin_dir, calls = tmp_path / "bin", tmp_path / "docker-calls.jsonl"
+def fake_docker(bin_dir: Path, calls: Path, monkeypatch) -> Path:
+    """Put the recording ``docker`` first on PATH; returns the file its calls are recorded in."""
     bin_dir.mkdir()
     (bin_dir / "docker").write_text(FAKE_DOCKER.format(python=sys.executable, calls=str(calls)))
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_an_image_runs_the_job_under_docker_run(backend, store, tmp_path, monkeypatch):
+    calls = fake_docker(tmp_path / "bin", tmp_path / "docker-calls.jsonl", monkeypatch)
     bundle = code_bundle(store, {"train.py": ENV_SCRIPT}, requirements="tbhello==0.1\n")
     image = "ghcr.io/example/train:1.2"
     handle = backend.submit(script_spec("in-image", bundle, image=image, secret_env={"TB_API_TOKEN": SECRET}))
