@@ -1,5 +1,5 @@
-"""The GPU box runs a user's code safely: real supervisor + torchrun (2 CPU ranks, gloo) running a
-user script from a code archive built here.
+"""The GPU box runs a user's code safely: real supervisor + torchrun (2 CPU ranks, gloo) training a
+user's model from a code archive built here (the trainer calls its entry point on every rank).
 
 What is shown: the worker's own variables (database and broker URLs, Django's secret key, the
 encryption key, cloud credentials, planted in this process's environment) never reach a rank, while
@@ -55,31 +55,47 @@ PLANTED = {
 }
 SECRET = "s3cr3t-token-" + uuid.uuid4().hex  # the job's own secret: reaches it, written nowhere by us
 
-# The user's script: what every rank sees, written to code.dir (its working directory).
-ENV_SCRIPT = '''\
+# The user's code: what every rank sees, recorded in code.dir as env-rank<RANK>.json by the model's
+# entry point (envmodel:build), which the trainer calls on every rank, in the rank's own process.
+ENV_RECORD = '''\
 import json, os, sys, time
 
-go = os.environ.get("TB_TEST_GO")
-while go and not os.path.exists(go):  # the test edits the trainer's source before letting us go
-    time.sleep(0.05)
-record = {"environ": dict(os.environ), "uid": os.getuid(), "executable": sys.executable, "cwd": os.getcwd()}
-try:
-    import tbhello
-    record["tbhello"] = tbhello.GREETING
-except ImportError as exc:
-    record["tbhello"] = None
-import trainer_pkg
-record["trainer_pkg"] = trainer_pkg.__file__
-try:
-    from trainer_pkg import _snapshot_probe
-    record["probe"] = _snapshot_probe.VALUE
-except ImportError:
-    record["probe"] = None
-with open(f"env-rank{os.environ['RANK']}.json", "w") as fh:
-    json.dump(record, fh)
-print(f"rank {os.environ['RANK']} wrote its environment", flush=True)
+def write():
+    go = os.environ.get("TB_TEST_GO")
+    while go and not os.path.exists(go):  # the test edits the trainer's source before letting us go
+        time.sleep(0.05)
+    record = {"environ": dict(os.environ), "uid": os.getuid(), "executable": sys.executable, "cwd": os.getcwd()}
+    try:
+        import tbhello
+        record["tbhello"] = tbhello.GREETING
+    except ImportError:
+        record["tbhello"] = None
+    import trainer_pkg
+    record["trainer_pkg"] = trainer_pkg.__file__
+    try:
+        from trainer_pkg import _snapshot_probe
+        record["probe"] = _snapshot_probe.VALUE
+    except ImportError:
+        record["probe"] = None
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, f"env-rank{os.environ['RANK']}.json"), "w") as fh:
+        json.dump(record, fh)
 '''
-SCRIPT_CONFIG = {"code": {"script": "train.py"}, "parallel": {"procs_per_node": 2}}
+ENV_MODEL = '''\
+import math
+
+from torch import nn
+
+import envrecord
+
+
+def build(num_classes, input_shape, **params):
+    envrecord.write()
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+'''
+USER_CODE = {"envrecord.py": ENV_RECORD, "envmodel.py": ENV_MODEL}
+USER_CONFIG = {"model": {"arch": "custom", "entry_point": "envmodel:build"}, "train": {"epochs": 1},
+               "parallel": {"procs_per_node": 2}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,6 +177,13 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def _environ(pid: int) -> bytes:
+    try:
+        return b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def files_holding(root: Path, needle: str, skip: tuple[str, ...] = ()) -> list[str]:
     """Files under ``root`` whose bytes contain ``needle`` (names in ``skip`` left out)."""
     found = []
@@ -187,8 +210,8 @@ def backend(tmp_path, wheels):
                           "pip_args": f"--no-index --find-links {wheels}"})
 
 
-def script_spec(name: str, bundle: CodeBundle, **kw) -> JobSpec:
-    return JobSpec(job_name=name, config=json.loads(json.dumps(SCRIPT_CONFIG)), procs_per_node=2, code=bundle, **kw)
+def user_spec(name: str, bundle: CodeBundle, **kw) -> JobSpec:
+    return JobSpec(job_name=name, config=json.loads(json.dumps(USER_CONFIG)), procs_per_node=2, code=bundle, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,19 +219,19 @@ def script_spec(name: str, bundle: CodeBundle, **kw) -> JobSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_user_script_sees_the_jobs_variables_and_none_of_the_workers(backend, store, monkeypatch):
+def test_user_code_sees_the_jobs_variables_and_none_of_the_workers(backend, store, monkeypatch):
     for name, value in PLANTED.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")  # an allowlisted family: the box's NCCL tuning
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT})
-    handle = backend.submit(script_spec("env-clean", bundle, env={"TB_USER_FLAG": "visible-flag"},
+    bundle = code_bundle(store, USER_CODE)
+    handle = backend.submit(user_spec("env-clean", bundle, env={"TB_USER_FLAG": "visible-flag"},
                                         secret_env={"TB_API_TOKEN": SECRET}))
     status = wait_terminal(backend, handle)
     assert status.state == JobState.SUCCEEDED, (status, _log(handle))
     run_dir = Path(handle.provider_job_id)
 
     config = json.loads((run_dir / "job.json").read_text())
-    assert config["code"] == {"script": "train.py", "dir": str(run_dir / "code"), "sha256": bundle.sha256}
+    assert config["code"] == {"dir": str(run_dir / "code"), "sha256": bundle.sha256}
     for rank, record in enumerate(rank_records(run_dir)):
         environ = record["environ"]
         assert environ["RANK"] == str(rank) and environ["WORLD_SIZE"] == "2"
@@ -217,7 +240,6 @@ def test_a_user_script_sees_the_jobs_variables_and_none_of_the_workers(backend, 
         assert environ["TB_USER_FLAG"] == "visible-flag" and environ["TB_API_TOKEN"] == SECRET
         assert environ["NCCL_DEBUG"] == "WARN" and environ["PATH"] == os.environ["PATH"]
         assert environ["HOME"] == pwd.getpwuid(os.geteuid()).pw_dir
-        assert environ["TRAINBOARD_CODE_DIR"] == str(run_dir / "code") == record["cwd"]
         # Every other variable the worker has and the rank shares is on the allowlist (or ours).
         shared = {k for k, v in environ.items() if os.environ.get(k) == v}
         assert shared <= set(_usercode.ENV_ALLOWLIST) | {"HOME", "USER", "LOGNAME", "NCCL_DEBUG",
@@ -228,9 +250,9 @@ def test_a_user_script_sees_the_jobs_variables_and_none_of_the_workers(backend, 
 
 
 def test_job_variables_that_are_trainboards_or_not_names_are_refused_all_at_once(backend, store):
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT})
+    bundle = code_bundle(store, USER_CODE)
     with pytest.raises(InvalidSpec) as err:
-        backend.submit(script_spec("env-bad", bundle, env={"PYTHONPATH": "/x", "1BAD": "v", "DOCKER_HOST": "tcp://x"},
+        backend.submit(user_spec("env-bad", bundle, env={"PYTHONPATH": "/x", "1BAD": "v", "DOCKER_HOST": "tcp://x"},
                                    secret_env={"TRAINBOARD_GPUBOX_RUN": SECRET}))
     message = str(err.value)
     for part in ("env: PYTHONPATH is set by Trainboard", "env: '1BAD' is not an environment variable name",
@@ -246,17 +268,17 @@ def test_job_variables_that_are_trainboards_or_not_names_are_refused_all_at_once
 
 
 def test_an_archive_whose_bytes_changed_is_refused_before_anything_is_written(backend, store):
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT})
+    bundle = code_bundle(store, USER_CODE)
     Path(bundle.path).write_bytes(Path(bundle.path).read_bytes() + b"\0")
     actual = hashlib.sha256(Path(bundle.path).read_bytes()).hexdigest()
     with pytest.raises(InvalidSpec) as err:
-        backend.submit(script_spec("sha-mismatch", bundle))
+        backend.submit(user_spec("sha-mismatch", bundle))
     assert str(err.value) == (f"code archive {bundle.path}: its SHA-256 is {actual[:16]}…, the job records "
                               f"{bundle.sha256[:16]}…; the stored archive changed, upload the code again.")
     assert not (Path(backend.config["run_root"]) / "sha-mismatch").exists()
     missing = CodeBundle(sha256="0" * 64, path=str(store / "nowhere.tar.gz"))
     with pytest.raises(InvalidSpec, match="nowhere.tar.gz: cannot read it .*upload the code again"):
-        backend.submit(script_spec("sha-missing", missing))
+        backend.submit(user_spec("sha-missing", missing))
 
 
 def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
@@ -278,7 +300,7 @@ def test_unsafe_members_are_refused(backend, store, kind, message):
         member = tarfile.TarInfo("../escape.py")
     elif kind == "absolute":
         member = tarfile.TarInfo("/etc/escape.py")
-    elif kind == "ours":  # it would shadow the trainer snapshot on the script's sys.path
+    elif kind == "ours":  # it would shadow the trainer snapshot on the user code's sys.path
         member = tarfile.TarInfo("trainer_pkg/__init__.py")
     elif kind == "symlink":
         member = tarfile.TarInfo("link")
@@ -290,7 +312,7 @@ def test_unsafe_members_are_refused(backend, store, kind, message):
     member.size = len(data)
     bundle = _store(store, _tar_with(member, data))
     with pytest.raises(InvalidSpec, match=message):
-        backend.submit(script_spec(f"unsafe-{kind}", bundle))
+        backend.submit(user_spec(f"unsafe-{kind}", bundle))
     assert not (Path(backend.config["run_root"]) / f"unsafe-{kind}").exists()
 
 
@@ -300,9 +322,9 @@ def test_unsafe_members_are_refused(backend, store, kind, message):
 
 
 def test_requirements_install_from_the_operators_wheels_once_and_are_reused(backend, store):
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT}, requirements="tbhello==0.1\n")
+    bundle = code_bundle(store, USER_CODE, requirements="tbhello==0.1\n")
     started = time.monotonic()
-    first = backend.submit(script_spec("reqs-1", bundle))
+    first = backend.submit(user_spec("reqs-1", bundle))
     assert time.monotonic() - started < 10  # submit does not build the environment
     assert not (Path(first.provider_job_id) / "train.log").exists() or "ready" not in \
         (Path(first.provider_job_id) / "train.log").read_text()
@@ -318,7 +340,7 @@ def test_requirements_install_from_the_operators_wheels_once_and_are_reused(back
     assert f"[environment] building environment {env_dir}" in log and f"environment {env_dir} ready" in log
     before = marker.stat()
 
-    second = backend.submit(script_spec("reqs-2", bundle))
+    second = backend.submit(user_spec("reqs-2", bundle))
     status = wait_terminal(backend, second)
     assert status.state == JobState.SUCCEEDED, (status, _log(second))
     log = (Path(second.provider_job_id) / "train.log").read_text()
@@ -329,8 +351,8 @@ def test_requirements_install_from_the_operators_wheels_once_and_are_reused(back
 
 
 def test_a_requirement_pip_cannot_install_fails_the_job_with_pips_message(backend, store):
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT}, requirements="tbnosuchpkg==9.9\n")
-    handle = backend.submit(script_spec("reqs-bad", bundle))
+    bundle = code_bundle(store, USER_CODE, requirements="tbnosuchpkg==9.9\n")
+    handle = backend.submit(user_spec("reqs-bad", bundle))
     status = wait_terminal(backend, handle)
     assert status.state == JobState.FAILED and status.raw_state == "requirements failed", status
     assert status.failure_reason.startswith("installing the job's requirements failed (exit code 1): ERROR: ")
@@ -341,10 +363,10 @@ def test_a_requirement_pip_cannot_install_fails_the_job_with_pips_message(backen
 
 
 def test_pip_options_in_requirements_are_refused_naming_the_line(backend, store):
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT},
+    bundle = code_bundle(store, USER_CODE,
                          requirements="tbhello==0.1\n--index-url http://127.0.0.1:9/simple\n-r \\\n/etc/passwd\n")
     with pytest.raises(InvalidSpec) as err:
-        backend.submit(script_spec("reqs-options", bundle))
+        backend.submit(user_spec("reqs-options", bundle))
     message = str(err.value)
     assert "requirements.txt line '--index-url http://127.0.0.1:9/simple': pip options are the GPU box " \
            "operator's (TRAINBOARD_GPUBOX_PIP_ARGS" in message
@@ -372,8 +394,8 @@ def test_a_job_runs_the_trainer_snapshot_taken_at_submit(backend, store, tmp_pat
     probe = source / "trainer_pkg" / "_snapshot_probe.py"
     probe.write_text('VALUE = "as submitted"\n')
     go = tmp_path / "go"
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT})
-    handle = backend.submit(script_spec("snapshot", bundle, trainer_package_uri=str(source),
+    bundle = code_bundle(store, USER_CODE)
+    handle = backend.submit(user_spec("snapshot", bundle, trainer_package_uri=str(source),
                                         env={"TB_TEST_GO": str(go)}, secret_env={"TB_API_TOKEN": SECRET}))
     probe.write_text('VALUE = "changed after submit"\n')  # the ranks wait for `go`: they import after this
     # Meanwhile the supervisor runs as the worker: the job's variables are in neither its environment
@@ -382,9 +404,8 @@ def test_a_job_runs_the_trainer_snapshot_taken_at_submit(backend, store, tmp_pat
     supervisor = json.loads((run_dir / "supervisor.json").read_text())["pid"]
     assert SECRET.encode() not in Path(f"/proc/{supervisor}/environ").read_bytes()
     assert b"TB_TEST_GO" not in Path(f"/proc/{supervisor}/environ").read_bytes()
-    waiting = wait_for(lambda: [p for p in _proc.job_processes(str(run_dir)) if b"train.py" in _cmdline(p)],
-                       timeout=60, what="the user's script waiting in both ranks")
-    assert len(waiting) == 2
+    wait_for(lambda: len([p for p in _proc.job_processes(str(run_dir)) if b"\0LOCAL_RANK=" in _environ(p)]) >= 2,
+             timeout=60, what="both ranks to start (the user's code waits for the test)")
     for pid in _proc.job_processes(str(run_dir)) + [supervisor]:
         assert SECRET.encode() not in _cmdline(pid)
     go.touch()
@@ -440,16 +461,16 @@ def test_run_as_starts_the_job_as_that_user(store, monkeypatch):
     config = {"run_root": str(root / "runs"), "max_procs_per_node": 2, "python": str(recorder), "run_as": user}
     try:
         with pytest.raises(InvalidSpec, match=f"run_as: there is no OS user '{user}' on this GPU box; create it"):
-            GpuBoxBackend(config).submit(script_spec("run-as-missing", code_bundle(store, {"train.py": ENV_SCRIPT})))
+            GpuBoxBackend(config).submit(user_spec("run-as-missing", code_bundle(store, USER_CODE)))
         if os.geteuid() != 0:
             with pytest.raises(InvalidSpec, match="needs the gpubox worker to run as root"):
                 GpuBoxBackend({**config, "run_as": "root"}).submit(
-                    script_spec("run-as-root", code_bundle(store, {"train.py": ENV_SCRIPT})))
+                    user_spec("run-as-root", code_bundle(store, USER_CODE)))
             return
         subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", user], check=True)
         entry = pwd.getpwnam(user)
         backend = GpuBoxBackend(config)
-        handle = backend.submit(script_spec("run-as", code_bundle(store, {"train.py": ENV_SCRIPT}),
+        handle = backend.submit(user_spec("run-as", code_bundle(store, USER_CODE),
                                             secret_env={"TB_API_TOKEN": SECRET}))
         status = wait_terminal(backend, handle, timeout=60)
         assert status.state == JobState.SUCCEEDED, (status, _log(handle))
@@ -463,13 +484,13 @@ def test_run_as_starts_the_job_as_that_user(store, monkeypatch):
         assert environ["TB_API_TOKEN"] == SECRET and not set(PLANTED) & set(environ)
         # The job's outputs and its code directory are the user's; the supervisor's records are not.
         assert (run_dir / "output").stat().st_uid == entry.pw_uid
-        assert (run_dir / "code" / "train.py").stat().st_uid == entry.pw_uid
+        assert (run_dir / "code" / "envmodel.py").stat().st_uid == entry.pw_uid
         assert (run_dir / "exit.json").stat().st_uid == 0 and run_dir.stat().st_uid == 0
 
         # In an image the container runs as the user; the Docker client, which needs the daemon's
         # socket, runs as the worker.
         calls = fake_docker(root / "bin", root / "docker-calls.jsonl", monkeypatch)
-        handle = backend.submit(script_spec("run-as-image", code_bundle(store, {"train.py": ENV_SCRIPT}),
+        handle = backend.submit(user_spec("run-as-image", code_bundle(store, USER_CODE),
                                             image="ghcr.io/example/train:1.2"))
         status = wait_terminal(backend, handle, timeout=60)
         assert status.state == JobState.SUCCEEDED, (status, _log(handle))
@@ -510,9 +531,9 @@ def fake_docker(bin_dir: Path, calls: Path, monkeypatch) -> Path:
 
 def test_an_image_runs_the_job_under_docker_run(backend, store, tmp_path, monkeypatch):
     calls = fake_docker(tmp_path / "bin", tmp_path / "docker-calls.jsonl", monkeypatch)
-    bundle = code_bundle(store, {"train.py": ENV_SCRIPT}, requirements="tbhello==0.1\n")
+    bundle = code_bundle(store, USER_CODE, requirements="tbhello==0.1\n")
     image = "ghcr.io/example/train:1.2"
-    handle = backend.submit(script_spec("in-image", bundle, image=image, secret_env={"TB_API_TOKEN": SECRET}))
+    handle = backend.submit(user_spec("in-image", bundle, image=image, secret_env={"TB_API_TOKEN": SECRET}))
     status = wait_terminal(backend, handle, timeout=60)
     assert status.state == JobState.SUCCEEDED, (status, _log(handle))
 
@@ -570,9 +591,9 @@ def test_a_box_without_docker_refuses_an_image(backend, store, tmp_path, monkeyp
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     with pytest.raises(InvalidSpec) as err:
-        backend.submit(script_spec("no-docker", code_bundle(store, {"train.py": ENV_SCRIPT}), image="pytorch/pytorch:2.5.1"))
+        backend.submit(user_spec("no-docker", code_bundle(store, USER_CODE), image="pytorch/pytorch:2.5.1"))
     assert str(err.value) == ("this GPU box has no Docker (docker not found on PATH); leave the image empty to run "
                               "on the host")
     assert not (Path(backend.config["run_root"]) / "no-docker").exists()
     with pytest.raises(InvalidSpec, match="image: '--privileged' is not a container image reference"):
-        backend.validate(script_spec("bad-image", code_bundle(store, {"train.py": ENV_SCRIPT}), image="--privileged"))
+        backend.validate(user_spec("bad-image", code_bundle(store, USER_CODE), image="--privileged"))
