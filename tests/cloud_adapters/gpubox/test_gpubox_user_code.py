@@ -36,6 +36,7 @@ from polling import wait_for
 from cloud_adapters.base import CodeBundle, InvalidSpec, JobHandle, JobSpec, JobState
 from cloud_adapters.gpubox import GpuBoxBackend
 from cloud_adapters.gpubox import _proc, _usercode
+from cloud_adapters.gpubox.backend import RESERVED_ENV
 from cloud_adapters.gpubox._usercode import RunUser, container_command
 from cloud_adapters.packaging import build_archive
 
@@ -53,6 +54,7 @@ PLANTED = {
     "GOOGLE_APPLICATION_CREDENTIALS": "/planted/service-account.json",
     "AZURE_CLIENT_SECRET": "planted-azure-client-secret",
 }
+SET_IN_EVERY_RANK = RESERVED_ENV | {"OMP_NUM_THREADS", "PYTHONUNBUFFERED"}
 SECRET = "s3cr3t-token-" + uuid.uuid4().hex  # the job's own secret: reaches it, written nowhere by us
 
 # The user's code: what every rank sees, recorded in code.dir as env-rank<RANK>.json by the model's
@@ -240,10 +242,11 @@ def test_user_code_sees_the_jobs_variables_and_none_of_the_workers(backend, stor
         assert environ["TB_USER_FLAG"] == "visible-flag" and environ["TB_API_TOKEN"] == SECRET
         assert environ["NCCL_DEBUG"] == "WARN" and environ["PATH"] == os.environ["PATH"]
         assert environ["HOME"] == pwd.getpwuid(os.geteuid()).pw_dir
-        # Every other variable the worker has and the rank shares is on the allowlist (or ours).
-        shared = {k for k, v in environ.items() if os.environ.get(k) == v}
-        assert shared <= set(_usercode.ENV_ALLOWLIST) | {"HOME", "USER", "LOGNAME", "NCCL_DEBUG",
-                                                         "PYTHONUNBUFFERED"}, shared
+        # Every other variable the worker has and the rank shares is on the allowlist, or one that
+        # torchrun and the launcher set in every rank (whose value may happen to be the worker's).
+        shared = {k for k, v in environ.items() if os.environ.get(k) == v
+                  and k not in SET_IN_EVERY_RANK and not k.startswith(("TORCHELASTIC_", "TORCH_"))}
+        assert shared <= set(_usercode.ENV_ALLOWLIST) | {"HOME", "USER", "LOGNAME", "NCCL_DEBUG"}, shared
     # The secret was never written by Trainboard: only the user's own files hold it.
     assert files_holding(run_dir, SECRET, skip=("env-rank0.json", "env-rank1.json")) == []
     assert files_holding(Path(backend.config["run_root"]) / ".trainers", SECRET) == []
