@@ -19,8 +19,8 @@ from torch import nn
 from cloud_adapters.gpubox.backend import _failure_reason
 from trainer_helpers import REPO, records, torchrun, write_job
 from trainer_pkg.config import ConfigError, JobConfig
-from trainer_pkg.models import sequential_layers
-from trainer_pkg.parallel import StrategyError, fsdp_units
+from trainer_pkg.models import pipeline_units, sequential_layers
+from trainer_pkg.parallel import StageModule, StrategyError, fsdp_units
 from trainer_pkg.registry import (
     ARCHITECTURES, CUSTOM, check_input_shape, parse_entry_point, pipeline_layer_count, validate_model_params)
 from trainer_pkg.user_model import (
@@ -320,6 +320,21 @@ def test_a_relative_code_dir_is_beside_trainer_pkg_and_our_frames_are_never_the_
                           "code archive's top level)\n")
 
 
+def test_a_forward_that_raises_shows_the_users_frames(code_dir, tinyformer):
+    model = tinyformer.build(num_classes=10, input_shape=DIGITS_SHAPE, width=16, depth=1)
+    with pytest.raises(UserCodeError) as err:
+        check_first_batch(model, torch.randn(4, 3, 7), num_classes=10, entry_point="tinyformer.model:build",
+                          code_dir=str(code_dir))
+    assert str(err.value) == ("model.entry_point tinyformer.model:build: the model's forward on a first batch of "
+                              "shape (4, 3, 7) raised RuntimeError: shape '[4, 8, 8]' is invalid for input of size 84")
+    line = _LINES.index("        return self.proj(x.reshape(x.shape[0], self.tokens, self.features)) + self.pos") + 1
+    shown = re.sub(r"\n *[~^]+ *(?=\n)", "", err.value.user_traceback)
+    assert shown == ("Traceback (most recent call last):\n"
+                     f'  File "{code_dir}/tinyformer/model.py", line {line}, in forward\n'
+                     "    return self.proj(x.reshape(x.shape[0], self.tokens, self.features)) + self.pos\n"
+                     "RuntimeError: shape '[4, 8, 8]' is invalid for input of size 84\n")  # no torch frames
+
+
 def test_first_batch_check_names_what_came_back_and_leaves_the_model_as_it_was():
     class TupleOut(nn.Module):
         def __init__(self):
@@ -348,7 +363,7 @@ def test_pipeline_layers_from_a_layers_method_are_checked():
             self.leave_out, self.wrong_name = leave_out, wrong_name
 
         def forward(self, x):
-            return self.second(torch.relu(self.first(x)))
+            return self.second(self.first(x))
 
         def layers(self):
             if self.leave_out:
@@ -357,6 +372,12 @@ def test_pipeline_layers_from_a_layers_method_are_checked():
 
     model = Listed()
     assert [n for n, _ in sequential_layers(model)] == ["first", "second"]
+    # stages cut from a layers() list compose to the model, and their state dicts map back to its keys
+    stages = [StageModule(unit) for unit in pipeline_units(sequential_layers(model))]
+    x = torch.randn(3, 4)
+    assert torch.equal(stages[1](stages[0](x)), model(x))
+    merged = {k: v for stage in stages for k, v in stage.model_state_dict().items()}
+    assert merged.keys() == model.state_dict().keys()
     with pytest.raises(ConfigError) as err:
         sequential_layers(Listed(leave_out=True))
     assert str(err.value) == ("Listed.layers() leaves out second.weight, second.bias: every parameter and buffer "
