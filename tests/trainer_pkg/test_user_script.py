@@ -133,12 +133,17 @@ def test_script_exit_code_is_the_jobs(tmp_path):
 
 
 def test_script_that_raises_fails_with_its_traceback(tmp_path):
-    code_dir = write_code(tmp_path / "code", "import os\n\ndef train():\n"
-                          "    raise RuntimeError('boom on rank ' + os.environ['RANK'])\n\ntrain()\n")
+    # Rank 1 raises; rank 0 waits until torchrun stops it. (Were both to raise, the first failure
+    # would make torchrun stop the other rank, perhaps before it printed its own traceback.)
+    code_dir = write_code(tmp_path / "code", "import os, time\n\ndef train():\n"
+                          "    raise RuntimeError('boom on rank ' + os.environ['RANK'])\n\n"
+                          "if os.environ['RANK'] == '1':\n    train()\ntime.sleep(60)\n")
+    started = time.monotonic()
     run = launch(job(tmp_path, code_dir, "train.py", []), "--standalone", "--nproc-per-node", "2")
     assert run.returncode != 0
-    for rank in (0, 1):
-        assert f"RuntimeError: boom on rank {rank}" in run.stderr
+    assert time.monotonic() - started < 50  # torchrun stopped the waiting rank: the job did not sit out its sleep
+    assert "RuntimeError: boom on rank 1" in run.stderr
+    assert "boom on rank 0" not in run.stderr
     assert "Traceback (most recent call last):" in run.stderr
     assert 'train.py", line 4, in train' in run.stderr
 
