@@ -263,6 +263,31 @@ def training_job_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job_id=job.pk).order_by("created_at", "id")
 
 
+JOB_CODE_KINDS = {"builtin": "Built-in architecture", "code": "My model, Trainboard's trainer",
+                  "script": "My training script"}
+
+
+def training_job_code(*, job: TrainingJob) -> dict[str, Any]:
+    """What code the job ran, from its frozen config and its recorded archive (not the model as it is
+    now): ``{"kind": "builtin" | "code" | "script", "kind_label", "sha256": hex | "", "entry_point"
+    ("package.module:function", kind code), "script" + "args" (kind script), "requirements"
+    (the archive's requirements.txt text), "architecture" (builtin)}``."""
+    config = job.config or {}
+    model, code = config.get("model") or {}, config.get("code") or {}
+    kind = "script" if code.get("script") else "code" if model.get("arch") == "custom" else "builtin"
+    archive = job.code if job.code_id else None
+    return {
+        "kind": kind,
+        "kind_label": JOB_CODE_KINDS[kind],
+        "sha256": archive.sha256 if archive else code.get("sha256", ""),
+        "entry_point": model.get("entry_point", "") if kind == "code" else "",
+        "script": code.get("script", ""),
+        "args": list(code.get("args") or []),
+        "requirements": archive.requirements if archive else "",
+        "architecture": model.get("arch", "") if kind == "builtin" else "",
+    }
+
+
 ProgressCursor = tuple[int, int]
 """Where :func:`training_job_progress` stopped: (last event id, last val_accuracy point id)."""
 

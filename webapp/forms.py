@@ -547,6 +547,20 @@ class TrainingJobForm(forms.Form):
         help_text="Optional overrides of the trainer config, e.g. " + HYPERPARAMETERS_EXAMPLE + ".",
     )
 
+    env = forms.CharField(
+        required=False, label="Environment variables",
+        widget=forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false",
+                                     "placeholder": "WANDB_PROJECT=vision"}),
+        help_text="Optional: NAME=VALUE, one per line, set in every process of the job (not secrets: they are "
+                  "shown on the job page; the backend's job secrets are set too). The launcher's and the "
+                  "platforms' own names (RANK, MASTER_ADDR, PYTHONPATH, TRAINBOARD_*, SM_*, ...) are refused.")
+    image = forms.CharField(
+        required=False, max_length=500, label="Container image",
+        widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false",
+                                      "placeholder": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1.0"}),
+        help_text="Optional: the image the job runs in (ECR, Artifact Registry or ACR URI); blank = the model's "
+                  "image, else the backend's.")
+
     team = team_field(
         None, empty_label="— none —",
         help_text="Optional: run for a team you belong to. The job counts toward the team's monthly budget "

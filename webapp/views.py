@@ -373,7 +373,7 @@ def job_estimate(request: HttpRequest) -> HttpResponse:
 
 def _job_for(request: HttpRequest, pk: int):
     jobs = selectors.training_job_list_for_user(user=request.user)
-    return get_object_or_404(jobs.select_related("backend", "dataset", "model_spec", "rerun_of"), pk=pk)
+    return get_object_or_404(jobs.select_related("backend", "dataset", "model_spec", "rerun_of", "code"), pk=pk)
 
 
 def _live_context(job) -> dict[str, Any]:
@@ -422,6 +422,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = _live_context(job)
     context["metrics"] = _metrics_payload(job)
     context["chart_series"] = CHART_SERIES
+    context["code"] = selectors.training_job_code(job=job)
     return render(request, "webapp/jobs/detail.html", context)
 
 

@@ -73,7 +73,8 @@ def test_json_without_wait(ready, django_capture_on_commit_callbacks):
     job = TrainingJob.objects.get()
     assert data == {
         "id": job.pk, "state": "QUEUED", "url": f"http://127.0.0.1:8000/jobs/{job.pk}/", "cost_usd": 0.0, "duration_s": None,
-        "failure_reason": "", "metrics": {"val_accuracy": None, "val_loss": None, "train_loss": None},
+        "failure_reason": "", "code_sha256": None, "image": "",
+        "metrics": {"val_accuracy": None, "val_loss": None, "train_loss": None},
         "events": [{"from": None, "to": "QUEUED", "at": data["events"][0]["at"]}],
     }
     assert job.config["train"]["lr"] == 0.1 and str(job.budget_usd) == "5.0000"
@@ -225,3 +226,36 @@ def test_team_runs_the_job_for_one_of_your_teams(ready, user, django_user_model)
     code, out, _ = run(*BASE, "--team", "vision", "--json")
     assert code == 0
     assert TrainingJob.objects.get(pk=json.loads(out)["id"]).team == vision
+
+
+# --- the job's environment, image and code ---------------------------------------------------
+
+
+def test_env_and_image_options_and_the_code_hash_in_the_json(ready, user, settings, tmp_path):
+    from codekit import MODEL_FILES, upload, zip_bytes
+
+    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
+    model = services.model_spec_create(owner=user, name="my-script", kind="script", entry_point="train.py",
+                                       code=upload(zip_bytes(MODEL_FILES)), script_args=["--epochs", "1"])
+    args = [a if a != "digits-cnn" else "my-script" for a in BASE]
+    code, out, err = run(*args, "--json", "--env", "WANDB_PROJECT=vision", "--env", "EMPTY_OK=a=b",
+                         "--image", "myregistry.azurecr.io/train:1.0")
+    assert code == 0, err
+    job = TrainingJob.objects.get()
+    assert (job.env, job.image) == ({"WANDB_PROJECT": "vision", "EMPTY_OK": "a=b"}, "myregistry.azurecr.io/train:1.0")
+    data = json.loads(out)
+    assert data["code_sha256"] == model.code.sha256 == job.code.sha256
+    assert data["image"] == "myregistry.azurecr.io/train:1.0"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--env", "NOEQUALS"], "--env: 'NOEQUALS' is not KEY=VALUE (e.g. --env WANDB_PROJECT=vision)."),
+    (["--env", "A=1", "--env", "A=2"], "--env: A is given twice; keep one."),
+    (["--env", "MASTER_PORT=1"], "--env: Environment variable MASTER_PORT cannot be set here: torchrun sets it"),
+    (["--image", "no spaces allowed"], "--image: Image: 'no spaces allowed' is not a container image reference"),
+])
+def test_bad_env_or_image_exits_2(ready, args, needle):
+    code, out, err = run(*BASE, *args)
+    assert code == 2
+    assert needle in err
+    assert not TrainingJob.objects.exists()

@@ -494,9 +494,33 @@ class TrainingJobSerializer(serializers.ModelSerializer):
                                    places=job.money_places)
 
 
-class TrainingJobDetailSerializer(TrainingJobSerializer):
-    """A job with its frozen config, state timeline, metrics summary and per-rank throughput."""
+class JobCodeSerializer(serializers.Serializer):
+    """What code a job ran (jobs.selectors.training_job_code): its recorded archive, not the model now."""
 
+    kind = serializers.ChoiceField(choices=["builtin", "code", "script"],
+                                   help_text="builtin: a built-in architecture; code: the user's model function "
+                                             "trained by Trainboard's trainer; script: the user's training script.")
+    sha256 = serializers.CharField(help_text="Hex SHA-256 of the code archive; \"\" for a built-in model.")
+    entry_point = serializers.CharField(help_text="Kind code: package.module:function.")
+    script = serializers.CharField(help_text="Kind script: train.py or -m package.module.")
+    args = serializers.ListField(child=serializers.CharField(), help_text="Kind script: its arguments.")
+    requirements = serializers.CharField(help_text="The archive's requirements.txt text.")
+
+
+class TrainingJobDetailSerializer(TrainingJobSerializer):
+    """A job with its frozen config, state timeline, metrics summary and per-rank throughput, and the
+    code, image, environment and dataset fingerprint it ran with (never the backend's job secrets)."""
+
+    code = serializers.SerializerMethodField()
+    env = serializers.DictField(child=serializers.CharField(), read_only=True,
+                                help_text="The job's own environment variables (the backend's job secrets are "
+                                          "set too, and never shown).")
+    dataset_fingerprint = serializers.JSONField(
+        read_only=True, allow_null=True,
+        help_text='What identified the data when the job was created (local: {"kind": "local", "size_bytes", '
+                  '"files", "mtime", "sample_sha256"}; builtin: {"kind", "name"}) or submitted (s3/gs: '
+                  '{"kind", "uri", "objects", "size_bytes", "last_modified", "listing_sha256", "truncated"}; '
+                  'a failed listing: {"kind", "uri", "error"}); null until taken.')
     events = serializers.SerializerMethodField()
     metrics = serializers.SerializerMethodField()
     ranks = serializers.SerializerMethodField()
@@ -504,8 +528,14 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         help_text="The rank the others wait for; null when no rank is meaningfully (10%) slower.")
 
     class Meta(TrainingJobSerializer.Meta):
-        fields = TrainingJobSerializer.Meta.fields + ["config", "events", "metrics", "ranks", "straggler"]
+        fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
+                                                      "events", "metrics", "ranks", "straggler"]
         read_only_fields = fields
+
+    @extend_schema_field(JobCodeSerializer)
+    def get_code(self, job: TrainingJob) -> dict[str, Any]:
+        code = selectors.training_job_code(job=job)
+        return {key: code[key] for key in ("kind", "sha256", "entry_point", "script", "args", "requirements")}
 
     @extend_schema_field(JobEventSerializer(many=True))
     def get_events(self, job: TrainingJob) -> list[dict[str, Any]]:
@@ -578,6 +608,15 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
         required=False, allow_null=True, default=None,
         help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}.',
     )
+    env = StoredJSONField(
+        required=False, allow_null=True, default=None,
+        help_text='Environment variables of the job\'s processes: {"NAME": "value"} or "NAME=VALUE" lines; at '
+                  "most 64, values up to 4,096 characters; not the launcher's (RANK, MASTER_ADDR, PYTHONPATH, "
+                  "...) nor TRAINBOARD_*, SM_*, AIP_*, AZUREML_*, CUDA_* names.")
+    image = serializers.CharField(
+        required=False, allow_blank=True, max_length=500, default="",
+        help_text="Container image for this job (an ECR, Artifact Registry or ACR URI); blank = the model's, "
+                  "else the backend's.")
 
     def create(self, validated_data: dict[str, Any]) -> TrainingJob:
         return self._call(services.training_job_create, owner=self.context["request"].user, **validated_data)

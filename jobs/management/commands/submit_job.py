@@ -59,6 +59,12 @@ class Command(BaseCommand):
         train.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
         train.add_argument("--hyperparameters", default=None, metavar="JSON",
                            help='JobConfig overrides as a JSON object, e.g. \'{"train": {"optimizer": "adamw"}}\'.')
+        env = parser.add_argument_group("environment")
+        env.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                         help="An environment variable of the job's processes (repeatable); the launcher's and "
+                              "the platforms' own names (RANK, PYTHONPATH, TRAINBOARD_*, SM_*, ...) are refused.")
+        env.add_argument("--image", default="", metavar="URI",
+                         help="Container image for the job (default: the model's, else the backend's).")
         limits = parser.add_argument_group("limits")
         limits.add_argument("--max-runtime", type=int, default=3600, metavar="SECONDS",
                             help="Hard limit on run time (default: 3600).")
@@ -99,6 +105,19 @@ class Command(BaseCommand):
             self._bad_input(f"--{option}: you have no {what} named {name!r} (yours: {known}).")
         return obj
 
+    def _env(self, items: list[str]) -> dict[str, str]:
+        """``--env KEY=VALUE`` options as a dict (the service checks names and values); an option
+        without ``=``, or a name given twice, is bad input."""
+        env: dict[str, str] = {}
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep:
+                self._bad_input(f"--env: {item[:60]!r} is not KEY=VALUE (e.g. --env WANDB_PROJECT=vision).")
+            if name in env:
+                self._bad_input(f"--env: {name[:60]} is given twice; keep one.")
+            env[name] = value
+        return env
+
     # -- run ------------------------------------------------------------------------------------
 
     def handle(self, *args, **opts):
@@ -108,6 +127,7 @@ class Command(BaseCommand):
         backend = self._named(selectors.backend_list_for_user(user=owner), opts["backend"], "backend", "backend")
         team = (self._named(selectors.team_list_for_user(user=owner), opts["team"], "team", "team")
                 if opts["team"] else None)
+        env = self._env(opts["env"])
         try:
             job = services.training_job_create(
                 owner=owner, dataset=dataset, model_spec=model, backend=backend, strategy=opts["strategy"],
@@ -115,6 +135,7 @@ class Command(BaseCommand):
                 batch_size=opts["batch_size"], lr=opts["lr"], seed=opts["seed"],
                 max_runtime_s=opts["max_runtime"], budget_usd=opts["budget"], instance_type=opts["instance_type"],
                 spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"], team=team,
+                env=env, image=opts["image"],
             )
         except ValidationError as exc:
             lines = [f"--{f.replace('_', '-')}: {m}" if f != "__all__" else m
@@ -167,6 +188,8 @@ class Command(BaseCommand):
             "cost_usd": float(job.cost_usd),
             "duration_s": round(duration, 3) if duration is not None else None,
             "failure_reason": job.failure_reason,
+            "code_sha256": job.code.sha256 if job.code_id else None,
+            "image": job.image,
             "metrics": {k: final[k] for k in ("val_accuracy", "val_loss", "train_loss")},
             "events": [{"from": e.from_state or None, "to": e.to_state, "at": e.created_at.isoformat()}
                        for e in selectors.training_job_events(job=job)],

@@ -1,0 +1,155 @@
+"""The job side of the user's code in the dashboard: the job form's environment and image fields
+(through the test client, every error at once), the job page's Code panel (kind, hash, entry point
+or script, requirements, image, env, dataset fingerprint) and the API's job detail and create, all
+from what the job recorded, never the backend's job-secret values."""
+
+from __future__ import annotations
+
+import html as html_lib
+
+import pytest
+from django.urls import reverse
+
+from codekit import MODEL_FILES, upload, zip_bytes
+from jobs import services
+from jobs.models import CodeArchive, TrainingJob
+from page_html import field_block
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "tok-very-secret-123"
+
+
+@pytest.fixture(autouse=True)
+def code_store(settings, tmp_path):
+    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
+
+
+@pytest.fixture
+def code_model(user):
+    return services.model_spec_create(
+        owner=user, name="my-net", kind="code", code=upload(zip_bytes(MODEL_FILES)),
+        entry_point="mymodel.net:build", params={"width": 8})
+
+
+@pytest.fixture
+def script_model(user):
+    return services.model_spec_create(
+        owner=user, name="my-script", kind="script", code=upload(zip_bytes(MODEL_FILES)),
+        entry_point="train.py", script_args=["--epochs", "2", "--name=a b"])
+
+
+def job_form_data(dataset, model, backend, /, **overrides):
+    data = {"name": "", "dataset": dataset.pk, "model_spec": model.pk, "backend": backend.pk, "strategy": "ddp",
+            "nodes": 1, "procs_per_node": 2, "epochs": 3, "batch_size": 32, "lr": 0.05, "seed": 0,
+            "max_runtime_s": 3600, "budget_usd": "", "instance_type": "", "hyperparameters": "", "env": "",
+            "image": ""}
+    data.update(overrides)
+    return data
+
+
+def text(page: str) -> str:
+    return html_lib.unescape(page)
+
+
+# --- the job form ---------------------------------------------------------------------------
+
+
+def test_the_job_form_takes_env_and_image(owner_client, digits_dataset, code_model, local_backend):
+    page = owner_client.get(reverse("job-create")).content.decode()
+    assert "Environment variables" in field_block(page, "env")
+    assert "Container image" in field_block(page, "image")
+    response = owner_client.post(reverse("job-create"), job_form_data(
+        digits_dataset, code_model, local_backend, env="WANDB_PROJECT=vision\nHF_HOME=/data/hf",
+        image="us-docker.pkg.dev/p/r/train:1.0"))
+    job = TrainingJob.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("job-detail", args=[job.pk])
+    assert job.env == {"WANDB_PROJECT": "vision", "HF_HOME": "/data/hf"}
+    assert job.image == "us-docker.pkg.dev/p/r/train:1.0"
+    assert job.code == CodeArchive.objects.get()
+
+
+def test_the_job_form_shows_every_env_and_image_error_on_its_field(owner_client, digits_dataset, cnn_model,
+                                                                   local_backend):
+    response = owner_client.post(reverse("job-create"), job_form_data(
+        digits_dataset, cnn_model, local_backend, env="RANK=0\nAIP_X=1\nfine=1", image="Bad Image", epochs=0))
+    assert response.status_code == 200
+    assert not TrainingJob.objects.exists()
+    page = text(response.content.decode())
+    env = field_block(page, "env")
+    assert "Environment variable RANK cannot be set here: torchrun sets it on every rank" in env
+    assert "Environment variable AIP_X cannot be set here: names starting AIP_ are Vertex AI's" in env
+    assert "'Bad Image' is not a container image reference" in field_block(page, "image")
+    assert "Ensure this value is greater than or equal to 1." in field_block(page, "epochs")
+
+
+# --- the job page ---------------------------------------------------------------------------
+
+
+def test_the_code_panel_of_a_code_model_job(owner_client, user, digits_dataset, code_model, local_backend):
+    services.backend_update(backend=local_backend, job_secrets={"WANDB_API_KEY": SECRET})
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=code_model,
+                                       backend=local_backend, procs_per_node=1, env={"WANDB_PROJECT": "vision"},
+                                       image="myregistry.azurecr.io/train:1.0")
+    sha = CodeArchive.objects.get().sha256
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert "My model, Trainboard's trainer" in page
+    assert f'<code id="code-sha256" title="{sha}">{sha[:12]}</code>' in page
+    assert '<code id="code-entry-point">mymodel.net:build</code>' in page
+    assert '<pre class="log" id="code-requirements">tinypkg==1.0\n</pre>' in page
+    assert "<code>myregistry.azurecr.io/train:1.0</code>" in page
+    assert "<td><code>WANDB_PROJECT</code></td><td><code>vision</code></td>" in page
+    assert "<td>kind</td><td><code>builtin</code></td>" in page  # the fingerprint of digits
+    assert "job secrets WANDB_API_KEY (values never shown)" in page
+    assert SECRET not in page
+
+
+def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user, digits_dataset, script_model,
+                                                             cnn_model, local_backend):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=script_model,
+                                       backend=local_backend, procs_per_node=1)
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert "My training script" in page
+    assert '<code id="code-script">train.py --epochs 2 --name=a b</code>' in page
+    assert "the backend's default" in page and "no variables of the job's own" in page
+    builtin = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                           backend=local_backend, procs_per_node=1)
+    page = text(owner_client.get(reverse("job-detail", args=[builtin.pk])).content.decode())
+    assert '<dd id="code-kind">Built-in architecture (cnn)</dd>' in page
+    assert 'id="code-sha256"' not in page
+
+
+# --- the API --------------------------------------------------------------------------------
+
+
+def test_the_api_creates_with_env_and_image_and_details_the_code(api_client, user, digits_dataset, script_model,
+                                                                 local_backend):
+    services.backend_update(backend=local_backend, job_secrets={"WANDB_API_KEY": SECRET})
+    response = api_client.post("/api/jobs/", {
+        "dataset": digits_dataset.pk, "model_spec": script_model.pk, "backend": local_backend.pk,
+        "procs_per_node": 1, "env": {"WANDB_PROJECT": "vision"}, "image": "myregistry.azurecr.io/t:1"},
+        format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    archive = CodeArchive.objects.get()
+    assert body["code"] == {"kind": "script", "sha256": archive.sha256, "entry_point": "", "script": "train.py",
+                            "args": ["--epochs", "2", "--name=a b"], "requirements": "tinypkg==1.0\n"}
+    assert (body["image"], body["env"]) == ("myregistry.azurecr.io/t:1", {"WANDB_PROJECT": "vision"})
+    assert body["dataset_fingerprint"] == {"kind": "builtin", "name": "digits"}
+    detail = api_client.get(f"/api/jobs/{body['id']}/")
+    assert detail.json()["code"] == body["code"]
+    assert SECRET not in detail.content.decode() and SECRET not in response.content.decode()
+
+
+def test_the_api_refuses_a_bad_env_with_every_message(api_client, digits_dataset, cnn_model, local_backend):
+    response = api_client.post("/api/jobs/", {
+        "dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk, "procs_per_node": 1,
+        "env": "WORLD_SIZE=4\nSM_HOSTS=x", "image": "no spaces"}, format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["env"] == [
+        "Environment variable WORLD_SIZE cannot be set here: torchrun sets it on every rank from the job's shape.",
+        "Environment variable SM_HOSTS cannot be set here: names starting SM_ are SageMaker's (its training "
+        "toolkit sets them)."]
+    assert "is not a container image reference" in body["image"][0]
+    assert not TrainingJob.objects.exists()
