@@ -13,6 +13,7 @@ import base64
 import csv
 import hashlib
 import io
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -27,6 +28,9 @@ satisfies it."""
 DEP_VERSION = "1.2.0"
 DEP_MARK = 4242
 """``tbtinydep.MARK``: a user script that imported it reports this value."""
+
+SECRET_NAME = "TB_USER_SECRET"
+"""A job secret's variable the script reports back (in its model directory), to show it arrived."""
 
 MODEL_FILES: dict[str, str] = {
     "usermodel/__init__.py": "",
@@ -61,6 +65,7 @@ SCRIPT_FILES: dict[str, str] = {
 import argparse
 import json
 import os
+import sys
 
 import {DEP_NAME}
 from trainer_pkg import report
@@ -75,8 +80,10 @@ for step in range(1, args.steps + 1):
 if rank == 0:
     with open(os.path.join(report.model_dir(), "user_model.json"), "w") as f:
         json.dump({{"tag": args.tag, "world_size": int(os.environ["WORLD_SIZE"]), "dep": {DEP_NAME}.__version__,
-                   "cwd": os.getcwd()}}, f)
-print(f"user script rank {{rank}} of {{os.environ['WORLD_SIZE']}} done, tag {{args.tag}}", flush=True)
+                   "cwd": os.getcwd(), "secret": os.environ.get("{SECRET_NAME}", "")}}, f)
+# One write per line: the ranks of a node share one stdout.
+sys.stdout.write(f"user script rank {{rank}} of {{os.environ['WORLD_SIZE']}} done, tag {{args.tag}}\\n")
+sys.stdout.flush()
 ''',
     "requirements.txt": f"# the script's own dependency\n{DEP_NAME}=={DEP_VERSION}\n",
     "helpers/data.txt": "some data\n",
@@ -135,3 +142,9 @@ def build_user_model(code_dir: Path, **kwargs: Any) -> Any:
         sys.path.remove(str(code_dir))
         for name in [m for m in sys.modules if m == "usermodel" or m.startswith("usermodel.")]:
             del sys.modules[name]
+
+
+def script_ranks_done(output: str, tag: str) -> list[int]:
+    """The ranks whose "user script rank R of N done, tag <tag>" line is in ``output``, sorted."""
+    return sorted(int(r) for r in re.findall(rf"user script rank (\d+) of \d+ done, tag {re.escape(tag)}$", output,
+                                             flags=re.M))

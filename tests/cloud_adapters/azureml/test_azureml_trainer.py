@@ -6,7 +6,8 @@ MASTER_ADDR/MASTER_PORT; processes already started, no torchrun) plus the job's
 ``AZURE_ML_OUTPUT_<name>`` folders (trainer_pkg/platforms.py ``read_azureml``). 2 nodes × 2 processes
 on 127.0.0.1 train one epoch of digits with gloo; the model lands in the ``model`` output. The
 processes' stdout, served back as their std_log files, comes out of ``logs()`` with the metric
-records exactly as printed. A user's model in the snapshot (``model.arch`` custom) trains the same way.
+records exactly as printed. A user's model in the snapshot (``model.arch`` custom) trains the same way;
+a user's script runs in the environment recreated from the job's conda file (its pip step).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import shlex
 import socket
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from azureml_standin import SUBSCRIPTION, WORKSPACE, make_backend, two_gpu_catalog
 
 from cloud_adapters.base import JobSpec
@@ -30,7 +33,9 @@ from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
 from trainer_helpers import records  # noqa: E402  (the trainer tests' reader of metrics.jsonl)
-from user_code_kit import MODEL_FILES, build_user_model, code_bundle  # noqa: E402
+from user_code_kit import (  # noqa: E402
+    DEP_MARK, DEP_NAME, DEP_VERSION, MODEL_FILES, SCRIPT_FILES, SECRET_NAME, build_user_model, build_wheel,
+    code_bundle, script_ranks_done)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
                                         "ignore::UserWarning")  # azure-ai-ml's marshmallow schemas
@@ -164,3 +169,51 @@ def test_a_custom_model_in_the_snapshot_trains_under_azure_ml(workspace, azurite
     model = build_user_model(snapshot, num_classes=10, input_shape=(64,), width=16)
     model.load_state_dict(torch.load(outputs / "model" / "model.pt", map_location="cpu", weights_only=True),
                           strict=True)
+
+
+def recreate_environment(env_body: dict, venv: Path, wheels: Path) -> str:
+    """What Azure ML does with an environment of an image plus a conda file, here without a network: a
+    fresh Python environment (a virtualenv; this run's torch, numpy and scikit-learn come in through a
+    ``.pth``, as the image's conda step would install them) and the conda file's pip step, ``pip install
+    -r`` of its pip list, from ``wheels`` only. The environment's python."""
+    conda = yaml.safe_load(env_body["properties"]["condaFile"])
+    (pip_section,) = [d for d in conda["dependencies"] if isinstance(d, dict)]
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    own_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    Path(own_site, "trainboard-test-site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    requirements = venv / "conda-pip-requirements.txt"
+    requirements.write_text("\n".join(pip_section["pip"]) + "\n")
+    pip = subprocess.run([python, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
+                          "--disable-pip-version-check", "-r", str(requirements)],
+                         capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+    assert f"Successfully installed {DEP_NAME}-{DEP_VERSION}" in pip.stdout
+    return python
+
+
+def test_a_users_script_runs_in_the_environment_built_from_the_conda_file(workspace, azurite, tmp_path):
+    code = code_bundle(tmp_path / "store", SCRIPT_FILES)
+    config = {**CONFIG, "code": {"script": "train.py", "args": ["--steps", "3", "--tag", "az"]}}
+    backend = make_backend(workspace, prices=two_gpu_catalog())
+    backend.submit(JobSpec(job_name="tb-job-6-script", config=config, nodes=2, procs_per_node=2,
+                           instance_type="Standard_NC12s_v3", max_runtime_s=600, code=code,
+                           secret_env={SECRET_NAME: "az-secret-38"}))
+    body = workspace.puts["tb-job-6-script"][0]["properties"]
+    (env_put,) = workspace.calls("PUT", r"/environments/[^/]+/versions/[^/]+$")
+    assert body["environmentId"] == env_put.path
+    python = recreate_environment(env_put.body, tmp_path / "env", build_wheel(tmp_path / "wheels"))
+    snapshot = download_snapshot(azurite, workspace.calls("PUT", r"/codes/")[0].body["properties"]["codeUri"],
+                                 tmp_path / "wd")
+
+    outputs = tmp_path / "outputs"
+    _, results = run_processes(body, snapshot, outputs, python=python)
+    assert script_ranks_done("".join(out for _, out in results), "az") == [0, 1, 2, 3]
+    assert not any("az-secret-38" in out for _, out in results)  # in the environment only, never in our log lines
+    metrics = [parse_metric_line(line) for line in results[0][1].splitlines() if line.startswith(METRIC_PREFIX)]
+    assert [(m["step"], m["my_metric"], m["dep_mark"]) for m in metrics] == [
+        (1, 1.5, float(DEP_MARK)), (2, 3.0, float(DEP_MARK)), (3, 4.5, float(DEP_MARK))]
+    assert not any(line.startswith(METRIC_PREFIX) for _, out in results[1:] for line in out.splitlines())
+    written = json.loads((outputs / "model" / "user_model.json").read_text())
+    assert written == {"tag": "az", "world_size": 4, "dep": DEP_VERSION, "cwd": str(snapshot), "secret": "az-secret-38"}

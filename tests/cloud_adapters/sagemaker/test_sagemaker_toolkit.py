@@ -12,7 +12,8 @@ prefix's last ``/``), and the request's Environment is set. The toolkit download
 ``sagemaker_submit_directory`` in moto's S3 (a loopback server), unpacks it into ``code/`` and runs
 the entry script; the trainer must find the data in the channel and leave the model in SM_MODEL_DIR.
 
-With the user's code in the submit directory, a custom model from it trains on both hosts the same way.
+With the user's code in the submit directory, a custom model from it trains on both hosts the same way,
+and a user's script runs after the toolkit's own step installed its requirements.txt.
 
 Host names are the loopback addresses 127.0.0.1 and 127.0.0.2: the toolkit and the container module
 wait until every host in resourceconfig.json resolves (``socket.gethostbyname``) and the container
@@ -37,6 +38,7 @@ import torch
 
 from cloud_adapters import packaging
 from cloud_adapters.base import JobSpec
+from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 from sagemaker_standin import BUCKET, submit_and_capture
 
 REPO = Path(__file__).resolve().parents[3]
@@ -44,7 +46,9 @@ sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
 from test_platforms import clean_env, rank_lines, run_all, write_npz  # noqa: E402
 from test_trainer_datasets import _csv, _image_tree  # noqa: E402
 from trainer_helpers import records  # noqa: E402
-from user_code_kit import MODEL_FILES, build_user_model, code_bundle  # noqa: E402
+from user_code_kit import (  # noqa: E402
+    DEP_MARK, DEP_NAME, DEP_VERSION, MODEL_FILES, SCRIPT_FILES, SECRET_NAME, build_user_model, build_wheel,
+    code_bundle, script_ranks_done)
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CONTAINER_MASTER_PORT = 7777  # sagemaker_pytorch_container.training.MASTER_PORT
@@ -236,3 +240,46 @@ def test_toolkit_trains_a_custom_model_from_the_users_code(tmp_path, sagemaker_t
     model = build_user_model(code_dir, num_classes=4, input_shape=(8,), width=16)
     model.load_state_dict(torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True), strict=True)
     assert type(model[2]).__name__ == "Block"
+
+
+@pytest.mark.slow
+def test_toolkit_installs_the_requirements_and_runs_the_users_script(tmp_path, sagemaker_toolkit, moto_server):
+    """The toolkit's own requirements step (pip install -r requirements.txt in the code directory) installs
+    the wheel from a local directory (PIP_NO_INDEX/PIP_FIND_LINKS; PIP_TARGET keeps the cached toolkit
+    virtualenv unchanged, and PYTHONPATH finds the target as the image's site-packages would be found)."""
+    assert _port_free(CONTAINER_MASTER_PORT), f"port {CONTAINER_MASTER_PORT} is in use on this machine"
+    s3, dataset_uri = _npz_job(tmp_path, moto_server)
+    code = code_bundle(tmp_path / "store", SCRIPT_FILES)
+    wheels = build_wheel(tmp_path / "wheels")
+    config = {"data": {"format": "npz", "uri": dataset_uri}, "parallel": {"procs_per_node": 2, "timeout_s": 120},
+              "code": {"script": "train.py", "args": ["--steps", "3", "--tag", "sm"]}}
+    request, _ = submit_and_capture(
+        JobSpec(job_name="tb-job-8-script", config=config, dataset_uri=dataset_uri, nodes=2, procs_per_node=2,
+                instance_type="ml.m5.xlarge", max_runtime_s=1800, code=code,
+                secret_env={SECRET_NAME: "sm-secret-52"}), endpoint_url=moto_server)
+    assert request["Environment"][SECRET_NAME] == "sm-secret-52"
+
+    def pip_env(root: Path) -> dict[str, str]:
+        site = root.parent / "site-packages"
+        return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_TARGET": str(site),
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONPATH": str(site)}
+
+    roots, _, (out0, err0), (out1, err1) = _run_on_two_hosts(tmp_path, sagemaker_toolkit, moto_server, request, s3,
+                                                             host_env=pip_env)
+    for root, log in zip(roots, (out0 + err0, out1 + err1)):
+        assert "Installing dependencies from requirements.txt" in log  # the toolkit's step, on each host
+        assert (root.parent / "site-packages" / DEP_NAME / "__init__.py").is_file()
+        assert (root / "code" / "requirements.txt").read_text() == code.requirements
+    assert script_ranks_done(out0 + out1, "sm") == [0, 1, 2, 3]
+
+    # The script's custom metrics in the log, from rank 0 only, with the requirement's value.
+    metrics = [parse_metric_line(line) for line in out0.splitlines() if line.startswith(METRIC_PREFIX)]
+    assert [(m["step"], m["my_metric"], m["dep_mark"]) for m in metrics] == [
+        (1, 1.5, float(DEP_MARK)), (2, 3.0, float(DEP_MARK)), (3, 4.5, float(DEP_MARK))]
+    assert all(m["user_metrics"] == ["my_metric", "dep_mark"] for m in metrics)
+    assert not [line for line in out1.splitlines() if line.startswith(METRIC_PREFIX)]
+    written = json.loads((roots[0] / "model" / "user_model.json").read_text())  # SM_MODEL_DIR of host 1
+    assert written == {"tag": "sm", "world_size": 4, "dep": DEP_VERSION, "cwd": str(roots[0] / "code"),
+                       "secret": "sm-secret-52"}
+    launcher_lines = [line for line in (out0 + err0).splitlines() if "[launch]" in line or "trainer" in line]
+    assert launcher_lines and not any("sm-secret-52" in line for line in launcher_lines)

@@ -7,7 +7,8 @@ on 2 "machines" × 2 processes on 127.0.0.1 (gloo, CPU), one epoch of digits.
 
 With the user's code the CustomJob carries a second package, the code's: a custom model from it trains
 the same way, from a working directory that is neither the checkout nor site-packages (the launcher
-finds the package's directory, the config's relative ``code.dir``, beside the installed trainer_pkg).
+finds the package's directory, the config's relative ``code.dir``, beside the installed trainer_pkg);
+a user's script runs with its requirements installed as the code package's dependencies.
 
 The Vertex variables come from tests/trainer_pkg/test_platforms.py (``vertex_vars``), the same helpers
 the checkout's platform test uses; here the code runs from the installed archive, not the checkout.
@@ -26,7 +27,10 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from cloud_adapters.base import JobSpec
-from user_code_kit import MODEL_FILES, build_user_model, code_bundle
+from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
+from user_code_kit import (
+    DEP_MARK, DEP_NAME, DEP_VERSION, MODEL_FILES, SCRIPT_FILES, SECRET_NAME, build_user_model, build_wheel,
+    code_bundle, script_ranks_done)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer_pkg"))
 from test_platforms import PLATFORM_PREFIXES, PLATFORM_VARS, free_port, rank_lines, vertex_vars  # noqa: E402
@@ -184,3 +188,28 @@ def test_a_custom_model_from_the_code_package_trains_on_2_machines(make_backend,
     assert epoch["val_accuracy"] > 0.3  # 10 digit classes: chance is 0.1
     model = build_user_model(installed, num_classes=10, input_shape=(64,), width=16)
     model.load_state_dict(torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True), strict=True)
+
+
+def test_a_users_script_runs_with_its_requirements_installed_as_the_packages_dependencies(
+        make_backend, vertex, gcs, tmp_path):
+    code = code_bundle(tmp_path / "store", SCRIPT_FILES)
+    config = {**CONFIG, "code": {"script": "train.py", "args": ["--steps", "3", "--tag", "vx"]}}
+    backend = make_backend(accelerator_type="", accelerator_count=0)
+    backend.submit(JobSpec(job_name="tb-job-12-script", config=config, nodes=2, procs_per_node=2, max_runtime_s=600,
+                           code=code, secret_env={SECRET_NAME: "vx-secret-71"}))
+    body = vertex.created[0]
+    gcs_root = mirror_bucket(gcs, tmp_path / "gcs")
+    site = tmp_path / "site"
+    install_job_packages(body, gcs_root, site, wheels=build_wheel(tmp_path / "wheels"))
+    assert (site / DEP_NAME / "__init__.py").is_file()  # pip installed the requirement with the code package
+
+    _, (out0, err0), (out1, err1) = run_replicas(body, gcs_root, site, tmp_path / "replica")
+    assert script_ranks_done(out0 + out1, "vx") == [0, 1, 2, 3]
+    assert "vx-secret-71" not in out0 + err0 + out1 + err1  # in the environment only, never in our log lines
+    metrics = [parse_metric_line(line) for line in out0.splitlines() if line.startswith(METRIC_PREFIX)]
+    assert [(m["step"], m["my_metric"], m["dep_mark"]) for m in metrics] == [
+        (1, 1.5, float(DEP_MARK)), (2, 3.0, float(DEP_MARK)), (3, 4.5, float(DEP_MARK))]
+    model_dir = gcs_root / "stage" / "tb" / "output" / "tb-job-12-script" / "model"
+    written = json.loads((model_dir / "user_model.json").read_text())
+    assert written == {"tag": "vx", "world_size": 4, "dep": DEP_VERSION,
+                       "cwd": str(site / f"trainboard_code_{code.sha256[:16]}"), "secret": "vx-secret-71"}
