@@ -19,17 +19,17 @@ interval; it yields a :class:`WorkerProcess` and stops worker, beat and any run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import sys
-import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from polling import wait_for
-from workerkit import CeleryWorker, database_url, wait_for_sessions_to_close
+from workerkit import CeleryWorker, start_worker, wait_for_sessions_to_close, worker_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,17 +190,24 @@ def live_processes():
 class WorkerProcess(CeleryWorker):
     """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
 
-    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict):
+    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict,
+                 full_env: dict | None = None):
         super().__init__(proc, log_path)
         self.broker_url = broker_url
         self.run_root = run_root
         self.env = env  # DATABASE_URL, REDIS_URL, ... to run other processes (manage.py) alongside
+        self.full_env = dict(full_env or {})  # the worker's whole environment, as it was started
         self.cwd = REPO_ROOT
 
 
-@pytest.fixture
-def celery_worker_process(transactional_db, tmp_path, run_root, settings):
-    """A real Celery worker with embedded beat, sharing this test's database, broker and run root."""
+@contextlib.contextmanager
+def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, str] | None = None
+                          ) -> Iterator[WorkerProcess]:
+    """A real Celery worker with embedded beat on the test database and a flushed Redis database,
+    running gpubox jobs under ``run_root``, its log and beat schedule in ``directory``, with
+    ``extra_env`` over its environment (:func:`workerkit.worker_environment`). On exit it is
+    stopped, with every process of its runs, and its database sessions are waited out. Needs
+    database access (a ``transactional_db`` test, or ``django_db_blocker.unblock()``)."""
     import redis
     from django.db import connection
 
@@ -214,37 +221,14 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
         app.pool.force_close_all()
         app._pool = None
 
-    settings.TRAINBOARD_RUN_ROOT = run_root
-    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # the test box's host limit, as in local_backend
-    log_path = tmp_path / "worker.log"
-    var_dir = tmp_path / "worker-var"
+    var_dir = directory / "worker-var"
     var_dir.mkdir()
-    env = dict(os.environ)
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "webapp.settings",
-        "DATABASE_URL": database_url(connection.settings_dict),
-        "REDIS_URL": broker_url,
-        "TRAINBOARD_RUN_ROOT": str(run_root),
-        "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE": "2",
-        "TRAINBOARD_SYNC_INTERVAL_S": "1",
-        "TRAINBOARD_VAR_DIR": str(var_dir),
-        "DJANGO_SECRET_KEY": "e2e-test-secret-key-not-for-production",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
-        "PYTHONUNBUFFERED": "1",
-    })
-    node = f"tbtest-{uuid.uuid4().hex[:8]}@%h"
-    command = [
-        sys.executable, "-m", "celery", "-A", "webapp", "worker", "-B",
-        "--scheduler", "celery.beat:PersistentScheduler", "-s", str(tmp_path / "beat-schedule"),
-        "-Q", "celery,gpubox", "--pool", "prefork", "-c", "2", "-n", node,
-        "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-    ]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    env = worker_environment(settings_dict=connection.settings_dict, broker_url=broker_url, run_root=run_root,
+                             var_dir=var_dir, repo_root=REPO_ROOT, extra=extra_env)
+    proc, log_path = start_worker(directory, env, REPO_ROOT)
     shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
                                   "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
-    worker = WorkerProcess(proc, log_path, broker_url, run_root, shared)
+    worker = WorkerProcess(proc, log_path, broker_url, run_root, shared, full_env=env)
     try:
         worker.wait_for(lambda: " ready." in worker.log(), timeout=90, what="the Celery worker to be ready")
         yield worker
@@ -260,3 +244,19 @@ def celery_worker_process(transactional_db, tmp_path, run_root, settings):
             app.conf.broker_url = saved_broker
             app.pool.force_close_all()
             app._pool = None
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, tmp_path, run_root, settings):
+    """A real Celery worker with embedded beat, sharing this test's database, broker and run root."""
+    settings.TRAINBOARD_RUN_ROOT = run_root
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # the test box's host limit, as in local_backend
+    with running_celery_worker(tmp_path, run_root) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="session")
+def celery_worker_factory():
+    """:func:`running_celery_worker`, for a worker shared by the tests of a module (a module-scoped
+    fixture enters it under ``django_db_blocker.unblock()``; its tests are ``transaction=True``)."""
+    return running_celery_worker

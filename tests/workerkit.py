@@ -2,8 +2,9 @@
 database: the database URL to hand it, the running process (its log, waiting on it, stopping it
 with its pool children and beat) and waiting for its PostgreSQL sessions to end afterwards.
 
-Used by ``celery_worker_process`` (tests/conftest.py), the fault tests' workers
-(tests/faults/faultkit.py) and the worker-log secrets test (tests/security/test_worker_secrets.py).
+Used by ``celery_worker_process`` (tests/conftest.py), the user-code tests' module-wide worker
+(tests/e2e/test_user_code.py), the fault tests' workers (tests/faults/faultkit.py) and the worker-log
+secrets test (tests/security/test_worker_secrets.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -92,3 +95,44 @@ class CeleryWorker:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def worker_environment(*, settings_dict, broker_url: str, run_root: Path, var_dir: Path, repo_root: Path,
+                       extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a test's ``celery worker``: this process's, plus the test database
+    (``settings_dict``: Django's, of the test database), the broker, the gpubox run root (2
+    processes per node), a 1 s sync interval, its own ``TRAINBOARD_VAR_DIR`` and a fixed Django
+    secret key, and ``extra`` over all of them."""
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "webapp.settings",
+        "DATABASE_URL": database_url(settings_dict),
+        "REDIS_URL": broker_url,
+        "TRAINBOARD_RUN_ROOT": str(run_root),
+        "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE": "2",
+        "TRAINBOARD_SYNC_INTERVAL_S": "1",
+        "TRAINBOARD_VAR_DIR": str(var_dir),
+        "DJANGO_SECRET_KEY": "e2e-test-secret-key-not-for-production",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(repo_root), env.get("PYTHONPATH", "")) if p),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def start_worker(directory: Path, env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """Start ``celery -A webapp worker -B -Q celery,gpubox`` (prefork, 2 processes, a node name of
+    its own) with ``env`` in its own session; its log and beat schedule go into ``directory``.
+    Returns the process and its log's path; the caller waits for " ready." in the log."""
+    log_path = directory / "worker.log"
+    node = f"tbtest-{uuid.uuid4().hex[:8]}@%h"
+    command = [
+        sys.executable, "-m", "celery", "-A", "webapp", "worker", "-B",
+        "--scheduler", "celery.beat:PersistentScheduler", "-s", str(directory / "beat-schedule"),
+        "-Q", "celery,gpubox", "--pool", "prefork", "-c", "2", "-n", node,
+        "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+    ]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log_path
