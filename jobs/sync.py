@@ -304,15 +304,16 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         locked = _locked(job.pk)
         if locked is None:
             return
-        stopped = _write_status(locked, status, now, drained=drained, logs_read=read)
+        stopped = _write_status(locked, status, now, drained=drained, logs_read=read, mask=mask)
     if stopped:  # committed: the stop is on record before the provider is asked
         _send_cancel(adapter, locked, handle)
 
 
 def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, *, drained: bool,
-                  logs_read: bool) -> bool:
+                  logs_read: bool, mask: Callable[[str], str]) -> bool:
     """Write ``status`` onto ``job``, whose row the caller holds locked; True when the job's budget
-    stop was made (the caller sends the cancel after commit). No provider call."""
+    stop was made (the caller sends the cancel after commit). No provider call. ``mask``: as for
+    :func:`_ingest_lines`, applied to the failure reason, which may quote the job's own output."""
     read = {"logs_read_at": now} if logs_read else {}
     if status is None:  # unchanged since the last sync, or not found: state left as it is
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**_unchanged_fields(job, now), **read)
@@ -324,6 +325,9 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now, **read)
         return False
     fields = {**_status_fields(job, status, now), **read}
+    if fields.get("failure_reason"):
+        # The GPU box's reason is the failed rank's error line, the user's code's own words.
+        fields["failure_reason"] = mask(fields["failure_reason"])
     if (target in TERMINAL_STATE_VALUES and job.state in (S.SUBMITTING, S.PENDING)
             and job.first_step_at is not None):
         # It ran and ended between two syncs; the trainer's "started" record is in the log we just

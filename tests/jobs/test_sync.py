@@ -410,3 +410,16 @@ def test_a_spot_interruption_goes_back_to_pending_and_is_counted_on_the_job_page
     assert timeline.count('<li class="interruption">') == 2
     assert timeline.count('<strong class="interruption-label">Interrupted</strong>') == 2
     assert timeline.count("InProgress / Interrupted") == 2
+
+
+def test_a_job_secret_in_the_failure_reason_is_masked(submitted_job, scripted_backend):
+    """The GPU box's failure reason is the failed rank's error line: the user's code's words, which may
+    quote a secret its job was given. It is stored with *** in its place, as the log lines are."""
+    services.backend_update(backend=scripted_backend, job_secrets={"HF_TOKEN": "hf_secret_value_123"})
+    reason = "trainer error: rank 1: ValueError: bad token hf_secret_value_123"
+    ScriptedBackend.statuses = [JobStatus(JobState.FAILED, raw_state="exited 1", started_at=T0,
+                                          ended_at=T0 + dt.timedelta(seconds=5), failure_reason=reason)]
+    sync.backend_sync(backend_id=scripted_backend.pk)
+    job = TrainingJob.objects.get(pk=submitted_job.pk)
+    assert job.state == S.FAILED and job.failure_reason == "trainer error: rank 1: ValueError: bad token ***"
+    assert "hf_secret" not in job.events.order_by("pk").last().message
