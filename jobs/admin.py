@@ -299,11 +299,12 @@ class ModelSpecAdmin(ServiceFormAdmin):
 
 
 @admin.register(CodeArchive)
-class CodeArchiveAdmin(admin.ModelAdmin):
-    """Stored code archives, read only: content-addressed and shared, so a staff user sees those their
-    own models or jobs use (a superuser, all); the rows are written by ``jobs.code_archives.store``
-    and kept while a model or a job uses them."""
+class CodeArchiveAdmin(ReadOnlyOwnedAdmin):
+    """Stored code archives, read only: content-addressed and shared, so not owned; a staff user sees
+    the ones their own models or jobs use (a superuser, all). The rows are written by
+    ``jobs.code_archives.store`` and kept while a model or a job uses them."""
 
+    owner_path = "model_specs__owner"  # one way to a user; get_queryset adds the jobs' way
     list_display = ["short_sha", "file_count", "size_bytes", "created_at"]
     search_fields = ["=sha256"]
     date_hierarchy = "created_at"
@@ -315,32 +316,14 @@ class CodeArchiveAdmin(admin.ModelAdmin):
         return str(obj.path)
 
     def get_queryset(self, request):
-        qs = super().get_queryset(request)
+        qs = admin.ModelAdmin.get_queryset(self, request)
         if request.user.is_superuser:
             return qs
         uses = Q(model_specs__owner=request.user) | Q(jobs__owner=request.user)
         return qs.filter(pk__in=CodeArchive.objects.filter(uses).values("pk"))
 
-    def get_object(self, request, object_id, from_field=None):
-        obj = super().get_object(request, object_id, from_field)
-        if obj is None:
-            raise Http404("No such archive, or none of your models or jobs uses it.")
-        return obj
-
-    def has_module_permission(self, request):
-        return request.user.is_active and request.user.is_staff
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.is_active and request.user.is_staff
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    def _owns(self, request, obj) -> bool:
+        return obj is None or request.user.is_superuser or self.get_queryset(request).filter(pk=obj.pk).exists()
 
 
 @admin.register(ComputeBackend)

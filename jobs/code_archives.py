@@ -29,6 +29,8 @@ zip of a folder has) loses that directory, unless it is itself a Python package 
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import dataclasses
 import gzip
 import hashlib
@@ -41,7 +43,7 @@ import tempfile
 import zipfile
 import zlib
 from importlib.util import decode_source
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Iterator
 
 from django.conf import settings
@@ -634,6 +636,20 @@ def load_stored(row: CodeArchive) -> NormalizedArchive:
     return archive
 
 
+_write_files: contextvars.ContextVar[bool] = contextvars.ContextVar("code_archives_write_files", default=True)
+
+
+@contextlib.contextmanager
+def files_not_written() -> Iterator[None]:
+    """Within it, :func:`store` records rows but writes no file: for a service call made only to
+    collect its errors and then rolled back (``webapp.errors.trial_call``), which must leave nothing."""
+    token = _write_files.set(False)
+    try:
+        yield
+    finally:
+        _write_files.reset(token)
+
+
 def store_path(sha256: str) -> Path:
     """``<TRAINBOARD_CODE_STORE>/<sha[:2]>/<sha>.tar.gz``."""
     return Path(settings.TRAINBOARD_CODE_STORE) / sha256[:2] / f"{sha256}.tar.gz"
@@ -647,7 +663,7 @@ def store(archive: NormalizedArchive) -> CodeArchive:
     cannot be written.
     """
     path = store_path(archive.sha256)
-    if not path.is_file():  # named by its content: a file there already holds these bytes
+    if _write_files.get() and not path.is_file():  # named by its content: a file there holds these bytes
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".incoming-", suffix=".tar.gz", dir=path.parent)
         try:

@@ -136,7 +136,10 @@ def _submit_model_form(request: HttpRequest, form: ModelSpecForm, call) -> Any:
     def add_errors(form: ModelSpecForm, exc: ValidationError) -> None:
         add_service_errors(form, exc, {"code": "code_dir"} if form.uses_code_dir() else None)
 
-    return submit_form(form, lambda: call(**form.service_values()), add_errors)
+    if form.is_valid():
+        return submit_form(form, lambda: call(**form.service_values()), add_errors)
+    with code_archives.files_not_written():  # the service runs only for its errors, then rolls back
+        return submit_form(form, lambda: call(**form.service_values()), add_errors)
 
 
 def _oversized_model_post(request: HttpRequest, initial: dict[str, Any], model_spec) -> HttpResponse | None:

@@ -38,12 +38,10 @@ from jobs.validation import (
     ALL,
     Errors,
     MAX_ENV_VARS,
-    JSONInputError,
     env_vars,
     full_clean,
     image_problem,
     json_object,
-    loads,
     member_team,
     name_taken,
     team_field,
@@ -245,14 +243,8 @@ def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.
 
 def _string_list(errors: Errors, field: str, value: Any, *, what: str, most: int,
                  identifiers: bool = False) -> list[str]:
-    """``value`` (a list of strings, or a JSON array in a string; "" = []) checked: at most ``most``
-    items of at most 1,000 characters each, storable text (and Python names when ``identifiers``)."""
-    if isinstance(value, str):
-        try:
-            value = loads(value) if value.strip() else []
-        except JSONInputError as exc:
-            errors.add(field, f"{what}: {exc}")
-            return []
+    """``value`` (a list of strings) checked: at most ``most`` items of at most 1,000 characters each,
+    storable text (and Python names when ``identifiers``)."""
     example = '["Block"]' if identifiers else '["--epochs", "3"]'
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         errors.add(field, f"{what} must be a list of strings, e.g. {example}.")

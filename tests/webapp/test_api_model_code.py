@@ -180,3 +180,19 @@ def test_schema_documents_the_upload_and_stays_valid(api_client):
     assert model["code_dir"]["writeOnly"] is True
     archive = schema["components"]["schemas"]["CodeArchive"]["properties"]
     assert set(archive) == {"sha256", "size_bytes", "file_count", "requirements", "files"}
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("params", '{"width": NaN}', "Parameters: width: expected a finite number, got nan."),
+    ("params", "[1, 2]", "Parameters must be a JSON object, e.g. {\"hidden_size\": 128}."),
+    ("params", "{" * 40 + "}" * 40, "Nested more than 32 levels deep; at most 32 levels of objects and arrays are "
+                                    "accepted."),
+    ("shard_classes", '"Block"', 'Shard classes must be a list of strings, e.g. ["Block"].'),
+], ids=["nan", "not-an-object", "deep", "not-a-list"])
+def test_multipart_json_fields_are_checked_like_json_ones(api_client, code_store, field, text, message):
+    response = api_client.post("/api/models/", {"name": "tiny", "kind": "code", "entry_point": "mymodel.net:build",
+                                                field: text, "code": upload(zip_bytes(MODEL_FILES))},
+                               format="multipart")
+    assert response.status_code == 400
+    assert response.json()[field] == [message]
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])

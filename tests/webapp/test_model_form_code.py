@@ -144,3 +144,12 @@ def test_a_teammate_sees_but_does_not_edit(owner_client, user, django_user_model
     listing = client.get(reverse("model-list")).content.decode()
     assert spec.code.sha256[:12] in listing and ">shared</span>" in listing
     assert client.get(reverse("model-edit", args=[spec.pk])).status_code == 403
+
+
+def test_a_form_error_of_its_own_stores_no_archive(owner_client, code_store):
+    """The service still runs for its errors on the other fields (rolled back): it writes no file."""
+    response = owner_client.post(reverse("model-create"), {
+        "name": "not a slug", "kind": "code", "entry_point": "mymodel.net:build",
+        "code": upload(zip_bytes(MODEL_FILES))})
+    assert list(response.context["form"].errors) == ["name"]
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])

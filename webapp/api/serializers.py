@@ -16,7 +16,7 @@ from rest_framework.settings import api_settings
 
 from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
-from jobs import selectors, services, validation
+from jobs import code_archives, selectors, services, validation
 from jobs.cost import estimate_arithmetic
 from jobs.models import CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
@@ -186,13 +186,27 @@ class CodeFieldExtension(OpenApiSerializerFieldExtension):
                 "description": "The model's code archive (kinds code and script); null for a built-in model."}
 
 
+class ServiceCheckedJSONField(serializers.JSONField):
+    """A JSON value as the request gives it: itself in a JSON body, its text (parsed with the bounds of
+    :func:`jobs.validation.loads`) in a multipart or form body. What it holds is the service's to check,
+    worded for its field (``Parameters: dropout: expected a finite number, got nan.``)."""
+
+    def to_internal_value(self, data):
+        if getattr(data, "is_json_string", False):
+            try:
+                return validation.loads(data)
+            except validation.JSONInputError as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        return data
+
+
 @extend_schema_field({"type": "object", "additionalProperties": {}})
-class JSONObjectField(StoredJSONField):
+class JSONObjectField(ServiceCheckedJSONField):
     """A JSON object: in a JSON body as itself, in a multipart or form body as its JSON text."""
 
 
 @extend_schema_field({"type": "array", "items": {"type": "string"}})
-class JSONStringListField(StoredJSONField):
+class JSONStringListField(ServiceCheckedJSONField):
     """A list of strings: in a JSON body as itself, in a multipart or form body as its JSON text."""
 
 
@@ -246,6 +260,10 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
             return fn(**kwargs, **values)
         except DjangoValidationError as exc:
             raise to_drf_validation_error(exc, field_map) from None
+
+    def _with_service_errors(self, errors: dict[str, Any]) -> dict[str, Any]:
+        with code_archives.files_not_written():  # a rolled-back call: its archive must not stay behind
+            return super()._with_service_errors(errors)
 
     def create(self, validated_data: dict[str, Any]) -> ModelSpec:
         return self._call_with_code(services.model_spec_create, validated_data, owner=self.context["request"].user)
