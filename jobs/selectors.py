@@ -35,6 +35,7 @@ from jobs.models import (
     TrainingJob,
 )
 from trainer_pkg.metrics import METRIC_PREFIX
+from trainer_pkg.registry import CUSTOM
 
 
 def team_list_for_user(*, user) -> QuerySet[Team]:
@@ -274,7 +275,7 @@ def training_job_code(*, job: TrainingJob) -> dict[str, Any]:
     (the archive's requirements.txt text), "architecture" (builtin)}``."""
     config = job.config or {}
     model, code = config.get("model") or {}, config.get("code") or {}
-    kind = "script" if code.get("script") else "code" if model.get("arch") == "custom" else "builtin"
+    kind = "script" if code.get("script") else "code" if model.get("arch") == CUSTOM else "builtin"
     archive = job.code if job.code_id else None
     return {
         "kind": kind,

@@ -41,7 +41,7 @@ from jobs.models import (
 from jobs.states import transition
 from jobs.validation import ALL, Errors
 from trainer_pkg.config import ConfigError, JobConfig
-from trainer_pkg.registry import check_input_shape, validate_model_params
+from trainer_pkg.registry import CUSTOM, check_input_shape, validate_model_params
 from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
 
 log = logging.getLogger(__name__)
@@ -366,7 +366,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     config = None
     try:
         config = JobConfig.from_dict(_deep_merge(base, overrides))
-        if not is_script and config.model.arch != CUSTOM_ARCH:
+        if not is_script:
             config.model.params = validate_model_params(config.model.arch, config.model.params)
     except ConfigError as exc:
         _add_config_error(errors, exc, overridden)
@@ -376,10 +376,10 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
             errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
     if config is None or errors:
         errors.raise_if_any()
-    # Pending, not raised: the backend's checks below still run, so one submit shows both.
-    if not is_script and config.model.arch != CUSTOM_ARCH:
-        # A custom model's shapes are known only once its entry point runs (the trainer checks the
-        # first batch); a script has no model of ours at all.
+    # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
+    # has no model of ours to fit; a custom model passes the registry's rule (its shapes are known
+    # only once its entry point runs: the trainer checks the first batch).
+    if not is_script:
         _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
@@ -402,15 +402,11 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       code=archive, image=image, env=env, fingerprint=_fingerprint(config))
 
 
-CUSTOM_ARCH = "custom"
-"""``model.arch`` of a user's model (``trainer_pkg.config.Architecture``): built by its entry point."""
-
-
 def _model_sections(model_spec: ModelSpec, archive: CodeArchive | None) -> dict[str, Any]:
     """The ``model`` and ``code`` sections of a job's config for ``model_spec`` (docs/user-code.md
     "Trainer config"); ``code.dir`` is left for the backend to set where it puts the archive."""
     if model_spec.kind == ModelSpec.Kind.CODE:
-        return {"model": {"arch": CUSTOM_ARCH, "entry_point": model_spec.entry_point,
+        return {"model": {"arch": CUSTOM, "entry_point": model_spec.entry_point,
                           "params": dict(model_spec.params or {}),
                           "shard_classes": list(model_spec.shard_classes or [])},
                 "code": {"sha256": archive.sha256 if archive else ""}}

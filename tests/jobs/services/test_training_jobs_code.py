@@ -115,6 +115,17 @@ def test_the_code_section_cannot_be_overridden(user, digits_dataset, code_model,
         "arguments); remove it, and change the model instead."]}
 
 
+def test_a_custom_models_overridden_params_are_checked_by_the_trainers_rule(user, digits_dataset, code_model,
+                                                                            local_backend):
+    errors = refused(user, digits_dataset, code_model, local_backend,
+                     hyperparameters={"model": {"params": {"num_classes": 3}}})
+    assert errors == {"hyperparameters": [
+        "model.params.num_classes: the trainer passes num_classes itself (from the dataset); remove it from the "
+        "parameters"]}
+    job = create(user, digits_dataset, code_model, local_backend, hyperparameters={"model": {"params": {"depth": 2}}})
+    assert job.config["model"]["params"] == {"width": 8, "depth": 2}
+
+
 # --- environment and image ------------------------------------------------------------------
 
 
