@@ -1,5 +1,6 @@
-"""The GPU box runs a user's code safely: real supervisor + torchrun (2 CPU ranks, gloo) training a
-user's model from a code archive built here (the trainer calls its entry point on every rank).
+"""The GPU box runs a user's code safely: real supervisor + torchrun (2 CPU ranks, gloo) running a
+code archive built here: the user's script (``code.script``, run by the launcher in every rank) or
+the user's model (its entry point, called by the trainer on every rank).
 
 What is shown: the worker's own variables (database and broker URLs, Django's secret key, the
 encryption key, cloud credentials, planted in this process's environment) never reach a rank, while
@@ -58,7 +59,8 @@ SET_IN_EVERY_RANK = RESERVED_ENV | {"OMP_NUM_THREADS", "PYTHONUNBUFFERED"}
 SECRET = "s3cr3t-token-" + uuid.uuid4().hex  # the job's own secret: reaches it, written nowhere by us
 
 # The user's code: what every rank sees, recorded in code.dir as env-rank<RANK>.json by the model's
-# entry point (envmodel:build), which the trainer calls on every rank, in the rank's own process.
+# entry point (envmodel:build), which the trainer calls on every rank in the rank's own process, or
+# by the user's script (train.py, code.script), which the launcher runs in every rank.
 ENV_RECORD = '''\
 import json, os, sys, time
 
@@ -66,7 +68,8 @@ def write():
     go = os.environ.get("TB_TEST_GO")
     while go and not os.path.exists(go):  # the test edits the trainer's source before letting us go
         time.sleep(0.05)
-    record = {"environ": dict(os.environ), "uid": os.getuid(), "executable": sys.executable, "cwd": os.getcwd()}
+    record = {"environ": dict(os.environ), "uid": os.getuid(), "executable": sys.executable, "cwd": os.getcwd(),
+              "argv": sys.argv[1:]}
     try:
         import tbhello
         record["tbhello"] = tbhello.GREETING
@@ -95,9 +98,15 @@ def build(num_classes, input_shape, **params):
     envrecord.write()
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 '''
-USER_CODE = {"envrecord.py": ENV_RECORD, "envmodel.py": ENV_MODEL}
+ENV_SCRIPT = '''\
+import envrecord
+
+envrecord.write()
+'''
+USER_CODE = {"envrecord.py": ENV_RECORD, "envmodel.py": ENV_MODEL, "train.py": ENV_SCRIPT}
 USER_CONFIG = {"model": {"arch": "custom", "entry_point": "envmodel:build"}, "train": {"epochs": 1},
                "parallel": {"procs_per_node": 2}}
+SCRIPT_CONFIG = {"code": {"script": "train.py", "args": ["--epochs", "1"]}, "parallel": {"procs_per_node": 2}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,8 +221,8 @@ def backend(tmp_path, wheels):
                           "pip_args": f"--no-index --find-links {wheels}"})
 
 
-def user_spec(name: str, bundle: CodeBundle, **kw) -> JobSpec:
-    return JobSpec(job_name=name, config=json.loads(json.dumps(USER_CONFIG)), procs_per_node=2, code=bundle, **kw)
+def user_spec(name: str, bundle: CodeBundle, config: dict = USER_CONFIG, **kw) -> JobSpec:
+    return JobSpec(job_name=name, config=json.loads(json.dumps(config)), procs_per_node=2, code=bundle, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,19 +230,25 @@ def user_spec(name: str, bundle: CodeBundle, **kw) -> JobSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_user_code_sees_the_jobs_variables_and_none_of_the_workers(backend, store, monkeypatch):
+@pytest.mark.parametrize("kind", ["model", "script"])
+def test_user_code_sees_the_jobs_variables_and_none_of_the_workers(backend, store, monkeypatch, kind):
     for name, value in PLANTED.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")  # an allowlisted family: the box's NCCL tuning
     bundle = code_bundle(store, USER_CODE)
-    handle = backend.submit(user_spec("env-clean", bundle, env={"TB_USER_FLAG": "visible-flag"},
-                                        secret_env={"TB_API_TOKEN": SECRET}))
+    handle = backend.submit(user_spec(f"env-clean-{kind}", bundle, USER_CONFIG if kind == "model" else SCRIPT_CONFIG,
+                                      env={"TB_USER_FLAG": "visible-flag"}, secret_env={"TB_API_TOKEN": SECRET}))
     status = wait_terminal(backend, handle)
     assert status.state == JobState.SUCCEEDED, (status, _log(handle))
     run_dir = Path(handle.provider_job_id)
 
     config = json.loads((run_dir / "job.json").read_text())
-    assert config["code"] == {"dir": str(run_dir / "code"), "sha256": bundle.sha256}
+    expected = {"dir": str(run_dir / "code"), "sha256": bundle.sha256}
+    assert config["code"] == (expected if kind == "model" else {**SCRIPT_CONFIG["code"], **expected})
+    if kind == "script":  # the launcher runs it in code.dir, which it names, with its arguments
+        assert [r["argv"] for r in rank_records(run_dir)] == [["--epochs", "1"]] * 2
+        assert [r["cwd"] for r in rank_records(run_dir)] == [str(run_dir / "code")] * 2
+        assert [r["environ"]["TRAINBOARD_CODE_DIR"] for r in rank_records(run_dir)] == [str(run_dir / "code")] * 2
     for rank, record in enumerate(rank_records(run_dir)):
         environ = record["environ"]
         assert environ["RANK"] == str(rank) and environ["WORLD_SIZE"] == "2"
@@ -328,7 +343,7 @@ def test_unsafe_members_are_refused(backend, store, kind, message):
 def test_requirements_install_from_the_operators_wheels_once_and_are_reused(backend, store):
     bundle = code_bundle(store, USER_CODE, requirements="tbhello==0.1\n")
     started = time.monotonic()
-    first = backend.submit(user_spec("reqs-1", bundle))
+    first = backend.submit(user_spec("reqs-1", bundle, SCRIPT_CONFIG))
     assert time.monotonic() - started < 10  # submit does not build the environment
     assert not (Path(first.provider_job_id) / "train.log").exists() or "ready" not in \
         (Path(first.provider_job_id) / "train.log").read_text()
@@ -344,7 +359,7 @@ def test_requirements_install_from_the_operators_wheels_once_and_are_reused(back
     assert f"[environment] building environment {env_dir}" in log and f"environment {env_dir} ready" in log
     before = marker.stat()
 
-    second = backend.submit(user_spec("reqs-2", bundle))
+    second = backend.submit(user_spec("reqs-2", bundle, SCRIPT_CONFIG))
     status = wait_terminal(backend, second)
     assert status.state == JobState.SUCCEEDED, (status, _log(second))
     log = (Path(second.provider_job_id) / "train.log").read_text()
