@@ -651,8 +651,8 @@ def files_not_written() -> Iterator[None]:
 
 
 def store_path(sha256: str) -> Path:
-    """``<TRAINBOARD_CODE_STORE>/<sha[:2]>/<sha>.tar.gz``."""
-    return Path(settings.TRAINBOARD_CODE_STORE) / sha256[:2] / f"{sha256}.tar.gz"
+    """``<TRAINBOARD_CODE_STORE>/<sha[:2]>/<sha>.tar.gz`` (:attr:`CodeArchive.path`, before the row exists)."""
+    return CodeArchive(sha256=sha256).path
 
 
 def store(archive: NormalizedArchive) -> CodeArchive:

@@ -21,7 +21,7 @@ from jobs.cost import estimate_arithmetic
 from jobs.models import CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
-from trainer_pkg.registry import ARCHITECTURES
+from trainer_pkg.registry import ARCHITECTURES, CUSTOM
 from webapp.errors import to_drf_validation_error, trial_call
 
 
@@ -218,7 +218,7 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     and why (400)."""
 
     architecture = serializers.ChoiceField(
-        choices=sorted(ARCHITECTURES), required=False, allow_blank=True,
+        choices=[*sorted(ARCHITECTURES), CUSTOM], required=False, allow_blank=True,
         help_text="Kind builtin: the registry's architecture. Set by the server for the other kinds "
                   "(code: custom; script: blank).")
     params = JSONObjectField(
