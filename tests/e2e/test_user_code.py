@@ -183,7 +183,6 @@ class Box:
     run_root: Path
     code_store: Path
     pip_args: str
-    started: float
 
     def run_dir(self, job: TrainingJob) -> Path:
         return self.run_root / job.provider_job_name
@@ -211,7 +210,7 @@ def box(request, tmp_path_factory, django_db_setup, django_db_blocker, celery_wo
         worker = running.__enter__()
     _say(request, f"worker ready in {time.monotonic() - started:.1f} s")
     try:
-        yield Box(worker=worker, run_root=run_root, code_store=code_store, pip_args=pip_args, started=started)
+        yield Box(worker=worker, run_root=run_root, code_store=code_store, pip_args=pip_args)
     finally:
         with django_db_blocker.unblock():  # its exit waits for the worker's database sessions to end
             running.__exit__(None, None, None)
