@@ -132,13 +132,20 @@ def test_the_api_writes_job_secrets_and_returns_only_their_names(api_client):
     assert cleared.json()["job_secrets_set"] == []
 
 
-def test_the_admin_shows_the_names_only(client, django_user_model, local_backend):
+def test_the_admin_shows_the_names_only(client, django_user_model, user, digits_dataset, cnn_model,
+                                        local_backend):
     services.backend_update(backend=local_backend, job_secrets={"WANDB_API_KEY": TOKEN})
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, procs_per_node=1, env={"PLAIN": "shown"})
     admin = django_user_model.objects.create_superuser(username="root", password="pw-root-123")
     client.force_login(admin)
     page = client.get(reverse("admin:jobs_computebackend_change", args=[local_backend.pk])).content.decode()
     assert "set: WANDB_API_KEY" in page
     assert TOKEN not in page
+    for url in (reverse("admin:jobs_trainingjob_change", args=[job.pk]), reverse("admin:jobs_trainingjob_changelist"),
+                reverse("admin:jobs_computebackend_changelist")):
+        response = client.get(url)
+        assert response.status_code == 200 and TOKEN not in response.content.decode()
 
 
 # --- log lines: every value masked before it is stored --------------------------------------
