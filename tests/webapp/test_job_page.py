@@ -46,8 +46,8 @@ def test_live_fragment_renders_status_timeline_cost_ranks_and_log(owner_client, 
     assert 'id="stat-cost">$0.09<' in html
     assert 'id="stat-billable">90<' in html
     # What the limit counts: start-up included, the backend's own wording in the title.
-    assert re.search(r'id="stat-limit" title="Max runtime counts the run from the moment the training processes '
-                     r'start on the box[^"]*">limit [^<]+, start-up included</span>', html)
+    assert re.search(r'id="stat-limit" title="Max runtime counts the run from the moment the job starts on the '
+                     r'box[^"]*">limit [^<]+, start-up included</span>', html)
     assert 'id="cancel-job"' in html
     # Timeline: the four transitions, in order, with timestamps.
     timeline = html[html.index('id="timeline"'):html.index('id="rank-table"')]
