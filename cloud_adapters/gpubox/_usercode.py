@@ -266,12 +266,15 @@ def container_command(image: str, command: Sequence[str], *, name: str, user: Ru
                       mounts: Iterable[tuple[str, bool]], env_names: Iterable[str], gpus: bool) -> list[str]:
     """``docker run`` of ``command`` in ``image``, as the job's processes run on the host: the
     host's network and IPC namespace (torchrun's rendezvous, NCCL's shared memory), as ``user``'s
-    uid:gid, each ``(path, read_only)`` of ``mounts`` at the same path inside, every GPU when
-    ``gpus``, and the variables ``env_names`` passed by name only (``-e NAME``: the values come
-    from the Docker client's environment, never the command line). ``--name`` lets the supervisor
-    remove a container its client left behind."""
+    uid:gid and supplementary groups, each ``(path, read_only)`` of ``mounts`` at the same path
+    inside, every GPU when ``gpus``, and the variables ``env_names`` passed by name only (``--env
+    NAME``: the values come from the Docker client's environment, never the command line).
+    ``--name`` lets the supervisor remove a container its client left behind."""
     argv = ["docker", "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
             "--user", f"{user.uid}:{user.gid}", "--workdir", workdir]
+    # The user's other groups too: GPU device nodes often belong to `video` or `render`.
+    for gid in sorted(set(user.groups) - {user.gid}):
+        argv += ["--group-add", str(gid)]
     if gpus:
         argv += ["--gpus", "all"]
     seen = set()

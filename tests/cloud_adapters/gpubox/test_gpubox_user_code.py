@@ -594,13 +594,13 @@ def test_an_image_runs_the_job_under_docker_run(backend, store, tmp_path, monkey
 
 
 def test_container_command_passes_every_gpu_when_the_box_has_them():
-    user = RunUser(name="jobs", uid=1500, gid=1500, groups=(1500,), home="/home/jobs")
+    user = RunUser(name="jobs", uid=1500, gid=1500, groups=(1500, 44), home="/home/jobs")  # 44: video
     argv = container_command("pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", ["python3", "-c", "pass"],
                              name="tb-j", user=user, workdir="/runs/j",
                              mounts=[("/runs/j", False), ("/data", True), ("/runs/j", False)],
                              env_names=["B", "A", "B"], gpus=True)
     assert argv == ["docker", "run", "--rm", "--name", "tb-j", "--network", "host", "--ipc", "host",
-                    "--user", "1500:1500", "--workdir", "/runs/j", "--gpus", "all",
+                    "--user", "1500:1500", "--workdir", "/runs/j", "--group-add", "44", "--gpus", "all",
                     "--volume", "/runs/j:/runs/j:rw", "--volume", "/data:/data:ro", "--env", "A", "--env", "B",
                     "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "python3", "-c", "pass"]
 
