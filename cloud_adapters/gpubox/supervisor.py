@@ -259,10 +259,14 @@ class _Supervisor:
             shutil.rmtree(env_dir, ignore_errors=True)
         note(f"building environment {env_dir} for the job's requirements.txt "
              f"(requirements {str(spec.get('sha256', ''))[:16]})")
-        env_dir.mkdir()
         user = (self.plan or {}).get("user")
-        if user:
-            os.chown(env_dir, int(user["uid"]), int(user["gid"]))
+        try:
+            env_dir.mkdir()
+            if user:
+                os.chown(env_dir, int(user["uid"]), int(user["gid"]))
+        except OSError as exc:
+            return self.finish(None, cancelled=False, stage="requirements",
+                               reason=f"could not create the job's environment {env_dir}: {exc}")
         start = log.tell()
         for step in spec["steps"]:
             try:
