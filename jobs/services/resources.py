@@ -181,6 +181,10 @@ def _validate_model_spec(errors: Errors, spec: ModelSpec, archive: code_archives
 
 
 def _validate_builtin_params(errors: Errors, spec: ModelSpec) -> None:
+    if spec.architecture == CUSTOM:  # the registry takes it, as a user's model; a built-in one cannot be
+        errors.add("architecture", f"{CUSTOM} is the architecture of your own model: choose kind code, or one of "
+                                   f"{', '.join(sorted(ARCHITECTURES))}.")
+        return
     arch = ARCHITECTURES.get(spec.architecture)
     example = json.dumps(arch.defaults()) if arch else '{"hidden_size": 128}'
     params = json_object(errors, "params", spec.params, what="Parameters", example=example)

@@ -372,3 +372,17 @@ def test_store_writes_once_and_leaves_no_temporary_file_on_failure(user, code_st
     with pytest.raises(code_archives.ArchiveError) as excinfo:
         code_archives.load_stored(row)
     assert str(excinfo.value).startswith("Not a readable .tar.gz archive")
+
+
+def test_a_builtin_model_cannot_be_custom_or_carry_code_fields(user, code_store):
+    with pytest.raises(ValidationError) as excinfo:
+        services.model_spec_create(owner=user, name="b", architecture="custom", entry_point="m.n:f",
+                                   script_args=["--x"], code=upload(zip_bytes(MODEL_FILES)))
+    assert excinfo.value.message_dict == {
+        "architecture": ["custom is the architecture of your own model: choose kind code, or one of cnn, mlp, resnet."],
+        "code": ["A built-in model takes no code; choose kind code (your model function) or script (your training "
+                 "script) to use an archive."],
+        "entry_point": ["Only a model of kind code or script has entry point; remove it, or choose one of those kinds."],
+        "script_args": ["Only a model of kind code or script has script args; remove it, or choose one of those "
+                        "kinds."]}
+    assert (CodeArchive.objects.count(), ModelSpec.objects.count(), stored_files(code_store)) == (0, 0, [])
