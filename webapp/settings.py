@@ -145,6 +145,9 @@ WHITENOISE_USE_FINDERS = True  # serve straight from the apps' static folders, n
 # Django answers 400 past these (RequestDataTooBig / TooManyFieldsSent); nothing reads a larger body.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TRAINBOARD_MAX_REQUEST_BYTES", default=2_621_440)  # bytes (2.5 MiB)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440  # bytes held in memory before an upload spills to a temp file
+# A multipart body's files are not counted by DATA_UPLOAD_MAX_MEMORY_SIZE: the model form and
+# POST/PUT /api/models/ refuse a body past TRAINBOARD_CODE_MAX_BYTES (+1 MiB for the other fields) by
+# its Content-Length before reading it, and jobs.code_archives counts an archive's bytes as it reads.
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 10
 
