@@ -112,10 +112,13 @@ def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user,
     assert "My training script" in page
     assert '<code id="code-script">train.py --epochs 2 --name=a b</code>' in page
     assert "the backend's default" in page and "no variables of the job's own" in page
+    # a script has no architecture: the page's subtitle names the model alone, not "my-script ()"
+    assert f"{script_model.name} on {digits_dataset.name} ·" in page and "()" not in page
     builtin = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=local_backend, procs_per_node=1)
     page = text(owner_client.get(reverse("job-detail", args=[builtin.pk])).content.decode())
     assert '<dd id="code-kind">Built-in architecture (cnn)</dd>' in page
+    assert f"{cnn_model.name} (cnn) on {digits_dataset.name} ·" in page
     assert 'id="code-sha256"' not in page
 
 
