@@ -382,7 +382,9 @@ class AzureMLBackend(CloudBackend):
         * VM size: priced in the catalog (for low priority, its ``:low_priority`` row);
         * processes per node ≤ the VM's GPUs (one rank per GPU);
         * max runtime ≤ 30 days; dataset "" or an Azure data URI (:data:`DATASET_PREFIXES`);
-        * config a JSON object; env names valid.
+        * config a JSON object; env names valid; the job's image an image reference;
+        * its code archive readable, unchanged and without members named like ours (reads the local
+          archive: no provider call).
         """
         azure_job_name(spec.job_name)
         size = spec.instance_type or self.config["vm_size"]
@@ -409,6 +411,8 @@ class AzureMLBackend(CloudBackend):
         if spec.image and not IMAGE_RE.fullmatch(spec.image):
             raise InvalidSpec(f"image {spec.image!r}: expected a container image such as "
                               f"'myregistry.azurecr.io/training:1' ('<registry>/<repository>[:tag|@digest]').")
+        if spec.code is not None:  # the archive's own problems, before the job is queued
+            packaging.refuse_ours(packaging.code_files(spec.code), ())
         self._config_json(spec)
         self._environment(spec)
 

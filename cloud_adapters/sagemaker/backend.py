@@ -212,6 +212,15 @@ def hyperparameters(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _refuse_setup_py(members) -> None:
+    """The toolkit would ``pip install .`` a submit directory with a top-level setup.py as a package
+    (sagemaker-training ``_entry_point_type``) instead of running the entry script."""
+    if "setup.py" in members:
+        raise InvalidSpec("code archive member 'setup.py': SageMaker's training toolkit installs a submit "
+                          "directory with a top-level setup.py as a Python package; move setup.py into "
+                          "a subdirectory, or list your dependencies in requirements.txt.")
+
+
 def _parse_s3(uri: str, field: str) -> tuple[str, str]:
     m = re.fullmatch(r"s3://([^/]+)(?:/(.*))?", uri or "")
     if not m:
@@ -388,7 +397,9 @@ class SageMakerBackend(CloudBackend):
         * instance type: an ``ml.*`` type with a catalog price in the region;
         * processes per node ≤ the instance's GPUs (one rank per GPU), or ≤ its vCPUs on a CPU type;
         * max runtime ≤ 28 days (MaxRuntimeInSeconds, clouds.md §1.1);
-        * dataset: "" (built-in data) or an ``s3://`` URI; tags and env within the API's limits.
+        * dataset: "" (built-in data) or an ``s3://`` URI; tags and env within the API's limits;
+        * the job's image an image URI; its code archive readable, unchanged, without members named like
+          ours or a top-level setup.py (reads the local archive: no provider call).
         """
         training_job_name(spec.job_name)
         itype = spec.instance_type or self.config["instance_type"]
@@ -427,6 +438,10 @@ class SageMakerBackend(CloudBackend):
             raise InvalidSpec(f"trainer package {spec.trainer_package_uri!r}: a job with its own code ships the "
                               f"trainer and the code as one archive, so the trainer must be a directory that "
                               f"contains trainer_pkg/ (or empty for this installation's).")
+        if spec.code is not None:  # the archive's own problems, before the job is queued
+            files = packaging.code_files(spec.code)
+            packaging.refuse_ours(files, ())
+            _refuse_setup_py(name for name, _, _ in files)
         if len(hyperparameters(self._config(spec))) + 5 > MAX_HYPERPARAMETERS:
             raise InvalidSpec(f"config: more than {MAX_HYPERPARAMETERS - 5} fields; SageMaker takes "
                               f"{MAX_HYPERPARAMETERS} hyperparameters.")
@@ -535,11 +550,8 @@ class SageMakerBackend(CloudBackend):
                               f"{'a directory' if spec.code is not None else 'an s3:// URI or a directory'} that "
                               f"contains trainer_pkg/ (leave it empty to ship this installation's).")
         archive = packaging.build_archive(source or None, code=spec.code)
-        if spec.code is not None and "setup.py" in archive.members:
-            # The toolkit would `pip install .` the submit directory as a package instead of running the script.
-            raise InvalidSpec("code archive member 'setup.py': SageMaker's training toolkit installs a submit "
-                              "directory with a top-level setup.py as a Python package; move setup.py into "
-                              "a subdirectory, or list your dependencies in requirements.txt.")
+        if spec.code is not None:
+            _refuse_setup_py(archive.members)
         uri, _ = packaging.upload_once(self.client("s3"), archive, bucket=self.config["bucket"],
                                        prefix=self.config["prefix"],
                                        call=lambda fn: self.call(fn, "S3"))

@@ -431,7 +431,9 @@ class VertexBackend(CloudBackend):
         * machine type: a Compute Engine type with a catalog price (and the accelerator's);
         * processes per node ≤ accelerators per replica (one rank per GPU), or ≤ the machine's vCPUs;
         * dataset and output: "" or ``gs://`` (the trainer reads gs:// through /gcs, clouds.md §2.3);
-        * labels (at most 64) and environment (at most 100, clouds.md §2.1) within the API's limits.
+        * labels (at most 64) and environment (at most 100, clouds.md §2.1) within the API's limits;
+        * the job's image an image URI; its code archive readable, unchanged, without members named like
+          ours, and its requirements requirements, not pip options (reads the local archive only).
         """
         job_label(spec.job_name)
         machine = spec.instance_type or self.config["machine_type"]
@@ -463,7 +465,8 @@ class VertexBackend(CloudBackend):
             raise InvalidSpec(f"image {spec.image!r}: expected an Artifact Registry image URI "
                               f"'<registry>/<repository>[:tag|@digest]', e.g. "
                               f"us-docker.pkg.dev/{self.config['project']}/training/my-image:1.")
-        if spec.code is not None:
+        if spec.code is not None:  # the archive's own problems, before the job is queued
+            packaging.refuse_ours(packaging.code_files(spec.code), ())
             package.pip_dependencies(spec.code.requirements)
         self._labels(spec)
         self._env(spec)

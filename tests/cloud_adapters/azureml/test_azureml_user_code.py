@@ -88,8 +88,9 @@ def test_the_jobs_image_replaces_the_environment_with_or_without_requirements(wo
 def test_members_named_like_ours_are_refused_before_any_call(workspace, tmp_path, member):
     code = code_bundle(tmp_path / "store", {**MODEL_FILES, member: "{}"})
     backend = make_backend(workspace, prices=two_gpu_catalog())
-    with pytest.raises(InvalidSpec, match=rf"code archive member '{member}': the name is Trainboard's"):
-        backend.submit(spec(code))
+    for call in (backend.validate, backend.submit):
+        with pytest.raises(InvalidSpec, match=rf"code archive member '{member}': the name is Trainboard's"):
+            call(spec(code))
     assert workspace.calls("PUT") == []
 
 

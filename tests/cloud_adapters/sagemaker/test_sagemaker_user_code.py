@@ -121,6 +121,8 @@ def test_members_that_would_replace_ours_are_refused_before_any_upload(aws, tmp_
     backend = make_backend()
     calls = count_calls(backend.client("s3"))
     with pytest.raises(InvalidSpec, match="code archive member " + words.replace("(", r"\(")):
+        backend.validate(spec(code))  # when the job is created: the archive is read, nothing is called
+    with pytest.raises(InvalidSpec, match="code archive member " + words.replace("(", r"\(")):
         backend.submit(spec(code))
     assert calls.count("PutObject") == 0
     assert backend.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
@@ -130,9 +132,10 @@ def test_a_stored_archive_that_changed_is_refused(aws, tmp_path):
     code = code_bundle(tmp_path / "store", SCRIPT_FILES)
     with open(code.path, "ab") as f:
         f.write(b"tampered")
-    with pytest.raises(InvalidSpec, match=r"its SHA-256 is [0-9a-f]{16}…, the job records "
-                                          rf"{code.sha256[:16]}…; the stored archive changed, upload the code again"):
-        make_backend().submit(spec(code))
+    for call in (make_backend().validate, make_backend().submit):
+        with pytest.raises(InvalidSpec, match=r"its SHA-256 is [0-9a-f]{16}…, the job records "
+                                              rf"{code.sha256[:16]}…; the stored archive changed, upload the code again"):
+            call(spec(code))
 
 
 def test_validate_names_a_bad_image_a_bad_secret_name_and_an_s3_trainer_with_code(tmp_path):

@@ -134,8 +134,10 @@ def test_a_job_without_code_has_one_package(make_backend, vertex):
 
 def test_a_member_that_would_shadow_the_trainer_is_refused(make_backend, vertex, tmp_path):
     code = code_bundle(tmp_path / "store", {**MODEL_FILES, "trainer_pkg/train.py": "print('mine')\n"})
-    with pytest.raises(InvalidSpec, match=r"code archive member 'trainer_pkg/train.py': the name is Trainboard's"):
-        make_backend().submit(spec(code))
+    backend = make_backend()
+    for call in (backend.validate, backend.submit):
+        with pytest.raises(InvalidSpec, match=r"code archive member 'trainer_pkg/train.py': the name is Trainboard's"):
+            call(spec(code))
     assert vertex.created == []
 
 
