@@ -55,6 +55,7 @@ import re
 import tarfile
 import tempfile
 import threading
+import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -470,8 +471,6 @@ class AzureMLBackend(CloudBackend):
         ``digits`` for the built-in dataset, ``images`` for an image folder) and then the requirement
         lines of ``spec.code`` (:func:`~cloud_adapters.packaging.requirement_lines`, pip options kept:
         Azure ML hands the list to pip as a requirements file)."""
-        import tomllib
-
         source = Path(spec.trainer_package_uri or packaging.REPO_ROOT)
         project = tomllib.loads((source / "trainer_pkg" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
         data = spec.config.get("data") if isinstance(spec.config.get("data"), Mapping) else {}

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import tomllib
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -73,8 +74,6 @@ def test_sdist_members_and_its_pyproject(tmp_path):
         pyproject = tar.extractfile(f"{root}/pyproject.toml").read().decode()
     assert names == sorted([f"{root}/pyproject.toml"] + [f"{root}/{pkg}/{n}" for n in
                                                           [*SCRIPT_FILES, ".hidden/conf[1].txt"]])
-    import tomllib
-
     project = tomllib.loads(pyproject)
     assert project["project"]["name"] == root
     assert project["project"]["dependencies"] == [f"{DEP_NAME}=={DEP_VERSION}"]  # the comment line dropped
