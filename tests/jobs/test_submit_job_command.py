@@ -120,6 +120,26 @@ def _script(final_state, reason=""):
     return fake_sleep
 
 
+def test_json_metrics_carry_the_last_value_of_a_scripts_own_names(ready):
+    """A script's report.log(my_metric=...) is charted on the page; the CLI's summary names it too."""
+    steps = _script(S.SUCCEEDED)
+
+    def fake_sleep(seconds):
+        steps(seconds)
+        job = TrainingJob.objects.get()
+        if job.state == S.RUNNING and not MetricPoint.objects.filter(name="my_metric").exists():
+            for step, value in ((1, 3.0), (2, 2.5)):
+                MetricPoint.objects.create(job=job, name="my_metric", step=step, value=value,
+                                           recorded_at=job.created_at)
+            MetricPoint.objects.create(job=job, name="tokens/s", step=2, value=812.0, recorded_at=job.created_at)
+
+    with mock.patch("jobs.management.commands.submit_job.time.sleep", side_effect=fake_sleep):
+        code, out, err = run(*BASE, "--wait", "--json", "--poll-interval", "0.01")
+    assert code == 0, err
+    assert json.loads(out)["metrics"] == {"val_accuracy": 0.9, "val_loss": 0.4, "train_loss": 0.5,
+                                          "my_metric": 2.5, "tokens/s": 812.0}
+
+
 def test_wait_succeeded_exits_0_with_progress_and_json(ready):
     with mock.patch("jobs.management.commands.submit_job.time.sleep", side_effect=_script(S.SUCCEEDED)):
         code, out, err = run(*BASE, "--wait", "--json", "--poll-interval", "0.01")

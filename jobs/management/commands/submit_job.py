@@ -180,6 +180,12 @@ class Command(BaseCommand):
             url = f"/jobs/{job.pk}/"
         url = f"{settings.TRAINBOARD_BASE_URL}{url}"
         final = selectors.training_job_final_metrics(job=job)
+        # The three headline metrics are always keys (None before the first epoch); every other series
+        # the job stored, a script's own report.log names included, adds its last value.
+        metrics = {k: final[k] for k in ("val_accuracy", "val_loss", "train_loss")}
+        for name, points in selectors.training_job_metric_series(job=job).items():
+            if points and name not in metrics:
+                metrics[name] = points[-1]["value"]
         duration = job.duration_s
         return {
             "id": job.pk,
@@ -190,7 +196,7 @@ class Command(BaseCommand):
             "failure_reason": job.failure_reason,
             "code_sha256": job.code.sha256 if job.code_id else None,
             "image": job.image,
-            "metrics": {k: final[k] for k in ("val_accuracy", "val_loss", "train_loss")},
+            "metrics": metrics,
             "events": [{"from": e.from_state or None, "to": e.to_state, "at": e.created_at.isoformat()}
                        for e in selectors.training_job_events(job=job)],
         }
