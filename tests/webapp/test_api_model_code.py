@@ -188,11 +188,26 @@ def test_schema_documents_the_upload_and_stays_valid(api_client):
     ("params", "{" * 40 + "}" * 40, "Nested more than 32 levels deep; at most 32 levels of objects and arrays are "
                                     "accepted."),
     ("shard_classes", '"Block"', 'Shard classes must be a list of strings, e.g. ["Block"].'),
-], ids=["nan", "not-an-object", "deep", "not-a-list"])
+    # a plain word where JSON text is due: the message says the field takes JSON, with its example
+    ("shard_classes", "Block", 'Not valid JSON: Expecting value at line 1, column 1. Give its JSON text, e.g. '
+                               '["Block"].'),
+    ("params", "{width: 8}", 'Not valid JSON: Expecting property name enclosed in double quotes at line 1, '
+                             'column 2. Give its JSON text, e.g. {"hidden_size": 128}.'),
+], ids=["nan", "not-an-object", "deep", "not-a-list", "word-not-json", "object-not-json"])
 def test_multipart_json_fields_are_checked_like_json_ones(api_client, code_store, field, text, message):
     response = api_client.post("/api/models/", {"name": "tiny", "kind": "code", "entry_point": "mymodel.net:build",
                                                 field: text, "code": upload(zip_bytes(MODEL_FILES))},
                                format="multipart")
     assert response.status_code == 400
     assert response.json()[field] == [message]
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+
+
+def test_script_args_given_as_a_command_line_say_they_take_a_json_list(api_client, code_store):
+    response = api_client.post("/api/models/", {"name": "tiny", "kind": "script", "entry_point": "train.py",
+                                                "script_args": "--epochs 3", "code": upload(zip_bytes(MODEL_FILES))},
+                               format="multipart")
+    assert response.status_code == 400
+    assert response.json() == {"script_args": [
+        'Not valid JSON: Expecting value at line 1, column 1. Give its JSON text, e.g. ["--epochs", "3"].']}
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])

@@ -189,14 +189,22 @@ class CodeFieldExtension(OpenApiSerializerFieldExtension):
 class ServiceCheckedJSONField(serializers.JSONField):
     """A JSON value as the request gives it: itself in a JSON body, its text (parsed with the bounds of
     :func:`jobs.validation.loads`) in a multipart or form body. What it holds is the service's to check,
-    worded for its field (``Parameters: dropout: expected a finite number, got nan.``)."""
+    worded for its field (``Parameters: dropout: expected a finite number, got nan.``). ``example``: the
+    field's value as JSON text, named in the error of a text that is not JSON (``Block`` for
+    ``["Block"]``), so a multipart caller learns the field takes JSON, not a plain word or line."""
+
+    def __init__(self, *args: Any, example: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.example = example
 
     def to_internal_value(self, data):
         if getattr(data, "is_json_string", False):
             try:
                 return validation.loads(data)
             except validation.JSONInputError as exc:
-                raise serializers.ValidationError(str(exc)) from None
+                hint = (f" Give its JSON text, e.g. {self.example}."
+                        if self.example and exc.decode_error is not None else "")
+                raise serializers.ValidationError(f"{exc}{hint}") from None
         return data
 
 
@@ -222,15 +230,15 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         help_text="Kind builtin: the registry's architecture. Set by the server for the other kinds "
                   "(code: custom; script: blank).")
     params = JSONObjectField(
-        required=False, help_text="Kind builtin: architecture parameters; missing ones take the registry's defaults. "
+        required=False, example='{"hidden_size": 128}', help_text="Kind builtin: architecture parameters; missing ones take the registry's defaults. "
                                   "An update that changes the architecture (or the kind) without params gives it "
                                   "that architecture's defaults. Kind code: the model function's keyword "
                                   "arguments. In a multipart body: the object's JSON text."
     )
     script_args = JSONStringListField(
-        required=False, help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\"] (multipart: the JSON text).")
+        required=False, example='["--epochs", "3"]', help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\"] (multipart: the JSON text).")
     shard_classes = JSONStringListField(
-        required=False, help_text="Kind code, FSDP: class names sharded one fully_shard each, e.g. [\"Block\"]; "
+        required=False, example='["Block"]', help_text="Kind code, FSDP: class names sharded one fully_shard each, e.g. [\"Block\"]; "
                                   "[] = each top-level child (multipart: the JSON text).")
     code = CodeField(required=False, allow_empty_file=False)
     code_dir = serializers.CharField(
