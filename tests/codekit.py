@@ -10,6 +10,7 @@ files, links, devices), and a small model package whose entry point the dashboar
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 import io
 import tarfile
 import zipfile
@@ -104,3 +105,8 @@ def tar_gz_bytes(members: dict[str, bytes | Link | Special], *, mtime: int = 1_7
 
 def upload(data: bytes, name: str = "model.zip") -> SimpleUploadedFile:
     return SimpleUploadedFile(name, data, content_type="application/octet-stream")
+
+
+def stored_files(store: Path) -> list[str]:
+    """The files in the code store ``store``, as sorted paths relative to it ([] when it does not exist)."""
+    return sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file()) if store.exists() else []

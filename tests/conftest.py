@@ -65,6 +65,17 @@ def cnn_model(user):
 
 
 @pytest.fixture
+def code_store(settings, tmp_path) -> Path:
+    """An empty content-addressed code store (TRAINBOARD_CODE_STORE) and one allowed code root
+    (TRAINBOARD_CODE_ROOTS, ``tmp_path/roots``) for the test; returns the store's path."""
+    store = tmp_path / "store"
+    settings.TRAINBOARD_CODE_STORE = store
+    settings.TRAINBOARD_CODE_ROOTS = [str(tmp_path / "roots")]
+    (tmp_path / "roots").mkdir(exist_ok=True)
+    return store
+
+
+@pytest.fixture
 def run_root(tmp_path) -> Path:
     """Where the gpubox backend of this test keeps its run directories."""
     path = tmp_path / "runs"

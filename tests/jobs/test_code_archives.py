@@ -14,24 +14,11 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ValidationError
 
-from codekit import MODEL_FILES, NET_PY, Link, Special, tar_gz_bytes, upload, zip_bytes
+from codekit import Link, MODEL_FILES, NET_PY, Special, stored_files, tar_gz_bytes, upload, zip_bytes
 from jobs import code_archives, services
 from jobs.models import CodeArchive, ModelSpec
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def code_store(settings, tmp_path) -> Path:
-    store = tmp_path / "store"
-    settings.TRAINBOARD_CODE_STORE = store
-    settings.TRAINBOARD_CODE_ROOTS = [str(tmp_path / "roots")]
-    (tmp_path / "roots").mkdir()
-    return store
-
-
-def stored_files(store: Path) -> list[str]:
-    return sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file()) if store.exists() else []
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store")]
 
 
 def create(user, code, *, kind="code", entry_point="mymodel.net:build", **extra) -> ModelSpec:

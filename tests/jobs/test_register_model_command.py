@@ -13,20 +13,12 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from codekit import MODEL_FILES, Link, tar_gz_bytes, zip_bytes
+from codekit import Link, MODEL_FILES, stored_files, tar_gz_bytes, zip_bytes
 from jobs.models import CodeArchive, ModelSpec, Team
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store")]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def code_store(settings, tmp_path) -> Path:
-    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
-    settings.TRAINBOARD_CODE_ROOTS = [str(tmp_path / "roots")]
-    (tmp_path / "roots").mkdir()
-    return tmp_path / "store"
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -37,10 +29,6 @@ def run(*args: str) -> tuple[int, str, str]:
     except CommandError as exc:
         code, err = exc.returncode, io.StringIO(err.getvalue() + str(exc))
     return code, out.getvalue(), err.getvalue()
-
-
-def stored(store: Path) -> list[Path]:
-    return [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
 
 
 def test_registers_a_model_from_a_zip(user, tmp_path, code_store):
@@ -60,7 +48,7 @@ def test_registers_a_model_from_a_zip(user, tmp_path, code_store):
                  "requirements": "tinypkg==1.0\n", "path": str(spec.code.path)}}
     assert f"model tiny registered (id {spec.pk}): kind code, mymodel.net:build, archive {spec.code.sha256[:12]} " \
            f"(4 files, {spec.code.size_bytes:,} bytes, with requirements.txt)" in err
-    assert [p.name for p in stored(code_store)] == [f"{spec.code.sha256}.tar.gz"]
+    assert stored_files(code_store) == [f"{spec.code.sha256[:2]}/{spec.code.sha256}.tar.gz"]
 
 
 def test_a_script_from_a_directory_then_updated(user, tmp_path, code_store):
@@ -99,7 +87,7 @@ def test_every_bad_option_in_one_run_exits_2_and_stores_nothing(user, tmp_path, 
     assert "  --code: member 'mymodel/evil': a symbolic link (to '/etc/shadow')" in err
     assert "  --team: alice is not a member of a team named 'nobodys'." in err
     assert "  --shard-class: Shard classes [0]: '9lives' is not a Python class name." in err
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
 
 
 def test_a_missing_entry_point_and_a_missing_code_path(user, tmp_path, code_store):
@@ -119,7 +107,7 @@ def test_a_missing_entry_point_and_a_missing_code_path(user, tmp_path, code_stor
     assert code == 2 and "--code: A code directory must lie inside" in err
     code, _, err = run("--name", "m", "--code", str(archive), "--script", "train.py", "--owner", "nobody")
     assert code == 2 and "--owner: no user named 'nobody'." in err
-    assert (ModelSpec.objects.count(), stored(code_store)) == (0, [])
+    assert (ModelSpec.objects.count(), stored_files(code_store)) == (0, [])
 
 
 def test_shared_with_a_team(user, tmp_path):

@@ -3,27 +3,14 @@ naming the member (never a 500, nothing stored), owner/team/staff visibility, an
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
 
-from codekit import MODEL_FILES, Link, tar_gz_bytes, upload, zip_bytes
+from codekit import Link, MODEL_FILES, stored_files, tar_gz_bytes, upload, zip_bytes
 from jobs.models import CodeArchive, ModelSpec, Team
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def code_store(settings, tmp_path) -> Path:
-    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
-    settings.TRAINBOARD_CODE_ROOTS = [str(tmp_path / "roots")]
-    (tmp_path / "roots").mkdir()
-    return tmp_path / "store"
-
-
-def stored(store: Path) -> list[Path]:
-    return [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store")]
 
 
 def test_multipart_create_and_get(api_client, code_store):
@@ -47,7 +34,7 @@ def test_multipart_create_and_get(api_client, code_store):
     assert got == body
     listed = api_client.get("/api/models/").json()["results"]
     assert [m["code"]["sha256"] for m in listed] == [row.sha256]
-    assert len(stored(code_store)) == 1
+    assert len(stored_files(code_store)) == 1
 
 
 def test_files_listed_are_the_first_fifty(api_client, code_store):
@@ -106,7 +93,7 @@ def test_bad_archives_are_400_naming_the_member(api_client, code_store, code, fi
         assert errors[field] == [message]
     else:
         assert errors[field][0].startswith("Not a readable ")
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
 
 
 def test_upload_and_directory_together_and_oversized_bodies_are_refused(api_client, code_store, settings):
@@ -121,7 +108,7 @@ def test_upload_and_directory_together_and_oversized_bodies_are_refused(api_clie
     assert big.status_code == 400
     assert big.json() == {"code": ["The upload is larger than 1,024 bytes (TRAINBOARD_CODE_MAX_BYTES); leave data "
                                    "and checkpoints out of the code archive."]}
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
 
 
 def test_builtin_models_are_unchanged_and_json_code_is_refused(api_client):
@@ -200,7 +187,7 @@ def test_multipart_json_fields_are_checked_like_json_ones(api_client, code_store
                                format="multipart")
     assert response.status_code == 400
     assert response.json()[field] == [message]
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
 
 
 def test_script_args_given_as_a_command_line_say_they_take_a_json_list(api_client, code_store):
@@ -210,4 +197,4 @@ def test_script_args_given_as_a_command_line_say_they_take_a_json_list(api_clien
     assert response.status_code == 400
     assert response.json() == {"script_args": [
         'Not valid JSON: Expecting value at line 1, column 1. Give its JSON text, e.g. ["--epochs", "3"].']}
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])

@@ -3,27 +3,14 @@ in one submit, nothing stored on an error, edit keeping the archive, the list's 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from django.urls import reverse
 
-from codekit import MODEL_FILES, Link, tar_gz_bytes, upload, zip_bytes
+from codekit import Link, MODEL_FILES, stored_files, tar_gz_bytes, upload, zip_bytes
 from jobs.models import CodeArchive, ModelSpec
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def code_store(settings, tmp_path) -> Path:
-    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
-    settings.TRAINBOARD_CODE_ROOTS = [str(tmp_path / "roots")]
-    (tmp_path / "roots").mkdir()
-    return tmp_path / "store"
-
-
-def stored(store: Path) -> list[Path]:
-    return [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store")]
 
 
 def test_the_form_uploads_code_and_the_list_shows_kind_hash_and_requirements(owner_client, code_store):
@@ -83,7 +70,7 @@ def test_every_error_on_its_field_in_one_submit_and_nothing_stored(owner_client,
     assert errors["image"][0].startswith("Image: 'bad image' is not a container image reference")
     page = response.content.decode()
     assert "member &#x27;mymodel/w&#x27;: a symbolic link" in page
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
     missing = owner_client.post(reverse("model-create"), {"name": "m", "kind": "code",
                                                           "entry_point": "mymodel.net:build"})
     assert missing.context["form"].errors == {"code": [
@@ -126,7 +113,7 @@ def test_an_oversized_post_is_refused_before_it_is_read(owner_client, settings, 
         "code": upload(bytes(2 * 1024 * 1024), "big.zip")})
     assert response.status_code == 400
     assert "The upload is larger than 1,024 bytes (TRAINBOARD_CODE_MAX_BYTES)" in response.content.decode()
-    assert (ModelSpec.objects.count(), stored(code_store)) == (0, [])
+    assert (ModelSpec.objects.count(), stored_files(code_store)) == (0, [])
 
 
 def test_a_teammate_sees_but_does_not_edit(owner_client, user, django_user_model, client, code_store):
@@ -152,4 +139,4 @@ def test_a_form_error_of_its_own_stores_no_archive(owner_client, code_store):
         "name": "not a slug", "kind": "code", "entry_point": "mymodel.net:build",
         "code": upload(zip_bytes(MODEL_FILES))})
     assert list(response.context["form"].errors) == ["name"]
-    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored(code_store)) == (0, 0, [])
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])

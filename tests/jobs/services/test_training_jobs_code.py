@@ -15,14 +15,7 @@ from jobs import services
 from jobs.adapters import job_spec
 from jobs.models import CodeArchive, TrainingJob
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def code_store(settings, tmp_path) -> Path:
-    store = tmp_path / "store"
-    settings.TRAINBOARD_CODE_STORE = store
-    return store
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store")]
 
 
 @pytest.fixture
