@@ -894,7 +894,8 @@ def _failure_reason(log_path: Path, code: int) -> str:
 
     Preference: torchrun's failure summary ("Root Cause (first observed failure)": that rank, its
     exit code or signal, and the ``trainer error: rank N: ...`` line of that rank when it printed one
-    — the other ranks' errors are usually the consequence, e.g. a closed connection); then the last
+    — the other ranks' errors are usually the consequence, e.g. a closed connection; else the log's last
+    exception or argparse error line above the summary, as a user's script prints it); then the last
     line containing ``trainer error:``; then the last Python exception line of a rank (torchrun's
     own ChildFailedError wrapper is skipped); then the last 5 non-empty lines.
     """
@@ -976,4 +977,11 @@ def _torchrun_root_cause(lines: list[str]) -> str | None:
         if exception.match(line):
             return f"{who}: {line[line.index(']:') + 2 :].strip()}"
     code_text = f"exit code {exitcode}" if exitcode is not None else "an unknown exit code"
+    # A user's script prints its uncaught exception or argparse's "train.py: error: ..." without a
+    # rank prefix (it need not init a process group): the last such line above torchrun's summary is
+    # named as the log's, since which rank printed it is not recorded.
+    plain = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception): \S|[\w.-]+: error: \S)")
+    for line in reversed(lines[:first]):
+        if plain.match(line) and "ChildFailedError" not in line:
+            return f"{who} failed with {code_text}; the log's last error: {line}"
     return f"{who} failed with {code_text}; its error is in the job's log"

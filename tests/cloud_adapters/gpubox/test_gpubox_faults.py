@@ -120,6 +120,17 @@ Root Cause (first observed failure):
      .format(rank=0, code=1, traceback="To enable traceback see: ..."),
      "rank 1 (local rank 1) was killed by SIGKILL (exit code -9), usually the out-of-memory killer or an "
      "operator (check the machine's memory and `dmesg`); torchrun stopped the other ranks"),
+    # A user's script raised, without a rank prefix: its exception line, not torchrun's own wrapper.
+    ("Traceback (most recent call last):\n  File \"/r/code/train.py\", line 3, in <module>\n"
+     "ValueError: boom from my script\n"
+     "E1201 17:03:21.303000 1 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 102)\n"
+     + SUMMARY.format(rank=1, code=1, traceback="To enable traceback see: ..."),
+     "rank 1 (local rank 1) failed with exit code 1; the log's last error: ValueError: boom from my script"),
+    # A script's argparse refusing its arguments (exit code 2).
+    ("usage: train.py [-h] [--steps STEPS]\ntrain.py: error: unrecognized arguments: --nope\n"
+     + SUMMARY.format(rank=0, code=2, traceback="To enable traceback see: ..."),
+     "rank 0 (local rank 0) failed with exit code 2; the log's last error: train.py: error: unrecognized "
+     "arguments: --nope"),
     # No torchrun summary (a single process): the last trainer error.
     ("noise\ntrainer error: dataset /d/x.npz not found\n", "trainer error: dataset /d/x.npz not found"),
 ])
