@@ -498,6 +498,32 @@ def _requirements(contents: dict[str, bytes]) -> str:
 # =============================================================================================
 
 
+def check_entry_point_form(entry_point: str, *, script: bool) -> None:
+    """Check only the form of a model's ``entry_point`` (``package.module:function``) or, with
+    ``script``, of its script (``train.py`` or ``-m package.module``), for a request whose archive is
+    missing or refused, so that its error comes with the archive's. Raises :class:`ArchiveError`
+    (member None) with the message :func:`check_entry_point` or :func:`check_script` gives."""
+    entry_point = (entry_point or "").strip()
+    if not script:
+        try:
+            parse_entry_point(entry_point)  # the trainer's own reading of it
+        except ConfigError:
+            raise ArchiveError(None, f"entry point {entry_point!r}: expected package.module:function, e.g. "
+                                     f"mymodel.net:build.") from None
+        return
+    if entry_point.startswith("-m"):
+        if not _MODULE.fullmatch(entry_point[2:].strip()):
+            raise ArchiveError(None, f"script {entry_point!r}: expected -m package.module, e.g. -m mytrain.main.")
+        return
+    try:
+        name = _clean_name(entry_point)
+    except ArchiveError as exc:
+        raise ArchiveError(None, f"script {entry_point!r}: {exc.reason}") from None
+    if not name or not name.endswith(".py"):
+        raise ArchiveError(None, f"script {entry_point!r}: expected a .py file in the archive (train.py) or "
+                                 f"-m package.module.")
+
+
 def check_entry_point(archive: NormalizedArchive, entry_point: str) -> None:
     """Check that ``entry_point`` (``package.module:function``) names a function defined at the top
     level of a module file in ``archive``: ``pkg/mod.py`` or ``pkg/mod/__init__.py``
@@ -507,11 +533,8 @@ def check_entry_point(archive: NormalizedArchive, entry_point: str) -> None:
     Raises :class:`ArchiveError` (member None) with the message for the ``entry_point`` field.
     """
     entry_point = (entry_point or "").strip()
-    try:
-        module, function = parse_entry_point(entry_point)  # the trainer's own reading of it
-    except ConfigError:
-        raise ArchiveError(None, f"entry point {entry_point!r}: expected package.module:function, e.g. "
-                                 f"mymodel.net:build.") from None
+    check_entry_point_form(entry_point, script=False)
+    module, function = parse_entry_point(entry_point)
     path = _module_file(archive, module, ("{}.py", "{}/__init__.py"))
     tree = _parse(archive, path)
     functions, imported, others = _top_level_names(tree)
@@ -532,19 +555,11 @@ def check_script(archive: NormalizedArchive, script: str) -> None:
     parses. Raises :class:`ArchiveError` (member None) with the message for the ``entry_point`` field.
     """
     script = (script or "").strip()
+    check_entry_point_form(script, script=True)
     if script.startswith("-m"):
-        module = script[2:].strip()
-        if not _MODULE.fullmatch(module):
-            raise ArchiveError(None, f"script {script!r}: expected -m package.module, e.g. -m mytrain.main.")
-        _parse(archive, _module_file(archive, module, ("{}.py", "{}/__main__.py")))
+        _parse(archive, _module_file(archive, script[2:].strip(), ("{}.py", "{}/__main__.py")))
         return
-    try:
-        name = _clean_name(script)
-    except ArchiveError as exc:
-        raise ArchiveError(None, f"script {script!r}: {exc.reason}") from None
-    if not name or not name.endswith(".py"):
-        raise ArchiveError(None, f"script {script!r}: expected a .py file in the archive (train.py) or "
-                                 f"-m package.module.")
+    name = _clean_name(script)
     if name not in archive.contents:
         scripts = [f for f in archive.files if f.endswith(".py") and "/" not in f]
         hint = f"; its top-level scripts: {', '.join(scripts[:10])}" if scripts else ""

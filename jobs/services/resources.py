@@ -237,9 +237,10 @@ def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.
         except code_archives.ArchiveError as exc:
             errors.add("code", f"The stored archive {spec.code.short_sha} cannot be read ({exc}); upload the "
                                f"code again.")
-    if archive is None:
-        return
     try:
+        if archive is None:  # no code, or a refused one: the entry point's form is still checked
+            code_archives.check_entry_point_form(spec.entry_point, script=not is_code)
+            return
         (code_archives.check_entry_point if is_code else code_archives.check_script)(archive, spec.entry_point)
     except code_archives.ArchiveError as exc:
         errors.add("entry_point", str(exc))

@@ -198,3 +198,20 @@ def test_script_args_given_as_a_command_line_say_they_take_a_json_list(api_clien
     assert response.json() == {"script_args": [
         'Not valid JSON: Expecting value at line 1, column 1. Give its JSON text, e.g. ["--epochs", "3"].']}
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
+
+
+@pytest.mark.parametrize("kind, entry_point, code, message", [
+    ("code", "garbage", None, "entry point 'garbage': expected package.module:function, e.g. mymodel.net:build."),
+    ("script", "train.sh", lambda: upload(b"not an archive", "bad.zip"),
+     "script 'train.sh': expected a .py file in the archive (train.py) or -m package.module."),
+    ("script", "-m 9lives", None, "script '-m 9lives': expected -m package.module, e.g. -m mytrain.main."),
+], ids=["no-code", "refused-code", "bad-module"])
+def test_a_malformed_entry_point_is_reported_with_a_missing_or_refused_archive(api_client, code_store, kind,
+                                                                             entry_point, code, message):
+    body = {"name": "tiny", "kind": kind, "entry_point": entry_point, **({"code": code()} if code else {})}
+    response = api_client.post("/api/models/", body, format="multipart")
+    assert response.status_code == 400
+    errors = response.json()
+    assert errors["entry_point"] == [message]
+    assert len(errors["code"]) == 1  # the archive's own error beside it, all at once
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
