@@ -134,6 +134,8 @@ def test_a_scripts_metrics_get_one_chart_each_titled_by_name(live_server, browse
     # A user metric named like the trainer's loss is drawn in the loss chart, not twice.
     assert page.evaluate("() => window.trainboardCharts['chart-loss'].data.datasets[0].data.length") == 3
     assert page.locator("#charts canvas").count() == 2 + 3
+    # It reported no accuracy: that card is hidden, the loss card (its train_loss) shown.
+    assert page.locator("#chart-accuracy").is_hidden() and page.locator("#chart-loss").is_visible()
 
     # A name first reported after the page loaded gets its chart at the next refresh.
     MetricPoint.objects.create(job=job, name="eval/top-1", step=3, value=0.5, recorded_at=T0)

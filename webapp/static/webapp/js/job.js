@@ -149,8 +149,20 @@
   }
   ensureMetricCharts(initial);
 
+  // A script reports what it likes: its page keeps a loss or accuracy card only while one of the
+  // card's series has points (a trainer job's cards always show, empty until its first step).
+  function fitBuiltinCards(payload) {
+    if (charts.dataset.script !== "true") return;
+    for (const canvasId of ["chart-loss", "chart-accuracy"]) {
+      const card = document.getElementById(canvasId).closest(".chart-card");
+      card.hidden = !LAYOUT[canvasId].some(([name]) => (payload.series[name] || []).length > 0);
+    }
+  }
+  fitBuiltinCards(initial);
+
   function applyMetrics(payload) {
     ensureMetricCharts(payload);
+    fitBuiltinCards(payload);
     for (const [canvasId, series] of Object.entries(LAYOUT)) {
       const chart = instances[canvasId];
       series.forEach(([name], i) => {
