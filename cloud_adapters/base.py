@@ -501,13 +501,13 @@ class Backend(abc.ABC):
         """The configured image or environment the trainer runs in ("" when the backend has none)."""
         return str(self.config.get(self.image_setting) or "") if self.image_setting else ""
 
-    def image_torch_version(self) -> str | None:
-        """The torch version of :meth:`training_image`: from :attr:`image_torch` for a known image,
-        else parsed from its reference by :attr:`image_torch_pattern`; None when unknown (a custom
-        image is then not refused anything)."""
+    def image_torch_version(self, image: str = "") -> str | None:
+        """The torch version of ``image`` (a job's own image; "" = :meth:`training_image`): from
+        :attr:`image_torch` for a known image, else parsed from its reference by
+        :attr:`image_torch_pattern`; None when unknown (a custom image is then not refused anything)."""
         import re
 
-        image = self.training_image()
+        image = image or self.training_image()
         if not image:
             return None
         if image in self.image_torch:
@@ -515,14 +515,14 @@ class Backend(abc.ABC):
         match = re.search(self.image_torch_pattern, image) if self.image_torch_pattern else None
         return match.group(1).replace("-", ".") if match else None
 
-    def strategy_error(self, strategy: str) -> str | None:
-        """Why this backend's image cannot run ``strategy`` (its torch is older than the trainer needs,
-        :mod:`trainer_pkg.versions`), naming the image and what to do; None when it can or the image's
-        torch is unknown."""
+    def strategy_error(self, strategy: str, image: str = "") -> str | None:
+        """Why the image a job runs in cannot run ``strategy`` (its torch is older than the trainer
+        needs, :mod:`trainer_pkg.versions`), naming the image and what to do; None when it can or the
+        image's torch is unknown. ``image``: the job's own image; "" = this backend's."""
         from trainer_pkg.versions import strategy_torch_error
 
-        return strategy_torch_error(strategy, self.image_torch_version(),
-                                    where=f"{self.image_setting} {self.training_image()}")
+        where = f"the job's image {image}" if image else f"{self.image_setting} {self.training_image()}"
+        return strategy_torch_error(strategy, self.image_torch_version(image), where=where)
 
     def runnable_strategies(self) -> tuple[str, ...]:
         """:attr:`offered_strategies` less those the image's torch cannot run: what

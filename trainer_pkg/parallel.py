@@ -419,8 +419,13 @@ class FSDPStrategy(Strategy):
         sharded = []
         for layer in units:
             if any(p.requires_grad for p in layer.parameters()):
-                fully_shard(layer, mesh=mesh)
                 sharded.append(layer)
+        # Named before fully_shard, which swaps each module's class for an FSDP subclass (FSDPBlock).
+        self.unit_classes = sorted({type(m).__name__ for m in sharded})
+        """Class names of the submodules sharded on their own (before the root), for the run's log."""
+        self.unit_count = len(sharded)
+        for layer in sharded:
+            fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         self.module = model
         for m in sharded + [model]:

@@ -1216,6 +1216,8 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, t: TrainConfig, total_steps: 
 
 def _describe_strategy(strategy: Any, t: Any) -> str:
     s = strategy.name
+    if s == "fsdp":
+        s += f": {strategy.unit_count} submodule(s) sharded on their own ({', '.join(strategy.unit_classes) or 'none'}), then the root"
     if s == "pipeline":
         s += (f": {strategy.num_stages} stages of {strategy.stage_sizes} layers × {strategy.dp_size} "
               f"replica(s), {strategy.microbatches} micro-batches, each epoch's incomplete last batch skipped")

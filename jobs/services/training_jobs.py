@@ -176,7 +176,14 @@ def _adapter_or_error(errors: Errors, backend: ComputeBackend | None) -> Backend
 def _check_spec(errors: Errors, adapter: Backend, spec: JobSpec, strategy: str,
                 dataset: Dataset | None = None) -> None:
     caps = adapter.capabilities
-    if strategy not in caps.strategies:
+    if spec.image:
+        # The job's own image decides what its torch runs, not the backend's (Backend.strategy_error).
+        problem = adapter.strategy_error(strategy, image=spec.image)
+        if problem is None and strategy not in adapter.offered_strategies:
+            problem = f"This backend runs {', '.join(adapter.offered_strategies)}; {strategy!r} is not one of them."
+        if problem:
+            errors.add("strategy", problem)
+    elif strategy not in caps.strategies:
         # An image whose torch is too old says which version the strategy needs (Backend.strategy_error).
         errors.add("strategy", adapter.strategy_error(strategy) or (
             f"This backend runs {', '.join(caps.strategies) or 'no strategy'}; {strategy!r} is not one of them."))

@@ -174,6 +174,8 @@ def test_a_users_transformer_trains_with_each_strategy(tmp_path, code_dir, tinyf
     assert [r["epoch"] for r in epochs] == [0, 1] and recs[-1]["event"] == "completed"
     assert epochs[-1]["val_accuracy"] >= 0.6, epochs  # 10 classes: chance is 0.1
     assert epochs[-1]["val_loss"] < epochs[0]["val_loss"]
+    if strategy == "fsdp":  # the two Blocks on their own, then the root
+        assert "; fsdp: 2 submodule(s) sharded on their own (Block), then the root" in run.stdout, [ln for ln in run.stdout.splitlines() if "parameters)" in ln]
     if strategy == "pipeline":
         step = next(r for r in recs if "rank_pipeline_stage" in r)
         assert step["rank_pipeline_stage"] == [0, 1] and step["rank_stage_layers"] == [2, 2]

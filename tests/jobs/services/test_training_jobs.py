@@ -193,6 +193,18 @@ def test_launch_refuses_a_strategy_the_backends_image_cannot_run(user, digits_da
         "image_uri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-7.py310:latest"})
     assert services.training_job_estimate(backend=newer, strategy="fsdp", nodes=2)["world_size"] == 2
 
+    # A job's own image decides, either way: a newer one runs fsdp on the 2.4 backend, an older one not on 2.7.
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        job = _create(user, digits_dataset, cnn_model, vertex, strategy="fsdp",
+                      image="us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-7.py310:latest")
+    assert (job.strategy, job.image) == ("fsdp", "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-7.py310:latest")
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, newer, strategy="pipeline",
+                image="us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest")
+    (message,) = excinfo.value.message_dict["strategy"]
+    assert message.startswith("parallel.strategy pipeline needs torch ≥ 2.7 (")
+    assert "but the job's image us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest has torch 2.4" in message
+
 
 def test_rerun_copies_frozen_config(user, other_user, digits_dataset, cnn_model, local_backend):
     with sent_tasks(dispatch.SUBMIT_JOB):
