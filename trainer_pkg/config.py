@@ -30,12 +30,13 @@ Strategy = Literal["ddp", "fsdp", "pipeline"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
 Precision = Literal["fp32", "bf16"]
 LRSchedule = Literal["constant", "cosine"]
-DataFormat = Literal["builtin", "imagefolder", "csv", "npz"]
+DataFormat = Literal["builtin", "imagefolder", "csv", "npz", "tokens"]
 BuiltinDataset = Literal["digits"]
-Architecture = Literal["mlp", "cnn", "resnet", "custom"]
+Architecture = Literal["mlp", "cnn", "resnet", "gpt", "custom"]
 Optimizer = Literal["sgd", "adamw"]
 DistBackend = Literal["auto", "gloo", "nccl"]
 OnNonfiniteLoss = Literal["stop", "warn"]
+CheckpointFormat = Literal["full", "sharded"]
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,19 @@ class DataConfig:
     """Share of the samples held out for validation when the data has no validation split."""
     image_size: int = 32
     """ImageFolder only: images are resized to ``image_size × image_size`` pixels."""
+    seq_len: int = 0
+    """Tokens only: tokens per training window (the model sees ``seq_len`` tokens and predicts the
+    next token at each position); 0 = the ``gpt`` model's ``context_length``."""
+    val_windows: int = 256
+    """Tokens only: windows of the validation split evaluated at each epoch's end (the same windows
+    every epoch, drawn from ``train.seed``)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank that read and decode samples ahead of the training step
+    (ImageFolder decoding, memory-mapped files); 0 = read in the training process."""
+    pin_memory: bool = False
+    """Copy batches into page-locked memory so the copy to the GPU overlaps compute (GPU only)."""
+    prefetch_factor: int = 2
+    """With ``num_workers`` > 0: batches each worker prepares ahead."""
 
 
 @dataclasses.dataclass
@@ -96,6 +110,12 @@ class ParallelConfig:
     """Number of machines."""
     procs_per_node: int = 1
     """Processes (ranks) per machine; world size = nodes × procs_per_node."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's (each sharded unit's) activations during backward instead
+    of keeping them from the forward pass: less memory per rank for about a third more compute."""
+    cpu_offload: bool = False
+    """FSDP only: keep parameters, gradients and optimizer state in CPU memory between uses
+    (FSDP2 ``CPUOffloadPolicy``), for a model whose shards do not fit the GPU; the optimizer steps on the CPU."""
     dist_backend: DistBackend = "auto"
     """Process-group backend: ``auto`` picks nccl when CUDA is available, gloo otherwise."""
     timeout_s: int = 600
@@ -153,6 +173,12 @@ class TrainConfig:
     """Random horizontal flips of training images (image data only: samples shaped (C, H, W)).
     Each rank draws its flips from its own stream (seeded by ``seed`` and the rank), so ranks see
     different flips; the stream is checkpointed, so a resumed run draws what an uninterrupted one would."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (a language model's run is usually counted in steps, not
+    epochs); 0 = run all ``epochs``."""
+    compile: bool = False
+    """``torch.compile`` the model before training (faster steps on GPU after a compile of a minute
+    or so); off by default, and rarely worth it on CPU."""
     on_nonfinite_loss: OnNonfiniteLoss = "stop"
     """When the training loss becomes NaN or infinite (a diverged run: too high a learning rate, bad
     data): ``stop`` ends the run as failed with "loss became NaN at step N" (no checkpoint is written
@@ -166,6 +192,12 @@ class OutputConfig:
     """Where ``model.pt`` (bare state dict) and ``metrics.jsonl`` are written."""
     checkpoint_dir: str = ""
     """Where per-epoch checkpoints go; "" means ``<output_dir>/checkpoints``."""
+
+    checkpoint_format: CheckpointFormat = "full"
+    """``full``: one ``checkpoint.pt`` with the whole model and optimizer, written by rank 0.
+    ``sharded``: a ``torch.distributed.checkpoint`` directory written by every rank in parallel (each
+    its own shards; no rank ever holds the whole model), which resumes on any world size.
+    ``model.pt`` is always the whole model's bare state dict."""
 
     @property
     def resolved_checkpoint_dir(self) -> str:
@@ -256,6 +288,11 @@ class JobConfig:
         need(t.stop_check_s >= 0, "train.stop_check_s", f"must be 0 (every step) or more, got {t.stop_check_s}")
         need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
         need(t.grad_clip_norm >= 0, "train.grad_clip_norm", f"must be 0 (off) or more, got {t.grad_clip_norm}")
+        need(d.seq_len >= 0, "data.seq_len", f"must be 0 (the model's context length) or more, got {d.seq_len}")
+        need(d.val_windows >= 1, "data.val_windows", f"must be at least 1, got {d.val_windows}")
+        need(d.num_workers >= 0, "data.num_workers", f"must be 0 (read in the training process) or more, got {d.num_workers}")
+        need(d.prefetch_factor >= 1, "data.prefetch_factor", f"must be at least 1, got {d.prefetch_factor}")
+        need(t.max_steps >= 0, "train.max_steps", f"must be 0 (all epochs) or more, got {t.max_steps}")
         need(t.warmup_steps >= 0, "train.warmup_steps", f"must be 0 or more, got {t.warmup_steps}")
         for dotted, most in MAXIMA.items():  # past these a run overflows a library call, or means nothing
             section, name = dotted.split(".")
@@ -267,6 +304,11 @@ class JobConfig:
 
 MAXIMA: dict[str, int | float] = {
     "data.image_size": 4096,
+    "data.seq_len": 1_048_576,
+    "data.val_windows": 1_000_000,
+    "data.num_workers": 64,
+    "data.prefetch_factor": 64,
+    "train.max_steps": 100_000_000,
     "parallel.nodes": 1000,
     "parallel.procs_per_node": 1024,
     "parallel.pipeline_stages": 1024,
