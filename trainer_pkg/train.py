@@ -666,6 +666,19 @@ class TrainShard:
         return keep, int(keep.sum())
 
 
+def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard:
+    """This rank's training shard of ``data`` (what :func:`trainer_pkg.datasets.load_dataset` returned)
+    under ``strategy``: the one place that picks the shard class for a kind of data. Every shard class
+    has :class:`TrainShard`'s interface (``batches``, ``n``, ``epoch_order``, ``batch``, ``padding``)."""
+    return TrainShard.of(data, strategy, cfg.train)
+
+
+def validation_set(data: Any, cfg: JobConfig) -> tuple[Any, torch.Tensor]:
+    """(inputs, targets) that :meth:`Strategy.evaluate` runs over at each epoch's end: tensors, or
+    for inputs any object indexed by a (k,) int64 tensor giving a (k, *sample shape) tensor."""
+    return torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
+
+
 # -- checkpoints ---------------------------------------------------------------------------------
 
 
@@ -871,7 +884,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     with agreed_setup(topo, device):
         strategy = make_strategy(cfg, model, device)
         optimizer = _make_optimizer(strategy.parameters(), t)
-        shard = TrainShard.of(data, strategy, t)
+        shard = make_shard(data, strategy, cfg)
         total_steps = t.epochs * math.ceil(shard.batches / t.grad_accum_steps)
         scheduler = maybe_resume(ckpt, ckpt_path, strategy, optimizer, t, total_steps)
     start_epoch, start_batch, step = _resume_position(ckpt, ckpt_path, topo, t.seed)
@@ -879,7 +892,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     _log(topo, f"data {describe(data)}; model {shown} ({n_params:,} parameters); "
                f"{_describe_strategy(strategy, t)}")
 
-    x_val, y_val = torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
+    x_val, y_val = validation_set(data, cfg)
     save = functools.partial(save_checkpoint, ckpt_path, strategy=strategy, optimizer=optimizer,
                              scheduler=scheduler, cfg=cfg, topo=topo)
     progress = Progress(step)
