@@ -129,3 +129,94 @@ def _open_split(root: str, meta_path: str, name: str, files: Any, dtype: str) ->
         shards.append(arr)
         paths.append(path)
     return TokenStream(tuple(shards), tuple(paths))
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The narrowest shard dtype for token ids 0 … vocab_size − 1: uint16 up to 65,536, else uint32."""
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+class ShardWriter:
+    """Appends token ids to one split's ``.bin`` shards under ``<root>/<split>/``, starting a new
+    shard every ``shard_tokens`` tokens; memory is one ``append`` call's ids, never a whole shard.
+
+    ``files`` lists the shards written so far, relative to ``root`` (what ``meta.json`` lists).
+    """
+
+    def __init__(self, root: str, split: str, dtype: str, shard_tokens: int) -> None:
+        if dtype not in TOKEN_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
+        if shard_tokens < 2:
+            raise ValueError(f"shard_tokens must be at least 2, got {shard_tokens}")
+        self.root, self.split, self.dtype, self.shard_tokens = root, split, np.dtype(dtype), shard_tokens
+        self.files: list[str] = []
+        self.num_tokens = 0
+        self._file = None
+        self._in_shard = 0
+
+    def append(self, ids: Any) -> None:
+        """Append the token ids ``ids`` (a 1-D sequence of ints below the dtype's limit)."""
+        arr = np.asarray(ids, dtype=self.dtype)
+        while len(arr):
+            if self._file is None or self._in_shard == self.shard_tokens:
+                self._next_shard()
+            take = arr[:self.shard_tokens - self._in_shard]
+            take.tofile(self._file)
+            self._in_shard += len(take)
+            self.num_tokens += len(take)
+            arr = arr[len(take):]
+
+    def _next_shard(self) -> None:
+        self._close_file()
+        rel = f"{self.split}/{len(self.files):06d}.bin"
+        os.makedirs(os.path.join(self.root, self.split), exist_ok=True)
+        self._file = open(os.path.join(self.root, rel), "wb")
+        self.files.append(rel)
+        self._in_shard = 0
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def close(self) -> list[str]:
+        """Close the last shard; returns :attr:`files`."""
+        self._close_file()
+        return self.files
+
+
+def write_meta(root: str, *, dtype: str, vocab_size: int, splits: dict[str, list[str]], tokenizer: str = "",
+               **extra: Any) -> str:
+    """Write ``<root>/meta.json`` (atomically: a reader never sees half of it) for shards already
+    written; ``extra`` keys (e.g. ``"source"``) are stored beside the required ones. Returns its path."""
+    meta = {"format": META_FORMAT, "version": 1, "dtype": dtype, "vocab_size": int(vocab_size),
+            "tokenizer": tokenizer, "splits": splits, **extra}
+    path = os.path.join(root, META_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_tokens(root: str, *, vocab_size: int, train: list[Any], val: list[Any], dtype: str = "",
+                 tokenizer: str = "") -> str:
+    """A token dataset at ``root`` from in-memory arrays: one shard per array of ``train`` and
+    ``val`` (each 1-D token ids), of ``dtype`` (default :func:`token_dtype`). For tests and small
+    data; :mod:`trainer_pkg.prepare_text` streams text instead. Returns ``root``."""
+    dtype = dtype or token_dtype(vocab_size)
+    os.makedirs(root, exist_ok=True)
+    splits = {}
+    for name, arrays in (("train", train), ("val", val)):
+        splits[name] = []
+        for i, ids in enumerate(arrays):
+            rel = f"{name}/{i:06d}.bin"
+            os.makedirs(os.path.join(root, name), exist_ok=True)
+            np.asarray(ids, dtype=dtype).tofile(os.path.join(root, rel))
+            splits[name].append(rel)
+    write_meta(root, dtype=dtype, vocab_size=vocab_size, splits=splits, tokenizer=tokenizer)
+    return root
