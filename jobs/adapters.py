@@ -27,7 +27,8 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
     "gpubox": {"run_root": "TRAINBOARD_RUN_ROOT", "python": "TRAINBOARD_GPUBOX_PYTHON",
                "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE",
                "pip_args": "TRAINBOARD_GPUBOX_PIP_ARGS", "run_as": "TRAINBOARD_GPUBOX_RUN_AS",
-               "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH"},
+               "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
+               "allowed_images": "TRAINBOARD_GPUBOX_ALLOWED_IMAGES"},
 }
 """kind -> {host setting: the Django setting (and environment variable of the same name) holding this
 installation's value}. Data, not if/elif: which settings are host settings is the adapter's
@@ -62,7 +63,7 @@ def backend_declaration(kind: str) -> BackendSettings:
 def backend_host_settings(kind: str) -> frozenset[str]:
     """The settings of a ``kind`` backend that only staff may set (its declaration's host settings:
     for the gpubox ``run_root``, ``python``, ``max_procs_per_node``, ``pip_args``, ``run_as``,
-    ``env_passthrough``); empty for an unknown kind."""
+    ``env_passthrough``, ``allowed_images``); empty for an unknown kind."""
     return backend_declaration(kind).host
 
 

@@ -361,6 +361,9 @@ except ValueError as _exc:
     raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_PIP_ARGS must split like a shell line ({_exc})") from None
 TRAINBOARD_GPUBOX_RUN_AS = env.str("TRAINBOARD_GPUBOX_RUN_AS", default="").strip()
 TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH", default="").strip()
+# The container images a GPU-box job may name (exact references or prefixes ending in *, separated by
+# commas or spaces); "" = none: every job runs on the host.
+TRAINBOARD_GPUBOX_ALLOWED_IMAGES = env.str("TRAINBOARD_GPUBOX_ALLOWED_IMAGES", default="").strip()
 # Whose cloud backends may call their provider with the worker's own identity (boto3's default chain,
 # Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
 # own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because

@@ -205,6 +205,30 @@ def worker_user() -> RunUser:
     return RunUser(name=name, uid=uid, gid=os.getegid(), groups=tuple(os.getgroups()), home=home)
 
 
+def image_patterns(text: str) -> list[str]:
+    """The entries of the operator's ``allowed_images`` (commas or spaces between them): each an exact
+    image reference, or a prefix ending in ``*`` (``ghcr.io/acme/*``; ``*`` alone allows every image)."""
+    return [n for n in re.split(r"[\s,]+", text or "") if n]
+
+
+def image_pattern_problems(text: str) -> list[str]:
+    """Why entries of ``allowed_images`` are not image references or ``prefix*`` patterns; [] if none."""
+    bad = [p for p in image_patterns(text)
+           if "*" in p[:-1] or not (p == "*" or IMAGE_RE.fullmatch(p[:-1] if p.endswith("*") else p))]
+    return [f"allowed_images: {', '.join(map(repr, bad[:5]))} "
+            f"{'is not an image reference or a prefix ending in *' if len(bad) == 1 else 'are not image references or prefixes ending in *'} "
+            f"(e.g. ghcr.io/acme/train:1.2 or ghcr.io/acme/*)."] if bad else []
+
+
+def image_allowed(image: str, allowed: str) -> bool:
+    """Whether ``image`` is one the operator's ``allowed_images`` lists: equal to an exact entry, or
+    starting with a ``prefix*`` entry's prefix. An empty list allows no image."""
+    for pattern in image_patterns(allowed):
+        if (image.startswith(pattern[:-1]) if pattern.endswith("*") else image == pattern):
+            return True
+    return False
+
+
 def passthrough_names(text: str) -> list[str]:
     """The variable names in the operator's ``env_passthrough`` (commas or spaces between them)."""
     return [n for n in re.split(r"[\s,]+", text or "") if n]

@@ -140,6 +140,13 @@ SETTINGS = BackendSettings(
                 "Names of the worker's environment variables a job inherits besides PATH, HOME, LANG, "
                 "LC_ALL, TZ, TMPDIR, CUDA_VISIBLE_DEVICES and NCCL_*, separated by commas or spaces.",
                 host=True, field=False),
+        # Which images a job may name is the operator's too: a container runs with the box's GPUs,
+        # host network and the run directory, so an arbitrary image from a registry is arbitrary code
+        # with those rights (TRAINBOARD_GPUBOX_ALLOWED_IMAGES).
+        Setting("allowed_images", "Allowed images",
+                "Container images a job may run in, separated by commas or spaces: exact references "
+                "(ghcr.io/acme/train:1.2) or prefixes ending in * (ghcr.io/acme/*; * alone: any image); "
+                "blank = no job may name an image (jobs run on the host).", host=True, field=False),
     ),
 )
 """The settings of a GPU box (:mod:`cloud_adapters.settings`); it stores no credentials."""
@@ -261,6 +268,13 @@ class GpuBoxBackend(Backend):
             if bad:
                 raise InvalidSpec(f"env_passthrough: {', '.join(map(repr, bad[:5]))} "
                                   f"{'is not a variable name' if len(bad) == 1 else 'are not variable names'}.")
+        allowed_images = config.get("allowed_images") or ""
+        with problems.about("allowed_images"):
+            if not isinstance(allowed_images, str):
+                raise InvalidSpec(f"allowed_images: expected image references separated by commas, got "
+                                  f"{_shown(allowed_images)}.")
+            if (image_problems := _usercode.image_pattern_problems(allowed_images)):
+                raise InvalidSpec(image_problems[0])
         problems.raise_if_any()
 
         return {
@@ -272,6 +286,7 @@ class GpuBoxBackend(Backend):
             "pip_args": pip_args,
             "run_as": run_as,
             "env_passthrough": passthrough,
+            "allowed_images": allowed_images,
         }
 
     @property
@@ -320,6 +335,14 @@ class GpuBoxBackend(Backend):
         if spec.image and not _usercode.IMAGE_RE.fullmatch(spec.image):
             problems.append(f"image: {spec.image[:80]!r} is not a container image reference "
                             f"(e.g. ghcr.io/org/train:1.2 or pytorch/pytorch@sha256:...).")
+        elif spec.image and not _usercode.image_allowed(spec.image, self.config["allowed_images"]):
+            allowed = _usercode.image_patterns(self.config["allowed_images"])
+            problems.append(
+                f"image: this GPU box runs only the images its operator allows, and {spec.image[:80]!r} is not "
+                + (f"one of them ({', '.join(allowed[:5])}{' …' if len(allowed) > 5 else ''}); "
+                   if allowed else "among them (it allows none); ")
+                + "use an allowed image or leave the image empty to run on the host (the operator sets "
+                "TRAINBOARD_GPUBOX_ALLOWED_IMAGES).")
         if spec.code is not None:
             if not re.fullmatch(r"[0-9a-f]{64}", str(spec.code.sha256)):
                 problems.append(f"code: {str(spec.code.sha256)[:80]!r} is not a SHA-256 (64 lowercase hex digits).")

@@ -22,7 +22,8 @@ from taskkit import sent_tasks
 pytestmark = pytest.mark.django_db
 
 HOSTILE = {"run_root": "/tmp/anywhere-i-like", "python": "/bin/echo", "max_procs_per_node": 2**70,
-           "run_as": "root", "pip_args": "--index-url http://127.0.0.1:9/simple", "env_passthrough": "DATABASE_URL"}
+           "run_as": "root", "pip_args": "--index-url http://127.0.0.1:9/simple", "env_passthrough": "DATABASE_URL",
+           "allowed_images": "*"}
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def test_a_non_staff_user_cannot_set_any_host_setting_and_hears_about_each(mallo
         "config.max_procs_per_node": ["Max processes per node"], "config.python": ["Python interpreter"],
         "config.run_root": ["Run root"], "config.hourly_rate_usd": ["Hourly rate (USD)"],
         "config.run_as": ["Run jobs as"], "config.pip_args": ["pip options"],
-        "config.env_passthrough": ["Passed-through variables"]}
+        "config.env_passthrough": ["Passed-through variables"], "config.allowed_images": ["Allowed images"]}
     assert "only a backend owned by staff may set this" in errors["config.run_root"][0]
     assert "(TRAINBOARD_RUN_ROOT)" in errors["config.run_root"][0]
     assert "(TRAINBOARD_GPUBOX_PYTHON)" in errors["config.python"][0]
@@ -109,7 +110,7 @@ def test_a_stored_row_of_a_non_staff_owner_cannot_reach_the_host(mallory, user, 
     config = adapters.backend_adapter(backend).config
     assert config == {"run_root": str(run_root), "python": sys.executable, "max_procs_per_node": 2,
                       "hourly_rate_usd": 2.0, "grace_period_s": 10.0, "pip_args": "", "run_as": "",
-                      "env_passthrough": ""}
+                      "env_passthrough": "", "allowed_images": ""}
     # The same row owned by staff is staff's decision; once the owner is no longer staff it is not.
     ComputeBackend.objects.filter(pk=backend.pk).update(owner=user, config={"python": "/bin/echo",
                                                                             "max_procs_per_node": 4})

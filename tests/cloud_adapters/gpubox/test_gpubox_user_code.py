@@ -218,7 +218,8 @@ def wheels(tmp_path) -> Path:
 @pytest.fixture
 def backend(tmp_path, wheels):
     return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "max_procs_per_node": 2, "grace_period_s": 8,
-                          "pip_args": f"--no-index --find-links {wheels}"})
+                          "pip_args": f"--no-index --find-links {wheels}",
+                          "allowed_images": "ghcr.io/example/* pytorch/pytorch:2.5.1"})
 
 
 def user_spec(name: str, bundle: CodeBundle, config: dict = USER_CONFIG, **kw) -> JobSpec:
@@ -477,7 +478,8 @@ def test_run_as_starts_the_job_as_that_user(store, monkeypatch):
     recorder = root / "python"
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
-    config = {"run_root": str(root / "runs"), "max_procs_per_node": 2, "python": str(recorder), "run_as": user}
+    config = {"run_root": str(root / "runs"), "max_procs_per_node": 2, "python": str(recorder), "run_as": user,
+              "allowed_images": "ghcr.io/example/train:1.2"}
     try:
         with pytest.raises(InvalidSpec, match=f"run_as: there is no OS user '{user}' on this GPU box; create it"):
             GpuBoxBackend(config).submit(user_spec("run-as-missing", code_bundle(store, USER_CODE)))
@@ -616,3 +618,25 @@ def test_a_box_without_docker_refuses_an_image(backend, store, tmp_path, monkeyp
     assert not (Path(backend.config["run_root"]) / "no-docker").exists()
     with pytest.raises(InvalidSpec, match="image: '--privileged' is not a container image reference"):
         backend.validate(user_spec("bad-image", code_bundle(store, USER_CODE), image="--privileged"))
+
+
+def test_only_the_images_the_operator_allows_run(backend, store, tmp_path):
+    """A container runs with the box's GPUs, host network and the run directory: which images may run
+    is the operator's list (allowed_images), never the job's choice; blank allows none."""
+    bundle = code_bundle(store, USER_CODE)
+    for image in ("ghcr.io/example/train:1.2", "ghcr.io/example/other@sha256:" + "a" * 64, "pytorch/pytorch:2.5.1"):
+        backend.validate(user_spec("allowed", bundle, image=image))  # raises nothing
+    for image in ("ghcr.io/examples/train:1.2", "pytorch/pytorch:2.5.1-cuda", "docker.io/attacker/miner:latest"):
+        with pytest.raises(InvalidSpec) as err:
+            backend.validate(user_spec("refused", bundle, image=image))
+        assert str(err.value) == (
+            f"image: this GPU box runs only the images its operator allows, and {image!r} is not one of them "
+            "(ghcr.io/example/*, pytorch/pytorch:2.5.1); use an allowed image or leave the image empty to run on "
+            "the host (the operator sets TRAINBOARD_GPUBOX_ALLOWED_IMAGES).")
+    closed = GpuBoxBackend({"run_root": str(tmp_path / "closed")})
+    with pytest.raises(InvalidSpec, match=r"is not among them \(it allows none\)"):
+        closed.validate(user_spec("none-allowed", bundle, image="ghcr.io/example/train:1.2"))
+    closed.validate(user_spec("on-the-host", bundle))  # no image: the host, as always
+    with pytest.raises(InvalidSpec, match=r"Allowed images: 'ghcr.io/\*/train' is not an image reference or a "
+                                          r"prefix ending in \*"):
+        GpuBoxBackend({"run_root": str(tmp_path / "bad"), "allowed_images": "ghcr.io/*/train, ok/image:1"})
