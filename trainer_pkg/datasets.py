@@ -16,6 +16,9 @@ Formats (``data.format`` in the job config):
                  other column is a numeric feature: shape (N, F).
 ``npz``          ``x_train`` and ``y_train`` (and optionally ``x_val`` and ``y_val``); x is (N, F),
                  (N, H, W) or (N, C, H, W) — channels first; uint8 x is scaled to [0, 1].
+``tokens``       a folder of memory-mapped token shards and its ``meta.json`` (:mod:`trainer_pkg.tokens`,
+                 made by :mod:`trainer_pkg.prepare_text`): :func:`load_dataset` returns the opened
+                 :class:`trainer_pkg.tokens.TokenDataset`, never reading the shards whole.
 
 Without an explicit validation split, ``data.val_fraction`` of the samples are held out by a
 permutation seeded with ``train.seed``, so every rank (and every rerun) gets the same split.
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from trainer_pkg.config import ConfigError, DataConfig
+from trainer_pkg.tokens import TokenDataset, inspect_tokens, open_tokens
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 # A CSV larger than this is only sampled by check_dataset (header + first rows, line count).
@@ -55,11 +59,15 @@ class Dataset:
 # -- loading -------------------------------------------------------------------------------------
 
 
-def load_dataset(data: DataConfig, seed: int = 0) -> Dataset:
+def load_dataset(data: DataConfig, seed: int = 0) -> Dataset | TokenDataset:
     """Load the dataset ``data`` describes; :class:`ConfigError` with an actionable message if not.
 
-    ``seed`` seeds the train/validation split (use ``train.seed``).
+    ``seed`` seeds the train/validation split (use ``train.seed``). A ``tokens`` dataset is opened,
+    not loaded: its shards stay memory-mapped (a dataset without val shards holds out the tail
+    ``data.val_fraction`` of its train tokens).
     """
+    if data.format == "tokens":
+        return open_tokens(data.uri, val_fraction=data.val_fraction)
     if data.format == "builtin":
         if data.name != "digits":
             raise ConfigError(f"data.name: unknown built-in dataset {data.name!r} (known: digits)")
@@ -80,7 +88,7 @@ def load_dataset(data: DataConfig, seed: int = 0) -> Dataset:
         return _split(x, y, None, None, data.val_fraction, seed)
     if data.format == "npz":
         return _load_npz(path, data.val_fraction, seed)
-    raise ConfigError(f"data.format: unknown format {data.format!r} (known: builtin, imagefolder, csv, npz)")
+    raise ConfigError(f"data.format: unknown format {data.format!r} (known: builtin, imagefolder, csv, npz, tokens)")
 
 
 def _split(x, y, x_val, y_val, val_fraction: float, seed: int) -> Dataset:
@@ -360,7 +368,8 @@ class DatasetInfo:
     """One line for the user, e.g. ``"1,797 samples, 10 classes, inputs 1×8×8"``."""
     sample_shape: tuple[int | None, ...]
     """Shape of one sample as the trainer feeds it to the model: (C, H, W) for images, (F,) for
-    tables. ImageFolder's H and W are None: the job's ``data.image_size`` sets them."""
+    tables, (T,) for tokens. ImageFolder's H and W are None: the job's ``data.image_size`` sets them;
+    a token window's T is None: the job's ``data.seq_len`` sets it."""
 
 
 def check_dataset(format: str, uri: str, label_column: str = "label") -> str:
@@ -377,8 +386,10 @@ def inspect_dataset(format: str, uri: str, label_column: str = "label") -> Datas
     Raises :class:`ConfigError` with a message the user can act on when the path does not exist, is
     not readable, or does not hold data in ``format``. Quick on big data: a large CSV is sampled
     (header, first rows, line count), an ImageFolder opens one image per class, an NPZ reads its
-    array headers and labels only.
+    array headers and labels only, a token dataset maps its shards and reads a few pages of each.
     """
+    if format == "tokens":
+        return DatasetInfo(inspect_tokens(uri).summary, (None,))
     if format == "builtin":
         name = uri or "digits"
         if name != "digits":
@@ -416,7 +427,7 @@ def inspect_dataset(format: str, uri: str, label_column: str = "label") -> Datas
                      if os.path.isdir(os.path.join(splits[1], c)))
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
         return DatasetInfo(f"{n:,} images, {len(classes)} classes ({shown})", (3, None, None))
-    raise ConfigError(f"unknown dataset format {format!r} (known: builtin, imagefolder, csv, npz)")
+    raise ConfigError(f"unknown dataset format {format!r} (known: builtin, imagefolder, csv, npz, tokens)")
 
 
 def _check_csv(path: str, label_column: str) -> DatasetInfo:
@@ -445,8 +456,11 @@ def _summary(n: int, classes: int, sample_shape: tuple[int, ...]) -> str:
     return f"{n:,} samples, {classes} classes, {what}"
 
 
-def describe(ds: Dataset) -> dict[str, Any]:
+def describe(ds: Dataset | TokenDataset) -> dict[str, Any]:
     """A small JSON-able summary for logs."""
+    if isinstance(ds, TokenDataset):
+        return {"train_tokens": ds.train.num_tokens, "val_tokens": ds.val.num_tokens,
+                "train_shards": len(ds.train.shards), "vocab_size": ds.vocab_size, "dtype": ds.dtype}
     return {
         "train_samples": int(len(ds.y_train)),
         "val_samples": int(len(ds.y_val)),

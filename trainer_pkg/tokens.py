@@ -70,65 +70,187 @@ class TokenDataset:
     meta: dict[str, Any]
 
 
-def open_tokens(uri: str) -> TokenDataset:
-    """Open the token dataset at the local directory ``uri`` (its ``meta.json`` and shards).
+def _local_root(uri: str) -> str:
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    if not path:
+        raise ConfigError("data.uri: a tokens dataset needs the path of its folder (the one holding meta.json)")
+    if "://" in path:
+        raise ConfigError(f"tokens dataset {uri} is not a local path: the trainer reads the mount or channel path "
+                          "the platform provides (e.g. /opt/ml/input/data/train); pass that path instead")
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def open_tokens(uri: str, *, val_fraction: float | None = None) -> TokenDataset:
+    """Open the token dataset at the local directory ``uri`` (its ``meta.json`` and shards), mapping
+    every shard; nothing is read but a few pages per shard.
+
+    A dataset whose ``meta.json`` lists no ``val`` shards (or an empty list) is validated on the
+    tail of its train split: the last ``val_fraction`` of the train tokens (``data.val_fraction``),
+    which training then leaves out. With ``val_fraction`` None such a dataset is refused.
 
     Raises :class:`ConfigError` naming the file and what to do when the directory, its ``meta.json``
-    or a shard is missing or malformed, when the dtype is not uint16/uint32, or when a split is empty.
+    or a shard is missing or malformed (every bad shard at once), when the dtype is not
+    uint16/uint32, when a shard's first or last tokens are not below ``vocab_size``, or when a split
+    is empty.
     """
-    root = os.path.abspath(os.path.expanduser(uri[len("file://"):] if uri.startswith("file://") else uri))
+    root = _local_root(uri)
     meta_path = os.path.join(root, META_NAME)
     if not os.path.isdir(root):
-        raise ConfigError(f"tokens dataset {root} is not a directory: give the folder holding {META_NAME} "
-                          "(made by prepare_text)")
+        what = "does not exist" if not os.path.exists(root) else "is a file, not a directory"
+        raise ConfigError(f"tokens dataset {root} {what}: give the folder holding {META_NAME} "
+                          "(made by python -m trainer_pkg.prepare_text)")
     try:
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"tokens dataset {root} has no {META_NAME}: make it with prepare_text") from None
+        raise ConfigError(f"tokens dataset {root} has no {META_NAME}: make the dataset with "
+                          "python -m trainer_pkg.prepare_text, or write its meta.json (docs/token-data.md)") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{meta_path} cannot be read as JSON: {exc}") from None
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise ConfigError(f"{meta_path} is not a Trainboard token dataset (format {META_FORMAT!r})")
+        raise ConfigError(f"{meta_path} is not a Trainboard token dataset: it needs \"format\": {META_FORMAT!r}")
+    if meta.get("version", 1) != 1:
+        raise ConfigError(f"{meta_path} has version {meta.get('version')!r}; this trainer reads version 1: "
+                          "remake the dataset with this version's prepare_text")
     dtype, vocab = meta.get("dtype"), meta.get("vocab_size")
     if dtype not in TOKEN_DTYPES:
         raise ConfigError(f"{meta_path}: dtype must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
     if isinstance(vocab, bool) or not isinstance(vocab, int) or not 2 <= vocab <= np.iinfo(dtype).max + 1:
         raise ConfigError(f"{meta_path}: vocab_size must be an integer from 2 to {np.iinfo(dtype).max + 1:,} "
                           f"for {dtype} tokens, got {vocab!r}")
-    splits = meta.get("splits") or {}
-    streams = {name: _open_split(root, meta_path, name, splits.get(name), dtype) for name in ("train", "val")}
+    splits = meta.get("splits")
+    if not isinstance(splits, dict):
+        raise ConfigError(f"{meta_path}: \"splits\" must be an object listing the shard files of \"train\" "
+                          "(and \"val\")")
+    errors: list[str] = []
+    train = _open_split(root, meta_path, "train", splits.get("train"), dtype, vocab, errors)
+    if splits.get("val") in (None, []):
+        val = None
+        if val_fraction is None:
+            errors.append(f"{meta_path} lists no val shards: list some under splits.val (prepare_text "
+                          "makes them), or let the trainer hold out data.val_fraction of the train tokens")
+    else:
+        val = _open_split(root, meta_path, "val", splits.get("val"), dtype, vocab, errors)
+    if errors:
+        shown = errors[:8] + ([f"and {len(errors) - 8} more"] if len(errors) > 8 else [])
+        raise ConfigError("; ".join(shown))
+    if val is None:
+        train, val = _hold_out_tail(train, val_fraction, meta_path)
     tokenizer = meta.get("tokenizer") or ""
-    return TokenDataset(root=root, vocab_size=vocab, dtype=dtype, train=streams["train"], val=streams["val"],
+    return TokenDataset(root=root, vocab_size=vocab, dtype=dtype, train=train, val=val,
                         tokenizer=os.path.join(root, tokenizer) if tokenizer else "", meta=meta)
 
 
-def _open_split(root: str, meta_path: str, name: str, files: Any, dtype: str) -> TokenStream:
+def _hold_out_tail(train: TokenStream, val_fraction: float, meta_path: str) -> tuple[TokenStream, TokenStream]:
+    """(train without its tail, the tail): the last ``val_fraction`` of the train tokens (views of
+    the same memory maps, possibly spanning shards), for a dataset without a val split."""
+    total = train.num_tokens
+    n_val = int(round(total * val_fraction))
+    if not 0 < val_fraction < 1 or n_val < 2 or total - n_val < 2:
+        raise ConfigError(f"{meta_path} lists no val shards and data.val_fraction {val_fraction:g} of its "
+                          f"{total:,} train tokens leaves no validation tokens or no training ones: list val "
+                          "shards under splits.val or change data.val_fraction")
+    keep, tail_shards, tail_paths = total - n_val, [], []
+    head_shards, head_paths, seen = [], [], 0
+    for shard, path in zip(train.shards, train.paths):
+        cut = min(max(keep - seen, 0), len(shard))
+        if cut >= 2:
+            head_shards.append(shard[:cut])
+            head_paths.append(path)
+        if len(shard) - cut >= 2:
+            tail_shards.append(shard[cut:])
+            tail_paths.append(path)
+        seen += len(shard)
+    return TokenStream(tuple(head_shards), tuple(head_paths)), TokenStream(tuple(tail_shards), tuple(tail_paths))
+
+
+# Tokens at each end of a shard checked against vocab_size when it is opened (a wrong dtype or
+# vocabulary shows there); the rest is never read up front.
+_CHECKED_TOKENS = 4096
+
+
+def _open_split(root: str, meta_path: str, name: str, files: Any, dtype: str, vocab: int,
+                errors: list[str]) -> TokenStream:
+    """The split ``name``'s shards, mapped; each problem is appended to ``errors`` (all of them)."""
     if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
-        raise ConfigError(f"{meta_path}: splits.{name} must list at least one shard file")
+        errors.append(f"{meta_path}: splits.{name} must list at least one shard file (paths relative to {root})")
+        return TokenStream((), ())
     shards, paths = [], []
+    itemsize = np.dtype(dtype).itemsize
     for rel in files:
         path = os.path.normpath(os.path.join(root, rel))
         if os.path.commonpath([root, path]) != root:
-            raise ConfigError(f"{meta_path}: shard {rel!r} lies outside the dataset directory")
+            errors.append(f"{meta_path}: shard {rel!r} lies outside the dataset directory: list paths inside it")
+            continue
         if not path.endswith(SHARD_EXTENSIONS):
-            raise ConfigError(f"{meta_path}: shard {rel!r} is not a .bin or .npy file")
+            errors.append(f"{meta_path}: shard {rel!r} is not a .bin or .npy file")
+            continue
         try:
             if path.endswith(".npy"):
                 arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 if arr.ndim != 1 or arr.dtype != np.dtype(dtype):
-                    raise ConfigError(f"shard {path} holds {arr.dtype} of shape {arr.shape}; expected 1-D {dtype}")
+                    errors.append(f"shard {path} holds {arr.dtype} of shape {arr.shape}; meta.json says 1-D {dtype}")
+                    continue
             else:
+                size = os.path.getsize(path)
+                if size % itemsize:
+                    errors.append(f"shard {path} has {size:,} bytes, not a whole number of {dtype} tokens "
+                                  f"({itemsize} bytes each): it is truncated, or meta.json's dtype is wrong")
+                    continue
+                if size == 0:
+                    errors.append(f"shard {path} is empty: remove it from meta.json or remake the dataset")
+                    continue
                 arr = np.memmap(path, dtype=dtype, mode="r")
         except FileNotFoundError:
-            raise ConfigError(f"shard {path} listed in {meta_path} does not exist") from None
+            errors.append(f"shard {path} listed in {meta_path} does not exist")
+            continue
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"shard {path} cannot be memory-mapped: {exc}") from None
+            errors.append(f"shard {path} cannot be memory-mapped: {exc}")
+            continue
         if len(arr) < 2:
-            raise ConfigError(f"shard {path} holds {len(arr)} token(s); a shard needs at least 2")
+            errors.append(f"shard {path} holds {len(arr)} token(s); a shard needs at least 2")
+            continue
+        ends = max(int(arr[:_CHECKED_TOKENS].max()), int(arr[-_CHECKED_TOKENS:].max()))
+        if ends >= vocab:
+            errors.append(f"shard {path} holds token id {ends:,}, not below vocab_size {vocab:,}: meta.json's "
+                          "vocab_size or dtype does not match the shards")
+            continue
         shards.append(arr)
         paths.append(path)
     return TokenStream(tuple(shards), tuple(paths))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokensInfo:
+    """What :func:`inspect_tokens` read from a token dataset (for the dashboard)."""
+
+    summary: str
+    """One line, e.g. ``"12,345,678 tokens in 3 shards (train), 1,234 (val), vocab 8,192, uint16"``."""
+    vocab_size: int
+    dtype: str
+    train_tokens: int
+    val_tokens: int
+    train_shards: int
+    val_shards: int
+    val_from_train: bool
+    """True when the dataset has no val shards and the tail of train is held out."""
+
+
+def inspect_tokens(uri: str, *, val_fraction: float = 0.2) -> TokensInfo:
+    """Open the token dataset at ``uri`` as the trainer will (:func:`open_tokens`, a dataset without
+    val shards holding out ``val_fraction`` of train) and summarise it; reads a few pages per shard.
+    Raises :class:`ConfigError` as :func:`open_tokens`."""
+    data = open_tokens(uri, val_fraction=val_fraction)
+    held_out = data.meta["splits"].get("val") in (None, [])
+    train_n, val_n = data.train.num_tokens, data.val.num_tokens
+    shards = len(data.train.shards)
+    val_text = (f"{val_n:,} (val: the last {val_fraction:.0%} of train, data.val_fraction)" if held_out
+                else f"{val_n:,} (val)")
+    summary = (f"{train_n:,} tokens in {shards:,} shard{'s' if shards != 1 else ''} (train), {val_text}, "
+               f"vocab {data.vocab_size:,}, {data.dtype}")
+    return TokensInfo(summary=summary, vocab_size=data.vocab_size, dtype=data.dtype, train_tokens=train_n,
+                      val_tokens=val_n, train_shards=shards, val_shards=len(data.val.shards),
+                      val_from_train=held_out)
 
 
 # -- writing ---------------------------------------------------------------------------------------

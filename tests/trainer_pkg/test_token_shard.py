@@ -19,7 +19,7 @@ STRIDE = 1_000_000
 
 def _positional(root, train_lengths, val_lengths=(500,)):
     shards = lambda lengths, base: [base + s * STRIDE + np.arange(n) for s, n in enumerate(lengths)]  # noqa: E731
-    write_tokens(str(root), vocab_size=1 << 24, train=shards(train_lengths, 0), val=shards(val_lengths, 50 * STRIDE))
+    write_tokens(str(root), vocab_size=1 << 26, train=shards(train_lengths, 0), val=shards(val_lengths, 50 * STRIDE))
     return open_tokens(str(root))
 
 
