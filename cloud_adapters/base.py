@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 from cloud_adapters.settings import BackendSettings, Setting
 
 if TYPE_CHECKING:
+    from cloud_adapters.gpus import GpuFacts
     from cloud_adapters.pricing import PriceCatalog
 
 
@@ -473,6 +474,13 @@ class Backend(abc.ABC):
         with for its saving. Default :meth:`price` without spot; an adapter whose backend settings
         can make every job interruptible (Azure ML's low-priority tier) overrides it."""
         return self.price(instance_type, False)
+
+    def gpus(self, instance_type: str = "") -> "GpuFacts | None":
+        """The GPUs one instance of ``instance_type`` (the backend default when "") has: model, count
+        and memory per GPU with their source (:mod:`cloud_adapters.gpus`), for the memory plan that
+        checks a job against them before launch. A CPU-only type has count 0; None when not known
+        (the plan is then shown but never refuses a job). This default knows none."""
+        return None
 
     def list_tagged(self) -> list[ProviderJob]:
         """The jobs carrying Trainboard's tag that the provider reports as not ended (queued,

@@ -26,6 +26,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Iterable, Protocol
 
+from cloud_adapters.gpus import GpuFacts, shipped_gpus
+
 SHIPPED_CSV = Path(__file__).resolve().parent / "data" / "prices.csv"
 SPOT_SUFFIX = ":spot"
 """A catalog row ``<instance type>:spot`` prices the spot capacity of that type (Vertex AI)."""
@@ -66,6 +68,10 @@ class StaticPriceCatalog:
 
     def lookup(self, provider: str, region: str, instance_type: str) -> PriceRow | None:
         return self._rows.get((provider, region, instance_type))
+
+    def gpus(self, provider: str, instance_type: str) -> GpuFacts | None:
+        """The GPU facts of ``instance_type`` (the shipped file's: prices and GPUs are apart)."""
+        return shipped_gpus().get((provider, instance_type))
 
     def rows(self, provider: str, region: str | None = None) -> list[PriceRow]:
         found = [r for (p, reg, _), r in self._rows.items() if p == provider and (region is None or reg == region)]

@@ -370,7 +370,8 @@ class InstancePriceForm(forms.ModelForm):
 
     class Meta:
         model = InstancePrice
-        fields = ["provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed"]
+        fields = ["provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed",
+                  "gpu_model", "gpu_count", "gpu_memory_gib", "gpu_source"]
 
     def _post_clean(self):
         if self.errors:
@@ -391,8 +392,8 @@ class InstancePriceAdmin(admin.ModelAdmin):
     decide who may edit it (superusers always; other staff when granted ``jobs.change_instanceprice``)."""
 
     form = InstancePriceForm
-    list_display = ["instance_type", "provider", "region", "usd_per_hour", "confirmed", "as_of", "source",
-                    "updated_at"]
+    list_display = ["instance_type", "provider", "region", "usd_per_hour", "confirmed", "as_of", "gpu_count",
+                    "gpu_model", "gpu_memory_gib", "source", "updated_at"]
     list_display_links = ["instance_type"]
     list_filter = ["provider", "confirmed", "region", "as_of"]
     search_fields = ["instance_type", "region", "source"]

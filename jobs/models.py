@@ -341,6 +341,17 @@ class TrainingJob(Owned):
     instance_count = models.PositiveIntegerField(default=1)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
 
+    # The memory plan before launch (trainer_pkg.memory_plan.MemoryPlan.as_dict) and the trainer's last
+    # measurement (rank_memory of its latest epoch or completed record), shown side by side.
+    memory_plan = models.JSONField(
+        null=True, blank=True,
+        help_text="Estimated peak memory per rank by term, with the arithmetic, when the job was created; null "
+                  "when no plan could be made (a custom model or script, an unknown sample shape).")
+    rank_memory = models.JSONField(
+        null=True, blank=True,
+        help_text="The trainer's last measured memory per rank (a list indexed by rank of peak_bytes, "
+                  "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, device); null until reported.")
+
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
     logs_read_at = models.DateTimeField(
@@ -441,6 +452,18 @@ class InstancePrice(models.Model):
     as_of = models.DateField(null=True, blank=True, help_text="When the figure was read.")
     confirmed = models.BooleanField(
         default=False, help_text="Checked against the provider's own price list or price API.")
+    # GPU facts of the type (cloud_adapters/data/gpus.csv, seeded by load_prices): the memory plan checks a
+    # job's peak per rank against gpu_memory_gib. Region-independent; refresh_prices never changes them.
+    gpu_model = models.CharField("GPU model", max_length=100, blank=True, help_text="e.g. NVIDIA A10G; blank = none or not known.")
+    gpu_count = models.PositiveIntegerField(
+        "GPUs", null=True, blank=True,
+        help_text="GPUs per instance (Vertex AI accelerator rows: 1 per accelerator); 0 = a CPU-only type; "
+                  "empty = not known.")
+    gpu_memory_gib = models.FloatField(
+        "GPU memory (GiB)", null=True, blank=True, validators=[MinValueValidator(0.0)],
+        help_text="Memory of one GPU in GiB (providers' \"GB\" of GPU memory are binary); empty = not known.")
+    gpu_source = models.CharField("GPU facts source", max_length=500, blank=True,
+                                  help_text="Where the GPU figures come from (the provider's documentation page).")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from cloud_adapters.gpus import GpuFacts, catalog_gpus
 from cloud_adapters.pricing import PriceCatalog, PriceRow, shipped_catalog
 from jobs.models import InstancePrice
 
@@ -56,6 +57,16 @@ class DatabasePriceCatalog:
         if stored is not None:
             return price_row(stored)
         return self.fallback.lookup(provider, region, instance_type)
+
+    def gpus(self, provider: str, instance_type: str) -> GpuFacts | None:
+        """The GPU facts of ``instance_type``: a stored row's (any region; an admin's edit wins), else
+        the fallback catalog's (the shipped ``gpus.csv``); None when neither knows the type."""
+        stored = (InstancePrice.objects.filter(provider=provider, instance_type=instance_type, gpu_count__isnull=False)
+                  .order_by("-updated_at").first())
+        if stored is not None:
+            return GpuFacts(model=stored.gpu_model, count=stored.gpu_count, memory_gib=stored.gpu_memory_gib,
+                            source=stored.gpu_source)
+        return catalog_gpus(self.fallback, provider, instance_type)
 
     def rows(self, provider: str, region: str | None = None) -> list[PriceRow]:
         merged = {(r.region, r.instance_type): r for r in self.fallback.rows(provider, region)}

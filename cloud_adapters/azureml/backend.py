@@ -76,6 +76,7 @@ from cloud_adapters.base import (
     parse_utc,
 )
 from cloud_adapters.cloud import CloudBackend, Probe
+from cloud_adapters.gpus import GpuFacts, catalog_gpus
 from cloud_adapters.settings import BackendSettings, Secret, Setting
 
 PROVIDER = "azure"  # provider name in the price catalog
@@ -361,6 +362,10 @@ class AzureMLBackend(CloudBackend):
         if row is None:
             raise self._unknown_size(size)
         return float(row.usd_per_hour)
+
+    def gpus(self, instance_type: str = "") -> GpuFacts | None:
+        """The catalog's GPU facts of VM size ``instance_type`` (default: the backend's ``vm_size``)."""
+        return catalog_gpus(self.prices, PROVIDER, instance_type or self.config["vm_size"])
 
     def instance_offers(self) -> list[InstanceOffer]:
         """The catalog's VM sizes for the region (sorted); with ``tier: low_priority`` only those with

@@ -88,6 +88,7 @@ from cloud_adapters.base import (
     tagged_job_id,
 )
 from cloud_adapters import packaging
+from cloud_adapters.gpus import GpuFacts
 from cloud_adapters.settings import BackendSettings, Setting
 from cloud_adapters.gpubox import _proc, _usercode
 
@@ -117,6 +118,13 @@ SETTINGS = BackendSettings(
                 "(TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE, else its GPUs or CPU cores).",
                 type=int, host=True, min_value=1, max_value=MAX_PROCS_PER_NODE),
         Setting("hourly_rate_usd", "Hourly rate (USD)", "What an hour of this machine costs (0 if free).",
+                type=float, min_value=0, default=0.0),
+        # The box's GPUs, for the memory plan: set by hand (a box reports none before a job runs on it).
+        Setting("gpu_model", "GPU model", "Optional: the box's GPU, e.g. NVIDIA H100 80GB HBM3 (nvidia-smi -L).",
+                max_length=100, default=""),
+        Setting("gpu_memory_gib", "GPU memory (GiB)",
+                "Optional: memory of one GPU in GiB (nvidia-smi's MiB / 1024, e.g. 80); jobs that the memory plan "
+                "says cannot fit are refused. Blank or 0 = not known: the plan is shown, never a refusal.",
                 type=float, min_value=0, default=0.0),
         Setting("grace_period_s", "Cancel grace period (s)",
                 f"Seconds from SIGTERM to SIGKILL when a job is cancelled, 0–{MAX_GRACE_PERIOD_S:g}.",
@@ -241,6 +249,16 @@ class GpuBoxBackend(Backend):
             if not 0 <= grace <= MAX_GRACE_PERIOD_S:
                 raise InvalidSpec(f"grace_period_s: must be 0 to {MAX_GRACE_PERIOD_S:g} seconds, got {grace:g}.")
 
+        gpu_model = config.get("gpu_model") or ""
+        with problems.about("gpu_model"):
+            if not isinstance(gpu_model, str) or len(gpu_model) > 100:
+                raise InvalidSpec(f"gpu_model: expected a GPU's name of at most 100 characters, got {_shown(gpu_model)}.")
+        gpu_memory = 0.0
+        with problems.about("gpu_memory_gib"):
+            gpu_memory = _number(config.get("gpu_memory_gib") or 0.0, "gpu_memory_gib")
+            if not 0 <= gpu_memory <= 100_000:
+                raise InvalidSpec(f"gpu_memory_gib: must be 0 (not known) to 100,000 GiB, got {gpu_memory:g}.")
+
         python = config.get("python") or sys.executable
         with problems.about("python"):
             if not isinstance(python, str) or not os.path.isabs(python) or "\0" in python:
@@ -282,12 +300,23 @@ class GpuBoxBackend(Backend):
             "max_procs_per_node": procs,
             "hourly_rate_usd": rate,
             "grace_period_s": grace,
+            "gpu_model": gpu_model.strip(),
+            "gpu_memory_gib": gpu_memory,
             "python": python,
             "pip_args": pip_args,
             "run_as": run_as,
             "env_passthrough": passthrough,
             "allowed_images": allowed_images,
         }
+
+    def gpus(self, instance_type: str = "") -> GpuFacts | None:
+        """The box's GPUs as its backend settings say (``gpu_model``, ``gpu_memory_gib``, set by hand),
+        one per rank up to ``max_procs_per_node``; None when ``gpu_memory_gib`` is not set."""
+        memory = self.config.get("gpu_memory_gib") or 0.0
+        if not memory:
+            return None
+        return GpuFacts(model=self.config.get("gpu_model") or "GPU", count=self.config["max_procs_per_node"],
+                        memory_gib=float(memory), source="set on the backend by its operator")
 
     @property
     def run_root(self) -> Path:

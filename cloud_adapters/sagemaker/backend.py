@@ -65,6 +65,7 @@ from cloud_adapters.base import (
     parse_utc,
 )
 from cloud_adapters.cloud import CloudBackend, Probe
+from cloud_adapters.gpus import GpuFacts, catalog_gpus
 from cloud_adapters.settings import BackendSettings, Secret, Setting
 from cloud_adapters.sagemaker import logs as cw_logs
 from cloud_adapters.sagemaker.states import STATES, job_status
@@ -382,6 +383,10 @@ class SageMakerBackend(CloudBackend):
         if row is None:
             raise self._unknown_type(itype)
         return float(row.usd_per_hour)
+
+    def gpus(self, instance_type: str = "") -> GpuFacts | None:
+        """The catalog's GPU facts of ``instance_type`` (default: the backend's ``instance_type``)."""
+        return catalog_gpus(self.prices, PROVIDER, instance_type or self.config["instance_type"])
 
     def instance_offers(self) -> list[InstanceOffer]:
         """Every catalog row of the region, as offers (sorted by instance type)."""

@@ -48,6 +48,7 @@ Every call goes through :mod:`cloud_adapters.retry` with the Google classifier
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -68,6 +69,7 @@ from cloud_adapters.base import (
     Throttled,
 )
 from cloud_adapters.cloud import LIST_SKEW_S, CloudBackend, Probe
+from cloud_adapters.gpus import GpuFacts, catalog_gpus
 from cloud_adapters.pricing import SPOT_SUFFIX
 from cloud_adapters.settings import BackendSettings, Secret, Setting
 from cloud_adapters.vertex import logs as cloud_logs
@@ -401,6 +403,19 @@ class VertexBackend(CloudBackend):
             accel = self._row(self.config["accelerator_type"], "accelerator", suffix)
             total += accel.usd_per_hour * self.config["accelerator_count"]
         return float(total)
+
+    def gpus(self, instance_type: str = "") -> GpuFacts | None:
+        """The backend's accelerator × ``accelerator_count`` (Vertex attaches them to any machine
+        type, ``instance_type`` included), from the catalog's per-accelerator row; count 0 without an
+        accelerator; None for an accelerator the catalog does not know."""
+        accel = self.config["accelerator_type"]
+        if not accel:
+            return GpuFacts(model="", count=0, memory_gib=None,
+                            source=f"{instance_type or self.config['machine_type']}: no accelerator_type set")
+        row = catalog_gpus(self.prices, PROVIDER, accel)
+        if row is None:
+            return None
+        return dataclasses.replace(row, count=self.config["accelerator_count"])
 
     def instance_offers(self) -> list[InstanceOffer]:
         """The region's machine-type rows (accelerator rows are the upper-case ``AcceleratorType``

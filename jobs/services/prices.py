@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
+from cloud_adapters.gpus import GpuFacts, shipped_gpus
 from cloud_adapters.pricing import PriceRow, shipped_catalog
 from jobs import cost as costs
 from jobs.models import InstancePrice
@@ -21,6 +22,17 @@ from jobs.validation import ALL, Errors
 log = logging.getLogger(__name__)
 
 _PRICE_FIELDS = ("usd_per_hour", "source", "as_of", "confirmed")
+_GPU_FIELDS = ("gpu_model", "gpu_count", "gpu_memory_gib", "gpu_source")
+KEEP: Any = object()
+"""An :func:`instance_price_save` GPU argument not given: the row keeps its value."""
+
+
+def _gpu_values(facts: GpuFacts | None) -> dict[str, Any]:
+    """The GPU columns of a catalog row from the shipped facts of its type (empty when not known)."""
+    if facts is None:
+        return {}
+    return {"gpu_model": facts.model, "gpu_count": facts.count, "gpu_memory_gib": facts.memory_gib,
+            "gpu_source": facts.source[:500]}
 
 
 def _price_values(errors: Errors, row: PriceRow, label: str) -> dict[str, Any]:
@@ -48,7 +60,9 @@ def instance_price_upsert(*, rows: list[PriceRow], overwrite: bool = True) -> di
     """Store catalog rows as :class:`InstancePrice`, keyed by (provider, region, instance type).
 
     New keys are created; existing ones are updated when ``overwrite`` (a refresh from a price API)
-    and left alone otherwise (seeding never undoes an admin's edit). One transaction: a bad row
+    and left alone otherwise (seeding never undoes an admin's edit). A row's GPU columns are filled
+    from the shipped facts of its type (``cloud_adapters/data/gpus.csv``) when it has none; never
+    overwritten (an admin's edit stands; a price refresh knows no GPUs). One transaction: a bad row
     raises ValidationError naming it and nothing is written. Returns ``{"created", "updated",
     "unchanged"}`` counts (an overwrite with identical values counts as unchanged).
     """
@@ -59,15 +73,22 @@ def instance_price_upsert(*, rows: list[PriceRow], overwrite: bool = True) -> di
         prepared.append((row, _price_values(errors, row, label)))
     errors.raise_if_any()
     counts = {"created": 0, "updated": 0, "unchanged": 0}
+    gpus = shipped_gpus()
     with transaction.atomic():
         for row, values in prepared:
+            facts = gpus.get((row.provider, row.instance_type.split(":", 1)[0]))
             existing = (InstancePrice.objects.select_for_update()
                         .filter(provider=row.provider, region=row.region, instance_type=row.instance_type).first())
             if existing is None:
                 InstancePrice.objects.create(provider=row.provider, region=row.region,
-                                             instance_type=row.instance_type, **values)
+                                             instance_type=row.instance_type, **values, **_gpu_values(facts))
                 counts["created"] += 1
-            elif overwrite and any(getattr(existing, f) != values[f] for f in _PRICE_FIELDS):
+                continue
+            if existing.gpu_count is None and facts is not None:  # a row stored before GPU facts were shipped
+                for field, value in _gpu_values(facts).items():
+                    setattr(existing, field, value)
+                existing.save(update_fields=[*_GPU_FIELDS, "updated_at"])
+            if overwrite and any(getattr(existing, f) != values[f] for f in _PRICE_FIELDS):
                 for field in _PRICE_FIELDS:
                     setattr(existing, field, values[field])
                 existing.save()
@@ -88,10 +109,29 @@ def instance_price_seed(*, overwrite: bool = False) -> dict[str, int]:
 
 def instance_price_save(*, price: InstancePrice | None = None, provider: str, region: str, instance_type: str,
                         usd_per_hour: Any, source: str = "", as_of: Any = None,
-                        confirmed: bool = False) -> InstancePrice:
+                        confirmed: bool = False, gpu_model: Any = KEEP, gpu_count: Any = KEEP,
+                        gpu_memory_gib: Any = KEEP, gpu_source: Any = KEEP) -> InstancePrice:
     """Create (``price`` None) or change one catalog row (the admin's form). ValidationError keyed by
-    field; the (provider, region, instance type) must not belong to another row."""
+    field; the (provider, region, instance type) must not belong to another row. The GPU facts:
+    ``gpu_count`` ≥ 0 or None (not known), ``gpu_memory_gib`` > 0 GiB per GPU or None; memory needs a
+    count of at least 1. A GPU argument left out (:data:`KEEP`) keeps the row's value; a new row then
+    takes the shipped facts of its type."""
     errors = Errors()
+    given = {"gpu_model": gpu_model, "gpu_count": gpu_count, "gpu_memory_gib": gpu_memory_gib, "gpu_source": gpu_source}
+    if price is not None and price.pk:
+        current = {f: getattr(price, f) for f in _GPU_FIELDS}
+    else:
+        current = {"gpu_model": "", "gpu_count": None, "gpu_memory_gib": None, "gpu_source": "",
+                   **_gpu_values(shipped_gpus().get((provider, (instance_type or "").strip().split(":", 1)[0])))}
+    gpu = {f: current[f] if v is KEEP else v for f, v in given.items()}
+    gpu["gpu_model"], gpu["gpu_source"] = (gpu["gpu_model"] or "").strip()[:100], (gpu["gpu_source"] or "").strip()[:500]
+    gpu_count, gpu_memory_gib = gpu["gpu_count"], gpu["gpu_memory_gib"]
+    if gpu_count is not None and (isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 0):
+        errors.add("gpu_count", f"GPUs must be a whole number ≥ 0 (0 = a CPU-only type), or empty; got {gpu_count!r}.")
+    if gpu_memory_gib is not None and not (isinstance(gpu_memory_gib, (int, float)) and 0 < gpu_memory_gib <= 100_000):
+        errors.add("gpu_memory_gib", f"GPU memory must be more than 0 GiB (at most 100,000), or empty; got {gpu_memory_gib!r}.")
+    elif gpu_memory_gib is not None and not gpu_count:
+        errors.add("gpu_count", "GPU memory is given, so say how many GPUs an instance has (1 or more).")
     row = PriceRow(provider=provider, region=(region or "").strip(), instance_type=(instance_type or "").strip(),
                    usd_per_hour=usd_per_hour, source=source or "", as_of=as_of or "", confirmed=bool(confirmed))
     values = _price_values(errors, row, f"{row.provider} {row.region} {row.instance_type}")
@@ -106,5 +146,7 @@ def instance_price_save(*, price: InstancePrice | None = None, provider: str, re
     price.provider, price.region, price.instance_type = row.provider, row.region, row.instance_type
     for field in _PRICE_FIELDS:
         setattr(price, field, values[field])
+    for field, value in gpu.items():
+        setattr(price, field, value)
     price.save()
     return price

@@ -110,7 +110,7 @@ def test_a_stored_row_of_a_non_staff_owner_cannot_reach_the_host(mallory, user, 
     config = adapters.backend_adapter(backend).config
     assert config == {"run_root": str(run_root), "python": sys.executable, "max_procs_per_node": 2,
                       "hourly_rate_usd": 2.0, "grace_period_s": 10.0, "pip_args": "", "run_as": "",
-                      "env_passthrough": "", "allowed_images": ""}
+                      "env_passthrough": "", "allowed_images": "", "gpu_model": "", "gpu_memory_gib": 0.0}
     # The same row owned by staff is staff's decision; once the owner is no longer staff it is not.
     ComputeBackend.objects.filter(pk=backend.pk).update(owner=user, config={"python": "/bin/echo",
                                                                             "max_procs_per_node": 4})

@@ -222,3 +222,84 @@ def test_admin_lists_filters_searches_and_edits_prices(superuser_client):
 def test_staff_without_permission_cannot_edit_prices(client, user):
     client.force_login(user)  # staff, not superuser, no model permission
     assert client.get(reverse("admin:jobs_instanceprice_changelist")).status_code == 403
+
+
+# --- GPU facts -------------------------------------------------------------------------------
+
+
+def test_every_shipped_type_has_gpu_facts_with_a_source_and_load_prices_stores_them():
+    from cloud_adapters.gpus import shipped_gpus
+
+    gpus = shipped_gpus()
+    for row in SHIPPED:
+        facts = gpus.get((row.provider, row.instance_type.split(":", 1)[0]))
+        assert facts is not None and facts.source.count("https://") == 1, row.instance_type
+    call_command("load_prices", stdout=io.StringIO())
+    g5 = stored()
+    assert (g5.gpu_model, g5.gpu_count, g5.gpu_memory_gib) == ("NVIDIA A10G", 1, 24.0)
+    assert "aws.amazon.com/ec2/instance-types/g5" in g5.gpu_source
+    cpu = stored(instance_type="ml.m5.xlarge")
+    assert (cpu.gpu_count, cpu.gpu_memory_gib) == (0, None)
+    assert stored("gcp", "us-central1", "NVIDIA_TESLA_T4:spot").gpu_memory_gib == 16.0
+
+    # A price edit keeps the GPU facts; a GPU edit is kept by the next seeding.
+    services.instance_price_save(price=g5, provider="aws", region="us-east-1", instance_type="ml.g5.xlarge",
+                                 usd_per_hour="1.41")
+    assert stored().gpu_memory_gib == 24.0
+    services.instance_price_save(price=stored(), provider="aws", region="us-east-1", instance_type="ml.g5.xlarge",
+                                 usd_per_hour="1.41", gpu_memory_gib=22.0, gpu_count=1)
+    call_command("load_prices", stdout=io.StringIO())
+    assert stored().gpu_memory_gib == 22.0
+    with pytest.raises(Exception) as caught:
+        services.instance_price_save(price=stored(), provider="aws", region="us-east-1",
+                                     instance_type="ml.g5.xlarge", usd_per_hour="1.41", gpu_memory_gib=-1.0)
+    assert caught.value.message_dict["gpu_memory_gib"] == [
+        "GPU memory must be more than 0 GiB (at most 100,000), or empty; got -1.0."]
+
+
+def test_each_adapter_reads_its_gpus_from_the_catalog_or_its_settings(user, tmp_path):
+    backend = services.backend_create(owner=user, name="sm", kind="sagemaker", config=SAGEMAKER)
+    sagemaker = adapters.backend_adapter(backend)
+    assert sagemaker.gpus().memory_bytes == 24 * 2**30  # the default type, ml.g5.xlarge, shipped facts
+    assert sagemaker.gpus("ml.p4d.24xlarge").count == 8
+    assert sagemaker.gpus("ml.m5.xlarge").memory_bytes is None and sagemaker.gpus("ml.trn1.2xlarge") is None
+    InstancePrice.objects.create(provider="aws", region="eu-west-1", instance_type="ml.p4d.24xlarge",
+                                 usd_per_hour=Decimal("40"), gpu_model="NVIDIA A100 40GB", gpu_count=8,
+                                 gpu_memory_gib=39.5, gpu_source="admin")
+    assert sagemaker.gpus("ml.p4d.24xlarge").memory_gib == 39.5  # a stored row wins, whatever its region
+
+    from cloud_adapters.azureml.backend import AzureMLBackend
+    from cloud_adapters.gpubox.backend import GpuBoxBackend
+    from cloud_adapters.vertex.backend import VertexBackend
+
+    assert AzureMLBackend.gpus(_bare(AzureMLBackend, vm_size="Standard_NC24ads_A100_v4")).memory_gib == 80
+    vertex = _bare(VertexBackend, machine_type="n1-standard-8", accelerator_type="NVIDIA_TESLA_T4",
+                   accelerator_count=2)
+    assert (vertex.gpus().model, vertex.gpus().count, vertex.gpus().memory_gib) == ("NVIDIA T4", 2, 16.0)
+    assert _bare(VertexBackend, machine_type="n1-standard-4", accelerator_type="", accelerator_count=0).gpus().count == 0
+    box = GpuBoxBackend(GpuBoxBackend.clean_config({"run_root": str(tmp_path), "max_procs_per_node": 2,
+                                                    "gpu_model": "NVIDIA H200", "gpu_memory_gib": 139.8}))
+    assert (box.gpus().count, box.gpus().memory_bytes) == (2, int(139.8 * 2**30))
+    assert GpuBoxBackend(GpuBoxBackend.clean_config({"run_root": str(tmp_path)})).gpus() is None
+
+
+def _bare(cls, **config):
+    """An adapter whose config is ``config`` as it stands (no SDK, no settings check)."""
+    adapter = cls.__new__(cls)
+    adapter.config, adapter.prices = config, shipped_catalog()
+    return adapter
+
+
+def test_admin_shows_and_edits_gpu_facts(superuser_client):
+    services.instance_price_seed()
+    url = reverse("admin:jobs_instanceprice_changelist")
+    html = superuser_client.get(url).content.decode()
+    for column in ("GPUs", "GPU model", "GPU memory (GiB)"):
+        assert column in html, column
+    row = stored()
+    change = reverse("admin:jobs_instanceprice_change", args=[row.pk])
+    data = {"provider": "aws", "region": "us-east-1", "instance_type": "ml.g5.xlarge", "usd_per_hour": "1.4084",
+            "source": row.source, "as_of": "2025-01-26", "gpu_model": "NVIDIA A10G", "gpu_count": "1",
+            "gpu_memory_gib": "23.5", "gpu_source": "nvidia-smi on the instance"}
+    assert superuser_client.post(change, data).status_code == 302
+    assert (stored().gpu_memory_gib, stored().gpu_source) == (23.5, "nvidia-smi on the instance")
