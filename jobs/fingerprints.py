@@ -25,6 +25,8 @@ SAMPLE_FILES = 16
 """Files whose first bytes :func:`local_fingerprint` hashes at most."""
 SAMPLE_BYTES = 1024 * 1024
 """Bytes read from the start of each sampled file (1 MiB)."""
+TOKENS_META = "meta.json"
+"""A token dataset's index of its shards (:mod:`trainer_pkg.tokens`): always hashed."""
 
 
 def _regular_files(root: Path) -> list[tuple[str, Path, os.stat_result]]:
@@ -62,7 +64,8 @@ def local_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
     "mtime": str (the newest modification time, ISO 8601 UTC; null for no file), "sample_sha256":
     str (hex SHA-256 over, for each of up to :data:`SAMPLE_FILES` files chosen by
     :func:`sample_indices` from the sorted paths: its relative path, its size and its first
-    :data:`SAMPLE_BYTES` bytes)}``.
+    :data:`SAMPLE_BYTES` bytes; a token dataset's top-level ``meta.json``, which names its shards,
+    is always among them)}``.
 
     A changed, added, removed or renamed file changes ``size_bytes``, ``files``, ``mtime`` or
     ``sample_sha256``; a change deep inside an unsampled large file only its ``mtime``. Reads at most
@@ -73,7 +76,9 @@ def local_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         files = _regular_files(root)
         digest = hashlib.sha256()
-        for index in sample_indices(len(files)):
+        picked = sample_indices(len(files))
+        meta = [i for i, (name, _, _) in enumerate(files) if name == TOKENS_META]
+        for index in sorted(set(picked) | set(meta)):
             name, file, st = files[index]
             digest.update(f"{name}\0{st.st_size}\0".encode("utf-8", "surrogateescape"))
             with open(file, "rb") as fh:

@@ -100,6 +100,7 @@ class Dataset(Owned):
         IMAGEFOLDER = "imagefolder", "ImageFolder tree"
         CSV = "csv", "CSV table"
         NPZ = "npz", "NPZ arrays"
+        TOKENS = "tokens", "Token shards (language model)"
 
     name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. digits.")
     description = models.TextField(blank=True)
@@ -120,9 +121,12 @@ class Dataset(Owned):
     @property
     def sample_shape_text(self) -> str:
         """One sample's shape for people: "1 × 8 × 8", "16", "3 × H × W" (an ImageFolder's size is the
-        job's image size); "" when it was not read (a cloud URI)."""
+        job's image size), "T tokens" (a token window's length is the job's data.seq_len); "" when it
+        was not read (a cloud URI)."""
         if not self.sample_shape:
             return ""
+        if self.format == self.Format.TOKENS:
+            return "T tokens"
         unknown = iter("HW")  # an ImageFolder's (C, H, W): height and width come from the job
         return " × ".join(str(n) if n is not None else next(unknown, "?") for n in self.sample_shape)
 

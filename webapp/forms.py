@@ -102,7 +102,8 @@ class DatasetForm(TeamChoiceMixin, forms.Form):
     )
     uri = forms.CharField(
         required=False, max_length=1000, label="Path or URI",
-        help_text="ImageFolder / CSV / NPZ: a local path, or an s3:// gs:// azureml:// URI.",
+        help_text="ImageFolder / CSV / NPZ: a local path, or an s3:// gs:// azureml:// URI. Token shards: the "
+                  "folder holding meta.json (made by manage.py prepare_text).",
     )
     label_column = forms.CharField(required=False, max_length=100, initial="label",
                                    help_text="CSV only: the column holding the integer class label.")

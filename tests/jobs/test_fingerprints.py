@@ -142,3 +142,20 @@ def test_the_submit_records_an_s3_datasets_listing_and_a_failed_listing_never_fa
     assert broken.state == "PENDING"
     assert broken.dataset_fingerprint == {"kind": "s3", "uri": "s3://no-such-bucket/x/",
                                           "error": "S3 NoSuchBucket: The specified bucket does not exist"}
+
+
+def test_a_token_datasets_meta_json_is_always_hashed(tmp_path):
+    """meta.json names the shards (and their dtype and vocabulary): among 40 shards it would not be one
+    of the 16 sampled files, yet editing it in place (same size, same time) changes the data read."""
+    root = tmp_path / "tokens"
+    for i in range(40):  # meta.json sorts between the shards of data/ and val/
+        write(root / ("data" if i < 30 else "val") / f"{i:06d}.bin", bytes([i]) * 64, 1_700_000_000)
+    write(root / "meta.json", b'{"dtype": "uint16"}', 1_700_000_000)
+    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    assert names.index("meta.json") not in sample_indices(len(names))
+    before = local_fingerprint(root)
+    write(root / "meta.json", b'{"dtype": "uint32"}', 1_700_000_000)
+    after = local_fingerprint(root)
+    assert after["sample_sha256"] != before["sample_sha256"]
+    assert (after["size_bytes"], after["files"], after["mtime"]) == (before["size_bytes"], before["files"],
+                                                                     before["mtime"])
