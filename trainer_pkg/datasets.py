@@ -1,4 +1,4 @@
-"""Datasets the trainer reads, as plain numpy arrays; and a quick check the dashboard runs on them.
+"""Datasets the trainer reads, never decoded whole; and a quick check the dashboard runs on them.
 
 Torch-free on purpose: the dashboard calls :func:`inspect_dataset` when a user registers a dataset, and
 the web process does not install torch. Pillow (images) and scikit-learn (digits) are imported only
@@ -7,30 +7,44 @@ when a dataset needs them.
 Formats (``data.format`` in the job config):
 
 ``builtin``      ``digits``: scikit-learn's bundled 8×8 handwritten digits (1,797 real samples, 10
-                 classes), pixels scaled to [0, 1], shape (N, 1, 8, 8).
+                 classes), pixels scaled to [0, 1], shape (N, 1, 8, 8). Held in memory (0.5 MB).
 ``imagefolder``  ``<uri>/<class name>/<image>`` — one sub-folder per class, sorted names give the
                  label ids. If ``<uri>`` holds exactly ``train/`` and ``val/`` (each laid out that way)
-                 they are used as the split. Images are converted to RGB, resized to
-                 ``data.image_size`` square, scaled to [0, 1]: shape (N, 3, H, W).
+                 they are used as the split. Loading keeps only the file list and the labels
+                 (:class:`ImageFiles`); each sample is decoded when a batch asks for it (in the
+                 trainer's DataLoader workers, ``data.num_workers``): converted to RGB, resized to
+                 ``data.image_size`` square, scaled to [0, 1], shape (3, H, W).
 ``csv``          a header row; the column ``data.label_column`` holds integer labels 0..K-1, every
-                 other column is a numeric feature: shape (N, F).
+                 other column is a numeric feature: shape (F,). Parsed once, streaming, into a cache of
+                 two ``.npy`` files (features float32 (N, F), labels int64 (N,)) beside the CSV, or under
+                 the run's directory when the CSV's folder is read-only; later runs memory-map the cache.
 ``npz``          ``x_train`` and ``y_train`` (and optionally ``x_val`` and ``y_val``); x is (N, F),
-                 (N, H, W) or (N, C, H, W) — channels first; uint8 x is scaled to [0, 1].
+                 (N, H, W) or (N, C, H, W) — channels first; uint8 x is scaled to [0, 1] per batch.
+                 An uncompressed archive (``numpy.savez``) is memory-mapped member by member; one
+                 written with ``numpy.savez_compressed`` cannot be, and is loaded whole as float32 (the
+                 run's log says so).
 ``tokens``       a folder of memory-mapped token shards and its ``meta.json`` (:mod:`trainer_pkg.tokens`,
                  made by :mod:`trainer_pkg.prepare_text`): :func:`load_dataset` returns the opened
                  :class:`trainer_pkg.tokens.TokenDataset`, never reading the shards whole.
 
-Without an explicit validation split, ``data.val_fraction`` of the samples are held out by a
-permutation seeded with ``train.seed``, so every rank (and every rerun) gets the same split.
+Streamed inputs are :class:`Samples` (``take(indices)`` reads and converts only those samples);
+labels are always held in memory (int64, 8 bytes a sample). Without an explicit validation split,
+``data.val_fraction`` of the samples are held out by a permutation seeded with ``train.seed`` and
+applied by index (no copy of the inputs), so every rank (and every rerun) gets the same split.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import fcntl
+import hashlib
 import os
+import struct
+import tempfile
 import zipfile
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -41,30 +55,126 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".
 # A CSV larger than this is only sampled by check_dataset (header + first rows, line count).
 _CSV_FULL_CHECK_BYTES = 32 * 1024 * 1024
 _CSV_SAMPLE_ROWS = 1000
+_CSV_CHUNK_ROWS = 8192
+"""Rows parsed into one array before they are appended to the CSV cache."""
+CSV_CACHE_VERSION = 1
+"""Part of the cache's key: a change to how a CSV is parsed makes new cache files."""
+
+
+class Samples:
+    """Inputs read on demand: :meth:`take` reads, decodes and converts only the samples asked for.
+
+    Indexing (``samples[:32]``, ``samples[np.array([4, 1])]``, ``samples[3]``) is :meth:`take` of those
+    positions. A
+    subclass is cheap to copy into DataLoader workers (no decoded data in it).
+    """
+
+    sample_shape: tuple[int, ...]
+    """Shape of one sample as the model sees it: (C, H, W) or (F,)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(N, *sample_shape), as an array's."""
+        return (len(self), *self.sample_shape)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Samples ``indices`` ((k,) integers in 0..N-1) as a new float32 array (k, *sample_shape)."""
+        raise NotImplementedError
+
+    def subset(self, indices: np.ndarray) -> "Samples":
+        """The samples at ``indices`` ((k,) integers), in that order, without reading any of them."""
+        raise NotImplementedError
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        positions = np.arange(len(self))[key]
+        return self.take(positions) if positions.ndim else self.take(positions.reshape(1))[0]
+
+
+class ImageFiles(Samples):
+    """ImageFolder samples as files: decoded only by :meth:`take`."""
+
+    def __init__(self, paths: np.ndarray, size: int) -> None:
+        # Paths as one bytes array, not a list of str: a forked DataLoader worker touching a list's
+        # objects (their refcounts) would copy its pages, one copy per worker.
+        self.paths = paths
+        self.size = size
+        self.sample_shape = (3, size, size)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), *self.sample_shape), dtype=np.float32)
+        for i, k in enumerate(indices):
+            out[i] = _open_image(os.fsdecode(self.paths[k]), self.size)
+        return out
+
+    def subset(self, indices: np.ndarray) -> "ImageFiles":
+        return ImageFiles(self.paths[indices], self.size)
+
+
+class ArrayRows(Samples):
+    """Rows of an array (usually a memory map), through an optional index (the split), converted to
+    float32 per batch: uint8 scaled to [0, 1] (÷ 255), (N, H, W) given a channel axis (N, 1, H, W)."""
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray | None = None) -> None:
+        self.array = array
+        """The whole array, (N, ...) of any numeric dtype; never copied."""
+        self.rows = rows
+        """Which of its rows, in order ((n,) int64); None = all."""
+        shape = tuple(int(s) for s in array.shape[1:])
+        self.sample_shape = (1, *shape) if len(shape) == 2 else shape
+
+    def __len__(self) -> int:
+        return len(self.array) if self.rows is None else len(self.rows)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        rows = np.asarray(indices, dtype=np.int64)
+        if self.rows is not None:
+            rows = self.rows[rows]
+        return _prepare_x(np.asarray(self.array[rows]))
+
+    def subset(self, indices: np.ndarray) -> "ArrayRows":
+        indices = np.asarray(indices, dtype=np.int64)
+        return ArrayRows(self.array, indices if self.rows is None else self.rows[indices])
 
 
 @dataclasses.dataclass
 class Dataset:
-    """A loaded dataset: float32 inputs, int64 labels 0..num_classes-1."""
+    """A loaded dataset: inputs (float32 arrays, or :class:`Samples` read per batch), int64 labels
+    0..num_classes-1."""
 
-    x_train: np.ndarray
+    x_train: np.ndarray | Samples
     y_train: np.ndarray
-    x_val: np.ndarray
+    x_val: np.ndarray | Samples
     y_val: np.ndarray
     num_classes: int
     input_shape: tuple[int, ...]
     """Shape of one sample: (C, H, W) for images, (F,) for tables."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Lines for the run's log on how the data is read (a cache written, an archive loaded whole)."""
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the inputs are :class:`Samples`, read per batch, rather than arrays in memory."""
+        return isinstance(self.x_train, Samples)
 
 
 # -- loading -------------------------------------------------------------------------------------
 
 
-def load_dataset(data: DataConfig, seed: int = 0) -> Dataset | TokenDataset:
-    """Load the dataset ``data`` describes; :class:`ConfigError` with an actionable message if not.
+def load_dataset(data: DataConfig, seed: int = 0, cache_dir: str | None = None) -> Dataset | TokenDataset:
+    """Open the dataset ``data`` describes; :class:`ConfigError` with an actionable message if not.
 
-    ``seed`` seeds the train/validation split (use ``train.seed``). A ``tokens`` dataset is opened,
-    not loaded: its shards stay memory-mapped (a dataset without val shards holds out the tail
-    ``data.val_fraction`` of its train tokens).
+    ``seed`` seeds the train/validation split (use ``train.seed``). ``cache_dir`` is where a CSV's
+    parsed cache goes when the CSV's own folder is read-only (the trainer passes a folder of the
+    run's output; default: the system's temporary folder). ImageFolder, CSV and uncompressed NPZ
+    inputs come back as :class:`Samples`: nothing of them is decoded here but one image per class.
+    A ``tokens`` dataset is opened, not loaded: its shards stay memory-mapped (a dataset without val
+    shards holds out the tail ``data.val_fraction`` of its train tokens).
     """
     if data.format == "tokens":
         return open_tokens(data.uri, val_fraction=data.val_fraction)
@@ -78,20 +188,24 @@ def load_dataset(data: DataConfig, seed: int = 0) -> Dataset | TokenDataset:
         splits = _imagefolder_splits(path)
         if splits is not None:
             classes = _class_names(splits[0])
-            x, y = _load_image_tree(splits[0], data.image_size, classes)
-            xv, yv = _load_image_tree(splits[1], data.image_size, classes, every_class=False)
+            x, y = _image_tree(splits[0], data.image_size, classes)
+            xv, yv = _image_tree(splits[1], data.image_size, classes, every_class=False)
             return _split(x, y, xv, yv, data.val_fraction, seed)
-        x, y = _load_image_tree(path, data.image_size, _class_names(path))
+        x, y = _image_tree(path, data.image_size, _class_names(path))
         return _split(x, y, None, None, data.val_fraction, seed)
     if data.format == "csv":
-        x, y = _read_csv(path, data.label_column)
-        return _split(x, y, None, None, data.val_fraction, seed)
+        x, y, note = _csv_cached(path, data.label_column, cache_dir)
+        ds = _split(ArrayRows(x), y, None, None, data.val_fraction, seed)
+        ds.notes.append(note)
+        return ds
     if data.format == "npz":
         return _load_npz(path, data.val_fraction, seed)
     raise ConfigError(f"data.format: unknown format {data.format!r} (known: builtin, imagefolder, csv, npz, tokens)")
 
 
 def _split(x, y, x_val, y_val, val_fraction: float, seed: int) -> Dataset:
+    """The Dataset of inputs ``x`` (an array or :class:`Samples`) and labels ``y``, with the given
+    validation split or (``x_val`` None) one drawn by a seeded permutation, applied by index."""
     if len(x) != len(y):
         raise ConfigError(f"inputs and labels differ in length: {len(x)} samples but {len(y)} labels")
     if x_val is None:
@@ -104,20 +218,28 @@ def _split(x, y, x_val, y_val, val_fraction: float, seed: int) -> Dataset:
             )
         order = np.random.default_rng(seed).permutation(n)
         val_idx, train_idx = order[:n_val], order[n_val:]
-        x, y, x_val, y_val = x[train_idx], y[train_idx], x[val_idx], y[val_idx]
+        if isinstance(x, Samples):
+            x, x_val = x.subset(train_idx), x.subset(val_idx)
+        else:
+            x, x_val = x[train_idx], x[val_idx]
+        y, y_val = y[train_idx], y[val_idx]
     elif len(x_val) != len(y_val):
         raise ConfigError(f"x_val has {len(x_val)} samples but y_val has {len(y_val)}")
-    if len(x_val) and x_val.shape[1:] != x.shape[1:]:
-        raise ConfigError(f"validation samples have shape {x_val.shape[1:]}, training samples {x.shape[1:]}")
+    if len(x_val) and _sample_shape(x_val) != _sample_shape(x):
+        raise ConfigError(f"validation samples have shape {_sample_shape(x_val)}, training samples {_sample_shape(x)}")
     num_classes = int(max(y.max(initial=-1), y_val.max(initial=-1))) + 1
     return Dataset(
-        x_train=np.ascontiguousarray(x, dtype=np.float32),
+        x_train=x if isinstance(x, Samples) else np.ascontiguousarray(x, dtype=np.float32),
         y_train=np.ascontiguousarray(y, dtype=np.int64),
-        x_val=np.ascontiguousarray(x_val, dtype=np.float32),
+        x_val=x_val if isinstance(x_val, Samples) else np.ascontiguousarray(x_val, dtype=np.float32),
         y_val=np.ascontiguousarray(y_val, dtype=np.int64),
         num_classes=num_classes,
-        input_shape=tuple(int(s) for s in x.shape[1:]),
+        input_shape=_sample_shape(x),
     )
+
+
+def _sample_shape(x: np.ndarray | Samples) -> tuple[int, ...]:
+    return x.sample_shape if isinstance(x, Samples) else tuple(int(s) for s in x.shape[1:])
 
 
 def _load_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -199,11 +321,12 @@ def _open_image(path: str, size: int) -> np.ndarray:
     return arr.transpose(2, 0, 1)
 
 
-def _load_image_tree(
-    root: str, size: int, classes: list[str], every_class: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, 3, size, size) and labels (N,); ``every_class`` requires images for each class."""
-    xs, ys = [], []
+def _image_tree(root: str, size: int, classes: list[str], every_class: bool = True) -> tuple[ImageFiles, np.ndarray]:
+    """The images under ``root`` (not decoded: :class:`ImageFiles` of (3, size, size) samples) and
+    their labels (N,); ``every_class`` requires images for each class. The first image of each class
+    is decoded here, so a missing Pillow or an unreadable file fails the run before it starts."""
+    paths: list[bytes] = []
+    ys: list[np.ndarray] = []
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
         if not os.path.isdir(folder):
@@ -213,19 +336,30 @@ def _load_image_tree(
             raise ConfigError(
                 f"imagefolder class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)})"
             )
-        for f in files:
-            xs.append(_open_image(f, size))
-            ys.append(label)
-    if not xs:
+        if files:
+            _open_image(files[0], 8)
+        paths.extend(os.fsencode(f) for f in files)
+        ys.append(np.full(len(files), label, dtype=np.int64))
+    if not paths:
         raise ConfigError(f"imagefolder dataset {root} has no images")
-    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+    return ImageFiles(np.array(paths), size), np.concatenate(ys)
 
 
 # -- CSV -----------------------------------------------------------------------------------------
 
 
 def _read_csv(path: str, label_column: str, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Features (N, F) float32 and labels (N,) int64 from a CSV; reads at most ``max_rows`` rows."""
+    """Features (N, F) float32 and labels (N,) int64 from a CSV, held in memory (the dashboard's
+    check of a small file, or of the first ``max_rows`` rows)."""
+    chunks = list(_csv_chunks(path, label_column, max_rows))
+    return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
+
+
+def _csv_chunks(path: str, label_column: str, max_rows: int | None = None,
+                chunk_rows: int = _CSV_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The CSV's rows, parsed and checked, as (features (k, F) float32, labels (k,) int64) chunks
+    of at most ``chunk_rows`` rows; at most ``max_rows`` rows in all. Raises :class:`ConfigError`
+    naming the line and column of the first bad value, or when there are no rows."""
     try:
         f = open(path, newline="", encoding="utf-8")
     except OSError as exc:
@@ -247,7 +381,9 @@ def _read_csv(path: str, label_column: str, max_rows: int | None = None) -> tupl
         if len(header) < 2:
             raise ConfigError(f"CSV {path} has only the label column {label_column!r}: it needs feature columns too")
         li = header.index(label_column)
-        feats, labels = [], []
+        feats: list[list[float]] = []
+        labels: list[int] = []
+        total = 0
         try:
             for row in reader:
                 if not row or all(not c.strip() for c in row):
@@ -272,13 +408,118 @@ def _read_csv(path: str, label_column: str, max_rows: int | None = None) -> tupl
                     )
                 labels.append(int(label))
                 feats.append(values)
-                if max_rows is not None and len(labels) >= max_rows:
+                total += 1
+                if len(labels) >= chunk_rows:
+                    yield np.asarray(feats, dtype=np.float32), np.asarray(labels, dtype=np.int64)
+                    feats, labels = [], []
+                if max_rows is not None and total >= max_rows:
                     break
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigError(f"CSV {path} is not a readable CSV file: {exc}") from None
-    if not labels:
+    if labels:
+        yield np.asarray(feats, dtype=np.float32), np.asarray(labels, dtype=np.int64)
+    elif not total:
         raise ConfigError(f"CSV {path} has a header but no data rows")
-    return np.asarray(feats, dtype=np.float32), np.asarray(labels, dtype=np.int64)
+
+
+def _csv_cached(path: str, label_column: str, cache_dir: str | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(features (N, F) float32 memory map, labels (N,) int64, a line for the log) of the CSV at
+    ``path``, through its cache: two ``.npy`` files named after the CSV and a key (its path, size,
+    modification time, ``label_column`` and :data:`CSV_CACHE_VERSION`), so an edited CSV is parsed
+    again. The cache is written beside the CSV, or in ``cache_dir`` when that folder is read-only.
+
+    Ranks on one machine share the work: a lock file makes one parse while the others wait, and
+    each file is written under a temporary name and renamed, so a reader never sees half of one.
+    """
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{label_column}|"
+                         f"{CSV_CACHE_VERSION}".encode()).hexdigest()[:16]
+    stem = f"{os.path.basename(path)}.{key}"
+    folder = _writable_dir(os.path.dirname(os.path.abspath(path)), cache_dir)
+    x_path, y_path = (os.path.join(folder, f"{stem}.{part}.npy") for part in ("features", "labels"))
+    with open(os.path.join(folder, f"{stem}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if os.path.exists(x_path) and os.path.exists(y_path):
+            note = f"CSV {path}: read through its cache {x_path} (memory-mapped)"
+        else:
+            rows = _write_csv_cache(path, label_column, x_path, y_path)
+            note = f"CSV {path}: parsed once ({rows:,} rows) into the cache {x_path}, memory-mapped from there"
+    return np.load(x_path, mmap_mode="r"), np.load(y_path), note
+
+
+def _writable_dir(beside: str, cache_dir: str | None) -> str:
+    """``beside`` when this process may write there, else ``cache_dir`` (created; default: the
+    system's temporary folder)."""
+    if os.access(beside, os.W_OK | os.X_OK):
+        return beside
+    folder = cache_dir or os.path.join(tempfile.gettempdir(), "trainboard-csv-cache")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"the CSV's folder {beside} is read-only and its cache folder {folder} cannot be "
+                          f"created ({exc.strerror}): make one of them writable") from None
+    return folder
+
+
+def _write_csv_cache(path: str, label_column: str, x_path: str, y_path: str) -> int:
+    """Parse the CSV into ``x_path`` (float32 (N, F)) and ``y_path`` (int64 (N,)) chunk by chunk;
+    returns N. Nothing is renamed into place unless the whole file parsed."""
+    tmp = f".tmp-{os.getpid()}"
+    with contextlib.ExitStack() as stack:
+        xw = ys = None
+        try:
+            for feats, labels in _csv_chunks(path, label_column):
+                if xw is None:
+                    xw = stack.enter_context(NpyAppender(x_path + tmp, np.float32, feats.shape[1:]))
+                    ys = stack.enter_context(NpyAppender(y_path + tmp, np.int64, ()))
+                xw.append(feats)
+                ys.append(labels)
+        except BaseException:
+            for p in (x_path + tmp, y_path + tmp):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+            raise
+    os.replace(y_path + tmp, y_path)
+    os.replace(x_path + tmp, x_path)  # last: its presence with the labels' marks a complete cache
+    return xw.rows
+
+
+class NpyAppender:
+    """A ``.npy`` file written row chunk by row chunk, its length unknown until the end: a header of
+    fixed size is reserved, and rewritten with the final shape on close (the ``.npy`` format allows
+    a header padded with spaces). A context manager."""
+
+    HEADER_BYTES = 128  # magic, version, length, dict: room for any (N, F) shape
+
+    def __init__(self, path: str, dtype: Any, row_shape: tuple[int, ...]) -> None:
+        self.path, self.dtype, self.row_shape = path, np.dtype(dtype), tuple(row_shape)
+        self.rows = 0
+        self._file = open(path, "wb")
+        self._file.write(b"\0" * self.HEADER_BYTES)
+
+    def append(self, chunk: np.ndarray) -> None:
+        """Write ``chunk`` ((k, *row_shape)) after the rows so far."""
+        chunk = np.ascontiguousarray(chunk, dtype=self.dtype)
+        if chunk.shape[1:] != self.row_shape:
+            raise ValueError(f"chunk rows have shape {chunk.shape[1:]}, expected {self.row_shape}")
+        self._file.write(chunk.tobytes())
+        self.rows += len(chunk)
+
+    def close(self) -> None:
+        header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                       "shape": (self.rows, *self.row_shape)})
+        body = header.ljust(self.HEADER_BYTES - 10 - 1).encode("latin1") + b"\n"
+        self._file.seek(0)
+        self._file.write(np.lib.format.magic(1, 0) + struct.pack("<H", len(body)) + body)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def __enter__(self) -> "NpyAppender":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
 def _is_number(text: str) -> bool:
@@ -292,24 +533,54 @@ def _is_number(text: str) -> bool:
 # -- NPZ -----------------------------------------------------------------------------------------
 
 
-def _npz_headers(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of each array in an .npz, read from the headers without loading the data."""
+@dataclasses.dataclass(frozen=True)
+class NpzMember:
+    """Where one array of an .npz archive lies."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    stored: bool
+    """Uncompressed (``numpy.savez``): its bytes lie as they are in the file, so it can be mapped."""
+    data_offset: int
+    """Byte offset of the array's data in the .npz file (valid when ``stored``)."""
+
+
+def _npz_members(path: str) -> dict[str, NpzMember]:
+    """Each array of an .npz archive, read from the zip's and the .npy headers, no data loaded.
+
+    An uncompressed member's data offset: the zip's local file header (30 bytes, then the name and
+    an extra field whose lengths it gives, APPNOTE.TXT 4.3.7) starts at the central directory's
+    ``header_offset``; the member's own .npy header follows it."""
     out = {}
     try:
-        with zipfile.ZipFile(path) as zf:
-            for name in zf.namelist():
-                if not name.endswith(".npy"):
+        with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
                     continue
-                with zf.open(name) as member:
+                stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1
+                with zf.open(info) as member:
                     version = np.lib.format.read_magic(member)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
-                    else:
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-                out[name[: -len(".npy")]] = (tuple(shape), dtype)
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+                    shape, fortran, dtype = (np.lib.format.read_array_header_1_0(member) if version == (1, 0)
+                                             else np.lib.format.read_array_header_2_0(member))
+                    npy_header = member.tell()
+                offset = 0
+                if stored:
+                    raw.seek(info.header_offset)
+                    local = raw.read(30)
+                    if local[:4] != b"PK\x03\x04":
+                        raise zipfile.BadZipFile(f"no local header for {info.filename}")
+                    name_len, extra_len = struct.unpack("<HH", local[26:30])
+                    offset = info.header_offset + 30 + name_len + extra_len + npy_header
+                out[info.filename[: -len(".npy")]] = NpzMember(tuple(shape), dtype, bool(fortran), stored, offset)
+    except (zipfile.BadZipFile, OSError, ValueError, struct.error) as exc:
         raise ConfigError(f"NPZ {path} is not a readable .npz archive (numpy.savez): {exc}") from None
     return out
+
+
+def _npz_headers(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array in an .npz, read from the headers without loading the data."""
+    return {name: (m.shape, m.dtype) for name, m in _npz_members(path).items()}
 
 
 def _check_npz_layout(path: str, headers: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
@@ -339,22 +610,39 @@ def _check_npz_layout(path: str, headers: dict[str, tuple[tuple[int, ...], np.dt
 
 
 def _prepare_x(x: np.ndarray) -> np.ndarray:
+    """Inputs as the model takes them: float32, uint8 scaled to [0, 1], (N, H, W) → (N, 1, H, W)."""
     scale = 255.0 if x.dtype == np.uint8 else 1.0
     x = x.astype(np.float32) / scale
-    return x[:, None] if x.ndim == 3 else x  # (N, H, W) → (N, 1, H, W)
+    return x[:, None] if x.ndim == 3 else x
 
 
 def _load_npz(path: str, val_fraction: float, seed: int) -> Dataset:
-    headers = _npz_headers(path)
+    members = _npz_members(path)
+    headers = {name: (m.shape, m.dtype) for name, m in members.items()}
     _check_npz_layout(path, headers)
+    notes = []
+    xs: dict[str, np.ndarray | Samples] = {}
     with np.load(path, allow_pickle=False) as z:
-        x, y = _prepare_x(z["x_train"]), z["y_train"].astype(np.int64)
-        xv = _prepare_x(z["x_val"]) if "x_val" in headers else None
+        y = z["y_train"].astype(np.int64)
         yv = z["y_val"].astype(np.int64) if "y_val" in headers else None
+        for name in ("x_train", "x_val"):
+            m = members.get(name)
+            if m is None:
+                continue
+            if m.stored and not m.dtype.hasobject:
+                xs[name] = ArrayRows(np.memmap(path, dtype=m.dtype, mode="r", offset=m.data_offset, shape=m.shape,
+                                               order="F" if m.fortran_order else "C"))
+            else:
+                xs[name] = _prepare_x(z[name])
+                notes.append(f"NPZ {path}: {name} is compressed (numpy.savez_compressed), which cannot be "
+                             f"memory-mapped: loaded whole ({xs[name].nbytes / 2**20:,.1f} MiB as float32); "
+                             "save it with numpy.savez to stream it")
     for name, labels in (("y_train", y), ("y_val", yv)):
         if labels is not None and labels.size and labels.min() < 0:
             raise ConfigError(f"NPZ {path}: {name} has negative labels; use class ids 0, 1, 2, ...")
-    return _split(x, y, xv, yv, val_fraction, seed)
+    ds = _split(xs["x_train"], y, xs.get("x_val"), yv, val_fraction, seed)
+    ds.notes.extend(notes)
+    return ds
 
 
 # -- the dashboard's check -----------------------------------------------------------------------

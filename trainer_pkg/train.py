@@ -113,12 +113,13 @@ from torch.utils.data import DistributedSampler
 
 from trainer_pkg import world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
-from trainer_pkg.datasets import Dataset, describe, load_dataset
+from trainer_pkg.datasets import Dataset, Samples, describe, load_dataset
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
 from trainer_pkg.platforms import cpu_threads_per_rank
 from trainer_pkg.registry import CUSTOM
+from trainer_pkg.streaming import SampleView, StreamShard
 from trainer_pkg.user_model import UserCodeError, check_first_batch
 from trainer_pkg.versions import strategy_torch_error
 
@@ -670,12 +671,16 @@ def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard:
     """This rank's training shard of ``data`` (what :func:`trainer_pkg.datasets.load_dataset` returned)
     under ``strategy``: the one place that picks the shard class for a kind of data. Every shard class
     has :class:`TrainShard`'s interface (``batches``, ``n``, ``epoch_order``, ``batch``, ``padding``)."""
+    if isinstance(data, Dataset) and data.streamed:  # ImageFolder, CSV, uncompressed NPZ (trainer_pkg.streaming)
+        return StreamShard.of(data, strategy, cfg)
     return TrainShard.of(data, strategy, cfg.train)
 
 
 def validation_set(data: Any, cfg: JobConfig) -> tuple[Any, torch.Tensor]:
     """(inputs, targets) that :meth:`Strategy.evaluate` runs over at each epoch's end: tensors, or
     for inputs any object indexed by a (k,) int64 tensor giving a (k, *sample shape) tensor."""
+    if isinstance(data.x_val, Samples):  # each evaluation batch read (decoded) when evaluate asks for it
+        return SampleView(data.x_val), torch.from_numpy(data.y_val)
     return torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
 
 
@@ -865,7 +870,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     # -- data and model: the same arrays and the same initial weights on every rank ---------------
     with agreed_setup(topo, device):
         _seed_everything(t.seed)
-        data = load_dataset(cfg.data, seed=t.seed)
+        data = load_dataset(cfg.data, seed=t.seed, cache_dir=os.path.join(cfg.output.output_dir, "data_cache"))
+        for note in data.notes:
+            _log(topo, note)
         torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
         _check_job_fits(cfg, data, topo.world_size)
         autocast = autocast_context(t.precision, device)

@@ -135,7 +135,7 @@ def test_npz_with_and_without_validation_arrays(tmp_path):
     np.savez(tmp_path / "a.npz", x_train=x, y_train=y)
     ds = load_dataset(DataConfig(format="npz", uri=str(tmp_path / "a.npz"), val_fraction=0.25), seed=1)
     assert ds.x_train.shape == (15, 1, 6, 6) and ds.x_val.shape == (5, 1, 6, 6)
-    assert ds.x_train.max() <= 1.0 and ds.num_classes == 4
+    assert ds.x_train[:].max() <= 1.0 and ds.num_classes == 4
     assert check_dataset("npz", str(tmp_path / "a.npz")) == "20 samples, 4 classes, inputs 1×6×6"
 
     np.savez_compressed(tmp_path / "b.npz", x_train=rng.normal(size=(8, 3)), y_train=np.arange(8) % 2,

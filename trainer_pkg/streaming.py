@@ -1,0 +1,161 @@
+"""Training data read per batch: an ImageFolder decoded, a memory-mapped CSV cache or NPZ sliced, only
+for the samples a batch needs, in DataLoader worker processes (``data.num_workers``) ahead of the step.
+
+:class:`StreamShard` is the training shard of a dataset whose inputs are
+:class:`trainer_pkg.datasets.Samples` (``train.make_shard`` picks it); it has
+:class:`trainer_pkg.train.TrainShard`'s interface and the same sampler semantics, so a run gives the
+same parameters whether its data is streamed or held in memory:
+
+- each epoch's order is the ``DistributedSampler``'s (seeded by ``train.seed``, ``set_epoch`` per
+  epoch, padded to ``ceil(n / dp_size)`` by repeating its head), cut into ``train.batch_size`` batches;
+- batch ``i`` of an epoch holds the same samples, decoded the same way, whatever came before it: a
+  run resumed at batch ``i`` (or one whose loop asks for batches out of sequence) restarts the
+  DataLoader's iterator at ``i``;
+- no random number is drawn from the rank's generators (the DataLoader gets its own), so dropout and
+  ``train.augment``'s flips draw what they would from an in-memory shard.
+
+With ``data.num_workers`` 0 a batch is read in the training process when it is asked for. With N > 0
+each rank starts N worker processes per epoch (forked: they share the file list and the memory maps),
+each preparing ``data.prefetch_factor`` batches ahead; an epoch's last batch shuts them down, and a run
+stopped mid-epoch shuts them down with its iterator. ``data.pin_memory`` pins batches for the copy to
+a GPU (ignored on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.datasets import Dataset, Samples
+
+
+class SampleBatches(torch.utils.data.Dataset):
+    """A map-style dataset whose index is a whole batch: ``dataset[indices]`` reads those samples
+    (:meth:`Samples.take`) in one call. Used with ``batch_size=None``, so the DataLoader's sampler
+    yields index arrays and no per-sample collation runs."""
+
+    def __init__(self, x: Samples, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs (k, *sample shape) float32, labels (k,) int64) of the samples ``indices``."""
+        return torch.from_numpy(self.x.take(indices)), self.y[torch.from_numpy(indices)]
+
+
+class SampleView:
+    """Validation inputs for :meth:`trainer_pkg.parallel.Strategy.evaluate`: indexed by a (k,) int64
+    tensor, it reads just those samples as a float32 tensor (k, *sample shape)."""
+
+    def __init__(self, x: Samples) -> None:
+        self.x = x
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.x.take(idx.cpu().numpy()))
+
+
+class StreamShard:
+    """This rank's part of each epoch's training data, read batch by batch from
+    :class:`~trainer_pkg.datasets.Samples` (see the module docstring)."""
+
+    def __init__(self, x: Samples, y: torch.Tensor, sampler: DistributedSampler, *, batch_size: int, batches: int,
+                 dp_rank: int, dp_size: int, num_workers: int = 0, pin_memory: bool = False,
+                 prefetch_factor: int = 2) -> None:
+        self.x, self.y, self.sampler = x, y, sampler
+        self.batch_size, self.batches = batch_size, batches
+        """Samples per batch; batches per epoch (a pipeline skips an incomplete last batch)."""
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
+        self._order: torch.Tensor | None = None  # the epoch order the running iterator reads
+        self._next = -1  # the batch index the running iterator yields next
+        self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @classmethod
+    def of(cls, data: Dataset, strategy: Any, cfg: JobConfig) -> "StreamShard":
+        """The shard of ``data``'s training split that ``strategy`` (its ``dp_rank``, ``dp_size`` and
+        ``drop_last_batch``) gives this rank. Raises :class:`ConfigError` when a shard holds fewer
+        samples than one batch of a pipeline."""
+        t, d = cfg.train, cfg.data
+        n = len(data.y_train)
+        shard = math.ceil(n / strategy.dp_size)
+        batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
+        if batches == 0:
+            raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
+                             f"pipeline reads per epoch; use a smaller batch size")
+        sampler = DistributedSampler(range(n), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
+                                     shuffle=True, seed=t.seed, drop_last=False)
+        return cls(data.x_train, torch.from_numpy(data.y_train), sampler, batch_size=t.batch_size, batches=batches,
+                   dp_rank=strategy.dp_rank, dp_size=strategy.dp_size, num_workers=d.num_workers,
+                   pin_memory=d.pin_memory, prefetch_factor=d.prefetch_factor)
+
+    @property
+    def n(self) -> int:
+        """Training samples in the whole split (every rank's)."""
+        return len(self.y)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """This rank's sample indices for ``epoch`` in training order, (ceil(n / dp_size),) int64:
+        the sampler reshuffled for the epoch (``set_epoch``), the same on every rank of a unit."""
+        self.sampler.set_epoch(epoch)
+        return torch.tensor(list(iter(self.sampler)), dtype=torch.long)
+
+    def batch(self, order: torch.Tensor, index: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """(position of its first sample in ``order``, samples (B, *sample shape) float32, labels (B,)
+        int64) of batch ``index`` of the epoch whose :meth:`epoch_order` is ``order``, on ``device``."""
+        start = index * self.batch_size
+        if self.num_workers == 0:
+            x, y = SampleBatches(self.x, self.y)[self._indices(order, index)]
+            if self.pin_memory and device.type == "cuda":
+                x, y = x.pin_memory(), y.pin_memory()
+        else:
+            if self._batches is None or order is not self._order or index != self._next:
+                self._start(order, index, device)
+            try:
+                x, y = next(self._batches)
+            except ConfigError as exc:  # re-raised by the DataLoader with the worker's traceback in it
+                raise ConfigError(str(exc).strip().splitlines()[-1].partition("ConfigError: ")[2] or str(exc)) from None
+            self._next = index + 1
+            if self._next == self.batches:
+                self.close()  # the epoch's last batch: its workers exit now, not at the next epoch
+        return start, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def padding(self, start: int, count: int) -> tuple[torch.Tensor | None, int]:
+        """(mask of the real samples, how many) among the ``count`` at positions ``start…`` of this
+        rank's order; the mask is None when all are real, as in every batch but an epoch's last."""
+        # DistributedSampler pads by repeating the head: rank r's item k is padding exactly when
+        # r + k·W ≥ n (as TrainShard.padding).
+        if start + count <= math.ceil((self.n - self.dp_rank) / self.dp_size):
+            return None, count
+        keep = self.dp_rank + torch.arange(start, start + count) * self.dp_size < self.n
+        return keep, int(keep.sum())
+
+    def close(self) -> None:
+        """Stop the DataLoader's workers, if any are running (the next batch starts new ones)."""
+        self._batches, self._order, self._next = None, None, -1
+
+    def _indices(self, order: torch.Tensor, index: int) -> np.ndarray:
+        start = index * self.batch_size
+        return order[start:start + self.batch_size].numpy()
+
+    def _start(self, order: torch.Tensor, index: int, device: torch.device) -> None:
+        """A DataLoader over this epoch's batches ``index`` … ``batches - 1``, its workers started."""
+        self.close()
+        plan = [self._indices(order, i) for i in range(index, self.batches)]
+        loader = DataLoader(
+            SampleBatches(self.x, self.y), batch_size=None, sampler=plan, num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory and device.type == "cuda",
+            # Its own generator: the workers' base seed would otherwise be drawn from the rank's
+            # torch generator, moving dropout and augmentation off an in-memory run's.
+            generator=torch.Generator().manual_seed(0),
+        )
+        self._batches, self._order, self._next = iter(loader), order, index
