@@ -679,7 +679,7 @@ def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard:
 def validation_set(data: Any, cfg: JobConfig) -> tuple[Any, torch.Tensor]:
     """(inputs, targets) that :meth:`Strategy.evaluate` runs over at each epoch's end: tensors, or
     for inputs any object indexed by a (k,) int64 tensor giving a (k, *sample shape) tensor."""
-    if isinstance(data.x_val, Samples):  # each evaluation batch read (decoded) when evaluate asks for it
+    if isinstance(data, Dataset) and isinstance(data.x_val, Samples):  # each batch read when evaluate asks for it
         return SampleView(data.x_val), torch.from_numpy(data.y_val)
     return torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
 
@@ -871,7 +871,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     with agreed_setup(topo, device):
         _seed_everything(t.seed)
         data = load_dataset(cfg.data, seed=t.seed, cache_dir=os.path.join(cfg.output.output_dir, "data_cache"))
-        for note in data.notes:
+        for note in getattr(data, "notes", ()):  # how a Dataset's files are read
             _log(topo, note)
         torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
         _check_job_fits(cfg, data, topo.world_size)

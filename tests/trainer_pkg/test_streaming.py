@@ -243,8 +243,8 @@ def test_csv_is_parsed_once_into_a_memory_mapped_cache(tmp_path, monkeypatch):
     assert isinstance(first.x_train.array, np.memmap) and first.x_train.array.shape == (rows, 3)
     assert np.array_equal(first.x_train.array, feats) and first.input_shape == (3,)
     order = np.random.default_rng(0).permutation(rows)
-    assert first.x_train.rows.tolist() == order[2000:].tolist()
-    assert first.y_train.tolist() == labels[order[2000:]].tolist()
+    assert first.x_train.rows.tolist() == order[1000:].tolist()
+    assert first.y_train.tolist() == labels[order[1000:]].tolist()
     assert np.array_equal(first.x_val[:3], feats[order[:3]])
 
     again = load_dataset(data, seed=0)  # the cache, not the CSV
