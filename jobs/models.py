@@ -118,6 +118,11 @@ class Dataset(Owned):
                   "[3, null, null], the job's image size), read when the dataset was saved; null for a "
                   "cloud URI, which is not read here.")
 
+    num_classes = models.PositiveIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="Classes of the labels, or a token dataset's vocabulary size (the model's output width, which "
+                  "the memory plan counts), read when the dataset was saved; null when not read (a cloud URI).")
+
     @property
     def sample_shape_text(self) -> str:
         """One sample's shape for people: "1 × 8 × 8", "16", "3 × H × W" (an ImageFolder's size is the

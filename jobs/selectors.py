@@ -352,3 +352,46 @@ def backend_ids_with_active_jobs() -> list[int]:
         TrainingJob.objects.filter(state__in=ACTIVE_STATE_VALUES).exclude(state=S.QUEUED)
         .order_by().values_list("backend_id", flat=True).distinct()
     )
+
+
+_MEMORY_TERMS = (("Parameters", "params_bytes"), ("Gradients", "grads_bytes"), ("Optimizer state", "optimizer_bytes"),
+                 ("Activations", "activations_bytes"))
+
+
+def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
+    """The memory plan made at creation beside the trainer's last measurement, for the job page:
+    ``{"summary", "lines", "rows": [{"label", "planned", "measured", "ratio"}], "busiest_rank",
+    "device", "ranks": [{"rank", "peak"}], "cpu"}`` with byte figures as text ("1.2 GiB"; "–" when
+    absent). The measured side is the busiest rank's (largest ``peak_bytes``). On CPU the trainer
+    measures parameters, gradients, optimizer state and saved activations only, so the peak row
+    compares those four terms; on a GPU the plan's whole peak (buffers too) against
+    ``max_memory_allocated``. None when the job has neither a plan nor a measurement."""
+    from trainer_pkg.memory_plan import gib
+
+    plan = job.memory_plan if isinstance(job.memory_plan, dict) else None
+    ranks = [r for r in job.rank_memory if isinstance(r, dict)] if isinstance(job.rank_memory, list) else []
+    if plan is None and not ranks:
+        return None
+    busiest = max(range(len(ranks)), key=lambda i: ranks[i].get("peak_bytes") or 0) if ranks else None
+    measured = ranks[busiest] if busiest is not None else {}
+    cpu = measured.get("device") == "cpu"
+
+    def planned_of(key: str) -> int | None:
+        value = (plan or {}).get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def row(label: str, planned: int | None, got: Any) -> dict[str, Any]:
+        got = got if isinstance(got, int) and not isinstance(got, bool) else None
+        ratio = f"{planned / got:.2f}" if planned is not None and got else "–"
+        return {"label": label, "planned": gib(planned) if planned is not None else "–",
+                "measured": gib(got) if got is not None else "–", "ratio": ratio}
+
+    rows = [row(label, planned_of(key), measured.get(key)) for label, key in _MEMORY_TERMS]
+    rows.append(row("Buffers (unsharded units, logits, the batch)", planned_of("buffers_bytes"), None))
+    terms = [planned_of(key) for _, key in _MEMORY_TERMS]
+    peak = sum(terms) if cpu and None not in terms else planned_of("peak_bytes")
+    rows.append(row("Peak per rank" + (" (CPU: the four terms above)" if cpu else ""), peak, measured.get("peak_bytes")))
+    return {"summary": (plan or {}).get("summary", ""), "lines": list((plan or {}).get("lines") or []),
+            "rows": rows, "busiest_rank": busiest, "device": measured.get("device", ""), "cpu": cpu,
+            "ranks": [{"rank": i, "peak": gib(r["peak_bytes"]) if isinstance(r.get("peak_bytes"), int) else "–"}
+                      for i, r in enumerate(ranks)]}

@@ -132,6 +132,37 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
     return points
 
 
+RANK_MEMORY_FIELDS = ("peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+MAX_RANK_MEMORY = 4096
+"""Most ranks of a ``rank_memory`` list kept (a longer one is not a trainer's: ignored)."""
+
+
+def rank_memory_from_record(record: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The measured memory per rank an ``epoch`` or ``completed`` record carries (``rank_memory``: a
+    list indexed by rank of byte counts and the device, trainer_pkg's contract), each rank's entry
+    reduced to :data:`RANK_MEMORY_FIELDS` as whole numbers ≥ 0 (others dropped, a missing one
+    None) and ``device`` ("cuda" | "cpu" | ""); None when the record has none or it is malformed.
+    A log line is never a reason to fail a sync."""
+    if record.get("event") not in ("epoch", "completed"):
+        return None
+    ranks = record.get("rank_memory")
+    if not isinstance(ranks, list) or not ranks or len(ranks) > MAX_RANK_MEMORY:
+        return None
+    out = []
+    for entry in ranks:
+        if not isinstance(entry, Mapping):
+            return None
+        kept: dict[str, Any] = {}
+        for field in RANK_MEMORY_FIELDS:
+            value = entry.get(field)
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+            kept[field] = value if ok else None
+        device = entry.get("device")
+        kept["device"] = device if device in ("cuda", "cpu") else ""
+        out.append(kept)
+    return out
+
+
 def _user_metric_names(record: Mapping[str, Any]) -> list[str]:
     """The record's well-formed ``user_metrics`` names, each once, built-in ones left out (stored already)."""
     names = record.get("user_metrics")
@@ -159,11 +190,12 @@ def _trainer_failure_reason(job: TrainingJob) -> str | None:
 
 
 def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime,
-                  mask: Callable[[str], str]) -> tuple[int, dt.datetime | None]:
-    """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step time).
+                  mask: Callable[[str], str]) -> tuple[int, dt.datetime | None, list[dict[str, Any]] | None]:
+    """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step
+    time, the last ``rank_memory`` of the lines' epoch/completed records or None).
     Each line passes through ``mask`` first (the backend's job-secret values become ``***``), so no
     stored line holds one."""
-    log_rows, points, first_step = [], [], None
+    log_rows, points, first_step, rank_memory = [], [], None, None
     for line in lines:
         text = mask(str(line).replace("\x00", ""))  # PostgreSQL text cannot hold NUL
         log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
@@ -174,9 +206,10 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
         if record.get("event") == "started" and first_step is None:
             first_step = _when(record, now)
         points.extend(metric_points_from_record(job, record, now))
+        rank_memory = rank_memory_from_record(record) or rank_memory
     JobLogLine.objects.bulk_create(log_rows)
     MetricPoint.objects.bulk_create(points)
-    return next_seq, first_step
+    return next_seq, first_step, rank_memory
 
 
 def _locked(job_id: int) -> TrainingJob | None:
@@ -218,9 +251,11 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
                 if next_seq is None:  # the cursor check above keeps it right for the later chunks
                     last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
                     next_seq = 0 if last is None else last + 1
-                next_seq, first_step = _ingest_lines(locked, lines, next_seq, now, mask)
+                next_seq, first_step, rank_memory = _ingest_lines(locked, lines, next_seq, now, mask)
                 if first_step is not None and locked.first_step_at is None:
                     update["first_step_at"] = first_step
+                if rank_memory is not None:  # the last measurement stands beside the plan on the job page
+                    update["rank_memory"] = rank_memory
             TrainingJob.objects.filter(pk=job.pk).update(**update)
         if not lines:
             return True

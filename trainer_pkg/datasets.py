@@ -658,6 +658,9 @@ class DatasetInfo:
     """Shape of one sample as the trainer feeds it to the model: (C, H, W) for images, (F,) for
     tables, (T,) for tokens. ImageFolder's H and W are None: the job's ``data.image_size`` sets them;
     a token window's T is None: the job's ``data.seq_len`` sets it."""
+    classes: int | None = None
+    """Classes of the labels (a sampled CSV: those of the rows read), or a token dataset's vocabulary
+    size: the model's output width, which the memory plan counts (:mod:`trainer_pkg.memory_plan`)."""
 
 
 def check_dataset(format: str, uri: str, label_column: str = "label") -> str:
@@ -677,7 +680,8 @@ def inspect_dataset(format: str, uri: str, label_column: str = "label") -> Datas
     array headers and labels only, a token dataset maps its shards and reads a few pages of each.
     """
     if format == "tokens":
-        return DatasetInfo(inspect_tokens(uri).summary, (None,))
+        info = inspect_tokens(uri)
+        return DatasetInfo(info.summary, (None,), info.vocab_size)
     if format == "builtin":
         name = uri or "digits"
         if name != "digits":
@@ -714,7 +718,7 @@ def inspect_dataset(format: str, uri: str, label_column: str = "label") -> Datas
             n += sum(len(_image_files(os.path.join(splits[1], c))) for c in classes
                      if os.path.isdir(os.path.join(splits[1], c)))
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
-        return DatasetInfo(f"{n:,} images, {len(classes)} classes ({shown})", (3, None, None))
+        return DatasetInfo(f"{n:,} images, {len(classes)} classes ({shown})", (3, None, None), len(classes))
     raise ConfigError(f"unknown dataset format {format!r} (known: builtin, imagefolder, csv, npz, tokens)")
 
 
@@ -728,12 +732,12 @@ def _check_csv(path: str, label_column: str) -> DatasetInfo:
     return DatasetInfo(
         f"about {max(lines - 1, len(y)):,} samples, {x.shape[1]} features "
         f"(first {len(y):,} rows checked: {len(np.unique(y))} classes)",
-        (int(x.shape[1]),),
+        (int(x.shape[1]),), len(np.unique(y)),
     )
 
 
 def _info(n: int, classes: int, sample_shape: tuple[int, ...]) -> DatasetInfo:
-    return DatasetInfo(_summary(n, classes, sample_shape), tuple(int(s) for s in sample_shape))
+    return DatasetInfo(_summary(n, classes, sample_shape), tuple(int(s) for s in sample_shape), int(classes))
 
 
 def _summary(n: int, classes: int, sample_shape: tuple[int, ...]) -> str:

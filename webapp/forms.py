@@ -570,9 +570,9 @@ class TrainingJobForm(forms.Form):
     # The fields the cost estimate reads.
     ESTIMATE_FIELDS = ("backend", "nodes", "procs_per_node", "max_runtime_s", "instance_type", "spot")
     # Read too when given and valid, so the estimate shows the strategy's shape errors (and the budget
-    # that caps it).
+    # that caps it), and the memory plan (the dataset and the overrides: precision, optimizer, ...).
     SHAPE_FIELDS = ("strategy", "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "model_spec",
-                    "budget_usd")
+                    "budget_usd", "dataset", "hyperparameters")
     PIPELINE_FIELDS = ("pipeline_stages", "microbatches", "pipeline_schedule")
 
     def __init__(self, *args: Any, user, **kwargs: Any) -> None:

@@ -426,6 +426,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["metrics"] = _metrics_payload(job)
     context["chart_series"] = CHART_SERIES
     context["code"] = selectors.training_job_code(job=job)
+    context["memory"] = selectors.training_job_memory(job=job)
     return render(request, "webapp/jobs/detail.html", context)
 
 

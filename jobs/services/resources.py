@@ -67,13 +67,14 @@ def _validate_dataset(errors: Errors, dataset: Dataset) -> None:
         errors.add("name", f"You already have a dataset named {dataset.name}; choose another name.")
     if dataset.team_id is not None and not dataset.team.members.filter(pk=dataset.owner_id).exists():
         errors.add("team", "Choose one of your teams; you are not a member of this one.")
-    dataset.sample_shape = None  # a cloud URI is not read here: its shape is not known
+    dataset.sample_shape = dataset.num_classes = None  # a cloud URI is not read here: its shape is not known
     if dataset.format == Dataset.Format.BUILTIN:
         known = get_args(BuiltinDataset)
         if dataset.builtin_name not in known:
             errors.add("builtin_name", f"Choose a built-in dataset: {', '.join(known)}.")
         else:
-            dataset.sample_shape = list(inspect_dataset(dataset.format, dataset.builtin_name).sample_shape)
+            info = inspect_dataset(dataset.format, dataset.builtin_name)
+            dataset.sample_shape, dataset.num_classes = list(info.sample_shape), info.classes
         dataset.uri = ""
         return
     dataset.builtin_name = ""
@@ -94,7 +95,7 @@ def _validate_dataset(errors: Errors, dataset: Dataset) -> None:
         except ConfigError as exc:
             errors.add("uri", str(exc))
         else:
-            dataset.sample_shape = list(info.sample_shape)
+            dataset.sample_shape, dataset.num_classes = list(info.sample_shape), info.classes
 
 
 def _dataset_local_path(errors: Errors, uri: str) -> str | None:

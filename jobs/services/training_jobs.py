@@ -41,6 +41,8 @@ from jobs.models import (
 from jobs.states import transition
 from jobs.validation import ALL, Errors
 from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.memory_plan import MemoryPlan, PlanError
+from trainer_pkg.memory_plan import plan as memory_plan
 from trainer_pkg.registry import CUSTOM, check_input_shape, validate_model_params
 from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
 
@@ -266,7 +268,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
                budget_usd: Decimal | None, hourly_price: Decimal, name: str,
                rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None,
                code: CodeArchive | None = None, image: str = "", env: Mapping[str, str] | None = None,
-               fingerprint: dict[str, Any] | None = None) -> TrainingJob:
+               fingerprint: dict[str, Any] | None = None, memory_plan: dict[str, Any] | None = None) -> TrainingJob:
     """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
     first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
     refusal (ValidationError with the figures) writes nothing."""
@@ -285,7 +287,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
             on_demand_price_usd=on_demand_price,
             estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
             state_entered_at=timezone.now(), code=code, image=image, env=dict(env or {}),
-            dataset_fingerprint=fingerprint,
+            dataset_fingerprint=fingerprint, memory_plan=memory_plan,
         )
         job.provider_job_name = provider_job_name(job)
         job.save(update_fields=["provider_job_name"])
@@ -400,8 +402,13 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                    secret_env=dict(backend.job_secrets or {}))
     _check_spec(errors, adapter, spec, strategy, dataset)
     price = _hourly_price(errors, adapter, instance_type, spot)
+    memory = None if is_script else job_memory_plan(config=config, dataset=dataset, adapter=adapter,
+                                                    instance_type=instance_type, backend_name=backend.name)
+    if memory is not None and memory.fits is False:
+        errors.add(ALL, memory_refusal(memory))
     errors.raise_if_any()
     return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
+                      memory_plan=memory.as_dict() if memory is not None else None,
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
                       hourly_price=price, name=name, rerun_of=rerun_of, team=team,
@@ -509,7 +516,8 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
                           strategy: str = "ddp", pipeline_stages: int | None = None,
                           microbatches: int | None = None, pipeline_schedule: str | None = None,
                           batch_size: int | None = None, model_spec: ModelSpec | None = None,
-                          budget_usd: Any = None) -> dict:
+                          budget_usd: Any = None, dataset: Dataset | None = None,
+                          hyperparameters: Any = None) -> dict:
     """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "arithmetic",
     "money_places", "max_runtime_covers", "world_size", "message"}``; ``money_places`` (2 or 4) is
     the one precision the estimate, its arithmetic and the budget are shown at.
@@ -521,6 +529,12 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     :func:`training_job_create` for a shape the backend cannot run, including the strategy's own
     arithmetic (pipeline stages against ranks, micro-batches against the batch size and, with
     ``model_spec``, stages against the model's layers), keyed by the same field names.
+
+    With ``model_spec`` and ``dataset`` (and the ``hyperparameters`` overrides, as for
+    :func:`training_job_create`), ``"memory_plan"`` is the job's memory plan as a dict
+    (:meth:`trainer_pkg.memory_plan.MemoryPlan.as_dict`: per-rank terms, ``fits`` against the
+    instance's GPU memory, ``lines``, ``suggestion``), the one :func:`training_job_create` refuses a
+    job by; None when no plan can be made. The estimate itself is not refused for it.
     """
     errors = Errors()
     nodes, procs_per_node, max_runtime_s = validation.shape_ints(errors, nodes, procs_per_node, max_runtime_s)
@@ -550,9 +564,93 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     arithmetic = costs.estimate_arithmetic(**shape, places=places)
     message = (f"{describe_world(nodes, procs_per_node)}; at most {arithmetic}"
                + ("" if budget is not None else f" = {costs.format_usd(estimate, places)}"))
+    memory = _estimate_memory_plan(
+        adapter=adapter, backend=backend, dataset=dataset, model_spec=model_spec, hyperparameters=hyperparameters,
+        instance_type=spec.instance_type, parallel={"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
+                                                    **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
+        batch_size=batch_size)
     return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "arithmetic": arithmetic,
             "money_places": places, "max_runtime_covers": type(adapter).max_runtime_covers,
-            "world_size": world, "message": message}
+            "world_size": world, "message": message,
+            "memory_plan": memory.as_dict() if memory is not None else None}
+
+
+def _estimate_memory_plan(*, adapter: Backend, backend: ComputeBackend, dataset: Dataset | None,
+                          model_spec: ModelSpec | None, hyperparameters: Any, instance_type: str,
+                          parallel: dict[str, Any], batch_size: int | None) -> MemoryPlan | None:
+    """The memory plan of the estimate's shape, built as :func:`training_job_create` builds the config
+    (dataset, model, shape, overrides); None when a part is missing or invalid (the create reports it)."""
+    if dataset is None or model_spec is None or model_spec.kind == ModelSpec.Kind.SCRIPT:
+        return None
+    overrides = _hyperparameters(Errors(), hyperparameters)
+    overrides.pop("code", None)
+    base = {"data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
+                     "label_column": dataset.label_column or "label"},
+            "model": _model_sections(model_spec, None)["model"], "parallel": parallel,
+            "train": {"batch_size": batch_size} if batch_size is not None else {}}
+    try:
+        config = JobConfig.from_dict(_deep_merge(base, overrides))
+    except ConfigError:
+        return None
+    if config.field_errors():
+        return None
+    return job_memory_plan(config=config, dataset=dataset, adapter=adapter, instance_type=instance_type,
+                           backend_name=backend.name)
+
+
+def _plan_input(config: JobConfig, dataset: Dataset) -> tuple[tuple[int, ...], int, str] | None:
+    """(one sample's shape, classes or vocabulary size, a note) for the memory plan of ``config`` on
+    ``dataset``; None when the dataset's shape was never read (a cloud URI) or the overrides point
+    the job at other data."""
+    data = config.data
+    if (data.format, data.uri) != (dataset.format, dataset.uri) or dataset.sample_shape is None:
+        return None
+    shape = tuple(data.image_size if s is None else int(s) for s in dataset.sample_shape)
+    if data.format == "tokens":
+        shape = (data.seq_len,) if data.seq_len else ()  # the plan reads the model's context length
+        if dataset.num_classes is None:
+            return None  # a vocabulary is no guess
+    if dataset.num_classes is None:
+        return shape, 2, (f"classes: dataset {dataset.name} was saved before Trainboard counted them; 2 assumed "
+                          f"(save it again to count them)")
+    return shape, dataset.num_classes, ""
+
+
+def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, instance_type: str,
+                    backend_name: str) -> MemoryPlan | None:
+    """The memory plan (:func:`trainer_pkg.memory_plan.plan`) of a job of ``config`` on ``dataset``,
+    checked against the GPUs of ``instance_type`` on the backend (``Backend.gpus``: the catalog's GPU
+    facts, or a GPU box's as set on it). Without a known GPU memory (a CPU type, a box without
+    ``gpu_memory_gib``) the plan is made but never refuses. None when no plan can be made: a custom
+    model (its structure is the user's), a dataset whose shape or vocabulary was not read."""
+    found = _plan_input(config, dataset)
+    if found is None or config.model.arch == CUSTOM:
+        return None
+    shape, classes, note = found
+    try:
+        gpus = adapter.gpus(instance_type)
+    except BackendError:
+        gpus = None
+    device_bytes = gpus.memory_bytes if gpus is not None else None
+    where = instance_type or f"backend {backend_name}'s default instance"
+    name = f"{where}'s {gpus.model}" if gpus is not None and gpus.model else where
+    try:
+        planned = memory_plan(config, input_shape=shape, num_classes=classes, device_bytes=device_bytes,
+                              device_name=name)
+    except PlanError:
+        return None
+    if note:
+        planned.lines.insert(1, note)
+    if gpus is not None:
+        planned.lines.append(f"device: {gpus.describe(instance_type or 'the default instance')}"
+                             + (f" — {gpus.source}" if gpus.source else ""))
+    return planned
+
+
+def memory_refusal(memory: MemoryPlan) -> str:
+    """The message that refuses a job whose plan does not fit: the summary, then the arithmetic."""
+    return (f"The job does not fit in GPU memory: it {memory.summary}. The plan per rank: "
+            + "; ".join(memory.lines) + ".")
 
 
 def _check_strategy_shape(errors: Errors, *, strategy: str, nodes: int, procs_per_node: int,
@@ -603,7 +701,7 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
                       max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
                       on_demand_price=_on_demand_price(adapter, job.instance_type, job.spot, price),
                       name=rerun_name(job), rerun_of=job, code=job.code, image=job.image, env=job.env,
-                      fingerprint=fingerprint,
+                      fingerprint=fingerprint, memory_plan=job.memory_plan,
                       team=job.team if job.team_id and job.team.members.filter(pk=owner.pk).exists() else None)
 
 

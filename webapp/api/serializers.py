@@ -552,10 +552,24 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     ranks = serializers.SerializerMethodField()
     straggler = serializers.SerializerMethodField(
         help_text="The rank the others wait for; null when no rank is meaningfully (10%) slower.")
+    memory_plan = serializers.JSONField(
+        read_only=True, allow_null=True,
+        help_text="The memory plan made when the job was created (trainer_pkg.memory_plan): per-rank bytes of "
+                  "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes, host_bytes (CPU "
+                  "offload), peak_bytes = needed_bytes, device_bytes (one GPU's memory; null = not known: never "
+                  "refused), fits, lines (the arithmetic), suggestion, summary; null when no plan could be made (a "
+                  "custom model or a script, data whose shape was not read). A job whose plan does not fit is "
+                  "refused at creation with that arithmetic.")
+    rank_memory = serializers.JSONField(
+        read_only=True, allow_null=True,
+        help_text="The trainer's last measured memory, a list indexed by rank of {peak_bytes, params_bytes, "
+                  "grads_bytes, optimizer_bytes, activations_bytes, device} (GPU: peak = "
+                  "torch.cuda.max_memory_allocated; CPU: the sum of the others); null until reported.")
 
     class Meta(TrainingJobSerializer.Meta):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
-                                                      "events", "metrics", "ranks", "straggler"]
+                                                      "events", "metrics", "ranks", "straggler", "memory_plan",
+                                                      "rank_memory"]
         read_only_fields = fields
 
     @extend_schema_field(JobCodeSerializer)
