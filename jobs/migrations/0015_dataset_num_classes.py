@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0013_memory_plan'),
+        ('jobs', '0014_dataset_format_tokens'),
     ]
 
     operations = [
