@@ -45,6 +45,10 @@ def test_launch_job_and_watch_it_succeed(live_server, celery_worker_process, bro
     page.wait_for_function(
         "() => (document.getElementById('estimate-figure') || {}).textContent"
         " === '$0.60 max (600 s × 1 node × $3.60/h)'")
+    # The memory plan beside it: this box has no GPU memory set, so the plan is shown, never a refusal.
+    plan = page.inner_text("#memory-plan-summary")
+    assert re.fullmatch(r"Memory: needs [\d.]+ [KM]iB per rank \(no GPU memory known for this target: not checked\)",
+                        plan), plan
     page.click("#launch")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     job = TrainingJob.objects.get(name="browser-digits")
