@@ -41,6 +41,9 @@ class TokenStream:
     """(tokens,) uint16/uint32 memmaps, one per file; never copied whole."""
     paths: tuple[str, ...]
     """The shard files, absolute, in the same order."""
+    offsets: tuple[int, ...] = ()
+    """Byte offset in its file of each shard's first token (a .npy's header, a held-out tail's
+    start); () = 0 for every shard."""
 
     @property
     def num_tokens(self) -> int:
@@ -48,11 +51,43 @@ class TokenStream:
 
     def window(self, shard: int, start: int, length: int) -> np.ndarray:
         """Tokens ``start … start + length − 1`` of shard ``shard`` as a new int64 array (length,).
-        Raises IndexError when the window runs past the shard's end."""
+        Raises IndexError when the window runs past the shard's end.
+
+        Read from the file (one ``pread``), not through the memory map: a page touched through a
+        map stays mapped, and counts in the process's resident set until it is unmapped, so random
+        windows over a large map would grow a rank's RSS towards the dataset's size (nanoGPT
+        re-creates its memmap every batch for the same reason). The page cache still serves
+        repeated reads, and the kernel can drop it under memory pressure."""
         s = self.shards[shard]
         if start < 0 or start + length > len(s):
             raise IndexError(f"window {start}+{length} outside shard {self.paths[shard]} of {len(s)} tokens")
-        return np.asarray(s[start:start + length], dtype=np.int64)
+        return _read(self.paths[shard], s.dtype, (self.offsets[shard] if self.offsets else 0)
+                     + start * s.dtype.itemsize, length).astype(np.int64)
+
+
+# Open shard files, by path, for _read: a window is one pread, not an open, a read and a close.
+# Bounded, so a dataset of many thousands of shards never exhausts the process's file descriptors.
+_OPEN_SHARDS: dict[str, int] = {}
+_MAX_OPEN_SHARDS = 128
+
+
+def _fd(path: str) -> int:
+    fd = _OPEN_SHARDS.get(path)
+    if fd is None:
+        if len(_OPEN_SHARDS) >= _MAX_OPEN_SHARDS:
+            os.close(_OPEN_SHARDS.pop(next(iter(_OPEN_SHARDS))))  # the longest open
+        fd = _OPEN_SHARDS[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    return fd
+
+
+def _read(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+    """``count`` tokens of ``dtype`` from ``path`` at byte ``offset``, read (not mapped)."""
+    want = count * dtype.itemsize
+    data = os.pread(_fd(path), want, offset)
+    if len(data) != want:
+        raise OSError(f"shard {path} ended after {len(data) // dtype.itemsize} of {count} tokens at byte "
+                      f"{offset:,}: was it truncated?")
+    return np.frombuffer(data, dtype=dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,18 +185,22 @@ def _hold_out_tail(train: TokenStream, val_fraction: float, meta_path: str) -> t
         raise ConfigError(f"{meta_path} lists no val shards and data.val_fraction {val_fraction:g} of its "
                           f"{total:,} train tokens leaves no validation tokens or no training ones: list val "
                           "shards under splits.val or change data.val_fraction")
-    keep, tail_shards, tail_paths = total - n_val, [], []
-    head_shards, head_paths, seen = [], [], 0
-    for shard, path in zip(train.shards, train.paths):
+    keep, seen = total - n_val, 0
+    head: list[tuple[np.ndarray, str, int]] = []
+    tail: list[tuple[np.ndarray, str, int]] = []
+    for i, (shard, path) in enumerate(zip(train.shards, train.paths)):
+        base = train.offsets[i] if train.offsets else 0
         cut = min(max(keep - seen, 0), len(shard))
         if cut >= 2:
-            head_shards.append(shard[:cut])
-            head_paths.append(path)
+            head.append((shard[:cut], path, base))
         if len(shard) - cut >= 2:
-            tail_shards.append(shard[cut:])
-            tail_paths.append(path)
+            tail.append((shard[cut:], path, base + cut * shard.dtype.itemsize))
         seen += len(shard)
-    return TokenStream(tuple(head_shards), tuple(head_paths)), TokenStream(tuple(tail_shards), tuple(tail_paths))
+    return _stream(head), _stream(tail)
+
+
+def _stream(parts: list[tuple[np.ndarray, str, int]]) -> TokenStream:
+    return TokenStream(tuple(p[0] for p in parts), tuple(p[1] for p in parts), tuple(p[2] for p in parts))
 
 
 # Tokens at each end of a shard checked against vocab_size when it is opened (a wrong dtype or
@@ -175,7 +214,7 @@ def _open_split(root: str, meta_path: str, name: str, files: Any, dtype: str, vo
     if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
         errors.append(f"{meta_path}: splits.{name} must list at least one shard file (paths relative to {root})")
         return TokenStream((), ())
-    shards, paths = [], []
+    parts: list[tuple[np.ndarray, str, int]] = []
     itemsize = np.dtype(dtype).itemsize
     for rel in files:
         path = os.path.normpath(os.path.join(root, rel))
@@ -210,14 +249,20 @@ def _open_split(root: str, meta_path: str, name: str, files: Any, dtype: str, vo
         if len(arr) < 2:
             errors.append(f"shard {path} holds {len(arr)} token(s); a shard needs at least 2")
             continue
-        ends = max(int(arr[:_CHECKED_TOKENS].max()), int(arr[-_CHECKED_TOKENS:].max()))
+        offset = int(getattr(arr, "offset", 0))  # a .npy's header
+        head = min(len(arr), _CHECKED_TOKENS)
+        try:  # read, not through the map (see TokenStream.window)
+            ends = max(int(_read(path, arr.dtype, offset, head).max()),
+                       int(_read(path, arr.dtype, offset + (len(arr) - head) * itemsize, head).max()))
+        except OSError as exc:
+            errors.append(str(exc))
+            continue
         if ends >= vocab:
             errors.append(f"shard {path} holds token id {ends:,}, not below vocab_size {vocab:,}: meta.json's "
                           "vocab_size or dtype does not match the shards")
             continue
-        shards.append(arr)
-        paths.append(path)
-    return TokenStream(tuple(shards), tuple(paths))
+        parts.append((arr, path, offset))
+    return _stream(parts)
 
 
 @dataclasses.dataclass(frozen=True)

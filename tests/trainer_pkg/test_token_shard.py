@@ -154,3 +154,31 @@ def test_errors_name_the_setting_to_change(data):
     assert _shard(data, batch_size=200).batches == 1  # without drop_last: one smaller batch
     with pytest.raises(ConfigError, match="no validation shard holds the 501 tokens"):
         validation_windows(data, seq_len=500, count=4, seed=0)
+
+
+def _rss_file_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1])
+
+
+def test_windows_are_read_not_mapped_so_the_resident_set_stays_flat(tmp_path):
+    """Pages touched through a memory map stay in the process's resident set: 2,000 random windows
+    over a 128 MiB shard would map most of it (the kernel maps whole large folios around a fault).
+    Windows are read with pread instead, and the file's pages never enter this process's RSS."""
+    root = tmp_path / "d"
+    rng = np.random.default_rng(0)
+    write_tokens(str(root), vocab_size=256, train=[rng.integers(0, 256, 64 << 20, dtype=np.uint16)],
+                 val=[np.arange(100)])
+    data = open_tokens(str(root))
+    shard = _shard(data, seq_len=64, batch_size=20, dp_size=1)
+    before = _rss_file_kb()
+    order = shard.epoch_order(0)
+    windows = [shard.batch(order, i, CPU)[1] for i in range(100)]
+    assert len(windows) == 100 and _rss_file_kb() - before < 8 * 1024  # < 8 MiB of 128 MiB
+    # .npy shards (a header before the tokens) and a held-out tail read the right tokens too
+    np.save(root / "train" / "000001.npy", np.arange(5000, dtype=np.uint16))
+    write_meta(str(root), dtype="uint16", vocab_size=5000, splits={"train": ["train/000001.npy"]})
+    npy = open_tokens(str(root), val_fraction=0.1)
+    assert npy.train.window(0, 10, 5).tolist() == [10, 11, 12, 13, 14]
+    assert npy.val.window(0, 0, 3).tolist() == [4500, 4501, 4502] and npy.val.num_tokens == 500
