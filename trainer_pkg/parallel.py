@@ -58,6 +58,7 @@ empty and the optimizer skips them).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import time
@@ -227,6 +228,9 @@ class Strategy:
     computes_loss: bool = True
     #: skip each epoch's incomplete last batch (pipeline: fixed activation shapes)
     drop_last_batch: bool = False
+
+    #: True where the strategy computes in bf16 itself (FSDP2's mixed precision policy): no autocast
+    casts_parameters: bool = False
 
     module: nn.Module  # the local, unwrapped module (the whole model, or a pipeline stage)
     _compute_s: float = 0.0
@@ -405,17 +409,33 @@ def fsdp_units(model: nn.Module, shard_classes: list[str], *, custom: bool) -> l
 class FSDPStrategy(Strategy):
     name = "fsdp"
 
-    def __init__(self, model: nn.Module, device: torch.device, units: list[nn.Module] | None = None):
+    def __init__(self, model: nn.Module, device: torch.device, units: list[nn.Module] | None = None, *,
+                 bf16: bool = False, cpu_offload: bool = False):
         """``units``: the submodules sharded one ``fully_shard`` each before the root
-        (:func:`fsdp_units`; default: each of :func:`trainer_pkg.models.sequential_layers`)."""
+        (:func:`fsdp_units`; default: each of :func:`trainer_pkg.models.sequential_layers`).
+
+        ``bf16`` (``train.precision`` bf16): every ``fully_shard`` gets FSDP2's
+        ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: the fp32 shards are
+        all-gathered as bf16, forward and backward compute in bf16, gradients are reduce-scattered
+        in fp32 into fp32 gradient shards and the optimizer steps the fp32 shards (no autocast:
+        :attr:`casts_parameters`). ``cpu_offload`` (``parallel.cpu_offload``): ``CPUOffloadPolicy``,
+        the shards, their gradients and the optimizer state live in CPU memory and are copied to the
+        device for each unit's forward and backward (pinned memory on a GPU)."""
         if units is None:
             units = [m for _, m in sequential_layers(model)]
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(device.type, (self.dp_size,))
         self._blocked_s = 0.0
+        self.reduce_scatters = 0
+        """Gradient reduce-scatters run so far (one per sharded unit with gradients per synced step)."""
+        self.casts_parameters = bf16
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+                  else MixedPrecisionPolicy())
+        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+        self.cpu_offload = cpu_offload
         sharded = []
         for layer in units:
             if any(p.requires_grad for p in layer.parameters()):
@@ -425,8 +445,8 @@ class FSDPStrategy(Strategy):
         """Class names of the submodules sharded on their own (before the root), for the run's log."""
         self.unit_count = len(sharded)
         for layer in sharded:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
+        fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
         self.module = model
         for m in sharded + [model]:
             m.set_custom_all_gather(_TimedAllGather(self))
@@ -507,6 +527,7 @@ class _TimedReduceScatter(_TimedAllGather):
         start = time.perf_counter()
         dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op)
         self.owner._blocked_s += time.perf_counter() - start
+        self.owner.reduce_scatters += 1
 
 
 def _timed_stage_class():
@@ -679,6 +700,55 @@ class PipelineStrategy(Strategy):
             optimizer.load_state_dict(optimizer_state_by_index(optimizer_state, self.parameter_names()))
 
 
+# -- large-model features applied to the plain model before it is wrapped (torchtitan's order:
+# activation checkpointing, then compile, then fully_shard) ------------------------------------------
+
+
+def _checkpointed(forward: Any) -> Any:
+    """``forward`` run under non-reentrant ``torch.utils.checkpoint``: the activations it would save
+    for backward are dropped and recomputed when backward reaches them; only its inputs are kept."""
+    from torch.utils.checkpoint import checkpoint
+
+    from trainer_pkg.memory import note_checkpoint_inputs
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        note_checkpoint_inputs(args)  # what the checkpoint keeps, for the measured activation bytes
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def maybe_apply_ac(units: list[nn.Module], enabled: bool) -> None:
+    """``parallel.activation_checkpointing``: each unit's forward (each sharded unit of
+    :func:`fsdp_units`: each ``Block`` of gpt, each layer with weights of a built-in model) runs
+    under non-reentrant ``torch.utils.checkpoint``; nothing when off.
+
+    The forward is replaced on the instance instead of wrapping the module in ``checkpoint_wrapper``,
+    so parameter names, state dicts and checkpoints stay those of the plain model. A unit that
+    saves no more than its input (a lone ``Linear``) saves nothing by it: a block of several layers
+    does. Recomputation runs the forward twice: a BatchNorm inside a unit updates its running
+    statistics twice per step."""
+    if not enabled:
+        return
+    for unit in units:
+        unit.forward = _checkpointed(unit.forward)
+
+
+def maybe_apply_compile(model: nn.Module, units: list[nn.Module], enabled: bool) -> None:
+    """``train.compile``: ``torch.compile`` each of ``units`` (FSDP: each sharded unit, as torchtitan
+    compiles each transformer block, so FSDP's all-gathers between units stay outside the compiled
+    graphs) or, with no units (DDP), the whole model; nothing when off.
+
+    The instance's ``forward`` is compiled (module hooks, FSDP's among them, run outside it) and the
+    module is not replaced, so names and state dicts are unchanged. The first steps compile (seconds
+    to minutes); on CPU that needs a C++ compiler (inductor)."""
+    if not enabled:
+        return
+    for m in units or [model]:
+        m.forward = torch.compile(m.forward)
+
+
 def make_strategy(cfg: JobConfig, model: nn.Module, device: torch.device) -> Strategy:
     """Collective: place ``model`` (built identically on every rank) for ``cfg.parallel.strategy``.
 
@@ -693,11 +763,18 @@ def make_strategy(cfg: JobConfig, model: nn.Module, device: torch.device) -> Str
     if errs:
         raise StrategyError("; ".join(f"{k}: {v}" for k, v in errs.items()))
     p = cfg.parallel
+    units: list[nn.Module] = []
+    if p.strategy == "fsdp" or (p.strategy == "ddp" and p.activation_checkpointing):
+        # DDP checkpoints the units FSDP would shard (model.shard_classes, e.g. each Block)
+        units = fsdp_units(model, cfg.model.shard_classes, custom=cfg.model.arch == CUSTOM)
+        units = [u for u in units if any(q.requires_grad for q in u.parameters())]
+    if p.strategy in ("ddp", "fsdp"):
+        maybe_apply_ac(units, p.activation_checkpointing)
+        maybe_apply_compile(model, units if p.strategy == "fsdp" else [], cfg.train.compile)
     if p.strategy == "ddp":
         return DDPStrategy(model, device, find_unused_parameters=cfg.train.find_unused_parameters)
     if p.strategy == "fsdp":
-        units = fsdp_units(model, cfg.model.shard_classes, custom=cfg.model.arch == CUSTOM)
-        return FSDPStrategy(model, device, units)
+        return FSDPStrategy(model, device, units, bf16=cfg.train.precision == "bf16", cpu_offload=p.cpu_offload)
     if p.strategy == "pipeline":
         stages = pipeline_stage_count(p, world)
         units = pipeline_units(sequential_layers(model))

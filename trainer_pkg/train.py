@@ -113,7 +113,9 @@ from torch.utils.data import DistributedSampler
 
 from trainer_pkg import world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
+from trainer_pkg import sharded_checkpoint
 from trainer_pkg.datasets import Dataset, Samples, describe, load_dataset
+from trainer_pkg.memory import SavedActivations, gather_rank_memory, rank_memory
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
@@ -806,6 +808,35 @@ def save_checkpoint(path: str, *, strategy: Strategy, optimizer: torch.optim.Opt
     dist.barrier()
 
 
+def save_sharded_checkpoint(path: str, *, strategy: Strategy, optimizer: torch.optim.Optimizer,
+                            scheduler: torch.optim.lr_scheduler.LRScheduler, epoch: int, batches_done: int,
+                            step: int, cfg: JobConfig, topo: Topology) -> None:
+    """Collective: :func:`save_checkpoint`'s contents as a sharded checkpoint in the directory
+    ``path`` (``output.checkpoint_format`` sharded, :mod:`trainer_pkg.sharded_checkpoint`): every rank
+    writes its own shards of the model and optimizer state, rank 0 the loop position, schedule,
+    every rank's RNG and the config; no rank gathers the whole model."""
+    rngs: list[Any] = [None] * topo.world_size
+    dist.all_gather_object(rngs, _rng_state())
+    meta = {"version": CHECKPOINT_VERSION, "strategy": strategy.name, "scheduler": scheduler.state_dict(),
+            "scaler": None, "epoch": epoch, "batches_done": batches_done, "step": step, "sampler_epoch": epoch,
+            "world_size": topo.world_size, "rng": rngs, "config": cfg.to_dict()}
+    sharded_checkpoint.write(path, strategy.module, optimizer, meta, step=step)
+
+
+def load_sharded_checkpoint_meta(path: str) -> dict[str, Any] | None:
+    """The loop position, schedule and RNG of the sharded checkpoint directory ``path`` (or of the
+    previous one a killed save left as ``path.old``), with ``format`` ``sharded`` and its ``path``;
+    None when there is none. The model and optimizer state are read by :func:`maybe_resume` once
+    they are placed. Raises :class:`TrainerError` for an unreadable one."""
+    found = sharded_checkpoint.find_checkpoint(path)
+    if found is None:
+        return None
+    try:
+        return sharded_checkpoint.read_meta(found)
+    except ValueError as exc:
+        raise TrainerError(f"checkpoint {found} cannot be read ({exc}); delete it to start over") from None
+
+
 def load_checkpoint(path: str, device: torch.device | str = "cpu") -> dict[str, Any]:
     """A checkpoint written by :func:`save_checkpoint`, tensors mapped onto ``device``; the model's
     state dict has no ``module.`` prefix (files from older trainers that kept it are accepted)."""
@@ -857,7 +888,9 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     """One rank's run, top to bottom: setup, data, model, resume, loop, save. Every rank runs the
     same collectives in the same order."""
     t = cfg.train
-    ckpt_path = os.path.join(cfg.output.resolved_checkpoint_dir, CHECKPOINT_NAME)
+    sharded = cfg.output.checkpoint_format == "sharded"
+    ckpt_path = (sharded_checkpoint.checkpoint_dir_path(cfg.output.resolved_checkpoint_dir) if sharded
+                 else os.path.join(cfg.output.resolved_checkpoint_dir, CHECKPOINT_NAME))
     model_path = os.path.join(cfg.output.output_dir, "model.pt")
     _log(topo, f"world size {topo.world_size} ({backend} on {device.type}), "
                f"{torch.get_num_threads()} CPU thread(s) per rank")
@@ -883,7 +916,10 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             check_first_batch(model, first, num_classes=data.num_classes, entry_point=cfg.model.entry_point,
                               code_dir=cfg.code.dir, autocast=autocast)
         n_params = sum(p.numel() for p in model.parameters())
-        ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
+        if sharded:
+            ckpt = load_sharded_checkpoint_meta(ckpt_path)
+        else:
+            ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
         if topo.is_main:
             _remove_leftovers(topo, ckpt_path, model_path)
 
@@ -894,14 +930,16 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         shard = make_shard(data, strategy, cfg)
         total_steps = t.epochs * math.ceil(shard.batches / t.grad_accum_steps)
         scheduler = maybe_resume(ckpt, ckpt_path, strategy, optimizer, t, total_steps)
+        if strategy.casts_parameters:  # FSDP2's mixed precision policy computes in bf16 itself
+            autocast = contextlib.nullcontext()
     start_epoch, start_batch, step = _resume_position(ckpt, ckpt_path, topo, t.seed)
     shown = f"custom {cfg.model.entry_point}" if cfg.model.arch == CUSTOM else cfg.model.arch
     _log(topo, f"data {describe(data)}; model {shown} ({n_params:,} parameters); "
-               f"{_describe_strategy(strategy, t)}")
+               f"{_describe_strategy(strategy, t, cfg.parallel)}")
 
     x_val, y_val = validation_set(data, cfg)
-    save = functools.partial(save_checkpoint, ckpt_path, strategy=strategy, optimizer=optimizer,
-                             scheduler=scheduler, cfg=cfg, topo=topo)
+    save = functools.partial(save_sharded_checkpoint if sharded else save_checkpoint, ckpt_path,
+                             strategy=strategy, optimizer=optimizer, scheduler=scheduler, cfg=cfg, topo=topo)
     progress = Progress(step)
     nonfinite = NonfiniteLoss(device)
     stepper = Stepper(strategy, optimizer, scheduler, shard, Window(device), nonfinite, progress, autocast, t)
@@ -914,7 +952,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         first_step, last_step_s = step + 1, 0.0
         for epoch in range(start_epoch, t.epochs):
             order = shard.epoch_order(epoch)
-            b = start_batch if epoch == start_epoch else 0
+            b = epoch_start = start_batch if epoch == start_epoch else 0
             while b < shard.batches:
                 if agreements.due(progress.step):
                     stopping, nonfinite_code = agreements.read()
@@ -924,7 +962,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                                      ckpt_path=ckpt_path)
                     agreements.start(progress.step, last_step_s, nonfinite.code())
                 batches = range(b, min(b + t.grad_accum_steps, shard.batches))
-                last_step_s = stepper.step(batches, order)
+                # the saved activations are measured on each epoch's first step only (rank_memory)
+                last_step_s = stepper.step(batches, order, measure_activations=b == epoch_start)
                 b = batches.stop
                 recorder.flush()  # the previous step's record: its gather has finished by now
                 if progress.step == first_step:
@@ -938,7 +977,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
             digests: list[Any] = [None] * topo.world_size
             dist.all_gather_object(digests, sample_order_digest(order))
-            recorder.report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests)
+            recorder.report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests,
+                            rank_memory=measured_memory(stepper, device))
             _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
             save(epoch=epoch + 1, batches_done=0, step=progress.step)
         agreements.finish()
@@ -949,7 +989,10 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         if topo.is_main:
             _atomic_torch_save(state, model_path)
         dist.barrier()
-        recorder.report("completed", max(t.epochs - 1, 0))
+        recorder.report("completed", max(t.epochs - 1, 0), rank_memory=measured_memory(stepper, device))
+        if strategy.name == "fsdp":  # one per sharded unit per step: none while gradients accumulate
+            _log(topo, f"fsdp: {strategy.reduce_scatters} gradient reduce-scatter(s) in "
+                       f"{progress.step - step} optimizer step(s) on rank 0")
         _log(topo, f"done: {model_path}")
         return 0
 
@@ -1005,8 +1048,20 @@ def _check_job_fits(cfg: JobConfig, data: Dataset, world_size: int) -> None:
 
 def _remove_leftovers(topo: Topology, *paths: str) -> None:
     for path in paths:
-        for leftover in remove_stale_temp_files(path):
+        for leftover in remove_stale_temp_files(path) + sharded_checkpoint.remove_stale_temp_dirs(path):
             _log(topo, f"removed {leftover}, left half-written by an earlier run that was killed")
+
+
+def measured_memory(stepper: "Stepper", device: torch.device) -> list[dict[str, Any]]:
+    """Collective: every rank's measured memory (:func:`trainer_pkg.memory.rank_memory`: its
+    parameters, gradients and optimizer state as it holds them now, after a step, and the saved
+    activations last measured), indexed by rank: the ``rank_memory`` of ``epoch`` and ``completed``
+    records."""
+    reshard = getattr(stepper.strategy.module, "reshard", None)
+    if reshard is not None:  # FSDP: the root stays unsharded after a forward (evaluation); count its shards
+        reshard()
+    mine = rank_memory(stepper.strategy.parameters(), stepper.optimizer, device, stepper.activation_bytes)
+    return gather_rank_memory(mine)
 
 
 def maybe_resume(ckpt: dict[str, Any] | None, ckpt_path: str, strategy: Strategy, optimizer: torch.optim.Optimizer,
@@ -1022,7 +1077,10 @@ def maybe_resume(ckpt: dict[str, Any] | None, ckpt_path: str, strategy: Strategy
     if ckpt is None:
         return scheduler
     try:
-        strategy.load(ckpt["model"], optimizer, ckpt.get("optimizer"))
+        if ckpt.get("format") == "sharded":  # any world size: DCP reshards
+            sharded_checkpoint.load(ckpt["path"], strategy.module, optimizer)
+        else:
+            strategy.load(ckpt["model"], optimizer, ckpt.get("optimizer"))
         if ckpt.get("scheduler"):
             scheduler.load_state_dict(ckpt["scheduler"])
         else:  # a checkpoint from before schedules: the lr the schedule gives at its step
@@ -1067,10 +1125,13 @@ class Stepper:
         self.shard, self.window, self.nonfinite, self.progress = shard, window, nonfinite, progress
         self.autocast, self.t = autocast, t
         self.device = window.device
+        self.activation_bytes = 0
+        """Bytes saved for backward by one batch's forward, as last measured (:mod:`trainer_pkg.memory`)."""
 
-    def step(self, batches: range, order: torch.Tensor) -> float:
+    def step(self, batches: range, order: torch.Tensor, *, measure_activations: bool = False) -> float:
         """One optimizer step over the epoch's batches ``batches`` (indices into ``order``, this
-        rank's :meth:`TrainShard.epoch_order`); returns the seconds it took."""
+        rank's :meth:`TrainShard.epoch_order`); returns the seconds it took. ``measure_activations``:
+        count the bytes the first batch's forward saves for backward into :attr:`activation_bytes`."""
         tick = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         data_seconds = 0.0
@@ -1079,9 +1140,13 @@ class Stepper:
             start, xb, yb = self.shard.batch(order, index, self.device)
             xb = maybe_flip(xb, self.t.augment)
             data_seconds += time.perf_counter() - data_tick
+            meter = SavedActivations() if measure_activations and index == batches[0] else contextlib.nullcontext()
             # Each batch's mean loss weighs 1/len(batches): the step's gradient is the mean over them.
-            out = self.strategy.forward_backward(xb, yb, loss_scale=1.0 / len(batches), sync=index == batches[-1],
-                                                 autocast=self.autocast)
+            with meter:
+                out = self.strategy.forward_backward(xb, yb, loss_scale=1.0 / len(batches),
+                                                     sync=index == batches[-1], autocast=self.autocast)
+            if isinstance(meter, SavedActivations):
+                self.activation_bytes = meter.bytes
             keep, real = self.shard.padding(start, len(yb))
             if out is not None:  # (out's tensors are detached: no autograd here)
                 self.nonfinite.see(out.loss, self.progress.step + 1)
@@ -1234,7 +1299,7 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, t: TrainConfig, total_steps: 
         last_epoch=step - 1)
 
 
-def _describe_strategy(strategy: Any, t: Any) -> str:
+def _describe_strategy(strategy: Any, t: Any, p: Any) -> str:
     s = strategy.name
     if s == "fsdp":
         s += f": {strategy.unit_count} submodule(s) sharded on their own ({', '.join(strategy.unit_classes) or 'none'}), then the root"
@@ -1244,7 +1309,14 @@ def _describe_strategy(strategy: Any, t: Any) -> str:
     if t.grad_accum_steps > 1:
         s += f"; {t.grad_accum_steps} batches per optimizer step"
     if t.precision != "fp32":
-        s += f"; {t.precision} autocast"
+        s += f"; {t.precision} " + ("parameters (FSDP2 mixed precision, fp32 gradient reduction)"
+                                    if getattr(strategy, "casts_parameters", False) else "autocast")
+    if getattr(strategy, "cpu_offload", False):
+        s += "; shards offloaded to CPU memory"
+    if p.activation_checkpointing:
+        s += "; activation checkpointing per unit"
+    if t.compile:
+        s += "; torch.compile"
     return s
 
 

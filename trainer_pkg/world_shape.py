@@ -50,7 +50,7 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
     if p.microbatches < 1:
         errs["parallel.microbatches"] = f"must be at least 1, got {p.microbatches}"
     if p.strategy != "pipeline" or errs:
-        return errs
+        return {**errs, **feature_errors(cfg)}
     stages = pipeline_stage_count(p, world_size)
     if stages < 2:
         errs["parallel.pipeline_stages"] = (
@@ -76,6 +76,31 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
             errs["parallel.pipeline_stages"] = (
                 f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
                 f"parameters has {plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
+    return {**errs, **feature_errors(cfg)}
+
+
+def feature_errors(cfg: JobConfig) -> dict[str, str]:
+    """The large-model settings the job's strategy cannot run, keyed by dotted field name:
+    ``parallel.cpu_offload`` needs fsdp (FSDP2's ``CPUOffloadPolicy`` moves the shards it holds);
+    activation checkpointing, sharded checkpoints and ``train.compile`` are for ddp and fsdp, not
+    a pipeline's stages. Empty when they fit."""
+    p, errs = cfg.parallel, {}
+    if p.cpu_offload and p.strategy != "fsdp":
+        errs["parallel.cpu_offload"] = (
+            f"CPU offload keeps FSDP's parameter, gradient and optimizer shards in CPU memory; strategy "
+            f"{p.strategy} has no shards: set parallel.strategy to fsdp, or turn parallel.cpu_offload off")
+    if p.strategy == "pipeline":
+        fix = "use strategy ddp or fsdp, or turn it off"
+        if p.activation_checkpointing:
+            errs["parallel.activation_checkpointing"] = (
+                f"activation checkpointing is applied per sharded unit under ddp and fsdp, not to a "
+                f"pipeline's stages: {fix}")
+        if cfg.output.checkpoint_format == "sharded":
+            errs["output.checkpoint_format"] = (
+                "sharded checkpoints map ddp and fsdp models, not a pipeline's stages: use checkpoint_format "
+                "full with a pipeline (it also resumes under another strategy or world size), or strategy ddp or fsdp")
+        if cfg.train.compile:
+            errs["train.compile"] = f"torch.compile is applied under ddp and fsdp, not to a pipeline's stages: {fix}"
     return errs
 
 
