@@ -112,10 +112,13 @@ class ParallelConfig:
     """Processes (ranks) per machine; world size = nodes × procs_per_node."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's (each sharded unit's) activations during backward instead
-    of keeping them from the forward pass: less memory per rank for about a third more compute."""
+    of keeping them from the forward pass: less memory per rank for about a third more compute.
+    ddp and fsdp (the units are those FSDP shards: ``model.shard_classes``, else each layer with
+    weights); refused with a pipeline. A unit that is a single layer saves little by it."""
     cpu_offload: bool = False
-    """FSDP only: keep parameters, gradients and optimizer state in CPU memory between uses
-    (FSDP2 ``CPUOffloadPolicy``), for a model whose shards do not fit the GPU; the optimizer steps on the CPU."""
+    """FSDP only (refused with ddp and pipeline): keep parameters, gradients and optimizer state in
+    CPU memory between uses (FSDP2 ``CPUOffloadPolicy``), for a model whose shards do not fit the
+    GPU; the optimizer steps on the CPU. Runs on a CPU-only machine too (nothing to move)."""
     dist_backend: DistBackend = "auto"
     """Process-group backend: ``auto`` picks nccl when CUDA is available, gloo otherwise."""
     timeout_s: int = 600
@@ -153,8 +156,11 @@ class TrainConfig:
     SIGTERM (between 1 and 50 steps apart; 0 = at every step). A signal is acted on within about
     twice this: keep it far below the platform's grace period (SageMaker, spot: 120 s)."""
     precision: Precision = "fp32"
-    """``bf16``: forward passes under bfloat16 autocast (weights, gradients and optimizer stay fp32;
-    no loss scaling needed). Refused on a device without bf16 support."""
+    """``bf16``: ddp and pipeline run forward passes under bfloat16 autocast (weights, gradients and
+    optimizer stay fp32; no loss scaling needed). fsdp uses FSDP2's mixed precision policy instead
+    (``param_dtype`` bfloat16, ``reduce_dtype`` float32): the fp32 shards are all-gathered as bf16,
+    forward and backward compute in bf16, gradients are reduced in fp32 into fp32 shards that the
+    optimizer steps. Refused on a device without bf16 support."""
     grad_accum_steps: int = 1
     """Batches whose gradients are summed before each optimizer step (no gradient sync between
     ranks until the last of them): the optimizer's batch is batch_size × this × data-parallel ranks."""
@@ -178,7 +184,9 @@ class TrainConfig:
     epochs); 0 = run all ``epochs``."""
     compile: bool = False
     """``torch.compile`` the model before training (faster steps on GPU after a compile of a minute
-    or so); off by default, and rarely worth it on CPU."""
+    or so): under fsdp each sharded unit on its own (as torchtitan compiles each block), under ddp
+    the whole model; refused with a pipeline. Off by default, and rarely worth it on CPU (it needs
+    a C++ compiler there)."""
     on_nonfinite_loss: OnNonfiniteLoss = "stop"
     """When the training loss becomes NaN or infinite (a diverged run: too high a learning rate, bad
     data): ``stop`` ends the run as failed with "loss became NaN at step N" (no checkpoint is written
@@ -194,10 +202,12 @@ class OutputConfig:
     """Where per-epoch checkpoints go; "" means ``<output_dir>/checkpoints``."""
 
     checkpoint_format: CheckpointFormat = "full"
-    """``full``: one ``checkpoint.pt`` with the whole model and optimizer, written by rank 0.
-    ``sharded``: a ``torch.distributed.checkpoint`` directory written by every rank in parallel (each
-    its own shards; no rank ever holds the whole model), which resumes on any world size.
-    ``model.pt`` is always the whole model's bare state dict."""
+    """``full``: one ``last.pt`` with the whole model and optimizer, written by rank 0.
+    ``sharded``: a ``torch.distributed.checkpoint`` directory, ``checkpoint/``, written by every rank
+    in parallel (each its own shards; no rank ever holds the whole model), which resumes on any world
+    size under ddp or fsdp (refused with a pipeline); every rank must see the same
+    ``checkpoint_dir``. Each format resumes from its own file. ``model.pt`` is always the whole
+    model's bare state dict."""
 
     @property
     def resolved_checkpoint_dir(self) -> str:

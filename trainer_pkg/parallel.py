@@ -47,6 +47,12 @@ model) under every strategy, and the optimizer state keyed by parameter name (th
 checkpoint written by one strategy loads into another, and ``model.pt`` loads into
 ``build_model(...)`` without any wrapper.
 
+A sharded checkpoint (``output.checkpoint_format`` sharded, ddp and fsdp) is written instead by
+every rank through ``torch.distributed.checkpoint`` (:mod:`trainer_pkg.sharded_checkpoint`), from the
+same parameter names. Before wrapping, :func:`make_strategy` applies the large-model settings to the
+plain model in torchtitan's order: :func:`maybe_apply_ac`, :func:`maybe_apply_compile`, then
+``fully_shard`` with FSDP2's mixed precision and offload policies (docs/large-models.md).
+
 Parameters that get no gradient (an auxiliary head switched off): DDP is built with
 ``find_unused_parameters=False`` (no graph search each step). If a parameter gets no gradient in the
 first step, the run stops with a message naming it and the flag to set,

@@ -46,7 +46,9 @@ What a run does, top to bottom in :func:`train`:
    The shape (stages against ranks, micro-batches against the batch size, stages against layers) is
    checked against the ranks the launcher started before any of that, with the arithmetic shown.
 4. Resume: if ``<checkpoint_dir>/last.pt`` exists the run continues where it stopped (model,
-   optimizer, lr schedule, epoch, position inside the epoch, RNG). Delete it to start over.
+   optimizer, lr schedule, epoch, position inside the epoch, RNG). Delete it to start over. With
+   ``output.checkpoint_format`` sharded the same lives in ``<checkpoint_dir>/checkpoint/``
+   (``torch.distributed.checkpoint``, every rank its own shards: :mod:`trainer_pkg.sharded_checkpoint`).
 5. Loop: each optimizer step takes ``train.grad_accum_steps`` batches (gradients synchronised only on
    the last: DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``), under bf16 autocast when
    ``train.precision`` says so, clips the global gradient norm (``train.grad_clip_norm``), steps the
@@ -60,6 +62,11 @@ Parameters that get no gradient (an auxiliary head switched off): DDP runs with
 ``find_unused_parameters=False``; such a model stops at its first step with an error naming the
 parameters and the flag to set (``train.find_unused_parameters``). FSDP and pipeline need no flag.
 See :mod:`trainer_pkg.parallel`.
+
+Large models (docs/large-models.md): FSDP2's bf16 mixed precision policy, activation checkpointing
+per unit, CPU offload and ``torch.compile`` are applied by :func:`trainer_pkg.parallel.make_strategy`;
+``epoch`` and ``completed`` records carry each rank's measured memory, ``rank_memory``
+(:mod:`trainer_pkg.memory`).
 
 Metrics: rank 0 appends one JSON record per line to ``<output_dir>/metrics.jsonl`` and prints it on
 stdout (see :mod:`trainer_pkg.metrics`). Values are global: sums and counts all-reduced over ranks

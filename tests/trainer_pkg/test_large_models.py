@@ -151,9 +151,10 @@ def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_on_four(setup, fsd
     checkpoint = setup[0] / "fsdp" / "out" / "checkpoints" / "checkpoint"
     assert (checkpoint / ".metadata").is_file() and (checkpoint / "trainboard.pt").is_file()
     assert not (checkpoint / "model.pt").exists() and not list(checkpoint.parent.glob(".checkpoint.tmp-*"))
-    # epochs 1 again: nothing left to train, so model.pt is what each world size loaded
-    for nproc in (1, 4):
-        loaded, _, stdout = run(setup, f"resume{nproc}", nproc=nproc, checkpoints_from="fsdp")
+    # epochs 1 again: nothing left to train, so model.pt is what each world size loaded (1 rank: ddp)
+    for nproc, strategy in ((1, "ddp"), (4, "fsdp")):
+        loaded, _, stdout = run(setup, f"resume{nproc}", nproc=nproc, checkpoints_from="fsdp",
+                                parallel={"strategy": strategy})
         assert f"resuming from {setup[0]}/resume{nproc}/out/checkpoints/checkpoint: epoch 1, batch 0, step {STEPS}" in stdout
         assert_same(loaded, saved, atol=0)
     # and training goes on from there on 4 ranks: 512 / 4 / 16 = 8 batches, 4 more steps
