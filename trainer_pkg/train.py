@@ -118,9 +118,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from trainer_pkg import world_shape
+from trainer_pkg import sharded_checkpoint, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
-from trainer_pkg import sharded_checkpoint
 from trainer_pkg.datasets import Dataset, Samples, describe, load_dataset
 from trainer_pkg.memory import SavedActivations, gather_rank_memory, rank_memory
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
