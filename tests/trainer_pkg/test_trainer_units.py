@@ -68,10 +68,13 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
         "--momentum", "--weight-decay", "--seed", "--log-every-steps", "--log-every-s", "--stop-check-s",
         "--augment", "--no-augment", "--precision", "--grad-accum-steps", "--grad-clip-norm", "--lr-schedule",
         "--warmup-steps", "--on-nonfinite-loss", "--find-unused-parameters", "--no-find-unused-parameters",
-        "--output-dir", "--checkpoint-dir"}
+        "--output-dir", "--checkpoint-dir", "--seq-len", "--val-windows", "--num-workers", "--pin-memory",
+        "--no-pin-memory", "--prefetch-factor", "--activation-checkpointing", "--no-activation-checkpointing",
+        "--cpu-offload", "--no-cpu-offload", "--max-steps", "--compile", "--no-compile", "--checkpoint-format"}
     by_flag = {a.option_strings[0]: a for a in parser._actions}
     assert by_flag["--pipeline-schedule"].choices == ("gpipe", "1f1b")  # the Literal's
-    assert by_flag["--model"].choices == ("mlp", "cnn", "resnet", "custom")
+    assert by_flag["--model"].choices == ("mlp", "cnn", "resnet", "gpt", "custom")
+    assert by_flag["--checkpoint-format"].choices == ("full", "sharded")
     assert by_flag["--epochs"].type is int and by_flag["--lr"].type is float
     assert by_flag["--epochs"].help == "Passes over the training data. (config default 3)"
     assert by_flag["--output-dir"].help.startswith("Where model.pt (bare state dict) and metrics.jsonl are written.")
