@@ -17,17 +17,23 @@ Per rank, the plan counts:
   Recomputation in Large Transformer Models" (arXiv:2205.05198, §4.1, eq. 1 without tensor
   parallelism): ``s·b·h·(34 + 5·a·s/h)`` bytes at 16 bits, where the ``5·a·s/h`` term is the
   attention matrix, which flash / SDPA attention never stores (it keeps the ``a·s·b`` log-sum-exp
-  instead). What PyTorch saves per block, in elements of ``s·b·h``: the inputs of both LayerNorms
-  (2), of ``c_attn`` (1), q, k, v (3), the attention output (1) and ``c_proj``'s input (1), then the
-  MLP's ``c_fc`` input (1), GELU input (4) and ``c_proj`` input (4): 18, plus a 1-byte dropout mask
-  for each of the two residual dropouts when ``dropout`` > 0 (Korthikanti's 34 bytes = 2 × 16 + 2;
-  SDPA saves its output beside ``c_proj``'s contiguous copy of it, hence 18 rather than 16). With
+  instead). Not counted: with ``dropout`` > 0 on CPU, SDPA falls back to its math kernel, which
+  does store the attention matrix and its dropout mask (about 19 bytes per ``a·s²·b`` element).
+  What PyTorch saves per block, each storage once, in elements of ``s·b·h``: the inputs of both
+  LayerNorms (2), of ``c_attn`` (1), q, k, v (3, views of one tensor), the attention output, which
+  is also ``c_proj``'s input (1: SDPA lays it out (B, T, H, D), so the transpose back is no copy),
+  then the MLP's ``c_fc`` input (1), GELU input (4) and ``c_proj`` input (4): 16, plus a 1-byte
+  dropout mask for each of the two residual dropouts when ``dropout`` > 0 — Korthikanti's 34 bytes
+  at 16 bits = 2 × 16 + 2. With
   activation checkpointing a block keeps only its input (1 element of ``s·b·h``) and one block's
-  whole set is live again while it is recomputed: ``L·s·b·h + 1 block`` instead of ``L blocks``.
+  whole set is live again while it is recomputed: ``L·s·b·h`` saved, plus 1 block under buffers.
   Outside the blocks: the token ids, the final LayerNorm's input, the head's input, and — a large
   term for small models — the logits ``b·s·V`` and their log-softmax ``b·s·V`` (saved for the loss's
   backward), whose gradient ``b·s·V`` is allocated at the start of backward.
-* **buffers** — the model's buffers (BatchNorm running statistics), the batch itself, and under FSDP
+* **buffers** — what lives on the device besides the saved activations: the model's buffers
+  (BatchNorm running statistics), the batch itself, DDP's gradient buckets (a second copy of the
+  gradients: ``gradient_as_bucket_view`` is off), the logits and their gradients, the block being
+  recomputed under activation checkpointing, and under FSDP
   the unsharded parameters of the units being run: the root's own parameters (kept gathered from
   forward to backward) plus two of the largest sharded units (the one running and the one
   prefetched), and one unit's unsharded gradients before their reduce-scatter.
@@ -443,13 +449,14 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
     blocks = [u for u in act_units if u.name.startswith("blocks.")] if checkpointed else []
     low = 2 if bf16 else 4
     act = sum(_act_bytes(u, act_samples, bf16) for u in act_units if u not in blocks)
+    recomputed = 0  # one checkpointed block's activations, live again while backward recomputes it
     if blocks:
         c = p["embed_dim"]
-        block_act = _act_bytes(blocks[0], act_samples, bf16)
+        recomputed = int(_act_bytes(blocks[0], act_samples, bf16))
         inputs = len(blocks) * act_samples * shape[0] * c * low
-        act += inputs + block_act
-        lines.append(f"activation checkpointing: {len(blocks)} blocks keep their input ({gib(inputs)}) and one "
-                     f"block is recomputed at a time ({gib(block_act)})")
+        act += inputs
+        lines.append(f"activation checkpointing: {len(blocks)} blocks keep only their input ({gib(inputs)}); one "
+                     f"block at a time is recomputed in backward ({gib(recomputed)}, under buffers)")
     if bf16 and strategy != "fsdp":  # autocast's bf16 weight copies, saved for backward
         act += sum(u.matmul_params for u in held) * 2
     act_b = int(act)
@@ -463,6 +470,9 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
     batch_b = int(act_samples if strategy == "pipeline" else b) * sample_bytes
     extra = model_buffers + batch_b
     parts = [f"model buffers {gib(model_buffers)}", f"the batch {gib(batch_b)}"]
+    if recomputed:
+        extra += recomputed
+        parts.append(f"the block being recomputed {gib(recomputed)}")
     if strategy == "ddp":
         # gradient_as_bucket_view is off: DDP's all-reduce buckets are a second copy of the gradients
         extra += grads_b
