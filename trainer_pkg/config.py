@@ -65,11 +65,15 @@ class DataConfig:
     every epoch, drawn from ``train.seed``)."""
     num_workers: int = 0
     """DataLoader worker processes per rank that read and decode samples ahead of the training step
-    (ImageFolder decoding, memory-mapped files); 0 = read in the training process."""
+    (ImageFolder decoding, memory-mapped CSV and NPZ rows); 0 = read in the training process. Workers
+    are forked at each epoch's first batch; they pay off when a core is free for each (cores ÷ ranks
+    per node − 1 at most). The batches are the same whatever the count."""
     pin_memory: bool = False
-    """Copy batches into page-locked memory so the copy to the GPU overlaps compute (GPU only)."""
+    """Copy batches into page-locked memory so the copy to the GPU overlaps compute (GPU only;
+    ignored on CPU)."""
     prefetch_factor: int = 2
-    """With ``num_workers`` > 0: batches each worker prepares ahead."""
+    """With ``num_workers`` > 0: batches each worker prepares ahead (memory: workers × this × one
+    batch of float32 inputs)."""
 
 
 @dataclasses.dataclass
