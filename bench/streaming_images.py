@@ -123,10 +123,11 @@ def main() -> None:
             shards[name], startup[name] = build(name, root, args)
         reference = [shards["in-memory"].batch(shards["in-memory"].epoch_order(0), b, CPU)[1]
                      for b in range(shards["in-memory"].batches)]
+        equal = {}
         for name in names[1:]:
             order = shards[name].epoch_order(0)
-            same = all(torch.equal(shards[name].batch(order, b, CPU)[1], ref) for b, ref in enumerate(reference))
-            print(f"{name}: batches equal to in-memory's: {'yes' if same else 'NO'}", flush=True)
+            equal[name] = all(torch.equal(shards[name].batch(order, b, CPU)[1], ref) for b, ref in enumerate(reference))
+            print(f"{name}: batches equal to in-memory's: {'yes' if equal[name] else 'NO'}", flush=True)
 
         torch.manual_seed(0)
         sample_shape = tuple(reference[0].shape[1:])
@@ -158,7 +159,7 @@ def main() -> None:
           f"({args.batch_size * 3 * args.image_size ** 2 * 4 / 2**20:.2f} MiB) per prefetched batch")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "startup_s": startup, "samples_per_s": rates, "medians": med}, f, indent=2)
+            json.dump({"args": vars(args), "batches_equal": equal, "startup_s": startup, "samples_per_s": rates, "medians": med}, f, indent=2)
 
 
 if __name__ == "__main__":
