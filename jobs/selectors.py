@@ -301,7 +301,8 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
 
     In the order to print: its transitions ("QUEUED" for its creation, then "PENDING → RUNNING"),
     read from its events, so two that one sync pass made between two calls are both there, and
-    each epoch's global validation figures ("epoch 3 val_accuracy 0.9861, val_loss 0.0612"), the
+    each epoch's global validation figures ("epoch 3 val_accuracy 0.9861, val_loss 0.0612", and a
+    language model's ", val_perplexity 1.0631"), the
     two merged by time; then a final state's transition, last. A sync stores a job's last metric points in the same transaction
     as its final state and they are read here after its events, so nothing of the job comes after
     its final state. ``when`` is the event's time, or the trainer's for a metric (UTC)."""
@@ -310,17 +311,20 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
                   .order_by("created_at", "id"))
     points = list(MetricPoint.objects.filter(job_id=job.pk, name="val_accuracy", rank__isnull=True,
                                              pk__gt=after_metric).order_by("id"))
-    losses = dict(MetricPoint.objects.filter(job_id=job.pk, name="val_loss", rank__isnull=True,
-                                             step__in=[p.step for p in points]).values_list("step", "value"))
+    beside: dict[str, dict[int, float | None]] = {"val_loss": {}, "val_perplexity": {}}  # a language model's too
+    for name, step, value in (MetricPoint.objects.filter(job_id=job.pk, name__in=list(beside), rank__isnull=True,
+                                                         step__in=[p.step for p in points])
+                              .values_list("name", "step", "value")):
+        beside[name][step] = value
 
     def said(event: JobEvent) -> tuple[dt.datetime, str]:
         return event.created_at, (f"{event.from_state} → {event.to_state}" if event.from_state else event.to_state)
 
     lines = [said(e) for e in events if e.to_state not in TERMINAL_STATE_VALUES]
     for point in points:
-        loss = losses.get(point.step)
-        lines.append((point.recorded_at, f"epoch {point.epoch} val_accuracy {point.value:.4f}"
-                                         + (f", val_loss {loss:.4f}" if loss is not None else "")))
+        extra = "".join(f", {name} {by_step[point.step]:.4f}" for name, by_step in beside.items()
+                        if by_step.get(point.step) is not None)
+        lines.append((point.recorded_at, f"epoch {point.epoch} val_accuracy {point.value:.4f}{extra}"))
     # A transition is seen by a sync after the epochs the trainer logged before it (a budget stop
     # after epoch 16): by time, not transitions first. Stable, so equal times keep events first.
     lines.sort(key=lambda line: line[0])

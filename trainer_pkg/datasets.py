@@ -163,6 +163,37 @@ class Dataset:
         return isinstance(self.x_train, Samples)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenData:
+    """A ``tokens`` dataset as a language-model job reads it: the opened shards and the window
+    length. The trainer draws (B, seq_len) windows from it (:mod:`trainer_pkg.token_shard`)."""
+
+    tokens: TokenDataset
+    """The memory-mapped dataset (:func:`load_dataset`'s result for format ``tokens``)."""
+    seq_len: int
+    """Tokens per window (T): ``data.seq_len``, or the gpt model's ``context_length`` when that is 0
+    (:func:`trainer_pkg.registry.seq_len_for`)."""
+
+    @property
+    def num_classes(self) -> int:
+        """The vocabulary size: the language model's output width."""
+        return self.tokens.vocab_size
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample: a window of ``seq_len`` token ids."""
+        return (self.seq_len,)
+
+
+def token_data(tokens: TokenDataset, seq_len: int) -> TokenData:
+    """``tokens`` read in windows of ``seq_len`` tokens; :class:`ConfigError` when ``seq_len`` is 0
+    (a model without a context length, a custom one, was given no ``data.seq_len``)."""
+    if seq_len < 1:
+        raise ConfigError("data.seq_len: a tokens dataset read by a model without a context length (a custom "
+                          "model) needs data.seq_len, the tokens per training window")
+    return TokenData(tokens, seq_len)
+
+
 # -- loading -------------------------------------------------------------------------------------
 
 
@@ -748,8 +779,10 @@ def _summary(n: int, classes: int, sample_shape: tuple[int, ...]) -> str:
     return f"{n:,} samples, {classes} classes, {what}"
 
 
-def describe(ds: Dataset | TokenDataset) -> dict[str, Any]:
+def describe(ds: Dataset | TokenDataset | TokenData) -> dict[str, Any]:
     """A small JSON-able summary for logs."""
+    if isinstance(ds, TokenData):
+        return {**describe(ds.tokens), "seq_len": ds.seq_len}
     if isinstance(ds, TokenDataset):
         return {"train_tokens": ds.train.num_tokens, "val_tokens": ds.val.num_tokens,
                 "train_shards": len(ds.train.shards), "vocab_size": ds.vocab_size, "dtype": ds.dtype}

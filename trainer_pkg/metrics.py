@@ -71,8 +71,10 @@ from typing import Any
 METRIC_PREFIX = "TRAINBOARD_METRIC "
 
 GLOBAL_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s", "lr",
-                  "wait_for_slowest_s")
-"""The trainer's own scalar fields (one value for the job, not per rank), as the dashboard stores them."""
+                  "wait_for_slowest_s", "val_perplexity", "tokens_per_s")
+"""The trainer's own scalar fields (one value for the job, not per rank), as the dashboard stores them.
+A language model's (token data) records add ``val_perplexity`` (exp of ``val_loss``, nats per token)
+to ``epoch`` records and ``tokens_per_s`` (``samples_per_s`` × seq_len) to those with throughput."""
 
 USER_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,99}")
 """A user metric's name (``fullmatch``): 1-100 characters, a letter or ``_`` first, then letters,

@@ -4,6 +4,9 @@
 completed with defaults) here too, so a caller can pass the raw ``ModelConfig.params``. For arch
 ``custom`` it calls the user's ``entry_point`` (:mod:`trainer_pkg.user_model`).
 
+``gpt`` is a language model: it maps (B, T) int64 token ids to (B, T, V) logits over the
+vocabulary (``num_classes`` = the dataset's ``vocab_size``, ``input_shape`` = (seq_len,)).
+
 Every built-in model also lists its layers in execution order (:func:`sequential_layers`): applying
 them one after another is exactly ``model(x)``. Pipeline parallelism splits that list into
 consecutive stages (:mod:`trainer_pkg.parallel`), and FSDP shards each of its layers separately. A
@@ -15,6 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -27,7 +32,9 @@ def build_model(
     arch: str, params: Mapping[str, Any] | None, input_shape: tuple[int, ...], num_classes: int, *,
     entry_point: str = "", code_dir: str = "",
 ) -> nn.Module:
-    """An ``nn.Module`` mapping a batch of shape (B, *input_shape) to logits (B, num_classes).
+    """An ``nn.Module`` mapping a batch of shape (B, *input_shape) to logits (B, num_classes); for
+    ``gpt``, token ids (B, T) int64 with T ≤ ``input_shape[0]`` (seq_len) to logits (B, T, num_classes),
+    ``num_classes`` being the vocabulary size.
 
     ``entry_point`` and ``code_dir`` (``model.entry_point``, ``code.dir``) are read for arch
     ``custom`` only: :func:`trainer_pkg.user_model.build_user_model` imports and calls the user's
@@ -42,13 +49,15 @@ def build_model(
         raise ConfigError(f"the dataset has {num_classes} class(es): classification needs at least 2")
     if arch == CUSTOM:
         return build_user_model(entry_point, code_dir, p, input_shape=input_shape, num_classes=num_classes)
-    check_input_shape(arch, input_shape)
+    check_input_shape(arch, input_shape, params=p)
     if arch == "mlp":
-        return MLP(math.prod(input_shape), num_classes, **p)
+        return MLPClassifier(math.prod(input_shape), num_classes, **p)
     if arch == "cnn":
         return CNN(input_shape[0], num_classes, **p)
     if arch == "resnet":
         return ResNet(input_shape[0], num_classes, **p)
+    if arch == "gpt":
+        return GPT(vocab_size=num_classes, **p)
     raise ConfigError(f"model.arch: {arch} is registered but has no builder")  # a registry bug
 
 
@@ -126,7 +135,9 @@ def pipeline_units(layers: list[tuple[str, nn.Module]]) -> list[list[tuple[str, 
     return units
 
 
-class MLP(nn.Module):
+class MLPClassifier(nn.Module):
+    """``mlp``: Linear → ReLU → Dropout hidden layers over the flattened input, then a Linear classifier."""
+
     def __init__(self, in_features: int, num_classes: int, hidden_size: int, num_layers: int, dropout: float):
         super().__init__()
         layers: list[nn.Module] = [nn.Flatten()]
@@ -225,3 +236,177 @@ class ResNet(nn.Module):
         return ([(f"stem.{i}", m) for i, m in enumerate(self.stem)]
                 + [(f"stages.{i}", m) for i, m in enumerate(self.stages)]
                 + [(f"head.{i}", m) for i, m in enumerate(self.head)])
+
+
+# -- gpt: a decoder-only transformer language model ----------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention where position t attends to positions ≤ t only, through
+    ``F.scaled_dot_product_attention(is_causal=True)`` (flash or memory-efficient kernels on a GPU)."""
+
+    def __init__(self, embed_dim: int, heads: int, dropout: float, bias: bool):
+        super().__init__()
+        if embed_dim % heads:
+            raise ConfigError(f"model.params.embed_dim: {embed_dim} is not divisible by heads {heads}")
+        self.heads, self.dropout = heads, dropout
+        self.c_attn = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)  # queries, keys, values of every head
+        self.c_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) → (B, T, C)."""
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))  # (B, H, T, C/H)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+
+
+class MLP(nn.Module):
+    """A transformer block's feed-forward part: Linear(C, 4C) → GELU → Linear(4C, C) → Dropout."""
+
+    def __init__(self, embed_dim: int, dropout: float, bias: bool):
+        super().__init__()
+        self.c_fc = nn.Linear(embed_dim, 4 * embed_dim, bias=bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * embed_dim, embed_dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) → (B, T, C)."""
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``; (B, T, C) → (B, T, C).
+    FSDP shards each Block on its own (``model.shard_classes`` ``["Block"]``)."""
+
+    def __init__(self, embed_dim: int, heads: int, dropout: float, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(embed_dim, bias=bias)
+        self.attn = CausalSelfAttention(embed_dim, heads, dropout, bias)
+        self.ln_2 = nn.LayerNorm(embed_dim, bias=bias)
+        self.mlp = MLP(embed_dim, dropout, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPTEmbedding(nn.Module):
+    """The first pipeline layer of :class:`GPT`: token ids (B, T) int64 → token plus position
+    embeddings, dropped out, (B, T, C)."""
+
+    def __init__(self, vocab_size: int, context_length: int, embed_dim: int, dropout: float):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, embed_dim)
+        self.wpe = nn.Embedding(context_length, embed_dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.wpe.num_embeddings:
+            raise ValueError(f"a window of {t} tokens is longer than the model's context_length {self.wpe.num_embeddings}")
+        pos = torch.arange(t, dtype=torch.long, device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
+
+class GPTHead(nn.Module):
+    """The last pipeline layer of :class:`GPT`: final LayerNorm and the output layer, (B, T, C) → logits (B, T, V)."""
+
+    def __init__(self, vocab_size: int, embed_dim: int, bias: bool):
+        super().__init__()
+        self.ln_f = nn.LayerNorm(embed_dim, bias=bias)
+        self.lm_head = nn.Linear(embed_dim, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+class GPT(nn.Module):
+    """``gpt``: a decoder-only transformer language model in GPT-2's layout (Radford et al. 2019; the
+    parameter count of karpathy/nanoGPT's ``model.py``).
+
+    Token ids (B, T) int64, T ≤ ``context_length`` → logits (B, T, ``vocab_size``) for the next token
+    at every position; the loss is the mean cross entropy over every token against the ids shifted
+    by one (:func:`trainer_pkg.parallel.cross_entropy`). Position t sees tokens ≤ t only.
+
+    Parts (the attributes of GPT-2's description): ``wte`` (V, C) token and ``wpe`` (T, C) position
+    embeddings and ``drop``, held by ``embedding`` (:class:`GPTEmbedding`); ``blocks``, ``layers``
+    :class:`Block` s; ``ln_f`` and ``lm_head`` (Linear(C, V), no bias), held by ``head``
+    (:class:`GPTHead`). With ``tied_embeddings`` ``lm_head.weight`` is ``wte.weight`` (one tensor,
+    counted once). The state dict's keys are ``embedding.wte.weight`` … ``blocks.0.attn.c_attn.weight``
+    … ``head.lm_head.weight``: the embedding and the head are modules of their own so that a pipeline
+    stage can hold each (:meth:`layers`).
+
+    GPT-2 124M (layers 12, heads 12, embed_dim 768, context_length 1024, vocab 50257, tied, bias) has
+    124,439,808 parameters. Initialisation as GPT-2: every Linear and Embedding weight normal with
+    std 0.02, biases 0, and each residual projection (``c_proj``) std 0.02 / sqrt(2 · layers).
+    """
+
+    default_shard_classes = ("Block",)
+    """What FSDP shards on its own when ``model.shard_classes`` is empty (:func:`trainer_pkg.parallel.fsdp_units`):
+    each block, then the root (embeddings and head; a tied weight must stay in one unit)."""
+
+    def __init__(self, *, vocab_size: int, layers: int, heads: int, embed_dim: int, context_length: int,
+                 dropout: float, tied_embeddings: bool, bias: bool):
+        super().__init__()
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self.tied_embeddings = tied_embeddings
+        self.embedding = GPTEmbedding(vocab_size, context_length, embed_dim, dropout)
+        self.blocks = nn.ModuleList(Block(embed_dim, heads, dropout, bias) for _ in range(layers))
+        self.head = GPTHead(vocab_size, embed_dim, bias)
+        if tied_embeddings:
+            self.head.lm_head.weight = self.embedding.wte.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    # GPT-2's names for the parts (the modules themselves live in embedding and head).
+    @property
+    def wte(self) -> nn.Embedding:
+        return self.embedding.wte
+
+    @property
+    def wpe(self) -> nn.Embedding:
+        return self.embedding.wpe
+
+    @property
+    def drop(self) -> nn.Dropout:
+        return self.embedding.drop
+
+    @property
+    def ln_f(self) -> nn.LayerNorm:
+        return self.head.ln_f
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.head.lm_head
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) int64 token ids → (B, T, V) logits. Raises ValueError when T > ``context_length``."""
+        x = self.embedding(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def layers(self) -> list[tuple[str, nn.Module]]:
+        """Pipeline layers in execution order: the embedding, each block, the head (``layers`` + 2).
+
+        Raises :class:`ConfigError` with tied embeddings: the token embedding and the output layer
+        would be one tensor on the first and the last stage."""
+        if self.tied_embeddings:
+            raise ConfigError("model.params.tied_embeddings: pipeline puts the token embedding on the first stage and "
+                              "the output layer on the last, so they cannot share one weight: set tied_embeddings "
+                              "to false for strategy pipeline (or use ddp or fsdp)")
+        return ([("embedding", self.embedding)] + [(f"blocks.{i}", b) for i, b in enumerate(self.blocks)]
+                + [("head", self.head)])

@@ -203,17 +203,41 @@ class StageModule(nn.Module):
 class BatchResult(NamedTuple):
     """What :meth:`Strategy.forward_backward` returns where a rank computes the loss."""
 
-    logits: torch.Tensor  # (B, classes), detached
-    loss: torch.Tensor  # () mean cross entropy over the batch in float32, detached: the value the
-    #                     backward started from (before loss_scale), so metrics need no second loss
+    logits: torch.Tensor  # (B, classes), or a language model's (B, T, vocab), detached
+    loss: torch.Tensor  # () mean cross entropy over the batch (every token) in float32, detached: the
+    #                     value the backward started from (before loss_scale), so metrics need no second loss
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The one loss of every strategy, in float32: cross entropy of classifier logits (B, classes)
+    against labels (B,), or of a language model's logits (B, T, V) against next-token ids (B, T),
+    every token counted alike (nats per token).
+
+    ``reduction`` ``"mean"``: a 0-dim tensor, the mean over samples (tokens). ``"none"``: one value
+    per sample, (B,): a language model's mean over that sample's T tokens (so the mean of these is
+    the mean over every token; padding masks select whole samples)."""
+    if logits.dim() == 3:
+        b, t, v = logits.shape
+        flat = F.cross_entropy(logits.float().reshape(b * t, v), y.reshape(b * t),
+                               reduction="mean" if reduction == "mean" else "none")
+        return flat if reduction == "mean" else flat.view(b, t).mean(1)
+    return F.cross_entropy(logits.float(), y, reduction=reduction)
+
+
+def correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per sample, (B,) float32: 1.0 where the classifier's top class is the label, 0.0 elsewhere; for a
+    language model's (B, T, V) logits the share of the sample's T tokens whose top prediction is the
+    next token (their sum over samples ÷ samples is the token accuracy)."""
+    hits = logits.argmax(-1) == y
+    return hits.float().mean(1) if hits.dim() == 2 else hits.float()
 
 
 def loss_backward(logits: torch.Tensor, y: torch.Tensor, loss_scale: float) -> BatchResult:
-    """Backward of ``cross_entropy(logits, y) × loss_scale`` (mean over the batch); returns the
-    detached logits and mean loss. A scale of 1 is not multiplied at all (multiplying by 1.0 is
-    exact). The fused mean reduction is the cheapest form: a per-sample loss, where a batch holds
-    padding, is computed from the returned logits only for that batch."""
-    loss = F.cross_entropy(logits.float(), y)
+    """Backward of ``cross_entropy(logits, y) × loss_scale`` (mean over the batch, every token of a
+    language model's); returns the detached logits and mean loss. A scale of 1 is not multiplied at
+    all (multiplying by 1.0 is exact). The fused mean reduction is the cheapest form: a per-sample
+    loss, where a batch holds padding, is computed from the returned logits only for that batch."""
+    loss = cross_entropy(logits, y)
     (loss * loss_scale if loss_scale != 1.0 else loss).backward()
     return BatchResult(logits.detach(), loss.detach())
 
@@ -279,7 +303,10 @@ class Strategy:
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, device: torch.device,
                  autocast: contextlib.AbstractContextManager) -> tuple[float, float]:
-        """Collective: (loss, accuracy) over the whole set; each data-parallel replica its shard."""
+        """Collective: (loss, accuracy) over the whole set; each data-parallel replica its shard.
+
+        ``x`` (N, *sample shape) and ``y`` (N,) labels, or a language model's (N, T) windows and
+        (N, T) next tokens: then loss is nats per token and accuracy the next-token accuracy."""
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
         n = len(y)
         order = torch.arange(self.dp_rank, math.ceil(n / self.dp_size) * self.dp_size, self.dp_size)
@@ -294,9 +321,9 @@ class Strategy:
                 if logits is None:
                     continue
                 yb = y[idx].to(device)
-                loss = F.cross_entropy(logits.float(), yb, reduction="none")
+                loss = cross_entropy(logits, yb, reduction="none")
                 sums[0] += loss[keep].sum().double()
-                sums[1] += (logits.argmax(1) == yb)[keep].sum().double()
+                sums[1] += correct(logits, yb)[keep].sum().double()
                 sums[2] += keep.sum().double()
         finally:
             self.module.train()
@@ -393,9 +420,14 @@ def fsdp_units(model: nn.Module, shard_classes: list[str], *, custom: bool) -> l
     (``type(m).__name__``) is listed, e.g. ``["Block"]``. Empty: each layer of a built-in model
     (:func:`trainer_pkg.models.sequential_layers`), each top-level child of a ``custom`` one.
 
+    A built-in model may name its own default (``default_shard_classes``: ``gpt`` shards each
+    ``Block``, keeping the tied embedding and output weight in the root's unit).
+
     Raises :class:`StrategyError` for a listed name no submodule has, listing the class names the
     model has.
     """
+    if not shard_classes:
+        shard_classes = list(getattr(model, "default_shard_classes", ()))  # gpt: each Block
     if not shard_classes:
         if custom:
             return [m for _, m in model.named_children()]
@@ -606,7 +638,7 @@ class PipelineStrategy(Strategy):
         self.microbatches = microbatches
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), target) * self._loss_scale
+        return cross_entropy(logits, target) * self._loss_scale
 
     def parameter_names(self) -> list[str]:
         return [self.module.model_key(n) for n, _ in self.module.named_parameters()]
@@ -632,7 +664,7 @@ class PipelineStrategy(Strategy):
         # metrics comes from the merged logits of the whole batch.
         with torch.no_grad():
             logits = logits.detach()
-            return BatchResult(logits, F.cross_entropy(logits.float(), y))
+            return BatchResult(logits, cross_entropy(logits, y))
 
     def finish_gradients(self) -> None:
         if self.dp_group is None:

@@ -79,13 +79,17 @@ class ArchSpec:
     """One line for the form's architecture picker."""
     params: tuple[ParamSpec, ...]
     input_kind: str
-    """``"image"`` (needs (C, H, W) input) or ``"any"`` (flattens whatever it gets); checked by
+    """``"image"`` (needs (C, H, W) input), ``"any"`` (flattens whatever it gets) or ``"tokens"``
+    (a language model: (seq_len,) windows of token ids from a ``tokens`` dataset); checked by
     :func:`check_input_shape`."""
     pipeline_layers: Callable[[Mapping[str, Any]], int]
     """The layer count for pipeline parallelism from validated params (every parameter present):
     how many consecutive pieces the built model splits into, one per layer with weights (a conv
     block, a residual block, a Linear). Equals ``len(trainer_pkg.models.pipeline_units(...))`` of
     the built model (a test builds each architecture to hold it to that)."""
+    cross_check: Callable[[Mapping[str, Any]], tuple[str, str] | None] = lambda p: None
+    """A rule between parameters on validated params: None when they agree, else (parameter name,
+    message) for :func:`validate_model_params` to raise."""
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -142,8 +146,33 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             # stem, residual blocks, classifier
             pipeline_layers=lambda p: 1 + p["num_stages"] * p["blocks_per_stage"] + 1,
         ),
+        ArchSpec(
+            name="gpt",
+            description="Decoder-only transformer language model (GPT-2 layout) over a tokens dataset; "
+                        "the vocabulary is the dataset's.",
+            input_kind="tokens",
+            params=(
+                ParamSpec("layers", int, 4, 1, 256, "Transformer blocks (GPT-2 124M: 12)."),
+                ParamSpec("heads", int, 4, 1, 256, "Attention heads per block; must divide embed_dim (GPT-2 124M: 12)."),
+                ParamSpec("embed_dim", int, 128, 8, 65536, "Width of the token embeddings and of every block (GPT-2 124M: 768)."),
+                ParamSpec("context_length", int, 128, 2, 131072,
+                          "Most tokens the model attends over (position embeddings); data.seq_len may not exceed it."),
+                ParamSpec("dropout", float, 0.0, 0.0, 0.9, "Dropout probability on embeddings, attention and MLP outputs."),
+                ParamSpec("tied_embeddings", bool, True, doc="Share the token embedding matrix with the output layer "
+                                                             "(GPT-2 does); pipeline needs it off."),
+                ParamSpec("bias", bool, True, doc="Biases in the Linear and LayerNorm layers (GPT-2 has them)."),
+            ),
+            pipeline_layers=lambda p: p["layers"] + 2,  # embeddings, blocks, final LayerNorm + output layer
+            cross_check=lambda p: None if p["embed_dim"] % p["heads"] == 0 else (
+                "embed_dim", f"{p['embed_dim']} is not divisible by heads {p['heads']} (each head takes "
+                             f"embed_dim / heads channels): use a multiple of {p['heads']}, e.g. "
+                             f"{max(p['heads'], p['embed_dim'] // p['heads'] * p['heads'])}, or change heads"),
+        ),
     )
 }
+
+TOKENS_FORMAT = "tokens"
+"""``data.format`` of token datasets: only a ``tokens`` architecture reads them."""
 
 
 CUSTOM = "custom"
@@ -187,26 +216,63 @@ def validate_model_params(arch: str, params: Mapping[str, Any] | None) -> dict[s
     out = spec.defaults()
     for name, value in params.items():
         out[name] = by_name[name].check(value, arch)
+    broken = spec.cross_check(out)
+    if broken:
+        raise ConfigError(f"model.params.{broken[0]}: {broken[1]}")
     return out
 
 
-def check_input_shape(arch: str, sample_shape: Sequence[int | None]) -> None:
+def check_input_shape(arch: str, sample_shape: Sequence[int | None], *, data_format: str | None = None,
+                      params: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` when ``arch`` cannot take samples of ``sample_shape`` (one sample,
-    without the batch dimension: (C, H, W) for images, (F,) for tables; None for a size the job sets,
-    as an ImageFolder's H and W). An ``image`` architecture needs three dimensions (C, H, W); an
-    ``any`` one flattens whatever it gets. The message names both shapes. Also raises for an
-    unknown architecture, as :func:`get_arch`.
+    without the batch dimension: (C, H, W) for images, (F,) for tables, (seq_len,) token ids for a
+    ``tokens`` dataset; None for a size the job sets, as an ImageFolder's H and W). An ``image``
+    architecture needs three dimensions (C, H, W); an ``any`` one flattens whatever it gets; a
+    ``tokens`` one (``gpt``) needs 1-D samples of a ``tokens`` dataset, at most its
+    ``context_length`` (from ``params``, defaults filled) long.
+
+    ``data_format`` (``data.format``), when known: token data (``"tokens"``) is refused by every
+    classifier, and any other format by ``gpt``. The message names both shapes (or the format and
+    what to use instead). Also raises for an unknown architecture, as :func:`get_arch`, and for
+    invalid ``params``, as :func:`validate_model_params`.
     """
     if arch == CUSTOM:
         return  # the user's model says what it takes: the trainer's first-batch check tells
     spec = get_arch(arch)
     shape = tuple(sample_shape)
+    shown = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    if spec.input_kind == "tokens":
+        if data_format is not None and data_format != TOKENS_FORMAT:
+            raise ConfigError(f"model.arch: {arch} is a language model and reads a {TOKENS_FORMAT} dataset "
+                              f"(token ids, made by prepare_text), but this dataset's format is {data_format}; "
+                              "use a classifier (mlp, cnn, resnet) for it")
+        if len(shape) != 1:
+            raise ConfigError(f"model.arch: {arch} needs windows of token ids, samples of shape (seq_len,), "
+                              f"but the dataset's samples have shape {shown}; give it a {TOKENS_FORMAT} dataset")
+        context = validate_model_params(arch, params)["context_length"]
+        if shape[0] is not None and shape[0] > context:
+            raise ConfigError(f"data.seq_len: windows of {shape[0]:,} tokens are longer than the model's "
+                              f"context_length {context:,}; set data.seq_len to at most {context:,} (0 = "
+                              "context_length) or raise model.params.context_length")
+        return
+    if data_format == TOKENS_FORMAT:
+        raise ConfigError(f"model.arch: {arch} is a classifier, but a {TOKENS_FORMAT} dataset holds token ids for a "
+                          "language model; use gpt")
     if spec.input_kind == "image" and len(shape) != 3:
-        shown = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
         raise ConfigError(
             f"model.arch: {arch} needs image inputs of shape (C, H, W), but the dataset's samples have "
             f"shape {shown}; use mlp for tabular data"
         )
+
+
+def seq_len_for(seq_len: int, arch: str, params: Mapping[str, Any] | None) -> int:
+    """Tokens per training window of a job: ``data.seq_len``, or when it is 0 the ``gpt`` model's
+    ``context_length`` (defaults filled). 0 stays 0 for an architecture without a context length (a
+    custom model must be given ``data.seq_len``). Raises :class:`ConfigError` like
+    :func:`validate_model_params`."""
+    if seq_len or arch == CUSTOM or get_arch(arch).input_kind != "tokens":
+        return seq_len
+    return validate_model_params(arch, params)["context_length"]
 
 
 def pipeline_layer_count(arch: str, params: Mapping[str, Any] | None) -> int | None:

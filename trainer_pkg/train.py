@@ -14,6 +14,10 @@ Run it from the repository root (or anywhere after ``pip install ./trainer_pkg``
     torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset digits --model mlp \
         --strategy pipeline --microbatches 4 --pipeline-schedule 1f1b --output-dir out
 
+    # a GPT language model on a token dataset (a directory with meta.json), 200 optimizer steps
+    torchrun --standalone --nproc_per_node 2 -m trainer_pkg.train --dataset tokens/ --model gpt \
+        --model-param layers=6 --seq-len 256 --optimizer adamw --lr 3e-4 --max-steps 200 --output-dir out
+
     # two nodes × 4 processes: run on each node, node 0's address as the rendezvous endpoint
     torchrun --nnodes 2 --nproc_per_node 4 --node_rank $NODE_RANK --rdzv_backend c10d \\
         --rdzv_endpoint $NODE0:29500 --rdzv_id $JOB_ID -m trainer_pkg.train --config job.json
@@ -35,6 +39,9 @@ What a run does, top to bottom in :func:`train`:
    The sampler pads the last shard with repeated samples so every rank takes the same number of
    steps; those duplicates train but are left out of every reported metric.
    A pipeline's data-parallel unit is a whole pipeline: its stages read the same shard.
+   A ``tokens`` dataset is only memory-mapped: each rank draws its (seq_len + 1)-token windows per
+   batch from (seed, epoch, rank, batch) (:mod:`trainer_pkg.token_shard`), and validates on
+   ``data.val_windows`` fixed windows; a language model's loss is the mean over every token.
 3. Model: built from the registry on every rank with the same seed, then placed by the strategy
    (:mod:`trainer_pkg.parallel`): wrapped in DDP, sharded with FSDP2, or cut into pipeline stages.
    A custom model (``model.arch`` ``custom``) is the user's: ``code.dir`` goes first on ``sys.path``,
@@ -52,7 +59,8 @@ What a run does, top to bottom in :func:`train`:
 5. Loop: each optimizer step takes ``train.grad_accum_steps`` batches (gradients synchronised only on
    the last: DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``), under bf16 autocast when
    ``train.precision`` says so, clips the global gradient norm (``train.grad_clip_norm``), steps the
-   optimizer and the lr schedule (linear warmup, then constant or cosine: :func:`lr_factor`). Each
+   optimizer and the lr schedule (linear warmup, then constant or cosine: :func:`lr_factor`);
+   ``train.max_steps`` ends the loop after that many steps, inside an epoch or not. Each
    epoch validates on the whole validation set (sharded, then all-reduced) and checkpoints (rank 0
    writes ``last.pt`` atomically, then a barrier).
 6. Finish: rank 0 saves the full model's bare state dict to ``<output_dir>/model.pt`` (FSDP shards
@@ -115,19 +123,20 @@ from typing import Any, Iterator, Literal, Sequence, get_args, get_origin
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg import sharded_checkpoint, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
-from trainer_pkg.datasets import Dataset, Samples, describe, load_dataset
+from trainer_pkg.datasets import Dataset, Samples, TokenData, describe, load_dataset, token_data
 from trainer_pkg.memory import SavedActivations, gather_rank_memory, rank_memory
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
-from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, make_strategy
+from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, correct, cross_entropy, make_strategy
 from trainer_pkg.platforms import cpu_threads_per_rank
-from trainer_pkg.registry import CUSTOM
+from trainer_pkg.registry import CUSTOM, check_input_shape, seq_len_for
 from trainer_pkg.streaming import SampleView, StreamShard
+from trainer_pkg.token_shard import TokenShard, validation_windows
+from trainer_pkg.tokens import TokenDataset
 from trainer_pkg.user_model import UserCodeError, check_first_batch
 from trainer_pkg.versions import strategy_torch_error
 
@@ -447,21 +456,22 @@ class Window:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.correct = torch.zeros((), dtype=torch.float64, device=device)  # a language model's: shares of tokens
         self.host: dict[str, float] = dict.fromkeys(self._HOST, 0)
 
     def add_batch(self, out: Any, y: torch.Tensor, keep: torch.Tensor | None, real: int) -> None:
-        """One batch of labels ``y`` (B,) trained on this rank, ``real`` of them not padding (``keep``,
-        a (B,) bool mask, marks which; None when all are). ``out`` is ``forward_backward``'s
-        detached loss and logits (B, classes), None on a pipeline stage without the loss."""
+        """One batch of labels ``y`` (B,) (a language model's next tokens (B, T)) trained on this
+        rank, ``real`` of them not padding (``keep``, a (B,) bool mask, marks which; None when all
+        are). ``out`` is ``forward_backward``'s detached loss and logits (B, classes) or (B, T, V),
+        None on a pipeline stage without the loss."""
         self.host["trained"] += real  # every stage of a pipeline trains the batch
         if out is None:
             return
-        hits = out.logits.argmax(1) == y
+        hits = correct(out.logits, y)
         self.host["samples"] += real
         if keep is not None:
             keep = keep.to(self.device)
-            losses = F.cross_entropy(out.logits.float(), y, reduction="none")
+            losses = cross_entropy(out.logits, y, reduction="none")
             self.loss_sum.add_(losses[keep].sum())
             self.correct.add_(hits[keep].sum())
         else:
@@ -522,9 +532,12 @@ class Recorder:
     """
 
     def __init__(self, log: MetricsLog, window: Window, optimizer: torch.optim.Optimizer,
-                 progress: Progress, topo: Topology, layout: dict[str, Any]) -> None:
+                 progress: Progress, topo: Topology, layout: dict[str, Any], *, tokens_per_sample: int = 0) -> None:
+        """``tokens_per_sample``: a language model's window length (seq_len); its records then carry
+        ``tokens_per_s`` (``samples_per_s`` × seq_len, the tokens trained per second over all ranks)."""
         self.log, self.window, self.optimizer, self.progress, self.topo = log, window, optimizer, progress, topo
         self.layout = layout
+        self.tokens_per_sample = tokens_per_sample
         self._deferred: list[tuple[dict[str, Any], PendingGather, dict[str, Any]]] = []
 
     def flush(self) -> None:
@@ -532,6 +545,8 @@ class Recorder:
         while self._deferred:
             head, gathered, tail = self._deferred.pop()
             fields = _window_fields(gathered.result())
+            if fields and self.tokens_per_sample:
+                fields["tokens_per_s"] = fields["samples_per_s"] * self.tokens_per_sample
             self.log.write({**head, **fields, **(self.layout if fields else {}), **tail})
 
     def report(self, event: str, epoch: int, **extra: Any) -> None:
@@ -675,10 +690,17 @@ class TrainShard:
         return keep, int(keep.sum())
 
 
-def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard:
+def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard | TokenShard:
     """This rank's training shard of ``data`` (what :func:`trainer_pkg.datasets.load_dataset` returned)
     under ``strategy``: the one place that picks the shard class for a kind of data. Every shard class
-    has :class:`TrainShard`'s interface (``batches``, ``n``, ``epoch_order``, ``batch``, ``padding``)."""
+    has :class:`TrainShard`'s interface (``batches``, ``n``, ``epoch_order``, ``batch``, ``padding``).
+
+    Token data (:class:`trainer_pkg.datasets.TokenData`): a :class:`trainer_pkg.token_shard.TokenShard`
+    of (B, seq_len) windows drawn per batch from (``train.seed``, epoch, data-parallel rank, batch)."""
+    if isinstance(data, TokenData):
+        return TokenShard.of(data.tokens, seq_len=data.seq_len, batch_size=cfg.train.batch_size,
+                             dp_rank=strategy.dp_rank, dp_size=strategy.dp_size, seed=cfg.train.seed,
+                             drop_last=strategy.drop_last_batch)
     if isinstance(data, Dataset) and data.streamed:  # ImageFolder, CSV, uncompressed NPZ (trainer_pkg.streaming)
         return StreamShard.of(data, strategy, cfg)
     return TrainShard.of(data, strategy, cfg.train)
@@ -686,7 +708,11 @@ def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard:
 
 def validation_set(data: Any, cfg: JobConfig) -> tuple[Any, torch.Tensor]:
     """(inputs, targets) that :meth:`Strategy.evaluate` runs over at each epoch's end: tensors, or
-    for inputs any object indexed by a (k,) int64 tensor giving a (k, *sample shape) tensor."""
+    for inputs any object indexed by a (k,) int64 tensor giving a (k, *sample shape) tensor. Token
+    data: ``data.val_windows`` fixed windows of the validation split, x and y int64 (N, seq_len)
+    (:func:`trainer_pkg.token_shard.validation_windows`)."""
+    if isinstance(data, TokenData):
+        return validation_windows(data.tokens, seq_len=data.seq_len, count=cfg.data.val_windows, seed=cfg.train.seed)
     if isinstance(data, Dataset) and isinstance(data.x_val, Samples):  # each batch read when evaluate asks for it
         return SampleView(data.x_val), torch.from_numpy(data.y_val)
     return torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
@@ -909,15 +935,20 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     # -- data and model: the same arrays and the same initial weights on every rank ---------------
     with agreed_setup(topo, device):
         _seed_everything(t.seed)
+        mismatch = world_shape.data_model_errors(cfg)  # before the data: a cnn never opens token shards
+        if mismatch:
+            raise ConfigError("; ".join(f"{k}: {v}" for k, v in mismatch.items()))
         data = load_dataset(cfg.data, seed=t.seed, cache_dir=os.path.join(cfg.output.output_dir, "data_cache"))
         for note in getattr(data, "notes", ()):  # how a Dataset's files are read
             _log(topo, note)
+        if isinstance(data, TokenDataset):
+            data = token_data(data, seq_len_for(cfg.data.seq_len, cfg.model.arch, cfg.model.params))
         torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
         _check_job_fits(cfg, data, topo.world_size)
         autocast = autocast_context(t.precision, device)
         model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes,
                             entry_point=cfg.model.entry_point, code_dir=cfg.code.dir).to(device)
-        if cfg.model.arch == CUSTOM:  # before any wrapper: a wrong output shape fails here, not in the loss
+        if cfg.model.arch == CUSTOM and not isinstance(data, TokenData):  # before any wrapper: a wrong output shape fails here, not in the loss
             first = torch.from_numpy(data.x_train[:t.batch_size]).to(device)
             check_first_batch(model, first, num_classes=data.num_classes, entry_point=cfg.model.entry_point,
                               code_dir=cfg.code.dir, autocast=autocast)
@@ -934,7 +965,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         strategy = make_strategy(cfg, model, device)
         optimizer = _make_optimizer(strategy.parameters(), t)
         shard = make_shard(data, strategy, cfg)
-        total_steps = t.epochs * math.ceil(shard.batches / t.grad_accum_steps)
+        total_steps = planned_steps(t, shard.batches)
         scheduler = maybe_resume(ckpt, ckpt_path, strategy, optimizer, t, total_steps)
         if strategy.casts_parameters:  # FSDP2's mixed precision policy computes in bf16 itself
             autocast = contextlib.nullcontext()
@@ -951,15 +982,20 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     stepper = Stepper(strategy, optimizer, scheduler, shard, Window(device), nonfinite, progress, autocast, t)
     agreements = Agreements(stop, t, device, step)
     with MetricsLog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), topo.is_main, fresh=ckpt is None) as log:
-        recorder = Recorder(log, stepper.window, optimizer, progress, topo, _rank_layout(strategy, topo.world_size))
+        recorder = Recorder(log, stepper.window, optimizer, progress, topo, _rank_layout(strategy, topo.world_size),
+                            tokens_per_sample=data.seq_len if isinstance(data, TokenData) else 0)
         divergence = Divergence(t.on_nonfinite_loss, recorder, topo)
 
         # -- the loop: one optimizer step per train.grad_accum_steps batches -----------------------
         first_step, last_step_s = step + 1, 0.0
+        last_epoch = max(start_epoch - 1, 0)
         for epoch in range(start_epoch, t.epochs):
+            if steps_done(progress.step, t):  # train.max_steps reached (before this epoch, or before a resume)
+                break
+            last_epoch = epoch
             order = shard.epoch_order(epoch)
             b = epoch_start = start_batch if epoch == start_epoch else 0
-            while b < shard.batches:
+            while b < shard.batches and not steps_done(progress.step, t):
                 if agreements.due(progress.step):
                     stopping, nonfinite_code = agreements.read()
                     divergence.check(nonfinite_code, epoch)
@@ -977,16 +1013,19 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                 elif agreements.record_due(progress.step):
                     recorder.report("step", epoch)
 
-            # -- end of epoch: validate, then checkpoint (never a diverged model over a good one) ---
+            # -- end of epoch (or of train.max_steps inside it): validate, then checkpoint (never a
+            # diverged model over a good one) --------------------------------------------------------
             divergence.check(nonfinite.agreed(device), epoch)
             strategy.sync_buffers()
             val_loss, val_acc = strategy.evaluate(x_val, y_val, device, autocast)
             digests: list[Any] = [None] * topo.world_size
             dist.all_gather_object(digests, sample_order_digest(order))
-            recorder.report("epoch", epoch, val_loss=val_loss, val_accuracy=val_acc, sample_order_digest=digests,
+            scores = validation_fields(val_loss, val_acc, tokens=isinstance(data, TokenData))
+            recorder.report("epoch", epoch, **scores, sample_order_digest=digests,
                             rank_memory=measured_memory(stepper, device))
-            _log(topo, f"epoch {epoch}: val_loss {val_loss:.4f} val_accuracy {val_acc:.4f}")
-            save(epoch=epoch + 1, batches_done=0, step=progress.step)
+            _log(topo, f"epoch {epoch}: " + " ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+            finished = b >= shard.batches  # else stopped inside the epoch by train.max_steps: resume there
+            save(epoch=epoch + 1 if finished else epoch, batches_done=0 if finished else b, step=progress.step)
         agreements.finish()
 
         # -- save: the whole model's bare state dict on rank 0 (FSDP shards, pipeline stages gathered)
@@ -995,7 +1034,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         if topo.is_main:
             _atomic_torch_save(state, model_path)
         dist.barrier()
-        recorder.report("completed", max(t.epochs - 1, 0), rank_memory=measured_memory(stepper, device))
+        recorder.report("completed", last_epoch, rank_memory=measured_memory(stepper, device))
         if strategy.name == "fsdp":  # one per sharded unit per step: none while gradients accumulate
             _log(topo, f"fsdp: {strategy.reduce_scatters} gradient reduce-scatter(s) in "
                        f"{progress.step - step} optimizer step(s) on rank 0")
@@ -1040,9 +1079,12 @@ def agreed_setup(topo: Topology, device: torch.device) -> Iterator[None]:
     _agree_setup(error, topo, device)
 
 
-def _check_job_fits(cfg: JobConfig, data: Dataset, world_size: int) -> None:
+def _check_job_fits(cfg: JobConfig, data: Dataset | TokenData, world_size: int) -> None:
     """Raise :class:`TrainerError` when the job cannot run on ``data`` or on the ``world_size`` ranks
-    the launcher started (the world-shape checks, with their arithmetic)."""
+    the launcher started (the world-shape checks, with their arithmetic); :class:`ConfigError` when
+    the model cannot read the data (a classifier given token data, gpt given anything else, windows
+    longer than the context: :func:`trainer_pkg.registry.check_input_shape`)."""
+    check_input_shape(cfg.model.arch, data.input_shape, data_format=cfg.data.format, params=cfg.model.params)
     if cfg.train.augment and len(data.input_shape) != 3:
         raise TrainerError(f"train.augment flips images, but this dataset's samples have shape "
                            f"{tuple(data.input_shape)}, not (C, H, W); turn train.augment off")
@@ -1165,6 +1207,31 @@ class Stepper:
         seconds = time.perf_counter() - tick
         self.window.add_step(seconds, data_seconds, self.strategy.take_compute_seconds())
         return seconds
+
+
+def planned_steps(t: TrainConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps the run takes (the span of the lr schedule): ``train.epochs`` × the steps of
+    an epoch of ``batches_per_epoch`` batches (``train.grad_accum_steps`` per step, the last step of
+    an epoch taking what is left), or ``train.max_steps`` when that is set and fewer."""
+    total = t.epochs * math.ceil(batches_per_epoch / t.grad_accum_steps)
+    return min(total, t.max_steps) if t.max_steps else total
+
+
+def steps_done(step: int, t: TrainConfig) -> bool:
+    """Whether ``step`` optimizer steps reach ``train.max_steps`` (never when it is 0): the loop then
+    stops, validates, checkpoints and saves ``model.pt`` as after its last epoch. The same on every
+    rank (every rank counts the same steps)."""
+    return bool(t.max_steps) and step >= t.max_steps
+
+
+def validation_fields(loss: float, accuracy: float, *, tokens: bool) -> dict[str, float]:
+    """The ``epoch`` record's validation fields: ``val_loss`` (mean cross entropy; nats per token for
+    a language model) and ``val_accuracy`` (next-token accuracy for a language model), and for token
+    data ``val_perplexity`` = exp(val_loss) (inf past float range)."""
+    fields = {"val_loss": loss, "val_accuracy": accuracy}
+    if tokens:
+        fields["val_perplexity"] = math.exp(loss) if loss < 709.0 else math.inf
+    return fields
 
 
 def maybe_clip_grad_norm(strategy: Strategy, max_norm: float) -> float | None:
@@ -1402,8 +1469,9 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {section: p.add_argument_group(title) for section, title in _GROUP_TITLES.items()}
     groups["data"].add_argument(
         "--dataset", metavar="NAME_OR_PATH",
-        help="'digits' (built in: data.name) or the path of an ImageFolder tree, .csv or .npz file "
-             "(data.uri); its format is guessed from the path unless --data-format is given")
+        help="'digits' (built in: data.name) or the path of an ImageFolder tree, .csv or .npz file, or a "
+             "tokens directory (with meta.json) (data.uri); its format is guessed from the path unless "
+             "--data-format is given")
     sections = typing.get_type_hints(JobConfig)
     for flag in cli_flags():
         _add_flag(groups[flag.section], flag, sections[flag.section], getattr(getattr(defaults, flag.section), flag.field))
@@ -1456,6 +1524,8 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
 def _guess_format(dataset: str) -> str:
     if dataset == "digits":
         return "builtin"
+    if os.path.isfile(os.path.join(dataset, "meta.json")):  # a token dataset's directory
+        return "tokens"
     lower = dataset.lower()
     if lower.endswith(".csv"):
         return "csv"

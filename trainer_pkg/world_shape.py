@@ -19,7 +19,7 @@ the launcher started.
 from __future__ import annotations
 
 from trainer_pkg.config import ConfigError, JobConfig, ParallelConfig, plural
-from trainer_pkg.registry import model_errors, pipeline_layer_count
+from trainer_pkg.registry import CUSTOM, TOKENS_FORMAT, check_input_shape, model_errors, pipeline_layer_count
 
 
 def describe_world(nodes: int, procs_per_node: int) -> str:
@@ -76,6 +76,11 @@ def shape_errors(cfg: JobConfig, *, world_size: int, world_desc: str, check_laye
             errs["parallel.pipeline_stages"] = (
                 f"{stages} pipeline stages need at least one layer each, but {cfg.model.arch} with these "
                 f"parameters has {plural(layers, 'layer', 'layers')}: use fewer stages or a deeper model")
+    if cfg.model.arch == "gpt" and (cfg.model.params or {}).get("tied_embeddings", True) is True:
+        # The token embedding sits on the first stage and the output layer on the last: one weight cannot be both.
+        errs["model.params.tied_embeddings"] = ("pipeline puts the token embedding on the first stage and the output "
+                                                "layer on the last, so they cannot share one weight: set "
+                                                "tied_embeddings to false, or use strategy ddp or fsdp")
     return {**errs, **feature_errors(cfg)}
 
 
@@ -121,6 +126,22 @@ def config_errors(cfg: JobConfig) -> dict[str, str]:
         for field, msg in found.items():
             errs.setdefault(field, msg)
     return errs
+
+
+def data_model_errors(cfg: JobConfig) -> dict[str, str]:
+    """A language model (``gpt``) with data that is not ``tokens``, or a classifier with ``tokens``
+    data (:func:`trainer_pkg.registry.check_input_shape` on the format alone), keyed by field; empty
+    otherwise, for a custom model, and while the model's own parameters are invalid. The trainer
+    checks it before opening the data; the dashboard checks the same rule against the stored
+    dataset, with the dataset's name (``jobs.services.training_jobs``)."""
+    if cfg.model.arch == CUSTOM or (cfg.data.format != TOKENS_FORMAT and cfg.model.arch != "gpt"):
+        return {}
+    try:
+        check_input_shape(cfg.model.arch, (None,), data_format=cfg.data.format, params=cfg.model.params)
+    except ConfigError as exc:
+        field, _, message = str(exc).partition(": ")
+        return {} if field.startswith("model.params") else {field: message}
+    return {}
 
 
 def validate(cfg: JobConfig) -> JobConfig:

@@ -37,6 +37,8 @@ CHART_SERIES = {
     "loss": ("train_loss", "val_loss"),
     "accuracy": ("train_accuracy", "val_accuracy"),
 }
+# Fields of our trainer's own that get a chart of their own when a job reports them (a language model's).
+OWN_METRIC_CHARTS = ("val_perplexity",)
 # Beyond those, one chart per other metric name a job reported (a user script's report.log), titled
 # by the name; at most this many, in name order, so a script inventing names cannot flood the page.
 MAX_METRIC_CHARTS = 50
@@ -396,10 +398,11 @@ def _live_context(job) -> dict[str, Any]:
 def _metric_chart_names(job, names) -> list[str]:
     """The metric names that get a chart of their own: every one not drawn in :data:`CHART_SERIES`;
     for a job of our trainer, not its other own fields either (lr, throughput: the rank table's), so
-    its page is as before. A script's metrics are all its own, whatever their names (``lr`` too)."""
+    its page is as before, but for :data:`OWN_METRIC_CHARTS` (a language model's ``val_perplexity``).
+    A script's metrics are all its own, whatever their names (``lr`` too)."""
     drawn = {n for series in CHART_SERIES.values() for n in series}
     script = isinstance(job.config, dict) and bool((job.config.get("code") or {}).get("script"))
-    own = () if script else GLOBAL_METRICS
+    own = () if script else [n for n in GLOBAL_METRICS if n not in OWN_METRIC_CHARTS]
     return sorted(n for n in names if n not in drawn and n not in own)[:MAX_METRIC_CHARTS]
 
 

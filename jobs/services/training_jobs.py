@@ -43,7 +43,7 @@ from jobs.validation import ALL, Errors
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.memory_plan import MemoryPlan, PlanError
 from trainer_pkg.memory_plan import plan as memory_plan
-from trainer_pkg.registry import CUSTOM, check_input_shape, validate_model_params
+from trainer_pkg.registry import CUSTOM, TOKENS_FORMAT, check_input_shape, seq_len_for, validate_model_params
 from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
 
 log = logging.getLogger(__name__)
@@ -496,15 +496,22 @@ def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     """An error (on ``model_spec``, or ``hyperparameters`` when they chose the architecture) when the
     job's architecture cannot take the dataset's samples, by the registry's own rule
     (:func:`trainer_pkg.registry.check_input_shape`) on the shape read when the dataset was saved
-    (``Dataset.sample_shape``); the message names both shapes. Not checked when that shape is unknown
-    (a cloud URI) or the overrides point the job at other data."""
+    (``Dataset.sample_shape``); the message names both shapes. Token data and the language model
+    (``gpt``) go together only, whatever the shape; a window is the job's ``data.seq_len`` (or the
+    model's context length) long, at most that context length. Not checked when the shape is unknown
+    (a cloud URI) for a classifier, or when the overrides point the job at other data."""
     data = config.data
     same_data = (data.format, data.uri) == (dataset.format, dataset.uri) and (
         dataset.format != Dataset.Format.BUILTIN or data.name == dataset.builtin_name)
-    if dataset.sample_shape is None or not same_data:
+    if not same_data:
         return
+    shape = dataset.sample_shape
+    if shape is None and data.format != TOKENS_FORMAT and config.model.arch != "gpt":
+        return  # unknown shape; gpt refuses any format but tokens whatever the shape
     try:
-        check_input_shape(config.model.arch, dataset.sample_shape)
+        if data.format == TOKENS_FORMAT:  # a window's length is the job's (data.seq_len or the context length)
+            shape = [seq_len_for(data.seq_len, config.model.arch, config.model.params) or None]
+        check_input_shape(config.model.arch, shape or [None], data_format=data.format, params=config.model.params)
     except ConfigError as exc:
         reason = str(exc).removeprefix("model.arch: ")
         errors.add(_config_error_field("model.arch", overridden),

@@ -126,6 +126,17 @@ def test_a_cnn_on_a_table_is_refused_at_launch_with_both_shapes(user, table_npz,
     assert _launch(user, table, mlp, local_backend).config["model"]["arch"] == "mlp"
 
 
+def test_a_language_model_on_a_table_is_refused_at_launch(user, table_npz, local_backend):
+    table = services.dataset_create(owner=user, name="table16", format="npz", uri=str(table_npz))
+    gpt = services.model_spec_create(owner=user, name="tiny-gpt", architecture="gpt", params={"layers": 2})
+    with pytest.raises(ValidationError) as excinfo:
+        _launch(user, table, gpt, local_backend)
+    assert excinfo.value.message_dict["model_spec"] == [
+        "Model tiny-gpt does not fit dataset table16: gpt is a language model and reads a tokens dataset (token "
+        "ids, made by prepare_text), but this dataset's format is npz; use a classifier (mlp, cnn, resnet) for it."]
+    assert TrainingJob.objects.count() == 0
+
+
 def test_the_form_and_the_api_show_the_same_refusal(user, table_npz, cnn_model, local_backend, client):
     from rest_framework.test import APIClient
     from django.urls import reverse

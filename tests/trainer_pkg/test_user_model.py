@@ -416,7 +416,7 @@ def test_fsdp_units_by_class_name(tinyformer):
 
 
 def test_registry_takes_any_object_for_custom_and_lists_builtins_only():
-    assert set(ARCHITECTURES) == {"mlp", "cnn", "resnet"}  # the dashboard's model form lists these
+    assert set(ARCHITECTURES) == {"mlp", "cnn", "resnet", "gpt"}  # the dashboard's model form lists these
     params = {"width": 32, "blocks": [1, 2], "name": "tiny", "scale": {"a": 0.5}}
     assert validate_model_params(CUSTOM, params) == params
     assert validate_model_params(CUSTOM, None) == {}

@@ -45,6 +45,15 @@ def test_a_trainer_jobs_own_fields_get_no_chart_of_their_own(owner_client, seede
     assert set(body["series"]) == {"train_loss", "val_loss", "train_accuracy", "val_accuracy", "custom"}
 
 
+def test_a_language_models_perplexity_gets_its_chart(owner_client, seeded_job):
+    add_points(seeded_job, val_perplexity=[12.18, 7.39], tokens_per_s=[10240.0], lr=[3e-4])
+    body = owner_client.get(reverse("job-metrics", args=[seeded_job.pk])).json()
+    assert body["metric_charts"] == ["val_perplexity"]  # throughput and lr stay in the rank table
+    assert body["series"]["val_perplexity"] == [{"x": 1, "y": 12.18}, {"x": 2, "y": 7.39}]
+    page = owner_client.get(reverse("job-detail", args=[seeded_job.pk])).content.decode()
+    assert '"metric_charts": ["val_perplexity"]' in page
+
+
 def test_at_most_50_metric_charts(owner_client, seeded_job):
     make_script_job(seeded_job)
     add_points(seeded_job, **{f"m{i:03d}": [float(i)] for i in range(80)})
