@@ -388,8 +388,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
     # has no model of ours to fit; a custom model passes the registry's rule (its shapes are known
     # only once its entry point runs: the trainer checks the first batch).
-    if not is_script:
-        _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
+    fits = is_script or _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
@@ -402,7 +401,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                    secret_env=dict(backend.job_secrets or {}))
     _check_spec(errors, adapter, spec, strategy, dataset)
     price = _hourly_price(errors, adapter, instance_type, spot)
-    memory = None if is_script else job_memory_plan(config=config, dataset=dataset, adapter=adapter,
+    # No plan of a model that cannot read the data (a cnn's arithmetic on token windows means nothing).
+    memory = None if is_script or not fits else job_memory_plan(config=config, dataset=dataset, adapter=adapter,
                                                     instance_type=instance_type, backend_name=backend.name)
     if memory is not None and memory.fits is False:
         errors.add(ALL, memory_refusal(memory))
@@ -492,9 +492,9 @@ def _fingerprint(config: JobConfig) -> dict[str, Any] | None:
 
 
 def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,
-                              overridden: set[str]) -> None:
-    """An error (on ``model_spec``, or ``hyperparameters`` when they chose the architecture) when the
-    job's architecture cannot take the dataset's samples, by the registry's own rule
+                              overridden: set[str]) -> bool:
+    """False, with an error (on ``model_spec``, or ``hyperparameters`` when they chose the
+    architecture), when the job's architecture cannot take the dataset's samples, by the registry's own rule
     (:func:`trainer_pkg.registry.check_input_shape`) on the shape read when the dataset was saved
     (``Dataset.sample_shape``); the message names both shapes. Token data and the language model
     (``gpt``) go together only, whatever the shape; a window is the job's ``data.seq_len`` (or the
@@ -504,10 +504,10 @@ def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     same_data = (data.format, data.uri) == (dataset.format, dataset.uri) and (
         dataset.format != Dataset.Format.BUILTIN or data.name == dataset.builtin_name)
     if not same_data:
-        return
+        return True
     shape = dataset.sample_shape
     if shape is None and data.format != TOKENS_FORMAT and config.model.arch != "gpt":
-        return  # unknown shape; gpt refuses any format but tokens whatever the shape
+        return True  # unknown shape; gpt refuses any format but tokens whatever the shape
     try:
         if data.format == TOKENS_FORMAT:  # a window's length is the job's (data.seq_len or the context length)
             shape = [seq_len_for(data.seq_len, config.model.arch, config.model.params) or None]
@@ -516,6 +516,8 @@ def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
         reason = str(exc).removeprefix("model.arch: ")
         errors.add(_config_error_field("model.arch", overridden),
                    f"Model {model_spec.name} does not fit dataset {dataset.name}: {reason}.")
+        return False
+    return True
 
 
 def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_node: int = 1,
