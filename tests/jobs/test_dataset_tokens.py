@@ -72,3 +72,15 @@ def test_a_cnn_on_token_windows_is_refused_at_launch(user, token_dir, cnn_model,
     assert message == ("Model digits-cnn does not fit dataset books: cnn is a classifier, but a tokens dataset "
                        "holds token ids for a language model; use gpt.")
     assert TrainingJob.objects.count() == 0
+
+
+def test_a_gpt_on_the_token_dataset_passes_launch_validation(user, token_dir, local_backend):
+    ds = services.dataset_create(owner=user, name="books", format="tokens", uri=token_dir)
+    gpt = services.model_spec_create(owner=user, name="tiny-gpt", architecture="gpt",
+                                     params={"layers": 2, "heads": 2, "embed_dim": 32, "context_length": 64})
+    job = services.training_job_create(owner=user, dataset=ds, model_spec=gpt, backend=local_backend,
+                                       nodes=1, procs_per_node=2)
+    assert job.state == "QUEUED"
+    assert job.config["data"]["format"] == "tokens" and job.config["data"]["uri"] == token_dir
+    assert job.config["model"]["arch"] == "gpt"
+    assert job.dataset_fingerprint["kind"] == "local" and job.dataset_fingerprint["files"] == 4  # meta + 3 shards
