@@ -42,6 +42,66 @@ def make_npz(path: str, *, n_train: int, n_val: int, shape: Sequence[int], class
     )
 
 
+# "walk" token data: each token is the previous one plus one of these steps (mod the vocabulary), drawn
+# uniformly, so a model can learn it and the best possible loss is ln 4 = 1.386 nats per token.
+WALK_STEPS = (1, 2, 3, 5)
+_CHUNK_TOKENS = 1 << 23  # generated and written 8 Mi tokens at a time: the driver never holds a whole split
+
+
+def generate_tokens(root: str, *, train_tokens: int, val_tokens: int, vocab_size: int, seed: int = 0,
+                    fill: str = "walk", shard_tokens: int = 0) -> dict[str, Any]:
+    """Write a generated token dataset under ``root`` in :mod:`trainer_pkg.tokens`' layout (its
+    ``ShardWriter`` and ``write_meta``; uint16 ids when ``vocab_size`` ≤ 65,536, else uint32) and
+    return its meta dict (``meta.json``, with a ``generated`` key saying how).
+
+    ``fill``: ``walk`` (learnable: see :data:`WALK_STEPS`), ``random`` (uniform ids: the loss cannot
+    fall below ln ``vocab_size``) or ``sparse`` (files of the right length made by ``truncate``: holes
+    that read as token 0, no disk blocks, instant at any size; for memory and I/O measurements only).
+    ``shard_tokens``: tokens per shard (0 = one shard per split). Raises ValueError for an unknown fill.
+    """
+    import numpy as np
+
+    from trainer_pkg.tokens import ShardWriter, token_dtype, write_meta
+
+    if fill not in ("walk", "random", "sparse"):
+        raise ValueError(f"fill must be walk, random or sparse, got {fill!r}")
+    dtype = token_dtype(vocab_size)
+    rng = np.random.default_rng(seed)
+    splits: dict[str, list[str]] = {}
+    for split, total in (("train", train_tokens), ("val", val_tokens)):
+        per_shard = shard_tokens or total
+        if fill == "sparse":
+            os.makedirs(os.path.join(root, split), exist_ok=True)
+            splits[split] = []
+            for index, at in enumerate(range(0, total, per_shard)):
+                rel = f"{split}/{index:06d}.bin"
+                with open(os.path.join(root, rel), "wb") as f:
+                    f.truncate(min(per_shard, total - at) * np.dtype(dtype).itemsize)
+                splits[split].append(rel)
+            continue
+        writer, last = ShardWriter(root, split, dtype, per_shard), int(rng.integers(vocab_size))
+        for at in range(0, total, _CHUNK_TOKENS):
+            k = min(_CHUNK_TOKENS, total - at)
+            if fill == "random":
+                writer.append(rng.integers(0, vocab_size, k, dtype=np.int64))
+            else:
+                chunk = (last + np.cumsum(rng.choice(np.array(WALK_STEPS), k))) % vocab_size
+                last = int(chunk[-1])
+                writer.append(chunk)
+        splits[split] = writer.close()
+    generated = {"fill": fill, "seed": seed, "train_tokens": train_tokens, "val_tokens": val_tokens}
+    path = write_meta(root, dtype=dtype, vocab_size=vocab_size, splits=splits, generated=generated)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_job(path: str, cfg: dict[str, Any]) -> str:
+    """Write the trainer config ``cfg`` (a JobConfig dict) to ``path``; returns ``path``."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
 def job_env(rss_dir: str | None = None) -> dict[str, str]:
     """The environment of every job: 1 CPU thread per rank, the checkout importable, no inherited
     rank variables; ``BENCH_RSS_DIR`` tells :mod:`bench._rank_rss` where each rank's peak RSS goes."""
@@ -64,19 +124,20 @@ def torchrun(nproc: int, target: list[str]) -> list[str]:
             RANK_WRAPPER, *target]
 
 
-def run_job(cmd: list[str], env: dict[str, str], log_path: str, timeout_s: float) -> float:
-    """Run ``cmd`` to completion (output to ``log_path``); returns its wall time in seconds. Raises
-    RuntimeError with the log's tail when it fails."""
-    return finish_job(start_job(cmd, env, log_path), timeout_s)
+def run_job(cmd: list[str], env: dict[str, str], log_path: str, timeout_s: float, cwd: str = REPO) -> float:
+    """Run ``cmd`` in ``cwd`` to completion (output to ``log_path``); returns its wall time in
+    seconds. Raises RuntimeError with the log's tail when it fails."""
+    return finish_job(start_job(cmd, env, log_path, cwd=cwd), timeout_s)
 
 
-def start_job(cmd: list[str], env: dict[str, str], log_path: str, cpus: Sequence[int] | None = None) -> dict[str, Any]:
-    """Start ``cmd`` (output to ``log_path``), on the logical CPUs ``cpus`` only when given (its
-    children inherit the affinity); :func:`finish_job` waits for it."""
+def start_job(cmd: list[str], env: dict[str, str], log_path: str, cpus: Sequence[int] | None = None,
+              cwd: str = REPO) -> dict[str, Any]:
+    """Start ``cmd`` in ``cwd`` (output to ``log_path``), on the logical CPUs ``cpus`` only when
+    given (its children inherit the affinity); :func:`finish_job` waits for it."""
     log = open(log_path, "w", encoding="utf-8")
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
     return {"cmd": cmd, "proc": proc, "log": log, "log_path": log_path, "start": start}
 
 
@@ -140,6 +201,19 @@ def read_rss(rss_dir: str) -> dict[int, float]:
             with open(os.path.join(rss_dir, name), encoding="utf-8") as f:
                 data = json.load(f)
             out[int(data["rank"])] = data["vmhwm_kb"] / 1024.0
+    return out
+
+
+def read_rss_detail(rss_dir: str) -> dict[int, dict[str, float]]:
+    """Each rank's figures from :mod:`bench._rank_rss` in MB: ``peak`` (VmHWM), and ``anon`` and
+    ``file`` (RssAnon, RssFile when the rank exited)."""
+    out: dict[int, dict[str, float]] = {}
+    for name in os.listdir(rss_dir):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(rss_dir, name), encoding="utf-8") as f:
+                data = json.load(f)
+            out[int(data["rank"])] = {"peak": data["vmhwm_kb"] / 1024.0, "anon": data.get("rss_anon_kb", 0) / 1024.0,
+                                      "file": data.get("rss_file_kb", 0) / 1024.0}
     return out
 
 

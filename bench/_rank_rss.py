@@ -5,7 +5,9 @@
 
 The program runs in this process (``runpy``, as ``python -m``/``python script.py`` would run it), so
 its footprint is this process's. At exit the peak resident set size (``VmHWM`` in
-``/proc/self/status``) is written to ``$BENCH_RSS_DIR/rank<RANK>.json``. The trainer and the
+``/proc/self/status``) is written to ``$BENCH_RSS_DIR/rank<RANK>.json``, with the resident anonymous
+and file-backed memory at that moment (``RssAnon``, ``RssFile``: a memory-mapped file's pages the
+rank touched count in the latter). The trainer and the
 hand-written loop are measured by this same wrapper, so whatever the wrapper itself costs (nothing
 measurable: runpy is what ``-m`` uses anyway) cancels in the difference.
 """
@@ -16,12 +18,19 @@ import runpy
 import sys
 
 
-def vmhwm_kb() -> int:
+def status_kb(*fields: str) -> dict[str, int]:
+    """The given fields of ``/proc/self/status`` in kB (0 when absent)."""
+    out = dict.fromkeys(fields, 0)
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
+            name = line.split(":", 1)[0]
+            if name in out:
+                out[name] = int(line.split()[1])
+    return out
+
+
+def vmhwm_kb() -> int:
+    return status_kb("VmHWM")["VmHWM"]
 
 
 def record() -> None:
@@ -29,7 +38,9 @@ def record() -> None:
     if out:
         rank = os.environ.get("RANK", "0")
         with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump({"rank": int(rank), "vmhwm_kb": vmhwm_kb(), "pid": os.getpid()}, f)
+            kb = status_kb("VmHWM", "RssAnon", "RssFile")
+            json.dump({"rank": int(rank), "vmhwm_kb": kb["VmHWM"], "rss_anon_kb": kb["RssAnon"],
+                       "rss_file_kb": kb["RssFile"], "pid": os.getpid()}, f)
 
 
 def main() -> None:

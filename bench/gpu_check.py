@@ -17,6 +17,25 @@ Cases (digits, ``cnn`` registry defaults, batch 32, lr 0.05, seed 0, ``--stop-ch
                      process group sent SIGTERM after the first epoch record: exit code, seconds
                      from the signal to exit, and the checkpoint it wrote
 ``cpu-resume``       that GPU checkpoint resumed on the CPU (``map_location``) for one more epoch
+``gpt2-fsdp-bf16``   GPT-2 124M (``gpt``: 12 layers, 12 heads, 768 wide, context 1024, vocabulary 50,257,
+                     tied; 124,439,808 parameters) under FSDP2 with bf16 mixed precision on the one GPU,
+                     AdamW, ``--gpt-batch`` windows per step, ``--gpt-steps`` steps of random tokens (a record every 10):
+                     tokens/s over steps 2..S (the trainer's records), MFU, and the memory plan
+                     (:func:`trainer_pkg.memory_plan.plan`) ÷ ``max_memory_allocated`` (the trainer's
+                     ``rank_memory`` peak on a GPU)
+``gpt2-fsdp-bf16-compile``  the same with ``train.compile`` (the first steps compile; they are outside
+                     the window only if S is well past them: the row says how many steps it timed)
+
+MFU (model FLOPs utilisation) = tokens/s × FLOPs per token ÷ the GPU's peak dense bf16 FLOP/s, with
+FLOPs per token = 6·N + 12·L·C·T (PaLM, Chowdhery et al. 2022, arXiv:2204.02311, appendix B: 6 FLOPs
+per parameter per token for forward and backward, plus the attention scores' 12·layers·width·context;
+N excludes the position embeddings, as nanoGPT's ``estimate_mfu`` does). Peaks (:data:`PEAK_BF16_FLOPS`)
+are NVIDIA's datasheet figures without sparsity: H100 SXM and H200 989 TFLOP/s (the H200 datasheet
+gives 1,979 TFLOP/s "with sparsity"; dense is half), A100 312. ``--peak-tflops`` overrides.
+
+``--smoke`` runs only ``gpt-smoke`` on the CPU (gloo, a 2-layer 64-wide gpt, 6 steps, bf16 autocast):
+the same code path and figures, so the script can be checked where no GPU is lent
+(``tests/bench/test_gpu_check.py``); MFU is printed only with ``--peak-tflops``.
 
 Figures are reported, never asserted: this is a check to run where a GPU is lent, not a test.
 """
@@ -26,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +53,16 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+# Peak dense bf16 tensor FLOP/s by GPU name (NVIDIA's datasheets; "with sparsity" figures halved).
+PEAK_BF16_FLOPS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12), ("A10G", 70e12))
+
+GPT2_124M = {"layers": 12, "heads": 12, "embed_dim": 768, "context_length": 1024, "dropout": 0.0,
+             "tied_embeddings": True, "bias": True}
+GPT2_VOCAB = 50257
+SMOKE_GPT = {"layers": 2, "heads": 2, "embed_dim": 64, "context_length": 64, "dropout": 0.0,
+             "tied_embeddings": True, "bias": True}
+SMOKE_VOCAB = 512
 
 BASE = ["--dataset", "digits", "--model", "cnn", "--batch-size", "32", "--lr", "0.05", "--seed", "0",
         "--stop-check-s", "0"]
@@ -158,17 +188,110 @@ def resume_on_cpu(work: str, timeout_s: float) -> dict:
     return row
 
 
+def peak_flops(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s of the GPU named ``device_name`` (:data:`PEAK_BF16_FLOPS`), or None."""
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in device_name), None)
+
+
+def flops_per_token(params: dict, vocab: int) -> float:
+    """Training FLOPs per token of the ``gpt`` model ``params``: 6·N + 12·L·C·T (see the module's
+    docstring), N = every parameter but the position embeddings, counted once when tied."""
+    from trainer_pkg.memory_plan import parameter_count
+
+    L, C, T = params["layers"], params["embed_dim"], params["context_length"]
+    n = parameter_count("gpt", params, (T,), vocab) - T * C
+    return 6 * n + 12 * L * C * T
+
+
+def gpt_case(name: str, work: str, timeout_s: float, *, smoke: bool, compile_model: bool, steps: int,
+             batch: int, precision: str, peak: float | None) -> dict:
+    """One ``gpt`` run under FSDP2 on one rank (the GPU, or the CPU with ``smoke``): tokens/s, MFU,
+    the plan against the measured peak."""
+    from bench._common import generate_tokens, trainer_window
+
+    from trainer_pkg.config import JobConfig
+    from trainer_pkg.memory_plan import plan
+
+    params, vocab = (SMOKE_GPT, SMOKE_VOCAB) if smoke else (GPT2_124M, GPT2_VOCAB)
+    T = params["context_length"]
+    tokens = os.path.join(work, f"tokens-{vocab}")
+    if not os.path.exists(os.path.join(tokens, "meta.json")):
+        generate_tokens(tokens, train_tokens=int(1.3 * (steps + 2) * batch * (T + 1)) + 10 * (T + 1),
+                        val_tokens=8 * (T + 1) + 1, vocab_size=vocab, fill="random")
+    out_dir = os.path.join(work, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cfg = {"data": {"format": "tokens", "uri": tokens, "seq_len": T, "val_windows": 8},
+           "model": {"arch": "gpt", "params": params},
+           "parallel": {"strategy": "fsdp", "procs_per_node": 1, "dist_backend": "gloo" if smoke else "nccl"},
+           "train": {"epochs": 1, "max_steps": steps, "batch_size": batch, "lr": 6e-4, "optimizer": "adamw",
+                     "precision": precision, "compile": compile_model, "seed": 0, "stop_check_s": 0,
+                     # a record every few steps: the window must not depend on the 1-second cadence
+                     "log_every_steps": 1 if smoke else 10},
+           "output": {"output_dir": out_dir}}
+    os.makedirs(out_dir)
+    config = os.path.join(out_dir, "job.json")
+    with open(config, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(_launch(config), env=_env(smoke), cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout_s)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, log = "timeout", (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+    row: dict = {"case": name, "rc": rc, "seconds": round(time.perf_counter() - start, 2), **_summary(out_dir, log)}
+    if rc != 0:
+        row["log_tail"] = log[-1500:]
+        return row
+    window = trainer_window(os.path.join(out_dir, "metrics.jsonl"))
+    tps = (window["last_step"] - 1) * batch * T / window["loop_s"]
+    fpt = flops_per_token(params, vocab)
+    row.update(timed_steps=f"2..{window['last_step']}", tokens_per_s=round(tps, 1), flops_per_token=fpt,
+               achieved_tflops=round(tps * fpt / 1e12, 3), peak_tflops=peak / 1e12 if peak else None,
+               mfu=round(tps * fpt / peak, 4) if peak else None)
+    memory = [r["rank_memory"] for r in _records(out_dir) if r.get("rank_memory")]
+    planned = plan(JobConfig.from_dict(cfg), input_shape=(T,), num_classes=vocab, world_size=1)
+    row["plan_bytes"] = planned.peak_bytes
+    if memory:
+        measured = memory[-1][0]
+        row.update(measured_peak_bytes=measured["peak_bytes"], measured_device=measured.get("device"),
+                   plan_over_measured=round(planned.peak_bytes / measured["peak_bytes"], 4),
+                   plan_terms={k: getattr(planned, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                                 "activations_bytes", "buffers_bytes")},
+                   measured_terms={k: v for k, v in measured.items() if k.endswith("_bytes")})
+        if smoke:  # on the CPU the trainer's peak is its four counts: compare the plan's same four
+            four = planned.peak_bytes - planned.buffers_bytes
+            row["plan_without_buffers_over_measured"] = round(four / measured["peak_bytes"], 4)
+    else:
+        row["measured_peak_bytes"] = None
+    return row
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", default="/tmp/trainboard-gpu-check")
     p.add_argument("--json", help="write the rows here too")
     p.add_argument("--timeout-s", type=float, default=120, help="per case (default 120)")
     p.add_argument("--cases", help="comma-separated case names to run (default: all)")
+    p.add_argument("--smoke", action="store_true", help="only gpt-smoke, on the CPU (no GPU needed)")
+    p.add_argument("--gpt-steps", type=int, default=50, help="gpt cases: optimizer steps, a multiple of 10 (default 50; smoke 6)")
+    p.add_argument("--gpt-batch", type=int, default=16, help="gpt cases: windows per step (default 16; smoke 4)")
+    p.add_argument("--peak-tflops", type=float, help="the device's peak bf16 TFLOP/s (default: by GPU name)")
     args = p.parse_args()
     import torch
 
+    if args.smoke:
+        os.makedirs(args.work, exist_ok=True)
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+        row = gpt_case("gpt-smoke", args.work, args.timeout_s, smoke=True, compile_model=False,
+                       steps=min(args.gpt_steps, 6), batch=min(args.gpt_batch, 4), precision="bf16", peak=peak)
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump([row], f, indent=2)
+        return 0 if row["rc"] == 0 else 1
     if not torch.cuda.is_available():
-        print("no CUDA GPU here: nothing to check")
+        print("no CUDA GPU here: nothing to check (--smoke runs the gpt case on the CPU)")
         return 2
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}, "
           f"bf16 {torch.cuda.is_bf16_supported()}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
@@ -202,10 +325,17 @@ def main() -> int:
         if wanted is None or name in wanted:
             rows.append(fn(w, args.timeout_s))
             print(json.dumps(rows[-1]), flush=True)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(torch.cuda.get_device_name(0))
+    for name, compile_model in (("gpt2-fsdp-bf16", False), ("gpt2-fsdp-bf16-compile", True)):
+        if wanted is None or name in wanted:
+            rows.append(gpt_case(name, w, max(args.timeout_s, 600), smoke=False, compile_model=compile_model,
+                                 steps=args.gpt_steps, batch=args.gpt_batch, precision="bf16", peak=peak))
+            print(json.dumps(rows[-1]), flush=True)
 
     print("\n| case | rc | seconds | val_accuracy | notes |\n|---|---|---|---|---|")
     for r in rows:
-        notes = {k: v for k, v in r.items() if k.startswith(("max_param", "seconds_signal", "checkpoints"))}
+        notes = {k: v for k, v in r.items() if k.startswith(("max_param", "seconds_signal", "checkpoints", "tokens_per_s",
+                                                             "mfu", "plan_over"))}
         if r["rc"] != 0:
             notes["error"] = next((ln for ln in r.get("log_tail", "").splitlines()[::-1] if "rror" in ln), "")[:200]
         print(f"| {r['case']} | {r['rc']} | {r.get('seconds', '')} | {r.get('val_accuracy')} | {notes} |")

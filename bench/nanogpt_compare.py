@@ -1,0 +1,422 @@
+"""Our trainer beside nanoGPT's ``train.py``: the same GPT, tokens, batch and optimizer, CPU, 2 ranks, gloo.
+
+    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT          # 2 pairs x 100 steps
+    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT --corpus DIR --reps 3 --steps 200
+
+nanoGPT is never part of this repository: fetch it yourself (``git clone
+https://github.com/karpathy/nanoGPT /work/peers/nanoGPT``) and pass its folder. This script copies its
+``train.py``, ``model.py`` and ``configurator.py`` into the work folder and changes two lines of the
+copy (printed as a diff): in a torchrun run nanoGPT sets ``device = f'cuda:{LOCAL_RANK}'`` whatever
+``--device`` says, and passes ``device_ids`` to DDP, which DDP refuses for a CPU model. Nothing else of
+nanoGPT changes; its own command-line overrides do the rest.
+
+One invocation alternates, ``--reps`` times,
+
+  A  ours:    torchrun --standalone --nproc_per_node 2 -m trainer_pkg.launch --config job.json
+  B  nanoGPT: torchrun --standalone --nproc_per_node 2 train.py --backend=gloo --device=cpu
+              --compile=False --dtype=float32 ...
+
+both under :mod:`bench._rank_rss` (peak RSS per rank), with: the ``gpt`` model (``--layers 4 --heads 4
+--embed-dim 128 --context 128``, dropout 0, biases, tied embeddings; nanoGPT's ``n_layer n_head n_embd
+block_size``), the same tokens (one token dataset, ``--corpus`` made by ``prepare_text`` or generated;
+nanoGPT reads the same train/val ids as ``data/bench/train.bin``/``val.bin``, uint16), ``--batch-size``
+windows per rank per step, AdamW (betas 0.9/0.999, no weight decay, constant ``--lr``, no clipping, no
+warmup; nanoGPT: ``--beta2=0.999 --weight_decay=0.0 --grad_clip=0.0 --decay_lr=False``), no compile,
+fp32, ``OMP_NUM_THREADS=1`` per rank, ``--steps`` optimizer steps.
+
+Timed window, the same steps in both: optimizer steps 2..S on rank 0, S = the step of our trainer's last
+``step`` record (about one a second). Ours from its metric records (as ``bench/overhead.py``); nanoGPT
+from the ``time …ms`` it prints per iteration (iteration k is step k + 1; iterations 0 and ``--steps``
+also hold its evaluation, so both lie outside the window). tokens/s = (S − 1) × batch × context × 2 /
+window. Prints each run, the medians, and tokens/s ours ÷ nanoGPT's (target ≥ 1.0; also the median of
+the per-pair ratios and the fastest runs').
+
+Loss after ``--steps`` steps: both final models (our ``model.pt``, nanoGPT's ``ckpt.pt``) are evaluated
+here on the same ``--eval-windows`` validation windows (mean cross entropy over every token, nats), each
+with its own model code. Our runs use seeds 0, 1, …; nanoGPT hard-codes its seed (1337 + rank), so its
+runs repeat one trajectory and the spread of ours over seeds is the noise: nanoGPT's loss is "within
+noise" when it lies inside ours' range widened by that range on each side. The same nanoGPT weights
+are also loaded into our ``gpt`` class to check that the two are one architecture (parameter count and
+the largest logit difference).
+
+Never asserts: timings on a shared machine are reported, not judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import (fmt_list, job_env, median, read_rss, run_job, spread, torchrun, trainer_window,  # noqa: E402
+                           generate_tokens, verdict, write_job)
+
+SPEED_TARGET = 1.0
+WORLD = 2
+DATASET = "bench"  # nanoGPT's data/<dataset>/ folder name
+
+# The two lines of nanoGPT's train.py that stop a torchrun run on the CPU, and what the copy gets.
+NANOGPT_PATCH = (
+    ("    device = f'cuda:{ddp_local_rank}'\n    torch.cuda.set_device(device)\n",
+     "    if device.startswith('cuda'): device = f'cuda:{ddp_local_rank}'; torch.cuda.set_device(device)\n"),
+    ("    model = DDP(model, device_ids=[ddp_local_rank])\n",
+     "    model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)\n"),
+)
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
+ITER_LINE = re.compile(r"^iter (\d+): loss ([-+0-9.eEnaif]+), time ([0-9.]+)ms", re.M)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="our trainer vs nanoGPT's train.py: tokens/s and loss after N steps")
+    p.add_argument("--nanogpt", required=True, help="folder of a nanoGPT checkout (train.py, model.py, configurator.py)")
+    p.add_argument("--corpus", help="a token dataset folder (prepare_text's output, uint16); default: generated tokens")
+    p.add_argument("--vocab-size", type=int, default=2048, help="generated tokens only (default 2048)")
+    p.add_argument("--reps", type=int, default=2, help="A/B pairs (default 2); our seed is the pair's index")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps per run (default 100)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per rank per step (default 8)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--embed-dim", type=int, default=128)
+    p.add_argument("--context", type=int, default=128, help="tokens per window (default 128)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-windows", type=int, default=64, help="validation windows both final models are scored on")
+    p.add_argument("--side", choices=["both", "ours", "nanogpt"], default="both",
+                   help="run only one side (to profile it); no ratio is printed then")
+    p.add_argument("--workdir", help="keep data, configs, logs and outputs here (default: a temporary folder)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if args.steps < 10:
+        sys.exit("--steps must be at least 10")
+    work = args.workdir or tempfile.mkdtemp(prefix="trainboard-bench-nanogpt-")
+    os.makedirs(work, exist_ok=True)
+    tokens, meta = _tokens(args, work)
+    nano_dir = _nanogpt_copy(args.nanogpt, os.path.join(work, "nanogpt"))
+    _nanogpt_data(tokens, meta, os.path.join(nano_dir, "data", DATASET))
+    args.vocab = meta["vocab_size"]
+    print(f"[nanogpt] {args.reps} pair(s); gpt layers {args.layers} heads {args.heads} embed {args.embed_dim} "
+          f"context {args.context} vocab {args.vocab}; {WORLD} ranks x batch {args.batch_size} x {args.steps} steps; "
+          f"AdamW lr {args.lr}; gloo, 1 thread/rank, fp32, no compile; data {tokens}; work dir {work}", flush=True)
+
+    sides = ("ours", "nanogpt") if args.side == "both" else (args.side,)
+    rows: dict[str, list[dict]] = {s: [] for s in sides}
+    for rep in range(args.reps):
+        for side in sides:
+            run_dir = os.path.join(work, f"{rep:02d}-{side}")
+            shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would make either resume
+            os.makedirs(os.path.join(run_dir, "rss"))
+            env, log = job_env(os.path.join(run_dir, "rss")), os.path.join(run_dir, "log.txt")
+            if side == "ours":
+                cmd = torchrun(WORLD, ["-m", "trainer_pkg.launch", "--config", _our_job(args, tokens, run_dir, seed=rep)])
+                wall = run_job(cmd, env, log, timeout_s=1800)
+                row = {"wall_s": wall, **trainer_window(os.path.join(run_dir, "out", "metrics.jsonl"))}
+            else:
+                wall = run_job(torchrun(WORLD, [os.path.join(nano_dir, "train.py"), *_nanogpt_args(args, run_dir)]),
+                               env, log, timeout_s=1800, cwd=nano_dir)
+                row = {"wall_s": wall, "iters": _nanogpt_iters(log)}
+            row.update(rep=rep, dir=run_dir, rss_mb=read_rss(os.path.join(run_dir, "rss")))
+            rows[side].append(row)
+    # nanoGPT's window is cut at the step where ours ends (its own last step record), pair by pair.
+    for rep in range(args.reps):
+        last = rows["ours"][rep]["last_step"] if "ours" in rows else args.steps
+        for side in sides:
+            r = rows[side][rep]
+            if side == "nanogpt":
+                r["last_step"], r["loop_s"] = last, _nanogpt_window(r["iters"], last)
+            r["tokens_per_s"] = (r["last_step"] - 1) * args.batch_size * args.context * WORLD / r["loop_s"]
+            print(f"[nanogpt] pair {rep + 1}/{args.reps} {side:7s}: {r['tokens_per_s']:,.0f} tokens/s over steps "
+                  f"2..{r['last_step']} ({r['loop_s']:.2f} s), process wall {r['wall_s']:.1f} s, peak RSS "
+                  + ", ".join(f"rank {k} {v:.0f} MB" for k, v in sorted(r["rss_mb"].items())), flush=True)
+
+    losses = _evaluate(args, tokens, nano_dir, rows)
+    report = _report(args, rows, losses)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"args": vars(args), "runs": rows, **report}, f, indent=2, default=str)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+
+def _tokens(args: argparse.Namespace, work: str) -> tuple[str, dict]:
+    """The token dataset both read: ``--corpus``, or generated walk tokens sized so that one epoch of
+    ours holds every step (an epoch end would put a validation inside the timed window)."""
+    need = int(1.25 * (args.steps + 2) * args.batch_size * WORLD * (args.context + 1))
+    if args.corpus:
+        root = os.path.abspath(args.corpus)
+        with open(os.path.join(root, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta.get("dtype") != "uint16":
+            sys.exit(f"{root}: nanoGPT reads uint16 tokens only; this dataset is {meta.get('dtype')}")
+        have = sum(os.path.getsize(os.path.join(root, rel)) // 2 for rel in meta["splits"]["train"])
+        if have < need:
+            most = int(have / 1.25 / (args.batch_size * WORLD * (args.context + 1))) - 2
+            sys.exit(f"{root}: {have:,} training tokens; {args.steps} steps of {WORLD} x {args.batch_size} windows of "
+                     f"{args.context + 1} tokens need about {need:,} in one epoch: use --steps {most} or less")
+        return root, meta
+    root = os.path.join(work, "tokens")
+    shutil.rmtree(root, ignore_errors=True)
+    meta = generate_tokens(root, train_tokens=need, val_tokens=max(200_000, args.eval_windows * (args.context + 1) * 2),
+                        vocab_size=args.vocab_size, seed=1234, fill="walk")
+    return root, meta
+
+
+def _nanogpt_data(tokens: str, meta: dict, data_dir: str) -> None:
+    """``train.bin``/``val.bin`` (nanoGPT's names: one uint16 file per split) with our splits' ids,
+    hard-linked when the split is one shard, else concatenated; ``meta.pkl`` gives the vocabulary."""
+    os.makedirs(data_dir, exist_ok=True)
+    for split in ("train", "val"):
+        target = os.path.join(data_dir, f"{split}.bin")
+        if os.path.exists(target):
+            os.remove(target)
+        shards = [os.path.join(tokens, rel) for rel in meta["splits"][split]]
+        if len(shards) == 1 and shards[0].endswith(".bin"):
+            try:
+                os.link(shards[0], target)
+                continue
+            except OSError:
+                pass
+        with open(target, "wb") as out:
+            for path in shards:
+                if path.endswith(".npy"):
+                    import numpy as np
+
+                    out.write(np.load(path, mmap_mode="r").astype("uint16").tobytes())
+                else:
+                    with open(path, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 24)
+    with open(os.path.join(data_dir, "meta.pkl"), "wb") as f:
+        pickle.dump({"vocab_size": meta["vocab_size"]}, f)
+
+
+# -- the two programs ---------------------------------------------------------------------------------
+
+
+def _gpt_params(args: argparse.Namespace) -> dict:
+    return {"layers": args.layers, "heads": args.heads, "embed_dim": args.embed_dim, "context_length": args.context,
+            "dropout": 0.0, "tied_embeddings": True, "bias": True}
+
+
+def _our_job(args: argparse.Namespace, tokens: str, run_dir: str, seed: int) -> str:
+    cfg = {"data": {"format": "tokens", "uri": tokens, "seq_len": args.context, "val_windows": args.eval_windows},
+           "model": {"arch": "gpt", "params": _gpt_params(args)},
+           "parallel": {"strategy": "ddp", "procs_per_node": WORLD, "dist_backend": "gloo"},
+           "train": {"epochs": 1, "max_steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                     "optimizer": "adamw", "weight_decay": 0.0, "seed": seed},
+           "output": {"output_dir": os.path.join(run_dir, "out")}}
+    return write_job(os.path.join(run_dir, "job.json"), cfg)
+
+
+def _nanogpt_copy(src: str, dst: str) -> str:
+    """nanoGPT's three files copied to ``dst`` with :data:`NANOGPT_PATCH` applied to ``train.py``;
+    prints where they came from (sha256) and the diff. Exits when a file or a patched line is missing
+    (another nanoGPT version: look at its DDP set-up and adapt the patch)."""
+    os.makedirs(dst, exist_ok=True)
+    for name in NANOGPT_FILES:
+        path = os.path.join(src, name)
+        if not os.path.isfile(path):
+            sys.exit(f"{path} not found: --nanogpt must be a nanoGPT checkout")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        print(f"[nanogpt] {path} sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]}", flush=True)
+        if name == "train.py":
+            original = text
+            for old, new in NANOGPT_PATCH:
+                if old not in text:
+                    sys.exit(f"{path}: expected line(s) not found, so the CPU patch cannot be applied:\n{old}")
+                text = text.replace(old, new)
+            diff = difflib.unified_diff(original.splitlines(True), text.splitlines(True), "nanoGPT/train.py",
+                                        "copy/train.py", n=0)
+            print("[nanogpt] the copy's change (to run under torchrun on the CPU):\n" + "".join(diff), flush=True)
+        with open(os.path.join(dst, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    return dst
+
+
+def _nanogpt_args(args: argparse.Namespace, run_dir: str) -> list[str]:
+    """nanoGPT's own overrides (``configurator.py``: ``--key=value``) for the same run as ours. Its
+    gradient_accumulation_steps is global and divided by the world size, so 2 = one micro-step per rank.
+    ``eval_interval = max_iters = steps`` evaluates at iterations 0 and ``steps`` only and saves ``ckpt.pt``
+    there, after ``steps`` optimizer steps (iteration k runs step k + 1; it then takes one step more, untimed)."""
+    return [f"--dataset={DATASET}", "--backend=gloo", "--device=cpu", "--compile=False", "--dtype=float32",
+            f"--out_dir={os.path.join(run_dir, 'out')}", f"--batch_size={args.batch_size}",
+            f"--block_size={args.context}", f"--n_layer={args.layers}", f"--n_head={args.heads}",
+            f"--n_embd={args.embed_dim}", "--dropout=0.0", "--bias=True", f"--learning_rate={args.lr!r}",
+            "--weight_decay=0.0", "--beta1=0.9", "--beta2=0.999", "--grad_clip=0.0", "--decay_lr=False",
+            f"--gradient_accumulation_steps={WORLD}", f"--max_iters={args.steps}",
+            f"--eval_interval={args.steps}", "--eval_iters=2", "--log_interval=1",
+            "--always_save_checkpoint=True", "--wandb_log=False"]
+
+
+def _nanogpt_iters(log_path: str) -> dict[int, dict[str, float]]:
+    """{iteration: {"loss", "ms"}} from rank 0's ``iter k: loss …, time …ms`` lines."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    iters = {int(m[1]): {"loss": float(m[2]), "ms": float(m[3])} for m in ITER_LINE.finditer(text)}
+    if not iters:
+        raise RuntimeError(f"{log_path}: no 'iter k: loss …, time …ms' line from nanoGPT")
+    return iters
+
+
+def _nanogpt_window(iters: dict[int, dict[str, float]], last_step: int) -> float:
+    """Seconds of optimizer steps 2..``last_step``: iterations 1..last_step − 1 (iteration k's time
+    runs from the end of step k to the end of step k + 1)."""
+    missing = [k for k in range(1, last_step) if k not in iters]
+    if missing:
+        raise RuntimeError(f"nanoGPT printed no time for iteration(s) {missing[:5]}…")
+    return sum(iters[k]["ms"] for k in range(1, last_step)) / 1e3
+
+
+# -- loss after N steps, on the same windows ---------------------------------------------------------
+
+
+def _eval_windows(tokens: str, count: int, context: int):
+    """(x, y) int64 (count, context): the validation windows our trainer scores at an epoch's end
+    (:func:`trainer_pkg.token_shard.validation_windows`, seed 0), y = x shifted by one token."""
+    from trainer_pkg.token_shard import validation_windows
+    from trainer_pkg.tokens import open_tokens
+
+    return validation_windows(open_tokens(tokens), seq_len=context, count=count, seed=0)
+
+
+def _load_nanogpt_model(nano_dir: str, ckpt_path: str):
+    import torch
+
+    spec = importlib.util.spec_from_file_location("nanogpt_model", os.path.join(nano_dir, "model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    model = module.GPT(module.GPTConfig(**ckpt["model_args"]))
+    state = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
+    model.load_state_dict(state)
+    return model.eval(), state, ckpt.get("iter_num")
+
+
+def _nanogpt_to_ours(state: dict) -> dict:
+    """nanoGPT's parameter names → ours (``transformer.h.i`` → ``blocks.i``, ``transformer.`` dropped)."""
+    out = {}
+    for k, v in state.items():
+        k = k.removeprefix("transformer.")
+        out["blocks." + k[2:] if k.startswith("h.") else k] = v
+    return out
+
+
+def _has_gpt() -> bool:
+    from trainer_pkg.registry import ARCHITECTURES
+
+    return "gpt" in ARCHITECTURES
+
+
+def _evaluate(args: argparse.Namespace, tokens: str, nano_dir: str, rows: dict) -> dict:
+    """Mean cross entropy (nats/token) of every run's final model on the same validation windows, and
+    the architecture check (nanoGPT's weights in our class: same logits?)."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer_pkg.models import build_model
+
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    x, y = _eval_windows(tokens, args.eval_windows, args.context)
+
+    def ce(logits: torch.Tensor) -> float:
+        return float(F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)))
+
+    def ours_model():
+        return build_model("gpt", _gpt_params(args), (args.context,), args.vocab).eval()
+
+    out: dict = {"eval_windows": args.eval_windows, "ours": [], "nanogpt": []}
+    with torch.no_grad():
+        for r in rows.get("ours", []):
+            model = ours_model()
+            model.load_state_dict(torch.load(os.path.join(r["dir"], "out", "model.pt"), map_location="cpu",
+                                             weights_only=True))
+            out["ours"].append(ce(model(x)))
+        for r in rows.get("nanogpt", []):
+            ckpt = os.path.join(r["dir"], "out", "ckpt.pt")
+            model, state, iter_num = _load_nanogpt_model(nano_dir, ckpt)
+            if iter_num != args.steps:
+                raise RuntimeError(f"{ckpt} is from iteration {iter_num}, expected {args.steps}")
+            # nanoGPT returns every position's logits only when given targets
+            logits, loss = model(x, y)
+            out["nanogpt"].append(float(loss))
+            if "architecture" not in out and _has_gpt():
+                ours = ours_model()
+                mapped = _nanogpt_to_ours(state)
+                missing, unexpected = ours.load_state_dict(mapped, strict=False)
+                n_ours = sum(p.numel() for p in ours.parameters())
+                n_nano = sum(p.numel() for p in model.parameters())
+                out["architecture"] = {
+                    "params_ours": n_ours, "params_nanogpt": n_nano, "missing": list(missing),
+                    "unexpected": list(unexpected),
+                    "max_logit_diff": (float((ours(x) - logits).abs().max()) if not missing and not unexpected
+                                       else None)}
+    return out
+
+
+# -- report ------------------------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace, rows: dict, losses: dict) -> dict:
+    print()
+    print("=== ours vs nanoGPT: same GPT, tokens, batch and AdamW; CPU, 2 ranks, gloo ===")
+    tps = {side: [r["tokens_per_s"] for r in rs] for side, rs in rows.items()}
+    for side, values in tps.items():
+        print(f"tokens/s {side:8s} {fmt_list(values, 0)}  median {median(values):,.0f}  (spread {spread(values)})")
+    for side, values in ((s, losses[s]) for s in ("ours", "nanogpt") if losses.get(s)):
+        print(f"val loss after {args.steps} steps, {side:8s} {fmt_list(values, 4)} nats/token on {args.eval_windows} "
+              f"windows of {args.context}")
+    report: dict = {"tokens_per_s": tps, "val_loss": losses}
+    if len(tps) == 2:
+        ratio = median(tps["ours"]) / median(tps["nanogpt"])
+        pairs = [a / b for a, b in zip(tps["ours"], tps["nanogpt"])]
+        best = max(tps["ours"]) / max(tps["nanogpt"])
+        print(f"  RATIO tokens/s ours/nanoGPT (medians) = {ratio:.3f}   target >= {SPEED_TARGET}: "
+              f"{verdict(ratio, SPEED_TARGET, higher_is_better=True)}")
+        print(f"  median of the per-pair ratios         = {median(pairs):.3f}   {fmt_list(pairs)}")
+        print(f"  ratio of the fastest runs             = {best:.3f}")
+        report.update(ratio_of_medians=ratio, median_pair_ratio=median(pairs), ratio_of_fastest=best)
+        ours, nano = losses["ours"], losses["nanogpt"]
+        width = max(ours) - min(ours)
+        lo, hi = min(ours) - width, max(ours) + width
+        within = all(lo <= v <= hi for v in nano)
+        print(f"  loss: nanoGPT {median(nano):.4f} vs ours {median(ours):.4f} (difference "
+              f"{median(ours) - median(nano):+.4f}); ours' spread over {len(ours)} seed(s) {width:.4f}, so within "
+              f"noise means [{lo:.4f}, {hi:.4f}]: {'within noise' if within else 'OUTSIDE the noise'}"
+              + ("  (one seed: no spread to compare with)" if len(ours) < 2 else ""))
+        report.update(loss_within_noise=within, loss_noise_band=[lo, hi])
+        for rank in sorted(set().union(*(r["rss_mb"] for r in rows["ours"] + rows["nanogpt"]))):
+            a = median([r["rss_mb"][rank] for r in rows["ours"] if rank in r["rss_mb"]])
+            b = median([r["rss_mb"][rank] for r in rows["nanogpt"] if rank in r["rss_mb"]])
+            print(f"  peak RSS rank {rank}: ours {a:.0f} MB, nanoGPT {b:.0f} MB ({a - b:+.0f} MB)")
+    arch = losses.get("architecture")
+    if arch:
+        same = not arch["missing"] and not arch["unexpected"] and arch["params_ours"] == arch["params_nanogpt"]
+        print(f"architecture: parameters ours {arch['params_ours']:,}, nanoGPT {arch['params_nanogpt']:,}; "
+              + (f"nanoGPT's weights in our class: max |logit difference| {arch['max_logit_diff']:.3g}" if same else
+                 f"names do not map: missing {arch['missing'][:4]}, unexpected {arch['unexpected'][:4]}"))
+    print(f"cores available to this process: {len(os.sched_getaffinity(0))}; load average before: {args.load_before}")
+    if not math.isfinite(sum(sum(v) for v in tps.values())):
+        print("  (a run reported no time)")
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main())
