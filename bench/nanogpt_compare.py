@@ -1,7 +1,8 @@
 """Our trainer beside nanoGPT's ``train.py``: the same GPT, tokens, batch and optimizer, CPU, 2 ranks, gloo.
 
-    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT          # 2 pairs x 100 steps
-    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT --corpus DIR --reps 3 --steps 200
+    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT     # KJV, 2 pairs x 100 steps (~4 min)
+    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT --reps 3 --steps 200
+    .venv/bin/python bench/nanogpt_compare.py --nanogpt /work/peers/nanoGPT --corpus generated
 
 nanoGPT is never part of this repository: fetch it yourself (``git clone
 https://github.com/karpathy/nanoGPT /work/peers/nanoGPT``) and pass its folder. This script copies its
@@ -18,8 +19,9 @@ One invocation alternates, ``--reps`` times,
 
 both under :mod:`bench._rank_rss` (peak RSS per rank), with: the ``gpt`` model (``--layers 4 --heads 4
 --embed-dim 128 --context 128``, dropout 0, biases, tied embeddings; nanoGPT's ``n_layer n_head n_embd
-block_size``), the same tokens (one token dataset, ``--corpus`` made by ``prepare_text`` or generated;
-nanoGPT reads the same train/val ids as ``data/bench/train.bin``/``val.bin``, uint16), ``--batch-size``
+block_size``), the same tokens (one token dataset: by default the King James Bible, 1.0 M training
+tokens with a 4,096-token byte-level BPE, made by ``scripts/corpus_kjv.py`` and ``prepare_text``; nanoGPT
+reads the same train/val ids as ``data/bench/train.bin``/``val.bin``, uint16), ``--batch-size``
 windows per rank per step, AdamW (betas 0.9/0.999, no weight decay, constant ``--lr``, no clipping, no
 warmup; nanoGPT: ``--beta2=0.999 --weight_decay=0.0 --grad_clip=0.0 --decay_lr=False``), no compile,
 fp32, ``OMP_NUM_THREADS=1`` per rank, ``--steps`` optimizer steps.
@@ -59,7 +61,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import (fmt_list, job_env, median, read_rss, run_job, spread, torchrun, trainer_window,  # noqa: E402
+from bench._common import (REPO, fmt_list, job_env, median, read_rss, run_job, spread, torchrun, trainer_window,  # noqa: E402
                            generate_tokens, verdict, write_job)
 
 SPEED_TARGET = 1.0
@@ -80,8 +82,10 @@ ITER_LINE = re.compile(r"^iter (\d+): loss ([-+0-9.eEnaif]+), time ([0-9.]+)ms",
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="our trainer vs nanoGPT's train.py: tokens/s and loss after N steps")
     p.add_argument("--nanogpt", required=True, help="folder of a nanoGPT checkout (train.py, model.py, configurator.py)")
-    p.add_argument("--corpus", help="a token dataset folder (prepare_text's output, uint16); default: generated tokens")
-    p.add_argument("--vocab-size", type=int, default=2048, help="generated tokens only (default 2048)")
+    p.add_argument("--corpus", default="kjv",
+                   help="kjv (default: the King James Bible from Debian's bible-kjv via scripts/corpus_kjv.py, then "
+                        "prepare_text), generated (walk tokens), a text file (prepare_text), or a token dataset folder")
+    p.add_argument("--vocab-size", type=int, default=4096, help="BPE or generated vocabulary (default 4096)")
     p.add_argument("--reps", type=int, default=2, help="A/B pairs (default 2); our seed is the pair's index")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps per run (default 100)")
     p.add_argument("--batch-size", type=int, default=8, help="windows per rank per step (default 8)")
@@ -157,25 +161,35 @@ def main() -> int:
 
 
 def _tokens(args: argparse.Namespace, work: str) -> tuple[str, dict]:
-    """The token dataset both read: ``--corpus``, or generated walk tokens sized so that one epoch of
-    ours holds every step (an epoch end would put a validation inside the timed window)."""
+    """The token dataset both read (see ``--corpus``). Exits when it is not uint16 (all nanoGPT reads)
+    or holds too few training tokens for one epoch of ours to hold every step (an epoch's end would put
+    a validation inside the timed window)."""
     need = int(1.25 * (args.steps + 2) * args.batch_size * WORLD * (args.context + 1))
-    if args.corpus:
-        root = os.path.abspath(args.corpus)
-        with open(os.path.join(root, "meta.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-        if meta.get("dtype") != "uint16":
-            sys.exit(f"{root}: nanoGPT reads uint16 tokens only; this dataset is {meta.get('dtype')}")
-        have = sum(os.path.getsize(os.path.join(root, rel)) // 2 for rel in meta["splits"]["train"])
-        if have < need:
-            most = int(have / 1.25 / (args.batch_size * WORLD * (args.context + 1))) - 2
-            sys.exit(f"{root}: {have:,} training tokens; {args.steps} steps of {WORLD} x {args.batch_size} windows of "
-                     f"{args.context + 1} tokens need about {need:,} in one epoch: use --steps {most} or less")
-        return root, meta
     root = os.path.join(work, "tokens")
-    shutil.rmtree(root, ignore_errors=True)
-    meta = generate_tokens(root, train_tokens=need, val_tokens=max(200_000, args.eval_windows * (args.context + 1) * 2),
+    if args.corpus == "generated":
+        shutil.rmtree(root, ignore_errors=True)
+        generate_tokens(root, train_tokens=need, val_tokens=max(200_000, args.eval_windows * (args.context + 1) * 2),
                         vocab_size=args.vocab_size, seed=1234, fill="walk")
+    elif args.corpus == "kjv" or os.path.isfile(args.corpus):
+        text = args.corpus
+        if args.corpus == "kjv":
+            text = os.path.join(work, "kjv.txt")
+            run_job([sys.executable, os.path.join(REPO, "scripts", "corpus_kjv.py"), text], job_env(),
+                    os.path.join(work, "corpus.log"), timeout_s=300)
+        shutil.rmtree(root, ignore_errors=True)
+        run_job([sys.executable, "-m", "trainer_pkg.prepare_text", text, "--out", root, "--vocab-size",
+                 str(args.vocab_size)], job_env(), os.path.join(work, "prepare_text.log"), timeout_s=1800)
+    else:
+        root = os.path.abspath(args.corpus)
+    with open(os.path.join(root, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    if meta.get("dtype") != "uint16":
+        sys.exit(f"{root}: nanoGPT reads uint16 tokens only; this dataset is {meta.get('dtype')}")
+    have = sum(os.path.getsize(os.path.join(root, rel)) // 2 for rel in meta["splits"]["train"])
+    if have < need:
+        most = int(have / 1.25 / (args.batch_size * WORLD * (args.context + 1))) - 2
+        sys.exit(f"{root}: {have:,} training tokens; {args.steps} steps of {WORLD} x {args.batch_size} windows of "
+                 f"{args.context + 1} tokens need about {need:,} in one epoch: use --steps {most} or less")
     return root, meta
 
 
@@ -310,13 +324,24 @@ def _load_nanogpt_model(nano_dir: str, ckpt_path: str):
     return model.eval(), state, ckpt.get("iter_num")
 
 
-def _nanogpt_to_ours(state: dict) -> dict:
-    """nanoGPT's parameter names → ours (``transformer.h.i`` → ``blocks.i``, ``transformer.`` dropped)."""
-    out = {}
-    for k, v in state.items():
-        k = k.removeprefix("transformer.")
-        out["blocks." + k[2:] if k.startswith("h.") else k] = v
-    return out
+_LEAF_MODULES = ("wte", "wpe", "ln_f", "lm_head")
+
+
+def _canonical(name: str) -> str:
+    """A parameter's name without its containers: from the block index or the top-level module on
+    (``transformer.h.0.attn.c_attn.weight`` and ``blocks.0.attn.c_attn.weight`` → ``0.attn.c_attn.weight``;
+    ``transformer.wte.weight`` and ``embedding.wte.weight`` → ``wte.weight``), so nanoGPT's names and ours
+    meet whatever containers either model keeps its modules in."""
+    parts = name.split(".")
+    i = next((k for k, p in enumerate(parts) if p.isdigit() or p in _LEAF_MODULES), 0)
+    return ".".join(parts[i:])
+
+
+def _nanogpt_to_ours(state: dict, our_names: list[str]) -> dict:
+    """nanoGPT's tensors under our parameter names (matched by :func:`_canonical`); a name of ours with
+    no counterpart is left out (``load_state_dict(strict=False)`` then lists it as missing)."""
+    by_canonical = {_canonical(k): v for k, v in state.items()}
+    return {k: by_canonical[_canonical(k)] for k in our_names if _canonical(k) in by_canonical}
 
 
 def _has_gpt() -> bool:
@@ -359,14 +384,15 @@ def _evaluate(args: argparse.Namespace, tokens: str, nano_dir: str, rows: dict) 
             out["nanogpt"].append(float(loss))
             if "architecture" not in out and _has_gpt():
                 ours = ours_model()
-                mapped = _nanogpt_to_ours(state)
-                missing, unexpected = ours.load_state_dict(mapped, strict=False)
+                mapped = _nanogpt_to_ours(state, list(ours.state_dict()))
+                missing = ours.load_state_dict(mapped, strict=False).missing_keys
+                left = sorted(set(map(_canonical, state)) - set(map(_canonical, mapped)))
                 n_ours = sum(p.numel() for p in ours.parameters())
                 n_nano = sum(p.numel() for p in model.parameters())
                 out["architecture"] = {
                     "params_ours": n_ours, "params_nanogpt": n_nano, "missing": list(missing),
-                    "unexpected": list(unexpected),
-                    "max_logit_diff": (float((ours(x) - logits).abs().max()) if not missing and not unexpected
+                    "unexpected": left,
+                    "max_logit_diff": (float((ours(x) - logits).abs().max()) if not missing and not left
                                        else None)}
     return out
 
