@@ -7,11 +7,14 @@ The program runs in this process (``runpy``, as ``python -m``/``python script.py
 its footprint is this process's. At exit the peak resident set size (``VmHWM`` in
 ``/proc/self/status``) is written to ``$BENCH_RSS_DIR/rank<RANK>.json``, with the resident anonymous
 and file-backed memory at that moment (``RssAnon``, ``RssFile``: a memory-mapped file's pages the
-rank touched count in the latter). The trainer and the
+rank touched count in the latter). With ``$BENCH_PROFILE_DIR`` set, the whole program also runs under
+``cProfile`` and each rank's statistics go to ``$BENCH_PROFILE_DIR/rank<RANK>.prof`` (a diagnostic:
+profiling slows Python-heavy code, so never time a profiled run). The trainer and the
 hand-written loop are measured by this same wrapper, so whatever the wrapper itself costs (nothing
 measurable: runpy is what ``-m`` uses anyway) cancels in the difference.
 """
 
+import cProfile
 import json
 import os
 import runpy
@@ -33,7 +36,15 @@ def vmhwm_kb() -> int:
     return status_kb("VmHWM")["VmHWM"]
 
 
+_PROFILE: cProfile.Profile | None = None
+
+
 def record() -> None:
+    global _PROFILE
+    if _PROFILE is not None:
+        _PROFILE.disable()
+        _PROFILE.dump_stats(os.path.join(os.environ["BENCH_PROFILE_DIR"], f"rank{os.environ.get('RANK', '0')}.prof"))
+        _PROFILE = None
     out = os.environ.get("BENCH_RSS_DIR")
     if out:
         rank = os.environ.get("RANK", "0")
@@ -56,6 +67,10 @@ def main() -> None:
         real_exit(code)
 
     os._exit = exit_after_record
+    if os.environ.get("BENCH_PROFILE_DIR"):
+        global _PROFILE
+        _PROFILE = cProfile.Profile()
+        _PROFILE.enable()
     code: object = 0
     try:
         if args[0] == "-m":

@@ -17,7 +17,9 @@ One invocation alternates, ``--reps`` times,
   B  nanoGPT: torchrun --standalone --nproc_per_node 2 train.py --backend=gloo --device=cpu
               --compile=False --dtype=float32 ...
 
-both under :mod:`bench._rank_rss` (peak RSS per rank), with: the ``gpt`` model (``--layers 4 --heads 4
+both under :mod:`bench._rank_rss` (peak RSS per rank); with ``--together`` each pair's two run at the
+same time (4 ranks on the machine's cores: on a machine shared with other work, load then slows both
+in the same seconds; each program's tokens/s is its share, the ratio is the figure). With: the ``gpt`` model (``--layers 4 --heads 4
 --embed-dim 128 --context 128``, dropout 0, biases, tied embeddings; nanoGPT's ``n_layer n_head n_embd
 block_size``), the same tokens (one token dataset: by default the King James Bible, 1.0 M training
 tokens with a 4,096-token byte-level BPE, made by ``scripts/corpus_kjv.py`` and ``prepare_text``; nanoGPT
@@ -41,6 +43,9 @@ noise" when it lies inside ours' range widened by that range on each side. The s
 are also loaded into our ``gpt`` class to check that the two are one architecture (parameter count and
 the largest logit difference).
 
+``--profile`` runs every program under cProfile (:mod:`bench._rank_rss`) and prints rank 0's top
+functions by own time, to find where a slower side spends it (profiled timings are not the figure).
+
 Never asserts: timings on a shared machine are reported, not judged.
 """
 
@@ -61,8 +66,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import (REPO, fmt_list, job_env, median, read_rss, run_job, spread, torchrun, trainer_window,  # noqa: E402
-                           generate_tokens, verdict, write_job)
+from bench._common import (REPO, finish_job, fmt_list, generate_tokens, job_env, median, read_rss,  # noqa: E402
+                           run_job, spread, start_job, torchrun, trainer_window, verdict, write_job)
 
 SPEED_TARGET = 1.0
 WORLD = 2
@@ -97,6 +102,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-windows", type=int, default=64, help="validation windows both final models are scored on")
     p.add_argument("--side", choices=["both", "ours", "nanogpt"], default="both",
                    help="run only one side (to profile it); no ratio is printed then")
+    p.add_argument("--together", action="store_true",
+                   help="run each pair's two programs at the same time (4 ranks on the machine's cores), so load "
+                        "from other work slows both alike; tokens/s are then each program's share, the ratio the figure")
+    p.add_argument("--profile", action="store_true",
+                   help="also run every program under cProfile and print rank 0's top functions by own time "
+                        "(a diagnostic: the profiler slows Python code, so the timings of such a run are not the figure)")
     p.add_argument("--workdir", help="keep data, configs, logs and outputs here (default: a temporary folder)")
     p.add_argument("--json", help="also write the figures to this JSON file")
     return p.parse_args()
@@ -120,20 +131,19 @@ def main() -> int:
     sides = ("ours", "nanogpt") if args.side == "both" else (args.side,)
     rows: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(args.reps):
-        for side in sides:
-            run_dir = os.path.join(work, f"{rep:02d}-{side}")
-            shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would make either resume
-            os.makedirs(os.path.join(run_dir, "rss"))
-            env, log = job_env(os.path.join(run_dir, "rss")), os.path.join(run_dir, "log.txt")
+        jobs = {side: _prepare(side, rep, args, work, tokens, nano_dir) for side in sides}
+        if args.together:  # both at once: whatever else loads the machine slows both in the same seconds
+            started = {side: start_job(j["cmd"], j["env"], j["log"], cwd=j["cwd"]) for side, j in jobs.items()}
+            walls = {side: finish_job(started[side], timeout_s=1800) for side in sides}
+        else:
+            walls = {side: run_job(j["cmd"], j["env"], j["log"], timeout_s=1800, cwd=j["cwd"])
+                     for side, j in jobs.items()}
+        for side, j in jobs.items():
+            row = {"wall_s": walls[side], "rep": rep, "dir": j["dir"], "rss_mb": read_rss(os.path.join(j["dir"], "rss"))}
             if side == "ours":
-                cmd = torchrun(WORLD, ["-m", "trainer_pkg.launch", "--config", _our_job(args, tokens, run_dir, seed=rep)])
-                wall = run_job(cmd, env, log, timeout_s=1800)
-                row = {"wall_s": wall, **trainer_window(os.path.join(run_dir, "out", "metrics.jsonl"))}
+                row.update(trainer_window(os.path.join(j["dir"], "out", "metrics.jsonl")))
             else:
-                wall = run_job(torchrun(WORLD, [os.path.join(nano_dir, "train.py"), *_nanogpt_args(args, run_dir)]),
-                               env, log, timeout_s=1800, cwd=nano_dir)
-                row = {"wall_s": wall, "iters": _nanogpt_iters(log)}
-            row.update(rep=rep, dir=run_dir, rss_mb=read_rss(os.path.join(run_dir, "rss")))
+                row["iters"] = _nanogpt_iters(j["log"])
             rows[side].append(row)
     # nanoGPT's window is cut at the step where ours ends (its own last step record), pair by pair.
     for rep in range(args.reps):
@@ -147,6 +157,8 @@ def main() -> int:
                   f"2..{r['last_step']} ({r['loop_s']:.2f} s), process wall {r['wall_s']:.1f} s, peak RSS "
                   + ", ".join(f"rank {k} {v:.0f} MB" for k, v in sorted(r["rss_mb"].items())), flush=True)
 
+    if args.profile:
+        _print_profiles(rows)
     losses = _evaluate(args, tokens, nano_dir, rows)
     report = _report(args, rows, losses)
     if args.json:
@@ -155,6 +167,23 @@ def main() -> int:
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _prepare(side: str, rep: int, args: argparse.Namespace, work: str, tokens: str, nano_dir: str) -> dict:
+    """The command, environment, working directory and paths of one run (a fresh run directory)."""
+    run_dir = os.path.join(work, f"{rep:02d}-{side}")
+    shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would make either resume
+    os.makedirs(os.path.join(run_dir, "rss"))
+    env = job_env(os.path.join(run_dir, "rss"))
+    if args.profile:
+        env["BENCH_PROFILE_DIR"] = os.path.join(run_dir, "rss")
+    job = {"dir": run_dir, "env": env, "log": os.path.join(run_dir, "log.txt")}
+    if side == "ours":
+        job.update(cwd=REPO, cmd=torchrun(WORLD, ["-m", "trainer_pkg.launch", "--config",
+                                                  _our_job(args, tokens, run_dir, seed=rep)]))
+    else:
+        job.update(cwd=nano_dir, cmd=torchrun(WORLD, [os.path.join(nano_dir, "train.py"), *_nanogpt_args(args, run_dir)]))
+    return job
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -395,6 +424,16 @@ def _evaluate(args: argparse.Namespace, tokens: str, nano_dir: str, rows: dict) 
                     "max_logit_diff": (float((ours(x) - logits).abs().max()) if not missing and not left
                                        else None)}
     return out
+
+
+def _print_profiles(rows: dict, top: int = 25) -> None:
+    """Rank 0's functions by own time (cProfile ``tottime``), the last run of each side."""
+    import pstats
+
+    for side, rs in rows.items():
+        path = os.path.join(rs[-1]["dir"], "rss", "rank0.prof")
+        print(f"\n=== {side}, rank 0: top {top} functions by own time ({path}) ===")
+        pstats.Stats(path).sort_stats("tottime").print_stats(top)
 
 
 # -- report ------------------------------------------------------------------------------------------
