@@ -1,8 +1,9 @@
 """The ``gpt`` language model: its structure (GPT-2's parameter count, causality) and real trainer
 runs under torchrun on 2 ranks (gloo, 1 CPU thread each) on a small token dataset written here.
 
-One module-scoped set of runs (ddp, fsdp, pipeline, and a run stopped by ``train.max_steps`` then
-resumed) serves every assertion, so the module costs five torchrun launches."""
+One module-scoped set of runs (ddp, fsdp, fsdp with activation checkpointing and CPU offload,
+pipeline, and a run stopped by ``train.max_steps`` then resumed) serves every assertion, so the
+module costs six torchrun launches."""
 
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """Output folders of 2-rank runs on the same data and seed: ddp, fsdp, pipeline, and ddp stopped
+    """Output folders of 2-rank runs on the same data and seed: ddp, fsdp, fsdp with activation
+    checkpointing per Block and CPU offload, pipeline, and ddp stopped
     by train.max_steps inside epoch 0, then resumed to the end (``resumed``)."""
     root = tmp_path_factory.mktemp("gpt")
     rng = np.random.default_rng(0)
@@ -106,6 +108,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     jobs = {
         "ddp": {"model": {"arch": "gpt", "params": TINY}, "parallel": {"strategy": "ddp"}},
         "fsdp": {"model": {"arch": "gpt", "params": TINY}, "parallel": {"strategy": "fsdp"}},
+        "fsdp_ac_offload": {"model": {"arch": "gpt", "params": TINY},
+                            "parallel": {"strategy": "fsdp", "activation_checkpointing": True, "cpu_offload": True}},
         "pipeline": {"model": {"arch": "gpt", "params": {**TINY, "tied_embeddings": False}},
                      "parallel": {"strategy": "pipeline", "microbatches": 2}},
         "resumed": {"model": {"arch": "gpt", "params": TINY}, "parallel": {"strategy": "ddp"},
@@ -131,7 +135,7 @@ def _model(out: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "pipeline"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp_ac_offload", "pipeline"])
 def test_gpt_trains_on_2_ranks_and_reports_perplexity(runs, strategy):
     recs = records(runs[strategy])
     steps = [r for r in recs if r["event"] in ("started", "step")]
@@ -154,8 +158,9 @@ def test_gpt_trains_on_2_ranks_and_reports_perplexity(runs, strategy):
 
 
 @pytest.mark.slow
-def test_gpt_fsdp_equals_ddp_to_1e_5_in_fp32(runs):
-    ddp, fsdp = _model(runs["ddp"]), _model(runs["fsdp"])
+@pytest.mark.parametrize("fsdp_run", ["fsdp", "fsdp_ac_offload"])
+def test_gpt_fsdp_equals_ddp_to_1e_5_in_fp32(runs, fsdp_run):
+    ddp, fsdp = _model(runs["ddp"]), _model(runs[fsdp_run])
     assert ddp.keys() == fsdp.keys()
     for key in ddp:
         torch.testing.assert_close(fsdp[key], ddp[key], rtol=0, atol=1e-5, msg=key)
