@@ -14,7 +14,9 @@ two moments and step), counted as this rank holds them: under FSDP the local sha
 (:class:`SavedActivations`, a ``torch.autograd.graph.saved_tensors_hooks`` pair), measured on the
 first step of each epoch only, so the other steps pay nothing. Each storage counts once; the
 parameters themselves (FSDP's all-gathered ones included) are left out. A unit under activation
-checkpointing saves nothing but its inputs, which are counted (the checkpoint keeps them).
+checkpointing saves nothing but its inputs, which are counted (the checkpoint keeps them). A
+pipeline stage's count is the sum over the batch's micro-batches: GPipe holds them all before the
+first backward, so that is its peak; under 1F1B it is an upper bound.
 
 ``peak_bytes``: on a GPU ``torch.cuda.max_memory_allocated`` (everything the caching allocator
 handed out, at its highest, since the run started); on CPU the sum of the four counts above (the
