@@ -24,7 +24,8 @@ Per rank, the plan counts:
   is also ``c_proj``'s input (1: SDPA lays it out (B, T, H, D), so the transpose back is no copy),
   then the MLP's ``c_fc`` input (1), GELU input (4) and ``c_proj`` input (4): 16, plus a 1-byte
   dropout mask for each of the two residual dropouts when ``dropout`` > 0 — Korthikanti's 34 bytes
-  at 16 bits = 2 × 16 + 2. With
+  at 16 bits = 2 × 16 + 2 (tests/trainer_pkg/test_memory_plan.py holds the sum to 1 % of what
+  autograd saves). With
   activation checkpointing a block keeps only its input (1 element of ``s·b·h``) and one block's
   whole set is live again while it is recomputed: ``L·s·b·h`` saved, plus 1 block under buffers.
   Outside the blocks: the token ids, the final LayerNorm's input, the head's input, and — a large
@@ -143,10 +144,14 @@ def model_units(arch: str, params: Mapping[str, Any] | None, input_shape: Sequen
 
     ``input_shape``: one sample without the batch dimension ((C, H, W), (F,), or (seq_len,) for
     ``gpt``); ``num_classes``: classes, or the vocabulary size for ``gpt``. Raises :class:`PlanError`
-    for ``custom`` and for parameters the registry refuses.
+    for ``custom``, for parameters the registry refuses and for samples the architecture cannot take.
     """
     p = _arch_params(arch, params)
     shape = [int(s) for s in input_shape]
+    if arch in ("cnn", "resnet") and len(shape) != 3:
+        raise PlanError(f"{arch} takes images (C, H, W), not samples of shape {tuple(shape)}: no memory plan")
+    if arch == "gpt" and len(shape) != 1:
+        raise PlanError(f"gpt takes windows of token ids (T,), not samples of shape {tuple(shape)}: no memory plan")
     if arch == "mlp":
         width, units = math.prod(shape), []
         h, dropout = p["hidden_size"], p["dropout"] > 0

@@ -182,3 +182,23 @@ def test_gpt_stopped_by_max_steps_inside_an_epoch_resumes_exactly(runs):
     final = [r for r in again if r["event"] == "epoch"][-1]
     assert final == {**final, "epoch": 1, "step": 10}
     assert final["val_loss"] == [r for r in records(runs["ddp"]) if r["event"] == "epoch"][-1]["val_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "fsdp_ac_offload"])
+def test_the_memory_plan_is_what_each_rank_measured(runs, name):
+    """trainer_pkg.memory_plan against the trainer's rank_memory (CPU: the state it holds and the
+    activations saved for backward), term by term, on the busiest rank."""
+    from trainer_pkg.config import JobConfig
+    from trainer_pkg.memory_plan import plan
+
+    cfg = JobConfig.from_json((runs[name].parent / "job.json").read_text())
+    planned = plan(cfg, input_shape=(32,), num_classes=VOCAB)
+    completed = [r for r in records(runs[name]) if r["event"] == "completed"]
+    busiest = max(completed[-1]["rank_memory"], key=lambda m: m["peak_bytes"])
+    assert busiest["device"] == "cpu"
+    held = busiest["params_bytes"] + busiest["grads_bytes"] + busiest["optimizer_bytes"]
+    # under CPU offload the plan puts the shards in host memory: on a CPU run that is where they are
+    assert planned.params_bytes + planned.grads_bytes + planned.optimizer_bytes + planned.host_bytes == \
+        pytest.approx(held, rel=0.05)
+    assert planned.activations_bytes == pytest.approx(busiest["activations_bytes"], rel=0.05)

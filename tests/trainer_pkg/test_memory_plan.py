@@ -26,8 +26,16 @@ CLASSIFIERS = [
 GPT2 = {"layers": 12, "heads": 12, "embed_dim": 768, "context_length": 1024}
 
 
+GPTS = [  # (params, tokens per window, vocabulary): tied and untied, with and without biases
+    ({"layers": 2, "heads": 2, "embed_dim": 32, "context_length": 64}, 64, 256),
+    ({"layers": 3, "heads": 4, "embed_dim": 64, "context_length": 64}, 48, 300),
+    ({"layers": 2, "heads": 2, "embed_dim": 64, "context_length": 32, "bias": False, "tied_embeddings": False}, 32, 500),
+]
+
+
 def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for backward, parameters left out."""
+    """Bytes of the distinct storages autograd saves for backward in a forward and its loss,
+    parameters left out (what the trainer measures: trainer_pkg.memory.SavedActivations)."""
     params = {p.data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -37,7 +45,8 @@ def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> in
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        F.cross_entropy(model(x), y)
+        logits = model(x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     return sum(storages.values())
 
 
@@ -56,6 +65,16 @@ def test_parameters_and_activations_match_torch(arch, params, shape, classes):
     saved = _saved_bytes(model, torch.randn(batch, *shape), torch.randint(0, classes, (batch,)))
     planned = plan(_config(arch, params, train={"batch_size": batch}), input_shape=shape, num_classes=classes)
     assert planned.activations_bytes == pytest.approx(saved, rel=0.05)
+
+
+@pytest.mark.parametrize("params, tokens, vocab", GPTS)
+def test_gpt_parameters_and_activations_match_torch(params, tokens, vocab):
+    model = build_model("gpt", params, (tokens,), vocab).train()
+    assert parameter_count("gpt", params, (tokens,), vocab) == sum(p.numel() for p in model.parameters())
+    batch = 4
+    saved = _saved_bytes(model, torch.randint(0, vocab, (batch, tokens)), torch.randint(0, vocab, (batch, tokens)))
+    cfg = _config("gpt", params, data={"format": "tokens", "uri": "/d", "seq_len": tokens}, train={"batch_size": batch})
+    assert plan(cfg, input_shape=(tokens,), num_classes=vocab).activations_bytes == pytest.approx(saved, rel=0.01)
 
 
 def test_gpt2_small_has_its_published_parameter_count():
@@ -125,6 +144,8 @@ def test_cpu_targets_are_planned_not_checked_and_custom_models_have_no_plan():
     assert "not checked" in planned.summary
     with pytest.raises(PlanError, match="custom model"):
         plan(_config("custom", {}), input_shape=(4,), num_classes=2)
+    with pytest.raises(PlanError, match=r"cnn takes images \(C, H, W\), not samples of shape \(16,\)"):
+        plan(_config("cnn", {}), input_shape=(16,), num_classes=2)
 
 
 def test_memory_plan_is_torch_free():
