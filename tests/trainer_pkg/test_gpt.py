@@ -202,3 +202,22 @@ def test_the_memory_plan_is_what_each_rank_measured(runs, name):
     assert planned.params_bytes + planned.grads_bytes + planned.optimizer_bytes + planned.host_bytes == \
         pytest.approx(held, rel=0.05)
     assert planned.activations_bytes == pytest.approx(busiest["activations_bytes"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_gpt_fsdp_reports_its_memory_and_checkpointing_keeps_fewer_activations(runs):
+    def memory(name):
+        return [r for r in records(runs[name]) if r["event"] == "epoch"][-1]["rank_memory"]
+
+    ddp, fsdp, checkpointed = memory("ddp"), memory("fsdp"), memory("fsdp_ac_offload")
+    params = sum(p.numel() for p in build_model("gpt", TINY, (32,), VOCAB).parameters())
+    for rank in range(2):
+        # AdamW: parameters, gradients and two moments, fp32 (+ a 4-byte step per parameter tensor)
+        assert ddp[rank]["params_bytes"] == ddp[rank]["grads_bytes"] == 4 * params
+        held = {name: m[rank]["params_bytes"] + m[rank]["grads_bytes"] + m[rank]["optimizer_bytes"]
+                for name, m in (("ddp", ddp), ("fsdp", fsdp), ("ac", checkpointed))}
+        assert held["fsdp"] == pytest.approx(held["ddp"] / 2, rel=0.05)
+        assert held["ac"] == held["fsdp"]  # offload moves the shards, it does not change them
+        # each Block keeps only its input; the embedding, final LayerNorm and loss still save theirs
+        assert checkpointed[rank]["activations_bytes"] < 0.6 * fsdp[rank]["activations_bytes"]
+        assert fsdp[rank]["activations_bytes"] == ddp[rank]["activations_bytes"]

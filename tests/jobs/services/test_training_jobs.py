@@ -46,6 +46,7 @@ def _errors(excinfo) -> dict:
     ("hyperparameters", "[1, 2]", "JSON object"),
     ("hyperparameters", {"train": {"optimizer": "rmsprop"}}, "train.optimizer"),
     ("hyperparameters", {"train": {"bogus": 1}}, "bogus"),
+    ("hyperparameters", {"parallel": {"cpu_offload": True}}, "strategy ddp has no shards: set parallel.strategy to fsdp"),
     ("procs_per_node", 3, "at most 2"),  # the backend allows 2 per node
     ("nodes", 2, "node"),
     ("strategy", "zero3", "zero3"),
