@@ -529,15 +529,26 @@ def _suggest(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world
     ac_options = [cfg.parallel.activation_checkpointing]
     if cfg.model.arch == "gpt" and not cfg.parallel.activation_checkpointing:
         ac_options.append(True)
+    def trial(ranks: int, ac: bool) -> MemoryPlan:
+        nodes, procs = (ranks // per_node, per_node) if ranks % per_node == 0 else (ranks, 1)
+        return _plan(_with(cfg, strategy="fsdp", activation_checkpointing=ac, nodes=nodes, procs_per_node=procs,
+                           pipeline_stages=0), input_shape, num_classes, ranks, device_bytes, device_name)
+
     for ac in ac_options:
-        for ranks in candidates:
-            nodes, procs = (ranks // per_node, per_node) if ranks % per_node == 0 else (ranks, 1)
-            trial = _plan(_with(cfg, strategy="fsdp", activation_checkpointing=ac, nodes=nodes, procs_per_node=procs,
-                                pipeline_stages=0), input_shape, num_classes, ranks, device_bytes, device_name)
-            if trial.fits:
-                how = f"FSDP across {ranks} ranks" + (" with activation checkpointing" if ac and not
-                                                      cfg.parallel.activation_checkpointing else "")
-                return f"{how} would need {gib(trial.needed_bytes)}"
+        # FSDP's bytes per rank never grow with the ranks: when the largest world fits, search for the least.
+        if not candidates or not trial(candidates[-1], ac).fits:
+            continue
+        low, high = 0, len(candidates) - 1
+        while low < high:
+            middle = (low + high) // 2
+            if trial(candidates[middle], ac).fits:
+                high = middle
+            else:
+                low = middle + 1
+        found = trial(candidates[low], ac)
+        how = f"FSDP across {candidates[low]} ranks" + (" with activation checkpointing" if ac and not
+                                                         cfg.parallel.activation_checkpointing else "")
+        return f"{how} would need {gib(found.needed_bytes)}"
     return (f"even FSDP across {MAX_FSDP_RANKS} ranks with activation checkpointing would not fit: the activations "
             f"of {cfg.train.batch_size} samples per rank are too many; lower the batch size (train.batch_size) "
             f"and raise train.grad_accum_steps to keep the optimizer's batch")
