@@ -95,7 +95,8 @@ def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """Output folders of 2-rank runs on the same data and seed: ddp, fsdp, fsdp with activation
     checkpointing per Block and CPU offload, pipeline, and ddp stopped
-    by train.max_steps inside epoch 0, then resumed to the end (``resumed``)."""
+    by train.max_steps inside epoch 0, then resumed to the end from its sharded checkpoint
+    (``resumed``)."""
     root = tmp_path_factory.mktemp("gpt")
     rng = np.random.default_rng(0)
     # 5,000 training tokens / 32 per window = 156 windows: 78 per rank, 5 batches of 16 per epoch
@@ -113,6 +114,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "pipeline": {"model": {"arch": "gpt", "params": {**TINY, "tied_embeddings": False}},
                      "parallel": {"strategy": "pipeline", "microbatches": 2}},
         "resumed": {"model": {"arch": "gpt", "params": TINY}, "parallel": {"strategy": "ddp"},
+                    "output": {"checkpoint_format": "sharded"},  # DCP keeps the mid-epoch position too
                     "train": {"max_steps": 3}},
     }
     out = {}
@@ -174,6 +176,8 @@ def test_gpt_stopped_by_max_steps_inside_an_epoch_resumes_exactly(runs):
     assert [r["event"] for r in stopped][-2:] == ["epoch", "completed"]
     assert stopped[-2]["step"] == 3 and stopped[-2]["epoch"] == 0  # validated where it stopped
     assert "val_perplexity" in stopped[-2]
+    assert (runs["resumed"] / "checkpoints" / "checkpoint" / ".metadata").is_file()
+    assert not (runs["resumed"] / "checkpoints" / "last.pt").exists()
     straight, resumed = _model(runs["ddp"]), _model(runs["resumed"])
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight), "parameters differ after resume"
