@@ -1,17 +1,21 @@
 """The cloud adapter tests' provider stand-ins (tests/cloud_adapters/<cloud>/standin.py: sagemaker,
 vertex, azureml) for tests in other folders, and the loopback servers that go with them: a free port,
-gcp-storage-emulator."""
+gcp-storage-emulator, Azurite."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import shutil
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 ADAPTER_TESTS = Path(__file__).resolve().parent / "cloud_adapters"
+AZURITE = ADAPTER_TESTS.parents[1] / "node_modules" / ".bin" / "azurite-blob"
 
 
 def standin(cloud: str):
@@ -45,3 +49,41 @@ def gcs_emulator(bucket: str = "stage") -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def azurite_blob(location: Path) -> Iterator:
+    """Azurite's Blob service (npm, a devDependency) on a free loopback port, its data in
+    ``location``: yields the azureml stand-in's ``BlobAccount``. The process is stopped by its id."""
+    import pytest
+
+    if not AZURITE.exists():
+        pytest.fail(f"{AZURITE} is missing: run `npm ci` (Azurite is a devDependency in package.json).")
+    if shutil.which("node") is None:
+        pytest.fail("node is not on PATH; Azurite (npm) needs Node.js.")
+    port = free_port()
+    log = open(location / "azurite.out", "wb")
+    proc = subprocess.Popen([str(AZURITE), "--silent", "--skipApiVersionCheck", "--location", str(location),
+                             "--blobHost", "127.0.0.1", "--blobPort", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"Azurite did not listen on 127.0.0.1:{port}: "
+                                f"{(location / 'azurite.out').read_text(errors='replace')[-2000:]}")
+                time.sleep(0.1)
+        azureml = standin("azureml")
+        yield azureml.BlobAccount(f"http://127.0.0.1:{port}/{azureml.AZURITE_ACCOUNT}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -50,7 +50,9 @@ class DataConfig:
     name: BuiltinDataset = "digits"
     """Built-in dataset (only read when ``format == "builtin"``): scikit-learn's 8×8 digits."""
     uri: str = ""
-    """Path of the data for imagefolder / csv / npz (a local path or a cloud mount path)."""
+    """Path of the data for imagefolder / csv / npz (a local path or a cloud mount path); a tokens
+    dataset may also be an ``s3://``, ``gs://`` or ``az://`` prefix, read by range with the
+    platform's credentials (docs/token-data.md)."""
     label_column: str = "label"
     """CSV only: the column holding the integer class label; every other column is a feature."""
     val_fraction: float = 0.2

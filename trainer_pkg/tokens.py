@@ -14,17 +14,24 @@ Layout of a token dataset directory (what ``prepare_text`` writes)::
 :func:`open_tokens` maps every shard with ``numpy.memmap`` (``.bin``) or ``numpy.load(mmap_mode="r")``
 (``.npy``): opening a dataset of any size costs a few pages per shard, and a window read touches
 only the pages it spans.
+
+The same dataset may live under an object-store prefix (``s3://bucket/tokens``, ``gs://…``,
+``az://container/…``: :mod:`trainer_pkg.objstore`): ``meta.json`` is fetched once, the shards' sizes
+come from one listing of the prefix (no shard is read whole, none is downloaded), and every window
+is one ranged GET of its ``(seq_len + 1) × itemsize`` bytes, the same bytes a local ``pread`` reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 from typing import Any
 
 import numpy as np
 
+from trainer_pkg import objstore
 from trainer_pkg.config import ConfigError
 
 META_NAME = "meta.json"
@@ -37,10 +44,11 @@ SHARD_EXTENSIONS = (".bin", ".npy")
 class TokenStream:
     """One split: its shards in order, each a 1-D memory-mapped array of token ids."""
 
-    shards: tuple[np.ndarray, ...]
-    """(tokens,) uint16/uint32 memmaps, one per file; never copied whole."""
+    shards: tuple[np.ndarray | "RemoteShard", ...]
+    """(tokens,) uint16/uint32 memmaps, one per file (a :class:`RemoteShard` per object of a
+    dataset on object storage: its length and dtype); never copied whole."""
     paths: tuple[str, ...]
-    """The shard files, absolute, in the same order."""
+    """The shard files, absolute (object URIs for object storage), in the same order."""
     offsets: tuple[int, ...] = ()
     """Byte offset in its file of each shard's first token (a .npy's header, a held-out tail's
     start); () = 0 for every shard."""
@@ -80,10 +88,68 @@ def _fd(path: str) -> int:
     return fd
 
 
+@dataclasses.dataclass(frozen=True)
+class RemoteShard:
+    """A shard on object storage, as much of a memmap as :class:`TokenStream` uses: its length in
+    tokens and dtype, sliced like an array (a view: the bytes stay in the bucket)."""
+
+    length: int
+    """Tokens in the shard."""
+    dtype: np.dtype
+    offset: int = 0
+    """Byte offset of its first token in the object (a .npy's header)."""
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, key: slice) -> "RemoteShard":
+        return RemoteShard(len(range(self.length)[key]), self.dtype, self.offset)
+
+
+# Bytes read from a remote .npy's start to find its header (version 1/2 headers of a 1-D array
+# are 128 bytes: numpy pads them to a multiple of 64).
+_NPY_HEAD_BYTES = 4096
+
+
+def _remote_shard(uri: str, sizes: dict[str, int], dtype: str, itemsize: int, errors: list[str]) -> RemoteShard | None:
+    """The shard object ``uri`` sized from the listing ``sizes`` (a .npy: its header read by one
+    ranged GET); None, with the problem appended to ``errors``, when it is missing or malformed."""
+    size = sizes.get(uri)
+    if size is None:
+        errors.append(f"shard {uri} listed in meta.json does not exist (no such object under the prefix)")
+        return None
+    offset = 0
+    if uri.endswith(".npy"):
+        head = io.BytesIO(objstore.read(uri, 0, min(size, _NPY_HEAD_BYTES)))
+        try:
+            version = np.lib.format.read_magic(head)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, npy_dtype = read_header(head)
+        except (ValueError, OSError) as exc:
+            errors.append(f"shard {uri} is not a readable .npy file: {exc}")
+            return None
+        if len(shape) != 1 or npy_dtype != np.dtype(dtype):
+            errors.append(f"shard {uri} holds {npy_dtype} of shape {shape}; meta.json says 1-D {dtype}")
+            return None
+        offset = head.tell()
+        size -= offset
+        if size < shape[0] * itemsize:
+            errors.append(f"shard {uri} is truncated: its header says {shape[0]:,} tokens, it holds {size // itemsize:,}")
+            return None
+        size = shape[0] * itemsize
+    if size % itemsize:
+        errors.append(f"shard {uri} has {size:,} bytes, not a whole number of {dtype} tokens "
+                      f"({itemsize} bytes each): it is truncated, or meta.json's dtype is wrong")
+        return None
+    return RemoteShard(size // itemsize, np.dtype(dtype), offset)
+
+
 def _read(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
-    """``count`` tokens of ``dtype`` from ``path`` at byte ``offset``, read (not mapped)."""
+    """``count`` tokens of ``dtype`` from ``path`` at byte ``offset``, read (not mapped): one
+    ``pread`` of a local file, one ranged GET of an object (``s3://``, ``gs://``, ``az://``)."""
     want = count * dtype.itemsize
-    data = os.pread(_fd(path), want, offset)
+    data = objstore.read(path, offset, want) if objstore.is_remote(path) else os.pread(_fd(path), want, offset)
     if len(data) != want:
         raise OSError(f"shard {path} ended after {len(data) // dtype.itemsize} of {count} tokens at byte "
                       f"{offset:,}: was it truncated?")
@@ -106,13 +172,26 @@ class TokenDataset:
 
 
 def _local_root(uri: str) -> str:
+    """The dataset's root: an absolute local path, or an object-store prefix without its final slash."""
     path = uri[len("file://"):] if uri.startswith("file://") else uri
     if not path:
         raise ConfigError("data.uri: a tokens dataset needs the path of its folder (the one holding meta.json)")
+    if objstore.is_remote(path):
+        objstore.split_uri(path)  # names a bucket
+        return path.rstrip("/")
     if "://" in path:
-        raise ConfigError(f"tokens dataset {uri} is not a local path: the trainer reads the mount or channel path "
-                          "the platform provides (e.g. /opt/ml/input/data/train); pass that path instead")
+        raise ConfigError(f"tokens dataset {uri} is neither a local path nor an s3://, gs:// or az:// prefix: "
+                          "pass the mount or channel path the platform provides (e.g. /opt/ml/input/data/train) "
+                          "or the dataset's object-store prefix")
     return os.path.abspath(os.path.expanduser(path))
+
+
+def _read_meta(root: str, meta_path: str) -> Any:
+    """meta.json's parsed JSON; FileNotFoundError when there is none."""
+    if objstore.is_remote(root):
+        return json.loads(objstore.read(meta_path).decode("utf-8"))
+    with open(meta_path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def open_tokens(uri: str, *, val_fraction: float | None = None) -> TokenDataset:
@@ -129,14 +208,14 @@ def open_tokens(uri: str, *, val_fraction: float | None = None) -> TokenDataset:
     is empty.
     """
     root = _local_root(uri)
-    meta_path = os.path.join(root, META_NAME)
-    if not os.path.isdir(root):
+    remote = objstore.is_remote(root)
+    meta_path = objstore.join(root, META_NAME) if remote else os.path.join(root, META_NAME)
+    if not remote and not os.path.isdir(root):
         what = "does not exist" if not os.path.exists(root) else "is a file, not a directory"
         raise ConfigError(f"tokens dataset {root} {what}: give the folder holding {META_NAME} "
                           "(made by python -m trainer_pkg.prepare_text)")
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = _read_meta(root, meta_path)
     except FileNotFoundError:
         raise ConfigError(f"tokens dataset {root} has no {META_NAME}: make the dataset with "
                           "python -m trainer_pkg.prepare_text, or write its meta.json (docs/token-data.md)") from None
@@ -158,22 +237,30 @@ def open_tokens(uri: str, *, val_fraction: float | None = None) -> TokenDataset:
         raise ConfigError(f"{meta_path}: \"splits\" must be an object listing the shard files of \"train\" "
                           "(and \"val\")")
     errors: list[str] = []
-    train = _open_split(root, meta_path, "train", splits.get("train"), dtype, vocab, errors)
+    # Object storage: every shard's size from one listing of the prefix, not a request per shard.
+    sizes = _listing(root) if remote else None
+    train = _open_split(root, meta_path, "train", splits.get("train"), dtype, vocab, errors, sizes)
     if splits.get("val") in (None, []):
         val = None
         if val_fraction is None:
             errors.append(f"{meta_path} lists no val shards: list some under splits.val (prepare_text "
                           "makes them), or let the trainer hold out data.val_fraction of the train tokens")
     else:
-        val = _open_split(root, meta_path, "val", splits.get("val"), dtype, vocab, errors)
+        val = _open_split(root, meta_path, "val", splits.get("val"), dtype, vocab, errors, sizes)
     if errors:
         shown = errors[:8] + ([f"and {len(errors) - 8} more"] if len(errors) > 8 else [])
         raise ConfigError("; ".join(shown))
     if val is None:
         train, val = _hold_out_tail(train, val_fraction, meta_path)
     tokenizer = meta.get("tokenizer") or ""
-    return TokenDataset(root=root, vocab_size=vocab, dtype=dtype, train=train, val=val,
-                        tokenizer=os.path.join(root, tokenizer) if tokenizer else "", meta=meta)
+    tokenizer = (objstore.join(root, tokenizer) if remote else os.path.join(root, tokenizer)) if tokenizer else ""
+    return TokenDataset(root=root, vocab_size=vocab, dtype=dtype, train=train, val=val, tokenizer=tokenizer, meta=meta)
+
+
+def _listing(root: str) -> dict[str, int]:
+    """{object URI: bytes} of every object under the prefix ``root``."""
+    s, key = objstore.store(root)
+    return {s.uri(k): size for k, size in s.list(key + "/" if key else "").items()}
 
 
 def _hold_out_tail(train: TokenStream, val_fraction: float, meta_path: str) -> tuple[TokenStream, TokenStream]:
@@ -209,23 +296,34 @@ _CHECKED_TOKENS = 4096
 
 
 def _open_split(root: str, meta_path: str, name: str, files: Any, dtype: str, vocab: int,
-                errors: list[str]) -> TokenStream:
-    """The split ``name``'s shards, mapped; each problem is appended to ``errors`` (all of them)."""
+                errors: list[str], sizes: dict[str, int] | None = None) -> TokenStream:
+    """The split ``name``'s shards, mapped (on object storage, ``sizes`` {URI: bytes} from the
+    prefix's listing); each problem is appended to ``errors`` (all of them)."""
     if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
         errors.append(f"{meta_path}: splits.{name} must list at least one shard file (paths relative to {root})")
         return TokenStream((), ())
     parts: list[tuple[np.ndarray, str, int]] = []
     itemsize = np.dtype(dtype).itemsize
     for rel in files:
-        path = os.path.normpath(os.path.join(root, rel))
-        if os.path.commonpath([root, path]) != root:
+        if sizes is not None:
+            norm = os.path.normpath("/" + rel).lstrip("/")  # ".." cannot climb above the prefix
+            path = objstore.join(root, norm)
+            inside = norm == os.path.normpath(rel) and not rel.startswith("/")
+        else:
+            path = os.path.normpath(os.path.join(root, rel))
+            inside = os.path.commonpath([root, path]) == root
+        if not inside:
             errors.append(f"{meta_path}: shard {rel!r} lies outside the dataset directory: list paths inside it")
             continue
         if not path.endswith(SHARD_EXTENSIONS):
             errors.append(f"{meta_path}: shard {rel!r} is not a .bin or .npy file")
             continue
         try:
-            if path.endswith(".npy"):
+            if sizes is not None:
+                arr = _remote_shard(path, sizes, dtype, itemsize, errors)
+                if arr is None:
+                    continue
+            elif path.endswith(".npy"):
                 arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 if arr.ndim != 1 or arr.dtype != np.dtype(dtype):
                     errors.append(f"shard {path} holds {arr.dtype} of shape {arr.shape}; meta.json says 1-D {dtype}")

@@ -12,11 +12,8 @@ provider's test helper of the same file name cannot shadow it on ``sys.path``.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,6 @@ from cloud_adapters import retry
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-AZURITE = REPO / "node_modules" / ".bin" / "azurite-blob"
 
 
 def _load_standin():
@@ -57,47 +53,13 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory):
     """Azurite's Blob service on a free loopback port for the session: a :class:`BlobAccount`."""
-    if not AZURITE.exists():
-        pytest.fail(f"{AZURITE} is missing: run `npm ci` (Azurite is a devDependency in package.json).")
-    if shutil.which("node") is None:
-        pytest.fail("node is not on PATH; Azurite (npm) needs Node.js.")
-    port = _free_port()
-    location = tmp_path_factory.mktemp("azurite")
-    log = open(location / "azurite.out", "wb")
-    proc = subprocess.Popen([str(AZURITE), "--silent", "--skipApiVersionCheck", "--location", str(location),
-                             "--blobHost", "127.0.0.1", "--blobPort", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                log.close()
-                pytest.fail(f"Azurite did not listen on 127.0.0.1:{port}: "
-                            f"{(location / 'azurite.out').read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-    try:
-        yield standin.BlobAccount(f"http://127.0.0.1:{port}/{standin.AZURITE_ACCOUNT}")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    from adapter_standins import azurite_blob
+
+    with azurite_blob(tmp_path_factory.mktemp("azurite")) as account:
+        yield account
 
 
 @pytest.fixture

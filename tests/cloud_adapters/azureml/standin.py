@@ -93,6 +93,11 @@ class BlobAccount:
     name: str = AZURITE_ACCOUNT
     key: str = AZURITE_KEY
 
+    @property
+    def connection_string(self) -> str:
+        """The account as ``AZURE_STORAGE_CONNECTION_STRING`` gives it to the SDK."""
+        return f"DefaultEndpointsProtocol=http;AccountName={self.name};AccountKey={self.key};BlobEndpoint={self.url};"
+
     def service(self):
         from azure.storage.blob import BlobServiceClient
 
