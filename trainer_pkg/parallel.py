@@ -418,7 +418,8 @@ def fsdp_units(model: nn.Module, shard_classes: list[str], *, custom: bool) -> l
 
     ``shard_classes`` (``model.shard_classes``) non-empty: every submodule whose class name
     (``type(m).__name__``) is listed, e.g. ``["Block"]``. Empty: each layer of a built-in model
-    (:func:`trainer_pkg.models.sequential_layers`), each top-level child of a ``custom`` one.
+    (:func:`trainer_pkg.models.sequential_layers`), each top-level child of a ``custom`` one (the
+    items of a top-level ``nn.ModuleList`` or ``nn.ModuleDict``, which has no forward to shard around).
 
     A built-in model may name its own default (``default_shard_classes``: ``gpt`` shards each
     ``Block``, keeping the tied embedding and output weight in the root's unit).
@@ -430,7 +431,9 @@ def fsdp_units(model: nn.Module, shard_classes: list[str], *, custom: bool) -> l
         shard_classes = list(getattr(model, "default_shard_classes", ()))  # gpt: each Block
     if not shard_classes:
         if custom:
-            return [m for _, m in model.named_children()]
+            # A ModuleList or ModuleDict has no forward of its own for FSDP's hooks: its items are the units.
+            return [item for _, m in model.named_children()
+                    for item in (m.children() if isinstance(m, (nn.ModuleList, nn.ModuleDict)) else [m])]
         return [m for _, m in sequential_layers(model)]
     below_root = list(model.modules())[1:]
     present = {type(m).__name__ for m in model.modules()}  # the root's own class: sharded last anyway

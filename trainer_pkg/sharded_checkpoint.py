@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 DIR_NAME = "checkpoint"
 META_NAME = "trainboard.pt"
@@ -73,6 +74,16 @@ def remove_stale_temp_dirs(path: str) -> list[str]:
     return [os.path.join(parent, n) for n in names]
 
 
+def _first_failure(exc: CheckpointException) -> str:
+    """The first rank's reason inside DCP's ``CheckpointException`` (every rank's failure, wrapped
+    with its traceback), as one line."""
+    for failure in exc.failures.values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        text = str(inner).strip().splitlines()
+        return f"{type(inner).__name__}: {text[0]}" if text else type(inner).__name__
+    return str(exc).splitlines()[0]
+
+
 def write(path: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], *,
           step: int) -> None:
     """Collective: save ``module``'s and ``optimizer``'s state with DCP and ``meta`` (rank 0's) into
@@ -89,7 +100,10 @@ def write(path: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer, 
         os.makedirs(tmp)
     dist.barrier()
     model_state, optimizer_state = get_state_dict(module, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    except CheckpointException as exc:
+        raise RuntimeError(f"writing the sharded checkpoint {tmp} failed: {_first_failure(exc)}") from None
     # dcp.save returns on the coordinator (rank 0) once every rank's shards are written.
     if main:
         with open(os.path.join(tmp, META_NAME), "wb") as f:
@@ -107,12 +121,17 @@ def write(path: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer, 
 
 def load(path: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: load the model and optimizer state of the checkpoint ``path`` into ``module`` and
-    ``optimizer`` on any world size (DCP reshards). Raises RuntimeError, ValueError or KeyError
-    (DCP's) for a checkpoint of another model or optimizer."""
+    ``optimizer`` on any world size (DCP reshards). Raises ValueError for a checkpoint of another
+    model or optimizer, with DCP's first reason ("Size mismatch between saved torch.Size([32, 16]) and
+    current: torch.Size([64, 16]) for model.net.1.weight"); RuntimeError or KeyError from
+    ``set_state_dict``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(module, optimizer)  # the layout to read into
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=path)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except CheckpointException as exc:  # a BaseException: no handler above would see it
+        raise ValueError(_first_failure(exc)) from None
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

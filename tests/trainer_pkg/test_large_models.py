@@ -20,7 +20,7 @@ from test_strategies import assert_same, epoch_record, write_blobs
 from trainer_helpers import launch, records, torchrun, write_job
 from trainer_pkg.config import JobConfig
 from trainer_pkg.memory import SavedActivations, rank_memory
-from trainer_pkg.parallel import maybe_apply_ac
+from trainer_pkg.parallel import fsdp_units, maybe_apply_ac
 from trainer_pkg.world_shape import config_errors
 
 BLOCKS = '''
@@ -171,6 +171,23 @@ def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_on_four(setup, fsd
 
 
 @pytest.mark.slow
+def test_a_sharded_checkpoint_of_another_model_is_refused_naming_the_parameter(setup, fsdp):
+    root, blobs = setup
+    shutil.copytree(root / "fsdp" / "out" / "checkpoints", root / "wider" / "out" / "checkpoints")
+    job = write_job(root / "wider", data={"format": "npz", "uri": str(blobs)},
+                    model={"arch": "custom", "entry_point": "blocks.model:build", "params": {"width": 32},
+                           "shard_classes": ["Block"]},
+                    code={"dir": str(root / "code")}, output={"checkpoint_format": "sharded"},
+                    parallel={"strategy": "fsdp"}, train={"epochs": 2, "batch_size": 16})
+    done = launch(job)
+    assert done.returncode == 1
+    checkpoint = root / "wider" / "out" / "checkpoints" / "checkpoint"
+    assert (f"trainer error: checkpoint {checkpoint} does not fit this model/optimizer (ValueError: Size mismatch "
+            "between saved torch.Size([16, 16]) and current: torch.Size([32, 16]) for model.embed.weight); "
+            "delete it or set output.checkpoint_dir to start fresh") in done.stderr
+
+
+@pytest.mark.slow
 def test_compile_trains_a_tiny_mlp(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     blobs = write_blobs(tmp_path / "blobs.npz")
@@ -239,3 +256,13 @@ def test_settings_are_refused_all_at_once():
                                             "cpu_offload": True, "activation_checkpointing": True}})
     assert set(config_errors(cfg)) == {"parallel.pipeline_stages", "parallel.cpu_offload",
                                        "parallel.activation_checkpointing", "output.checkpoint_format"}
+
+
+def test_a_custom_models_module_list_is_sharded_item_by_item():
+    # A top-level ModuleList has no forward for FSDP's hooks ("fully_shard does not support containers
+    # that do not implement forward"): without model.shard_classes its items are the units.
+    namespace: dict = {}
+    exec(BLOCKS, namespace)
+    model = namespace["build"](4, (16,))
+    assert fsdp_units(model, [], custom=True) == [model.embed, model.blocks[0], model.blocks[1], model.head]
+    assert fsdp_units(model, ["Block"], custom=True) == [model.blocks[1], model.blocks[0]]
