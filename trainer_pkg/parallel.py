@@ -84,6 +84,9 @@ from trainer_pkg.world_shape import pipeline_stage_count, shape_errors
 _DDP_PARAMETERS = frozenset(inspect.signature(DDP.__init__).parameters)
 
 EVAL_BATCH_SIZE = 512
+EVAL_BATCH_TOKENS = 16_384
+"""A language model's evaluation batch, in tokens: its logits are (windows, T, V), so 512 windows of
+GPT-2's 1,024 tokens would be 105 GB of fp32 logits; 16 windows of 1,024 are 3.3 GB."""
 
 
 class StrategyError(Exception):
@@ -242,6 +245,15 @@ def loss_backward(logits: torch.Tensor, y: torch.Tensor, loss_scale: float) -> B
     return BatchResult(logits.detach(), loss.detach())
 
 
+def eval_batch_size(x: Any) -> int:
+    """Samples per evaluation batch: :data:`EVAL_BATCH_SIZE`, or for a language model's (N, T) integer
+    token windows as many as make :data:`EVAL_BATCH_TOKENS` tokens (at least 1)."""
+    dtype, shape = getattr(x, "dtype", None), getattr(x, "shape", ())
+    if dtype is not None and not dtype.is_floating_point and len(shape) == 2:
+        return max(1, EVAL_BATCH_TOKENS // max(1, int(shape[1])))
+    return EVAL_BATCH_SIZE
+
+
 class Strategy:
     """One rank's share of the model, and how a batch trains on it.
 
@@ -314,8 +326,9 @@ class Strategy:
         order = torch.where(keep_all, order, order % n)
         self.module.eval()
         try:
-            for start in range(0, len(order), EVAL_BATCH_SIZE):
-                idx, keep = order[start:start + EVAL_BATCH_SIZE], keep_all[start:start + EVAL_BATCH_SIZE].to(device)
+            rows = eval_batch_size(x)
+            for start in range(0, len(order), rows):
+                idx, keep = order[start:start + rows], keep_all[start:start + rows].to(device)
                 with autocast:
                     logits = self.eval_forward(x[idx].to(device))
                 if logits is None:

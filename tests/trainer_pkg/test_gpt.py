@@ -82,6 +82,21 @@ def test_gpt_pipeline_layers_compose_to_the_model_and_refuse_tied_embeddings():
     assert isinstance(tied, GPT)
 
 
+def test_token_loss_and_accuracy_count_every_token_and_evaluation_batches_by_tokens():
+    from trainer_pkg.parallel import correct, cross_entropy, eval_batch_size
+
+    torch.manual_seed(0)
+    logits, y = torch.randn(3, 5, VOCAB), torch.randint(0, VOCAB, (3, 5))
+    flat = torch.nn.functional.cross_entropy(logits.reshape(15, VOCAB), y.reshape(15), reduction="none")
+    torch.testing.assert_close(cross_entropy(logits, y), flat.mean())
+    torch.testing.assert_close(cross_entropy(logits, y, reduction="none"), flat.view(3, 5).mean(1))
+    y[0] = logits[0].argmax(-1)  # every token of window 0 right, and none of window 1
+    y[1] = (logits[1].argmax(-1) + 1) % VOCAB
+    assert correct(logits, y)[:2].tolist() == [1.0, 0.0]
+    assert eval_batch_size(torch.zeros(4, 1024, dtype=torch.long)) == 16  # GPT-2 windows: 16,384 tokens
+    assert eval_batch_size(torch.zeros(4, 64)) == 512  # a table's samples
+
+
 # -- training under torchrun ----------------------------------------------------------------------
 
 
