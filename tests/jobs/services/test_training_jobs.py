@@ -110,7 +110,8 @@ def test_create_freezes_config_and_enqueues_on_commit(user, digits_dataset, cnn_
     assert job.provider_job_name.startswith(f"tb-job-{job.pk}-")
     cfg = job.config
     assert cfg["data"] == {"format": "builtin", "name": "digits", "uri": "", "label_column": "label",
-                           "val_fraction": 0.2, "image_size": 32}
+                           "val_fraction": 0.2, "image_size": 32, "seq_len": 0, "val_windows": 256,
+                           "num_workers": 0, "pin_memory": False, "prefetch_factor": 2}
     assert cfg["model"]["arch"] == "cnn" and cfg["model"]["params"]["channels"] == 16
     assert cfg["parallel"]["nodes"] == 1 and cfg["parallel"]["procs_per_node"] == 2
     assert cfg["train"]["epochs"] == 3 and cfg["train"]["batch_size"] == 16
