@@ -17,13 +17,16 @@ same parameters whether its data is streamed or held in memory:
 With ``data.num_workers`` 0 a batch is read in the training process when it is asked for. With N > 0
 each rank starts N worker processes per epoch (forked: they share the file list and the memory maps),
 each preparing ``data.prefetch_factor`` batches ahead; an epoch's last batch shuts them down, and a run
-stopped mid-epoch shuts them down with its iterator. ``data.pin_memory`` pins batches for the copy to
+stopped mid-epoch shuts them down with its iterator. Workers run in a session of their own, out of the
+reach of signals sent to their rank's process group: stopping is the rank's business (the ranks agree on
+it, then checkpoint), and a SIGTERM that torchrun passes on to the rank's group must not kill them first. ``data.pin_memory`` pins batches for the copy to
 a GPU (ignored on CPU).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterator
 
 import numpy as np
@@ -62,6 +65,16 @@ class SampleView:
 
     def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.x.take(idx.cpu().numpy()))
+
+
+def _own_session(worker_id: int) -> None:
+    """A DataLoader worker leaves its rank's process group (``setsid``), so the signals sent to the group
+    are its rank's alone. A stop signals the whole group: torchrun's agent passes SIGTERM on with
+    ``killpg`` to each rank's group, a terminal sends SIGINT to its foreground group. A worker killed by
+    it would fail its rank's next batch ("DataLoader worker exited unexpectedly") before the ranks have
+    agreed to stop and checkpointed. The rank still stops its workers itself (each worker is its child),
+    and a worker whose rank is gone exits by itself (the DataLoader's watchdog)."""
+    os.setsid()
 
 
 class StreamShard:
@@ -123,6 +136,7 @@ class StreamShard:
             try:
                 x, y = next(self._batches)
             except ConfigError as exc:  # re-raised by the DataLoader with the worker's traceback in it
+                self.close()
                 raise ConfigError(str(exc).strip().splitlines()[-1].partition("ConfigError: ")[2] or str(exc)) from None
             self._next = index + 1
             if self._next == self.batches:
@@ -156,6 +170,6 @@ class StreamShard:
             prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory and device.type == "cuda",
             # Its own generator: the workers' base seed would otherwise be drawn from the rank's
             # torch generator, moving dropout and augmentation off an in-memory run's.
-            generator=torch.Generator().manual_seed(0),
+            generator=torch.Generator().manual_seed(0), worker_init_fn=_own_session,
         )
         self._batches, self._order, self._next = iter(loader), order, index

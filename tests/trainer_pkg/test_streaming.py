@@ -305,3 +305,35 @@ def test_streamed_images_train_exactly_as_in_memory_on_2_ranks_with_workers_and_
     assert final["eager"]["sample_order_digest"] == final["lazy2"]["sample_order_digest"]
     starts = [r["resumed"] for r in records(tmp_path / "lazy2" / "out") if r["event"] == "started"]
     assert starts == [False, True]
+
+
+_SIGNAL_SCRIPT = """
+import os, signal, sys, torch
+from types import SimpleNamespace
+from trainer_pkg.config import JobConfig
+from trainer_pkg.datasets import load_dataset
+from trainer_pkg.train import StopSignal, make_shard
+
+cfg = JobConfig.from_dict({"data": {"format": "imagefolder", "uri": sys.argv[1], "image_size": 6, "num_workers": 2,
+                                    "prefetch_factor": 1}, "train": {"batch_size": 2}})
+one = SimpleNamespace(dp_rank=0, dp_size=1, drop_last_batch=False)
+lazy, eager = load_dataset(cfg.data), load_dataset(cfg.data)
+eager.x_train = eager.x_train[:]
+shard, memory = make_shard(lazy, one, cfg), make_shard(eager, one, cfg)
+stop = StopSignal().install()
+order = shard.epoch_order(0)
+shard.batch(order, 0, torch.device("cpu"))
+os.killpg(0, signal.SIGTERM)  # what torchrun's agent does to a rank's group when it is told to stop
+same = all(torch.equal(shard.batch(order, b, torch.device("cpu"))[1], memory.batch(order, b, torch.device("cpu"))[1])
+           for b in range(1, shard.batches))  # 10 more batches: far more than the 2 prefetched
+print(stop.received == signal.SIGTERM, same, flush=True)
+"""
+
+
+def test_workers_outlive_a_sigterm_sent_to_their_ranks_process_group(small_tree):
+    # The rank (a session leader, as torchrun starts it) catches SIGTERM to agree on a stop with the
+    # other ranks; its workers must go on serving batches until it has.
+    run = subprocess.run([sys.executable, "-c", _SIGNAL_SCRIPT, str(small_tree)], cwd=REPO, env=trainer_env(),
+                         capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "True"]
