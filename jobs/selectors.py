@@ -392,6 +392,7 @@ def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
 
     rows = [row(label, planned_of(key), measured.get(key)) for label, key in _MEMORY_TERMS]
     rows.append(row("Buffers (unsharded units, logits, the batch)", planned_of("buffers_bytes"), None))
+    rows.append(row("Evaluation, instead of activations and buffers", planned_of("evaluation_bytes"), None))
     terms = [planned_of(key) for _, key in _MEMORY_TERMS]
     peak = sum(terms) if cpu and None not in terms else planned_of("peak_bytes")
     rows.append(row("Peak per rank" + (" (CPU: the four terms above)" if cpu else ""), peak, measured.get("peak_bytes")))

@@ -77,6 +77,11 @@ own ParamSpecs win once ``gpt`` is registered."""
 OPTIMIZER_STATES = {"sgd": 1, "adamw": 2}
 """fp32 copies of each parameter the optimizer keeps: SGD's momentum buffer, AdamW's two moments."""
 
+EVAL_BATCH_SIZE = 512
+EVAL_BATCH_TOKENS = 16_384
+"""Samples, and a language model's tokens, per evaluation batch: ``trainer_pkg.parallel``'s figures
+(that module imports torch)."""
+
 MAX_FSDP_RANKS = 1024
 """The largest FSDP world size a suggestion considers."""
 
@@ -289,6 +294,10 @@ class MemoryPlan:
     """Saved for backward, at the peak (end of forward) on the busiest rank."""
     buffers_bytes: int
     """Model buffers, the batch, FSDP's unsharded units, the loss's gradient workspace."""
+    evaluation_bytes: int = 0
+    """What each epoch's evaluation (no gradients) holds beside the parameters, gradients and
+    optimizer state: the model's buffers, DDP's buckets or FSDP's unsharded units, the largest layer's
+    working set for an evaluation batch and, for ``gpt``, that batch's logits and log-softmax."""
     host_bytes: int = 0
     """Held in host memory instead (``parallel.cpu_offload``)."""
     device_bytes: int | None = None
@@ -302,8 +311,10 @@ class MemoryPlan:
 
     @property
     def peak_bytes(self) -> int:
-        """Sum of the device-side terms: the estimated peak per rank."""
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+        """The estimated peak per rank: the state (parameters, gradients, optimizer) plus the larger of
+        training's activations and buffers and evaluation's working set."""
+        state = self.params_bytes + self.grads_bytes + self.optimizer_bytes
+        return state + max(self.activations_bytes + self.buffers_bytes, self.evaluation_bytes)
 
     @property
     def needed_bytes(self) -> int:
@@ -332,7 +343,8 @@ class MemoryPlan:
         return {"strategy": self.strategy, "world_size": self.world_size, "parameters": self.parameters,
                 "params_bytes": self.params_bytes, "grads_bytes": self.grads_bytes,
                 "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
-                "buffers_bytes": self.buffers_bytes, "host_bytes": self.host_bytes,
+                "buffers_bytes": self.buffers_bytes, "evaluation_bytes": self.evaluation_bytes,
+                "host_bytes": self.host_bytes,
                 "peak_bytes": self.peak_bytes, "needed_bytes": self.needed_bytes,
                 "device_bytes": self.device_bytes, "device_name": self.device_name, "fits": self.fits,
                 "lines": list(self.lines), "suggestion": self.suggestion, "summary": self.summary}
@@ -500,6 +512,28 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
                      f"{loss_samples} × {shape[0]} × {num_classes:,} × ({low} + 2 × 4) B) {gib(workspace)}")
     lines.append("buffers: " + ", ".join(parts))
 
+    # Evaluation at each epoch's end, without gradients: the state stays; the biggest layer's working
+    # set for an evaluation batch, and a language model's logits with their fp32 log-softmax.
+    dp = world // (par.pipeline_stages or world) if strategy == "pipeline" else world
+    if arch == "gpt":
+        rows = min(max(1, EVAL_BATCH_TOKENS // shape[0]), -(-cfg.data.val_windows // max(dp, 1)))
+        eval_logits = rows * shape[0] * num_classes
+        eval_work = eval_logits * (low + (4 if bf16 else 0) + 4) if (strategy != "pipeline" or held[-1].name == "head") else 0
+        what_eval = (f"the logits and log-softmax of {rows} windows ({rows * shape[0]:,} tokens × {num_classes:,} × "
+                     f"({low}{' + 4' if bf16 else ''} + 4) B)")
+        eval_work += max((u.act_elems for u in held if u.name.startswith("blocks.")), default=0) * rows * low
+    else:
+        rows = EVAL_BATCH_SIZE
+        eval_work = max(u.act_elems for u in held) * rows * low
+        what_eval = f"the largest layer's working set for {rows} samples"
+    resident = model_buffers + (grads_b if strategy == "ddp" else 0)
+    if strategy == "fsdp":
+        resident += (root + 2 * largest) * unit_bytes
+    evaluation = resident + eval_work
+    lines.append(f"evaluation (no gradients): {what_eval} and the resident buffers = {gib(evaluation)}"
+                 + ("; more than training's activations and buffers: it sets the peak" if evaluation > act_b + extra
+                    else ""))
+
     host = 0
     if par.cpu_offload and strategy == "fsdp":
         host = params_b + grads_b + opt_b
@@ -507,7 +541,7 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
         lines.append(f"cpu offload: parameter, gradient and optimizer shards in host memory ({gib(host)})")
     result = MemoryPlan(strategy=strategy, world_size=world, parameters=total, params_bytes=params_b,
                         grads_bytes=grads_b, optimizer_bytes=opt_b, activations_bytes=act_b,
-                        buffers_bytes=extra, host_bytes=host, device_bytes=device_bytes,
+                        buffers_bytes=extra, evaluation_bytes=int(evaluation), host_bytes=host, device_bytes=device_bytes,
                         device_name=device_name, lines=lines)
     lines.append(f"peak per rank: {gib(result.peak_bytes)}"
                  + ("" if device_bytes is None else f" of {gib(device_bytes)} ({'fits' if result.fits else 'does not fit'})"))

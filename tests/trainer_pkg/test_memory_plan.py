@@ -152,3 +152,16 @@ def test_memory_plan_is_torch_free():
     code = "import sys, trainer_pkg.memory_plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_evaluation_of_a_large_vocabulary_can_set_the_peak():
+    # 16,384 evaluation tokens × 50,257 × (4 + 4) B of logits and log-softmax outweigh 1 window's training
+    cfg = _config("gpt", GPT2, data={"format": "tokens", "uri": "/d"}, train={"batch_size": 1})
+    planned = plan(cfg, input_shape=(1024,), num_classes=50257)
+    state = planned.params_bytes + planned.grads_bytes + planned.optimizer_bytes
+    assert planned.evaluation_bytes > planned.activations_bytes + planned.buffers_bytes
+    assert planned.peak_bytes == state + planned.evaluation_bytes
+    assert planned.evaluation_bytes >= 16_384 * 50257 * 8 + planned.grads_bytes  # DDP's buckets stay resident
+    assert "it sets the peak" in planned.lines[-2]
+    cfg.data.val_windows = 2  # a rank evaluates at most its share of the validation windows
+    assert plan(cfg, input_shape=(1024,), num_classes=50257).evaluation_bytes < 2 * 1024 * 50257 * 9 + planned.grads_bytes

@@ -18,7 +18,7 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
 # 1.6 B parameters (conv blocks of 1024 … 16384 channels); AdamW: 16 bytes each, plus DDP's buckets.
 HUGE = {"channels": 1024, "num_blocks": 5}
 ADAMW = {"train": {"optimizer": "adamw"}}
-REFUSAL = ("The job does not fit in GPU memory: it needs 30.0 GiB per GPU; ml.g5.xlarge's NVIDIA A10G has 24.0 GiB; "
+REFUSAL = ("The job does not fit in GPU memory: it needs 30.2 GiB per GPU; ml.g5.xlarge's NVIDIA A10G has 24.0 GiB; "
            "FSDP across 3 ranks would need 21.6 GiB. The plan per rank: model: cnn, 1,608,589,002 parameters; ddp on "
            "2 ranks, 32 samples per rank per step, fp32; parameters: 1,608,589,002 × 4 B (fp32) = 6.0 GiB; ")
 
@@ -58,7 +58,7 @@ def test_the_api_refuses_a_job_that_cannot_fit_and_accepts_it_with_fsdp_across_m
     [message] = refused.json()["non_field_errors"]
     assert message.startswith(REFUSAL)
     assert "buffers: model buffers 248.0 KiB, the batch 8.2 KiB, DDP's gradient buckets 6.0 GiB" in message
-    assert "peak per rank: 30.0 GiB of 24.0 GiB (does not fit)" in message
+    assert "peak per rank: 30.2 GiB of 24.0 GiB (does not fit)" in message
     assert "device: ml.g5.xlarge (1 × NVIDIA A10G, 24 GiB each)" in message
     assert TrainingJob.objects.count() == 0
 
@@ -77,7 +77,7 @@ def test_the_form_shows_the_plan_refuses_and_then_accepts(owner_client, digits_d
     plan = estimate.context["estimate"]["memory_plan"]
     assert plan["fits"] is False and plan["suggestion"] == "FSDP across 3 ranks would need 21.6 GiB"
     page = estimate.content.decode()
-    assert ('Memory: needs 30.0 GiB per GPU; ml.g5.xlarge&#x27;s NVIDIA A10G has 24.0 GiB; FSDP across 3 ranks would '
+    assert ('Memory: needs 30.2 GiB per GPU; ml.g5.xlarge&#x27;s NVIDIA A10G has 24.0 GiB; FSDP across 3 ranks would '
             'need 21.6 GiB — the job would be refused') in page
     assert "<li>optimizer: adamw keeps 2 fp32 copies per parameter = 12.0 GiB</li>" in page
 
@@ -107,5 +107,5 @@ def test_a_target_without_known_gpu_memory_is_planned_never_refused(api_client, 
     assert response.status_code == 201, response.json()
     plan = response.json()["memory_plan"]
     assert (plan["fits"], plan["device_bytes"], plan["suggestion"]) == (None, None, "")
-    assert plan["summary"] == "needs 30.0 GiB per rank (no GPU memory known for this target: not checked)"
-    assert re.search(r"peak per rank: 30\.0 GiB$", plan["lines"][-1])
+    assert plan["summary"] == "needs 30.2 GiB per rank (no GPU memory known for this target: not checked)"
+    assert re.search(r"peak per rank: 30\.2 GiB$", plan["lines"][-1])
