@@ -30,7 +30,7 @@ Strategy = Literal["ddp", "fsdp", "pipeline"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
 Precision = Literal["fp32", "bf16"]
 LRSchedule = Literal["constant", "cosine"]
-DataFormat = Literal["builtin", "imagefolder", "csv", "npz", "tokens"]
+DataFormat = Literal["builtin", "imagefolder", "csv", "npz", "tokens", "webdataset"]
 BuiltinDataset = Literal["digits"]
 Architecture = Literal["mlp", "cnn", "resnet", "gpt", "custom"]
 Optimizer = Literal["sgd", "adamw"]
@@ -46,19 +46,24 @@ class ConfigError(ValueError):
 @dataclasses.dataclass
 class DataConfig:
     format: DataFormat = "builtin"
-    """How the data is stored: a built-in dataset, an ImageFolder tree, a CSV table or NPZ arrays."""
+    """How the data is stored: a built-in dataset, an ImageFolder tree, a CSV table, NPZ arrays,
+    token shards (``tokens``), or ``webdataset``: a folder or ``s3://``/``gs://``/``az://`` prefix of
+    WebDataset-style ``*.tar`` shards of ``<key>.<image ext>`` images and ``<key>.cls`` integer
+    labels (optionally ``val/`` shards for validation, else the last shard is), each data-parallel
+    rank streaming only its own shards (shard i to rank i mod the data-parallel size), every rank
+    running the same number of steps (trainer_pkg/web_shard.py)."""
     name: BuiltinDataset = "digits"
     """Built-in dataset (only read when ``format == "builtin"``): scikit-learn's 8×8 digits."""
     uri: str = ""
     """Path of the data for imagefolder / csv / npz (a local path or a cloud mount path); a tokens
-    dataset may also be an ``s3://``, ``gs://`` or ``az://`` prefix, read by range with the
-    platform's credentials (docs/token-data.md)."""
+    or webdataset dataset may also be an ``s3://``, ``gs://`` or ``az://`` prefix, read by range with the
+    platform's credentials (docs/token-data.md, trainer_pkg/objstore.py)."""
     label_column: str = "label"
     """CSV only: the column holding the integer class label; every other column is a feature."""
     val_fraction: float = 0.2
     """Share of the samples held out for validation when the data has no validation split."""
     image_size: int = 32
-    """ImageFolder only: images are resized to ``image_size × image_size`` pixels."""
+    """ImageFolder and webdataset: images are resized to ``image_size × image_size`` pixels."""
     seq_len: int = 0
     """Tokens only: tokens per training window (the model sees ``seq_len`` tokens and predicts the
     next token at each position); 0 = the ``gpt`` model's ``context_length``."""

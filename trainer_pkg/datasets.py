@@ -24,8 +24,18 @@ Formats (``data.format`` in the job config):
                  written with ``numpy.savez_compressed`` cannot be, and is loaded whole as float32 (the
                  run's log says so).
 ``tokens``       a folder of memory-mapped token shards and its ``meta.json`` (:mod:`trainer_pkg.tokens`,
-                 made by :mod:`trainer_pkg.prepare_text`): :func:`load_dataset` returns the opened
-                 :class:`trainer_pkg.tokens.TokenDataset`, never reading the shards whole.
+                 made by :mod:`trainer_pkg.prepare_text`), or its ``s3://``/``gs://``/``az://`` prefix:
+                 :func:`load_dataset` returns the opened :class:`trainer_pkg.tokens.TokenDataset`,
+                 never reading the shards whole.
+``webdataset``   a folder or object-store prefix of WebDataset-style ``*.tar`` shards, each holding
+                 ``<key>.<image ext>`` images and ``<key>.cls`` integer labels, and optionally a
+                 ``val/`` folder of validation shards (without one, the last shard is held out for
+                 validation) (:mod:`trainer_pkg.tar_shards`). Each data-parallel rank streams only its
+                 own shards — shard i goes to rank i mod the data-parallel size, in an order shuffled
+                 per epoch by ``train.seed``, members read in tar order — and the ranks agree on the
+                 steps per epoch (the fewest batches any rank's shards hold), so uneven shards never
+                 hang a run (:mod:`trainer_pkg.web_shard`). Images are decoded as ImageFolder's, in
+                 the DataLoader workers. Classes: those of the validation shards' labels.
 
 Streamed inputs are :class:`Samples` (``take(indices)`` reads and converts only those samples);
 labels are always held in memory (int64, 8 bytes a sample). Without an explicit validation split,
@@ -40,6 +50,7 @@ import csv
 import dataclasses
 import fcntl
 import hashlib
+import io
 import os
 import struct
 import tempfile
@@ -48,6 +59,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from trainer_pkg import tar_shards
 from trainer_pkg.config import ConfigError, DataConfig
 from trainer_pkg.tokens import TokenDataset, inspect_tokens, open_tokens
 
@@ -142,6 +154,76 @@ class ArrayRows(Samples):
         return ArrayRows(self.array, indices if self.rows is None else self.rows[indices])
 
 
+class TarSamples(Samples):
+    """Images inside tar shards, by (shard, byte offset, length): decoded only by :meth:`take`, as
+    ImageFolder's (RGB, ``size`` square, [0, 1], (3, size, size))."""
+
+    def __init__(self, paths: np.ndarray, shard: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+                 size: int) -> None:
+        self.paths = paths
+        """(shards,) bytes: the shard files or object URIs."""
+        self.shard, self.offsets, self.lengths = shard, offsets, lengths
+        """(N,) int64 each: a sample's shard (index into ``paths``), its image's offset and length."""
+        self.size = size
+        self.sample_shape = (3, size, size)
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), *self.sample_shape), dtype=np.float32)
+        for i, k in enumerate(indices):
+            path = os.fsdecode(self.paths[self.shard[k]])
+            data = tar_shards.read_bytes(path, int(self.offsets[k]), int(self.lengths[k]))
+            out[i] = decode_image(data, self.size, f"{path} at byte {int(self.offsets[k]):,}")
+        return out
+
+    def subset(self, indices: np.ndarray) -> "TarSamples":
+        return TarSamples(self.paths, self.shard[indices], self.offsets[indices], self.lengths[indices], self.size)
+
+
+@dataclasses.dataclass(frozen=True)
+class WebDataset:
+    """A ``webdataset`` as :func:`load_dataset` opens it: the training shards listed (not read:
+    each rank indexes its own, :mod:`trainer_pkg.web_shard`), the validation shards indexed."""
+
+    root: str
+    train: tuple[tar_shards.TarShard, ...]
+    """Training shards in name order; shard i belongs to data-parallel rank i mod dp_size."""
+    x_val: TarSamples
+    y_val: np.ndarray
+    """(N,) int64 validation labels."""
+    num_classes: int
+    """1 + the largest validation label; a training label at or above it fails the run, named."""
+    image_size: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (3, self.image_size, self.image_size)
+
+
+def _open_webdataset(uri: str, image_size: int) -> WebDataset:
+    root, train, val = tar_shards.list_shards(uri)
+    notes = []
+    if not val:
+        if len(train) < 2:
+            raise ConfigError(f"webdataset {root} has one shard and no {tar_shards.VAL_DIR}/ folder: add validation "
+                              f"shards under {tar_shards.VAL_DIR}/, or split the data into two or more shards (the "
+                              "last is then held out for validation)")
+        train, val = train[:-1], train[-1:]
+        notes.append(f"webdataset: no {tar_shards.VAL_DIR}/ shards; the last shard {val[0].path} is held out for validation")
+    indexes = [tar_shards.index_shard(s) for s in val]
+    labels = np.concatenate([ix.labels for ix in indexes])
+    x_val = TarSamples(np.array([os.fsencode(s.path) for s in val]),
+                       np.concatenate([np.full(len(ix), i, dtype=np.int64) for i, ix in enumerate(indexes)]),
+                       np.concatenate([ix.offsets for ix in indexes]), np.concatenate([ix.lengths for ix in indexes]),
+                       image_size)
+    decode_image(tar_shards.read_bytes(val[0].path, int(x_val.offsets[0]), int(x_val.lengths[0])), 8,
+                 val[0].path)  # a missing Pillow or a bad image fails before the run starts
+    return WebDataset(root, tuple(train), x_val, labels, int(labels.max()) + 1, image_size, tuple(notes))
+
+
 @dataclasses.dataclass
 class Dataset:
     """A loaded dataset: inputs (float32 arrays, or :class:`Samples` read per batch), int64 labels
@@ -197,7 +279,7 @@ def token_data(tokens: TokenDataset, seq_len: int) -> TokenData:
 # -- loading -------------------------------------------------------------------------------------
 
 
-def load_dataset(data: DataConfig, seed: int = 0, cache_dir: str | None = None) -> Dataset | TokenDataset:
+def load_dataset(data: DataConfig, seed: int = 0, cache_dir: str | None = None) -> Dataset | TokenDataset | WebDataset:
     """Open the dataset ``data`` describes; :class:`ConfigError` with an actionable message if not.
 
     ``seed`` seeds the train/validation split (use ``train.seed``). ``cache_dir`` is where a CSV's
@@ -205,10 +287,13 @@ def load_dataset(data: DataConfig, seed: int = 0, cache_dir: str | None = None) 
     run's output; default: the system's temporary folder). ImageFolder, CSV and uncompressed NPZ
     inputs come back as :class:`Samples`: nothing of them is decoded here but one image per class.
     A ``tokens`` dataset is opened, not loaded: its shards stay memory-mapped (a dataset without val
-    shards holds out the tail ``data.val_fraction`` of its train tokens).
+    shards holds out the tail ``data.val_fraction`` of its train tokens). A ``webdataset`` is listed
+    and its validation shards indexed (:class:`WebDataset`); no training shard is read.
     """
     if data.format == "tokens":
         return open_tokens(data.uri, val_fraction=data.val_fraction)
+    if data.format == "webdataset":
+        return _open_webdataset(data.uri, data.image_size)
     if data.format == "builtin":
         if data.name != "digits":
             raise ConfigError(f"data.name: unknown built-in dataset {data.name!r} (known: digits)")
@@ -231,7 +316,7 @@ def load_dataset(data: DataConfig, seed: int = 0, cache_dir: str | None = None) 
         return ds
     if data.format == "npz":
         return _load_npz(path, data.val_fraction, seed)
-    raise ConfigError(f"data.format: unknown format {data.format!r} (known: builtin, imagefolder, csv, npz, tokens)")
+    raise ConfigError(f"data.format: unknown format {data.format!r} (known: builtin, imagefolder, csv, npz, tokens, webdataset)")
 
 
 def _split(x, y, x_val, y_val, val_fraction: float, seed: int) -> Dataset:
@@ -339,16 +424,22 @@ def _image_files(folder: str) -> list[str]:
 
 def _open_image(path: str, size: int) -> np.ndarray:
     """One image as float32 (3, size, size) in [0, 1]."""
+    return decode_image(path, size, path)
+
+
+def decode_image(source: str | bytes, size: int, name: str) -> np.ndarray:
+    """The image file ``source`` (a path, or its bytes) as float32 (3, size, size) in [0, 1]: RGB,
+    resized bilinearly. Raises :class:`ConfigError` naming ``name`` when it cannot be decoded."""
     try:
         from PIL import Image
     except ImportError:
-        raise ConfigError("imagefolder datasets need Pillow: pip install 'trainboard-trainer[images]'") from None
+        raise ConfigError("image datasets need Pillow: pip install 'trainboard-trainer[images]'") from None
     try:
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
             img = img.convert("RGB").resize((size, size), Image.BILINEAR)
             arr = np.asarray(img, dtype=np.float32) / 255.0
     except (OSError, ValueError) as exc:  # PIL.UnidentifiedImageError is an OSError
-        raise ConfigError(f"image {path} cannot be read: {exc}") from None
+        raise ConfigError(f"image {name} cannot be read: {exc}") from None
     return arr.transpose(2, 0, 1)
 
 
@@ -779,8 +870,11 @@ def _summary(n: int, classes: int, sample_shape: tuple[int, ...]) -> str:
     return f"{n:,} samples, {classes} classes, {what}"
 
 
-def describe(ds: Dataset | TokenDataset | TokenData) -> dict[str, Any]:
+def describe(ds: Dataset | TokenDataset | TokenData | WebDataset) -> dict[str, Any]:
     """A small JSON-able summary for logs."""
+    if isinstance(ds, WebDataset):
+        return {"train_shards": len(ds.train), "val_samples": int(len(ds.y_val)), "num_classes": ds.num_classes,
+                "input_shape": list(ds.input_shape)}
     if isinstance(ds, TokenData):
         return {**describe(ds.tokens), "seq_len": ds.seq_len}
     if isinstance(ds, TokenDataset):

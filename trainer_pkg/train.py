@@ -127,7 +127,7 @@ from torch.utils.data import DistributedSampler
 
 from trainer_pkg import sharded_checkpoint, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
-from trainer_pkg.datasets import Dataset, Samples, TokenData, describe, load_dataset, token_data
+from trainer_pkg.datasets import Dataset, Samples, TokenData, WebDataset, describe, load_dataset, token_data
 from trainer_pkg.memory import SavedActivations, gather_rank_memory, rank_memory
 from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
 from trainer_pkg.models import build_model
@@ -136,6 +136,7 @@ from trainer_pkg.platforms import cpu_threads_per_rank
 from trainer_pkg.registry import CUSTOM, check_input_shape, seq_len_for
 from trainer_pkg.streaming import SampleView, StreamShard
 from trainer_pkg.token_shard import TokenShard, validation_windows
+from trainer_pkg.web_shard import WebShard
 from trainer_pkg.tokens import TokenDataset
 from trainer_pkg.user_model import UserCodeError, check_first_batch
 from trainer_pkg.versions import strategy_torch_error
@@ -690,19 +691,23 @@ class TrainShard:
         return keep, int(keep.sum())
 
 
-def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard | TokenShard:
+def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard | TokenShard | StreamShard | WebShard:
     """This rank's training shard of ``data`` (what :func:`trainer_pkg.datasets.load_dataset` returned)
     under ``strategy``: the one place that picks the shard class for a kind of data. Every shard class
     has :class:`TrainShard`'s interface (``batches``, ``n``, ``epoch_order``, ``batch``, ``padding``).
 
     Token data (:class:`trainer_pkg.datasets.TokenData`): a :class:`trainer_pkg.token_shard.TokenShard`
-    of (B, seq_len) windows drawn per batch from (``train.seed``, epoch, data-parallel rank, batch)."""
+    of (B, seq_len) windows drawn per batch from (``train.seed``, epoch, data-parallel rank, batch).
+    A ``webdataset`` (:class:`trainer_pkg.datasets.WebDataset`): a :class:`trainer_pkg.web_shard.WebShard`
+    of this rank's own tar shards; making it is a collective (the ranks agree on the step count)."""
     if isinstance(data, TokenData):
         return TokenShard.of(data.tokens, seq_len=data.seq_len, batch_size=cfg.train.batch_size,
                              dp_rank=strategy.dp_rank, dp_size=strategy.dp_size, seed=cfg.train.seed,
                              drop_last=strategy.drop_last_batch)
     if isinstance(data, Dataset) and data.streamed:  # ImageFolder, CSV, uncompressed NPZ (trainer_pkg.streaming)
         return StreamShard.of(data, strategy, cfg)
+    if isinstance(data, WebDataset):  # each rank its own tar shards, the step count agreed (collective)
+        return WebShard.of(data, strategy, cfg)
     return TrainShard.of(data, strategy, cfg.train)
 
 
@@ -713,7 +718,7 @@ def validation_set(data: Any, cfg: JobConfig) -> tuple[Any, torch.Tensor]:
     (:func:`trainer_pkg.token_shard.validation_windows`)."""
     if isinstance(data, TokenData):
         return validation_windows(data.tokens, seq_len=data.seq_len, count=cfg.data.val_windows, seed=cfg.train.seed)
-    if isinstance(data, Dataset) and isinstance(data.x_val, Samples):  # each batch read when evaluate asks for it
+    if isinstance(data, (Dataset, WebDataset)) and isinstance(data.x_val, Samples):  # each batch read when evaluate asks for it
         return SampleView(data.x_val), torch.from_numpy(data.y_val)
     return torch.from_numpy(data.x_val), torch.from_numpy(data.y_val)
 
@@ -948,7 +953,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         autocast = autocast_context(t.precision, device)
         model = build_model(cfg.model.arch, cfg.model.params, data.input_shape, data.num_classes,
                             entry_point=cfg.model.entry_point, code_dir=cfg.code.dir).to(device)
-        if cfg.model.arch == CUSTOM and not isinstance(data, TokenData):  # before any wrapper: a wrong output shape fails here, not in the loss
+        if cfg.model.arch == CUSTOM and isinstance(data, Dataset):  # before any wrapper: a wrong output shape fails here, not in the loss
             first = torch.from_numpy(data.x_train[:t.batch_size]).to(device)
             check_first_batch(model, first, num_classes=data.num_classes, entry_point=cfg.model.entry_point,
                               code_dir=cfg.code.dir, autocast=autocast)
@@ -1469,8 +1474,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {section: p.add_argument_group(title) for section, title in _GROUP_TITLES.items()}
     groups["data"].add_argument(
         "--dataset", metavar="NAME_OR_PATH",
-        help="'digits' (built in: data.name) or the path of an ImageFolder tree, .csv or .npz file, or a "
-             "tokens directory (with meta.json) (data.uri); its format is guessed from the path unless "
+        help="'digits' (built in: data.name) or the path of an ImageFolder tree, .csv or .npz file, a "
+             "tokens directory (with meta.json) or a folder of .tar shards (data.uri); its format is guessed from the path unless "
              "--data-format is given")
     sections = typing.get_type_hints(JobConfig)
     for flag in cli_flags():
@@ -1526,6 +1531,8 @@ def _guess_format(dataset: str) -> str:
         return "builtin"
     if os.path.isfile(os.path.join(dataset, "meta.json")):  # a token dataset's directory
         return "tokens"
+    if os.path.isdir(dataset) and any(n.endswith(".tar") for n in os.listdir(dataset)):  # tar shards
+        return "webdataset"
     lower = dataset.lower()
     if lower.endswith(".csv"):
         return "csv"
