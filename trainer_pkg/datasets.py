@@ -885,4 +885,5 @@ def describe(ds: Dataset | TokenDataset | TokenData | WebDataset) -> dict[str, A
         "val_samples": int(len(ds.y_val)),
         "num_classes": ds.num_classes,
         "input_shape": list(ds.input_shape),
+        "read": "per batch" if ds.streamed else "in memory",
     }

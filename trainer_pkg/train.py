@@ -34,8 +34,10 @@ What a run does, top to bottom in :func:`train`:
 1. Setup: the topology comes from torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``),
    never from flags; no such variables means one process. ``LOCAL_RANK`` picks the GPU; without one
    every rank runs on CPU with gloo. The process group's timeout is ``parallel.timeout_s``.
-2. Data: every rank loads the same arrays (the validation split is seeded by ``train.seed``) and reads
-   its shard of each epoch through a ``DistributedSampler`` (``set_epoch`` reshuffles each epoch).
+2. Data: every rank opens the same dataset (the validation split is seeded by ``train.seed``) and reads
+   its shard of each epoch through a ``DistributedSampler`` (``set_epoch`` reshuffles each epoch);
+   ImageFolder, CSV and uncompressed NPZ inputs are read per batch, in DataLoader workers with
+   ``data.num_workers`` (:mod:`trainer_pkg.streaming`), in the same order as arrays held in memory.
    The sampler pads the last shard with repeated samples so every rank takes the same number of
    steps; those duplicates train but are left out of every reported metric.
    A pipeline's data-parallel unit is a whole pipeline: its stages read the same shard.

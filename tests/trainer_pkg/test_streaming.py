@@ -20,7 +20,7 @@ from test_exactness import _launch, weights
 from trainer_helpers import REPO, records, trainer_env, write_job
 from trainer_pkg import datasets
 from trainer_pkg.config import ConfigError, DataConfig, JobConfig
-from trainer_pkg.datasets import ArrayRows, ImageFiles, load_dataset
+from trainer_pkg.datasets import ArrayRows, ImageFiles, describe, load_dataset
 from trainer_pkg.models import build_model
 from trainer_pkg.streaming import StreamShard
 from trainer_pkg.train import TrainShard, load_checkpoint, make_shard, validation_set
@@ -65,7 +65,7 @@ def small_tree(tmp_path_factory) -> Path:
 
 def test_imagefolder_keeps_files_and_decodes_only_what_is_taken(small_tree):
     ds = load_dataset(DataConfig(format="imagefolder", uri=str(small_tree), image_size=6), seed=0)
-    assert isinstance(ds.x_train, ImageFiles) and ds.streamed
+    assert isinstance(ds.x_train, ImageFiles) and ds.streamed and describe(ds)["read"] == "per batch"
     assert ds.x_train.shape == (21, 3, 6, 6) and ds.x_val.shape == (6, 3, 6, 6) and ds.input_shape == (3, 6, 6)
     assert ds.y_train.tolist() == [0] * 7 + [1] * 7 + [2] * 7
     files = sorted((small_tree / "train").glob("*/*.png"))
@@ -217,7 +217,7 @@ def test_npz_savez_members_are_memory_mapped_and_converted_per_batch(tmp_path):
     # savez_compressed: loaded whole, as before, and the log says why.
     np.savez_compressed(tmp_path / "c.npz", x_train=x, y_train=y)
     packed = load_dataset(DataConfig(format="npz", uri=str(tmp_path / "c.npz"), val_fraction=0.2), seed=3)
-    assert isinstance(packed.x_train, np.ndarray) and not packed.streamed
+    assert isinstance(packed.x_train, np.ndarray) and not packed.streamed and describe(packed)["read"] == "in memory"
     assert np.array_equal(packed.x_train, split.x_train[:])
     assert packed.notes == [f"NPZ {tmp_path / 'c.npz'}: x_train is compressed (numpy.savez_compressed), which "
                             "cannot be memory-mapped: loaded whole (0.0 MiB as float32); save it with numpy.savez "
