@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.datasets import WebDataset, decode_image
+from trainer_pkg.streaming import _own_session
 from trainer_pkg.tar_shards import ShardIndex, index_shard, open_shard
 
 _READ_BLOCK = 8 << 20
@@ -156,6 +157,7 @@ class WebShard:
         try:
             x, y = next(self._batches)
         except ConfigError as exc:  # re-raised by the DataLoader with the worker's traceback in it
+            self.close()
             raise ConfigError(str(exc).strip().splitlines()[-1].partition("ConfigError: ")[2] or str(exc)) from None
         self._next = index + 1
         if self._next == self.batches:
@@ -217,7 +219,8 @@ class WebShard:
             loader = DataLoader(decode, batch_size=None, sampler=plan, num_workers=self.num_workers,
                                 prefetch_factor=self.prefetch_factor,
                                 pin_memory=self.pin_memory and device.type == "cuda",
-                                generator=torch.Generator().manual_seed(0))  # as streaming.StreamShard's
+                                # as streaming.StreamShard's: its own generator, workers in their own session
+                                generator=torch.Generator().manual_seed(0), worker_init_fn=_own_session)
             self._batches = iter(loader)
         self._order, self._next = order, index
 

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from adapter_standins import azurite_blob, gcs_emulator, standin
+from test_webdataset import unit, write_shard
 from trainer_pkg import objstore
-from trainer_pkg.config import ConfigError
+from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.datasets import load_dataset
+from trainer_pkg.web_shard import WebShard
 from trainer_pkg.token_shard import TokenShard, validation_windows
 from trainer_pkg.tokens import RemoteShard, open_tokens, write_tokens
 
@@ -33,9 +36,9 @@ def local(tmp_path_factory) -> Path:
     return root
 
 
-def upload(root: Path, put) -> None:
+def upload(root: Path, put, prefix: str = "data/tok") -> None:
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        put(f"data/tok/{f.relative_to(root).as_posix()}", f.read_bytes())
+        put(f"{prefix}/{f.relative_to(root).as_posix()}", f.read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +135,27 @@ def test_no_cloud_sdk_or_torch_is_imported_until_a_uri_needs_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+def test_webdataset_shards_stream_from_s3_as_from_the_folder(s3_uri, tmp_path):
+    import boto3
+
+    root = tmp_path / "wds"
+    for name, first, count in (("a.tar", 0, 5), ("b.tar", 5, 7), ("c.tar", 12, 2), ("val/v.tar", 100, 3)):
+        write_shard(root / name, first, count)
+    client = boto3.client("s3")
+    upload(root, lambda key, body: client.put_object(Bucket="tb-data", Key=key, Body=body), prefix="data/wds")
+    job = lambda uri: JobConfig.from_dict({"data": {"format": "webdataset", "uri": uri, "image_size": 8},  # noqa: E731
+                                           "train": {"batch_size": 2, "seed": 4}})
+    here, remote = load_dataset(job(str(root)).data), load_dataset(job("s3://tb-data/data/wds").data)
+    assert [s.path for s in remote.train] == [f"s3://tb-data/data/wds/{n}.tar" for n in "abc"]
+    assert remote.y_val.tolist() == here.y_val.tolist() and remote.num_classes == here.num_classes
+    np.testing.assert_array_equal(remote.x_val.take(np.arange(3)), here.x_val.take(np.arange(3)))
+    for rank, own, samples in ((0, [0, 2], 7), (1, [1], 7)):
+        a, b = WebShard.of(remote, unit(rank), job("")), WebShard.of(here, unit(rank), job(""))
+        assert a.own == b.own == own and a.samples == b.samples == samples and a.batches == 4
+        order = a.epoch_order(1)
+        for i in range(a.batches):
+            _, xa, ya = a.batch(order, i, CPU)
+            _, xb, yb = b.batch(order, i, CPU)
+            assert torch.equal(xa, xb) and torch.equal(ya, yb) and len(ya) == (2 if i < 3 else 1)
