@@ -192,7 +192,9 @@ class TrainConfig:
     different flips; the stream is checkpointed, so a resumed run draws what an uninterrupted one would."""
     max_steps: int = 0
     """Stop after this many optimizer steps (a language model's run is usually counted in steps, not
-    epochs); 0 = run all ``epochs``."""
+    epochs); 0 = run all ``epochs``. The run then validates, checkpoints at that position (inside an
+    epoch if need be), saves ``model.pt`` and completes; rerun with a larger value (or 0) and it
+    resumes exactly there. The lr schedule spans the smaller of this and the epochs' steps."""
     compile: bool = False
     """``torch.compile`` the model before training (faster steps on GPU after a compile of a minute
     or so): under fsdp each sharded unit on its own (as torchtitan compiles each block), under ddp
