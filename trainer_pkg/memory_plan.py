@@ -44,7 +44,8 @@ parameters, gradients and optimizer stay fp32; activations are 2 bytes, except w
 fp32 (LayerNorm inputs, the log-softmax and its gradient), and the bf16 copies of every weight a
 matmul used are saved for backward (2 bytes per matmul parameter). Under FSDP, ``bf16`` is FSDP2's
 mixed precision: an fp32 master shard (4 bytes per parameter / W), fp32 gradient shards (fp32
-reduction), bf16 unsharded units (2 bytes). ``parallel.cpu_offload`` keeps the parameter, gradient
+reduction), bf16 unsharded units (2 bytes), and with no autocast the LayerNorms save bf16 inputs: only
+the loss's log-softmax of the fp32 logits stays 4 bytes. ``parallel.cpu_offload`` keeps the parameter, gradient
 and optimizer shards in host memory (:attr:`MemoryPlan.host_bytes`): the device holds the units being
 run, the activations and the batch.
 
@@ -115,6 +116,9 @@ class Unit:
     statistics)."""
     act_fp32_elems: int = 0
     """Elements per sample it saves in fp32 even under bf16 autocast (LayerNorm inputs, log-softmax)."""
+    loss_fp32_elems: int = 0
+    """Of those, what stays fp32 under FSDP's bf16 mixed precision too, where no autocast runs the
+    LayerNorms in fp32: the loss's log-softmax of the fp32 logits."""
 
 
 def _arch_params(arch: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -258,6 +262,7 @@ def _gpt_units(p: Mapping[str, Any], shape: list[int], vocab: int) -> list[Unit]
     head = c + (c if bias else 0) + (0 if p["tied_embeddings"] else vocab * c)
     # ln_f input (fp32 under autocast), lm_head input, the log-softmax the loss saves (fp32 under autocast)
     units.append(Unit("head", head, vocab * c, act_elems=2 * s * c + s * vocab, act_fp32_elems=s * c + s * vocab,
+                      loss_fp32_elems=s * vocab,
                       act_fixed_bytes=2 * s * 4 + s * 8))
     return units
 
@@ -385,10 +390,11 @@ def _balance(weights: list[int], stages: int) -> list[list[int]]:
     return [list(range(cuts[s], cuts[s + 1])) for s in range(stages)]
 
 
-def _act_bytes(u: Unit, samples: float, bf16: bool) -> float:
-    """Bytes ``u`` saves for backward for ``samples`` samples."""
+def _act_bytes(u: Unit, samples: float, bf16: bool, mixed: bool = False) -> float:
+    """Bytes ``u`` saves for backward for ``samples`` samples: fp32, bf16 autocast (``bf16``), or
+    FSDP's bf16 mixed precision (``bf16`` and ``mixed``: bf16 parameters, no autocast)."""
     low = 2 if bf16 else 4
-    fp32 = u.act_fp32_elems if bf16 else 0
+    fp32 = (u.loss_fp32_elems if mixed else u.act_fp32_elems) if bf16 else 0
     return samples * ((u.act_elems - fp32) * low + fp32 * 4 + u.act_fixed_bytes)
 
 
@@ -465,11 +471,11 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
     checkpointed = par.activation_checkpointing and arch == "gpt"
     blocks = [u for u in act_units if u.name.startswith("blocks.")] if checkpointed else []
     low = 2 if bf16 else 4
-    act = sum(_act_bytes(u, act_samples, bf16) for u in act_units if u not in blocks)
+    act = sum(_act_bytes(u, act_samples, bf16, mixed) for u in act_units if u not in blocks)
     recomputed = 0  # one checkpointed block's activations, live again while backward recomputes it
     if blocks:
         c = p["embed_dim"]
-        recomputed = int(_act_bytes(blocks[0], act_samples, bf16))
+        recomputed = int(_act_bytes(blocks[0], act_samples, bf16, mixed))
         inputs = len(blocks) * act_samples * shape[0] * c * low
         act += inputs
         lines.append(f"activation checkpointing: {len(blocks)} blocks keep only their input ({gib(inputs)}); one "

@@ -33,9 +33,10 @@ GPTS = [  # (params, tokens per window, vocabulary): tied and untied, with and w
 ]
 
 
-def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for backward in a forward and its loss,
-    parameters left out (what the trainer measures: trainer_pkg.memory.SavedActivations)."""
+def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = False) -> int:
+    """Bytes of the distinct storages autograd saves for backward in a forward (under bf16 autocast
+    with ``bf16``, as the trainer runs ddp) and its fp32 loss, parameters left out (what the trainer
+    measures: trainer_pkg.memory.SavedActivations)."""
     params = {p.data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -45,8 +46,9 @@ def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> in
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(x)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
     return sum(storages.values())
 
 
@@ -67,13 +69,16 @@ def test_parameters_and_activations_match_torch(arch, params, shape, classes):
     assert planned.activations_bytes == pytest.approx(saved, rel=0.05)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("params, tokens, vocab", GPTS)
-def test_gpt_parameters_and_activations_match_torch(params, tokens, vocab):
+def test_gpt_parameters_and_activations_match_torch(params, tokens, vocab, precision):
     model = build_model("gpt", params, (tokens,), vocab).train()
     assert parameter_count("gpt", params, (tokens,), vocab) == sum(p.numel() for p in model.parameters())
     batch = 4
-    saved = _saved_bytes(model, torch.randint(0, vocab, (batch, tokens)), torch.randint(0, vocab, (batch, tokens)))
-    cfg = _config("gpt", params, data={"format": "tokens", "uri": "/d", "seq_len": tokens}, train={"batch_size": batch})
+    saved = _saved_bytes(model, torch.randint(0, vocab, (batch, tokens)), torch.randint(0, vocab, (batch, tokens)),
+                         bf16=precision == "bf16")
+    cfg = _config("gpt", params, data={"format": "tokens", "uri": "/d", "seq_len": tokens},
+                  train={"batch_size": batch, "precision": precision})
     assert plan(cfg, input_shape=(tokens,), num_classes=vocab).activations_bytes == pytest.approx(saved, rel=0.01)
 
 
