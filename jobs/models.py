@@ -101,6 +101,7 @@ class Dataset(Owned):
         CSV = "csv", "CSV table"
         NPZ = "npz", "NPZ arrays"
         TOKENS = "tokens", "Token shards (language model)"
+        WEBDATASET = "webdataset", "WebDataset tar shards (images)"
 
     name = models.SlugField(max_length=100, help_text="Short name, unique per owner, e.g. digits.")
     description = models.TextField(blank=True)

@@ -799,11 +799,14 @@ def inspect_dataset(format: str, uri: str, label_column: str = "label") -> Datas
     Raises :class:`ConfigError` with a message the user can act on when the path does not exist, is
     not readable, or does not hold data in ``format``. Quick on big data: a large CSV is sampled
     (header, first rows, line count), an ImageFolder opens one image per class, an NPZ reads its
-    array headers and labels only, a token dataset maps its shards and reads a few pages of each.
+    array headers and labels only, a token dataset maps its shards and reads a few pages of each, a
+    webdataset lists its shards and indexes the first one only (:func:`_inspect_webdataset`).
     """
     if format == "tokens":
         info = inspect_tokens(uri)
         return DatasetInfo(info.summary, (None,), info.vocab_size)
+    if format == "webdataset":
+        return _inspect_webdataset(uri)
     if format == "builtin":
         name = uri or "digits"
         if name != "digits":
@@ -841,7 +844,25 @@ def inspect_dataset(format: str, uri: str, label_column: str = "label") -> Datas
                      if os.path.isdir(os.path.join(splits[1], c)))
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
         return DatasetInfo(f"{n:,} images, {len(classes)} classes ({shown})", (3, None, None), len(classes))
-    raise ConfigError(f"unknown dataset format {format!r} (known: builtin, imagefolder, csv, npz, tokens)")
+    raise ConfigError(f"unknown dataset format {format!r} (known: builtin, imagefolder, csv, npz, tokens, webdataset)")
+
+
+def _inspect_webdataset(uri: str) -> DatasetInfo:
+    """A webdataset's summary from its listing and the index of its first shard alone (every shard
+    is never read: a dataset may hold thousands): the samples are estimated as the first shard's
+    count × the training shards' bytes ÷ its bytes, the classes are those seen in it (at least).
+    Decodes the first image. Raises :class:`ConfigError` as :func:`trainer_pkg.tar_shards.index_shard`."""
+    _, train, val = tar_shards.list_shards(uri)
+    first = tar_shards.index_shard(train[0])
+    decode_image(tar_shards.read_bytes(train[0].path, int(first.offsets[0]), int(first.lengths[0])), 8, train[0].path)
+    total = sum(s.size for s in train)
+    about = int(round(len(first) * total / max(train[0].size, 1)))
+    classes = int(first.labels.max()) + 1
+    n = len(train)
+    val_text = (f"validation: {len(val)} shard{'s' if len(val) != 1 else ''} in {tar_shards.VAL_DIR}/" if val else
+                f"no {tar_shards.VAL_DIR}/ shards: the last training shard is held out for validation")
+    return DatasetInfo(f"about {about:,} samples in {n:,} shard{'s' if n != 1 else ''} (the first holds {len(first):,}, "
+                       f"classes 0–{classes - 1} seen in it); {val_text}", (3, None, None), classes)
 
 
 def _check_csv(path: str, label_column: str) -> DatasetInfo:
