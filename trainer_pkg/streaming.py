@@ -67,7 +67,7 @@ class SampleView:
         return torch.from_numpy(self.x.take(idx.cpu().numpy()))
 
 
-def _own_session(worker_id: int) -> None:
+def worker_own_session(worker_id: int) -> None:
     """A DataLoader worker leaves its rank's process group (``setsid``), so the signals sent to the group
     are its rank's alone. A stop signals the whole group: torchrun's agent passes SIGTERM on with
     ``killpg`` to each rank's group, a terminal sends SIGINT to its foreground group. A worker killed by
@@ -170,6 +170,6 @@ class StreamShard:
             prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory and device.type == "cuda",
             # Its own generator: the workers' base seed would otherwise be drawn from the rank's
             # torch generator, moving dropout and augmentation off an in-memory run's.
-            generator=torch.Generator().manual_seed(0), worker_init_fn=_own_session,
+            generator=torch.Generator().manual_seed(0), worker_init_fn=worker_own_session,
         )
         self._batches, self._order, self._next = iter(loader), order, index
