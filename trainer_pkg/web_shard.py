@@ -105,7 +105,8 @@ class WebShard:
                               f"data-parallel ranks: each rank reads its own shards, so it needs at least {dp_size}; "
                               "write the data into more shards or run fewer ranks")
         own = list(range(dp_rank, len(data.train), dp_size))
-        error, indexes = None, {}
+        error: Exception | None = None
+        indexes: dict[int, ShardIndex] = {}
         try:
             indexes = {i: index_shard(data.train[i]) for i in own}
             bad = [(i, int(ix.labels.max())) for i, ix in indexes.items() if ix.labels.max() >= data.num_classes]
@@ -114,7 +115,7 @@ class WebShard:
                 raise ConfigError(f"shard {data.train[i].path} holds label {label}, but the validation shards have "
                                   f"{data.num_classes} classes (0 … {data.num_classes - 1}): every class needs "
                                   "validation samples")
-        except ConfigError as exc:
+        except Exception as exc:  # noqa: BLE001 — raised after the gather, so no rank is left waiting in it
             error = exc
         counts = _gather_counts(-1 if error else sum(len(ix) for ix in indexes.values()))
         if error:
