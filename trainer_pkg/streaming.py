@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from typing import Any, Iterator
 
 import numpy as np
@@ -67,14 +68,36 @@ class SampleView:
         return torch.from_numpy(self.x.take(idx.cpu().numpy()))
 
 
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def start_workers(loader: DataLoader) -> Iterator[Any]:
+    """``iter(loader)``, its workers forked with SIGTERM and SIGINT blocked (this process gets a signal
+    sent meanwhile once they are started): with :func:`worker_own_session` as the loader's
+    ``worker_init_fn``, no worker can die of a signal sent to this rank's process group."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def worker_own_session(worker_id: int) -> None:
     """A DataLoader worker leaves its rank's process group (``setsid``), so the signals sent to the group
     are its rank's alone. A stop signals the whole group: torchrun's agent passes SIGTERM on with
     ``killpg`` to each rank's group, a terminal sends SIGINT to its foreground group. A worker killed by
     it would fail its rank's next batch ("DataLoader worker exited unexpectedly") before the ranks have
-    agreed to stop and checkpointed. The rank still stops its workers itself (each worker is its child),
-    and a worker whose rank is gone exits by itself (the DataLoader's watchdog)."""
+    agreed to stop and checkpointed. The rank still stops its workers itself (each worker is its child:
+    SIGTERM's default action is back once the worker has left), and a worker whose rank is gone exits by
+    itself (the DataLoader's watchdog).
+
+    Forked by :func:`start_workers`, the worker starts with both signals blocked; one sent to the group
+    before ``setsid`` is pending, and discarded here (ignoring a pending signal drops it)."""
     os.setsid()
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class StreamShard:
@@ -172,4 +195,4 @@ class StreamShard:
             # torch generator, moving dropout and augmentation off an in-memory run's.
             generator=torch.Generator().manual_seed(0), worker_init_fn=worker_own_session,
         )
-        self._batches, self._order, self._next = iter(loader), order, index
+        self._batches, self._order, self._next = start_workers(loader), order, index

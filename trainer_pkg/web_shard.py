@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.datasets import WebDataset, decode_image
-from trainer_pkg.streaming import worker_own_session
+from trainer_pkg.streaming import start_workers, worker_own_session
 from trainer_pkg.tar_shards import ShardIndex, index_shard, open_shard
 
 _READ_BLOCK = 8 << 20
@@ -222,7 +222,7 @@ class WebShard:
                                 pin_memory=self.pin_memory and device.type == "cuda",
                                 # as streaming.StreamShard's: its own generator, workers in their own session
                                 generator=torch.Generator().manual_seed(0), worker_init_fn=worker_own_session)
-            self._batches = iter(loader)
+            self._batches = start_workers(loader)  # no worker dies of a signal to this rank
         self._order, self._next = order, index
 
 
