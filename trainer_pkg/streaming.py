@@ -18,9 +18,10 @@ With ``data.num_workers`` 0 a batch is read in the training process when it is a
 each rank starts N worker processes per epoch (forked: they share the file list and the memory maps),
 each preparing ``data.prefetch_factor`` batches ahead; an epoch's last batch shuts them down, and a run
 stopped mid-epoch shuts them down with its iterator. Workers run in a session of their own, out of the
-reach of signals sent to their rank's process group: stopping is the rank's business (the ranks agree on
-it, then checkpoint), and a SIGTERM that torchrun passes on to the rank's group must not kill them first. ``data.pin_memory`` pins batches for the copy to
-a GPU (ignored on CPU).
+reach of signals sent to their rank's process group (:func:`start_workers`, :func:`worker_own_session`):
+stopping is the rank's business (the ranks agree on it, then checkpoint), and a SIGTERM that torchrun
+passes on to the rank's group must not kill them first. ``data.pin_memory`` pins batches for the copy
+to a GPU (ignored on CPU).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class StreamShard:
         batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
         if batches == 0:
             raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
-                             f"pipeline reads per epoch; use a smaller batch size")
+                              f"pipeline reads per epoch; use a smaller batch size")
         sampler = DistributedSampler(range(n), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
                                      shuffle=True, seed=t.seed, drop_last=False)
         return cls(data.x_train, torch.from_numpy(data.y_train), sampler, batch_size=t.batch_size, batches=batches,
