@@ -278,18 +278,21 @@ class RangeFile(io.RawIOBase):
         return self._pos
 
     def readinto(self, b: Any) -> int:
+        """Fill ``b`` from the current position (fewer bytes only at the end of the object): a
+        read that straddles a block boundary fetches the next block, never returns short."""
         want = min(len(b), self._size - self._pos)
-        if want <= 0:
-            return 0
-        end = self._buf_start + len(self._buf)
-        if not self._buf_start <= self._pos < end:
-            self._buf_start = self._pos
-            self._buf = self._fetch(self._pos, min(max(self._block, want), self._size - self._pos))
+        done = 0
+        while done < want:
             end = self._buf_start + len(self._buf)
-            if not self._buf:
-                raise OSError(f"{self.name} ended at byte {self._pos:,} of {self._size:,}: was it changed while read?")
-        n = min(want, end - self._pos)
-        at = self._pos - self._buf_start
-        b[:n] = self._buf[at:at + n]
-        self._pos += n
-        return n
+            if not self._buf_start <= self._pos < end:
+                self._buf_start = self._pos
+                self._buf = self._fetch(self._pos, min(max(self._block, want - done), self._size - self._pos))
+                end = self._buf_start + len(self._buf)
+                if not self._buf:
+                    raise OSError(f"{self.name} ended at byte {self._pos:,} of {self._size:,}: was it changed while read?")
+            n = min(want - done, end - self._pos)
+            at = self._pos - self._buf_start
+            b[done:done + n] = self._buf[at:at + n]
+            self._pos += n
+            done += n
+        return done

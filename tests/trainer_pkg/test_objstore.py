@@ -159,3 +159,17 @@ def test_webdataset_shards_stream_from_s3_as_from_the_folder(s3_uri, tmp_path):
             _, xa, ya = a.batch(order, i, CPU)
             _, xb, yb = b.batch(order, i, CPU)
             assert torch.equal(xa, xb) and torch.equal(ya, yb) and len(ya) == (2 if i < 3 else 1)
+
+
+def test_a_range_file_reads_across_its_blocks_in_full():
+    data = bytes(range(256)) * 40  # 10,240 bytes, read in 1,000-byte blocks
+    fetched = []
+    f = objstore.RangeFile(lambda o, n: fetched.append((o, n)) or data[o:o + n], len(data), block=1000)
+    assert f.read(10) == data[:10] and fetched == [(0, 1000)]
+    f.seek(990)
+    assert f.read(25) == data[990:1015] and fetched == [(0, 1000), (1000, 1000)]  # one read, two blocks
+    f.seek(-5, 2)
+    assert f.read(100) == data[-5:] and f.read(1) == b""
+    f.seek(3000)
+    assert f.read(2500) == data[3000:5500]  # one fetch of the whole read when it exceeds a block
+    assert fetched[-1] == (3000, 2500)
