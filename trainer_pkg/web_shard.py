@@ -123,12 +123,12 @@ class WebShard:
         if min(counts) < 0:
             failed = [r for r, c in enumerate(counts) if c < 0]
             raise ConfigError(f"rank(s) {failed} could not index their webdataset shards (their errors are in their logs)")
-        per_dp = counts[:]  # every rank's count; ranks of one pipeline hold the same shards
+        per_rank = counts  # every rank's count (the ranks of one pipeline hold the same shards)
         fill = (lambda n: n // t.batch_size) if strategy.drop_last_batch else (lambda n: math.ceil(n / t.batch_size))
-        batches = min(fill(n) for n in per_dp)
+        batches = min(fill(n) for n in per_rank)
         if batches == 0:
-            raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {min(per_dp)} samples of the "
-                              f"smallest rank's shards ({_counts_text(per_dp)}); use a smaller batch size, or "
+            raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {min(per_rank)} samples of the "
+                              f"smallest rank's shards ({_counts_text(per_rank)}); use a smaller batch size, or "
                               "balance the shards")
         rank = dist.get_rank() if dist.is_initialized() else 0
         shard = cls(data, own, indexes, batch_size=t.batch_size, batches=batches, dp_rank=dp_rank, dp_size=dp_size,
@@ -136,7 +136,7 @@ class WebShard:
                     prefetch_factor=d.prefetch_factor)
         if rank == 0:
             print(f"[trainer] webdataset: {len(data.train)} training shard(s) over {dp_size} data-parallel rank(s), "
-                  f"{_counts_text(per_dp)}; every rank runs {batches} batch(es) of {t.batch_size} per epoch",
+                  f"{_counts_text(per_rank)}; every rank runs {batches} batch(es) of {t.batch_size} per epoch",
                   flush=True)
         return shard
 
