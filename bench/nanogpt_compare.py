@@ -11,7 +11,8 @@ copy (printed as a diff): in a torchrun run nanoGPT sets ``device = f'cuda:{LOCA
 ``--device`` says, and passes ``device_ids`` to DDP, which DDP refuses for a CPU model. Nothing else of
 nanoGPT changes; its own command-line overrides do the rest.
 
-One invocation alternates, ``--reps`` times,
+One invocation runs ``--reps`` pairs, one program after the other (ours first in even pairs, nanoGPT
+first in odd ones),
 
   A  ours:    torchrun --standalone --nproc_per_node 2 -m trainer_pkg.launch --config job.json
   B  nanoGPT: torchrun --standalone --nproc_per_node 2 train.py --backend=gloo --device=cpu
@@ -41,7 +42,9 @@ with its own model code. Our runs use seeds 0, 1, …; nanoGPT hard-codes its se
 runs repeat one trajectory and the spread of ours over seeds is the noise: nanoGPT's loss is "within
 noise" when it lies inside ours' range widened by that range on each side. The same nanoGPT weights
 are also loaded into our ``gpt`` class to check that the two are one architecture (parameter count and
-the largest logit difference).
+the largest logit difference), and both models alone are timed in this process (one forward + backward +
+AdamW step each, same weights and batch, alternating: the models' own cost, free of start-up, DDP and
+drift between runs).
 
 ``--profile`` runs every program under cProfile (:mod:`bench._rank_rss`) and prints rank 0's top
 functions by own time, to find where a slower side spends it (profiled timings are not the figure).
@@ -135,9 +138,10 @@ def main() -> int:
         if args.together:  # both at once: whatever else loads the machine slows both in the same seconds
             started = {side: start_job(j["cmd"], j["env"], j["log"], cwd=j["cwd"]) for side, j in jobs.items()}
             walls = {side: finish_job(started[side], timeout_s=1800) for side in sides}
-        else:
-            walls = {side: run_job(j["cmd"], j["env"], j["log"], timeout_s=1800, cwd=j["cwd"])
-                     for side, j in jobs.items()}
+        else:  # one after the other, who goes first swapped every pair (a drift in the machine's speed cancels)
+            order = list(jobs) if rep % 2 == 0 else list(jobs)[::-1]
+            walls = {side: run_job(jobs[side]["cmd"], jobs[side]["env"], jobs[side]["log"], timeout_s=1800,
+                                   cwd=jobs[side]["cwd"]) for side in order}
         for side, j in jobs.items():
             row = {"wall_s": walls[side], "rep": rep, "dir": j["dir"], "rss_mb": read_rss(os.path.join(j["dir"], "rss"))}
             if side == "ours":
@@ -160,6 +164,8 @@ def main() -> int:
     if args.profile:
         _print_profiles(rows)
     losses = _evaluate(args, tokens, nano_dir, rows)
+    if _has_gpt():
+        losses["model_step_ms"] = _model_step_times(args, nano_dir)
     report = _report(args, rows, losses)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -436,6 +442,53 @@ def _print_profiles(rows: dict, top: int = 25) -> None:
         pstats.Stats(path).sort_stats("tottime").print_stats(top)
 
 
+def _model_step_times(args: argparse.Namespace, nano_dir: str, reps: int = 15) -> dict:
+    """The two models alone, in this one process and one thread: nanoGPT's ``GPT`` and our ``gpt`` with
+    the same weights, one forward + backward + AdamW step each on the same batch, alternating ``reps``
+    times after two warm-up steps. Milliseconds, min and median: the model's own cost, without either
+    training loop, DDP or start-up, and with the machine's drift hitting both alike."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from trainer_pkg.models import build_model
+
+    spec = importlib.util.spec_from_file_location("nanogpt_model_ab", os.path.join(nano_dir, "model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    nano = module.GPT(module.GPTConfig(n_layer=args.layers, n_head=args.heads, n_embd=args.embed_dim,
+                                       block_size=args.context, bias=True, vocab_size=args.vocab, dropout=0.0))
+    ours = build_model("gpt", _gpt_params(args), (args.context,), args.vocab)
+    ours.load_state_dict(_nanogpt_to_ours(nano.state_dict(), list(ours.state_dict())))
+    x = torch.randint(0, args.vocab, (args.batch_size, args.context))
+    y = torch.randint(0, args.vocab, (args.batch_size, args.context))
+    opts = {"ours": torch.optim.AdamW(ours.parameters(), lr=args.lr, weight_decay=0.0),
+            "nanogpt": torch.optim.AdamW(nano.parameters(), lr=args.lr, weight_decay=0.0)}
+
+    def step(side: str) -> float:
+        tick = time.perf_counter()
+        if side == "ours":
+            logits = ours(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        else:
+            _, loss = nano(x, y)
+        loss.backward()
+        opts[side].step()
+        opts[side].zero_grad(set_to_none=True)
+        return time.perf_counter() - tick
+
+    times: dict[str, list[float]] = {"ours": [], "nanogpt": []}
+    for rep in range(reps + 2):
+        for side in (("ours", "nanogpt") if rep % 2 == 0 else ("nanogpt", "ours")):
+            t = step(side)
+            if rep >= 2:
+                times[side].append(t * 1e3)
+    return {side: {"min_ms": min(v), "median_ms": median(v)} for side, v in times.items()}
+
+
 # -- report ------------------------------------------------------------------------------------------
 
 
@@ -477,6 +530,12 @@ def _report(args: argparse.Namespace, rows: dict, losses: dict) -> dict:
         print(f"architecture: parameters ours {arch['params_ours']:,}, nanoGPT {arch['params_nanogpt']:,}; "
               + (f"nanoGPT's weights in our class: max |logit difference| {arch['max_logit_diff']:.3g}" if same else
                  f"names do not map: missing {arch['missing'][:4]}, unexpected {arch['unexpected'][:4]}"))
+    ab = losses.get("model_step_ms")
+    if ab:
+        print(f"the models alone (one process, one thread, same weights and batch, alternating): forward + backward + "
+              f"AdamW ours {ab['ours']['median_ms']:.1f} ms (min {ab['ours']['min_ms']:.1f}), nanoGPT "
+              f"{ab['nanogpt']['median_ms']:.1f} ms (min {ab['nanogpt']['min_ms']:.1f}); nanoGPT/ours "
+              f"{ab['nanogpt']['median_ms'] / ab['ours']['median_ms']:.3f} (medians)")
     print(f"cores available to this process: {len(os.sched_getaffinity(0))}; load average before: {args.load_before}")
     if not math.isfinite(sum(sum(v) for v in tps.values())):
         print("  (a run reported no time)")
