@@ -257,10 +257,11 @@ def gpt_case(name: str, work: str, timeout_s: float, *, smoke: bool, compile_mod
         row.update(measured_peak_bytes=measured["peak_bytes"], measured_device=measured.get("device"),
                    plan_over_measured=round(planned.peak_bytes / measured["peak_bytes"], 4),
                    plan_terms={k: getattr(planned, k) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                                 "activations_bytes", "buffers_bytes")},
+                                                                 "activations_bytes", "buffers_bytes",
+                                                                 "evaluation_bytes")},
                    measured_terms={k: v for k, v in measured.items() if k.endswith("_bytes")})
         if smoke:  # on the CPU the trainer's peak is its four counts: compare the plan's same four
-            four = planned.peak_bytes - planned.buffers_bytes
+            four = planned.params_bytes + planned.grads_bytes + planned.optimizer_bytes + planned.activations_bytes
             row["plan_without_buffers_over_measured"] = round(four / measured["peak_bytes"], 4)
     else:
         row["measured_peak_bytes"] = None
