@@ -16,8 +16,9 @@ Formats (``data.format`` in the job config):
                  ``data.image_size`` square, scaled to [0, 1], shape (3, H, W).
 ``csv``          a header row; the column ``data.label_column`` holds integer labels 0..K-1, every
                  other column is a numeric feature: shape (F,). Parsed once, streaming, into a cache of
-                 two ``.npy`` files (features float32 (N, F), labels int64 (N,)) beside the CSV, or under
-                 the run's directory when the CSV's folder is read-only; later runs memory-map the cache.
+                 two ``.npy`` files (features float32 (N, F), labels int64 (N,)) beside the CSV, or in the
+                 machine's temporary folder when the CSV's folder is read-only (a cloud's mount; not
+                 the run's output folder, which the clouds upload); later runs memory-map the cache.
 ``npz``          ``x_train`` and ``y_train`` (and optionally ``x_val`` and ``y_val``); x is (N, F),
                  (N, H, W) or (N, C, H, W) — channels first; uint8 x is scaled to [0, 1] per batch.
                  An uncompressed archive (``numpy.savez``) is memory-mapped member by member; one
@@ -283,8 +284,8 @@ def load_dataset(data: DataConfig, seed: int = 0, cache_dir: str | None = None) 
     """Open the dataset ``data`` describes; :class:`ConfigError` with an actionable message if not.
 
     ``seed`` seeds the train/validation split (use ``train.seed``). ``cache_dir`` is where a CSV's
-    parsed cache goes when the CSV's own folder is read-only (the trainer passes a folder of the
-    run's output; default: the system's temporary folder). ImageFolder, CSV and uncompressed NPZ
+    parsed cache goes when the CSV's own folder is read-only (default: the system's temporary folder,
+    local disk on every platform; SageMaker uploads the output folder and Vertex's is a GCS mount). ImageFolder, CSV and uncompressed NPZ
     inputs come back as :class:`Samples`: nothing of them is decoded here but one image per class.
     A ``tokens`` dataset is opened, not loaded: its shards stay memory-mapped (a dataset without val
     shards holds out the tail ``data.val_fraction`` of its train tokens). A ``webdataset`` is listed

@@ -945,7 +945,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         mismatch = world_shape.data_model_errors(cfg)  # before the data: a cnn never opens token shards
         if mismatch:
             raise ConfigError("; ".join(f"{k}: {v}" for k, v in mismatch.items()))
-        data = load_dataset(cfg.data, seed=t.seed, cache_dir=os.path.join(cfg.output.output_dir, "data_cache"))
+        data = load_dataset(cfg.data, seed=t.seed)
         for note in getattr(data, "notes", ()):  # how a Dataset's files are read
             _log(topo, note)
         if isinstance(data, TokenDataset):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -254,12 +255,14 @@ def test_csv_is_parsed_once_into_a_memory_mapped_cache(tmp_path, monkeypatch):
     edited = load_dataset(data, seed=0)
     assert edited.x_train.array.shape == (rows + 1, 3) and "parsed once (10,001 rows)" in edited.notes[0]
 
-    # A read-only folder (a cloud mount): the cache goes to the run's cache folder.
+    # A read-only folder (a cloud mount): the cache goes to the cache folder given (default: $TMPDIR).
     real_access = os.access
     monkeypatch.setattr(datasets.os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real_access(p, mode))
     mounted = load_dataset(data, seed=0, cache_dir=str(tmp_path / "run" / "data_cache"))
     assert str(tmp_path / "run" / "data_cache") in mounted.notes[0]
     assert np.array_equal(mounted.x_train.array[:rows], feats)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine_tmp"))  # what the trainer gets
+    assert str(tmp_path / "machine_tmp" / "trainboard-csv-cache") in load_dataset(data, seed=0).notes[0]
 
 
 def test_csv_cache_is_not_left_behind_when_a_row_is_bad(tmp_path):
