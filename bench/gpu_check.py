@@ -248,7 +248,7 @@ def gpt_case(name: str, work: str, timeout_s: float, *, smoke: bool, compile_mod
     fpt = flops_per_token(params, vocab)
     row.update(timed_steps=f"2..{window['last_step']}", tokens_per_s=round(tps, 1), flops_per_token=fpt,
                achieved_tflops=round(tps * fpt / 1e12, 3), peak_tflops=peak / 1e12 if peak else None,
-               mfu=round(tps * fpt / peak, 4) if peak else None)
+               mfu=tps * fpt / peak if peak else None)
     memory = [r["rank_memory"] for r in _records(out_dir) if r.get("rank_memory")]
     planned = plan(JobConfig.from_dict(cfg), input_shape=(T,), num_classes=vocab, world_size=1)
     row["plan_bytes"] = planned.peak_bytes
