@@ -141,3 +141,19 @@ def test_two_ranks_three_uneven_shards_end_reading_only_their_own(root, tmp_path
     recs = records(tmp_path / "out")
     assert [r["epoch"] for r in recs if r["event"] == "epoch"] == [0, 1]
     assert recs[-1]["event"] == "completed" and recs[-1]["step"] == 6
+
+
+def test_a_broken_shard_on_one_rank_fails_every_rank_without_a_hang(root, tmp_path):
+    broken = tmp_path / "wds"
+    broken.mkdir()
+    for name in ("shard-000000.tar", "shard-000002.tar", "val"):
+        (broken / name).symlink_to(root / name)
+    (broken / "shard-000001.tar").write_bytes(b"not a tar" * 200)  # rank 1's only shard
+    job = write_job(tmp_path, data={"format": "webdataset", "uri": str(broken), "image_size": SIZE},
+                    model={"arch": "mlp", "params": {}}, parallel={"procs_per_node": 2},
+                    train={"epochs": 1, "batch_size": 4, "stop_check_s": 0})
+    run = torchrun(job, timeout=120)  # a rank left waiting in the count gather would end here
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert f"shard {broken}/shard-000001.tar is not a readable tar file" in out  # rank 1, its own error
+    assert "rank(s) [1] could not index their webdataset shards" in out  # rank 0, told which rank failed
