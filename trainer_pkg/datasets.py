@@ -560,13 +560,18 @@ def _csv_cached(path: str, label_column: str, cache_dir: str | None) -> tuple[np
     stem = f"{os.path.basename(path)}.{key}"
     folder = _writable_dir(os.path.dirname(os.path.abspath(path)), cache_dir)
     x_path, y_path = (os.path.join(folder, f"{stem}.{part}.npy") for part in ("features", "labels"))
-    with open(os.path.join(folder, f"{stem}.lock"), "a") as lock:
+    lock_path = os.path.join(folder, f"{stem}.lock")
+    with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if os.path.exists(x_path) and os.path.exists(y_path):
             note = f"CSV {path}: read through its cache {x_path} (memory-mapped)"
         else:
             rows = _write_csv_cache(path, label_column, x_path, y_path)
             note = f"CSV {path}: parsed once ({rows:,} rows) into the cache {x_path}, memory-mapped from there"
+        # The cache is complete: nothing is left to guard (a rank still waiting on this file finds it
+        # complete; at worst two ranks that both saw a failed parse parse again, each renaming atomically).
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
     return np.load(x_path, mmap_mode="r"), np.load(y_path), note
 
 

@@ -239,6 +239,7 @@ def test_csv_is_parsed_once_into_a_memory_mapped_cache(tmp_path, monkeypatch):
     first = load_dataset(data, seed=0)
     cached = sorted(p.name for p in tmp_path.glob("t.csv.*.npy"))
     assert len(cached) == 2 and cached[0].endswith(".features.npy") and cached[1].endswith(".labels.npy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*cached, "t.csv"])  # no lock or temporary file left
     assert first.notes == [f"CSV {path}: parsed once (10,000 rows) into the cache {tmp_path / cached[0]}, "
                            "memory-mapped from there"]
     assert isinstance(first.x_train.array, np.memmap) and first.x_train.array.shape == (rows, 3)
