@@ -61,6 +61,30 @@ def _hyperparameters(errors: Errors, value: Any) -> dict[str, Any]:
                         example='{"train": {"optimizer": "adamw"}} (trainer config overrides)') or {}
 
 
+# Where a job writes is the backend's decision on every kind: the GPU box sets both to the job's run
+# directory, SageMaker leaves the output section out (/opt/ml/model, /opt/ml/checkpoints), and the
+# trainer on Vertex and Azure ML replaces them with the platform's (AIP_MODEL_DIR, the job's outputs).
+_BACKEND_PATHS = ("output_dir", "checkpoint_dir")
+
+
+def _without_backend_paths(errors: Errors, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` without ``output.output_dir``/``output.checkpoint_dir``, with an error on
+    ``hyperparameters`` naming them when the user set either: a job showing a path it never wrote to
+    would mislead. The other ``output`` fields (``checkpoint_format``) stay."""
+    output = overrides.get("output")
+    if not isinstance(output, Mapping):
+        return overrides
+    given = [key for key in _BACKEND_PATHS if key in output]
+    if not given:
+        return overrides
+    names = " and ".join(f"output.{key}" for key in given)
+    errors.add("hyperparameters",
+               f"Hyperparameters: {names} {'is' if len(given) == 1 else 'are'} set by the backend: the job's "
+               f"outputs go to its run directory (GPU box) or the backend's output location (SageMaker, Vertex, "
+               f"Azure ML); remove {'it' if len(given) == 1 else 'them'}.")
+    return {**overrides, "output": {k: v for k, v in output.items() if k not in _BACKEND_PATHS}}
+
+
 def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in overrides.items():
@@ -346,6 +370,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         errors.add("hyperparameters", "Hyperparameters: the code section is set from the model's code archive "
                                       "(its hash, script and arguments); remove it, and change the model instead.")
         overrides = {k: v for k, v in overrides.items() if k != "code"}
+    overrides = _without_backend_paths(errors, overrides)
     env = validation.env_vars(errors, "env", env)
     image = _job_image(errors, image, model_spec)
     instance_type = (instance_type or "").strip()
