@@ -20,7 +20,7 @@ from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_wo
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
 from jobs.models import ComputeBackend, Dataset, JobStateChoices, ModelSpec, Team, TrainingJob
-from trainer_pkg.config import BuiltinDataset, PipelineSchedule, Strategy
+from trainer_pkg.config import BuiltinDataset, CheckpointFormat, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
 
@@ -541,6 +541,26 @@ class TrainingJobForm(forms.Form):
     instance_type = forms.CharField(required=False, max_length=100,
                                     help_text="Optional; empty uses the backend's default.")
     spot = forms.BooleanField(required=False, help_text="Interruptible capacity, where the backend offers it.")
+    # Large models (docs/large-models.md): the config's own field names; blank = the config's default.
+    activation_checkpointing = forms.BooleanField(
+        required=False, label="Activation checkpointing",
+        help_text="ddp and fsdp: recompute each block's activations during backward instead of keeping them — "
+                  "less memory per rank for about a third more compute.")
+    cpu_offload = forms.BooleanField(
+        required=False, label="CPU offload",
+        help_text="fsdp only: keep parameters, gradients and optimizer state in CPU memory between uses; the "
+                  "optimizer steps on the CPU.")
+    checkpoint_format = forms.ChoiceField(
+        required=False, choices=[(s, s) for s in get_args(CheckpointFormat)], initial="full",
+        label="Checkpoint format",
+        help_text="full: one last.pt written by rank 0. sharded: every rank writes its own shards "
+                  "(torch.distributed.checkpoint), resumable on another world size; ddp and fsdp only.")
+    max_steps = forms.IntegerField(
+        required=False, min_value=0, initial=0, label="Max steps",
+        help_text="Stop after this many optimizer steps; 0 = run all epochs.")
+    seq_len = forms.IntegerField(
+        required=False, min_value=0, initial=0, label="Sequence length (tokens)",
+        help_text="Token datasets only: tokens per training window; 0 = the gpt model's context length.")
     hyperparameters = forms.CharField(
         required=False, label="Hyperparameters (JSON)",
         widget=forms.Textarea(attrs={"rows": 4, "class": "mono", "spellcheck": "false",
@@ -572,8 +592,10 @@ class TrainingJobForm(forms.Form):
     # Read too when given and valid, so the estimate shows the strategy's shape errors (and the budget
     # that caps it), and the memory plan (the dataset and the overrides: precision, optimizer, ...).
     SHAPE_FIELDS = ("strategy", "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "model_spec",
-                    "budget_usd", "dataset", "hyperparameters")
+                    "budget_usd", "dataset", "hyperparameters", "activation_checkpointing", "cpu_offload",
+                    "checkpoint_format", "max_steps", "seq_len")
     PIPELINE_FIELDS = ("pipeline_stages", "microbatches", "pipeline_schedule")
+    LARGE_MODEL_FIELDS = ("activation_checkpointing", "cpu_offload", "checkpoint_format", "max_steps", "seq_len")
 
     def __init__(self, *args: Any, user, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -655,7 +677,7 @@ class TrainingJobForm(forms.Form):
         data = dict(self.cleaned_data)
         for f in ("dataset", "model_spec", "backend"):  # one that did not clean: the form shows its error
             data.setdefault(f, None)
-        for f in self.PIPELINE_FIELDS:  # empty: the trainer's default
+        for f in self.PIPELINE_FIELDS + self.LARGE_MODEL_FIELDS:  # empty: the trainer's default
             if data.get(f) in (None, ""):
                 data.pop(f, None)
         return data

@@ -118,7 +118,26 @@ _CONFIG_FIELD_TO_ARG = {
     "train.batch_size": "batch_size",
     "train.lr": "lr",
     "train.seed": "seed",
+    "parallel.activation_checkpointing": "activation_checkpointing",
+    "parallel.cpu_offload": "cpu_offload",
+    "output.checkpoint_format": "checkpoint_format",
+    "train.max_steps": "max_steps",
+    "data.seq_len": "seq_len",
 }
+
+# The large-model settings the form and the API take as arguments (the config's own names), by section.
+LARGE_MODEL_SETTINGS = {"activation_checkpointing": "parallel", "cpu_offload": "parallel",
+                        "checkpoint_format": "output", "max_steps": "train", "seq_len": "data"}
+
+
+def _large_model_sections(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"parallel": {...}, "output": {...}, ...}`` of the large-model ``settings`` that were given
+    (None: the JobConfig default), to merge into a job's config."""
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in settings.items():
+        if value is not None and value != "":
+            sections.setdefault(LARGE_MODEL_SETTINGS[name], {})[name] = value
+    return sections
 
 
 def _pipeline_fields(pipeline_stages, microbatches, pipeline_schedule) -> dict[str, Any]:
@@ -146,6 +165,8 @@ _ARG_LABELS = {
     "strategy": "Strategy", "nodes": "Nodes", "procs_per_node": "Processes per node",
     "pipeline_stages": "Pipeline stages", "microbatches": "Micro-batches", "pipeline_schedule": "Pipeline schedule",
     "epochs": "Epochs", "batch_size": "Batch size", "lr": "Learning rate", "seed": "Seed",
+    "activation_checkpointing": "Activation checkpointing", "cpu_offload": "CPU offload",
+    "checkpoint_format": "Checkpoint format", "max_steps": "Max steps", "seq_len": "Sequence length",
 }
 
 
@@ -328,7 +349,9 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                         seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
                         spot: bool = False, hyperparameters=None, name: str = "",
                         rerun_of: TrainingJob | None = None, team=None, env=None,
-                        image: str | None = None) -> TrainingJob:
+                        image: str | None = None, activation_checkpointing: bool | None = None,
+                        cpu_offload: bool | None = None, checkpoint_format: str | None = None,
+                        max_steps: int | None = None, seq_len: int | None = None) -> TrainingJob:
     """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
 
     ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
@@ -350,6 +373,10 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     of the backend's job secrets; at most 64; values ≤ 4,096 characters). ``image``: a container
     image reference; None or "" = the model's image, else the backend's. The dataset's fingerprint
     (:func:`jobs.fingerprints.dataset_fingerprint`) is stored with the job.
+    ``activation_checkpointing``, ``cpu_offload`` (``parallel``), ``checkpoint_format`` (``output``),
+    ``max_steps`` (``train``, optimizer steps) and ``seq_len`` (``data``, tokens per window): the
+    config's fields of those names (trainer_pkg/config.py, docs/large-models.md); None = the
+    config's default; the hyperparameters override them like the other arguments.
     Raises ValidationError keyed by these argument names (every error at once); writes nothing then.
     """
     errors = Errors()
@@ -395,6 +422,9 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                      **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
         "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
     }
+    base = _deep_merge(base, _large_model_sections(dict(
+        activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload,
+        checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)))
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
     config = None
@@ -551,7 +581,9 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
                           microbatches: int | None = None, pipeline_schedule: str | None = None,
                           batch_size: int | None = None, model_spec: ModelSpec | None = None,
                           budget_usd: Any = None, dataset: Dataset | None = None,
-                          hyperparameters: Any = None) -> dict:
+                          hyperparameters: Any = None, activation_checkpointing: bool | None = None,
+                          cpu_offload: bool | None = None, checkpoint_format: str | None = None,
+                          max_steps: int | None = None, seq_len: int | None = None) -> dict:
     """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "arithmetic",
     "money_places", "max_runtime_covers", "world_size", "message"}``; ``money_places`` (2 or 4) is
     the one precision the estimate, its arithmetic and the budget are shown at.
@@ -564,8 +596,8 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     arithmetic (pipeline stages against ranks, micro-batches against the batch size and, with
     ``model_spec``, stages against the model's layers), keyed by the same field names.
 
-    With ``model_spec`` and ``dataset`` (and the ``hyperparameters`` overrides, as for
-    :func:`training_job_create`), ``"memory_plan"`` is the job's memory plan as a dict
+    With ``model_spec`` and ``dataset`` (the large-model settings and the ``hyperparameters``
+    overrides, as for :func:`training_job_create`), ``"memory_plan"`` is the job's memory plan as a dict
     (:meth:`trainer_pkg.memory_plan.MemoryPlan.as_dict`: per-rank terms, ``fits`` against the
     instance's GPU memory, ``lines``, ``suggestion``), the one :func:`training_job_create` refuses a
     job by; None when no plan can be made. The estimate itself is not refused for it.
@@ -602,7 +634,9 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
         adapter=adapter, backend=backend, dataset=dataset, model_spec=model_spec, hyperparameters=hyperparameters,
         instance_type=spec.instance_type, parallel={"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
                                                     **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
-        batch_size=batch_size)
+        batch_size=batch_size, settings=dict(
+            activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload,
+            checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len))
     return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "arithmetic": arithmetic,
             "money_places": places, "max_runtime_covers": type(adapter).max_runtime_covers,
             "world_size": world, "message": message,
@@ -611,7 +645,8 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
 
 def _estimate_memory_plan(*, adapter: Backend, backend: ComputeBackend, dataset: Dataset | None,
                           model_spec: ModelSpec | None, hyperparameters: Any, instance_type: str,
-                          parallel: dict[str, Any], batch_size: int | None) -> MemoryPlan | None:
+                          parallel: dict[str, Any], batch_size: int | None,
+                          settings: Mapping[str, Any]) -> MemoryPlan | None:
     """The memory plan of the estimate's shape, built as :func:`training_job_create` builds the config
     (dataset, model, shape, overrides); None when a part is missing or invalid (the create reports it)."""
     if dataset is None or model_spec is None or model_spec.kind == ModelSpec.Kind.SCRIPT:
@@ -622,6 +657,7 @@ def _estimate_memory_plan(*, adapter: Backend, backend: ComputeBackend, dataset:
                      "label_column": dataset.label_column or "label"},
             "model": _model_sections(model_spec, None)["model"], "parallel": parallel,
             "train": {"batch_size": batch_size} if batch_size is not None else {}}
+    base = _deep_merge(base, _large_model_sections(settings))
     try:
         config = JobConfig.from_dict(_deep_merge(base, overrides))
     except ConfigError:
