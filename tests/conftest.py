@@ -271,3 +271,11 @@ def celery_worker_factory():
     """:func:`running_celery_worker`, for a worker shared by the tests of a module (a module-scoped
     fixture enters it under ``django_db_blocker.unblock()``; its tests are ``transaction=True``)."""
     return running_celery_worker
+
+
+@pytest.fixture
+def allow_job_images(settings):
+    """This installation's GPU boxes run any image a job names (``TRAINBOARD_GPUBOX_ALLOWED_IMAGES`` =
+    ``*``; blank, the default, allows none): for tests of how a job's image is carried, not whether
+    it may run (tests/cloud_adapters/gpubox/test_gpubox_user_code.py and test_job_code.py test that)."""
+    settings.TRAINBOARD_GPUBOX_ALLOWED_IMAGES = "*"

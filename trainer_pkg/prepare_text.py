@@ -136,8 +136,15 @@ def _tokenizers():
 
 
 def load_tokenizer(path: str):
-    """The ``tokenizers.Tokenizer`` saved at ``path`` (a tokenizer.json)."""
-    return _tokenizers().Tokenizer.from_file(path)
+    """The ``tokenizers.Tokenizer`` saved at ``path`` (a tokenizer.json). Raises ValueError saying
+    what is wrong with the file (missing, unreadable, not a tokenizer)."""
+    tk = _tokenizers()
+    if not os.path.isfile(path):
+        raise ValueError("no such file: give the tokenizer.json of an earlier prepare_text (in its --out)")
+    try:
+        return tk.Tokenizer.from_file(path)
+    except Exception as exc:  # the Rust library raises a bare Exception for every kind of bad file
+        raise ValueError(f"not a tokenizers tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
 
 
 def _lines(path: str, split: str, val_fraction: float) -> Iterator[str]:

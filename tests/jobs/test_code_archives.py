@@ -366,7 +366,7 @@ def test_a_builtin_model_cannot_be_custom_or_carry_code_fields(user, code_store)
         services.model_spec_create(owner=user, name="b", architecture="custom", entry_point="m.n:f",
                                    script_args=["--x"], code=upload(zip_bytes(MODEL_FILES)))
     assert excinfo.value.message_dict == {
-        "architecture": ["custom is the architecture of your own model: choose kind code, or one of cnn, mlp, resnet."],
+        "architecture": ["custom is the architecture of your own model: choose kind code, or one of cnn, gpt, mlp, resnet."],
         "code": ["A built-in model takes no code; choose kind code (your model function) or script (your training "
                  "script) to use an archive."],
         "entry_point": ["Only a model of kind code or script has entry point; remove it, or choose one of those kinds."],

@@ -78,3 +78,17 @@ def test_every_bad_option_is_reported_before_anything_is_written(user, genesis, 
     assert not outside.exists() and Dataset.objects.count() == 1
     code, _, err = run(str(genesis), "--out", str(roots / "x"), "--name", "x", "--owner", "nobody")
     assert code == 2 and "--owner: no user named 'nobody'." in err and not (roots / "x").exists()
+
+
+def test_a_fresh_checkout_without_tables_hears_what_to_run(genesis, tmp_path):
+    """Before `make demo` or `migrate` there is no user table: the command says what to run, exit 2,
+    instead of a database traceback."""
+    env = {**__import__("os").environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}",
+           "TRAINBOARD_DATASET_ROOTS": str(tmp_path)}
+    done = subprocess.run([sys.executable, "manage.py", "prepare_text", str(genesis), "--out", str(tmp_path / "k"),
+                           "--name", "kjv", "--owner", "alice"], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--owner: the dashboard's database is not ready (no such table: auth_user): run `make demo` once, or " \
+           "`python manage.py migrate` and create the user, first." in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "k").exists()

@@ -14,7 +14,7 @@ from jobs.models import MetricPoint, JobStateChoices as S, TrainingJob
 from jobs.states import transition
 from taskkit import sent_tasks
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("allow_job_images")]
 
 BASE = ["--dataset", "digits", "--model", "digits-cnn", "--backend", "local", "--nodes", "1",
         "--procs-per-node", "2", "--epochs", "3", "--user", "alice"]

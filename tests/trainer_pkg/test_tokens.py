@@ -186,6 +186,14 @@ def test_prepare_text_reuses_a_tokenizer_and_reports_every_error_at_once(kjv, tm
     assert bad.returncode == 2 and "latin1.txt is not UTF-8 text (byte 3): convert it to UTF-8" in bad.stderr
     assert not (tmp_path / "l").exists()  # nothing half-written is left
 
+    (tmp_path / "junk.json").write_text("{not a tokenizer")
+    for given, why in ((tmp_path / "missing.json", "no such file: give the tokenizer.json of an earlier prepare_text"),
+                       (tmp_path / "junk.json", "not a tokenizers tokenizer.json (")):
+        bad = _run("-m", "trainer_pkg.prepare_text", str(books / "b.txt"), "--out", str(tmp_path / "t"),
+                   "--tokenizer", str(given))
+        assert bad.returncode == 2 and f"prepare_text: error: --tokenizer {given}: {why}" in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr and not (tmp_path / "t").exists()
+
 
 def test_prepare_text_help_names_every_option():
     shown = _run("-m", "trainer_pkg.prepare_text", "--help")

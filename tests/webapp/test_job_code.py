@@ -15,7 +15,7 @@ from jobs import services
 from jobs.models import CodeArchive, TrainingJob
 from page_html import field_block
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("allow_job_images")]
 
 SECRET = "tok-very-secret-123"
 
@@ -156,3 +156,21 @@ def test_the_api_refuses_a_bad_env_with_every_message(api_client, digits_dataset
         "toolkit sets them)."]
     assert "is not a container image reference" in body["image"][0]
     assert not TrainingJob.objects.exists()
+
+
+def test_an_image_the_box_operator_does_not_allow_is_refused_at_create(api_client, settings, digits_dataset,
+                                                                       script_model, local_backend):
+    """Which images a GPU box runs is its operator's list: an image outside it is refused when the job
+    is created (400 naming the setting), and no job row is left."""
+    settings.TRAINBOARD_GPUBOX_ALLOWED_IMAGES = "myregistry.azurecr.io/approved/*"
+    body = {"dataset": digits_dataset.pk, "model_spec": script_model.pk, "backend": local_backend.pk,
+            "procs_per_node": 1, "image": "docker.io/someone/miner:latest"}
+    response = api_client.post("/api/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["non_field_errors"] == [
+        "image: this GPU box runs only the images its operator allows, and 'docker.io/someone/miner:latest' is not "
+        "one of them (myregistry.azurecr.io/approved/*); use an allowed image or leave the image empty to run on "
+        "the host (the operator sets TRAINBOARD_GPUBOX_ALLOWED_IMAGES)."]
+    assert not TrainingJob.objects.exists()
+    response = api_client.post("/api/jobs/", {**body, "image": "myregistry.azurecr.io/approved/train:3"}, format="json")
+    assert response.status_code == 201, response.json()

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
@@ -89,7 +90,12 @@ class Command(BaseCommand):
         if not opts["owner"]:
             problems.append("--owner: whose dataset is it? Give --owner USERNAME with --name.")
             return None
-        owner = get_user_model().objects.filter(username=opts["owner"]).first()
+        try:
+            owner = get_user_model().objects.filter(username=opts["owner"]).first()
+        except DatabaseError as exc:  # a fresh checkout: no tables yet (or no database server)
+            problems.append(f"--owner: the dashboard's database is not ready ({str(exc).splitlines()[0][:120]}): "
+                            "run `make demo` once, or `python manage.py migrate` and create the user, first.")
+            return None
         if owner is None:
             problems.append(f"--owner: no user named {opts['owner']!r}.")
             return None

@@ -15,7 +15,7 @@ from jobs import services
 from jobs.adapters import job_spec
 from jobs.models import CodeArchive, TrainingJob
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("code_store", "allow_job_images")]
 
 
 @pytest.fixture
