@@ -266,11 +266,11 @@ class ComputeBackendForm(ServiceForm):
 @admin.register(Dataset)
 class DatasetAdmin(ServiceFormAdmin):
     form = DatasetForm
-    list_display = ["name", "owner", "format", "builtin_name", "uri", "created_at"]
+    list_display = ["name", "owner", "format", "builtin_name", "uri", "summary", "created_at"]
     list_filter = ["format", "created_at"]
     search_fields = ["name", "description", "uri", "owner__username"]
     date_hierarchy = "created_at"
-    readonly_fields = ["owner", "created_at", "updated_at"]
+    readonly_fields = ["owner", "summary", "sample_shape", "num_classes", "created_at", "updated_at"]
 
 
 @admin.register(ModelSpec)

@@ -116,8 +116,14 @@ class Dataset(Owned):
     sample_shape = models.JSONField(
         null=True, blank=True, editable=False,
         help_text="Shape of one sample as the trainer reads it, e.g. [1, 8, 8] or [16] (ImageFolder: "
-                  "[3, null, null], the job's image size), read when the dataset was saved; null for a "
-                  "cloud URI, which is not read here.")
+                  "[3, null, null], the job's image size; tokens: [null], the window length T that each job "
+                  "sets with data.seq_len, 0 = the gpt model's context_length), read when the dataset was "
+                  "saved; null for a cloud URI, which is not read here.")
+    summary = models.CharField(
+        max_length=500, blank=True, default="", editable=False,
+        help_text="One line read from the data when the dataset was saved, e.g. \"1,797 samples, 10 classes, "
+                  "inputs 1×8×8\" or \"1,026,173 tokens in 1 shard (train), 10,393 (val), vocab 4,096, "
+                  "uint16\"; empty for a cloud URI (not read here) or a dataset not saved since this was added.")
 
     num_classes = models.PositiveIntegerField(
         null=True, blank=True, editable=False,

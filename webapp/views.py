@@ -76,6 +76,13 @@ def healthz(request: HttpRequest) -> JsonResponse:
 # --- datasets --------------------------------------------------------------------------------
 
 
+def _read(dataset) -> str:
+    """": <summary>" for the save message, or what was not read (a cloud URI is not opened here)."""
+    if dataset.summary:
+        return f": {dataset.summary}"
+    return "; its data was not read here (a cloud URI is read by the job)" if dataset.uri else ""
+
+
 @login_required
 def dataset_list(request: HttpRequest) -> HttpResponse:
     datasets = selectors.dataset_list_for_user(user=request.user)
@@ -89,7 +96,7 @@ def dataset_create(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         dataset = submit_form(form, lambda: services.dataset_create(owner=request.user, **_values(form)))
         if dataset is not None:
-            messages.success(request, f"Dataset {dataset.name} created.")
+            messages.success(request, f"Dataset {dataset.name} created{_read(dataset)}.")
             return redirect("dataset-list")
     return render(request, "webapp/datasets/form.html", {"form": form, "dataset": None})
 
@@ -101,8 +108,8 @@ def dataset_edit(request: HttpRequest, pk: int) -> HttpResponse:
     initial = {f: getattr(dataset, f) for f in DatasetForm.base_fields}
     form = DatasetForm(request.POST or None, initial=initial, user=request.user)
     if request.method == "POST":
-        if submit_form(form, lambda: services.dataset_update(dataset=dataset, **_values(form))) is not None:
-            messages.success(request, f"Dataset {form.cleaned_data['name']} saved.")
+        if (saved := submit_form(form, lambda: services.dataset_update(dataset=dataset, **_values(form)))) is not None:
+            messages.success(request, f"Dataset {saved.name} saved{_read(saved)}.")
             return redirect("dataset-list")
     return render(request, "webapp/datasets/form.html", {"form": form, "dataset": dataset})
 

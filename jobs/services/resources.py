@@ -49,7 +49,7 @@ from jobs.validation import (
     update_row,
 )
 from trainer_pkg.config import BuiltinDataset, ConfigError, Strategy
-from trainer_pkg.datasets import inspect_dataset
+from trainer_pkg.datasets import DatasetInfo, inspect_dataset
 from trainer_pkg.registry import ARCHITECTURES, CUSTOM, validate_model_params
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,14 @@ def _validate_dataset(errors: Errors, dataset: Dataset) -> None:
     if dataset.team_id is not None and not dataset.team.members.filter(pk=dataset.owner_id).exists():
         errors.add("team", "Choose one of your teams; you are not a member of this one.")
     dataset.sample_shape = dataset.num_classes = None  # a cloud URI is not read here: its shape is not known
+    dataset.summary = ""
     if dataset.format == Dataset.Format.BUILTIN:
         known = get_args(BuiltinDataset)
         if dataset.builtin_name not in known:
             errors.add("builtin_name", f"Choose a built-in dataset: {', '.join(known)}.")
         else:
             info = inspect_dataset(dataset.format, dataset.builtin_name)
-            dataset.sample_shape, dataset.num_classes = list(info.sample_shape), info.classes
+            _keep_info(dataset, info)
         dataset.uri = ""
         return
     dataset.builtin_name = ""
@@ -95,7 +96,15 @@ def _validate_dataset(errors: Errors, dataset: Dataset) -> None:
         except ConfigError as exc:
             errors.add("uri", str(exc))
         else:
-            dataset.sample_shape, dataset.num_classes = list(info.sample_shape), info.classes
+            _keep_info(dataset, info)
+
+
+def _keep_info(dataset: Dataset, info: DatasetInfo) -> None:
+    """What :func:`inspect_dataset` read, stored on the row: the sample's shape, the classes (or the
+    vocabulary) and the one-line summary (cut to the field's 500 characters)."""
+    dataset.sample_shape, dataset.num_classes = list(info.sample_shape), info.classes
+    limit = Dataset._meta.get_field("summary").max_length
+    dataset.summary = info.summary if len(info.summary) <= limit else info.summary[:limit - 1] + "…"
 
 
 def _dataset_local_path(errors: Errors, uri: str) -> str | None:

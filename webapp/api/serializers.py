@@ -131,13 +131,19 @@ def share_team_field() -> TeamField:
 
 
 class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
+    """A dataset; ``sample_shape``, ``num_classes`` and ``summary`` are read from the data when it is
+    saved (read-only; null/"" for a cloud URI, not read here). A token dataset's ``sample_shape`` is
+    ``[null]``: the window length T is not the dataset's but each job's ``data.seq_len`` (0 = the gpt
+    model's ``context_length``), so a job-independent value is given rather than one model's length;
+    the schema's field help says so. ``num_classes`` is then the vocabulary size."""
+
     team = share_team_field()
 
     class Meta:
         model = Dataset
         fields = ["id", "name", "description", "format", "builtin_name", "uri", "label_column", "team",
-                  "sample_shape", "created_at", "updated_at"]
-        read_only_fields = ["id", "sample_shape", "created_at", "updated_at"]
+                  "sample_shape", "num_classes", "summary", "created_at", "updated_at"]
+        read_only_fields = ["id", "sample_shape", "num_classes", "summary", "created_at", "updated_at"]
 
     def create(self, validated_data: dict[str, Any]) -> Dataset:
         # The model's default applies when the request leaves the format out (the service wants one).
