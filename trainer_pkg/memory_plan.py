@@ -399,7 +399,7 @@ def _act_bytes(u: Unit, samples: float, bf16: bool, mixed: bool = False) -> floa
 
 
 def plan(cfg: JobConfig, *, input_shape: Sequence[int], num_classes: int, world_size: int | None = None,
-         device_bytes: int | None = None, device_name: str = "") -> MemoryPlan:
+         device_bytes: int | None = None, device_name: str = "", max_ranks: int | None = None) -> MemoryPlan:
     """The memory plan of ``cfg`` on ``world_size`` ranks (default: ``cfg.parallel.world_size``).
 
     ``input_shape``: one sample, no batch dimension ((C, H, W), (F,); ``gpt``: (seq_len,), where
@@ -409,13 +409,16 @@ def plan(cfg: JobConfig, *, input_shape: Sequence[int], num_classes: int, world_
 
     Every figure is per rank, for the busiest rank (a pipeline's largest stage). When the plan does
     not fit, :attr:`MemoryPlan.suggestion` names the smallest FSDP world size (same batch per rank)
-    that would, or activation checkpointing with it, or says that the batch is too large. Raises
-    :class:`PlanError` for a custom model.
+    that would, or activation checkpointing with it, or says that the batch is too large.
+    ``max_ranks``: the most ranks the target can run (a backend's max nodes × max processes per
+    node; None: :data:`MAX_FSDP_RANKS`): the suggestion names no larger world, and says so when
+    none within it fits. Raises :class:`PlanError` for a custom model.
     """
     world = world_size if world_size is not None else cfg.parallel.world_size
     result = _plan(cfg, input_shape, num_classes, world, device_bytes, device_name)
     if result.fits is False:
-        result.suggestion = _suggest(cfg, input_shape, num_classes, world, device_bytes, device_name)
+        result.suggestion = _suggest(cfg, input_shape, num_classes, world, device_bytes, device_name,
+                                     max_ranks=max_ranks)
     return result
 
 
@@ -433,7 +436,7 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
     b = train.batch_size
     states = OPTIMIZER_STATES[train.optimizer] if (train.optimizer != "sgd" or train.momentum > 0) else 0
     lines = [f"model: {arch}, {total:,} parameters; {strategy} on {plural(world, 'rank', 'ranks')}, "
-             f"{b} samples per rank per step, {train.precision}"]
+             f"{_samples(b)} per rank per step, {train.precision}"]
 
     held = units  # the units whose parameters this rank holds (a pipeline: its stage)
     act_units, act_samples = units, float(b)
@@ -453,7 +456,7 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
         act_units, act_samples = held, micro * in_flight
         lines.append(f"pipeline: {stages} stages; the largest is stage {index} ({len(held)} of {len(units)} "
                      f"units, {sum(u.params for u in held):,} parameters), {in_flight} of {par.microbatches} "
-                     f"micro-batches of {micro:g} samples in flight ({par.pipeline_schedule})")
+                     f"micro-batches of {_samples(micro)} in flight ({par.pipeline_schedule})")
     held_params = sum(u.params for u in held)
 
     shard = world if strategy == "fsdp" else 1
@@ -484,7 +487,7 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
         act += sum(u.matmul_params for u in held) * 2
     act_b = int(act)
     autocast = "" if not bf16 else " (bf16)" if strategy == "fsdp" else " (bf16, and the weights autocast copied)"
-    lines.append(f"activations: {act_samples:g} samples × {gib(act_b / max(act_samples, 1))} per sample saved for "
+    lines.append(f"activations: {_samples(act_samples)} × {gib(act_b / max(act_samples, 1))} per sample saved for "
                  f"backward{autocast} = {gib(act_b)}")
 
     # Buffers: model buffers, the batch, FSDP's gathered units, the loss's gradient workspace.
@@ -525,13 +528,13 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
         rows = min(max(1, EVAL_BATCH_TOKENS // shape[0]), -(-cfg.data.val_windows // max(dp, 1)))
         eval_logits = rows * shape[0] * num_classes
         eval_work = eval_logits * (low + (4 if bf16 else 0) + 4) if (strategy != "pipeline" or held[-1].name == "head") else 0
-        what_eval = (f"the logits and log-softmax of {rows} windows ({rows * shape[0]:,} tokens × {num_classes:,} × "
+        what_eval = (f"the logits and log-softmax of {plural(rows, 'window', 'windows')} ({rows * shape[0]:,} tokens × {num_classes:,} × "
                      f"({low}{' + 4' if bf16 else ''} + 4) B)")
         eval_work += max((u.act_elems for u in held if u.name.startswith("blocks.")), default=0) * rows * low
     else:
         rows = EVAL_BATCH_SIZE
         eval_work = max(u.act_elems for u in held) * rows * low
-        what_eval = f"the largest layer's working set for {rows} samples"
+        what_eval = f"the largest layer's working set for {_samples(rows)}"
     resident = model_buffers + (grads_b if strategy == "ddp" else 0)
     if strategy == "fsdp":
         resident += (root + 2 * largest) * unit_bytes
@@ -554,6 +557,11 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
     return result
 
 
+def _samples(n: float) -> str:
+    """``n`` samples, the noun agreeing (``1 sample``, ``2.5 samples``); a whole float without ``.0``."""
+    return plural(int(n) if float(n).is_integer() else n, "sample", "samples")
+
+
 def _with(cfg: JobConfig, **parallel: Any) -> JobConfig:
     data = cfg.to_dict()
     data["parallel"].update(parallel)
@@ -561,10 +569,13 @@ def _with(cfg: JobConfig, **parallel: Any) -> JobConfig:
 
 
 def _suggest(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: int,
-             device_bytes: int | None, device_name: str) -> str:
-    """The smallest change that fits: FSDP across more ranks, then with activation checkpointing."""
+             device_bytes: int | None, device_name: str, *, max_ranks: int | None = None) -> str:
+    """The smallest change that fits: FSDP across more ranks (at most ``max_ranks``), then with
+    activation checkpointing."""
     per_node = max(cfg.parallel.procs_per_node, 1)
-    candidates = sorted({n for n in range(1, MAX_FSDP_RANKS + 1)
+    capped = max_ranks is not None and max_ranks < MAX_FSDP_RANKS
+    most = min(max_ranks, MAX_FSDP_RANKS) if max_ranks is not None else MAX_FSDP_RANKS
+    candidates = sorted({n for n in range(1, most + 1)
                          if (n & (n - 1) == 0 or n % per_node == 0) and n >= max(world, 2)})
     ac_options = [cfg.parallel.activation_checkpointing]
     if cfg.model.arch == "gpt" and not cfg.parallel.activation_checkpointing:
@@ -589,6 +600,11 @@ def _suggest(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world
         how = f"FSDP across {candidates[low]} ranks" + (" with activation checkpointing" if ac and not
                                                          cfg.parallel.activation_checkpointing else "")
         return f"{how} would need {gib(found.needed_bytes)}"
+    if capped:
+        with_ac = " with activation checkpointing" if cfg.model.arch == "gpt" else ""
+        return (f"no FSDP world this backend can run (at most {plural(most, 'rank', 'ranks')}) fits{with_ac}; "
+                f"choose an instance type or backend with more GPU memory, or lower the batch size (train.batch_size) and "
+                f"raise train.grad_accum_steps to keep the optimizer's batch")
     return (f"even FSDP across {MAX_FSDP_RANKS} ranks with activation checkpointing would not fit: the activations "
-            f"of {cfg.train.batch_size} samples per rank are too many; lower the batch size (train.batch_size) "
+            f"of {_samples(cfg.train.batch_size)} per rank are too many; lower the batch size (train.batch_size) "
             f"and raise train.grad_accum_steps to keep the optimizer's batch")

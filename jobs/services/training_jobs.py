@@ -691,7 +691,8 @@ def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, in
     """The memory plan (:func:`trainer_pkg.memory_plan.plan`) of a job of ``config`` on ``dataset``,
     checked against the GPUs of ``instance_type`` on the backend (``Backend.gpus``: the catalog's GPU
     facts, or a GPU box's as set on it). Without a known GPU memory (a CPU type, a box without
-    ``gpu_memory_gib``) the plan is made but never refuses. None when no plan can be made: a custom
+    ``gpu_memory_gib``) the plan is made but never refuses. Its suggestion stays within the
+    backend's capacity (``Capabilities.max_nodes`` × ``max_procs_per_node`` ranks). None when no plan can be made: a custom
     model (its structure is the user's), a dataset whose shape or vocabulary was not read."""
     found = _plan_input(config, dataset)
     if found is None or config.model.arch == CUSTOM:
@@ -704,9 +705,10 @@ def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, in
     device_bytes = gpus.memory_bytes if gpus is not None else None
     where = instance_type or f"backend {backend_name}'s default instance"
     name = f"{where}'s {gpus.model}" if gpus is not None and gpus.model else where
+    caps = adapter.capabilities  # the suggestion names no FSDP world the backend cannot run
     try:
         planned = memory_plan(config, input_shape=shape, num_classes=classes, device_bytes=device_bytes,
-                              device_name=name)
+                              device_name=name, max_ranks=caps.max_nodes * caps.max_procs_per_node)
     except PlanError:
         return None
     if note:

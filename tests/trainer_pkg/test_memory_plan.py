@@ -170,3 +170,19 @@ def test_evaluation_of_a_large_vocabulary_can_set_the_peak():
     assert "it sets the peak" in planned.lines[-2]
     cfg.data.val_windows = 2  # a rank evaluates at most its share of the validation windows
     assert plan(cfg, input_shape=(1024,), num_classes=50257).evaluation_bytes < 2 * 1024 * 50257 * 9 + planned.grads_bytes
+
+
+def test_the_suggestion_stays_within_the_backends_ranks_and_nouns_agree():
+    cfg = _config("gpt", {**GPT2, "layers": 48, "embed_dim": 1600, "heads": 25},  # GPT-2 XL, 1.56 B
+                  data={"format": "tokens", "uri": "/d"}, train={"optimizer": "adamw", "batch_size": 1},
+                  parallel={"procs_per_node": 1})
+    free = plan(cfg, input_shape=(1024,), num_classes=50257, device_bytes=24 * GIB)
+    ranks = int(free.suggestion.split("FSDP across ")[1].split()[0])
+    assert ranks == 2
+    capped = plan(cfg, input_shape=(1024,), num_classes=50257, device_bytes=24 * GIB, max_ranks=1)
+    assert capped.fits is False
+    assert capped.suggestion.startswith("no FSDP world this backend can run (at most 1 rank) fits with activation "
+                                        "checkpointing; choose an instance type or backend with more GPU memory")
+    within = plan(cfg, input_shape=(1024,), num_classes=50257, device_bytes=24 * GIB, max_ranks=ranks)
+    assert within.suggestion == free.suggestion
+    assert "1 sample per rank per step" in capped.lines[0] and "1 samples" not in " ".join(capped.lines)

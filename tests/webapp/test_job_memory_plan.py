@@ -109,3 +109,19 @@ def test_a_target_without_known_gpu_memory_is_planned_never_refused(api_client, 
     assert (plan["fits"], plan["device_bytes"], plan["suggestion"]) == (None, None, "")
     assert plan["summary"] == "needs 30.2 GiB per rank (no GPU memory known for this target: not checked)"
     assert re.search(r"peak per rank: 30\.2 GiB$", plan["lines"][-1])
+
+
+def test_the_suggestion_names_no_world_the_backend_cannot_run(api_client, digits_dataset, huge_model, user, run_root,
+                                                              settings, no_celery_publish):
+    settings.TRAINBOARD_RUN_ROOT = run_root
+    settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # one node, 2 processes: at most 2 ranks
+    box = services.backend_create(owner=user, name="box", kind="gpubox",
+                                  config={"hourly_rate_usd": 0.0, "gpu_memory_gib": 4.0, "gpu_model": "Tiny GPU"})
+    refused = api_client.post("/api/jobs/", {"dataset": digits_dataset.pk, "model_spec": huge_model.pk,
+                                             "backend": box.pk, "procs_per_node": 2, "hyperparameters": ADAMW},
+                              format="json")
+    assert refused.status_code == 400
+    [message] = refused.json()["non_field_errors"]
+    assert "FSDP across" not in message
+    assert ("needs 30.2 GiB per GPU; backend box's default instance's Tiny GPU has 4.0 GiB; no FSDP world this "
+            "backend can run (at most 2 ranks) fits; choose an instance type or backend with more GPU memory") in message
