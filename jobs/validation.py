@@ -223,13 +223,19 @@ def _walk(value: Any, path: str, depth: int, max_depth: int) -> Iterator[str]:
 
 ALL = NON_FIELD_ERRORS  # "__all__"
 
+WHOLE_INPUT = "whole_input"
+"""The code of an error worked out from every field together (the memory plan's refusal). A trial
+call on an input whose own checks failed (``webapp.errors.trial_call``) drops it: the service saw
+stand-ins for the fields that failed, so the figures would be of another job."""
+
 
 class Errors(dict):
     """field -> [messages]; ``raise_if_any`` raises one ValidationError with all of them.
 
     ``field`` is a form/API field name (``config.<key>`` for one backend setting), or :data:`ALL`."""
 
-    def add(self, field: str, message: str) -> None:
+    def add(self, field: str, message: str | ValidationError) -> None:
+        """``message``: text, or a ValidationError to carry a code (:data:`WHOLE_INPUT`)."""
         messages = self.setdefault(field, [])
         if message not in messages:  # two checks finding the same fault say it once
             messages.append(message)

@@ -17,7 +17,10 @@ from typing import Callable, TypeVar
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError as DjangoValidationError
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
 from rest_framework.settings import api_settings
+
+from jobs.validation import WHOLE_INPUT
 
 T = TypeVar("T")
 
@@ -27,6 +30,12 @@ def service_error_dict(exc: DjangoValidationError) -> dict[str, list[str]]:
     if hasattr(exc, "error_dict"):
         return {field: list(messages) for field, messages in exc.message_dict.items()}
     return {NON_FIELD_ERRORS: list(exc.messages)}
+
+
+def coded_errors(exc: DjangoValidationError) -> dict[str, list[tuple[str, str | None]]]:
+    """``{field: [(message, code), ...]}`` for any ValidationError (code None where none was given)."""
+    errors = exc.error_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.error_list}
+    return {field: [(message, e.code) for e in errs for message in e.messages] for field, errs in errors.items()}
 
 
 def add_service_errors(form: forms.BaseForm, exc: DjangoValidationError,
@@ -68,7 +77,8 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     (nothing is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is
     discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
     reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value
-    for them. Shared by the UI (:func:`submit_form`) and the API (``webapp.api.serializers``).
+    for them; so are its errors coded :data:`jobs.validation.WHOLE_INPUT` (worked out from every
+    field together, on those stand-ins: the memory plan's refusal). Shared by the UI (:func:`submit_form`) and the API (``webapp.api.serializers``).
     """
     from django.db import transaction
 
@@ -82,7 +92,8 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     except DjangoValidationError as exc:
         if valid:
             return None, exc
-        remaining = {k: v for k, v in service_error_dict(exc).items() if field_of(k) not in flagged}
+        remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
+                     if (kept := [m for m, code in v if code != WHOLE_INPUT])}
         return None, DjangoValidationError(remaining) if remaining else None
     return result, None
 
@@ -106,8 +117,8 @@ def to_drf_validation_error(exc: DjangoValidationError,
     """The DRF ``ValidationError`` (HTTP 400) carrying ``exc``'s messages under the API's field names."""
     field_map = field_map or {}
     detail: dict[str, list[str]] = {}
-    for field, messages in service_error_dict(exc).items():
+    for field, messages in coded_errors(exc).items():
         key = (api_settings.NON_FIELD_ERRORS_KEY if field == NON_FIELD_ERRORS
                else field_map.get(field, field_of(field)))
-        detail.setdefault(key, []).extend(messages)
+        detail.setdefault(key, []).extend(ErrorDetail(m, code=code or "invalid") for m, code in messages)
     return serializers.ValidationError(detail)

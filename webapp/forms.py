@@ -670,6 +670,8 @@ class TrainingJobForm(forms.Form):
         kwargs = {f: data[f] for f in self.ESTIMATE_FIELDS}
         kwargs.update({f: data[f] for f in self.SHAPE_FIELDS
                        if f not in self.errors and data.get(f) not in (None, "")})
+        if any(f in self.errors for f in self.SHAPE_FIELDS if f != "budget_usd"):
+            kwargs.pop("dataset", None)  # no memory plan worked out on stand-ins for the fields in error
         return kwargs
 
     def create_kwargs(self) -> dict[str, Any]:

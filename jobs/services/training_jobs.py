@@ -460,7 +460,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     memory = None if is_script or not fits else job_memory_plan(config=config, dataset=dataset, adapter=adapter,
                                                     instance_type=instance_type, backend_name=backend.name)
     if memory is not None and memory.fits is False:
-        errors.add(ALL, memory_refusal(memory))
+        errors.add(ALL, ValidationError(memory_refusal(memory), code=validation.WHOLE_INPUT))
     errors.raise_if_any()
     return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
                       memory_plan=memory.as_dict() if memory is not None else None,

@@ -125,3 +125,25 @@ def test_the_suggestion_names_no_world_the_backend_cannot_run(api_client, digits
     assert "FSDP across" not in message
     assert ("needs 30.2 GiB per GPU; backend box's default instance's Tiny GPU has 4.0 GiB; no FSDP world this "
             "backend can run (at most 2 ranks) fits; choose an instance type or backend with more GPU memory") in message
+
+
+def test_no_plan_is_worked_out_on_stand_ins_for_fields_in_error(owner_client, api_client, digits_dataset, huge_model,
+                                                                 sagemaker_backend, no_celery_publish):
+    for bad in ({"strategy": "zero3"}, {"batch_size": 0}):
+        estimate = owner_client.post(reverse("job-estimate"),
+                                     form_data(digits_dataset, huge_model, sagemaker_backend, **bad))
+        assert estimate.context["estimate"]["ok"] is True
+        assert estimate.context["estimate"]["memory_plan"] is None, bad
+    refused = owner_client.post(reverse("job-create"),
+                                form_data(digits_dataset, huge_model, sagemaker_backend, strategy="zero3"))
+    form = refused.context["form"]
+    assert "strategy" in form.errors and not any("GPU memory" in e for e in form.non_field_errors()), form.errors
+    payload = {"dataset": digits_dataset.pk, "model_spec": huge_model.pk, "backend": sagemaker_backend.pk,
+               "nodes": 2, "instance_type": "ml.g5.xlarge", "hyperparameters": ADAMW}
+    for bad in ({"procs_per_node": 0}, {"strategy": "zero3"}):
+        response = api_client.post("/api/jobs/", {**payload, **bad}, format="json")
+        assert response.status_code == 400
+        assert set(response.json()) == set(bad), response.json()
+    whole = api_client.post("/api/jobs/", payload, format="json")  # valid: the plan's refusal stands
+    assert whole.json()["non_field_errors"][0].startswith(REFUSAL)
+    assert TrainingJob.objects.count() == 0

@@ -58,7 +58,9 @@ class ServiceSerializerMixin:
                 return self.update(self.instance, values) if self.instance is not None else self.create(values)
             except serializers.ValidationError as exc:
                 # _call already turned the service's error into the API's keys; back to a dict for trial_call.
-                raise DjangoValidationError({key: [str(m) for m in (msgs if isinstance(msgs, list) else [msgs])]
+                # (each message's code kept: trial_call drops a jobs.validation.WHOLE_INPUT one)
+                raise DjangoValidationError({key: [DjangoValidationError(str(m), code=getattr(m, "code", None))
+                                                   for m in (msgs if isinstance(msgs, list) else [msgs])]
                                              for key, msgs in exc.detail.items()}) from None
 
         _, exc = trial_call(call, valid=False, flagged=set(errors))
