@@ -20,7 +20,7 @@ What a job is made of (clouds.md §1.1 for every request field):
   and starts torchrun across the instances (trainer_pkg/platforms.py ``read_sagemaker``);
 * the job config as hyperparameters, one per field, ``"<section>.<field>": json.dumps(value)`` — the
   JSON encoding the SageMaker SDK uses and the keys ``trainer_pkg.config.apply_overrides`` reads
-  (the ``output`` section is left out: SageMaker decides /opt/ml/model and /opt/ml/checkpoints);
+  (but ``output.output_dir``/``output.checkpoint_dir``: SageMaker decides /opt/ml/model and /opt/ml/checkpoints);
 * the dataset's ``s3://`` URI as input channel ``train`` (FastFile), output under
   ``s3://<bucket>/<prefix>/output/``, checkpoints under ``s3://<bucket>/<prefix>/checkpoints/<name>/``.
 
@@ -188,19 +188,20 @@ def training_job_name(job_name: str) -> str:
 
 def hyperparameters(config: Mapping[str, Any]) -> dict[str, str]:
     """``{"<section>.<field>": json.dumps(value)}`` for every field of the JobConfig dict ``config``
-    except the ``output`` section (SageMaker's directories replace it).
+    except ``output.output_dir`` and ``output.checkpoint_dir`` (SageMaker's directories replace them;
+    the rest of the section, e.g. ``output.checkpoint_format``, is the job's and is passed).
 
     Raises :class:`InvalidSpec` when the config is not sections of fields, a value is not JSON or is
     longer than 2500 characters, or there are more than 100 (botocore model limits, clouds.md §1.1).
     """
     out: dict[str, str] = {}
     for section, fields in config.items():
-        if section == "output":
-            continue
         if not isinstance(fields, Mapping):
             raise InvalidSpec(f"config.{section}: expected an object of fields, got {fields!r:.100}")
         for field, value in fields.items():
             key = f"{section}.{field}"
+            if key in ("output.output_dir", "output.checkpoint_dir"):
+                continue
             try:
                 text = json.dumps(value, sort_keys=True, separators=(",", ":"))
             except (TypeError, ValueError) as exc:

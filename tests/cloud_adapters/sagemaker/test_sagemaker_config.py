@@ -124,11 +124,13 @@ def test_training_job_names(name, expected):
     assert training_job_name("tb_job_12") != training_job_name("tb-job-12")
 
 
-def test_hyperparameters_are_json_strings_without_the_output_section():
+def test_hyperparameters_are_json_strings_without_the_output_directories():
     hps = hyperparameters({"train": {"epochs": 2, "augment": True, "lr": 0.1}, "data": {"name": "digits"},
-                           "model": {"params": {"hidden_size": 8}}, "output": {"output_dir": "x"}})
+                           "model": {"params": {"hidden_size": 8}},
+                           "output": {"output_dir": "x", "checkpoint_dir": "", "checkpoint_format": "sharded"}})
+    # SageMaker's /opt/ml/model and /opt/ml/checkpoints replace the directories; the format is the job's.
     assert hps == {"train.epochs": "2", "train.augment": "true", "train.lr": "0.1", "data.name": '"digits"',
-                   "model.params": '{"hidden_size":8}'}
+                   "model.params": '{"hidden_size":8}', "output.checkpoint_format": '"sharded"'}
     with pytest.raises(InvalidSpec, match="config.data.uri: 2502 characters as a SageMaker hyperparameter, the limit is 2500"):
         hyperparameters({"data": {"uri": "x" * 2500}})
 
