@@ -565,7 +565,8 @@ class TrainingJobForm(forms.Form):
         required=False, label="Hyperparameters (JSON)",
         widget=forms.Textarea(attrs={"rows": 4, "class": "mono", "spellcheck": "false",
                                      "placeholder": HYPERPARAMETERS_EXAMPLE}),
-        help_text="Optional overrides of the trainer config, e.g. " + HYPERPARAMETERS_EXAMPLE + ".",
+        help_text="Optional overrides of the trainer config, e.g. " + HYPERPARAMETERS_EXAMPLE + "; not the code "
+                  "section (the model's) nor output.output_dir / output.checkpoint_dir (the backend's).",
     )
 
     env = forms.CharField(

@@ -654,7 +654,8 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
                      help_text="Run for a team you are a member of (counts toward its monthly budget); null = none.")
     hyperparameters = StoredJSONField(
         required=False, allow_null=True, default=None,
-        help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}.',
+        help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}; not the code section '
+                  "(the model's) nor output.output_dir / output.checkpoint_dir (the backend sets where a job writes).",
     )
     env = StoredJSONField(
         required=False, allow_null=True, default=None,
