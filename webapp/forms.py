@@ -600,6 +600,7 @@ class TrainingJobForm(forms.Form):
 
     def __init__(self, *args: Any, user, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.plan_withheld: list[str] = []  # the fields in error that the memory plan would read
         self.fields["dataset"].queryset = selectors.dataset_list_for_user(user=user)
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
@@ -671,8 +672,10 @@ class TrainingJobForm(forms.Form):
         kwargs = {f: data[f] for f in self.ESTIMATE_FIELDS}
         kwargs.update({f: data[f] for f in self.SHAPE_FIELDS
                        if f not in self.errors and data.get(f) not in (None, "")})
-        if any(f in self.errors for f in self.SHAPE_FIELDS if f != "budget_usd"):
-            kwargs.pop("dataset", None)  # no memory plan worked out on stand-ins for the fields in error
+        # No memory plan worked out on stand-ins for the fields in error (``plan_withheld`` says so).
+        self.plan_withheld = [f for f in self.SHAPE_FIELDS if f != "budget_usd" and f in self.errors]
+        if self.plan_withheld:
+            kwargs.pop("dataset", None)
         return kwargs
 
     def create_kwargs(self) -> dict[str, Any]:

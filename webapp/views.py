@@ -372,7 +372,9 @@ def _estimate(form: TrainingJobForm) -> dict[str, Any]:
         result = services.training_job_estimate(**kwargs)
     except ValidationError as exc:
         return {"ok": False, "errors": [m for ms in service_error_dict(exc).values() for m in ms]}
-    return {"ok": True, **result, "max_runtime_s": kwargs["max_runtime_s"], "nodes": kwargs["nodes"]}
+    withheld = [str(form.fields[f].label or f) for f in form.plan_withheld]
+    return {"ok": True, **result, "max_runtime_s": kwargs["max_runtime_s"], "nodes": kwargs["nodes"],
+            "plan_withheld": ", ".join(withheld)}
 
 
 @login_required

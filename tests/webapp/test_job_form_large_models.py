@@ -67,3 +67,17 @@ def test_a_bad_large_model_setting_is_an_error_on_its_field(owner_client, token_
     assert errors["max_steps"] == ["Ensure this value is greater than or equal to 0."]
     assert "zip is not one of the available choices" in errors["checkpoint_format"][0]
     assert not TrainingJob.objects.exists()
+
+
+def test_the_api_takes_them_in_the_hyperparameters(api_client, token_dataset, gpt_model, local_backend,
+                                                  no_celery_publish):
+    response = api_client.post("/api/jobs/", {
+        "dataset": token_dataset.pk, "model_spec": gpt_model.pk, "backend": local_backend.pk, "strategy": "fsdp",
+        "procs_per_node": 2, "batch_size": 4, "hyperparameters": {
+            "parallel": {"activation_checkpointing": True, "cpu_offload": True},
+            "output": {"checkpoint_format": "sharded"}, "train": {"max_steps": 7}, "data": {"seq_len": 32}}},
+        format="json")
+    assert response.status_code == 201, response.json()
+    config = TrainingJob.objects.get().config
+    assert (config["parallel"]["cpu_offload"], config["output"]["checkpoint_format"]) == (True, "sharded")
+    assert (config["train"]["max_steps"], config["data"]["seq_len"]) == (7, 32)

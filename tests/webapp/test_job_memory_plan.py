@@ -134,6 +134,7 @@ def test_no_plan_is_worked_out_on_stand_ins_for_fields_in_error(owner_client, ap
                                      form_data(digits_dataset, huge_model, sagemaker_backend, **bad))
         assert estimate.context["estimate"]["ok"] is True
         assert estimate.context["estimate"]["memory_plan"] is None, bad
+    assert "Memory plan: shown once these fields are valid: Batch size per process." in estimate.content.decode()
     refused = owner_client.post(reverse("job-create"),
                                 form_data(digits_dataset, huge_model, sagemaker_backend, strategy="zero3"))
     form = refused.context["form"]
