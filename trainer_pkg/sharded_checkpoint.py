@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 DIR_NAME = "checkpoint"
 META_NAME = "trainboard.pt"
@@ -74,7 +73,7 @@ def remove_stale_temp_dirs(path: str) -> list[str]:
     return [os.path.join(parent, n) for n in names]
 
 
-def _first_failure(exc: CheckpointException) -> str:
+def _first_failure(exc: BaseException) -> str:
     """The first rank's reason inside DCP's ``CheckpointException`` (every rank's failure, wrapped
     with its traceback), as one line."""
     for failure in exc.failures.values():
@@ -89,7 +88,10 @@ def write(path: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     """Collective: save ``module``'s and ``optimizer``'s state with DCP and ``meta`` (rank 0's) into
     ``path``, atomically (see the module docstring). ``module`` is the strategy's module (the plain
     model under DDP, the ``fully_shard``-ed root under FSDP)."""
+    # Imported here, not at the top: DCP costs every rank about a second and tens of MB of imports,
+    # and most runs write full checkpoints.
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     parent = os.path.dirname(path) or "."
@@ -126,6 +128,7 @@ def load(path: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     current: torch.Size([64, 16]) for model.net.1.weight"); RuntimeError or KeyError from
     ``set_state_dict``."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(module, optimizer)  # the layout to read into
