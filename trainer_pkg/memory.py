@@ -25,6 +25,7 @@ process's RSS would include the data, the interpreter and torch itself).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterable
 
 import torch
@@ -94,9 +95,10 @@ def note_checkpoint_inputs(args: Iterable[Any]) -> None:
 
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes of ``t`` as this rank holds it: a DTensor's local shard, else the tensor."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
+    # No DTensor exists unless FSDP imported its module: importing it here would cost every DDP and
+    # pipeline rank about 40 MB of resident memory for nothing.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(t, dtensor.DTensor):
         t = t.to_local()
     return t.numel() * t.element_size()
 
