@@ -472,6 +472,9 @@ SETTING_REACH: dict[str, dict[str, str]] = {
         "pip_args": "host", "run_as": "host", "env_passthrough": "host", "allowed_images": "host",
         "hourly_rate_usd": "the price of this backend's jobs: their cost and budget stop (0-100,000 USD/h)",
         "grace_period_s": "how long a cancelled job of this backend has to stop before SIGKILL (0-600 s)",
+        "gpu_model": "the name the memory plan shows for this backend's GPUs (text, at most 100 characters)",
+        "gpu_memory_gib": "the GPU memory the memory plan checks this backend's jobs against (0-100,000 GiB): "
+                          "a wrong value misjudges only this backend's jobs, it runs nothing",
     },
     "sagemaker": {
         "profile": "host", "endpoint_url": "host",
