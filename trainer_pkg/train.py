@@ -1002,6 +1002,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             last_epoch = epoch
             order = shard.epoch_order(epoch)
             b = epoch_start = start_batch if epoch == start_epoch else 0
+            measured_batch = memory_step_batch(strategy, epoch_start, shard.batches, t.grad_accum_steps,
+                                               first_of_run=progress.step + 1 == first_step)
             while b < shard.batches and not steps_done(progress.step, t):
                 if agreements.due(progress.step):
                     stopping, nonfinite_code = agreements.read()
@@ -1011,8 +1013,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
                                      ckpt_path=ckpt_path)
                     agreements.start(progress.step, last_step_s, nonfinite.code())
                 batches = range(b, min(b + t.grad_accum_steps, shard.batches))
-                # the saved activations are measured on each epoch's first step only (rank_memory)
-                last_step_s = stepper.step(batches, order, measure_activations=b == epoch_start)
+                # the saved activations are measured on one step per epoch only (rank_memory)
+                last_step_s = stepper.step(batches, order, measure_activations=b == measured_batch)
                 b = batches.stop
                 recorder.flush()  # the previous step's record: its gather has finished by now
                 if progress.step == first_step:
@@ -1164,6 +1166,17 @@ def _resume_position(ckpt: dict[str, Any] | None, ckpt_path: str, topo: Topology
         torch.manual_seed(seed + 7919 * topo.rank + 104729 * epoch)
     _log(topo, f"resuming from {ckpt_path}: epoch {epoch}, batch {batch}, step {step}")
     return epoch, batch, step
+
+
+def memory_step_batch(strategy: Strategy, epoch_start: int, batches: int, grad_accum_steps: int, *,
+                      first_of_run: bool) -> int:
+    """The batch index whose step's saved activations ``rank_memory`` reports for an epoch that starts
+    at batch ``epoch_start``: its first step, except a pipeline's first step in this process, whose
+    schedule runs one extra forward to infer the stages' shapes (its saved tensors are counted too);
+    then the next step, when the epoch has one."""
+    if strategy.name == "pipeline" and first_of_run and epoch_start + grad_accum_steps < batches:
+        return epoch_start + grad_accum_steps
+    return epoch_start
 
 
 class Stepper:

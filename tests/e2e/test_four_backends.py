@@ -230,7 +230,10 @@ def test_same_job_on_four_backends(user, digits_dataset, cnn_model, local_backen
     [create] = [params for op, params in aws if op == "CreateTrainingJob"]
     sm_job = jobs["sm"]
     assert create["TrainingJobName"] == sm_job.provider_job_name
-    assert sagemaker_config(create) == without(config, "output")  # SageMaker's directories replace output
+    # SageMaker's directories replace output's two paths; the rest of output (checkpoint_format) goes as is.
+    output = {k: v for k, v in config["output"].items() if k not in ("output_dir", "checkpoint_dir")}
+    assert sagemaker_config(create) == {**without(config, "output"), "output": output}
+    assert output == {"checkpoint_format": "full"}
     assert create["ResourceConfig"]["InstanceCount"] == 1
     assert create["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge"
     assert create["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}

@@ -1,12 +1,14 @@
 """In-process pieces of the trainer: sharding masks, checkpoint files, CLI → config."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import torch
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import JobConfig
-from trainer_pkg.train import _real_mask, build_parser, cli_flags, config_from_args, load_checkpoint, strip_module_prefix
+from trainer_pkg.train import (_real_mask, build_parser, cli_flags, config_from_args, load_checkpoint,
+                               memory_step_batch, strip_module_prefix)
 
 
 def test_real_mask_marks_exactly_the_padded_duplicates():
@@ -102,3 +104,15 @@ def test_unset_flags_keep_the_configs_values(tmp_path):
     assert config_from_args(build_parser().parse_args(["--config", str(base), "--model", "cnn"])).model.params == {}
     cfg = config_from_args(build_parser().parse_args(["--dataset", "d.npz", "--data-format", "npz", "--epochs", "2"]))
     assert (cfg.data.format, cfg.data.uri, cfg.data.name, cfg.train.epochs) == ("npz", "d.npz", "digits", 2)
+
+
+def test_a_pipelines_memory_is_measured_past_the_step_that_infers_its_shapes():
+    """A pipeline's first step in a process runs one extra forward (the schedule infers the stages'
+    shapes), so rank_memory measures its first epoch at the next step; every other case at the
+    epoch's first step (its first batch, or the batch a resume starts at)."""
+    pipeline, ddp = SimpleNamespace(name="pipeline"), SimpleNamespace(name="ddp")
+    assert memory_step_batch(pipeline, 0, 10, 1, first_of_run=True) == 1
+    assert memory_step_batch(pipeline, 4, 10, 2, first_of_run=True) == 6  # resumed at batch 4, 2 per step
+    assert memory_step_batch(pipeline, 0, 10, 1, first_of_run=False) == 0  # a later epoch
+    assert memory_step_batch(pipeline, 0, 1, 1, first_of_run=True) == 0  # no second step to wait for
+    assert memory_step_batch(ddp, 3, 10, 1, first_of_run=True) == 3
