@@ -345,6 +345,15 @@ class Backend(abc.ABC):
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
+
+    @classmethod
+    def queue_for(cls, name: str, config: Mapping[str, Any]) -> str:
+        """The Celery queue for the backend named ``name`` (its row's slug) with settings ``config``.
+
+        Default :attr:`queue`. A backend whose calls must run on one machine overrides it: each GPU
+        box is served by the worker on that box (``gpubox.<name>``), a Slurm backend that runs the
+        Slurm commands locally by the worker on its login node (``slurm.<name>``)."""
+        return cls.queue
     dataset_schemes: ClassVar[frozenset[str]] = frozenset({""})
     """URI schemes (:func:`uri_scheme`) of the datasets this backend's jobs can read; ``""`` is a
     local path on the machine that runs the job. A built-in dataset (no URI) runs everywhere. The

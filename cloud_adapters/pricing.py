@@ -5,7 +5,11 @@ instance type) with the figure's source and date and whether it was confirmed ag
 provider's own price list. Adapters look prices up through a :class:`PriceCatalog`; the dashboard
 may hand them another one (admin-edited rows kept in the database) with the same two methods.
 
-Providers are named ``aws`` (SageMaker), ``gcp`` (Vertex AI) and ``azure`` (Azure ML).
+Providers are named ``aws`` (SageMaker), ``gcp`` (Vertex AI) and ``azure`` (Azure ML); ``slurm`` and
+``kubernetes`` rows are *internal rates* an admin sets for an on-premises cluster (no list price
+exists): ``region`` is the cluster's name, ``instance_type`` the partition (Slurm) or node pool
+(Kubernetes), ``usd_per_hour`` the node-hour rate and ``usd_per_gpu_hour`` the GPU-hour rate
+(:func:`internal_rate`).
 
 Interruptible capacity has rows of its own, the instance type with a suffix: ``<type>:spot``
 (:data:`SPOT_SUFFIX`, Vertex AI's Spot VMs, Cloud Billing's Spot/Preemptible SKUs) and
@@ -46,6 +50,7 @@ class PriceRow:
     source: str = ""  # where the figure comes from (URL, API, file)
     as_of: str = ""  # ISO date the figure was read, YYYY-MM-DD
     confirmed: bool = False  # checked against the provider's own price list / API
+    usd_per_gpu_hour: Decimal = Decimal("0")  # internal rates: USD per GPU-hour on top of usd_per_hour
 
 
 class PriceCatalog(Protocol):
@@ -117,3 +122,19 @@ def write_csv(path: Path | str, rows: Iterable[PriceRow]) -> None:
 def shipped_catalog() -> StaticPriceCatalog:
     """The catalog shipped with Trainboard (read once per process)."""
     return StaticPriceCatalog(read_csv(SHIPPED_CSV))
+
+
+INTERNAL_RATE_SOURCE = "internal rate"
+"""The ``source`` of catalog rows an admin sets for an on-premises cluster (slurm, kubernetes)."""
+
+
+def internal_rate(prices: PriceCatalog, provider: str, cluster: str, pool: str, gpus_per_node: int) -> Decimal | None:
+    """USD per node-hour of ``pool`` (a Slurm partition, a Kubernetes node pool) on ``cluster``:
+    the row's node-hour rate plus ``gpus_per_node`` × its GPU-hour rate; None when the catalog has no
+    row for it (the job is then priced at 0 and the job page says no rate is set).
+
+    A job's cost is then elapsed hours × nodes × this rate (DESIGN.md §6)."""
+    row = prices.lookup(provider, cluster, pool)
+    if row is None:
+        return None
+    return row.usd_per_hour + max(0, int(gpus_per_node)) * (row.usd_per_gpu_hour or Decimal("0"))

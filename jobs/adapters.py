@@ -149,9 +149,9 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
 
 
 def backend_queue(backend: ComputeBackend) -> str:
-    """The Celery queue whose workers reach ``backend`` (``Backend.queue``; "celery" if unknown)."""
+    """The Celery queue whose workers reach ``backend`` (``Backend.queue_for``; "celery" if unknown)."""
     try:
-        return registry.backend_class(backend.kind).queue
+        return registry.backend_class(backend.kind).queue_for(backend.name, backend.config or {})
     except (LookupError, ValueError, BackendError):
         return "celery"
 

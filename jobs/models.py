@@ -310,6 +310,16 @@ class TrainingJob(Owned):
     procs_per_node = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     instance_type = models.CharField(max_length=100, blank=True)
     spot = models.BooleanField(default=False)
+    priority = models.IntegerField(
+        default=0, help_text="Higher starts first where a backend queues jobs itself (a GPU box that is full); "
+                             "equal priorities start in submission order.")
+    wait_reason = models.CharField(
+        max_length=500, blank=True,
+        help_text="Why a QUEUED job has not started, e.g. \"waiting for 4 GPUs on box-a (2 free)\"; blank = not waiting.")
+    allocated_gpus = models.JSONField(
+        default=list, blank=True,
+        help_text="The GPU indices (or, on a CPU-only box, slot numbers) a GPU box gave this job while it runs; "
+                  "[] = none held.")
     max_runtime_s = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
     budget_usd = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     hourly_price_usd = models.DecimalField(
@@ -456,6 +466,8 @@ class InstancePrice(models.Model):
         AWS = "aws", "AWS (SageMaker)"
         GCP = "gcp", "Google Cloud (Vertex AI)"
         AZURE = "azure", "Azure (Azure ML)"
+        SLURM = "slurm", "Slurm (internal rate)"
+        KUBERNETES = "kubernetes", "Kubernetes (internal rate or node pool)"
 
     provider = models.CharField(max_length=10, choices=Provider.choices)
     region = models.CharField(max_length=50, help_text="Provider region code, e.g. us-east-1, us-central1, eastus.")
@@ -464,6 +476,11 @@ class InstancePrice(models.Model):
         max_digits=12, decimal_places=6, validators=[MinValueValidator(Decimal("0"))],
         help_text="On-demand USD per instance-hour (per accelerator-hour for accelerator rows).",
     )
+    usd_per_gpu_hour = models.DecimalField(
+        "USD per GPU-hour", max_digits=12, decimal_places=6, default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Internal rates (slurm, kubernetes): USD per GPU-hour, added to usd_per_hour (the node-hour "
+                  "rate) once per GPU a node is given. 0 for the clouds' list prices.")
     source = models.CharField(max_length=500, blank=True, help_text="Where the figure comes from (API, URL, file).")
     as_of = models.DateField(null=True, blank=True, help_text="When the figure was read.")
     confirmed = models.BooleanField(

@@ -26,6 +26,7 @@ def price_row(price: InstancePrice) -> PriceRow:
         provider=price.provider, region=price.region, instance_type=price.instance_type,
         usd_per_hour=price.usd_per_hour, source=price.source,
         as_of=price.as_of.isoformat() if price.as_of else "", confirmed=price.confirmed,
+        usd_per_gpu_hour=price.usd_per_gpu_hour,
     )
 
 
