@@ -29,7 +29,7 @@ from typing import Iterator
 import pytest
 
 from polling import wait_for
-from workerkit import CeleryWorker, start_worker, wait_for_sessions_to_close, worker_environment
+from workerkit import DEFAULT_QUEUES, CeleryWorker, start_worker, wait_for_sessions_to_close, worker_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,11 +212,12 @@ class WorkerProcess(CeleryWorker):
 
 
 @contextlib.contextmanager
-def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, str] | None = None
-                          ) -> Iterator[WorkerProcess]:
+def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, str] | None = None,
+                          queues: str | None = None) -> Iterator[WorkerProcess]:
     """A real Celery worker with embedded beat on the test database and a flushed Redis database,
     running gpubox jobs under ``run_root``, its log and beat schedule in ``directory``, with
-    ``extra_env`` over its environment (:func:`workerkit.worker_environment`). On exit it is
+    ``extra_env`` over its environment (:func:`workerkit.worker_environment`), consuming ``queues``
+    (comma-separated; default :data:`workerkit.DEFAULT_QUEUES`). On exit it is
     stopped, with every process of its runs, and its database sessions are waited out. Needs
     database access (a ``transactional_db`` test, or ``django_db_blocker.unblock()``)."""
     import redis
@@ -236,7 +237,7 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
     var_dir.mkdir()
     env = worker_environment(settings_dict=connection.settings_dict, broker_url=broker_url, run_root=run_root,
                              var_dir=var_dir, repo_root=REPO_ROOT, extra=extra_env)
-    proc, log_path = start_worker(directory, env, REPO_ROOT)
+    proc, log_path = start_worker(directory, env, REPO_ROOT, queues or DEFAULT_QUEUES)
     shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
                                   "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
     worker = WorkerProcess(proc, log_path, broker_url, run_root, shared, full_env=env)

@@ -120,16 +120,23 @@ def worker_environment(*, settings_dict, broker_url: str, run_root: Path, var_di
     return env
 
 
-def start_worker(directory: Path, env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``celery -A webapp worker -B -Q celery,gpubox`` (prefork, 2 processes, a node name of
-    its own) with ``env`` in its own session; its log and beat schedule go into ``directory``.
+DEFAULT_QUEUES = "celery,gpubox,gpubox.local"
+"""The queues a test's worker consumes unless told otherwise: the default queue and the queues of the
+``local`` GPU box of tests/conftest.py (``gpubox``, and ``gpubox.<name>`` once each box has its own)."""
+
+
+def start_worker(directory: Path, env: dict[str, str], cwd: Path, queues: str = DEFAULT_QUEUES
+                 ) -> tuple[subprocess.Popen, Path]:
+    """Start ``celery -A webapp worker -B -Q <queues>`` (prefork, 2 processes, a node name of its
+    own) with ``env`` in its own session; its log and beat schedule go into ``directory``.
+    ``queues``: comma-separated Celery queue names (``Backend.queue_for`` of the test's backends).
     Returns the process and its log's path; the caller waits for " ready." in the log."""
     log_path = directory / "worker.log"
     node = f"tbtest-{uuid.uuid4().hex[:8]}@%h"
     command = [
         sys.executable, "-m", "celery", "-A", "webapp", "worker", "-B",
         "--scheduler", "celery.beat:PersistentScheduler", "-s", str(directory / "beat-schedule"),
-        "-Q", "celery,gpubox", "--pool", "prefork", "-c", "2", "-n", node,
+        "-Q", queues, "--pool", "prefork", "-c", "2", "-n", node,
         "--loglevel", "INFO", "--without-gossip", "--without-mingle",
     ]
     with open(log_path, "ab") as log:
