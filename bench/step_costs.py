@@ -4,13 +4,13 @@ of per-step work trainer_pkg/train.py's loop adds, timed in one process group, r
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python -m torch.distributed.run --standalone \\
         --nproc_per_node 2 bench/step_costs.py [--steps 200] [--rounds 5]
 
-Variants (the trainer's own objects where it has them: _real_mask, Window):
+Variants (the trainer's own objects where it has them: sampling.real_mask, Window):
   base     zero_grad, DDP forward, mean cross entropy, backward, SGD step (the hand-written step)
   agree    base + a blocking one-int all_reduce every step (the stop agreement the trainer replaced
            with an asynchronous one every stop_check_s)
   metrics  base + the metric block: per-sample cross entropy again, argmax, boolean masks, summed
            on the device (Window.add_batch)
-  mask     base + _real_mask(arange(...)) for the batch
+  mask     base + real_mask(arange(...)) for the batch
   sched    base + LambdaLR.step() (constant schedule) and the perf_counter/Window.add_step bookkeeping
   all      every one of the above: the trainer's step
 Rank 0 prints each variant's median µs per step over the rounds and its excess over ``base``.
@@ -30,7 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import BatchResult
-from trainer_pkg.train import Window, _real_mask, lr_factor
+from trainer_pkg.sampling import real_mask
+from trainer_pkg.train import Window, lr_factor
 
 VARIANTS = ("base", "agree", "metrics", "mask", "sched", "all")
 
@@ -76,7 +77,7 @@ def main() -> None:
                     break
             tick = time.perf_counter()
             idx = order[b * bs:(b + 1) * bs]
-            keep = _real_mask(torch.arange(b * bs, b * bs + len(idx)), rank, world, n).to(device) if mask else None
+            keep = real_mask(torch.arange(b * bs, b * bs + len(idx)), rank, world, n).to(device) if mask else None
             xb, yb = x[idx], y[idx]
             opt.zero_grad(set_to_none=True)
             logits = ddp(xb)

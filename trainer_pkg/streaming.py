@@ -3,7 +3,7 @@ for the samples a batch needs, in DataLoader worker processes (``data.num_worker
 
 :class:`StreamShard` is the training shard of a dataset whose inputs are
 :class:`trainer_pkg.datasets.Samples` (``train.make_shard`` picks it); it has
-:class:`trainer_pkg.train.TrainShard`'s interface and the same sampler semantics, so a run gives the
+:class:`trainer_pkg.train.TrainShard`'s interface and the same sample order (both hold a :class:`trainer_pkg.sampling.ShardOrder`), so a run gives the
 same parameters whether its data is streamed or held in memory:
 
 - each epoch's order is the ``DistributedSampler``'s (seeded by ``train.seed``, ``set_epoch`` per
@@ -26,17 +26,17 @@ to a GPU (ignored on CPU).
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.datasets import Dataset, Samples
+from trainer_pkg.sampling import ShardOrder
 
 
 class SampleBatches(torch.utils.data.Dataset):
@@ -105,13 +105,9 @@ class StreamShard:
     """This rank's part of each epoch's training data, read batch by batch from
     :class:`~trainer_pkg.datasets.Samples` (see the module docstring)."""
 
-    def __init__(self, x: Samples, y: torch.Tensor, sampler: DistributedSampler, *, batch_size: int, batches: int,
-                 dp_rank: int, dp_size: int, num_workers: int = 0, pin_memory: bool = False,
-                 prefetch_factor: int = 2) -> None:
-        self.x, self.y, self.sampler = x, y, sampler
-        self.batch_size, self.batches = batch_size, batches
-        """Samples per batch; batches per epoch (a pipeline skips an incomplete last batch)."""
-        self.dp_rank, self.dp_size = dp_rank, dp_size
+    def __init__(self, x: Samples, y: torch.Tensor, order: ShardOrder, *, num_workers: int = 0,
+                 pin_memory: bool = False, prefetch_factor: int = 2) -> None:
+        self.x, self.y, self.order = x, y, order
         self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
         self._order: torch.Tensor | None = None  # the epoch order the running iterator reads
         self._next = -1  # the batch index the running iterator yields next
@@ -123,16 +119,11 @@ class StreamShard:
         ``drop_last_batch``) gives this rank. Raises :class:`ConfigError` when a shard holds fewer
         samples than one batch of a pipeline."""
         t, d = cfg.train, cfg.data
-        n = len(data.y_train)
-        shard = math.ceil(n / strategy.dp_size)
-        batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
-        if batches == 0:
-            raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
-                              f"pipeline reads per epoch; use a smaller batch size")
-        sampler = DistributedSampler(range(n), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
-                                     shuffle=True, seed=t.seed, drop_last=False)
-        return cls(data.x_train, torch.from_numpy(data.y_train), sampler, batch_size=t.batch_size, batches=batches,
-                   dp_rank=strategy.dp_rank, dp_size=strategy.dp_size, num_workers=d.num_workers,
+        order = ShardOrder(len(data.y_train), dp_rank=strategy.dp_rank, dp_size=strategy.dp_size,
+                           batch_size=t.batch_size, seed=t.seed, drop_last_batch=strategy.drop_last_batch)
+        if order.batches == 0:
+            raise ConfigError(order.too_small())
+        return cls(data.x_train, torch.from_numpy(data.y_train), order, num_workers=d.num_workers,
                    pin_memory=d.pin_memory, prefetch_factor=d.prefetch_factor)
 
     @property
@@ -140,11 +131,18 @@ class StreamShard:
         """Training samples in the whole split (every rank's)."""
         return len(self.y)
 
+    @property
+    def batches(self) -> int:
+        """Batches per epoch (a pipeline skips an incomplete last batch)."""
+        return self.order.batches
+
+    @property
+    def batch_size(self) -> int:
+        return self.order.batch_size
+
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        """This rank's sample indices for ``epoch`` in training order, (ceil(n / dp_size),) int64:
-        the sampler reshuffled for the epoch (``set_epoch``), the same on every rank of a unit."""
-        self.sampler.set_epoch(epoch)
-        return torch.tensor(list(iter(self.sampler)), dtype=torch.long)
+        """This rank's sample indices for ``epoch`` in training order (:meth:`ShardOrder.epoch_order`)."""
+        return self.order.epoch_order(epoch)
 
     def batch(self, order: torch.Tensor, index: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(position of its first sample in ``order``, samples (B, *sample shape) float32, labels (B,)
@@ -168,22 +166,16 @@ class StreamShard:
         return start, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def padding(self, start: int, count: int) -> tuple[torch.Tensor | None, int]:
-        """(mask of the real samples, how many) among the ``count`` at positions ``start…`` of this
-        rank's order; the mask is None when all are real, as in every batch but an epoch's last."""
-        # DistributedSampler pads by repeating the head: rank r's item k is padding exactly when
-        # r + k·W ≥ n (as TrainShard.padding).
-        if start + count <= math.ceil((self.n - self.dp_rank) / self.dp_size):
-            return None, count
-        keep = self.dp_rank + torch.arange(start, start + count) * self.dp_size < self.n
-        return keep, int(keep.sum())
+        """(mask of the real samples, how many) among ``count`` positions from ``start``
+        (:meth:`ShardOrder.padding`)."""
+        return self.order.padding(start, count)
 
     def close(self) -> None:
         """Stop the DataLoader's workers, if any are running (the next batch starts new ones)."""
         self._batches, self._order, self._next = None, None, -1
 
     def _indices(self, order: torch.Tensor, index: int) -> np.ndarray:
-        start = index * self.batch_size
-        return order[start:start + self.batch_size].numpy()
+        return self.order.indices(order, index).numpy()
 
     def _start(self, order: torch.Tensor, index: int, device: torch.device) -> None:
         """A DataLoader over this epoch's batches ``index`` … ``batches - 1``, its workers started."""

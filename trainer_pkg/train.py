@@ -125,7 +125,6 @@ from typing import Any, Iterator, Literal, Sequence, get_args, get_origin
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler
 
 from trainer_pkg import sharded_checkpoint, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
@@ -136,6 +135,7 @@ from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, correct, cross_entropy, make_strategy
 from trainer_pkg.platforms import cpu_threads_per_rank
 from trainer_pkg.registry import CUSTOM, check_input_shape, seq_len_for
+from trainer_pkg.sampling import ShardOrder
 from trainer_pkg.streaming import SampleView, StreamShard
 from trainer_pkg.token_shard import TokenShard, validation_windows
 from trainer_pkg.web_shard import WebShard
@@ -603,16 +603,6 @@ def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
 # -- data sharding -------------------------------------------------------------------------------
 
 
-def _real_mask(positions: torch.Tensor, rank: int, world_size: int, n: int) -> torch.Tensor:
-    """Which of this rank's sampler positions are real samples rather than padding.
-
-    DistributedSampler (drop_last=False) pads the epoch's index list to a multiple of the world size
-    by repeating its head, then gives rank r the items r, r + W, r + 2W, ...; item k of rank r is
-    therefore padding exactly when r + k·W ≥ n.
-    """
-    return rank + positions * world_size < n
-
-
 def sample_order_digest(order: torch.Tensor) -> str:
     """A short fingerprint (16 hex digits of SHA-256) of one rank's sample indices for an epoch, in
     order: equal digests mean the same samples in the same order (``epoch`` records carry them)."""
@@ -633,64 +623,51 @@ def maybe_flip(x: torch.Tensor, enabled: bool) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class TrainShard:
-    """This rank's part of each epoch's training data: its data-parallel unit's sampler order, cut
-    into batches (a pipeline's stages read the same shard).
-
-    DistributedSampler pads every shard to ``ceil(n / dp_size)`` samples by repeating samples; the
-    duplicates train but are left out of every reported metric (:meth:`padding`).
+    """This rank's part of each epoch's training data, held in memory: its data-parallel unit's
+    :class:`~trainer_pkg.sampling.ShardOrder`, cut into batches (a pipeline's stages read the same
+    shard). Padded duplicates train but are left out of every reported metric (:meth:`padding`).
     """
 
     x: torch.Tensor
     """Every training sample, (n, *sample shape), on the CPU."""
     y: torch.Tensor
     """Their labels, (n,)."""
-    sampler: DistributedSampler
-    batch_size: int
-    batches: int
-    """Batches per epoch (a pipeline skips an incomplete last batch)."""
-    dp_rank: int
-    dp_size: int
+    order: ShardOrder
 
     @classmethod
     def of(cls, data: Dataset, strategy: Strategy, t: TrainConfig) -> "TrainShard":
         """The shard of ``data``'s training split that ``strategy`` gives this rank. Raises
         :class:`TrainerError` when a shard holds fewer samples than one batch of a pipeline."""
-        n = len(data.y_train)
-        shard = math.ceil(n / strategy.dp_size)
-        batches = shard // t.batch_size if strategy.drop_last_batch else math.ceil(shard / t.batch_size)
-        if batches == 0:
-            raise TrainerError(f"train.batch_size {t.batch_size} is larger than the {shard} samples each "
-                               f"pipeline reads per epoch; use a smaller batch size")
-        sampler = DistributedSampler(range(n), num_replicas=strategy.dp_size, rank=strategy.dp_rank,
-                                     shuffle=True, seed=t.seed, drop_last=False)
-        return cls(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), sampler, t.batch_size,
-                   batches, strategy.dp_rank, strategy.dp_size)
+        order = ShardOrder(len(data.y_train), dp_rank=strategy.dp_rank, dp_size=strategy.dp_size,
+                           batch_size=t.batch_size, seed=t.seed, drop_last_batch=strategy.drop_last_batch)
+        if order.batches == 0:
+            raise TrainerError(order.too_small())
+        return cls(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), order)
 
     @property
     def n(self) -> int:
         return len(self.y)
 
+    @property
+    def batches(self) -> int:
+        """Batches per epoch (a pipeline skips an incomplete last batch)."""
+        return self.order.batches
+
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        """This rank's sample indices for ``epoch`` in training order, (ceil(n / dp_size),) int64:
-        the sampler reshuffled for the epoch (``set_epoch``), the same on every rank of a unit."""
-        self.sampler.set_epoch(epoch)
-        return torch.tensor(list(iter(self.sampler)), dtype=torch.long)
+        """This rank's sample indices for ``epoch`` in training order (:meth:`ShardOrder.epoch_order`)."""
+        return self.order.epoch_order(epoch)
 
     def batch(self, order: torch.Tensor, index: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(position of its first sample in ``order``, samples, labels) of batch ``index`` of the epoch
         whose :meth:`epoch_order` is ``order``, on ``device``."""
-        start = index * self.batch_size
-        idx = order[start : start + self.batch_size]
-        return start, self.x[idx].to(device, non_blocking=True), self.y[idx].to(device, non_blocking=True)
+        idx = self.order.indices(order, index)
+        return (index * self.order.batch_size, self.x[idx].to(device, non_blocking=True),
+                self.y[idx].to(device, non_blocking=True))
 
     def padding(self, start: int, count: int) -> tuple[torch.Tensor | None, int]:
-        """(mask of the real samples, how many) among the ``count`` at positions ``start…`` of this
-        rank's order; the mask is None when all are real, as in every batch but an epoch's last."""
-        # Rank r's item k is padding exactly when r + k·W ≥ n (see _real_mask).
-        if start + count <= math.ceil((self.n - self.dp_rank) / self.dp_size):
-            return None, count
-        keep = _real_mask(torch.arange(start, start + count), self.dp_rank, self.dp_size, self.n)
-        return keep, int(keep.sum())
+        """(mask of the real samples, how many) among ``count`` positions from ``start``
+        (:meth:`ShardOrder.padding`)."""
+        return self.order.padding(start, count)
 
 
 def make_shard(data: Any, strategy: Strategy, cfg: JobConfig) -> TrainShard | TokenShard | StreamShard | WebShard:

@@ -7,8 +7,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from trainer_pkg.config import JobConfig
-from trainer_pkg.train import (_real_mask, build_parser, cli_flags, config_from_args, load_checkpoint,
-                               memory_step_batch, strip_module_prefix)
+from trainer_pkg.sampling import ShardOrder, real_mask
+from trainer_pkg.train import (build_parser, cli_flags, config_from_args, load_checkpoint, memory_step_batch,
+                               strip_module_prefix)
 
 
 def test_real_mask_marks_exactly_the_padded_duplicates():
@@ -17,10 +18,31 @@ def test_real_mask_marks_exactly_the_padded_duplicates():
     for rank in range(world):
         sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
         order = list(iter(sampler))
-        keep = _real_mask(torch.arange(len(order)), rank, world, n)
+        keep = real_mask(torch.arange(len(order)), rank, world, n)
         seen += [i for i, k in zip(order, keep.tolist()) if k]
         assert keep.sum().item() == (3 if rank < 3 else 2)
     assert sorted(seen) == list(range(n))  # every sample exactly once
+
+
+def test_shard_order_is_the_distributed_samplers_and_masks_its_padding():
+    n, world, batch = 11, 4, 2  # 3 samples a rank, padded: rank 3 holds one duplicate
+    seen = []
+    for rank in range(world):
+        order = ShardOrder(n, dp_rank=rank, dp_size=world, batch_size=batch, seed=7, drop_last_batch=False)
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(2)
+        epoch = order.epoch_order(2)
+        assert epoch.tolist() == list(iter(sampler))
+        assert order.batches == 2 and order.indices(epoch, 1).tolist() == epoch[2:3].tolist()
+        assert order.padding(0, 2) == (None, 2)  # a full first batch is all real
+        mask, real = order.padding(2, 1)
+        assert real == (1 if rank < 3 else 0) and (mask is None) == (rank < 3)
+        seen += [i for i, k in zip(epoch.tolist(), real_mask(torch.arange(3), rank, world, n).tolist()) if k]
+    assert sorted(seen) == list(range(n))
+    pipeline = ShardOrder(11, dp_rank=0, dp_size=4, batch_size=4, seed=0, drop_last_batch=True)
+    assert pipeline.batches == 0
+    assert pipeline.too_small() == ("train.batch_size 4 is larger than the 3 samples each pipeline reads per "
+                                    "epoch; use a smaller batch size")
 
 
 def test_old_checkpoints_with_module_prefix_load(tmp_path):
