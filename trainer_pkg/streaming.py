@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -101,6 +101,44 @@ def worker_own_session(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+class EpochBatches:
+    """An epoch's batches from an iterator that can start at any batch: what :class:`StreamShard` and
+    :class:`trainer_pkg.web_shard.WebShard` read through.
+
+    ``open_at(order, index, device)`` returns an iterator over batches ``index`` … ``batches − 1`` of
+    the epoch whose order is ``order`` (a DataLoader's, its workers started with
+    :func:`start_workers`). :meth:`next` keeps that iterator while the training loop asks for batches
+    in sequence and opens a new one when it asks for another epoch's order or another batch (a run
+    resumed mid-epoch); the epoch's last batch closes it, so its workers exit then, not at the next
+    epoch. A :class:`ConfigError` raised in a worker (the DataLoader re-raises it with the worker's
+    traceback in the message) comes out as the worker's own message."""
+
+    def __init__(self, open_at: Callable[[torch.Tensor, int, torch.device], Iterator[Any]], batches: int) -> None:
+        self.open_at, self.batches = open_at, batches
+        self._order: torch.Tensor | None = None  # the epoch order the running iterator reads
+        self._next = -1  # the batch index the running iterator yields next
+        self._batches: Iterator[Any] | None = None
+
+    def next(self, order: torch.Tensor, index: int, device: torch.device) -> Any:
+        """Batch ``index`` of the epoch whose order is ``order``, as ``open_at``'s iterator yields it."""
+        if self._batches is None or order is not self._order or index != self._next:
+            self.close()
+            self._batches, self._order, self._next = self.open_at(order, index, device), order, index
+        try:
+            batch = next(self._batches)
+        except ConfigError as exc:
+            self.close()
+            raise ConfigError(str(exc).strip().splitlines()[-1].partition("ConfigError: ")[2] or str(exc)) from None
+        self._next = index + 1
+        if self._next == self.batches:
+            self.close()
+        return batch
+
+    def close(self) -> None:
+        """Drop the running iterator (a DataLoader's workers stop with it); the next batch opens a new one."""
+        self._batches, self._order, self._next = None, None, -1
+
+
 class StreamShard:
     """This rank's part of each epoch's training data, read batch by batch from
     :class:`~trainer_pkg.datasets.Samples` (see the module docstring)."""
@@ -109,9 +147,7 @@ class StreamShard:
                  pin_memory: bool = False, prefetch_factor: int = 2) -> None:
         self.x, self.y, self.order = x, y, order
         self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
-        self._order: torch.Tensor | None = None  # the epoch order the running iterator reads
-        self._next = -1  # the batch index the running iterator yields next
-        self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._loader = EpochBatches(self._open_at, order.batches)
 
     @classmethod
     def of(cls, data: Dataset, strategy: Any, cfg: JobConfig) -> "StreamShard":
@@ -153,16 +189,7 @@ class StreamShard:
             if self.pin_memory and device.type == "cuda":
                 x, y = x.pin_memory(), y.pin_memory()
         else:
-            if self._batches is None or order is not self._order or index != self._next:
-                self._start(order, index, device)
-            try:
-                x, y = next(self._batches)
-            except ConfigError as exc:  # re-raised by the DataLoader with the worker's traceback in it
-                self.close()
-                raise ConfigError(str(exc).strip().splitlines()[-1].partition("ConfigError: ")[2] or str(exc)) from None
-            self._next = index + 1
-            if self._next == self.batches:
-                self.close()  # the epoch's last batch: its workers exit now, not at the next epoch
+            x, y = self._loader.next(order, index, device)
         return start, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def padding(self, start: int, count: int) -> tuple[torch.Tensor | None, int]:
@@ -172,14 +199,13 @@ class StreamShard:
 
     def close(self) -> None:
         """Stop the DataLoader's workers, if any are running (the next batch starts new ones)."""
-        self._batches, self._order, self._next = None, None, -1
+        self._loader.close()
 
     def _indices(self, order: torch.Tensor, index: int) -> np.ndarray:
         return self.order.indices(order, index).numpy()
 
-    def _start(self, order: torch.Tensor, index: int, device: torch.device) -> None:
+    def _open_at(self, order: torch.Tensor, index: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """A DataLoader over this epoch's batches ``index`` … ``batches - 1``, its workers started."""
-        self.close()
         plan = [self._indices(order, i) for i in range(index, self.batches)]
         loader = DataLoader(
             SampleBatches(self.x, self.y), batch_size=None, sampler=plan, num_workers=self.num_workers,
@@ -188,4 +214,4 @@ class StreamShard:
             # torch generator, moving dropout and augmentation off an in-memory run's.
             generator=torch.Generator().manual_seed(0), worker_init_fn=worker_own_session,
         )
-        self._batches, self._order, self._next = start_workers(loader), order, index
+        return start_workers(loader)

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.datasets import WebDataset, decode_image
-from trainer_pkg.streaming import start_workers, worker_own_session
+from trainer_pkg.streaming import EpochBatches, start_workers, worker_own_session
 from trainer_pkg.tar_shards import ShardIndex, index_shard, open_shard
 
 _READ_BLOCK = 8 << 20
@@ -85,10 +85,8 @@ class WebShard:
         self.n = min(self.samples, batches * batch_size)
         """Samples this rank trains per epoch: the first ``n`` of its stream."""
         self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
-        self._order: torch.Tensor | None = None
         self._epoch = 0
-        self._next = -1
-        self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._loader = EpochBatches(self._open_at, batches)
 
     @classmethod
     def of(cls, data: WebDataset, strategy: Any, cfg: JobConfig) -> "WebShard":
@@ -153,16 +151,7 @@ class WebShard:
     def batch(self, order: torch.Tensor, index: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(position of its first sample in this rank's epoch, images (B, 3, S, S) float32, labels (B,)
         int64) of batch ``index`` of the epoch whose :meth:`epoch_order` is ``order``, on ``device``."""
-        if self._batches is None or order is not self._order or index != self._next:
-            self._start(order, index, device)
-        try:
-            x, y = next(self._batches)
-        except ConfigError as exc:  # re-raised by the DataLoader with the worker's traceback in it
-            self.close()
-            raise ConfigError(str(exc).strip().splitlines()[-1].partition("ConfigError: ")[2] or str(exc)) from None
-        self._next = index + 1
-        if self._next == self.batches:
-            self.close()
+        x, y = self._loader.next(order, index, device)
         if self.pin_memory and device.type == "cuda" and self.num_workers == 0:
             x, y = x.pin_memory(), y.pin_memory()
         return index * self.batch_size, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -173,7 +162,7 @@ class WebShard:
 
     def close(self) -> None:
         """Stop the DataLoader's workers, if any are running."""
-        self._batches, self._order, self._next = None, None, -1
+        self._loader.close()
 
     def _raw_batches(self, order: torch.Tensor, start: int, epoch: int) -> Iterator[tuple[list[bytes], np.ndarray, list[str]]]:
         """Batches ``start`` … ``batches − 1`` of the epoch, raw (image bytes, labels, names), read
@@ -209,21 +198,21 @@ class WebShard:
               f"from batch {start} ({self.n} of its {self.samples} samples per epoch in {self.batches} batches)",
               flush=True)
 
-    def _start(self, order: torch.Tensor, index: int, device: torch.device) -> None:
-        self.close()
+    def _open_at(self, order: torch.Tensor, index: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches ``index`` … ``batches − 1`` of the epoch whose shard order is ``order``, decoded (in
+        DataLoader workers when ``data.num_workers`` > 0)."""
         epoch = self._epoch
         plan = _Plan(lambda: self._raw_batches(order, index, epoch))
         decode = DecodeBatch(self.data.image_size)
         if self.num_workers == 0:
-            self._batches = (decode[raw] for raw in plan)
+            return (decode[raw] for raw in plan)
         else:
             loader = DataLoader(decode, batch_size=None, sampler=plan, num_workers=self.num_workers,
                                 prefetch_factor=self.prefetch_factor,
                                 pin_memory=self.pin_memory and device.type == "cuda",
                                 # as streaming.StreamShard's: its own generator, workers in their own session
                                 generator=torch.Generator().manual_seed(0), worker_init_fn=worker_own_session)
-            self._batches = start_workers(loader)  # no worker dies of a signal to this rank
-        self._order, self._next = order, index
+            return start_workers(loader)  # no worker dies of a signal to this rank
 
 
 def _gather_counts(count: int) -> list[int]:
