@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives (Chromium + driver for the browser tests,
 # docker-compose to validate docker-compose.yml, gcc for the SageMaker toolkit test's virtualenv, the
-# King James Bible for the token-data tests and demo: scripts/corpus_kjv.py) and
+# King James Bible for the token-data tests and demo: scripts/corpus_kjv.py, OpenSSH's server for the
+# Slurm SSH transport's tests: tests/sshkit.py) and
 # starts PostgreSQL and Redis when they are down.
 set -euo pipefail
 
@@ -12,6 +13,7 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v npm >/dev/null || need+=(npm)
 command -v gcc >/dev/null || need+=(gcc)  # sagemaker-training's C extension (the SageMaker toolkit test)
 [ -x /usr/bin/bible ] || need+=(bible-kjv)  # the public-domain text corpus (scripts/corpus_kjv.py)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)  # a real sshd for cloud_adapters.slurm.ssh (tests/sshkit.py)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need[*]}"
     apt-get update -qq
