@@ -72,12 +72,13 @@ class SshServer:
         return [int(p) for p in text.split()]
 
     def drop_connections(self) -> None:
-        """End every open connection from the server's side (SIGTERM to each connection's sshd), as a
-        login node's restart or an idle timeout would; waits until they are gone."""
+        """End every open connection from the server's side, as a login node's crash or a firewall's
+        reset would: SIGKILL to each connection's sshd (SIGTERM can be lost: sshd 9.2's session loop
+        checks for it only after poll(2) returns), then wait until they are gone."""
         pids = self.connection_pids()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while set(pids) & set(self.connection_pids()):
             if time.monotonic() > deadline:
@@ -171,5 +172,5 @@ def sshd_server(directory: Path) -> Iterator[SshServer]:
             proc.wait()
         for pid in children:  # connections left open by a failed test outlive the listener otherwise
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGKILL)
         log.close()
