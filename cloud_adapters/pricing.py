@@ -36,6 +36,10 @@ SHIPPED_CSV = Path(__file__).resolve().parent / "data" / "prices.csv"
 SPOT_SUFFIX = ":spot"
 """A catalog row ``<instance type>:spot`` prices the spot capacity of that type (Vertex AI)."""
 CSV_FIELDS = ("provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed")
+"""The columns every catalog CSV has."""
+OPTIONAL_CSV_FIELDS = ("usd_per_gpu_hour",)
+"""Columns a catalog CSV may have: ``usd_per_gpu_hour`` (internal rates; blank or absent = 0). A CSV
+written before internal rates existed lacks it and still loads."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +47,11 @@ class PriceRow:
     """One catalog row: list price of one instance type in one region (on demand; spot or low
     priority when ``instance_type`` carries :data:`SPOT_SUFFIX` or ``:low_priority``)."""
 
-    provider: str  # "aws" | "gcp" | "azure"
-    region: str  # provider region code, e.g. "us-east-1", "us-central1", "eastus"
-    instance_type: str  # e.g. "ml.g5.xlarge", "n1-standard-8", "NVIDIA_TESLA_T4", "Standard_NC6s_v3"
-    usd_per_hour: Decimal  # USD per instance-hour (per accelerator-hour for accelerator rows)
+    provider: str  # "aws" | "gcp" | "azure"; "slurm" | "kubernetes" for internal rates
+    region: str  # provider region code, e.g. "us-east-1", "us-central1", "eastus"; internal rates: the cluster
+    instance_type: str  # e.g. "ml.g5.xlarge", "n1-standard-8", "NVIDIA_TESLA_T4", "Standard_NC6s_v3"; internal
+    # rates: the Slurm partition or Kubernetes node pool
+    usd_per_hour: Decimal  # USD per instance-hour (per accelerator-hour for accelerator rows; node-hour for internal rates)
     source: str = ""  # where the figure comes from (URL, API, file)
     as_of: str = ""  # ISO date the figure was read, YYYY-MM-DD
     confirmed: bool = False  # checked against the provider's own price list / API
@@ -83,8 +88,22 @@ class StaticPriceCatalog:
         return sorted(found, key=lambda r: (r.region, r.instance_type))
 
 
+def _decimal(path: Path | str, lineno: int, field: str, text: str | None, *, blank: Decimal | None = None) -> Decimal:
+    text = (text or "").strip()
+    if not text and blank is not None:
+        return blank
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"{path}:{lineno}: {field} {text!r} is not a number") from None
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"{path}:{lineno}: {field} must be a number ≥ 0, got {text!r}")
+    return value
+
+
 def read_csv(path: Path | str) -> list[PriceRow]:
-    """Rows of a catalog CSV (header :data:`CSV_FIELDS`). Raises ValueError naming the bad line."""
+    """Rows of a catalog CSV (header :data:`CSV_FIELDS`, plus any of :data:`OPTIONAL_CSV_FIELDS`).
+    Raises ValueError naming the bad line."""
     out: list[PriceRow] = []
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
@@ -92,30 +111,29 @@ def read_csv(path: Path | str) -> list[PriceRow]:
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
         for lineno, rec in enumerate(reader, start=2):
-            try:
-                price = Decimal(rec["usd_per_hour"])
-            except InvalidOperation:
-                raise ValueError(f"{path}:{lineno}: usd_per_hour {rec['usd_per_hour']!r} is not a number") from None
-            if price < 0:
-                raise ValueError(f"{path}:{lineno}: usd_per_hour must not be negative")
+            cell = {key: (value or "").strip() if isinstance(value, str) or value is None else ""
+                    for key, value in rec.items() if key is not None}  # a short line's missing cells are None
             out.append(PriceRow(
-                provider=rec["provider"].strip(), region=rec["region"].strip(),
-                instance_type=rec["instance_type"].strip(), usd_per_hour=price,
-                source=rec["source"].strip(), as_of=rec["as_of"].strip(),
-                confirmed=rec["confirmed"].strip().lower() in ("1", "true", "yes"),
+                provider=cell["provider"], region=cell["region"], instance_type=cell["instance_type"],
+                usd_per_hour=_decimal(path, lineno, "usd_per_hour", cell["usd_per_hour"]),
+                source=cell["source"], as_of=cell["as_of"],
+                confirmed=cell["confirmed"].lower() in ("1", "true", "yes"),
+                usd_per_gpu_hour=_decimal(path, lineno, "usd_per_gpu_hour", cell.get("usd_per_gpu_hour"),
+                                          blank=Decimal("0")),
             ))
     return out
 
 
 def write_csv(path: Path | str, rows: Iterable[PriceRow]) -> None:
-    """Write ``rows`` as a catalog CSV, sorted by provider, region, instance type."""
+    """Write ``rows`` as a catalog CSV (:data:`CSV_FIELDS` then :data:`OPTIONAL_CSV_FIELDS`), sorted by
+    provider, region, instance type."""
     ordered = sorted(rows, key=lambda r: (r.provider, r.region, r.instance_type))
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(CSV_FIELDS)
+        writer.writerow(CSV_FIELDS + OPTIONAL_CSV_FIELDS)
         for r in ordered:
             writer.writerow([r.provider, r.region, r.instance_type, f"{r.usd_per_hour:f}", r.source, r.as_of,
-                             "true" if r.confirmed else "false"])
+                             "true" if r.confirmed else "false", f"{r.usd_per_gpu_hour:f}"])
 
 
 @functools.cache
@@ -126,6 +144,10 @@ def shipped_catalog() -> StaticPriceCatalog:
 
 INTERNAL_RATE_SOURCE = "internal rate"
 """The ``source`` of catalog rows an admin sets for an on-premises cluster (slurm, kubernetes)."""
+INTERNAL_RATE_PROVIDERS = frozenset({"slurm", "kubernetes"})
+"""The catalog providers whose rows are internal rates: no price API exists for them (``refresh_prices``
+refuses them), a row's source defaults to :data:`INTERNAL_RATE_SOURCE`, and only their rows carry a
+GPU-hour rate."""
 
 
 def internal_rate(prices: PriceCatalog, provider: str, cluster: str, pool: str, gpus_per_node: int) -> Decimal | None:

@@ -366,12 +366,32 @@ class ComputeBackendAdmin(ServiceFormAdmin):
 
 
 class InstancePriceForm(forms.ModelForm):
-    """Saves through ``services.instance_price_save`` (its ValidationError lands on the fields)."""
+    """Saves through ``services.instance_price_save`` (its ValidationError lands on the fields).
+
+    One form for the clouds' list prices and the internal rates of own clusters (slurm, kubernetes:
+    ``cloud_adapters.pricing.internal_rate``), so the help texts say what each field means for both."""
 
     class Meta:
         model = InstancePrice
-        fields = ["provider", "region", "instance_type", "usd_per_hour", "source", "as_of", "confirmed",
-                  "gpu_model", "gpu_count", "gpu_memory_gib", "gpu_source"]
+        fields = ["provider", "region", "instance_type", "usd_per_hour", "usd_per_gpu_hour", "source", "as_of",
+                  "confirmed", "gpu_model", "gpu_count", "gpu_memory_gib", "gpu_source"]
+        labels = {"usd_per_hour": "USD per hour", "usd_per_gpu_hour": "USD per GPU-hour"}
+        help_texts = {
+            "region": "Clouds: the provider's region code, e.g. us-east-1, us-central1, eastus. Slurm and "
+                      "Kubernetes (internal rate): the cluster's name, as its backend's settings name it.",
+            "instance_type": "Clouds: e.g. ml.g5.xlarge, n1-standard-8, Standard_NC6s_v3. Slurm: the partition; "
+                             "Kubernetes: the node pool.",
+            "usd_per_hour": "Clouds: on-demand USD per instance-hour (per accelerator-hour for accelerator rows). "
+                            "Internal rate: USD per node-hour, charged for each node a job holds.",
+            "usd_per_gpu_hour": "Internal rate only: USD per GPU-hour, added per GPU a node is given; a node then "
+                                "costs USD per hour + GPUs per node × this. 0 (or blank) for the clouds' list prices.",
+            "source": "Where the figure comes from (API, URL, file). Blank on a Slurm or Kubernetes row: "
+                      "\"internal rate\".",
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["usd_per_gpu_hour"].required = False  # blank = 0: most rows have no GPU-hour rate
 
     def _post_clean(self):
         if self.errors:
@@ -392,8 +412,8 @@ class InstancePriceAdmin(admin.ModelAdmin):
     decide who may edit it (superusers always; other staff when granted ``jobs.change_instanceprice``)."""
 
     form = InstancePriceForm
-    list_display = ["instance_type", "provider", "region", "usd_per_hour", "confirmed", "as_of", "gpu_count",
-                    "gpu_model", "gpu_memory_gib", "source", "updated_at"]
+    list_display = ["instance_type", "provider", "region", "usd_per_hour", "usd_per_gpu_hour", "confirmed", "as_of",
+                    "gpu_count", "gpu_model", "gpu_memory_gib", "source", "updated_at"]
     list_display_links = ["instance_type"]
     list_filter = ["provider", "confirmed", "region", "as_of"]
     search_fields = ["instance_type", "region", "source"]

@@ -32,7 +32,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Protocol
 
-from cloud_adapters.pricing import SPOT_SUFFIX, PriceRow
+from cloud_adapters.pricing import INTERNAL_RATE_PROVIDERS, SPOT_SUFFIX, PriceRow
 from trainer_pkg.config import plural
 
 Progress = Callable[[str], None]
@@ -633,7 +633,14 @@ DEFAULT_REGIONS: dict[str, str] = {"aws": "us-east-1", "gcp": "us-central1", "az
 
 def fetch_prices(provider: str, regions: list[str], *, progress: Progress,
                  options: dict[str, Any] | None = None) -> list[PriceRow]:
-    """Rows from ``provider``'s price API; PriceRefreshError for an unknown provider or a failed fetch."""
+    """Rows from ``provider``'s price API; PriceRefreshError for an unknown provider, a provider whose
+    rows are internal rates (no price API: a refresh never touches them), or a failed fetch."""
+    if provider in INTERNAL_RATE_PROVIDERS:
+        raise PriceRefreshError(
+            f"{provider} prices are internal rates that an admin sets for an own cluster; no price API has them, "
+            f"so refresh_prices never changes them. Set them in the admin (Instance prices) or load them with "
+            f"`manage.py load_prices --csv FILE`."
+        )
     try:
         fetcher = FETCHERS[provider]
     except KeyError:

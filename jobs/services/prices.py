@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from cloud_adapters.gpus import GpuFacts, shipped_gpus
-from cloud_adapters.pricing import PriceRow, shipped_catalog
+from cloud_adapters.pricing import INTERNAL_RATE_PROVIDERS, INTERNAL_RATE_SOURCE, PriceRow, shipped_catalog
 from jobs import cost as costs
 from jobs.models import InstancePrice
 from jobs.pricing import parse_as_of
@@ -21,7 +21,7 @@ from jobs.validation import ALL, Errors
 
 log = logging.getLogger(__name__)
 
-_PRICE_FIELDS = ("usd_per_hour", "source", "as_of", "confirmed")
+_PRICE_FIELDS = ("usd_per_hour", "usd_per_gpu_hour", "source", "as_of", "confirmed")
 _GPU_FIELDS = ("gpu_model", "gpu_count", "gpu_memory_gib", "gpu_source")
 KEEP: Any = object()
 """An :func:`instance_price_save` GPU argument not given: the row keeps its value."""
@@ -35,20 +35,45 @@ def _gpu_values(facts: GpuFacts | None) -> dict[str, Any]:
             "gpu_source": facts.source[:500]}
 
 
+_MAX_RATE = Decimal("1000000")
+"""Rates are stored with 12 digits, 6 after the point (InstancePrice): below a million USD."""
+
+
+def _rate(errors: Errors, field: str, value: Any, message: str) -> Decimal | None:
+    """``value`` as a Decimal from 0 to below a million at the catalog's precision, or an error on ``field``."""
+    try:
+        number = Decimal(str(value).strip()) if not isinstance(value, (bool, Decimal)) else value
+        if isinstance(number, bool) or not number.is_finite() or number < 0:
+            raise InvalidOperation
+        if number >= _MAX_RATE:
+            errors.add(field, f"{message} must be below 1,000,000, got {value!r}.")
+            return None
+        return number.quantize(costs.PRICE_FRACTION)
+    except (InvalidOperation, ValueError, TypeError, AttributeError):
+        errors.add(field, f"{message} must be a number ≥ 0, got {value!r}.")
+        return None
+
+
 def _price_values(errors: Errors, row: PriceRow, label: str) -> dict[str, Any]:
-    values: dict[str, Any] = {"source": (row.source or "")[:500], "confirmed": bool(row.confirmed)}
+    """The stored columns of ``row``, every problem recorded in ``errors``. An internal-rate row
+    (:data:`INTERNAL_RATE_PROVIDERS`) without a source gets :data:`INTERNAL_RATE_SOURCE`; a GPU-hour
+    rate on any other row is refused (a cloud's list price is per instance-hour)."""
+    internal = row.provider in INTERNAL_RATE_PROVIDERS
+    source = (row.source or "").strip() or (INTERNAL_RATE_SOURCE if internal else "")
+    values: dict[str, Any] = {"source": source[:500], "confirmed": bool(row.confirmed)}
     if row.provider not in InstancePrice.Provider.values:
         errors.add("provider", f"{label}: provider must be one of {', '.join(InstancePrice.Provider.values)}, "
                                f"got {row.provider!r}.")
     if not row.region or not row.instance_type:
         errors.add(ALL, f"{label}: region and instance type are required.")
-    try:
-        price = Decimal(str(row.usd_per_hour))
-        if not price.is_finite() or price < 0:
-            raise InvalidOperation
-        values["usd_per_hour"] = price.quantize(costs.PRICE_FRACTION)
-    except (InvalidOperation, ValueError):
-        errors.add("usd_per_hour", f"{label}: USD per hour must be a number ≥ 0, got {row.usd_per_hour!r}.")
+    values["usd_per_hour"] = _rate(errors, "usd_per_hour", row.usd_per_hour, f"{label}: USD per hour")
+    gpu_hour = _rate(errors, "usd_per_gpu_hour", "0" if row.usd_per_gpu_hour in (None, "") else row.usd_per_gpu_hour,
+                     f"{label}: USD per GPU-hour")
+    if gpu_hour and not internal and row.provider in InstancePrice.Provider.values:
+        errors.add("usd_per_gpu_hour", f"{label}: a GPU-hour rate is for the internal rates of own clusters "
+                                       f"({', '.join(sorted(INTERNAL_RATE_PROVIDERS))}); a {row.provider} price is "
+                                       f"per instance-hour, so leave it at 0.")
+    values["usd_per_gpu_hour"] = gpu_hour
     try:
         values["as_of"] = parse_as_of(row.as_of)
     except ValueError as exc:
@@ -108,11 +133,13 @@ def instance_price_seed(*, overwrite: bool = False) -> dict[str, int]:
 
 
 def instance_price_save(*, price: InstancePrice | None = None, provider: str, region: str, instance_type: str,
-                        usd_per_hour: Any, source: str = "", as_of: Any = None,
+                        usd_per_hour: Any, usd_per_gpu_hour: Any = 0, source: str = "", as_of: Any = None,
                         confirmed: bool = False, gpu_model: Any = KEEP, gpu_count: Any = KEEP,
                         gpu_memory_gib: Any = KEEP, gpu_source: Any = KEEP) -> InstancePrice:
     """Create (``price`` None) or change one catalog row (the admin's form). ValidationError keyed by
-    field; the (provider, region, instance type) must not belong to another row. The GPU facts:
+    field, every problem at once; the (provider, region, instance type) must not belong to another row.
+    ``usd_per_hour`` and ``usd_per_gpu_hour``: USD ≥ 0 (the GPU-hour rate only on internal rates,
+    slurm and kubernetes, whose blank source becomes "internal rate"). The GPU facts:
     ``gpu_count`` ≥ 0 or None (not known), ``gpu_memory_gib`` > 0 GiB per GPU or None; memory needs a
     count of at least 1. A GPU argument left out (:data:`KEEP`) keeps the row's value; a new row then
     takes the shipped facts of its type."""
@@ -133,7 +160,8 @@ def instance_price_save(*, price: InstancePrice | None = None, provider: str, re
     elif gpu_memory_gib is not None and not gpu_count:
         errors.add("gpu_count", "GPU memory is given, so say how many GPUs an instance has (1 or more).")
     row = PriceRow(provider=provider, region=(region or "").strip(), instance_type=(instance_type or "").strip(),
-                   usd_per_hour=usd_per_hour, source=source or "", as_of=as_of or "", confirmed=bool(confirmed))
+                   usd_per_hour=usd_per_hour, source=source or "", as_of=as_of or "", confirmed=bool(confirmed),
+                   usd_per_gpu_hour=usd_per_gpu_hour)
     values = _price_values(errors, row, f"{row.provider} {row.region} {row.instance_type}")
     clash = InstancePrice.objects.filter(provider=row.provider, region=row.region, instance_type=row.instance_type)
     if price is not None and price.pk:

@@ -218,10 +218,27 @@ def test_provider_without_a_fetcher_says_so():
                                  "prices in the admin.")
 
 
+def test_internal_rates_are_never_refreshed(pricing, seeded):
+    rate = services.instance_price_save(provider="slurm", region="hpc1", instance_type="gpu", usd_per_hour="1.50",
+                                        usd_per_gpu_hour="0.85")
+    before = InstancePrice.objects.filter(pk=rate.pk).values().get()
+    stubber, _ = pricing
+    stubber.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": [
+        product("ml.g5.xlarge", "1.4080000000")]}, expected("us-east-1"))
+
+    assert run("--provider", "aws")[0].strip() == "aws prices for us-east-1: 0 added, 1 updated, 0 unchanged."
+    with pytest.raises(CommandError, match="invalid choice: 'slurm'"):
+        run("--provider", "slurm")
+    with pytest.raises(price_refresh.PriceRefreshError, match="kubernetes prices are internal rates .* never changes them"):
+        price_refresh.fetch_prices("kubernetes", ["prod"], progress=print)
+
+    assert InstancePrice.objects.filter(pk=rate.pk).values().get() == before
+
+
 def test_help_explains_the_command():
     text = RefreshPrices().create_parser("manage.py", "refresh_prices").format_help()
     for phrase in ("AWS Price List API", "--provider {aws,azure,gcp}", "--region REGION", "--dry-run",
-                   "--profile", "pricing:GetProducts", "nothing changed"):
+                   "--profile", "pricing:GetProducts", "nothing changed", "internal rates of own clusters"):
         assert phrase in " ".join(text.split()), phrase
 
 

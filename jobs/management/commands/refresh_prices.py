@@ -16,7 +16,6 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import price_refresh, services
-from jobs.models import InstancePrice
 from jobs.pricing import DatabasePriceCatalog
 from trainer_pkg.config import plural
 
@@ -36,8 +35,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--provider", required=True, choices=sorted(InstancePrice.Provider.values),
-                            help=f"whose prices to fetch (fetchers available: {', '.join(sorted(price_refresh.FETCHERS))})")
+        parser.add_argument("--provider", required=True, choices=sorted(price_refresh.FETCHERS),
+                            help="whose prices to fetch; the internal rates of own clusters (slurm, kubernetes) "
+                                 "have no price API and are never changed here: set them in the admin or with "
+                                 "`load_prices --csv`")
         parser.add_argument("--region", action="append", default=[], metavar="REGION",
                             help="region code to price, e.g. us-east-1; repeat for several")
         parser.add_argument("--dry-run", action="store_true",
