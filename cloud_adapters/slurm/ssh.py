@@ -40,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
-from cloud_adapters.base import CredentialsError, InvalidSpec, MissingDependency, ProviderError
+from cloud_adapters.base import ConnectionCheck, CredentialsError, InvalidSpec, MissingDependency, ProviderError
 from cloud_adapters.slurm.transport import MAX_READ_BYTES, CommandResult
 
 if TYPE_CHECKING:
@@ -53,6 +53,10 @@ _READ_CHUNK = 32768
 _RSA_ALGORITHMS = ["rsa-sha2-512", "rsa-sha2-256"]
 """Host key algorithms of an ``ssh-rsa`` key (RFC 8332); the SHA-1 ``ssh-rsa`` signature is off in
 OpenSSH since 8.8 and absent from paramiko 4+."""
+
+
+class HostKeyMismatch(CredentialsError):
+    """The server presented another host key than the one configured (a CredentialsError: not retried)."""
 
 
 def _paramiko():
@@ -275,7 +279,7 @@ class SshTransport:
         expected = self.host_key
         if presented.get_name() == expected.get_name() and presented.asbytes() == expected.asbytes():
             return
-        raise CredentialsError(
+        raise HostKeyMismatch(
             f"host key of {self.where} does not match the one configured (server presented "
             f"{presented.get_name()} {presented.fingerprint}, configured {expected.get_name()} "
             f"{expected.fingerprint}); if the login node's key really changed, set the SSH host key to the line "
@@ -315,6 +319,28 @@ class SshTransport:
                     raise ProviderError(f"SSH connection to {self.where} dropped during {what} "
                                         f"({exc or type(exc).__name__}); will retry.", transient=True) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def check_connection(self) -> list[ConnectionCheck]:
+        """Connect (or reuse the connection) and report, for a backend's Test connection, the checks
+        ``"SSH connection"`` (the host answers SSH), ``"SSH host key"`` (it matches the configured one)
+        and ``"SSH login"`` (the key is accepted for the user), stopping at the first that fails. Never
+        raises for a failed check."""
+        reach = f"{self.user}@{self.where}"
+        try:
+            self._connection()
+        except HostKeyMismatch as exc:
+            return [ConnectionCheck("SSH connection", True, f"{self.where} answers SSH"),
+                    ConnectionCheck("SSH host key", False, str(exc))]
+        except CredentialsError as exc:
+            return [ConnectionCheck("SSH connection", True, f"{self.where} answers SSH"),
+                    ConnectionCheck("SSH host key", True, f"matches {self.host_key.get_name()} {self.host_key.fingerprint}"),
+                    ConnectionCheck("SSH login", False, str(exc))]
+        except ProviderError as exc:
+            return [ConnectionCheck("SSH connection", False, str(exc))]
+        return [ConnectionCheck("SSH connection", True, f"{self.where} answers SSH"),
+                ConnectionCheck("SSH host key", True, f"matches {self.host_key.get_name()} {self.host_key.fingerprint}"),
+                ConnectionCheck("SSH login", True, f"logged in as {reach} with {self._pkey.get_name()} "
+                                                   f"{self._pkey.fingerprint}")]
 
     def close(self) -> None:
         """Close the SSH connection (and its SFTP session), if open. Idempotent; a later call reconnects."""

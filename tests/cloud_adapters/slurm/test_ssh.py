@@ -266,6 +266,27 @@ def test_a_server_stopped_after_the_first_call_gives_a_transient_error(tmp_path)
     t.close()
 
 
+def test_check_connection_names_the_step_that_fails(server, tmp_path):
+    with _transport(server) as good:
+        checks = good.check_connection()
+    assert [(c.name, c.ok) for c in checks] == [("SSH connection", True), ("SSH host key", True), ("SSH login", True)]
+    assert checks[2].message.startswith(f"logged in as {server.user}@127.0.0.1:{server.port} with ssh-ed25519 SHA256:")
+
+    _, impostor = keygen(tmp_path / "impostor_host", "ed25519")
+    checks = _transport(server, host_key=impostor).check_connection()
+    assert [(c.name, c.ok) for c in checks] == [("SSH connection", True), ("SSH host key", False)]
+    assert "does not match the one configured" in checks[1].message
+
+    stranger, _ = keygen(tmp_path / "stranger_key", "ed25519")
+    checks = _transport(server, private_key=stranger).check_connection()
+    assert [(c.name, c.ok) for c in checks] == [("SSH connection", True), ("SSH host key", True), ("SSH login", False)]
+    assert "SSH authentication refused" in checks[2].message
+
+    checks = _transport(server, port=free_port(), connect_timeout=2).check_connection()
+    assert [(c.name, c.ok) for c in checks] == [("SSH connection", False)]
+    assert "cannot connect to SSH on 127.0.0.1:" in checks[0].message and "Connection refused" in checks[0].message
+
+
 # --- parsing --------------------------------------------------------------------------------
 
 
