@@ -192,12 +192,14 @@ class SshTransport:
     submits the jobs; ``private_key``: the key file's text (:func:`parse_private_key`);
     ``host_key``: the server's key as one known_hosts line (:func:`parse_host_key`);
     ``connect_timeout``: seconds for the TCP connect, the banner, the key exchange and authentication
-    each. The keys are parsed here (errors as those functions raise); the connection is opened on
-    first use, reused by every later call and reopened once when it was dropped. Thread-safe: calls
-    from several threads share the connection (one SSH channel each)."""
+    each; ``env``: variables every command gets (e.g. ``SLURM_CONF``), as with
+    :class:`~cloud_adapters.slurm.transport.LocalTransport` (a call's own ``env`` wins). The keys are
+    parsed here (errors as those functions raise); the connection is opened on first use, reused by
+    every later call and reopened once when it was dropped. Thread-safe: calls from several threads
+    share the connection (one SSH channel each)."""
 
     def __init__(self, host: str, *, port: int = 22, user: str, private_key: str, host_key: str,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, env: Mapping[str, str] | None = None) -> None:
         host = (host or "").strip() if isinstance(host, str) else ""
         if not host or any(c.isspace() for c in host):
             raise InvalidSpec(f"login_host: expected a host name or address, got {host!r:.100}.")
@@ -209,6 +211,8 @@ class SshTransport:
         self.port = port
         self.user = user.strip()
         self.connect_timeout = float(connect_timeout)
+        self.env = dict(env or {})
+        remote_command(["true"], self.env)  # a bad variable name is refused here, not at the first call
         self.host_key = parse_host_key(host_key)
         self._pkey = parse_private_key(private_key)
         self._lock = threading.RLock()
@@ -359,7 +363,7 @@ class SshTransport:
         Raises ProviderError(transient=True) on a timeout (the channel is closed; a command that keeps
         running after its output is gone is the remote shell's), on a connection that cannot be made
         or dropped; CredentialsError as :meth:`_connect`."""
-        command = remote_command(argv, env)
+        command = remote_command(argv, {**self.env, **(env or {})})
         deadline = time.monotonic() + timeout
         paramiko = _paramiko()
 

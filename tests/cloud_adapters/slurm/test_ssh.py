@@ -97,6 +97,15 @@ def test_env_is_set_for_the_command_only(transport):
     assert transport.run(["sh", "-c", 'echo "[$TB_ODD]"']).stdout == "[]\n"
 
 
+def test_the_transports_own_env_reaches_every_command_and_a_calls_env_wins(server):
+    with _transport(server, env={"SLURM_CONF": "/shared/slurm.conf", "TB_A": "transport"}) as t:
+        both = t.run(["sh", "-c", 'echo "$SLURM_CONF|$TB_A"'], env={"TB_A": "call"})
+        plain = t.run(["sh", "-c", 'echo "$SLURM_CONF|$TB_A"'])
+    assert (both.stdout, plain.stdout) == ("/shared/slurm.conf|call\n", "/shared/slurm.conf|transport\n")
+    with pytest.raises(InvalidSpec, match="identifiers"):
+        _transport(server, env={"BAD-NAME": "1"})
+
+
 def test_bad_env_keys_and_arguments_are_refused_before_any_connection(server):
     t = _transport(server)
     with pytest.raises(InvalidSpec, match="identifiers.*'A B'.*'X;Y'"):
