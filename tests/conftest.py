@@ -280,3 +280,19 @@ def allow_job_images(settings):
     ``*``; blank, the default, allows none): for tests of how a job's image is carried, not whether
     it may run (tests/cloud_adapters/gpubox/test_gpubox_user_code.py and test_job_code.py test that)."""
     settings.TRAINBOARD_GPUBOX_ALLOWED_IMAGES = "*"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kube_standin(tmp_path_factory):
+    """A stand-in Kubernetes API server with Kubeflow Trainer (tests/k8s_standin.py), shared by the
+    tests of a module: namespace ``default`` and its kubeconfig (``.kubeconfig_path``, context
+    ``standin``). It and every pod process it started are stopped by PID at the end."""
+    from k8s_standin import kube_standin_server
+
+    with kube_standin_server(tmp_path_factory.mktemp("k8s-standin")) as server:
+        yield server
