@@ -149,11 +149,41 @@ def backend_adapter(backend: ComputeBackend) -> Backend:
 
 
 def backend_queue(backend: ComputeBackend) -> str:
-    """The Celery queue whose workers reach ``backend`` (``Backend.queue_for``; "celery" if unknown)."""
+    """The Celery queue whose workers reach ``backend`` (``Backend.queue_for`` of its kind: a GPU
+    box's is ``gpubox.<name>``); "celery" when the kind is unknown or its SDK is missing.
+
+    A stored name is a validated slug, which every ``queue_for`` accepts; its ValueError for any
+    other name is not swallowed here, since falling back to "celery" would hand a GPU box's job to
+    a worker on another machine."""
     try:
-        return registry.backend_class(backend.kind).queue_for(backend.name, backend.config or {})
+        cls = registry.backend_class(backend.kind)
     except (LookupError, ValueError, BackendError):
         return "celery"
+    return cls.queue_for(backend.name, backend.config or {})
+
+
+def backend_queue_holder(backend: ComputeBackend) -> ComputeBackend | None:
+    """Another backend (any owner's) whose Celery queue is ``backend``'s own queue, or None.
+
+    A queue is a backend's own when ``queue_for`` gives something other than the kind's shared
+    :attr:`~cloud_adapters.base.Backend.queue` (a GPU box's ``gpubox.<name>``). Two rows on one
+    such queue would be served by one machine's worker while each believed it had the machine to
+    itself (a GPU box gives out its GPUs per backend row), so a name that makes another row's queue
+    is refused. Rows of the shared queues (the cloud backends' ``celery``) never collide."""
+    try:
+        cls = registry.backend_class(backend.kind)
+        queue = cls.queue_for(backend.name, backend.config or {})
+    except (LookupError, ValueError, BackendError):
+        return None
+    if queue == cls.queue:
+        return None
+    for other in ComputeBackend.objects.filter(name=backend.name).exclude(pk=backend.pk).select_related("owner"):
+        try:
+            if backend_queue(other) == queue:
+                return other
+        except ValueError:
+            continue
+    return None
 
 
 def provider_job_name(job: TrainingJob) -> str:

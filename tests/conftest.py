@@ -7,7 +7,8 @@ The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and `
         .venv/bin/python -m pytest tests/jobs tests/e2e -q
 
 ``celery_worker_process`` (function scope, needs ``transactional_db`` so the worker sees committed
-rows) starts ``celery -A webapp worker -B -Q celery,gpubox`` against pytest-django's test database
+rows) starts ``celery -A webapp worker -B -Q celery,gpubox.local`` (the default queue and the
+``local`` box's) against pytest-django's test database
 and a flushed Redis database, with ``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync
 interval; it yields a :class:`WorkerProcess` and stops worker, beat and any run left behind::
 

@@ -3,7 +3,7 @@
 The services and the recovery sweep send ``submit_job`` and ``cancel_job`` by name through
 ``current_app.send_task`` (:mod:`jobs.dispatch`). :func:`sent_tasks` records the messages of one task
 name in a Mock called with what ``send_task`` got after the name, e.g.
-``send.assert_called_once_with(args=[job.pk], queue="gpubox")``; messages of other names are
+``send.assert_called_once_with(args=[job.pk], queue="gpubox.local")``; messages of other names are
 published as usual.
 """
 

@@ -1,11 +1,15 @@
 """docker-compose.yml is validated by Debian's docker-compose (no engine needed for `config`)."""
 
+import io
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
+from django.core.management import call_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,8 +27,8 @@ def _resolved_compose() -> dict:
 
 def test_compose_has_every_service_with_postgres_and_redis():
     services = _resolved_compose()["services"]
-    assert set(services) == {"postgres", "redis", "web", "worker", "beat", "gpubox-worker", "flower"}
-    for name in ("web", "worker", "beat", "gpubox-worker", "flower"):
+    assert set(services) == {"postgres", "redis", "web", "worker", "beat", "gpubox-worker-a", "flower"}
+    for name in ("web", "worker", "beat", "gpubox-worker-a", "flower"):
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://trainboard:pw-for-validation@postgres:5432/")
         assert env["REDIS_URL"] == "redis://redis:6379/0"
@@ -32,12 +36,29 @@ def test_compose_has_every_service_with_postgres_and_redis():
         assert env["TRAINBOARD_ENCRYPTION_KEY"] == "fernet-key-for-validation"
 
 
-def test_gpubox_worker_consumes_its_queue_with_an_nvidia_reservation():
-    gpubox = _resolved_compose()["services"]["gpubox-worker"]
-    command = gpubox["command"]
-    assert command[command.index("-Q") + 1] == "gpubox"
-    devices = gpubox["deploy"]["resources"]["reservations"]["devices"]
+@pytest.mark.django_db
+def test_the_box_worker_consumes_its_own_queue_with_an_nvidia_reservation(monkeypatch):
+    box = _resolved_compose()["services"]["gpubox-worker-a"]
+    assert box["environment"]["TRAINBOARD_GPUBOX_NAME"] == "box-a"
+    command = box["command"]
+    assert command == ["python", "manage.py", "gpubox_worker", "--concurrency", "2", "--loglevel", "INFO"]
+    devices = box["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert box["volumes"][0].startswith("runs:/var/lib/trainboard/runs")
+    # What the service's command starts, with the service's environment: a worker on box-a's queue only.
+    monkeypatch.setenv("TRAINBOARD_GPUBOX_NAME", box["environment"]["TRAINBOARD_GPUBOX_NAME"])
+    out, err = io.StringIO(), io.StringIO()
+    call_command(*command[2:], "--print", stdout=out, stderr=err)
+    argv = shlex.split(out.getvalue())
+    assert argv[1:] == ["-A", "webapp", "worker", "-Q", "gpubox.box-a", "-n", "gpubox-box-a@%h",
+                        "--concurrency", "2", "--loglevel", "INFO"]
+    assert Path(argv[0]).name == "celery"
+    assert "No GPU-box backend is named box-a yet" in err.getvalue()
+
+
+def test_the_default_worker_leaves_the_boxes_queues_to_theirs():
+    command = _resolved_compose()["services"]["worker"]["command"]
+    assert command[command.index("-Q") + 1] == "celery"
 
 
 def test_compose_refuses_to_start_without_secrets():

@@ -120,9 +120,10 @@ def worker_environment(*, settings_dict, broker_url: str, run_root: Path, var_di
     return env
 
 
-DEFAULT_QUEUES = "celery,gpubox,gpubox.local"
-"""The queues a test's worker consumes unless told otherwise: the default queue and the queues of the
-``local`` GPU box of tests/conftest.py (``gpubox``, and ``gpubox.<name>`` once each box has its own)."""
+DEFAULT_QUEUES = "celery,gpubox.local"
+"""The queues a test's worker consumes unless told otherwise: the default queue (the cloud backends')
+and the queue of the ``local`` GPU box of tests/conftest.py (``GpuBoxBackend.queue_for``: each box
+has its own, ``gpubox.<name>``). A test whose GPU box has another name passes its queue."""
 
 
 def start_worker(directory: Path, env: dict[str, str], cwd: Path, queues: str = DEFAULT_QUEUES

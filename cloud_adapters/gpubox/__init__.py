@@ -1,4 +1,4 @@
-"""The gpubox backend: torchrun on the machine that consumes the ``gpubox`` Celery queue.
+"""The gpubox backend: torchrun on the machine whose worker consumes the box's queue, ``gpubox.<name>``.
 
 Exports exactly the backend class; see :mod:`cloud_adapters.gpubox.backend` for states and the
 run-directory layout, and :mod:`cloud_adapters.gpubox.supervisor` for the per-job supervisor.

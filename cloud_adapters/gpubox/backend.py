@@ -1,5 +1,7 @@
 """The gpubox backend: runs a job under torchrun on the machine whose Celery worker consumes the
-``gpubox`` queue (this machine's GPUs, or its CPUs with gloo when it has none).
+box's own queue, ``gpubox.<backend name>`` (this machine's GPUs, or its CPUs with gloo when it has
+none). Several boxes are several backends, each served by the worker on its box
+(``manage.py gpubox_worker <name>``; docker-compose.yml's ``gpubox-worker-a``).
 
 Every job lives in a run directory, ``<run_root>/<job_name>/``, and its state lives only there, so it
 survives a Celery worker restart and any worker on the machine can describe or cancel any job::
@@ -193,6 +195,10 @@ def _utc(ts: float | None) -> dt.datetime | None:
     return parse_utc(float(ts)) if ts is not None else None
 
 
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
+"""A backend name that is a queue name as it stands: Django's SlugField alphabet, its length."""
+
+
 class GpuBoxBackend(Backend):
     """Runs jobs with torchrun on this machine; see the module docstring for states and layout.
 
@@ -210,7 +216,21 @@ class GpuBoxBackend(Backend):
     settings = SETTINGS
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
-    queue = "gpubox"  # jobs must be started by the worker on the box itself
+    queue = "gpubox"
+    """The prefix of every box's queue (:meth:`queue_for`); no worker consumes it alone."""
+
+    @classmethod
+    def queue_for(cls, name: str, config: Mapping[str, Any]) -> str:
+        """``gpubox.<name>``: a box's jobs must be started, synced and cancelled by the worker on
+        that box, so each box has a queue of its own (``config`` plays no part).
+
+        ``name`` is the backend row's slug (letters, digits, ``-`` and ``_``), which makes a valid
+        Celery queue and routing key as it is; anything else raises ValueError rather than being
+        rewritten, because two names rewritten alike would send one box's jobs to another."""
+        if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
+            raise ValueError(f"A GPU box's name must be a slug (letters, digits, - and _) to name its "
+                             f"Celery queue; got {name!r}.")
+        return f"{cls.queue}.{name}"
 
     # -- configuration ----------------------------------------------------------------------
 

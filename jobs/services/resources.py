@@ -25,6 +25,8 @@ from jobs.adapters import (
     HOST_SETTING_SOURCES,
     backend_adapter,
     backend_host_settings,
+    backend_queue,
+    backend_queue_holder,
     backend_secret_keys,
     backend_setting_labels,
     effective_config,
@@ -461,6 +463,10 @@ def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     except (LookupError, ValueError, BackendError) as exc:
         errors.add("kind", str(exc) or f"Unknown backend kind {backend.kind!r}.")
         return
+    if backend.name and "name" not in errors and backend_queue_holder(backend) is not None:
+        errors.add("name", f"Another user's backend is already named {backend.name}, and this backend's name "
+                           f"makes its own Celery queue ({backend_queue(backend)}), which only the worker on "
+                           f"its machine consumes; choose another name.")
     secrets = _clean_secrets(errors, backend.kind, backend.secrets)
     if secrets is not None:
         backend.secrets = secrets
@@ -534,6 +540,19 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     return backend
 
 
+def _queue_moves(backend: ComputeBackend, fields: Mapping[str, Any]) -> bool:
+    """Whether saving ``fields`` on ``backend`` would change its Celery queue (a GPU box's is
+    ``gpubox.<name>``): its queued jobs' messages and its worker would then be on the old one. A
+    name ``queue_for`` refuses is not a move; the name's own validation reports it."""
+    renamed = ComputeBackend(pk=backend.pk, owner_id=backend.owner_id, kind=backend.kind,
+                             name=str(fields.get("name") or "").strip(),
+                             config=fields.get("config", backend.config) or {})
+    try:
+        return backend_queue(renamed) != backend_queue(backend)
+    except ValueError:
+        return False
+
+
 def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None] | None = None,
                    clear_secrets: bool = False, job_secrets: Any = None, clear_job_secrets: bool = False,
                    **fields: Any) -> ComputeBackend:
@@ -551,6 +570,13 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
     if "kind" in fields and fields["kind"] != backend.kind and backend.pk and \
             backend.jobs.filter(state__in=ACTIVE_STATE_VALUES).exists():
         errors.add("kind", "This backend has active jobs; wait for them to end before changing its kind.")
+    elif "name" in fields and backend.pk and _queue_moves(backend, fields):
+        active = list(backend.jobs.filter(state__in=ACTIVE_STATE_VALUES).order_by("pk").values_list("pk", flat=True)[:6])
+        if active:
+            listed = ", ".join(f"#{pk}" for pk in active[:5]) + (" …" if len(active) > 5 else "")
+            errors.add("name", f"This backend has active jobs ({listed}) on its Celery queue "
+                               f"{backend_queue(backend)}, which the new name would change; wait for them to "
+                               f"end (or cancel them) before renaming it.")
     if secrets is not None and not isinstance(secrets, Mapping):
         errors.add("secrets", "Secrets must be an object of key: value strings.")
         errors.raise_if_any()

@@ -32,7 +32,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from cloud_adapters import packaging
-from cloud_adapters.gpubox.backend import RESERVED_ENV
+from cloud_adapters.gpubox.backend import RESERVED_ENV, GpuBoxBackend
 from codekit import upload, zip_bytes
 from jobs import services
 from jobs.models import CodeArchive, JobLogLine, JobStateChoices as S, MetricPoint, TrainingJob
@@ -41,6 +41,7 @@ from user_code_kit import DEP_MARK, DEP_NAME, DEP_VERSION, build_wheel
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+BOX_NAME = "box"  # box_backend's name; the module's worker consumes its queue
 JOB_TIMEOUT_S = 240  # one 2-rank job of 1-3 epochs takes 20-60 s on a loaded 2-core machine
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +207,9 @@ def box(request, tmp_path_factory, django_db_setup, django_db_blocker, celery_wo
         **PLANTED,
     }
     with django_db_blocker.unblock():
-        running = celery_worker_factory(root, run_root, extra)
+        # The default queue and the queue of box_backend's box, "box" (gpubox.box).
+        running = celery_worker_factory(root, run_root, extra,
+                                        queues=f"celery,{GpuBoxBackend.queue_for(BOX_NAME, {})}")
         worker = running.__enter__()
     _say(request, f"worker ready in {time.monotonic() - started:.1f} s")
     try:
@@ -231,7 +234,7 @@ def box_backend(box, user, settings):
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2
     settings.TRAINBOARD_CODE_STORE = box.code_store
     settings.TRAINBOARD_GPUBOX_PIP_ARGS = box.pip_args
-    return services.backend_create(owner=user, name="box", kind="gpubox",
+    return services.backend_create(owner=user, name=BOX_NAME, kind="gpubox",
                                    config={"hourly_rate_usd": 3.6, "grace_period_s": 3.0})
 
 

@@ -48,7 +48,7 @@ def test_sigterm_to_the_group_stops_the_worker_within_its_grace_period(tmp_path,
     env.update({"TRAINBOARD_VAR_DIR": str(var_dir), "DJANGO_SETTINGS_MODULE": "webapp.settings",
                 "PYTHONUNBUFFERED": "1"})
     log_path = tmp_path / "worker.log"
-    command = [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "celery,gpubox",
+    command = [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", "celery,gpubox.local",
                "--concurrency", "2", "--loglevel", "INFO"]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,

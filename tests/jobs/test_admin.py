@@ -73,7 +73,7 @@ def test_cancel_and_rerun_actions(client, user, other_user, job, django_capture_
     assert response.status_code == 200
     rerun = TrainingJob.objects.get(rerun_of=job)
     assert f"Queued 1 re-run: job {rerun.pk}." in response.content.decode()
-    send.assert_called_once_with(args=[rerun.pk], queue="gpubox")
+    send.assert_called_once_with(args=[rerun.pk], queue="gpubox.local")
 
     response = client.post(url, {"action": "cancel_selected", "_selected_action": [job.pk, rerun.pk]}, follow=True)
     assert response.status_code == 200

@@ -78,7 +78,7 @@ def test_json_without_wait(ready, django_capture_on_commit_callbacks):
         "events": [{"from": None, "to": "QUEUED", "at": data["events"][0]["at"]}],
     }
     assert job.config["train"]["lr"] == 0.1 and str(job.budget_usd) == "5.0000"
-    ready.assert_called_once_with(args=[job.pk], queue="gpubox")
+    ready.assert_called_once_with(args=[job.pk], queue="gpubox.local")
     assert f"job {job.pk} queued on local" in err
 
 

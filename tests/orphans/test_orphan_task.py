@@ -32,7 +32,7 @@ def test_without_an_id_it_fans_out_per_backend_queue(monkeypatch, aws, sm_backen
 
     assert tasks.reconcile_orphans() == 2
 
-    assert sorted(sent) == sorted([(sm_backend.pk, "celery"), (local_backend.pk, "gpubox")])
+    assert sorted(sent) == sorted([(sm_backend.pk, "celery"), (local_backend.pk, "gpubox.local")])
     assert disabled.pk not in [backend_id for backend_id, _ in sent]
 
 

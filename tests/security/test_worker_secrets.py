@@ -121,7 +121,7 @@ class DebugWorker(CeleryWorker):
         })
         command = [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-B",
                    "--scheduler", "celery.beat:PersistentScheduler", "-s", str(tmp_path / "beat-schedule"),
-                   "-Q", "celery,gpubox", "--pool", "prefork", "-c", "2", "-n", f"secrets-{uuid.uuid4().hex[:8]}@%h",
+                   "-Q", "celery", "--pool", "prefork", "-c", "2", "-n", f"secrets-{uuid.uuid4().hex[:8]}@%h",
                    "--loglevel", "DEBUG", "--without-gossip", "--without-mingle"]
         log_path = tmp_path / "worker.log"
         with open(log_path, "ab") as log:

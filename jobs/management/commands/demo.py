@@ -3,7 +3,7 @@
 Migrates the database, loads the shipped price catalog (`load_prices`), creates the demo user
 (printing a fresh password), registers the built-in `digits` dataset, a `digits-cnn` model and a
 `local` GPU-box backend, starts the web server, a Celery
-worker and Celery beat as child processes, launches one 2-process DDP job and follows it. Runs until
+worker (consuming the default queue and the box's own, ``gpubox.local``) and Celery beat as child processes, launches one 2-process DDP job and follows it. Runs until
 Ctrl-C (or SIGTERM, or SIGHUP when its terminal closes: what it says from then on goes to
 ``var/logs/demo.log``), then cancels the training still running on this machine and stops every child
 process.
@@ -37,7 +37,6 @@ from django.core.management import BaseCommand, CommandError, call_command
 from jobs import adapters, lifecycle, selectors, services, sync
 from jobs.models import ACTIVE_STATE_VALUES, TERMINAL_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
 
-LOCAL_QUEUES = {"gpubox"}  # queues whose jobs run on this machine (see the worker's -Q below)
 CHILD_STOP_GRACE_S = 15.0
 """Seconds the web server, worker and beat get to exit after SIGTERM before they are SIGKILLed."""
 DEMO_EPOCHS = 150
@@ -87,6 +86,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         self._children: list[tuple[str, subprocess.Popen]] = []
+        self._box_queue: str | None = None  # the local box's queue, once the worker consumes it
         if _port_in_use(opts["host"], opts["port"]):
             raise CommandError(
                 f"{opts['host']}:{opts['port']} is already in use. Stop what runs there or pass --port."
@@ -115,7 +115,7 @@ class Command(BaseCommand):
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, on_signal)
         try:
-            self._start_children(opts, log_dir, base_url)
+            self._start_children(opts, log_dir, base_url, adapters.backend_queue(backend))
             self._wait_for_web(base_url, log_dir)
             self.stdout.write(self.style.SUCCESS(f"\nTrainboard is up: {base_url}/"))
             self.stdout.write(f"  login:    {user.username}")
@@ -163,7 +163,10 @@ class Command(BaseCommand):
 
     # -- child processes ----------------------------------------------------------------------
 
-    def _start_children(self, opts, log_dir: Path, base_url: str) -> None:
+    def _start_children(self, opts, log_dir: Path, base_url: str, box_queue: str) -> None:
+        """Start web, worker and beat; the worker consumes the default queue and ``box_queue``, the
+        queue of the demo's ``local`` GPU box (``gpubox.local``), whose jobs run on this machine."""
+        self._box_queue = box_queue
         bin_dir = Path(sys.executable).parent
         env = {**os.environ, "TRAINBOARD_BASE_URL": base_url}
         celery = [str(bin_dir / "celery"), "-A", "webapp"]
@@ -171,7 +174,7 @@ class Command(BaseCommand):
             "web": [str(bin_dir / "gunicorn"), "webapp.wsgi:application",
                     "--bind", f"{opts['host']}:{opts['port']}", "--workers", "2", "--threads", "4",
                     "--access-logfile", "-"],
-            "worker": celery + ["worker", "-Q", ",".join(["celery", *sorted(LOCAL_QUEUES)]), "--concurrency", "2", "--loglevel", "INFO"],
+            "worker": celery + ["worker", "-Q", f"celery,{box_queue}", "--concurrency", "2", "--loglevel", "INFO"],
             "beat": celery + ["beat", "--loglevel", "INFO"],
         }
         for name, argv in commands.items():
@@ -242,7 +245,7 @@ class Command(BaseCommand):
         # Training on this machine (the GPU-box queue this demo's worker served) runs detached from
         # the worker: stop it through the backend, whoever launched it, rather than leave it running.
         local = [job for job in TrainingJob.objects.filter(state__in=ACTIVE_STATE_VALUES).select_related("backend")
-                 if adapters.backend_queue(job.backend) in LOCAL_QUEUES]
+                 if adapters.backend_queue(job.backend) == self._box_queue]
         for job in local:
             try:
                 job = services.training_job_cancel(job=job, reason="Demo stopped with Ctrl-C")

@@ -104,7 +104,7 @@ def test_create_freezes_config_and_enqueues_on_commit(user, digits_dataset, cnn_
                           max_runtime_s=1800, budget_usd="2.5", name="first",
                           hyperparameters=json.dumps({"train": {"optimizer": "adamw"}}))
     assert len(callbacks) == 1
-    send.assert_called_once_with(args=[job.pk], queue="gpubox")
+    send.assert_called_once_with(args=[job.pk], queue="gpubox.local")
     job.refresh_from_db()
     assert job.state == S.QUEUED
     assert job.provider_job_name.startswith(f"tb-job-{job.pk}-")
@@ -247,4 +247,4 @@ def test_cancel_running_goes_stopping_and_enqueues(user, digits_dataset, cnn_mod
         with django_capture_on_commit_callbacks(execute=True):
             services.training_job_cancel(job=job, reason="enough")
     assert job.state == S.STOPPING and job.failure_reason == "enough" and job.cancel_requested_at
-    send.assert_called_once_with(args=[job.pk], queue="gpubox")
+    send.assert_called_once_with(args=[job.pk], queue="gpubox.local")
