@@ -33,6 +33,7 @@ KINDS: dict[str, KindInfo] = {
     "sagemaker": KindInfo("cloud_adapters.sagemaker", "SageMakerBackend", "AWS SageMaker"),
     "vertex": KindInfo("cloud_adapters.vertex", "VertexBackend", "Google Vertex AI"),
     "azureml": KindInfo("cloud_adapters.azureml", "AzureMLBackend", "Azure ML"),
+    "slurm": KindInfo("cloud_adapters.slurm", "SlurmBackend", "Slurm cluster"),
 }
 """kind -> (module path, class name, human label). A new provider is its package (the adapter class
 with its ``settings`` declaration) and one line here; the backend form, the admin, the API and the

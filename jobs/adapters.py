@@ -29,6 +29,11 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
                "pip_args": "TRAINBOARD_GPUBOX_PIP_ARGS", "run_as": "TRAINBOARD_GPUBOX_RUN_AS",
                "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
                "allowed_images": "TRAINBOARD_GPUBOX_ALLOWED_IMAGES"},
+    "slurm": {"transport": "TRAINBOARD_SLURM_TRANSPORT", "login_host": "TRAINBOARD_SLURM_LOGIN_HOST",
+              "ssh_port": "TRAINBOARD_SLURM_SSH_PORT", "ssh_user": "TRAINBOARD_SLURM_SSH_USER",
+              "ssh_host_key": "TRAINBOARD_SLURM_SSH_HOST_KEY", "slurm_conf": "TRAINBOARD_SLURM_CONF",
+              "work_dir": "TRAINBOARD_SLURM_WORK_DIR", "python": "TRAINBOARD_SLURM_PYTHON",
+              "allowed_images": "TRAINBOARD_SLURM_ALLOWED_IMAGES"},
 }
 """kind -> {host setting: the Django setting (and environment variable of the same name) holding this
 installation's value}. Data, not if/elif: which settings are host settings is the adapter's
@@ -159,7 +164,10 @@ def backend_queue(backend: ComputeBackend) -> str:
         cls = registry.backend_class(backend.kind)
     except (LookupError, ValueError, BackendError):
         return "celery"
-    return cls.queue_for(backend.name, backend.config or {})
+    # The effective settings: a Slurm backend's transport is a host setting (the installation's).
+    config = effective_config(backend.kind, backend.config or {},
+                              host_settings_from_row=may_set_host_settings(backend.owner))
+    return cls.queue_for(backend.name, config)
 
 
 def backend_queue_holder(backend: ComputeBackend) -> ComputeBackend | None:

@@ -2,7 +2,7 @@
 # Installs the Debian packages the test suite drives (Chromium + driver for the browser tests,
 # docker-compose to validate docker-compose.yml, gcc for the SageMaker toolkit test's virtualenv, the
 # King James Bible for the token-data tests and demo: scripts/corpus_kjv.py, OpenSSH's server for the
-# Slurm SSH transport's tests: tests/sshkit.py) and
+# Slurm SSH transport's tests: tests/sshkit.py, Slurm and munge for the Slurm backend's: tests/slurmkit.py) and
 # starts PostgreSQL and Redis when they are down.
 set -euo pipefail
 
@@ -14,6 +14,11 @@ command -v npm >/dev/null || need+=(npm)
 command -v gcc >/dev/null || need+=(gcc)  # sagemaker-training's C extension (the SageMaker toolkit test)
 [ -x /usr/bin/bible ] || need+=(bible-kjv)  # the public-domain text corpus (scripts/corpus_kjv.py)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)  # a real sshd for cloud_adapters.slurm.ssh (tests/sshkit.py)
+# A real two-node Slurm 22.05 for the Slurm backend's tests (tests/slurmkit.py): no systemd needed.
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need[*]}"
     apt-get update -qq

@@ -22,9 +22,10 @@ Detection (:func:`detect`), first match wins:
 3. ``SM_HOSTS``, ``SM_CURRENT_HOST``, ``SM_TRAINING_ENV``, ``TRAINING_JOB_ARN`` or
    ``<root>/input/config/resourceconfig.json`` → sagemaker.
 4. ``CLUSTER_SPEC``, ``CLOUD_ML_JOB_ID`` or ``AIP_MODEL_DIR`` → vertex.
-5. ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` (torchrun, ``torch.distributed.launch``, mpirun wrappers)
+5. ``SLURM_JOB_ID`` with ``SLURM_NODEID`` (a task srun started) → slurm.
+6. ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` (torchrun, ``torch.distributed.launch``, mpirun wrappers)
    → torchrun.
-6. Otherwise → local (``--standalone``: torchrun on this machine; without it: one process).
+7. Otherwise → local (``--standalone``: torchrun on this machine; without it: one process).
 
 The facts each reader relies on, with their sources, are in ``shared/reference/clouds.md`` (§1.5,
 §1.6 SageMaker; §2.3 Vertex AI; §3.4 Azure ML).
@@ -41,7 +42,7 @@ from typing import Any, Callable, Mapping
 from trainer_pkg import world_shape
 from trainer_pkg.config import JobConfig, apply_overrides
 
-PLATFORMS = ("torchrun", "sagemaker", "vertex", "azureml", "local")
+PLATFORMS = ("torchrun", "sagemaker", "vertex", "azureml", "slurm", "local")
 """Names accepted by ``--platform`` (besides ``auto``)."""
 
 LAUNCHED_BY_US = "TRAINBOARD_LAUNCH_PLATFORM"
@@ -575,12 +576,101 @@ def read_azureml(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalo
                       extra_env={"LOCAL_WORLD_SIZE": str(per_node)}, **common)
 
 
+# -- Slurm -----------------------------------------------------------------------------------------
+
+
+SLURM_PORT_BASE = 20000
+SLURM_PORT_SPAN = 20000
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compressed host list as host names, in order: ``n[1-3,5]`` → n1 n2 n3 n5,
+    ``gpu-[01-02]`` → gpu-01 gpu-02 (zero padding kept), ``a1,b[2-3]`` → a1 b2 b3, and several
+    brackets in one name (``r[1-2]-n[1-2]`` → r1-n1 r1-n2 r2-n1 r2-n2), as ``scontrol show
+    hostnames`` prints them. Raises ValueError for an unbalanced bracket or a bad range."""
+    hosts: list[str] = []
+    depth, start = 0, 0
+    names = []
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in {text!r}")
+        elif ch == "," and depth == 0:
+            names.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced '[' in {text!r}")
+    names.append(text[start:])
+    for name in (n.strip() for n in names):
+        if name:
+            hosts += _expand_name(name)
+    return hosts
+
+
+def _expand_name(name: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", name)
+    if match is None:
+        return [name]
+    head, tail = name[:match.start()], name[match.end():]
+    values = []
+    for part in match.group(1).split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"bad range {part!r} in {name!r}")
+        if not dash:
+            values.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"range {part!r} in {name!r} goes backwards")
+        width = len(low) if low.startswith("0") else 0
+        values += [str(v).zfill(width) for v in range(int(low), int(high) + 1)]
+    return [f"{head}{v}{rest}" for v in values for rest in _expand_name(tail)]
+
+
+def read_slurm(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalone: bool = False,
+               reason: str = "") -> LaunchPlan:
+    """One task of a Slurm job that srun started on each node (sbatch(1), srun(1) "OUTPUT
+    ENVIRONMENT VARIABLES"; Trainboard's batch script, ``cloud_adapters.slurm.script``).
+
+    ``SLURM_NODEID`` is this node's index in the allocation (the node rank), ``SLURM_NNODES`` the
+    number of nodes, ``SLURM_JOB_NODELIST`` the hosts (compressed, :func:`expand_nodelist`); the
+    first host is node 0 and the rendezvous. Its address is ``SLURM_LAUNCH_NODE_IPADDR`` when set,
+    since the batch script, and so its srun, runs on the first node of the allocation (sbatch(1)
+    "DESCRIPTION"); that needs no name resolution on the nodes. Else the host name itself.
+    The rendezvous port is ``MASTER_PORT`` when set, else 20000 + job id mod 20000, so two jobs that
+    share a node do not collide. Processes per node: ``--nproc-per-node``, else
+    ``SLURM_GPUS_ON_NODE`` when > 0, else the config's ``parallel.procs_per_node``.
+    """
+    who = "Slurm"
+    job_id = _int_var(env, "SLURM_JOB_ID", who)
+    node_rank = _int_var(env, "SLURM_NODEID", who)
+    try:
+        hosts = expand_nodelist(_require(env, "SLURM_JOB_NODELIST", who, "srun sets it in every task"))
+    except ValueError as exc:
+        raise PlatformError(f"{who}: SLURM_JOB_NODELIST cannot be read: {exc}") from None
+    nnodes = _int_var(env, "SLURM_NNODES", who, minimum=1, required=False, default=len(hosts))
+    if nnodes != len(hosts):
+        raise PlatformError(f"{who}: SLURM_NNODES is {nnodes} but SLURM_JOB_NODELIST names {len(hosts)} host(s)")
+    if node_rank >= nnodes:
+        raise PlatformError(f"{who}: SLURM_NODEID {node_rank} is not below SLURM_NNODES {nnodes}")
+    gpus = _int_var(env, "SLURM_GPUS_ON_NODE", who, required=False, default=0)
+    master = env.get("SLURM_LAUNCH_NODE_IPADDR", "").strip() or hosts[0]
+    port = _port_var(env, "MASTER_PORT", who, default=SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN)
+    return LaunchPlan(platform="slurm", nnodes=nnodes, node_rank=node_rank,
+                      nproc_per_node=_nproc(cfg, gpus, nproc),
+                      master_addr=master if nnodes > 1 else "", master_port=port if nnodes > 1 else 0,
+                      reason=reason or f"SLURM_JOB_ID {job_id}, first host {hosts[0]}")
+
+
 # -- detection -------------------------------------------------------------------------------------
 
 
 READERS: dict[str, Reader] = {
     "torchrun": read_torchrun, "sagemaker": read_sagemaker, "vertex": read_vertex,
-    "azureml": read_azureml, "local": read_local,
+    "azureml": read_azureml, "slurm": read_slurm, "local": read_local,
 }
 
 
@@ -607,6 +697,8 @@ def detect(env: Env, *, standalone: bool = False) -> tuple[str, str]:
     vertex = [k for k in ("CLUSTER_SPEC", "CLOUD_ML_JOB_ID", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR") if env.get(k)]
     if vertex:
         return "vertex", f"{vertex[0]} is set"
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_NODEID"):
+        return "slurm", "SLURM_JOB_ID and SLURM_NODEID are set"
     if torchrun_vars:
         if len(torchrun_vars) < len(TORCHRUN_VARS):
             missing = [k for k in TORCHRUN_VARS if k not in env]

@@ -364,6 +364,25 @@ TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
 # The container images a GPU-box job may name (exact references or prefixes ending in *, separated by
 # commas or spaces); "" = none: every job runs on the host.
 TRAINBOARD_GPUBOX_ALLOWED_IMAGES = env.str("TRAINBOARD_GPUBOX_ALLOWED_IMAGES", default="").strip()
+# A Slurm backend's host settings (cloud_adapters.slurm.backend.SETTINGS): how the worker reaches the
+# cluster ("local": it runs on the login node and consumes slurm.<backend>; "ssh": to the login host
+# with the backend's stored key), the slurm.conf every command gets as SLURM_CONF, the run directories'
+# place on the shared filesystem, the nodes' interpreter and the images a job may run in. The
+# operator's alone, as the GPU box's are; the adapter checks their form.
+TRAINBOARD_SLURM_TRANSPORT = env.str("TRAINBOARD_SLURM_TRANSPORT", default="local").strip()
+if TRAINBOARD_SLURM_TRANSPORT not in ("local", "ssh"):
+    raise ImproperlyConfigured(f"TRAINBOARD_SLURM_TRANSPORT must be local or ssh (got {TRAINBOARD_SLURM_TRANSPORT!r})")
+TRAINBOARD_SLURM_LOGIN_HOST = env.str("TRAINBOARD_SLURM_LOGIN_HOST", default="").strip()
+_ssh_port = env.str("TRAINBOARD_SLURM_SSH_PORT", default="").strip()
+if _ssh_port and not (_ssh_port.isdigit() and 1 <= int(_ssh_port) <= 65535):
+    raise ImproperlyConfigured(f"TRAINBOARD_SLURM_SSH_PORT must be a TCP port (got {_ssh_port!r})")
+TRAINBOARD_SLURM_SSH_PORT = int(_ssh_port) if _ssh_port else None
+TRAINBOARD_SLURM_SSH_USER = env.str("TRAINBOARD_SLURM_SSH_USER", default="").strip()
+TRAINBOARD_SLURM_SSH_HOST_KEY = env.str("TRAINBOARD_SLURM_SSH_HOST_KEY", default="").strip()
+TRAINBOARD_SLURM_CONF = env.str("TRAINBOARD_SLURM_CONF", default="").strip()
+TRAINBOARD_SLURM_WORK_DIR = env.str("TRAINBOARD_SLURM_WORK_DIR", default="").strip()
+TRAINBOARD_SLURM_PYTHON = env.str("TRAINBOARD_SLURM_PYTHON", default="").strip()  # "" = python3 on the nodes
+TRAINBOARD_SLURM_ALLOWED_IMAGES = env.str("TRAINBOARD_SLURM_ALLOWED_IMAGES", default="").strip()
 # Whose cloud backends may call their provider with the worker's own identity (boto3's default chain,
 # Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
 # own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because

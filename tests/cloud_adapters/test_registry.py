@@ -15,9 +15,9 @@ from cloud_adapters.gpubox import GpuBoxBackend
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_four_kinds_are_registered_with_their_extras():
-    assert list(registry.KINDS) == ["gpubox", "sagemaker", "vertex", "azureml"]
-    assert [kind for kind, _ in registry.kind_choices()] == ["gpubox", "sagemaker", "vertex", "azureml"]
+def test_the_kinds_are_registered_with_their_extras():
+    assert list(registry.KINDS) == ["gpubox", "sagemaker", "vertex", "azureml", "slurm"]
+    assert [kind for kind, _ in registry.kind_choices()] == ["gpubox", "sagemaker", "vertex", "azureml", "slurm"]
     assert registry.backend_class("gpubox") is GpuBoxBackend
     assert GpuBoxBackend.kind == "gpubox" and GpuBoxBackend.queue == "gpubox"
     assert registry.EXTRAS == {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure"}
@@ -29,7 +29,7 @@ def test_the_four_kinds_are_registered_with_their_extras():
 def test_unknown_kind_lists_the_known_ones():
     with pytest.raises(InvalidSpec) as err:
         registry.backend_class("lambda-labs")
-    assert str(err.value) == "unknown backend kind 'lambda-labs'; known kinds: azureml, gpubox, sagemaker, vertex."
+    assert str(err.value) == "unknown backend kind 'lambda-labs'; known kinds: azureml, gpubox, sagemaker, slurm, vertex."
 
 
 def test_missing_sdk_names_the_extra(monkeypatch):

@@ -23,6 +23,9 @@ COVERS = {
               "image download included (Vertex AI API reference, Scheduling timeout)",
     "azureml": "the whole job, preparing the environment and starting the nodes included; at the limit Azure ML "
                "cancels the job (Azure Machine Learning documentation, command job timeout)",
+    "slurm": "the job's run on its nodes from the moment Slurm starts it (time waiting in the queue does not count), "
+             "rounded up to whole minutes; at the limit Slurm sends the processes SIGTERM, then SIGKILL (Slurm "
+             "documentation, sbatch --time)",
 }
 
 
