@@ -5,23 +5,27 @@ trainer the way this machine needs.
     python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2   # this machine
     torchrun --standalone --nproc_per_node 2 -m trainer_pkg.launch --config job.json
     python -m trainer_pkg.launch --config job.json --platform vertex  # skip detection
+    python -m trainer_pkg.launch --config env:TRAINBOARD_JOB_CONFIG   # the JSON in a variable
 
 What runs where (the platform is detected as in :mod:`trainer_pkg.platforms` and logged as
 ``[launch] platform: sagemaker (SM_HOSTS is set), node_rank 1 of 2 node(s) × 2 process(es) ...``):
 
-=========  ==========================================================================================
-torchrun   ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set: this process is one rank; train here.
-sagemaker  ``SM_HOSTS``/``SM_CURRENT_HOST``: start torchrun --nnodes len(hosts) --node_rank (index of
-           this host) --master_addr (first host) with one process per GPU (or parallel.procs_per_node
-           on CPU); string hyperparameters parsed to the config's types; output → /opt/ml/model,
-           checkpoints → /opt/ml/checkpoints, data → the ``train`` channel.
-vertex     ``CLUSTER_SPEC`` + per-machine ``RANK``/``WORLD_SIZE``: start torchrun with per-process
-           ranks; output → ``AIP_MODEL_DIR``, checkpoints → ``AIP_CHECKPOINT_DIR`` (gs:// via /gcs).
-azureml    ``AZUREML_RUN_ID`` + per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: Azure started the
-           ranks; train here. Output/checkpoints → the job's ``AZURE_ML_OUTPUT_<name>`` folders.
-local      ``--standalone``: torchrun on this machine with ``--nproc-per-node`` processes (default
-           ``parallel.procs_per_node``); nothing set: one process.
-=========  ==========================================================================================
+==========  ==========================================================================================
+torchrun    ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set: this process is one rank; train here.
+sagemaker   ``SM_HOSTS``/``SM_CURRENT_HOST``: start torchrun --nnodes len(hosts) --node_rank (index of
+            this host) --master_addr (first host) with one process per GPU (or parallel.procs_per_node
+            on CPU); string hyperparameters parsed to the config's types; output → /opt/ml/model,
+            checkpoints → /opt/ml/checkpoints, data → the ``train`` channel.
+vertex      ``CLUSTER_SPEC`` + per-machine ``RANK``/``WORLD_SIZE``: start torchrun with per-process
+            ranks; output → ``AIP_MODEL_DIR``, checkpoints → ``AIP_CHECKPOINT_DIR`` (gs:// via /gcs).
+azureml     ``AZUREML_RUN_ID`` + per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: Azure started the
+            ranks; train here. Output/checkpoints → the job's ``AZURE_ML_OUTPUT_<name>`` folders.
+kubernetes  ``PET_NNODES``/``PET_NODE_RANK`` (Kubeflow Trainer's torch runtime, one pod per node):
+            start torchrun --nnodes PET_NNODES --node_rank PET_NODE_RANK --master_addr
+            PET_MASTER_ADDR --master_port PET_MASTER_PORT with PET_NPROC_PER_NODE processes.
+local       ``--standalone``: torchrun on this machine with ``--nproc-per-node`` processes (default
+            ``parallel.procs_per_node``); nothing set: one process.
+==========  ==========================================================================================
 
 A user's script (``code.script``: ``train.py`` relative to ``code.dir``, or ``-m package.module``, with
 ``code.args``) runs instead of the trainer, the same way: torchrun starts it as ``python train.py
@@ -40,6 +44,11 @@ passes them to the ranks) or to the script this process runs; when the ranks sto
 checkpoint and a ``stopped`` record were written) the exit code is 0. A script run by this process
 exits as it chooses; one under torchrun gets torchrun's code after a signal (1: torchrun does not
 report its ranks' codes then).
+
+``--config env:NAME`` reads the JobConfig JSON from the environment variable ``NAME`` instead of a
+file (a Kubernetes TrainJob passes it in ``trainer.env``, so no ConfigMap is needed) and writes it to
+``trainboard-job.json`` in the working directory (the temporary directory when that is not writable),
+which is then the config file, as if ``--config`` had named it.
 
 Exit codes: 0 success (or a clean stop on SIGTERM), 1 training failed, 2 the config is invalid (for a
 script: ``code.dir`` empty, or the file missing) or the platform's environment lacks or garbles a
@@ -78,9 +87,18 @@ from trainer_pkg.platforms import (
 
 # Variables a platform or an outer launcher set that must not leak into the torchrun we start: it
 # sets its own per-process values (Vertex's RANK/WORLD_SIZE count machines, not processes).
+# Kubeflow Trainer's PET_* variables are torchrun's own defaults for its options: the launcher passes
+# the options itself, so they go too.
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
               "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+              "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+              "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+CONFIG_FROM_ENV = "env:"
+"""``--config env:NAME``: the config's JSON is the value of the environment variable NAME."""
+CONFIG_FROM_ENV_FILE = "trainboard-job.json"
+"""Where ``--config env:NAME`` writes the JSON (in the working directory) for the rest of the run."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -186,6 +204,38 @@ def read_config(path: str) -> JobConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     return world_shape.validate(JobConfig.from_json(text))
+
+
+def config_from_env(spec: str, env: Mapping[str, str], directory: str | None = None) -> str:
+    """For ``--config env:NAME``: check that ``env[NAME]`` is a JSON object, write it atomically to
+    :data:`CONFIG_FROM_ENV_FILE` in ``directory`` (default the working directory; the temporary
+    directory when that cannot be written) and return the file's path. Raises :class:`ConfigError`
+    when NAME is not a variable name, is unset or empty, or does not hold a JSON object."""
+    name = spec[len(CONFIG_FROM_ENV):]
+    if not _ENV_NAME.fullmatch(name):
+        raise ConfigError(f"--config env:NAME needs an environment variable name, got {name!r}")
+    text = env.get(name, "")
+    if not text.strip():
+        raise ConfigError(f"environment variable {name} is not set (or empty); it must hold the job's "
+                          "JobConfig as JSON")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"environment variable {name} is not valid JSON: {exc} (value {text[:200]!r})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"environment variable {name} must hold a JSON object, got {type(data).__name__}")
+    last_error: OSError | None = None
+    for where in (directory or os.getcwd(), tempfile.gettempdir()):
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".trainboard-job-", suffix=".json", dir=where)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            path = os.path.join(where, CONFIG_FROM_ENV_FILE)
+            os.replace(tmp, path)
+            return path
+        except OSError as exc:
+            last_error = exc
+    raise ConfigError(f"cannot write the config from {name} to a file: {last_error}")
 
 
 def torchrun_command(config_path: str, plan: LaunchPlan, *, python: str = sys.executable,
@@ -389,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  azureml    AZUREML_RUN_ID (+ per-process RANK...) -> Azure started the ranks; train here\n"
             "  sagemaker  SM_HOSTS / SM_CURRENT_HOST             -> torchrun over the job's hosts\n"
             "  vertex     CLUSTER_SPEC (+ per-machine RANK...)   -> torchrun over the job's machines\n"
+            "  kubernetes PET_NNODES, PET_NODE_RANK (TrainJob)   -> torchrun over the TrainJob's pods\n"
             "  local      --standalone                           -> torchrun on this machine\n"
             "             nothing set                            -> one process\n\n"
             "On a cloud the platform's directories replace the config's: model/output, checkpoints\n"
@@ -405,7 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
                "Example: python -m trainer_pkg.launch --config job.json --standalone --nproc-per-node 2",
     )
     p.add_argument("--config", required=True, metavar="JOB_JSON",
-                   help="the job's JobConfig as JSON (missing fields take their defaults)")
+                   help="the job's JobConfig as JSON (missing fields take their defaults): a file, or "
+                        "env:NAME for the JSON in environment variable NAME (written to "
+                        f"./{CONFIG_FROM_ENV_FILE} for the ranks)")
     p.add_argument("--platform", choices=("auto",) + PLATFORMS, default="auto",
                    help="where this runs; auto (default) detects it from the environment")
     p.add_argument("--standalone", action="store_true",
@@ -420,7 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     plan: LaunchPlan | None = None
     try:
-        cfg = read_config(args.config)
+        config_path = args.config
+        if config_path.startswith(CONFIG_FROM_ENV):
+            config_path = config_from_env(config_path, os.environ)
+        cfg = read_config(config_path)
         plan = make_plan(os.environ, cfg, platform=args.platform, nproc=args.nproc_per_node,
                          standalone=args.standalone)
         try:

@@ -23,12 +23,15 @@ Detection (:func:`detect`), first match wins:
    ``<root>/input/config/resourceconfig.json`` → sagemaker.
 4. ``CLUSTER_SPEC``, ``CLOUD_ML_JOB_ID`` or ``AIP_MODEL_DIR`` → vertex.
 5. ``SLURM_JOB_ID`` with ``SLURM_NODEID`` (a task srun started) → slurm.
-6. ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` (torchrun, ``torch.distributed.launch``, mpirun wrappers)
+6. ``PET_NNODES`` and ``PET_NODE_RANK`` (Kubeflow Trainer's torch runtime), unless torchrun's
+   ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` are all set too (then torchrun already started the ranks)
+   → kubernetes.
+7. ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` (torchrun, ``torch.distributed.launch``, mpirun wrappers)
    → torchrun.
-7. Otherwise → local (``--standalone``: torchrun on this machine; without it: one process).
+8. Otherwise → local (``--standalone``: torchrun on this machine; without it: one process).
 
 The facts each reader relies on, with their sources, are in ``shared/reference/clouds.md`` (§1.5,
-§1.6 SageMaker; §2.3 Vertex AI; §3.4 Azure ML).
+§1.6 SageMaker; §2.3 Vertex AI; §3.4 Azure ML; §7 Kubernetes).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any, Callable, Mapping
 from trainer_pkg import world_shape
 from trainer_pkg.config import JobConfig, apply_overrides
 
-PLATFORMS = ("torchrun", "sagemaker", "vertex", "azureml", "slurm", "local")
+PLATFORMS = ("torchrun", "sagemaker", "vertex", "azureml", "slurm", "kubernetes", "local")
 """Names accepted by ``--platform`` (besides ``auto``)."""
 
 LAUNCHED_BY_US = "TRAINBOARD_LAUNCH_PLATFORM"
@@ -665,12 +668,64 @@ def read_slurm(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalone
                       reason=reason or f"SLURM_JOB_ID {job_id}, first host {hosts[0]}")
 
 
+# -- Kubernetes (Kubeflow Trainer) -----------------------------------------------------------------
+
+
+KUBERNETES_VARS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def read_kubernetes(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalone: bool = False,
+                    reason: str = "") -> LaunchPlan:
+    """A pod of a Kubeflow Trainer ``TrainJob`` on the torch runtime (clouds.md §7).
+
+    Trainer's torch plugin (kubeflow/trainer ``pkg/runtime/framework/plugins/torch/torch.go``) starts
+    one container per node and sets, for torchrun: ``PET_NNODES`` (numNodes), ``PET_NPROC_PER_NODE``
+    (numProcPerNode: an integer, or ``auto``/``gpu``/``cpu`` as torchrun's ``--nproc-per-node``
+    takes them), ``PET_NODE_RANK`` (the pod's Job completion index), ``PET_MASTER_ADDR`` (node 0's
+    pod, ``<trainjob>-node-0-0.<trainjob>``) and ``PET_MASTER_PORT`` (29400). The launcher starts
+    torchrun with those values. ``auto`` is one process per visible GPU, else the CPUs this process
+    may use (torchrun's ``auto`` on a machine without GPUs); ``gpu`` needs a GPU; ``cpu`` is the CPU
+    count. ``--nproc-per-node`` wins over all of them. Directories are the config's (the pod mounts
+    whatever volume the config names).
+    """
+    who = "Kubernetes"
+    hint = "Kubeflow Trainer's torch runtime sets it on every TrainJob pod"
+    nnodes = _int_var(env, "PET_NNODES", who, minimum=1)
+    node_rank = _int_var(env, "PET_NODE_RANK", who)
+    if node_rank >= nnodes:
+        raise PlatformError(f"{who}: PET_NODE_RANK {node_rank} is not below PET_NNODES {nnodes}")
+    per_node = nproc if nproc is not None else _kubernetes_nproc(env, who, hint)
+    master_addr, master_port = "", 0
+    if nnodes > 1:
+        master_addr = _require(env, "PET_MASTER_ADDR", who, hint)
+        master_port = _port_var(env, "PET_MASTER_PORT", who)
+    return LaunchPlan(platform="kubernetes", nnodes=nnodes, node_rank=node_rank, nproc_per_node=per_node,
+                      master_addr=master_addr, master_port=master_port,
+                      reason=reason or "PET_NNODES and PET_NODE_RANK are set")
+
+
+def _kubernetes_nproc(env: Env, who: str, hint: str) -> int:
+    raw = _require(env, "PET_NPROC_PER_NODE", who, hint).lower()
+    gpus = _visible_gpus(env)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if raw == "auto":
+        return gpus or cpus
+    if raw == "cpu":
+        return cpus
+    if raw == "gpu":
+        if not gpus:
+            raise PlatformError(f"{who}: PET_NPROC_PER_NODE is 'gpu' but this pod sees no GPU; request "
+                                "nvidia.com/gpu in the TrainJob's resourcesPerNode or use an integer")
+        return gpus
+    return _int_var(env, "PET_NPROC_PER_NODE", who, minimum=1)
+
+
 # -- detection -------------------------------------------------------------------------------------
 
 
 READERS: dict[str, Reader] = {
     "torchrun": read_torchrun, "sagemaker": read_sagemaker, "vertex": read_vertex,
-    "azureml": read_azureml, "slurm": read_slurm, "local": read_local,
+    "azureml": read_azureml, "slurm": read_slurm, "kubernetes": read_kubernetes, "local": read_local,
 }
 
 
@@ -699,6 +754,8 @@ def detect(env: Env, *, standalone: bool = False) -> tuple[str, str]:
         return "vertex", f"{vertex[0]} is set"
     if env.get("SLURM_JOB_ID") and env.get("SLURM_NODEID"):
         return "slurm", "SLURM_JOB_ID and SLURM_NODEID are set"
+    if env.get("PET_NNODES") and env.get("PET_NODE_RANK") and len(torchrun_vars) < len(TORCHRUN_VARS):
+        return "kubernetes", "PET_NNODES and PET_NODE_RANK are set"
     if torchrun_vars:
         if len(torchrun_vars) < len(TORCHRUN_VARS):
             missing = [k for k in TORCHRUN_VARS if k not in env]
