@@ -24,6 +24,9 @@ What it serves (every other path is a 404 ``Status``; every request needs ``Auth
   ``spec.suspend``; the rest of the spec is immutable, as the CRD's ``self == oldSelf`` rules say),
   DELETE (``propagationPolicy`` Foreground, Background or Orphan, in the query or a DeleteOptions body).
 - ``GET /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes[/{name}]``: ``torch-distributed``.
+- ``GET /api/v1/nodes[/{name}]`` (:attr:`KubeStandin.node_count` nodes with
+  :attr:`KubeStandin.node_labels`) and ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``
+  (201, ``status.allowed`` = :attr:`KubeStandin.access_allowed`).
 - Pods, ``GET /api/v1[/namespaces/{ns}]/pods`` (``labelSelector``), ``GET …/pods/{name}`` and
   ``GET …/pods/{name}/log`` with ``container``, ``timestamps``, ``sinceTime``, ``sinceSeconds``,
   ``tailLines``, ``limitBytes`` as PodLogOptions documents them (kubernetes.io API reference, core/v1
@@ -558,6 +561,13 @@ class KubeStandin:
         self.tick_s = tick_s
         self.schedulable = True
         """False keeps new pods Pending (unschedulable), as a cluster without free nodes would."""
+        self.node_count = 4
+        """Nodes ``standin-node-0`` … served by ``GET /api/v1/nodes``; pod of completion index i runs on node i."""
+        self.node_labels: dict[str, str] = {"node.kubernetes.io/instance-type": "standin-cpu-4",
+                                            "topology.kubernetes.io/region": "standin"}
+        """Labels every node carries (the well-known instance-type label prices a node pool)."""
+        self.access_allowed = True
+        """The answer to every SelfSubjectAccessReview (``kubectl auth can-i``)."""
         self.runtimes = {"torch-distributed": TORCH_DISTRIBUTED_RUNTIME}
         self.requests: list[RecordedRequest] = []
         self.lock = threading.RLock()
@@ -1152,6 +1162,8 @@ TRAINJOBS = re.compile(rf"^/apis/{re.escape(GROUP)}/{VERSION}(?:/namespaces/([^/
 RUNTIMES = re.compile(rf"^/apis/{re.escape(GROUP)}/{VERSION}/clustertrainingruntimes(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1(?:/namespaces/([^/]+))?/pods(?:/([^/]+)(/log)?)?$")
 NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
+NODES = re.compile(r"^/api/v1/nodes(?:/([^/]+))?$")
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1236,6 +1248,17 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(404, "NotFound", f'namespaces "{name}" not found', {"name": name, "kind": "namespaces"})
             return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, name))},
                          "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+        if match := NODES.match(path):
+            if method != "GET":
+                raise _not_allowed(method)
+            return self._nodes(match.group(1), query)
+        if path == ACCESS_REVIEWS:
+            if method != "POST" or not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "POST a SelfSubjectAccessReview")
+            review = copy.deepcopy(body)
+            review["status"] = {"allowed": standin.access_allowed,
+                                **({} if standin.access_allowed else {"reason": "the stand-in denies it"})}
+            return 201, review
         if match := TRAINJOBS.match(path):
             return self._trainjobs(method, match.group(1), match.group(2), query, body, content_type)
         if match := RUNTIMES.match(path):
@@ -1255,6 +1278,32 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _not_allowed(method)
             return self._pods(match.group(1), match.group(2), bool(match.group(3)), query)
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _nodes(self, name, query):
+        standin = self.standin
+        nodes = []
+        for i in range(standin.node_count):
+            node_name = f"standin-node-{i}"
+            nodes.append({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node_name, "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, node_name)),
+                             "labels": {"kubernetes.io/hostname": node_name, "kubernetes.io/os": "linux",
+                                        **standin.node_labels}},
+                "spec": {},
+                "status": {"capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                           "allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                           "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                           "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                         {"type": "Hostname", "address": node_name}]},
+            })
+        if name is None:
+            selector = _selector(query)
+            return 200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": str(standin._rv)},
+                         "items": [n for n in nodes if selector(n["metadata"]["labels"])]}
+        for node in nodes:
+            if node["metadata"]["name"] == name:
+                return 200, node
+        raise ApiError(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
 
     def _namespace(self, namespace: str) -> None:
         if namespace not in self.standin.namespaces:

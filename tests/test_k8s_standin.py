@@ -76,6 +76,14 @@ def test_discovery_namespaces_runtime_and_token(kube_standin, api, custom, core)
     runtime = custom.get_cluster_custom_object(GROUP, VERSION, "clustertrainingruntimes", "torch-distributed")
     assert runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == "auto"
 
+    nodes = core.list_node(label_selector="node.kubernetes.io/instance-type=standin-cpu-4").items
+    assert [n.metadata.name for n in nodes] == [f"standin-node-{i}" for i in range(4)]
+    assert core.read_node("standin-node-1").metadata.labels["kubernetes.io/hostname"] == "standin-node-1"
+    review = client.AuthorizationV1Api(api).create_self_subject_access_review(client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=client.V1ResourceAttributes(
+            group=GROUP, resource="trainjobs", verb="create", namespace="default"))))
+    assert review.status.allowed is True
+
     configuration = client.Configuration(host=kube_standin.url)
     configuration.api_key = {"authorization": "Bearer wrong-token"}
     status, body = error_of(lambda: client.CoreV1Api(client.ApiClient(configuration)).read_namespace("default"))
