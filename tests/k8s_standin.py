@@ -576,6 +576,7 @@ class KubeStandin:
         self._rv = 1
         self._tj_state: dict[tuple[str, str], dict] = {}  # per TrainJob: jobset uid, master port, deadline clock
         self._all_procs: list[subprocess.Popen] = []
+        self._groups: set[int] = set()
         self._stop = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
@@ -735,7 +736,9 @@ class KubeStandin:
             self.ticks += 1
 
     def reconcile(self) -> None:
+        """One controller pass over every TrainJob and orphaned pod."""
         with self.lock:
+            self._groups = set(_process_groups().values())  # one /proc scan per pass
             for key in list(self.trainjobs):
                 self._reconcile_trainjob(key)
             self._reconcile_orphans()
@@ -970,8 +973,8 @@ class KubeStandin:
                 del self.pods[key]
 
     def _live_pod_names(self) -> set[str]:
-        groups = {pid for pid in _process_groups().values()}
-        return {p.name for p in self.pods.values() if p.proc is not None and p.proc.pid in groups}
+        """Pods with a live process in their group, as of this pass's /proc scan."""
+        return {p.name for p in self.pods.values() if p.proc is not None and p.proc.pid in self._groups}
 
     @staticmethod
     def _has_condition(obj: dict, type_: str) -> bool:
