@@ -378,7 +378,8 @@ class InstancePriceForm(forms.ModelForm):
         labels = {"usd_per_hour": "USD per hour", "usd_per_gpu_hour": "USD per GPU-hour"}
         help_texts = {
             "region": "Clouds: the provider's region code, e.g. us-east-1, us-central1, eastus. Slurm and "
-                      "Kubernetes (internal rate): the cluster's name, as its backend's settings name it.",
+                      "Kubernetes (internal rate): the cluster's name, as its backend's settings name it (a Slurm "
+                      "backend's Cluster name).",
             "instance_type": "Clouds: e.g. ml.g5.xlarge, n1-standard-8, Standard_NC6s_v3. Slurm: the partition; "
                              "Kubernetes: the node pool.",
             "usd_per_hour": "Clouds: on-demand USD per instance-hour (per accelerator-hour for accelerator rows). "

@@ -585,16 +585,22 @@ class SlurmBackend(Backend):
         return listed
 
     def test_connection(self) -> list[ConnectionCheck]:
-        """Three read-only checks: the Slurm commands answer (``sinfo --version`` through the
+        """The transport's own checks (over SSH: "SSH connection", "SSH host key", "SSH login"; stops
+        there when one fails), then three: the Slurm commands answer (``sinfo --version`` through the
         transport), the partition exists and is up (``sinfo -p``), the working directory is writable
         (a file written and read back). Never raises."""
-        checks = []
+        try:
+            checks = self.transport.check_connection()
+        except BackendError as exc:  # the transport cannot be built from the settings (no or a bad key)
+            return [ConnectionCheck("transport", False, str(exc))]
+        if not all(check.ok for check in checks):
+            return checks
         try:
             version = self._run(["sinfo", "--version"])
             checks.append(ConnectionCheck("Slurm commands", version.ok, version.stdout.strip() or
                                           version.stderr.strip()[:300] or "sinfo failed"))
         except BackendError as exc:
-            return [ConnectionCheck("Slurm commands", False, str(exc))]
+            return [*checks, ConnectionCheck("Slurm commands", False, str(exc))]
         partition = self.config["partition"]
         try:
             out = self._run(["sinfo", "-h", "-p", partition, "-o", "%P|%a|%D|%c|%G"])

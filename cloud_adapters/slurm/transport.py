@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from typing import Mapping, Protocol, Sequence
 
-from cloud_adapters.base import ProviderError
+from cloud_adapters.base import ConnectionCheck, ProviderError
 
 MAX_READ_BYTES = 4 * 1024 * 1024
 """The most bytes one :meth:`Transport.read_file` returns."""
@@ -62,6 +62,11 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Release the connection, if any."""
+
+    def check_connection(self) -> list[ConnectionCheck]:
+        """The checks of the way to the cluster itself, for the backend's Test connection, before it
+        runs any Slurm command (SSH: connection, host key, login); [] when there is nothing to check
+        (this machine). Never raises for a failed check."""
 
 
 class LocalTransport:
@@ -106,3 +111,6 @@ class LocalTransport:
 
     def close(self) -> None:
         return None
+
+    def check_connection(self) -> list[ConnectionCheck]:
+        return []
