@@ -258,11 +258,14 @@ class SshTransport:
             options = transport.get_security_options()
             options.key_types = wanted + [k for k in options.key_types if k not in wanted]
             try:
+                # start_client returns at its timeout even when the key exchange has not finished; the
+                # server's key is then not there yet and get_remote_server_key raises "No existing session".
                 transport.start_client(timeout=self.connect_timeout)
+                presented = transport.get_remote_server_key()
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise ProviderError(f"SSH handshake with {self.where} failed ({exc or type(exc).__name__}); "
                                     f"will retry.", transient=True) from None
-            self._check_host_key(transport.get_remote_server_key())
+            self._check_host_key(presented)
             try:
                 transport.auth_publickey(self.user, self._pkey)
             except paramiko.AuthenticationException:

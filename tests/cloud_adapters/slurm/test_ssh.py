@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -263,6 +264,19 @@ def test_nothing_listening_is_a_transient_error(tmp_path, server):
     with pytest.raises(ProviderError, match="cannot connect to SSH on 127.0.0.1:") as caught:
         t.run(["true"])
     assert caught.value.transient
+
+
+def test_a_port_that_never_speaks_ssh_is_a_transient_error(server):
+    # A listening socket nobody accepts on: the kernel completes the TCP handshake, no banner ever comes.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        t = _transport(server, port=silent.getsockname()[1], connect_timeout=1)
+        started = time.monotonic()
+        with pytest.raises(ProviderError, match="SSH handshake with 127.0.0.1:.* failed") as caught:
+            t.run(["true"])
+    assert caught.value.transient
+    assert time.monotonic() - started < 30  # bounded by connect_timeout, not paramiko's defaults
 
 
 def test_a_server_stopped_after_the_first_call_gives_a_transient_error(tmp_path):
