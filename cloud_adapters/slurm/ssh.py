@@ -38,6 +38,7 @@ import shlex
 import socket
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from cloud_adapters.base import ConnectionCheck, CredentialsError, InvalidSpec, MissingDependency, ProviderError
@@ -218,6 +219,7 @@ class SshTransport:
         self._lock = threading.RLock()
         self._transport: Any = None  # paramiko.Transport, open
         self._sftp: Any = None  # paramiko.SFTPClient on it, opened on first file call
+        self._finalizer: weakref.finalize | None = None  # closes _transport when this object is collected
 
     def __repr__(self) -> str:
         return f"SshTransport({self.user}@{self.where})"
@@ -297,11 +299,17 @@ class SshTransport:
             if self._transport is None or not self._transport.is_active():
                 self._drop()
                 self._transport = self._connect()
+                # A backend (and its transport) lives for one task and nobody calls close(); paramiko's
+                # connection thread would outlive it, so the connection closes when this object goes.
+                self._finalizer = weakref.finalize(self, self._transport.close)
             return self._transport
 
     def _drop(self) -> None:
         with self._lock:
             sftp, transport, self._sftp, self._transport = self._sftp, self._transport, None, None
+            finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer.detach()
         for thing in (sftp, transport):
             if thing is not None:
                 try:

@@ -6,6 +6,7 @@ JSON, so a hostile argument that a shell would have interpreted shows up as the 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ import pytest
 from cloud_adapters.base import CredentialsError, InvalidSpec, ProviderError
 from cloud_adapters.slurm.ssh import SshTransport, parse_host_key, parse_private_key, remote_command
 from cloud_adapters.slurm.transport import MAX_READ_BYTES
+from polling import wait_for
 from sshkit import free_port, keygen, sshd_server
 
 PRINT_ARGV = ["python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
@@ -154,6 +156,18 @@ def test_a_dropped_connection_is_reopened_once(server, transport):
     transport.write_file(path, b"written after a drop")
     server.drop_connections()
     assert transport.read_file(path) == b"written after a drop"
+
+
+def test_a_transport_nobody_closes_closes_its_connection_when_it_goes(server):
+    # A backend lives for one Celery task and nobody closes it: its connection must not outlive it.
+    before = set(server.connection_pids())
+    t = _transport(server)
+    assert t.run(["true"]).ok
+    (mine,) = set(server.connection_pids()) - before
+    del t
+    gc.collect()
+
+    wait_for(lambda: mine not in server.connection_pids(), timeout=10, what="the connection to close")
 
 
 def test_close_is_idempotent_and_a_later_call_reconnects(server, transport):
