@@ -188,10 +188,37 @@ class JobSpec:
     secret_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # environment variables whose values are secrets: set in the job's processes, never logged,
     # tagged or shown back (the backend's job secrets)
+    devices: tuple[int, ...] = ()  # the GPU indices (or, on a CPU-only box, slot numbers) the
+    # dashboard allocated to this job on a backend that allocates them (Backend.inventory); () = none
+    # allocated: the job sees what the backend gives every job
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """What a backend that shares one machine between jobs can hand out (:meth:`Backend.inventory`):
+    its GPUs, or, on a machine without one, its process slots. A job needs one device per process
+    (``JobSpec.procs_per_node``); the dashboard allocates them (``jobs.admission``)."""
+
+    kind: str  # "gpu" (devices are GPU indices, as CUDA_VISIBLE_DEVICES names them) or "slot"
+    devices: tuple[int, ...]  # the indices or slot numbers jobs may be given, ascending, no repeats
+    source: str  # how they were found: "nvml", "gpu_ids setting", "slots setting", "max processes"
+    names: tuple[str, ...] = ()  # per device, the GPU's name (NVML's nvmlDeviceGetName); () for slots
+    memory_bytes: tuple[int, ...] = ()  # per device, its total memory in bytes (NVML); () = not known
+    max_concurrent_jobs: int | None = None  # most jobs active at once; None = no limit but the devices
+
+    @property
+    def capacity(self) -> int:
+        """How many devices one job may be given at most: all of them."""
+        return len(self.devices)
+
+    def unit(self, count: int) -> str:
+        """``"4 GPUs"``, ``"1 GPU"``, ``"2 slots"``: ``count`` devices of this kind."""
+        word = "GPU" if self.kind == "gpu" else "slot"
+        return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +381,18 @@ class Backend(abc.ABC):
         box is served by the worker on that box (``gpubox.<name>``), a Slurm backend that runs the
         Slurm commands locally by the worker on its login node (``slurm.<name>``)."""
         return cls.queue
+    allocates_devices: ClassVar[bool] = False
+    """Whether the dashboard allocates this backend's devices to its jobs (:meth:`inventory`) and
+    holds a job QUEUED until enough are free, instead of handing every job to the provider at once
+    (a GPU box has no scheduler of its own; a cloud or a Slurm cluster queues jobs itself)."""
+
+    def inventory(self) -> Inventory | None:
+        """The devices this backend hands out to jobs, found on the machine it runs on (call it in
+        the worker of :meth:`queue_for`); None where the provider schedules jobs itself (the
+        default). Makes no provider call. Raises :class:`InvalidSpec` for settings that name no
+        device."""
+        return None
+
     dataset_schemes: ClassVar[frozenset[str]] = frozenset({""})
     """URI schemes (:func:`uri_scheme`) of the datasets this backend's jobs can read; ``""`` is a
     local path on the machine that runs the job. A built-in dataset (no URI) runs everywhere. The

@@ -28,7 +28,8 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
                "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE",
                "pip_args": "TRAINBOARD_GPUBOX_PIP_ARGS", "run_as": "TRAINBOARD_GPUBOX_RUN_AS",
                "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
-               "allowed_images": "TRAINBOARD_GPUBOX_ALLOWED_IMAGES"},
+               "allowed_images": "TRAINBOARD_GPUBOX_ALLOWED_IMAGES", "gpu_ids": "TRAINBOARD_GPUBOX_GPU_IDS",
+               "slots": "TRAINBOARD_GPUBOX_SLOTS", "max_concurrent_jobs": "TRAINBOARD_GPUBOX_MAX_CONCURRENT_JOBS"},
     "slurm": {"transport": "TRAINBOARD_SLURM_TRANSPORT", "login_host": "TRAINBOARD_SLURM_LOGIN_HOST",
               "ssh_port": "TRAINBOARD_SLURM_SSH_PORT", "ssh_user": "TRAINBOARD_SLURM_SSH_USER",
               "ssh_host_key": "TRAINBOARD_SLURM_SSH_HOST_KEY", "slurm_conf": "TRAINBOARD_SLURM_CONF",
@@ -68,7 +69,8 @@ def backend_declaration(kind: str) -> BackendSettings:
 def backend_host_settings(kind: str) -> frozenset[str]:
     """The settings of a ``kind`` backend that only staff may set (its declaration's host settings:
     for the gpubox ``run_root``, ``python``, ``max_procs_per_node``, ``pip_args``, ``run_as``,
-    ``env_passthrough``, ``allowed_images``); empty for an unknown kind."""
+    ``env_passthrough``, ``allowed_images``, ``gpu_ids``, ``slots``, ``max_concurrent_jobs``); empty for
+    an unknown kind."""
     return backend_declaration(kind).host
 
 
@@ -194,6 +196,15 @@ def backend_queue_holder(backend: ComputeBackend) -> ComputeBackend | None:
     return None
 
 
+def backend_allocates_devices(backend: ComputeBackend) -> bool:
+    """Whether the dashboard shares ``backend``'s devices between its jobs (``Backend.allocates_devices``:
+    a GPU box), holding a job QUEUED until they are free (:mod:`jobs.admission`); False if unknown."""
+    try:
+        return bool(registry.backend_class(backend.kind).allocates_devices)
+    except (LookupError, ValueError, BackendError):
+        return False
+
+
 def provider_job_name(job: TrainingJob) -> str:
     """Deterministic, provider-safe job name: ``tb-job-<id>-<creation time, hex seconds>``.
 
@@ -231,6 +242,7 @@ def job_spec(job: TrainingJob) -> JobSpec:
         code=code_bundle(job.code) if job.code_id else None,
         image=job.image or "",
         secret_env=dict(job.backend.job_secrets or {}),
+        devices=tuple(int(d) for d in job.allocated_gpus or ()),
     )
 
 

@@ -22,7 +22,8 @@ from django.utils import timezone
 
 from cloud_adapters.base import Backend, BackendError, JobHandle, uri_scheme
 from cloud_adapters.fingerprints import fingerprint_dataset
-from jobs.adapters import backend_adapter, job_spec
+from jobs import admission
+from jobs.adapters import backend_adapter, backend_allocates_devices, job_spec
 from jobs.models import JobStateChoices as S, TrainingJob
 from jobs.states import is_allowed, transition
 
@@ -82,7 +83,8 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
     """Start ``job`` on its backend (the body of ``jobs.tasks.submit_job``).
 
     QUEUED → SUBMITTING with a conditional update (a duplicate delivery gets ``False`` and returns
-    without calling the provider), ``Backend.submit`` (idempotent by job name), the handle stored,
+    without calling the provider; on a backend that shares its devices, a GPU box, only when the job
+    is admitted: :mod:`jobs.admission` gives it its devices or leaves it QUEUED with its wait reason), ``Backend.submit`` (idempotent by job name), the handle stored,
     → PENDING. A SUBMITTING job without a handle is resumed (submitted again; the provider adopts
     the job of that name) only by the caller that owns it (:func:`submission_claim`): one holding
     ``claim`` (the job's ``state_entered_at`` as its owner wrote it), a ``retrying`` caller (a Celery
@@ -91,19 +93,23 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
     Non-transient BackendErrors make the job FAILED with the message; transient ones propagate
     unchanged for the task to retry (``job.state_entered_at`` is then the token for that retry).
     """
+    adapter = None
     if job.state == S.QUEUED:
-        if not transition(job, S.SUBMITTING, submitted_at=timezone.now(),
-                          message=f"Submitting to backend {job.backend.name}"):
+        if backend_allocates_devices(job.backend):
+            # A GPU box shares its devices: the job starts only when enough are free (jobs.admission).
+            adapter = _adapter_or_fail(job)
+            if adapter is None or not _admit(job, adapter):
+                return job
+        elif not transition(job, S.SUBMITTING, submitted_at=timezone.now(),
+                            message=f"Submitting to backend {job.backend.name}"):
             return job
     else:
         if retrying and claim is None:
             claim = job.state_entered_at
         if not submission_claim(job, claim):
             return job
-    try:
-        adapter = backend_adapter(job.backend)
-    except (BackendError, LookupError, ValueError, TypeError) as exc:
-        training_job_fail(job, f"Backend {job.backend.name} cannot be used: {exc}")
+    adapter = adapter or _adapter_or_fail(job)
+    if adapter is None:
         return job
     _record_cloud_fingerprint(adapter, job)
     try:
@@ -113,6 +119,7 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
             TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Submission retrying: {exc}")
             raise
         training_job_fail(job, str(exc))
+        admission.wake_waiting(job.backend)  # what it was given is free again
         return job
     TrainingJob.objects.filter(pk=job.pk).update(provider_handle=handle.to_dict(), status_warning="")
     job.provider_handle = handle.to_dict()
@@ -124,6 +131,35 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
             except BackendError as exc:
                 log.warning("job %s: cancel after submit failed (the next sync re-sends it): %s", job.pk, exc)
     return job
+
+
+def _adapter_or_fail(job: TrainingJob) -> Backend | None:
+    """The job's backend adapter, or None after failing the job with why it cannot be built."""
+    try:
+        return backend_adapter(job.backend)
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        training_job_fail(job, f"Backend {job.backend.name} cannot be used: {exc}")
+        admission.wake_waiting(job.backend)
+        return None
+
+
+def _admit(job: TrainingJob, adapter: Backend) -> bool:
+    """Admission on a device-sharing backend (:func:`jobs.admission.training_job_admit`): True when
+    the job moved to SUBMITTING with its devices. A job that needs more devices than the box has in
+    all is FAILED with the arithmetic, and the next waiting job is woken."""
+    try:
+        inventory = adapter.inventory()
+    except BackendError as exc:
+        if exc.transient:
+            raise
+        training_job_fail(job, f"Backend {job.backend.name} cannot say which devices it has: {exc}")
+        return False
+    refusal = admission.never_fits(inventory, admission.needed_devices(job), job.backend.name)
+    if refusal:
+        training_job_fail(job, refusal)
+        admission.wake_waiting(job.backend)
+        return False
+    return admission.training_job_admit(job=job, adapter=adapter)
 
 
 def _record_cloud_fingerprint(adapter: Backend, job: TrainingJob) -> None:

@@ -6,6 +6,7 @@ server. ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/trainboard``
 """
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -364,6 +365,24 @@ TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
 # The container images a GPU-box job may name (exact references or prefixes ending in *, separated by
 # commas or spaces); "" = none: every job runs on the host.
 TRAINBOARD_GPUBOX_ALLOWED_IMAGES = env.str("TRAINBOARD_GPUBOX_ALLOWED_IMAGES", default="").strip()
+# What the GPU box shares between its jobs (docs/gpu-boxes.md): the GPU indices it hands out ("0,1,2,3";
+# "" = every GPU NVML finds), on a box without GPUs its process slots ("" = max processes per node), and
+# the most jobs it runs at once ("" = no limit but its devices).
+TRAINBOARD_GPUBOX_GPU_IDS = env.str("TRAINBOARD_GPUBOX_GPU_IDS", default="").strip()
+if TRAINBOARD_GPUBOX_GPU_IDS and not re.fullmatch(r"\d{1,4}([\s,]+\d{1,4})*", TRAINBOARD_GPUBOX_GPU_IDS):
+    raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_GPU_IDS must be GPU indices separated by commas, e.g. 0,1,2,3 "
+                               f"(got {TRAINBOARD_GPUBOX_GPU_IDS!r})")
+
+
+def _whole_or_none(name: str, ceiling: int) -> int | None:
+    text = env.str(name, default="").strip()
+    if text and not (text.isdigit() and 1 <= int(text) <= ceiling):
+        raise ImproperlyConfigured(f"{name} must be a whole number from 1 to {ceiling} or blank (got {text!r})")
+    return int(text) if text else None
+
+
+TRAINBOARD_GPUBOX_SLOTS = _whole_or_none("TRAINBOARD_GPUBOX_SLOTS", 1024)
+TRAINBOARD_GPUBOX_MAX_CONCURRENT_JOBS = _whole_or_none("TRAINBOARD_GPUBOX_MAX_CONCURRENT_JOBS", 10_000)
 # A Slurm backend's host settings (cloud_adapters.slurm.backend.SETTINGS): how the worker reaches the
 # cluster ("local": it runs on the login node and consumes slurm.<backend>; "ssh": to the login host
 # with the backend's stored key), the slurm.conf every command gets as SLURM_CONF, the run directories'

@@ -287,11 +287,14 @@ def docker_problem() -> str | None:
 
 
 def container_command(image: str, command: Sequence[str], *, name: str, user: RunUser, workdir: str,
-                      mounts: Iterable[tuple[str, bool]], env_names: Iterable[str], gpus: bool) -> list[str]:
+                      mounts: Iterable[tuple[str, bool]], env_names: Iterable[str],
+                      gpus: bool | Sequence[int]) -> list[str]:
     """``docker run`` of ``command`` in ``image``, as the job's processes run on the host: the
     host's network and IPC namespace (torchrun's rendezvous, NCCL's shared memory), as ``user``'s
     uid:gid and supplementary groups, each ``(path, read_only)`` of ``mounts`` at the same path
-    inside, every GPU when ``gpus``, and the variables ``env_names`` passed by name only (``--env
+    inside, every GPU when ``gpus`` is True or the GPUs of those indices when it lists them (``--gpus
+    '"device=0,2"'``: the quotes keep Docker's CSV parser from splitting the list; Docker's "GPU access"
+    documentation), and the variables ``env_names`` passed by name only (``--env
     NAME``: the values come from the Docker client's environment, never the command line).
     ``--name`` lets the supervisor remove a container its client left behind."""
     argv = ["docker", "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
@@ -299,8 +302,10 @@ def container_command(image: str, command: Sequence[str], *, name: str, user: Ru
     # The user's other groups too: GPU device nodes often belong to `video` or `render`.
     for gid in sorted(set(user.groups) - {user.gid}):
         argv += ["--group-add", str(gid)]
-    if gpus:
+    if gpus is True:
         argv += ["--gpus", "all"]
+    elif gpus:
+        argv += ["--gpus", f'"device={",".join(str(int(i)) for i in gpus)}"']
     seen = set()
     for path, read_only in mounts:
         if path in seen:

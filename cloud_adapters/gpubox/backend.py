@@ -79,6 +79,7 @@ from cloud_adapters.base import (
     Backend,
     Capabilities,
     InvalidSpec,
+    Inventory,
     JobHandle,
     JobSpec,
     JobState,
@@ -92,7 +93,7 @@ from cloud_adapters.base import (
 from cloud_adapters import packaging
 from cloud_adapters.gpus import GpuFacts
 from cloud_adapters.settings import BackendSettings, Setting
-from cloud_adapters.gpubox import _proc, _usercode
+from cloud_adapters.gpubox import _proc, _usercode, inventory
 
 # A run directory name: one safe path component, also a valid DNS label and SageMaker-style name.
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
@@ -119,6 +120,18 @@ SETTINGS = BackendSettings(
                 "The most ranks one job may start on this machine; blank = the box's own limit "
                 "(TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE, else its GPUs or CPU cores).",
                 type=int, host=True, min_value=1, max_value=MAX_PROCS_PER_NODE),
+        # The devices the box hands out (cloud_adapters/gpubox/inventory.py) and how many jobs it runs at
+        # once are its operator's too (TRAINBOARD_GPUBOX_GPU_IDS, _SLOTS, _MAX_CONCURRENT_JOBS).
+        Setting("gpu_ids", "GPUs to hand out",
+                "Indices of the GPUs jobs may be given, e.g. 0,1,2,3 (as nvidia-smi -L numbers them); blank = "
+                "every GPU NVML finds.", host=True, field=False),
+        Setting("slots", "Process slots",
+                "On a box without GPUs: how many processes its jobs may run at once in all; blank = "
+                "max processes per node.", type=int, host=True, field=False, min_value=1,
+                max_value=inventory.MAX_SLOTS),
+        Setting("max_concurrent_jobs", "Max concurrent jobs",
+                "The most jobs this box runs at once, whatever their size; blank = as many as its GPUs hold.",
+                type=int, host=True, field=False, min_value=1, max_value=inventory.MAX_CONCURRENT_JOBS),
         Setting("hourly_rate_usd", "Hourly rate (USD)", "What an hour of this machine costs (0 if free).",
                 type=float, min_value=0, default=0.0),
         # The box's GPUs, for the memory plan: set by hand (a box reports none before a job runs on it).
@@ -306,6 +319,22 @@ class GpuBoxBackend(Backend):
             if bad:
                 raise InvalidSpec(f"env_passthrough: {', '.join(map(repr, bad[:5]))} "
                                   f"{'is not a variable name' if len(bad) == 1 else 'are not variable names'}.")
+        gpu_ids = config.get("gpu_ids") or ""
+        with problems.about("gpu_ids"):
+            gpu_ids = ",".join(map(str, inventory.parse_gpu_ids(gpu_ids)))
+        limits: dict[str, int | None] = {}
+        for key, ceiling in (("slots", inventory.MAX_SLOTS), ("max_concurrent_jobs", inventory.MAX_CONCURRENT_JOBS)):
+            value = config.get(key)
+            limits[key] = None
+            with problems.about(key):
+                if value in (None, ""):
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise InvalidSpec(f"{key}: expected a whole number, got {_shown(value)}.")
+                if not 1 <= value <= ceiling:
+                    raise InvalidSpec(f"{key}: must be 1 to {ceiling:,} (blank = "
+                                      f"{'max processes per node' if key == 'slots' else 'no limit'}), got {_shown(value)}.")
+                limits[key] = value
         allowed_images = config.get("allowed_images") or ""
         with problems.about("allowed_images"):
             if not isinstance(allowed_images, str):
@@ -327,6 +356,9 @@ class GpuBoxBackend(Backend):
             "run_as": run_as,
             "env_passthrough": passthrough,
             "allowed_images": allowed_images,
+            "gpu_ids": gpu_ids,
+            "slots": limits["slots"],
+            "max_concurrent_jobs": limits["max_concurrent_jobs"],
         }
 
     def gpus(self, instance_type: str = "") -> GpuFacts | None:
@@ -337,6 +369,16 @@ class GpuBoxBackend(Backend):
             return None
         return GpuFacts(model=self.config.get("gpu_model") or "GPU", count=self.config["max_procs_per_node"],
                         memory_gib=float(memory), source="set on the backend by its operator")
+
+    allocates_devices = True  # a box has no scheduler: the dashboard shares its GPUs (jobs.admission)
+
+    def inventory(self) -> Inventory:
+        """The GPUs (or, on a box without one, the process slots) this box hands out to jobs, and its
+        ``max_concurrent_jobs``: ``gpu_ids`` when set, else NVML's GPUs, else ``slots`` or
+        ``max_procs_per_node`` (:mod:`cloud_adapters.gpubox.inventory`). Found once per adapter."""
+        if getattr(self, "_inventory", None) is None:
+            self._inventory = inventory.box_inventory(self.config)
+        return self._inventory
 
     @property
     def run_root(self) -> Path:
@@ -372,6 +414,17 @@ class GpuBoxBackend(Backend):
                 f"(max_procs_per_node); ask for {caps.max_procs_per_node} or fewer."
             )
         super().validate(spec)
+        box = self.inventory()
+        if spec.procs_per_node > box.capacity:
+            raise InvalidSpec(
+                f"{spec.procs_per_node} processes need {box.unit(spec.procs_per_node)} (one per process), but this GPU "
+                f"box has {box.unit(box.capacity)} in all ({box.source}), so the job could never start; ask for "
+                f"{box.capacity} or fewer processes per node.")
+        if spec.devices and (len(spec.devices) != spec.procs_per_node or len(set(spec.devices)) != len(spec.devices)
+                             or not set(spec.devices) <= set(box.devices)):
+            raise InvalidSpec(
+                f"devices {list(spec.devices)[:8]}: a job of {spec.procs_per_node} processes is given "
+                f"{box.unit(spec.procs_per_node)}, each once, out of this box's {list(box.devices)[:16]}.")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
         if spec.trainer_package_uri and not os.path.isdir(spec.trainer_package_uri):
@@ -534,6 +587,7 @@ class GpuBoxBackend(Backend):
         job_env["PYTHONPATH"] = os.pathsep.join(
             str(p) for p in (trainer_path, code_dir if spec.code is not None else None) if p)
         job_env["PYTHONUNBUFFERED"] = "1"  # metric lines reach train.log as they are printed
+        job_env.update(self._device_env(spec))
         if environment is not None:
             job_env["VIRTUAL_ENV"] = environment["dir"]
             job_env["PATH"] = os.pathsep.join((str(Path(environment["dir"], "bin")), job_env["PATH"]))
@@ -542,7 +596,8 @@ class GpuBoxBackend(Backend):
         if spec.image:
             name = f"tb-{spec.job_name}"
             command = _usercode.container_command(
-                spec.image, command, name=name, user=runner, workdir=str(run_dir), gpus=visible_gpu_count() > 0,
+                spec.image, command, name=name, user=runner, workdir=str(run_dir),
+                gpus=self._container_gpus(spec),
                 mounts=self._container_mounts(config, run_dir, trainer_path, environment),
                 # The image's own PATH, HOME and temporary directory; everything else by name.
                 env_names=[k for k in job_env if k not in ("PATH", "HOME", "TMPDIR")] + [_proc.RUN_TAG_VAR])
@@ -598,6 +653,29 @@ class GpuBoxBackend(Backend):
         _reap()
         _spawned.append(sup)
         return handle
+
+    def _device_env(self, spec: JobSpec) -> dict[str, str]:
+        """The variables that give the job its allocated devices (``spec.devices``; {} when none
+        were allocated). GPUs: ``CUDA_VISIBLE_DEVICES`` of their indices and ``CUDA_DEVICE_ORDER=
+        PCI_BUS_ID`` (NVML's numbering; in a container, which sees only its GPUs, numbered from 0,
+        the first ones); slots: ``TRAINBOARD_SLOTS``, the slot numbers. Each rank's ``LOCAL_RANK``
+        picks its GPU among the visible ones, so rank i runs on the i-th allocated GPU."""
+        if not spec.devices:
+            return {}
+        box = self.inventory()
+        listed = ",".join(map(str, spec.devices))
+        if box.kind != "gpu":
+            return {"TRAINBOARD_SLOTS": listed}
+        if spec.image:
+            listed = ",".join(str(i) for i in range(len(spec.devices)))
+        return {"CUDA_VISIBLE_DEVICES": listed, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def _container_gpus(self, spec: JobSpec) -> tuple[int, ...] | bool:
+        """What ``docker run --gpus`` gets: the allocated GPU indices, or, for a job given none (a
+        CPU-only box, or submitted without an allocation), every GPU when the box has any."""
+        if spec.devices:
+            return tuple(spec.devices) if self.inventory().kind == "gpu" else False
+        return visible_gpu_count() > 0
 
     @staticmethod
     def _container_mounts(config: Mapping[str, Any], run_dir: Path, trainer_path: Path,
@@ -862,10 +940,11 @@ RESERVED_ENV = frozenset({
     _proc.RUN_TAG_VAR, "PYTHONPATH", "TRAINBOARD_LAUNCH_PLATFORM", "RANK", "LOCAL_RANK", "WORLD_SIZE",
     "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK",
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRAINBOARD_SLOTS",
 })
 """Variables a job's ``env``/``secret_env`` may not set: the supervisor finds the job's processes by
-the first, the trainer snapshot and the code directory are on PYTHONPATH, torchrun sets the rest."""
+the first, the trainer snapshot and the code directory are on PYTHONPATH, torchrun sets most of the
+rest, and the allocation sets the devices a job sees (:meth:`GpuBoxBackend._device_env`)."""
 
 
 def _shown(value: Any) -> str:
