@@ -57,12 +57,14 @@ def clean_state_deadlines(value: Any) -> tuple[dict[str, float], list[str]]:
 
 
 def state_deadline_s(job: TrainingJob, backend: ComputeBackend | None = None) -> float | None:
-    """Seconds ``job`` may stay in its current state, or None for a terminal state.
+    """Seconds ``job`` may stay in its current state, or None for a terminal state and for a QUEUED
+    job that waits for its GPU box (:func:`is_waiting`: a full box is not a stuck one; the job shows
+    its wait reason, never "stalled").
 
     The backend's ``state_deadlines`` entry if it has one, else ``TRAINBOARD_STATE_DEADLINES_S``;
     RUNNING without either: ``max_runtime_s`` + ``TRAINBOARD_RUNNING_DEADLINE_MARGIN_S``."""
     state = str(job.state)
-    if state not in DEADLINE_STATES:
+    if state not in DEADLINE_STATES or is_waiting(job):
         return None
     backend = backend or job.backend
     own = (backend.state_deadlines or {}) if isinstance(backend.state_deadlines, Mapping) else {}
@@ -72,6 +74,12 @@ def state_deadline_s(job: TrainingJob, backend: ComputeBackend | None = None) ->
         return float(job.max_runtime_s) + float(settings.TRAINBOARD_RUNNING_DEADLINE_MARGIN_S)
     default = settings.TRAINBOARD_STATE_DEADLINES_S.get(state)
     return float(default) if default else None
+
+
+def is_waiting(job: TrainingJob) -> bool:
+    """Whether ``job`` is QUEUED because its backend holds it back (``wait_reason``, e.g. "waiting
+    for 4 GPUs on box-a (2 free)": :mod:`jobs.admission`), rather than because no worker took it."""
+    return str(job.state) == S.QUEUED and bool(job.wait_reason)
 
 
 def deadline_start(job: TrainingJob) -> dt.datetime:

@@ -14,6 +14,9 @@ at once (each job is taken with ``SELECT ... FOR UPDATE SKIP LOCKED`` and every 
    (:func:`jobs.lifecycle.submission_claim`) and sends ``submit_job`` with its claim: the adapter
    adopts the provider job of the same deterministic name, or creates it if the first call never
    arrived. After ``TRAINBOARD_RECOVERY_MAX_RESUMES`` resumes the job is FAILED with the reason.
+   A QUEUED job that its GPU box holds back (``wait_reason``: :mod:`jobs.admission`) is waiting, not
+   lost: instead, the first waiting job of each such backend gets its ``submit_job`` again (no event),
+   so a lost wake-up delays it by one sweep at most; it starts if it fits now.
 3. **Deadlines (DESIGN.md §4).** Each non-terminal state has a deadline in seconds:
    ``TRAINBOARD_STATE_DEADLINES_S`` overridden by the backend's ``state_deadlines``; RUNNING defaults
    to the job's max runtime + ``TRAINBOARD_RUNNING_DEADLINE_MARGIN_S`` (:mod:`jobs.deadlines`). A job past it is flagged
@@ -33,7 +36,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import dispatch
+from jobs import admission, dispatch
 from jobs.adapters import backend_queue
 from jobs.deadlines import DEADLINE_STATES, deadline_start, human_duration, stall_reason, state_deadline_s
 from jobs.lifecycle import submission_claim, submit_lease_s, training_job_fail
@@ -121,13 +124,14 @@ def requeue_lost_submissions(*, now: dt.datetime | None = None) -> list[int]:
     that were not re-sent within that period. Returns their ids."""
     now = now or timezone.now()
     after = dt.timedelta(seconds=float(settings.TRAINBOARD_RECOVERY_REQUEUE_AFTER_S))
-    ids = list(TrainingJob.objects.filter(state=S.QUEUED, state_entered_at__lt=now - after)
+    # A job its GPU box holds back (a wait reason) was taken by a worker: it is waiting, not lost.
+    ids = list(TrainingJob.objects.filter(state=S.QUEUED, state_entered_at__lt=now - after, wait_reason="")
                .order_by("id").values_list("pk", flat=True))
     sent = []
     for job_id in ids:
         with transaction.atomic():
             job = (TrainingJob.objects.select_for_update(skip_locked=True).select_related("backend")
-                   .filter(pk=job_id, state=S.QUEUED).first())
+                   .filter(pk=job_id, state=S.QUEUED, wait_reason="").first())
             if job is None:
                 continue
             if JobEvent.objects.filter(job_id=job_id, message__startswith=REQUEUE_MESSAGE,
@@ -138,6 +142,20 @@ def requeue_lost_submissions(*, now: dt.datetime | None = None) -> list[int]:
                                     message=f"{REQUEUE_MESSAGE} (no worker had started it after {waited})")
             dispatch.resubmit_after_commit(job_id, backend_queue(job.backend), None)
             sent.append(job_id)
+    return sent
+
+
+def wake_waiting_jobs() -> list[int]:
+    """Send ``submit_job`` for the first waiting job of each backend that has one (a GPU box that
+    holds jobs back: :func:`jobs.admission.wake_waiting`), should the wake-up that a job's end sends
+    have been lost; it starts if it fits, else it keeps waiting. Returns the ids sent."""
+    backend_ids = (TrainingJob.objects.filter(state=S.QUEUED).exclude(wait_reason="")
+                   .values_list("backend_id", flat=True).distinct())
+    sent = []
+    for backend in ComputeBackend.objects.filter(pk__in=list(backend_ids)).order_by("id"):
+        with transaction.atomic():
+            if (job_id := admission.wake_waiting(backend)) is not None:
+                sent.append(job_id)
     return sent
 
 
@@ -176,11 +194,12 @@ def resume_stuck_submissions(*, now: dt.datetime | None = None) -> list[int]:
 
 
 def recovery_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
-    """One pass of all three (module docstring). Returns how many jobs each step touched."""
+    """One pass of all three (module docstring), waking waiting jobs with the first. Returns how many jobs each step touched."""
     now = now or timezone.now()
     return {
         "requeued": len(requeue_lost_submissions(now=now)),
         "resumed": len(resume_stuck_submissions(now=now)),
+        "woken": len(wake_waiting_jobs()),
         "stalled": len(flag_stalled_jobs(now=now)),
     }
 

@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from cloud_adapters.base import Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
+from jobs import admission
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.models import (
@@ -494,7 +495,8 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
     recently read (:func:`log_readers`). The rest (left out and not read) are written in one
     statement (:func:`_sync_unchanged`), so the pass's database work grows with the changed jobs,
     not the active ones. A job whose cost reached its budget is stopped in this pass, whichever way
-    it was written.
+    it was written. On a backend that shares its devices (a GPU box), a pass in which a job ended
+    wakes the backend's first waiting job (:func:`jobs.admission.wake_waiting`).
 
     ``bulk=False`` (and any database but PostgreSQL) writes every job by the per-job path; the
     results are the same (bench/sync_db.py compares the two).
@@ -554,4 +556,9 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
                 TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Sync error: {exc}")
             else:
                 log.info("job %s: transient sync error, next sync retries: %s", job.pk, exc)
+    if adapter.allocates_devices and TrainingJob.objects.filter(
+            pk__in=[job.pk for job in jobs], state__in=TERMINAL_STATE_VALUES).exists():
+        # A job that ended gave its GPUs back (the allocation counts active jobs only): the first
+        # waiting job may start now (jobs.admission).
+        admission.wake_waiting(backend)
     return len(jobs)

@@ -255,6 +255,8 @@ MAX_PROCS_PER_NODE = 1024
 MAX_EPOCHS = 100_000
 MAX_BATCH_SIZE = 1_000_000
 MAX_SEED = 2**32 - 1
+PRIORITY_RANGE = (-100, 100)
+"""A job's ``priority``: higher starts first where its backend queues jobs itself (a full GPU box)."""
 """Seeds are 0..2³²−1 (what NumPy's seeding takes; larger values overflow ``torch.manual_seed``
 once the trainer adds its per-rank offsets)."""
 MAX_COST_USD = Decimal("99999999.9999")

@@ -541,6 +541,11 @@ class TrainingJobForm(forms.Form):
     instance_type = forms.CharField(required=False, max_length=100,
                                     help_text="Optional; empty uses the backend's default.")
     spot = forms.BooleanField(required=False, help_text="Interruptible capacity, where the backend offers it.")
+    priority = forms.IntegerField(
+        required=False, initial=0, min_value=validation.PRIORITY_RANGE[0],
+        max_value=validation.PRIORITY_RANGE[1], label="Priority",
+        help_text=f"{validation.PRIORITY_RANGE[0]} to {validation.PRIORITY_RANGE[1]}: on a GPU box whose GPUs are "
+                  f"taken, higher starts first; equal priorities start in submission order.")
     # Large models (docs/large-models.md): the config's own field names; blank = the config's default.
     activation_checkpointing = forms.BooleanField(
         required=False, label="Activation checkpointing",
@@ -686,6 +691,8 @@ class TrainingJobForm(forms.Form):
         for f in self.PIPELINE_FIELDS + self.LARGE_MODEL_FIELDS:  # empty: the trainer's default
             if data.get(f) in (None, ""):
                 data.pop(f, None)
+        if data.get("priority") is None:  # left blank: the default
+            data["priority"] = 0
         return data
 
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from cloud_adapters import registry
 from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, scheme_label, uri_scheme, with_article
 from jobs import cost as costs
-from jobs import dispatch, validation
+from jobs import admission, dispatch, validation
 from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name
 from jobs.budgets import check_monthly_budgets
 from jobs.fingerprints import dataset_fingerprint
@@ -313,7 +313,8 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
                budget_usd: Decimal | None, hourly_price: Decimal, name: str,
                rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None,
                code: CodeArchive | None = None, image: str = "", env: Mapping[str, str] | None = None,
-               fingerprint: dict[str, Any] | None = None, memory_plan: dict[str, Any] | None = None) -> TrainingJob:
+               fingerprint: dict[str, Any] | None = None, memory_plan: dict[str, Any] | None = None,
+               priority: int = 0) -> TrainingJob:
     """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
     first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
     refusal (ValidationError with the figures) writes nothing."""
@@ -332,7 +333,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
             on_demand_price_usd=on_demand_price,
             estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
             state_entered_at=timezone.now(), code=code, image=image, env=dict(env or {}),
-            dataset_fingerprint=fingerprint, memory_plan=memory_plan,
+            dataset_fingerprint=fingerprint, memory_plan=memory_plan, priority=priority,
         )
         job.provider_job_name = provider_job_name(job)
         job.save(update_fields=["provider_job_name"])
@@ -351,7 +352,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                         rerun_of: TrainingJob | None = None, team=None, env=None,
                         image: str | None = None, activation_checkpointing: bool | None = None,
                         cpu_offload: bool | None = None, checkpoint_format: str | None = None,
-                        max_steps: int | None = None, seq_len: int | None = None) -> TrainingJob:
+                        max_steps: int | None = None, seq_len: int | None = None,
+                        priority: int = 0) -> TrainingJob:
     """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
 
     ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
@@ -377,6 +379,9 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     ``max_steps`` (``train``, optimizer steps) and ``seq_len`` (``data``, tokens per window): the
     config's fields of those names (trainer_pkg/config.py, docs/large-models.md); None = the
     config's default; the hyperparameters override them like the other arguments.
+    ``priority``: a whole number from -100 to 100 (``validation.PRIORITY_RANGE``); where the backend
+    queues jobs itself (a GPU box whose GPUs are taken: :mod:`jobs.admission`) higher starts first,
+    equal priorities in submission order.
     Raises ValidationError keyed by these argument names (every error at once); writes nothing then.
     """
     errors = Errors()
@@ -390,6 +395,9 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     batch_size = validation.whole_number(errors, "batch_size", batch_size, minimum=1,
                                          maximum=validation.MAX_BATCH_SIZE, label="Batch size")
     seed = validation.whole_number(errors, "seed", seed, minimum=0, maximum=validation.MAX_SEED, label="Seed")
+    low, high = validation.PRIORITY_RANGE
+    priority = validation.whole_number(errors, "priority", 0 if priority is None else priority, minimum=low,
+                                       maximum=high, label="Priority")
     lr = validation.positive_float(errors, "lr", lr, label="Learning rate")
     budget = validation.budget(errors, budget_usd)
     overrides = _hyperparameters(errors, hyperparameters)
@@ -467,7 +475,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
                       hourly_price=price, name=name, rerun_of=rerun_of, team=team,
-                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price),
+                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price), priority=priority,
                       code=archive, image=image, env=env, fingerprint=_fingerprint(config))
 
 
@@ -759,7 +767,7 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
     backend = job.backend
     adapter = _adapter_or_error(errors, backend)
     errors.raise_if_any()
-    spec = job_spec(job)
+    spec = dataclasses.replace(job_spec(job), devices=())  # a re-run is given its own devices when it starts
     _check_spec(errors, adapter, spec, job.strategy, job.dataset)
     price = _hourly_price(errors, adapter, job.instance_type, job.spot)
     errors.raise_if_any()
@@ -773,7 +781,7 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
                       max_runtime_s=job.max_runtime_s, budget_usd=job.budget_usd, hourly_price=price,
                       on_demand_price=_on_demand_price(adapter, job.instance_type, job.spot, price),
                       name=rerun_name(job), rerun_of=job, code=job.code, image=job.image, env=job.env,
-                      fingerprint=fingerprint, memory_plan=job.memory_plan,
+                      fingerprint=fingerprint, memory_plan=job.memory_plan, priority=job.priority,
                       team=job.team if job.team_id and job.team.members.filter(pk=owner.pk).exists() else None)
 
 
@@ -794,6 +802,7 @@ def training_job_cancel(*, job: TrainingJob, reason: str = "Cancelled by user") 
         now = timezone.now()
         if state == S.QUEUED:
             if transition(job, S.CANCELLED, message=reason, failure_reason=reason, cancel_requested_at=now):
+                admission.wake_waiting(job.backend)  # a job that waited behind it may start now
                 return job
             continue
         if state == S.STOPPING:

@@ -18,6 +18,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs import code_archives, selectors, services, validation
 from jobs.cost import estimate_arithmetic
+from jobs.validation import PRIORITY_RANGE
 from jobs.models import CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
@@ -508,12 +509,18 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "estimate_arithmetic", "cost_usd",
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
-            "ended_at", "duration_s",
+            "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
         ]
         read_only_fields = fields
         extra_kwargs = {"budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
                                                             "was stopped; null otherwise."},
                         "team": {"help_text": "The team the job runs for (its monthly budget); null = none."},
+                        "priority": {"help_text": "Higher starts first where the backend queues jobs itself (a GPU "
+                                                  "box whose GPUs are taken); equal priorities in submission order."},
+                        "wait_reason": {"help_text": 'Why a QUEUED job has not started, e.g. "waiting for 4 GPUs '
+                                                     'on box-a (2 free)"; "" = not waiting.'},
+                        "allocated_gpus": {"help_text": "The GPU indices (on a CPU-only box, slot numbers) a GPU box "
+                                                        "gave the job while it is active; [] = none."},
                         "max_runtime_s": {"help_text": MAX_RUNTIME_HELP},
                         "estimated_cost_usd": {"help_text": "What the job may cost, fixed at submission: "
                                                             "min(max_runtime_s × nodes × hourly_price_usd / 3600, "
@@ -650,6 +657,10 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
                                                     "estimate: min(max runtime × nodes × hourly price, budget).")
     instance_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     spot = serializers.BooleanField(default=False)
+    priority = serializers.IntegerField(
+        min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1], default=0,
+        help_text=f"{PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}: where the backend queues jobs itself (a GPU box whose "
+                  f"GPUs are taken) higher starts first; equal priorities start in submission order.")
     team = TeamField(required=False, allow_null=True, default=None,
                      help_text="Run for a team you are a member of (counts toward its monthly budget); null = none.")
     hyperparameters = StoredJSONField(
