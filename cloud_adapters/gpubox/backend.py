@@ -34,6 +34,12 @@ snapshot and code directory on ``PYTHONPATH`` and torchrun's variables; the job'
 the supervisor through a pipe only, never a file or a command line. With ``run_as`` they run as that
 OS user; with ``spec.image``, in a ``docker run`` of the image (:func:`_usercode.container_command`).
 
+The box shares its GPUs (docs/gpu-boxes.md): :meth:`GpuBoxBackend.inventory` says which GPUs (or, on
+a box without GPUs, which process slots) it hands out (:mod:`cloud_adapters.gpubox.inventory`), the
+dashboard allocates them (``jobs.admission``) and passes a job's own as ``JobSpec.devices``, which its
+processes receive as ``CUDA_VISIBLE_DEVICES`` (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML's numbering),
+``docker run --gpus '"device=…"'`` for an image, or ``TRAINBOARD_SLOTS`` for slots.
+
 State table (DESIGN.md §4, gpubox row), as :meth:`GpuBoxBackend.describe` reads it from disk:
 
 ==========  ===============================================  ==========================
@@ -216,7 +222,8 @@ class GpuBoxBackend(Backend):
     """Runs jobs with torchrun on this machine; see the module docstring for states and layout.
 
     Settings: :data:`SETTINGS` (``clean_config`` raises :class:`InvalidSpec` naming each setting
-    that is malformed); ``run_root``, ``python`` and ``max_procs_per_node`` are host settings.
+    that is malformed); ``run_root``, ``python``, ``max_procs_per_node`` and what the box shares
+    (``gpu_ids``, ``slots``, ``max_concurrent_jobs``) are among its host settings.
     """
 
     kind = "gpubox"

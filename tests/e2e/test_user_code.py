@@ -204,6 +204,7 @@ def box(request, tmp_path_factory, django_db_setup, django_db_blocker, celery_wo
         "TRAINBOARD_CODE_STORE": str(code_store),  # where the test process stores the archives
         "TRAINBOARD_ENCRYPTION_KEY": ",".join(django_settings.TRAINBOARD_ENCRYPTION_KEYS),  # the job secrets
         "TRAINBOARD_GPUBOX_PIP_ARGS": pip_args,
+        "TRAINBOARD_GPUBOX_SLOTS": "6",  # three 2-process jobs at once (the box never shares a slot)
         **PLANTED,
     }
     with django_db_blocker.unblock():
@@ -234,6 +235,7 @@ def box_backend(box, user, settings):
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2
     settings.TRAINBOARD_CODE_STORE = box.code_store
     settings.TRAINBOARD_GPUBOX_PIP_ARGS = box.pip_args
+    settings.TRAINBOARD_GPUBOX_SLOTS = 6
     return services.backend_create(owner=user, name=BOX_NAME, kind="gpubox",
                                    config={"hourly_rate_usd": 3.6, "grace_period_s": 3.0})
 
