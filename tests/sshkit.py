@@ -66,10 +66,18 @@ class SshServer:
     def connection_pids(self) -> list[int]:
         """The sshd processes serving a connection now (the children of the listening sshd)."""
         try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(p) for p in text.split()]
+            return [int(p) for p in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()]
+        except OSError:  # a kernel without CONFIG_PROC_CHILDREN: find them by their parent
+            pass
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == self.pid and fields[0] != "Z":
+                children.append(int(stat.parent.name))
+        return children
 
     def drop_connections(self) -> None:
         """End every open connection from the server's side, as a login node's crash or a firewall's
