@@ -7,7 +7,7 @@ transport object:
   ``env K=V …`` when ``env`` is given), because the SSH server hands the line to the remote user's
   login shell (RFC 4254 §6.5, "exec"). The user's shell must therefore be POSIX (sh, bash, dash,
   zsh, ksh): csh/tcsh and fish quote differently.
-* files: SFTP (RFC draft-ietf-secsh-filexfer-02, OpenSSH's ``sftp-server``). A write goes to a
+* files: SFTP (version 3, draft-ietf-secsh-filexfer-02, as OpenSSH's ``sftp-server`` speaks it). A write goes to a
   temporary name beside the target, gets its mode before any byte is written, and is renamed over the
   target with OpenSSH's ``posix-rename@openssh.com`` extension (atomic, replaces an existing file).
 
@@ -53,7 +53,7 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _READ_CHUNK = 32768
 _RSA_ALGORITHMS = ["rsa-sha2-512", "rsa-sha2-256"]
 """Host key algorithms of an ``ssh-rsa`` key (RFC 8332); the SHA-1 ``ssh-rsa`` signature is off in
-OpenSSH since 8.8 and absent from paramiko 4+."""
+OpenSSH since 8.8 and not among paramiko 5's host key algorithms (``Transport._preferred_keys``)."""
 
 
 class HostKeyMismatch(CredentialsError):
