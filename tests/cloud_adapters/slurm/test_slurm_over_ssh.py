@@ -71,11 +71,11 @@ def test_connection_without_a_stored_key_says_so(cluster, server):
     assert "stores no SSH private key" in checks[0].message
 
 
-@pytest.mark.slow  # the real trainer under srun: ~40 s on a busy 2-core machine
+@pytest.mark.slow  # the real trainer (3 steps) under srun: ~30 s on a busy 2-core machine
 def test_a_job_submitted_over_ssh_runs_to_success_and_its_logs_come_back(cluster, server):
     backend = ssh_backend(cluster, server)
-    spec = JobSpec(job_name="tb-job-ssh-1", config={"train": {"epochs": 1, "log_every_steps": 1}}, nodes=1,
-                   procs_per_node=1, max_runtime_s=900, tags={"trainboard-job-id": "41"})
+    spec = JobSpec(job_name="tb-job-ssh-1", config={"train": {"epochs": 1, "max_steps": 3, "log_every_steps": 1}},
+                   nodes=1, procs_per_node=1, max_runtime_s=900, tags={"trainboard-job-id": "41"})
     try:
         handle = backend.submit(spec)
         assert backend.submit(spec) == handle  # a retried submit adopts the job over SSH too
