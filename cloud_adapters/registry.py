@@ -34,16 +34,17 @@ KINDS: dict[str, KindInfo] = {
     "vertex": KindInfo("cloud_adapters.vertex", "VertexBackend", "Google Vertex AI"),
     "azureml": KindInfo("cloud_adapters.azureml", "AzureMLBackend", "Azure ML"),
     "slurm": KindInfo("cloud_adapters.slurm", "SlurmBackend", "Slurm cluster"),
+    "kubernetes": KindInfo("cloud_adapters.kubernetes", "KubernetesBackend", "Kubernetes (Kubeflow Trainer)"),
 }
 """kind -> (module path, class name, human label). A new provider is its package (the adapter class
 with its ``settings`` declaration) and one line here; the backend form, the admin, the API and the
 settings checks are built from the declaration."""
 
-EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure"}
+EXTRAS: dict[str, str] = {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure", "kubernetes": "kubernetes"}
 """kind -> the provider group whose SDK it needs, where it needs one (e.g. "sagemaker": "aws")."""
 
 SDK_PACKAGES: dict[str, str] = {"aws": "boto3", "gcp": "google-cloud-aiplatform",
-                                "azure": "azure-ai-ml and azure-identity"}
+                                "azure": "azure-ai-ml and azure-identity", "kubernetes": "kubernetes"}
 """provider group -> the PyPI packages (pinned in requirements.txt) its adapters import."""
 
 

@@ -35,6 +35,9 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
               "ssh_host_key": "TRAINBOARD_SLURM_SSH_HOST_KEY", "slurm_conf": "TRAINBOARD_SLURM_CONF",
               "work_dir": "TRAINBOARD_SLURM_WORK_DIR", "python": "TRAINBOARD_SLURM_PYTHON",
               "allowed_images": "TRAINBOARD_SLURM_ALLOWED_IMAGES"},
+    "kubernetes": {"kubeconfig": "TRAINBOARD_K8S_KUBECONFIG", "context": "TRAINBOARD_K8S_CONTEXT",
+                   "in_cluster": "TRAINBOARD_K8S_IN_CLUSTER", "service_account": "TRAINBOARD_K8S_SERVICE_ACCOUNT",
+                   "allowed_images": "TRAINBOARD_K8S_ALLOWED_IMAGES"},
 }
 """kind -> {host setting: the Django setting (and environment variable of the same name) holding this
 installation's value}. Data, not if/elif: which settings are host settings is the adapter's

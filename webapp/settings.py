@@ -402,6 +402,17 @@ TRAINBOARD_SLURM_CONF = env.str("TRAINBOARD_SLURM_CONF", default="").strip()
 TRAINBOARD_SLURM_WORK_DIR = env.str("TRAINBOARD_SLURM_WORK_DIR", default="").strip()
 TRAINBOARD_SLURM_PYTHON = env.str("TRAINBOARD_SLURM_PYTHON", default="").strip()  # "" = python3 on the nodes
 TRAINBOARD_SLURM_ALLOWED_IMAGES = env.str("TRAINBOARD_SLURM_ALLOWED_IMAGES", default="").strip()
+# A Kubernetes backend's host settings (cloud_adapters.kubernetes.backend.SETTINGS): which cluster the
+# worker calls and as whom (a kubeconfig file and context, or the worker pod's in-cluster service
+# account), the service account the pods run as and the images a job may run in. The operator's
+# alone; the adapter checks their form.
+TRAINBOARD_K8S_KUBECONFIG = env.str("TRAINBOARD_K8S_KUBECONFIG", default="").strip()
+if TRAINBOARD_K8S_KUBECONFIG and not os.path.isabs(TRAINBOARD_K8S_KUBECONFIG):
+    raise ImproperlyConfigured(f"TRAINBOARD_K8S_KUBECONFIG must be an absolute path (got {TRAINBOARD_K8S_KUBECONFIG!r})")
+TRAINBOARD_K8S_CONTEXT = env.str("TRAINBOARD_K8S_CONTEXT", default="").strip()  # "" = the kubeconfig's current-context
+TRAINBOARD_K8S_IN_CLUSTER = env.bool("TRAINBOARD_K8S_IN_CLUSTER", default=False)
+TRAINBOARD_K8S_SERVICE_ACCOUNT = env.str("TRAINBOARD_K8S_SERVICE_ACCOUNT", default="").strip()  # "" = the runtime's
+TRAINBOARD_K8S_ALLOWED_IMAGES = env.str("TRAINBOARD_K8S_ALLOWED_IMAGES", default="").strip()
 # Whose cloud backends may call their provider with the worker's own identity (boto3's default chain,
 # Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
 # own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because

@@ -26,6 +26,9 @@ COVERS = {
     "slurm": "the job's run on its nodes from the moment Slurm starts it (time waiting in the queue does not count), "
              "rounded up to whole minutes; at the limit Slurm sends the processes SIGTERM, then SIGKILL (Slurm "
              "documentation, sbatch --time)",
+    "kubernetes": "the TrainJob's active time from its start (restarted when a suspended job is resumed): scheduling "
+                  "the pods, pulling the image and connecting the nodes count; at the limit Kubeflow Trainer "
+                  "terminates the pods (Kubeflow Trainer API reference, TrainJob activeDeadlineSeconds)",
 }
 
 

@@ -141,6 +141,8 @@ def world(django_user_model, settings, tmp_path):
     from jobs.models import Dataset, JobLogLine, MetricPoint, ModelSpec, OrphanJob, Team, TrainingJob
 
     settings.TRAINBOARD_RUN_ROOT = tmp_path
+    settings.TRAINBOARD_K8S_KUBECONFIG = "/etc/operator/kubeconfig"  # never read: no call is made
+    settings.TRAINBOARD_K8S_ALLOWED_IMAGES = "ghcr.io/acme/*"
     users = {name: django_user_model.objects.create_user(username=name, password=f"pw-{name}-Secret-1",
                                                           is_staff=(name == "sam"))
              for name in ("carol", "dave", "erin", "sam")}
@@ -493,13 +495,25 @@ SETTING_REACH: dict[str, dict[str, str]] = {
         **{key: OWN_ACCOUNT for key in ("subscription_id", "resource_group", "workspace", "compute",
                                         "environment", "vm_size", "tier", "region", "max_nodes")},
     },
+    "kubernetes": {
+        "kubeconfig": "host", "context": "host", "in_cluster": "host", "service_account": "host",
+        "allowed_images": "host",
+        **{key: OWN_ACCOUNT for key in ("namespace", "runtime", "image", "gpus_per_node", "cpu_request",
+                                        "memory_request", "node_selector", "tolerations", "suspend", "queue_name",
+                                        "output_path", "max_nodes", "max_procs_per_node")},
+        **{key: "the price of this backend's jobs: which catalog row (internal rate or cloud instance type) prices "
+                "them, for their cost and budget stop" for key in ("cluster", "node_pool", "price_provider",
+                                                                  "price_region", "price_instance_type")},
+    },
 }
 # A value of the right type for each host setting (refused before its value is looked at).
 HOST_VALUES = {"run_root": "/tmp/owned", "python": "/bin/echo", "max_procs_per_node": 1000,
                "pip_args": "--index-url http://127.0.0.1:9/simple", "run_as": "root", "env_passthrough": "AWS_SECRET_ACCESS_KEY",
                "allowed_images": "*",
                "profile": "operator", "endpoint_url": "http://127.0.0.1:9/", "api_endpoint": "http://127.0.0.1:9",
-               "storage_endpoint": "http://127.0.0.1:9", "base_url": "http://127.0.0.1:9"}
+               "storage_endpoint": "http://127.0.0.1:9", "base_url": "http://127.0.0.1:9",
+               "kubeconfig": "/etc/operator/kubeconfig", "context": "operator-admin", "in_cluster": True,
+               "service_account": "cluster-admin"}
 
 
 def _host_settings() -> list[tuple[str, str]]:
@@ -589,6 +603,8 @@ CLOUD_CONFIGS = {
                "service_account": "owner@operator-prod.iam.gserviceaccount.com"},
     "azureml": {"subscription_id": "3f2b6c1e-8a4d-4e7b-9c0a-5d1e2f3a4b5c", "resource_group": "ops-rg",
                 "workspace": "ops-ws", "compute": "gpu-cluster"},
+    # The installation's kubeconfig and allowed images are the world's (TRAINBOARD_K8S_*).
+    "kubernetes": {"image": "ghcr.io/acme/trainer:1", "namespace": "operator-system"},
 }
 
 
