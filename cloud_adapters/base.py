@@ -517,6 +517,12 @@ class Backend(abc.ABC):
         """USD per instance-hour a job of ``instance_type`` (the backend default when "") is billed at,
         on spot capacity when ``spot``."""
 
+    def price_note(self, instance_type: str = "") -> str:
+        """A sentence the estimate and the job page add about :meth:`price` of ``instance_type``, when
+        it is not a list price to trust: an own cluster's partition without an internal rate is priced
+        at 0 ("no internal rate is set for …"). "" = nothing to add (this default)."""
+        return ""
+
     def on_demand_price(self, instance_type: str = "") -> float:
         """USD per instance-hour of ``instance_type`` on demand: what a spot job's run is compared
         with for its saving. Default :meth:`price` without spot; an adapter whose backend settings

@@ -249,6 +249,16 @@ class SlurmBackend(Backend):
         """Whether the catalog has an internal rate for the partition (else jobs cost 0: "no rate set")."""
         return self._rate(instance_type) is not None
 
+    def price_note(self, instance_type: str = "") -> str:
+        """"no internal rate is set for partition P on cluster C …" when the catalog has none."""
+        if self.rate_known(instance_type):
+            return ""
+        partition = instance_type or self.config["partition"]
+        cluster = self.config.get("cluster") or ""
+        return (f"no internal rate is set for partition {partition} on cluster {cluster or '(no cluster name)'}, so "
+                f"jobs here cost $0; an admin sets it in the price catalog (provider slurm, region {cluster or '…'}, "
+                f"instance type {partition})")
+
     def _rate(self, instance_type: str = ""):
         from cloud_adapters.pricing import internal_rate
 

@@ -593,7 +593,8 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
                           cpu_offload: bool | None = None, checkpoint_format: str | None = None,
                           max_steps: int | None = None, seq_len: int | None = None) -> dict:
     """Price of a shape before launch: ``{"hourly_price_usd", "estimated_cost_usd", "arithmetic",
-    "money_places", "max_runtime_covers", "world_size", "message"}``; ``money_places`` (2 or 4) is
+    "money_places", "max_runtime_covers", "world_size", "message", "price_note"}`` (``price_note``:
+    the adapter's ``price_note``, e.g. no internal rate set; also at the end of ``message``); ``money_places`` (2 or 4) is
     the one precision the estimate, its arithmetic and the budget are shown at.
 
     Estimate = min(max runtime × instances (nodes) × hourly price, ``budget_usd``) — the budget only
@@ -638,6 +639,9 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
     arithmetic = costs.estimate_arithmetic(**shape, places=places)
     message = (f"{describe_world(nodes, procs_per_node)}; at most {arithmetic}"
                + ("" if budget is not None else f" = {costs.format_usd(estimate, places)}"))
+    price_note = adapter.price_note(spec.instance_type)  # e.g. an own cluster without an internal rate
+    if price_note:
+        message += f"; {price_note}"
     memory = _estimate_memory_plan(
         adapter=adapter, backend=backend, dataset=dataset, model_spec=model_spec, hyperparameters=hyperparameters,
         instance_type=spec.instance_type, parallel={"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
@@ -647,7 +651,7 @@ def training_job_estimate(*, backend: ComputeBackend, nodes: int = 1, procs_per_
             checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len))
     return {"hourly_price_usd": price, "estimated_cost_usd": estimate, "arithmetic": arithmetic,
             "money_places": places, "max_runtime_covers": type(adapter).max_runtime_covers,
-            "world_size": world, "message": message,
+            "world_size": world, "message": message, "price_note": price_note,
             "memory_plan": memory.as_dict() if memory is not None else None}
 
 

@@ -1,0 +1,112 @@
+"""A Slurm backend in the web UI: the backend form's fields come from the adapter's declaration (host
+settings left to the installation), a refused sbatch option is shown on its field, Test connection
+runs the adapter's checks against a real Slurm (tests/slurmkit.py), the job form offers the backend,
+and the estimate is priced from the partition's internal rate or says that none is set."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+
+from cloud_adapters.registry import backend_settings
+from jobs import services
+from jobs.models import ComputeBackend
+from jobs.services.prices import instance_price_save
+from slurmkit import slurm_cluster
+from webapp import forms as webapp_forms
+
+pytestmark = pytest.mark.django_db
+
+FIELDS = ("cluster", "partition", "account", "qos", "gpus_per_node", "gpu_request", "cpus_per_task",
+          "mem_per_node_gb", "max_nodes", "extra_sbatch_options", "container_image")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with slurm_cluster() as running:
+        yield running
+
+
+@pytest.fixture
+def installation(settings, tmp_path):
+    settings.TRAINBOARD_SLURM_WORK_DIR = str(tmp_path / "slurm-work")
+    return settings
+
+
+def field(key: str) -> str:
+    return webapp_forms.BackendForm().setting_field("slurm", key)
+
+
+def post(settings: dict, name: str = "hpc") -> dict:
+    return {"name": name, "kind": "slurm", "extra_config": "", "enabled": "on",
+            **{field(k): v for k, v in settings.items()}}
+
+
+def test_the_form_has_the_slurm_settings_and_no_host_setting(owner_client, installation):
+    assert tuple(s.key for s in backend_settings("slurm").fields) == FIELDS
+    page = owner_client.get(reverse("backend-create")).content.decode()
+    names = set(re.findall(r'name="([^"]+)"', page))
+    assert {field(k) for k in FIELDS} <= names
+    assert "Slurm cluster" in page
+    for key in ("work_dir", "python", "slurm_conf", "login_host", "transport"):
+        assert not webapp_forms.BackendForm().setting_field("slurm", key)
+
+
+def test_create_a_slurm_backend_from_its_fields(owner_client, user, installation):
+    response = owner_client.post(reverse("backend-create"), post({
+        "cluster": "hpc1", "partition": "gpu", "account": "ml", "qos": "", "gpus_per_node": "4",
+        "gpu_request": "gpus-per-node", "cpus_per_task": "", "mem_per_node_gb": "64", "max_nodes": "8",
+        "extra_sbatch_options": "--constraint=a100 --exclusive", "container_image": ""}))
+    assert response.status_code == 302, response.context["form"].errors
+    backend = ComputeBackend.objects.get(owner=user, name="hpc")
+    assert backend.kind == "slurm"
+    assert backend.config == {"cluster": "hpc1", "partition": "gpu", "account": "ml", "gpus_per_node": 4,
+                              "gpu_request": "gpus-per-node", "mem_per_node_gb": 64, "max_nodes": 8,
+                              "extra_sbatch_options": "--constraint=a100 --exclusive"}
+
+
+def test_a_refused_sbatch_option_is_named_on_its_field(owner_client, installation):
+    response = owner_client.post(reverse("backend-create"), post({"partition": "gpu",
+                                                                  "extra_sbatch_options": "--uid=0"}))
+    assert response.status_code == 200
+    errors = response.context["form"].errors
+    assert "Extra sbatch options: --uid is not allowed (would run the job as another user)." in str(errors)
+
+
+def test_test_connection_runs_the_checks_on_the_cluster(owner_client, user, cluster, settings):
+    settings.TRAINBOARD_SLURM_WORK_DIR = str(cluster.work_dir)
+    settings.TRAINBOARD_SLURM_CONF = str(cluster.conf)
+    backend = services.backend_create(owner=user, name="hpc", kind="slurm", config={"partition": cluster.partition})
+    page = owner_client.post(reverse("backend-test-connection", args=[backend.pk]), HTTP_HX_REQUEST="true")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "slurm-wlm 22.05.8" in text
+    assert "partition debug: up, 2 nodes, 2 CPUs per node" in text
+    assert f"{cluster.work_dir} is writable" in text
+
+
+def test_the_job_form_offers_the_backend_and_the_estimate_uses_the_internal_rate(owner_client, user, installation):
+    backend = services.backend_create(owner=user, name="hpc", kind="slurm",
+                                      config={"partition": "gpu", "cluster": "hpc1", "gpus_per_node": 2})
+    page = owner_client.get(reverse("job-create")).content.decode()
+    assert re.search(rf'<option value="{backend.pk}"[^>]*>[^<]*hpc', page)
+
+    unpriced = services.training_job_estimate(backend=backend, nodes=2, procs_per_node=2, max_runtime_s=3600)
+    assert unpriced["hourly_price_usd"] == 0
+    assert unpriced["price_note"] == (
+        "no internal rate is set for partition gpu on cluster hpc1, so jobs here cost $0; an admin sets it in the "
+        "price catalog (provider slurm, region hpc1, instance type gpu)")
+    assert unpriced["message"].endswith(unpriced["price_note"])
+
+    instance_price_save(provider="slurm", region="hpc1", instance_type="gpu", usd_per_hour=Decimal("1.5"),
+                        usd_per_gpu_hour=Decimal("2"))
+    priced = services.training_job_estimate(backend=backend, nodes=2, procs_per_node=2, max_runtime_s=3600)
+    assert Decimal(str(priced["hourly_price_usd"])) == Decimal("5.5")  # 1.5 + 2 GPUs × 2
+    assert Decimal(str(priced["estimated_cost_usd"])) == Decimal("11.00")  # 1 h × 2 nodes × 5.5
+    assert priced["price_note"] == ""
+    estimate = owner_client.get(reverse("job-estimate"), {"backend": backend.pk, "nodes": 2, "procs_per_node": 2,
+                                                          "max_runtime_s": 3600, "instance_type": ""})
+    assert "$11.00 max" in estimate.content.decode()
