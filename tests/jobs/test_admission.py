@@ -225,3 +225,20 @@ def test_two_workers_admitting_at_once_never_give_one_gpu_to_two_jobs(user, digi
     assert overlapped == []  # the two decisions never ran at the same time
     results = sorted(state(job) for job in jobs)
     assert results == [(S.PENDING, [0, 1], ""), (S.QUEUED, [], "waiting for 2 GPUs on local (1 free)")]
+
+
+@pytest.mark.django_db
+def test_the_recovery_sweep_wakes_each_boxs_first_waiting_job_should_a_wake_up_be_lost(
+        user, digits_dataset, cnn_model, box, submitted, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    holder = create(user, digits_dataset, cnn_model, box, 4)
+    first, second = (create(user, digits_dataset, cnn_model, box, 2) for _ in range(2))
+    for job in (holder, first, second):
+        submit(job, capture)
+    # The holder ended, but the message that would have woken `first` was lost.
+    TrainingJob.objects.filter(pk=holder.pk).update(state=S.SUCCEEDED)
+    with sent_tasks(dispatch.SUBMIT_JOB) as send, capture(execute=True):
+        assert recovery.recovery_sweep()["woken"] == 1
+    send.assert_called_once_with(args=[first.pk], queue=adapters.backend_queue(box))
+    assert submit(first, capture) == [second.pk] and state(first) == (S.PENDING, [0, 1], "")
+    assert submit(second, capture) == [] and state(second) == (S.PENDING, [2, 3], "")
