@@ -23,6 +23,9 @@ azureml     ``AZUREML_RUN_ID`` + per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZ
 kubernetes  ``PET_NNODES``/``PET_NODE_RANK`` (Kubeflow Trainer's torch runtime, one pod per node):
             start torchrun --nnodes PET_NNODES --node_rank PET_NODE_RANK --master_addr
             PET_MASTER_ADDR --master_port PET_MASTER_PORT with PET_NPROC_PER_NODE processes.
+slurm       ``SLURM_JOB_ID``/``SLURM_NODEID`` (one task per node that srun started): start torchrun
+            --nnodes SLURM_NNODES --node_rank SLURM_NODEID --master_addr (the first host of
+            SLURM_JOB_NODELIST) with ``--nproc-per-node`` (or SLURM_GPUS_ON_NODE) processes.
 local       ``--standalone``: torchrun on this machine with ``--nproc-per-node`` processes (default
             ``parallel.procs_per_node``); nothing set: one process.
 ==========  ==========================================================================================
