@@ -123,6 +123,10 @@ def test_unknown_fields_and_invalid_values_are_refused_all_at_once(custom):
     assert 'unknown field "spec.trainer.resources"' in error["message"]
     assert 'unknown field "spec.podTemplateOverrides"' in error["message"]
 
+    lenient = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body, field_validation="Ignore")
+    assert "resources" not in lenient["spec"]["trainer"] and "podTemplateOverrides" not in lenient["spec"]
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "strict-1")
+
     body = trainjob("Bad_Name", activeDeadlineSeconds=0, managedBy="me")
     body["spec"]["trainer"].update(numProcPerNode="many", env=[{"name": "PET_NNODES", "value": "9"}])
     body["spec"]["runtimeRef"]["name"] = "no-such-runtime"
@@ -254,6 +258,26 @@ def test_suspend_holds_the_pods_and_a_patch_resumes(kube_standin, custom, core):
     resumed = kube_standin.condition("default", "run-suspend", "Suspended")
     assert (resumed["status"], resumed["reason"]) == ("False", "Resumed")
     assert len(pods_of(core, "run-suspend")) == 2
+
+
+def test_unschedulable_pods_wait_pending_until_the_cluster_has_room(kube_standin, custom, core):
+    kube_standin.schedulable = False
+    try:
+        create(custom, trainjob("run-pending", "print('scheduled')", nodes=2))
+        kube_standin.wait_for(lambda: len(pods_of(core, "run-pending")) == 2, timeout=30, what="two pods")
+        ticks = kube_standin.ticks
+        kube_standin.wait_for(lambda: kube_standin.ticks >= ticks + 3, timeout=30, what="three controller passes")
+        pods = pods_of(core, "run-pending")
+        assert {p.status.phase for p in pods} == {"Pending"}
+        scheduled = [c for c in pods[0].status.conditions if c.type == "PodScheduled"][0]
+        assert (scheduled.status, scheduled.reason) == ("False", "Unschedulable")
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "run-pending")
+        assert obj["status"]["jobsStatus"][0]["active"] == 1 and obj["status"]["jobsStatus"][0]["ready"] == 0
+        status, error = error_of(lambda: core.read_namespaced_pod_log(pods[0].metadata.name, "default"))
+        assert status == 400 and "is waiting to start" in error["message"]
+    finally:
+        kube_standin.schedulable = True
+    kube_standin.wait_for_condition("default", "run-pending", "Complete", timeout=60)
 
 
 def _running(kube_standin, core, name):
