@@ -421,7 +421,10 @@ class GpuBoxBackend(Backend):
                 f"(max_procs_per_node); ask for {caps.max_procs_per_node} or fewer."
             )
         super().validate(spec)
-        box = self.inventory()
+        try:
+            box = self.inventory()
+        except MissingDependency as exc:  # GPUs it cannot hand out: no job may start here until fixed
+            raise InvalidSpec(str(exc)) from None
         if spec.procs_per_node > box.capacity:
             raise InvalidSpec(
                 f"{spec.procs_per_node} processes need {box.unit(spec.procs_per_node)} (one per process), but this GPU "

@@ -15,7 +15,10 @@ describe the right machine. In order:
    beside ``CUDA_VISIBLE_DEVICES`` (CUDA C++ Programming Guide, "CUDA Environment Variables"), so an
    index means the same GPU to both. When the worker itself runs with ``CUDA_VISIBLE_DEVICES`` of
    indices, only those GPUs are handed out; "" or "-1" hides every GPU, as in CUDA.
-3. Slots, on a box without GPUs: ``slots`` (host setting ``TRAINBOARD_GPUBOX_SLOTS``), else the box's
+3. A box whose ``/dev/nvidia<N>`` device nodes show GPUs that NVML cannot list (nvidia-ml-py
+   missing, a driver that does not answer) hands out nothing: every job would see every GPU, so the
+   inventory raises :class:`~cloud_adapters.base.MissingDependency` saying to fix NVML or set ``gpu_ids``.
+4. Slots, on a box without GPUs: ``slots`` (host setting ``TRAINBOARD_GPUBOX_SLOTS``), else the box's
    ``max_procs_per_node`` (its own default: the CPU count). A slot is a process's share of the CPUs,
    counted, not pinned.
 
@@ -30,11 +33,12 @@ import os
 import re
 from typing import Any, Mapping
 
-from cloud_adapters.base import InvalidSpec, Inventory
+from cloud_adapters.base import InvalidSpec, Inventory, MissingDependency
 
 MAX_DEVICE_INDEX = 1023  # far above any machine's GPU count; bounds what a setting may name
 MAX_SLOTS = 1024  # as many as max_procs_per_node may be
 MAX_CONCURRENT_JOBS = 10_000
+DEV_DIR = "/dev"  # where the NVIDIA driver's device nodes are (a seam for the tests)
 
 
 def parse_gpu_ids(text: Any) -> tuple[int, ...]:
@@ -109,10 +113,23 @@ def _visible_indices(env: Mapping[str, str]) -> set[int] | None:
     return {int(v) for v in items}
 
 
+def device_nodes(env: Mapping[str, str]) -> list[str]:
+    """The ``/dev/nvidia<N>`` GPU device nodes of this machine, none when the worker's
+    ``CUDA_VISIBLE_DEVICES`` hides every GPU ("" or "-1")."""
+    if _visible_indices(env) == set():
+        return []
+    try:
+        return sorted(e for e in os.listdir(DEV_DIR) if re.fullmatch(r"nvidia\d+", e))
+    except OSError:
+        return []
+
+
 def box_inventory(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Inventory:
     """The box's :class:`~cloud_adapters.base.Inventory` from its cleaned settings (``gpu_ids``,
     ``slots``, ``max_procs_per_node``, ``max_concurrent_jobs``) and this machine (NVML, the worker's
-    ``CUDA_VISIBLE_DEVICES`` in ``env``, default ``os.environ``), in the order of the module docstring."""
+    ``CUDA_VISIBLE_DEVICES`` in ``env``, default ``os.environ``), in the order of the module docstring.
+    Raises :class:`InvalidSpec` for a malformed ``gpu_ids`` and :class:`MissingDependency` for GPUs
+    that NVML cannot list (point 3)."""
     env = os.environ if env is None else env
     limit = config.get("max_concurrent_jobs") or None
     gpu_ids = parse_gpu_ids(config.get("gpu_ids") or "")
@@ -126,6 +143,12 @@ def box_inventory(config: Mapping[str, Any], env: Mapping[str, str] | None = Non
         return Inventory(kind="gpu", devices=tuple(g[0] for g in gpus), source="nvml",
                          names=tuple(g[1] for g in gpus), memory_bytes=tuple(g[2] for g in gpus),
                          max_concurrent_jobs=limit)
+    if gpus is None and (nodes := device_nodes(env)):
+        raise MissingDependency(
+            f"this GPU box has NVIDIA devices ({', '.join(f'{DEV_DIR}/{n}' for n in nodes[:4])}"
+            f"{' …' if len(nodes) > 4 else ''}) but NVML cannot list them, so it cannot give each job its own GPUs: "
+            f"install nvidia-ml-py (requirements.txt) and check the driver with nvidia-smi, or set "
+            f"TRAINBOARD_GPUBOX_GPU_IDS to the GPUs to hand out (e.g. 0,1,2,3).")
     if config.get("slots"):
         count, source = int(config["slots"]), "slots setting"
     else:

@@ -242,3 +242,28 @@ def test_the_recovery_sweep_wakes_each_boxs_first_waiting_job_should_a_wake_up_b
     send.assert_called_once_with(args=[first.pk], queue=adapters.backend_queue(box))
     assert submit(first, capture) == [second.pk] and state(first) == (S.PENDING, [0, 1], "")
     assert submit(second, capture) == [] and state(second) == (S.PENDING, [2, 3], "")
+
+
+@pytest.mark.django_db
+def test_a_box_whose_gpus_nvml_cannot_list_fails_the_job_saying_what_to_fix(
+        user, digits_dataset, cnn_model, local_backend, submitted, django_capture_on_commit_callbacks, monkeypatch,
+        tmp_path):
+    import sys
+    import types
+
+    from cloud_adapters.gpubox import inventory
+
+    job = create(user, digits_dataset, cnn_model, local_backend, 2)
+    # On the box: GPU device nodes, but no NVML (nvidia-ml-py without a driver that answers).
+    (tmp_path / "nvidia0").touch()
+    monkeypatch.setattr(inventory, "DEV_DIR", str(tmp_path))
+    broken = types.ModuleType("pynvml")
+    broken.NVMLError = RuntimeError
+    broken.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("Driver Not Loaded"))
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    submit(job, django_capture_on_commit_callbacks)
+    job.refresh_from_db()
+    assert job.state == S.FAILED and submitted == {}
+    assert job.failure_reason.startswith(f"Backend local cannot say which devices it has: this GPU box has NVIDIA "
+                                         f"devices ({tmp_path}/nvidia0) but NVML cannot list them")

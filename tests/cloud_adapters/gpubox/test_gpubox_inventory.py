@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_adapters.base import InvalidSpec, JobSpec, JobState
+from cloud_adapters.base import InvalidSpec, JobSpec, MissingDependency
 from cloud_adapters.gpubox import GpuBoxBackend, inventory
 from cloud_adapters.gpubox._usercode import container_command, worker_user
 from devicekit import rank_environments
@@ -85,6 +85,27 @@ def test_without_a_driver_the_box_counts_slots(run_root, monkeypatch):
     assert found.unit(2) == "2 slots" and nvml.calls == ["init"]
     assert box(run_root, slots=3).inventory().devices == (0, 1, 2)
     assert box(run_root, slots=3).inventory().source == "slots setting"
+
+
+def test_gpus_that_nvml_cannot_list_are_not_handed_out_as_slots(run_root, monkeypatch, tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (dev / name).touch()
+    monkeypatch.setattr(inventory, "DEV_DIR", str(dev))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(None, init_error=True))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(MissingDependency) as excinfo:
+        box(run_root).inventory()
+    assert str(excinfo.value) == (
+        f"this GPU box has NVIDIA devices ({dev}/nvidia0, {dev}/nvidia1) but NVML cannot list them, so it cannot "
+        f"give each job its own GPUs: install nvidia-ml-py (requirements.txt) and check the driver with nvidia-smi, "
+        f"or set TRAINBOARD_GPUBOX_GPU_IDS to the GPUs to hand out (e.g. 0,1,2,3).")
+    with pytest.raises(InvalidSpec, match="but NVML cannot list them"):  # the job form says so too
+        box(run_root).validate(JobSpec(job_name="j", config={}, procs_per_node=1))
+    assert box(run_root, gpu_ids="0,1").inventory().devices == (0, 1)  # the operator's list needs no NVML
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a worker that hides its GPUs is a CPU box
+    assert box(run_root).inventory().kind == "slot"
 
 
 def test_the_real_nvidia_ml_py_finds_no_driver_here_and_the_box_counts_its_slots(run_root):
