@@ -400,8 +400,11 @@ class KubernetesBackend(CloudBackend):
                                    f"context (or that the worker runs in a pod with a service account).") from None
         token = self.secrets.get("token")
         if token:
-            api.configuration.api_key = {"authorization": token}
-            api.configuration.api_key_prefix = {"authorization": "Bearer"}
+            # The loaders install a hook that puts the kubeconfig's (or the pod's) token back before
+            # every request: without it, the stored token is the only credential sent.
+            api.configuration.refresh_api_key_hook = None
+            api.configuration.api_key = {"authorization": f"Bearer {token}"}
+            api.configuration.api_key_prefix = {}
         return api
 
     def custom(self) -> Any:

@@ -8,7 +8,7 @@ exception                                      retried  raised at the end
 =============================================  =======  ==========================================
 ApiException 401, 403                           no       :class:`CredentialsError`
 ApiException 429 (API Priority and Fairness)    yes      :class:`Throttled`
-ApiException 5xx, or no status (no answer)      yes      ProviderError(transient=True)
+ApiException 5xx, or status 0/none (no answer) yes      ProviderError(transient=True)
 ApiException 422 (Invalid), 400 (BadRequest)    no       :class:`InvalidSpec`, the server's message
 ApiException 404, 409 and any other             no       ProviderError, the server's message
 urllib3 errors (connection refused, timeout,    yes      ProviderError(transient=True)
@@ -83,7 +83,7 @@ def classify(exc: BaseException, *, service: str = "Kubernetes") -> Verdict | No
             f"trainjobs create/get/list/delete and pods list, pods/log get in the namespace (docs/kubernetes.md)."))
     if code == 429:
         return Verdict(True, Throttled(f"{what}; the API server is rate-limiting this client, the next sync tries again."))
-    if code is None or code >= 500:
+    if not code or code >= 500:  # 0: the client got no answer (its rest.py, e.g. a TLS error)
         return Verdict(True, ProviderError(f"{what}; the next sync tries again.", transient=True))
     if code in (400, 422):
         return Verdict(False, InvalidSpec(f"{what}"))
