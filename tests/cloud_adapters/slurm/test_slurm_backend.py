@@ -67,6 +67,7 @@ def test_connection_checks_the_cluster(backend, cluster):
     assert not partition.ok and partition.message.startswith("sinfo lists no partition 'nosuch': check the partition")
 
 
+@pytest.mark.slow  # ~35 s on a loaded 2-core machine: two nodes × two ranks start torch
 def test_two_node_job_succeeds_and_a_retried_submit_adopts_it(backend, cluster):
     spec = digits_spec("tb-job-101-a", env={"TB_PLAIN": "x"}, secret_env={"TB_SECRET": "s3cr3t"})
     handle = backend.submit(spec)
