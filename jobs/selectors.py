@@ -362,6 +362,21 @@ _MEMORY_TERMS = (("Parameters", "params_bytes"), ("Gradients", "grads_bytes"), (
                  ("Activations", "activations_bytes"))
 
 
+def training_job_price_note(*, job: TrainingJob) -> str:
+    """What the job page adds about the job's hourly price when it is 0 and the backend says why
+    (``Backend.price_note``: an own cluster's partition without an internal rate); "" otherwise, and
+    when the backend's adapter cannot be built (its settings or SDK), since the note is a courtesy."""
+    from cloud_adapters.base import BackendError
+    from jobs import adapters
+
+    if job.hourly_price_usd is None or job.hourly_price_usd != 0 or job.backend_id is None:
+        return ""
+    try:
+        return adapters.backend_adapter(job.backend).price_note(job.instance_type or "")
+    except (BackendError, ValueError, LookupError):
+        return ""
+
+
 def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
     """The memory plan made at creation beside the trainer's last measurement, for the job page:
     ``{"summary", "lines", "rows": [{"label", "planned", "measured", "ratio"}], "busiest_rank",

@@ -439,6 +439,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["chart_series"] = CHART_SERIES
     context["code"] = selectors.training_job_code(job=job)
     context["memory"] = selectors.training_job_memory(job=job)
+    context["price_note"] = selectors.training_job_price_note(job=job)
     return render(request, "webapp/jobs/detail.html", context)
 
 

@@ -110,3 +110,19 @@ def test_the_job_form_offers_the_backend_and_the_estimate_uses_the_internal_rate
     estimate = owner_client.get(reverse("job-estimate"), {"backend": backend.pk, "nodes": 2, "procs_per_node": 2,
                                                           "max_runtime_s": 3600, "instance_type": ""})
     assert "$11.00 max" in estimate.content.decode()
+
+
+def test_the_job_page_says_when_no_internal_rate_is_set(owner_client, user, installation, digits_dataset, cnn_model):
+    backend = services.backend_create(owner=user, name="hpc", kind="slurm",
+                                      config={"partition": "gpu", "cluster": "hpc1"})
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=backend,
+                                       nodes=2, procs_per_node=1, epochs=1)
+    page = owner_client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert ('<p class="muted small" id="price-note">Cost: no internal rate is set for partition gpu on cluster hpc1, '
+            'so jobs here cost $0; an admin sets it in the price catalog') in page
+
+    instance_price_save(provider="slurm", region="hpc1", instance_type="gpu", usd_per_hour=Decimal("1.5"))
+    priced = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=backend,
+                                          nodes=2, procs_per_node=1, epochs=1)
+    assert priced.hourly_price_usd == Decimal("1.5")
+    assert 'id="price-note"' not in owner_client.get(reverse("job-detail", args=[priced.pk])).content.decode()
