@@ -82,6 +82,11 @@ MAX_GPUS_PER_NODE = 64
 MAX_RUNTIME_S = 28 * 24 * 3600  # the dashboard's longest max runtime
 CALL_TIMEOUT_S = (5.0, 30.0)  # (connect, read) seconds of one API request
 RATE = 10.0  # calls per second per cluster configuration (the client's own default QPS is 5, burst 10)
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # a well-known label (kubernetes.io "Well-Known Labels")
+PERMISSIONS = (("create", "trainjobs", "", "trainer.kubeflow.org"), ("get", "trainjobs", "", "trainer.kubeflow.org"),
+               ("list", "trainjobs", "", "trainer.kubeflow.org"), ("delete", "trainjobs", "", "trainer.kubeflow.org"),
+               ("list", "pods", "", ""), ("get", "pods", "log", ""))
+"""What the worker's identity needs in the namespace: (verb, resource, subresource, API group)."""
 PRICE_PROVIDERS = (("aws", "AWS"), ("gcp", "Google Cloud"), ("azure", "Azure"))
 
 SETTINGS = BackendSettings(
@@ -165,6 +170,10 @@ def trainjob_name(job_name: str) -> str:
         raise InvalidSpec(f"job name {_shown(job_name)}: a TrainJob's name is at most 63 lowercase letters, digits "
                           f"and '-', starting with a letter.")
     return job_name
+
+
+class PermissionProblem(Exception):
+    """A connection check that found something to fix (its message says what)."""
 
 
 class KubernetesBackend(CloudBackend):
@@ -633,7 +642,10 @@ class KubernetesBackend(CloudBackend):
     def connection_probes(self) -> list[Probe]:
         """The API server answers (``/version``), the namespace exists (or, where this identity may
         not read namespaces, its pods are listable), the TrainJob API is served (a list of at most
-        one), the runtime exists where it is readable."""
+        one), the runtime exists where it is readable, this identity has the :data:`PERMISSIONS` in the
+        namespace (one SelfSubjectAccessReview each, ``kubectl auth can-i``), and nodes match the node
+        selector (their ``node.kubernetes.io/instance-type``, for pricing; not checked where nodes are
+        not readable)."""
         from kubernetes.client.exceptions import ApiException
 
         def version() -> str:
@@ -670,6 +682,45 @@ class KubernetesBackend(CloudBackend):
                 raise
             return f"ClusterTrainingRuntime {name} exists."
 
+        def permissions() -> str:
+            from kubernetes.client import AuthorizationV1Api
+
+            api = AuthorizationV1Api(self.api_client())
+            denied = []
+            for verb, resource, subresource, group in PERMISSIONS:
+                review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                          "spec": {"resourceAttributes": {"namespace": self.namespace, "verb": verb, "group": group,
+                                                          "resource": resource, "subresource": subresource}}}
+                answer = api.create_self_subject_access_review(review, _request_timeout=CALL_TIMEOUT_S)
+                if not getattr(answer.status, "allowed", False):
+                    denied.append(f"{verb} {resource}{'/' + subresource if subresource else ''}")
+            if denied:
+                raise PermissionProblem(f"this identity may not {', '.join(denied)} in namespace {self.namespace}; "
+                                        f"grant them with a Role and RoleBinding (docs/kubernetes.md).")
+            return (f"this identity may {', '.join(f'{v} {r}' + ('/' + s if s else '') for v, r, s, _ in PERMISSIONS)} "
+                    f"in namespace {self.namespace}.")
+
+        def node_pool() -> str:
+            selector = ",".join(f"{k}={v}" for k, v in self.config["node_selector"].items())
+            try:
+                response = self.core().list_node(label_selector=selector or None, limit=100, _preload_content=False,
+                                                 _request_timeout=CALL_TIMEOUT_S)
+            except ApiException as exc:
+                if exc.status == 403:
+                    return "nodes are not readable with this identity; their instance type is not checked."
+                raise
+            nodes = [n for n in json.loads(response.data or b"{}").get("items") or [] if isinstance(n, dict)]
+            types = sorted({str(((n.get("metadata") or {}).get("labels") or {}).get(INSTANCE_TYPE_LABEL, "?"))
+                            for n in nodes})
+            where = f"matching the node selector {selector}" if selector else "in the cluster"
+            if not nodes:
+                raise PermissionProblem(f"no node {where}: the pods would wait forever; check the node selector.")
+            priced = self.config.get("price_instance_type")
+            hint = (f"; jobs are priced as {priced}" if priced else
+                    f"; jobs are priced at the internal rate of {self.config['cluster']}/{self.config['node_pool']} "
+                    f"(or set the price settings to one of these instance types)")
+            return f"{len(nodes)} node(s) {where}, instance type {', '.join(types)}{hint}."
+
         def explain(what: str, missing: str) -> Callable[[BaseException], str]:
             def message(exc: BaseException) -> str:
                 if errors.status_code(exc) == 404:
@@ -688,6 +739,9 @@ class KubernetesBackend(CloudBackend):
             Probe("training runtime", runtime, explain("training runtime", f"there is no ClusterTrainingRuntime "
                                                        f"{self.config['runtime']!r}; install Kubeflow Trainer's runtimes "
                                                        f"or set the backend's runtime.")),
+            Probe("permissions", permissions, explain("permissions", "the API server has no SelfSubjectAccessReview "
+                                                      "API; the permissions are not checked.")),
+            Probe("node pool", node_pool, explain("node pool", "the API server lists no nodes.")),
         ]
 
     def test_connection(self):

@@ -145,11 +145,29 @@ def test_the_servers_refusal_is_invalid_spec_with_its_message(standin):
 def test_connection_checks(standin):
     checks = make(standin).test_connection()
     assert [(c.name, c.ok) for c in checks] == [("API server", True), ("namespace", True), ("TrainJob API", True),
-                                               ("training runtime", True)]
+                                               ("training runtime", True), ("permissions", True),
+                                               ("node pool", True)]
     assert checks[0].message.startswith(f"API server {standin.url} answers: Kubernetes v1.33.0")
-    missing = {c.name: c for c in make(standin, namespace="nowhere", runtime="nope").test_connection()}
+    assert checks[4].message == ("this identity may create trainjobs, get trainjobs, list trainjobs, delete trainjobs, "
+                                 "list pods, get pods/log in namespace default.")
+    reviews = [r.body["spec"]["resourceAttributes"] for r in standin.requests_for("POST", "selfsubjectaccessreviews")]
+    assert {"namespace": "default", "verb": "get", "group": "", "resource": "pods", "subresource": "log"} in reviews
+    assert checks[5].message.startswith("4 node(s) in the cluster, instance type standin-cpu-4; jobs are priced at "
+                                        "the internal rate of default/default")
+    missing = {c.name: c for c in make(standin, namespace="nowhere", runtime="nope",
+                                       node_selector={"pool": "a100"}).test_connection()}
     assert not missing["namespace"].ok and missing["namespace"].message.startswith("namespace nowhere does not exist")
     assert not missing["training runtime"].ok and "no ClusterTrainingRuntime 'nope'" in missing["training runtime"].message
+    assert not missing["node pool"].ok and "no node matching the node selector pool=a100" in missing["node pool"].message
+    standin.access_allowed = False
+    try:
+        denied = {c.name: c for c in make(standin).test_connection()}
+    finally:
+        standin.access_allowed = True
+    assert not denied["permissions"].ok
+    assert denied["permissions"].message.startswith("permissions: this identity may not create trainjobs, get "
+                                                    "trainjobs, list trainjobs, delete trainjobs, list pods, get "
+                                                    "pods/log in namespace default; grant them")
 
 
 def test_a_wrong_token_is_a_credentials_error_and_a_closed_port_is_transient(standin, tmp_path):
