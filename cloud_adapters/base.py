@@ -369,6 +369,10 @@ class Backend(abc.ABC):
     provider's form (``pytorch-training:2.8.0-gpu-py312`` → ``2.8``); "" = not parsed."""
     offered_strategies: ClassVar[tuple[str, ...]] = ("ddp", "fsdp", "pipeline")
     """The strategies this backend runs when its image's torch runs them (:meth:`runnable_strategies`)."""
+    max_nodes_note: ClassVar[str] = ""
+    """Why a job may not have more nodes than :attr:`Capabilities.max_nodes` here and where such a
+    job goes instead (a GPU box: one machine, so Slurm or Kubernetes); the job form shows it beside
+    the nodes field and :meth:`validate` refuses with it. "" = only the arithmetic."""
     queue: ClassVar[str] = "celery"
     """Celery queue whose workers can reach this backend. A GPU box's jobs run on the machine whose
     worker consumes its queue (docker-compose's gpubox worker); cloud backends use the default."""
@@ -462,6 +466,8 @@ class Backend(abc.ABC):
                 f"nodes and processes per node must be at least 1 (got {spec.nodes} nodes × "
                 f"{spec.procs_per_node} processes)."
             )
+        if spec.nodes > caps.max_nodes and self.max_nodes_note:
+            raise InvalidSpec(f"{spec.nodes} nodes requested. {self.max_nodes_note}")
         if spec.nodes > caps.max_nodes:
             raise InvalidSpec(
                 f"{spec.nodes} nodes requested, but this backend runs at most "

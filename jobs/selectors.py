@@ -10,14 +10,16 @@ its owner or staff only: :func:`can_change`; a teammate who may see it gets a 40
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import statistics
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Iterable
 
-from django.db.models import CharField, Max, Q, QuerySet, Sum, Value
+from django.db.models import Case, CharField, Count, Max, Q, QuerySet, Sum, Value, When
 
+from jobs.adapters import backend_queue
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
 from jobs.models import (
@@ -415,3 +417,71 @@ def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
             "rows": rows, "busiest_rank": busiest, "device": measured.get("device", ""), "cpu": cpu,
             "ranks": [{"rank": i, "peak": gib(r["peak_bytes"]) if isinstance(r.get("peak_bytes"), int) else "–"}
                       for i, r in enumerate(ranks)]}
+
+
+# --- a backend's queue (the backend page) -----------------------------------------------------
+
+HOLDING_STATES = (S.SUBMITTING, S.PENDING, S.RUNNING, S.STOPPING)
+"""States of a job that has left the queue and not ended: it holds the GPUs it was given
+(``allocated_gpus``) until it is terminal."""
+WAITING_ORDER = ("-priority", "created_at", "id")
+"""The order QUEUED jobs start in: higher ``priority`` first, then submission order (jobs.admission)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceUse:
+    """The devices (GPU indices, or a CPU-only box's process slots) one active job holds."""
+
+    devices: tuple[int, ...]  # its ``allocated_gpus``, ascending
+    job_id: int | None  # the job, when the user may see it; None = a job of someone the user cannot see
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendQueue:
+    """What the backend page and ``GET /api/backends/{id}/queue/`` show of one backend."""
+
+    queue: str  # the Celery queue its tasks go to (``gpubox.<name>`` for a GPU box)
+    running: QuerySet[TrainingJob]  # the user's visible jobs in HOLDING_STATES, oldest start first
+    waiting: QuerySet[TrainingJob]  # the user's visible QUEUED jobs, in the order they will start
+    others_running: int  # jobs in HOLDING_STATES the user cannot see (counted, never shown)
+    others_waiting: int  # QUEUED jobs the user cannot see
+    devices_in_use: tuple[DeviceUse, ...]  # every active job's devices, lowest device first
+
+    @property
+    def devices_held(self) -> tuple[int, ...]:
+        """Every device some active job holds, ascending."""
+        return tuple(sorted({d for use in self.devices_in_use for d in use.devices}))
+
+
+def _device_list(value: Any) -> tuple[int, ...]:
+    """``allocated_gpus`` as sorted ints; anything that is not a list of ints counts as none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(sorted({d for d in value if isinstance(d, int) and not isinstance(d, bool) and d >= 0}))
+
+
+def backend_queue_for_user(*, user, backend: ComputeBackend) -> BackendQueue:
+    """The jobs of ``backend`` that are running and waiting, as ``user`` may see them.
+
+    ``backend`` must come from :func:`backend_list_for_user` (a stranger's backend is a 404 before
+    this). Jobs of the backend that ``user`` may not see (another user's, on a backend shared
+    through a team) are counted, and their devices shown as taken, but nothing else of them: the
+    free devices and a waiting job's place in line depend on them. Two queries, and the two
+    querysets; the querysets are lazy, so the caller pages them."""
+    jobs = TrainingJob.objects.filter(backend=backend)
+    visible = _visible(user)
+    running = jobs.filter(visible, state__in=HOLDING_STATES).order_by("submitted_at", "created_at", "id")
+    waiting = jobs.filter(visible, state=S.QUEUED).order_by(*WAITING_ORDER)
+    queued = jobs.filter(state=S.QUEUED).aggregate(all=Count("id"), seen=Count("id", filter=visible))
+    holding = list(jobs.filter(state__in=HOLDING_STATES)
+                   .annotate(seen=Case(When(visible, then=Value(True)), default=Value(False)))
+                   .values_list("id", "allocated_gpus", "seen"))
+    uses = sorted((DeviceUse(devices=_device_list(allocated), job_id=job_id if seen else None)
+                   for job_id, allocated, seen in holding if _device_list(allocated)),
+                  key=lambda use: use.devices)
+    return BackendQueue(
+        queue=backend_queue(backend), running=running, waiting=waiting,
+        others_running=sum(1 for _, _, seen in holding if not seen),
+        others_waiting=queued["all"] - queued["seen"],
+        devices_in_use=tuple(uses),
+    )

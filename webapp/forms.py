@@ -626,10 +626,12 @@ class TrainingJobForm(forms.Form):
         self.backend_offers: dict[int, list[InstanceOffer]] = {}
         self.spot_backends: list[int] = []
         self.backend_strategies: dict[int, tuple[str, ...]] = {}
+        self.backend_nodes: dict[int, tuple[int, str]] = {}
         for backend in self.fields["backend"].queryset:
-            offers, spot, strategies = services.backend_instance_offers(backend=backend)
+            offers, spot, strategies, max_nodes, nodes_note = services.backend_instance_offers(backend=backend)
             self.backend_offers[backend.pk] = offers
             self.backend_strategies[backend.pk] = strategies
+            self.backend_nodes[backend.pk] = (max_nodes, nodes_note)
             if spot:
                 self.spot_backends.append(backend.pk)
         self.backend_names = {b.pk: b.name for b in self.fields["backend"].queryset}
@@ -644,10 +646,12 @@ class TrainingJobForm(forms.Form):
                       "provider's own price list. Backend default: the backend's default instance type.")
 
     def offers_by_backend(self) -> dict[str, Any]:
-        """For job_form.js: ``{backend id: {"name", "offers": bool, "spot": bool, "strategies": [...]}}``;
-        the script disables the strategies a backend's image cannot run (the service refuses them too)."""
+        """For job_form.js: ``{backend id: {"name", "offers": bool, "spot": bool, "strategies": [...],
+        "max_nodes": int, "nodes_note": str}}``; the script disables the strategies a backend's image
+        cannot run and shows ``nodes_note`` beside the nodes field (the service refuses both too)."""
         return {str(pk): {"name": self.backend_names[pk], "offers": bool(self.backend_offers[pk]),
-                          "spot": pk in self.spot_backends, "strategies": list(self.backend_strategies[pk])}
+                          "spot": pk in self.spot_backends, "strategies": list(self.backend_strategies[pk]),
+                          "max_nodes": self.backend_nodes[pk][0], "nodes_note": self.backend_nodes[pk][1]}
                 for pk in self.backend_offers}
 
     def clean(self) -> dict[str, Any]:

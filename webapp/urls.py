@@ -24,6 +24,7 @@ urlpatterns = [
     path("models/<int:pk>/edit/", views.model_edit, name="model-edit"),
     path("backends/", views.backend_list, name="backend-list"),
     path("backends/new/", views.backend_create, name="backend-create"),
+    path("backends/<int:pk>/", views.backend_detail, name="backend-detail"),
     path("backends/<int:pk>/edit/", views.backend_edit, name="backend-edit"),
     path("backends/<int:pk>/test-connection/", views.backend_test_connection, name="backend-test-connection"),
     # Jobs

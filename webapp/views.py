@@ -13,6 +13,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -23,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cloud_adapters.base import ConnectionCheck
 from jobs import code_archives, pagination, selectors, services
+from jobs.adapters import backend_declaration
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
 from trainer_pkg.registry import ARCHITECTURES
@@ -30,6 +32,8 @@ from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
 
 JOBS_PER_PAGE = 25
+BACKEND_JOBS_PER_PAGE = 25
+"""Running jobs, and waiting jobs, per page of the backend page."""
 LOG_TAIL_LINES = 200
 
 # Chart series drawn on the job page: chart id -> the metric names of its lines, in order.
@@ -239,6 +243,33 @@ def _backend_form_page(request: HttpRequest, form: BackendForm, backend, checks=
 def backend_list(request: HttpRequest) -> HttpResponse:
     backends = selectors.backend_list_for_user(user=request.user)
     return render(request, "webapp/backends/list.html", {"backends": backends})
+
+
+@login_required
+@require_GET
+def backend_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One backend: its kind, settings and Celery queue, its running jobs with the GPUs each holds,
+    and its waiting jobs in the order they will start, each with why it waits (``wait_reason``).
+    Both lists are paged (``?running=N``, ``?waiting=N``; a bad number shows the nearest page)."""
+    backend = get_object_or_404(selectors.backend_list_for_user(user=request.user), pk=pk)
+    queue = selectors.backend_queue_for_user(user=request.user, backend=backend)
+    related = ("dataset", "model_spec", "owner")
+    running = Paginator(queue.running.select_related(*related), BACKEND_JOBS_PER_PAGE).get_page(request.GET.get("running"))
+    waiting = Paginator(queue.waiting.select_related(*related), BACKEND_JOBS_PER_PAGE).get_page(request.GET.get("waiting"))
+    # Each waiting job's place in line: its index among all waiting jobs the user sees, from page 1.
+    first_place = waiting.start_index() if waiting.paginator.count else 1
+    held_by_job = {use.job_id: use.devices for use in queue.devices_in_use if use.job_id is not None}
+    return render(request, "webapp/backends/detail.html", {
+        "backend": backend,
+        "kind_label": backend_declaration(backend.kind).backend_label,
+        "queue": queue,
+        "running": running,
+        "running_rows": [(job, held_by_job.get(job.pk, ())) for job in running.object_list],
+        "waiting": waiting,
+        "waiting_rows": [(first_place + i, job) for i, job in enumerate(waiting.object_list)],
+        "query_running": request.GET.get("running", ""),
+        "query_waiting": request.GET.get("waiting", ""),
+    })
 
 
 @login_required

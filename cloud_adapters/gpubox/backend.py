@@ -236,6 +236,7 @@ class GpuBoxBackend(Backend):
     settings = SETTINGS
     dataset_schemes = frozenset({""})
     """Local paths only: the trainer runs on this machine and has no cloud storage client."""
+    max_nodes_note = "A GPU box runs a job on one machine; multi-node jobs go to a Slurm or Kubernetes backend."
     queue = "gpubox"
     """The prefix of every box's queue (:meth:`queue_for`); no worker consumes it alone."""
 
@@ -414,6 +415,8 @@ class GpuBoxBackend(Backend):
         checked by :meth:`submit` on the box."""
         _check_job_name(spec.job_name)
         caps = self.capabilities
+        if spec.nodes > caps.max_nodes:  # before the per-node arithmetic, which would not be the point
+            raise InvalidSpec(f"{spec.nodes} nodes requested. {self.max_nodes_note}")
         if spec.procs_per_node > caps.max_procs_per_node >= 1 and spec.nodes >= 1:
             raise InvalidSpec(
                 f"{spec.nodes} node{'s' if spec.nodes != 1 else ''} × {spec.procs_per_node} processes = {spec.world_size} ranks, but "

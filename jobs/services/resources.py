@@ -627,17 +627,21 @@ class BackendOffers(NamedTuple):
     offers: list[InstanceOffer]  # instance types with catalog prices; empty for the gpubox
     spot: bool  # has spot / low-priority capacity
     strategies: tuple[str, ...]  # the strategies its image runs (Capabilities.strategies)
+    max_nodes: int = 0  # most nodes per job (Capabilities.max_nodes); 0 = not known
+    nodes_note: str = ""  # why not more, and where to go instead (Backend.max_nodes_note)
 
 
 def backend_instance_offers(*, backend: ComputeBackend) -> BackendOffers:
-    """``(offers, spot, strategies)`` for the job form: the instance types ``backend``'s adapter offers
-    with their catalog prices (``Backend.instance_offers``; empty for the gpubox), whether it has spot
-    capacity, and the strategies its image's torch runs. A backend whose adapter cannot be built
-    offers nothing and every strategy (its error shows at submit)."""
+    """``(offers, spot, strategies, max_nodes, nodes_note)`` for the job form: the instance types
+    ``backend``'s adapter offers with their catalog prices (``Backend.instance_offers``; empty for the
+    gpubox), whether it has spot capacity, the strategies its image's torch runs, the most nodes a job
+    may have and the adapter's note on it (a GPU box: one machine). A backend whose adapter cannot be
+    built offers nothing and every strategy (its error shows at submit)."""
     try:
         adapter = backend_adapter(backend)
         caps = adapter.capabilities
-        return BackendOffers(list(adapter.instance_offers()), bool(caps.spot), tuple(caps.strategies))
+        return BackendOffers(list(adapter.instance_offers()), bool(caps.spot), tuple(caps.strategies),
+                             int(caps.max_nodes), adapter.max_nodes_note)
     except (BackendError, LookupError, ValueError, TypeError) as exc:
         log.info("backend %s: no instance offers (%s)", backend.pk, exc)
         return BackendOffers([], False, tuple(get_args(Strategy)))

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.django_db
 #   api-root/api-list/api-schema   API without an object: anonymous 401, a user 200
 #   api-detail    GET 404 / PATCH 404 for a stranger; GET 200 / PATCH 403 for a teammate
 #   api-action    POST: stranger 404, teammate 403, anonymous 401
+#   api-read      GET an object's read-only action: stranger 404, teammate 200, anonymous 401
 #   api-docs      Swagger UI: anonymous -> login redirect, a user 200
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
@@ -55,6 +56,7 @@ URL_KINDS: dict[str, str] = {
     "dataset-edit": "object-write", "model-edit": "object-write", "backend-edit": "object-write",
     "backend-test-connection": "object-write",
     "job-detail": "object-read", "job-live": "object-read", "job-metrics": "object-read",
+    "backend-detail": "object-read",
     "job-cancel": "object-write", "job-rerun": "object-write",
     "orphan-list": "staff", "orphan-stop": "staff",
     "api-token": "public-post",
@@ -66,6 +68,7 @@ URL_KINDS: dict[str, str] = {
     "api-dataset-detail": "api-detail", "api-model-detail": "api-detail", "api-backend-detail": "api-detail",
     "api-job-detail": "api-detail",
     "api-backend-test-connection": "api-action", "api-job-cancel": "api-action", "api-job-rerun": "api-action",
+    "api-backend-queue": "api-read", "api-backend-running-jobs": "api-read", "api-backend-waiting-jobs": "api-read",
 }
 # API objects nobody may PUT/PATCH (a job changes only through cancel/rerun): 405 for everyone.
 API_NO_UPDATE = {"api-job-detail"}
@@ -223,7 +226,7 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
             r = getattr(anon, method)(url)
             if not _is_login_redirect(r):
                 problems.append(f"{method.upper()} {url}: {r.status_code}, expected a redirect to /login/")
-        elif kind in ("api-root", "api-list", "api-schema", "api-detail"):
+        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read"):
             r = api.get(url)
             if r.status_code != 401:
                 problems.append(f"GET {url}: {r.status_code}, expected 401")
@@ -273,6 +276,8 @@ def test_object_urls_as_stranger_and_teammate(world, who):
             r, method = api.patch(url, {"name": "renamed"}, format="json"), "patch"
         elif kind == "api-action":
             expected, r, method = (404 if stranger else 403), api.post(url), "post"
+        elif kind == "api-read":
+            expected, r = (404 if stranger else 200), api.get(url)
         elif kind == "api-list":
             r = api.get(url)
             ids = {row["id"] for row in r.json()["results"]} if r.status_code == 200 else set()

@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
+from cloud_adapters.gpubox import GpuBoxBackend
 from jobs import services
 from jobs.models import InstancePrice, TrainingJob
 
@@ -54,7 +55,8 @@ def test_gpubox_only_form_is_as_before(owner_client, local_backend):
             'id="id_instance_type">') in page
     assert 'name="spot"' not in page  # the gpubox has no spot capacity
     assert json.loads(re.search(r'<script id="backend-offers" type="application/json">(.*?)</script>', page).group(1)) == {
-        str(local_backend.pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"]}}
+        str(local_backend.pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"],
+                                   "max_nodes": 1, "nodes_note": GpuBoxBackend.max_nodes_note}}
 
 
 def test_cloud_backend_lists_instance_types_with_prices(owner_client, local_backend, sagemaker_backend):
@@ -74,8 +76,10 @@ def test_cloud_backend_lists_instance_types_with_prices(owner_client, local_back
     }
     assert '<input type="checkbox" name="spot" aria-describedby="id_spot_helptext" id="id_spot">' in page
     data = json.loads(re.search(r'<script id="backend-offers" type="application/json">(.*?)</script>', page).group(1))
-    assert data == {str(local_backend.pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"]},
-                    str(sagemaker_backend.pk): {"name": "sm", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]}}
+    assert data == {str(local_backend.pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"],
+                                   "max_nodes": 1, "nodes_note": GpuBoxBackend.max_nodes_note},
+                    str(sagemaker_backend.pk): {"name": "sm", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"],
+                                        "max_nodes": 8, "nodes_note": ""}}
     assert "job_form.js" in page
 
 

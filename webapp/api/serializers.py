@@ -466,6 +466,56 @@ class ConnectionCheckSerializer(serializers.Serializer):
     message = serializers.CharField(help_text="What was found; when not ok, what to do about it.")
 
 
+class DeviceUseSerializer(serializers.Serializer):
+    """The devices one active job holds on a backend that gives out its GPUs (a GPU box)."""
+
+    devices = serializers.ListField(child=serializers.IntegerField(), help_text=(
+        "GPU indices as CUDA_VISIBLE_DEVICES names them (on a box without GPUs, process slot numbers), "
+        "ascending."))
+    job = serializers.IntegerField(source="job_id", allow_null=True, help_text=(
+        "The job holding them; null for a job you cannot see (another user's, on a backend shared with "
+        "your team): its devices are taken all the same."))
+
+
+class BackendQueueSerializer(serializers.Serializer):
+    """What runs and waits on one backend (``jobs.selectors.backend_queue_for_user``)."""
+
+    queue = serializers.CharField(help_text="The Celery queue the backend's tasks go to: gpubox.<name> for a "
+                                            "GPU box, whose worker is the only one that consumes it; celery "
+                                            "for a cloud backend.")
+    running_count = serializers.IntegerField(help_text="Your visible jobs that hold their devices (SUBMITTING, "
+                                                       "PENDING, RUNNING, STOPPING); listed by running-jobs/.")
+    waiting_count = serializers.IntegerField(help_text="Your visible QUEUED jobs; listed by waiting-jobs/ in "
+                                                       "the order they will start.")
+    others_running = serializers.IntegerField(help_text="Running jobs you cannot see (counted only).")
+    others_waiting = serializers.IntegerField(help_text="Waiting jobs you cannot see (counted only); they "
+                                                        "may start before yours.")
+    devices_in_use = DeviceUseSerializer(many=True, help_text="Each active job's devices, lowest first; "
+                                                              "the backend's other devices are free.")
+    devices_held = serializers.ListField(child=serializers.IntegerField(),
+                                         help_text="Every device some active job holds, ascending.")
+
+
+class BackendQueueJobSerializer(serializers.ModelSerializer):
+    """A job as the backend page lists it: who, what state, its place in line and why it waits."""
+
+    display_name = serializers.CharField(source="__str__", read_only=True,
+                                         help_text='name, or "job-<id>" for a job launched without one.')
+    owner = serializers.CharField(source="owner.username", read_only=True)
+
+    class Meta:
+        model = TrainingJob
+        fields = ["id", "display_name", "owner", "state", "priority", "wait_reason", "allocated_gpus",
+                  "nodes", "procs_per_node", "created_at", "submitted_at", "started_at"]
+        read_only_fields = fields
+        extra_kwargs = {
+            "wait_reason": {"help_text": 'Why a QUEUED job has not started, e.g. "waiting for 4 GPUs on box-a '
+                                         '(2 free)"; "" = not waiting, or not yet seen by the backend\'s worker.'},
+            "allocated_gpus": {"help_text": "The GPU indices (slots on a box without GPUs) the job holds while it "
+                                            "runs; [] = none."},
+        }
+
+
 class TrainingJobSerializer(serializers.ModelSerializer):
     """A job as listed: its shape, state, times and cost."""
 

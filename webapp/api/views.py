@@ -16,6 +16,8 @@ from jobs import code_archives, selectors, services
 from jobs.models import JobStateChoices, TrainingJob
 from webapp.api.pagination import CappedLimitOffsetPagination
 from webapp.api.serializers import (
+    BackendQueueJobSerializer,
+    BackendQueueSerializer,
     BackendSerializer,
     ConnectionCheckSerializer,
     DatasetSerializer,
@@ -124,6 +126,43 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
         except DjangoValidationError as exc:
             raise to_drf_validation_error(exc) from None
         return Response(ConnectionCheckSerializer(checks, many=True).data)
+
+    @extend_schema(
+        summary="What runs and waits on the backend, and which GPUs are in use",
+        description="The backend's Celery queue, how many of your jobs run and wait there (and how many of "
+                    "others' you cannot see), and the GPUs each active job holds. The jobs themselves: "
+                    "running-jobs/ and waiting-jobs/.",
+        responses={200: BackendQueueSerializer},
+    )
+    @action(detail=True, methods=["get"], url_path="queue", pagination_class=None)
+    def queue(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
+        backend = self.get_object()
+        queue = selectors.backend_queue_for_user(user=request.user, backend=backend)
+        return Response(BackendQueueSerializer({
+            "queue": queue.queue, "running_count": queue.running.count(), "waiting_count": queue.waiting.count(),
+            "others_running": queue.others_running, "others_waiting": queue.others_waiting,
+            "devices_in_use": queue.devices_in_use, "devices_held": queue.devices_held,
+        }).data)
+
+    @extend_schema(summary="Your jobs running on the backend (holding their GPUs), oldest start first",
+                   responses={200: BackendQueueJobSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="running-jobs")
+    def running_jobs(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
+        return self._queue_page(lambda queue: queue.running)
+
+    @extend_schema(summary="Your jobs waiting on the backend, in the order they will start, with why each waits",
+                   description="Ordered by priority (higher first), then submission; wait_reason says what each "
+                               "waits for.",
+                   responses={200: BackendQueueJobSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="waiting-jobs")
+    def waiting_jobs(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
+        return self._queue_page(lambda queue: queue.waiting)
+
+    def _queue_page(self, which) -> Response:
+        backend = self.get_object()
+        jobs = which(selectors.backend_queue_for_user(user=self.request.user, backend=backend))
+        page = self.paginate_queryset(jobs.select_related("owner"))
+        return self.get_paginated_response(BackendQueueJobSerializer(page, many=True).data)
 
 
 class TrainingJobFilter(django_filters.FilterSet):

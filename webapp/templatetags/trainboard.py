@@ -41,6 +41,16 @@ def changeable_by(obj, user) -> bool:
 
 
 @register.filter
+def visible_to(backend, user) -> bool:
+    """``{% if job.backend|visible_to:user %}``: whether ``user`` may open the backend's page (they own
+    it or it is shared with their team), so a teammate's job on a backend not shared with them links
+    nothing rather than a 404. One query."""
+    from jobs.selectors import backend_list_for_user
+
+    return backend_list_for_user(user=user).filter(pk=backend.pk).exists()
+
+
+@register.filter
 def is_terminal_state(state: str) -> bool:
     return str(state) in TERMINAL_STATE_VALUES
 

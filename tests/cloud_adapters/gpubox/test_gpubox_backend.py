@@ -119,8 +119,10 @@ def test_validate_shows_the_process_arithmetic(backend):
         "1 node × 3 processes = 3 ranks, but this GPU box runs at most 2 processes per node "
         "(max_procs_per_node); ask for 2 or fewer."
     )
-    with pytest.raises(InvalidSpec, match="2 nodes requested, but this backend runs at most 1"):
-        backend.validate(spec("j1", nodes=2))
+    with pytest.raises(InvalidSpec) as err:
+        backend.validate(spec("j1", nodes=2, procs_per_node=3))
+    assert str(err.value) == ("2 nodes requested. A GPU box runs a job on one machine; multi-node jobs go to a "
+                              "Slurm or Kubernetes backend.")
     with pytest.raises(InvalidSpec, match="no spot capacity"):
         backend.validate(spec("j1", spot=True))
     backend.validate(spec("j1"))  # 1 × 2 fits

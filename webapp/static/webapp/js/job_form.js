@@ -1,5 +1,6 @@
-/* The job form: show the instance types (and the spot checkbox) of the chosen backend only, and
- * offer only the strategies its image runs (the others are disabled, with the reason in the estimate).
+/* The job form: show the instance types (and the spot checkbox) of the chosen backend only, offer
+ * only the strategies its image runs (the others are disabled, with the reason in the estimate), and
+ * say beside the nodes field when the backend runs a job on one machine.
  * Without JavaScript every backend's group shows and the server refuses another backend's type. */
 (function () {
   "use strict";
@@ -10,6 +11,27 @@
   const instance = document.getElementById("id_instance_type");
   const spot = document.getElementById("id_spot");
   const strategy = document.getElementById("id_strategy");
+  const nodes = document.getElementById("id_nodes");
+  const nodesField = document.getElementById("field-nodes");
+  let nodesNote = null;
+  if (nodes && nodesField) {
+    nodesNote = document.createElement("p");
+    nodesNote.id = "nodes-note";
+    nodesNote.className = "note";
+    nodesNote.hidden = true;
+    nodesField.appendChild(nodesNote);
+  }
+
+  /* A backend with a node limit of its own (a GPU box runs a job on one machine) says so beside the
+   * nodes field, as a warning once more nodes are asked for; the server refuses them with the same words. */
+  function showNodesNote() {
+    if (!nodesNote) return;
+    const chosen = backends[backend.value] || {};
+    const asked = parseInt(nodes.value, 10);
+    nodesNote.textContent = chosen.nodes_note || "";
+    nodesNote.hidden = !chosen.nodes_note;
+    nodesNote.classList.toggle("error", Boolean(chosen.nodes_note) && asked > (chosen.max_nodes || Infinity));
+  }
 
   function show() {
     const chosen = backends[backend.value] || {name: "", offers: false, spot: false};
@@ -42,5 +64,8 @@
     }
   }
   backend.addEventListener("change", show);
+  backend.addEventListener("change", showNodesNote);
+  if (nodes) nodes.addEventListener("input", showNodesNote);
   show();
+  showNodesNote();
 })();
