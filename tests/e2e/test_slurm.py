@@ -2,8 +2,8 @@
 ``slurm.hpc`` as a worker on the login node would and drives jobs on the two-node test cluster
 (tests/slurmkit.py) from QUEUED to their end: a 2-node × 2-process digits DDP job to SUCCEEDED with
 metrics and its cost at the partition's internal rate, a cancel to CANCELLED, a job past its --time
-to FAILED "time limit". The backend's owner is not staff: work_dir, slurm.conf and the nodes'
-interpreter come from the installation's settings (TRAINBOARD_SLURM_*), as in production.
+to FAILED "time limit". The backend's row names no host setting: work_dir, slurm.conf and the
+nodes' interpreter come from the installation's settings (TRAINBOARD_SLURM_*), as in production.
 """
 
 from __future__ import annotations

@@ -126,3 +126,37 @@ def test_the_job_page_says_when_no_internal_rate_is_set(owner_client, user, inst
                                           nodes=2, procs_per_node=1, epochs=1)
     assert priced.hourly_price_usd == Decimal("1.5")
     assert 'id="price-note"' not in owner_client.get(reverse("job-detail", args=[priced.pk])).content.decode()
+
+
+def test_the_api_creates_a_slurm_backend_and_refuses_what_it_must(api_client, user, installation):
+    created = api_client.post("/api/backends/", {"name": "hpc", "kind": "slurm", "config": {
+        "partition": "gpu", "gpus_per_node": 2, "extra_sbatch_options": ["--constraint=a100", "--exclusive"]}},
+        format="json")
+    assert created.status_code == 201, created.json()
+    assert ComputeBackend.objects.get(owner=user, name="hpc").config == {
+        "partition": "gpu", "gpus_per_node": 2, "extra_sbatch_options": "--constraint=a100 --exclusive"}
+
+    refused = api_client.post("/api/backends/", {"name": "hpc2", "kind": "slurm", "config": {
+        "partition": "gpu", "extra_sbatch_options": ["--export=ALL"], "gpus_per_node": "four"}}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["config"] == [
+        "GPUs per node: expected a whole number, got 'four'.",
+        "Extra sbatch options: --export is not allowed (would pass the worker's environment to the job)."]
+
+
+
+def test_a_non_staff_user_may_not_set_where_the_jobs_run(django_user_model, installation):
+    from rest_framework.test import APIClient
+
+    carol = django_user_model.objects.create_user(username="carol", password="pw-carol-123", is_staff=False)
+    api = APIClient()
+    api.force_authenticate(carol)
+    host = api.post("/api/backends/", {"name": "hpc3", "kind": "slurm", "config": {
+        "partition": "gpu", "work_dir": "/home/someone-else", "python": "/tmp/evil/python"}}, format="json")
+    assert host.status_code == 400, host.json()
+    assert not ComputeBackend.objects.filter(owner=carol).exists()
+    text = str(host.json())
+    assert "Working directory: only a backend owned by staff may set this" in text and "TRAINBOARD_SLURM_WORK_DIR" in text
+    assert "Python on the nodes: only a backend owned by staff may set this" in text
+    ok = api.post("/api/backends/", {"name": "hpc3", "kind": "slurm", "config": {"partition": "gpu"}}, format="json")
+    assert ok.status_code == 201, ok.json()
