@@ -310,6 +310,17 @@ class KubernetesBackend(CloudBackend):
                              self.config["gpus_per_node"])
         return float(rate) if rate is not None else 0.0
 
+    def price_note(self, instance_type: str = "") -> str:
+        """"no internal rate is set for node pool P on cluster C …" when jobs are priced by an internal
+        rate and the catalog has none; "" otherwise."""
+        if self.config.get("price_instance_type"):
+            return ""
+        pool, cluster = instance_type or self.config["node_pool"], self.config["cluster"]
+        if internal_rate(self.prices, PROVIDER, cluster, pool, self.config["gpus_per_node"]) is not None:
+            return ""
+        return (f"no internal rate is set for node pool {pool} on cluster {cluster}, so jobs here cost $0; an admin "
+                f"sets it in the price catalog (provider kubernetes, region {cluster}, instance type {pool})")
+
     def gpus(self, instance_type: str = "") -> GpuFacts | None:
         """``gpus_per_node`` GPUs of the priced instance type's model (catalog) when the backend names
         one; count 0 for CPU-only pods; None (unknown memory) otherwise."""

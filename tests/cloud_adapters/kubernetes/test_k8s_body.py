@@ -192,3 +192,30 @@ def test_settings_are_normalised():
         ("default", "torch-distributed", "/workspace/output")
     in_cluster = KubernetesBackend({"in_cluster": True, "image": "ghcr.io/acme/t:1", "allowed_images": "*"})
     assert in_cluster.config["in_cluster"] is True and "kubeconfig" not in in_cluster.config
+
+
+def test_prices_an_internal_rate_or_a_cloud_instance_type_and_says_when_none_is_set():
+    from decimal import Decimal
+
+    from cloud_adapters.pricing import PriceRow, StaticPriceCatalog
+
+    catalog = StaticPriceCatalog([
+        PriceRow("kubernetes", "onprem", "a100", Decimal("0.5"), usd_per_gpu_hour=Decimal("1.25")),
+        PriceRow("gcp", "us-central1", "a2-highgpu-2g", Decimal("7.35")),
+    ])
+    rated = KubernetesBackend({**BASE, "cluster": "onprem", "node_pool": "a100", "gpus_per_node": 2}, prices=catalog)
+    assert rated.price() == 3.0 and rated.price_note() == ""  # 0.5 + 2 × 1.25 per node-hour
+    unrated = KubernetesBackend({**BASE, "cluster": "onprem", "node_pool": "t4"}, prices=catalog)
+    assert unrated.price() == 0.0
+    assert unrated.price_note() == ("no internal rate is set for node pool t4 on cluster onprem, so jobs here cost "
+                                    "$0; an admin sets it in the price catalog (provider kubernetes, region onprem, "
+                                    "instance type t4)")
+    cloud = KubernetesBackend({**BASE, "gpus_per_node": 2, "price_provider": "gcp", "price_region": "us-central1",
+                               "price_instance_type": "a2-highgpu-2g"}, prices=catalog)
+    assert cloud.price() == 7.35 and cloud.price_note() == ""
+    with pytest.raises(InvalidSpec, match="no gcp price in the catalog for us-west1"):
+        KubernetesBackend({**BASE, "price_provider": "gcp", "price_region": "us-west1",
+                           "price_instance_type": "a2-highgpu-2g"}, prices=catalog).price()
+    with pytest.raises(InvalidSpec, match="no spot capacity"):
+        rated.price(spot=True)
+    assert rated.gpus() is None and backend().gpus().count == 0  # GPU memory unknown without an instance type
