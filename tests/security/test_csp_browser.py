@@ -88,6 +88,12 @@ def test_pages_work_under_the_csp(live_server, browser_page, django_user_model, 
     page.select_option("#id_kind", "sagemaker")
     page.wait_for_function("() => document.querySelector('fieldset[data-kind=gpubox]').hidden === true")
 
+    # The backend page (its styles and no script of its own), and the job form's nodes note (job_form.js).
+    page.goto(f"{live_server.url}/backends/{box.pk}/")
+    page.wait_for_selector("#backend-queue")
+    page.goto(f"{live_server.url}/jobs/new/")
+    page.wait_for_selector("#nodes-note")
+
     # Swagger UI renders the schema.
     page.goto(f"{live_server.url}/api/docs/")
     page.wait_for_selector("#swagger-ui .info .title")

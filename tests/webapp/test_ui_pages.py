@@ -28,6 +28,7 @@ def owner_pages(job):
         reverse("backend-list"),
         reverse("backend-create"),
         reverse("backend-edit", args=[job.backend_id]),
+        reverse("backend-detail", args=[job.backend_id]),
     ]
 
 
