@@ -357,7 +357,7 @@ class SlurmBackend(Backend):
         archive = packaging.build_archive(spec.trainer_package_uri or None, code=spec.code)
         archive_path = self._path(".archives", archive.name)
         if not self._exists(archive_path):
-            self.transport.write_file(archive_path, archive.data, mode=0o644)
+            self.transport.write_file(archive_path, archive.data, mode=0o600)  # may hold the user's code
         try:
             config = json.loads(json.dumps(dict(spec.config)))
         except (TypeError, ValueError) as exc:
