@@ -9,7 +9,9 @@ on the box's own worker, asks :func:`training_job_admit` before it calls the ada
   setting) is read first, outside any lock. A job that needs more devices than the box has in all is
   FAILED with the arithmetic (the job form refuses it already, when the web process sees the same box).
 * Then, in one transaction holding the backend's row lock (``SELECT … FOR UPDATE`` on its
-  ComputeBackend row, so admissions of one backend run one at a time, on any number of workers):
+  ComputeBackend row, so admissions of one backend run one at a time, on any number of workers; on
+  SQLite, the embedded default, every transaction is ``IMMEDIATE`` (webapp/settings.py) and takes the
+  database's write lock at its start, which serializes them the same way):
   free devices = the inventory − the ``allocated_gpus`` of the backend's jobs that hold devices
   (:data:`HOLDING_STATES`: SUBMITTING, PENDING, RUNNING, STOPPING). The job starts when no waiting
   job comes before it (higher ``priority``, or the same priority and submitted earlier), the
