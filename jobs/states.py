@@ -5,8 +5,8 @@ Every state change anywhere (services, tasks, admin) goes through :func:`transit
 * rejects an illegal move with :class:`IllegalTransition` (a programming error, never user input),
 * writes with a conditional ``UPDATE ... WHERE id = %s AND state = <the state the caller saw>`` so two
   workers racing on one job cannot both move it (the loser gets ``False`` and writes nothing),
-* stamps ``ended_at`` on a terminal state, appends a :class:`~jobs.models.JobEvent` and refreshes the
-  instance.
+* stamps ``ended_at`` on a terminal state, clears ``wait_reason`` on the way out of QUEUED, appends a
+  :class:`~jobs.models.JobEvent` and refreshes the instance.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def transition(job: TrainingJob, to_state: str, *, message: str = "", **fields: 
     fields.setdefault("state_entered_at", now)
     fields.setdefault("stalled_at", None)  # a new state starts a new deadline
     fields.setdefault("stalled_reason", "")
+    if from_state == S.QUEUED:
+        fields.setdefault("wait_reason", "")  # out of the queue: no longer waiting (jobs.admission)
     with transaction.atomic():
         updated = TrainingJob.objects.filter(pk=job.pk, state=from_state).update(**fields)
         if updated:

@@ -123,6 +123,7 @@ def test_waiting_jobs_start_in_priority_then_submission_order_as_jobs_end(
     with sent_tasks(dispatch.SUBMIT_JOB) as send, capture(execute=True):
         services.training_job_cancel(job=high_later)
     send.assert_called_once_with(args=[low.pk], queue=adapters.backend_queue(box))
+    assert state(high_later) == (S.CANCELLED, [], "")  # a job out of the queue waits no more
 
 
 @pytest.mark.django_db
