@@ -1,6 +1,6 @@
-"""The launcher's ``slurm`` platform: the node list expander and the plan a task srun started reads.
-
-The reader is pure (an environment in, a LaunchPlan out); a real srun starting it on two nodes is in
+"""The launcher's ``slurm`` platform: the node list expander, the plan a task srun started reads, and
+two launchers with Slurm's variables training 4 ranks on 127.0.0.1 (as the other platforms' tests in
+test_platforms.py do). A real srun starting it on two nodes is in
 tests/cloud_adapters/slurm/test_slurm_backend.py and tests/e2e/test_slurm.py.
 """
 
@@ -78,3 +78,30 @@ def test_one_node_needs_no_rendezvous():
 def test_missing_or_malformed_variables_are_named(change, message):
     with pytest.raises(PlatformError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         plan(slurm_env(**change), JobConfig(), platform="slurm")
+
+
+@pytest.mark.slow  # ~30 s on a loaded 2-core machine: 4 ranks import torch
+def test_two_tasks_train_four_ranks_on_127_0_0_1(tmp_path):
+    """What srun starts on each of two nodes (one task per node), recreated on this machine: the
+    launcher of node 0 and of node 1 with Slurm's variables, the rendezvous at the launch node's
+    address. The real trainer (gloo) on a tiny NPZ."""
+    from test_platforms import (assert_trained_4_ranks, clean_env, free_port, launcher, rank_lines, run_all,
+                                write_config, write_npz)
+
+    data = write_npz(tmp_path / "tiny.npz")
+    out = tmp_path / "output"
+    config = write_config(tmp_path / "job.json", data={"uri": str(data)},
+                          output={"output_dir": str(out), "checkpoint_dir": str(out / "checkpoints")})
+    port = free_port()
+    envs = [clean_env(SLURM_JOB_ID="77", SLURM_NODEID=str(node), SLURM_NNODES="2", SLURM_JOB_NODELIST="n[1-2]",
+                      SLURM_LAUNCH_NODE_IPADDR="127.0.0.1", MASTER_PORT=str(port), SLURM_GPUS_ON_NODE="0")
+            for node in (0, 1)]
+    (c0, out0, err0), (c1, out1, err1) = run_all([(launcher(config, "--nproc-per-node", "2"), envs[0]),
+                                                  (launcher(config, "--nproc-per-node", "2"), envs[1])])
+    assert c0 == 0 and c1 == 0, (err0[-3000:], err1[-3000:])
+    assert ("[launch] platform: slurm (SLURM_JOB_ID and SLURM_NODEID are set), node_rank 0 of 2 node(s) × 2 "
+            f"process(es) per node = world size 4, master 127.0.0.1:{port}") in out0
+    assert rank_lines(out0) == {(0, 0, 0, 4), (1, 1, 0, 4)}
+    assert rank_lines(out1) == {(2, 0, 1, 4), (3, 1, 1, 4)}
+    cfg = assert_trained_4_ranks(out, out / "checkpoints")
+    assert cfg["parallel"]["nodes"] == 2 and cfg["parallel"]["procs_per_node"] == 2
