@@ -19,7 +19,8 @@ from typing import Any, Iterable
 
 from django.db.models import Case, CharField, Count, Max, Q, QuerySet, Sum, Value, When
 
-from jobs.adapters import backend_queue
+from cloud_adapters.base import BackendError, Inventory
+from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
 from jobs.models import (
@@ -446,11 +447,26 @@ class BackendQueue:
     others_running: int  # jobs in HOLDING_STATES the user cannot see (counted, never shown)
     others_waiting: int  # QUEUED jobs the user cannot see
     devices_in_use: tuple[DeviceUse, ...]  # every active job's devices, lowest device first
+    inventory: Inventory | None = None  # the devices the backend hands out, when the dashboard can know
+    # them (:func:`_stated_inventory`); None = counted on the box itself
 
     @property
     def devices_held(self) -> tuple[int, ...]:
         """Every device some active job holds, ascending."""
         return tuple(sorted({d for use in self.devices_in_use for d in use.devices}))
+
+    @property
+    def devices_free(self) -> tuple[int, ...] | None:
+        """The inventory's devices no active job holds, ascending; None when the inventory is not known here."""
+        if self.inventory is None:
+            return None
+        held = set(self.devices_held)
+        return tuple(d for d in self.inventory.devices if d not in held)
+
+    @property
+    def device_word(self) -> str:
+        """"GPU", or "slot" on a box whose inventory is process slots."""
+        return "slot" if self.inventory is not None and self.inventory.kind == "slot" else "GPU"
 
 
 def _device_list(value: Any) -> tuple[int, ...]:
@@ -458,6 +474,21 @@ def _device_list(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
         return ()
     return tuple(sorted({d for d in value if isinstance(d, int) and not isinstance(d, bool) and d >= 0}))
+
+
+def _stated_inventory(backend: ComputeBackend) -> Inventory | None:
+    """The devices ``backend`` hands out, when its own row names them: a GPU box whose ``gpu_ids``
+    staff set on the backend (a host setting counts from the row only while its owner is staff).
+    Every process then reads the same list, so the web can say which are free. Otherwise the box
+    finds them itself (NVML, or the host settings of its worker's machine, which the web process may
+    not share), and this is None rather than the web machine's own GPUs."""
+    if not backend_allocates_devices(backend) or not (backend.config or {}).get("gpu_ids") \
+            or not may_set_host_settings(backend.owner):
+        return None
+    try:
+        return backend_adapter(backend).inventory()
+    except (BackendError, LookupError, ValueError, TypeError):
+        return None
 
 
 def backend_queue_for_user(*, user, backend: ComputeBackend) -> BackendQueue:
@@ -483,5 +514,5 @@ def backend_queue_for_user(*, user, backend: ComputeBackend) -> BackendQueue:
         queue=backend_queue(backend), running=running, waiting=waiting,
         others_running=sum(1 for _, _, seen in holding if not seen),
         others_waiting=queued["all"] - queued["seen"],
-        devices_in_use=tuple(uses),
+        devices_in_use=tuple(uses), inventory=_stated_inventory(backend),
     )

@@ -54,6 +54,11 @@ def _rows(page: str, section: str) -> list[str]:
             for row in re.findall(r"<(?:tr|li)\b[^>]*>(.*?)</(?:tr|li)>", block, re.S)]
 
 
+def _text(page: str, element_id: str) -> str:
+    block = re.search(rf'<(\w+) [^>]*id="{element_id}"[^>]*>(.*?)</\1>', page, re.S).group(2)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", block)).replace(" )", ")").replace("( ", "(").strip()
+
+
 def test_the_page_shows_the_queue_gpus_running_and_waiting_in_start_order(owner_client, local_backend, shared_box):
     j = shared_box
     response = owner_client.get(reverse("backend-detail", args=[local_backend.pk]))
@@ -62,7 +67,8 @@ def test_the_page_shows_the_queue_gpus_running_and_waiting_in_start_order(owner_
     assert '<code id="backend-queue">gpubox.local</code>' in page
     assert "Local GPU box (torchrun)" in page
     assert _rows(page, "backend-devices") == [f"GPU 0,1 → job #{j['running'].pk}", "GPU 2 → a job you cannot see"]
-    assert "3 held by running jobs" in page
+    # The box finds its GPUs itself (NVML on its own machine): the web says what is held, not what is free.
+    assert _text(page, "devices-free").startswith("3 held. The box counts its free GPUs itself")
     running = _rows(page, "backend-running")
     assert running[1:] == [f"big #{j['running'].pk} Running alice 0,1 –"]
     assert "1 + 1 you cannot see" in page
@@ -74,6 +80,16 @@ def test_the_page_shows_the_queue_gpus_running_and_waiting_in_start_order(owner_
     assert waiting[2].endswith("not yet picked up by a worker of gpubox.local")
     assert "3 + 1 you cannot see" in page
     assert f"#{j['ended'].pk}" not in page and f"#{j['bobs_waiting'].pk}" not in page
+
+
+def test_a_box_whose_gpus_are_named_on_the_backend_shows_the_free_ones(owner_client, api_client, local_backend,
+                                                                        shared_box):
+    # Staff named the box's GPUs on the backend itself: every process reads the same list.
+    services.backend_update(backend=local_backend, config={**local_backend.config, "gpu_ids": "0,1,2,3,5"})
+    page = owner_client.get(reverse("backend-detail", args=[local_backend.pk])).content.decode()
+    assert _text(page, "devices-free") == "Free: GPU 3,5 (2 of 5, from the backend's gpu_ids setting)"
+    body = api_client.get(f"/api/backends/{local_backend.pk}/queue/").json()
+    assert (body["devices_held"], body["devices_free"], body["device_kind"]) == ([0, 1, 2], [3, 5], "gpu")
 
 
 def test_the_backends_list_and_a_jobs_page_link_the_backend_page(owner_client, local_backend, shared_box):
@@ -108,7 +124,7 @@ def test_the_api_gives_the_queue_and_pages_the_jobs(api_client, local_backend, s
     assert body == {
         "queue": "gpubox.local", "running_count": 1, "waiting_count": 3, "others_running": 1, "others_waiting": 1,
         "devices_in_use": [{"devices": [0, 1], "job": j["running"].pk}, {"devices": [2], "job": None}],
-        "devices_held": [0, 1, 2],
+        "devices_held": [0, 1, 2], "devices_free": None, "device_kind": "gpu",
     }
     waiting = api_client.get(f"/api/backends/{local_backend.pk}/waiting-jobs/?limit=2").json()
     assert waiting["count"] == 3 and waiting["next"] is not None
