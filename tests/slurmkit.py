@@ -6,7 +6,7 @@ log file under one temporary directory, starts ``munged -F`` (as user munge), ``
 ``slurmd -D -N n1`` / ``-N n2`` with ``SLURM_CONF`` pointing at that file, waits until ``sinfo``
 shows both nodes idle, and yields a :class:`SlurmCluster`. At the end it cancels every job still
 known, waits for the jobs to go, and stops each daemon by its PID (SIGTERM, then SIGKILL), and any
-process left in their sessions by its own, even when the test failed::
+process left in their sessions by its own, and removes the directory, even when the test failed::
 
     with slurm_cluster(tmp_path) as cluster:
         transport = LocalTransport(env=cluster.env)
@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -245,3 +246,4 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
                 proc.wait(timeout=5)
         for pid in _session_members(leaders):  # a slurmstepd left behind
             _stop(pid)
+        shutil.rmtree(base, ignore_errors=True)
