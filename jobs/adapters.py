@@ -169,26 +169,31 @@ def backend_queue(backend: ComputeBackend) -> str:
         cls = registry.backend_class(backend.kind)
     except (LookupError, ValueError, BackendError):
         return "celery"
+    return cls.queue_for(backend.name, _queue_config(backend))
+
+
+def _queue_config(backend: ComputeBackend) -> dict[str, Any]:
     # The effective settings: a Slurm backend's transport is a host setting (the installation's).
-    config = effective_config(backend.kind, backend.config or {},
-                              host_settings_from_row=may_set_host_settings(backend.owner))
-    return cls.queue_for(backend.name, config)
+    return effective_config(backend.kind, backend.config or {},
+                            host_settings_from_row=may_set_host_settings(backend.owner))
 
 
 def backend_queue_holder(backend: ComputeBackend) -> ComputeBackend | None:
     """Another backend (any owner's) whose Celery queue is ``backend``'s own queue, or None.
 
-    A queue is a backend's own when ``queue_for`` gives something other than the kind's shared
-    :attr:`~cloud_adapters.base.Backend.queue` (a GPU box's ``gpubox.<name>``). Two rows on one
-    such queue would be served by one machine's worker while each believed it had the machine to
-    itself (a GPU box gives out its GPUs per backend row), so a name that makes another row's queue
-    is refused. Rows of the shared queues (the cloud backends' ``celery``) never collide."""
+    A queue is a backend's own when its name makes it (``queue_for`` of another name, same settings,
+    differs: a GPU box's ``gpubox.<name>``, a local-transport Slurm backend's ``slurm.<name>``). Two
+    rows on one such queue would be served by one machine's worker while each believed it had the
+    machine to itself (a GPU box gives out its GPUs per backend row), so a name that makes another
+    row's queue is refused. Rows of the shared queues (the cloud backends' ``celery``) never collide."""
     try:
         cls = registry.backend_class(backend.kind)
-        queue = cls.queue_for(backend.name, backend.config or {})
+        config = _queue_config(backend)
+        queue = cls.queue_for(backend.name, config)
+        shared = queue == cls.queue_for("b" if backend.name == "a" else "a", config)
     except (LookupError, ValueError, BackendError):
         return None
-    if queue == cls.queue:
+    if shared:
         return None
     for other in ComputeBackend.objects.filter(name=backend.name).exclude(pk=backend.pk).select_related("owner"):
         try:

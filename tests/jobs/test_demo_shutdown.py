@@ -33,6 +33,7 @@ def test_shutdown_cancels_local_training_and_records_cancelled(user, digits_data
     out = io.StringIO()
     command = demo.Command(stdout=out, stderr=io.StringIO())
     command._children = []  # web, worker and beat are not started in this test
+    command._box_queue = "gpubox.local"  # the queue of the box its worker consumed: local_backend's
     command._shutdown()
 
     job.refresh_from_db()

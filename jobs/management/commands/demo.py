@@ -64,6 +64,9 @@ def _die_with_parent(parent_pid: int):
 
 
 class Command(BaseCommand):
+    _box_queue: str | None = None
+    """The queue of the demo's box that its worker consumes (``gpubox.local``); the shutdown cancels
+    the active jobs on it, which run on this machine. None until the worker starts."""
     help = (
         "Run Trainboard locally: web server on --host:--port, a Celery worker and beat, and one "
         "2-process DDP job on the digits dataset. Ctrl-C stops everything."
@@ -86,7 +89,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         self._children: list[tuple[str, subprocess.Popen]] = []
-        self._box_queue: str | None = None  # the local box's queue, once the worker consumes it
+        self._box_queue = None
         if _port_in_use(opts["host"], opts["port"]):
             raise CommandError(
                 f"{opts['host']}:{opts['port']} is already in use. Stop what runs there or pass --port."
