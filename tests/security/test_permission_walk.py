@@ -501,6 +501,19 @@ SETTING_REACH: dict[str, dict[str, str]] = {
         **{key: OWN_ACCOUNT for key in ("subscription_id", "resource_group", "workspace", "compute",
                                         "environment", "vm_size", "tier", "region", "max_nodes")},
     },
+    "slurm": {
+        "transport": "host", "login_host": "host", "ssh_port": "host", "ssh_user": "host", "ssh_host_key": "host",
+        "slurm_conf": "host", "work_dir": "host", "python": "host", "allowed_images": "host",
+        **{key: "which of the cluster's partitions, accounts and QoS this backend's jobs ask for: Slurm itself "
+                "checks them against the worker's cluster user and the site's limits" for key in ("partition", "account",
+                                                                                                 "qos")},
+        **{key: "the resources one job of this backend requests per node or task (within the partition's limits; "
+                "extra sbatch options only from the allowlist, never --uid, --chdir, --export, --wrap)"
+           for key in ("gpus_per_node", "gpu_request", "cpus_per_task", "mem_per_node_gb", "max_nodes",
+                       "extra_sbatch_options")},
+        "container_image": "the image this backend's jobs run in, one the operator's allowed_images admits (else refused)",
+        "cluster": "the price of this backend's jobs: which internal-rate row (cluster, partition) prices them",
+    },
     "kubernetes": {
         "kubeconfig": "host", "context": "host", "in_cluster": "host", "service_account": "host",
         "allowed_images": "host",
@@ -519,7 +532,10 @@ HOST_VALUES = {"run_root": "/tmp/owned", "python": "/bin/echo", "max_procs_per_n
                "profile": "operator", "endpoint_url": "http://127.0.0.1:9/", "api_endpoint": "http://127.0.0.1:9",
                "storage_endpoint": "http://127.0.0.1:9", "base_url": "http://127.0.0.1:9",
                "kubeconfig": "/etc/operator/kubeconfig", "context": "operator-admin", "in_cluster": True,
-               "service_account": "cluster-admin"}
+               "service_account": "cluster-admin", "transport": "ssh", "login_host": "login.operator.example",
+               "ssh_port": 2222, "ssh_user": "root",
+               "ssh_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvXzRn4Gq3wbYl0RkU5kq4c2fJ8bEM2sS0Yb1cKpQ8h",
+               "slurm_conf": "/etc/operator/slurm.conf", "work_dir": "/tmp/owned-slurm"}
 
 
 def _host_settings() -> list[tuple[str, str]]:
