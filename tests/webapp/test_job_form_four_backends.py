@@ -20,6 +20,7 @@ import pytest
 from django.urls import reverse
 
 from cloud_adapters import registry
+from cloud_adapters.gpubox import GpuBoxBackend
 from cloud_adapters.pricing import PriceRow, StaticPriceCatalog
 from jobs import pricing, services
 from jobs.models import InstancePrice, TrainingJob
@@ -127,12 +128,17 @@ def test_the_job_form_offers_all_four_backends_with_prices(owner_client, backend
     }
     data = json.loads(re.search(r'<script id="backend-offers" type="application/json">(.*?)</script>', page).group(1))
     assert data == {
-        str(backends["local"].pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"]},
-        str(backends["sm"].pk): {"name": "sm", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]},
+        str(backends["local"].pk): {"name": "local", "offers": False, "spot": False, "strategies": ["ddp", "fsdp", "pipeline"],
+                                    "max_nodes": 1, "nodes_note": GpuBoxBackend.max_nodes_note},
+        str(backends["sm"].pk): {"name": "sm", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"],
+                                 "max_nodes": 8, "nodes_note": ""},
         # Vertex's default executor image has torch 2.4: ddp only (fsdp needs 2.6, pipeline 2.7).
-        str(backends["vx"].pk): {"name": "vx", "offers": True, "spot": True, "strategies": ["ddp"]},
-        str(backends["aml"].pk): {"name": "aml", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]},  # low-priority rows exist
-        str(backends["aml-lp"].pk): {"name": "aml-lp", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"]},
+        str(backends["vx"].pk): {"name": "vx", "offers": True, "spot": True, "strategies": ["ddp"],
+                                 "max_nodes": 16, "nodes_note": ""},
+        str(backends["aml"].pk): {"name": "aml", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"],
+                                  "max_nodes": 16, "nodes_note": ""},  # low-priority rows exist
+        str(backends["aml-lp"].pk): {"name": "aml-lp", "offers": True, "spot": True, "strategies": ["ddp", "fsdp", "pipeline"],
+                                     "max_nodes": 16, "nodes_note": ""},
     }
 
 
