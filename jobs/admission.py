@@ -49,15 +49,10 @@ from django.utils import timezone
 from cloud_adapters.base import Backend, Inventory
 from jobs import dispatch
 from jobs.adapters import backend_allocates_devices, backend_queue
-from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
+from jobs.models import HOLDING_STATES, QUEUE_ORDER, ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
 from jobs.states import transition
 
 log = logging.getLogger(__name__)
-
-HOLDING_STATES = (S.SUBMITTING, S.PENDING, S.RUNNING, S.STOPPING)
-"""States in which a job holds the devices it was given (``allocated_gpus``)."""
-QUEUE_ORDER = ("-priority", "created_at", "id")
-"""The order waiting jobs start in: higher priority first, then submission order."""
 
 
 @dataclasses.dataclass(frozen=True)

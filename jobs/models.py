@@ -32,6 +32,12 @@ class JobStateChoices(models.TextChoices):
 
 
 TERMINAL_STATE_VALUES = tuple(s.value for s in TERMINAL_STATES)
+HOLDING_STATES = (JobState.SUBMITTING.value, JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value)
+"""States of a job that has left the queue and not ended: on a backend that allocates devices (a GPU
+box) it holds the GPUs or slots it was given (``TrainingJob.allocated_gpus``) until it is terminal."""
+QUEUE_ORDER = ("-priority", "created_at", "id")
+"""The order in which a backend that queues jobs itself starts its waiting QUEUED jobs: priority, then
+submission."""
 INTERRUPTION = (JobState.RUNNING.value, JobState.PENDING.value)
 """(from, to) of an interruption: the provider took a running job's instances away (a spot
 reclaim — SageMaker's SecondaryStatus ``Interrupted`` — or a preemption) and it waits to restart."""

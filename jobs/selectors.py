@@ -25,7 +25,9 @@ from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_ho
 
 from jobs.models import (
     ACTIVE_STATE_VALUES,
+    HOLDING_STATES,
     INTERRUPTION,
+    QUEUE_ORDER,
     TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
@@ -422,10 +424,6 @@ def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
 
 # --- a backend's queue (the backend page) -----------------------------------------------------
 
-HOLDING_STATES = (S.SUBMITTING, S.PENDING, S.RUNNING, S.STOPPING)
-"""States of a job that has left the queue and not ended: it holds the GPUs it was given
-(``allocated_gpus``) until it is terminal."""
-WAITING_ORDER = ("-priority", "created_at", "id")
 """The order QUEUED jobs start in: higher ``priority`` first, then submission order (jobs.admission)."""
 
 
@@ -502,7 +500,7 @@ def backend_queue_for_user(*, user, backend: ComputeBackend) -> BackendQueue:
     jobs = TrainingJob.objects.filter(backend=backend)
     visible = _visible(user)
     running = jobs.filter(visible, state__in=HOLDING_STATES).order_by("submitted_at", "created_at", "id")
-    waiting = jobs.filter(visible, state=S.QUEUED).order_by(*WAITING_ORDER)
+    waiting = jobs.filter(visible, state=S.QUEUED).order_by(*QUEUE_ORDER)
     queued = jobs.filter(state=S.QUEUED).aggregate(all=Count("id"), seen=Count("id", filter=visible))
     holding = list(jobs.filter(state__in=HOLDING_STATES)
                    .annotate(seen=Case(When(visible, then=Value(True)), default=Value(False)))

@@ -42,6 +42,7 @@ def run(*args):
     (["--hyperparameters", "{oops"], "--hyperparameters: Hyperparameters are not valid JSON"),
     (["--dataset", "mnist"], "--dataset: you have no dataset named 'mnist' (yours: digits)"),
     (["--user", "nobody"], "--user: no user named 'nobody'"),
+    (["--priority", "101"], "--priority: "),
 ])
 def test_bad_input_exits_2_with_message(ready, args, needle):
     code, out, err = run(*BASE, *args)
@@ -49,6 +50,12 @@ def test_bad_input_exits_2_with_message(ready, args, needle):
     assert needle in err
     assert out == ""
     assert TrainingJob.objects.count() == 0
+
+
+def test_priority_reaches_the_job(ready):
+    code, out, _ = run(*BASE, "--json", "--priority", "-7")
+    assert code == 0
+    assert TrainingJob.objects.get(pk=json.loads(out)["id"]).priority == -7
 
 
 def test_other_users_objects_are_not_found(ready, other_user):

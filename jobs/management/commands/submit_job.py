@@ -52,6 +52,9 @@ class Command(BaseCommand):
                            help="Processes (ranks) per machine; world size = nodes × this (default: 1).")
         shape.add_argument("--instance-type", default="", help="Provider instance type ('' = backend default).")
         shape.add_argument("--spot", action="store_true", help="Use interruptible (spot) capacity.")
+        shape.add_argument("--priority", type=int, default=0,
+                           help="-100 to 100, higher first: on a GPU box that is full, waiting jobs start by priority, "
+                                "then in submission order (default: 0).")
         train = parser.add_argument_group("training")
         train.add_argument("--epochs", type=int, default=3, help="Passes over the data (default: 3).")
         train.add_argument("--batch-size", type=int, default=32, help="Samples per process per step (default: 32).")
@@ -135,7 +138,7 @@ class Command(BaseCommand):
                 batch_size=opts["batch_size"], lr=opts["lr"], seed=opts["seed"],
                 max_runtime_s=opts["max_runtime"], budget_usd=opts["budget"], instance_type=opts["instance_type"],
                 spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"], team=team,
-                env=env, image=opts["image"],
+                env=env, image=opts["image"], priority=opts["priority"],
             )
         except ValidationError as exc:
             lines = [f"--{f.replace('_', '-')}: {m}" if f != "__all__" else m
