@@ -34,7 +34,7 @@ import posixpath
 import re
 from typing import Any, Mapping, Sequence
 
-from cloud_adapters import packaging
+from cloud_adapters import packaging, torchrun_log
 from cloud_adapters.base import (
     Backend,
     BackendError,
@@ -513,18 +513,10 @@ class SlurmBackend(Backend):
             f"accounting (sacct) to see why."))
 
     def _log_failure(self, run_dir: str) -> str:
-        """The trainer's own error from the end of ``slurm.log`` ("trainer error: …", else the last
-        Python exception line); "" when there is none."""
+        """Why the job failed, from the end of ``slurm.log`` (:func:`cloud_adapters.torchrun_log.failure_line`:
+        torchrun's root cause, a ``trainer error:`` line, the last Python exception); "" when none."""
         text = self._tail(f"{run_dir}/slurm.log")
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        for line in reversed(lines):
-            if "trainer error:" in line:
-                return line[line.index("trainer error:"):]
-        exception = re.compile(r"^(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): \S")
-        for line in reversed(lines):
-            if exception.match(line) and "ChildFailedError" not in line:
-                return line
-        return ""
+        return torchrun_log.failure_line([ln.strip() for ln in text.splitlines() if ln.strip()])
 
     def _tail(self, path: str) -> str:
         chunks, offset = [], 0
