@@ -447,6 +447,8 @@ class BackendQueue:
     devices_in_use: tuple[DeviceUse, ...]  # every active job's devices, lowest device first
     inventory: Inventory | None = None  # the devices the backend hands out, when the dashboard can know
     # them (:func:`_stated_inventory`); None = counted on the box itself
+    allocates_devices: bool = True  # the backend gives each job its own devices and queues what does not fit
+    # (a GPU box); False = it submits at once and the provider's scheduler queues (Slurm, Kubernetes, clouds)
 
     @property
     def devices_held(self) -> tuple[int, ...]:
@@ -462,9 +464,15 @@ class BackendQueue:
         return tuple(d for d in self.inventory.devices if d not in held)
 
     @property
+    def device_kind(self) -> str | None:
+        """"gpu" or "slot" (a box without GPUs counts process slots) when the dashboard knows the
+        backend's inventory; None when the box counts its devices itself."""
+        return self.inventory.kind if self.inventory is not None else None
+
+    @property
     def device_word(self) -> str:
-        """"GPU", or "slot" on a box whose inventory is process slots."""
-        return "slot" if self.inventory is not None and self.inventory.kind == "slot" else "GPU"
+        """"GPU", "slot", or "device" (a GPU or a slot) when the box counts its devices itself."""
+        return {"gpu": "GPU", "slot": "slot"}.get(self.device_kind or "", "device")
 
 
 def _device_list(value: Any) -> tuple[int, ...]:
@@ -513,4 +521,5 @@ def backend_queue_for_user(*, user, backend: ComputeBackend) -> BackendQueue:
         others_running=sum(1 for _, _, seen in holding if not seen),
         others_waiting=queued["all"] - queued["seen"],
         devices_in_use=tuple(uses), inventory=_stated_inventory(backend),
+        allocates_devices=backend_allocates_devices(backend),
     )

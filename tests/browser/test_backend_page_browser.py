@@ -49,7 +49,7 @@ def test_from_a_waiting_job_to_its_box_and_why_it_waits(live_server, browser_pag
     assert page.inner_text("#backend-queue") == "gpubox.local"
     row = page.locator(f'tr.waiting-job[data-job="{waiting.pk}"]')
     assert row.locator(".wait-reason").inner_text() == "waiting for 2 GPUs on local (0 free)"
-    assert page.locator("#backend-devices li").all_inner_texts() == [f"GPU 0,1 → job #{running.pk}"]
+    assert page.locator("#backend-devices li").all_inner_texts() == [f"device 0,1 → job #{running.pk}"]
     page.click(f'#backend-devices a:has-text("job #{running.pk}")')
     page.wait_for_url(f"{live_server.url}/jobs/{running.pk}/")
 

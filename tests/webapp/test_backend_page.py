@@ -66,9 +66,9 @@ def test_the_page_shows_the_queue_gpus_running_and_waiting_in_start_order(owner_
     page = response.content.decode()
     assert '<code id="backend-queue">gpubox.local</code>' in page
     assert "Local GPU box (torchrun)" in page
-    assert _rows(page, "backend-devices") == [f"GPU 0,1 → job #{j['running'].pk}", "GPU 2 → a job you cannot see"]
+    assert _rows(page, "backend-devices") == [f"device 0,1 → job #{j['running'].pk}", "device 2 → a job you cannot see"]
     # The box finds its GPUs itself (NVML on its own machine): the web says what is held, not what is free.
-    assert _text(page, "devices-free").startswith("3 held. The box counts its free GPUs itself")
+    assert _text(page, "devices-free").startswith("3 held. The box counts its devices itself")
     running = _rows(page, "backend-running")
     assert running[1:] == [f"big #{j['running'].pk} Running alice 0,1 –"]
     assert "1 + 1 you cannot see" in page
@@ -102,7 +102,7 @@ def test_the_backends_list_and_a_jobs_page_link_the_backend_page(owner_client, l
 def test_a_teammate_sees_the_shared_box_with_his_own_jobs_only(other_client, local_backend, shared_box):
     j = shared_box
     page = other_client.get(reverse("backend-detail", args=[local_backend.pk])).content.decode()
-    assert _rows(page, "backend-devices") == ["GPU 0,1 → a job you cannot see", f"GPU 2 → job #{j['bobs_running'].pk}"]
+    assert _rows(page, "backend-devices") == ["device 0,1 → a job you cannot see", f"device 2 → job #{j['bobs_running'].pk}"]
     waiting = _rows(page, "backend-waiting")[1:]
     assert len(waiting) == 1 and waiting[0].startswith(f"1 job-{j['bobs_waiting'].pk}")
     assert "1 + 3 you cannot see" in page
@@ -124,7 +124,7 @@ def test_the_api_gives_the_queue_and_pages_the_jobs(api_client, local_backend, s
     assert body == {
         "queue": "gpubox.local", "running_count": 1, "waiting_count": 3, "others_running": 1, "others_waiting": 1,
         "devices_in_use": [{"devices": [0, 1], "job": j["running"].pk}, {"devices": [2], "job": None}],
-        "devices_held": [0, 1, 2], "devices_free": None, "device_kind": "gpu",
+        "devices_held": [0, 1, 2], "devices_free": None, "device_kind": None,
     }
     waiting = api_client.get(f"/api/backends/{local_backend.pk}/waiting-jobs/?limit=2").json()
     assert waiting["count"] == 3 and waiting["next"] is not None
@@ -158,3 +158,22 @@ def test_the_waiting_list_is_paged_and_a_bad_page_shows_the_nearest(owner_client
     for bad in ("0", "-1", "x", "99", "1" * 40):
         response = owner_client.get(url + f"?waiting={bad}&running={bad}")
         assert response.status_code == 200
+
+
+def test_a_backend_whose_scheduler_queues_shows_no_devices_and_the_schedulers_state(owner_client, user,
+                                                                                  digits_dataset, cnn_model):
+    # A cloud backend stands for every backend that submits at once (Slurm, Kubernetes, the clouds): its
+    # jobs wait in the provider's queue, which says why (Slurm's pending reason), not in Trainboard's.
+    backend = services.backend_create(owner=user, name="sm", kind="sagemaker",
+                                      config={"role_arn": "arn:aws:iam::123456789012:role/x", "bucket": "tb-bucket",
+                                              "region": "us-east-1"},
+                                      secrets={"aws_access_key_id": "AKIAEXAMPLE", "aws_secret_access_key": "s"})
+    pending = _job(user, digits_dataset, cnn_model, backend, state=S.PENDING, name="in-line")
+    TrainingJob.objects.filter(pk=pending.pk).update(raw_state="InProgress", secondary_state="Starting")
+    queued = _job(user, digits_dataset, cnn_model, backend, name="not-sent")
+    page = owner_client.get(reverse("backend-detail", args=[backend.pk])).content.decode()
+    assert 'id="backend-devices"' not in page and "GPU" not in page
+    assert _rows(page, "backend-running")[1].split(" ")[:3] == ["in-line", f"#{pending.pk}", "Pending"]
+    assert "InProgress (Starting)" in _rows(page, "backend-running")[1]
+    assert "not yet submitted: once submitted, the backend's own scheduler queues them" in page
+    assert _rows(page, "backend-waiting")[1].startswith(f"1 not-sent #{queued.pk}")

@@ -499,8 +499,9 @@ class BackendQueueSerializer(serializers.Serializer):
         help_text="The backend's devices no active job holds, ascending, when the dashboard knows its devices "
                   "(a GPU box whose gpu_ids are set on the backend itself); null when the box counts them "
                   "itself (NVML or its worker's host settings): a waiting job's wait_reason says how many were free.")
-    device_kind = serializers.ChoiceField(choices=["gpu", "slot"], help_text=(
-        "What the devices are: GPU indices, or process slots on a box without GPUs (gpu when not known)."))
+    device_kind = serializers.ChoiceField(choices=["gpu", "slot"], allow_null=True, help_text=(
+        "What the devices are: GPU indices, or process slots on a box without GPUs; null when the box counts "
+        "them itself (the dashboard does not know which)."))
 
 
 class BackendQueueJobSerializer(serializers.ModelSerializer):

@@ -142,7 +142,7 @@ class BackendViewSet(_ListCreateRetrieveUpdate):
             "queue": queue.queue, "running_count": queue.running.count(), "waiting_count": queue.waiting.count(),
             "others_running": queue.others_running, "others_waiting": queue.others_waiting,
             "devices_in_use": queue.devices_in_use, "devices_held": queue.devices_held,
-            "devices_free": queue.devices_free, "device_kind": queue.device_word.lower(),
+            "devices_free": queue.devices_free, "device_kind": queue.device_kind,
         }).data)
 
     @extend_schema(summary="Your jobs running on the backend (holding their GPUs), oldest start first",
