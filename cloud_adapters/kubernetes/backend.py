@@ -100,7 +100,7 @@ SETTINGS = BackendSettings(
                 host=True, field=False, max_length=253),
         Setting("in_cluster", "In-cluster config", "Use the worker pod's own service account (no kubeconfig).",
                 type=bool, host=True, field=False, default=False),
-        Setting("namespace", "Namespace", "Where the TrainJobs are created, e.g. team-a.", max_length=63,
+        Setting("namespace", "Namespace", "Where the TrainJobs are created, e.g. team-a; blank = default.", max_length=63,
                 default="default"),
         Setting("runtime", "Training runtime",
                 "The ClusterTrainingRuntime the TrainJobs use (Kubeflow Trainer's torch runtime: torch-distributed).",

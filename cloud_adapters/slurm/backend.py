@@ -119,7 +119,7 @@ SETTINGS = BackendSettings(
         Setting("max_nodes", "Max nodes", "The most nodes one job may use.", type=int, min_value=1,
                 max_value=10_000, default=16),
         Setting("extra_sbatch_options", "Extra sbatch options", "More sbatch options, separated by spaces, each "
-                "--option=value (e.g. --constraint=a100 --exclusive); options that change where or as whom the "
+                "--option=value or a bare flag (e.g. --constraint=a100 --exclusive); options that change where or as whom the "
                 "job runs are refused.", max_length=2000, default=""),
         Setting("container_image", "Container image", "Pyxis/enroot image the job runs in (--container-image); "
                 "blank = the nodes' Python.", max_length=255, default=""),
@@ -255,9 +255,12 @@ class SlurmBackend(Backend):
             return ""
         partition = instance_type or self.config["partition"]
         cluster = self.config.get("cluster") or ""
-        return (f"no internal rate is set for partition {partition} on cluster {cluster or '(no cluster name)'}, so "
-                f"jobs here cost $0; an admin sets it in the price catalog (provider slurm, region {cluster or '…'}, "
-                f"instance type {partition})")
+        if not cluster:
+            return (f"no internal rate can apply: this backend has no Cluster name, so jobs here cost $0; set the "
+                    f"backend's Cluster name, and an admin sets the rate in the price catalog (provider slurm, region = "
+                    f"that cluster name, instance type {partition})")
+        return (f"no internal rate is set for partition {partition} on cluster {cluster}, so jobs here cost $0; an "
+                f"admin sets it in the price catalog (provider slurm, region {cluster}, instance type {partition})")
 
     def _rate(self, instance_type: str = ""):
         from cloud_adapters.pricing import internal_rate

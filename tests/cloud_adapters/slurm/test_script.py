@@ -165,6 +165,14 @@ def test_price_is_the_internal_rate_of_cluster_and_partition():
     assert backend.rate_known()
     other = create_backend("slurm", {**BASE, "cluster": "hpc1", "partition": "cpu"}, prices=prices)
     assert other.price() == 0.0 and not other.rate_known()
+    assert other.price_note() == ("no internal rate is set for partition cpu on cluster hpc1, so jobs here cost $0; "
+                                  "an admin sets it in the price catalog (provider slurm, region hpc1, instance type cpu)")
+    unnamed = create_backend("slurm", {**BASE, "partition": "gpu"}, prices=prices)
+    assert unnamed.price() == 0.0
+    assert unnamed.price_note() == (
+        "no internal rate can apply: this backend has no Cluster name, so jobs here cost $0; set the backend's "
+        "Cluster name, and an admin sets the rate in the price catalog (provider slurm, region = that cluster name, "
+        "instance type gpu)")
 
 
 def test_validate_refuses_what_the_batch_script_must_not_get():
