@@ -3,6 +3,8 @@ page of a job its GPU box holds back: the wait reason, the priority, the GPUs it
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
@@ -73,3 +75,16 @@ def test_the_job_page_shows_why_a_queued_job_waits_and_what_a_running_one_holds(
     TrainingJob.objects.filter(pk=job.pk).update(state="RUNNING", wait_reason="", allocated_gpus=[2, 3])
     live = owner_client.get(reverse("job-live", args=[job.pk])).content.decode()
     assert "Waiting." not in live and "given 2, 3" in live
+
+
+def test_the_timeline_shows_a_wait_as_a_note_in_queued_not_a_move_from_queued_to_queued(owner_client, job):
+    from jobs.models import JobEvent
+
+    JobEvent.objects.create(job=job, from_state="QUEUED", to_state="QUEUED",
+                            message="Waiting: waiting for 2 slots on local (0 free)")
+    live = owner_client.get(reverse("job-live", args=[job.pk])).content.decode()
+    timeline = live[live.index('id="timeline"'):]
+    timeline = timeline[:timeline.index("</ol>")]
+    entries = re.findall(r"<li[^>]*>(.*?)</li>", timeline, re.S)
+    wait = [e for e in entries if "Waiting: waiting for 2 slots" in e]
+    assert len(wait) == 1 and re.findall(r'data-state="(\w+)">', wait[0]) == ["QUEUED"] and "→" not in wait[0]
