@@ -477,11 +477,19 @@ class KubernetesBackend(CloudBackend):
         return self._maybe(lambda: self.custom().get_namespaced_custom_object(
             tj.GROUP, tj.VERSION, namespace or self.namespace, tj.PLURAL, ref, _request_timeout=CALL_TIMEOUT_S))
 
-    def create_job(self, spec: JobSpec, name: str, request: Any) -> Any:  # pragma: no cover - submit is ours
-        raise NotImplementedError
+    def create_job(self, spec: JobSpec, name: str, request: Any) -> Any:
+        """Create the TrainJob ``request`` (its body) in this backend's namespace: the created object, or
+        None when one of that name exists already (409; :meth:`submit` decides whether to adopt it)."""
+        return self._maybe(lambda: self.custom().create_namespaced_custom_object(
+            tj.GROUP, tj.VERSION, self.namespace, tj.PLURAL, request, _request_timeout=CALL_TIMEOUT_S), missing=409)
 
-    def stop_job(self, ref: str) -> None:  # pragma: no cover - cancel is ours
-        raise NotImplementedError
+    def stop_job(self, ref: str, namespace: str = "") -> None:
+        """Delete TrainJob ``ref`` with foreground propagation (its pods stop first); a 404 is already gone."""
+        from kubernetes.client import V1DeleteOptions
+
+        self._maybe(lambda: self.custom().delete_namespaced_custom_object(
+            tj.GROUP, tj.VERSION, namespace or self.namespace, tj.PLURAL, ref,
+            body=V1DeleteOptions(propagation_policy="Foreground"), _request_timeout=CALL_TIMEOUT_S))
 
     def stop_refused(self, exc: BackendError) -> bool:
         return False
@@ -536,8 +544,7 @@ class KubernetesBackend(CloudBackend):
         self.validate(spec)
         body = self.train_job(spec)
         name = body["metadata"]["name"]
-        created = self._maybe(lambda: self.custom().create_namespaced_custom_object(
-            tj.GROUP, tj.VERSION, self.namespace, tj.PLURAL, body, _request_timeout=CALL_TIMEOUT_S), missing=409)
+        created = self.create_job(spec, name, body)
         if created is not None:
             return self.job_handle(spec.job_name, created)
         existing = self.get_job(name)
@@ -595,13 +602,9 @@ class KubernetesBackend(CloudBackend):
         """Delete the TrainJob with foreground propagation (its pods are stopped first); returns at
         once. Idempotent: a 404 is a TrainJob already gone. Remembers the name, so that the next
         describe of it (404) is CANCELLED."""
-        from kubernetes.client import V1DeleteOptions
-
         namespace, ref = self._handle_namespace(handle), self.job_ref(handle)
         self._deleted.add((namespace, ref))
-        self._maybe(lambda: self.custom().delete_namespaced_custom_object(
-            tj.GROUP, tj.VERSION, namespace, tj.PLURAL, ref, body=V1DeleteOptions(propagation_policy="Foreground"),
-            _request_timeout=CALL_TIMEOUT_S))
+        self.stop_job(ref, namespace)
 
     def list_tagged(self) -> list[ProviderJob]:
         """Trainboard's TrainJobs (``trainboard-job-name`` label) without a terminal condition, in the
