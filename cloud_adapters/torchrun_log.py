@@ -1,5 +1,6 @@
-"""Why a torchrun job failed, read from the end of its log: shared by the adapters that keep the log of
-a torchrun they started (the GPU box's ``train.log``, a Slurm job's ``slurm.log``).
+"""Reading the log of a torchrun job, shared by the adapters that keep the log of a torchrun they
+started (the GPU box's ``train.log``, a Slurm job's ``slurm.log``): its lines from a byte-offset cursor
+(:func:`byte_cursor`, :func:`complete_lines`), and why the job failed, from its end.
 
 :func:`failure_line` prefers torchrun's failure summary ("Root Cause (first observed failure)": that
 rank, its exit code or signal, and the ``trainer error: rank N: ...`` line of that rank when it printed
@@ -16,6 +17,33 @@ from __future__ import annotations
 import re
 import signal
 from typing import Sequence
+
+from cloud_adapters.base import InvalidSpec
+
+
+def byte_cursor(cursor: str) -> int:
+    """A ``logs()`` cursor as the byte offset it holds ("" = 0); InvalidSpec when it is not one."""
+    try:
+        offset = int(cursor or 0)
+    except ValueError:
+        raise InvalidSpec(f"log cursor must be a byte offset, got {cursor!r}.") from None
+    if offset < 0:
+        raise InvalidSpec(f"log cursor must be 0 or more, got {offset}.")
+    return offset
+
+
+def complete_lines(chunk: bytes, offset: int, *, max_bytes: int, max_lines: int) -> tuple[list[str], str]:
+    """The complete lines of ``chunk`` (the log's bytes read from byte ``offset``, at most ``max_bytes``),
+    at most ``max_lines`` of them, decoded as UTF-8 with invalid bytes replaced, and the cursor after
+    them: a partial last line is left for the next call, except one line longer than ``max_bytes``,
+    handed over in pieces rather than stalling."""
+    complete = chunk.split(b"\n")[:-1]
+    if not complete and len(chunk) == max_bytes:
+        complete, consumed = [chunk], len(chunk)
+    else:
+        complete = complete[:max_lines]
+        consumed = sum(len(p) + 1 for p in complete)
+    return [p.rstrip(b"\r").decode("utf-8", "replace") for p in complete], str(offset + consumed)
 
 # torchrun's failure summary (torch.distributed.elastic ``ProcessFailure`` formatting), e.g.
 #   Root Cause (first observed failure):

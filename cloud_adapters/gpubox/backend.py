@@ -885,12 +885,7 @@ class GpuBoxBackend(Backend):
         At most 2000 lines per call; a partial last line is left for the next call. Lines are
         decoded as UTF-8 with invalid bytes replaced.
         """
-        try:
-            offset = int(cursor or 0)
-        except ValueError:
-            raise InvalidSpec(f"log cursor must be a byte offset, got {cursor!r}.") from None
-        if offset < 0:
-            raise InvalidSpec(f"log cursor must be 0 or more, got {offset}.")
+        offset = torchrun_log.byte_cursor(cursor)
         path = self._handle_dir(handle) / "train.log"
         try:
             with open(path, "rb") as fh:
@@ -898,16 +893,7 @@ class GpuBoxBackend(Backend):
                 chunk = fh.read(MAX_LOG_BYTES)
         except FileNotFoundError:
             return [], str(offset)
-        parts = chunk.split(b"\n")
-        complete = parts[:-1]
-        if not complete and len(chunk) == MAX_LOG_BYTES:
-            complete = [chunk]  # one enormous line: hand it over in pieces rather than stall
-            consumed = len(chunk)
-        else:
-            complete = complete[:MAX_LOG_LINES]
-            consumed = sum(len(p) + 1 for p in complete)
-        lines = [p.rstrip(b"\r").decode("utf-8", errors="replace") for p in complete]
-        return lines, str(offset + consumed)
+        return torchrun_log.complete_lines(chunk, offset, max_bytes=MAX_LOG_BYTES, max_lines=MAX_LOG_LINES)
 
     # -- helpers ----------------------------------------------------------------------------
 

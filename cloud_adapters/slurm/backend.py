@@ -552,24 +552,12 @@ class SlurmBackend(Backend):
     def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
         """Complete lines of the job's ``slurm.log`` (--output and --error) from byte offset ``cursor``
         ("" = 0), and the next offset; at most 2000 lines per call, a partial last line kept for later."""
-        try:
-            offset = int(cursor or 0)
-        except ValueError:
-            raise InvalidSpec(f"log cursor must be a byte offset, got {cursor!r}.") from None
-        if offset < 0:
-            raise InvalidSpec(f"log cursor must be 0 or more, got {offset}.")
+        offset = torchrun_log.byte_cursor(cursor)
         try:
             chunk = self.transport.read_file(f"{self._run_dir(handle)}/slurm.log", offset=offset, limit=MAX_LOG_BYTES)
         except FileNotFoundError:
             return [], str(offset)
-        parts = chunk.split(b"\n")
-        complete = parts[:-1]
-        if not complete and len(chunk) == MAX_LOG_BYTES:
-            complete, consumed = [chunk], len(chunk)
-        else:
-            complete = complete[:MAX_LOG_LINES]
-            consumed = sum(len(p) + 1 for p in complete)
-        return [p.rstrip(b"\r").decode("utf-8", "replace") for p in complete], str(offset + consumed)
+        return torchrun_log.complete_lines(chunk, offset, max_bytes=MAX_LOG_BYTES, max_lines=MAX_LOG_LINES)
 
     def list_tagged(self) -> list[ProviderJob]:
         """The jobs squeue lists (pending, running, completing…) whose comment carries Trainboard's tag
