@@ -39,7 +39,7 @@ import datetime as dt
 import enum
 import math
 import types
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, Sequence
 
 from cloud_adapters.settings import BackendSettings, Setting
 
@@ -302,6 +302,27 @@ class ConnectionCheck:
 
 
 @dataclasses.dataclass(frozen=True)
+class Artifact:
+    """One file a job left behind, as :meth:`Backend.artifacts` lists it (output record).
+
+    ``name`` is the file's path relative to the job's artifact root, with ``/`` separators and no
+    ``..``: ``model.pt``, ``metrics.jsonl``, ``checkpoints/last.pt``, a sharded checkpoint's files
+    under ``checkpoints/checkpoint/``, ``logs/train.log``. ``kind`` groups them for the job page:
+    ``model``, ``metrics``, ``checkpoint``, ``log`` or ``output`` (:data:`ARTIFACT_KINDS`).
+    """
+
+    name: str
+    kind: str  # one of ARTIFACT_KINDS
+    size_bytes: int | None = None  # None = the provider did not say
+    sha256: str = ""  # hex; "" = not known without reading the file (the dashboard may compute it)
+    modified_at: dt.datetime | None = None  # UTC, aware; None = not known
+
+
+ARTIFACT_KINDS = ("model", "metrics", "checkpoint", "log", "output")
+"""``Artifact.kind`` values; ``output``: any other file the job wrote to its output directory (a script's own)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class InstanceOffer:
     """An instance type this backend offers, with its catalog price (for the job form)."""
 
@@ -551,6 +572,35 @@ class Backend(abc.ABC):
         implements it; this default (for test doubles) raises NotImplementedError.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot list its provider's jobs")
+
+    # -- artifacts: what a job left behind (issue 16) --------------------------------------------
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """The files the job left: its model, metrics, last checkpoint and logs, sorted by name.
+
+        Read-only; works for an ended job as long as the provider keeps its outputs (the GPU box's
+        run directory, the job's bucket prefix). Raises :class:`ProviderError` when the place cannot
+        be read. This default lists none (a test double)."""
+        return []
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """A binary stream of the artifact ``name`` (one of :meth:`artifacts`' names), for the
+        dashboard to stream to a browser or to copy; the caller closes it. Raises
+        :class:`InvalidSpec` for a name the job does not have (or one with ``..``),
+        :class:`ProviderError` when it cannot be read."""
+        raise InvalidSpec(f"{type(self).__name__} keeps no artifacts")
+
+    def artifact_url(self, handle: JobHandle, name: str, *, expires_s: int = 300) -> str | None:
+        """A short-lived URL a browser may download ``name`` from directly (an S3 presigned URL, a
+        GCS signed URL, an Azure Blob SAS URL), valid ``expires_s`` seconds; None where the backend
+        has none (the dashboard then streams :meth:`open_artifact`)."""
+        return None
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """Where ``name`` lies, as a path or URI a job on this same backend can read
+        (``/runs/tb-job-7/output/checkpoints/last.pt``, ``s3://bucket/prefix/...``); "" when a job
+        cannot read it in place (the dashboard then copies it with :meth:`open_artifact`)."""
+        return ""
 
     def instance_offers(self) -> list[InstanceOffer]:
         """Instance types a job on this backend may ask for, with prices, for the job form.

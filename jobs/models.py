@@ -384,6 +384,12 @@ class TrainingJob(Owned):
         help_text="The trainer's last measured memory per rank (a list indexed by rank of peak_bytes, "
                   "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, device); null until reported.")
 
+    # The experiment workflow (issue 16).
+    final_metrics = models.JSONField(
+        default=dict, blank=True,
+        help_text="The last reported value of each global metric, name → value (None where it was not finite), "
+                  "kept by the sync as lines arrive: what the job list shows and sorts by.")
+
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
     logs_read_at = models.DateTimeField(

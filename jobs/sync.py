@@ -210,7 +210,22 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
         rank_memory = rank_memory_from_record(record) or rank_memory
     JobLogLine.objects.bulk_create(log_rows)
     MetricPoint.objects.bulk_create(points)
+    latest = final_metrics_after(job.final_metrics, points)
+    if latest != job.final_metrics:
+        TrainingJob.objects.filter(pk=job.pk).update(final_metrics=latest)
+        job.final_metrics = latest
     return next_seq, first_step, rank_memory
+
+
+def final_metrics_after(final: Mapping[str, Any] | None, points: list[MetricPoint]) -> dict[str, float | None]:
+    """``final`` (a job's :attr:`~jobs.models.TrainingJob.final_metrics`) updated with the global
+    ``points`` just stored, in the order they were logged: each name's value becomes its last one
+    (None where it was not finite). Per-rank points are not final metrics."""
+    out = dict(final or {})
+    for point in points:
+        if point.rank is None:
+            out[point.name] = point.value
+    return out
 
 
 def _locked(job_id: int) -> TrainingJob | None:

@@ -79,9 +79,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 from cloud_adapters.base import (
+    Artifact,
     Backend,
     Capabilities,
     InvalidSpec,
@@ -896,6 +897,80 @@ class GpuBoxBackend(Backend):
         return torchrun_log.complete_lines(chunk, offset, max_bytes=MAX_LOG_BYTES, max_lines=MAX_LOG_LINES)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    # -- artifacts ----------------------------------------------------------------------------
+
+    def _artifact_files(self, handle: JobHandle) -> dict[str, Path]:
+        """name → path of every regular file the job left (:class:`Artifact` names): ``output/``'s
+        files by their path under it, the checkpoint directory's under ``checkpoints/``, and
+        ``train.log`` as ``logs/train.log``. Symbolic links are never followed or listed (a job's
+        code could point one at any file of the box)."""
+        run_dir = self._handle_dir(handle)
+        if not run_dir.is_dir():
+            self._check_run_root(run_dir)
+            raise ProviderError(f"run directory {run_dir} no longer exists; the job's files are gone")
+        output = (_proc.read_json(run_dir / "job.json") or {}).get("output") or {}
+        out_dir = Path(output.get("output_dir") or run_dir / "output")
+        ckpt_dir = Path(output.get("checkpoint_dir") or out_dir / "checkpoints")
+        files: dict[str, Path] = {}
+
+        def walk(root: Path, prefix: str, skip: Path | None = None) -> None:
+            if root.is_symlink() or not root.is_dir():
+                return
+            for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+                here = Path(dirpath)
+                dirnames[:] = sorted(d for d in dirnames if not (here / d).is_symlink()
+                                     and (skip is None or here / d != skip))
+                for filename in filenames:
+                    path = here / filename
+                    if path.is_symlink() or not path.is_file():
+                        continue
+                    files[prefix + path.relative_to(root).as_posix()] = path
+
+        walk(out_dir, "", skip=ckpt_dir)
+        walk(ckpt_dir, "checkpoints/")
+        log_file = run_dir / "train.log"
+        if log_file.is_file() and not log_file.is_symlink():
+            files["logs/train.log"] = log_file
+        return files
+
+    @staticmethod
+    def _artifact_kind(name: str) -> str:
+        if name.startswith("checkpoints/"):
+            return "checkpoint"
+        if name.startswith("logs/"):
+            return "log"
+        if name == "metrics.jsonl":
+            return "metrics"
+        return "model" if name == "model.pt" else "output"
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """The run directory's files (:meth:`_artifact_files`) with their sizes and times, read from
+        this machine's disk; sha256 is left to the dashboard (it reads the file once)."""
+        found = []
+        for name, path in sorted(self._artifact_files(handle).items()):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # removed while listed
+            found.append(Artifact(name=name, kind=self._artifact_kind(name), size_bytes=stat.st_size,
+                                  modified_at=_utc(stat.st_mtime)))
+        return found
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """The file ``name`` opened for reading (``O_NOFOLLOW``: never a link)."""
+        path = self._artifact_files(handle).get(name)
+        if path is None:
+            raise InvalidSpec(f"job {handle.job_name} has no artifact {name!r}")
+        try:
+            return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+        except OSError as exc:
+            raise ProviderError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """The artifact's absolute path on this box: a later job on the same box reads it in place."""
+        path = self._artifact_files(handle).get(name)
+        return str(path) if path is not None else ""
 
     def _run_dir(self, job_name: str) -> Path:
         _check_job_name(job_name)

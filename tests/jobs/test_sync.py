@@ -135,6 +135,8 @@ def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_ba
     assert series["val_accuracy"] == [{"step": 12, "epoch": 0, "value": 0.7}, {"step": 24, "epoch": 1, "value": 0.93}]
     assert series["train_loss"] == [{"step": 10, "epoch": 0, "value": 1.5}]
     assert set(series) == {"train_loss", "train_accuracy", "samples_per_s", "lr", "val_loss", "val_accuracy"}
+    assert job.final_metrics == {"train_loss": 1.5, "train_accuracy": 0.4, "samples_per_s": 800.0, "lr": 0.05,
+                                 "val_loss": 0.5, "val_accuracy": 0.93}
     assert MetricPoint.objects.filter(job=job, name="rank_samples_per_s").count() == 4
     # a trainer that reported no compute / sync wait and no pipeline stages
     NOT_REPORTED = dict.fromkeys(("compute_s", "sync_wait_s", "stage", "stage_layers"))
