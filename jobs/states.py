@@ -11,12 +11,17 @@ Every state change anywhere (services, tasks, admin) goes through :func:`transit
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from jobs.models import TERMINAL_STATE_VALUES, JobEvent, JobStateChoices as S, TrainingJob
+from jobs.signals import job_state_changed
+
+log = logging.getLogger(__name__)
 
 ALLOWED: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED, S.FAILED}),
@@ -68,7 +73,20 @@ def transition(job: TrainingJob, to_state: str, *, message: str = "", **fields: 
     with transaction.atomic():
         updated = TrainingJob.objects.filter(pk=job.pk, state=from_state).update(**fields)
         if updated:
-            JobEvent.objects.create(job_id=job.pk, from_state=from_state, to_state=to_state,
-                                    message=message)
+            event = JobEvent.objects.create(job_id=job.pk, from_state=from_state, to_state=to_state,
+                                            message=message)
+            announce = functools.partial(_announce, job.pk, from_state, to_state, message, event.pk)
+            transaction.on_commit(announce, robust=True)
     job.refresh_from_db()
     return bool(updated)
+
+
+def _announce(job_id: int, from_state: str, to_state: str, message: str, event_id: int) -> None:
+    """Send :data:`jobs.signals.job_state_changed` for a committed move; a listener that raises is
+    logged, never the mover's failure."""
+    for receiver, result in job_state_changed.send_robust(
+            sender=TrainingJob, job_id=job_id, from_state=from_state, to_state=to_state, message=message,
+            event_id=event_id):
+        if isinstance(result, Exception):
+            log.error("job %s: %s on %s → %s failed: %r", job_id, getattr(receiver, "__qualname__", receiver),
+                      from_state, to_state, result)

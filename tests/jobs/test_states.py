@@ -88,3 +88,42 @@ def test_terminal_keeps_given_ended_at(job):
     transition(job, S.FAILED, ended_at=when, failure_reason="boom")
     job.refresh_from_db()
     assert job.ended_at == when and job.failure_reason == "boom"
+
+
+def test_a_committed_move_is_announced_once_with_its_event(job, django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    from jobs.signals import job_state_changed
+
+    heard = []
+
+    def listener(sender, **kwargs):
+        heard.append(kwargs)
+
+    def broken(sender, **kwargs):
+        raise RuntimeError("a listener's bug")
+
+    job_state_changed.connect(listener)
+    job_state_changed.connect(broken)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            assert transition(job, S.SUBMITTING, message="go") is True
+        event = JobEvent.objects.get(job=job, to_state=S.SUBMITTING)
+        assert heard == [{"signal": job_state_changed, "job_id": job.pk, "from_state": "QUEUED",
+                          "to_state": "SUBMITTING", "message": "go", "event_id": event.pk}]
+        # A move rolled back with its transaction is never announced.
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            with pytest.raises(RuntimeError):
+                with transaction.atomic():
+                    transition(job, S.PENDING)
+                    raise RuntimeError("rolled back")
+        assert callbacks == [] and len(heard) == 1
+        # A refused move (someone moved the row first) announces nothing either.
+        stale = TrainingJob.objects.get(pk=job.pk)
+        TrainingJob.objects.filter(pk=job.pk).update(state=S.RUNNING)
+        with django_capture_on_commit_callbacks(execute=True):
+            assert transition(stale, S.PENDING) is False
+        assert len(heard) == 1
+    finally:
+        job_state_changed.disconnect(listener)
+        job_state_changed.disconnect(broken)
