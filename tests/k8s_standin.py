@@ -27,6 +27,9 @@ What it serves (every other path is a 404 ``Status``; every request needs ``Auth
 - ``GET /api/v1/nodes[/{name}]`` (:attr:`KubeStandin.node_count` nodes with
   :attr:`KubeStandin.node_labels`) and ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``
   (201, ``status.allowed`` = :attr:`KubeStandin.access_allowed`).
+- Secrets, ``/api/v1/namespaces/{ns}/secrets[/{name}]``: POST (201, 409, 422 for a bad name, key or
+  base64 value; ``stringData`` folded into ``data``), GET, PATCH (merge or strategic merge), DELETE; a Secret whose
+  ``ownerReferences`` name a TrainJob is deleted with it (the garbage collector's part).
 - Pods, ``GET /api/v1[/namespaces/{ns}]/pods`` (``labelSelector``), ``GET …/pods/{name}`` and
   ``GET …/pods/{name}/log`` with ``container``, ``timestamps``, ``sinceTime``, ``sinceSeconds``,
   ``tailLines``, ``limitBytes`` as PodLogOptions documents them (kubernetes.io API reference, core/v1
@@ -47,7 +50,9 @@ The controller (one thread, every :attr:`KubeStandin.tick_s` seconds), for each 
   become ``sys.executable``, the interpreter's directory leads ``PATH`` so ``torchrun`` is the venv's,
   the repository root is on ``PYTHONPATH`` as the image would have ``trainer_pkg`` installed) in a
   working directory of its own, in its own process group, with a clean environment: ``PATH``,
-  ``HOME``, ``HOSTNAME``, ``PYTHONPATH``, ``PYTHONUNBUFFERED``, the literal ``trainer.env`` values,
+  ``HOME``, ``HOSTNAME``, ``PYTHONPATH``, ``PYTHONUNBUFFERED``, the ``trainer.env`` values (literal, or
+  a ``secretKeyRef`` read from the stand-in's Secrets: a missing Secret or key keeps the pod Pending in
+  ``CreateContainerConfigError`` with the kubelet's message),
   and what Trainer's torch plugin injects (kubeflow/trainer
   ``pkg/runtime/framework/plugins/torch/torch.go`` ``EnforceMLPolicy``): ``PET_NNODES``,
   ``PET_NPROC_PER_NODE`` (numProcPerNode; ``auto`` with ``resourcesPerNode`` and no GPU resource
@@ -71,6 +76,7 @@ Stopping the server kills every process group it started, by PID, and waits for 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import dataclasses
@@ -535,6 +541,7 @@ class Pod:
     reader: threading.Thread | None = None
     started_at: float | None = None
     started_ns: int | None = None
+    environ: dict[str, str] | None = None  # the environment its process was started with (the kubelet's part)
     kill_sent: float | None = None  # monotonic time of SIGTERM
     grace_s: float = 10.0
     killed_reason: str = ""  # why the controller killed it (DeadlineExceeded, …), if it did
@@ -572,6 +579,8 @@ class KubeStandin:
         self.requests: list[RecordedRequest] = []
         self.lock = threading.RLock()
         self.trainjobs: dict[tuple[str, str], dict] = {}
+        self.secrets: dict[tuple[str, str], dict] = {}
+        """core/v1 Secrets by (namespace, name), ``data`` base64 as the API keeps it."""
         self.pods: dict[tuple[str, str], Pod] = {}
         self._rv = 1
         self._tj_state: dict[tuple[str, str], dict] = {}  # per TrainJob: jobset uid, master port, deadline clock
@@ -761,6 +770,7 @@ class KubeStandin:
                     self.pods.pop((namespace, pod.name), None)
                 del self.trainjobs[key]
                 del self._tj_state[key]
+                self._collect_garbage(obj["metadata"]["uid"])
             return
 
         finished = self._has_condition(obj, "Complete") or self._has_condition(obj, "Failed")
@@ -857,6 +867,26 @@ class KubeStandin:
             pods.append(pod)
         return pods
 
+    def _secret_value(self, namespace: str, ref: dict) -> tuple[str | None, str]:
+        """(value, "") of a ``secretKeyRef``, or (None, the kubelet's message) when the Secret or its key
+        is missing (the pod then waits in CreateContainerConfigError, as a kubelet's would); an
+        ``optional`` reference to a missing one is (None, "")."""
+        obj = self.secrets.get((namespace, ref.get("name", "")))
+        if obj is None:
+            return None, "" if ref.get("optional") else f'secret "{ref.get("name", "")}" not found'
+        value = (obj.get("data") or {}).get(ref.get("key", ""))
+        if value is None:
+            return None, "" if ref.get("optional") else (
+                f"couldn't find key {ref.get('key', '')} in Secret {namespace}/{ref.get('name', '')}")
+        return base64.b64decode(value).decode(), ""
+
+    def _collect_garbage(self, uid: str) -> None:
+        """Delete the Secrets owned by the object with ``uid`` (an ownerReference to it), as the
+        garbage collector does once their owner is gone."""
+        for key, obj in list(self.secrets.items()):
+            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
+                del self.secrets[key]
+
     def _start_pods(self, pods: list[Pod]) -> None:
         if not self.schedulable:
             return
@@ -872,9 +902,15 @@ class KubeStandin:
                     env[item["name"]] = item["value"]
                 elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath", "").startswith("metadata.annotations"):
                     env[item["name"]] = str(pod.index)  # the completion index annotation
+                elif (ref := (item.get("valueFrom") or {}).get("secretKeyRef")):
+                    value, problem = self._secret_value(pod.obj["metadata"]["namespace"], ref)
+                    if problem:
+                        pod.start_error = problem
+                    elif value is not None:
+                        env[item["name"]] = value
                 else:
-                    pod.start_error = (f"env {item['name']}: the stand-in resolves only literal values and the "
-                                       "completion-index annotation, not secrets or config maps")
+                    pod.start_error = (f"env {item['name']}: the stand-in resolves literal values, secret keys and "
+                                       "the completion-index annotation, not config maps")
             argv = list(container["command"]) + list(container["args"])
             if not argv:
                 pod.start_error = "the stand-in runs trainer.command + trainer.args, and the TrainJob has neither"
@@ -885,6 +921,7 @@ class KubeStandin:
             if argv[0] in ("python", "python3"):
                 argv[0] = sys.executable
             log = open(pod.log_path, "ab")
+            pod.environ = dict(env)
             try:
                 proc = subprocess.Popen(argv, cwd=pod.workdir, env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -1167,6 +1204,10 @@ PODS = re.compile(r"^/api/v1(?:/namespaces/([^/]+))?/pods(?:/([^/]+)(/log)?)?$")
 NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 NODES = re.compile(r"^/api/v1/nodes(?:/([^/]+))?$")
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+SECRETS = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
+SECRET_SCHEMA = {"apiVersion": "string", "kind": "string", "metadata": OBJECT_META, "data": ("map", "string"),
+                 "stringData": ("map", "string"), "type": "string", "immutable": "bool"}
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1264,6 +1305,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 201, review
         if match := TRAINJOBS.match(path):
             return self._trainjobs(method, match.group(1), match.group(2), query, body, content_type)
+        if match := SECRETS.match(path):
+            return self._secrets(method, match.group(1), match.group(2), body, content_type)
         if match := RUNTIMES.match(path):
             if method != "GET":
                 raise _not_allowed(method)
@@ -1418,8 +1461,77 @@ class _Handler(BaseHTTPRequestHandler):
                 pod.grace_s = float(grace)
         del standin.trainjobs[key]
         del standin._tj_state[key]
+        standin._collect_garbage(obj["metadata"]["uid"])
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "details": {"name": name, "group": GROUP, "kind": "trainjobs", "uid": obj["metadata"]["uid"]}}
+
+    def _secrets(self, method, namespace, name, body, content_type):
+        """core/v1 Secrets: POST (201, 409 AlreadyExists, 422 for a bad name, key or base64 value;
+        ``stringData`` is folded into ``data``), GET one, PATCH (merge patch, or a strategic merge patch:
+        the client's default for a dict body, which merges ``ownerReferences`` by uid), DELETE."""
+        standin = self.standin
+        self._namespace(namespace)
+        if name is None:
+            if method != "POST":
+                raise _not_allowed(method)
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "the request body must be a Secret object")
+            unknown, type_errors = schema_errors(body, SECRET_SCHEMA, "")
+            if unknown:
+                raise ApiError(400, "BadRequest", "Secret in version \"v1\" cannot be handled as a Secret: strict "
+                               "decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+            meta = body.get("metadata") or {}
+            label = meta.get("name") or ""
+            obj, errors = _secret_object(body, namespace)
+            errors = type_errors + errors
+            if errors:
+                raise ApiError(422, "Invalid", f'Secret "{label}" is invalid: [{", ".join(errors)}]',
+                               {"name": label, "kind": "Secret"})
+            with standin.lock:
+                key = (namespace, obj["metadata"]["name"])
+                if key in standin.secrets:
+                    raise ApiError(409, "AlreadyExists", f'secrets "{key[1]}" already exists',
+                                   {"name": key[1], "kind": "secrets"})
+                obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=rfc3339(),
+                                       resourceVersion=standin.next_rv())
+                standin.secrets[key] = obj
+                return 201, copy.deepcopy(obj)
+        with standin.lock:
+            obj = standin.secrets.get((namespace, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'secrets "{name}" not found', {"name": name, "kind": "secrets"})
+            if method == "GET":
+                return 200, copy.deepcopy(obj)
+            if method == "DELETE":
+                del standin.secrets[(namespace, name)]
+                return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                             "details": {"name": name, "kind": "secrets", "uid": obj["metadata"]["uid"]}}
+            if method == "PATCH":
+                if "merge-patch+json" not in content_type:  # merge-patch or strategic-merge-patch
+                    raise ApiError(415, "UnsupportedMediaType",
+                                   f"the stand-in takes (strategic) merge patches only, not {content_type!r}")
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
+                patch = copy.deepcopy(body)
+                owners = (patch.get("metadata") or {}).get("ownerReferences")
+                if "strategic" in content_type and isinstance(owners, list):
+                    # ObjectMeta.ownerReferences: patchStrategy merge, patchMergeKey uid
+                    kept = {ref.get("uid"): ref for ref in obj["metadata"].get("ownerReferences") or ()}
+                    kept.update({ref.get("uid"): ref for ref in owners if isinstance(ref, dict)})
+                    patch["metadata"]["ownerReferences"] = list(kept.values())
+                merged = _merge(copy.deepcopy(obj), patch)
+                new, errors = _secret_object(merged, namespace)
+                for field in ("name", "namespace", "uid"):
+                    if new["metadata"].get(field) != obj["metadata"].get(field):
+                        errors.append(f"metadata.{field}: Invalid value: field is immutable")
+                if errors:
+                    raise ApiError(422, "Invalid", f'Secret "{name}" is invalid: [{", ".join(errors)}]',
+                                   {"name": name, "kind": "Secret"})
+                new["metadata"]["resourceVersion"] = standin.next_rv()
+                obj.clear()
+                obj.update(new)
+                return 200, copy.deepcopy(obj)
+        raise _not_allowed(method)
 
     def _pods(self, namespace, name, log, query):
         standin = self.standin
@@ -1439,6 +1551,38 @@ class _Handler(BaseHTTPRequestHandler):
             if not log:
                 return 200, copy.deepcopy(pod.obj)
         return 200, read_pod_log(pod, query)
+
+
+def _secret_object(body: dict, namespace: str) -> tuple[dict, list[str]]:
+    """The Secret the API would store for ``body`` (``stringData`` base64-encoded into ``data``,
+    ``type`` Opaque by default) and the validation errors of its name, keys and values."""
+    obj = copy.deepcopy(body)
+    meta = obj.setdefault("metadata", {})
+    meta.setdefault("namespace", namespace)
+    errors = []
+    name = meta.get("name") or ""
+    if not name:
+        errors.append("metadata.name: Required value: name or generateName is required")
+    elif len(name) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name):
+        errors.append(f"metadata.name: Invalid value: {json.dumps(name)}: a lowercase RFC 1123 subdomain must "
+                      "consist of lower case alphanumeric characters, '-' or '.'")
+    if meta.get("namespace") != namespace:
+        errors.append("metadata.namespace: Invalid value: does not match the namespace of the request")
+    data = dict(obj.get("data") or {})
+    for key, value in (obj.pop("stringData", None) or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    for key, value in data.items():
+        if not _SECRET_KEY.match(key):
+            errors.append(f"data[{key}]: Invalid value: {json.dumps(key)}: a valid config key must consist of "
+                          "alphanumeric characters, '-', '_' or '.'")
+        try:
+            base64.b64decode(value, validate=True)
+        except (ValueError, TypeError):
+            errors.append(f"data[{key}]: Invalid value: illegal base64 data")
+    obj["data"] = data
+    obj.setdefault("type", "Opaque")
+    obj["apiVersion"], obj["kind"] = "v1", "Secret"
+    return obj, errors
 
 
 def _not_allowed(method: str) -> ApiError:

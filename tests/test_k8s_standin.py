@@ -327,3 +327,39 @@ def test_background_delete_removes_the_trainjob_first_and_orphan_leaves_the_pods
     assert [p.status.phase for p in pods_of(core, "del-orphan")] == ["Running"]
     for pid in orphan_pids:  # the fixture would kill it at the end; do it now to free the CPU
         os.killpg(pid, 9)
+
+
+def test_secrets_are_stored_base64_resolved_into_pods_and_a_missing_one_holds_the_pod(kube_standin, custom, core):
+    created = core.create_namespaced_secret("default", {"metadata": {"name": "run-secret-env"},
+                                                        "stringData": {"TOKEN": "t0k"}})
+    assert created.data == {"TOKEN": "dDBr"} and created.type == "Opaque" and created.metadata.uid
+    status, error = error_of(lambda: core.create_namespaced_secret("default", {"metadata": {"name": "run-secret-env"}}))
+    assert status == 409 and error["reason"] == "AlreadyExists"
+    status, error = error_of(lambda: core.create_namespaced_secret(
+        "default", {"metadata": {"name": "Bad_Name"}, "data": {"k": "not base64!"}}))
+    assert status == 422 and "RFC 1123" in error["message"] and "illegal base64 data" in error["message"]
+
+    ref = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "run-secret-env", "key": "TOKEN"}}}
+    body = trainjob("run-secret", "import os; print('token', os.environ['TOKEN'])", nodes=1)
+    body["spec"]["trainer"]["env"] = [ref]
+    job = create(custom, body)
+    kube_standin.wait_for_condition("default", "run-secret", "Complete", timeout=60)
+    assert [p.environ["TOKEN"] for p in kube_standin.pods_of("default", "run-secret")] == ["t0k"]
+
+    missing = trainjob("run-no-secret", nodes=1)
+    missing["spec"]["trainer"]["env"] = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "absent",
+                                                                                          "key": "TOKEN"}}}]
+    create(custom, missing)
+    kube_standin.wait_for(lambda: pods_of(core, "run-no-secret") and pods_of(core, "run-no-secret")[0].status
+                          .container_statuses, timeout=30, what="the pod's container status")
+    waiting = pods_of(core, "run-no-secret")[0].status.container_statuses[0].state.waiting
+    assert (waiting.reason, waiting.message) == ("CreateContainerConfigError", 'secret "absent" not found')
+
+    # Owned by a TrainJob, a Secret goes when the TrainJob is deleted (here the Background way).
+    core.patch_namespaced_secret("run-secret-env", "default", {"metadata": {"ownerReferences": [
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainJob", "name": "run-secret", "uid": job["metadata"]["uid"]}]}})
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "run-secret",
+                                           body=client.V1DeleteOptions(propagation_policy="Background"))
+    status, _ = error_of(lambda: core.read_namespaced_secret("run-secret-env", "default"))
+    assert status == 404
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "run-no-secret")

@@ -17,10 +17,13 @@ one worker — or the in-cluster service account (``load_incluster_config`` into
 
 Calls (``CustomObjectsApi`` on ``trainer.kubeflow.org/v1alpha1`` ``trainjobs``; ``CoreV1Api``):
 
-* submit: ``create_namespaced_custom_object``; a 409 AlreadyExists is a retried submit: the TrainJob
+* submit: with job secrets, first ``create_namespaced_secret`` of ``<name>-env`` (a 409 is a retried
+  submit: the Secret is read and its data patched when its ``trainboard-job-name`` label is the job's);
+  then ``create_namespaced_custom_object``; a 409 AlreadyExists is a retried submit: the TrainJob
   of that name is read (``get_namespaced_custom_object``) and adopted when its
   ``trainboard-job-name`` label is the job's (a TrainJob of that name that is not Trainboard's job is
-  an error, never adopted);
+  an error, never adopted); then ``patch_namespaced_secret`` makes the TrainJob the Secret's owner,
+  so it is deleted with the TrainJob. A TrainJob the API refuses takes the new Secret with it;
 * describe_many: ONE ``list_namespaced_custom_object(label_selector="trainboard-job-name")`` per
   namespace of the batch, and, only for jobs whose counts cannot tell PENDING from RUNNING (an active
   child Job, none ready), one ``list_namespaced_pod`` with the set-based selector
@@ -85,7 +88,8 @@ RATE = 10.0  # calls per second per cluster configuration (the client's own defa
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # a well-known label (kubernetes.io "Well-Known Labels")
 PERMISSIONS = (("create", "trainjobs", "", "trainer.kubeflow.org"), ("get", "trainjobs", "", "trainer.kubeflow.org"),
                ("list", "trainjobs", "", "trainer.kubeflow.org"), ("delete", "trainjobs", "", "trainer.kubeflow.org"),
-               ("list", "pods", "", ""), ("get", "pods", "log", ""))
+               ("list", "pods", "", ""), ("get", "pods", "log", ""), ("create", "secrets", "", ""),
+               ("get", "secrets", "", ""), ("patch", "secrets", "", ""), ("delete", "secrets", "", ""))
 """What the worker's identity needs in the namespace: (verb, resource, subresource, API group)."""
 PRICE_PROVIDERS = (("aws", "AWS"), ("gcp", "Google Cloud"), ("azure", "Azure"))
 
@@ -387,6 +391,10 @@ class KubernetesBackend(CloudBackend):
         return tj.train_job(spec, name=trainjob_name(spec.job_name), namespace=self.namespace, config=self.config,
                             job_config=self.job_config(spec))
 
+    def secret(self, spec: JobSpec) -> dict[str, Any] | None:
+        """The Secret of ``spec``'s job secrets (:func:`cloud_adapters.kubernetes.body.secret`); None without any."""
+        return tj.secret(spec, trainjob=trainjob_name(spec.job_name), namespace=self.namespace, config=self.config)
+
     # -- the client -------------------------------------------------------------------------
 
     def api_client(self) -> Any:
@@ -544,9 +552,52 @@ class KubernetesBackend(CloudBackend):
         self.validate(spec)
         body = self.train_job(spec)
         name = body["metadata"]["name"]
-        created = self.create_job(spec, name, body)
+        secret = self.secret(spec)
+        made_secret = secret is not None and self._put_secret(spec, secret)
+        try:
+            created = self.create_job(spec, name, body)
+        except InvalidSpec:
+            if made_secret:  # the API refused the TrainJob: no Secret left behind for a job that never was
+                self._delete_secret(secret["metadata"]["name"])
+            raise
+        job = created if created is not None else self._adoptable(spec, name)
+        if secret is not None:
+            self._own_secret(secret["metadata"]["name"], job)
+        return self.job_handle(spec.job_name, job)
+
+    def _put_secret(self, spec: JobSpec, secret: Mapping[str, Any]) -> bool:
+        """Create the job's Secret; True when this call created it. When one of that name exists (a
+        retried submit) and carries this job's label, its data is replaced with the job's current
+        secrets; one that is not this job's raises ProviderError."""
+        name = secret["metadata"]["name"]
+        created = self._maybe(lambda: self.core().create_namespaced_secret(
+            self.namespace, secret, _request_timeout=CALL_TIMEOUT_S), missing=409)
         if created is not None:
-            return self.job_handle(spec.job_name, created)
+            return True
+        existing = self._maybe(lambda: self.core().read_namespaced_secret(
+            name, self.namespace, _request_timeout=CALL_TIMEOUT_S))
+        label = str(((getattr(existing, "metadata", None) and existing.metadata.labels) or {}).get(TAG_JOB_NAME, ""))
+        if existing is None or label != spec.job_name:
+            raise ProviderError(f"namespace {self.namespace} already has a Secret {name!r} that is not this job's "
+                                f"(its {TAG_JOB_NAME} label is {label!r}); delete it or use another namespace.")
+        self.call(lambda: self.core().patch_namespaced_secret(
+            name, self.namespace, {"data": secret["data"]}, _request_timeout=CALL_TIMEOUT_S))
+        return False
+
+    def _own_secret(self, name: str, job: Mapping[str, Any]) -> None:
+        """Make TrainJob ``job`` the owner of Secret ``name`` (``metadata.ownerReferences``): the garbage
+        collector deletes the Secret once the TrainJob is deleted."""
+        meta = job.get("metadata") or {}
+        owner = {"apiVersion": tj.API_VERSION, "kind": "TrainJob", "name": str(meta.get("name") or ""),
+                 "uid": str(meta.get("uid") or "")}
+        self.call(lambda: self.core().patch_namespaced_secret(
+            name, self.namespace, {"metadata": {"ownerReferences": [owner]}}, _request_timeout=CALL_TIMEOUT_S))
+
+    def _delete_secret(self, name: str) -> None:
+        self._maybe(lambda: self.core().delete_namespaced_secret(name, self.namespace, _request_timeout=CALL_TIMEOUT_S))
+
+    def _adoptable(self, spec: JobSpec, name: str) -> Mapping[str, Any]:
+        """The existing TrainJob ``name`` after a 409, when it is this job's (its label); else ProviderError."""
         existing = self.get_job(name)
         if existing is None:
             raise ProviderError(f"Kubernetes answered that TrainJob {name!r} exists, then that it does not (it is being "
@@ -555,7 +606,7 @@ class KubernetesBackend(CloudBackend):
         if label != spec.job_name:
             raise ProviderError(f"namespace {self.namespace} already has a TrainJob {name!r} that is not this job's "
                                 f"(its {TAG_JOB_NAME} label is {label!r}); delete it or use another namespace.")
-        return self.job_handle(spec.job_name, existing)
+        return existing
 
     def describe(self, handle: JobHandle) -> JobStatus:
         """The job's status: one get (and its pods when the counts cannot tell PENDING from RUNNING);

@@ -19,7 +19,8 @@ trainjob_types.go`` at commit 0015772c, the version that has ``runtimePatches``)
         image: <the job's image, else the backend's>
         command: [python, -m, trainer_pkg.launch, --config, env:TRAINBOARD_JOB_CONFIG, --platform, kubernetes]
         env: [{name: TRAINBOARD_JOB_CONFIG, value: <the JobConfig JSON>}, PYTHONUNBUFFERED, TRAINBOARD_JOB_NAME,
-              the job's env, the backend's job secrets]
+              the job's env, then each job secret as
+              {name: K, valueFrom: {secretKeyRef: {name: <TrainJob name>-env, key: K}}}]
         numNodes: <nodes>
         numProcPerNode: <processes per node>
         resourcesPerNode: {limits: {nvidia.com/gpu: N}, requests: {nvidia.com/gpu: N, cpu, memory}}
@@ -36,12 +37,17 @@ and ``PET_MASTER_PORT`` into that container (shared/reference/clouds.md §7), wh
 ``nvidia.com/gpu`` cannot be overcommitted, so their request equals their limit (Kubernetes "Resource
 Management for Pods and Containers"); CPU and memory are requests only.
 
-The job's environment, its secrets included, is in the TrainJob's spec: anyone who may ``get`` the
-TrainJob reads it, as on the clouds (docs/kubernetes.md).
+The backend's job secrets are not in the TrainJob: they go in a Secret of their own,
+``<TrainJob name>-env`` (:func:`secret`, type Opaque, the same labels), which the trainer's variables
+reference with ``valueFrom.secretKeyRef`` (Kubernetes "Distribute Credentials Securely Using Secrets").
+Reading them takes ``get`` on secrets, which a Role gives apart from ``get`` on trainjobs. The
+adapter makes the TrainJob the Secret's owner (``metadata.ownerReferences``), so the garbage
+collector deletes the Secret with the TrainJob.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, Mapping
 
@@ -68,24 +74,54 @@ MAX_COMMAND_ITEM = 65536  # Trainer.command items MaxLength
 MAX_IMAGE = 500  # Trainer.image MaxLength
 
 
-def env_list(spec: JobSpec, config_json: str) -> list[dict[str, str]]:
-    """``trainer.env``: ours, then ``spec.env``, then ``spec.secret_env`` (later names win), as
-    ``[{name, value}]``. Raises :class:`InvalidSpec` naming a bad or reserved variable (never a value)."""
-    env: dict[str, str] = {CONFIG_ENV: config_json, "PYTHONUNBUFFERED": "1", "TRAINBOARD_JOB_NAME": spec.job_name}
-    for source, what in ((spec.env, "env"), (spec.secret_env, "job secret")):
-        for key, value in source.items():
-            key = str(key)
-            if key in RESERVED_ENV:
-                raise InvalidSpec(f"{what} {key}: the name is set by Trainboard or Kubeflow Trainer's torch runtime; "
-                                  f"rename the variable.")
-            if not syntax.ENV_NAME.fullmatch(key):
-                raise InvalidSpec(f"{what} {key[:60]!r}: Kubernetes variable names are letters, digits, '_', '-' or "
-                                  f"'.', not starting with a digit.")
-            env[key] = str(value)
+def secret_name(trainjob: str) -> str:
+    """The Secret holding the job secrets of TrainJob ``trainjob``: ``<trainjob>-env`` (a TrainJob's
+    name is an RFC 1035 label of at most 63 characters, so this is a valid Secret name)."""
+    return f"{trainjob}-env"
+
+
+def _checked_env_name(key: Any, what: str) -> str:
+    key = str(key)
+    if key in RESERVED_ENV:
+        raise InvalidSpec(f"{what} {key}: the name is set by Trainboard or Kubeflow Trainer's torch runtime; "
+                          f"rename the variable.")
+    if not syntax.ENV_NAME.fullmatch(key):
+        raise InvalidSpec(f"{what} {key[:60]!r}: Kubernetes variable names are letters, digits, '_', '-' or "
+                          f"'.', not starting with a digit.")
+    return key
+
+
+def env_list(spec: JobSpec, config_json: str, *, trainjob: str) -> list[dict[str, Any]]:
+    """``trainer.env``: ours, then ``spec.env`` as ``{name, value}``, then each of ``spec.secret_env``
+    as a ``secretKeyRef`` into :func:`secret_name` (``trainjob``) — never its value; a job secret
+    replaces a plain variable of the same name. Raises :class:`InvalidSpec` naming a bad or reserved
+    variable (never a value)."""
+    env: dict[str, dict[str, Any]] = {}
+    for key, value in ((CONFIG_ENV, config_json), ("PYTHONUNBUFFERED", "1"), ("TRAINBOARD_JOB_NAME", spec.job_name)):
+        env[key] = {"name": key, "value": value}
+    for key, value in spec.env.items():
+        key = _checked_env_name(key, "env")
+        env[key] = {"name": key, "value": str(value)}
+    for key in spec.secret_env:
+        key = _checked_env_name(key, "job secret")
+        env.pop(key, None)  # re-inserted last, as a reference
+        env[key] = {"name": key, "valueFrom": {"secretKeyRef": {"name": secret_name(trainjob), "key": key}}}
     if len(env) > MAX_ENV:
         raise InvalidSpec(f"env: {len(env)} variables (with Trainboard's and the job secrets); a TrainJob takes at "
                           f"most {MAX_ENV}.")
-    return [{"name": k, "value": v} for k, v in env.items()]
+    return list(env.values())
+
+
+def secret(spec: JobSpec, *, trainjob: str, namespace: str, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The Secret of ``spec``'s job secrets for TrainJob ``trainjob`` (module docstring), values
+    base64-encoded in ``data``, labelled with the Trainboard job's id and name; None when the job has
+    none. Keys are the variable names (checked by :func:`env_list`)."""
+    if not spec.secret_env:
+        return None
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": secret_name(trainjob), "namespace": namespace,
+                         "labels": {k: v for k, v in labels(spec, config).items() if k != QUEUE_LABEL}},
+            "data": {str(k): base64.b64encode(str(v).encode()).decode() for k, v in spec.secret_env.items()}}
 
 
 def resources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -152,7 +188,7 @@ def train_job(spec: JobSpec, *, name: str, namespace: str, config: Mapping[str, 
     trainer: dict[str, Any] = {
         "image": image,
         "command": list(COMMAND),
-        "env": env_list(spec, config_json),
+        "env": env_list(spec, config_json, trainjob=name),
         "numNodes": int(spec.nodes),
         "numProcPerNode": int(spec.procs_per_node),
     }

@@ -142,6 +142,58 @@ def test_the_servers_refusal_is_invalid_spec_with_its_message(standin):
     assert "422" in str(exc.value) and "no-such-runtime" in str(exc.value) and "not found" in str(exc.value)
 
 
+@pytest.mark.slow
+def test_job_secrets_reach_the_ranks_from_a_secret_owned_by_the_trainjob_never_from_its_spec(standin):
+    backend = make(standin)
+    token, rotated = "hf_live_7f3a9c", "hf_live_rotated"
+    job = spec("tb-job-51-ee", nodes=1, secret_env={"HF_TOKEN": token},
+               config={**TRAIN, "train": {**TRAIN["train"], "max_steps": 1}})
+    standin.schedulable = False  # its pod waits until the retried submit below has rotated the value
+    try:
+        handle = backend.submit(job)
+        assert token not in json.dumps(standin.trainjob("default", "tb-job-51-ee"))
+        secret = standin.secrets[("default", "tb-job-51-ee-env")]
+        uid = standin.trainjob("default", "tb-job-51-ee")["metadata"]["uid"]
+        assert secret["metadata"]["ownerReferences"] == [
+            {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "tb-job-51-ee", "uid": uid}]
+        assert secret["metadata"]["labels"] == {"trainboard-job-id": "51", "trainboard-job-name": "tb-job-51-ee"}
+        # A retried submit with a rotated value adopts the TrainJob and refreshes the Secret's data.
+        assert make(standin).submit(spec("tb-job-51-ee", nodes=1, secret_env={"HF_TOKEN": rotated},
+                                         config=job.config)) == handle
+    finally:
+        standin.schedulable = True
+    secret_posts = [r.status for r in standin.requests_for("POST", "/secrets")
+                    if r.body["metadata"]["name"] == "tb-job-51-ee-env"]
+    assert secret_posts == [201, 409]
+    secret = standin.secrets[("default", "tb-job-51-ee-env")]
+    assert secret["data"] == {"HF_TOKEN": "aGZfbGl2ZV9yb3RhdGVk"}  # base64 of the rotated value
+    assert len(secret["metadata"]["ownerReferences"]) == 1
+
+    status = standin.wait_for(lambda: (s := backend.describe(handle)).state.is_terminal and s, timeout=240,
+                              what="the TrainJob to end")
+    assert status.state == JobState.SUCCEEDED
+    pod = standin.pods_of("default", "tb-job-51-ee")[0]
+    assert pod.environ["HF_TOKEN"] == rotated  # resolved from the Secret when its container started
+    # Deleting the TrainJob deletes its Secret (the garbage collector follows the owner reference).
+    backend.cancel(handle)
+    standin.wait_for(lambda: ("default", "tb-job-51-ee-env") not in standin.secrets, timeout=60,
+                     what="the Secret to be collected with its TrainJob")
+
+
+def test_a_refused_trainjob_leaves_no_secret_and_a_foreign_secret_is_not_taken(standin):
+    with pytest.raises(InvalidSpec):
+        make(standin, runtime="no-such-runtime").submit(spec("tb-job-52-ff", secret_env={"API_KEY": "k"}))
+    assert ("default", "tb-job-52-ff-env") not in standin.secrets
+    client.CoreV1Api(standin.client()).create_namespaced_secret("default", {
+        "metadata": {"name": "tb-job-53-gg-env", "labels": {"trainboard-job-name": "someone-else"}},
+        "stringData": {"API_KEY": "theirs"}})
+    with pytest.raises(Exception) as exc:
+        make(standin).submit(spec("tb-job-53-gg", secret_env={"API_KEY": "ours"}))
+    assert "already has a Secret 'tb-job-53-gg-env' that is not this job's" in str(exc.value)
+    assert standin.secrets[("default", "tb-job-53-gg-env")]["data"] == {"API_KEY": "dGhlaXJz"}  # untouched
+    assert standin.trainjob("default", "tb-job-53-gg") is None
+
+
 def test_connection_checks(standin):
     checks = make(standin).test_connection()
     assert [(c.name, c.ok) for c in checks] == [("API server", True), ("namespace", True), ("TrainJob API", True),
@@ -149,7 +201,8 @@ def test_connection_checks(standin):
                                                ("node pool", True)]
     assert checks[0].message.startswith(f"API server {standin.url} answers: Kubernetes v1.33.0")
     assert checks[4].message == ("this identity may create trainjobs, get trainjobs, list trainjobs, delete trainjobs, "
-                                 "list pods, get pods/log in namespace default.")
+                                 "list pods, get pods/log, create secrets, get secrets, patch secrets, "
+                                 "delete secrets in namespace default.")
     reviews = [r.body["spec"]["resourceAttributes"] for r in standin.requests_for("POST", "selfsubjectaccessreviews")]
     assert {"namespace": "default", "verb": "get", "group": "", "resource": "pods", "subresource": "log"} in reviews
     assert checks[5].message.startswith("4 node(s) in the cluster, instance type standin-cpu-4; jobs are priced at "
@@ -167,7 +220,8 @@ def test_connection_checks(standin):
     assert not denied["permissions"].ok
     assert denied["permissions"].message.startswith("permissions: this identity may not create trainjobs, get "
                                                     "trainjobs, list trainjobs, delete trainjobs, list pods, get "
-                                                    "pods/log in namespace default; grant them")
+                                                    "pods/log, create secrets, get secrets, patch secrets, delete "
+                                                    "secrets in namespace default; grant them")
 
 
 def test_a_wrong_token_is_a_credentials_error_and_a_closed_port_is_transient(standin, tmp_path):

@@ -63,10 +63,20 @@ def test_the_whole_body_of_a_gpu_job_with_placement_and_kueue():
     }
     names = [e["name"] for e in env]
     assert names == ["TRAINBOARD_JOB_CONFIG", "PYTHONUNBUFFERED", "TRAINBOARD_JOB_NAME", "LOG_LEVEL", "HF_TOKEN"]
-    values = {e["name"]: e["value"] for e in env}
+    values = {e["name"]: e["value"] for e in env if "value" in e}
     assert set(env[0]) == {"name", "value"}
     assert values["PYTHONUNBUFFERED"] == "1" and values["TRAINBOARD_JOB_NAME"] == "tb-job-7-65a1b2c3"
-    assert values["LOG_LEVEL"] == "debug" and values["HF_TOKEN"] == "s3cr3t"
+    assert values["LOG_LEVEL"] == "debug"
+    # The job secret is a reference into the job's own Secret, never its value.
+    assert env[-1] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tb-job-7-65a1b2c3-env",
+                                                                          "key": "HF_TOKEN"}}}
+    assert "s3cr3t" not in json.dumps(body) + json.dumps(env)
+    assert b.secret(spec()) == {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "tb-job-7-65a1b2c3-env", "namespace": "team-a",
+                     "labels": {"trainboard-job-id": "7", "trainboard-job-name": "tb-job-7-65a1b2c3"}},
+        "data": {"HF_TOKEN": "czNjcjN0"}}  # base64 of s3cr3t
+    assert b.secret(spec(secret_env={})) is None
     job_config = json.loads(values["TRAINBOARD_JOB_CONFIG"])
     assert job_config == {**CONFIG, "output": {"output_dir": "/mnt/out/tb-job-7-65a1b2c3",
                                                "checkpoint_dir": "/mnt/out/tb-job-7-65a1b2c3/checkpoints"}}
