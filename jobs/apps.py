@@ -12,3 +12,5 @@ class JobsConfig(AppConfig):
         from cloud_adapters.redaction import install_log_redaction
 
         install_log_redaction()
+        # A trial's job that ends tells its sweep (jobs.sweeps connects the receiver at import).
+        import jobs.sweeps  # noqa: F401

@@ -72,3 +72,27 @@ def _send(task_name: str, job_id: int, queue: str, then: str) -> None:
         current_app.send_task(task_name, args=[job_id], queue=queue)
     except (OperationalError, OSError) as exc:
         log.warning("job %s: could not send %s (%s); %s", job_id, task_name, exc, then)
+
+
+SWEEP_FILL = "jobs.tasks.sweep_fill"
+"""The registered name of :func:`jobs.tasks.sweep_fill` (start a sweep's free trial slots)."""
+SWEEP_TRIAL_ENDED = "jobs.tasks.sweep_trial_ended"
+"""The registered name of :func:`jobs.tasks.sweep_trial_ended` (tell Optuna how a trial's job ended)."""
+
+
+def sweep_fill_after_commit(sweep_id: int) -> None:
+    """Send ``sweep_fill(sweep_id)`` (default queue) once the current transaction commits."""
+    transaction.on_commit(partial(_send_sweep, SWEEP_FILL, sweep_id))
+
+
+def send_sweep_trial_ended(job_id: int) -> None:
+    """Publish ``sweep_trial_ended(job_id)`` now (the job's end has committed); a broker that is down is
+    logged: the sweep's beat pass tells an ended trial that was never told."""
+    _send_sweep(SWEEP_TRIAL_ENDED, job_id)
+
+
+def _send_sweep(task_name: str, object_id: int) -> None:
+    try:
+        current_app.send_task(task_name, args=[object_id])
+    except (OperationalError, OSError) as exc:
+        log.warning("could not send %s(%s) (%s); the sweep's beat pass catches up", task_name, object_id, exc)

@@ -389,6 +389,12 @@ class TrainingJob(Owned):
         default=dict, blank=True,
         help_text="The last reported value of each global metric, name → value (None where it was not finite), "
                   "kept by the sync as lines arrive: what the job list shows and sorts by.")
+    # Sweeps (docs/sweeps.md): the sweep a trial job belongs to and its Optuna trial number.
+    sweep = models.ForeignKey(
+        "Sweep", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
+        help_text="The sweep whose trial this job runs; null = not a sweep's job.")
+    trial_number = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The Optuna trial number within the sweep (0, 1, ...); unique per sweep.")
 
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
@@ -401,6 +407,10 @@ class TrainingJob(Owned):
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
             models.Index(fields=["state", "backend"], name="job_state_backend"),
+        ]
+        constraints = [
+            # One job per trial: a fill that crashed after asking never gets a second job for the trial.
+            models.UniqueConstraint(fields=["sweep", "trial_number"], name="job_unique_sweep_trial"),
         ]
         verbose_name = "training job"
 
@@ -609,3 +619,92 @@ class JobLogLine(models.Model):
     class Meta:
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="logline_unique_seq")]
+
+
+class Sweep(Owned):
+    """A hyperparameter search: Optuna trials, each run as a normal :class:`TrainingJob` (docs/sweeps.md).
+
+    ``base`` is the job-create payload every trial starts from (the keyword arguments of
+    ``jobs.services.training_job_create`` without the owner, ids for dataset/model/backend), and
+    ``search_space`` maps dotted config keys (``train.lr``, ``model.params.hidden``) to their
+    distributions. The study lives in Optuna's RDB storage in this database, named
+    :attr:`study_name`; the trial's job carries ``sweep`` and ``trial_number``.
+    """
+
+    class State(models.TextChoices):
+        RUNNING = "RUNNING", "Running"
+        SUCCEEDED = "SUCCEEDED", "Succeeded"
+        CANCELLED = "CANCELLED", "Cancelled"
+        FAILED = "FAILED", "Failed"
+        BUDGET_REACHED = "BUDGET_REACHED", "Budget reached"
+
+    class Sampler(models.TextChoices):
+        GRID = "grid", "Grid (every combination once)"
+        RANDOM = "random", "Random"
+        TPE = "tpe", "TPE (Bayesian)"
+
+    class Direction(models.TextChoices):
+        MAXIMIZE = "maximize", "Maximize"
+        MINIMIZE = "minimize", "Minimize"
+
+    class Objective(models.TextChoices):
+        FINAL = "final", "Final value"
+        BEST = "best", "Best value reported"
+
+    class Pruner(models.TextChoices):
+        NONE = "none", "No pruning"
+        MEDIAN = "median", "Median pruner"
+        SUCCESSIVE_HALVING = "successive_halving", "Successive halving"
+
+    name = models.CharField(max_length=200)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="sweeps")
+    model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="sweeps")
+    backend = models.ForeignKey(ComputeBackend, on_delete=models.PROTECT, related_name="sweeps")
+    base = models.JSONField(help_text="The job-create payload each trial starts from (validated at creation).")
+    search_space = models.JSONField(
+        help_text='Dotted config key → distribution, e.g. {"train.lr": {"type": "float", "low": 1e-4, '
+                  '"high": 0.1, "log": true}}.')
+    sampler = models.CharField(max_length=10, choices=Sampler.choices, default=Sampler.TPE)
+    seed = models.PositiveIntegerField(default=0, help_text="The sampler's seed: the same seed asks the same trials.")
+    objective_metric = models.CharField(max_length=100, default="val_accuracy")
+    direction = models.CharField(max_length=10, choices=Direction.choices, default=Direction.MAXIMIZE)
+    objective = models.CharField(
+        max_length=10, choices=Objective.choices, default=Objective.FINAL,
+        help_text="Which value of the metric a trial is scored by: its last, or its best over the run.")
+    max_trials = models.PositiveIntegerField(default=10)
+    max_concurrent_trials = models.PositiveIntegerField(default=2)
+    budget_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="USD for the whole sweep: no trial starts whose estimate would take spend past it.")
+    pruner = models.CharField(max_length=20, choices=Pruner.choices, default=Pruner.NONE)
+    pruner_startup_trials = models.PositiveIntegerField(
+        default=1, help_text="Median pruner: completed trials before any trial is pruned.")
+    pruner_warmup_epochs = models.PositiveIntegerField(
+        default=0, help_text="Epochs a trial reports before it may be pruned (successive halving: its min resource).")
+    trial_estimate_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, default=Decimal("0"),
+        help_text="One trial's estimated cost (max runtime × nodes × price), taken at creation.")
+    state = models.CharField(max_length=20, choices=State.choices, default=State.RUNNING, db_index=True)
+    message = models.TextField(blank=True, help_text="Why the sweep ended, or the latest problem.")
+    trial_errors = models.JSONField(
+        default=list, blank=True,
+        help_text='Trials whose job could not be created or ran no objective: [{"trial": n, "message": "..."}].')
+    ended_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    TERMINAL = (State.SUCCEEDED, State.CANCELLED, State.FAILED, State.BUDGET_REACHED)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"sweep-{self.pk}"
+
+    @property
+    def study_name(self) -> str:
+        """The Optuna study's name: ``trainboard-sweep-<id>``."""
+        return f"trainboard-sweep-{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in self.TERMINAL

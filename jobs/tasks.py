@@ -28,7 +28,7 @@ from celery import shared_task
 from django.conf import settings
 
 from cloud_adapters.base import BackendError
-from jobs import dispatch, lifecycle, orphans, recovery, selectors, sync
+from jobs import dispatch, lifecycle, orphans, recovery, selectors, sweeps, sync
 from jobs.adapters import backend_queue
 from jobs.models import ComputeBackend, TrainingJob
 
@@ -161,3 +161,29 @@ def reconcile_orphans(backend_id: int | None = None) -> dict | int:
     except (BackendError, NotImplementedError) as exc:
         log.warning("backend %s: orphan reconcile skipped: %s", backend_id, exc)
         return {"error": str(exc)}
+
+
+OPTIONS["sweep_fill"] = dict(name=dispatch.SWEEP_FILL, acks_late=True, soft_time_limit=120, time_limit=150)
+OPTIONS["sweep_trial_ended"] = dict(name=dispatch.SWEEP_TRIAL_ENDED, acks_late=True, soft_time_limit=120,
+                                    time_limit=150)
+OPTIONS["sweep_tick"] = dict(name="jobs.tasks.sweep_tick", acks_late=False, soft_time_limit=120, time_limit=150)
+
+
+@shared_task(**OPTIONS["sweep_fill"])
+def sweep_fill(sweep_id: int) -> list[int]:
+    """Start trials in sweep ``sweep_id``'s free slots (:func:`jobs.sweeps.sweep_fill`); idempotent
+    (the sweep row's lock and the unique trial number), so ``acks_late`` is safe."""
+    return sweeps.sweep_fill(sweep_id=sweep_id)
+
+
+@shared_task(**OPTIONS["sweep_trial_ended"])
+def sweep_trial_ended(job_id: int) -> str | None:
+    """Tell Optuna how trial job ``job_id`` ended, then fill (:func:`jobs.sweeps.sweep_trial_ended`);
+    a second delivery finds the trial told and only fills."""
+    return sweeps.sweep_trial_ended(job_id=job_id)
+
+
+@shared_task(**OPTIONS["sweep_tick"])
+def sweep_tick() -> dict[str, int]:
+    """Beat: prune, repair and fill every running sweep (:func:`jobs.sweeps.sweep_tick`)."""
+    return sweeps.sweep_tick()

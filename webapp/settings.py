@@ -287,6 +287,9 @@ CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "jobs.tasks.recovery_sweep", "schedule": TRAINBOARD_RECOVERY_INTERVAL_S},
     "reconcile-orphans": {"task": "jobs.tasks.reconcile_orphans",
                           "schedule": _positive_seconds("TRAINBOARD_ORPHAN_INTERVAL_S", 300.0)},
+    # Sweeps (jobs.sweeps): report intermediate values and prune, repair stale trials, fill free slots.
+    "sweep-tick": {"task": "jobs.tasks.sweep_tick",
+                   "schedule": _positive_seconds("TRAINBOARD_SWEEP_INTERVAL_S", TRAINBOARD_SYNC_INTERVAL_S)},
 }
 
 # --- Trainboard ------------------------------------------------------------------------------
