@@ -396,6 +396,25 @@ class TrainingJob(Owned):
     trial_number = models.PositiveIntegerField(
         null=True, blank=True, help_text="The Optuna trial number within the sweep (0, 1, ...); unique per sweep.")
 
+    # Lineage (issue 16, docs/clone-continue.md): the job this one was made from ("New job like this",
+    # Continue, Fine-tune), and for the last two the job whose checkpoint or weights it starts from.
+    cloned_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones",
+        help_text="The job this one was made from (its settings prefilled the form).")
+    source_job = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_jobs",
+        help_text="The job whose last checkpoint (continue) or trained weights (fine-tune) this job starts from.")
+
+    class InitMode(models.TextChoices):
+        NONE = "", "from scratch"
+        CONTINUE = "continue", "continue"
+        FINETUNE = "finetune", "fine-tune"
+
+    init_mode = models.CharField(max_length=10, blank=True, default="", choices=InitMode.choices)
+    source_checkpoint_epoch = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Continue: the epochs the source's checkpoint had completed when this job was created.")
+
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
     logs_read_at = models.DateTimeField(

@@ -34,6 +34,7 @@ DataFormat = Literal["builtin", "imagefolder", "csv", "npz", "tokens", "webdatas
 BuiltinDataset = Literal["digits"]
 Architecture = Literal["mlp", "cnn", "resnet", "gpt", "custom"]
 Optimizer = Literal["sgd", "adamw"]
+InitMode = Literal["", "continue", "finetune"]
 DistBackend = Literal["auto", "gloo", "nccl"]
 OnNonfiniteLoss = Literal["stop", "warn"]
 CheckpointFormat = Literal["full", "sharded"]
@@ -205,6 +206,17 @@ class TrainConfig:
     data): ``stop`` ends the run as failed with "loss became NaN at step N" (no checkpoint is written
     over the last good one); ``warn`` logs that once and trains on. The ranks agree on it with the
     SIGTERM check (``stop_check_s``), so a run stops within about two such intervals of the step."""
+    init_from: str = ""
+    """Start from another run's results: a local path or an ``s3://``/``gs://``/``az://`` URI of a full
+    checkpoint file (``last.pt``, for ``init_mode`` continue) or of a ``model.pt`` (a bare state dict,
+    for finetune); "" = start from scratch. Read once at start, only when this run has no checkpoint of
+    its own: a restarted run resumes its own progress. A local path is never followed through a
+    symbolic link. Set by the dashboard from the source job (docs/clone-continue.md)."""
+    init_mode: InitMode = ""
+    """With ``init_from``: ``continue`` resumes the source's checkpoint as if it were this run's own
+    (model, optimizer, lr schedule, epoch and step, RNG) and trains on to ``epochs``; ``finetune``
+    loads the source's weights into the same architecture and starts at epoch 0, step 0 with a new
+    optimizer."""
 
 
 @dataclasses.dataclass
@@ -317,6 +329,9 @@ class JobConfig:
         need(d.prefetch_factor >= 1, "data.prefetch_factor", f"must be at least 1, got {d.prefetch_factor}")
         need(t.max_steps >= 0, "train.max_steps", f"must be 0 (all epochs) or more, got {t.max_steps}")
         need(t.warmup_steps >= 0, "train.warmup_steps", f"must be 0 or more, got {t.warmup_steps}")
+        need(bool(t.init_from) == bool(t.init_mode), "train.init_mode" if t.init_from else "train.init_from",
+             "train.init_from and train.init_mode go together: a checkpoint or model.pt to start from, and "
+             "continue or finetune")
         for dotted, most in MAXIMA.items():  # past these a run overflows a library call, or means nothing
             section, name = dotted.split(".")
             value = getattr(getattr(self, section), name)

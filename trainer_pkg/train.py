@@ -111,6 +111,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import io
 import json
 import math
 import os
@@ -126,7 +127,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer_pkg import sharded_checkpoint, world_shape
+from trainer_pkg import objstore, sharded_checkpoint, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
 from trainer_pkg.datasets import Dataset, Samples, TokenData, WebDataset, describe, load_dataset, token_data
 from trainer_pkg.memory import SavedActivations, gather_rank_memory, rank_memory
@@ -869,6 +870,64 @@ def load_checkpoint(path: str, device: torch.device | str = "cpu") -> dict[str, 
     return ckpt
 
 
+def _read_init_file(source: str) -> io.BytesIO:
+    """The bytes of ``train.init_from``: an object-store URI read through :mod:`trainer_pkg.objstore`
+    (the platform's credentials), or a local file opened without following a symbolic link (a file
+    another job made is never a door to elsewhere on the host)."""
+    if objstore.is_remote(source):
+        try:
+            return io.BytesIO(objstore.read(source))
+        except ConfigError as exc:
+            raise TrainerError(f"train.init_from {source} cannot be read: {exc}") from None
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise TrainerError(f"train.init_from {source} cannot be read ({exc.strerror or exc}); it must be a "
+                           f"regular file, not a symbolic link") from None
+    with os.fdopen(fd, "rb") as f:
+        return io.BytesIO(f.read())
+
+
+def load_init(t: TrainConfig, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """What ``train.init_from`` holds for ``train.init_mode``: for ``continue`` a checkpoint dict as
+    :func:`load_checkpoint` returns it (model, optimizer, scheduler, epoch, step, RNG); for
+    ``finetune`` ``{"model": bare state dict}`` from a ``model.pt`` (or the model of a checkpoint).
+    Tensors are mapped onto ``device``. Raises :class:`TrainerError` naming the file for one that
+    cannot be read or holds the wrong thing (a model.pt given to continue)."""
+    data = _read_init_file(t.init_from)
+    try:
+        loaded = torch.load(data, map_location=device, weights_only=True)
+    except Exception as exc:  # a truncated or foreign file
+        raise TrainerError(f"train.init_from {t.init_from} cannot be read ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    is_checkpoint = isinstance(loaded, dict) and "model" in loaded and "step" in loaded
+    if t.init_mode == "continue":
+        if not is_checkpoint:
+            raise TrainerError(f"train.init_from {t.init_from} is not a Trainboard checkpoint (last.pt); continue "
+                               f"needs one (a model.pt holds weights only: use finetune)")
+        loaded["model"] = strip_module_prefix(loaded["model"])
+        return loaded
+    weights = loaded["model"] if is_checkpoint else loaded
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise TrainerError(f"train.init_from {t.init_from} holds no model state dict")
+    return {"model": strip_module_prefix(weights)}
+
+
+def maybe_init_weights(model: torch.nn.Module, init: dict[str, Any] | None, source: str) -> None:
+    """Fine-tuning: the source's weights loaded into ``model`` (before any wrapper). Raises
+    :class:`TrainerError` when they do not fit this architecture (another head, other layers), with
+    torch's first line naming the mismatch."""
+    if init is None:
+        return
+    try:
+        model.load_state_dict(init["model"])
+    except RuntimeError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = "; ".join(lines[1:3]) or lines[0]
+        raise TrainerError(f"train.init_from {source}: its weights do not fit this model ({detail}); fine-tune "
+                           f"needs the same architecture, input shape and number of classes") from None
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -941,6 +1000,14 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             ckpt = load_sharded_checkpoint_meta(ckpt_path)
         else:
             ckpt = load_checkpoint(ckpt_path, device) if os.path.exists(ckpt_path) else None
+        # Another job's results, only for a run without progress of its own (a restart resumes its own).
+        init = load_init(t, device) if ckpt is None and t.init_from else None
+        if init is not None and t.init_mode == "continue":
+            ckpt = init
+            _log(topo, f"continuing from {t.init_from}")
+        elif init is not None:
+            maybe_init_weights(model, init, t.init_from)
+            _log(topo, f"fine-tuning from the weights in {t.init_from}")
         if topo.is_main:
             _remove_leftovers(topo, ckpt_path, model_path)
 
@@ -950,10 +1017,11 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         optimizer = _make_optimizer(strategy.parameters(), t)
         shard = make_shard(data, strategy, cfg)
         total_steps = planned_steps(t, shard.batches)
-        scheduler = maybe_resume(ckpt, ckpt_path, strategy, optimizer, t, total_steps)
+        ckpt_label = t.init_from if init is not None and ckpt is init else ckpt_path  # what errors and logs name
+        scheduler = maybe_resume(ckpt, ckpt_label, strategy, optimizer, t, total_steps)
         if strategy.casts_parameters:  # FSDP2's mixed precision policy computes in bf16 itself
             autocast = contextlib.nullcontext()
-    start_epoch, start_batch, step = _resume_position(ckpt, ckpt_path, topo, t.seed)
+    start_epoch, start_batch, step = _resume_position(ckpt, ckpt_label, topo, t.seed)
     shown = f"custom {cfg.model.entry_point}" if cfg.model.arch == CUSTOM else cfg.model.arch
     _log(topo, f"data {describe(data)}; model {shown} ({n_params:,} parameters); "
                f"{_describe_strategy(strategy, t, cfg.parallel)}")

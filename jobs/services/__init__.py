@@ -4,7 +4,9 @@ side (:mod:`jobs.lifecycle`, :mod:`jobs.sync`) and the leaf modules they share (
 
 One module per sub-domain: :mod:`~jobs.services.resources` (datasets, model specs, backends, their
 connection test and instance offers), :mod:`~jobs.services.prices` (the instance price catalog),
-:mod:`~jobs.services.training_jobs` (create, estimate, re-run, cancel). This package re-exports
+:mod:`~jobs.services.training_jobs` (create, estimate, re-run, cancel),
+:mod:`~jobs.services.clones` (clone with edits, continue, fine-tune) and :mod:`~jobs.services.lineage`
+(where a continued or fine-tuned job starts from). This package re-exports
 their public functions, so callers write ``services.training_job_create(...)``.
 
 Every function is keyword-only. Input errors raise :class:`django.core.exceptions.ValidationError`
@@ -25,6 +27,7 @@ from jobs.services.resources import (
     model_spec_create,
     model_spec_update,
 )
+from jobs.services.clones import training_job_clone, training_job_clone_data
 from jobs.services.training_jobs import (
     training_job_cancel,
     training_job_create,
@@ -45,6 +48,8 @@ __all__ = [
     "model_spec_create",
     "model_spec_update",
     "training_job_cancel",
+    "training_job_clone",
+    "training_job_clone_data",
     "training_job_create",
     "training_job_estimate",
     "training_job_rerun",

@@ -25,6 +25,7 @@ from cloud_adapters import registry
 from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, scheme_label, uri_scheme, with_article
 from jobs import cost as costs
 from jobs import admission, dispatch, validation
+from jobs.services import lineage
 from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name
 from jobs.budgets import check_monthly_budgets
 from jobs.fingerprints import dataset_fingerprint
@@ -83,6 +84,23 @@ def _without_backend_paths(errors: Errors, overrides: dict[str, Any]) -> dict[st
                f"outputs go to its run directory (GPU box) or the backend's output location (SageMaker, Vertex, "
                f"Azure ML); remove {'it' if len(given) == 1 else 'them'}.")
     return {**overrides, "output": {k: v for k, v in output.items() if k not in _BACKEND_PATHS}}
+
+
+INIT_FIELDS = ("init_from", "init_mode")
+"""``train`` fields only Trainboard sets, from a source job the user may see (continue, fine-tune)."""
+
+
+def _without_init_fields(errors: Errors, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` without ``train.init_from``/``train.init_mode``, with an error on
+    ``hyperparameters`` when the user set either: a path typed here could name any file on a host;
+    the job's starting point comes from a source job (Continue, Fine-tune) instead."""
+    train = overrides.get("train")
+    if not isinstance(train, Mapping) or not any(key in train for key in INIT_FIELDS):
+        return overrides
+    errors.add("hyperparameters", "Hyperparameters: train.init_from and train.init_mode are set by Trainboard from "
+                                  "a source job; remove them, and use Continue or Fine-tune on that job's page "
+                                  "(or init_mode in the API's clone).")
+    return {**overrides, "train": {k: v for k, v in train.items() if k not in INIT_FIELDS}}
 
 
 def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -314,7 +332,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
                rerun_of: TrainingJob | None, team=None, on_demand_price: Decimal | None = None,
                code: CodeArchive | None = None, image: str = "", env: Mapping[str, str] | None = None,
                fingerprint: dict[str, Any] | None = None, memory_plan: dict[str, Any] | None = None,
-               priority: int = 0) -> TrainingJob:
+               priority: int = 0, lineage_fields: Mapping[str, Any] | None = None) -> TrainingJob:
     """Create the QUEUED row, its event and (on commit) its submit message, in one transaction that
     first checks the owner's and the team's monthly budgets under row locks (jobs.budgets); a
     refusal (ValidationError with the figures) writes nothing."""
@@ -334,10 +352,12 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
             estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
             state_entered_at=timezone.now(), code=code, image=image, env=dict(env or {}),
             dataset_fingerprint=fingerprint, memory_plan=memory_plan, priority=priority,
+            **dict(lineage_fields or {}),
         )
         job.provider_job_name = provider_job_name(job)
         job.save(update_fields=["provider_job_name"])
-        message = f"Re-run of job {rerun_of.pk}" if rerun_of else "Created"
+        made_from = lineage.lineage_text(job)
+        message = f"Re-run of job {rerun_of.pk}" if rerun_of else (f"Created, {made_from}" if made_from else "Created")
         JobEvent.objects.create(job=job, from_state="", to_state=S.QUEUED, message=message)
         dispatch.submit_after_commit(job.pk, backend_queue(backend))
     return job
@@ -353,7 +373,8 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                         image: str | None = None, activation_checkpointing: bool | None = None,
                         cpu_offload: bool | None = None, checkpoint_format: str | None = None,
                         max_steps: int | None = None, seq_len: int | None = None,
-                        priority: int = 0) -> TrainingJob:
+                        priority: int = 0, cloned_from: TrainingJob | None = None,
+                        source_job: TrainingJob | None = None, init_mode: str = "") -> TrainingJob:
     """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
 
     ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
@@ -382,9 +403,18 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     ``priority``: a whole number from -100 to 100 (``validation.PRIORITY_RANGE``); where the backend
     queues jobs itself (a GPU box whose GPUs are taken: :mod:`jobs.admission`) higher starts first,
     equal priorities in submission order.
+    ``cloned_from``: the job whose settings this one was made from (recorded, shown as lineage).
+    ``init_mode`` continue | finetune with ``source_job``: start from that job's last checkpoint or
+    trained weights (:func:`jobs.services.lineage.job_init` checks what the trainer would refuse and
+    sets ``train.init_from``); both jobs must be ones ``owner`` sees (own or a team's).
     Raises ValidationError keyed by these argument names (every error at once); writes nothing then.
     """
     errors = Errors()
+    if cloned_from is not None:
+        cloned_from = validation.owned(errors, "cloned_from", TrainingJob, cloned_from, owner, "job")
+    if source_job is not None:
+        source_job = validation.owned(errors, "source_job", TrainingJob, source_job, owner, "job")
+    init_mode = init_mode or ""
     dataset = validation.owned(errors, "dataset", Dataset, dataset, owner, "dataset")
     model_spec = validation.owned(errors, "model_spec", ModelSpec, model_spec, owner, "model")
     backend = validation.owned(errors, "backend", ComputeBackend, backend, owner, "backend")
@@ -406,6 +436,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                                       "(its hash, script and arguments); remove it, and change the model instead.")
         overrides = {k: v for k, v in overrides.items() if k != "code"}
     overrides = _without_backend_paths(errors, overrides)
+    overrides = _without_init_fields(errors, overrides)
     env = validation.env_vars(errors, "env", env)
     image = _job_image(errors, image, model_spec)
     instance_type = (instance_type or "").strip()
@@ -422,17 +453,12 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
 
     # The trainer config: data from the Dataset, model from the ModelSpec, shape and training from
     # the arguments, then the user's overrides; the trainer's own schema validates the result.
-    base = {
-        "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
-                 "label_column": dataset.label_column or "label"},
-        **_model_sections(model_spec, archive),
-        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
-                     **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
-        "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
-    }
-    base = _deep_merge(base, _large_model_sections(dict(
+    base = job_base_config(
+        dataset=dataset, model_spec=model_spec, archive=archive, strategy=strategy, nodes=nodes,
+        procs_per_node=procs_per_node, pipeline_stages=pipeline_stages, microbatches=microbatches,
+        pipeline_schedule=pipeline_schedule, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
         activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload,
-        checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)))
+        checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
     config = None
@@ -458,6 +484,11 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     adapter = _adapter_or_error(errors, backend)
     if adapter is None:
         errors.raise_if_any()
+    lineage_fields: dict[str, Any] = {"cloned_from": cloned_from}
+    if init_mode or source_job is not None:  # train.init_from set on the config before it is frozen
+        epochs_done = lineage.job_init(errors, source=source_job, mode=init_mode, config=config, backend=backend,
+                                       adapter=adapter, dataset=dataset)
+        lineage_fields.update(source_job=source_job, init_mode=init_mode, source_checkpoint_epoch=epochs_done)
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
                    instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
                    dataset_uri=config.data.uri, env=env, code=code_bundle(archive), image=image,
@@ -476,7 +507,31 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
                       hourly_price=price, name=name, rerun_of=rerun_of, team=team,
                       on_demand_price=_on_demand_price(adapter, instance_type, spot, price), priority=priority,
-                      code=archive, image=image, env=env, fingerprint=_fingerprint(config))
+                      code=archive, image=image, env=env, fingerprint=_fingerprint(config),
+                      lineage_fields=lineage_fields)
+
+
+def job_base_config(*, dataset: Dataset, model_spec: ModelSpec, archive: CodeArchive | None, strategy: str,
+                    nodes: int, procs_per_node: int, pipeline_stages: int | None, microbatches: int | None,
+                    pipeline_schedule: str | None, epochs: int, batch_size: int, lr: float, seed: int,
+                    activation_checkpointing: bool | None = None, cpu_offload: bool | None = None,
+                    checkpoint_format: str | None = None, max_steps: int | None = None,
+                    seq_len: int | None = None) -> dict[str, Any]:
+    """The trainer config (a partial JobConfig dict, before the hyperparameters' overrides) that
+    :func:`training_job_create` builds from its arguments: data from the Dataset, model (and code)
+    from the ModelSpec, shape and training from the arguments, the large-model settings given.
+    :func:`jobs.services.clones.training_job_clone_data` diffs a job's config against it."""
+    base = {
+        "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
+                 "label_column": dataset.label_column or "label"},
+        **_model_sections(model_spec, archive),
+        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
+                     **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
+        "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
+    }
+    return _deep_merge(base, _large_model_sections(dict(
+        activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload,
+        checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)))
 
 
 def _model_sections(model_spec: ModelSpec, archive: CodeArchive | None) -> dict[str, Any]:

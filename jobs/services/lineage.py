@@ -1,0 +1,208 @@
+"""Continue and fine-tune: where a new job's starting point comes from, and whether the trainer can
+start from it (docs/clone-continue.md).
+
+A job created with ``init_mode`` continue starts from its source job's last checkpoint
+(``checkpoints/last.pt``: model, optimizer, lr schedule, epoch, step, RNG) and trains on to its own
+``epochs``; with ``finetune`` from the source's trained weights (``model.pt``, or the model of its
+last checkpoint when it ended before saving one) in the same architecture, at epoch 0 with a new
+optimizer. The trainer reads the file named by ``train.init_from`` (trainer_pkg/train.py
+``load_init``) only while the job has no checkpoint of its own.
+
+The file is found through the source backend's artifacts (``Backend.artifacts`` /
+``Backend.artifact_uri``) and passed in place: a local path only to a job on the same backend row
+(the same GPU box or cluster), an ``s3://``/``gs://``/``az://`` URI to any backend that reads that
+scheme (``Backend.dataset_schemes``). Anything else is refused with the backend to choose; no copy
+is made between backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cloud_adapters import registry
+from cloud_adapters.base import BackendError, JobHandle, uri_scheme, with_article
+from jobs.adapters import backend_adapter
+from jobs.models import ComputeBackend, MetricPoint, TrainingJob
+from jobs.validation import ALL, Errors
+from trainer_pkg.config import JobConfig
+from trainer_pkg.objstore import is_remote
+
+CHECKPOINT_ARTIFACT = "checkpoints/last.pt"
+MODEL_ARTIFACT = "model.pt"
+INIT_MODES = ("continue", "finetune")
+
+# What a continued job takes from its checkpoint as it is: the optimizer's state holds its settings
+# (torch's load_state_dict restores each parameter group's lr, momentum and weight decay), so a
+# changed value would be silently overwritten by the source's. Refused instead, naming the field.
+_CONTINUE_KEEPS = (("train.optimizer", "Optimizer"), ("train.lr", "Learning rate"),
+                   ("train.momentum", "Momentum"), ("train.weight_decay", "Weight decay"),
+                   ("train.lr_schedule", "Learning-rate schedule"), ("train.warmup_steps", "Warmup steps"))
+_FIELD_OF = {"train.lr": "lr", "train.epochs": "epochs"}
+
+
+def _get(config: dict[str, Any], dotted: str) -> Any:
+    section, name = dotted.split(".")
+    return (config.get(section) or {}).get(name)
+
+
+def checkpoint_epoch(job: TrainingJob) -> int:
+    """Epochs ``job``'s last checkpoint holds: one past the last epoch it validated (its ``val_loss``
+    points; the checkpoint follows each validation), 0 when it validated none."""
+    last = (MetricPoint.objects.filter(job=job, name="val_loss", rank__isnull=True, epoch__isnull=False)
+            .order_by("-epoch").values_list("epoch", flat=True).first())
+    return 0 if last is None else int(last) + 1
+
+
+def lineage_text(job: TrainingJob) -> str:
+    """How ``job`` came to be, for its page and the API: ``continued from #12 (checkpoint epoch 3)``,
+    ``fine-tuned from #12``, ``cloned from #12``; "" for a job made from scratch."""
+    if job.init_mode == TrainingJob.InitMode.CONTINUE and job.source_job_id:
+        epoch = "" if job.source_checkpoint_epoch is None else f" (checkpoint epoch {job.source_checkpoint_epoch})"
+        return f"continued from #{job.source_job_id}{epoch}"
+    if job.init_mode == TrainingJob.InitMode.FINETUNE and job.source_job_id:
+        return f"fine-tuned from #{job.source_job_id}"
+    if job.cloned_from_id:
+        return f"cloned from #{job.cloned_from_id}"
+    return ""
+
+
+def _kind_label(backend: ComputeBackend) -> str:
+    return registry.KINDS[backend.kind].label if backend.kind in registry.KINDS else backend.kind
+
+
+def _artifact(errors: Errors, source: TrainingJob, mode: str) -> tuple[str, str]:
+    """(artifact name, path or URI where it lies) of what ``mode`` starts from; ("", "") with an
+    error when the source has none or its backend cannot say."""
+    if not source.provider_handle:
+        errors.add(ALL, f"Job #{source.pk} never ran on its backend: there is no checkpoint or model to start from.")
+        return "", ""
+    try:
+        adapter = backend_adapter(source.backend)
+        handle = JobHandle.from_dict(source.provider_handle)
+        names = {a.name for a in adapter.artifacts(handle)}
+    except (BackendError, LookupError, ValueError, TypeError) as exc:
+        errors.add(ALL, f"The files of job #{source.pk} on backend {source.backend.name} cannot be listed: {exc}")
+        return "", ""
+    wanted = [CHECKPOINT_ARTIFACT] if mode == "continue" else [MODEL_ARTIFACT, CHECKPOINT_ARTIFACT]
+    name = next((n for n in wanted if n in names), "")
+    if not name:
+        what = ("checkpoint (checkpoints/last.pt)" if mode == "continue"
+                else "trained weights (model.pt) and no checkpoint")
+        errors.add(ALL, f"Job #{source.pk} left no {what}: it ended before its first epoch did, or its backend "
+                        f"no longer keeps its files. Start it from scratch instead.")
+        return "", ""
+    try:
+        return name, adapter.artifact_uri(handle, name)
+    except (BackendError, ValueError) as exc:
+        errors.add(ALL, f"Job #{source.pk}'s {name} on backend {source.backend.name} cannot be located: {exc}")
+        return "", ""
+
+
+def _readable_where(errors: Errors, source: TrainingJob, name: str, uri: str, backend: ComputeBackend,
+                    adapter: Any) -> bool:
+    """Whether a job on ``backend`` can read the source's file at ``uri`` in place; else an error on
+    ``backend`` naming what it would need."""
+    if uri and backend.pk == source.backend_id:
+        return True
+    if uri and is_remote(uri) and uri_scheme(uri) in adapter.dataset_schemes:
+        return True
+    where = f"at {uri}" if uri else "where only that backend reads it"
+    errors.add("backend", f"Job #{source.pk}'s {name} lies on backend {source.backend.name} "
+                          f"({_kind_label(source.backend)}) {where}; {with_article(_kind_label(backend))} backend "
+                          f"({backend.name}) cannot read it there, and Trainboard does not copy checkpoints "
+                          f"between backends. Choose backend {source.backend.name}.")
+    return False
+
+
+def _check_continue(errors: Errors, source: TrainingJob, config: JobConfig, epochs_done: int) -> None:
+    """The trainer's resume rules for a continued job (trainer_pkg/train.py ``maybe_resume``): the
+    same model (architecture, parameters, user code), the optimizer as the checkpoint holds it, a
+    full checkpoint, a world size the checkpoint loads on, and more epochs than it has done."""
+    src, new = source.config or {}, config.to_dict()
+    if (src.get("model") or {}) != new["model"] or (src.get("code") or {}).get("sha256", "") != new["code"]["sha256"]:
+        errors.add("model_spec", f"Continue keeps the model: job #{source.pk} trained "
+                                 f"{_describe_model(src.get('model') or {})}, this job would train "
+                                 f"{_describe_model(new['model'])}. Keep job #{source.pk}'s model, or choose "
+                                 f"Fine-tune (weights only) or a new job.")
+    for dotted, label in _CONTINUE_KEEPS:
+        if _get(src, dotted) is not None and _get(src, dotted) != _get(new, dotted):
+            errors.add(_FIELD_OF.get(dotted, "hyperparameters"),
+                       f"{label}: continue resumes job #{source.pk}'s optimizer state, which holds "
+                       f"{dotted} = {_get(src, dotted)!r}; this job asks for {_get(new, dotted)!r}. Keep "
+                       f"{_get(src, dotted)!r}, or choose Fine-tune to start a new optimizer.")
+    if _get(src, "output.checkpoint_format") == "sharded":
+        errors.add(ALL, f"Job #{source.pk} wrote a sharded checkpoint (a directory every rank reads); continue "
+                        f"starts from a full checkpoint (last.pt) only. Choose Fine-tune, or re-run job "
+                        f"#{source.pk} with checkpoint format full.")
+    src_parallel, new_parallel = src.get("parallel") or {}, new["parallel"]
+    if "pipeline" in (src_parallel.get("strategy"), new_parallel["strategy"]):
+        keys = ("strategy", "nodes", "procs_per_node", "pipeline_stages")
+        if any(src_parallel.get(k) != new_parallel[k] for k in keys):
+            shown = ", ".join(f"{k} {src_parallel.get(k)}" for k in keys)
+            errors.add("strategy", f"A pipeline checkpoint holds each stage's layers as job #{source.pk} split "
+                                   f"them: continue it with the same shape ({shown}).")
+    if config.train.max_steps == 0 and config.train.epochs <= epochs_done:
+        errors.add("epochs", f"Epochs: job #{source.pk}'s checkpoint has {epochs_done} epoch"
+                             f"{'' if epochs_done == 1 else 's'} done; set more than {epochs_done} to continue it.")
+
+
+def _describe_model(model: dict[str, Any]) -> str:
+    arch = model.get("arch") or "?"
+    if arch == "custom":
+        arch = f"custom {model.get('entry_point') or ''}".strip()
+    params = model.get("params") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    return f"{arch} ({shown})" if shown else arch
+
+
+def _check_finetune(errors: Errors, source: TrainingJob, config: JobConfig, dataset: Any) -> None:
+    """Fine-tuning loads the source's whole state dict, head included: the same architecture and
+    parameters, and (where both datasets' shapes were read) the same sample shape and classes."""
+    src, new = source.config or {}, config.to_dict()
+    src_model = src.get("model") or {}
+    if (src_model.get("arch"), src_model.get("params"), src_model.get("entry_point")) != (
+            new["model"]["arch"], new["model"]["params"], new["model"]["entry_point"]):
+        errors.add("model_spec", f"Fine-tune loads job #{source.pk}'s weights into the same architecture: it trained "
+                                 f"{_describe_model(src_model)}, this job would train "
+                                 f"{_describe_model(new['model'])}. Keep job #{source.pk}'s model.")
+    before = source.dataset
+    if dataset is None or before is None:
+        return
+    for attr, what in (("sample_shape", "sample shape"), ("num_classes", "number of classes")):
+        old, now = getattr(before, attr), getattr(dataset, attr)
+        if old is not None and now is not None and list(old if isinstance(old, list) else [old]) != list(
+                now if isinstance(now, list) else [now]):
+            errors.add("dataset", f"Fine-tune keeps job #{source.pk}'s model, head included: its dataset "
+                                  f"{before.name} has {what} {old}, dataset {dataset.name} has {now}. Choose a "
+                                  f"dataset with the same {what}.")
+
+
+def _count(errors: Errors) -> int:
+    return sum(len(messages) for messages in errors.values())
+
+
+def job_init(errors: Errors, *, source: TrainingJob | None, mode: str, config: JobConfig, backend: ComputeBackend,
+             adapter: Any, dataset: Any) -> int | None:
+    """Check that a job of ``config`` on ``backend`` can start from ``source`` in ``mode``
+    (continue | finetune) and set ``config.train.init_from`` / ``init_mode`` to the source's file.
+    Returns the epochs the checkpoint holds (continue; None for finetune). Errors are added to
+    ``errors`` keyed by the form/API fields (model_spec, epochs, lr, strategy, dataset, backend,
+    hyperparameters, __all__); nothing is set then."""
+    if mode not in INIT_MODES:
+        errors.add("init_mode", f"Init mode must be continue or finetune (or blank), not {str(mode)[:40]!r}.")
+        return None
+    if source is None:
+        errors.add("init_mode", "Continue and fine-tune start from another job: choose the job.")
+        return None
+    epochs_done = checkpoint_epoch(source) if mode == "continue" else None
+    found = _count(errors)
+    if mode == "continue":
+        _check_continue(errors, source, config, epochs_done)
+    else:
+        _check_finetune(errors, source, config, dataset)
+    name, uri = _artifact(errors, source, mode)
+    if not name or not _readable_where(errors, source, name, uri, backend, adapter) or _count(errors) > found:
+        return None
+    config.train.init_from = uri
+    config.train.init_mode = mode
+    return epochs_done
