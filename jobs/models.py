@@ -444,6 +444,19 @@ class TrainingJob(Owned):
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @property
+    def lineage_text(self) -> str:
+        """How the job came to be: ``continued from #12 (checkpoint epoch 3)``, ``fine-tuned from #12``,
+        ``cloned from #12``; "" for a job made from scratch (docs/clone-continue.md)."""
+        if self.init_mode == self.InitMode.CONTINUE and self.source_job_id:
+            epoch = "" if self.source_checkpoint_epoch is None else f" (checkpoint epoch {self.source_checkpoint_epoch})"
+            return f"continued from #{self.source_job_id}{epoch}"
+        if self.init_mode == self.InitMode.FINETUNE and self.source_job_id:
+            return f"fine-tuned from #{self.source_job_id}"
+        if self.cloned_from_id:
+            return f"cloned from #{self.cloned_from_id}"
+        return ""
+
     MONEY_FIELDS = ("cost_usd", "budget_usd", "estimated_cost_usd", "spot", "training_seconds", "instance_count",
                     "hourly_price_usd", "on_demand_price_usd", "max_runtime_s", "nodes")
     """The columns :attr:`money_places` reads: a list that loads fewer (``.only()``) pays a query per row."""

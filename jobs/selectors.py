@@ -523,3 +523,32 @@ def backend_queue_for_user(*, user, backend: ComputeBackend) -> BackendQueue:
         devices_in_use=tuple(uses), inventory=_stated_inventory(backend),
         allocates_devices=backend_allocates_devices(backend),
     )
+
+
+def training_job_lineage(*, job: TrainingJob, user) -> dict[str, Any]:
+    """Where ``job`` came from and what was made from it, as ``user`` may see it (docs/clone-continue.md):
+    ``{"text": "continued from #12 (checkpoint epoch 3)" | "fine-tuned from #12" | "cloned from #12" | "",
+    "parent": {"id", "name"} | None (the job it was made from, when ``user`` sees it), "init_mode",
+    "source_checkpoint_epoch", "derived": [{"id", "name", "state", "text"}, ...]}`` (the jobs made
+    from it that ``user`` sees, oldest first)."""
+    visible = TrainingJob.objects.filter(_visible(user))
+    parent_id = job.source_job_id or job.cloned_from_id
+    parent = visible.filter(pk=parent_id).only("id", "name").first() if parent_id else None
+    derived = (visible.filter(Q(cloned_from=job) | Q(source_job=job))
+               .only("id", "name", "state", "init_mode", "source_job_id", "cloned_from_id", "source_checkpoint_epoch")
+               .order_by("created_at", "id"))
+    return {
+        "text": job.lineage_text,
+        "parent": {"id": parent.pk, "name": str(parent)} if parent is not None else None,
+        "init_mode": job.init_mode,
+        "source_checkpoint_epoch": job.source_checkpoint_epoch,
+        "derived": [{"id": d.pk, "name": str(d), "state": d.state, "text": d.lineage_text} for d in derived],
+    }
+
+
+def training_job_checkpoint_epoch(*, job: TrainingJob) -> int:
+    """Epochs ``job``'s last checkpoint holds: one past the last epoch it validated (its global
+    ``val_loss`` points; the trainer checkpoints right after each validation), 0 when it validated none."""
+    last = (MetricPoint.objects.filter(job=job, name="val_loss", rank__isnull=True, epoch__isnull=False)
+            .order_by("-epoch").values_list("epoch", flat=True).first())
+    return 0 if last is None else int(last) + 1

@@ -28,6 +28,7 @@ from jobs.adapters import backend_declaration
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
 from trainer_pkg.registry import ARCHITECTURES
+from webapp import views_clone
 from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
 
@@ -383,14 +384,18 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def job_create(request: HttpRequest) -> HttpResponse:
-    form = TrainingJobForm(request.POST or None, user=request.user)
+    source, mode = views_clone.clone_source(request)  # ?from=<id>&mode=: a job like another (views_clone)
+    initial = views_clone.clone_initial(source, mode) if source is not None and request.method == "GET" else None
+    form = TrainingJobForm(request.POST or None, user=request.user, initial=initial)
     if request.method == "POST":
-        job = submit_form(form, lambda: services.training_job_create(owner=request.user, **form.create_kwargs()))
+        job = submit_form(form, lambda: services.training_job_create(owner=request.user, **form.create_kwargs(),
+                                                                     **views_clone.clone_kwargs(source, mode)))
         if job is not None:
             messages.success(request, f"Job {job} queued.")
             return redirect("job-detail", pk=job.pk)
     estimate = _estimate(form) if request.method == "POST" else None
-    return render(request, "webapp/jobs/form.html", {"form": form, "estimate": estimate})
+    return render(request, "webapp/jobs/form.html", {"form": form, "estimate": estimate,
+                                                     "clone": views_clone.clone_notice(source, mode)})
 
 
 def _estimate(form: TrainingJobForm) -> dict[str, Any]:
@@ -471,6 +476,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["code"] = selectors.training_job_code(job=job)
     context["memory"] = selectors.training_job_memory(job=job)
     context["price_note"] = selectors.training_job_price_note(job=job)
+    context["lineage"] = {**selectors.training_job_lineage(job=job, user=request.user),
+                          **views_clone.job_actions(job)}
     return render(request, "webapp/jobs/detail.html", context)
 
 

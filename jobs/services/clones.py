@@ -146,7 +146,22 @@ def _check_overrides(errors: Errors, overrides: Any) -> dict[str, Any]:
         if key not in known:
             errors.add(str(key)[:100], f"Unknown field {str(key)[:100]!r}: a clone takes the job create's fields "
                                        f"({', '.join(sorted(known))}).")
-    return {k: v for k, v in overrides.items() if k in known}
+    given = {k: v for k, v in overrides.items() if k in known}
+    for key in _TEXT_FIELDS:
+        if key in given and not isinstance(given[key], str):
+            errors.add(key, f"{key.replace('_', ' ').capitalize()} must be text.")
+            given.pop(key)
+    for key in _BOOL_FIELDS:
+        if key in given and not isinstance(given[key], bool):
+            errors.add(key, f"{key.replace('_', ' ').capitalize()} must be true or false.")
+            given.pop(key)
+    return given
+
+
+# Overrides the create takes as they come (it strips text and calls bool()): checked here first, so
+# "false" is not True and a number is no name.
+_TEXT_FIELDS = ("name", "instance_type", "image", "strategy", "pipeline_schedule", "checkpoint_format")
+_BOOL_FIELDS = ("spot", "activation_checkpointing", "cpu_offload")
 
 
 def training_job_clone(*, owner, job: TrainingJob, overrides: Mapping[str, Any] | None = None) -> TrainingJob:

@@ -22,7 +22,8 @@ from typing import Any
 from cloud_adapters import registry
 from cloud_adapters.base import BackendError, JobHandle, uri_scheme, with_article
 from jobs.adapters import backend_adapter
-from jobs.models import ComputeBackend, MetricPoint, TrainingJob
+from jobs.models import ComputeBackend, TrainingJob
+from jobs.selectors import training_job_checkpoint_epoch
 from jobs.validation import ALL, Errors
 from trainer_pkg.config import JobConfig
 from trainer_pkg.objstore import is_remote
@@ -45,25 +46,10 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
     return (config.get(section) or {}).get(name)
 
 
-def checkpoint_epoch(job: TrainingJob) -> int:
-    """Epochs ``job``'s last checkpoint holds: one past the last epoch it validated (its ``val_loss``
-    points; the checkpoint follows each validation), 0 when it validated none."""
-    last = (MetricPoint.objects.filter(job=job, name="val_loss", rank__isnull=True, epoch__isnull=False)
-            .order_by("-epoch").values_list("epoch", flat=True).first())
-    return 0 if last is None else int(last) + 1
-
-
 def lineage_text(job: TrainingJob) -> str:
-    """How ``job`` came to be, for its page and the API: ``continued from #12 (checkpoint epoch 3)``,
-    ``fine-tuned from #12``, ``cloned from #12``; "" for a job made from scratch."""
-    if job.init_mode == TrainingJob.InitMode.CONTINUE and job.source_job_id:
-        epoch = "" if job.source_checkpoint_epoch is None else f" (checkpoint epoch {job.source_checkpoint_epoch})"
-        return f"continued from #{job.source_job_id}{epoch}"
-    if job.init_mode == TrainingJob.InitMode.FINETUNE and job.source_job_id:
-        return f"fine-tuned from #{job.source_job_id}"
-    if job.cloned_from_id:
-        return f"cloned from #{job.cloned_from_id}"
-    return ""
+    """:attr:`TrainingJob.lineage_text`: ``continued from #12 (checkpoint epoch 3)``,
+    ``fine-tuned from #12``, ``cloned from #12``, or ""."""
+    return job.lineage_text
 
 
 def _kind_label(backend: ComputeBackend) -> str:
@@ -194,7 +180,7 @@ def job_init(errors: Errors, *, source: TrainingJob | None, mode: str, config: J
     if source is None:
         errors.add("init_mode", "Continue and fine-tune start from another job: choose the job.")
         return None
-    epochs_done = checkpoint_epoch(source) if mode == "continue" else None
+    epochs_done = training_job_checkpoint_epoch(job=source) if mode == "continue" else None
     found = _count(errors)
     if mode == "continue":
         _check_continue(errors, source, config, epochs_done)

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.django_db
 #   api-action    POST: stranger 404, teammate 403, anonymous 401
 #   api-read      GET an object's read-only action: stranger 404, teammate 200, anonymous 401
 #   api-docs      Swagger UI: anonymous -> login redirect, a user 200
+#   api-clone     POST a copy of an object: stranger 404, teammate 201 (it becomes theirs), anonymous 401
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
     "favicon": "redirect",
@@ -68,6 +69,7 @@ URL_KINDS: dict[str, str] = {
     "api-dataset-detail": "api-detail", "api-model-detail": "api-detail", "api-backend-detail": "api-detail",
     "api-job-detail": "api-detail",
     "api-backend-test-connection": "api-action", "api-job-cancel": "api-action", "api-job-rerun": "api-action",
+    "api-job-clone": "api-clone",
     "api-backend-queue": "api-read", "api-backend-running-jobs": "api-read", "api-backend-waiting-jobs": "api-read",
 }
 # API objects nobody may PUT/PATCH (a job changes only through cancel/rerun): 405 for everyone.
@@ -230,7 +232,7 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
             r = api.get(url)
             if r.status_code != 401:
                 problems.append(f"GET {url}: {r.status_code}, expected 401")
-        elif kind == "api-action":
+        elif kind in ("api-action", "api-clone"):
             r = api.post(url)
             if r.status_code != 401:
                 problems.append(f"POST {url}: {r.status_code}, expected 401")
@@ -276,6 +278,8 @@ def test_object_urls_as_stranger_and_teammate(world, who):
             r, method = api.patch(url, {"name": "renamed"}, format="json"), "patch"
         elif kind == "api-action":
             expected, r, method = (404 if stranger else 403), api.post(url), "post"
+        elif kind == "api-clone":
+            expected, r, method = (404 if stranger else 201), api.post(url, {}, format="json"), "post"
         elif kind == "api-read":
             expected, r = (404 if stranger else 200), api.get(url)
         elif kind == "api-list":
@@ -298,7 +302,11 @@ def test_object_urls_as_stranger_and_teammate(world, who):
 
     assert Dataset.objects.get(pk=world["objects"]["dataset"].pk).name == "carol-digits"
     assert ComputeBackend.objects.get(pk=world["objects"]["backend"].pk).name == "carol-box"
-    assert list(TrainingJob.objects.values_list("state", flat=True)) == ["QUEUED"]
+    carol_job = world["objects"]["job"]
+    assert TrainingJob.objects.get(pk=carol_job.pk).state == "QUEUED"
+    # The only jobs made are the teammate's own clones (api-clone, with and without .json); none for a stranger.
+    made = list(TrainingJob.objects.exclude(pk=carol_job.pk).values_list("owner__username", "cloned_from", "state"))
+    assert made == ([] if stranger else [(who, carol_job.pk, "QUEUED")] * 2)
 
 
 def test_teammate_can_launch_on_shared_objects_and_stranger_cannot(world):
@@ -669,3 +677,22 @@ def test_a_non_staff_cloud_backend_cannot_use_the_workers_identity(world, kind, 
     assert r.status_code == 201, r.content
     settings.TRAINBOARD_WORKER_CREDENTIALS = "everyone"
     assert adapters.backend_adapter(old).kind == kind
+
+
+@pytest.mark.parametrize("who", ["dave", "erin"])
+def test_the_job_form_prefilled_from_a_job_is_404_for_a_stranger_and_200_for_a_teammate(world, who):
+    """``/jobs/new/?from=<id>`` (New job like this, Continue, Fine-tune) reads the job: a stranger
+    gets 404 for GET and POST and nothing is created; a teammate gets the prefilled form."""
+    from jobs.models import TrainingJob
+
+    job = world["objects"]["job"]
+    web = _client(world["users"][who])
+    before = TrainingJob.objects.count()
+    for mode in ("", "continue", "finetune"):
+        url = reverse("job-create") + f"?from={job.pk}" + (f"&mode={mode}" if mode else "")
+        r = web.get(url)
+        assert r.status_code == (404 if who == "dave" else 200), (url, r.status_code)
+        if who == "dave":
+            assert web.post(url, {"dataset": 1}).status_code == 404
+    assert TrainingJob.objects.count() == before
+    assert web.get(reverse("job-create") + "?from=abc").status_code == 404

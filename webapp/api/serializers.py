@@ -639,11 +639,23 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
                   "grads_bytes, optimizer_bytes, activations_bytes, device} (GPU: peak = "
                   "torch.cuda.max_memory_allocated; CPU: the sum of the others); null until reported.")
 
+    # Lineage (issue 16, docs/clone-continue.md): one block.
+    lineage = serializers.SerializerMethodField(
+        help_text='Where the job came from and what was made from it: {"text": "continued from #12 (checkpoint '
+                  'epoch 3)" | "fine-tuned from #12" | "cloned from #12" | "", "parent": {"id", "name"} | null, '
+                  '"init_mode": "" | "continue" | "finetune", "source_checkpoint_epoch", "derived": [{"id", '
+                  '"name", "state", "text"}]} (only jobs you can see).')
     class Meta(TrainingJobSerializer.Meta):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
                                                       "events", "metrics", "ranks", "straggler", "memory_plan",
-                                                      "rank_memory"]
+                                                      "rank_memory"] + [
+            "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.JSONField())
+    def get_lineage(self, job: TrainingJob) -> dict[str, Any]:
+        request = self.context.get("request")
+        return selectors.training_job_lineage(job=job, user=request.user if request is not None else job.owner)
 
     @extend_schema_field(JobCodeSerializer)
     def get_code(self, job: TrainingJob) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -245,6 +246,26 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.
         job = self.get_object()
         try:
             new_job = services.training_job_rerun(job=job, owner=request.user)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+        data = TrainingJobDetailSerializer(new_job, context=self.get_serializer_context()).data
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="A new job like this one, with edits; or continue / fine-tune from it",
+        description="The body holds overrides with the job create's field names (every one optional; "
+                    "`hyperparameters` is deep-merged over the job's), and `init_mode`: `continue` (resume this "
+                    "job's last checkpoint and train to the new `epochs`) or `finetune` (its trained weights, a "
+                    "new optimizer, epoch 0). The new job is yours (a teammate may clone a team job); `cloned_from` "
+                    "is this job. 400 lists every error at once; nothing is created then.",
+        request=OpenApiTypes.OBJECT,
+        responses={201: TrainingJobDetailSerializer, 400: OpenApiResponse(description="Every error, by field")},
+    )
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAuthenticated])
+    def clone(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
+        job = self.get_object()  # a stranger's job is a 404; seeing it is enough to clone it
+        try:
+            new_job = services.training_job_clone(owner=request.user, job=job, overrides=request.data)
         except DjangoValidationError as exc:
             raise to_drf_validation_error(exc) from None
         data = TrainingJobDetailSerializer(new_job, context=self.get_serializer_context()).data
