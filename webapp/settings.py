@@ -136,6 +136,11 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise serves from the finders too; it warns when this is missing
 STATICFILES_DIRS = [d for d in [BASE_DIR / "node_modules" / "chart.js" / "dist"] if d.exists()]
+# The charts' plugins from npm (package.json), each under static/vendor/<package>/: zoom and pan
+# (chartjs-plugin-zoom, which pans through hammerjs) and the date adapter of the wall-time axis.
+STATICFILES_DIRS += [(f"vendor/{package}", BASE_DIR / "node_modules" / package / sub) for package, sub in
+                     (("chartjs-plugin-zoom", "dist"), ("hammerjs", ""), ("chartjs-adapter-date-fns", "dist"))
+                     if (BASE_DIR / "node_modules" / package / sub).exists()]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

@@ -6,7 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from webapp import views, views_staff
+from webapp import views, views_compare, views_staff
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
@@ -31,6 +31,7 @@ urlpatterns = [
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_create, name="job-create"),
     path("jobs/estimate/", views.job_estimate, name="job-estimate"),
+    path("jobs/compare/", views_compare.job_compare, name="job-compare"),
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("jobs/<int:pk>/live/", views.job_live, name="job-live"),
     path("jobs/<int:pk>/metrics.json", views.job_metrics, name="job-metrics"),

@@ -44,6 +44,8 @@ pytestmark = pytest.mark.django_db
 #   api-read      GET an object's read-only action: stranger 404, teammate 200, anonymous 401
 #   api-docs      Swagger UI: anonymous -> login redirect, a user 200
 #   api-clone     POST a copy of an object: stranger 404, teammate 201 (it becomes theirs), anonymous 401
+#   compare / api-compare   a page (API) of jobs chosen by ?ids=: anonymous -> login redirect (401);
+#                 a stranger's job id is "not found" like an id of no job, a teammate's job is compared
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
     "favicon": "redirect",
@@ -53,7 +55,7 @@ URL_KINDS: dict[str, str] = {
     "dataset-list": "login", "dataset-create": "login",
     "model-list": "login", "model-create": "login",
     "backend-list": "login", "backend-create": "login",
-    "job-list": "login", "job-create": "login", "job-estimate": "login",
+    "job-list": "login", "job-create": "login", "job-estimate": "login", "job-compare": "compare",
     "dataset-edit": "object-write", "model-edit": "object-write", "backend-edit": "object-write",
     "backend-test-connection": "object-write",
     "job-detail": "object-read", "job-live": "object-read", "job-metrics": "object-read",
@@ -65,7 +67,7 @@ URL_KINDS: dict[str, str] = {
     "api-docs": "api-docs",
     "api-root": "api-root",
     "api-dataset-list": "api-list", "api-model-list": "api-list", "api-backend-list": "api-list",
-    "api-job-list": "api-list",
+    "api-job-list": "api-list", "api-job-compare": "api-compare",
     "api-dataset-detail": "api-detail", "api-model-detail": "api-detail", "api-backend-detail": "api-detail",
     "api-job-detail": "api-detail",
     "api-backend-test-connection": "api-action", "api-job-cancel": "api-action", "api-job-rerun": "api-action",
@@ -224,11 +226,11 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
     for route in _html_routes():
         kind, url = classify(route), _url(route, world)
         method = METHOD.get(route.name, "get")
-        if kind in ("login", "object-read", "object-write", "staff", "api-docs"):
+        if kind in ("login", "object-read", "object-write", "staff", "api-docs", "compare"):
             r = getattr(anon, method)(url)
             if not _is_login_redirect(r):
                 problems.append(f"{method.upper()} {url}: {r.status_code}, expected a redirect to /login/")
-        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read"):
+        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read", "api-compare"):
             r = api.get(url)
             if r.status_code != 401:
                 problems.append(f"GET {url}: {r.status_code}, expected 401")
@@ -282,6 +284,22 @@ def test_object_urls_as_stranger_and_teammate(world, who):
             expected, r, method = (404 if stranger else 201), api.post(url, {}, format="json"), "post"
         elif kind == "api-read":
             expected, r = (404 if stranger else 200), api.get(url)
+        elif kind in ("compare", "api-compare"):
+            job = world["objects"]["job"]
+            asked = f"{url}?ids={job.pk},{job.pk + 1000}"
+            r = web.get(asked) if kind == "compare" else api.get(asked)
+            if kind == "compare":
+                page = r.content.decode()
+                shown = f'data-job-id="{job.pk}"' in page or "carol-job" in page
+                told = f"#{job.pk}," in page and f"#{job.pk + 1000} " in page if stranger else f"#{job.pk + 1000} " in page
+            else:
+                body = r.json() if r.status_code == 200 else {}
+                shown = [run["id"] for run in body.get("runs", [])] == [job.pk]
+                told = body.get("not_found") == ([job.pk, job.pk + 1000] if stranger else [job.pk + 1000])
+            if r.status_code != 200 or shown == stranger or not told:
+                problems.append(f"GET {asked}: {r.status_code}, carol's job shown: {shown}, not found told: {told}")
+            checked += 1
+            continue
         elif kind == "api-list":
             r = api.get(url)
             ids = {row["id"] for row in r.json()["results"]} if r.status_code == 200 else set()

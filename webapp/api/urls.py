@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from webapp.api import views
+from webapp.api import views, views_compare
 from webapp.auth import RateLimitedObtainAuthToken
 
 router = DefaultRouter()
@@ -23,5 +23,7 @@ urlpatterns = [
     # needs the session), rather than shown a bare 401. The split view serves its start-up script as
     # a file (?script), so the content security policy needs no inline script.
     path("docs/", login_required(SpectacularSwaggerSplitView.as_view(url_name="api-schema")), name="api-docs"),
+    # Before the router: "compare" is not a job id.
+    path("jobs/compare/", views_compare.JobCompareView.as_view(), name="api-job-compare"),
     path("", include(router.urls)),
 ]
