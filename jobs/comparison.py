@@ -130,7 +130,7 @@ def not_found_message(ids: Sequence[int]) -> str:
     if not ids:
         return ""
     shown = ", ".join(f"#{i}" for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-    return f"Not found: {shown} (no such job, or not one of yours or your teams')."
+    return f"Not found: {shown} (no such job, or one you may not see)."
 
 
 def _thin(points: list[dict[str, Any]], cap: int = MAX_POINTS_PER_SERIES) -> list[dict[str, Any]]:
@@ -194,24 +194,10 @@ def config_diff(*, jobs: Sequence[TrainingJob]) -> list[dict[str, Any]]:
     return rows
 
 
-def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
-    """Everything a comparison of ``jobs`` shows (jobs the caller has scoped to the user; in order).
-
-    ``{"runs": [{"id", "name", "state", "t0"}], "metrics": [{"name", "direction", "kind", "per_rank"}],
-    "table": [{"job_id", "values": {name: {"final", "best"}}}], "best": {name: {"final": job_id, "best": job_id}},
-    "config": [rows of :func:`config_diff`], "direction_rule": text,
-    "series": {name: {"<job id>": [{"x": step, "y": value, "t": unix s}]}},
-    "rank_series": {name: {"<job id>": {"<rank>": [points]}}}}``.
-
-    ``t0``: unix seconds of the run's first point (None without points), what the charts' relative
-    time counts from. ``y`` is None where the trainer reported NaN or infinity. ``final``: the value at
-    the run's last step; ``best``: its min or max over every point (:func:`metric_direction`); both None
-    where the run has no finite point of that metric. ``best`` names, per column, the run with the best
-    value (the first of equals; None when no run has one, or for a metric without a direction). Only
-    global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank.
-    Two queries (global points, per-rank points) whatever the number of runs.
-    """
-    job_ids = [job.pk for job in jobs]
+def _points_of(job_ids: Sequence[int]) -> tuple[dict, dict, dict, dict[int, float]]:
+    """``(series, rank_series, stats, t0)`` of the jobs: every point, global and per rank
+    (:data:`RANK_METRICS`), as ``{"x": step, "y": value, "t": unix s}``; ``stats[name][job_id]`` its final
+    and best value; ``t0[job_id]`` the time of the job's first point. Two queries."""
     series: dict[str, dict[str, list[dict[str, Any]]]] = {}
     stats: dict[str, dict[int, dict[str, Any]]] = {}
     t0: dict[int, float] = {}
@@ -239,6 +225,40 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
         (rank_series.setdefault(name, {}).setdefault(str(job_id), {}).setdefault(str(rank), [])
          .append({"x": step, "y": value, "t": t}))
 
+    return series, rank_series, stats, t0
+
+
+def training_job_chart_series(*, job: TrainingJob) -> dict[str, Any]:
+    """The job page's chart data: ``{"series": {name: [{"x": step, "y": value, "t": unix s}]},
+    "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None}``; every
+    global point, the per-rank series of :data:`RANK_METRICS` thinned to :data:`MAX_POINTS_PER_SERIES`."""
+    series, rank_series, _, t0 = _points_of([job.pk])
+    key = str(job.pk)
+    return {"series": {name: by_job[key] for name, by_job in series.items()},
+            "rank_series": {name: {r: _thin(points) for r, points in by_job[key].items()}
+                            for name, by_job in rank_series.items()},
+            "t0": t0.get(job.pk)}
+
+
+def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
+    """Everything a comparison of ``jobs`` shows (jobs the caller has scoped to the user; in order).
+
+    ``{"runs": [{"id", "name", "state", "t0"}], "metrics": [{"name", "direction", "kind", "per_rank"}],
+    "table": [{"job_id", "values": {name: {"final", "best"}}}], "best": {name: {"final": job_id, "best": job_id}},
+    "config": [rows of :func:`config_diff`], "direction_rule": text,
+    "series": {name: {"<job id>": [{"x": step, "y": value, "t": unix s}]}},
+    "rank_series": {name: {"<job id>": {"<rank>": [points]}}}}``.
+
+    ``t0``: unix seconds of the run's first point (None without points), what the charts' relative
+    time counts from. ``y`` is None where the trainer reported NaN or infinity. ``final``: the value at
+    the run's last step; ``best``: its min or max over every point (:func:`metric_direction`); both None
+    where the run has no finite point of that metric. ``best`` names, per column, the run with the best
+    value (the first of equals; None when no run has one, or for a metric without a direction). Only
+    global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank.
+    Two queries (global points, per-rank points) whatever the number of runs.
+    """
+    job_ids = [job.pk for job in jobs]
+    series, rank_series, stats, t0 = _points_of(job_ids)
     names = _metric_order(list(series) + list(rank_series))
     metrics = [{"name": n, "direction": metric_direction(n), "kind": metric_kind(n), "per_rank": n in rank_series}
                for n in names]

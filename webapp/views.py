@@ -23,7 +23,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from cloud_adapters.base import ConnectionCheck
-from jobs import code_archives, pagination, selectors, services
+from jobs import code_archives, comparison, pagination, selectors, services
 from jobs.adapters import backend_declaration
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
@@ -452,17 +452,23 @@ def _metric_chart_names(job, names) -> list[str]:
 
 
 def _metrics_payload(job) -> dict[str, Any]:
-    """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value}, ...]},
-    "metric_charts": [name, ...]}``; ``metric_charts`` lists the names charted one chart each (a user
-    script's), and ``series`` holds those and the loss and accuracy lines."""
-    series = selectors.training_job_metric_series(job=job)
+    """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value, "t": unix s}, ...]},
+    "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "t0": unix s | None}``;
+    ``metric_charts`` lists the names charted one chart each (a user script's), and ``series`` holds
+    those and the loss and accuracy lines; ``rank_series`` the per-rank metrics the job reported
+    (``jobs.comparison.RANK_METRICS``, a chart each, one line per rank); ``t0`` the time of the job's
+    first point, which the charts' relative-time axis counts from (docs/comparing-runs.md)."""
+    charted = comparison.training_job_chart_series(job=job)
+    series = charted["series"]
     extra = _metric_chart_names(job, series)
     names = [n for names in CHART_SERIES.values() for n in names] + extra
     return {
         "state": job.state,
         "is_terminal": job.is_terminal,
-        "series": {n: [{"x": p["step"], "y": p["value"]} for p in series.get(n, [])] for n in names},
+        "series": {n: series.get(n, []) for n in names},
         "metric_charts": extra,
+        "rank_series": charted["rank_series"],
+        "t0": charted["t0"],
     }
 
 

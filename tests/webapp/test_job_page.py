@@ -8,6 +8,8 @@ import re
 import pytest
 from django.urls import reverse
 
+from jobs.models import MetricPoint
+
 pytestmark = pytest.mark.django_db
 
 
@@ -17,16 +19,24 @@ def test_metrics_json_has_the_chart_series(owner_client, seeded_job):
     assert response["Cache-Control"].startswith("max-age=0")
     body = response.json()
     assert body["state"] == "RUNNING" and body["is_terminal"] is False
-    assert body["series"]["train_loss"] == [{"x": 10, "y": 2.3}, {"x": 20, "y": 1.2}, {"x": 30, "y": 0.4}]
-    assert body["series"]["train_accuracy"] == [{"x": 10, "y": 0.11}, {"x": 20, "y": 0.62}, {"x": 30, "y": 0.9}]
-    assert body["series"]["val_loss"] == [{"x": 30, "y": 0.55}]
-    assert body["series"]["val_accuracy"] == [{"x": 30, "y": 0.87}]
+    # Each point: step, value and its time (unix seconds, for the charts' time axes).
+    t = round(MetricPoint.objects.filter(job=seeded_job).first().recorded_at.timestamp(), 3)
+    assert body["t0"] == t
+    assert body["series"]["train_loss"] == [{"x": 10, "y": 2.3, "t": t}, {"x": 20, "y": 1.2, "t": t},
+                                            {"x": 30, "y": 0.4, "t": t}]
+    assert body["series"]["train_accuracy"] == [{"x": 10, "y": 0.11, "t": t}, {"x": 20, "y": 0.62, "t": t},
+                                                {"x": 30, "y": 0.9, "t": t}]
+    assert body["series"]["val_loss"] == [{"x": 30, "y": 0.55, "t": t}]
+    assert body["series"]["val_accuracy"] == [{"x": 30, "y": 0.87, "t": t}]
+    # The per-rank series: one list per rank.
+    assert body["rank_series"]["rank_samples_per_s"]["0"][0]["x"] == 30
+    assert set(body["rank_series"]) == {"rank_samples_per_s", "rank_step_time_s"}
 
 
 def test_detail_page_embeds_the_same_series_and_keeps_canvases_outside_the_fragment(owner_client, seeded_job):
     page = owner_client.get(reverse("job-detail", args=[seeded_job.pk])).content.decode()
     embedded = re.search(r'<script id="metrics-data" type="application/json">(.*?)</script>', page, re.S)
-    assert json.loads(embedded.group(1))["series"]["val_accuracy"] == [{"x": 30, "y": 0.87}]
+    assert [(p["x"], p["y"]) for p in json.loads(embedded.group(1))["series"]["val_accuracy"]] == [(30, 0.87)]
     live_start = page.index('id="job-live"')
     charts = page.index('id="chart-loss"')
     details = page.index('id="job-details"')

@@ -1,5 +1,7 @@
 /* The job page: draws the loss and accuracy charts, one chart per other metric the job reports (a
- * user script's report.log names, listed in the payload's metric_charts), and keeps them current.
+ * user script's report.log names, listed in the payload's metric_charts), one chart per per-rank
+ * metric (a line per rank), and keeps them current. The chart controls above them (x axis, log
+ * scale, zoom, smoothing, per-rank lines) are chart_controls.js's.
  *
  * htmx re-renders #job-live (and #job-details, out of band) every 2 s while the job is active. After
  * each swap this script fetches the metrics JSON and updates the existing Chart instances in place;
@@ -29,9 +31,12 @@
 
   const charts = document.getElementById("charts");
   const dataNode = document.getElementById("metrics-data");
-  if (!charts || !dataNode || typeof Chart === "undefined") return;
+  const Kit = window.TrainboardChartKit;
+  if (!charts || !dataNode || typeof Chart === "undefined" || !Kit) return;
 
   const metricsUrl = charts.dataset.metricsUrl;
+  const controlsForm = document.getElementById("chart-controls");
+  let controls = Kit.readControls(controlsForm);
   const COLORS = { train: "#2563eb", val: "#f59e0b" };
   // chart canvas id -> [[series name, legend label, colour], ...]
   const LAYOUT = {
@@ -40,138 +45,190 @@
   };
   const METRIC_CHART_IDS = {}; // canvas id -> metric name, for the charts of metric_charts
   const metricCanvas = {}; // metric name -> canvas id
-  // chart canvas id -> its y axis; a metric chart's axis is titled by the metric's name
-  const Y_SCALES = {
-    "chart-loss": { beginAtZero: true, title: { display: true, text: "loss" } },
-    "chart-accuracy": { min: 0, max: 1, title: { display: true, text: "accuracy" } },
+  const RANK_CHART_IDS = {}; // canvas id -> per-rank metric name (payload.rank_series)
+  const rankCanvas = {}; // per-rank metric name -> canvas id
+  const RANK_TITLES = {
+    rank_samples_per_s: "Samples/s per rank", rank_step_time_s: "Step time per rank (s)",
+    rank_data_wait_s: "Data wait per rank (s/step)", rank_compute_s: "Compute per rank (s/step)",
+    rank_sync_wait_s: "Sync wait per rank (s/step)",
   };
+  // chart canvas id -> [y axis title, kind]: the accuracy axis is fitted to the data, the loss
+  // axis starts at zero; a metric chart's axis is titled by the metric's name.
+  const Y_AXES = { "chart-loss": ["loss", "loss"], "chart-accuracy": ["accuracy", "accuracy"] };
 
   const NONFINITE_LABEL = "not finite (NaN/inf)";
   const NONFINITE_COLOR = "#dc2626";
 
+  let payload = JSON.parse(dataNode.textContent);
+
+  // The lines of a chart under the controls: a per-rank chart one line per rank (or their mean),
+  // any other the series of its LAYOUT.
+  function linesOf(canvasId) {
+    const t0 = payload.t0 || 0;
+    if (canvasId in RANK_CHART_IDS) {
+      const byRank = (payload.rank_series || {})[RANK_CHART_IDS[canvasId]] || {};
+      if (!controls.perRank) {
+        return [{ label: "mean over ranks", key: "mean", color: COLORS.train, points: Kit.meanOverRanks(byRank), t0: t0 }];
+      }
+      return Object.keys(byRank).sort((a, b) => a - b).map((rank, i) => (
+        { label: "rank " + rank, key: "rank " + rank, color: Kit.color(i), points: byRank[rank], t0: t0 }));
+    }
+    return LAYOUT[canvasId].map(([name, label, color]) => ({
+      label: label, key: name, color: color, points: payload.series[name] || [], t0: t0,
+      // Per-epoch validation and a script's own metrics (maybe a few points): dots as well.
+      radius: name.startsWith("val_") || canvasId in METRIC_CHART_IDS ? 3 : 0,
+    }));
+  }
+
   // A point the trainer reported as NaN or infinite arrives with y null: the line breaks there
   // (spanGaps false) and a red cross marks the step, at the series' last finite value before it
   // (0 when there is none), so a diverged run shows where it diverged instead of an empty chart.
-  function nonfiniteMarkers(series, payload) {
+  function nonfiniteMarkers(lines) {
     const marks = [];
-    for (const [name] of series) {
+    for (const line of lines) {
       let last = 0;
-      for (const p of payload.series[name] || []) {
-        if (p.y === null) marks.push({ x: p.x, y: last, series: name });
+      for (const p of line.points) {
+        if (p.y === null) marks.push({ x: Kit.xOf(p, controls.x, line.t0), y: last, series: line.key });
         else last = p.y;
       }
     }
     return marks;
   }
 
-  function makeChart(canvasId, series, payload) {
-    const canvas = document.getElementById(canvasId);
-    return new Chart(canvas, {
+  // The chart's datasets: its lines, the non-finite marker, then (with smoothing) the faint raw lines.
+  function datasetsOf(canvasId, lines) {
+    const sets = Kit.datasets(lines, controls);
+    sets.splice(lines.length, 0, {
+      label: NONFINITE_LABEL,
+      data: nonfiniteMarkers(lines),
+      showLine: false,
+      pointStyle: "crossRot",
+      pointRadius: 7,
+      pointBorderWidth: 2,
+      borderColor: NONFINITE_COLOR,
+      backgroundColor: NONFINITE_COLOR,
+      _tb: "marker",
+    });
+    return sets;
+  }
+
+  function yAxisOf(canvasId, lines) {
+    const [title, kind] = Y_AXES[canvasId];
+    return Kit.yScale(title, kind, lines.flatMap((line) => line.points.map((p) => p.y)), controls);
+  }
+
+  function makeChart(canvasId) {
+    const lines = linesOf(canvasId);
+    return new Chart(document.getElementById(canvasId), {
       type: "line",
-      data: {
-        datasets: series.map(([name, label, color]) => ({
-          label: label,
-          data: (payload.series[name] || []).slice(),
-          borderColor: color,
-          backgroundColor: color,
-          borderWidth: 2,
-          // Per-epoch validation and a script's own metrics (maybe a few points): dots as well.
-          pointRadius: name.startsWith("val_") || canvasId in METRIC_CHART_IDS ? 3 : 0,
-          // Monotone cubic interpolation (Fritsch–Carlson): each segment stays between the two
-          // measured points it joins, so the line never dips below a minimum it did not measure.
-          // (A Bézier tension overshoots at every zig-zag of a noisy loss.)
-          cubicInterpolationMode: "monotone",
-          spanGaps: false,
-        })).concat([{
-          label: NONFINITE_LABEL,
-          data: nonfiniteMarkers(series, payload),
-          showLine: false,
-          pointStyle: "crossRot",
-          pointRadius: 7,
-          pointBorderWidth: 2,
-          borderColor: NONFINITE_COLOR,
-          backgroundColor: NONFINITE_COLOR,
-        }]),
-      },
+      data: { datasets: datasetsOf(canvasId, lines) },
       options: {
         responsive: true,
         maintainAspectRatio: false,
         animation: false,
         parsing: true,
         interaction: { mode: "nearest", intersect: false },
-        scales: {
-          x: { type: "linear", title: { display: true, text: "step" }, ticks: { precision: 0 } },
-          y: Y_SCALES[canvasId],
-        },
+        scales: { x: Kit.xScale(controls.x), y: yAxisOf(canvasId, lines) },
         plugins: {
           legend: {
             position: "bottom",
-            // The non-finite marker's entry only where there is something to mark.
-            labels: { filter: (item, data) => item.text !== NONFINITE_LABEL || data.datasets[item.datasetIndex].data.length > 0 },
+            // The non-finite marker's entry only where there is something to mark; no raw lines.
+            labels: { filter: (item, data) => Kit.legendFilter(item, data) &&
+              (item.text !== NONFINITE_LABEL || data.datasets[item.datasetIndex].data.length > 0) },
           },
+          zoom: Kit.zoomOptions(),
         },
       },
     });
   }
 
-  const initial = JSON.parse(dataNode.textContent);
+  function redraw(canvasId, what) {
+    const chart = instances[canvasId];
+    const lines = linesOf(canvasId);
+    Kit.setDatasets(chart, datasetsOf(canvasId, lines));
+    const x = Kit.xScale(controls.x);
+    Kit.keepZoom(chart, x, what);
+    chart.options.scales.x = x;
+    chart.options.scales.y = yAxisOf(canvasId, lines);
+    chart.update("none");
+  }
+
   const instances = {};
-  for (const [canvasId, series] of Object.entries(LAYOUT)) {
-    instances[canvasId] = makeChart(canvasId, series, initial);
+  for (const canvasId of Object.keys(LAYOUT)) {
+    instances[canvasId] = makeChart(canvasId);
+  }
+
+  // A card with a canvas, built with the DOM API (textContent), so a name is never read as markup.
+  function addCard(canvasId, name, title, className) {
+    const card = document.createElement("div");
+    card.className = "card chart-card " + className;
+    card.dataset.metric = name;
+    const heading = document.createElement("h2");
+    heading.textContent = title;
+    const box = document.createElement("div");
+    box.className = "chart-box";
+    const canvas = document.createElement("canvas");
+    canvas.id = canvasId;
+    canvas.setAttribute("role", "img");
+    canvas.setAttribute("aria-label", name + " by step");
+    box.appendChild(canvas);
+    card.append(heading, box);
+    charts.appendChild(card);
   }
 
   // One card per metric name, made when the name first appears: a running script may start reporting
-  // a metric at any step. Built with the DOM API (textContent), so a name is never read as markup.
-  function ensureMetricCharts(payload) {
+  // a metric at any step.
+  function ensureMetricCharts() {
     for (const name of payload.metric_charts || []) {
       if (metricCanvas[name]) continue;
       const canvasId = "chart-metric-" + Object.keys(metricCanvas).length;
-      const card = document.createElement("div");
-      card.className = "card chart-card metric-chart";
-      card.dataset.metric = name;
-      const title = document.createElement("h2");
-      title.textContent = name;
-      const box = document.createElement("div");
-      box.className = "chart-box";
-      const canvas = document.createElement("canvas");
-      canvas.id = canvasId;
-      canvas.setAttribute("role", "img");
-      canvas.setAttribute("aria-label", name + " by step");
-      box.appendChild(canvas);
-      card.append(title, box);
-      charts.appendChild(card);
+      addCard(canvasId, name, name, "metric-chart");
       metricCanvas[name] = canvasId;
       METRIC_CHART_IDS[canvasId] = name;
       LAYOUT[canvasId] = [[name, name, COLORS.train]];
-      Y_SCALES[canvasId] = { title: { display: true, text: name } };
-      instances[canvasId] = makeChart(canvasId, LAYOUT[canvasId], payload);
+      Y_AXES[canvasId] = [name, "other"];
+      instances[canvasId] = makeChart(canvasId);
     }
   }
-  ensureMetricCharts(initial);
+  ensureMetricCharts();
+
+  // One card per per-rank metric the job reports (samples/s, step time ... of each rank).
+  function ensureRankCharts() {
+    for (const name of Object.keys(RANK_TITLES)) {
+      if (rankCanvas[name] || !(payload.rank_series || {})[name]) continue;
+      const canvasId = "chart-rank-" + name.replace(/^rank_/, "").replace(/_/g, "-");
+      addCard(canvasId, name, RANK_TITLES[name], "rank-chart");
+      rankCanvas[name] = canvasId;
+      RANK_CHART_IDS[canvasId] = name;
+      Y_AXES[canvasId] = [name.replace(/^rank_/, ""), "other"];
+      instances[canvasId] = makeChart(canvasId);
+    }
+  }
+  ensureRankCharts();
 
   // A script reports what it likes: its page keeps a loss or accuracy card only while one of the
   // card's series has points (a trainer job's cards always show, empty until its first step).
-  function fitBuiltinCards(payload) {
+  function fitBuiltinCards() {
     if (charts.dataset.script !== "true") return;
     for (const canvasId of ["chart-loss", "chart-accuracy"]) {
       const card = document.getElementById(canvasId).closest(".chart-card");
       card.hidden = !LAYOUT[canvasId].some(([name]) => (payload.series[name] || []).length > 0);
     }
   }
-  fitBuiltinCards(initial);
+  fitBuiltinCards();
 
-  function applyMetrics(payload) {
-    ensureMetricCharts(payload);
-    fitBuiltinCards(payload);
-    for (const [canvasId, series] of Object.entries(LAYOUT)) {
-      const chart = instances[canvasId];
-      series.forEach(([name], i) => {
-        chart.data.datasets[i].data = (payload.series[name] || []).slice();
-      });
-      chart.data.datasets[series.length].data = nonfiniteMarkers(series, payload);
-      chart.update("none");
-    }
+  function applyMetrics(next) {
+    payload = next;
+    ensureMetricCharts();
+    ensureRankCharts();
+    fitBuiltinCards();
+    for (const canvasId of Object.keys(instances)) redraw(canvasId);
   }
+
+  Kit.bind(controlsForm, () => instances, (next, what) => {
+    controls = next;
+    for (const canvasId of Object.keys(instances)) redraw(canvasId, what);
+  });
 
   let inFlight = false;
   async function refreshMetrics() {
