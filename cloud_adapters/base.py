@@ -264,6 +264,10 @@ class JobStatus:
     training_seconds: float | None = None  # provider-reported run time (SageMaker TrainingTimeInSeconds);
     # with spot, billable_seconds < training_seconds and the saving is 1 - billable / training
     spot: bool = False  # the job runs on interruptible capacity
+    lost: bool = False  # FAILED because the run was lost (a preemption the provider does not restart
+    # itself, a host that rebooted or failed), not by the job's own error; failure_reason says how.
+    # Trainboard may resubmit such a job from its checkpoint (docs/recovery.md). A job's own failure
+    # (exit code ≠ 0, trainer error, time limit, out of memory) is never lost.
 
 
 TAG_JOB_ID = "trainboard-job-id"
@@ -600,6 +604,13 @@ class Backend(abc.ABC):
         """Where ``name`` lies, as a path or URI a job on this same backend can read
         (``/runs/tb-job-7/output/checkpoints/last.pt``, ``s3://bucket/prefix/...``); "" when a job
         cannot read it in place (the dashboard then copies it with :meth:`open_artifact`)."""
+        return ""
+
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """Where the job's checkpoints go, as a path or URI a later job on this same backend can be
+        given as :attr:`JobSpec.checkpoint_uri` to resume from them (a resubmitted attempt of a lost
+        run: docs/recovery.md); "" when the backend cannot say (the next attempt then starts over).
+        Read-only; never follows a symbolic link the job made. This default knows none."""
         return ""
 
     def instance_offers(self) -> list[InstanceOffer]:

@@ -251,6 +251,8 @@ def job_spec(job: TrainingJob) -> JobSpec:
         image=job.image or "",
         secret_env=dict(job.backend.job_secrets or {}),
         devices=tuple(int(d) for d in job.allocated_gpus or ()),
+        # A resubmitted attempt writes, and so resumes from, its lost attempt's checkpoints (jobs.restarts).
+        checkpoint_uri=job.checkpoint_uri or "",
     )
 
 

@@ -42,6 +42,10 @@ INTERRUPTION = (JobState.RUNNING.value, JobState.PENDING.value)
 """(from, to) of an interruption: the provider took a running job's instances away (a spot
 reclaim — SageMaker's SecondaryStatus ``Interrupted`` — or a preemption) and it waits to restart."""
 ACTIVE_STATE_VALUES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
+RESUBMIT_FROM = (JobState.SUBMITTING.value, JobState.PENDING.value, JobState.RUNNING.value)
+"""States from which a job whose run was lost goes back to QUEUED for its next attempt
+(:mod:`jobs.restarts`, docs/recovery.md)."""
+DEFAULT_MAX_RESTARTS = 2
 
 
 class Team(models.Model):
@@ -269,6 +273,12 @@ class ComputeBackend(Owned):
     )
     stall_policy = models.CharField(max_length=10, choices=StallPolicy.choices, default=StallPolicy.WARN)
     orphan_policy = models.CharField(max_length=10, choices=OrphanPolicy.choices, default=OrphanPolicy.REPORT)
+    max_restarts = models.PositiveSmallIntegerField(
+        default=DEFAULT_MAX_RESTARTS,
+        help_text="How many times a job whose run is lost (a preemption the provider does not restart "
+                  "itself, a host that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its "
+                  "checkpoint before it ends FAILED; 0 = never. A job's own error is never resubmitted.",
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="backend_unique_name")]
@@ -417,6 +427,13 @@ class TrainingJob(Owned):
 
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
+    attempt = models.PositiveIntegerField(
+        default=1, help_text="The run now tracked: 1, then 2, … each time a lost run is resubmitted "
+                             "(the earlier ones are its JobAttempt rows).")
+    checkpoint_uri = models.CharField(
+        max_length=1000, blank=True,
+        help_text="Where this attempt's checkpoints go when not the backend's default: a resubmitted "
+                  "attempt resumes from the checkpoint directory of the one it replaces.")
     logs_read_at = models.DateTimeField(
         null=True, blank=True,
         help_text="Last sync that read this job's log; unchanged jobs are read least recently read first.")
@@ -639,6 +656,38 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={'not finite' if self.value is None else format(self.value, 'g')}"
+
+
+class JobAttempt(models.Model):
+    """One closed run of a job: an attempt whose run was lost and that Trainboard replaced by the next
+    (:mod:`jobs.restarts`). The attempt now running is the job row itself (``TrainingJob.attempt``);
+    the job's cost and billable seconds are the sum of these rows and the current attempt's."""
+
+    class Outcome(models.TextChoices):
+        LOST = "lost", "Run lost; resubmitted"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField(help_text="1 for the first run, then 2, …")
+    provider_job_name = models.CharField(max_length=200, blank=True)
+    provider_handle = models.JSONField(null=True, blank=True)
+    raw_state = models.CharField(max_length=100, blank=True, help_text="The provider's last state of the run.")
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    billable_seconds = models.FloatField(default=0, help_text="Seconds billed for this run (per instance).")
+    instance_count = models.PositiveIntegerField(default=1)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.LOST)
+    reason = models.TextField(blank=True, help_text="Why the run ended, as the backend said.")
+    checkpoint_uri = models.CharField(max_length=1000, blank=True,
+                                      help_text="Where its checkpoints were; the next attempt resumed from there.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number}"
 
 
 class JobLogLine(models.Model):

@@ -25,11 +25,14 @@ log = logging.getLogger(__name__)
 
 ALLOWED: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED, S.FAILED}),
-    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.STOPPING}),
-    S.PENDING: frozenset({S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED}),
+    # → QUEUED is a resubmission (jobs.restarts): the run was lost (a preemption the provider does
+    # not restart itself, a host that failed) and the job waits for its next attempt, which resumes
+    # from the lost one's checkpoint. Only Trainboard makes it, never a provider's state.
+    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.STOPPING, S.QUEUED}),
+    S.PENDING: frozenset({S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED, S.QUEUED}),
     # RUNNING -> PENDING is an interruption (models.INTERRUPTION): a spot reclaim or preemption, after
     # which the provider waits for capacity and restarts the job from its checkpoint.
-    S.RUNNING: frozenset({S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
+    S.RUNNING: frozenset({S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.QUEUED}),
     S.STOPPING: frozenset({S.CANCELLED, S.FAILED, S.SUCCEEDED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),

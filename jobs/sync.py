@@ -28,6 +28,7 @@ The worker side: nothing here is called from a request.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from typing import Any, Callable, Mapping
@@ -39,7 +40,7 @@ from django.utils import timezone
 
 from cloud_adapters.base import Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission
+from jobs import admission, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.models import (
@@ -47,6 +48,7 @@ from jobs.models import (
     INTERRUPTION,
     TERMINAL_STATE_VALUES,
     ComputeBackend,
+    JobAttempt,
     JobLogLine,
     JobStateChoices as S,
     MetricPoint,
@@ -206,6 +208,8 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
             continue
         if record.get("event") == "started" and first_step is None:
             first_step = _when(record, now)
+        if record.get("event") == "started" and record.get("resumed") is True:
+            _drop_superseded_points(job, record)
         points.extend(metric_points_from_record(job, record, now))
         rank_memory = rank_memory_from_record(record) or rank_memory
     JobLogLine.objects.bulk_create(log_rows)
@@ -215,6 +219,17 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
         TrainingJob.objects.filter(pk=job.pk).update(final_metrics=latest)
         job.final_metrics = latest
     return next_seq, first_step, rank_memory
+
+
+def _drop_superseded_points(job: TrainingJob, record: Mapping[str, Any]) -> None:
+    """A run resumed from a checkpoint (its ``started`` record says ``resumed``) redoes the steps
+    after it: the points a lost attempt stored from that step on (:mod:`jobs.restarts`) are work
+    the model no longer holds, so they are deleted before the resumed run's own arrive. Each step
+    and epoch of the job's series is then stored once, and its steps continue from the checkpoint."""
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        return
+    MetricPoint.objects.filter(job_id=job.pk, step__gte=step).delete()
 
 
 def final_metrics_after(final: Mapping[str, Any] | None, points: list[MetricPoint]) -> dict[str, float | None]:
@@ -279,8 +294,8 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
     return False
 
 
-def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dict[str, Any]:
-    """Columns to write from a provider status; cost recomputed absolutely from them."""
+def _attempt_figures(job: TrainingJob, status: JobStatus, now: dt.datetime) -> restarts.AttemptFigures:
+    """The current attempt's own start, end, billable seconds, instances and cost from ``status``."""
     target = status.state.value if isinstance(status.state, JobState) else str(status.state)
     terminal = target in TERMINAL_STATE_VALUES
     started_at = status.started_at or job.started_at
@@ -289,15 +304,30 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime) -> dic
     if billable is None:
         billable = costs.run_seconds(started_at, ended_at, now)
     instances = max(int(status.instance_count or job.nodes), 1)
+    return restarts.AttemptFigures(
+        started_at=started_at, ended_at=ended_at, billable_seconds=float(billable), instance_count=instances,
+        cost_usd=costs.job_cost_usd(billable_seconds=billable, instances=instances,
+                                    hourly_price_usd=job.hourly_price_usd))
+
+
+def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime,
+                   figures: restarts.AttemptFigures | None = None) -> dict[str, Any]:
+    """Columns to write from a provider status; cost recomputed absolutely from them: the current
+    attempt's (``figures``, :func:`_attempt_figures` by default) plus the closed attempts' stored
+    figures (:func:`jobs.restarts.closed_totals`)."""
+    target = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    terminal = target in TERMINAL_STATE_VALUES
+    figures = figures or _attempt_figures(job, status, now)
+    closed_seconds, closed_usd = restarts.closed_totals(job)
+    ended_at = figures.ended_at
     fields: dict[str, Any] = {
         "raw_state": (status.raw_state or "")[:100],
         "secondary_state": (status.secondary_state or "")[:100],
         "status_warning": status.warning or "",
-        "started_at": started_at,
-        "billable_seconds": float(billable),
-        "instance_count": instances,
-        "cost_usd": costs.job_cost_usd(billable_seconds=billable, instances=instances,
-                                       hourly_price_usd=job.hourly_price_usd),
+        "started_at": figures.started_at,
+        "billable_seconds": closed_seconds + figures.billable_seconds,
+        "instance_count": figures.instance_count,
+        "cost_usd": closed_usd + figures.cost_usd,
         "last_synced_at": now,
     }
     if status.training_seconds is not None:
@@ -326,9 +356,10 @@ def _unchanged_fields(job: TrainingJob, now: dt.datetime) -> dict[str, Any]:
     fields: dict[str, Any] = {"last_synced_at": now}
     if job.state == S.RUNNING and job.started_at is not None:
         billable = costs.run_seconds(job.started_at, None, now)
-        fields["billable_seconds"] = billable
-        fields["cost_usd"] = costs.job_cost_usd(billable_seconds=billable, instances=job.instance_count,
-                                                hourly_price_usd=job.hourly_price_usd)
+        closed_seconds, closed_usd = restarts.closed_totals(job)  # earlier attempts of a resubmitted job
+        fields["billable_seconds"] = closed_seconds + billable
+        fields["cost_usd"] = closed_usd + costs.job_cost_usd(billable_seconds=billable, instances=job.instance_count,
+                                                             hourly_price_usd=job.hourly_price_usd)
     return fields
 
 
@@ -351,20 +382,27 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
             drained = _drain_logs(adapter, job, handle, now, mask)
         except _RowMovedOn:
             return
+    checkpoint = ""
+    if status is not None and status.lost and status.state is JobState.FAILED:
+        # Where the lost run's checkpoints are, asked before the row is locked (jobs.restarts).
+        checkpoint = restarts.checkpoint_location(adapter, handle)
     with transaction.atomic():
         locked = _locked(job.pk)
         if locked is None:
             return
-        stopped = _write_status(locked, status, now, drained=drained, logs_read=read, mask=mask)
+        stopped = _write_status(locked, status, now, drained=drained, logs_read=read, mask=mask,
+                                checkpoint_uri=checkpoint)
     if stopped:  # committed: the stop is on record before the provider is asked
         _send_cancel(adapter, locked, handle)
 
 
 def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, *, drained: bool,
-                  logs_read: bool, mask: Callable[[str], str]) -> bool:
+                  logs_read: bool, mask: Callable[[str], str], checkpoint_uri: str = "") -> bool:
     """Write ``status`` onto ``job``, whose row the caller holds locked; True when the job's budget
     stop was made (the caller sends the cancel after commit). No provider call. ``mask``: as for
-    :func:`_ingest_lines`, applied to the failure reason, which may quote the job's own output."""
+    :func:`_ingest_lines`, applied to the failure reason, which may quote the job's own output.
+    A lost run (``status.lost``) is resubmitted from ``checkpoint_uri`` while restarts are left
+    (:func:`jobs.restarts.lost_run`) instead of ending the job FAILED."""
     read = {"logs_read_at": now} if logs_read else {}
     if status is None:  # unchanged since the last sync, or not found: state left as it is
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**_unchanged_fields(job, now), **read)
@@ -375,10 +413,17 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         # Apply the final state only once every log line (and metric) is stored.
         TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now, **read)
         return False
-    fields = {**_status_fields(job, status, now), **read}
+    figures = _attempt_figures(job, status, now)
+    fields = {**_status_fields(job, status, now, figures), **read}
     if fields.get("failure_reason"):
         # The GPU box's reason is the failed rank's error line, the user's code's own words.
         fields["failure_reason"] = mask(fields["failure_reason"])
+    if target == S.FAILED and status.lost and job.state != S.STOPPING:
+        outcome = restarts.lost_run(job, status=dataclasses.replace(status, failure_reason=mask(status.failure_reason)),
+                                    figures=figures, fields=fields, checkpoint_uri=checkpoint_uri)
+        if outcome.requeued:
+            return False
+        fields["failure_reason"] = outcome.failure_reason
     if (target in TERMINAL_STATE_VALUES and job.state in (S.SUBMITTING, S.PENDING)
             and job.first_step_at is not None):
         # It ran and ended between two syncs; the trainer's "started" record is in the log we just
@@ -387,7 +432,8 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
     # An unknown provider state reads as PENDING (with a warning) only so that a job that never ran
     # is not shown RUNNING; for a running job it is no interruption: it stays RUNNING, warning shown.
     unsure_interruption = (str(job.state), target) == INTERRUPTION and bool(status.warning)
-    if target != job.state and is_allowed(job.state, target) and not unsure_interruption:
+    # QUEUED is never a provider's word: only a resubmission (jobs.restarts) moves a job back there.
+    if target != job.state and target != S.QUEUED and is_allowed(job.state, target) and not unsure_interruption:
         message = " / ".join(x for x in (status.raw_state, status.secondary_state) if x)
         if target in (S.FAILED,) and fields.get("failure_reason"):
             message = f"{message}: {fields['failure_reason']}" if message else fields["failure_reason"]
@@ -427,10 +473,14 @@ WITH synced AS (
     UPDATE {table} AS j SET
         last_synced_at = %(now)s,
         billable_seconds = CASE WHEN j.state = %(running)s AND j.started_at IS NOT NULL
-            THEN ({seconds})::double precision
+            THEN ({seconds})::double precision + CASE WHEN j.attempt > 1
+                THEN COALESCE((SELECT SUM(a.billable_seconds) FROM {attempts} AS a WHERE a.job_id = j.id), 0)
+                ELSE 0 END
             ELSE j.billable_seconds END,
         cost_usd = CASE WHEN j.state = %(running)s AND j.started_at IS NOT NULL
-            THEN {cost}
+            THEN {cost} + CASE WHEN j.attempt > 1
+                THEN COALESCE((SELECT SUM(a.cost_usd) FROM {attempts} AS a WHERE a.job_id = j.id), 0)
+                ELSE 0 END
             ELSE j.cost_usd END
     FROM (SELECT id FROM {table} WHERE id = ANY(%(ids)s) AND state = ANY(%(active)s)
           ORDER BY id FOR UPDATE SKIP LOCKED) AS free
@@ -442,7 +492,9 @@ WHERE state = ANY(%(budgeted)s) AND budget_usd IS NOT NULL AND cost_usd >= budge
 ORDER BY id
 """
 """One statement for the jobs of a pass that are neither changed nor read: ``{seconds}`` and
-``{cost}`` are :func:`jobs.cost.run_seconds_sql` and :func:`jobs.cost.job_cost_sql` of the row."""
+``{cost}`` are :func:`jobs.cost.run_seconds_sql` and :func:`jobs.cost.job_cost_sql` of the row, to
+which a resubmitted job (``attempt`` > 1) adds its closed attempts' stored figures
+(:func:`jobs.restarts.closed_totals`)."""
 
 
 def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
@@ -464,6 +516,7 @@ def _sync_unchanged(job_ids: list[int], now: dt.datetime) -> list[int]:
     seconds = costs.run_seconds_sql(started_at="j.started_at", now="%(now)s")
     sql = _UNCHANGED_SQL.format(
         table=connection.ops.quote_name(TrainingJob._meta.db_table), seconds=seconds,
+        attempts=connection.ops.quote_name(JobAttempt._meta.db_table),
         cost=costs.job_cost_sql(seconds=seconds, instances="j.instance_count", hourly_price_usd="j.hourly_price_usd"))
     with connection.cursor() as cursor:
         cursor.execute(sql, {"now": now, "running": S.RUNNING.value, "ids": list(job_ids),
@@ -526,7 +579,7 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
     jobs = list(
         TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
         .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
-        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor")
+        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor", "attempt")
     )
     if not jobs:
         return 0

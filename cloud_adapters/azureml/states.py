@@ -18,6 +18,9 @@ anything else                                                   PENDING + ``warn
 Provisioning is on-demand compute creation and Preparing the image build (clouds.md §3.3
 [AML ``_run_history_constants.py``]): no training yet, so PENDING. Finalizing is post-processing
 after the command ended (outputs uploaded): the nodes are still held, so RUNNING.
+A low-priority job whose nodes are preempted is requeued by Azure ML itself (back to Queued: the
+dashboard's interruption); one that ends Failed with an error naming the preemption
+(:func:`preempted`) has ``lost`` set (docs/recovery.md).
 NotResponding (the run stopped reporting) is FAILED: the service gives up on the job. Paused and
 Unknown say nothing about progress: the job stays non-terminal (PENDING, which the dashboard's state
 machine never moves a RUNNING job back to) with a warning naming the status.
@@ -61,6 +64,18 @@ START_PROPERTY = "StartTimeUtc"
 END_PROPERTY = "EndTimeUtc"
 
 
+PREEMPTION_WORDS = ("preempt", "low priority", "lowpriority", "evicted")
+"""Words of a failed job's error that name the reclaim of its low-priority nodes."""
+
+
+def preempted(error: str) -> bool:
+    """Whether a failed low-priority job's error says its nodes were preempted. Azure ML requeues a
+    preempted low-priority job itself (it goes back to Queued: an interruption, left alone); one that
+    ends Failed for it was lost, and Trainboard may resubmit it (docs/recovery.md)."""
+    text = (error or "").lower()
+    return any(word in text for word in PREEMPTION_WORDS)
+
+
 def status_text(value: Any) -> str:
     """``job.status`` as a plain string (the SDK gives a str-Enum equal to it, clouds.md §3.3)."""
     if value is None:
@@ -101,6 +116,7 @@ def job_status(*, status: Any, properties: Mapping[str, Any] | None = None, crea
             ended = started
     training = (ended - started).total_seconds() if started is not None and ended is not None else None
     return JobStatus(
+        lost=raw == "Failed" and bool(low_priority) and preempted(error),
         state=state,
         raw_state=raw,
         failure_reason=reason,

@@ -54,10 +54,16 @@ STOPPING    supervisor alive, ``cancel_requested`` present   ``stopping``
 SUCCEEDED   exit.json, returncode 0, not cancelled           ``exited 0``
 FAILED      exit.json, returncode ≠ 0 (or max runtime);      ``exited N`` / ``max-runtime``
             the requirements did not install (pip's error);  ``requirements failed``
-            supervisor gone without exit.json; the run       ``lost``
-            directory itself gone (its run root still there)
+            supervisor gone without exit.json (``lost``);    ``lost``
+            the run directory itself gone (its run root
+            still there)
 CANCELLED   exit.json with ``cancelled`` (stopped by user)   ``cancelled``
 ==========  ===============================================  ==========================
+
+A supervisor gone without exit.json (the box rebooted, an OOM kill took the process tree) is a lost
+run, not the job's own failure: its status has ``lost`` set, and Trainboard may resubmit the job from
+its checkpoint (docs/recovery.md); :meth:`GpuBoxBackend.checkpoint_uri` says where that lies. A run
+directory removed under the job is not: its checkpoints went with it.
 
 A job whose supervisor is gone without exit.json after a cancel was requested (a stuck supervisor
 killed by the escalation below) is CANCELLED, never SUCCEEDED.
@@ -798,7 +804,9 @@ class GpuBoxBackend(Backend):
         if cancel_at is not None:
             return JobStatus(JobState.CANCELLED, raw_state="cancelled",
                              failure_reason=f"stopped by user ({reason})", **common)
-        return JobStatus(JobState.FAILED, raw_state="lost", failure_reason=reason, **common)
+        # Nobody wrote exit.json: the run was killed from outside (a reboot, the OOM killer), not
+        # ended by the job's own error, which the supervisor would have recorded.
+        return JobStatus(JobState.FAILED, raw_state="lost", failure_reason=reason, lost=True, **common)
 
     # -- orphans ----------------------------------------------------------------------------
 
@@ -971,6 +979,29 @@ class GpuBoxBackend(Backend):
         """The artifact's absolute path on this box: a later job on the same box reads it in place."""
         path = self._artifact_files(handle).get(name)
         return str(path) if path is not None else ""
+
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """The job's checkpoint directory on this box (``output.checkpoint_dir`` of the job.json the
+        worker wrote: ``<run_dir>/output/checkpoints`` unless the job was given another), for a later
+        attempt to resume from in place. "" when the run directory is gone, or when any directory
+        of that path below the run root is a symbolic link (the job made it: a later job, or a
+        container's mount, must never be pointed through it)."""
+        run_dir = self._handle_dir(handle)
+        if not run_dir.is_dir() or run_dir.is_symlink():
+            return ""
+        output = (_proc.read_json(run_dir / "job.json") or {}).get("output") or {}
+        path = Path(os.path.normpath(str(output.get("checkpoint_dir") or run_dir / "output" / "checkpoints")))
+        if not path.is_absolute():
+            return ""
+        if path.is_relative_to(self.run_root):
+            here = self.run_root
+            for part in path.relative_to(self.run_root).parts:
+                here = here / part
+                if here.is_symlink():
+                    return ""
+        elif path.is_symlink():
+            return ""
+        return str(path)
 
     def _run_dir(self, job_name: str) -> Path:
         _check_job_name(job_name)

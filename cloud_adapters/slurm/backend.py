@@ -425,6 +425,19 @@ class SlurmBackend(Backend):
         _check_job_name(handle.job_name)
         return self._path(handle.job_name)
 
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """The job's checkpoint directory on the cluster's shared filesystem (``output.checkpoint_dir``
+        of the job.json submit wrote), for a later attempt to resume from in place; "" when the run
+        directory holds no readable job.json. Only the path is read: the next job, on the cluster,
+        opens it."""
+        text = self._read_text(f"{self._run_dir(handle)}/job.json", limit=1 << 20)
+        try:
+            output = (json.loads(text) if text else {}).get("output") or {}
+        except (ValueError, AttributeError):
+            return ""
+        path = output.get("checkpoint_dir") if isinstance(output, dict) else None
+        return path if isinstance(path, str) and path.startswith("/") else ""
+
     # -- status -----------------------------------------------------------------------------
 
     def describe(self, handle: JobHandle) -> JobStatus:
@@ -485,7 +498,7 @@ class SlurmBackend(Backend):
             if not reason:
                 code = f"exit code {job.exit_code}" if job.exit_code is not None else "a non-zero exit code"
                 reason = self._log_failure(run_dir) or f"the batch script ended with {code}"
-            return JobStatus(state=state, failure_reason=reason, **common)
+            return JobStatus(state=state, failure_reason=reason, lost=job.state in states.LOST_STATES, **common)
         return JobStatus(state=state, **common)
 
     def _status_from_run_dir(self, handle: JobHandle, run_dir: str) -> JobStatus:
@@ -510,7 +523,9 @@ class SlurmBackend(Backend):
         if self._exists(f"{run_dir}/cancel_requested"):
             return JobStatus(state=JobState.CANCELLED, raw_state="CANCELLED",
                              failure_reason="cancelled from Trainboard (scancel)", **times)
-        return JobStatus(state=JobState.FAILED, raw_state="lost", instance_count=nodes, failure_reason=(
+        # No exit record: the batch script never reached its end (its node vanished, or the job was
+        # killed on the cluster), so this is a lost run rather than the job's own error.
+        return JobStatus(state=JobState.FAILED, raw_state="lost", instance_count=nodes, lost=True, failure_reason=(
             f"Slurm no longer knows job {handle.provider_job_id or handle.job_name} and it left no exit record "
             f"in {run_dir}: it was killed (time limit, node failure or scancel on the cluster). Enable Slurm "
             f"accounting (sacct) to see why."))

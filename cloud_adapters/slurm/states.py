@@ -35,6 +35,13 @@ SPECIAL_EXIT,       FAILED       the state's name
 REVOKED
 anything else       PENDING      non-terminal, with a warning naming the state
 ==================  ===========  ==========================================================
+
+NODE_FAIL, PREEMPTED and BOOT_FAIL (:data:`LOST_STATES`) are lost runs, not the job's own failure:
+the status has ``lost`` set and Trainboard may resubmit the job from its checkpoint
+(docs/recovery.md). So is a job the controller no longer knows that left no exit record (its node
+vanished with it). TIMEOUT, OUT_OF_MEMORY, DEADLINE and FAILED are the job's own: never resubmitted.
+A job Slurm requeues itself (``--requeue``, the cluster's JobRequeue) goes back to PENDING
+(REQUEUED): an interruption Slurm restarts, not a loss.
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ FAILED_REASONS: dict[str, str] = {
 }
 """Slurm's failed states → the failure reason shown ("{time_limit}" is the job's limit)."""
 FAILED_STATES = frozenset(FAILED_REASONS)
+LOST_STATES = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
+"""Failed states that are a lost run (a node that failed or never booted, a preemption), not the job's
+own error: :attr:`cloud_adapters.base.JobStatus.lost`."""
 TERMINAL_STATES = SUCCEEDED_STATES | CANCELLED_STATES | FAILED_STATES
 
 SQUEUE_FIELDS = ("%i", "%j", "%T", "%r", "%S", "%e", "%D", "%l", "%k", "%V")

@@ -25,6 +25,11 @@ JOB_STATE_UNSPECIFIED, any   PENDING     + warning naming the value; the job sta
 other value
 ===========================  ==========  ===================================================
 
+Vertex AI restarts a worker itself (VM maintenance, a non-zero exit it deems transient), and the whole
+job with ``restart_job_on_worker_restart``; Trainboard leaves those alone. A spot job that ends
+JOB_STATE_FAILED with an error naming the preemption (:func:`preempted`) was lost after Vertex AI
+gave up: its status has ``lost`` set (docs/recovery.md).
+
 A state newer than the installed SDK: the REST client parses responses with
 ``ignore_unknown_fields=True``, which drops an enum name it does not know and leaves the field at 0
 (``JOB_STATE_UNSPECIFIED``). The adapter reads the provider's own string from the response body
@@ -173,6 +178,20 @@ def is_spot(job: Any) -> bool:
     return scheduling is not None and scheduling.strategy == Scheduling.Strategy.SPOT
 
 
+PREEMPTION_WORDS = ("preempt", "stockout", "spot vm")
+"""Words of ``job.error``'s message that name a Spot VM reclaim (Vertex AI, "Use Spot VMs with
+training": a preempted Spot VM fails the job with a STOCKOUT error once Vertex AI's own restarts of
+the worker are spent)."""
+
+
+def preempted(error: str) -> bool:
+    """Whether a failed spot job's error says its VMs were reclaimed: a lost run Vertex AI does not
+    restart any more (its own worker restarts — VM maintenance, restart_job_on_worker_restart — end
+    before the job is FAILED), which Trainboard may resubmit (docs/recovery.md)."""
+    text = (error or "").lower()
+    return any(word in text for word in PREEMPTION_WORDS)
+
+
 def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
     """The :class:`JobStatus` of one ``aiplatform_v1.CustomJob`` (see the module's table);
     ``provider_state`` as for :func:`state_name`."""
@@ -193,7 +212,9 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
     started = proto_time(getattr(job, "start_time", None))
     ended = proto_time(getattr(job, "end_time", None)) if state.is_terminal else None
     training = max(0.0, (ended - started).total_seconds()) if started and ended else None
+    spot = is_spot(job)
     return JobStatus(
+        lost=raw == "JOB_STATE_FAILED" and spot and preempted(error),
         state=state,
         raw_state=raw,
         secondary_state="",
@@ -204,5 +225,5 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
         training_seconds=training,
         instance_count=replica_count(job),
         warning=warning,
-        spot=is_spot(job),
+        spot=spot,
     )

@@ -16,9 +16,11 @@ def job(user, digits_dataset, cnn_model, local_backend):
 
 def test_allowed_table_matches_design():
     assert ALLOWED[S.QUEUED] == {S.SUBMITTING, S.CANCELLED, S.FAILED}
-    assert ALLOWED[S.SUBMITTING] == {S.PENDING, S.RUNNING, S.FAILED, S.STOPPING}
-    assert ALLOWED[S.PENDING] == {S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED}
-    assert ALLOWED[S.RUNNING] == {S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED}  # PENDING: interrupted
+    # QUEUED: a lost run resubmitted (jobs.restarts)
+    assert ALLOWED[S.SUBMITTING] == {S.PENDING, S.RUNNING, S.FAILED, S.STOPPING, S.QUEUED}
+    assert ALLOWED[S.PENDING] == {S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED, S.QUEUED}
+    assert ALLOWED[S.RUNNING] == {S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED,  # PENDING: interrupted
+                                  S.QUEUED}
     assert ALLOWED[S.STOPPING] == {S.CANCELLED, S.FAILED, S.SUCCEEDED}
     for terminal in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
         assert ALLOWED[terminal] == set()
