@@ -241,7 +241,8 @@ class ComputeBackendForm(ServiceForm):
 
     class Meta:
         model = ComputeBackend
-        fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy"]
+        fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
+                  "max_restarts"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -329,7 +330,7 @@ class CodeArchiveAdmin(ReadOnlyOwnedAdmin):
 @admin.register(ComputeBackend)
 class ComputeBackendAdmin(ServiceFormAdmin):
     form = ComputeBackendForm
-    list_display = ["name", "owner", "kind", "enabled", "stall_policy", "orphan_policy", "created_at"]
+    list_display = ["name", "owner", "kind", "enabled", "stall_policy", "orphan_policy", "max_restarts", "created_at"]
     list_filter = ["kind", "enabled", "stall_policy", "orphan_policy", "created_at"]
     search_fields = ["name", "kind", "owner__username"]
     date_hierarchy = "created_at"

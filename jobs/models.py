@@ -46,6 +46,8 @@ RESUBMIT_FROM = (JobState.SUBMITTING.value, JobState.PENDING.value, JobState.RUN
 """States from which a job whose run was lost goes back to QUEUED for its next attempt
 (:mod:`jobs.restarts`, docs/recovery.md)."""
 DEFAULT_MAX_RESTARTS = 2
+MAX_RESTARTS = 10
+"""A backend's ``max_restarts``: by default and at most (docs/recovery.md)."""
 
 
 class Team(models.Model):
@@ -628,6 +630,11 @@ class JobEvent(models.Model):
     def is_interruption(self) -> bool:
         """Whether this is an interruption (:data:`INTERRUPTION`, RUNNING → PENDING)."""
         return (self.from_state, self.to_state) == INTERRUPTION
+
+    @property
+    def is_resubmission(self) -> bool:
+        """Whether this is a lost run resubmitted as the next attempt (→ QUEUED, :mod:`jobs.restarts`)."""
+        return self.to_state == JobState.QUEUED.value and self.from_state in RESUBMIT_FROM
 
 
 class MetricPoint(models.Model):

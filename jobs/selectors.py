@@ -31,6 +31,7 @@ from jobs.models import (
     TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
+    JobAttempt,
     JobEvent,
     JobLogLine,
     JobStateChoices as S,
@@ -343,6 +344,28 @@ def training_job_interruption_count(*, job: TrainingJob) -> int:
     a spot reclaim or a preemption, after which it restarted)."""
     from_state, to_state = INTERRUPTION
     return JobEvent.objects.filter(job_id=job.pk, from_state=from_state, to_state=to_state).count()
+
+
+def training_job_attempts(*, job: TrainingJob) -> list[dict[str, Any]]:
+    """The job's runs in order (docs/recovery.md): one dict per closed attempt (a lost run Trainboard
+    resubmitted, its :class:`~jobs.models.JobAttempt` row) and, last, the current one (the job row):
+    ``{"number", "provider_job_name", "started_at", "ended_at", "billable_seconds" (per instance),
+    "cost_usd", "outcome" ("lost" | the current attempt's state), "reason", "checkpoint_uri",
+    "current": bool}``. The current attempt's seconds and cost are the job's minus the closed ones'
+    (the job's are their sum). A job never resubmitted has its one current attempt."""
+    closed = list(JobAttempt.objects.filter(job_id=job.pk).order_by("number"))
+    rows = [{"number": a.number, "provider_job_name": a.provider_job_name, "started_at": a.started_at,
+             "ended_at": a.ended_at, "billable_seconds": a.billable_seconds, "cost_usd": a.cost_usd,
+             "outcome": a.outcome, "reason": a.reason, "checkpoint_uri": a.checkpoint_uri, "current": False}
+            for a in closed]
+    closed_s = sum(a.billable_seconds for a in closed)
+    closed_usd = sum((a.cost_usd for a in closed), Decimal("0"))
+    rows.append({"number": job.attempt, "provider_job_name": job.provider_job_name, "started_at": job.started_at,
+                 "ended_at": job.ended_at, "billable_seconds": max(job.billable_seconds - closed_s, 0.0),
+                 "cost_usd": max(job.cost_usd - closed_usd, Decimal("0")), "outcome": str(job.state),
+                 "reason": job.failure_reason if job.is_terminal else "", "checkpoint_uri": job.checkpoint_uri,
+                 "current": True})
+    return rows
 
 
 def training_job_final_metrics(*, job: TrainingJob) -> dict[str, float | None]:

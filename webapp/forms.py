@@ -19,7 +19,8 @@ from jobs import selectors, services, validation
 from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
-from jobs.models import ComputeBackend, Dataset, JobStateChoices, ModelSpec, Team, TrainingJob
+from jobs.models import (DEFAULT_MAX_RESTARTS, MAX_RESTARTS, ComputeBackend, Dataset, JobStateChoices, ModelSpec,
+                         Team, TrainingJob)
 from trainer_pkg.config import BuiltinDataset, CheckpointFormat, PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES
 
@@ -391,6 +392,13 @@ class BackendForm(forms.Form):
             label="Orphan provider jobs",
             help_text="Provider jobs with Trainboard's tag and no active job: list them for staff, or also "
                       "stop them.")
+        # Not required either: a POST without it keeps the backend's (default 2).
+        self.fields["max_restarts"] = forms.IntegerField(
+            required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
+            label="Max restarts of a lost run",
+            help_text=("How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
+                      "that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint before "
+                      "it ends Failed; 0 = never. A job's own error is never resubmitted."))
         # For the template: one fieldset per kind, legend = the registry's label.
         self.kind_fieldsets = [
             {"kind": kind, "label": registry.KINDS[kind].label,
@@ -414,6 +422,8 @@ class BackendForm(forms.Form):
         for name in ("stall_policy", "orphan_policy"):
             if self.cleaned_data.get(name):
                 kwargs[name] = self.cleaned_data[name]
+        if self.cleaned_data.get("max_restarts") is not None:
+            kwargs["max_restarts"] = self.cleaned_data["max_restarts"]
         return kwargs
 
     def deadline_field(self, message: str) -> str | None:
@@ -472,7 +482,8 @@ class BackendForm(forms.Form):
     def initial_from(cls, backend) -> dict[str, Any]:
         config = dict(backend.config or {})
         initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled, "team": backend.team_id,
-                   "stall_policy": backend.stall_policy, "orphan_policy": backend.orphan_policy}
+                   "stall_policy": backend.stall_policy, "orphan_policy": backend.orphan_policy,
+                   "max_restarts": backend.max_restarts}
         for state, seconds in (backend.state_deadlines or {}).items():
             initial[_deadline_field_name(state)] = seconds
         for name, key in _registered_kind_settings().get(backend.kind, {}).items():

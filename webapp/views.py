@@ -484,6 +484,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["price_note"] = selectors.training_job_price_note(job=job)
     context["lineage"] = {**selectors.training_job_lineage(job=job, user=request.user),
                           **views_clone.job_actions(job)}
+    context["attempts"] = selectors.training_job_attempts(job=job)
     return render(request, "webapp/jobs/detail.html", context)
 
 

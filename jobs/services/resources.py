@@ -35,7 +35,7 @@ from jobs.adapters import (
 )
 from jobs import code_archives
 from jobs.deadlines import clean_state_deadlines
-from jobs.models import ACTIVE_STATE_VALUES, ComputeBackend, Dataset, ModelSpec
+from jobs.models import ACTIVE_STATE_VALUES, DEFAULT_MAX_RESTARTS, MAX_RESTARTS, ComputeBackend, Dataset, ModelSpec
 from jobs.validation import (
     ALL,
     Errors,
@@ -399,7 +399,23 @@ def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any)
 # Compute backends
 # =============================================================================================
 
-_BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy"}
+_BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
+                   "max_restarts"}
+
+
+def _clean_max_restarts(errors: Errors, value: Any) -> int:
+    """``max_restarts`` as a whole number 0…:data:`MAX_RESTARTS` (the error on ``max_restarts`` says
+    the bounds); the default when invalid, so the other fields are still checked."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        else:
+            errors.add("max_restarts", f"Max restarts must be a whole number from 0 to {MAX_RESTARTS}, got {str(value)[:40]!r}.")
+            return DEFAULT_MAX_RESTARTS
+    if not 0 <= value <= MAX_RESTARTS:
+        errors.add("max_restarts", f"Max restarts must be from 0 (never resubmit a lost run) to {MAX_RESTARTS}, got {value}.")
+        return DEFAULT_MAX_RESTARTS
+    return value
 
 def _clean_secrets(errors: Errors, kind: str, secrets: Any) -> dict[str, str] | None:
     """``secrets`` checked against the kind's accepted keys: a dict of non-empty strings; {} stores
@@ -446,6 +462,7 @@ def _clean_job_secrets(errors: Errors, stored: Mapping[str, str], given: Any) ->
 
 
 def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
+    backend.max_restarts = _clean_max_restarts(errors, backend.max_restarts)
     full_clean(errors, backend)
     if backend.name and name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
         errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
@@ -515,7 +532,8 @@ def _setting_named(message: str) -> str:
 def backend_create(*, owner, name: str, kind: str, config: dict | None = None, enabled: bool = True,
                    secrets: Mapping[str, str] | None = None, team=None,
                    state_deadlines: Mapping[str, float] | None = None, stall_policy: str = "warn",
-                   orphan_policy: str = "report", job_secrets: Any = None) -> ComputeBackend:
+                   orphan_policy: str = "report", job_secrets: Any = None,
+                   max_restarts: int = DEFAULT_MAX_RESTARTS) -> ComputeBackend:
     """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
 
     ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
@@ -523,6 +541,8 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     ``state_deadlines``: ``{state: seconds}`` for non-terminal states (missing ones use
     ``settings.TRAINBOARD_STATE_DEADLINES_S``; RUNNING: max runtime + margin); ``stall_policy``
     "warn" | "cancel" (what a job past its deadline gets); ``orphan_policy`` "report" | "stop".
+    ``max_restarts``: how many times a job whose run is lost is resubmitted from its checkpoint
+    (0 … :data:`MAX_RESTARTS`; 0 = never; :mod:`jobs.restarts`).
     ``job_secrets``: environment variables set in every job of the backend (name → value, or
     ``NAME=VALUE`` lines; :func:`_clean_job_secrets`), stored encrypted, never shown back.
     Raises ValidationError keyed by field (``secrets`` and ``job_secrets`` messages name keys, never values).
@@ -533,7 +553,7 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                              secrets=secrets if secrets is not None else {}, team=team,
                              state_deadlines=state_deadlines if state_deadlines is not None else {},
                              stall_policy=stall_policy or "", orphan_policy=orphan_policy or "",
-                             job_secrets=_clean_job_secrets(errors, {}, job_secrets))
+                             max_restarts=max_restarts, job_secrets=_clean_job_secrets(errors, {}, job_secrets))
     _validate_backend(errors, backend)
     errors.raise_if_any()
     backend.save()
@@ -557,7 +577,7 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
                    clear_secrets: bool = False, job_secrets: Any = None, clear_job_secrets: bool = False,
                    **fields: Any) -> ComputeBackend:
     """Change some of ``name, kind, config, enabled, team, state_deadlines, stall_policy,
-    orphan_policy`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
+    orphan_policy, max_restarts`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
     while no job is active.
 
     ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a

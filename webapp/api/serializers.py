@@ -19,7 +19,7 @@ from cloud_adapters.settings import BackendSettings
 from jobs import code_archives, selectors, services, validation
 from jobs.cost import estimate_arithmetic
 from jobs.validation import PRIORITY_RANGE
-from jobs.models import CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
+from jobs.models import MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
 from trainer_pkg.config import PipelineSchedule, Strategy
 from trainer_pkg.registry import ARCHITECTURES, CUSTOM
@@ -364,8 +364,12 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         model = ComputeBackend
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
                   "job_secrets", "clear_job_secrets", "job_secrets_set", "state_deadlines", "stall_policy",
-                  "orphan_policy", "created_at", "updated_at"]
+                  "orphan_policy", "max_restarts", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
+        extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
+            "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
+            "that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint before it "
+            "ends FAILED; 0 = never, at most 10. A job's own error is never resubmitted (docs/recovery.md).")}}
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -410,6 +414,24 @@ class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["from_state", "to_state", "message", "created_at"]
+
+
+class JobAttemptSerializer(serializers.Serializer):
+    """One run of a job (jobs.selectors.training_job_attempts): a lost one Trainboard resubmitted, or the
+    current one (last)."""
+
+    number = serializers.IntegerField(help_text="1 for the first run, then 2, …")
+    provider_job_name = serializers.CharField(help_text="The run's name at the provider (…-a2 from the second).")
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    billable_seconds = serializers.FloatField(help_text="Seconds billed for this run, per instance.")
+    cost_usd = serializers.DecimalField(max_digits=12, decimal_places=4,
+                                        help_text="This run's cost; the job's cost_usd is the sum over its attempts.")
+    outcome = serializers.CharField(help_text='"lost" (resubmitted), or the job\'s state for the current attempt.')
+    reason = serializers.CharField(help_text="Why it ended, as the backend said (\"\" while it runs).")
+    checkpoint_uri = serializers.CharField(help_text="Where its checkpoints were (a closed attempt), or where the "
+                                                     "current one resumed from; \"\" = the backend's default.")
+    current = serializers.BooleanField(help_text="True for the attempt the job runs now (or ended with).")
 
 
 class MetricSummarySerializer(serializers.Serializer):
@@ -568,6 +590,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
+            "attempt",
         ]
         read_only_fields = fields
         extra_kwargs = {"budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
@@ -580,6 +603,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
                         "allocated_gpus": {"help_text": "The GPU indices (on a CPU-only box, slot numbers) a GPU box "
                                                         "gave the job while it is active; [] = none."},
                         "max_runtime_s": {"help_text": MAX_RUNTIME_HELP},
+                        "attempt": {"help_text": "The run now tracked: 1, then 2, … each time a lost run was "
+                                                 "resubmitted from its checkpoint (see attempts); cost_usd and "
+                                                 "billable_seconds are summed over them."},
                         "estimated_cost_usd": {"help_text": "What the job may cost, fixed at submission: "
                                                             "min(max_runtime_s × nodes × hourly_price_usd / 3600, "
                                                             "budget_usd); see estimate_arithmetic."}}
@@ -621,6 +647,8 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
                   '{"kind", "uri", "objects", "size_bytes", "last_modified", "listing_sha256", "truncated"}; '
                   'a failed listing: {"kind", "uri", "error"}); null until taken.')
     events = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField(
+        help_text="The job's runs in order: each lost run Trainboard resubmitted, then the current one.")
     metrics = serializers.SerializerMethodField()
     ranks = serializers.SerializerMethodField()
     straggler = serializers.SerializerMethodField(
@@ -649,7 +677,7 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
                                                       "events", "metrics", "ranks", "straggler", "memory_plan",
                                                       "rank_memory"] + [
-            "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"]
+            "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"] + ["attempts"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.JSONField())
@@ -665,6 +693,10 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     @extend_schema_field(JobEventSerializer(many=True))
     def get_events(self, job: TrainingJob) -> list[dict[str, Any]]:
         return JobEventSerializer(selectors.training_job_events(job=job), many=True).data
+
+    @extend_schema_field(JobAttemptSerializer(many=True))
+    def get_attempts(self, job: TrainingJob) -> list[dict[str, Any]]:
+        return JobAttemptSerializer(selectors.training_job_attempts(job=job), many=True).data
 
     @extend_schema_field(serializers.DictField(child=MetricSummarySerializer()))
     def get_metrics(self, job: TrainingJob) -> dict[str, dict[str, Any]]:
