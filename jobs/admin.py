@@ -30,6 +30,8 @@ from jobs.cost import format_usd
 from jobs.orphans import orphan_stop
 from jobs.pagination import CappedCountPaginator
 from jobs.models import (
+    DEFAULT_MAX_RESTARTS,
+    MAX_RESTARTS,
     TERMINAL_STATE_VALUES,
     CodeArchive,
     ComputeBackend,
@@ -238,6 +240,11 @@ class ComputeBackendForm(ServiceForm):
     orphan_policy = forms.ChoiceField(
         required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
         help_text="Provider jobs with Trainboard's tag and no active job: list them, or list and stop them.")
+    max_restarts = forms.IntegerField(
+        required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
+        help_text="How many times a job whose run is lost (a preemption the provider does not restart itself, a "
+                  "host that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint "
+                  "before it ends FAILED; 0 = never. A job's own error is never resubmitted.")
 
     class Meta:
         model = ComputeBackend
@@ -254,6 +261,8 @@ class ComputeBackendForm(ServiceForm):
         for name in ("stall_policy", "orphan_policy"):
             if not data.get(name):
                 data.pop(name, None)
+        if data.get("max_restarts") is None:
+            data.pop("max_restarts", None)  # left out: the backend's (default 2)
         if self.instance.pk:
             return services.backend_update(backend=self.instance, **data)
         return services.backend_create(owner=self.request.user, **data)
