@@ -10,6 +10,7 @@ inline script) read by static/webapp/js/compare.js.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -29,6 +30,13 @@ SHOW_ALL_CONFIG = "all"
 def list_filter_keys() -> tuple[str, ...]:
     """The job list's filter parameters (its filter form's fields): any of them selects runs by filter."""
     return tuple(JobListFilterForm.base_fields)
+
+
+def _selector_filters(filters: dict[str, Any]) -> dict[str, Any]:
+    """The list form's filters that the list's selector takes (its other values, such as the columns
+    it shows, choose no jobs): the same jobs as the list, whatever filters the two grow."""
+    accepted = inspect.signature(selectors.training_job_list_for_user).parameters
+    return {key: value for key, value in filters.items() if key in accepted and key != "user"}
 
 
 def compared_jobs(request: HttpRequest) -> tuple[list, list[str], list[str], str]:
@@ -51,7 +59,7 @@ def compared_jobs(request: HttpRequest) -> tuple[list, list[str], list[str], str
         form = JobListFilterForm(request.GET, backends=selectors.backend_list_for_user(user=user))
         if form.problems():
             return [], form.problems(), [], "filter"
-        matching = selectors.training_job_list_for_user(user=user, **form.filters())
+        matching = selectors.training_job_list_for_user(user=user, **_selector_filters(form.filters()))
         jobs, total = comparison.limit_jobs(matching)
         return jobs, [], [m for m in (comparison.limit_message(len(jobs), total),) if m], "filter"
     return [], [], [], ""
