@@ -28,7 +28,7 @@ MAX_COMPARED_JOBS = 20
 MAX_COMPARED_METRICS = 60
 """Most metric names one comparison charts and tabulates, in :func:`_metric_order`."""
 MAX_POINTS_PER_SERIES = 2000
-"""A longer series is thinned to this many points for the charts (every k-th, first and last kept);
+"""A longer series is thinned to this many evenly spaced points for the charts (first and last kept);
 the table's final and best values are always read from every point."""
 MAX_IDS_TEXT = 2000
 """Longest ``ids`` text read (about 20 ids of any length fit many times over)."""
@@ -134,11 +134,11 @@ def not_found_message(ids: Sequence[int]) -> str:
 
 
 def _thin(points: list[dict[str, Any]], cap: int = MAX_POINTS_PER_SERIES) -> list[dict[str, Any]]:
-    """Every k-th point of a series longer than ``cap``, its last point kept."""
+    """``cap`` evenly spaced points of a series longer than ``cap``, its first and last kept."""
     if len(points) <= cap:
         return points
-    stride = -(-len(points) // (cap - 1))
-    return points[::stride][: cap - 1] + [points[-1]]
+    last = len(points) - 1
+    return [points[round(i * last / (cap - 1))] for i in range(cap)]
 
 
 def _seconds(when) -> float:
