@@ -796,3 +796,29 @@ class Sweep(Owned):
     @property
     def is_terminal(self) -> bool:
         return self.state in self.TERMINAL
+
+
+class JobArtifact(models.Model):
+    """One file a job left behind (``cloud_adapters.base.Artifact``), as the dashboard last listed it,
+    with its sha256 kept so an unchanged file is never read twice (:mod:`jobs.services.artifacts`).
+
+    A file is unchanged while its ``size_bytes`` and ``modified_at`` are those listed before; then
+    ``sha256`` (the provider's where it gives one, else computed once by reading the file) stays."""
+
+    SHA256_SOURCES = (("provider", "provider"), ("computed", "computed"), ("", "not known"))
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="artifacts")
+    name = models.CharField(max_length=1024, help_text="Path under the job's artifact root, '/'-separated.")
+    kind = models.CharField(max_length=20, help_text="model, metrics, checkpoint, log or output.")
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="Bytes; null = not known.")
+    modified_at = models.DateTimeField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True, help_text="Hex; '' = not known (too large to read).")
+    sha256_source = models.CharField(max_length=10, blank=True, choices=SHA256_SOURCES)
+    listed_at = models.DateTimeField(help_text="When the backend last listed this file.")
+
+    class Meta:
+        ordering = ["job", "name"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{self.name}"

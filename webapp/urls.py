@@ -6,7 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from webapp import views, views_compare, views_staff
+from webapp import views, views_artifacts, views_compare, views_staff
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
@@ -37,6 +37,8 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics.json", views.job_metrics, name="job-metrics"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/rerun/", views.job_rerun, name="job-rerun"),
+    path("jobs/<int:pk>/artifacts/", views_artifacts.job_artifacts, name="job-artifacts"),
+    path("jobs/<int:pk>/artifacts/<path:name>", views_artifacts.job_artifact_download, name="job-artifact-download"),
     # Staff
     path("orphans/", views_staff.orphan_list, name="orphan-list"),
     path("orphans/<int:pk>/stop/", views_staff.orphan_stop, name="orphan-stop"),

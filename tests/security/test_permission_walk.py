@@ -73,6 +73,9 @@ URL_KINDS: dict[str, str] = {
     "api-backend-test-connection": "api-action", "api-job-cancel": "api-action", "api-job-rerun": "api-action",
     "api-job-clone": "api-clone",
     "api-backend-queue": "api-read", "api-backend-running-jobs": "api-read", "api-backend-waiting-jobs": "api-read",
+    # Artifacts (docs/artifacts.md): carol's job has a run directory with model.pt (the world fixture).
+    "job-artifacts": "object-read", "job-artifact-download": "object-read",
+    "api-job-artifacts": "api-read", "api-job-artifact-download": "api-read",
 }
 # API objects nobody may PUT/PATCH (a job changes only through cancel/rerun): 405 for everyone.
 API_NO_UPDATE = {"api-job-detail"}
@@ -164,7 +167,11 @@ def world(django_user_model, settings, tmp_path):
     ModelSpec.objects.filter(pk=model.pk).update(team=team)
     job = services.training_job_create(owner=carol, dataset=dataset.pk, model_spec=model.pk, backend=backend.pk,
                                        nodes=1, procs_per_node=1, epochs=1, name="carol-job")
-    TrainingJob.objects.filter(pk=job.pk).update(team=team)
+    # A run directory with one file, so the artifact download routes have something to serve.
+    (tmp_path / "tb-job-carol" / "output").mkdir(parents=True)
+    (tmp_path / "tb-job-carol" / "output" / "model.pt").write_bytes(b"carol's weights")
+    TrainingJob.objects.filter(pk=job.pk).update(team=team, provider_handle={
+        "provider": "gpubox", "job_name": "tb-job-carol", "provider_job_id": str(tmp_path / "tb-job-carol")})
     MetricPoint.objects.create(job=job, name="train_loss", step=1, epoch=0, value=1.0, recorded_at=timezone.now())
     JobLogLine.objects.create(job=job, seq=0, text="hello from carol")
     orphan = OrphanJob.objects.create(backend=backend, provider_job_name="tb-job-999-abc", raw_state="Running",
@@ -188,7 +195,7 @@ def _api(user=None) -> APIClient:
 
 
 def _kwargs(route: Route, obj_pk: Any, admin_obj: Any = None) -> dict[str, Any]:
-    values = {"pk": obj_pk, "format": "json", "app_label": "jobs", "url": "no-such-page/",
+    values = {"pk": obj_pk, "format": "json", "name": "model.pt", "app_label": "jobs", "url": "no-such-page/",
               "content_type_id": 1, "object_id": getattr(admin_obj, "pk", 1), "id": 1}
     return {p: values[p] for p in route.params}
 

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from jobs import code_archives, selectors, services
 from jobs.models import JobStateChoices, TrainingJob
 from webapp.api.pagination import CappedLimitOffsetPagination
+from webapp.api.views_artifacts import JobArtifactActions
 from webapp.api.serializers import (
     BackendQueueJobSerializer,
     BackendQueueSerializer,
@@ -202,7 +203,7 @@ class TrainingJobFilter(django_filters.FilterSet):
         responses={201: TrainingJobDetailSerializer},
     ),
 )
-class TrainingJobViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
+class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
                          viewsets.GenericViewSet):
     filterset_class = TrainingJobFilter
     pagination_class = CappedLimitOffsetPagination
