@@ -190,6 +190,9 @@ def make_client(service: str, *, region: str, profile: str = "", endpoint_url: s
         raise CredentialsError(
             f"{exc}; set the backend's profile to a profile in ~/.aws/config, or leave it empty to "
             f"use the default credential chain.") from exc
+    # S3 signs with SigV4 (botocore may still presign with SigV2 in us-east-1, which buckets in newer
+    # regions and KMS-encrypted objects refuse): the artifact download URLs are presigned here.
     config = Config(retries={"mode": "standard", "total_max_attempts": 1},
-                    connect_timeout=connect_timeout_s, read_timeout=read_timeout_s)
+                    connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                    signature_version="s3v4" if service == "s3" else None)
     return session.client(service, region_name=region, endpoint_url=url, config=config)

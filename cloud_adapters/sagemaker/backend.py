@@ -50,11 +50,12 @@ import json
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 
-from cloud_adapters import _aws, packaging, retry
+from cloud_adapters import _aws, artifact_store, packaging, retry
 from cloud_adapters.base import (
     TAG_JOB_NAME,
+    Artifact,
     BackendError,
     Capabilities,
     InstanceOffer,
@@ -62,6 +63,7 @@ from cloud_adapters.base import (
     JobHandle,
     JobSpec,
     JobStatus,
+    ProviderError,
     parse_utc,
 )
 from cloud_adapters.cloud import CloudBackend, Probe
@@ -695,6 +697,57 @@ class SageMakerBackend(CloudBackend):
         count = int(handle.extra.get("instance_count") or 1)
         return cw_logs.tail(self.client("logs"), self.job_ref(handle), cursor, prefix_hosts=count > 1,
                             call=lambda fn: self.call(fn, "CloudWatch Logs"))
+
+    # -- artifacts --------------------------------------------------------------------------
+    # SageMaker uploads /opt/ml/model as one tarball, <S3OutputPath>/<job>/output/model.tar.gz (and
+    # /opt/ml/output/data as output.tar.gz beside it), and syncs /opt/ml/checkpoints to the
+    # CheckpointConfig prefix while the job runs. The tarball is listed as it is, not its members: a
+    # gzip stream cannot be listed or sliced without reading it whole, and the tarball is what a
+    # SageMaker model or a later job takes. The CloudWatch log is no artifact: it is a set of event
+    # streams, not an object to sign or stream; its lines are the dashboard's own job log.
+
+    def _artifact_roots(self, handle: JobHandle) -> list[artifact_store.Root]:
+        ref = self.job_ref(handle)
+        desc = self.get_job(ref)
+        if desc is None:
+            raise ProviderError(f"{self.no_job(ref)}: its outputs cannot be found")
+        output = (desc.get("OutputDataConfig") or {}).get("S3OutputPath") or self._s3_uri("output")
+        checkpoints = (desc.get("CheckpointConfig") or {}).get("S3Uri") or self._s3_uri("checkpoints", ref)
+        out_bucket, out_prefix = artifact_store.split_uri(output, "s3")
+        ckpt_bucket, ckpt_prefix = artifact_store.split_uri(checkpoints, "s3")
+        return [artifact_store.Root(out_bucket, f"{out_prefix}{ref}/output/",
+                                    only=frozenset({"model.tar.gz", "output.tar.gz"})),
+                artifact_store.Root(ckpt_bucket, ckpt_prefix, "checkpoints/")]
+
+    def _artifact_files(self, handle: JobHandle) -> dict[str, artifact_store.StoredFile]:
+        def list_files() -> dict[str, artifact_store.StoredFile]:
+            s3 = self.client("s3")
+            found: list[artifact_store.StoredFile] = []
+            for root in self._artifact_roots(handle):
+                found += self.call(lambda root=root: artifact_store.s3_files(s3, root), "S3")
+            return artifact_store.collect(found)
+        return artifact_store.cached_listing(self, self.job_ref(handle), list_files)
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """``model.tar.gz`` and ``output.tar.gz`` (once SageMaker uploaded them) and every object of
+        the checkpoint prefix as ``checkpoints/<key under it>``. Calls: DescribeTrainingJob, then
+        ListObjectsV2 per prefix (1,000 objects a page)."""
+        return artifact_store.as_artifacts(self._artifact_files(handle))
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """The object's body (GetObject), streamed."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        return self.call(lambda: artifact_store.s3_open(self.client("s3"), f), "S3")
+
+    def artifact_url(self, handle: JobHandle, name: str, *, expires_s: int = 300) -> str | None:
+        """A presigned GetObject URL (signed with the backend's credentials, valid ``expires_s``)."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        return artifact_store.s3_url(self.client("s3"), f, expires_s)
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """``s3://bucket/key``: what a later SageMaker job reads as a channel or checkpoint prefix."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        return f"s3://{f.container}/{f.key}"
 
     # -- test connection --------------------------------------------------------------------
 
