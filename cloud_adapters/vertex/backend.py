@@ -54,11 +54,12 @@ import hashlib
 import json
 import re
 import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
-from cloud_adapters import _gcp, packaging, retry
+from cloud_adapters import _gcp, artifact_store, packaging, retry
 from cloud_adapters.base import (
     TAG_JOB_NAME,
+    Artifact,
     BackendError,
     Capabilities,
     InstanceOffer,
@@ -66,6 +67,7 @@ from cloud_adapters.base import (
     JobHandle,
     JobSpec,
     JobStatus,
+    ProviderError,
     Throttled,
 )
 from cloud_adapters.cloud import LIST_SKEW_S, CloudBackend, Probe
@@ -762,6 +764,55 @@ class VertexBackend(CloudBackend):
             job_id=job_id, cursor=cursor, since=since,
             prefix_tasks=int(handle.extra.get("instance_count") or 1) > 1,
             call=lambda fn: self.call(fn, "Cloud Logging"))
+
+    # -- artifacts --------------------------------------------------------------------------
+    # Vertex sets AIP_MODEL_DIR = <base>/model/, AIP_CHECKPOINT_DIR = <base>/checkpoints/ and
+    # AIP_TENSORBOARD_LOG_DIR = <base>/logs/ from the job's base_output_directory (clouds.md §2.3); the
+    # trainer writes its model and metrics, and its checkpoints, there through the FUSE mount.
+
+    def _artifact_roots(self, handle: JobHandle) -> list[artifact_store.Root]:
+        ref = self.job_ref(handle)
+        job = self.get_job(ref)
+        if job is None:
+            raise ProviderError(f"{self.no_job(ref)}: its outputs cannot be found")
+        base = job.job_spec.base_output_directory.output_uri_prefix or self._gs("output", job_label(handle.job_name))
+        bucket, prefix = artifact_store.split_uri(base, "gs")
+        return [artifact_store.Root(bucket, f"{prefix}model/"),
+                artifact_store.Root(bucket, f"{prefix}checkpoints/", "checkpoints/"),
+                artifact_store.Root(bucket, f"{prefix}logs/", "logs/")]
+
+    def _artifact_files(self, handle: JobHandle) -> dict[str, artifact_store.StoredFile]:
+        def list_files() -> dict[str, artifact_store.StoredFile]:
+            client = self.storage_client()
+            found: list[artifact_store.StoredFile] = []
+            for root in self._artifact_roots(handle):
+                found += self.call(lambda root=root: artifact_store.gcs_files(client, root), "Cloud Storage")
+            return artifact_store.collect(found)
+        return artifact_store.cached_listing(self, handle.job_name, list_files)
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """The job's output directory on Cloud Storage: ``model/``'s files by their name under it
+        (``model.pt``, ``metrics.jsonl``), ``checkpoints/...`` and ``logs/...``. Calls: GetCustomJob,
+        then objects.list per directory."""
+        return artifact_store.as_artifacts(self._artifact_files(handle))
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """A reader of the object (ranged reads)."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        return self.call(lambda: artifact_store.gcs_open(self.storage_client(), f), "Cloud Storage")
+
+    def artifact_url(self, handle: JobHandle, name: str, *, expires_s: int = 300) -> str | None:
+        """A V4 signed URL, signed by the backend's service-account key (or an ambient identity that
+        can sign); None with credentials that cannot sign (then the dashboard streams the file)."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        endpoint = self.config["storage_endpoint"]
+        creds, _ = _gcp.credentials(endpoint, self.secrets.get("service_account_json", ""))
+        return artifact_store.gcs_url(self.storage_client(), f, expires_s, credentials=creds, endpoint=endpoint)
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """``gs://bucket/object``."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        return f"gs://{f.container}/{f.key}"
 
     # -- test connection --------------------------------------------------------------------
 
