@@ -348,6 +348,13 @@ if TRAINBOARD_CODE_MAX_BYTES < 1 or TRAINBOARD_CODE_MAX_FILES < 1:
 # exit code), the interpreter that runs torchrun, and the most ranks one job may start there. They
 # are the box operator's decision (DESIGN.md §8): only these settings or a staff user's backend set
 # them, never another user's backend (jobs.adapters.backend_adapter).
+# Artifacts (docs/artifacts.md): how long a signed download URL lives, and the largest file whose
+# sha256 the dashboard reads to compute (a larger one shows "not computed").
+TRAINBOARD_ARTIFACT_URL_EXPIRES_S = env.int("TRAINBOARD_ARTIFACT_URL_EXPIRES_S", default=300)
+if not 10 <= TRAINBOARD_ARTIFACT_URL_EXPIRES_S <= 7 * 24 * 3600:
+    raise ImproperlyConfigured("TRAINBOARD_ARTIFACT_URL_EXPIRES_S must be 10 to 604800 seconds (S3's and "
+                               f"Cloud Storage's longest signature is 7 days), got {TRAINBOARD_ARTIFACT_URL_EXPIRES_S}")
+TRAINBOARD_ARTIFACT_HASH_MAX_BYTES = env.int("TRAINBOARD_ARTIFACT_HASH_MAX_BYTES", default=2 << 30)
 TRAINBOARD_RUN_ROOT = Path(env.str("TRAINBOARD_RUN_ROOT", default=str(VAR_DIR / "runs"))).resolve()
 TRAINBOARD_GPUBOX_PYTHON = env.str("TRAINBOARD_GPUBOX_PYTHON", default="")  # "" = the worker's own interpreter
 if TRAINBOARD_GPUBOX_PYTHON and not os.path.isabs(TRAINBOARD_GPUBOX_PYTHON):
