@@ -67,6 +67,7 @@ class StoredFile:
     size_bytes: int | None
     modified_at: dt.datetime | None
     sha256: str = ""
+    store: str = ""  # where the container lies, when a backend has several (Azure ML: the datastore)
 
     def artifact(self) -> Artifact:
         return Artifact(name=self.name, kind=artifact_kind(self.name), size_bytes=self.size_bytes,

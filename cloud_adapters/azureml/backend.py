@@ -46,6 +46,7 @@ off (``retry_total=0``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import io
@@ -57,13 +58,14 @@ import tempfile
 import threading
 import tomllib
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 
-from cloud_adapters import _azure, packaging, retry
+from cloud_adapters import _azure, artifact_store, packaging, retry
 from cloud_adapters.azureml import logs as az_logs
 from cloud_adapters.azureml.states import STATES, job_status, status_text
 from cloud_adapters.base import (
     TAG_JOB_NAME,
+    Artifact,
     BackendError,
     Capabilities,
     CredentialsError,
@@ -158,6 +160,7 @@ CONFIG_FILE = packaging.BASE_CONFIG  # trainboard_job.json, in the code snapshot
 COMMAND = f"python -m trainer_pkg.launch --config {CONFIG_FILE}"
 EXPERIMENT = "trainboard"
 DATA_INPUT = "data"  # -> AZURE_ML_INPUT_data (trainer_pkg.platforms.AZURE_DATA_NAMES)
+DEFAULT_DATASTORE = "workspaceblobstore"  # Azure ML's default datastore of a workspace's job outputs
 MODEL_OUTPUT = "model"  # -> AZURE_ML_OUTPUT_model (AZURE_OUTPUT_NAMES)
 CHECKPOINT_OUTPUT = "checkpoints"  # -> AZURE_ML_OUTPUT_checkpoints (AZURE_CHECKPOINT_NAMES)
 MAX_RUNTIME_S = 30 * 24 * 3600
@@ -234,8 +237,12 @@ class AzureMLBackend(CloudBackend):
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, secrets: Mapping[str, str] | None = None,
                  prices=None, credential: Any = None, transport: Any = None,
-                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None) -> None:
+                 retry_policy: retry.RetryPolicy | None = None, clock: retry.Clock | None = None,
+                 blob_account_url: str | None = None) -> None:
         super().__init__(config, secrets=secrets, prices=prices)
+        self._blob_account_url = blob_account_url
+        """The Blob service of the job outputs' datastore; None = ``<protocol>://<account>.blob.<endpoint>``
+        as the datastore says (a test passes Azurite's URL, as it passes a transport)."""
         if self._row(self.config["vm_size"], low_priority=False) is None:
             raise self._unknown_size(self.config["vm_size"], field="vm_size")
         self.retry_policy = retry_policy or retry.RetryPolicy()
@@ -729,6 +736,89 @@ class AzureMLBackend(CloudBackend):
             return data[:length] if response.status_code == 206 else data[offset:offset + length]
 
         return self.call(get)
+
+    # -- artifacts --------------------------------------------------------------------------
+    # The job's outputs ``model`` and ``checkpoints`` are uri_folders on a datastore: the path the job
+    # set (azureml://datastores/<datastore>/paths/<path>), else Azure ML's default
+    # azureml://datastores/workspaceblobstore/paths/azureml/<job name>/<output name>/. The datastore
+    # names the storage account and Blob container; its account key (listSecrets) signs SAS URLs.
+
+    def _output_location(self, job: Any, output: str) -> tuple[str, str]:
+        """``(datastore, path prefix ending in '/')`` of the job's output ``output``."""
+        ref = str(getattr(job, "name", ""))
+        outputs = getattr(job, "outputs", None) or {}
+        path = str(getattr(outputs.get(output), "path", "") or "")
+        m = re.fullmatch(r"azureml://datastores/([^/]+)/paths/(.+)", path)
+        if m:
+            return m.group(1), m.group(2).strip("/") + "/"
+        return DEFAULT_DATASTORE, f"azureml/{ref}/{output}/"
+
+    def _blob_store(self, datastore: str) -> tuple[Any, str]:
+        """``(BlobServiceClient, container)`` of ``datastore``: with its account key when Azure ML
+        hands it out (listSecrets), else the backend's own Entra ID credential (no SAS then)."""
+        key = "blob:" + datastore
+
+        def make() -> tuple[Any, str]:
+            from azure.storage.blob import BlobServiceClient
+
+            ml = self.ml_client()
+            try:
+                store = self.call(lambda: ml.datastores.get(datastore, include_secrets=True))
+            except BackendError:
+                store = self.call(lambda: ml.datastores.get(datastore))
+            account_key = getattr(getattr(store, "credentials", None), "account_key", None)
+            url = self._blob_account_url or f"{store.protocol}://{store.account_name}.blob.{store.endpoint}"
+            credential: Any = ({"account_name": store.account_name, "account_key": account_key} if account_key
+                               else self.credential())
+            return BlobServiceClient(account_url=url, credential=credential, retry_total=0), store.container_name
+        with self._lock:
+            cache = self.__dict__.setdefault("_blob_stores", {})
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _artifact_files(self, handle: JobHandle) -> dict[str, artifact_store.StoredFile]:
+        def list_files() -> dict[str, artifact_store.StoredFile]:
+            ref = self.job_ref(handle)
+            job = self.get_job(ref)
+            if job is None:
+                raise ProviderError(f"{self.no_job(ref)}: its outputs cannot be found")
+            found: list[artifact_store.StoredFile] = []
+            for output, name_prefix in ((MODEL_OUTPUT, ""), (CHECKPOINT_OUTPUT, "checkpoints/")):
+                datastore, prefix = self._output_location(job, output)
+                service, container = self._blob_store(datastore)
+                root = artifact_store.Root(container, prefix, name_prefix)
+                found += [dataclasses.replace(f, store=datastore) for f in
+                          self.call(lambda root=root, service=service: artifact_store.blob_files(service, root),
+                                    "Azure Blob")]
+            return artifact_store.collect(found)
+        return artifact_store.cached_listing(self, self.job_ref(handle), list_files)
+
+    def _pick(self, handle: JobHandle, name: str) -> tuple[Any, artifact_store.StoredFile]:
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        service, _ = self._blob_store(f.store)
+        return service, f
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """The job's outputs in their datastore's Blob container: ``model``'s files by their name
+        under it (``model.pt``, ``metrics.jsonl``), ``checkpoints``' as ``checkpoints/...``. Calls:
+        GET job, GET datastore (+ listSecrets), List Blobs per output."""
+        return artifact_store.as_artifacts(self._artifact_files(handle))
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """A chunked reader of the blob (Get Blob)."""
+        service, f = self._pick(handle, name)
+        return self.call(lambda: artifact_store.blob_open(service, f), "Azure Blob")
+
+    def artifact_url(self, handle: JobHandle, name: str, *, expires_s: int = 300) -> str | None:
+        """A read-only SAS URL signed with the datastore's account key; None without one."""
+        service, f = self._pick(handle, name)
+        return artifact_store.blob_url(service, f, expires_s)
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """``azureml://datastores/<datastore>/paths/<blob>``: what a later Azure ML job takes as an input."""
+        f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
+        return f"azureml://datastores/{f.store}/paths/{f.key}"
 
     # -- test connection --------------------------------------------------------------------
 

@@ -178,6 +178,7 @@ class AzureMLStandin:
         self.puts: dict[str, list[dict[str, Any]]] = {}
         self.codes: dict[tuple[str, str], dict[str, Any]] = {}
         self.environments: dict[tuple[str, str], dict[str, Any]] = {}  # (name, version) -> stored version
+        self.datastores: dict[str, str] = {"workspaceblobstore": "azureml-blobstore"}  # name -> Blob container
         self.log_files: dict[str, dict[str, bytes]] = {}  # job -> {user_logs/...: bytes}
         self.run_errors: dict[str, dict[str, str]] = {}  # job -> {"code", "message"}
         self.requests: list[Seen] = []
@@ -352,6 +353,9 @@ class AzureMLStandin:
                 if name in self.jobs:
                     return response(request, 409, error_body("Conflict", f"job {name} already exists"))
                 return response(request, 201, self._store(name, body, "NotStarted"))
+        m = re.fullmatch(r"/datastores/([^/]+)(/listSecrets)?", rest)
+        if m and (method, bool(m.group(2))) in (("GET", False), ("POST", True)):
+            return self._datastore(request, m.group(1), secrets=bool(m.group(2)))
         m = re.fullmatch(r"/jobs/([^/]+)/cancel", rest)
         if m and method == "POST":
             name = m.group(1)
@@ -398,6 +402,21 @@ class AzureMLStandin:
         return response(request, 404, error_body("NotFound", f"stand-in has no ARM route for {method} {rest}"))
 
     # -- resources --------------------------------------------------------------------------
+
+    def _datastore(self, request: Any, name: str, *, secrets: bool) -> RestRequestsTransportResponse:
+        """A Blob datastore of :attr:`datastores` on :attr:`blob`'s account (GET), or its account key
+        (POST listSecrets), as ARM answers them; 404 for another name."""
+        if name not in self.datastores or self.blob is None:
+            return response(request, 404, error_body("UserError", f"datastore {name} not found"))
+        if secrets:
+            return response(request, 200, {"secretsType": "AccountKey", "key": self.blob.key})
+        return response(request, 200, {
+            "id": f"{self.scope}/datastores/{name}", "name": name,
+            "type": "Microsoft.MachineLearningServices/workspaces/datastores",
+            "properties": {"datastoreType": "AzureBlob", "accountName": self.blob.name,
+                           "containerName": self.datastores[name], "endpoint": "core.windows.net",
+                           "protocol": "https", "isDefault": name == "workspaceblobstore",
+                           "credentials": {"credentialsType": "AccountKey"}}})
 
     def _workspace(self) -> dict[str, Any]:
         return {"id": self.scope, "name": self.workspace, "type": "Microsoft.MachineLearningServices/workspaces",
