@@ -32,10 +32,11 @@ import datetime as dt
 import json
 import posixpath
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Sequence
 
-from cloud_adapters import packaging, torchrun_log
+from cloud_adapters import artifact_store, packaging, torchrun_log
 from cloud_adapters.base import (
+    Artifact,
     Backend,
     BackendError,
     Capabilities,
@@ -573,6 +574,55 @@ class SlurmBackend(Backend):
         except FileNotFoundError:
             return [], str(offset)
         return torchrun_log.complete_lines(chunk, offset, max_bytes=MAX_LOG_BYTES, max_lines=MAX_LOG_LINES)
+
+    # -- artifacts --------------------------------------------------------------------------
+    # The run directory's output/ (the trainer's output_dir as submitted), its checkpoints/ and
+    # slurm.log, through the transport (local files, or SFTP over the backend's SSH connection).
+    # The places are the adapter's own, never read back from job.json: the job's code can write
+    # there, and must not be able to point the dashboard at another directory of the cluster.
+
+    def _artifact_files(self, handle: JobHandle) -> dict[str, tuple[str, str, Any]]:
+        """name → (path, the root it lies under, its FileEntry)."""
+        run_dir = self._run_dir(handle)
+        out_dir = f"{run_dir}/output"
+        ckpt_dir = f"{out_dir}/checkpoints"
+        files: dict[str, tuple[str, str, Any]] = {}
+        for entry in self.transport.list_files(out_dir):
+            if entry.path == "checkpoints" or entry.path.startswith("checkpoints/"):
+                continue
+            files[entry.path] = (f"{out_dir}/{entry.path}", out_dir, entry)
+        for entry in self.transport.list_files(ckpt_dir):
+            files[f"checkpoints/{entry.path}"] = (f"{ckpt_dir}/{entry.path}", ckpt_dir, entry)
+        top = {e.path: e for e in self.transport.list_files(run_dir, recursive=False)}
+        if not top and not files:
+            raise ProviderError(f"run directory {run_dir} is missing on the cluster; the job's files are gone")
+        if "slurm.log" in top:
+            files["logs/slurm.log"] = (f"{run_dir}/slurm.log", run_dir, top["slurm.log"])
+        return {name: value for name, value in files.items() if not artifact_store.name_problem(name)}
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """``output/``'s files by their path under it (``model.pt``, ``metrics.jsonl``), the
+        checkpoints as ``checkpoints/...`` and ``slurm.log`` as ``logs/slurm.log``; regular files
+        only, never through a symbolic link. Raises ProviderError when the run directory is gone."""
+        return [Artifact(name=name, kind=artifact_store.artifact_kind(name), size_bytes=entry.size_bytes,
+                         modified_at=dt.datetime.fromtimestamp(entry.mtime, dt.timezone.utc))
+                for name, (_, _, entry) in sorted(self._artifact_files(handle).items())]
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """The file opened through the transport (a link on the way is refused)."""
+        found = self._artifact_files(handle).get(name) if not artifact_store.name_problem(name) else None
+        if found is None:
+            raise InvalidSpec(f"job {handle.job_name} has no artifact {name!r}")
+        path, root, _ = found
+        try:
+            return self.transport.open_file(path, root=root)
+        except OSError as exc:
+            raise ProviderError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """The file's path on the cluster's shared filesystem: a later job there reads it in place."""
+        found = self._artifact_files(handle).get(name)
+        return found[0] if found else ""
 
     def list_tagged(self) -> list[ProviderJob]:
         """The jobs squeue lists (pending, running, completing…) whose comment carries Trainboard's tag

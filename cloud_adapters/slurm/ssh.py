@@ -36,13 +36,14 @@ import secrets
 import select
 import shlex
 import socket
+import stat
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Mapping, Sequence, TypeVar
 
 from cloud_adapters.base import ConnectionCheck, CredentialsError, InvalidSpec, MissingDependency, ProviderError
-from cloud_adapters.slurm.transport import MAX_READ_BYTES, CommandResult
+from cloud_adapters.slurm.transport import MAX_LISTED_FILES, MAX_READ_BYTES, CommandResult, FileEntry, link_under
 
 if TYPE_CHECKING:
     import paramiko
@@ -497,6 +498,52 @@ class SshTransport:
                 raise
 
         return self._retry_dropped(f"reading {path}", read)
+
+
+    def list_files(self, root: str, *, recursive: bool = True) -> list[FileEntry]:
+        """Every regular file under ``root`` on the login node, by SFTP READDIR (whose attributes are
+        the entries' own: a link is seen as a link, never followed), at most
+        :data:`~cloud_adapters.slurm.transport.MAX_LISTED_FILES`; [] when ``root`` is missing or a link."""
+        _absolute(root)
+
+        def walk(transport: Any) -> list[FileEntry]:
+            sftp = self._sftp_client(transport)
+            try:
+                if not stat.S_ISDIR(sftp.lstat(root).st_mode):
+                    return []
+            except FileNotFoundError:
+                return []
+            found: list[FileEntry] = []
+            pending = [""]
+            while pending and len(found) < MAX_LISTED_FILES:
+                rel = pending.pop()
+                try:
+                    entries = sftp.listdir_attr(posixpath.join(root, rel) if rel else root)
+                except FileNotFoundError:
+                    continue
+                for entry in sorted(entries, key=lambda e: e.filename):
+                    child = posixpath.join(rel, entry.filename) if rel else entry.filename
+                    if stat.S_ISDIR(entry.st_mode):
+                        if recursive:
+                            pending.append(child)
+                    elif stat.S_ISREG(entry.st_mode):
+                        found.append(FileEntry(child, int(entry.st_size or 0), float(entry.st_mtime or 0)))
+            return sorted(found[:MAX_LISTED_FILES], key=lambda f: f.path)
+
+        return self._retry_dropped(f"listing {root}", walk)
+
+    def open_file(self, path: str, *, root: str) -> BinaryIO:
+        """``path`` opened over SFTP after an LSTAT of ``root`` and of each part below it: a link on
+        the way is refused (PermissionError), since SFTP's OPEN would follow it."""
+        _absolute(path)
+
+        def open_(transport: Any) -> BinaryIO:
+            sftp = self._sftp_client(transport)
+            if link_under(root, path, sftp.lstat):
+                raise PermissionError(f"{path}: a symbolic link on the way; not opened")
+            return sftp.open(path, "rb", bufsize=_READ_CHUNK * 8)
+
+        return self._retry_dropped(f"opening {path}", open_)
 
 
 def _absolute(path: str) -> None:

@@ -19,14 +19,41 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
+import stat
 import subprocess
 import tempfile
-from typing import Mapping, Protocol, Sequence
+from typing import BinaryIO, Mapping, Protocol, Sequence
 
 from cloud_adapters.base import ConnectionCheck, ProviderError
 
 MAX_READ_BYTES = 4 * 1024 * 1024
 """The most bytes one :meth:`Transport.read_file` returns."""
+MAX_LISTED_FILES = 10_000
+"""The most files one :meth:`Transport.list_files` returns (a job that wrote more shows the first ones)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """A regular file under a directory, as :meth:`Transport.list_files` finds it."""
+
+    path: str  # relative to the directory listed, '/'-separated
+    size_bytes: int
+    mtime: float  # seconds since the epoch
+
+
+def link_under(root: str, path: str, lstat) -> bool:
+    """Whether ``root`` or any part of ``path`` below it is a symbolic link (``lstat`` of the
+    transport: os.lstat or SFTP's); a missing part raises FileNotFoundError. ``path`` lies under ``root``."""
+    rel = posixpath.relpath(path, root)
+    if rel == ".." or rel.startswith("../") or posixpath.isabs(rel):
+        return True
+    current = root
+    for part in [""] + ([] if rel == "." else rel.split("/")):
+        current = posixpath.join(current, part) if part else current
+        if stat.S_ISLNK(lstat(current).st_mode):
+            return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +86,16 @@ class Transport(Protocol):
     def read_file(self, path: str, *, offset: int = 0, limit: int = MAX_READ_BYTES) -> bytes:
         """Up to ``limit`` bytes of ``path`` from byte ``offset``; raises FileNotFoundError when the
         file does not exist (yet)."""
+
+    def list_files(self, root: str, *, recursive: bool = True) -> list[FileEntry]:
+        """Every regular file under the absolute directory ``root`` (only its own with ``recursive`` False) (at most :data:`MAX_LISTED_FILES`),
+        sorted by path; symbolic links are neither followed nor listed (a job's code could point one
+        at any file of the cluster); [] when ``root`` is missing or is itself a link."""
+
+    def open_file(self, path: str, *, root: str) -> BinaryIO:
+        """``path`` (a file under ``root``) opened for reading; the caller closes it. Raises
+        FileNotFoundError when it is missing, PermissionError when ``root`` or a part of ``path``
+        is a symbolic link."""
 
     def close(self) -> None:
         """Release the connection, if any."""
@@ -108,6 +145,29 @@ class LocalTransport:
         with open(path, "rb") as fh:
             fh.seek(max(0, offset))
             return fh.read(max(0, min(limit, MAX_READ_BYTES)))
+
+    def list_files(self, root: str, *, recursive: bool = True) -> list[FileEntry]:
+        if not os.path.isdir(root) or os.path.islink(root):
+            return []
+        found: list[FileEntry] = []
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if recursive and not os.path.islink(os.path.join(dirpath, d)))
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue  # removed while listed
+                if stat.S_ISREG(st.st_mode):
+                    found.append(FileEntry(os.path.relpath(full, root).replace(os.sep, "/"), st.st_size, st.st_mtime))
+                    if len(found) >= MAX_LISTED_FILES:
+                        return sorted(found, key=lambda f: f.path)
+        return sorted(found, key=lambda f: f.path)
+
+    def open_file(self, path: str, *, root: str) -> BinaryIO:
+        if link_under(root, path, os.lstat):
+            raise PermissionError(f"{path}: a symbolic link on the way; not opened")
+        return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
 
     def close(self) -> None:
         return None
