@@ -50,11 +50,12 @@ import datetime as dt
 import json
 import os
 import threading
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from cloud_adapters import retry
 from cloud_adapters.base import (
     TAG_JOB_NAME,
+    Artifact,
     BackendError,
     Capabilities,
     CredentialsError,
@@ -671,6 +672,32 @@ class KubernetesBackend(CloudBackend):
                                      job_id=tagged_job_id(tags), created_at=self.created_at(job),
                                      handle=self.job_handle(name, job)))
         return found
+
+    # -- artifacts --------------------------------------------------------------------------
+    # A job writes its model and checkpoints to <output_path>/<job name>/ inside its pods, on
+    # whatever volume the runtime mounts there (a PVC, a hostPath, nothing at all). The API server
+    # offers no way to read a volume's files, and the adapter has no credentials for the storage
+    # behind it: the dashboard lists none, and says where they are.
+
+    def _outputs_unreachable(self, handle: JobHandle) -> str:
+        where = f"{self.config['output_path'].rstrip('/')}/{handle.job_name}/"
+        return (f"a Kubernetes job's files are not reachable from the dashboard: its model and checkpoints are in "
+                f"{where} inside its pods, on the volume the runtime mounts there; read them from that volume "
+                f"(a pod that mounts it, or the storage behind it).")
+
+    def artifacts(self, handle: JobHandle) -> list[Artifact]:
+        """Raises ProviderError saying where the files are (inside the pods' volume, out of reach)."""
+        raise ProviderError(self._outputs_unreachable(handle))
+
+    def open_artifact(self, handle: JobHandle, name: str) -> BinaryIO:
+        """Raises InvalidSpec: no file of a Kubernetes job is reachable (:meth:`artifacts`)."""
+        raise InvalidSpec(f"job {handle.job_name} has no artifact {name!r}: {self._outputs_unreachable(handle)}")
+
+    def artifact_uri(self, handle: JobHandle, name: str) -> str:
+        """The path inside a later pod on the same volume, when ``name`` is one the job wrote there."""
+        if not name or ".." in name.split("/") or name.startswith("/"):
+            return ""
+        return f"{self.config['output_path'].rstrip('/')}/{handle.job_name}/{name}"
 
     def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
         """New lines of the job's pods since ``cursor``, rank 0 first (:mod:`cloud_adapters.kubernetes.logs`
