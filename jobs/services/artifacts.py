@@ -174,8 +174,16 @@ def training_job_artifact_download(*, job: TrainingJob, name: str) -> ArtifactDo
         raise ArtifactNotFound(name)
     stored = list(JobArtifact.objects.filter(job=job))
     adapter = backend_adapter(job.backend)
-    rows = stored if _listing_is_final(job, stored) else _refresh(job, adapter, handle)
-    row = next((r for r in rows if r.name == name), None)
+    row = next((r for r in stored if r.name == name), None)
+    if not _listing_is_final(job, stored):
+        # The job may still be writing: the name is checked against the backend's listing now
+        # (without hashing anything; the list view does that).
+        found = next((a for a in adapter.artifacts(handle) if a.name == name), None)
+        if found is None:
+            raise ArtifactNotFound(name)
+        if row is None or row.size_bytes != found.size_bytes:
+            row = JobArtifact(job=job, name=found.name, kind=found.kind, size_bytes=found.size_bytes,
+                              modified_at=found.modified_at, sha256=found.sha256, listed_at=timezone.now())
     if row is None:
         raise ArtifactNotFound(name)
     filename = name.rsplit("/", 1)[-1]

@@ -174,3 +174,18 @@ def test_a_job_not_submitted_has_no_artifacts(user, digits_dataset, cnn_model, l
     assert _api(user).get(f"/api/jobs/{job.pk}/artifacts/").json() == {"results": [], "error": ""}
     assert "the job has not been submitted" in owner_client.get(f"/jobs/{job.pk}/artifacts/").content.decode()
     assert owner_client.get(f"/jobs/{job.pk}/artifacts/model.pt").status_code == 404
+
+
+def test_a_running_jobs_new_file_downloads_without_hashing_anything(box_job, user):
+    api = _api(user)
+    api.get(f"/api/jobs/{box_job.pk}/artifacts/")
+    hashed = dict(JobArtifact.objects.filter(job=box_job).values_list("name", "sha256"))
+    (box_job.run_dir / "output" / "checkpoints" / "epoch-1.pt").write_bytes(b"written since the listing")
+    (box_job.run_dir / "output" / "model.pt").write_bytes(b"rewritten")
+    r = api.get(f"/api/jobs/{box_job.pk}/artifacts/checkpoints/epoch-1.pt/download/")
+    assert r.status_code == 200 and b"".join(r.streaming_content) == b"written since the listing"
+    r = api.get(f"/api/jobs/{box_job.pk}/artifacts/model.pt/download/")
+    assert b"".join(r.streaming_content) == b"rewritten" and r["Content-Length"] == "9"
+    # The downloads checked the names against the box's listing and stored nothing: the rows are
+    # the list view's, hashes and all.
+    assert dict(JobArtifact.objects.filter(job=box_job).values_list("name", "sha256")) == hashed
