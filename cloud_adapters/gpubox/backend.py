@@ -701,8 +701,8 @@ class GpuBoxBackend(Backend):
     def _container_mounts(config: Mapping[str, Any], run_dir: Path, trainer_path: Path,
                           environment: Mapping[str, Any] | None) -> list[tuple[str, bool]]:
         """``(host path, read_only)`` a job's container sees at the same paths: the run directory,
-        the trainer snapshot, the requirements environment, a local dataset, and output or
-        checkpoint directories outside the run directory."""
+        the trainer snapshot, the requirements environment, a local dataset, output or checkpoint
+        directories outside the run directory, and the file ``train.init_from`` names (read-only)."""
         mounts = [(str(run_dir), False), (str(trainer_path), True)]
         if environment is not None:
             mounts.append((environment["dir"], True))
@@ -714,6 +714,11 @@ class GpuBoxBackend(Backend):
             path = str(output.get(key) or "")
             if os.path.isabs(path) and not Path(path).is_relative_to(run_dir):
                 mounts.append((os.path.normpath(path), False))
+        # A continued or fine-tuned job reads its source's checkpoint or model.pt in place (read-only;
+        # the file itself, never a symbolic link: docs/clone-continue.md).
+        init_from = str((config.get("train") or {}).get("init_from") or "")
+        if os.path.isabs(init_from) and os.path.isfile(init_from) and not os.path.islink(init_from):
+            mounts.append((os.path.normpath(init_from), True))
         return mounts
 
     # -- describe ---------------------------------------------------------------------------
