@@ -94,7 +94,8 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
         "--warmup-steps", "--on-nonfinite-loss", "--find-unused-parameters", "--no-find-unused-parameters",
         "--output-dir", "--checkpoint-dir", "--seq-len", "--val-windows", "--num-workers", "--pin-memory",
         "--no-pin-memory", "--prefetch-factor", "--activation-checkpointing", "--no-activation-checkpointing",
-        "--cpu-offload", "--no-cpu-offload", "--max-steps", "--compile", "--no-compile", "--checkpoint-format"}
+        "--cpu-offload", "--no-cpu-offload", "--max-steps", "--compile", "--no-compile", "--checkpoint-format",
+        "--init-from", "--init-mode"}
     by_flag = {a.option_strings[0]: a for a in parser._actions}
     assert by_flag["--pipeline-schedule"].choices == ("gpipe", "1f1b")  # the Literal's
     assert by_flag["--model"].choices == ("mlp", "cnn", "resnet", "gpt", "custom")
