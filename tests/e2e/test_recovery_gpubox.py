@@ -101,6 +101,7 @@ def test_a_killed_process_tree_is_resumed_from_its_checkpoint_as_attempt_two(
 
     # Two attempts: the lost one on record, the second the job's own row.
     assert job.attempt == 2 and job.provider_job_name == f"{first_name}-a2"
+    assert len(job.allocated_gpus) == 2  # admission gave the new attempt a device (a slot here) per rank again
     (lost,) = JobAttempt.objects.filter(job=job)
     assert (lost.number, lost.outcome, lost.provider_job_name) == (1, "lost", first_name)
     assert lost.reason == "supervisor process disappeared"
