@@ -118,7 +118,8 @@ def lost_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fi
     ``job``: its row, locked by the caller's transaction (:func:`jobs.sync._locked`); ``figures``: the
     lost attempt's own start, end, billable seconds and cost; ``fields``: the columns the sync would
     write (``cost_usd`` there is the sum over attempts, lost one included, which the budget is checked
-    against); ``checkpoint_uri``: :func:`checkpoint_location` of the lost attempt. Returns
+    against); ``checkpoint_uri``: :func:`checkpoint_location` of the lost attempt (one that was itself given a
+    ``job.checkpoint_uri`` wrote there, which wins). Returns
     ``Outcome(requeued=True)`` when the job moved to QUEUED (its ``submit_job`` is sent after commit),
     else the failure reason to end it with. Makes no provider call.
     """
@@ -141,6 +142,8 @@ def lost_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fi
                               f"{costs.format_usd(job.budget_usd, places)}")
 
     number = int(job.attempt or 1)
+    # An attempt that resumed from an earlier one's directory wrote its checkpoints there too.
+    checkpoint_uri = job.checkpoint_uri or checkpoint_uri
     JobAttempt.objects.create(
         job=job, number=number, provider_job_name=job.provider_job_name, provider_handle=job.provider_handle,
         raw_state=(status.raw_state or "")[:100], started_at=figures.started_at, ended_at=figures.ended_at,
@@ -148,7 +151,7 @@ def lost_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fi
         cost_usd=figures.cost_usd, outcome=JobAttempt.Outcome.LOST, reason=reason,
         checkpoint_uri=checkpoint_uri)
     following = number + 1
-    resume = checkpoint_uri or job.checkpoint_uri
+    resume = checkpoint_uri
     message = (f"run lost ({reason}); resubmitting, attempt {following} of {limit + 1}"
                + ("" if resume else " (no checkpoint found: it starts over)"))
     moved = transition(

@@ -383,7 +383,7 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         except _RowMovedOn:
             return
     checkpoint = ""
-    if status is not None and status.lost and status.state is JobState.FAILED:
+    if status is not None and status.lost and status.state is JobState.FAILED and not job.checkpoint_uri:
         # Where the lost run's checkpoints are, asked before the row is locked (jobs.restarts).
         checkpoint = restarts.checkpoint_location(adapter, handle)
     with transaction.atomic():
@@ -579,7 +579,8 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
     jobs = list(
         TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
         .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
-        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor", "attempt")
+        .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor", "attempt",
+              "checkpoint_uri")
     )
     if not jobs:
         return 0

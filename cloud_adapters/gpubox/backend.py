@@ -986,27 +986,18 @@ class GpuBoxBackend(Backend):
         return str(path) if path is not None else ""
 
     def checkpoint_uri(self, handle: JobHandle) -> str:
-        """The job's checkpoint directory on this box (``output.checkpoint_dir`` of the job.json the
-        worker wrote: ``<run_dir>/output/checkpoints`` unless the job was given another), for a later
-        attempt to resume from in place. "" when the run directory is gone, or when any directory
-        of that path below the run root is a symbolic link (the job made it: a later job, or a
-        container's mount, must never be pointed through it)."""
+        """The run's own checkpoint directory on this box, ``<run_dir>/output/checkpoints`` (where
+        submit puts it for a job given none), for a later attempt to resume from in place. The place
+        is the adapter's, never read back from a file the job could rewrite (a path there would become
+        a container's read-write mount). "" when the run directory is gone, or when any directory of
+        that path is a symbolic link (the job made it: a later job must never be pointed through it)."""
         run_dir = self._handle_dir(handle)
-        if not run_dir.is_dir() or run_dir.is_symlink():
-            return ""
-        output = (_proc.read_json(run_dir / "job.json") or {}).get("output") or {}
-        path = Path(os.path.normpath(str(output.get("checkpoint_dir") or run_dir / "output" / "checkpoints")))
-        if not path.is_absolute():
-            return ""
-        if path.is_relative_to(self.run_root):
-            here = self.run_root
-            for part in path.relative_to(self.run_root).parts:
-                here = here / part
-                if here.is_symlink():
-                    return ""
-        elif path.is_symlink():
-            return ""
-        return str(path)
+        here = run_dir
+        for part in ("", "output", "checkpoints"):
+            here = here / part if part else here
+            if here.is_symlink() or not here.is_dir():
+                return ""
+        return str(run_dir / "output" / "checkpoints")
 
     def _run_dir(self, job_name: str) -> Path:
         _check_job_name(job_name)

@@ -427,17 +427,11 @@ class SlurmBackend(Backend):
         return self._path(handle.job_name)
 
     def checkpoint_uri(self, handle: JobHandle) -> str:
-        """The job's checkpoint directory on the cluster's shared filesystem (``output.checkpoint_dir``
-        of the job.json submit wrote), for a later attempt to resume from in place; "" when the run
-        directory holds no readable job.json. Only the path is read: the next job, on the cluster,
-        opens it."""
-        text = self._read_text(f"{self._run_dir(handle)}/job.json", limit=1 << 20)
-        try:
-            output = (json.loads(text) if text else {}).get("output") or {}
-        except (ValueError, AttributeError):
-            return ""
-        path = output.get("checkpoint_dir") if isinstance(output, dict) else None
-        return path if isinstance(path, str) and path.startswith("/") else ""
+        """The run's own checkpoint directory on the cluster's shared filesystem,
+        ``<run_dir>/output/checkpoints`` (where submit puts it for a job given none; the place is the
+        adapter's, never read back from a file the job could rewrite), for a later attempt to resume
+        from in place. No call to the cluster: the next job, there, opens it."""
+        return f"{self._run_dir(handle)}/output/checkpoints"
 
     # -- status -----------------------------------------------------------------------------
 

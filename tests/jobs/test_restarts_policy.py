@@ -40,6 +40,8 @@ def _pending(job: TrainingJob, run_root: Path) -> Path:
     job.refresh_from_db()
     run_dir = run_root / job.provider_job_name
     run_dir.mkdir()
+    if not job.checkpoint_uri:  # its own checkpoint directory, as the trainer makes it
+        (run_dir / "output" / "checkpoints").mkdir(parents=True)
     _proc.write_json_atomic(run_dir / "job.json", {"output": {
         "output_dir": str(run_dir / "output"),
         "checkpoint_dir": job.checkpoint_uri or str(run_dir / "output" / "checkpoints")}})
