@@ -37,6 +37,7 @@ from jobs.models import (
     JobStateChoices as S,
     MetricPoint,
     ModelSpec,
+    Sweep,
     Team,
     TrainingJob,
 )
@@ -575,3 +576,14 @@ def training_job_checkpoint_epoch(*, job: TrainingJob) -> int:
     last = (MetricPoint.objects.filter(job=job, name="val_loss", rank__isnull=True, epoch__isnull=False)
             .order_by("-epoch").values_list("epoch", flat=True).first())
     return 0 if last is None else int(last) + 1
+def sweep_list_for_user(*, user, state: str | None = None) -> QuerySet[Sweep]:
+    """The user's sweeps and their teams' sweeps, newest first; ``state`` one Sweep.State value."""
+    qs = Sweep.objects.filter(_visible(user)).select_related("dataset", "model_spec", "backend", "owner")
+    if state:
+        qs = qs.filter(state=str(state).upper())
+    return qs
+
+
+def sweep_jobs(*, sweep: Sweep) -> QuerySet[TrainingJob]:
+    """The trial jobs of ``sweep`` (visible to whoever may see the sweep), by trial number."""
+    return TrainingJob.objects.filter(sweep_id=sweep.pk).order_by("trial_number")

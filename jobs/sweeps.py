@@ -398,6 +398,20 @@ def _distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 # =============================================================================================
 
 
+_TEXT, _NUMBER, _WHOLE, _FLAG, _OBJECT = (str,), (int, float, str), (int, str), (bool,), (dict, str)
+_BASE_TYPES = {
+    "dataset": _WHOLE, "model_spec": _WHOLE, "backend": _WHOLE, "strategy": _TEXT, "nodes": _WHOLE,
+    "procs_per_node": _WHOLE, "pipeline_stages": _WHOLE, "microbatches": _WHOLE, "pipeline_schedule": _TEXT,
+    "epochs": _WHOLE, "batch_size": _WHOLE, "lr": _NUMBER, "seed": _WHOLE, "max_runtime_s": _WHOLE,
+    "budget_usd": _NUMBER, "instance_type": _TEXT, "spot": _FLAG, "hyperparameters": _OBJECT, "env": _OBJECT,
+    "image": _TEXT, "activation_checkpointing": _FLAG, "cpu_offload": _FLAG, "checkpoint_format": _TEXT,
+    "max_steps": _WHOLE, "seq_len": _WHOLE, "priority": _WHOLE,
+}
+"""What each base field may hold (None = the service's default); the service checks the values."""
+_KIND_WORDS = {_TEXT: "text", _NUMBER: "a number", _WHOLE: "a whole number", _FLAG: "true or false",
+               _OBJECT: "a JSON object"}
+
+
 def _base_payload(errors: Errors, base: Any) -> dict[str, Any]:
     base = validation.json_object(errors, "base", base, what="Base job", example='{"dataset": 1, "model_spec": 2, '
                                   '"backend": 3, "epochs": 2}', plural=False)
@@ -406,10 +420,15 @@ def _base_payload(errors: Errors, base: Any) -> dict[str, Any]:
     unknown = sorted(set(base) - set(BASE_FIELDS))
     if unknown:
         errors.add("base", f"Base job: unknown field {unknown[0]!r} (known: {', '.join(BASE_FIELDS)}).")
+    for key, value in base.items():
+        kinds = _BASE_TYPES.get(key)
+        if kinds is not None and value is not None and (not isinstance(value, kinds) or (
+                isinstance(value, bool) and bool not in kinds)):
+            errors.add(f"base.{key}", f"Base job: {key} must be {_KIND_WORDS[kinds]}, got {value!r}.")
     for key in ("dataset", "model_spec", "backend"):
         if base.get(key) in (None, ""):
             errors.add(f"base.{key}", f"Base job: {key} is required (the id of one of yours).")
-    return {k: v for k, v in base.items() if k in BASE_FIELDS}
+    return {k: v for k, v in base.items() if k in BASE_FIELDS and f"base.{k}" not in errors}
 
 
 class _DryRun(Exception):

@@ -6,7 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from webapp import views, views_artifacts, views_compare, views_staff
+from webapp import views, views_artifacts, views_compare, views_staff, views_sweeps
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
@@ -39,6 +39,11 @@ urlpatterns = [
     path("jobs/<int:pk>/rerun/", views.job_rerun, name="job-rerun"),
     path("jobs/<int:pk>/artifacts/", views_artifacts.job_artifacts, name="job-artifacts"),
     path("jobs/<int:pk>/artifacts/<path:name>", views_artifacts.job_artifact_download, name="job-artifact-download"),
+    # Sweeps (docs/sweeps.md)
+    path("sweeps/", views_sweeps.sweep_list, name="sweep-list"),
+    path("sweeps/new/", views_sweeps.sweep_create, name="sweep-create"),
+    path("sweeps/<int:pk>/", views_sweeps.sweep_detail, name="sweep-detail"),
+    path("sweeps/<int:pk>/cancel/", views_sweeps.sweep_cancel, name="sweep-cancel"),
     # Staff
     path("orphans/", views_staff.orphan_list, name="orphan-list"),
     path("orphans/<int:pk>/stop/", views_staff.orphan_stop, name="orphan-stop"),

@@ -76,15 +76,19 @@ URL_KINDS: dict[str, str] = {
     # Artifacts (docs/artifacts.md): carol's job has a run directory with model.pt (the world fixture).
     "job-artifacts": "object-read", "job-artifact-download": "object-read",
     "api-job-artifacts": "api-read", "api-job-artifact-download": "api-read",
+    # Sweeps (docs/sweeps.md)
+    "sweep-list": "login", "sweep-create": "login", "sweep-detail": "object-read", "sweep-cancel": "object-write",
+    "api-sweep-list": "api-list", "api-sweep-detail": "api-detail", "api-sweep-cancel": "api-action",
 }
 # API objects nobody may PUT/PATCH (a job changes only through cancel/rerun): 405 for everyone.
-API_NO_UPDATE = {"api-job-detail"}
+API_NO_UPDATE = {"api-job-detail", "api-sweep-detail"}
 # The method that exercises an object-write / api-action route; GET for edit pages.
 METHOD = {"backend-test-connection": "post", "job-cancel": "post", "job-rerun": "post",
-          "orphan-stop": "post"}
+          "orphan-stop": "post", "sweep-cancel": "post"}
 # Which object a route's pk names: by the route's name prefix.
 OBJECT_OF = {"dataset": "dataset", "model": "model", "backend": "backend", "job": "job", "orphan": "orphan",
-             "api-dataset": "dataset", "api-model": "model", "api-backend": "backend", "api-job": "job"}
+             "api-dataset": "dataset", "api-model": "model", "api-backend": "backend", "api-job": "job",
+             "sweep": "sweep", "api-sweep": "sweep"}
 # Admin routes that belong to no model.
 ADMIN_SITE_KINDS = {"index": "admin-page", "app_list": "admin-page", "password_change": "admin-page",
                     "password_change_done": "admin-page", "jsi18n": "admin-page", "autocomplete": "admin-misc",
@@ -176,7 +180,15 @@ def world(django_user_model, settings, tmp_path):
     JobLogLine.objects.create(job=job, seq=0, text="hello from carol")
     orphan = OrphanJob.objects.create(backend=backend, provider_job_name="tb-job-999-abc", raw_state="Running",
                                    last_seen_at=timezone.now())
-    objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan}
+    from jobs import sweeps
+    from jobs.models import Sweep
+
+    sweep = sweeps.sweep_create(owner=carol, name="carol-sweep", base={"dataset": dataset.pk, "model_spec": model.pk,
+                                                                     "backend": backend.pk, "epochs": 1},
+                                search_space={"train.lr": {"type": "categorical", "choices": [0.1, 0.05]}},
+                                sampler="grid")
+    Sweep.objects.filter(pk=sweep.pk).update(team=team)
+    objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan, "sweep": sweep}
     return {"users": users, "team": team, "objects": objects}
 
 

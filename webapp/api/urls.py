@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from webapp.api import views, views_compare
+from webapp.api import sweeps, views, views_compare
 from webapp.auth import RateLimitedObtainAuthToken
 
 router = DefaultRouter()
@@ -13,6 +13,7 @@ router.register("datasets", views.DatasetViewSet, basename="api-dataset")
 router.register("models", views.ModelSpecViewSet, basename="api-model")
 router.register("backends", views.BackendViewSet, basename="api-backend")
 router.register("jobs", views.TrainingJobViewSet, basename="api-job")
+router.register("sweeps", sweeps.SweepViewSet, basename="api-sweep")
 
 urlpatterns = [
     # POST username + password -> {"token": "..."}; then send "Authorization: Token <token>".
