@@ -345,16 +345,22 @@ def _grid_sampler_class():
     return AskTellGridSampler
 
 
-def _sampler(sweep: Sweep):
+def _sampler(sweep: Sweep, asked: int = 0):
+    """The sweep's sampler for its next ask, ``asked`` trials into the study.
+
+    Every pass builds its sampler anew (no process lives as long as a sweep), so a fixed seed would
+    make every pass's first draw the same trial: the seed is the sweep's plus the trials asked so
+    far. The same sweep (same seed, same results) so asks the same trials, in any worker."""
     import optuna
 
+    seed = (sweep.seed + asked) % 2**32
     if sweep.sampler == Sweep.Sampler.GRID:
         grid, _ = grid_values(sweep.search_space)
-        return _grid_sampler_class()(grid, seed=sweep.seed)
+        return _grid_sampler_class()(grid, seed=seed)
     if sweep.sampler == Sweep.Sampler.RANDOM:
-        return optuna.samplers.RandomSampler(seed=sweep.seed)
-    # Seeded, so the same sweep asks the same trials; the startup trials are random.
-    return optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=min(10, max(2, sweep.max_trials // 3)))
+        return optuna.samplers.RandomSampler(seed=seed)
+    # The first trials are random (TPE needs some results to model).
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.max_trials // 3)))
 
 
 PRUNER_LABELS = {Sweep.Pruner.MEDIAN: "median pruner", Sweep.Pruner.SUCCESSIVE_HALVING: "successive halving pruner"}
@@ -579,7 +585,8 @@ def sweep_spend(sweep: Sweep) -> dict[str, Decimal]:
     committed = spent
     for cost, estimate in jobs.filter(state__in=ACTIVE_STATE_VALUES).values_list("cost_usd", "estimated_cost_usd"):
         committed += max(estimate - cost, Decimal("0"))
-    return {"spent_usd": spent, "committed_usd": committed}
+    places = Decimal("0.0001")  # the cost columns' precision
+    return {"spent_usd": Decimal(spent).quantize(places), "committed_usd": Decimal(committed).quantize(places)}
 
 
 def _budget_allows(sweep: Sweep) -> bool:
@@ -636,6 +643,7 @@ def sweep_fill(*, sweep_id: int) -> list[int]:
             counted = len(_counted(study.get_trials(deepcopy=False)))
             if active >= sweep.max_concurrent_trials or counted >= limit or not _budget_allows(sweep):
                 break
+            study.sampler = _sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
             trial = study.ask(distributions)
             try:
                 job = _create_trial_job(sweep, trial)
