@@ -337,3 +337,22 @@ def test_param_importances(user, digits_dataset, cnn_model, local_backend):
     assert set(found) == {"train.lr", "train.momentum"}
     assert found["train.lr"] > found["train.momentum"]
     assert sum(found.values()) == pytest.approx(1.0)
+
+
+def test_each_pass_asks_a_new_trial_and_a_seed_repeats_them(user, digits_dataset, cnn_model, local_backend):
+    space = {"train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}
+
+    def run(seed):
+        sweep = _sweep(user, digits_dataset, cnn_model, local_backend, sampler="random", seed=seed, max_trials=3,
+                       max_concurrent_trials=1, search_space=space)
+        for _ in range(3):  # one trial per pass, each pass a fresh sampler (as in a new worker)
+            sweeps.sweep_fill(sweep_id=sweep.pk)
+            job = TrainingJob.objects.filter(sweep=sweep).order_by("-trial_number").first()
+            _finish(job, values=[0.5])
+            sweeps.sweep_trial_ended(job_id=job.pk)
+        return [t["params"]["train.lr"] for t in sweeps.sweep_trials(sweep=sweep)]
+
+    first = run(7)
+    assert len(set(first)) == 3 and all(0.001 <= lr <= 0.1 for lr in first)
+    assert run(7) == first
+    assert run(8) != first
