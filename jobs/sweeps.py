@@ -350,13 +350,17 @@ def _sampler(sweep: Sweep, asked: int = 0):
 
     Every pass builds its sampler anew (no process lives as long as a sweep), so a fixed seed would
     make every pass's first draw the same trial: the seed is the sweep's plus the trials asked so
-    far. The same sweep (same seed, same results) so asks the same trials, in any worker."""
+    far (a grid keeps the sweep's seed). The same sweep (same seed, same results) so asks the same
+    trials, in any worker."""
     import optuna
 
     seed = (sweep.seed + asked) % 2**32
     if sweep.sampler == Sweep.Sampler.GRID:
+        # The sweep's own seed, always: the grid sampler numbers its points in a seeded shuffle, and a
+        # trial's grid id must name the same point in every pass. It picks among the points not yet
+        # visited, so a fixed seed draws no point twice.
         grid, _ = grid_values(sweep.search_space)
-        return _grid_sampler_class()(grid, seed=seed)
+        return _grid_sampler_class()(grid, seed=sweep.seed)
     if sweep.sampler == Sweep.Sampler.RANDOM:
         return optuna.samplers.RandomSampler(seed=seed)
     # The first trials are random (TPE needs some results to model).
