@@ -427,6 +427,16 @@ class TrainingJob(Owned):
         null=True, blank=True,
         help_text="Continue: the epochs the source's checkpoint had completed when this job was created.")
 
+    # The experiment table (docs/experiments.md): the owner's labels, notes and archive mark.
+    tags = models.JSONField(
+        default=list, blank=True,
+        help_text="Short labels (slugs: lower-case letters, digits, _ . -; at most 20 of 50 characters), "
+                  "sorted and without repeats; the job list filters by them (?tag=).")
+    notes = models.TextField(blank=True, help_text="The owner's notes on the run (at most 10,000 characters).")
+    archived_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the job was archived: hidden from the default job list and API list; null = not archived.")
+
     # Where the next log read starts (adapter-defined cursor).
     log_cursor = models.CharField(max_length=500, blank=True)
     attempt = models.PositiveIntegerField(
@@ -822,3 +832,38 @@ class JobArtifact(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}:{self.name}"
+
+
+class SavedFilter(models.Model):
+    """A job-list query saved under a name (docs/experiments.md, "Saved filters"): only the list's own
+    parameters (``jobs.job_table.LIST_PARAMS``), already checked, as ``{param: text}``. Private to
+    its owner: another user's saved filter is a 404."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100)
+    query = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["owner", "name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="savedfilter_unique_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobListSettings(models.Model):
+    """One user's job-list preferences: the extra columns (final metrics and hyperparameter keys,
+    ``jobs.job_table``) shown when the URL names none."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="trainboard_job_list_settings")
+    columns = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        verbose_name = "job list settings"
+        verbose_name_plural = "job list settings"
+
+    def __str__(self) -> str:
+        return f"{self.user}: {', '.join(self.columns) or 'default columns'}"

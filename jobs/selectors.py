@@ -20,6 +20,7 @@ from typing import Any, Iterable
 from django.db.models import Case, CharField, Count, Max, Q, QuerySet, Sum, Value, When
 
 from cloud_adapters.base import BackendError, Inventory
+from jobs import job_table
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
@@ -33,10 +34,12 @@ from jobs.models import (
     Dataset,
     JobAttempt,
     JobEvent,
+    JobListSettings,
     JobLogLine,
     JobStateChoices as S,
     MetricPoint,
     ModelSpec,
+    SavedFilter,
     Sweep,
     Team,
     TrainingJob,
@@ -75,8 +78,15 @@ def backend_list_for_user(*, user) -> QuerySet[ComputeBackend]:
 
 
 def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None, backend: Any = None,
-                               q: str | None = None) -> QuerySet[TrainingJob]:
-    """The user's jobs and their teams' jobs, newest first.
+                               q: str | None = None, tag: str | None = None, archived: bool | None = None,
+                               sort: str | None = None) -> QuerySet[TrainingJob]:
+    """The user's jobs and their teams' jobs, newest first (or by ``sort``).
+
+    ``tag``: jobs carrying that tag; ``archived``: None = archived or not (what fetching one job
+    needs: an archived job's page still opens), False = not archived (the lists' default), True =
+    archived only; ``sort``: a sort key of :mod:`jobs.job_table` (``"-val_accuracy"``, ``"train.lr"``,
+    ``"cost"``; rows without the value last), ValueError for one :func:`jobs.job_table.sort_problem`
+    refuses.
 
     ``state``: one state value or several; ``backend``: a ComputeBackend, its pk or its name;
     ``q``: an id search (``7`` or ``#7``) matches the job of that id only, ``job-7`` (an unnamed job's
@@ -111,6 +121,12 @@ def training_job_list_for_user(*, user, state: str | Iterable[str] | None = None
             qs = qs.filter(Q(name__icontains=q) | Q(provider_job_name__iexact=q)
                            | _related_name_match(q, dataset="dataset_id", model_spec="model_spec_id",
                                                  backend="backend_id"))
+    if tag:
+        qs = qs.filter(job_table.HasTag("tags", tag.strip().lower()))
+    if archived is not None:
+        qs = qs.filter(archived_at__isnull=not archived)
+    if sort:
+        qs = qs.order_by(*job_table.ordering(sort))
     return qs
 
 
@@ -264,6 +280,129 @@ def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
                  .order_by("-seq").values_list("text", flat=True)[:lines])
     texts.reverse()
     return texts
+
+
+# --- the experiment table, saved filters and the full log (docs/experiments.md) -----------------
+
+
+def job_list_columns_for_user(*, user) -> list[str]:
+    """The extra job-list columns ``user`` chose (``jobs.job_table`` keys, e.g. ``["val_accuracy",
+    "train.lr"]``), :data:`jobs.job_table.DEFAULT_COLUMNS` when they chose none."""
+    if user.pk is None:
+        return list(job_table.DEFAULT_COLUMNS)
+    row = JobListSettings.objects.filter(user_id=user.pk).values_list("columns", flat=True).first()
+    return list(row) if isinstance(row, list) and row else list(job_table.DEFAULT_COLUMNS)
+
+
+def saved_filter_list_for_user(*, user) -> QuerySet[SavedFilter]:
+    """``user``'s saved job-list filters by name. Saved filters are private: fetch one with
+    ``get_object_or_404(saved_filter_list_for_user(user=u), pk=pk)``, another user's is a 404."""
+    if user.pk is None:
+        return SavedFilter.objects.none()
+    return SavedFilter.objects.filter(owner_id=user.pk).order_by("name", "id")
+
+
+def saved_filter_jobs_for_user(*, user, saved_filter: SavedFilter | int) -> QuerySet[TrainingJob]:
+    """The jobs ``saved_filter`` (a SavedFilter of ``user``'s, or its pk) selects for ``user``, in its
+    sort order: the job list's queryset for the stored state, backend, search, tag, archive choice and
+    sort (its ``columns`` choose what is shown, not which jobs). What the comparison page uses for
+    ``?filter=<id>``. Raises ``SavedFilter.DoesNotExist`` when it is not ``user``'s (a 404 to show)."""
+    if not isinstance(saved_filter, SavedFilter) or saved_filter.owner_id != user.pk:
+        pk = saved_filter.pk if isinstance(saved_filter, SavedFilter) else saved_filter
+        saved_filter = saved_filter_list_for_user(user=user).get(pk=pk)
+    query, _ = job_table.clean_list_query(saved_filter.query if isinstance(saved_filter.query, dict) else {})
+    return training_job_list_for_user(
+        user=user, state=query.get("state"), backend=query.get("backend"), q=query.get("q"),
+        tag=query.get("tag"), archived=job_table.archived_filter(query.get("archived")), sort=query.get("sort"))
+
+
+LOG_PAGE_LINES = 500
+"""Lines per page of the job's log page."""
+LOG_API_MAX_LIMIT = 5000
+"""Most lines one ``GET /api/jobs/{id}/logs/`` answers."""
+
+
+def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = None,
+                           metrics: bool = False) -> QuerySet[JobLogLine]:
+    """The job's stored log lines in order (``seq`` ascending), filtered: ``q`` a substring, any case;
+    ``rank`` the lines rank ``rank`` wrote (:func:`jobs.job_table.rank_regex`: the marks torch, the
+    launcher and the trainer put on a rank's lines); ``metrics`` False leaves out the trainer's metric
+    records (``TRAINBOARD_METRIC {...}``, what the charts are drawn from)."""
+    lines = JobLogLine.objects.filter(job_id=job.pk)
+    if not metrics:
+        lines = lines.exclude(text__contains=METRIC_PREFIX)
+    if q:
+        lines = lines.filter(text__icontains=q)
+    if rank is not None:
+        lines = lines.filter(text__regex=job_table.rank_regex(rank))
+    return lines.order_by("seq")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogPage:
+    """One page of a job's log as the log page shows it."""
+
+    lines: list[tuple[int, str]]  # (seq, text) in order
+    number: int  # 1-based
+    num_pages: int  # at least 1
+    count: int  # matching lines in all
+    per_page: int
+
+    @property
+    def has_previous(self) -> bool:
+        return self.number > 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.number < self.num_pages
+
+
+def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page: int = LOG_PAGE_LINES,
+                          q: str = "", rank: int | None = None, metrics: bool = False) -> LogPage:
+    """Page ``page`` (1-based; None or past the end = the newest page; below 1 = the first) of the
+    job's lines as :func:`training_job_log_lines` filters them, ``per_page`` lines a page. Two queries
+    (count, page)."""
+    lines = training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
+    count = lines.count()
+    num_pages = max(1, math.ceil(count / per_page))
+    number = num_pages if page is None else min(max(int(page), 1), num_pages)
+    start = (number - 1) * per_page
+    rows = list(lines.values_list("seq", "text")[start:start + per_page])
+    return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
+
+
+def training_job_log_after(*, job: TrainingJob, after: int = -1, limit: int = LOG_PAGE_LINES, q: str = "",
+                           rank: int | None = None, metrics: bool = False
+                           ) -> tuple[list[tuple[int, str]], int, bool]:
+    """Lines after cursor ``after`` (a ``seq``; -1 = from the start), at most ``limit``, as
+    ``([(seq, text), ...], next, more)``: pass ``next`` as the next ``after``.
+
+    Stable while the job still writes: the last stored ``seq`` is read first and only lines up to it
+    are considered, so when fewer than ``limit`` match, ``next`` is that seq (every line up to it was
+    looked at, matching or not, and a filtered reader does not scan them again); otherwise it is the
+    last returned line's seq and ``more`` is True. Lines are stored in ``seq`` order by one sync at a
+    time (jobs.sync), so none appears later below a cursor already handed out."""
+    last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
+    if last is None or last <= after:
+        return [], max(after, -1), False
+    rows = list(training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
+                .filter(seq__gt=after, seq__lte=last).values_list("seq", "text")[:limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1][0] if more else last), more
+
+
+def training_job_log_text(*, job: TrainingJob, chunk_lines: int = 2000) -> Iterable[str]:
+    """The job's whole stored log as text, metric records included, in pieces of ``chunk_lines``
+    lines (each line ending in a newline), read by ``seq`` ranges so a long log is never held whole."""
+    after = -1
+    while True:
+        rows = list(JobLogLine.objects.filter(job_id=job.pk, seq__gt=after).order_by("seq")
+                    .values_list("seq", "text")[:chunk_lines])
+        if not rows:
+            return
+        yield "".join(f"{text}\n" for _, text in rows)
+        after = rows[-1][0]
 
 
 def training_job_events(*, job: TrainingJob) -> QuerySet[JobEvent]:

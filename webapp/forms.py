@@ -15,7 +15,7 @@ from django.conf import settings
 from cloud_adapters import registry
 from cloud_adapters.base import InstanceOffer
 from cloud_adapters.settings import Setting
-from jobs import selectors, services, validation
+from jobs import job_table, selectors, services, validation
 from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
@@ -722,6 +722,41 @@ class JobListFilterForm(forms.Form):
     state = forms.CharField(required=False)
     backend = forms.CharField(required=False)
     q = forms.CharField(required=False, strip=True)
+    # The experiment table (docs/experiments.md; jobs.job_table checks each).
+    tag = forms.CharField(required=False, strip=True)
+    archived = forms.CharField(required=False, strip=True)
+    columns = forms.CharField(required=False, strip=True)
+    sort = forms.CharField(required=False, strip=True)
+
+    def clean_tag(self) -> str | None:
+        value = self.cleaned_data.get("tag") or ""
+        problem = job_table.tag_problem(value) if value else None
+        if problem:
+            raise forms.ValidationError(f"{problem} The list below is not filtered by tag.")
+        return value.lower() or None
+
+    def clean_archived(self) -> bool | None:
+        try:
+            return job_table.archived_filter(self.cleaned_data.get("archived"))
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc} The list below leaves archived jobs out.") from None
+
+    def clean_columns(self):
+        """The extra columns named in the URL (None when it names none: the user's own choice applies)."""
+        if "columns" not in self.data:
+            return None
+        columns, problems = job_table.parse_columns(self.cleaned_data.get("columns") or "")
+        self.column_choice = columns  # the valid ones are shown even when others are refused
+        if problems:
+            raise forms.ValidationError(problems)
+        return columns
+
+    def clean_sort(self) -> str | None:
+        value = self.cleaned_data.get("sort") or ""
+        problem = job_table.sort_problem(value) if value else None
+        if problem:
+            raise forms.ValidationError(f"{problem} The list below is newest first.")
+        return value or None
 
     def __init__(self, data, *, backends) -> None:
         super().__init__(data)
@@ -754,7 +789,11 @@ class JobListFilterForm(forms.Form):
         return [message for name in self.fields for message in self.errors.get(name, [])]
 
     def filters(self) -> dict[str, Any]:
-        """``{"state": str | None, "backend": ComputeBackend | None, "q": str | None}``, valid values only."""
+        """``{"state": str | None, "backend": ComputeBackend | None, "q": str | None, "tag": str | None,
+        "archived": bool | None, "sort": str | None, "columns": [Column] | None}``, valid values only
+        (``archived`` False when invalid; ``columns`` the valid ones of an invalid list)."""
         self.is_valid()
         data = self.cleaned_data
-        return {"state": data.get("state"), "backend": data.get("backend"), "q": data.get("q") or None}
+        return {"state": data.get("state"), "backend": data.get("backend"), "q": data.get("q") or None,
+                "tag": data.get("tag"), "archived": data.get("archived", False), "sort": data.get("sort"),
+                "columns": data["columns"] if "columns" in data else getattr(self, "column_choice", None)}

@@ -6,7 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from webapp import views, views_artifacts, views_compare, views_staff, views_sweeps
+from webapp import views, views_artifacts, views_compare, views_experiments, views_staff, views_sweeps
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
@@ -44,6 +44,16 @@ urlpatterns = [
     path("sweeps/new/", views_sweeps.sweep_create, name="sweep-create"),
     path("sweeps/<int:pk>/", views_sweeps.sweep_detail, name="sweep-detail"),
     path("sweeps/<int:pk>/cancel/", views_sweeps.sweep_cancel, name="sweep-cancel"),
+    # The experiment table and the full log (docs/experiments.md)
+    path("jobs/archive/", views_experiments.job_bulk_archive, name="job-bulk-archive"),
+    path("jobs/columns/", views_experiments.job_columns_save, name="job-columns"),
+    path("jobs/filters/", views_experiments.saved_filter_create, name="savedfilter-create"),
+    path("jobs/filters/<int:pk>/", views_experiments.saved_filter_open, name="savedfilter-open"),
+    path("jobs/filters/<int:pk>/delete/", views_experiments.saved_filter_delete, name="savedfilter-delete"),
+    path("jobs/<int:pk>/notes/", views_experiments.job_annotate, name="job-annotate"),
+    path("jobs/<int:pk>/archive/", views_experiments.job_archive, name="job-archive"),
+    path("jobs/<int:pk>/logs/", views_experiments.job_logs, name="job-logs"),
+    path("jobs/<int:pk>/logs/download/", views_experiments.job_logs_download, name="job-logs-download"),
     # Staff
     path("orphans/", views_staff.orphan_list, name="orphan-list"),
     path("orphans/<int:pk>/stop/", views_staff.orphan_stop, name="orphan-stop"),

@@ -23,12 +23,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from cloud_adapters.base import ConnectionCheck
-from jobs import code_archives, comparison, pagination, selectors, services
+from jobs import code_archives, comparison, job_table, pagination, selectors, services
 from jobs.adapters import backend_declaration
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
 from trainer_pkg.registry import ARCHITECTURES
 from webapp import views_clone
+from webapp import views_experiments
 from webapp.errors import add_service_errors, service_error_dict, submit_form
 from webapp.forms import BackendForm, DatasetForm, JobListFilterForm, ModelSpecForm, TrainingJobForm
 
@@ -344,26 +345,35 @@ def job_list(request: HttpRequest) -> HttpResponse:
     user = request.user
     # One query for the filter's options, reused to resolve ?backend= (no second query for it).
     backends = list(selectors.backend_list_for_user(user=user))
-    # A bad ?state= or ?backend= is named on the page (400), not silently dropped (webapp/forms.py).
+    # A bad ?state=, ?backend=, ?tag=, ?sort= or ?columns= is named on the page (400), not silently
+    # dropped (webapp/forms.py).
     filter_form = JobListFilterForm(request.GET, backends=backends)
     filters = filter_form.filters()
     state, backend, q = filters["state"], filters["backend"], filters["q"]
-    jobs = selectors.training_job_list_for_user(user=user, state=state, backend=backend, q=q)
+    jobs = selectors.training_job_list_for_user(user=user, state=state, backend=backend, q=q, tag=filters["tag"],
+                                                archived=filters["archived"], sort=filters["sort"])
+    columns = filters["columns"]
+    if columns is None:
+        columns, _ = job_table.parse_columns(selectors.job_list_columns_for_user(user=user))
     # Only the columns the table shows: building 25 jobs and their dataset, model and backend is most
-    # of the page's database time (no frozen config, no encrypted backend secrets to decrypt).
+    # of the page's database time (no encrypted backend secrets to decrypt; the frozen config only
+    # when a hyperparameter column needs it).
     jobs = jobs.select_related("backend", "dataset", "model_spec").only(
         "name", "state", "stalled_at", "stalled_reason", "budget_usd", "budget_exceeded_at", "nodes", "procs_per_node", "created_at",
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
-        "backend__name",
+        "backend__name", "final_metrics", "tags", "archived_at", "owner",
+        *(["config"] if any(c.kind == "config" for c in columns) else []),
         # what shows the row's figures at the job's own precision
         *TrainingJob.MONEY_FIELDS)
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000.
     # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any
     # depth; a deep ?page=N finds its position by the key columns alone. A search counts to 1,000.
+    # Sorted by another column, the links carry page numbers (keys-first offset pages).
     paginator = pagination.CappedCountPaginator(
         jobs, JOBS_PER_PAGE, count_cap=pagination.SEARCH_COUNT_CAP if q else None)
+    keyset = pagination.newest_first(jobs)
     after, before = request.GET.get("after"), request.GET.get("before")
-    if after or before:
+    if keyset and (after or before):
         page = paginator.keyset_page(request.GET.get("page"), after=after, before=before)
     else:
         page = paginator.get_page(request.GET.get("page"))
@@ -373,11 +383,15 @@ def job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "webapp/jobs/list.html", {
         "page": page,
         "jobs": page.object_list,
+        "keyset": keyset,
         "states": JobStateChoices.choices,
         "backends": backends,
-        "filters": {"state": state or "", "backend": str(backend.pk) if backend else "", "q": q or ""},
+        "filters": {"state": state or "", "backend": str(backend.pk) if backend else "", "q": q or "",
+                    "tag": filters["tag"] or "", "archived": request.GET.get("archived", "").strip()
+                    if filters["archived"] is not False else "", "sort": filters["sort"] or ""},
         "query": query.urlencode(),
         "filter_problems": filter_form.problems(),
+        **views_experiments.table_context(request, page.object_list, columns, filters),
     }, status=400 if filter_form.problems() else 200)
 
 

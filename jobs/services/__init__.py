@@ -5,8 +5,9 @@ side (:mod:`jobs.lifecycle`, :mod:`jobs.sync`) and the leaf modules they share (
 One module per sub-domain: :mod:`~jobs.services.resources` (datasets, model specs, backends, their
 connection test and instance offers), :mod:`~jobs.services.prices` (the instance price catalog),
 :mod:`~jobs.services.training_jobs` (create, estimate, re-run, cancel),
-:mod:`~jobs.services.clones` (clone with edits, continue, fine-tune) and :mod:`~jobs.services.lineage`
-(where a continued or fine-tuned job starts from). This package re-exports
+:mod:`~jobs.services.clones` (clone with edits, continue, fine-tune), :mod:`~jobs.services.lineage`
+(where a continued or fine-tuned job starts from) and :mod:`~jobs.services.experiments` (tags, notes,
+archive, saved filters, list columns). This package re-exports
 their public functions, so callers write ``services.training_job_create(...)``.
 
 Every function is keyword-only. Input errors raise :class:`django.core.exceptions.ValidationError`
@@ -16,6 +17,13 @@ messages, provider calls) happen after commit, so a rolled-back request never la
 The contract is docs/internal-api.md.
 """
 
+from jobs.services.experiments import (
+    job_list_columns_save,
+    saved_filter_create,
+    saved_filter_delete,
+    training_job_annotate,
+    training_jobs_archive,
+)
 from jobs.services.prices import instance_price_save, instance_price_seed, instance_price_upsert
 from jobs.services.resources import (
     backend_create,
@@ -45,8 +53,13 @@ __all__ = [
     "instance_price_save",
     "instance_price_seed",
     "instance_price_upsert",
+    "job_list_columns_save",
     "model_spec_create",
     "model_spec_update",
+    "saved_filter_create",
+    "saved_filter_delete",
+    "training_job_annotate",
+    "training_jobs_archive",
     "training_job_cancel",
     "training_job_clone",
     "training_job_clone_data",

@@ -46,6 +46,7 @@ pytestmark = pytest.mark.django_db
 #   api-clone     POST a copy of an object: stranger 404, teammate 201 (it becomes theirs), anonymous 401
 #   compare / api-compare   a page (API) of jobs chosen by ?ids=: anonymous -> login redirect (401);
 #                 a stranger's job id is "not found" like an id of no job, a teammate's job is compared
+#   own-read / own-write  a private object (a saved filter): anyone but its owner gets 404, teammates too
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
     "favicon": "redirect",
@@ -79,16 +80,23 @@ URL_KINDS: dict[str, str] = {
     # Sweeps (docs/sweeps.md)
     "sweep-list": "login", "sweep-create": "login", "sweep-detail": "object-read", "sweep-cancel": "object-write",
     "api-sweep-list": "api-list", "api-sweep-detail": "api-detail", "api-sweep-cancel": "api-action",
+    # The experiment table and the full log (docs/experiments.md).
+    "job-bulk-archive": "login", "job-columns": "login", "savedfilter-create": "login",
+    "job-annotate": "object-write", "job-archive": "object-write",
+    "job-logs": "object-read", "job-logs-download": "object-read",
+    "savedfilter-open": "own-read", "savedfilter-delete": "own-write",
+    "api-job-logs": "api-read",
 }
-# API objects nobody may PUT/PATCH (a job changes only through cancel/rerun): 405 for everyone.
-API_NO_UPDATE = {"api-job-detail", "api-sweep-detail"}
+# API objects nobody may PUT/PATCH: 405 for everyone (a job's PATCH changes tags, notes and archived only: its owner).
+API_NO_UPDATE = {"api-sweep-detail"}
 # The method that exercises an object-write / api-action route; GET for edit pages.
 METHOD = {"backend-test-connection": "post", "job-cancel": "post", "job-rerun": "post",
-          "orphan-stop": "post", "sweep-cancel": "post"}
+          "orphan-stop": "post", "sweep-cancel": "post", "job-bulk-archive": "post", "job-columns": "post",
+          "savedfilter-create": "post", "job-annotate": "post", "job-archive": "post", "savedfilter-delete": "post"}
 # Which object a route's pk names: by the route's name prefix.
 OBJECT_OF = {"dataset": "dataset", "model": "model", "backend": "backend", "job": "job", "orphan": "orphan",
              "api-dataset": "dataset", "api-model": "model", "api-backend": "backend", "api-job": "job",
-             "sweep": "sweep", "api-sweep": "sweep"}
+             "sweep": "sweep", "api-sweep": "sweep", "savedfilter": "savedfilter"}
 # Admin routes that belong to no model.
 ADMIN_SITE_KINDS = {"index": "admin-page", "app_list": "admin-page", "password_change": "admin-page",
                     "password_change_done": "admin-page", "jsi18n": "admin-page", "autocomplete": "admin-misc",
@@ -188,7 +196,9 @@ def world(django_user_model, settings, tmp_path):
                                 search_space={"train.lr": {"type": "categorical", "choices": [0.1, 0.05]}},
                                 sampler="grid")
     Sweep.objects.filter(pk=sweep.pk).update(team=team)
-    objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan, "sweep": sweep}
+    saved = services.saved_filter_create(owner=carol, name="carol-best", query={"sort": "-val_accuracy"})
+    objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan, "sweep": sweep,
+               "savedfilter": saved}
     return {"users": users, "team": team, "objects": objects}
 
 
@@ -245,7 +255,7 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
     for route in _html_routes():
         kind, url = classify(route), _url(route, world)
         method = METHOD.get(route.name, "get")
-        if kind in ("login", "object-read", "object-write", "staff", "api-docs", "compare"):
+        if kind in ("login", "object-read", "object-write", "staff", "api-docs", "compare", "own-read", "own-write"):
             r = getattr(anon, method)(url)
             if not _is_login_redirect(r):
                 problems.append(f"{method.upper()} {url}: {r.status_code}, expected a redirect to /login/")
@@ -289,6 +299,8 @@ def test_object_urls_as_stranger_and_teammate(world, who):
             expected, r = (404 if stranger else 200), getattr(web, method)(url)
         elif kind == "object-write":
             expected, r = (404 if stranger else 403), getattr(web, method)(url)
+        elif kind in ("own-read", "own-write"):
+            expected, r = 404, getattr(web, method)(url)
         elif kind == "staff":
             expected, r = 403, getattr(web, method)(url)
         elif kind == "api-detail":
@@ -344,6 +356,11 @@ def test_object_urls_as_stranger_and_teammate(world, who):
     # The only jobs made are the teammate's own clones (api-clone, with and without .json); none for a stranger.
     made = list(TrainingJob.objects.exclude(pk=carol_job.pk).values_list("owner__username", "cloned_from", "state"))
     assert made == ([] if stranger else [(who, carol_job.pk, "QUEUED")] * 2)
+    from jobs.models import SavedFilter
+
+    carol = TrainingJob.objects.get(pk=carol_job.pk)
+    assert (carol.tags, carol.notes, carol.archived_at) == ([], "", None)
+    assert list(SavedFilter.objects.values_list("name", flat=True)) == ["carol-best"]
 
 
 def test_teammate_can_launch_on_shared_objects_and_stranger_cannot(world):

@@ -546,8 +546,24 @@ class BackendQueueJobSerializer(serializers.ModelSerializer):
         }
 
 
+EXPERIMENT_FIELDS = ["final_metrics", "tags", "notes", "archived", "archived_at"]
+"""The experiment table's fields of a job (docs/experiments.md); ``PATCH /api/jobs/{id}/`` changes
+``tags``, ``notes`` and ``archived`` (:class:`TrainingJobAnnotateSerializer`)."""
+
+
 class TrainingJobSerializer(serializers.ModelSerializer):
     """A job as listed: its shape, state, times and cost."""
+
+    final_metrics = serializers.DictField(
+        child=serializers.FloatField(allow_null=True), read_only=True,
+        help_text="The last value of each global metric the job reported (val_accuracy, val_loss, train_loss, a "
+                  "script's own names), null where it was not finite; what ?ordering=-val_accuracy sorts by.")
+    tags = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                 help_text="Short labels, sorted: lower-case letters, digits, _ . -; at most 20 of 50 "
+                                           "characters. ?tag= filters the list.")
+    notes = serializers.CharField(read_only=True, help_text="The owner's notes (at most 10,000 characters).")
+    archived = serializers.SerializerMethodField(
+        help_text="True when the job is archived: left out of the list unless ?archived=1 (archived only) or all.")
 
     world_size = serializers.IntegerField(read_only=True)
     is_terminal = serializers.BooleanField(read_only=True)
@@ -592,6 +608,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
             "attempt",
         ]
+        fields = fields + EXPERIMENT_FIELDS  # the experiment table (docs/experiments.md)
         read_only_fields = fields
         extra_kwargs = {"budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
                                                             "was stopped; null otherwise."},
@@ -612,6 +629,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None
+
+    def get_archived(self, job: TrainingJob) -> bool:
+        return job.archived_at is not None
 
     def get_estimate_arithmetic(self, job: TrainingJob) -> str:
         return estimate_arithmetic(max_runtime_s=job.max_runtime_s, instances=job.nodes,
@@ -786,3 +806,40 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
     def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
         return TrainingJobDetailSerializer(instance, context=self.context).data
 
+
+
+class TrainingJobAnnotateSerializer(serializers.Serializer):
+    """What ``PATCH /api/jobs/{id}/`` takes: any of ``tags``, ``notes``, ``archived`` (the owner or staff
+    only); every other field of a job is read-only, and naming one is a 400. The values go to
+    ``jobs.services.training_job_annotate``, which checks them (all problems at once)."""
+
+    tags = serializers.JSONField(required=False, help_text="A list of tags (or one string of them separated by "
+                                                           "commas); replaces the job's tags.")
+    notes = serializers.JSONField(required=False, help_text="Text, at most 10,000 characters; replaces the notes.")
+    archived = serializers.JSONField(required=False, help_text="true: archive (only a job that has ended); false: "
+                                                               "unarchive.")
+
+    def validate(self, attrs):
+        extra = sorted(set(self.initial_data) - set(self.fields)) if hasattr(self.initial_data, "keys") else []
+        if extra:
+            raise serializers.ValidationError({
+                name: [f"{name} is read-only: a job's tags, notes and archived can be changed, nothing else."]
+                for name in extra[:20]})
+        if not attrs:
+            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [
+                "Send tags, notes or archived to change; nothing else of a job can be changed."]})
+        return attrs
+
+
+class JobLogLineSerializer(serializers.Serializer):
+    seq = serializers.IntegerField(help_text="The line's number in the job's log, from 0.")
+    text = serializers.CharField()
+
+
+class JobLogPageSerializer(serializers.Serializer):
+    """``GET /api/jobs/{id}/logs/``: lines after the cursor and the next cursor."""
+
+    lines = JobLogLineSerializer(many=True)
+    next = serializers.IntegerField(help_text="Pass as ?after= for the lines that follow (stable while the job "
+                                              "still writes: lines up to it were all looked at).")
+    more = serializers.BooleanField(help_text="True when more lines already match after next.")

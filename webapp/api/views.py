@@ -6,14 +6,14 @@ from __future__ import annotations
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import code_archives, selectors, services
+from jobs import code_archives, job_table, selectors, services
 from jobs.models import JobStateChoices, TrainingJob
 from webapp.api.pagination import CappedLimitOffsetPagination
 from webapp.api.views_artifacts import JobArtifactActions
@@ -23,8 +23,10 @@ from webapp.api.serializers import (
     BackendSerializer,
     ConnectionCheckSerializer,
     DatasetSerializer,
+    JobLogPageSerializer,
     ModelSpecSerializer,
     ModelSpecUploadSerializer,
+    TrainingJobAnnotateSerializer,
     TrainingJobCreateSerializer,
     TrainingJobDetailSerializer,
     TrainingJobSerializer,
@@ -181,9 +183,17 @@ class TrainingJobFilter(django_filters.FilterSet):
                                           help_text="true: only jobs past their state's deadline; false: the others "
                                                     "(any other value is a 400).")
 
+    tag = django_filters.CharFilter(method="filter_tag", help_text="Jobs carrying this tag.")
+
     class Meta:
         model = TrainingJob
-        fields = ["state", "backend", "q", "stalled"]
+        fields = ["state", "backend", "q", "stalled", "tag"]
+
+    def filter_tag(self, queryset, name, value):
+        problem = job_table.tag_problem(value)
+        if problem:
+            raise ValidationError({"tag": [problem]})
+        return queryset.filter(job_table.HasTag("tags", value.strip().lower()))
 
     def filter_stalled(self, queryset, name, value):
         return queryset.filter(stalled_at__isnull=value == "false")
@@ -194,8 +204,23 @@ class TrainingJobFilter(django_filters.FilterSet):
         return queryset.filter(pk__in=matching.values("pk"))
 
 
+_LIST_PARAMETERS = [
+    OpenApiParameter("ordering", OpenApiTypes.STR, description=(
+        "Sort key: created (the default, -created: newest first), name, state, backend, cost, id, a final metric "
+        "(val_accuracy, a script's own name) or a hyperparameter key into the frozen config (train.lr, "
+        "model.params.hidden); - in front for descending. Jobs without the value come last either way.")),
+    OpenApiParameter("archived", OpenApiTypes.STR, enum=["0", "1", "all"], description=(
+        "0 or absent: jobs not archived; 1: archived jobs only; all: both.")),
+]
+
+
 @extend_schema_view(
-    list=extend_schema(summary="Your training jobs, newest first"),
+    list=extend_schema(summary="Your training jobs, newest first (or by ?ordering=)", parameters=_LIST_PARAMETERS),
+    partial_update=extend_schema(
+        summary="Change a job's tags, notes or archive mark (its owner or staff)",
+        description="Only tags, notes and archived may be sent; every other field of a job is read-only (400). Only "
+                    "a job that has ended can be archived.",
+        request=TrainingJobAnnotateSerializer, responses={200: TrainingJobDetailSerializer}),
     retrieve=extend_schema(summary="A job with its config, state timeline, metrics summary and ranks"),
     create=extend_schema(
         summary="Launch a training job",
@@ -210,9 +235,85 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
     permission_classes = [IsOwnerOrStaffToChange]
 
     def get_queryset(self):
-        return selectors.training_job_list_for_user(user=self.request.user).select_related(
+        jobs = selectors.training_job_list_for_user(user=self.request.user).select_related(
             "dataset", "model_spec", "backend"
         )
+        if self.action != "list":
+            return jobs  # an archived job is still fetched by its id
+        params = self.request.query_params
+        problems: dict[str, list[str]] = {}
+        try:
+            archived = job_table.archived_filter(params.get("archived"))
+        except ValueError as exc:
+            problems["archived"] = [str(exc)]
+            archived = False
+        ordering = (params.get("ordering") or "").strip()
+        problem = job_table.sort_problem(ordering) if ordering else None
+        if problem:
+            problems["ordering"] = [problem]
+        if problems:
+            raise ValidationError(problems)
+        if archived is not None:
+            jobs = jobs.filter(archived_at__isnull=not archived)
+        return jobs.order_by(*job_table.ordering(ordering)) if ordering else jobs
+
+    def partial_update(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
+        job = self.get_object()
+        body = TrainingJobAnnotateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            job = services.training_job_annotate(job=job, **body.validated_data)
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+        return Response(TrainingJobDetailSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        summary="The job's log lines after a cursor",
+        description="Lines with seq > after (-1: from the start), at most limit (default 500, at most 5,000), "
+                    "filtered by q (a substring, any case) and rank (lines marked as that rank's: [rank1]:, "
+                    "[launch] rank 1, ...); the trainer's metric records only with metrics=true. next is the "
+                    "cursor for the following call: poll with it while the job runs.",
+        parameters=[OpenApiParameter("after", OpenApiTypes.INT), OpenApiParameter("limit", OpenApiTypes.INT),
+                    OpenApiParameter("q", OpenApiTypes.STR), OpenApiParameter("rank", OpenApiTypes.INT),
+                    OpenApiParameter("metrics", OpenApiTypes.BOOL)],
+        responses={200: JobLogPageSerializer},
+    )
+    # No filter backend: the job list's ?q= (a job search) must not filter which job this is.
+    @action(detail=True, methods=["get"], url_path="logs", pagination_class=None, filter_backends=[])
+    def logs(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
+        job = self.get_object()
+        params = request.query_params
+        problems: dict[str, list[str]] = {}
+
+        def whole(name: str, default: int, low: int, high: int) -> int:
+            raw = (params.get(name) or "").strip()
+            if not raw:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                problems[name] = [f"{name} must be a whole number, got “{raw[:20]}”."]
+                return default
+            if not low <= value <= high:
+                problems[name] = [f"{name} must be {low:,} to {high:,}, got {value:,}."]
+                return default
+            return value
+
+        after = whole("after", -1, -1, 2**31)
+        limit = whole("limit", selectors.LOG_PAGE_LINES, 1, selectors.LOG_API_MAX_LIMIT)
+        rank = whole("rank", -1, 0, job_table.MAX_RANK)
+        q = (params.get("q") or "").strip()
+        if len(q) > 200:
+            problems["q"] = [f"q is {len(q):,} characters; at most 200."]
+        metrics = (params.get("metrics") or "false").strip().lower()
+        if metrics not in ("true", "false", "1", "0"):
+            problems["metrics"] = [f"metrics is true or false, got “{metrics[:20]}”."]
+        if problems:
+            raise ValidationError(problems)
+        lines, cursor, more = selectors.training_job_log_after(
+            job=job, after=after, limit=limit, q=q, rank=None if rank < 0 else rank, metrics=metrics in ("true", "1"))
+        return Response(JobLogPageSerializer({"lines": [{"seq": seq, "text": text} for seq, text in lines],
+                                              "next": cursor, "more": more}).data)
 
     def get_serializer_class(self):
         if self.action == "create":
