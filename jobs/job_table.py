@@ -24,7 +24,7 @@ import re
 import typing
 from typing import Any, Iterable, Mapping
 
-from django.db.models import BooleanField, Case, F, Func, IntegerField, OrderBy, Value, When
+from django.db.models import BooleanField, Case, F, Func, JSONField, OrderBy, Value, When
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.lookups import IsNull
 
@@ -200,8 +200,10 @@ def ordering(sort: str | None) -> list[Any]:
         return [OrderBy(F(field), descending=descending), *tie]
     column, _ = column_for(key)
     value, text = json_value(column)
-    missing = Case(When(IsNull(text, True), then=Value(1)), default=Value(0), output_field=IntegerField())
-    return [missing.asc(), OrderBy(value, descending=descending), *tie]
+    # JSON null (a metric that was not finite) is a value to jsonb and sorts among the numbers; as
+    # text it is NULL, like a missing key: both become SQL NULL, so both come last and tie.
+    present = Case(When(IsNull(text, True), then=Value(None)), default=value, output_field=JSONField())
+    return [OrderBy(present, descending=descending, nulls_last=True), *tie]
 
 
 def json_value(column: Column) -> tuple[KeyTransform, KeyTextTransform]:
@@ -352,10 +354,11 @@ def rank_regex(rank: int) -> str:
     - ``[launch] rank 1 (local rank 1, ...)`` and ``[trainer] rank 1 (...)``: the launcher's and the
       trainer's per-rank lines;
     - ``trainer error: rank 1: ...``: a rank's fatal error;
+    - ``  rank      : 1 (local_rank: 1)``: torchrun's failure summary of the rank;
 
     each possibly after the host mark a multi-instance backend puts first (SageMaker ``[algo-2] ``,
     Kubernetes ``[node 1] ``, Vertex AI and Azure ML their replica's). Lines without a rank mark (the
     trainer's own reports, printed by rank 0 alone) belong to no rank filter."""
     n = int(rank)
     return (rf"^{_HOST_PREFIX}(\[rank{n}\]:|\[rank {n}\] |\[(launch|trainer)\] rank {n} |trainer error: rank {n}:)"
-            rf"|trainer error: rank {n}:")
+            rf"|trainer error: rank {n}:|^ +rank +: {n} \(local_rank")
