@@ -24,9 +24,7 @@ import re
 import typing
 from typing import Any, Iterable, Mapping
 
-from django.db.models import BooleanField, Case, F, Func, JSONField, OrderBy, Value, When
-from django.db.models.fields.json import KeyTextTransform, KeyTransform
-from django.db.models.lookups import IsNull
+from django.db.models import BooleanField, F, Func, JSONField, OrderBy
 
 from jobs.models import JobStateChoices
 from trainer_pkg.config import JobConfig
@@ -199,21 +197,39 @@ def ordering(sort: str | None) -> list[Any]:
             return ["-id"] if descending else ["id"]
         return [OrderBy(F(field), descending=descending), *tie]
     column, _ = column_for(key)
-    value, text = json_value(column)
-    # JSON null (a metric that was not finite) is a value to jsonb and sorts among the numbers; as
-    # text it is NULL, like a missing key: both become SQL NULL, so both come last and tie.
-    present = Case(When(IsNull(text, True), then=Value(None)), default=value, output_field=JSONField())
-    return [OrderBy(present, descending=descending, nulls_last=True), *tie]
+    return [OrderBy(JSONPathValue(column.field, column.path), descending=descending, nulls_last=True), *tie]
 
 
-def json_value(column: Column) -> tuple[KeyTransform, KeyTextTransform]:
-    """The column's value in SQL: as JSON (what sorts: numbers by value) and as text (NULL when the
-    key is missing or holds JSON null)."""
-    *parents, last = column.path
-    lhs: Any = column.field
-    for part in parents:
-        lhs = KeyTransform(part, lhs)
-    return KeyTransform(last, lhs), KeyTextTransform(last, lhs)
+class JSONPathValue(Func):
+    """The value at ``path`` inside the JSON column ``field``, for ORDER BY: numbers by value, and SQL
+    NULL both where the path is missing and where it holds JSON null (a metric that was not finite),
+    so both sort last and tie. Django's key transforms cannot say this alike on both databases:
+    on SQLite they give JSON null as the text ``'null'``, which sorts after every number.
+
+    PostgreSQL: ``col #> '{train,lr}'`` (jsonb; numbers compare numerically); SQLite:
+    ``json_extract(col, '$."train"."lr"')`` (numbers as numbers, strings as text)."""
+
+    output_field = JSONField()
+
+    def __init__(self, field: str, path: tuple[str, ...]) -> None:
+        super().__init__(F(field))
+        self.path = tuple(path)
+
+    def as_postgresql(self, compiler, connection, **extra):
+        lhs, params = compiler.compile(self.source_expressions[0])
+        value = f"({lhs} #> %s::text[])"
+        path = list(self.path)
+        return (f"(CASE WHEN jsonb_typeof({value}) = 'null' THEN NULL ELSE {value} END)",
+                (*params, path, *params, path))
+
+    def as_sqlite(self, compiler, connection, **extra):
+        lhs, params = compiler.compile(self.source_expressions[0])
+        path = "$." + ".".join(json.dumps(part) for part in self.path)
+        return (f"(CASE WHEN json_type({lhs}, %s) = 'null' THEN NULL ELSE json_extract({lhs}, %s) END)",
+                (*params, path, *params, path))
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotImplementedError(f"sorting on JSON values supports PostgreSQL and SQLite, not {connection.vendor}")
 
 
 # --- tags ----------------------------------------------------------------------------------------
