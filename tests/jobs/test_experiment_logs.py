@@ -53,12 +53,12 @@ def test_search_any_case_and_metric_records_hidden_unless_asked(job):
     assert selectors.training_job_log_page(job=job, q="step", metrics=True).lines == [(1, record)]
 
 
-def _launch_line(monkeypatch, capsys, rank: int) -> str:
+def _launch_line(monkeypatch, capfd, rank: int) -> str:
     for name, value in {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": "2",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
     launch._log_rank("local")
-    return capsys.readouterr().out.strip()
+    return capfd.readouterr().out.strip()
 
 
 def _error_line(monkeypatch, capfd, rank: int, message: str) -> str:
@@ -68,8 +68,8 @@ def _error_line(monkeypatch, capfd, rank: int, message: str) -> str:
     return capfd.readouterr().err.strip()
 
 
-def test_rank_filter_on_the_launchers_and_trainers_own_marks(job, monkeypatch, capsys, capfd):
-    launch0, launch1 = _launch_line(monkeypatch, capsys, 0), _launch_line(monkeypatch, capsys, 1)
+def test_rank_filter_on_the_launchers_and_trainers_own_marks(job, monkeypatch, capfd):
+    launch0, launch1 = _launch_line(monkeypatch, capfd, 0), _launch_line(monkeypatch, capfd, 1)
     error1 = _error_line(monkeypatch, capfd, 1, "data.uri /x does not exist")
     assert launch1.startswith("[launch] rank 1 (local rank 1, node_rank 0) of world size 2")
     assert error1 == "trainer error: rank 1: data.uri /x does not exist"

@@ -8,18 +8,10 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from jobs import job_table, pagination, selectors, services
+from experimentkit import make_job
 from jobs.models import JobListSettings, SavedFilter, Team, TrainingJob
 
 pytestmark = pytest.mark.django_db
-
-
-def make_job(owner, dataset, model_spec, backend, *, name, final_metrics=None, config=None, state="SUCCEEDED",
-             **fields) -> TrainingJob:
-    """A stored job row as the sync leaves it (no submission: these tests read and sort rows)."""
-    return TrainingJob.objects.create(
-        owner=owner, dataset=dataset, model_spec=model_spec, backend=backend, name=name, state=state,
-        config=config if config is not None else {"train": {"lr": 0.05, "batch_size": 32}},
-        final_metrics=final_metrics or {}, **fields)
 
 
 @pytest.fixture

@@ -46,10 +46,11 @@ def test_html_list_queries_do_not_grow_with_jobs_or_depth(owner_client, user, di
     # One stalled job: its badge must not cost a query either.
     TrainingJob.objects.filter(name="sweep-001").update(stalled_at=timezone.now(), stalled_reason="QUEUED for 11 min")
     small = {url: _queries(owner_client, url) for url in _html_urls(local_backend)}
-    # session, user, backends (the filter's options), count, page; a search adds one query for the
-    # datasets, models and backends whose name matches. Nothing per row.
+    # session, user, backends (the filter's options), the user's columns and saved filters
+    # (docs/experiments.md), count, page; a search adds one query for the datasets, models and
+    # backends whose name matches. Nothing per row.
     assert {url: n for url, (n, _) in small.items()} == {
-        url: 5 + ("q=" in url) for url in _html_urls(local_backend)}
+        url: 7 + ("q=" in url) for url in _html_urls(local_backend)}
     first = small[reverse("job-list")][1].content.decode()
     assert 'data-stalled="1" title="QUEUED for 11 min"' in first
     assert [j.name for j in small[reverse("job-list")][1].context["jobs"]] == ["sweep-002", "sweep-001", "sweep-000"]
