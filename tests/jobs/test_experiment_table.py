@@ -4,12 +4,15 @@ filters and per-user columns, each refusal's message and that a refused write ch
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from django.core.exceptions import ValidationError
 
 from jobs import job_table, pagination, selectors, services
 from experimentkit import make_job
 from jobs.models import JobListSettings, SavedFilter, Team, TrainingJob
+from trainer_pkg.config import TrainConfig
 
 pytestmark = pytest.mark.django_db
 
@@ -73,12 +76,12 @@ def test_builtin_sort_keys_and_the_default(user, table):
 def test_unknown_sort_keys_and_columns_are_named():
     assert job_table.sort_problem("-val_accuracy") is None
     assert job_table.sort_problem("train.lr") is None
+    train_fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert train_fields[:3] == ["epochs", "batch_size", "lr"]
     assert job_table.sort_problem("train.lrr") == (
-        "Cannot sort by “train.lrr”: Unknown hyperparameter “train.lrr”: train has epochs, batch_size, lr, optimizer, "
-        "momentum, weight_decay, seed, log_every_steps, log_every_s, stop_check_s, precision, grad_accum_steps, "
-        "grad_clip_norm, lr_schedule, warmup_steps, find_unused_parameters, augment, max_steps, compile, "
-        "on_nonfinite_loss. Sort by a column: created, name, state, backend, cost, id, a metric or a hyperparameter "
-        "key, with - in front for descending.")
+        f"Cannot sort by “train.lrr”: Unknown hyperparameter “train.lrr”: train has {', '.join(train_fields)}. "
+        f"Sort by a column: created, name, state, backend, cost, id, a metric or a hyperparameter "
+        f"key, with - in front for descending.")
     with pytest.raises(ValueError, match="Cannot sort by “1bad”"):
         job_table.ordering("1bad")
     columns, problems = job_table.parse_columns("val_accuracy, tokens/s,train.lr,val_accuracy,train,model.arch.x")
