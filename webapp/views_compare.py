@@ -1,7 +1,8 @@
 """The comparison page, ``/jobs/compare/`` (docs/comparing-runs.md).
 
 Which runs: ``?ids=12,15,19`` (in that order), or the job list's own filter parameters (``state``,
-``backend``, ``q`` …, read by the list's :class:`webapp.forms.JobListFilterForm`, newest first), at most
+``backend``, ``q`` …, read by the list's :class:`webapp.forms.JobListFilterForm`, newest first), or
+``?filter=<id>`` (one of the user's saved filters, in its sort order; another's is a 404), at most
 :data:`jobs.comparison.MAX_COMPARED_JOBS`. Everything the page shows is in its query string, so its URL
 can be shared; someone who may not see a run is told its id is not found, as for an id that does not
 exist. The charts' data travels in a ``json_script`` block (the content security policy allows no
@@ -21,8 +22,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from jobs import comparison, selectors
+from jobs.models import SavedFilter
 from webapp.forms import JobListFilterForm
 
+MISSING = "missing"
+"""``how`` for a ``?filter=`` that is not the user's saved filter: the page is a 404 (existence never told)."""
 SHOW_ALL_CONFIG = "all"
 """``?config=all``: the config diff lists every key, not only those that differ."""
 
@@ -43,8 +47,8 @@ def compared_jobs(request: HttpRequest) -> tuple[list, list[str], list[str], str
     """``(jobs, problems, notes, how)`` for the request's query string.
 
     ``problems``: what makes the request unanswerable as asked (a part of ``ids`` that is not an id,
-    a bad filter value), each a sentence to act on; ``notes``: ids not found, runs left out past the
-    cap; ``how``: "ids", "filter" or "" (nothing asked yet)."""
+    a bad filter value, a saved filter not the user's), each a sentence to act on; ``notes``: ids not
+    found, runs left out past the cap; ``how``: "ids", "filter", :data:`MISSING` or "" (nothing asked yet)."""
     user = request.user
     if "ids" in request.GET:
         try:
@@ -55,6 +59,17 @@ def compared_jobs(request: HttpRequest) -> tuple[list, list[str], list[str], str
         jobs, total = comparison.limit_jobs(found)
         return jobs, [], [m for m in (comparison.not_found_message(not_found),
                                       comparison.limit_message(len(jobs), total)) if m], "ids"
+    if "filter" in request.GET:
+        raw = request.GET.get("filter", "").strip()
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+            return [], [f"“{raw[:40]}” is not a saved filter's id; choose one of your saved filters in the job list."], \
+                [], "filter"
+        try:
+            matching = selectors.saved_filter_jobs_for_user(user=user, saved_filter=int(raw))
+        except SavedFilter.DoesNotExist:
+            return [], [f"Saved filter #{raw} not found: saved filters are private to their owner."], [], MISSING
+        jobs, total = comparison.limit_jobs(matching)
+        return jobs, [], [m for m in (comparison.limit_message(len(jobs), total),) if m], "filter"
     if any(key in request.GET for key in list_filter_keys()):
         form = JobListFilterForm(request.GET, backends=selectors.backend_list_for_user(user=user))
         if form.problems():
@@ -126,4 +141,4 @@ def job_compare(request: HttpRequest) -> HttpResponse:
         "chart_data": chart_data,
         "max_jobs": comparison.MAX_COMPARED_JOBS,
         "api_query": request.GET.urlencode(),
-    }, status=400 if problems else 200)
+    }, status=404 if how == MISSING else 400 if problems else 200)

@@ -5,6 +5,7 @@ webapp/views_compare.py, webapp/api/views_compare.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import re
 
@@ -233,3 +234,21 @@ def test_a_long_series_is_thinned_for_the_charts_its_last_point_kept():
     assert len(thinned) == comparison.MAX_POINTS_PER_SERIES
     assert thinned[0]["x"] == 0 and thinned[-1]["x"] == 4999 and thinned[1]["x"] == 3
     assert comparison._thin(points[:2000]) == points[:2000]
+
+
+def test_a_saved_filter_selects_the_runs_and_another_users_is_a_404(owner_client, other_user, runs):
+    from django.test import Client
+
+    from jobs.models import SavedFilter
+
+    other_client = Client()
+    other_client.force_login(other_user)
+    a, _, _ = runs
+    saved = SavedFilter.objects.create(owner=a.owner, name="just a", query={"q": "run-a"})
+    r = owner_client.get(reverse("job-compare"), {"filter": saved.pk})
+    assert r.status_code == 200 and re.findall(r'<li data-job-id="(\d+)">', r.content.decode()) == [str(a.pk)]
+    r = other_client.get(reverse("job-compare"), {"filter": saved.pk})
+    assert r.status_code == 404 and f"Saved filter #{saved.pk} not found" in r.content.decode()
+    assert "run-a" not in r.content.decode()
+    r = owner_client.get(reverse("job-compare"), {"filter": "x1"})
+    assert r.status_code == 400 and "“x1” is not a saved filter's id" in html.unescape(r.content.decode())
