@@ -14,3 +14,5 @@ class JobsConfig(AppConfig):
         install_log_redaction()
         # A trial's job that ends tells its sweep (jobs.sweeps connects the receiver at import).
         import jobs.sweeps  # noqa: F401
+        # Connects the job_state_changed receiver that turns job events into emails and webhook deliveries.
+        from jobs import notifications  # noqa: F401

@@ -96,3 +96,29 @@ def _send_sweep(task_name: str, object_id: int) -> None:
         current_app.send_task(task_name, args=[object_id])
     except (OperationalError, OSError) as exc:
         log.warning("could not send %s(%s) (%s); the sweep's beat pass catches up", task_name, object_id, exc)
+
+
+DELIVER_WEBHOOK = "jobs.tasks.deliver_webhook"
+"""The registered name of :func:`jobs.tasks.deliver_webhook` (one attempt of one delivery row)."""
+SEND_NOTIFICATION_EMAIL = "jobs.tasks.send_notification_email"
+"""The registered name of :func:`jobs.tasks.send_notification_email`."""
+
+
+def webhook_delivery_after_commit(delivery_pk: int) -> None:
+    """Send ``deliver_webhook(delivery_pk)`` once the current transaction commits. A lost message
+    costs nothing: the row is due, and beat's ``webhook_deliveries_due`` sends it."""
+    transaction.on_commit(partial(_send_by_name, DELIVER_WEBHOOK, [delivery_pk],
+                                  "beat's webhook_deliveries_due sends it"))
+
+
+def notification_email_after_commit(user_ids: list[int], facts: dict) -> None:
+    """Send ``send_notification_email(user_ids, facts)`` once the current transaction commits."""
+    transaction.on_commit(partial(_send_by_name, SEND_NOTIFICATION_EMAIL, [list(user_ids), facts],
+                                  "this email is not sent"))
+
+
+def _send_by_name(task_name: str, args: list, then: str) -> None:
+    try:
+        current_app.send_task(task_name, args=args, queue="celery")
+    except (OperationalError, OSError) as exc:
+        log.warning("could not send %s (%s); %s", task_name, exc, then)

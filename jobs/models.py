@@ -867,3 +867,116 @@ class JobListSettings(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user}: {', '.join(self.columns) or 'default columns'}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Notifications: per-user email choices, webhooks and their delivery log (docs/notifications.md)
+# ---------------------------------------------------------------------------------------------
+
+NOTIFICATION_EVENTS: dict[str, str] = {
+    "job.started": "Job started (its first step was logged)",
+    "job.succeeded": "Job succeeded",
+    "job.failed": "Job failed",
+    "job.cancelled": "Job cancelled",
+    "job.budget_stopped": "Job stopped by its budget",
+    "job.stalled": "Job stalled (past its state's deadline)",
+}
+"""Event type name → label, in the order the settings page lists them (jobs.notifications sends them)."""
+
+
+class NotificationPreference(models.Model):
+    """Which events a user is emailed about. No row: none (email is opt-in)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="trainboard_notifications")
+    email_events = models.JSONField(default=list, blank=True,
+                                    help_text="Event names (NOTIFICATION_EVENTS) mailed for the user's own jobs.")
+    team_email_events = models.JSONField(
+        default=list, blank=True,
+        help_text="Event names mailed for other members' jobs of the user's teams.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.user}: {', '.join(self.email_events) or 'no email'}"
+
+
+class Webhook(Owned):
+    """An HTTP endpoint told about job events: the owner's own jobs, or with ``team`` set, every job
+    of that team. ``secret`` signs each delivery (HMAC-SHA256), stored encrypted, never shown again."""
+
+    class Format(models.TextChoices):
+        JSON = "json", "JSON"
+        SLACK = "slack", "Slack (text and blocks)"
+
+    name = models.CharField(max_length=100, blank=True)
+    url = models.CharField(max_length=2000, help_text="http(s) URL that receives a POST per event.")
+    secret = EncryptedJSONField(help_text="{'key': signing secret}, encrypted at rest.")
+    events = models.JSONField(default=list, help_text="Event names (NOTIFICATION_EVENTS) sent to this URL.")
+    format = models.CharField(max_length=10, choices=Format.choices, default=Format.JSON)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"sweep-{self.pk}"
+
+    @property
+    def study_name(self) -> str:
+        """The Optuna study's name: ``trainboard-sweep-<id>``."""
+        return f"trainboard-sweep-{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in self.TERMINAL
+        return self.name or self.url
+
+
+class WebhookDelivery(models.Model):
+    """One event for one webhook: sent by a Celery task, retried with backoff until
+    ``delivered_at`` or ``given_up_at``. ``next_attempt_at`` is when it is due (a worker that takes
+    it moves it past its own attempt: a lease, so a killed worker's row comes due again)."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    job = models.ForeignKey(TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    delivery_id = models.UUIDField(unique=True, help_text="X-Trainboard-Delivery: receivers deduplicate by it.")
+    event = models.CharField(max_length=50)
+    payload = models.JSONField(help_text="The body sent (the same bytes at every attempt).")
+    attempts = models.JSONField(
+        default=list, blank=True,
+        help_text="One {at, status_code, error, duration_ms} per attempt, oldest first.")
+    attempt_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    given_up_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.webhook_id} ({self.status})"
+
+    @property
+    def status(self) -> str:
+        """"delivered", "given up" or "pending"."""
+        if self.delivered_at:
+            return "delivered"
+        return "given up" if self.given_up_at else "pending"
+
+
+class OperationCount(models.Model):
+    """A counter shared by every process (web, workers): ``name`` per ``backend``, incremented in the
+    database (jobs.counters), read by /metrics. Counts since the row was created; never reset."""
+
+    name = models.CharField(max_length=50)
+    backend = models.ForeignKey(ComputeBackend, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    value = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "backend"], name="operation_count_unique",
+                                               nulls_distinct=False)]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.backend_id}] = {self.value}"

@@ -36,7 +36,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import admission, dispatch
+from jobs import admission, dispatch, notifications
 from jobs.adapters import backend_queue
 from jobs.deadlines import DEADLINE_STATES, deadline_start, human_duration, stall_reason, state_deadline_s
 from jobs.lifecycle import submission_claim, submit_lease_s, training_job_fail
@@ -105,6 +105,7 @@ def _flag_one(job: TrainingJob, now: dt.datetime, deadline: float) -> bool:
         JobEvent.objects.create(job_id=job.pk, from_state=job.state, to_state=job.state,
                                 message=f"Stalled: {reason}")
         log.warning("job %s stalled: %s", job.pk, reason)
+        notifications.job_stalled(job=job, reason=reason)  # rows in this transaction, sent after commit
         if job.backend.stall_policy == ComputeBackend.StallPolicy.CANCEL:
             job.refresh_from_db()
             try:

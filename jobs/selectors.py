@@ -18,6 +18,9 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Iterable
 
 from django.db.models import Case, CharField, Count, Max, Q, QuerySet, Sum, Value, When
+from django.db.models import Min
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from cloud_adapters.base import BackendError, Inventory
 from jobs import job_table
@@ -44,6 +47,8 @@ from jobs.models import (
     Team,
     TrainingJob,
 )
+from jobs.budgets import month_start
+from jobs.models import NotificationPreference, OperationCount, Webhook, WebhookDelivery  # notifications
 from trainer_pkg.metrics import METRIC_PREFIX
 from trainer_pkg.registry import CUSTOM
 
@@ -726,3 +731,86 @@ def sweep_list_for_user(*, user, state: str | None = None) -> QuerySet[Sweep]:
 def sweep_jobs(*, sweep: Sweep) -> QuerySet[TrainingJob]:
     """The trial jobs of ``sweep`` (visible to whoever may see the sweep), by trial number."""
     return TrainingJob.objects.filter(sweep_id=sweep.pk).order_by("trial_number")
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Notifications and webhooks (docs/notifications.md)
+# ---------------------------------------------------------------------------------------------
+
+
+def webhook_list_for_user(*, user) -> QuerySet[Webhook]:
+    """Webhooks ``user`` may see: their own, and those of their teams (a teammate reads, only the
+    owner or staff change: :func:`can_change`)."""
+    return Webhook.objects.filter(_visible(user)).select_related("team", "owner")
+
+
+def webhook_deliveries(*, webhook: Webhook) -> QuerySet[WebhookDelivery]:
+    """The delivery log of ``webhook``, newest first (each row's ``attempts``: at, status_code,
+    error, duration_ms)."""
+    return webhook.deliveries.order_by("-created_at", "-id")
+
+
+def notification_preference_for_user(*, user) -> NotificationPreference:
+    """``user``'s email choices; an unsaved row with none chosen when they never chose."""
+    return NotificationPreference.objects.filter(user=user).first() or NotificationPreference(user=user)
+
+
+# ---------------------------------------------------------------------------------------------
+# /metrics (read at scrape time by webapp.metrics)
+# ---------------------------------------------------------------------------------------------
+
+SYNCED_STATES = (S.PENDING, S.RUNNING, S.STOPPING)
+"""States whose jobs the sync follows (a job is lagging when its last sync is old)."""
+
+
+@dataclasses.dataclass
+class MetricsSnapshot:
+    """What /metrics reports, read in a few queries.
+
+    ``backends``: {backend id: (name, kind, Celery queue)}; ``jobs_by_state``: {(backend id, state):
+    count}; ``cost_month_usd``: {backend id: USD of the jobs created this calendar month (UTC)};
+    ``sync_lag_s``: {backend id: seconds since the least recently synced PENDING/RUNNING/STOPPING
+    job's last sync (its state's start if never synced)}; ``submit_errors``: {backend id: jobs that
+    failed while being submitted (JobEvents QUEUED/SUBMITTING → FAILED)}; ``counters``: {(name,
+    backend id or None): value} of :class:`~jobs.models.OperationCount`; ``webhook_pending``:
+    deliveries neither delivered nor given up."""
+
+    backends: dict[int, tuple[str, str, str]]
+    jobs_by_state: dict[tuple[int, str], int]
+    cost_month_usd: dict[int, Decimal]
+    sync_lag_s: dict[int, float]
+    submit_errors: dict[int, int]
+    counters: dict[tuple[str, int | None], int]
+    webhook_pending: int
+
+
+def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
+    """Everything /metrics reports (:class:`MetricsSnapshot`), in a fixed number of queries (seven,
+    plus what naming each backend's queue reads) whatever the number of jobs."""
+    now = now or timezone.now()
+    backends = {}
+    for backend in ComputeBackend.objects.only("pk", "name", "kind", "config"):
+        try:
+            queue = backend_queue(backend)
+        except ValueError:
+            queue = ""
+        backends[backend.pk] = (backend.name, backend.kind, queue)
+    jobs_by_state = {(row["backend_id"], row["state"]): row["n"] for row in
+                     TrainingJob.objects.values("backend_id", "state").annotate(n=Count("id")).order_by()}
+    cost = {row["backend_id"]: row["usd"] or Decimal("0") for row in
+            TrainingJob.objects.filter(created_at__gte=month_start(now)).values("backend_id")
+            .annotate(usd=Sum("cost_usd")).order_by()}
+    lag = {}
+    for row in (TrainingJob.objects.filter(state__in=SYNCED_STATES).values("backend_id")
+                .annotate(oldest=Min(Coalesce("last_synced_at", "state_entered_at", "created_at"))).order_by()):
+        lag[row["backend_id"]] = max(0.0, (now - row["oldest"]).total_seconds())
+    submit_errors = {row["job__backend_id"]: row["n"] for row in
+                     JobEvent.objects.filter(to_state=S.FAILED,
+                                             from_state__in=(S.QUEUED, S.SUBMITTING))
+                     .values("job__backend_id").annotate(n=Count("id")).order_by()}
+    counters = {(row["name"], row["backend_id"]): row["value"] for row in
+                OperationCount.objects.values("name", "backend_id", "value")}
+    pending = WebhookDelivery.objects.filter(delivered_at__isnull=True, given_up_at__isnull=True).count()
+    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+import smtplib
 
 from celery import shared_task
 from django.conf import settings
 
 from cloud_adapters.base import BackendError
-from jobs import dispatch, lifecycle, orphans, recovery, selectors, sweeps, sync
+from jobs import counters, dispatch, lifecycle, notifications, orphans, recovery, selectors, sweeps, sync, webhooks
 from jobs.adapters import backend_queue
 from jobs.models import ComputeBackend, TrainingJob
 
@@ -128,7 +129,11 @@ def sync_backend(backend_id: int) -> int:
     except BackendError as exc:
         # Throttled or down: the next beat tick is the retry.
         log.warning("backend %s: sync skipped: %s", backend_id, exc)
+        counters.count(counters.SYNC_ERRORS, backend_id)
         return 0
+    except Exception:
+        counters.count(counters.SYNC_ERRORS, backend_id)
+        raise
 
 
 @shared_task(**OPTIONS["recovery_sweep"])
@@ -187,3 +192,43 @@ def sweep_trial_ended(job_id: int) -> str | None:
 def sweep_tick() -> dict[str, int]:
     """Beat: prune, repair and fill every running sweep (:func:`jobs.sweeps.sweep_tick`)."""
     return sweeps.sweep_tick()
+
+
+# --- notifications (jobs.notifications, jobs.webhooks) -----------------------------------------
+
+OPTIONS["deliver_webhook"] = dict(name=dispatch.DELIVER_WEBHOOK, acks_late=False,
+                                  soft_time_limit=webhooks.timeout_s() + 20, time_limit=webhooks.timeout_s() + 30)
+OPTIONS["webhook_deliveries_due"] = dict(name="jobs.tasks.webhook_deliveries_due", acks_late=False,
+                                         soft_time_limit=30, time_limit=45)
+OPTIONS["send_notification_email"] = dict(name=dispatch.SEND_NOTIFICATION_EMAIL, bind=True, acks_late=False,
+                                          max_retries=3, soft_time_limit=60, time_limit=90)
+
+
+@shared_task(**OPTIONS["deliver_webhook"])
+def deliver_webhook(delivery_id: int) -> str:
+    """One attempt of webhook delivery ``delivery_id`` if it is due (:func:`jobs.webhooks.delivery_attempt`);
+    a retry is not a Celery retry: the row's ``next_attempt_at`` says when, and beat sends it."""
+    return webhooks.delivery_attempt(delivery_id)
+
+
+@shared_task(**OPTIONS["webhook_deliveries_due"])
+def webhook_deliveries_due() -> int:
+    """Beat's pass: a ``deliver_webhook`` for every due delivery (retries, and rows a killed worker
+    left); returns how many were sent."""
+    ids = webhooks.due_delivery_ids()
+    for delivery_id in ids:
+        deliver_webhook.apply_async(args=[delivery_id], expires=300.0)
+    return len(ids)
+
+
+@shared_task(**OPTIONS["send_notification_email"])
+def send_notification_email(self, user_ids: list[int], facts: dict) -> int:
+    """Mail ``user_ids`` about one event (:func:`jobs.notifications.notification_email_send`); an
+    SMTP or network error is retried after 30 s, 60 s, 120 s."""
+    try:
+        return notifications.notification_email_send(user_ids=user_ids, facts=facts)
+    except (OSError, smtplib.SMTPException) as exc:
+        if self.request.retries >= self.max_retries:
+            log.warning("notification email to users %s not sent: %s", user_ids, exc)
+            return 0
+        raise self.retry(exc=exc, countdown=30 * 2 ** self.request.retries)

@@ -295,7 +295,42 @@ CELERY_BEAT_SCHEDULE = {
     # Sweeps (jobs.sweeps): report intermediate values and prune, repair stale trials, fill free slots.
     "sweep-tick": {"task": "jobs.tasks.sweep_tick",
                    "schedule": _positive_seconds("TRAINBOARD_SWEEP_INTERVAL_S", TRAINBOARD_SYNC_INTERVAL_S)},
+    # Webhook retries that are due, and deliveries a killed worker left (jobs.webhooks).
+    "webhook-deliveries-due": {"task": "jobs.tasks.webhook_deliveries_due",
+                               "schedule": _positive_seconds("TRAINBOARD_WEBHOOK_SWEEP_INTERVAL_S", 15.0)},
 }
+
+# --- Notifications: email and webhooks (docs/notifications.md) ------------------------------------
+# Django's mail settings; the default backend prints messages on the console (no SMTP server needed).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)  # seconds
+EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))  # the file-based backend's folder
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="trainboard@localhost")
+# One webhook attempt's HTTP timeout, and the waits between attempts (5 attempts over 31 minutes).
+TRAINBOARD_WEBHOOK_TIMEOUT_S = _positive_seconds("TRAINBOARD_WEBHOOK_TIMEOUT_S", 5.0)
+TRAINBOARD_WEBHOOK_RETRY_DELAYS_S = [float(x) for x in env.list("TRAINBOARD_WEBHOOK_RETRY_DELAYS_S",
+                                                                default=["60", "180", "540", "1080"])]
+if any(not d > 0 for d in TRAINBOARD_WEBHOOK_RETRY_DELAYS_S):
+    raise ImproperlyConfigured("TRAINBOARD_WEBHOOK_RETRY_DELAYS_S must be positive seconds, comma-separated")
+# A host setting: networks webhooks may call although not public (CIDRs, comma-separated), e.g. an
+# in-house chat server's 10.0.0.0/8. Blank: only public addresses (no loopback, private, link-local
+# or cloud metadata address).
+TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = env.list("TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS", default=[])
+try:
+    import ipaddress as _ipaddress
+
+    for _network in TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS:
+        _ipaddress.ip_network(_network, strict=False)
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS: {_exc}") from _exc
+# /metrics (Prometheus): scraped with "Authorization: Bearer <token>"; blank = /metrics is off (404).
+TRAINBOARD_METRICS_TOKEN = env.str("TRAINBOARD_METRICS_TOKEN", default="")
 
 # --- Trainboard ------------------------------------------------------------------------------
 # Keys for secrets stored encrypted at rest (jobs.fields.EncryptedJSONField): comma-separated Fernet

@@ -6,7 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from webapp import views, views_artifacts, views_compare, views_experiments, views_staff, views_sweeps
+from webapp import metrics, views, views_artifacts, views_compare, views_experiments, views_notifications, views_staff, views_sweeps
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="job-list", permanent=False), name="home"),
@@ -54,6 +54,13 @@ urlpatterns = [
     path("jobs/<int:pk>/archive/", views_experiments.job_archive, name="job-archive"),
     path("jobs/<int:pk>/logs/", views_experiments.job_logs, name="job-logs"),
     path("jobs/<int:pk>/logs/download/", views_experiments.job_logs_download, name="job-logs-download"),
+    # Notifications: email choices, webhooks and their delivery log; /metrics for Prometheus
+    path("account/notifications/", views_notifications.notification_settings, name="notification-settings"),
+    path("account/webhooks/new/", views_notifications.webhook_create, name="webhook-create"),
+    path("account/webhooks/<int:pk>/", views_notifications.webhook_detail, name="webhook-detail"),
+    path("account/webhooks/<int:pk>/edit/", views_notifications.webhook_edit, name="webhook-edit"),
+    path("account/webhooks/<int:pk>/delete/", views_notifications.webhook_delete, name="webhook-delete"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     # Staff
     path("orphans/", views_staff.orphan_list, name="orphan-list"),
     path("orphans/<int:pk>/stop/", views_staff.orphan_stop, name="orphan-stop"),

@@ -24,6 +24,12 @@ from jobs.services.experiments import (
     training_job_annotate,
     training_jobs_archive,
 )
+from jobs.services.notifications import (
+    notification_preference_update,
+    webhook_create,
+    webhook_delete,
+    webhook_update,
+)
 from jobs.services.prices import instance_price_save, instance_price_seed, instance_price_upsert
 from jobs.services.resources import (
     backend_create,
@@ -44,6 +50,10 @@ from jobs.services.training_jobs import (
 )
 
 __all__ = [
+    "notification_preference_update",
+    "webhook_create",
+    "webhook_delete",
+    "webhook_update",
     "backend_create",
     "backend_instance_offers",
     "backend_test_connection",

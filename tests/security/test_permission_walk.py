@@ -47,6 +47,8 @@ pytestmark = pytest.mark.django_db
 #   compare / api-compare   a page (API) of jobs chosen by ?ids=: anonymous -> login redirect (401);
 #                 a stranger's job id is "not found" like an id of no job, a teammate's job is compared
 #   own-read / own-write  a private object (a saved filter): anyone but its owner gets 404, teammates too
+#   api-self      the requester's own settings (no object): anonymous 401, a user 200
+#   token         a bearer-token endpoint (/metrics): 404 while its token is unset, whoever asks
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
     "favicon": "redirect",
@@ -86,17 +88,25 @@ URL_KINDS: dict[str, str] = {
     "job-logs": "object-read", "job-logs-download": "object-read",
     "savedfilter-open": "own-read", "savedfilter-delete": "own-write",
     "api-job-logs": "api-read",
+    # Notifications (docs/notifications.md): the user's own settings, webhooks (team ones shared), /metrics
+    "notification-settings": "login", "webhook-create": "login",
+    "webhook-detail": "object-read", "webhook-edit": "object-write", "webhook-delete": "object-write",
+    "metrics": "token",
+    "api-notification-settings": "api-self",
+    "api-webhook-list": "api-list", "api-webhook-detail": "api-detail", "api-webhook-deliveries": "api-read",
 }
 # API objects nobody may PUT/PATCH: 405 for everyone (a job's PATCH changes tags, notes and archived only: its owner).
 API_NO_UPDATE = {"api-sweep-detail"}
 # The method that exercises an object-write / api-action route; GET for edit pages.
 METHOD = {"backend-test-connection": "post", "job-cancel": "post", "job-rerun": "post",
           "orphan-stop": "post", "sweep-cancel": "post", "job-bulk-archive": "post", "job-columns": "post",
-          "savedfilter-create": "post", "job-annotate": "post", "job-archive": "post", "savedfilter-delete": "post"}
+          "savedfilter-create": "post", "job-annotate": "post", "job-archive": "post", "savedfilter-delete": "post",
+          "webhook-delete": "post"}
 # Which object a route's pk names: by the route's name prefix.
 OBJECT_OF = {"dataset": "dataset", "model": "model", "backend": "backend", "job": "job", "orphan": "orphan",
              "api-dataset": "dataset", "api-model": "model", "api-backend": "backend", "api-job": "job",
-             "sweep": "sweep", "api-sweep": "sweep", "savedfilter": "savedfilter"}
+             "sweep": "sweep", "api-sweep": "sweep", "savedfilter": "savedfilter", "webhook": "webhook",
+             "api-webhook": "webhook"}
 # Admin routes that belong to no model.
 ADMIN_SITE_KINDS = {"index": "admin-page", "app_list": "admin-page", "password_change": "admin-page",
                     "password_change_done": "admin-page", "jsi18n": "admin-page", "autocomplete": "admin-misc",
@@ -197,8 +207,11 @@ def world(django_user_model, settings, tmp_path):
                                 sampler="grid")
     Sweep.objects.filter(pk=sweep.pk).update(team=team)
     saved = services.saved_filter_create(owner=carol, name="carol-best", query={"sort": "-val_accuracy"})
+    settings.TRAINBOARD_METRICS_TOKEN = ""  # /metrics is off: a 404 for everyone
+    webhook, _secret = services.webhook_create(owner=carol, url="https://93.184.215.14/hook", events=["job.failed"],
+                                               team=team, name="carol-hook")
     objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan, "sweep": sweep,
-               "savedfilter": saved}
+               "savedfilter": saved, "webhook": webhook}
     return {"users": users, "team": team, "objects": objects}
 
 
@@ -259,7 +272,11 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
             r = getattr(anon, method)(url)
             if not _is_login_redirect(r):
                 problems.append(f"{method.upper()} {url}: {r.status_code}, expected a redirect to /login/")
-        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read", "api-compare"):
+        elif kind == "token":
+            r = anon.get(url)
+            if r.status_code != 404:
+                problems.append(f"GET {url}: {r.status_code}, expected 404 (its token is unset)")
+        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read", "api-compare", "api-self"):
             r = api.get(url)
             if r.status_code != 401:
                 problems.append(f"GET {url}: {r.status_code}, expected 401")
@@ -347,8 +364,9 @@ def test_object_urls_as_stranger_and_teammate(world, who):
     assert checked >= 20
     assert not problems, "\n".join(problems)
     # Nothing was changed or created by the refused writes.
-    from jobs.models import ComputeBackend, Dataset, TrainingJob
+    from jobs.models import ComputeBackend, Dataset, TrainingJob, Webhook
 
+    assert Webhook.objects.get(pk=world["objects"]["webhook"].pk).name == "carol-hook"
     assert Dataset.objects.get(pk=world["objects"]["dataset"].pk).name == "carol-digits"
     assert ComputeBackend.objects.get(pk=world["objects"]["backend"].pk).name == "carol-box"
     carol_job = world["objects"]["job"]

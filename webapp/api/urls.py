@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from webapp.api import sweeps, views, views_compare
+from webapp.api import notifications, sweeps, views, views_compare
 from webapp.auth import RateLimitedObtainAuthToken
 
 router = DefaultRouter()
@@ -14,6 +14,7 @@ router.register("models", views.ModelSpecViewSet, basename="api-model")
 router.register("backends", views.BackendViewSet, basename="api-backend")
 router.register("jobs", views.TrainingJobViewSet, basename="api-job")
 router.register("sweeps", sweeps.SweepViewSet, basename="api-sweep")
+router.register("webhooks", notifications.WebhookViewSet, basename="api-webhook")
 
 urlpatterns = [
     # POST username + password -> {"token": "..."}; then send "Authorization: Token <token>".
@@ -26,5 +27,6 @@ urlpatterns = [
     path("docs/", login_required(SpectacularSwaggerSplitView.as_view(url_name="api-schema")), name="api-docs"),
     # Before the router: "compare" is not a job id.
     path("jobs/compare/", views_compare.JobCompareView.as_view(), name="api-job-compare"),
+    path("notifications/", notifications.NotificationPreferenceView.as_view(), name="api-notification-settings"),
     path("", include(router.urls)),
 ]
