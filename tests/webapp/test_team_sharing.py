@@ -232,8 +232,8 @@ def test_job_api_shows_team_and_budget_exceeded_at(api_client, user, vision, dig
     row = next(j for j in api_client.get("/api/jobs/").json()["results"] if j["id"] == job.pk)
     assert row["team"] == vision.pk
     assert dt.datetime.fromisoformat(row["budget_exceeded_at"].replace("Z", "+00:00")) == when
-    # Read-only: the job endpoint takes no PATCH.
+    # Read-only: a PATCH may change only tags, notes and archived (docs/experiments.md).
     r = api_client.patch(f"/api/jobs/{job.pk}/", {"budget_exceeded_at": None}, format="json")
-    assert r.status_code == 405
+    assert r.status_code == 400 and "budget_exceeded_at is read-only" in str(r.json())
     job.refresh_from_db()
     assert job.budget_exceeded_at == when
