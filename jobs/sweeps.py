@@ -476,6 +476,13 @@ def _choice(errors: Errors, field: str, value: Any, choices: type, label: str) -
     return value
 
 
+SQLITE_REFUSAL = ("Sweeps need PostgreSQL: on the embedded SQLite database, Optuna's storage and Trainboard's own "
+                  "writes lock each other out (\"database is locked\"). Set DATABASE_URL to a PostgreSQL database "
+                  "(README, \"Settings\") to run sweeps.")
+"""Why a sweep is refused on SQLite (found trying the demo: trials never started and pages failed while
+Optuna's connection held the file's lock)."""
+
+
 def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str = "tpe", seed: Any = 0,
                  objective_metric: str = "val_accuracy", direction: str = "maximize", objective: str = "final",
                  max_trials: Any = 10, max_concurrent_trials: Any = 2, budget_usd: Any = None,
@@ -500,6 +507,8 @@ def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str
     rolled-back savepoint, to find them). Nothing is stored then.
     """
     errors = Errors()
+    if connections["default"].vendor == "sqlite":
+        errors.add(ALL, SQLITE_REFUSAL)
     name = (name or "").strip() if isinstance(name, str) else ""
     if not name:
         errors.add("name", "Name: give the sweep a name, e.g. lr-search.")
