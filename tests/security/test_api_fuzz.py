@@ -252,17 +252,26 @@ def test_api_fuzz_list_paging_params(fuzz_user, client):
     lists = [path for path, methods in schema["paths"].items()
              if any(p["name"] == "limit" for p in methods.get("get", {}).get("parameters", []))]
     assert sorted(lists) == ["/api/backends/", "/api/backends/{id}/running-jobs/", "/api/backends/{id}/waiting-jobs/",
-                             "/api/datasets/", "/api/jobs/", "/api/models/"]
-    from jobs.models import ComputeBackend
+                             "/api/datasets/", "/api/jobs/", "/api/jobs/{id}/logs/", "/api/models/", "/api/sweeps/",
+                             "/api/webhooks/", "/api/webhooks/{id}/deliveries/"]
+    from jobs.models import ComputeBackend, TrainingJob, Webhook
 
     box = ComputeBackend.objects.get(name="box")  # the fuzz user's, with a QUEUED job
+    job = TrainingJob.objects.filter(backend=box).first()
+    hook = Webhook.objects.create(owner=box.owner, url="https://hooks.example.com/tb", secret={"key": "k"},
+                                  events=["job.succeeded"])
+    ids = {"/api/backends/": box.pk, "/api/jobs/": job.pk, "/api/webhooks/": hook.pk}
     failures = []
-    for path in (p.replace("{id}", str(box.pk)) for p in lists):
+    for path in (p if "{id}" not in p else p.replace("{id}", str(next(v for k, v in ids.items() if p.startswith(k))))
+                 for p in lists):
         for param in ("limit", "offset"):
             for value in UNSTORABLE_QUERY:
                 other = "limit" if param == "offset" else "offset"
                 response = _isolated(lambda: client.get(path, {param: value, other: UNSTORABLE_QUERY[0]}, **auth))
-                if response.status_code != 200:
+                # The log's cursor endpoint refuses a bad limit with a 400 naming it (its limit is a
+                # page size, not the lists' clamped paging); every list answers 200, clamping it.
+                allowed = (200, 400) if path.endswith("/logs/") else (200,)
+                if response.status_code not in allowed:
                     failures.append(f"GET {path}?{param}={value!r} -> {response.status_code}")
     assert not failures, "\n".join(failures)
 
