@@ -139,7 +139,8 @@ def _walk_every_get(client: Client, api: APIClient) -> list[tuple[str, int, str]
         if url is None or (route.name or "").endswith("_delete") or "logout" in (route.name or ""):
             continue
         r = (api if (route.name or "").startswith("api-") and kind != "api-docs" else client).get(url, follow=False)
-        out.append((url, r.status_code, r.content.decode(errors="replace")))
+        body = b"".join(r.streaming_content) if getattr(r, "streaming", False) else r.content  # a log download streams
+        out.append((url, r.status_code, body.decode(errors="replace")))
     return out
 
 
