@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 
 import pytest
 from django.utils import timezone
@@ -15,6 +14,7 @@ from cloud_adapters.base import JobSpec, JobState
 from cloud_adapters.gpubox import GpuBoxBackend
 from jobs import dispatch, services
 from jobs.models import TrainingJob
+from polling import wait_for
 from taskkit import sent_tasks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -28,10 +28,8 @@ def digits_run(tmp_path_factory):
     handle = box.submit(JobSpec(job_name="tb-job-77-browser", config={"train": {"epochs": 1},
                                                                      "parallel": {"procs_per_node": 1}},
                                 procs_per_node=1, max_runtime_s=600))
-    deadline = time.monotonic() + 300
-    while not (status := box.describe(handle)).state.is_terminal:
-        assert time.monotonic() < deadline, "the digits run did not end within 300 s"
-        time.sleep(0.5)
+    status = wait_for(lambda: (s := box.describe(handle)).state.is_terminal and s, timeout=300, interval=0.5,
+                      what="the digits run to end")
     assert status.state == JobState.SUCCEEDED, (status, (run_root / handle.job_name / "train.log").read_text()[-2000:])
     return run_root, handle
 
