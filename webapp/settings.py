@@ -232,7 +232,11 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     # A model's kind and a backend's kind are both "kind": each enum gets its own name.
-    "ENUM_NAME_OVERRIDES": {"ModelKindEnum": "jobs.models.ModelSpec.Kind"},
+    "ENUM_NAME_OVERRIDES": {
+        "ModelKindEnum": "jobs.models.ModelSpec.Kind",
+        "JobStateEnum": "jobs.models.JobStateChoices",
+        "SweepStateEnum": "jobs.models.Sweep.State",
+    },
 }
 
 # --- Celery ----------------------------------------------------------------------------------
