@@ -22,13 +22,13 @@ import dataclasses
 import json
 import re
 import typing
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from django.db.models import BooleanField, F, Func, JSONField, OrderBy
 
 from jobs.models import JobStateChoices
 from trainer_pkg.config import JobConfig
-from trainer_pkg.metrics import USER_METRIC_NAME
+from trainer_pkg.metrics import GLOBAL_METRICS, USER_METRIC_NAME
 
 DEFAULT_COLUMNS = ("val_accuracy", "val_loss", "train_loss")
 """The extra columns of a user who chose none."""
@@ -164,18 +164,52 @@ def parse_columns(value: str | Iterable[str] | None) -> tuple[list[Column], list
     return columns, problems
 
 
-def sort_problem(sort: str) -> str | None:
-    """Why ``sort`` (``"-val_accuracy"``) is not a sort key; None when it is."""
+MAX_LISTED_METRICS = 30
+"""Metric names an unknown-sort message lists at most (the rest are counted)."""
+
+
+def sort_keys_text(metrics: Collection[str] = ()) -> str:
+    """The sort keys in words, for an error message: the fixed ones, the trainer's metrics and
+    ``metrics`` (the names the user's jobs reported), and the hyperparameter form."""
+    names = sorted(set(GLOBAL_METRICS) | set(metrics))
+    shown = ", ".join(names[:MAX_LISTED_METRICS])
+    if len(names) > MAX_LISTED_METRICS:
+        shown += f" and {len(names) - MAX_LISTED_METRICS} more"
+    return (f"Sort by {', '.join(BUILTIN_SORTS)}; a metric: {shown}; or a hyperparameter key "
+            f"({', '.join(s + '.…' for s in CONFIG_SECTIONS)}, e.g. train.lr), with - in front for descending.")
+
+
+def sort_problem(sort: str, *, metrics: Collection[str] | None = None) -> str | None:
+    """Why ``sort`` (``"-val_accuracy"``) is not a sort key; None when it is.
+
+    ``metrics``: the metric names the user's jobs reported (``selectors.metric_names_for_user``). Given,
+    a metric key must be one of them or one of the trainer's own (``GLOBAL_METRICS``): ``?sort=bogus``
+    is refused with the allowed keys listed, not run as a sort on a value no job has (which would look
+    like no sort at all). None: any well-formed metric name (a saved filter's stored query, checked
+    without a user's jobs at hand)."""
     key = sort.strip().removeprefix("-")
     if key in BUILTIN_SORTS:
         return None
     if not key:
-        return "Sort by what? Name a column, e.g. -val_accuracy or train.lr."
+        return f"Sort by what? {sort_keys_text(metrics or ())}"
     column, problem = column_for(key)
     if problem:
-        return (f"Cannot sort by “{sort.strip()[:80]}”: {problem} Sort by a column: "
-                f"{', '.join(BUILTIN_SORTS)}, a metric or a hyperparameter key, with - in front for descending.")
+        return f"Cannot sort by “{sort.strip()[:80]}”: {problem} {sort_keys_text(metrics or ())}"
+    if (metrics is not None and column.kind == "metric" and key not in GLOBAL_METRICS
+            and key not in metrics):
+        return (f"Cannot sort by “{sort.strip()[:80]}”: it is not a sort key, and no job of yours reported a "
+                f"metric of that name. {sort_keys_text(metrics)}")
     return None
+
+
+def sorts_by_user_metric(sort: str) -> bool:
+    """Whether the sort key ``sort`` names a metric other than the trainer's own (one that
+    :func:`sort_problem` accepts only among the user's reported ``metrics``)."""
+    key = sort.strip().removeprefix("-")
+    if key in BUILTIN_SORTS or key in GLOBAL_METRICS:
+        return False
+    column, _ = column_for(key)
+    return column is not None and column.kind == "metric"
 
 
 def ordering(sort: str | None) -> list[Any]:

@@ -17,7 +17,8 @@ import statistics
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Iterable
 
-from django.db.models import Case, CharField, Count, Max, Q, QuerySet, Sum, Value, When
+from django.db import connection
+from django.db.models import Case, CharField, Count, F, Func, Max, Q, QuerySet, Sum, Value, When
 from django.db.models import Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -297,6 +298,18 @@ def job_list_columns_for_user(*, user) -> list[str]:
         return list(job_table.DEFAULT_COLUMNS)
     row = JobListSettings.objects.filter(user_id=user.pk).values_list("columns", flat=True).first()
     return list(row) if isinstance(row, list) and row else list(job_table.DEFAULT_COLUMNS)
+
+
+def metric_names_for_user(*, user) -> set[str]:
+    """The final-metric names (``TrainingJob.final_metrics`` keys: ``"val_accuracy"``, ``"tokens/s"``)
+    that any job ``user`` may see reported, archived or not: with the trainer's own names, the metric
+    sort keys the job list and ``?ordering=`` accept. One query (PostgreSQL: the distinct
+    ``jsonb_object_keys``; another database reads the field of each job that has metrics)."""
+    jobs = TrainingJob.objects.filter(_visible(user)).exclude(final_metrics={}).order_by()
+    if connection.vendor == "postgresql":
+        keys = jobs.annotate(key=Func(F("final_metrics"), function="jsonb_object_keys", output_field=CharField()))
+        return set(keys.values_list("key", flat=True).distinct())
+    return {k for row in jobs.values_list("final_metrics", flat=True) if isinstance(row, dict) for k in row}
 
 
 def saved_filter_list_for_user(*, user) -> QuerySet[SavedFilter]:

@@ -754,13 +754,19 @@ class JobListFilterForm(forms.Form):
     def clean_sort(self) -> str | None:
         value = self.cleaned_data.get("sort") or ""
         problem = job_table.sort_problem(value) if value else None
+        if not problem and value and self.user is not None and job_table.sorts_by_user_metric(value):
+            # a well-formed name that no job reported sorts nothing: say so (one query, only then)
+            problem = job_table.sort_problem(value, metrics=selectors.metric_names_for_user(user=self.user))
         if problem:
             raise forms.ValidationError(f"{problem} The list below is newest first.")
         return value or None
 
-    def __init__(self, data, *, backends) -> None:
+    def __init__(self, data, *, backends, user=None) -> None:
+        """``backends``: the user's, already fetched by the view (no extra query); ``user``: whose
+        reported metric names a metric sort key must be among (None: any well-formed name)."""
         super().__init__(data)
-        self.backends = list(backends)  # the user's, already fetched by the view (no extra query)
+        self.backends = list(backends)
+        self.user = user
 
     def clean_state(self) -> str | None:
         value = self.cleaned_data.get("state") or ""

@@ -347,7 +347,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     backends = list(selectors.backend_list_for_user(user=user))
     # A bad ?state=, ?backend=, ?tag=, ?sort= or ?columns= is named on the page (400), not silently
     # dropped (webapp/forms.py).
-    filter_form = JobListFilterForm(request.GET, backends=backends)
+    filter_form = JobListFilterForm(request.GET, backends=backends, user=user)
     filters = filter_form.filters()
     state, backend, q = filters["state"], filters["backend"], filters["q"]
     jobs = selectors.training_job_list_for_user(user=user, state=state, backend=backend, q=q, tag=filters["tag"],

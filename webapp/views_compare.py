@@ -71,7 +71,7 @@ def compared_jobs(request: HttpRequest) -> tuple[list, list[str], list[str], str
         jobs, total = comparison.limit_jobs(matching)
         return jobs, [], [m for m in (comparison.limit_message(len(jobs), total),) if m], "filter"
     if any(key in request.GET for key in list_filter_keys()):
-        form = JobListFilterForm(request.GET, backends=selectors.backend_list_for_user(user=user))
+        form = JobListFilterForm(request.GET, backends=selectors.backend_list_for_user(user=user), user=user)
         if form.problems():
             return [], form.problems(), [], "filter"
         matching = selectors.training_job_list_for_user(user=user, **_selector_filters(form.filters()))

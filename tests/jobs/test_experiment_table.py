@@ -80,8 +80,22 @@ def test_unknown_sort_keys_and_columns_are_named():
     assert train_fields[:3] == ["epochs", "batch_size", "lr"]
     assert job_table.sort_problem("train.lrr") == (
         f"Cannot sort by “train.lrr”: Unknown hyperparameter “train.lrr”: train has {', '.join(train_fields)}. "
-        f"Sort by a column: created, name, state, backend, cost, id, a metric or a hyperparameter "
-        f"key, with - in front for descending.")
+        f"Sort by created, name, state, backend, cost, id; a metric: lr, samples_per_s, tokens_per_s, train_accuracy, "
+        f"train_loss, val_accuracy, val_loss, val_perplexity, wait_for_slowest_s; or a hyperparameter key (data.…, "
+        f"model.…, parallel.…, train.…, output.…, code.…, e.g. train.lr), with - in front for descending.")
+    # Given the user's reported metric names, a well-formed name that none of them is, is refused too.
+    assert job_table.sort_problem("-tokens/s", metrics={"tokens/s"}) is None
+    assert job_table.sort_problem("val_loss", metrics=set()) is None  # the trainer's own: always a key
+    assert job_table.sort_problem("-bogus", metrics={"tokens/s"}) == (
+        "Cannot sort by “-bogus”: it is not a sort key, and no job of yours reported a metric of that name. "
+        "Sort by created, name, state, backend, cost, id; a metric: lr, samples_per_s, tokens/s, tokens_per_s, "
+        "train_accuracy, train_loss, val_accuracy, val_loss, val_perplexity, wait_for_slowest_s; or a "
+        "hyperparameter key (data.…, model.…, parallel.…, train.…, output.…, code.…, e.g. train.lr), with - in "
+        "front for descending.")
+    assert job_table.sort_problem("-bogus") is None  # no user at hand (a saved filter's query): well-formed is enough
+    assert (job_table.sorts_by_user_metric("-bogus"), job_table.sorts_by_user_metric("val_loss"),
+            job_table.sorts_by_user_metric("train.lr"), job_table.sorts_by_user_metric("cost")) == (
+        True, False, False, False)
     with pytest.raises(ValueError, match="Cannot sort by “1bad”"):
         job_table.ordering("1bad")
     columns, problems = job_table.parse_columns("val_accuracy, tokens/s,train.lr,val_accuracy,train,model.arch.x")
@@ -215,7 +229,9 @@ def test_saved_filter_refusals(user):
         "archived is 1 (archived jobs only), all (both) or 0 (the default), got “maybe”.",
         "Cannot sort by “-nope nope”: “nope nope” is neither a metric name (a letter or _, then letters, digits, "
         "_ . / -; at most 100) nor a hyperparameter key (data.…, model.…, parallel.…, train.…, output.…, code.…). "
-        "Sort by a column: created, name, state, backend, cost, id, a metric or a hyperparameter key, with - in "
+        "Sort by created, name, state, backend, cost, id; a metric: lr, samples_per_s, tokens_per_s, "
+        "train_accuracy, train_loss, val_accuracy, val_loss, val_perplexity, wait_for_slowest_s; or a "
+        "hyperparameter key (data.…, model.…, parallel.…, train.…, output.…, code.…, e.g. train.lr), with - in "
         "front for descending."]
     with pytest.raises(ValidationError) as exc:
         services.saved_filter_create(owner=user, name="", query=[])

@@ -48,6 +48,17 @@ def test_bad_ordering_archived_and_tag_are_400(api_client, jobs):
     body = r.json()
     assert body["archived"] == ["archived is 1 (archived jobs only), all (both) or 0 (the default), got “maybe”."]
     assert body["ordering"][0].startswith("Cannot sort by “-val accuracy”: “val accuracy” is neither a metric name")
+    # A well-formed name that no job reported is no sort key: 400 naming it and the allowed keys, not an
+    # order by a value no job has (which reads as no order at all).
+    r = api_client.get("/api/jobs/?ordering=-bogus")
+    assert r.status_code == 400
+    message = r.json()["ordering"][0]
+    assert message.startswith("Cannot sort by “-bogus”: it is not a sort key, and no job of yours reported a metric "
+                              "of that name. Sort by created, name, state, backend, cost, id; a metric: lr, ")
+    assert "val_accuracy" in message and "e.g. train.lr" in message
+    make_job(jobs["a"].owner, jobs["a"].dataset, jobs["a"].model_spec, jobs["a"].backend, name="run-tok",
+             final_metrics={"tokens/s": 812.0})
+    assert names(api_client.get("/api/jobs/?ordering=-tokens/s"))[0] == "run-tok"
     r = api_client.get("/api/jobs/?tag=NOT A TAG")
     assert r.status_code == 400 and r.json()["tag"][0].startswith("Tag “not a tag” may hold only")
 

@@ -72,6 +72,14 @@ def test_bad_sort_and_columns_are_named_not_500(owner_client, jobs):
     assert problems[3].endswith("The list below is newest first.")
     assert [j.name for j in r.context["jobs"]] == ["run-live", "run-c", "run-b", "run-a"]
     assert 'data-column="val_accuracy"' in r.content.decode()  # the valid column is still shown
+    # A well-formed metric name no job reported: named, with the allowed keys; the list still renders.
+    r = owner_client.get(reverse("job-list") + "?sort=-bogus")
+    assert r.status_code == 400
+    [problem] = r.context["filter_problems"]
+    assert problem.startswith("Cannot sort by “-bogus”: it is not a sort key, and no job of yours reported a metric")
+    assert "tokens/s" in problem and problem.endswith("The list below is newest first.")
+    assert [j.name for j in r.context["jobs"]] == ["run-live", "run-c", "run-b", "run-a"]
+    assert "Cannot sort by “-bogus”" in r.content.decode()
 
 
 def test_sorted_pages_link_by_number_and_do_not_overlap(owner_client, user, digits_dataset, cnn_model,

@@ -249,6 +249,9 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
             archived = False
         ordering = (params.get("ordering") or "").strip()
         problem = job_table.sort_problem(ordering) if ordering else None
+        if not problem and ordering and job_table.sorts_by_user_metric(ordering):
+            problem = job_table.sort_problem(
+                ordering, metrics=selectors.metric_names_for_user(user=self.request.user))
         if problem:
             problems["ordering"] = [problem]
         if problems:
