@@ -6,7 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainboard
-TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# make test runs the suite in TEST_WORKERS pytest-xdist processes (-n 2 --dist loadgroup), each test
+# file (or xdist_group) whole on one worker, each worker with its own test database (pytest-django's
+# _gwN suffix) and Redis database (TEST_REDIS_URL's + N: 12-15 for up to 4 workers), see
+# tests/xdist_workers.py. TEST_WORKERS=0 runs it serially (about twice as long on 2 cores).
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/12
+TEST_WORKERS ?= 2
+XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 PORT ?= 8000
 
 .PHONY: help demo test venv dev-venv static static-dev services system-deps compose-config clean
@@ -14,10 +20,11 @@ PORT ?= 8000
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements.txt trainer_pkg/pyproject.toml
+# requirements-lock.txt (scripts/lock-requirements.sh) pins what requirements.txt pulls in, as the image does.
+$(VENV)/.installed: requirements.txt requirements-lock.txt trainer_pkg/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet -r requirements.txt -c requirements-lock.txt
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
@@ -44,7 +51,7 @@ system-deps:  ## Debian packages the tests need (Chromium, docker-compose) and t
 	bash scripts/system-deps.sh
 
 test: dev-venv static-dev system-deps  ## Set up and run the whole suite on PostgreSQL and Redis
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
 
 clean:  ## Remove the embedded database, broker files, run directories and test artifacts
 	rm -rf var test-artifacts

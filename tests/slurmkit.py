@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
@@ -40,6 +42,10 @@ PARTITION = "debug"
 CLUSTER_NAME = "tbtest"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+
+SLURM_GROUP = pytest.mark.xdist_group("slurm")
+"""The mark of every test file that starts this cluster: under ``-n`` (tests/xdist_workers.py) they
+all run on one worker, one cluster at a time, as they do in a serial run."""
 
 
 def free_port() -> int:

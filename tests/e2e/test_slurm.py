@@ -16,9 +16,9 @@ import pytest
 from jobs import selectors, services
 from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
-from slurmkit import slurm_cluster
+from slurmkit import SLURM_GROUP, slurm_cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True), SLURM_GROUP]
 
 RATE = Decimal("3.6")  # USD per node-hour of partition debug on cluster tbtest
 

@@ -22,9 +22,9 @@ from faultkit import FAST_RECOVERY_ENV
 from jobs import services
 from jobs.models import JobStateChoices as S, TrainingJob
 from polling import wait_for
-from slurmkit import slurm_cluster
+from slurmkit import SLURM_GROUP, slurm_cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True), SLURM_GROUP]
 
 SLOW_SBATCH = """#!/bin/sh
 # The real sbatch, then no answer: the worker waiting for it is killed meanwhile.

@@ -120,7 +120,11 @@ def test_rank_filter_on_a_real_torchrun_run(job, tmp_path):
                          "[rank1]:     raise ValueError('bad shard on rank 1')",
                          "[rank1]: ValueError: bad shard on rank 1"]
     assert rank1[4:] == ["  rank      : 1 (local_rank: 1)"]  # torchrun's summary of the root cause
-    assert "hello from rank 1" in texts and "hello from rank 1" not in rank1
+    # An unmarked print is in the log but no rank's. Two ranks printing at once under PYTHONUNBUFFERED
+    # (GPU boxes set it; so do many CI runners) write text and newline separately, so rank 0's and
+    # rank 1's hellos can share a line: look for the text, not for a line of its own.
+    assert "hello from rank 1" in done.stdout
+    assert not any("hello from rank" in text for text in rank1)
     rank0 = [text for _, text in selectors.training_job_log_page(job=job, rank=0).lines]
     assert rank0[0] == "[rank0]: Traceback (most recent call last):"
     assert all(t.startswith("[rank0]:") for t in rank0[:-1]) and rank0[-1] == "  rank      : 0 (local_rank: 0)"

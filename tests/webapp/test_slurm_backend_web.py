@@ -15,10 +15,10 @@ from cloud_adapters.registry import backend_settings
 from jobs import services
 from jobs.models import ComputeBackend
 from jobs.services.prices import instance_price_save
-from slurmkit import slurm_cluster
+from slurmkit import SLURM_GROUP, slurm_cluster
 from webapp import forms as webapp_forms
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, SLURM_GROUP]
 
 FIELDS = ("cluster", "partition", "account", "qos", "gpus_per_node", "gpu_request", "cpus_per_task",
           "mem_per_node_gb", "max_nodes", "extra_sbatch_options", "container_image")

@@ -15,10 +15,10 @@ import pytest
 from cloud_adapters.base import InvalidSpec, JobHandle, JobSpec, JobState, ProviderError
 from cloud_adapters.registry import create_backend
 from polling import wait_for
-from slurmkit import slurm_cluster
+from slurmkit import SLURM_GROUP, slurm_cluster
 from sshkit import sshd_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SLURM_GROUP]
 
 
 @pytest.fixture(scope="module")

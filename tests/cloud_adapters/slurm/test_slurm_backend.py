@@ -21,7 +21,9 @@ import pytest
 from cloud_adapters.base import CodeBundle, JobHandle, JobSpec, JobState
 from cloud_adapters.registry import create_backend
 from polling import wait_for
-from slurmkit import slurm_cluster
+from slurmkit import SLURM_GROUP, slurm_cluster
+
+pytestmark = SLURM_GROUP
 
 
 @pytest.fixture(scope="module")

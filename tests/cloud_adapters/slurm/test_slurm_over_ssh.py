@@ -11,8 +11,10 @@ import pytest
 from cloud_adapters.base import JobSpec, JobState
 from cloud_adapters.registry import create_backend
 from polling import wait_for
-from slurmkit import slurm_cluster
+from slurmkit import SLURM_GROUP, slurm_cluster
 from sshkit import keygen, sshd_server
+
+pytestmark = SLURM_GROUP
 
 
 @pytest.fixture(scope="module")
