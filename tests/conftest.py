@@ -30,9 +30,14 @@ from typing import Iterator
 import pytest
 
 from polling import wait_for
-from workerkit import DEFAULT_QUEUES, CeleryWorker, start_worker, wait_for_sessions_to_close, worker_environment
+from workerkit import (DEFAULT_QUEUES, CeleryWorker, install_flush_retry, start_worker, wait_for_sessions_to_close,
+                       worker_environment)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    install_flush_retry()  # a module's shared worker can deadlock the flush between its tests
 
 
 # ---------------------------------------------------------------------------------------------

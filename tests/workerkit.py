@@ -5,6 +5,9 @@ with its pool children and beat) and waiting for its PostgreSQL sessions to end 
 Used by ``celery_worker_process`` (tests/conftest.py), the user-code tests' module-wide worker
 (tests/e2e/test_user_code.py), the fault tests' workers (tests/faults/faultkit.py) and the worker-log
 secrets test (tests/security/test_worker_secrets.py).
+
+A worker shared by the tests of a module keeps syncing while pytest-django flushes the database
+between them; :func:`install_flush_retry` makes that flush try again when it lost a lock race.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from django.core.management.base import CommandError
 
 from polling import wait_for
 
@@ -50,6 +54,58 @@ def wait_for_sessions_to_close(connection, timeout: float = 10) -> None:
             if cursor.fetchone()[0] == 0:
                 return
         time.sleep(0.2)
+
+
+LOCK_CONFLICT_SQLSTATES = frozenset({"40P01", "55P03"})
+"""PostgreSQL's deadlock_detected and lock_not_available: what a TRUNCATE of every table (the flush)
+meets when a live worker's transaction holds one table and waits for another the TRUNCATE already took."""
+
+
+def lost_a_lock_race(exc: BaseException) -> bool:
+    """Whether ``exc`` (Django's CommandError "couldn't be flushed", or any error) was caused by a
+    PostgreSQL deadlock or lock timeout: the ``sqlstate`` of psycopg's error anywhere in its chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "sqlstate", None) in LOCK_CONFLICT_SQLSTATES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def retry_lock_conflicts(flush: Callable[[], object], *, attempts: int = 5, pause_s: float = 0.5,
+                         tries: list | None = None) -> object:
+    """Call ``flush`` until it does not fail with a lost lock race (:func:`lost_a_lock_race`), at
+    most ``attempts`` times, pausing ``pause_s`` × the attempt number between; any other error, or
+    the last attempt's, is raised. Each failed attempt's error is appended to ``tries`` if given."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return flush()
+        except CommandError as exc:
+            if attempt == attempts or not lost_a_lock_race(exc):
+                raise
+            if tries is not None:
+                tries.append(exc)
+            time.sleep(pause_s * attempt)
+    raise AssertionError("unreachable")
+
+
+def install_flush_retry() -> None:
+    """Make a ``transaction=True`` test's teardown flush (``TransactionTestCase._fixture_teardown``)
+    retry a lost lock race. Without it, a worker shared by a module's tests that writes a job's last
+    log lines while the flush truncates can deadlock it, and the next test finds the last one's rows
+    (seen in CI: "Database test_trainboard_gw1 couldn't be flushed", then a duplicate user)."""
+    from django.test import TransactionTestCase
+
+    original = TransactionTestCase._fixture_teardown
+    if getattr(original, "retries_lock_conflicts", False):
+        return
+
+    def _fixture_teardown(self):
+        retry_lock_conflicts(lambda: original(self))
+
+    _fixture_teardown.retries_lock_conflicts = True
+    TransactionTestCase._fixture_teardown = _fixture_teardown
 
 
 class CeleryWorker:
