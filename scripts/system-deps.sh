@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives (Chromium + driver for the browser tests,
-# docker-compose to validate docker-compose.yml, gcc for the SageMaker toolkit test's virtualenv, the
+# docker-compose, docker.io and debootstrap to build and run docker-compose.yml, gcc for the SageMaker toolkit test's virtualenv, the
 # King James Bible for the token-data tests and demo: scripts/corpus_kjv.py, OpenSSH's server for the
 # Slurm SSH transport's tests: tests/sshkit.py, Slurm and munge for the Slurm backend's: tests/slurmkit.py) and
 # starts PostgreSQL and Redis when they are down.
@@ -10,6 +10,10 @@ need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 command -v docker-compose >/dev/null || need+=(docker-compose)
+# The compose e2e test's own engine and its base images built from Debian's packages
+# (tests/e2e/test_compose_stack.py, scripts/docker-bases.sh).
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v npm >/dev/null || need+=(npm)
 command -v gcc >/dev/null || need+=(gcc)  # sagemaker-training's C extension (the SageMaker toolkit test)
 [ -x /usr/bin/bible ] || need+=(bible-kjv)  # the public-domain text corpus (scripts/corpus_kjv.py)

@@ -4,13 +4,23 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import celeryd_init, worker_process_init
+
+from webapp.hardening import make_undumpable
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 app = Celery("trainboard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@celeryd_init.connect
+def _hide_the_workers_secrets(**_kwargs) -> None:
+    """A worker's environment holds the installation's secrets, and a GPU box's jobs may run user code
+    as the worker's own OS user: make the worker's ``/proc/<pid>/environ`` (and ptrace) root's alone
+    before its pool forks (the pool processes keep the flag). webapp/hardening.py says why."""
+    make_undumpable()
 
 
 @worker_process_init.connect

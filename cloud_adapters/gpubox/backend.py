@@ -83,6 +83,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Mapping
@@ -187,15 +188,30 @@ SETTINGS = BackendSettings(
 )
 """The settings of a GPU box (:mod:`cloud_adapters.settings`); it stores no credentials."""
 
+RUNNER_SOCKET_VAR = "TRAINBOARD_GPUBOX_RUNNER_SOCKET"
+"""When set, supervisors are started by the box's runner on this Unix socket
+(:mod:`cloud_adapters.gpubox.runner`, whose ``SOCKET_VAR`` it is), not as this process's children."""
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds cloud_adapters/, for the supervisor
 
-# Supervisors this process started. Kept so that they are reaped (no zombies in a long-lived
-# worker) once they exit; the jobs' state never depends on this list.
-_spawned: list[subprocess.Popen] = []
+
+def _start_failed(run_dir: Path, started_at: float, exc: Exception) -> ProviderError:
+    """Record that the run's supervisor could not be started (directly or by the box's runner) and
+    return the error to raise: ``exit.json`` with no return code ends the run FAILED "not started"
+    with this reason, and a retry adopts it (:func:`_started`) instead of starting it again."""
+    reason = f"could not start the gpubox supervisor: {exc}"
+    _proc.write_json_atomic(run_dir / "exit.json", {"returncode": None, "started_at": started_at,
+                                                    "ended_at": time.time(), "cancelled": False,
+                                                    "reason": reason})
+    return ProviderError(reason)
 
 
-def _reap() -> None:
-    _spawned[:] = [p for p in _spawned if p.poll() is None]
+def _reap_when_it_exits(sup: subprocess.Popen) -> None:
+    """Wait for a supervisor this process started, in a daemon thread, so that it is reaped as soon
+    as it exits: a long-lived worker that submits no further job (the demo's) would otherwise keep it
+    ``<defunct>`` until it exits itself. The supervisor still outlives the worker (its own session;
+    the thread dies with the worker and init adopts it). The jobs' state never depends on this."""
+    threading.Thread(target=sup.wait, name=f"gpubox-reap-{sup.pid}", daemon=True).start()
 
 
 def visible_gpu_count() -> int:
@@ -641,6 +657,9 @@ class GpuBoxBackend(Backend):
             *command,
         ]
         started_at = time.time()
+        if os.environ.get(RUNNER_SOCKET_VAR):
+            return self._start_through_runner(os.environ[RUNNER_SOCKET_VAR], sup_command, sup_env, sup_plan,
+                                              run_dir, handle, lock_fd, started_at)
         try:
             with open(run_dir / "supervisor.log", "ab") as errlog:  # a crash trace lands here
                 sup = subprocess.Popen(
@@ -655,12 +674,7 @@ class GpuBoxBackend(Backend):
                     pass_fds=(lock_fd,),  # held until it has recorded itself, should this worker die first
                 )
         except OSError as exc:
-            _proc.write_json_atomic(
-                run_dir / "exit.json",
-                {"returncode": None, "started_at": started_at, "ended_at": time.time(),
-                 "cancelled": False, "reason": f"could not start the supervisor: {exc}"},
-            )
-            raise ProviderError(f"could not start the gpubox supervisor: {exc}") from exc
+            raise _start_failed(run_dir, started_at, exc) from exc
         try:
             with sup.stdin:
                 sup.stdin.write(json.dumps(sup_plan).encode())
@@ -670,8 +684,42 @@ class GpuBoxBackend(Backend):
             run_dir / "supervisor.json",
             {"pid": sup.pid, "start_ticks": _proc.start_ticks(sup.pid), "started_at": started_at},
         )
-        _reap()
-        _spawned.append(sup)
+        _reap_when_it_exits(sup)
+        return handle
+
+    @staticmethod
+    def _start_through_runner(socket_path: str, sup_command: list[str], sup_env: dict[str, str],
+                              sup_plan: dict[str, Any], run_dir: Path, handle: JobHandle, lock_fd: int,
+                              started_at: float) -> JobHandle:
+        """Start the supervisor through the box's runner (:mod:`cloud_adapters.gpubox.runner`), so it
+        outlives this worker's container: the same command, environment, plan pipe and start lock as
+        a direct start. A runner that does not answer raises a transient ProviderError and leaves the
+        run unstarted (a retry starts it); one that refuses ends the run like a failed start."""
+        # Here, not at the top: ``python -m cloud_adapters.gpubox.runner`` must not find itself imported.
+        from cloud_adapters.gpubox import runner as box_runner
+
+        args = list(sup_command[3:])
+        at = args.index("--start-lock-fd")
+        del args[at:at + 2]  # the runner numbers the lock descriptor it passes on
+        read_end, write_end = os.pipe()
+        try:
+            with open(run_dir / "supervisor.log", "ab") as errlog:
+                pid, ticks = box_runner.start_supervisor(socket_path, args=args, env=sup_env, cwd=str(run_dir),
+                                                     stdin_fd=read_end, log_fd=errlog.fileno(), lock_fd=lock_fd)
+        except box_runner.RunnerError as exc:
+            os.close(write_end)
+            if not exc.reached:
+                raise ProviderError(str(exc), transient=True) from None
+            raise _start_failed(run_dir, started_at, exc) from None
+        finally:
+            os.close(read_end)
+        try:
+            with os.fdopen(write_end, "wb") as plan_pipe:
+                plan_pipe.write(json.dumps(sup_plan).encode())
+        except OSError:
+            pass  # the supervisor died at once: it left exit.json, or describe reports it lost
+        _proc.write_json_atomic(run_dir / "supervisor.json", {"pid": pid, "start_ticks": ticks,
+                                                              "started_at": started_at})
         return handle
 
     def _device_env(self, spec: JobSpec) -> dict[str, str]:

@@ -21,7 +21,7 @@ def _production_env(tmp_path) -> dict[str, str]:
     env.update({
         "DJANGO_ENV": "production",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-        "DJANGO_ALLOWED_HOSTS": "trainboard.example.com",
+        "DJANGO_ALLOWED_HOSTS": "trainboard.example.com,127.0.0.1",
         "DJANGO_SETTINGS_MODULE": "webapp.settings",
         "TRAINBOARD_VAR_DIR": str(tmp_path / "var"),
         "DATABASE_URL": f"sqlite:///{tmp_path / 'prod.sqlite3'}",
@@ -54,10 +54,12 @@ from django.test import Client
 c = Client(HTTP_HOST="trainboard.example.com")
 secure = c.get("/login/", secure=True)
 plain = c.get("/login/")
+health = Client(HTTP_HOST="127.0.0.1:8000").get("/healthz")
 print(json.dumps({
     "secure_status": secure.status_code, "secure_headers": dict(secure.headers),
     "secure_cookies": {k: {"secure": v["secure"], "httponly": v["httponly"]} for k, v in secure.cookies.items()},
     "plain_status": plain.status_code, "plain_location": plain.headers.get("Location", ""),
+    "health_status": health.status_code,
 }))
 """
 
@@ -78,6 +80,7 @@ def test_production_responses_carry_hsts_csp_and_redirect_to_https(tmp_path):
     assert headers["X-Frame-Options"] == "DENY"
     assert out["secure_cookies"]["csrftoken"]["secure"] is True
     assert out["plain_status"] == 301 and out["plain_location"] == "https://trainboard.example.com/login/"
+    assert out["health_status"] == 200  # a container's health check over plain HTTP is not redirected
 
 
 @pytest.mark.django_db

@@ -191,6 +191,7 @@ def _reload(job):
     return job
 
 
+@pytest.mark.slow
 def test_a_worker_at_debug_logs_no_planted_secret(debug_worker, user, digits_dataset, cnn_model, vertex, gcs,
                                                   echoing_aws):
     from jobs import services

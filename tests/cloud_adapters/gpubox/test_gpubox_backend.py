@@ -3,6 +3,7 @@ the real trainer (trainer_pkg.launch on the digits dataset) under torchrun with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from cloud_adapters.base import InvalidSpec, JobHandle, JobSpec, JobState
 from cloud_adapters.gpubox import GpuBoxBackend
 from cloud_adapters.gpubox import _proc
 from cloud_adapters.gpubox.backend import MAX_LOG_LINES
+from polling import wait_for as poll
 from trainer_pkg.launch import torchrun_command
 from trainer_pkg.metrics import format_metric_line, parse_metric_line
 from trainer_pkg.platforms import LAUNCHED_BY_US, LaunchPlan, cpu_threads_per_rank
@@ -367,6 +369,30 @@ def test_real_job_succeeds_with_metrics_and_idempotent_submit(backend):
     assert backend.describe(first).state == JobState.SUCCEEDED
 
 
+def _children() -> dict[int, str]:
+    """This process's child processes (of every thread), pid -> state (``Z`` for a zombie)."""
+    pids = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            pids.update(int(p) for p in (task / "children").read_text().split())
+    return {pid: stat[0] for pid in pids if (stat := _proc.proc_stat(pid))}
+
+
+def test_a_finished_supervisor_leaves_no_zombie_in_the_worker(backend):
+    """The demo's worker submits one job and no other: the supervisor it started, a child in its
+    own session, must be reaped when it exits, not left <defunct> until the next submit."""
+    handle = backend.submit(spec("digits-reaped", {"train": {"epochs": 1}, "parallel": {"procs_per_node": 1}},
+                                 procs_per_node=1))
+    sup = _proc.read_json(Path(handle.provider_job_id, "supervisor.json"))["pid"]
+    assert _children().get(sup) not in (None, "Z")  # it runs, as our child
+    assert os.getsid(sup) == sup  # in a session of its own: it outlives the worker
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, timeout=120)
+    assert status.state == JobState.SUCCEEDED, status
+    poll(lambda: sup not in _children(), timeout=10, interval=0.05, what=f"supervisor {sup} to be reaped")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(sup, os.WNOHANG)  # reaped already, by the backend
+
+
 def test_cancel_running_job(backend):
     handle = backend.submit(spec("digits-cancel", LONG_CONFIG))
     run_dir = handle.provider_job_id
@@ -503,6 +529,47 @@ def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the
     assert status.state == JobState.SUCCEEDED, status
     assert (run_dir / "supervisor.log").read_text().count("started torchrun pid") == 1
     assert json.loads((run_dir / "tags.json").read_text()) == {"trainboard-job-name": name}
+
+
+@pytest.mark.parametrize("through_runner", [False, True], ids=["direct", "runner"])
+def test_a_supervisor_that_cannot_start_ends_the_run_not_started(backend, monkeypatch, through_runner):
+    """Started directly (the exec fails) or by the box's runner (it refuses): exit.json records it,
+    the run is FAILED "not started" with the reason, and a retry adopts it instead of starting it."""
+    from cloud_adapters.base import ProviderError
+    from cloud_adapters.gpubox import runner as box_runner
+    from cloud_adapters.gpubox.backend import RUNNER_SOCKET_VAR
+
+    if through_runner:
+        def refuse(socket_path, **kwargs):
+            raise box_runner.RunnerError("cwd: /elsewhere is not inside the runner's run root", reached=True)
+
+        monkeypatch.setenv(RUNNER_SOCKET_VAR, str(backend.run_root / "runner.sock"))
+        monkeypatch.setattr(box_runner, "start_supervisor", refuse)
+        why = "cwd: /elsewhere is not inside the runner's run root"
+    else:
+        real_popen = subprocess.Popen
+
+        def popen(argv, *args, **kwargs):
+            if "cloud_adapters.gpubox.supervisor" in argv:
+                raise PermissionError(13, "Permission denied", argv[0])
+            return real_popen(argv, *args, **kwargs)
+
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        why = f"[Errno 13] Permission denied: '{sys.executable}'"
+    reason = f"could not start the gpubox supervisor: {why}"
+
+    with pytest.raises(ProviderError) as err:
+        backend.submit(spec("no-supervisor"))
+    assert (str(err.value), err.value.transient) == (reason, False)
+    run_dir = backend.run_root / "no-supervisor"
+    exit_info = json.loads((run_dir / "exit.json").read_text())
+    assert {k: exit_info[k] for k in ("returncode", "cancelled", "reason")} == {
+        "returncode": None, "cancelled": False, "reason": reason}
+    assert exit_info["started_at"] <= exit_info["ended_at"] <= time.time()
+    assert not (run_dir / "supervisor.json").exists()
+    handle = backend.submit(spec("no-supervisor"))  # adopted: nothing is started a second time
+    status = backend.describe(handle)
+    assert (status.state, status.raw_state, status.failure_reason) == (JobState.FAILED, "not started", reason)
 
 
 def test_the_supervisor_holds_the_start_lock_until_it_has_recorded_itself(tmp_path):
