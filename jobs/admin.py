@@ -42,9 +42,12 @@ from jobs.models import (
     MetricPoint,
     ModelSpec,
     OrphanJob,
+    Sweep,
     Team,
     TrainingJob,
     UserBudget,
+    Webhook,
+    WebhookDelivery,
 )
 from trainer_pkg.config import Strategy, plural
 
@@ -686,3 +689,80 @@ class UserBudgetAdmin(admin.ModelAdmin):
     list_display = ["user", "monthly_budget_usd"]
     search_fields = ["user__username"]
     autocomplete_fields = ["user"]
+
+
+# --- Sweeps and webhooks (issue 16): written by their services, looked at and acted on here ------
+
+
+@admin.register(Sweep)
+class SweepAdmin(ReadOnlyOwnedAdmin):
+    """Sweeps (docs/sweeps.md). A sweep is made by ``jobs.sweeps.sweep_create`` (its search space and
+    base job checked against the trainer's schema), so every field is read-only here; the Cancel
+    action is ``jobs.sweeps.sweep_cancel`` (no new trials, its running trials cancelled)."""
+
+    list_display = ["id", "name", "owner", "team", "state", "sampler", "objective_metric", "direction",
+                    "max_trials", "max_concurrent_trials", "budget_usd", "pruner", "created_at", "ended_at"]
+    list_filter = ["state", "sampler", "direction", "pruner", "backend__kind", "created_at"]
+    search_fields = ["name", "owner__username", "objective_metric", "=id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["owner", "team"]
+    actions = ["cancel_selected"]
+
+    @admin.action(description="Cancel selected sweeps")
+    def cancel_selected(self, request, queryset):
+        from jobs import sweeps
+
+        done = 0
+        for sweep in queryset:
+            try:
+                sweeps.sweep_cancel(sweep=sweep, reason=f"Sweep cancelled by {request.user.username} (admin)")
+            except ValidationError as exc:
+                self.message_user(request, " ".join(exc.messages), messages.ERROR)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, f"Cancelled {plural(done, 'sweep', 'sweeps')}.", messages.SUCCESS)
+
+
+@admin.register(Webhook)
+class WebhookAdmin(ReadOnlyOwnedAdmin):
+    """Webhooks (docs/notifications.md). Read-only: a URL must pass the service's checks (http(s), a
+    public address: ``jobs.services.webhook_create`` / ``webhook_update``), and the signing secret is
+    never shown (it is not among the fields)."""
+
+    list_display = ["id", "name", "owner", "team", "url", "format", "enabled", "event_list", "created_at"]
+    list_filter = ["enabled", "format", "created_at"]
+    search_fields = ["name", "url", "owner__username", "team__name"]
+    list_select_related = ["owner", "team"]
+    fields = ["name", "owner", "team", "url", "events", "format", "enabled", "created_at", "updated_at"]
+
+    @admin.display(description="events")
+    def event_list(self, obj):
+        return ", ".join(map(str, obj.events or []))
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyOwnedAdmin):
+    """The delivery log: one row per event per webhook, with every attempt's status code (read-only:
+    the delivery task and its beat pass write them)."""
+
+    owner_path = "webhook__owner"
+    list_display = ["id", "webhook", "event", "job", "delivery_status", "attempt_count", "last_status_code",
+                    "created_at", "delivered_at", "given_up_at"]
+    list_filter = ["event", ("delivered_at", admin.EmptyFieldListFilter), ("given_up_at", admin.EmptyFieldListFilter),
+                   "created_at"]
+    search_fields = ["=delivery_id", "webhook__name", "webhook__url", "=job__id", "event"]
+    date_hierarchy = "created_at"
+    list_select_related = ["webhook", "job"]
+
+    @admin.display(description="status")
+    def delivery_status(self, obj):
+        return obj.status
+
+    @admin.display(description="last response")
+    def last_status_code(self, obj):
+        """The last attempt's HTTP status code, else its error, else — (no attempt yet)."""
+        last = obj.attempts[-1] if obj.attempts and isinstance(obj.attempts[-1], dict) else {}
+        if last.get("status_code") is not None:
+            return last["status_code"]
+        return str(last.get("error") or "—")[:200]

@@ -49,8 +49,8 @@ from django.utils import timezone
 from cloud_adapters.base import Backend, Inventory
 from jobs import dispatch
 from jobs.adapters import backend_allocates_devices, backend_queue
-from jobs.models import HOLDING_STATES, QUEUE_ORDER, ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
-from jobs.states import transition
+from jobs.models import HOLDING_STATES, QUEUE_ORDER, ComputeBackend, JobStateChoices as S, TrainingJob
+from jobs.states import note, transition
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def _wait(job: TrainingJob, reason: str) -> None:
         return
     if TrainingJob.objects.filter(pk=job.pk, state=S.QUEUED).update(
             wait_reason=reason[:500], stalled_at=None, stalled_reason="", updated_at=timezone.now()):
-        JobEvent.objects.create(job_id=job.pk, from_state=S.QUEUED, to_state=S.QUEUED, message=f"Waiting: {reason}"[:2000])
+        note(job.pk, S.QUEUED, f"Waiting: {reason}")
         job.wait_reason = reason[:500]
 
 

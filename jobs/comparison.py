@@ -33,6 +33,9 @@ the table's final and best values are always read from every point."""
 MAX_IDS_TEXT = 2000
 """Longest ``ids`` text read (about 20 ids of any length fit many times over)."""
 
+MULTI_RANK_METRICS = ("wait_for_slowest_s",)
+"""Metrics that mean something only with two ranks or more: a one-rank run's values of them (0, from
+trainers that still reported them) are left out of its charts and the table, so it never wins them."""
 RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s", "rank_sync_wait_s")
 """The trainer's per-rank series charted one line per rank (the stage fields are constants, not series)."""
 
@@ -194,10 +197,13 @@ def config_diff(*, jobs: Sequence[TrainingJob]) -> list[dict[str, Any]]:
     return rows
 
 
-def _points_of(job_ids: Sequence[int]) -> tuple[dict, dict, dict, dict[int, float]]:
+def _points_of(jobs: Sequence[TrainingJob]) -> tuple[dict, dict, dict, dict[int, float]]:
     """``(series, rank_series, stats, t0)`` of the jobs: every point, global and per rank
     (:data:`RANK_METRICS`), as ``{"x": step, "y": value, "t": unix s}``; ``stats[name][job_id]`` its final
-    and best value; ``t0[job_id]`` the time of the job's first point. Two queries."""
+    and best value; ``t0[job_id]`` the time of the job's first point. A one-rank job's
+    :data:`MULTI_RANK_METRICS` are left out. Two queries."""
+    job_ids = [job.pk for job in jobs]
+    one_rank = {job.pk for job in jobs if job.world_size <= 1}
     series: dict[str, dict[str, list[dict[str, Any]]]] = {}
     stats: dict[str, dict[int, dict[str, Any]]] = {}
     t0: dict[int, float] = {}
@@ -205,6 +211,8 @@ def _points_of(job_ids: Sequence[int]) -> tuple[dict, dict, dict, dict[int, floa
             .order_by("job_id", "name", "step", "id").values_list("job_id", "name", "step", "value", "recorded_at"))
     directions: dict[str, str | None] = {}
     for job_id, name, step, value, at in rows:
+        if job_id in one_rank and name in MULTI_RANK_METRICS:
+            continue
         t = _seconds(at)
         t0[job_id] = min(t0.get(job_id, t), t)
         series.setdefault(name, {}).setdefault(str(job_id), []).append({"x": step, "y": value, "t": t})
@@ -232,7 +240,7 @@ def training_job_chart_series(*, job: TrainingJob) -> dict[str, Any]:
     """The job page's chart data: ``{"series": {name: [{"x": step, "y": value, "t": unix s}]},
     "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None}``; every
     global point, the per-rank series of :data:`RANK_METRICS` thinned to :data:`MAX_POINTS_PER_SERIES`."""
-    series, rank_series, _, t0 = _points_of([job.pk])
+    series, rank_series, _, t0 = _points_of([job])
     key = str(job.pk)
     return {"series": {name: by_job[key] for name, by_job in series.items()},
             "rank_series": {name: {r: _thin(points) for r, points in by_job[key].items()}
@@ -255,10 +263,11 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
     where the run has no finite point of that metric. ``best`` names, per column, the run with the best
     value (the first of equals; None when no run has one, or for a metric without a direction). Only
     global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank.
-    Two queries (global points, per-rank points) whatever the number of runs.
+    A one-rank run has no value of :data:`MULTI_RANK_METRICS` (nothing waits for a slowest rank): it
+    shows none and never wins them. Two queries (global points, per-rank points) whatever the number of runs.
     """
     job_ids = [job.pk for job in jobs]
-    series, rank_series, stats, t0 = _points_of(job_ids)
+    series, rank_series, stats, t0 = _points_of(jobs)
     names = _metric_order(list(series) + list(rank_series))
     metrics = [{"name": n, "direction": metric_direction(n), "kind": metric_kind(n), "per_rank": n in rank_series}
                for n in names]

@@ -622,7 +622,8 @@ class OrphanJob(models.Model):
 
 
 class JobEvent(models.Model):
-    """One state transition (or a notable event) in a job's life, in order."""
+    """One state transition in a job's life, or a note (:attr:`is_note`: blank ``to_state``, the job
+    stayed in ``from_state``), in order. The first row, "Created", has a blank ``from_state``."""
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
     from_state = models.CharField(max_length=20, blank=True)
@@ -634,7 +635,16 @@ class JobEvent(models.Model):
         ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
+        if self.is_note:
+            return f"{self.from_state} (note)"
         return f"{self.from_state or '∅'} → {self.to_state}"
+
+    @property
+    def is_note(self) -> bool:
+        """Whether this records no move: something noted while the job stayed in ``from_state`` (a wait
+        reason, a stall; ``to_state`` blank, :func:`jobs.states.note`). Rows written before notes
+        existed carry the same state on both sides and read as notes too."""
+        return not self.to_state or self.from_state == self.to_state
 
     @property
     def is_interruption(self) -> bool:

@@ -42,6 +42,7 @@ from jobs.deadlines import DEADLINE_STATES, deadline_start, human_duration, stal
 from jobs.lifecycle import submission_claim, submit_lease_s, training_job_fail
 from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
 from jobs.services import training_job_cancel
+from jobs.states import note
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def flag_stalled_jobs(*, now: dt.datetime | None = None) -> list[int]:
     """Flag every active job past its state's deadline; cancel it where the backend says so.
 
     Each job is flagged once per state (``stalled_at`` is cleared by the next transition), with a
-    JobEvent (from_state = to_state = its state) carrying the reason. Returns the flagged job ids."""
+    note (:func:`jobs.states.note`: from_state its state, to_state blank) carrying the reason. Returns the flagged job ids."""
     now = now or timezone.now()
     flagged = []
     candidates = (TrainingJob.objects.filter(_maybe_past_deadline(now), stalled_at__isnull=True)
@@ -102,8 +103,7 @@ def _flag_one(job: TrainingJob, now: dt.datetime, deadline: float) -> bool:
         if not TrainingJob.objects.filter(pk=job.pk, state=job.state, state_entered_at=job.state_entered_at,
                                           stalled_at__isnull=True).update(stalled_at=now, stalled_reason=reason):
             return False
-        JobEvent.objects.create(job_id=job.pk, from_state=job.state, to_state=job.state,
-                                message=f"Stalled: {reason}")
+        note(job.pk, job.state, f"Stalled: {reason}")
         log.warning("job %s stalled: %s", job.pk, reason)
         notifications.job_stalled(job=job, reason=reason)  # rows in this transaction, sent after commit
         if job.backend.stall_policy == ComputeBackend.StallPolicy.CANCEL:
@@ -139,8 +139,7 @@ def requeue_lost_submissions(*, now: dt.datetime | None = None) -> list[int]:
                                        created_at__gte=now - after).exists():
                 continue
             waited = human_duration((now - (job.state_entered_at or job.created_at)).total_seconds())
-            JobEvent.objects.create(job_id=job_id, from_state=S.QUEUED, to_state=S.QUEUED,
-                                    message=f"{REQUEUE_MESSAGE} (no worker had started it after {waited})")
+            note(job_id, S.QUEUED, f"{REQUEUE_MESSAGE} (no worker had started it after {waited})")
             dispatch.resubmit_after_commit(job_id, backend_queue(job.backend), None)
             sent.append(job_id)
     return sent
@@ -185,10 +184,8 @@ def resume_stuck_submissions(*, now: dt.datetime | None = None) -> list[int]:
                 continue
             if not submission_claim(job, None):
                 continue
-            JobEvent.objects.create(
-                job_id=job_id, from_state=job.state, to_state=job.state,
-                message=f"{RESUME_MESSAGE} (attempt {resumes + 2}: no provider handle "
-                        f"{human_duration(lease.total_seconds())} after the last attempt began)")
+            note(job_id, job.state, f"{RESUME_MESSAGE} (attempt {resumes + 2}: no provider handle "
+                                    f"{human_duration(lease.total_seconds())} after the last attempt began)")
             dispatch.resubmit_after_commit(job_id, backend_queue(job.backend), job.state_entered_at.isoformat())
             done.append(job_id)
     return done

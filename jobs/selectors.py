@@ -50,7 +50,7 @@ from jobs.models import (
 )
 from jobs.budgets import month_start
 from jobs.models import NotificationPreference, OperationCount, Webhook, WebhookDelivery  # notifications
-from trainer_pkg.metrics import METRIC_PREFIX
+from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 from trainer_pkg.registry import CUSTOM
 
 
@@ -424,7 +424,8 @@ def training_job_log_text(*, job: TrainingJob, chunk_lines: int = 2000) -> Itera
 
 
 def training_job_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
-    """The job's state transitions in order."""
+    """The job's timeline in order: its state transitions (the first, "Created", from a blank state)
+    and its notes (:attr:`JobEvent.is_note`: a wait reason, a stall; blank ``to_state``)."""
     return JobEvent.objects.filter(job_id=job.pk).order_by("created_at", "id")
 
 
@@ -728,8 +729,17 @@ def training_job_lineage(*, job: TrainingJob, user) -> dict[str, Any]:
 
 
 def training_job_checkpoint_epoch(*, job: TrainingJob) -> int:
-    """Epochs ``job``'s last checkpoint holds: one past the last epoch it validated (its global
-    ``val_loss`` points; the trainer checkpoints right after each validation), 0 when it validated none."""
+    """Finished epochs ``job``'s last checkpoint holds (0 when none): the ``epochs_done`` of the last
+    ``epoch`` record in its log (the trainer checkpoints right after each; an epoch that
+    ``train.max_steps`` cut short is not finished, trainer_pkg/metrics.py). A continued job starts at
+    that epoch (0-based) and shows it as "checkpoint epoch N". For a log of an older trainer, whose
+    records lack it: one past the last epoch it validated (its global ``val_loss`` points)."""
+    texts = (JobLogLine.objects.filter(job_id=job.pk, text__contains='"event":"epoch"')
+             .filter(text__contains='"epochs_done":').order_by("-seq").values_list("text", flat=True)[:1])
+    for text in texts:
+        done = (parse_metric_line(text) or {}).get("epochs_done")
+        if isinstance(done, int) and not isinstance(done, bool) and done >= 0:
+            return done
     last = (MetricPoint.objects.filter(job=job, name="val_loss", rank__isnull=True, epoch__isnull=False)
             .order_by("-epoch").values_list("epoch", flat=True).first())
     return 0 if last is None else int(last) + 1

@@ -84,6 +84,15 @@ def transition(job: TrainingJob, to_state: str, *, message: str = "", **fields: 
     return bool(updated)
 
 
+def note(job_id: int, state: str, message: str) -> JobEvent:
+    """Append a note to job ``job_id``'s timeline: a :class:`~jobs.models.JobEvent` that records something
+    that happened while it stayed in its state (a wait reason, a stall, a re-sent submission),
+    with ``from_state`` = ``state`` (the job's) and a blank ``to_state`` (:attr:`JobEvent.is_note`). No state
+    changes, and a move from a state to itself is never recorded. ``message`` is cut to 2000
+    characters."""
+    return JobEvent.objects.create(job_id=job_id, from_state=str(state), to_state="", message=str(message)[:2000])
+
+
 def _announce(job_id: int, from_state: str, to_state: str, message: str, event_id: int) -> None:
     """Send :data:`jobs.signals.job_state_changed` for a committed move; a listener that raises is
     logged, never the mover's failure."""

@@ -15,7 +15,9 @@ tasks (``jobs.tasks``), never from a long-lived ``study.optimize`` loop:
   (COMPLETE), or FAIL (a job that failed, was cancelled or never reported the metric); fill again.
 * :func:`sweep_tick` — beat, every ``TRAINBOARD_SWEEP_INTERVAL_S``: report each running trial's new
   intermediate values (the objective metric per epoch, from its MetricPoints) with ``trial.report``,
-  cancel a trial whose ``should_prune()`` says so (told PRUNED), repair stale state, fill.
+  cancel a trial whose ``should_prune()`` says so (told PRUNED), repair stale state, fill: all in one
+  transaction per sweep that skips a sweep whose row another worker holds (a fill in flight fills
+  it), so two ticks, or a tick and a fill, never fill one sweep twice.
 
 Why a beat task and not the sync for pruning: the sync is per backend and must stay fast and
 provider-bound; the pruner reads the whole study (other trials' values at the same epoch) from
@@ -349,12 +351,14 @@ def _sampler(sweep: Sweep, asked: int = 0):
     """The sweep's sampler for its next ask, ``asked`` trials into the study.
 
     Every pass builds its sampler anew (no process lives as long as a sweep), so a fixed seed would
-    make every pass's first draw the same trial: the seed is the sweep's plus the trials asked so
-    far (a grid keeps the sweep's seed). The same sweep (same seed, same results) so asks the same
-    trials, in any worker."""
+    make every pass's first draw the same trial: the seed is derived from the pair (the sweep's seed,
+    the trials asked so far) through numpy's ``SeedSequence`` (a grid keeps the sweep's seed). The same
+    sweep (same seed, same results) so asks the same trials, in any worker; a pair, not a sum, so the
+    sweeps seeded s and s + 1 do not ask the same trials one apart."""
+    import numpy as np
     import optuna
 
-    seed = (sweep.seed + asked) % 2**32
+    seed = int(np.random.SeedSequence([sweep.seed, asked]).generate_state(1)[0])
     if sweep.sampler == Sweep.Sampler.GRID:
         # The sweep's own seed, always: the grid sampler numbers its points in a seeded shuffle, and a
         # trial's grid id must name the same point in every pass. It picks among the points not yet
@@ -477,10 +481,15 @@ def _choice(errors: Errors, field: str, value: Any, choices: type, label: str) -
 
 
 SQLITE_REFUSAL = ("Sweeps need PostgreSQL: on the embedded SQLite database, Optuna's storage and Trainboard's own "
-                  "writes lock each other out (\"database is locked\"). Set DATABASE_URL to a PostgreSQL database "
-                  "(README, \"Settings\") to run sweeps.")
+                  "writes lock each other out (\"database is locked\"), and SQLite has no row locks, which keep two "
+                  "workers from filling one sweep twice. Set DATABASE_URL to a PostgreSQL database "
+                  "(README, \"Configuration (environment variables)\") to run sweeps.")
 """Why a sweep is refused on SQLite (found trying the demo: trials never started and pages failed while
-Optuna's connection held the file's lock)."""
+Optuna's connection held the file's lock). Optuna's study in a sibling SQLite file would end the
+lock-out, but not the second reason: every fill and tick relies on ``SELECT … FOR UPDATE`` of the
+sweep's row (``SKIP LOCKED`` in the tick), which Django leaves out on SQLite, so two workers (the
+demo's worker runs several) could each start a sweep's free slots' trials: more than
+``max_concurrent_trials`` at once, and more asked than ``max_trials``."""
 
 
 def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str = "tpe", seed: Any = 0,
@@ -544,7 +553,8 @@ def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str
         if not problems and grid_size(space) > MAX_GRID_POINTS:
             errors.add("search_space", f"Search space: the grid has {grid_size(space):,} combinations; at most "
                                        f"{MAX_GRID_POINTS:,}.")
-    model_spec = validation.owned(Errors(), "model_spec", ModelSpec, payload.get("model_spec"), owner, "model")
+    model_errors = Errors()  # reported below, after the search space is checked against what it could read
+    model_spec = validation.owned(model_errors, "base.model_spec", ModelSpec, payload.get("model_spec"), owner, "model")
     if space:
         check_space_against_config(errors, space, model_spec=model_spec)
     dataset = validation.owned(errors, "base.dataset", Dataset, payload.get("dataset"), owner, "dataset") \
@@ -552,7 +562,8 @@ def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str
     backend = validation.owned(errors, "base.backend", ComputeBackend, payload.get("backend"), owner, "backend") \
         if "base.backend" not in errors else None
     if model_spec is None and "base.model_spec" not in errors:
-        errors.add("base.model_spec", "Choose one of your models; this one does not exist or is not yours.")
+        for message in model_errors.get("base.model_spec", []):
+            errors.add("base.model_spec", message)
     errors.raise_if_any()
     payload.update(dataset=dataset.pk, model_spec=model_spec.pk, backend=backend.pk)
     first = {k: (s["choices"][0] if s["type"] == "categorical" else s["low"]) for k, s in space.items()}
@@ -633,42 +644,50 @@ def _lock(sweep_id: int) -> Sweep | None:
 def sweep_fill(*, sweep_id: int) -> list[int]:
     """Start trials until the sweep's slots are full; end the sweep when nothing is left to run.
 
-    Under the sweep row's lock: repair stale trials (:func:`repair_stale_trials`), then while
-    active trial jobs < ``max_concurrent_trials``, trials < :func:`trial_limit` and the budget
-    allows (spent + active estimates + one trial's estimate ≤ ``budget_usd``), ask Optuna and create
-    the job. A refused job is told FAIL with its message on the sweep. Returns the new jobs' ids.
-    Safe to call any number of times, from any worker, at once.
+    Under the sweep row's lock: repair stale trials (:func:`repair_stale_trials`), then
+    :func:`_fill_locked`. Returns the new jobs' ids. Safe to call any number of times, from any
+    worker, at once (a second call waits for the first, then finds the slots it filled).
     """
-    import optuna
-    from optuna.trial import TrialState
-
-    created: list[int] = []
     with transaction.atomic():
         sweep = _lock(sweep_id)
         if sweep is None or sweep.state != Sweep.State.RUNNING:
-            return created
+            return []
         study = sweep_study(sweep)
         repair_stale_trials(sweep, study)
-        distributions = _distributions(sweep.search_space)
-        limit = trial_limit(sweep)
-        while True:
-            active = TrainingJob.objects.filter(sweep_id=sweep.pk, state__in=ACTIVE_STATE_VALUES).count()
-            counted = len(_counted(study.get_trials(deepcopy=False)))
-            if active >= sweep.max_concurrent_trials or counted >= limit or not _budget_allows(sweep):
-                break
-            study.sampler = _sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
-            trial = study.ask(distributions)
-            try:
-                job = _create_trial_job(sweep, trial)
-            except ValidationError as exc:
-                text = "; ".join(m for ms in exc.message_dict.values() for m in ms)
-                trial.set_user_attr("failure", f"job refused: {text}"[:2000])
-                study.tell(trial, state=TrialState.FAIL)
-                _note(sweep, trial.number, f"job refused: {text}")
-                continue
-            trial.set_user_attr("job_id", job.pk)
-            created.append(job.pk)
-        _maybe_finish(sweep, study)
+        return _fill_locked(sweep, study)
+
+
+def _free_slots(sweep: Sweep, study: "optuna.Study") -> bool:
+    """Whether one more trial may start now: active trial jobs < ``max_concurrent_trials``, trials
+    (stale ones not counted) < :func:`trial_limit` and the budget allows (spent + active estimates +
+    one trial's estimate ≤ ``budget_usd``). The caller holds the sweep's lock."""
+    active = TrainingJob.objects.filter(sweep_id=sweep.pk, state__in=ACTIVE_STATE_VALUES).count()
+    counted = len(_counted(study.get_trials(deepcopy=False)))
+    return active < sweep.max_concurrent_trials and counted < trial_limit(sweep) and _budget_allows(sweep)
+
+
+def _fill_locked(sweep: Sweep, study: "optuna.Study") -> list[int]:
+    """While :func:`_free_slots`, ask Optuna and create the trial's job (a refused job is told FAIL
+    with its message on the sweep); then end the sweep if nothing is left to run
+    (:func:`_maybe_finish`). The caller holds the sweep's lock. Returns the new jobs' ids."""
+    from optuna.trial import TrialState
+
+    created: list[int] = []
+    distributions = _distributions(sweep.search_space)
+    while _free_slots(sweep, study):
+        study.sampler = _sampler(sweep, asked=len(study.get_trials(deepcopy=False)))
+        trial = study.ask(distributions)
+        try:
+            job = _create_trial_job(sweep, trial)
+        except ValidationError as exc:
+            text = "; ".join(m for ms in exc.message_dict.values() for m in ms)
+            trial.set_user_attr("failure", f"job refused: {text}"[:2000])
+            study.tell(trial, state=TrialState.FAIL)
+            _note(sweep, trial.number, f"job refused: {text}")
+            continue
+        trial.set_user_attr("job_id", job.pk)
+        created.append(job.pk)
+    _maybe_finish(sweep, study)
     return created
 
 
@@ -812,11 +831,12 @@ def prune_trials(sweep: Sweep, study: "optuna.Study") -> list[int]:
         if not new:
             continue
         trial = optuna.trial.Trial(study, frozen._trial_id)
-        for epoch, value in sorted(new.items()):
-            trial.report(value, epoch)
-        if not trial.should_prune():
+        # Asked after each epoch, as if every epoch had been seen on time: the pruners compare a trial
+        # at its last reported step only, so a trial that ran past the completed trials' epochs
+        # between two passes (fast epochs, a slow pass) would otherwise never be compared again.
+        epoch = next((e for e, value in sorted(new.items()) if _reported_and_pruned(trial, value, e)), None)
+        if epoch is None:
             continue
-        epoch = max(values)
         reason = f"pruned by the {PRUNER_LABELS[sweep.pruner]} at epoch {epoch}"
         try:
             services.training_job_cancel(job=job, reason=reason)
@@ -826,6 +846,11 @@ def prune_trials(sweep: Sweep, study: "optuna.Study") -> list[int]:
         study.tell(frozen.number, state=TrialState.PRUNED)
         pruned.append(frozen.number)
     return pruned
+
+
+def _reported_and_pruned(trial: "optuna.Trial", value: float, epoch: int) -> bool:
+    trial.report(value, epoch)
+    return trial.should_prune()
 
 
 def repair_stale_trials(sweep: Sweep, study: "optuna.Study") -> list[int]:
@@ -854,19 +879,25 @@ def repair_stale_trials(sweep: Sweep, study: "optuna.Study") -> list[int]:
 
 
 def sweep_tick() -> dict[str, int]:
-    """Beat's pass over running sweeps: report intermediate values and prune, repair, fill.
-    A sweep another worker holds is skipped (``SKIP LOCKED``); the next tick takes it."""
-    pruned = repaired = 0
+    """Beat's pass over running sweeps: report intermediate values and prune, repair, and fill the
+    free slots, each sweep in one transaction under its row's lock. A sweep another worker holds (a
+    fill, a trial's end being told, another tick: ``SKIP LOCKED``) is skipped: that worker fills
+    it, so a tick never waits behind a fill in flight nor starts a second one; the next tick looks
+    again. Returns ``{"pruned", "repaired", "filled" (new trial jobs), "skipped" (sweeps held)}``."""
+    counts = {"pruned": 0, "repaired": 0, "filled": 0, "skipped": 0}
     for sweep_id in Sweep.objects.filter(state=Sweep.State.RUNNING).values_list("pk", flat=True):
         with transaction.atomic():
             sweep = Sweep.objects.select_for_update(skip_locked=True).filter(pk=sweep_id).first()
-            if sweep is None or sweep.state != Sweep.State.RUNNING:
+            if sweep is None:
+                counts["skipped"] += 1
+                continue
+            if sweep.state != Sweep.State.RUNNING:
                 continue
             study = sweep_study(sweep)
-            pruned += len(prune_trials(sweep, study))
-            repaired += len(repair_stale_trials(sweep, study))
-        sweep_fill(sweep_id=sweep_id)
-    return {"pruned": pruned, "repaired": repaired}
+            counts["pruned"] += len(prune_trials(sweep, study))
+            counts["repaired"] += len(repair_stale_trials(sweep, study))
+            counts["filled"] += len(_fill_locked(sweep, study))
+    return counts
 
 
 # =============================================================================================

@@ -192,13 +192,21 @@ def _trainer_failure_reason(job: TrainingJob) -> str | None:
     return None
 
 
+TRAINING_EVENTS = frozenset({"started", "step", "epoch"})
+"""Trainer records that only a run which is training writes (trainer_pkg/train.py, and
+``trainer_pkg.report`` for a user's script): once one is stored, the job is RUNNING whatever the
+provider's status says (:func:`_write_status`)."""
+
+
 def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime,
-                  mask: Callable[[str], str]) -> tuple[int, dt.datetime | None, list[dict[str, Any]] | None]:
+                  mask: Callable[[str], str]) -> tuple[int, dt.datetime | None, list[dict[str, Any]] | None,
+                                                       dt.datetime | None]:
     """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step
-    time, the last ``rank_memory`` of the lines' epoch/completed records or None).
+    time, the last ``rank_memory`` of the lines' epoch/completed records or None, the time of the
+    lines' last :data:`TRAINING_EVENTS` record or None).
     Each line passes through ``mask`` first (the backend's job-secret values become ``***``), so no
     stored line holds one."""
-    log_rows, points, first_step, rank_memory = [], [], None, None
+    log_rows, points, first_step, rank_memory, trained_at = [], [], None, None, None
     for line in lines:
         text = mask(str(line).replace("\x00", ""))  # PostgreSQL text cannot hold NUL
         log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
@@ -208,6 +216,8 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
             continue
         if record.get("event") == "started" and first_step is None:
             first_step = _when(record, now)
+        if record.get("event") in TRAINING_EVENTS:
+            trained_at = _when(record, now)
         if record.get("event") == "started" and record.get("resumed") is True:
             _drop_superseded_points(job, record)
         points.extend(metric_points_from_record(job, record, now))
@@ -218,7 +228,7 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
     if latest != job.final_metrics:
         TrainingJob.objects.filter(pk=job.pk).update(final_metrics=latest)
         job.final_metrics = latest
-    return next_seq, first_step, rank_memory
+    return next_seq, first_step, rank_memory, trained_at
 
 
 def _drop_superseded_points(job: TrainingJob, record: Mapping[str, Any]) -> None:
@@ -258,9 +268,11 @@ class _RowMovedOn(Exception):
 
 
 def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime,
-                mask: Callable[[str], str]) -> bool:
+                mask: Callable[[str], str]) -> tuple[bool, dt.datetime | None]:
     """Read ``logs(handle, cursor)`` from the job's stored cursor until empty, storing each chunk as
-    it comes; True when drained (False: a backlog remains after :data:`_MAX_LOG_CALLS` calls).
+    it comes; returns (drained, trained_at): drained is True when the log was read to its end (False:
+    a backlog remains after :data:`_MAX_LOG_CALLS` calls); trained_at is the trainer's time (UTC) of
+    the last :data:`TRAINING_EVENTS` record this call stored, or None.
 
     Each ``logs`` call runs outside any transaction. Its lines are then written under the job's row
     lock, and only while the stored cursor is still the one the call was made from, so two passes
@@ -268,11 +280,11 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
     the cursor moved meanwhile, the job ended or its row is held.
     """
     cursor = job.log_cursor
-    next_seq = None
+    next_seq, trained_at = None, None
     for _ in range(_MAX_LOG_CALLS):
         lines, new_cursor = adapter.logs(handle, cursor)
         if not lines and (new_cursor or "") == (cursor or ""):
-            return True
+            return True, trained_at
         with transaction.atomic():
             locked = _locked(job.pk)
             if locked is None or locked.log_cursor != (cursor or ""):
@@ -282,16 +294,17 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
                 if next_seq is None:  # the cursor check above keeps it right for the later chunks
                     last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
                     next_seq = 0 if last is None else last + 1
-                next_seq, first_step, rank_memory = _ingest_lines(locked, lines, next_seq, now, mask)
+                next_seq, first_step, rank_memory, trained = _ingest_lines(locked, lines, next_seq, now, mask)
+                trained_at = trained or trained_at
                 if first_step is not None and locked.first_step_at is None:
                     update["first_step_at"] = first_step
                 if rank_memory is not None:  # the last measurement stands beside the plan on the job page
                     update["rank_memory"] = rank_memory
             TrainingJob.objects.filter(pk=job.pk).update(**update)
         if not lines:
-            return True
+            return True, trained_at
         cursor = new_cursor
-    return False
+    return False, trained_at
 
 
 def _attempt_figures(job: TrainingJob, status: JobStatus, now: dt.datetime) -> restarts.AttemptFigures:
@@ -376,10 +389,10 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
     """
     handle = JobHandle.from_dict(job.provider_handle)
     read = read_logs or status is not None  # a changed job's log is always read (its end needs all of it)
-    drained = True
+    drained, trained_at = True, None
     if read:
         try:
-            drained = _drain_logs(adapter, job, handle, now, mask)
+            drained, trained_at = _drain_logs(adapter, job, handle, now, mask)
         except _RowMovedOn:
             return
     checkpoint = ""
@@ -391,24 +404,38 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         if locked is None:
             return
         stopped = _write_status(locked, status, now, drained=drained, logs_read=read, mask=mask,
-                                checkpoint_uri=checkpoint)
+                                checkpoint_uri=checkpoint, trained_at=trained_at)
     if stopped:  # committed: the stop is on record before the provider is asked
         _send_cancel(adapter, locked, handle)
 
 
 def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, *, drained: bool,
-                  logs_read: bool, mask: Callable[[str], str], checkpoint_uri: str = "") -> bool:
+                  logs_read: bool, mask: Callable[[str], str], checkpoint_uri: str = "",
+                  trained_at: dt.datetime | None = None) -> bool:
     """Write ``status`` onto ``job``, whose row the caller holds locked; True when the job's budget
     stop was made (the caller sends the cancel after commit). No provider call. ``mask``: as for
     :func:`_ingest_lines`, applied to the failure reason, which may quote the job's own output.
     A lost run (``status.lost``) is resubmitted from ``checkpoint_uri`` while restarts are left
-    (:func:`jobs.restarts.lost_run`) instead of ending the job FAILED."""
+    (:func:`jobs.restarts.lost_run`) instead of ending the job FAILED.
+
+    ``trained_at``: the trainer's time of the last training record (:data:`TRAINING_EVENTS`) this
+    pass stored. A SUBMITTING or PENDING job with one logged after it entered that state is training:
+    it moves to RUNNING ("first step logged") even where the provider's status still says PENDING or
+    the job was left out of ``describe_many`` (the status was read before the log, or the provider
+    reports the run late), so a job whose metrics arrive is never shown PENDING."""
     read = {"logs_read_at": now} if logs_read else {}
+    training = (trained_at is not None and job.state in (S.SUBMITTING, S.PENDING)
+                and (job.state_entered_at is None or trained_at >= job.state_entered_at))
     if status is None:  # unchanged since the last sync, or not found: state left as it is
+        if training:
+            transition(job, S.RUNNING, message="first step logged")
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**_unchanged_fields(job, now), **read)
         job.refresh_from_db()
         return _enforce_budget(job)
     target = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    logged_first = training and target == S.PENDING
+    if logged_first:
+        target = S.RUNNING
     if target in TERMINAL_STATE_VALUES and not drained:
         # Apply the final state only once every log line (and metric) is stored.
         TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now, **read)
@@ -432,9 +459,15 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
     # An unknown provider state reads as PENDING (with a warning) only so that a job that never ran
     # is not shown RUNNING; for a running job it is no interruption: it stays RUNNING, warning shown.
     unsure_interruption = (str(job.state), target) == INTERRUPTION and bool(status.warning)
+    # A job moved to RUNNING by its log while the provider still said PENDING: the same PENDING word
+    # again is the provider catching up, not an interruption (that comes after it said RUNNING).
+    unsure_interruption = unsure_interruption or ((str(job.state), target) == INTERRUPTION and (
+        (status.raw_state or "")[:100], (status.secondary_state or "")[:100]) == (job.raw_state, job.secondary_state))
     # QUEUED is never a provider's word: only a resubmission (jobs.restarts) moves a job back there.
     if target != job.state and target != S.QUEUED and is_allowed(job.state, target) and not unsure_interruption:
         message = " / ".join(x for x in (status.raw_state, status.secondary_state) if x)
+        if logged_first:
+            message = f"first step logged (the backend still reports {message or 'PENDING'})"
         if target in (S.FAILED,) and fields.get("failure_reason"):
             message = f"{message}: {fields['failure_reason']}" if message else fields["failure_reason"]
         transition(job, target, message=message[:2000], **fields)

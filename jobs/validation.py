@@ -8,7 +8,8 @@ Two parts. The first says what PostgreSQL can store (:func:`loads`, :func:`json_
 :class:`Errors` (field → messages, raised as one ``ValidationError`` keyed by the form/API field
 names, ``__all__`` = :data:`ALL` for the rest), the bounds every job shares (:data:`MAX_NODES` ...),
 and checks that add to it instead of raising (:func:`whole_number`, :func:`budget_usd`,
-:func:`json_object`, :func:`owned`, :func:`member_team`, :func:`update_row` ...).
+:func:`json_object`, :func:`owned`, :func:`member_team`, :func:`update_row` ...), and
+:func:`trial_call`, which reports an input's own errors and the service's together.
 
 What PostgreSQL refuses, and Python's ``json`` lets through:
 
@@ -39,9 +40,10 @@ import math
 import re
 import sys
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import transaction
 
 from jobs import cost as costs
 from jobs.models import Team
@@ -225,7 +227,7 @@ ALL = NON_FIELD_ERRORS  # "__all__"
 
 WHOLE_INPUT = "whole_input"
 """The code of an error worked out from every field together (the memory plan's refusal). A trial
-call on an input whose own checks failed (``webapp.errors.trial_call``) drops it: the service saw
+call on an input whose own checks failed (``trial_call``) drops it: the service saw
 stand-ins for the fields that failed, so the figures would be of another job."""
 
 
@@ -243,6 +245,56 @@ class Errors(dict):
     def raise_if_any(self) -> None:
         if self:
             raise ValidationError(dict(self))
+
+
+T = TypeVar("T")
+
+
+def coded_errors(exc: ValidationError) -> dict[str, list[tuple[str, str | None]]]:
+    """``{field: [(message, code), ...]}`` for any ValidationError (code None where none was given)."""
+    errors = exc.error_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.error_list}
+    return {field: [(message, e.code) for e in errs for message in e.messages] for field, errs in errors.items()}
+
+
+def field_of(key: str) -> str:
+    """The field a service error key belongs to: ``config`` for ``config.region``, else the key."""
+    return key.split(".", 1)[0]
+
+
+class _TrialRun(Exception):
+    """Rolls back a service call made only to collect its errors."""
+
+
+def trial_call(call: Callable[[], T], *, valid: bool,
+               flagged: set[str]) -> tuple[T | None, ValidationError | None]:
+    """Call the service ``call`` for an input whose own checks ``valid`` passed or not: ``(result,
+    None)`` when it is saved, else ``(None, the service's errors or None)``.
+
+    The input's own checks (a required field, a number, valid JSON) and the service's rules (a
+    backend's settings, the dataset's shape) are reported together: checked one after the other, an
+    empty SageMaker form would flag Name, and only on the next submit its settings. So an input with
+    errors still calls the service, on the values that did clean, inside a savepoint that is always rolled back
+    (nothing is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is
+    discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
+    reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value
+    for them; so are its errors coded :data:`WHOLE_INPUT` (worked out from every field together, on
+    those stand-ins: the memory plan's refusal). Shared by the UI (``webapp.errors.submit_form``), the
+    API (``webapp.api.serializers``) and ``manage.py submit_job``.
+    """
+    try:
+        with transaction.atomic():
+            result = call()
+            if not valid:
+                raise _TrialRun
+    except _TrialRun:
+        return None, None
+    except ValidationError as exc:
+        if valid:
+            return None, exc
+        remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
+                     if (kept := [m for m, code in v if code != WHOLE_INPUT])}
+        return None, ValidationError(remaining) if remaining else None
+    return result, None
 
 
 MAX_RUNTIME_S = 28 * 24 * 3600
@@ -391,6 +443,10 @@ def owned(errors: Errors, field: str, model: type, value: Any, owner: Any, label
     shared with a team they are a member of (a teammate may launch on a team's backend, dataset and
     model). Else an error on ``field`` (a pk that is not an integer is the same error, not a crash)."""
     obj = value
+    if isinstance(value, str) and value.strip() and not value.strip().isdigit():
+        errors.add(field, f"Choose one of your {label}s by its id (a number; GET /api/{label}s/ lists them), "
+                          f"not {value!r}.")
+        return None
     if not isinstance(value, model):
         try:
             obj = model.objects.filter(pk=int(value)).first() if value not in (None, "") else None

@@ -149,7 +149,8 @@ def resolve_target(url: str) -> Target:
     for address in addresses:
         refusal = address_refusal(address)
         if refusal:
-            raise UrlRefused(f"{host} resolves to {refusal}." if host != address.split("%")[0] else refusal + ".")
+            raise UrlRefused(f"{host} resolves to {address}, and {refusal}." if host != address.split("%")[0]
+                             else refusal + ".")
     return Target(url=url.strip(), host=host, port=port, address=addresses[0])
 
 

@@ -52,6 +52,45 @@ def gcs_emulator(bucket: str = "stage") -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def vertex_with_gcs(monkeypatch, tmp_path: Path) -> Iterator[tuple]:
+    """``(Vertex stand-in, Cloud Storage emulator URL)``, both on loopback, with no ambient Google
+    configuration (credentials, project, gcloud's directory, the metadata server's check) in the way."""
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    server = standin("vertex").VertexStandIn().start()
+    try:
+        with gcs_emulator() as gcs_url:
+            yield server, gcs_url
+    finally:
+        server.stop()
+
+
+def azureml_workspace_in_registry(monkeypatch, blob, **workspace_options):
+    """An in-memory Azure ML workspace (the azureml stand-in, its code uploads to ``blob``) that every
+    Azure ML adapter the services build talks to, through the stand-in transport with a fake
+    credential (the only thing a stored config cannot say); no ambient Azure ML configuration."""
+    from cloud_adapters import registry
+
+    for name in ("AZUREML_CURRENT_CLOUD", "ARM_CLOUD_METADATA_URL", "AZURE_ML_CLI_PRIVATE_FEATURES_ENABLED"):
+        monkeypatch.delenv(name, raising=False)
+    azureml = standin("azureml")
+    workspace = azureml.AzureMLStandin(blob=blob, **workspace_options)
+    original = registry.create_backend
+
+    def create_backend(kind, config=None, *, secrets=None, prices=None):
+        if kind != "azureml":
+            return original(kind, config, secrets=secrets, prices=prices)
+        return registry.backend_class(kind)(config, secrets=secrets, prices=prices,
+                                            credential=azureml.FakeCredential(),
+                                            transport=azureml.StandinTransport(workspace))
+
+    monkeypatch.setattr(registry, "create_backend", create_backend)
+    return workspace
+
+
+@contextlib.contextmanager
 def azurite_blob(location: Path) -> Iterator:
     """Azurite's Blob service (npm, a devDependency) on a free loopback port, its data in
     ``location``: yields the azureml stand-in's ``BlobAccount``. The process is stopped by its id."""

@@ -19,6 +19,11 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 ``train_loss``, ``train_accuracy``       mean over the samples since the previous record (0–1 accuracy);
                                           absent when no sample was trained since then.
 ``val_loss``, ``val_accuracy``           ``epoch`` records only.
+``epochs_done``                           ``epoch`` records only: the epochs the checkpoint written right
+                                          after the record holds, all finished (``epoch`` + 1; ``epoch``
+                                          when ``train.max_steps`` ended the epoch early, the checkpoint
+                                          then holding its position inside it). A run continued from
+                                          that checkpoint starts at epoch ``epochs_done`` (0-based).
 ``sample_order_digest``                   ``epoch`` records only: per rank (a list indexed by rank), 16 hex
                                           digits of SHA-256 over the sample indices that rank trained on
                                           that epoch, in order. Equal digests mean the same samples in
@@ -40,7 +45,8 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
 ``wait_for_slowest_s``                    rank-seconds the ranks spent, over the window since the
                                           previous record, waiting for the slowest one to reach the
                                           gradient sync: Σ over ranks of (slowest's data wait +
-                                          compute − its own).
+                                          compute − its own). Absent in a one-rank run (there is
+                                          no slowest to wait for).
 ``rank_pipeline_stage``, ``rank_stage_layers``
                                           pipeline only, with the throughput fields: each rank's stage
                                           (0-based) and that stage's number of layers.
@@ -83,8 +89,8 @@ digits and ``_ . / -`` (``loss``, ``tokens/s``, ``eval.top-1``)."""
 MAX_USER_METRICS = 50
 """Most user metrics in one record."""
 
-RECORD_FIELDS = frozenset({"event", "time", "step", "epoch", "user_metrics", "nonfinite", "nonfinite_step",
-                           "reason", "resumed", "world_size"})
+RECORD_FIELDS = frozenset({"event", "time", "step", "epoch", "epochs_done", "user_metrics", "nonfinite",
+                           "nonfinite_step", "reason", "resumed", "world_size"})
 """Fields of a record that say what and when it is, never a user metric's name."""
 
 

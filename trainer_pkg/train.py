@@ -588,6 +588,8 @@ def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
     # Seconds each rank needed before it could join the step's gradient sync (data + its own forward
     # and backward); the slowest sets the pace, and every other rank waits the difference.
     ready = [r["data_seconds"] + r["compute_seconds"] for r in ranks]
+    # One rank has no slowest to wait for: no wait_for_slowest_s at all (a 0 would read as the best).
+    waiting = {"wait_for_slowest_s": sum(max(ready) - x for x in ready)} if len(ranks) > 1 else {}
     return {
         "train_loss": sum(r["loss_sum"] for r in ranks) / samples,
         "train_accuracy": sum(r["correct"] for r in ranks) / samples,
@@ -597,7 +599,7 @@ def _window_fields(ranks: list[dict[str, float]]) -> dict[str, Any]:
         "rank_data_wait_s": [per_step(r, r["data_seconds"]) for r in ranks],
         "rank_compute_s": [per_step(r, r["compute_seconds"]) for r in ranks],
         "rank_sync_wait_s": [per_step(r, max(0.0, r["step_seconds"] - r["compute_seconds"])) for r in ranks],
-        "wait_for_slowest_s": sum(max(ready) - x for x in ready),
+        **waiting,
     }
 
 
@@ -1075,11 +1077,12 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
             digests: list[Any] = [None] * topo.world_size
             dist.all_gather_object(digests, sample_order_digest(order))
             scores = validation_fields(val_loss, val_acc, tokens=isinstance(data, TokenData))
-            recorder.report("epoch", epoch, **scores, sample_order_digest=digests,
-                            rank_memory=measured_memory(stepper, device))
-            _log(topo, f"epoch {epoch}: " + " ".join(f"{k} {v:.4f}" for k, v in scores.items()))
             finished = b >= shard.batches  # else stopped inside the epoch by train.max_steps: resume there
-            save(epoch=epoch + 1 if finished else epoch, batches_done=0 if finished else b, step=progress.step)
+            epochs_done = epoch + 1 if finished else epoch  # what the checkpoint below holds
+            recorder.report("epoch", epoch, **scores, sample_order_digest=digests,
+                            rank_memory=measured_memory(stepper, device), epochs_done=epochs_done)
+            _log(topo, f"epoch {epoch}: " + " ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+            save(epoch=epochs_done, batches_done=0 if finished else b, step=progress.step)
         agreements.finish()
 
         # -- save: the whole model's bare state dict on rank 0 (FSDP shards, pipeline stages gathered)

@@ -20,7 +20,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 from rest_framework.settings import api_settings
 
-from jobs.validation import WHOLE_INPUT
+from jobs.validation import coded_errors, field_of, trial_call  # noqa: F401 (webapp.errors.trial_call, ...)
 
 T = TypeVar("T")
 
@@ -30,12 +30,6 @@ def service_error_dict(exc: DjangoValidationError) -> dict[str, list[str]]:
     if hasattr(exc, "error_dict"):
         return {field: list(messages) for field, messages in exc.message_dict.items()}
     return {NON_FIELD_ERRORS: list(exc.messages)}
-
-
-def coded_errors(exc: DjangoValidationError) -> dict[str, list[tuple[str, str | None]]]:
-    """``{field: [(message, code), ...]}`` for any ValidationError (code None where none was given)."""
-    errors = exc.error_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.error_list}
-    return {field: [(message, e.code) for e in errs for message in e.messages] for field, errs in errors.items()}
 
 
 def add_service_errors(form: forms.BaseForm, exc: DjangoValidationError,
@@ -54,48 +48,6 @@ def add_service_errors(form: forms.BaseForm, exc: DjangoValidationError,
                 form.add_error(None, message)
             else:
                 form.add_error(None, f"{name}: {message}")
-
-
-def field_of(key: str) -> str:
-    """The field a service error key belongs to: ``config`` for ``config.region``, else the key."""
-    return key.split(".", 1)[0]
-
-
-class _TrialRun(Exception):
-    """Rolls back a service call made only to collect its errors."""
-
-
-def trial_call(call: Callable[[], T], *, valid: bool,
-               flagged: set[str]) -> tuple[T | None, DjangoValidationError | None]:
-    """Call the service ``call`` for an input whose own checks ``valid`` passed or not: ``(result,
-    None)`` when it is saved, else ``(None, the service's errors or None)``.
-
-    The input's own checks (a required field, a number, valid JSON) and the service's rules (a
-    backend's settings, the dataset's shape) are reported together: checked one after the other, an
-    empty SageMaker form would flag Name, and only on the next submit its settings. So an input with
-    errors still calls the service, on the values that did clean, inside a savepoint that is always rolled back
-    (nothing is stored and nothing is sent: ``on_commit`` work of a rolled-back savepoint is
-    discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
-    reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value
-    for them; so are its errors coded :data:`jobs.validation.WHOLE_INPUT` (worked out from every
-    field together, on those stand-ins: the memory plan's refusal). Shared by the UI (:func:`submit_form`) and the API (``webapp.api.serializers``).
-    """
-    from django.db import transaction
-
-    try:
-        with transaction.atomic():
-            result = call()
-            if not valid:
-                raise _TrialRun
-    except _TrialRun:
-        return None, None
-    except DjangoValidationError as exc:
-        if valid:
-            return None, exc
-        remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
-                     if (kept := [m for m, code in v if code != WHOLE_INPUT])}
-        return None, DjangoValidationError(remaining) if remaining else None
-    return result, None
 
 
 def submit_form(form: forms.BaseForm, call: Callable[[], T],

@@ -72,7 +72,8 @@ def clone_notice(job: TrainingJob | None, mode: str) -> dict[str, Any] | None:
 def job_actions(job: TrainingJob) -> dict[str, Any]:
     """Which of "Continue" and "Fine-tune" the job page offers: continue once a checkpoint was
     written (an epoch validated), fine-tune once there are weights (a checkpoint, or a succeeded
-    job's model.pt). The create checks the files themselves."""
+    job's model.pt); ``ended`` False (an active job): both are shown disabled, as the create refuses
+    them until the job has ended. The create checks the files themselves."""
     epochs = selectors.training_job_checkpoint_epoch(job=job) if job.provider_handle else 0
     return {"can_continue": epochs > 0, "can_finetune": epochs > 0 or (job.state == "SUCCEEDED" and bool(job.provider_handle)),
-            "checkpoint_epoch": epochs}
+            "checkpoint_epoch": epochs, "ended": job.is_terminal}

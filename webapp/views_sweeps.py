@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from jobs import selectors, sweeps
 from jobs.models import Sweep
 from webapp.errors import add_service_errors, service_error_dict
+from webapp.forms import team_field
 
 SPACE_PLACEHOLDER = json.dumps(json.loads(sweeps.SPACE_EXAMPLE), indent=2)
 
@@ -66,6 +67,10 @@ class SweepForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
+        # As on the job form and in POST /api/sweeps/: the sweep and its trial jobs may be a team's.
+        self.fields["team"] = team_field(user, empty_label="— none —", help_text=(
+            "Optional: run the sweep for a team you belong to. Its trial jobs count toward the team's monthly "
+            "budget, and its members see the sweep and its trials."))
         self.fields["dataset"].queryset = selectors.dataset_list_for_user(user=user)
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
@@ -78,7 +83,8 @@ class SweepForm(forms.Form):
         base["hyperparameters"] = base["hyperparameters"] or {}
         base = {k: v for k, v in base.items() if v is not None}
         budget = data.get("budget_usd")
-        return dict(name=data.get("name", ""), base=base, search_space=data.get("search_space", ""),
+        return dict(name=data.get("name", ""), team=data.get("team"), base=base,
+                    search_space=data.get("search_space", ""),
                     sampler=data.get("sampler", ""), seed=data.get("seed", 0), objective_metric=data.get("objective_metric", ""),
                     direction=data.get("direction", ""), objective=data.get("objective", ""),
                     max_trials=data.get("max_trials", 1), max_concurrent_trials=data.get("max_concurrent_trials", 1),

@@ -29,7 +29,8 @@ What a job is made of (clouds.md §3.1 for the builder, §3.2 for the wire body)
 * the dataset (``spec.dataset_uri``) as input ``data``, ``uri_folder`` mounted read-only
   (``ro_mount``), which the launcher finds as ``AZURE_ML_INPUT_data``; outputs ``model`` and
   ``checkpoints`` (``uri_folder``, ``rw_mount``), found as ``AZURE_ML_OUTPUT_model`` /
-  ``AZURE_ML_OUTPUT_checkpoints``;
+  ``AZURE_ML_OUTPUT_checkpoints``; a resubmitted attempt of a lost run (``JobSpec.checkpoint_uri``:
+  docs/recovery.md) has its ``checkpoints`` output at the lost attempt's, so it resumes from there;
 * ``timeout`` = max runtime (``limits.timeout``, ISO-8601 on the wire); low-priority jobs ask for
   ``queue_settings.job_tier = "spot"`` (REST ``JobTier`` Spot, [AML ``_enums.py``]);
 * tags: ``trainboard-job-name`` (the list filter of :meth:`describe_many`) plus ``spec.tags``
@@ -163,6 +164,11 @@ DATA_INPUT = "data"  # -> AZURE_ML_INPUT_data (trainer_pkg.platforms.AZURE_DATA_
 DEFAULT_DATASTORE = "workspaceblobstore"  # Azure ML's default datastore of a workspace's job outputs
 MODEL_OUTPUT = "model"  # -> AZURE_ML_OUTPUT_model (AZURE_OUTPUT_NAMES)
 CHECKPOINT_OUTPUT = "checkpoints"  # -> AZURE_ML_OUTPUT_checkpoints (AZURE_CHECKPOINT_NAMES)
+DATASTORE_PATH_RE = re.compile(
+    r"azureml://(?:subscriptions/[^/]+/resource[gG]roups/[^/]+/workspaces/[^/]+/)?datastores/([^/]+)/paths/(.+)")
+"""A datastore path, ``azureml://datastores/<datastore>/paths/<path>``, or its long form with the
+workspace's subscription, resource group and workspace before ``datastores`` (both name the same
+place: Microsoft Learn, "Work with models in Azure Machine Learning")."""
 MAX_RUNTIME_S = 30 * 24 * 3600
 """Largest max runtime accepted here: 30 days (a sanity bound; clouds.md records no Azure limit)."""
 MAX_PROCS_PER_NODE = 8
@@ -395,6 +401,7 @@ class AzureMLBackend(CloudBackend):
         * VM size: priced in the catalog (for low priority, its ``:low_priority`` row);
         * processes per node ≤ the VM's GPUs (one rank per GPU);
         * max runtime ≤ 30 days; dataset "" or an Azure data URI (:data:`DATASET_PREFIXES`);
+          checkpoints "" or a datastore path (:data:`DATASTORE_PATH_RE`);
         * config a JSON object; env names valid; the job's image an image reference;
         * its code archive readable, unchanged and without members named like ours (reads the local
           archive: no provider call).
@@ -419,6 +426,10 @@ class AzureMLBackend(CloudBackend):
                 f"dataset {spec.dataset_uri!r}: Azure ML mounts data from a datastore or storage URL; use "
                 f"'azureml://datastores/<datastore>/paths/<path>', 'azureml:<data asset>:<version>' or an "
                 f"https:// blob URL (or a built-in dataset).")
+        if spec.checkpoint_uri and not DATASTORE_PATH_RE.fullmatch(spec.checkpoint_uri):
+            # Listed and resumed from through its datastore (_output_location, checkpoint_uri).
+            raise InvalidSpec(f"checkpoints {spec.checkpoint_uri!r}: expected a datastore path "
+                              f"'azureml://datastores/<datastore>/paths/<path>/' (Backend.checkpoint_uri).")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
         if spec.image and not IMAGE_RE.fullmatch(spec.image):
@@ -748,7 +759,7 @@ class AzureMLBackend(CloudBackend):
         ref = str(getattr(job, "name", ""))
         outputs = getattr(job, "outputs", None) or {}
         path = str(getattr(outputs.get(output), "path", "") or "")
-        m = re.fullmatch(r"azureml://datastores/([^/]+)/paths/(.+)", path)
+        m = DATASTORE_PATH_RE.fullmatch(path)
         if m:
             return m.group(1), m.group(2).strip("/") + "/"
         return DEFAULT_DATASTORE, f"azureml/{ref}/{output}/"
@@ -819,6 +830,23 @@ class AzureMLBackend(CloudBackend):
         """``azureml://datastores/<datastore>/paths/<blob>``: what a later Azure ML job takes as an input."""
         f = artifact_store.pick(self._artifact_files(handle), name, handle.job_name)
         return f"azureml://datastores/{f.store}/paths/{f.key}"
+
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """Where the job's trainer wrote its checkpoints: its ``checkpoints`` output, mounted read-write
+        as ``AZURE_ML_OUTPUT_checkpoints`` (trainer_pkg/platforms.py ``read_azureml``), as the
+        datastore path ``azureml://datastores/<datastore>/paths/<path>/``: the path the job set, else
+        Azure ML's default ``azureml://datastores/workspaceblobstore/paths/azureml/<job name>/checkpoints/``.
+        A later attempt given it as :attr:`JobSpec.checkpoint_uri` mounts that same folder as its
+        ``checkpoints`` output (:meth:`command_job`), and the trainer resumes from what is there
+        (docs/recovery.md). A datastore path, not an ``az://`` URI: it is what an Azure ML output
+        takes, and the datastore names the storage account. One GET of the job. Raises
+        :class:`ProviderError` when the workspace no longer has it."""
+        ref = self.job_ref(handle)
+        job = self.get_job(ref)
+        if job is None:
+            raise ProviderError(f"{self.no_job(ref)}: where its checkpoints are cannot be found")
+        datastore, prefix = self._output_location(job, CHECKPOINT_OUTPUT)
+        return f"azureml://datastores/{datastore}/paths/{prefix}"
 
     # -- test connection --------------------------------------------------------------------
 

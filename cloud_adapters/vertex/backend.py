@@ -24,7 +24,9 @@ What a job is made of (clouds.md §2.1 for every field):
   resilient to a worker leaving, and the trainer resumes from its checkpoint); ``base_output_directory``
   ``gs://<bucket>/<prefix>/output/<label>/`` so Vertex sets ``AIP_MODEL_DIR`` = ``<base>/model/`` and
   ``AIP_CHECKPOINT_DIR`` = ``<base>/checkpoints/`` (§2.3), where the trainer writes model and
-  checkpoints; the service account; labels ``trainboard-job-name`` = the job's label form plus
+  checkpoints (a resubmitted attempt of a lost run, given ``JobSpec.checkpoint_uri``, gets the lost
+  attempt's base instead, so it resumes from that attempt's checkpoints: docs/recovery.md); the
+  service account; labels ``trainboard-job-name`` = the job's label form plus
   ``JobSpec.tags`` (the Trainboard job and owner ids) in GCP's label form.
 
 On a replica Vertex pip-installs the archive and runs ``python -m trainer_pkg.launch <args>``; the
@@ -82,6 +84,7 @@ PROVIDER = "gcp"  # provider name in the price catalog
 SERVICE = "Vertex AI"
 PYTHON_MODULE = "trainer_pkg.launch"
 CONFIG_FILE = "trainboard_job.json"
+CHECKPOINT_SUBDIR = "checkpoints"  # AIP_CHECKPOINT_DIR = <base_output_directory>/checkpoints/ (clouds.md §2.3)
 
 LABEL_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")  # GCP label keys; values: [a-z0-9_-]{0,63}
 LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
@@ -203,6 +206,21 @@ def parse_gcs(uri: str, field: str) -> tuple[str, str]:
     if ".." in prefix.split("/"):
         raise InvalidSpec(f"{field}: '..' is not allowed in the prefix, got {uri!r}.")
     return m.group(1), prefix
+
+
+def checkpoint_base(uri: str) -> str:
+    """The ``base_output_directory`` (``gs://bucket/prefix/``) whose ``AIP_CHECKPOINT_DIR`` is the
+    checkpoint directory ``uri``: Vertex sets ``AIP_CHECKPOINT_DIR = <base_output_directory>/checkpoints/``
+    (clouds.md §2.3; GAPIC ``CustomJobSpec.base_output_directory``), so ``uri`` must be
+    ``gs://bucket/<prefix>/checkpoints[/]``, which :meth:`VertexBackend.checkpoint_uri` answers.
+    Raises :class:`InvalidSpec` for another form: Vertex can point the trainer at no other directory."""
+    bucket, prefix = parse_gcs(uri, "checkpoints")
+    parent, _, last = prefix.rpartition("/")
+    if last != CHECKPOINT_SUBDIR:
+        raise InvalidSpec(f"checkpoints: Vertex AI gives a job its checkpoint directory as "
+                          f"<base output directory>/{CHECKPOINT_SUBDIR}/ (AIP_CHECKPOINT_DIR); expected "
+                          f"'gs://bucket/<prefix>/{CHECKPOINT_SUBDIR}/', got {uri!r}.")
+    return f"gs://{bucket}/{parent}/" if parent else f"gs://{bucket}/"
 
 
 def _vcpus(machine_type: str) -> int | None:
@@ -448,6 +466,8 @@ class VertexBackend(CloudBackend):
         * machine type: a Compute Engine type with a catalog price (and the accelerator's);
         * processes per node ≤ accelerators per replica (one rank per GPU), or ≤ the machine's vCPUs;
         * dataset and output: "" or ``gs://`` (the trainer reads gs:// through /gcs, clouds.md §2.3);
+          checkpoints: "" or ``gs://…/checkpoints/`` (:func:`checkpoint_base`), with an output, if any,
+          the directory above it;
         * labels (at most 64) and environment (at most 100, clouds.md §2.1) within the API's limits;
         * the job's image an image URI; its code archive readable, unchanged, without members named like
           ours, and its requirements requirements, not pip options (reads the local archive only).
@@ -472,6 +492,12 @@ class VertexBackend(CloudBackend):
         for field, uri in (("dataset", spec.dataset_uri), ("output", spec.output_uri)):
             if uri:
                 parse_gcs(uri, field)
+        if spec.checkpoint_uri:
+            base = checkpoint_base(spec.checkpoint_uri)
+            if spec.output_uri and spec.output_uri.rstrip("/") + "/" != base:
+                raise InvalidSpec(f"output {spec.output_uri!r} and checkpoints {spec.checkpoint_uri!r}: Vertex AI "
+                                  f"puts checkpoints in <output>/checkpoints/ (AIP_CHECKPOINT_DIR); give the "
+                                  f"output {base!r}, or no output.")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
         try:
@@ -513,7 +539,12 @@ class VertexBackend(CloudBackend):
         return f"gs://{self.bucket_name}/{package.object_name(self.prefix, *parts)}"
 
     def output_uri(self, spec: JobSpec) -> str:
-        """``base_output_directory`` of the job: ``spec.output_uri`` or ``gs://<staging>/output/<label>/``."""
+        """``base_output_directory`` of the job: for a job given ``spec.checkpoint_uri`` (a resubmitted
+        attempt, docs/recovery.md) the directory above it (:func:`checkpoint_base`), so that Vertex
+        sets its ``AIP_CHECKPOINT_DIR`` to that checkpoint directory and the trainer resumes there;
+        else ``spec.output_uri`` or ``gs://<staging>/output/<label>/``."""
+        if spec.checkpoint_uri:
+            return checkpoint_base(spec.checkpoint_uri)
         base = spec.output_uri or self._gs("output", job_label(spec.job_name))
         return base.rstrip("/") + "/"
 
@@ -770,16 +801,33 @@ class VertexBackend(CloudBackend):
     # AIP_TENSORBOARD_LOG_DIR = <base>/logs/ from the job's base_output_directory (clouds.md §2.3); the
     # trainer writes its model and metrics, and its checkpoints, there through the FUSE mount.
 
-    def _artifact_roots(self, handle: JobHandle) -> list[artifact_store.Root]:
+    def _base_output(self, handle: JobHandle, what: str) -> str:
+        """The job's ``base_output_directory`` as Vertex holds it (GetCustomJob), ending in "/"; the
+        default of :meth:`output_uri` for a job that has none. Raises :class:`ProviderError` naming
+        ``what`` when Vertex no longer has the job."""
         ref = self.job_ref(handle)
         job = self.get_job(ref)
         if job is None:
-            raise ProviderError(f"{self.no_job(ref)}: its outputs cannot be found")
+            raise ProviderError(f"{self.no_job(ref)}: {what} cannot be found")
         base = job.job_spec.base_output_directory.output_uri_prefix or self._gs("output", job_label(handle.job_name))
-        bucket, prefix = artifact_store.split_uri(base, "gs")
+        return base.rstrip("/") + "/"
+
+    def _artifact_roots(self, handle: JobHandle) -> list[artifact_store.Root]:
+        bucket, prefix = artifact_store.split_uri(self._base_output(handle, "its outputs"), "gs")
         return [artifact_store.Root(bucket, f"{prefix}model/"),
-                artifact_store.Root(bucket, f"{prefix}checkpoints/", "checkpoints/"),
+                artifact_store.Root(bucket, f"{prefix}{CHECKPOINT_SUBDIR}/", "checkpoints/"),
                 artifact_store.Root(bucket, f"{prefix}logs/", "logs/")]
+
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """Where the job's trainer wrote its checkpoints: the ``AIP_CHECKPOINT_DIR`` Vertex gave it,
+        ``<base_output_directory>/checkpoints/`` (clouds.md §2.3), as a ``gs://`` URI, e.g.
+        ``gs://stage/tb/output/tb-job-7-65f0a1b2/checkpoints/``. The trainer writes there through
+        the ``/gcs`` mount (trainer_pkg/platforms.py ``read_vertex``), and a later attempt given this
+        URI as :attr:`JobSpec.checkpoint_uri` gets the same base output directory (:meth:`output_uri`),
+        so Vertex points its ``AIP_CHECKPOINT_DIR`` at the same place and the trainer resumes from
+        it (docs/recovery.md). One GetCustomJob: the base is the job's as Vertex holds it. Raises
+        :class:`ProviderError` when Vertex no longer has the job."""
+        return f"{self._base_output(handle, 'where its checkpoints are')}{CHECKPOINT_SUBDIR}/"
 
     def _artifact_files(self, handle: JobHandle) -> dict[str, artifact_store.StoredFile]:
         def list_files() -> dict[str, artifact_store.StoredFile]:

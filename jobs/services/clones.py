@@ -147,6 +147,10 @@ def _check_overrides(errors: Errors, overrides: Any) -> dict[str, Any]:
             errors.add(str(key)[:100], f"Unknown field {str(key)[:100]!r}: a clone takes the job create's fields "
                                        f"({', '.join(sorted(known))}).")
     given = {k: v for k, v in overrides.items() if k in known}
+    for key in [k for k in _NOT_NULL_FIELDS if k in given and given[k] is None]:
+        errors.add(key, f"{key.replace('_', ' ').capitalize()} may not be null: give a value, or leave the key "
+                        f"out to keep the source job's.")
+        given.pop(key)
     for key in _TEXT_FIELDS:
         if key in given and not isinstance(given[key], str):
             errors.add(key, f"{key.replace('_', ' ').capitalize()} must be text.")
@@ -157,6 +161,12 @@ def _check_overrides(errors: Errors, overrides: Any) -> dict[str, Any]:
             given.pop(key)
     return given
 
+
+# Overrides whose null would mean nothing (the create has no "unset" for them); a null of the others
+# (team, budget_usd, image, max_steps ...) is the create's own default, as for a new job.
+_NOT_NULL_FIELDS = ("name", "dataset", "model_spec", "backend", "strategy", "nodes", "procs_per_node", "epochs",
+                    "batch_size", "lr", "seed", "max_runtime_s", "instance_type", "spot", "priority", "env",
+                    "hyperparameters", "init_mode")
 
 # Overrides the create takes as they come (it strips text and calls bool()): checked here first, so
 # "false" is not True and a number is no name.

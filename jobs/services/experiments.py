@@ -18,7 +18,7 @@ from django.utils import timezone
 from jobs import job_table
 from jobs.models import TERMINAL_STATE_VALUES, JobListSettings, SavedFilter, TrainingJob
 from jobs.selectors import can_change, training_job_list_for_user
-from jobs.validation import Errors
+from jobs.validation import Errors, text_problem
 
 UNSET: Any = object()
 """A field :func:`training_job_annotate` leaves as it is."""
@@ -143,6 +143,8 @@ def saved_filter_create(*, owner, name: Any, query: Any) -> SavedFilter:
         errors.add("name", "Name the filter, e.g. best-lr-sweep.")
     elif len(name) > MAX_FILTER_NAME:
         errors.add("name", f"The name is {len(name)} characters; at most {MAX_FILTER_NAME}.")
+    elif problem := text_problem(name):
+        errors.add("name", f"The name {problem}")
     elif SavedFilter.objects.filter(owner_id=owner.pk, name=name).exists():
         errors.add("name", f"You already have a saved filter named “{name}”; choose another name or delete that one.")
     cleaned: dict[str, str] = {}

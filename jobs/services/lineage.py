@@ -39,6 +39,7 @@ _CONTINUE_KEEPS = (("train.optimizer", "Optimizer"), ("train.lr", "Learning rate
                    ("train.momentum", "Momentum"), ("train.weight_decay", "Weight decay"),
                    ("train.lr_schedule", "Learning-rate schedule"), ("train.warmup_steps", "Warmup steps"))
 _FIELD_OF = {"train.lr": "lr", "train.epochs": "epochs"}
+_MODE_VERB = {"continue": "continue", "finetune": "fine-tune"}
 
 
 def _get(config: dict[str, Any], dotted: str) -> Any:
@@ -170,7 +171,7 @@ def _count(errors: Errors) -> int:
 def job_init(errors: Errors, *, source: TrainingJob | None, mode: str, config: JobConfig, backend: ComputeBackend,
              adapter: Any, dataset: Any) -> int | None:
     """Check that a job of ``config`` on ``backend`` can start from ``source`` in ``mode``
-    (continue | finetune) and set ``config.train.init_from`` / ``init_mode`` to the source's file.
+    (continue | finetune; ``source`` must have ended: a running job's files still change) and set ``config.train.init_from`` / ``init_mode`` to the source's file.
     Returns the epochs the checkpoint holds (continue; None for finetune). Errors are added to
     ``errors`` keyed by the form/API fields (model_spec, epochs, lr, strategy, dataset, backend,
     hyperparameters, __all__); nothing is set then."""
@@ -179,6 +180,13 @@ def job_init(errors: Errors, *, source: TrainingJob | None, mode: str, config: J
         return None
     if source is None:
         errors.add("init_mode", "Continue and fine-tune start from another job: choose the job.")
+        return None
+    if not source.is_terminal:
+        what = "its last checkpoint" if mode == "continue" else "its trained weights"
+        errors.add("init_mode", f"Job #{source.pk} is {source.state}, not ended: {_MODE_VERB[mode]} starts from "
+                                f"{what}, which the job still writes while it runs. Wait until it has ended "
+                                f"(or cancel it: a cancelled job keeps its last checkpoint), or clone it "
+                                f"without init_mode to start a new run like it from scratch.")
         return None
     epochs_done = training_job_checkpoint_epoch(job=source) if mode == "continue" else None
     found = _count(errors)

@@ -68,9 +68,9 @@ def _webhook_fields(errors: Errors, owner, fields: dict[str, Any], *, creating: 
                 errors.add("url", str(exc))
             out["url"] = url.strip()
     if "name" in fields:
-        name = fields["name"] if fields["name"] is not None else ""
+        name = fields["name"]
         if not isinstance(name, str) or len(name) > 100 or validation.text_problem(name):
-            errors.add("name", "The name is text of at most 100 characters.")
+            errors.add("name", 'The name is text of at most 100 characters ("" for none).')
         else:
             out["name"] = name.strip()
     if "events" in fields or creating:

@@ -35,7 +35,7 @@ from unittest import mock
 import pytest
 import requests
 
-from adapter_standins import free_port, gcs_emulator, standin
+from adapter_standins import azureml_workspace_in_registry, free_port, standin, vertex_with_gcs
 from jobs import dispatch, services, tasks
 from jobs.models import InstancePrice, JobStateChoices as S, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
@@ -45,7 +45,6 @@ REPO = Path(__file__).resolve().parents[2]
 AZURITE = REPO / "node_modules" / ".bin" / "azurite-blob"
 
 
-vertex_standin = standin("vertex")
 azureml_standin = standin("azureml")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db]
@@ -88,16 +87,8 @@ def sagemaker_config(request: dict) -> dict[str, Any]:
 @pytest.fixture
 def vertex(monkeypatch, tmp_path):
     """``(Vertex stand-in, Cloud Storage emulator URL)``, no ambient Google configuration."""
-    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
-    monkeypatch.setenv("NO_GCE_CHECK", "True")
-    server = vertex_standin.VertexStandIn().start()
-    try:
-        with gcs_emulator() as gcs_url:
-            yield server, gcs_url
-    finally:
-        server.stop()
+    with vertex_with_gcs(monkeypatch, tmp_path) as both:
+        yield both
 
 
 def gcs_read(gcs_url: str, bucket: str, name: str) -> bytes:
@@ -146,22 +137,7 @@ def azurite(tmp_path):
 def azureml(monkeypatch, azurite):
     """The in-memory workspace; every Azure ML adapter ``jobs.services`` builds talks to it through
     the stand-in transport with a fake credential (the only thing a stored config cannot say)."""
-    from cloud_adapters import registry
-
-    for name in ("AZUREML_CURRENT_CLOUD", "ARM_CLOUD_METADATA_URL", "AZURE_ML_CLI_PRIVATE_FEATURES_ENABLED"):
-        monkeypatch.delenv(name, raising=False)
-    workspace = azureml_standin.AzureMLStandin(blob=azurite, vm_size="Standard_NC12s_v3")
-    original = registry.create_backend
-
-    def create_backend(kind, config=None, *, secrets=None, prices=None):
-        if kind != "azureml":
-            return original(kind, config, secrets=secrets, prices=prices)
-        return registry.backend_class(kind)(config, secrets=secrets, prices=prices,
-                                            credential=azureml_standin.FakeCredential(),
-                                            transport=azureml_standin.StandinTransport(workspace))
-
-    monkeypatch.setattr(registry, "create_backend", create_backend)
-    return workspace
+    return azureml_workspace_in_registry(monkeypatch, azurite, vm_size="Standard_NC12s_v3")
 
 
 def snapshot_file(blob: Any, code_uri: str, name: str) -> bytes:

@@ -93,6 +93,10 @@ def test_a_job_that_does_not_fit_waits_and_starts_when_the_first_ends(box_settin
     messages = list(selectors.training_job_events(job=second).values_list("message", flat=True))
     assert messages[:3] == ["Created", "Waiting: waiting for 2 slots on local (0 free)",
                             "Submitting to backend local with 2 slots 0,1"]
+    # The wait is a note in QUEUED; no event moves a job from a state to itself.
+    moves = list(selectors.training_job_events(job=second).values_list("from_state", "to_state"))
+    assert moves == [("", "QUEUED"), ("QUEUED", ""), ("QUEUED", "SUBMITTING"), ("SUBMITTING", "PENDING"),
+                     ("PENDING", "RUNNING"), ("RUNNING", "SUCCEEDED")], moves
     with capsys.disabled():
         print(f"\n[e2e sharing] two jobs one after the other on 2 slots: {time.monotonic() - started:.1f} s")
 

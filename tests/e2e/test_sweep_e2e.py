@@ -6,7 +6,7 @@ pruned by the median pruner.
 How the pruning is made certain, not lucky:
 
 * The search space is ``train.lr`` ∈ {0.05, 1e-6} × ``train.epochs`` ∈ {2, 3, 8}, random sampler.
-  Sweeps seed each ask with the sweep's seed plus the trials asked so far (jobs.sweeps._sampler),
+  Sweeps seed each ask from the sweep's seed and the trials asked so far (jobs.sweeps._sampler),
   so a seed fixes the six trials before anything runs: the test picks the first seed whose trials
   have exactly one lr = 1e-6 trial, asked third or later, with LONG (300) epochs, and good trials of 2–3
   epochs only (computed below with the same sampler on an in-memory study).
@@ -15,7 +15,8 @@ How the pruning is made certain, not lucky:
   none is ever below the median of the completed ones (ties are not pruned).
 * When the bad trial starts, at least one trial has completed (its curve is stored when it is told),
   and with lr = 1e-6 its first epoch's accuracy is near chance, far below that curve; it then has 299
-  more epochs to run (an 8-epoch bad trial once finished before the pass under CI's load), ample time for the beat pass (every second) to see epoch 1 and prune it.
+  more epochs to run (an 8-epoch bad trial once finished before the pass under CI's load), ample time for the beat pass (every second) to see it and prune it. A pass that first sees it past the good
+  trials' last epoch still prunes it at epoch 1: each new epoch is put to the pruner in turn.
 """
 
 from __future__ import annotations

@@ -132,3 +132,72 @@ def test_add_form_json_that_cannot_be_stored_is_a_field_error(client, user, para
     assert response.status_code == 200
     assert any(message in e for e in response.context["adminform"].form.errors["params"])
     assert not ModelSpec.objects.exists()
+
+
+# --- Sweeps, webhooks and their deliveries (issue 16) ----------------------------------------------
+
+
+@pytest.fixture
+def sweep_and_hook(user, digits_dataset, cnn_model, local_backend, job, settings):
+    import uuid
+
+    from jobs import sweeps
+    from jobs.models import WebhookDelivery
+
+    settings.TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    with sent_tasks(dispatch.SWEEP_FILL):
+        sweep = sweeps.sweep_create(owner=user, name="lr-search", base={
+            "dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk, "epochs": 1},
+            search_space={"train.lr": {"type": "categorical", "choices": [0.1, 0.05]}}, sampler="grid")
+    hook, secret = services.webhook_create(owner=user, url="http://127.0.0.1:9/hook", events=["job.failed"],
+                                           name="ops-hook")
+    delivery = WebhookDelivery.objects.create(
+        webhook=hook, job=job, delivery_id=uuid.uuid4(), event="job.failed", payload={"event": "job.failed"},
+        attempts=[{"at": "2026-01-01T00:00:00Z", "status_code": 500, "error": "", "duration_ms": 3}], attempt_count=1)
+    return sweep, hook, secret, delivery
+
+
+def test_sweep_webhook_and_delivery_admin_pages_list_filter_search_and_never_show_the_secret(
+        client, user, other_user, sweep_and_hook):
+    sweep, hook, secret, delivery = sweep_and_hook
+    client.force_login(user)
+    pages = {
+        "sweep": ["", "?state__exact=RUNNING", "?sampler__exact=grid", "?q=lr-search"],
+        "webhook": ["", "?enabled__exact=1", "?format__exact=json", "?q=ops-hook"],
+        "webhookdelivery": ["", "?event=job.failed", "?delivered_at__isnull=True", f"?q={delivery.delivery_id}"],
+    }
+    for name, queries in pages.items():
+        for query in queries:
+            response = client.get(reverse(f"admin:jobs_{name}_changelist") + query)
+            assert response.status_code == 200, (name, query)
+            body = response.content.decode()
+            assert {"sweep": "lr-search", "webhook": "ops-hook", "webhookdelivery": "job.failed"}[name] in body, query
+            assert secret not in body
+    listing = client.get(reverse("admin:jobs_webhookdelivery_changelist")).content.decode()
+    assert "pending" in listing and ">500<" in listing  # its status and last response code
+    assert client.get(reverse("admin:jobs_sweep_changelist") + "?state__exact=CANCELLED").content.decode().count(
+        "lr-search") == 0
+    for name, obj in (("sweep", sweep), ("webhook", hook), ("webhookdelivery", delivery)):
+        url = reverse(f"admin:jobs_{name}_change", args=[obj.pk])
+        page = client.get(url)
+        assert page.status_code == 200 and secret not in page.content.decode(), name
+        assert 'name="_save"' not in page.content.decode(), name  # read-only: written by the services
+        assert client.get(reverse(f"admin:jobs_{name}_add")).status_code == 403, name
+        client.force_login(other_user)
+        assert client.get(url).status_code == 404, name
+        assert "lr-search" not in client.get(reverse(f"admin:jobs_{name}_changelist")).content.decode()
+        client.force_login(user)
+
+
+def test_the_sweep_admin_cancels_through_the_service(client, user, sweep_and_hook):
+    from jobs.models import Sweep
+
+    sweep = sweep_and_hook[0]
+    client.force_login(user)
+    url = reverse("admin:jobs_sweep_changelist")
+    response = client.post(url, {"action": "cancel_selected", "_selected_action": [sweep.pk]}, follow=True)
+    assert "Cancelled 1 sweep." in response.content.decode()
+    sweep.refresh_from_db()
+    assert (sweep.state, sweep.message) == (Sweep.State.CANCELLED, f"Sweep cancelled by {user.username} (admin)")
+    again = client.post(url, {"action": "cancel_selected", "_selected_action": [sweep.pk]}, follow=True)
+    assert "already ended (CANCELLED)" in again.content.decode()

@@ -81,6 +81,9 @@ def test_jobs_get_disjoint_gpus_and_what_does_not_fit_waits_with_the_reason(
     # What each run was told to use: exactly its own GPUs.
     assert submitted == {a.provider_job_name: (0, 1), b.provider_job_name: (2,)}
     assert list(c.events.values_list("message", flat=True)) == ["Created", "Waiting: waiting for 2 GPUs on local (1 free)"]
+    # The wait is a note made in QUEUED, not a move from QUEUED to QUEUED.
+    assert list(c.events.values_list("from_state", "to_state")) == [("", S.QUEUED), (S.QUEUED, "")]
+    assert [e.is_note for e in c.events.all()] == [False, True]
     assert a.events.filter(to_state=S.SUBMITTING).get().message == "Submitting to backend local with 2 GPUs 0,1"
     # A waiting job is neither lost nor stalled: no deadline, no re-send as a lost message.
     c.refresh_from_db()

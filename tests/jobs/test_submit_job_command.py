@@ -52,6 +52,43 @@ def test_bad_input_exits_2_with_message(ready, args, needle):
     assert TrainingJob.objects.count() == 0
 
 
+def test_every_bad_flag_is_reported_at_once_and_nothing_is_created(ready):
+    code, out, err = run("--dataset", "mnist", "--model", "resnet-9000", "--backend", "nowhere",
+                         "--epochs", "-2", "--lr", "0", "--env", "NOEQUALS", "--env", "RANK=3", "--user", "alice")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "the job was not created:",
+        "  --dataset: you have no dataset named 'mnist' (yours: digits).",
+        "  --model: you have no model named 'resnet-9000' (yours: digits-cnn).",
+        "  --backend: you have no backend named 'nowhere' (yours: local).",
+        "  --env: 'NOEQUALS' is not KEY=VALUE (e.g. --env WANDB_PROJECT=vision).",
+        "  --env: Environment variable RANK cannot be set here: torchrun sets it on every rank from the job's shape.",
+        "  --epochs: Epochs must be at least 1, got -2.",
+        "  --lr: Learning rate must be greater than 0, got 0.0.",
+    ]
+    assert TrainingJob.objects.count() == 0
+    ready.assert_not_called()
+
+
+def test_an_unknown_user_still_reports_the_other_bad_flags(ready):
+    code, _, err = run(*BASE[:-2], "--user", "nobody", "--epochs", "0", "--env", "A")
+    assert code == 2
+    assert err.splitlines()[1:] == ["  --user: no user named 'nobody'.",
+                                    "  --env: 'A' is not KEY=VALUE (e.g. --env WANDB_PROJECT=vision).",
+                                    "  --epochs: Epochs must be at least 1, got 0."]
+    assert TrainingJob.objects.count() == 0
+
+
+def test_names_found_with_a_bad_env_option_still_create_nothing(ready, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        code, _, err = run(*BASE, "--env", "A=1", "--env", "A=2", "--max-runtime", "0")
+    assert code == 2
+    assert "  --env: A is given twice; keep one." in err.splitlines()
+    assert "  --max-runtime: Max runtime (s) must be at least 1, got 0." in err.splitlines()
+    assert TrainingJob.objects.count() == 0 and callbacks == []
+    ready.assert_not_called()
+
+
 def test_priority_reaches_the_job(ready):
     code, out, _ = run(*BASE, "--json", "--priority", "-7")
     assert code == 0

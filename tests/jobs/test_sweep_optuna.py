@@ -1,10 +1,12 @@
 """Sweeps (jobs.sweeps) against the real Optuna RDB storage in pytest-django's PostgreSQL test
-database: validation, the grid mapping, the budget stop, telling trials, pruning, stale-trial repair
-and a worker killed between asking and creating the job."""
+database: validation, the grid mapping, TPE (seeded, modelling what it was told), the budget stop,
+telling trials, pruning (median and successive halving), stale-trial repair and a worker killed
+between asking and creating the job."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from decimal import Decimal
 
 import pytest
@@ -272,13 +274,20 @@ def test_ended_job_never_told_is_repaired_by_the_tick(user, digits_dataset, cnn_
     assert trials[0]["state"] == "COMPLETE" and len(_trial_jobs(sweep)) == 2
 
 
-def test_median_pruner_cancels_a_bad_trial(user, digits_dataset, cnn_model, local_backend):
-    sweep = _sweep(user, digits_dataset, cnn_model, local_backend, pruner="median", pruner_startup_trials=1,
+def _median_sweep_with_one_completed_trial(user, dataset, model, backend):
+    """A median-pruned sweep (pruning from the first completed trial) whose first trial completed with
+    0.85, 0.95 over two epochs: (sweep, that trial's job, the second trial's job, still QUEUED)."""
+    sweep = _sweep(user, dataset, model, backend, pruner="median", pruner_startup_trials=1,
                    search_space={"train.lr": {"type": "categorical", "choices": [0.1, 1e-6, 0.05]}})
     sweeps.sweep_fill(sweep_id=sweep.pk)
     good, bad = _trial_jobs(sweep)
     _finish(good, values=[0.85, 0.95])
     sweeps.sweep_trial_ended(job_id=good.pk)
+    return sweep, good, bad
+
+
+def test_median_pruner_cancels_a_bad_trial(user, digits_dataset, cnn_model, local_backend):
+    sweep, good, bad = _median_sweep_with_one_completed_trial(user, digits_dataset, cnn_model, local_backend)
     _finish(bad, state=S.RUNNING, values=[0.10])
     third = _trial_jobs(sweep)[2]
     _finish(third, state=S.RUNNING, values=[0.85])  # as good as the median: kept
@@ -294,6 +303,58 @@ def test_median_pruner_cancels_a_bad_trial(user, digits_dataset, cnn_model, loca
     # The job's cancel confirmed later tells nothing more.
     transition(bad, S.CANCELLED)
     assert sweeps.sweep_trial_ended(job_id=bad.pk) is None
+
+
+def test_a_bad_trial_seen_first_past_the_completed_trials_epochs_is_still_pruned(user, digits_dataset, cnn_model,
+                                                                              local_backend):
+    """Fast epochs, a slow pass: the first pass that sees the bad trial finds it at epoch 5, beyond the
+    2 epochs the completed trial has. Each epoch is put to the pruner in turn, so it is pruned at epoch 1
+    (asked at its last epoch alone, the median pruner has nothing to compare with and keeps it)."""
+    sweep, good, bad = _median_sweep_with_one_completed_trial(user, digits_dataset, cnn_model, local_backend)
+    _finish(bad, state=S.RUNNING, values=[0.10, 0.10, 0.11, 0.10, 0.12])
+    sweeps.sweep_tick()
+    bad.refresh_from_db()
+    assert bad.state == S.STOPPING and bad.failure_reason == "pruned by the median pruner at epoch 1"
+    trials = {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}
+    assert trials[bad.trial_number]["state"] == "PRUNED"
+    assert trials[bad.trial_number]["intermediate"] == {1: pytest.approx(0.10)}
+
+
+def test_successive_halving_cancels_a_bad_trial(user, digits_dataset, cnn_model, local_backend):
+    # Warm-up 2 epochs: the pruner's min_resource, so rung 0 is reached at epoch 2. Reduction factor 4
+    # (Optuna's default): with fewer than 4 trials at a rung only the best of them goes on.
+    sweep = _sweep(user, digits_dataset, cnn_model, local_backend, pruner="successive_halving",
+                   pruner_warmup_epochs=2,
+                   search_space={"train.lr": {"type": "categorical", "choices": [0.1, 1e-6, 0.05]}})
+    sweeps.sweep_fill(sweep_id=sweep.pk)
+    good, bad = _trial_jobs(sweep)
+    _finish(good, state=S.RUNNING, values=[0.80, 0.85])
+    assert sweeps.sweep_tick()["pruned"] == 0  # the first at rung 0: nothing to compare with
+    _finish(bad, state=S.RUNNING, values=[0.10])
+    assert sweeps.sweep_tick()["pruned"] == 0  # epoch 1 is before the warm-up's end
+    bad.refresh_from_db()
+    assert bad.state == S.RUNNING
+    MetricPoint.objects.create(job=bad, name="val_accuracy", step=20, epoch=1, value=0.12, recorded_at=timezone.now())
+    assert sweeps.sweep_tick()["pruned"] == 1  # rung 0: 0.12 is not the best of (0.85, 0.12)
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert bad.state == S.STOPPING and bad.failure_reason == "pruned by the successive halving pruner at epoch 2"
+    assert good.state == S.RUNNING
+    trials = {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}
+    assert trials[bad.trial_number]["state"] == "PRUNED"
+    assert trials[bad.trial_number]["intermediate"] == {1: pytest.approx(0.10), 2: pytest.approx(0.12)}
+    assert trials[bad.trial_number]["message"] == "pruned by the successive halving pruner at epoch 2"
+    assert trials[good.trial_number]["state"] == "RUNNING"
+    # The cancel confirmed tells nothing more; the freed slot asks the third trial, which beats the
+    # first at rung 0 and is kept.
+    transition(bad, S.CANCELLED)
+    assert sweeps.sweep_trial_ended(job_id=bad.pk) is None
+    third = _trial_jobs(sweep)[2]
+    _finish(third, state=S.RUNNING, values=[0.88, 0.90])
+    assert sweeps.sweep_tick()["pruned"] == 0
+    third.refresh_from_db()
+    assert third.state == S.RUNNING
+    assert [t["state"] for t in sweeps.sweep_trials(sweep=sweep)] == ["RUNNING", "PRUNED", "RUNNING"]
 
 
 def test_cancel_stops_the_sweep_and_its_trials(user, digits_dataset, cnn_model, local_backend):
@@ -355,4 +416,61 @@ def test_each_pass_asks_a_new_trial_and_a_seed_repeats_them(user, digits_dataset
     first = run(7)
     assert len(set(first)) == 3 and all(0.001 <= lr <= 0.1 for lr in first)
     assert run(7) == first
-    assert run(8) != first
+    # Another seed asks other trials, not the same ones shifted (seed + trials asked would give seed 8's
+    # first trial = seed 7's second).
+    assert not set(run(8)) & set(first)
+
+
+def _tpe_run(user, dataset, model, backend, *, seed, score, trials=8):
+    """A sweep with the default sampler (TPE) over a log-scale lr, one trial per pass (a fresh sampler
+    each time, as in a new worker), each trial's job reporting ``score(lr)``; its trials' lr in order."""
+    sweep = sweeps.sweep_create(owner=user, name="tpe-search", base=_base(dataset, model, backend), seed=seed,
+                                search_space={"train.lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True}},
+                                max_trials=trials, max_concurrent_trials=1)
+    assert sweep.sampler == Sweep.Sampler.TPE  # the default
+    sweeps.sweep_fill(sweep_id=sweep.pk)
+    for number in range(trials):
+        (job,) = TrainingJob.objects.filter(sweep=sweep, state=S.QUEUED)
+        assert job.trial_number == number
+        _finish(job, values=[score(job.config["train"]["lr"])])
+        assert sweeps.sweep_trial_ended(job_id=job.pk) == "COMPLETE"  # and asks the next trial
+    sweep.refresh_from_db()
+    assert sweep.state == Sweep.State.SUCCEEDED and f"All {trials} trials done; {trials} complete" in sweep.message
+    return [t["params"]["train.lr"] for t in sweeps.sweep_trials(sweep=sweep)]
+
+
+def test_tpe_is_seeded_and_learns_from_the_told_values(user, digits_dataset, cnn_model, local_backend):
+    # max_trials 8: TPE's first max(2, 8 // 3) = 2 trials are random (its start-up), the other 6 modelled.
+    startup = 2
+    assert sweeps._sampler(Sweep(sampler="tpe", max_trials=8, seed=7))._n_startup_trials == startup
+    high_is_good = math.log10  # the larger lr, the better
+    first = _tpe_run(user, digits_dataset, cnn_model, local_backend, seed=7, score=high_is_good)
+    assert len(set(first)) == 8 and all(1e-4 <= lr <= 1.0 for lr in first)
+    assert _tpe_run(user, digits_dataset, cnn_model, local_backend, seed=7, score=high_is_good) == first
+    # Same seed, opposite scores: the same random start-up trials, then TPE follows what it was told.
+    reverse = _tpe_run(user, digits_dataset, cnn_model, local_backend, seed=7, score=lambda lr: -math.log10(lr))
+    assert reverse[:startup] == first[:startup]
+    assert reverse[startup:] != first[startup:]
+    low, high = sorted(first[:startup])
+
+    def nearer(lr, to, than):  # on the log scale the space is searched on
+        return abs(math.log(lr) - math.log(to)) < abs(math.log(lr) - math.log(than))
+
+    # The first modelled trial is drawn around the better start-up trial: the high one when a high lr
+    # scored better, the low one when a low lr did.
+    assert nearer(first[startup], high, low)
+    assert nearer(reverse[startup], low, high)
+
+
+def test_a_base_that_names_its_objects_instead_of_their_ids_is_told_to_use_ids(user, digits_dataset, cnn_model,
+                                                                               local_backend):
+    """The API takes ids (manage.py sweep also takes names): a name is refused with what to send."""
+    with pytest.raises(ValidationError) as err:
+        _sweep(user, digits_dataset, cnn_model, local_backend,
+               base={"dataset": digits_dataset.name, "model_spec": cnn_model.name, "backend": local_backend.name})
+    errors = err.value.message_dict
+    for field, label, name in (("base.dataset", "dataset", digits_dataset.name), ("base.model_spec", "model", cnn_model.name),
+                               ("base.backend", "backend", local_backend.name)):
+        assert errors[field] == [f"Choose one of your {label}s by its id (a number; GET /api/{label}s/ lists them), "
+                                 f"not {name!r}."], errors
+    assert Sweep.objects.count() == 0 and TrainingJob.objects.count() == 0

@@ -1,11 +1,14 @@
 """/metrics: off (404) without TRAINBOARD_METRICS_TOKEN, 401 without the bearer token, and with it
 the Prometheus text format, parsed with prometheus_client's own parser and checked value by value:
 jobs by state and backend, this month's cost, sync lag, Celery queue lengths in Redis, submit and
-sync errors, failed webhook deliveries; a bounded number of queries however many jobs."""
+sync errors, failed webhook deliveries; a bounded number of queries however many jobs. A sync error
+is also counted end to end: a real ``jobs.tasks.sync_backend`` pass on the fault-injecting stand-in
+of tests/faults, its every call throttled."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 
 import pytest
@@ -118,3 +121,43 @@ def test_a_scrape_is_a_few_queries_however_many_jobs(token, user, job, local_bac
     with CaptureQueriesContext(connection) as six_jobs:
         _scrape()
     assert len(six_jobs) == len(one_job) <= 10, [q["sql"][:120] for q in six_jobs]
+
+
+def test_a_failed_sync_pass_counts_one_sync_error(token, user, digits_dataset, cnn_model, local_backend, tmp_path,
+                                                  monkeypatch):
+    """The real path: ``jobs.tasks.sync_backend`` on a backend whose status call fails, then a scrape."""
+    from cloud_adapters import registry
+    from faults.fault_backend import FaultProvider
+    from jobs import dispatch, lifecycle, tasks
+    from jobs.models import OperationCount
+    from taskkit import sent_tasks
+
+    monkeypatch.setitem(registry.KINDS, "faultcloud",
+                        registry.KindInfo("faults.fault_backend", "FaultBackend", "Fault-injecting stand-in"))
+    provider = FaultProvider(tmp_path / "provider")
+    faulty = services.backend_create(owner=user, name="faulty", kind="faultcloud", config={"root": str(provider.root)})
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=faulty,
+                                           epochs=1, name="followed")
+    lifecycle.training_job_submit(job=job)
+    job.refresh_from_db()
+    assert job.state == S.PENDING and job.provider_handle  # a job the sync follows
+    series = ("trainboard_sync_errors_total", _backend_labels(faulty))
+    before = _scrape()
+    assert before[series] == 0
+
+    provider.control(throttle_share=1.0)  # every provider call: Throttled ("rate exceeded")
+    assert tasks.sync_backend(faulty.pk) == 0  # logged and skipped: the next beat tick is the retry
+    after = _scrape()
+    assert after[series] == before[series] + 1
+    assert after[("trainboard_sync_errors_total", _backend_labels(local_backend))] == 0  # per backend
+    assert OperationCount.objects.get(name=counters.SYNC_ERRORS, backend_id=faulty.pk).value == 1
+    job.refresh_from_db()
+    assert job.state == S.PENDING  # a throttled pass changes no state
+
+    # An error that is no BackendError (the provider answers garbage) is counted too, and raised.
+    provider.control(throttle_share=None)
+    (provider.root / "jobs" / f"{job.provider_handle['provider_job_id']}.json").write_text("{not json")
+    with pytest.raises(json.JSONDecodeError):
+        tasks.sync_backend(faulty.pk)
+    assert _scrape()[series] == before[series] + 2

@@ -179,7 +179,7 @@ def test_a_taken_delivery_is_not_sent_twice_until_its_lease_ends(user, job):
     ("http://10.0.0.5/hook", "10.0.0.5 is a private address"),
     ("http://192.168.1.20:8080/x", "192.168.1.20 is a private address"),
     ("http://127.0.0.1:9000/", "127.0.0.1 is a loopback address"),
-    ("http://localhost:9000/", "localhost resolves to"),
+    ("http://localhost:9000/", "localhost resolves to 127.0.0.1, and 127.0.0.1 is a loopback address; "),
     ("http://169.254.169.254/latest/meta-data/", "169.254.169.254 is a link-local (cloud metadata) address"),
     ("http://[::1]/", "::1 is a loopback address"),
     ("http://[::ffff:127.0.0.1]/", "127.0.0.1 is a loopback address"),

@@ -48,6 +48,9 @@ pytestmark = pytest.mark.django_db
 #                 a stranger's job id is "not found" like an id of no job, a teammate's job is compared
 #   own-read / own-write  a private object (a saved filter): anyone but its owner gets 404, teammates too
 #   api-self      the requester's own settings (no object): anonymous 401, a user 200
+#   api-own / api-own-read / api-own-list  a private API object (a saved filter): GET (and, for the
+#                 object itself, DELETE) 404 for anyone but its owner, teammates too, anonymous 401; the
+#                 list never shows another user's
 #   token         a bearer-token endpoint (/metrics): 404 while its token is unset, whoever asks
 URL_KINDS: dict[str, str] = {
     "home": "redirect",
@@ -94,6 +97,8 @@ URL_KINDS: dict[str, str] = {
     "metrics": "token",
     "api-notification-settings": "api-self",
     "api-webhook-list": "api-list", "api-webhook-detail": "api-detail", "api-webhook-deliveries": "api-read",
+    # Saved filters are private (no team sharing): a 404 for a teammate too, listed for nobody else.
+    "api-saved-filter-list": "api-own-list", "api-saved-filter-detail": "api-own", "api-saved-filter-jobs": "api-own-read",
 }
 # API objects nobody may PUT/PATCH: 405 for everyone (a job's PATCH changes tags, notes and archived only: its owner).
 API_NO_UPDATE = {"api-sweep-detail"}
@@ -106,7 +111,7 @@ METHOD = {"backend-test-connection": "post", "job-cancel": "post", "job-rerun": 
 OBJECT_OF = {"dataset": "dataset", "model": "model", "backend": "backend", "job": "job", "orphan": "orphan",
              "api-dataset": "dataset", "api-model": "model", "api-backend": "backend", "api-job": "job",
              "sweep": "sweep", "api-sweep": "sweep", "savedfilter": "savedfilter", "webhook": "webhook",
-             "api-webhook": "webhook"}
+             "api-webhook": "webhook", "api-saved": "savedfilter"}
 # Admin routes that belong to no model.
 ADMIN_SITE_KINDS = {"index": "admin-page", "app_list": "admin-page", "password_change": "admin-page",
                     "password_change_done": "admin-page", "jsi18n": "admin-page", "autocomplete": "admin-misc",
@@ -210,6 +215,12 @@ def world(django_user_model, settings, tmp_path):
     settings.TRAINBOARD_METRICS_TOKEN = ""  # /metrics is off: a 404 for everyone
     webhook, _secret = services.webhook_create(owner=carol, url="https://93.184.215.14/hook", events=["job.failed"],
                                                team=team, name="carol-hook")
+    import uuid
+
+    from jobs.models import WebhookDelivery
+
+    WebhookDelivery.objects.create(webhook=webhook, job=job, delivery_id=uuid.uuid4(), event="job.failed",
+                                   payload={"event": "job.failed", "job": {"id": job.pk}})  # its admin page is walked
     objects = {"dataset": dataset, "model": model, "backend": backend, "job": job, "orphan": orphan, "sweep": sweep,
                "savedfilter": saved, "webhook": webhook}
     return {"users": users, "team": team, "objects": objects}
@@ -276,7 +287,8 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
             r = anon.get(url)
             if r.status_code != 404:
                 problems.append(f"GET {url}: {r.status_code}, expected 404 (its token is unset)")
-        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read", "api-compare", "api-self"):
+        elif kind in ("api-root", "api-list", "api-schema", "api-detail", "api-read", "api-compare", "api-self",
+                      "api-own", "api-own-read", "api-own-list"):
             r = api.get(url)
             if r.status_code != 401:
                 problems.append(f"GET {url}: {r.status_code}, expected 401")
@@ -332,6 +344,13 @@ def test_object_urls_as_stranger_and_teammate(world, who):
             expected, r, method = (404 if stranger else 201), api.post(url, {}, format="json"), "post"
         elif kind == "api-read":
             expected, r = (404 if stranger else 200), api.get(url)
+        elif kind == "api-own":
+            r = api.get(url)
+            if r.status_code != 404:
+                problems.append(f"GET {url}: {r.status_code}, expected 404 (private to carol)")
+            expected, r, method = 404, api.delete(url), "delete"
+        elif kind == "api-own-read":
+            expected, r = 404, api.get(url)
         elif kind in ("compare", "api-compare"):
             job = world["objects"]["job"]
             asked = f"{url}?ids={job.pk},{job.pk + 1000}"
@@ -348,11 +367,11 @@ def test_object_urls_as_stranger_and_teammate(world, who):
                 problems.append(f"GET {asked}: {r.status_code}, carol's job shown: {shown}, not found told: {told}")
             checked += 1
             continue
-        elif kind == "api-list":
+        elif kind in ("api-list", "api-own-list"):
             r = api.get(url)
             ids = {row["id"] for row in r.json()["results"]} if r.status_code == 200 else set()
             obj = world["objects"][OBJECT_OF["-".join(route.name.split("-")[:2])]]
-            if r.status_code != 200 or (obj.pk in ids) == stranger:
+            if r.status_code != 200 or (obj.pk in ids) == (stranger or kind == "api-own-list"):
                 problems.append(f"GET {url}: {r.status_code}, carol's object listed: {obj.pk in ids}")
             checked += 1
             continue
@@ -485,7 +504,8 @@ def test_admin_as_staff_who_is_not_the_owner(world):
             problems.append(f"GET {url}: {r.status_code}, expected {expected}")
         elif owned and view == "changelist":
             body = r.content.decode()
-            for name in ("carol-digits", "carol-cnn", "carol-box", "carol-job", "hello from carol"):
+            for name in ("carol-digits", "carol-cnn", "carol-box", "carol-job", "hello from carol", "carol-sweep",
+                         "carol-hook", "93.184.215.14"):
                 if name in body:
                     problems.append(f"GET {url} shows carol's {name!r}")
     assert seen > 30

@@ -59,6 +59,22 @@ def test_continue_from_a_1_epoch_checkpoint_to_2_epochs_equals_an_uninterrupted_
     assert continued_epoch1["step"] == straight_epoch1["step"]
 
 
+def test_each_epoch_record_says_the_finished_epochs_its_checkpoint_holds(tmp_path):
+    """``epochs_done``: epoch + 1 after a whole epoch; after an epoch train.max_steps cut short, the
+    epoch itself, which is where the checkpoint resumes (the dashboard's "checkpoint epoch N")."""
+    whole, _ = _train(tmp_path, "whole", epochs=2, nproc=1)
+    assert [(r["epoch"], r["epochs_done"]) for r in records(whole) if r["event"] == "epoch"] == [(0, 1), (1, 2)]
+    # One rank: no slowest rank to wait for, so no wait_for_slowest_s (a 0 would win comparisons).
+    assert any("samples_per_s" in r for r in records(whole))
+    assert not any("wait_for_slowest_s" in r for r in records(whole))
+    assert torch.load(whole / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["epoch"] == 2
+    per_epoch = next(r["step"] for r in records(whole) if r["event"] == "epoch")
+    cut, _ = _train(tmp_path, "cut", epochs=3, nproc=1, max_steps=per_epoch + 3)
+    assert [(r["epoch"], r["epochs_done"]) for r in records(cut) if r["event"] == "epoch"] == [(0, 1), (1, 1)]
+    saved = torch.load(cut / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert (saved["epoch"], saved["batches_done"] > 0) == (1, True)
+
+
 def test_a_continued_run_with_its_own_checkpoint_resumes_that_not_the_source(tmp_path):
     first, _ = _train(tmp_path, "first", epochs=1)
     source = first / "checkpoints" / "last.pt"

@@ -252,3 +252,28 @@ def test_a_saved_filter_selects_the_runs_and_another_users_is_a_404(owner_client
     assert "run-a" not in r.content.decode()
     r = owner_client.get(reverse("job-compare"), {"filter": "x1"})
     assert r.status_code == 400 and "“x1” is not a saved filter's id" in html.unescape(r.content.decode())
+
+
+def test_a_one_rank_run_never_wins_wait_for_slowest_s_and_shows_none(user, digits_dataset, cnn_model, local_backend):
+    """With one rank there is no slowest rank to wait for: the 0 an older trainer reported is neither
+    charted nor tabulated, and the best is the multi-rank run that waited least."""
+    solo = _job(user, digits_dataset, cnn_model, local_backend, "solo")  # 1 node × 1 process
+    pair = _job(user, digits_dataset, cnn_model, local_backend, "pair")
+    quad = _job(user, digits_dataset, cnn_model, local_backend, "quad")
+    TrainingJob.objects.filter(pk=pair.pk).update(procs_per_node=2)
+    TrainingJob.objects.filter(pk=quad.pk).update(nodes=2, procs_per_node=2)
+    pair.refresh_from_db()
+    quad.refresh_from_db()
+    _points(solo, "wait_for_slowest_s", [0.0, 0.0])
+    _points(pair, "wait_for_slowest_s", [0.5, 0.4])
+    _points(quad, "wait_for_slowest_s", [0.9, 0.6])
+    for job in (solo, pair, quad):
+        _points(job, "train_loss", [1.0, 0.5])
+    data = comparison.training_job_comparison(jobs=[solo, pair, quad])
+    values = {row["job_id"]: row["values"]["wait_for_slowest_s"] for row in data["table"]}
+    assert values == {solo.pk: {"final": None, "best": None}, pair.pk: {"final": 0.4, "best": 0.4},
+                      quad.pk: {"final": 0.6, "best": 0.6}}
+    assert data["best"]["wait_for_slowest_s"] == {"final": pair.pk, "best": pair.pk}
+    assert set(data["series"]["wait_for_slowest_s"]) == {str(pair.pk), str(quad.pk)}
+    assert data["best"]["train_loss"]["final"] == solo.pk  # its other metrics compete as before
+    assert "wait_for_slowest_s" not in comparison.training_job_chart_series(job=solo)["series"]

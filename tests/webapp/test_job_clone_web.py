@@ -4,6 +4,8 @@ lineage on both jobs' pages and in the job API."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 from django.utils import timezone
@@ -78,7 +80,7 @@ def test_continue_opens_the_form_with_more_epochs_and_the_mode_and_the_job_page_
 
     url = reverse("job-create") + f"?from={source.pk}&mode=continue"
     page = client.get(url)
-    assert "from its last checkpoint (epoch 1)" in page.content.decode()
+    assert "from its last checkpoint (epoch 1: 1 epoch finished, the run goes on at the next)" in page.content.decode()
     form = page.context["form"]
     assert form["epochs"].value() == 2
     assert client.post(url, _post_data(form)).status_code == 302
@@ -125,8 +127,52 @@ def test_api_clone_creates_201_with_the_lineage_and_400_lists_every_error(user, 
 
 
 def test_api_continue_of_a_job_that_never_ran_is_400_with_the_reason(user, source):
+    TrainingJob.objects.filter(pk=source.pk).update(state="FAILED")  # ended before it was submitted
     api = APIClient()
     api.force_authenticate(user)
     r = api.post(f"/api/jobs/{source.pk}/clone/", {"init_mode": "continue", "epochs": 2}, format="json")
     assert r.status_code == 400
     assert f"Job #{source.pk} never ran on its backend" in str(r.json())
+
+
+@pytest.mark.parametrize("state", ["PENDING", "RUNNING", "STOPPING"])
+def test_continue_and_fine_tune_of_an_active_job_are_refused_and_a_plain_clone_is_not(client, user, source, run_root,
+                                                                                      state):
+    """A running job still writes its checkpoint and weights: continue and fine-tune wait until it has
+    ended (400 naming its state and what to do; the job page shows both buttons disabled), while "New job
+    like this" of it is allowed."""
+    run = run_root / source.provider_job_name / "output" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "last.pt").write_bytes(b"checkpoint")
+    TrainingJob.objects.filter(pk=source.pk).update(
+        state=state, provider_handle={"provider": "gpubox", "job_name": source.provider_job_name,
+                                      "provider_job_id": str(run_root / source.provider_job_name)})
+    MetricPoint.objects.create(job=source, name="val_loss", step=40, epoch=0, value=0.4, recorded_at=timezone.now())
+    api = APIClient()
+    api.force_authenticate(user)
+    before = TrainingJob.objects.count()
+    for mode, what in (("continue", "its last checkpoint"), ("finetune", "its trained weights")):
+        r = api.post(f"/api/jobs/{source.pk}/clone/", {"init_mode": mode, "epochs": 2}, format="json")
+        assert r.status_code == 400, r.content
+        verb = "continue" if mode == "continue" else "fine-tune"
+        assert r.json() == {"init_mode": [
+            f"Job #{source.pk} is {state}, not ended: {verb} starts from {what}, which the job still writes while "
+            f"it runs. Wait until it has ended (or cancel it: a cancelled job keeps its last checkpoint), or "
+            f"clone it without init_mode to start a new run like it from scratch."]}
+    assert TrainingJob.objects.count() == before
+    plain = api.post(f"/api/jobs/{source.pk}/clone/", {"epochs": 2}, format="json")
+    assert plain.status_code == 201, plain.content
+    assert plain.json()["init_mode"] == "" and plain.json()["cloned_from"] == source.pk
+
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[source.pk])).content.decode()
+    assert "mode=continue" not in page and "mode=finetune" not in page
+    assert re.search(r'<button type="button" class="btn" id="continue-job" disabled', page)
+    assert re.search(r'<button type="button" class="btn" id="finetune-job" disabled', page)
+    assert f'href="/jobs/new/?from={source.pk}"' in page  # New job like this
+    # The form opened by hand says the same as the API.
+    form_page = client.post(reverse("job-create") + f"?from={source.pk}&mode=continue",
+                            _post_data(client.get(reverse("job-create") + f"?from={source.pk}&mode=continue")
+                                       .context["form"]))
+    assert form_page.status_code == 200
+    assert f"Job #{source.pk} is {state}, not ended" in form_page.content.decode()

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
+from django.db import models
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 from rest_framework.settings import api_settings
@@ -133,12 +134,33 @@ def share_team_field() -> TeamField:
                      help_text="Share with a team you are a member of (its members see and use it); null = private.")
 
 
+class TextField(serializers.CharField):
+    """A CharField that takes text only: a number or a boolean in a JSON body is refused, not stored as
+    "7" or "inf" (1e400 parses as infinity; the API fuzz found a model's image stored as "inf")."""
+
+    default_error_messages = {"not_text": "Must be text, not {kind}."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_text", kind="null" if data is None else type(data).__name__)
+        return super().to_internal_value(data)
+
+
+STRICT_TEXT_MAPPING = {**serializers.ModelSerializer.serializer_field_mapping}
+"""A ModelSerializer's field mapping with the model's text columns as :class:`TextField`."""
+for _column in (models.CharField, models.TextField, models.SlugField, models.URLField, models.EmailField):
+    if STRICT_TEXT_MAPPING.get(_column) is serializers.CharField:
+        STRICT_TEXT_MAPPING[_column] = TextField
+
+
 class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     """A dataset; ``sample_shape``, ``num_classes`` and ``summary`` are read from the data when it is
     saved (read-only; null/"" for a cloud URI, not read here). A token dataset's ``sample_shape`` is
     ``[null]``: the window length T is not the dataset's but each job's ``data.seq_len`` (0 = the gpt
     model's ``context_length``), so a job-independent value is given rather than one model's length;
     the schema's field help says so. ``num_classes`` is then the vocabulary size."""
+
+    serializer_field_mapping = STRICT_TEXT_MAPPING
 
     team = share_team_field()
 
@@ -233,6 +255,8 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     train.py or -m package.module, with ``script_args``). The archive comes as a multipart ``code``
     file or, in JSON, as ``code_dir``, a directory on the server; an archive refused says which member
     and why (400)."""
+
+    serializer_field_mapping = STRICT_TEXT_MAPPING
 
     architecture = serializers.ChoiceField(
         choices=[*sorted(ARCHITECTURES), CUSTOM], required=False, allow_blank=True,
@@ -330,6 +354,8 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     ``config`` and ``secrets``, come from the registry and the adapters' declarations when the
     serializer is built (:meth:`get_fields`), so a registered provider is listed with nothing here."""
 
+    serializer_field_mapping = STRICT_TEXT_MAPPING
+
     kind = serializers.ChoiceField(choices=[])
     config = serializers.DictField(required=False)
     secrets = serializers.DictField(
@@ -411,9 +437,14 @@ class OwnedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
+    """A move from ``from_state`` to ``to_state``, or a note (``is_note``: ``to_state`` is "", the job
+    stayed in ``from_state``; a wait reason, a stall)."""
+
+    is_note = serializers.BooleanField(read_only=True, help_text="True when the job stayed in from_state.")
+
     class Meta:
         model = JobEvent
-        fields = ["from_state", "to_state", "message", "created_at"]
+        fields = ["from_state", "to_state", "is_note", "message", "created_at"]
 
 
 class JobAttemptSerializer(serializers.Serializer):

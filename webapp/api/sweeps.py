@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from jobs import selectors, sweeps
 from jobs.models import Sweep
 from webapp.api.pagination import CappedLimitOffsetPagination
+from webapp.api.serializers import TextField
 from webapp.api.views import IsOwnerOrStaffToChange
 from webapp.errors import to_drf_validation_error
 
@@ -68,24 +69,34 @@ class SweepDetailSerializer(SweepSerializer):
 
 
 class SweepCreateSerializer(serializers.Serializer):
-    """What ``POST /api/sweeps/`` takes; values go to ``jobs.sweeps.sweep_create``, which checks them all."""
+    """What ``POST /api/sweeps/`` takes; values go to ``jobs.sweeps.sweep_create``, which checks them all.
+    A key it does not know is refused (400 naming it), as is a body that is no JSON object."""
 
-    name = serializers.CharField(max_length=200)
+    name = TextField(max_length=200)
     team = serializers.IntegerField(required=False, allow_null=True, default=None)
     base = serializers.JSONField(help_text='The job each trial starts from: {"dataset": id, "model_spec": id, '
                                            '"backend": id, "epochs": 2, ...} (the fields of POST /api/jobs/).')
     search_space = serializers.JSONField(help_text=f"Dotted config key → distribution, e.g. {sweeps.SPACE_EXAMPLE}")
-    sampler = serializers.CharField(default="tpe", help_text="grid, random or tpe.")
+    sampler = TextField(default="tpe", help_text="grid, random or tpe.")
     seed = serializers.JSONField(default=0)
-    objective_metric = serializers.CharField(default="val_accuracy", max_length=100)
-    direction = serializers.CharField(default="maximize", help_text="maximize or minimize.")
-    objective = serializers.CharField(default="final", help_text="final (the last value) or best (over the run).")
+    objective_metric = TextField(default="val_accuracy", max_length=100)
+    direction = TextField(default="maximize", help_text="maximize or minimize.")
+    objective = TextField(default="final", help_text="final (the last value) or best (over the run).")
     max_trials = serializers.JSONField(default=10)
     max_concurrent_trials = serializers.JSONField(default=2)
     budget_usd = serializers.JSONField(default=None, help_text="USD for the whole sweep; null = no limit.")
-    pruner = serializers.CharField(default="none", help_text="none, median or successive_halving.")
+    pruner = TextField(default="none", help_text="none, median or successive_halving.")
     pruner_startup_trials = serializers.JSONField(default=1)
     pruner_warmup_epochs = serializers.JSONField(default=0)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Send the sweep as a JSON object."]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({str(key)[:100]: [
+                f"Unknown field {str(key)[:100]!r}: a sweep takes {', '.join(self.fields)}."] for key in unknown[:20]})
+        return super().to_internal_value(data)
 
 
 @extend_schema_view(

@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from webapp.api import notifications, sweeps, views, views_compare
+from webapp.api import notifications, saved_filters, sweeps, views, views_compare
 from webapp.auth import RateLimitedObtainAuthToken
 
 router = DefaultRouter()
@@ -15,6 +15,7 @@ router.register("backends", views.BackendViewSet, basename="api-backend")
 router.register("jobs", views.TrainingJobViewSet, basename="api-job")
 router.register("sweeps", sweeps.SweepViewSet, basename="api-sweep")
 router.register("webhooks", notifications.WebhookViewSet, basename="api-webhook")
+router.register("saved-filters", saved_filters.SavedFilterViewSet, basename="api-saved-filter")
 
 urlpatterns = [
     # POST username + password -> {"token": "..."}; then send "Authorization: Token <token>".

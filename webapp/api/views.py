@@ -369,6 +369,9 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
     @action(detail=True, methods=["post"], permission_classes=[permissions.IsAuthenticated])
     def clone(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()  # a stranger's job is a 404; seeing it is enough to clone it
+        if request.data is None:  # a JSON null: no object of overrides (no body at all is none)
+            raise ValidationError({"non_field_errors": [
+                'Send a JSON object of overrides, e.g. {"epochs": 5}, or no body to clone the job as it is.']})
         try:
             new_job = services.training_job_clone(owner=request.user, job=job, overrides=request.data)
         except DjangoValidationError as exc:

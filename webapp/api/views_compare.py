@@ -1,6 +1,7 @@
 """``GET /api/jobs/compare/``: the comparison of the comparison page as JSON (docs/comparing-runs.md).
 
-Runs: ``?ids=12,15,19`` (in order), or the job list's API filters (``state``, ``backend``, ``q``,
+Runs: ``?ids=12,15,19`` (in order), ``?filter=<id>`` (one of the user's saved filters, in its sort
+order; another user's is a 404), or the job list's API filters (``state``, ``backend``, ``q``,
 ``stalled``: :class:`webapp.api.views.TrainingJobFilter`), newest first; at most
 :data:`jobs.comparison.MAX_COMPARED_JOBS`. Ids the user may not see are listed in ``not_found``, like
 ids of no job (existence is never revealed).
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import comparison, selectors
+from jobs.models import SavedFilter
 from webapp.api.views import TrainingJobFilter
 from webapp.errors import to_drf_validation_error
 
@@ -30,9 +32,12 @@ class JobCompareView(APIView):
                     "best run), config (rows key, values per run, differs), series and rank_series (points "
                     "{x: step, y: value or null, t: unix seconds}), not_found (asked ids you cannot see or that "
                     "do not exist), matched (runs the selection matched, before the cap of 20).",
-        parameters=[OpenApiParameter("ids", str, description="Job ids, comma-separated (e.g. 12,15,19).")],
+        parameters=[OpenApiParameter("ids", str, description="Job ids, comma-separated (e.g. 12,15,19)."),
+                    OpenApiParameter("filter", int, description="The id of one of your saved filters "
+                                                                "(GET /api/saved-filters/): its jobs, in its order.")],
         responses={200: OpenApiResponse(description="The comparison"),
-                   400: OpenApiResponse(description="A part of ids that is not a job id, or a bad filter value")},
+                   400: OpenApiResponse(description="A part of ids that is not a job id, or a bad filter value"),
+                   404: OpenApiResponse(description="filter names none of your saved filters")},
     )
     def get(self, request: Request, format: str | None = None) -> Response:
         not_found: list[int] = []
@@ -43,6 +48,15 @@ class JobCompareView(APIView):
                 raise to_drf_validation_error(exc) from None
             found, not_found = comparison.training_jobs_by_ids_for_user(user=request.user, ids=ids)
             jobs, matched = comparison.limit_jobs(found)
+        elif "filter" in request.query_params:
+            raw = request.query_params.get("filter", "").strip()
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+                raise ValidationError({"filter": [f"“{raw[:40]}” is not a saved filter's id (GET /api/saved-filters/)."]})
+            try:
+                jobs, matched = comparison.limit_jobs(
+                    selectors.saved_filter_jobs_for_user(user=request.user, saved_filter=int(raw)))
+            except SavedFilter.DoesNotExist:
+                raise NotFound(f"Saved filter #{raw} not found: saved filters are private to their owner.") from None
         else:
             filterset = TrainingJobFilter(request.query_params, request=request,
                                           queryset=selectors.training_job_list_for_user(user=request.user))

@@ -174,7 +174,7 @@ class Command(BaseCommand):
         env = {**os.environ, "TRAINBOARD_BASE_URL": base_url}
         celery = [str(bin_dir / "celery"), "-A", "webapp"]
         commands = {
-            "web": [str(bin_dir / "gunicorn"), "webapp.wsgi:application",
+            "web": [str(bin_dir / "gunicorn"), "webapp.wsgi:application", "--config", "python:webapp.gunicorn_conf",
                     "--bind", f"{opts['host']}:{opts['port']}", "--workers", "2", "--threads", "4",
                     "--access-logfile", "-"],
             "worker": celery + ["worker", "-Q", f"celery,{box_queue}", "--concurrency", "2", "--loglevel", "INFO"],

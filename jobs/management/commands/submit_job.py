@@ -15,18 +15,25 @@ import sys
 import time
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.conf import settings
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from jobs import selectors, services
+from jobs import selectors, services, validation
 from jobs.cost import format_usd
 from jobs.models import TrainingJob
+from jobs.validation import Errors, trial_call
 from trainer_pkg.world_shape import describe_world
 
 EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
+
+_OPTIONS = {"model_spec": "model", "max_runtime_s": "max-runtime", "budget_usd": "budget"}
+"""The service's field names that are not the option's name with ``-`` for ``_``."""
+
+
+def _option(field: str) -> str:
+    return "--" + _OPTIONS.get(field, field.replace("_", "-"))
 
 
 class Command(BaseCommand):
@@ -85,54 +92,60 @@ class Command(BaseCommand):
         run.add_argument("--json", action="store_true", help="Print one JSON object describing the job on stdout.")
 
     # -- input ----------------------------------------------------------------------------------
+    # Every bad flag is reported at once (validation.Errors), the service's own checks included.
 
-    def _bad_input(self, message: str):
-        raise CommandError(message, returncode=EXIT_BAD_INPUT)
-
-    def _owner(self, username):
+    def _owner(self, errors: Errors, username):
         users = get_user_model().objects
         if username:
             user = users.filter(username=username).first()
             if user is None:
-                self._bad_input(f"--user: no user named {username!r}.")
+                errors.add("user", f"no user named {username!r}.")
             return user
         user = users.filter(is_superuser=True, is_active=True).order_by("pk").first()
         if user is None:
-            self._bad_input("--user: there is no superuser; create one (manage.py createsuperuser) or pass --user.")
+            errors.add("user", "there is no superuser; create one (manage.py createsuperuser) or pass --user.")
         return user
 
-    def _named(self, qs, name: str, option: str, what: str):
+    def _named(self, errors: Errors, qs, name: str, field: str, what: str):
         obj = qs.filter(name=name).first()
         if obj is None:
             known = ", ".join(qs.order_by("name").values_list("name", flat=True)) or "none yet"
-            self._bad_input(f"--{option}: you have no {what} named {name!r} (yours: {known}).")
+            errors.add(field, f"you have no {what} named {name!r} (yours: {known}).")
         return obj
 
-    def _env(self, items: list[str]) -> dict[str, str]:
+    def _env(self, errors: Errors, items: list[str]) -> dict[str, str]:
         """``--env KEY=VALUE`` options as a dict (the service checks names and values); an option
-        without ``=``, or a name given twice, is bad input."""
+        without ``=``, or a name given twice, is an error on ``env`` and left out."""
         env: dict[str, str] = {}
         for item in items:
             name, sep, value = item.partition("=")
             if not sep:
-                self._bad_input(f"--env: {item[:60]!r} is not KEY=VALUE (e.g. --env WANDB_PROJECT=vision).")
-            if name in env:
-                self._bad_input(f"--env: {name[:60]} is given twice; keep one.")
-            env[name] = value
+                errors.add("env", f"{item[:60]!r} is not KEY=VALUE (e.g. --env WANDB_PROJECT=vision).")
+            elif name in env:
+                errors.add("env", f"{name[:60]} is given twice; keep one.")
+            else:
+                env[name] = value
         return env
 
     # -- run ------------------------------------------------------------------------------------
 
     def handle(self, *args, **opts):
-        owner = self._owner(opts["user"])
-        dataset = self._named(selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset", "dataset")
-        model = self._named(selectors.model_spec_list_for_user(user=owner), opts["model"], "model", "model")
-        backend = self._named(selectors.backend_list_for_user(user=owner), opts["backend"], "backend", "backend")
-        team = (self._named(selectors.team_list_for_user(user=owner), opts["team"], "team", "team")
-                if opts["team"] else None)
-        env = self._env(opts["env"])
-        try:
-            job = services.training_job_create(
+        errors = Errors()
+        owner = self._owner(errors, opts["user"])
+        dataset = model = backend = team = None
+        if owner is not None:
+            dataset = self._named(errors, selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset",
+                                  "dataset")
+            model = self._named(errors, selectors.model_spec_list_for_user(user=owner), opts["model"], "model_spec",
+                                "model")
+            backend = self._named(errors, selectors.backend_list_for_user(user=owner), opts["backend"], "backend",
+                                  "backend")
+            if opts["team"]:
+                team = self._named(errors, selectors.team_list_for_user(user=owner), opts["team"], "team", "team")
+        env = self._env(errors, opts["env"])
+
+        def create() -> TrainingJob:
+            return services.training_job_create(
                 owner=owner, dataset=dataset, model_spec=model, backend=backend, strategy=opts["strategy"],
                 nodes=opts["nodes"], procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
                 batch_size=opts["batch_size"], lr=opts["lr"], seed=opts["seed"],
@@ -140,10 +153,19 @@ class Command(BaseCommand):
                 spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"], team=team,
                 env=env, image=opts["image"], priority=opts["priority"],
             )
-        except ValidationError as exc:
-            lines = [f"--{f.replace('_', '-')}: {m}" if f != "__all__" else m
-                     for f, msgs in exc.message_dict.items() for m in msgs]
-            self._bad_input("the job was not created:\n  " + "\n  ".join(lines))
+
+        # With errors of its own the service is still called, rolled back, for its other checks; its
+        # messages on what it saw no value for (a name not found) are dropped, ours say why.
+        not_seen = {f for f in errors if f != "env"} | ({"dataset", "model_spec", "backend", "team"}
+                                                        if owner is None else set())
+        job, exc = trial_call(create, valid=not errors, flagged=not_seen)
+        if exc is not None:
+            for field, messages in exc.message_dict.items():
+                for message in messages:
+                    errors.add(field, message)
+        if errors:
+            lines = [f"{_option(f)}: {m}" if f != validation.ALL else m for f, msgs in errors.items() for m in msgs]
+            raise CommandError("the job was not created:\n  " + "\n  ".join(lines), returncode=EXIT_BAD_INPUT)
         self.stderr.write(f"job {job.pk} queued on {backend.name} ({describe_world(job.nodes, job.procs_per_node)}, "
                           f"estimate ≤ {format_usd(job.estimated_cost_usd, job.money_places)})")
         timed_out = False

@@ -151,6 +151,25 @@ def test_continue_passes_the_checkpoint_path_on_the_same_box_and_records_the_lin
     assert "init_from" not in str(services.training_job_clone_data(cont)["hyperparameters"])
 
 
+def test_the_checkpoint_epoch_is_the_finished_epochs_the_trainer_says_its_checkpoint_holds(
+        user, digits_dataset, cnn_model, local_backend, run_root):
+    """train.max_steps ended the source inside its second epoch (0-based epoch 1): it validated that
+    epoch, but its checkpoint holds 1 finished epoch and the position inside the next, as the epoch
+    record's ``epochs_done`` says. The lineage shows 1 and 2 epochs are enough to continue it."""
+    from jobs.models import JobLogLine
+    from trainer_pkg.metrics import format_metric_line
+
+    job = _source(user, digits_dataset, cnn_model, local_backend)
+    _ran(job, run_root, epochs_done=2)  # val_loss at epochs 0 and 1
+    for seq, (epoch, done) in enumerate([(0, 1), (1, 1)]):
+        JobLogLine.objects.create(job=job, seq=seq, text=format_metric_line(
+            {"event": "epoch", "time": 1.0, "epoch": epoch, "step": 10 * (epoch + 1), "val_loss": 0.5,
+             "epochs_done": done}))
+    cont = services.training_job_clone(owner=user, job=job, overrides={"init_mode": "continue", "epochs": 2})
+    assert cont.source_checkpoint_epoch == 1
+    assert lineage_text(cont) == f"continued from #{job.pk} (checkpoint epoch 1)"
+
+
 def test_continue_refuses_what_the_trainer_would_reject_all_at_once(
         user, digits_dataset, cnn_model, local_backend, run_root):
     job = _source(user, digits_dataset, cnn_model, local_backend, hyperparameters={"train": {"optimizer": "adamw"}})
@@ -198,6 +217,11 @@ def test_fine_tune_refuses_another_architecture(user, digits_dataset, cnn_model,
 
 def test_a_job_that_never_ran_and_a_bad_mode_are_refused(user, digits_dataset, cnn_model, local_backend):
     job = _source(user, digits_dataset, cnn_model, local_backend)
+    with pytest.raises(ValidationError) as excinfo:  # still QUEUED: not ended
+        services.training_job_clone(owner=user, job=job, overrides={"init_mode": "finetune"})
+    assert excinfo.value.message_dict["init_mode"][0].startswith(f"Job #{job.pk} is QUEUED, not ended: fine-tune")
+    job.state = "CANCELLED"  # cancelled before it was submitted
+    job.save(update_fields=["state"])
     with pytest.raises(ValidationError) as excinfo:
         services.training_job_clone(owner=user, job=job, overrides={"init_mode": "finetune"})
     assert f"Job #{job.pk} never ran on its backend" in excinfo.value.message_dict["__all__"][0]
