@@ -18,6 +18,7 @@ import logging
 from functools import partial
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
@@ -118,7 +119,9 @@ def notification_email_after_commit(user_ids: list[int], facts: dict) -> None:
 
 
 def _send_by_name(task_name: str, args: list, then: str) -> None:
+    """Publish a notification task on the notifications queue (``TRAINBOARD_NOTIFICATIONS_QUEUE``,
+    served by its own worker so that a slow endpoint never holds a sync's)."""
     try:
-        current_app.send_task(task_name, args=args, queue="celery")
+        current_app.send_task(task_name, args=args, queue=settings.TRAINBOARD_NOTIFICATIONS_QUEUE)
     except (OperationalError, OSError) as exc:
         log.warning("could not send %s (%s); %s", task_name, exc, then)

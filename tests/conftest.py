@@ -7,8 +7,8 @@ The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and `
         .venv/bin/python -m pytest tests/jobs tests/e2e -q
 
 ``celery_worker_process`` (function scope, needs ``transactional_db`` so the worker sees committed
-rows) starts ``celery -A webapp worker -B -Q celery,gpubox.local`` (the default queue and the
-``local`` box's) against pytest-django's test database
+rows) starts ``celery -A webapp worker -B -Q celery,notifications,gpubox.local`` (the default queue,
+the notifications queue and the ``local`` box's) against pytest-django's test database
 and a flushed Redis database, with ``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync
 interval; it yields a :class:`WorkerProcess` and stops worker, beat and any run left behind::
 
@@ -219,11 +219,12 @@ class WorkerProcess(CeleryWorker):
 
 @contextlib.contextmanager
 def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, str] | None = None,
-                          queues: str | None = None) -> Iterator[WorkerProcess]:
+                          queues: str | None = None, beat: bool = True) -> Iterator[WorkerProcess]:
     """A real Celery worker with embedded beat on the test database and a flushed Redis database,
     running gpubox jobs under ``run_root``, its log and beat schedule in ``directory``, with
     ``extra_env`` over its environment (:func:`workerkit.worker_environment`), consuming ``queues``
-    (comma-separated; default :data:`workerkit.DEFAULT_QUEUES`). On exit it is
+    (comma-separated; default :data:`workerkit.DEFAULT_QUEUES`), with embedded beat unless ``beat`` is
+    False (a second worker beside a first: it also leaves the broker unflushed). On exit it is
     stopped, with every process of its runs, and its database sessions are waited out. Needs
     database access (a ``transactional_db`` test, or ``django_db_blocker.unblock()``)."""
     import redis
@@ -232,7 +233,8 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
     from webapp.celery import app
 
     broker_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/14"
-    redis.Redis.from_url(broker_url).flushdb()
+    if beat:  # the first worker of a test: a clean broker (a second one keeps the first's queues)
+        redis.Redis.from_url(broker_url).flushdb()
     saved_broker = app.conf.broker_url
     if app.conf.broker_url != broker_url:  # this process publishes where the worker listens
         app.conf.broker_url = broker_url
@@ -243,7 +245,7 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
     var_dir.mkdir()
     env = worker_environment(settings_dict=connection.settings_dict, broker_url=broker_url, run_root=run_root,
                              var_dir=var_dir, repo_root=REPO_ROOT, extra=extra_env)
-    proc, log_path = start_worker(directory, env, REPO_ROOT, queues or DEFAULT_QUEUES)
+    proc, log_path = start_worker(directory, env, REPO_ROOT, queues or DEFAULT_QUEUES, beat=beat)
     shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
                                   "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
     worker = WorkerProcess(proc, log_path, broker_url, run_root, shared, full_env=env)

@@ -35,7 +35,7 @@ def _resolved_compose(*overrides: str, files: bool = True, env_file: Path | None
     return yaml.safe_load(out.stdout)
 
 
-APP_SERVICES = ("web", "worker", "beat", "gpubox-runner", "gpubox-worker-a", "flower")
+APP_SERVICES = ("web", "worker", "notifier", "beat", "gpubox-runner", "gpubox-worker-a", "flower")
 DJANGO_SERVICES = tuple(name for name in APP_SERVICES if name != "gpubox-runner")
 """The services that run Django and hold the installation's secrets (the runner holds none)."""
 RUNNER_ENV = {"TRAINBOARD_RUN_ROOT": "/var/lib/trainboard/runs",
@@ -44,8 +44,8 @@ RUNNER_ENV = {"TRAINBOARD_RUN_ROOT": "/var/lib/trainboard/runs",
 
 def test_compose_has_every_service_with_postgres_and_redis():
     services = _resolved_compose()["services"]
-    assert set(services) == {"postgres", "redis", "web", "worker", "beat", "gpubox-runner", "gpubox-worker-a",
-                             "flower"}
+    assert set(services) == {"postgres", "redis", "web", "worker", "notifier", "beat", "gpubox-runner",
+                             "gpubox-worker-a", "flower"}
     for name in DJANGO_SERVICES:
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://trainboard:pw-for-validation@postgres:5432/")
@@ -98,6 +98,21 @@ def test_the_box_worker_consumes_its_own_queue(monkeypatch):
 def test_the_default_worker_leaves_the_boxes_queues_to_theirs():
     command = _resolved_compose()["services"]["worker"]["command"]
     assert command[command.index("-Q") + 1] == "celery"
+
+
+def test_notifications_have_a_worker_of_their_own():
+    from django.conf import settings
+
+    services = _resolved_compose()["services"]
+    for files in ((), ("docker/compose.hostnet.yml",)):
+        command = _resolved_compose(*files)["services"]["notifier"]["command"]
+        # Its own queue and node name (with host networking every container has the host's name).
+        assert command[command.index("-Q") + 1] == settings.TRAINBOARD_NOTIFICATIONS_QUEUE == "notifications"
+        assert command[command.index("-n") + 1] == "notifier@%h"
+    assert "notifier@$$(hostname)" in services["notifier"]["healthcheck"]["test"][1]
+    routed = {name for name, route in settings.CELERY_TASK_ROUTES.items() if route == {"queue": "notifications"}}
+    assert routed == {"jobs.tasks.deliver_webhook", "jobs.tasks.webhook_deliveries_due",
+                      "jobs.tasks.send_notification_email"}
 
 
 def test_compose_refuses_to_start_without_secrets():
@@ -180,7 +195,7 @@ def _gpu_stack_checks(services: dict) -> None:
     gpus = [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
     for name in ("gpubox-runner", "gpubox-worker-a"):
         assert services[name]["deploy"]["resources"]["reservations"]["devices"] == gpus, name
-    for name in ("postgres", "redis", "web", "worker", "beat", "flower"):
+    for name in ("postgres", "redis", "web", "worker", "notifier", "beat", "flower"):
         assert "deploy" not in services[name], name
     for name in APP_SERVICES:  # one image, one build: every app service builds it with CUDA's torch
         assert services[name]["build"]["args"] == {"TORCH_VARIANT": "cuda"}, name

@@ -176,23 +176,27 @@ def worker_environment(*, settings_dict, broker_url: str, run_root: Path, var_di
     return env
 
 
-DEFAULT_QUEUES = "celery,gpubox.local"
-"""The queues a test's worker consumes unless told otherwise: the default queue (the cloud backends')
-and the queue of the ``local`` GPU box of tests/conftest.py (``GpuBoxBackend.queue_for``: each box
-has its own, ``gpubox.<name>``). A test whose GPU box has another name passes its queue."""
+DEFAULT_QUEUES = "celery,notifications,gpubox.local"
+"""The queues a test's worker consumes unless told otherwise: the default queue (the cloud backends'),
+the notifications queue (webhook deliveries and emails, ``TRAINBOARD_NOTIFICATIONS_QUEUE``; a
+deployment gives it a worker of its own) and the queue of the ``local`` GPU box of tests/conftest.py
+(``GpuBoxBackend.queue_for``: each box has its own, ``gpubox.<name>``). A test whose GPU box has
+another name passes its queue."""
 
 
-def start_worker(directory: Path, env: dict[str, str], cwd: Path, queues: str = DEFAULT_QUEUES
-                 ) -> tuple[subprocess.Popen, Path]:
+def start_worker(directory: Path, env: dict[str, str], cwd: Path, queues: str = DEFAULT_QUEUES,
+                 beat: bool = True) -> tuple[subprocess.Popen, Path]:
     """Start ``celery -A webapp worker -B -Q <queues>`` (prefork, 2 processes, a node name of its
     own) with ``env`` in its own session; its log and beat schedule go into ``directory``.
-    ``queues``: comma-separated Celery queue names (``Backend.queue_for`` of the test's backends).
+    ``queues``: comma-separated Celery queue names (``Backend.queue_for`` of the test's backends);
+    ``beat``: False for a second worker beside one that runs beat (no ``-B``).
     Returns the process and its log's path; the caller waits for " ready." in the log."""
     log_path = directory / "worker.log"
     node = f"tbtest-{uuid.uuid4().hex[:8]}@%h"
     command = [
-        sys.executable, "-m", "celery", "-A", "webapp", "worker", "-B",
-        "--scheduler", "celery.beat:PersistentScheduler", "-s", str(directory / "beat-schedule"),
+        sys.executable, "-m", "celery", "-A", "webapp", "worker",
+        *(["-B", "--scheduler", "celery.beat:PersistentScheduler", "-s", str(directory / "beat-schedule")]
+          if beat else []),
         "-Q", queues, "--pool", "prefork", "-c", "2", "-n", node,
         "--loglevel", "INFO", "--without-gossip", "--without-mingle",
     ]

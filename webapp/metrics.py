@@ -81,7 +81,8 @@ class TrainboardCollector:
             lag.add_metric(labels(backend_id), seconds)
         yield lag
 
-        queues = sorted({"celery", *(q for _n, _k, q in snap.backends.values() if q)})
+        queues = sorted({"celery", settings.TRAINBOARD_NOTIFICATIONS_QUEUE,
+                         *(q for _n, _k, q in snap.backends.values() if q)})
         lengths = queue_lengths(queues)
         depth = GaugeMetricFamily("trainboard_celery_queue_length", "Messages waiting in each Celery queue (Redis).",
                                   labels=["queue"])

@@ -305,6 +305,14 @@ CELERY_BEAT_SCHEDULE = {
                                "schedule": _positive_seconds("TRAINBOARD_WEBHOOK_SWEEP_INTERVAL_S", 15.0)},
 }
 
+# Webhook deliveries and notification emails wait on other people's servers (up to
+# TRAINBOARD_WEBHOOK_TIMEOUT_S per attempt), so they have a queue of their own, served by a worker of
+# its own (`celery -A webapp worker -Q notifications`; compose's `notifier`, the demo's): an endpoint
+# that is down holds that worker's processes, never one that syncs or submits jobs.
+TRAINBOARD_NOTIFICATIONS_QUEUE = "notifications"
+CELERY_TASK_ROUTES = {name: {"queue": TRAINBOARD_NOTIFICATIONS_QUEUE} for name in (
+    "jobs.tasks.deliver_webhook", "jobs.tasks.webhook_deliveries_due", "jobs.tasks.send_notification_email")}
+
 # --- Notifications: email and webhooks (docs/notifications.md) ------------------------------------
 # Django's mail settings; the default backend prints messages on the console (no SMTP server needed).
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")

@@ -60,7 +60,7 @@ WEB = "http://127.0.0.1:28000"
 OVERRIDE = ROOT / "docker" / "compose.hostnet.yml"
 TORCH_CPU_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 DEPS_CACHE = "trainboard-ci/deps-cache"  # the Dockerfile's deps stage, the build's layer cache (compose.hostnet.yml)
-SERVICES = {"postgres", "redis", "web", "worker", "beat", "gpubox-runner", "gpubox-worker-a", "flower"}
+SERVICES = {"postgres", "redis", "web", "worker", "notifier", "beat", "gpubox-runner", "gpubox-worker-a", "flower"}
 
 
 class Phases:

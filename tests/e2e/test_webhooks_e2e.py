@@ -6,6 +6,9 @@
   log shows 500 then 200. The owner's email goes out through the file-based mail backend.
 * A worker killed in the middle of a delivery leaves its row; the next worker's beat sends it once
   the killed attempt's lease ends.
+* An endpoint that takes requests and answers none holds only the notifications worker: the jobs
+  worker syncs a job to SUCCEEDED while every delivery attempt still hangs, and once the endpoint
+  answers, the notifier delivers them all.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 from django.db import transaction
 
 from jobs import dispatch, notifications, services
-from jobs.models import JobStateChoices as S, NotificationPreference, TrainingJob, WebhookDelivery
+from jobs.models import JobEvent, JobStateChoices as S, NotificationPreference, TrainingJob, WebhookDelivery
 from taskkit import sent_tasks
 from webhookkit import valid_signature, webhook_receiver
 
@@ -117,3 +120,47 @@ def test_a_delivery_whose_worker_was_killed_is_sent_by_the_next_worker(celery_wo
     assert all(valid_signature(secret, r.body, r.headers["X-Trainboard-Signature"]) for r in requests)
     delivery.refresh_from_db()
     assert [a["status_code"] for a in delivery.attempts] == [200]
+
+
+def test_an_endpoint_that_never_answers_holds_the_notifier_not_the_sync(celery_worker_factory, settings, tmp_path,
+                                                                        user, digits_dataset, cnn_model,
+                                                                        local_backend, run_root):
+    """Three webhooks of job.started and job.succeeded on an endpoint that answers nothing until the
+    test lets it (a 120 s HTTP timeout): the notifier's two processes hang on the job.started
+    deliveries while the jobs worker, which serves the default and the box's queues, syncs the
+    job to its end. With the deliveries on the jobs worker's queue, its two processes would hang
+    instead, and the job's end would be recorded only after the attempts timed out."""
+    env = _worker_env(settings, tmp_path, TRAINBOARD_WEBHOOK_TIMEOUT_S="120")
+    with webhook_receiver([200], hold=True) as receiver:
+        hooks = [services.webhook_create(owner=user, url=f"{receiver.url}?hook={i}",
+                                         events=["job.started", "job.succeeded"])[0] for i in range(3)]
+        with celery_worker_factory(_dir(tmp_path, "jobs"), run_root, extra_env=env,
+                                   queues="celery,gpubox.local") as jobs_worker, \
+             celery_worker_factory(_dir(tmp_path, "notifier"), _dir(tmp_path, "notifier-runs"), extra_env=env,
+                                   queues="notifications", beat=False) as notifier:
+            job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                               backend=local_backend, nodes=1, procs_per_node=1, epochs=2,
+                                               batch_size=64, name="held-endpoint")
+            job = jobs_worker.wait_for(lambda: (j := TrainingJob.objects.get(pk=job.pk)).is_terminal and j,
+                                       timeout=240, what="the job to end")
+            assert job.state == S.SUCCEEDED, (job.failure_reason, jobs_worker.log()[-3000:])
+            ended_recorded = JobEvent.objects.get(job=job, to_state=S.SUCCEEDED).created_at.timestamp()
+            # The job's end was recorded while no attempt had ended: all still hang in the notifier.
+            assert [d.attempt_count for d in WebhookDelivery.objects.filter(job=job, event="job.started")] == [0] * 3
+            assert WebhookDelivery.objects.filter(job=job, delivered_at__isnull=False).count() == 0
+            held = notifier.wait_for(lambda: len(receiver.requests) >= 2 and list(receiver.requests), timeout=30,
+                                     what="the notifier's two processes to be in their requests")
+            assert receiver.answered == 0
+            # Both of the notifier's processes were in their requests before the end was recorded.
+            assert held[1].received_at < ended_recorded, (held[1].received_at, ended_recorded)
+            receiver.release()
+            delivered = notifier.wait_for(
+                lambda: (rows := list(WebhookDelivery.objects.filter(job=job, delivered_at__isnull=False))
+                         ) and len(rows) == 6 and rows,
+                timeout=90, what="the six deliveries once the endpoint answers")
+    assert sorted((d.webhook_id, d.event) for d in delivered) == sorted(
+        (h.pk, e) for h in hooks for e in ("job.started", "job.succeeded"))
+    assert all([a["status_code"] for a in d.attempts] == [200] for d in delivered)
+    # "Task <name>[<id>] received": the notifier ran the deliveries, the jobs worker none of them.
+    assert "jobs.tasks.deliver_webhook[" in notifier.log()
+    assert "jobs.tasks.deliver_webhook[" not in jobs_worker.log()

@@ -1,4 +1,4 @@
-"""``manage.py demo`` run for real: its web server, worker and beat go when the demo goes, whatever
+"""``manage.py demo`` run for real: its web server, workers and beat go when the demo goes, whatever
 ends it (SIGHUP from a closed terminal, SIGTERM, SIGKILL), the port is free again, and the links it
 prints and the URL its children get use ``--port``; what it prints while it follows its job.
 
@@ -92,8 +92,8 @@ def demo(tmp_path, live_processes):
 def test_children_go_when_the_demo_goes(demo, live_processes, signum):
     proc, port, var_dir, out_path = demo
     output = out_path.read_text()
-    children = {name: int(pid) for name, pid in re.findall(r"Started (web|worker|beat) \(pid (\d+)\)", output)}
-    assert sorted(children) == ["beat", "web", "worker"]
+    children = {name: int(pid) for name, pid in re.findall(r"Started (web|worker|notifier|beat) \(pid (\d+)\)", output)}
+    assert sorted(children) == ["beat", "notifier", "web", "worker"]
     # Every link printed, and the URL the worker and beat print links under, carries --port.
     base_url = f"http://127.0.0.1:{port}"
     assert f"Trainboard is up: {base_url}/" in output
@@ -104,7 +104,7 @@ def test_children_go_when_the_demo_goes(demo, live_processes, signum):
     assert not _port_free(port)
     everything = set(live_processes(str(var_dir)))
     assert set(children.values()) | {proc.pid} <= everything
-    assert len(everything) >= 6, "demo, web + its 2 workers, worker + its 2 pool processes, beat"
+    assert len(everything) >= 8, "demo, web + its 2 workers, worker + its 2 pool processes, notifier + its 1, beat"
 
     os.kill(proc.pid, signum)
     proc.wait(timeout=CHILD_STOP_GRACE_S + 60)  # a clean stop first syncs and stops local training
@@ -117,7 +117,7 @@ def test_children_go_when_the_demo_goes(demo, live_processes, signum):
         said = out_path.read_text() + ((var_dir / "logs" / "demo.log").read_text()
                                        if signum == signal.SIGHUP else "")
         assert [line for line in said.splitlines() if line.startswith("Stopped ")] == [
-            "Stopped beat", "Stopped worker", "Stopped web"]
+            "Stopped beat", "Stopped notifier", "Stopped worker", "Stopped web"]
 
 
 def test_make_demo_passes_port():

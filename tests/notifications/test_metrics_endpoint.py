@@ -102,6 +102,7 @@ def test_metrics_values(token, user, job, local_backend, monkeypatch):
     assert samples[("trainboard_sync_lag_seconds", _backend_labels(b))] == pytest.approx(42, abs=15)
     assert samples[("trainboard_celery_queue_length", (("queue", "gpubox.local"),))] == 3
     assert samples[("trainboard_celery_queue_length", (("queue", "celery"),))] == 0
+    assert samples[("trainboard_celery_queue_length", (("queue", "notifications"),))] == 0
     assert samples[("trainboard_submit_errors_total", _backend_labels(b))] == 1
     assert samples[("trainboard_sync_errors_total", _backend_labels(b))] == 2
     assert samples[("trainboard_webhook_deliveries_failed_total", ())] == 3

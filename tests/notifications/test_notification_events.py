@@ -47,9 +47,9 @@ def test_state_changes_are_events(job, hook, sent, django_capture_on_commit_call
         move(job, S.SUBMITTING, S.PENDING, S.RUNNING, S.SUCCEEDED)
     assert _events(job) == ["job.started", "job.succeeded"]
     rows = list(WebhookDelivery.objects.filter(job=job).order_by("id"))
-    # One deliver_webhook per row, sent after the row committed, on the default queue.
+    # One deliver_webhook per row, sent after the row committed, on the notifications queue.
     assert [c.kwargs for c in sent["deliveries"].call_args_list] == [
-        {"args": [row.pk], "queue": "celery"} for row in rows]
+        {"args": [row.pk], "queue": "notifications"} for row in rows]
     succeeded = rows[1].payload
     assert succeeded["job"]["state"] == "SUCCEEDED" and succeeded["job"]["reason"] == "to SUCCEEDED"
     assert rows[1].next_attempt_at <= timezone.now() and rows[1].attempt_count == 0

@@ -3,14 +3,16 @@
 Migrates the database, loads the shipped price catalog (`load_prices`), creates the demo user
 (printing a fresh password), registers the built-in `digits` dataset, a `digits-cnn` model and a
 `local` GPU-box backend, starts the web server, a Celery
-worker (consuming the default queue and the box's own, ``gpubox.local``) and Celery beat as child processes, launches one 2-process DDP job and follows it. Runs until
+worker (consuming the default queue and the box's own, ``gpubox.local``), a notifier (a Celery worker
+for webhook deliveries and emails, the ``notifications`` queue) and Celery beat as child processes,
+launches one 2-process DDP job and follows it. Runs until
 Ctrl-C (or SIGTERM, or SIGHUP when its terminal closes: what it says from then on goes to
 ``var/logs/demo.log``), then cancels the training still running on this machine and stops every child
 process.
 
 The children go with the demo however it ends: each is started with the parent-death signal SIGTERM
 (Linux ``prctl(PR_SET_PDEATHSIG)``), so a demo killed with SIGKILL still takes its web server,
-worker and beat with it and frees its port. They run in sessions of their own so that Ctrl-C reaches
+workers and beat with it and frees its port. They run in sessions of their own so that Ctrl-C reaches
 only the demo, which stops them in order. Every link the demo prints, and ``TRAINBOARD_BASE_URL`` of
 its children (the links the worker and the CLI print), is ``http://--host:--port``.
 """
@@ -38,7 +40,7 @@ from jobs import adapters, lifecycle, selectors, services, sync
 from jobs.models import ACTIVE_STATE_VALUES, TERMINAL_STATE_VALUES, ComputeBackend, Dataset, ModelSpec, TrainingJob
 
 CHILD_STOP_GRACE_S = 15.0
-"""Seconds the web server, worker and beat get to exit after SIGTERM before they are SIGKILLed."""
+"""Seconds the web server, workers and beat get to exit after SIGTERM before they are SIGKILLed."""
 DEMO_EPOCHS = 150
 """Epochs of the demo job: about a minute of training for two processes on two CPU cores, so a
 newcomer who logs in after the demo starts still sees the job running."""
@@ -68,7 +70,7 @@ class Command(BaseCommand):
     """The queue of the demo's box that its worker consumes (``gpubox.local``); the shutdown cancels
     the active jobs on it, which run on this machine. None until the worker starts."""
     help = (
-        "Run Trainboard locally: web server on --host:--port, a Celery worker and beat, and one "
+        "Run Trainboard locally: web server on --host:--port, Celery workers and beat, and one "
         "2-process DDP job on the digits dataset. Ctrl-C stops everything."
     )
 
@@ -124,7 +126,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  login:    {user.username}")
             self.stdout.write(f"  password: {password}")
             self.stdout.write(f"  admin:    {base_url}/admin/    API: {base_url}/api/docs/")
-            self.stdout.write(f"  logs:     {log_dir}/{{web,worker,beat}}.log")
+            self.stdout.write(f"  logs:     {log_dir}/{{web,worker,notifier,beat}}.log")
             job = None
             if not opts["no_job"]:
                 job = services.training_job_create(
@@ -167,8 +169,9 @@ class Command(BaseCommand):
     # -- child processes ----------------------------------------------------------------------
 
     def _start_children(self, opts, log_dir: Path, base_url: str, box_queue: str) -> None:
-        """Start web, worker and beat; the worker consumes the default queue and ``box_queue``, the
-        queue of the demo's ``local`` GPU box (``gpubox.local``), whose jobs run on this machine."""
+        """Start web, worker, notifier and beat; the worker consumes the default queue and ``box_queue``,
+        the queue of the demo's ``local`` GPU box (``gpubox.local``), whose jobs run on this machine; the
+        notifier the notifications queue (webhook deliveries and emails)."""
         self._box_queue = box_queue
         bin_dir = Path(sys.executable).parent
         env = {**os.environ, "TRAINBOARD_BASE_URL": base_url}
@@ -178,6 +181,9 @@ class Command(BaseCommand):
                     "--bind", f"{opts['host']}:{opts['port']}", "--workers", "2", "--threads", "4",
                     "--access-logfile", "-"],
             "worker": celery + ["worker", "-Q", f"celery,{box_queue}", "--concurrency", "2", "--loglevel", "INFO"],
+            # Webhook deliveries and emails wait on other servers: a worker of their own (settings.py).
+            "notifier": celery + ["worker", "-Q", settings.TRAINBOARD_NOTIFICATIONS_QUEUE, "-n", "notifier@%h",
+                                  "--concurrency", "1", "--loglevel", "INFO"],
             "beat": celery + ["beat", "--loglevel", "INFO"],
         }
         for name, argv in commands.items():
