@@ -247,6 +247,20 @@ class Errors(dict):
             raise ValidationError(dict(self))
 
 
+def merge_later(errors: Errors, later: Errors, flagged: set[str]) -> None:
+    """Add to ``errors`` what ``later`` checks found: checks that ran after the ``flagged`` fields had
+    failed, on stand-ins for them. Dropped: ``later``'s errors on a flagged field (``config.region``
+    belongs to ``config``), and, when any field was flagged, those coded :data:`WHOLE_INPUT` (worked
+    out from every field together: of another job)."""
+    for key, messages in later.items():
+        if field_of(key) in flagged:
+            continue
+        for message in messages:
+            if flagged and isinstance(message, ValidationError) and message.code == WHOLE_INPUT:
+                continue
+            errors.add(key, message)
+
+
 T = TypeVar("T")
 
 

@@ -448,7 +448,16 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     if backend is not None:
         _check_env_against_secrets(errors, env, backend)
     archive = _model_archive(errors, model_spec)
-    if errors or dataset is None or model_spec is None:
+    if dataset is None or model_spec is None:
+        errors.raise_if_any()
+    # A field that failed carries a stand-in from here on (whole_number's bound, positive_float's
+    # 1.0, no overrides, ...) so that the config and backend checks still run and one submit shows
+    # every error. They add to ``later``; what they say of a flagged field, or of the whole input,
+    # is about the stand-ins and is dropped (validation.merge_later).
+    flagged, later = set(errors), Errors()
+
+    def stop_if_any() -> None:
+        validation.merge_later(errors, later, flagged)
         errors.raise_if_any()
 
     # The trainer config: data from the Dataset, model from the ModelSpec, shape and training from
@@ -467,40 +476,40 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         if not is_script:
             config.model.params = validate_model_params(config.model.arch, config.model.params)
     except ConfigError as exc:
-        _add_config_error(errors, exc, overridden)
+        _add_config_error(later, exc, overridden)
     if config is not None:
         for dotted, message in _job_config_errors(config, is_script).items():
             field = _config_error_field(dotted, overridden)
-            errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
-    if config is None or errors:
-        errors.raise_if_any()
+            later.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
+    if config is None or later:  # the backend's checks need a config the trainer takes
+        stop_if_any()
     # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
     # has no model of ours to fit; a custom model passes the registry's rule (its shapes are known
     # only once its entry point runs: the trainer checks the first batch).
-    fits = is_script or _check_model_fits_dataset(errors, config, dataset, model_spec, overridden)
+    fits = is_script or _check_model_fits_dataset(later, config, dataset, model_spec, overridden)
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
-    adapter = _adapter_or_error(errors, backend)
+    adapter = _adapter_or_error(later, backend)
     if adapter is None:
-        errors.raise_if_any()
+        stop_if_any()
     lineage_fields: dict[str, Any] = {"cloned_from": cloned_from}
     if init_mode or source_job is not None:  # train.init_from set on the config before it is frozen
-        epochs_done = lineage.job_init(errors, source=source_job, mode=init_mode, config=config, backend=backend,
+        epochs_done = lineage.job_init(later, source=source_job, mode=init_mode, config=config, backend=backend,
                                        adapter=adapter, dataset=dataset)
         lineage_fields.update(source_job=source_job, init_mode=init_mode, source_checkpoint_epoch=epochs_done)
     spec = JobSpec(job_name="tb-job-new", config=config.to_dict(), nodes=nodes, procs_per_node=procs_per_node,
                    instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s,
                    dataset_uri=config.data.uri, env=env, code=code_bundle(archive), image=image,
                    secret_env=dict(backend.job_secrets or {}))
-    _check_spec(errors, adapter, spec, strategy, dataset)
-    price = _hourly_price(errors, adapter, instance_type, spot)
+    _check_spec(later, adapter, spec, strategy, dataset)
+    price = _hourly_price(later, adapter, instance_type, spot)
     # No plan of a model that cannot read the data (a cnn's arithmetic on token windows means nothing).
     memory = None if is_script or not fits else job_memory_plan(config=config, dataset=dataset, adapter=adapter,
                                                     instance_type=instance_type, backend_name=backend.name)
     if memory is not None and memory.fits is False:
-        errors.add(ALL, ValidationError(memory_refusal(memory), code=validation.WHOLE_INPUT))
-    errors.raise_if_any()
+        later.add(ALL, ValidationError(memory_refusal(memory), code=validation.WHOLE_INPUT))
+    stop_if_any()
     return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
                       memory_plan=memory.as_dict() if memory is not None else None,
                       config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,

@@ -71,6 +71,51 @@ def test_create_reports_several_fields_at_once(user, digits_dataset, cnn_model, 
     assert TrainingJob.objects.count() == 0
 
 
+def test_a_bad_field_and_a_bad_override_are_reported_together(user, digits_dataset, cnn_model, local_backend):
+    # The field's stand-in (1 epoch) lets the trainer config be checked on the same call.
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, local_backend, epochs=0,
+                hyperparameters={"train": {"optimizer": "rmsprop"}})
+    errors = _errors(excinfo)
+    assert set(errors) == {"epochs", "hyperparameters"}, errors
+    assert errors["epochs"] == ["Epochs must be at least 1, got 0."]
+    assert "train.optimizer" in errors["hyperparameters"][0]
+    assert TrainingJob.objects.count() == 0
+
+
+def test_a_bad_field_and_what_the_backend_refuses_are_reported_together(user, digits_dataset, cnn_model,
+                                                                         local_backend):
+    with sent_tasks(dispatch.SUBMIT_JOB) as send:
+        with pytest.raises(ValidationError) as excinfo:
+            _create(user, digits_dataset, cnn_model, local_backend, lr="fast", budget_usd="-1", procs_per_node=3)
+    errors = _errors(excinfo)
+    assert set(errors) == {"lr", "budget_usd", "procs_per_node"}, errors
+    assert errors["lr"] == ["Learning rate must be a number, got 'fast'."]
+    assert "at most 2" in errors["procs_per_node"][0]  # the GPU box's own limit, on the same call
+    assert TrainingJob.objects.count() == 0
+    send.assert_not_called()
+
+
+def test_what_later_checks_say_of_a_flagged_field_or_the_whole_input_is_dropped():
+    from jobs import validation
+
+    errors = validation.Errors()
+    errors.add("nodes", "Nodes must be a whole number, got 'x'.")
+    later = validation.Errors()
+    later.add("nodes", "1 node is too few for pipeline stages 2.")  # of the stand-in
+    later.add("config.region", "kept: another field")
+    later.add(validation.ALL, ValidationError("Needs 90 GiB per GPU", code=validation.WHOLE_INPUT))
+    later.add(validation.ALL, "kept: not worked out from every field")
+    validation.merge_later(errors, later, flagged={"nodes"})
+    assert {k: [str(m) for m in v] for k, v in errors.items()} == {
+        "nodes": ["Nodes must be a whole number, got 'x'."], "config.region": ["kept: another field"],
+        validation.ALL: ["kept: not worked out from every field"]}
+    # With nothing flagged, the whole input's error is the job's own, and kept.
+    unflagged = validation.Errors()
+    validation.merge_later(unflagged, later, flagged=set())
+    assert len(unflagged[validation.ALL]) == 2 and "nodes" in unflagged
+
+
 def test_create_rejects_unknown_and_foreign_objects(user, other_user, digits_dataset, cnn_model, local_backend):
     theirs = services.dataset_create(owner=other_user, name="theirs", format="builtin", builtin_name="digits")
     for dataset in (theirs, theirs.pk, 999999, None):
