@@ -11,10 +11,13 @@
 # pin of requirements-lock.txt (requirements.txt and everything it pulls in; scripts/lock-requirements.sh);
 # the CUDA build's own dependencies (nvidia-*, triton) are pinned exactly by torch itself.
 
+# The Python base, pinned to one release (docker/bases/images lists it with PostgreSQL's and Redis's).
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+
 # --- deps: the virtualenv and the npm packages, from the pinned requirements only -----------------
 # Its layers change only with requirements*.txt, package*.json or the torch wheel, never with the source;
 # CI keeps this stage as its layer cache (tests/e2e/test_compose_stack.py).
-FROM python:3.11-slim AS deps
+FROM ${PYTHON_IMAGE} AS deps
 ARG TORCH_VARIANT=cuda
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
@@ -51,7 +54,7 @@ RUN cd /app && TRAINBOARD_VAR_DIR=/build/var DJANGO_SECRET_KEY=collectstatic-onl
  && rm -rf /build/var/secret_key /build/var/encryption_key /app/node_modules /app/.wheels
 
 # --- runtime ------------------------------------------------------------------------------------
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH PYTHONPATH=/app \
     TRAINBOARD_VAR_DIR=/var/lib/trainboard TRAINBOARD_RUN_ROOT=/var/lib/trainboard/runs
 # A fixed uid, so volumes keep one owner across rebuilds; the directories the volumes mount.

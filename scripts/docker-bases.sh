@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the base images Dockerfile and docker-compose.yml name — python:3.11-slim, postgres:15 and
-# redis:7 — from Debian bookworm's own packages, for a Docker engine that cannot pull from a registry
+# Builds the base images Dockerfile and docker-compose.yml name — docker/bases/images lists them (Python,
+# PostgreSQL 15, Redis 7, each pinned to a release) — from Debian bookworm's own packages, for a Docker engine that cannot pull from a registry
 # (CI: tests/e2e/test_compose_stack.py). The production files are built unchanged on top of them.
 #
 #   DOCKER_HOST=unix:///path/docker.sock scripts/docker-bases.sh
@@ -22,7 +22,10 @@ export DOCKER_BUILDKIT=0  # the classic builder: Debian's engine has no buildx, 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${TRAINBOARD_DOCKER_CACHE:-$HOME/.cache/trainboard-docker}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-IMAGES=(trainboard-base/bookworm-rootfs python:3.11-slim postgres:15 redis:7)
+# "<directory> <image>" lines of docker/bases/images (part of the hash below: docker/bases/).
+mapfile -t BASES < <(grep -v '^#' "$ROOT/docker/bases/images" | grep -v '^[[:space:]]*$')
+IMAGES=(trainboard-base/bookworm-rootfs)
+for line in "${BASES[@]}"; do IMAGES+=("${line#* }"); done
 
 # This machine's own trust anchors (a TLS-intercepting egress proxy's CA, a site CA): the bases trust
 # them as the machine does, so pip, npm and apt inside the builds reach their registries.
@@ -77,8 +80,8 @@ tar -C "$work/rootfs" -c . | docker import -c 'CMD ["bash"]' -c "LABEL trainboar
     trainboard-base/bookworm-rootfs >/dev/null
 say "imported trainboard-base/bookworm-rootfs"
 
-for base in python:3.11-slim:python postgres:15:postgres redis:7:redis; do
-    tag="${base%:*}" dir="${base##*:}"
+for line in "${BASES[@]}"; do
+    dir="${line%% *}" tag="${line#* }"
     # Host networking: the build's apt reaches the mirror the way this machine does, no bridge needed.
     docker build -q --network host --label "trainboard.bases=$hash" -t "$tag" "$ROOT/docker/bases/$dir" >/dev/null
     say "built $tag"

@@ -270,3 +270,19 @@ def test_the_ci_override_ports_move_with_their_variables(monkeypatch):
         env = services[name]["environment"]
         assert env["DATABASE_URL"].endswith("@127.0.0.1:21432/trainboard") and env["REDIS_URL"] == "redis://127.0.0.1:21379/0"
         assert env["TRAINBOARD_BASE_URL"] == "http://127.0.0.1:21000"
+
+
+def test_the_base_images_are_pinned_releases_and_the_files_agree():
+    """docker/bases/images is what scripts/docker-bases.sh builds stand-ins of: the Dockerfile's Python
+    base and compose's PostgreSQL and Redis, each a release (x.y.z / x.y), never a floating major tag."""
+    listed = dict(line.split() for line in (ROOT / "docker/bases/images").read_text().splitlines()
+                  if line.strip() and not line.startswith("#"))
+    assert set(listed) == {"python", "postgres", "redis"}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"ARG PYTHON_IMAGE={listed['python']}\n" in dockerfile
+    assert [line for line in dockerfile.splitlines() if line.startswith("FROM ")] == [
+        "FROM ${PYTHON_IMAGE} AS deps", "FROM deps AS builder", "FROM ${PYTHON_IMAGE}"]
+    services = _resolved_compose()["services"]
+    assert (services["postgres"]["image"], services["redis"]["image"]) == (listed["postgres"], listed["redis"])
+    assert listed == {"python": "python:3.11.11-slim-bookworm", "postgres": "postgres:15.10-bookworm",
+                      "redis": "redis:7.4.1-bookworm"}

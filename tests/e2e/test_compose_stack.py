@@ -4,7 +4,7 @@ What it does (issue 17; docs/docker.md "How CI tests it"), each phase printed wi
 
 1. starts ``dockerd`` as root with its data root, exec root and socket in a temporary directory,
    ``--bridge=none --iptables=false`` (no container network at all);
-2. the base images the production files name (python:3.11-slim, postgres:15, redis:7) from Debian's
+2. the base images the production files name (docker/bases/images: Python, PostgreSQL, Redis) from Debian's
    packages, ``scripts/docker-bases.sh``, and the Dockerfile's ``deps`` stage of an earlier run as the
    build's layer cache, both ``docker load``-ed from ``$TRAINBOARD_DOCKER_CACHE`` (default
    ~/.cache/trainboard-docker) when a run on this machine saved them;
