@@ -356,7 +356,7 @@ class SlurmBackend(Backend):
         run_dir = self._path(spec.job_name)
         existing = self._find_by_name(spec.job_name, run_dir)
         if existing is not None:
-            return self._handle(spec.job_name, existing, run_dir)
+            return self._handle(spec.job_name, existing, run_dir, spec.checkpoint_uri)
 
         archive = packaging.build_archive(spec.trainer_package_uri or None, code=spec.code)
         archive_path = self._path(".archives", archive.name)
@@ -401,7 +401,7 @@ class SlurmBackend(Backend):
         if not slurm_id.isdigit():
             raise ProviderError(f"sbatch answered {done.stdout.strip()[:200]!r} instead of a job id.")
         self.transport.write_file(f"{run_dir}/slurm_job_id", f"{slurm_id}\n".encode(), mode=0o644)
-        return self._handle(spec.job_name, slurm_id, run_dir)
+        return self._handle(spec.job_name, slurm_id, run_dir, spec.checkpoint_uri)
 
     def _find_by_name(self, job_name: str, run_dir: str) -> str | None:
         """Slurm's id of the job named ``job_name``, if one was submitted already (newest first)."""
@@ -419,19 +419,32 @@ class SlurmBackend(Backend):
         recorded = (self._read_text(f"{run_dir}/slurm_job_id", limit=64) or "").strip()
         return recorded if recorded.isdigit() else None
 
-    def _handle(self, job_name: str, slurm_id: str, run_dir: str) -> JobHandle:
-        return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=slurm_id, extra={"run_dir": run_dir})
+    def _handle(self, job_name: str, slurm_id: str, run_dir: str, checkpoint_dir: str = "") -> JobHandle:
+        """The job's handle: ``run_dir``, and ``checkpoint_dir`` when the spec named one (a resubmitted
+        attempt writes its checkpoints into the lost attempt's directory: ``JobSpec.checkpoint_uri``)."""
+        extra = {"run_dir": run_dir, **({"checkpoint_dir": checkpoint_dir} if checkpoint_dir else {})}
+        return JobHandle(provider=self.kind, job_name=job_name, provider_job_id=slurm_id, extra=extra)
 
     def _run_dir(self, handle: JobHandle) -> str:
         _check_job_name(handle.job_name)
         return self._path(handle.job_name)
 
-    def checkpoint_uri(self, handle: JobHandle) -> str:
-        """The run's own checkpoint directory on the cluster's shared filesystem,
-        ``<run_dir>/output/checkpoints`` (where submit puts it for a job given none; the place is the
-        adapter's, never read back from a file the job could rewrite), for a later attempt to resume
-        from in place. No call to the cluster: the next job, there, opens it."""
+    def _checkpoint_dir(self, handle: JobHandle) -> str:
+        """Where the run writes its checkpoints: the handle's ``checkpoint_dir`` (set by submit from the
+        spec, which Trainboard writes, never the job) when it is another run's ``output/checkpoints``
+        under the work directory, else the run's own ``<run_dir>/output/checkpoints``."""
+        given = str((handle.extra or {}).get("checkpoint_dir") or "")
+        parts = posixpath.relpath(posixpath.normpath(given), self.config["work_dir"]).split("/") if given else []
+        if len(parts) == 3 and parts[1:] == ["output", "checkpoints"] and JOB_NAME_RE.fullmatch(parts[0]):
+            return self._path(*parts)
         return f"{self._run_dir(handle)}/output/checkpoints"
+
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """The run's checkpoint directory on the cluster's shared filesystem (:meth:`_checkpoint_dir`:
+        ``<run_dir>/output/checkpoints``, or the lost attempt's this attempt resumed in; the place is
+        the adapter's, never read back from a file the job could rewrite), for a later attempt to
+        resume from in place. No call to the cluster: the next job, there, opens it."""
+        return self._checkpoint_dir(handle)
 
     # -- status -----------------------------------------------------------------------------
 
@@ -579,7 +592,7 @@ class SlurmBackend(Backend):
         """name → (path, the root it lies under, its FileEntry)."""
         run_dir = self._run_dir(handle)
         out_dir = f"{run_dir}/output"
-        ckpt_dir = f"{out_dir}/checkpoints"
+        ckpt_dir = self._checkpoint_dir(handle)  # a resubmitted attempt's: the lost attempt's directory
         files: dict[str, tuple[str, str, Any]] = {}
         for entry in self.transport.list_files(out_dir):
             if entry.path == "checkpoints" or entry.path.startswith("checkpoints/"):

@@ -6,6 +6,7 @@ links the job left are neither listed nor followed, and job.env (its secrets) is
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -121,3 +122,40 @@ def test_the_transport_refuses_a_path_through_a_link(cluster, server, finished, 
 def test_a_job_without_a_run_directory_says_its_files_are_gone(cluster):
     with pytest.raises(ProviderError, match="files are gone"):
         _local(cluster).artifacts(JobHandle("slurm", "tb-job-32-none", "99999"))
+
+
+def test_a_resubmitted_attempt_lists_the_checkpoints_it_wrote_in_the_lost_attempts_directory(cluster, finished):
+    """Recovery (docs/recovery.md) gives the next attempt the lost one's checkpoint directory: it
+    resumes and writes its checkpoints there, and its artifacts and checkpoint_uri say so."""
+    first, first_dir = finished
+    backend = _local(cluster)
+    resume_in = backend.checkpoint_uri(first)
+    assert resume_in == f"{cluster.work_dir}/tb-job-31-art/output/checkpoints"
+    handle = backend.submit(JobSpec(job_name="tb-job-31-art-a2", config={"train": {"epochs": 2}}, nodes=1,
+                                    procs_per_node=1, max_runtime_s=900, checkpoint_uri=resume_in,
+                                    tags={"trainboard-job-id": "31"}))
+    assert handle.extra == {"run_dir": f"{cluster.work_dir}/tb-job-31-art-a2", "checkpoint_dir": resume_in}
+    wait_for(lambda: backend.describe(handle).state in (JobState.SUCCEEDED, JobState.FAILED), timeout=300,
+             what="the resubmitted attempt to end")
+    assert backend.describe(handle).state == JobState.SUCCEEDED, backend.logs(handle)[0][-20:]
+    second_dir = Path(cluster.work_dir) / "tb-job-31-art-a2"
+    # It resumed after the first attempt's epoch: its own metrics hold the second epoch only.
+    epochs = {json.loads(line).get("epoch") for line in (second_dir / "output" / "metrics.jsonl").read_text().splitlines()
+              if '"val_accuracy"' in line}
+    assert epochs == {1}, epochs
+
+    listed = {a.name: a for a in backend.artifacts(handle)}
+    in_first = {f"checkpoints/{p.relative_to(first_dir / 'output' / 'checkpoints').as_posix()}": p.stat().st_size
+                for p in (first_dir / "output" / "checkpoints").rglob("*") if p.is_file() and not p.is_symlink()}
+    assert "checkpoints/last.pt" in in_first
+    assert {n: a.size_bytes for n, a in listed.items() if n.startswith("checkpoints/")} == in_first
+    assert {"model.pt", "metrics.jsonl", "logs/slurm.log"} <= set(listed)  # its own run directory's
+    assert backend.artifact_uri(handle, "checkpoints/last.pt") == f"{resume_in}/last.pt"
+    assert backend.artifact_uri(handle, "model.pt") == str(second_dir / "output" / "model.pt")
+    assert backend.checkpoint_uri(handle) == resume_in  # a third attempt resumes in the same place
+
+    # A checkpoint_dir that is not a run's output/checkpoints under the work directory is not followed.
+    for stray in ("/etc", f"{cluster.work_dir}/../x/output/checkpoints", f"{cluster.work_dir}/tb-job-31-art/output"):
+        other = JobHandle("slurm", "tb-job-31-art-a2", handle.provider_job_id,
+                          extra={"run_dir": str(second_dir), "checkpoint_dir": stray})
+        assert backend.checkpoint_uri(other) == f"{second_dir}/output/checkpoints", stray
