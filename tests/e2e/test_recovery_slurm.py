@@ -18,6 +18,7 @@ import pytest
 
 from jobs import selectors, services
 from jobs.models import JobAttempt, JobStateChoices as S, MetricPoint, TrainingJob
+from jobs.services.artifacts import training_job_artifact_list
 from jobs.services.prices import instance_price_save
 from slurmkit import SLURM_GROUP, slurm_cluster
 
@@ -88,6 +89,11 @@ def test_a_job_whose_node_fails_is_resubmitted_and_resumes_from_its_checkpoint(w
     assert (lost.number, lost.raw_state, lost.outcome) == (1, "NODE_FAIL", "lost")
     assert lost.reason == "a node of the job failed (NODE_FAIL); Slurm ended the job"
     assert lost.checkpoint_uri == f"{cluster.work_dir}/{first_name}/output/checkpoints"
+    # The second attempt wrote its checkpoints where it resumed: the job's artifacts list them from there.
+    listing = training_job_artifact_list(job=job)
+    assert listing.error == ""
+    names = {a.name for a in listing.artifacts}
+    assert {"model.pt", "metrics.jsonl", "checkpoints/last.pt"} <= names, names
     events = [(a, b, m) for a, b, m in selectors.training_job_events(job=job).values_list("from_state", "to_state",
                                                                                         "message")]
     assert [m for a, b, m in events if (a, b) == ("RUNNING", "QUEUED")] == [
