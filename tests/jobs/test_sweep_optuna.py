@@ -292,17 +292,21 @@ def test_median_pruner_cancels_a_bad_trial(user, digits_dataset, cnn_model, loca
     third = _trial_jobs(sweep)[2]
     _finish(third, state=S.RUNNING, values=[0.85])  # as good as the median: kept
     sweeps.sweep_tick()
-    bad.refresh_from_db()
+    _assert_pruned(sweep, bad, "pruned by the median pruner at epoch 1", {1: pytest.approx(0.10)})
     third.refresh_from_db()
-    assert bad.state == S.STOPPING and bad.failure_reason == "pruned by the median pruner at epoch 1"
     assert third.state == S.RUNNING
-    trials = {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}
-    assert trials[bad.trial_number]["state"] == "PRUNED"
-    assert trials[bad.trial_number]["intermediate"] == {1: pytest.approx(0.10)}
-    assert trials[bad.trial_number]["message"] == "pruned by the median pruner at epoch 1"
     # The job's cancel confirmed later tells nothing more.
     transition(bad, S.CANCELLED)
     assert sweeps.sweep_trial_ended(job_id=bad.pk) is None
+
+
+def _assert_pruned(sweep, job, message: str, intermediate: dict) -> None:
+    """``job``, a trial of ``sweep``, is being cancelled with ``message``, and Optuna holds it PRUNED
+    with the same message and ``intermediate`` (epoch → value) reported."""
+    job.refresh_from_db()
+    assert job.state == S.STOPPING and job.failure_reason == message
+    trial = {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}[job.trial_number]
+    assert (trial["state"], trial["intermediate"], trial["message"]) == ("PRUNED", intermediate, message)
 
 
 def test_a_bad_trial_seen_first_past_the_completed_trials_epochs_is_still_pruned(user, digits_dataset, cnn_model,
@@ -313,11 +317,7 @@ def test_a_bad_trial_seen_first_past_the_completed_trials_epochs_is_still_pruned
     sweep, good, bad = _median_sweep_with_one_completed_trial(user, digits_dataset, cnn_model, local_backend)
     _finish(bad, state=S.RUNNING, values=[0.10, 0.10, 0.11, 0.10, 0.12])
     sweeps.sweep_tick()
-    bad.refresh_from_db()
-    assert bad.state == S.STOPPING and bad.failure_reason == "pruned by the median pruner at epoch 1"
-    trials = {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}
-    assert trials[bad.trial_number]["state"] == "PRUNED"
-    assert trials[bad.trial_number]["intermediate"] == {1: pytest.approx(0.10)}
+    _assert_pruned(sweep, bad, "pruned by the median pruner at epoch 1", {1: pytest.approx(0.10)})
 
 
 def test_successive_halving_cancels_a_bad_trial(user, digits_dataset, cnn_model, local_backend):
@@ -336,15 +336,11 @@ def test_successive_halving_cancels_a_bad_trial(user, digits_dataset, cnn_model,
     assert bad.state == S.RUNNING
     MetricPoint.objects.create(job=bad, name="val_accuracy", step=20, epoch=1, value=0.12, recorded_at=timezone.now())
     assert sweeps.sweep_tick()["pruned"] == 1  # rung 0: 0.12 is not the best of (0.85, 0.12)
-    bad.refresh_from_db()
+    _assert_pruned(sweep, bad, "pruned by the successive halving pruner at epoch 2",
+                   {1: pytest.approx(0.10), 2: pytest.approx(0.12)})
     good.refresh_from_db()
-    assert bad.state == S.STOPPING and bad.failure_reason == "pruned by the successive halving pruner at epoch 2"
     assert good.state == S.RUNNING
-    trials = {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}
-    assert trials[bad.trial_number]["state"] == "PRUNED"
-    assert trials[bad.trial_number]["intermediate"] == {1: pytest.approx(0.10), 2: pytest.approx(0.12)}
-    assert trials[bad.trial_number]["message"] == "pruned by the successive halving pruner at epoch 2"
-    assert trials[good.trial_number]["state"] == "RUNNING"
+    assert {t["number"]: t for t in sweeps.sweep_trials(sweep=sweep)}[good.trial_number]["state"] == "RUNNING"
     # The cancel confirmed tells nothing more; the freed slot asks the third trial, which beats the
     # first at rung 0 and is kept.
     transition(bad, S.CANCELLED)
