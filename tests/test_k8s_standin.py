@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from k8s_standin import DISRUPTION_REASONS, LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET_NAME, parse_rfc3339_ns, rfc3339nano
+from k8s_standin import (DISRUPTION_REASONS, LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET_NAME,
+                         parse_rfc3339_ns, rfc3339nano)
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 PY = "python"
@@ -365,8 +366,8 @@ def test_an_eviction_disrupts_the_pod_and_fails_the_trainjob_as_jobset_would(kub
     evict = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
 
     def post(name, payload):
-        return api.call_api(evict, "POST", {"namespace": "default", "name": name}, [], {"Content-Type": "application/json"},
-                            body=payload, auth_settings=["BearerToken"], response_type="object",
+        return api.call_api(evict, "POST", {"namespace": "default", "name": name}, [],
+                            {"Content-Type": "application/json"}, body=payload, auth_settings=["BearerToken"], response_type="object",
                             _return_http_data_only=True)
 
     status, error = error_of(lambda: post(victim, {**body, "spec": {}}))

@@ -37,10 +37,11 @@ Calls (``CustomObjectsApi`` on ``trainer.kubeflow.org/v1alpha1`` ``trainjobs``; 
 
 States: :mod:`cloud_adapters.kubernetes.states` (how CANCELLED is told from "deleted outside
 Trainboard", and a lost run: a Failed TrainJob whose pod Kubernetes disrupted, ``DisruptionTarget``).
-A lost run's checkpoints are in ``<output_path>/<job name>/checkpoints`` (:meth:`KubernetesBackend.
-checkpoint_uri`); the next attempt, a TrainJob of a new name, is given that directory as its
-``output.checkpoint_dir`` and resumes from it when the volume is shared. Errors: :mod:`cloud_adapters.kubernetes.errors`. Every call goes through
-:mod:`cloud_adapters.retry` under one token bucket per cluster configuration.
+A lost run's checkpoints are in ``<output_path>/<job name>/checkpoints``
+(:meth:`KubernetesBackend.checkpoint_uri`); the next attempt, a TrainJob of a new name, is given that
+directory as its ``output.checkpoint_dir`` and resumes from it when the volume is shared. Errors:
+:mod:`cloud_adapters.kubernetes.errors`. Every call goes through :mod:`cloud_adapters.retry` under
+one token bucket per cluster configuration.
 
 Cost: an on-premises cluster has no list price. When the backend names a cloud instance type
 (``price_provider``/``price_region``/``price_instance_type``: the node pool's machines on a managed

@@ -49,7 +49,8 @@ the job's own, never lost. Whichever rank failed first, the disruption is the ca
 ranks of a torch job often exit ≠ 0 themselves once a peer is gone. The same page warns that a
 disruption may be interrupted and its condition cleared later, so only a pod that ended with it
 counts (phase ``Failed``, or deleted and not ``Succeeded``, which the Job controller counts as
-failed: kubernetes ``pkg/controller/job/job_controller.go`` ``isPodFailed``). The pods are read only for a ``Failed`` TrainJob that may be lost (:func:`needs_pods`).
+failed: kubernetes ``pkg/controller/job/job_controller.go`` ``isPodFailed``). The pods are read
+only for a ``Failed`` TrainJob that may be lost (:func:`needs_pods`).
 A disrupted pod that Kubernetes deleted (an eviction, a preemption, the taint manager, PodGC) is
 kept until the Job controller has counted it (its ``batch.kubernetes.io/job-tracking`` finalizer);
 one already gone when the sync reads the pods leaves the failure the job's own.
