@@ -4,7 +4,8 @@ its checkpoint as its next attempt, up to its backend's ``max_restarts``.
 A run is *lost* when its backend says so (:attr:`cloud_adapters.base.JobStatus.lost`): the GPU box's
 supervisor vanished without writing exit.json (a reboot, an OOM kill of the process tree), Slurm
 reports NODE_FAIL, PREEMPTED or BOOT_FAIL or forgot a job that left no exit record, a spot or
-low-priority job ended FAILED for its preemption after the provider's own restarts. A provider that
+low-priority job ended FAILED for its preemption after the provider's own restarts, a Kubernetes
+TrainJob ended Failed with a pod that Kubernetes disrupted (pod condition ``DisruptionTarget``). A provider that
 restarts a job itself (SageMaker's managed spot, Azure ML's requeue of a low-priority job) shows an
 interruption (RUNNING → PENDING) instead and is left alone. A job's own failure (exit code ≠ 0, a
 trainer error, its time limit, out of memory) is never lost, so never resubmitted.

@@ -30,7 +30,10 @@ What it serves (every other path is a 404 ``Status``; every request needs ``Auth
 - Secrets, ``/api/v1/namespaces/{ns}/secrets[/{name}]``: POST (201, 409, 422 for a bad name, key or
   base64 value; ``stringData`` folded into ``data``), GET, PATCH (merge or strategic merge), DELETE; a Secret whose
   ``ownerReferences`` name a TrainJob is deleted with it (the garbage collector's part).
-- Pods, ``GET /api/v1[/namespaces/{ns}]/pods`` (``labelSelector``), ``GET …/pods/{name}`` and
+- Pods, ``GET /api/v1[/namespaces/{ns}]/pods`` (``labelSelector``), ``GET …/pods/{name}``,
+  ``POST …/pods/{name}/eviction`` (a ``policy/v1`` Eviction, strictly decoded: 400 for an unknown
+  field or a name that is not the URL's; 404 for no such pod; 201 with a ``Success`` Status; the pod
+  is disrupted with reason ``EvictionByEvictionAPI``, see :meth:`KubeStandin.disrupt`) and
   ``GET …/pods/{name}/log`` with ``container``, ``timestamps``, ``sinceTime``, ``sinceSeconds``,
   ``tailLines``, ``limitBytes`` as PodLogOptions documents them (kubernetes.io API reference, core/v1
   Pod "read log"): since-filter first, then the tail, then the byte limit (which may cut a line).
@@ -66,6 +69,13 @@ The controller (one thread, every :attr:`KubeStandin.tick_s` seconds), for each 
   successfully", JobSet's constants); one pod failed → the others are killed (the Job's backoffLimit
   is taken as 0) and ``Failed`` True (``FailedJobs``, "jobset failed due to one or more job
   failures"); past ``activeDeadlineSeconds`` → pods killed, ``Failed`` True ``DeadlineExceeded``.
+- A disruption (:meth:`KubeStandin.disrupt`, or the Eviction API): the pod gets the condition
+  ``DisruptionTarget`` True with the reason (one of :data:`DISRUPTION_REASONS`) and message, as
+  Kubernetes adds it (kubernetes.io "Pod disruption conditions"), is deleted (``deletionTimestamp``;
+  not for ``TerminationByKubelet``: the kubelet's eviction leaves the pod, with reason ``Evicted``) and
+  killed; it ends ``Failed`` whatever its exit code (the Job controller counts a pod deleted before it
+  succeeded as failed: job_controller.go ``isPodFailed``), and the TrainJob ``Failed`` ``FailedJobs``
+  as JobSet fails it for a failed child Job (the other pods killed).
 - Killing a pod is SIGTERM to its process group, then SIGKILL after the grace period
   (``gracePeriodSeconds`` of the delete, else :attr:`KubeStandin.grace_period_s`); a pod is gone when
   no live process of its group remains.
@@ -123,6 +133,15 @@ LABEL_JOB_NAME = "batch.kubernetes.io/job-name"
 LABEL_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 
 REPLICATED_JOB = "node"  # the torch-distributed runtime's one replicated Job and its container
+DISRUPTION_REASONS = {
+    # reason of the pod condition DisruptionTarget (kubernetes.io "Pod disruption conditions") → a
+    # default message, like those the Kubernetes components write
+    "PreemptionByScheduler": "default-scheduler: preempting to accommodate a higher priority pod",
+    "DeletionByTaintManager": "Taint manager: deleting due to NoExecute taint",
+    "EvictionByEvictionAPI": "Eviction API: evicting",
+    "DeletionByPodGC": "PodGC: node no longer exists",
+    "TerminationByKubelet": "The node was low on resource: memory.",
+}
 TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 MANAGED_BY = ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue")
 
@@ -547,6 +566,7 @@ class Pod:
     killed_reason: str = ""  # why the controller killed it (DeadlineExceeded, …), if it did
     start_error: str = ""  # why its container could not start, if it could not
     orphaned: bool = False  # its TrainJob was deleted with propagationPolicy Orphan
+    disruption: dict | None = None  # its DisruptionTarget condition, once disrupted (KubeStandin.disrupt)
 
     @property
     def name(self) -> str:
@@ -691,6 +711,29 @@ class KubeStandin:
         return self.wait_for(lambda: (c := self.condition(namespace, name, type_)) and c["status"] == "True" and c,
                              timeout=timeout, what=f"TrainJob {namespace}/{name} condition {type_}")
 
+    def disrupt(self, namespace: str, pod_name: str, reason: str = "EvictionByEvictionAPI", message: str | None = None,
+                *, grace_s: float | None = None) -> dict:
+        """Disrupt a pod as Kubernetes would (module docstring): condition ``DisruptionTarget`` True with
+        ``reason`` (one of :data:`DISRUPTION_REASONS`, else ValueError) and ``message`` (default: that
+        reason's), then SIGTERM to its process group and SIGKILL after ``grace_s`` seconds (default the
+        pod's grace period; 0: SIGKILL at once, a node that is gone). Returns the condition. KeyError for
+        no such pod; ValueError for a pod that already ended or is being deleted."""
+        if reason not in DISRUPTION_REASONS:
+            raise ValueError(f"disruption reason {reason!r}: expected one of {', '.join(DISRUPTION_REASONS)}")
+        with self.lock:
+            pod = self.pods.get((namespace, pod_name))
+            if pod is None:
+                raise KeyError(f"no pod {namespace}/{pod_name}")
+            if pod.kill_sent is not None or pod.obj["status"]["phase"] not in ("Pending", "Running"):
+                raise ValueError(f"pod {namespace}/{pod_name} has ended or is being deleted; nothing to disrupt")
+            pod.disruption = {"type": "DisruptionTarget", "status": "True", "reason": reason,
+                              "message": DISRUPTION_REASONS[reason] if message is None else message,
+                              "lastTransitionTime": rfc3339(), "lastProbeTime": None}
+            self._kill(pod, "Evicted" if reason == "TerminationByKubelet" else reason,
+                       grace=grace_s)
+            self._update_pods([pod])
+            return copy.deepcopy(pod.disruption)
+
     def live_pids(self) -> list[int]:
         """Pids of live processes in the process groups of this server's pods."""
         with self.lock:
@@ -802,7 +845,7 @@ class KubeStandin:
         deadline = obj["spec"].get("activeDeadlineSeconds")
         if pods and all(ph == "Succeeded" for ph in phases):
             self._set_condition(obj, "Complete", "True", "AllJobsCompleted", "jobset completed successfully")
-        elif any(ph == "Failed" and not p.killed_reason for p, ph in zip(pods, phases)):
+        elif any(ph == "Failed" and (not p.killed_reason or p.disruption) for p, ph in zip(pods, phases)):
             for pod in pods:
                 self._kill(pod, "FailedJobs")
             self._set_condition(obj, "Failed", "True", "FailedJobs", "jobset failed due to one or more job failures")
@@ -977,8 +1020,12 @@ class KubeStandin:
                         terminated["finishedAt"] = prev["finishedAt"]
                     status["containerStatuses"] = [_container_status(pod, {"terminated": terminated})]
                     status["conditions"] = _pod_conditions(ready=False)
+            if pod.disruption is not None:
+                status["conditions"] = [c for c in status.get("conditions") or []
+                                        if c["type"] != "DisruptionTarget"] + [pod.disruption]
             if pod.kill_sent is not None:
-                pod.obj["metadata"].setdefault("deletionTimestamp", rfc3339())
+                if (pod.disruption or {}).get("reason") != "TerminationByKubelet":  # the kubelet deletes nothing
+                    pod.obj["metadata"].setdefault("deletionTimestamp", rfc3339())
                 if (pod.proc is not None and pod.name in live
                         and time.monotonic() - pod.kill_sent > pod.grace_s):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -1200,7 +1247,12 @@ class ApiError(Exception):
 
 TRAINJOBS = re.compile(rf"^/apis/{re.escape(GROUP)}/{VERSION}(?:/namespaces/([^/]+))?/trainjobs(?:/([^/]+))?$")
 RUNTIMES = re.compile(rf"^/apis/{re.escape(GROUP)}/{VERSION}/clustertrainingruntimes(?:/([^/]+))?$")
-PODS = re.compile(r"^/api/v1(?:/namespaces/([^/]+))?/pods(?:/([^/]+)(/log)?)?$")
+PODS = re.compile(r"^/api/v1(?:/namespaces/([^/]+))?/pods(?:/([^/]+)(/log|/eviction)?)?$")
+EVICTION_SCHEMA = {"apiVersion": "string", "kind": "string", "metadata": OBJECT_META,
+                   "deleteOptions": {"apiVersion": "string", "kind": "string", "gracePeriodSeconds": "int",
+                                     "propagationPolicy": "string", "dryRun": ("list", "string"),
+                                     "orphanDependents": "bool", "ignoreStoreReadErrorWithClusterBreakingPotential": "bool",
+                                     "preconditions": {"uid": "string", "resourceVersion": "string"}}}
 NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 NODES = re.compile(r"^/api/v1/nodes(?:/([^/]+))?$")
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
@@ -1320,9 +1372,13 @@ class _Handler(BaseHTTPRequestHandler):
                                {"name": name, "group": GROUP, "kind": "clustertrainingruntimes"})
             return 200, standin.runtimes[name]
         if match := PODS.match(path):
-            if method != "GET":
+            if match.group(3) == "/eviction" and match.group(1) is not None:
+                if method != "POST":
+                    raise _not_allowed(method)
+                return self._evict(match.group(1), match.group(2), body)
+            if method != "GET" or match.group(3) == "/eviction":
                 raise _not_allowed(method)
-            return self._pods(match.group(1), match.group(2), bool(match.group(3)), query)
+            return self._pods(match.group(1), match.group(2), match.group(3) == "/log", query)
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
     def _nodes(self, name, query):
@@ -1551,6 +1607,33 @@ class _Handler(BaseHTTPRequestHandler):
             if not log:
                 return 200, copy.deepcopy(pod.obj)
         return 200, read_pod_log(pod, query)
+
+
+    def _evict(self, namespace, name, body):
+        """``POST …/pods/{name}/eviction``: the pod disrupted with reason EvictionByEvictionAPI (no
+        PodDisruptionBudget here, so never a 429). A pod that already ended, or is being deleted, is
+        left as it is (201)."""
+        standin = self.standin
+        self._namespace(namespace)
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a policy/v1 Eviction")
+        unknown, errors = schema_errors(body, EVICTION_SCHEMA, "")
+        if unknown:
+            raise ApiError(400, "BadRequest", "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+        # Omitted apiVersion and kind default to the endpoint's type (the official client sends none).
+        if errors or body.get("apiVersion", "policy/v1") != "policy/v1" or body.get("kind", "Eviction") != "Eviction":
+            raise ApiError(400, "BadRequest", "; ".join(errors) or f"expected apiVersion policy/v1 kind Eviction, got "
+                                                                  f"{body.get('apiVersion')!r} {body.get('kind')!r}")
+        if (body.get("metadata") or {}).get("name") != name:
+            raise ApiError(400, "BadRequest", "name in URL does not match name in Eviction object")
+        grace = (body.get("deleteOptions") or {}).get("gracePeriodSeconds")
+        with standin.lock:
+            pod = standin.pods.get((namespace, name))
+            if pod is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+            if pod.kill_sent is None and pod.obj["status"]["phase"] in ("Pending", "Running"):
+                standin.disrupt(namespace, name, "EvictionByEvictionAPI", grace_s=grace)
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
 
 def _secret_object(body: dict, namespace: str) -> tuple[dict, list[str]]:

@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from k8s_standin import LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET_NAME, parse_rfc3339_ns, rfc3339nano
+from k8s_standin import (DISRUPTION_REASONS, LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET_NAME,
+                         parse_rfc3339_ns, rfc3339nano)
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 PY = "python"
@@ -327,6 +328,77 @@ def test_background_delete_removes_the_trainjob_first_and_orphan_leaves_the_pods
     assert [p.status.phase for p in pods_of(core, "del-orphan")] == ["Running"]
     for pid in orphan_pids:  # the fixture would kill it at the end; do it now to free the CPU
         os.killpg(pid, 9)
+
+
+def test_an_eviction_disrupts_the_pod_and_fails_the_trainjob_as_jobset_would(kube_standin, api, custom, core):
+    # the pod exits 0 on SIGTERM (as the trainer does after its checkpoint): still Failed, as the Job
+    # controller counts a pod deleted before it succeeded
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+              "print('up', flush=True)\ntime.sleep(300)")
+    create(custom, trainjob("run-evict", script, nodes=2))
+    pids = _running(kube_standin, core, "run-evict")
+    victim = [p for p in pods_of(core, "run-evict") if p.metadata.labels[LABEL_COMPLETION_INDEX] == "1"][0].metadata.name
+
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=victim, namespace="default"),
+                                 delete_options=client.V1DeleteOptions(grace_period_seconds=5))
+    core.create_namespaced_pod_eviction(victim, "default", eviction)
+    [request] = kube_standin.requests_for("POST", f"/pods/{victim}/eviction")
+    assert (request.status, request.body["metadata"]["name"], request.body["deleteOptions"]) == \
+        (201, victim, {"gracePeriodSeconds": 5})
+
+    failed = kube_standin.wait_for_condition("default", "run-evict", "Failed", timeout=60)
+    assert (failed["reason"], failed["message"]) == ("FailedJobs", "jobset failed due to one or more job failures")
+    kube_standin.wait_for(lambda: all(p.status.phase == "Failed" for p in pods_of(core, "run-evict")), timeout=30,
+                          what="both pods Failed")
+    pods = {p.metadata.name: p for p in pods_of(core, "run-evict")}
+    evicted = pods[victim]
+    [target] = [c for c in evicted.status.conditions if c.type == "DisruptionTarget"]
+    assert (target.status, target.reason, target.message) == ("True", "EvictionByEvictionAPI", "Eviction API: evicting")
+    assert evicted.metadata.deletion_timestamp is not None
+    assert evicted.status.container_statuses[0].state.terminated.exit_code == 0  # its own exit: clean
+    [other] = [p for name, p in pods.items() if name != victim]
+    assert not [c for c in other.status.conditions if c.type == "DisruptionTarget"]  # killed by JobSet, not disrupted
+    assert not any(_alive(pid) for pid in pids)
+
+    # strict decoding: an unknown field, a name that is not the URL's, no such pod; a second eviction is a no-op
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim}}
+    evict = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+
+    def post(name, payload):
+        return api.call_api(evict, "POST", {"namespace": "default", "name": name}, [],
+                            {"Content-Type": "application/json"}, body=payload, auth_settings=["BearerToken"], response_type="object",
+                            _return_http_data_only=True)
+
+    status, error = error_of(lambda: post(victim, {**body, "spec": {}}))
+    assert (status, error["message"]) == (400, 'strict decoding error: unknown field "spec"')
+    status, error = error_of(lambda: post(victim, {**body, "kind": "Pod"}))
+    assert status == 400 and "expected apiVersion policy/v1 kind Eviction" in error["message"]
+    status, error = error_of(lambda: post(victim, {**body, "metadata": {"name": "other"}}))
+    assert (status, error["message"]) == (400, "name in URL does not match name in Eviction object")
+    status, error = error_of(lambda: post("no-such-pod", {**body, "metadata": {"name": "no-such-pod"}}))
+    assert status == 404
+    assert post(victim, body)["status"] == "Success"
+    assert [c.reason for c in core.read_namespaced_pod(victim, "default").status.conditions
+            if c.type == "DisruptionTarget"] == ["EvictionByEvictionAPI"]
+
+
+@pytest.mark.parametrize("reason, deleted", [("PreemptionByScheduler", True), ("TerminationByKubelet", False)])
+def test_the_other_disruptions_are_played_by_a_hook_with_kubernetes_reasons(kube_standin, custom, core, reason, deleted):
+    name = f"run-{reason.lower()[:11]}"
+    create(custom, trainjob(name, "import time; time.sleep(300)", nodes=1))
+    [pid] = _running(kube_standin, core, name)
+    pod = pods_of(core, name)[0].metadata.name
+    with pytest.raises(ValueError, match="expected one of PreemptionByScheduler"):
+        kube_standin.disrupt("default", pod, "OOMKilled")
+    condition = kube_standin.disrupt("default", pod, reason, grace_s=0)  # SIGKILL at once: a node gone
+    assert (condition["reason"], condition["message"]) == (reason, DISRUPTION_REASONS[reason])
+    kube_standin.wait_for_condition("default", name, "Failed", timeout=60)
+    ended = core.read_namespaced_pod(pod, "default")
+    assert ended.status.phase == "Failed" and (ended.metadata.deletion_timestamp is not None) is deleted
+    assert ended.status.container_statuses[0].state.terminated.signal == 9 and not _alive(pid)
+    with pytest.raises(ValueError, match="has ended"):
+        kube_standin.disrupt("default", pod, reason)
 
 
 def test_secrets_are_stored_base64_resolved_into_pods_and_a_missing_one_holds_the_pod(kube_standin, custom, core):

@@ -26,17 +26,22 @@ Calls (``CustomObjectsApi`` on ``trainer.kubeflow.org/v1alpha1`` ``trainjobs``; 
   so it is deleted with the TrainJob. A TrainJob the API refuses takes the new Secret with it;
 * describe_many: ONE ``list_namespaced_custom_object(label_selector="trainboard-job-name")`` per
   namespace of the batch, and, only for jobs whose counts cannot tell PENDING from RUNNING (an active
-  child Job, none ready), one ``list_namespaced_pod`` with the set-based selector
-  ``jobset.sigs.k8s.io/jobset-name in (…)`` for all of them;
+  child Job, none ready) or that ended ``Failed`` (was a pod disrupted? a lost run), one
+  ``list_namespaced_pod`` with the set-based selector ``jobset.sigs.k8s.io/jobset-name in (…)`` for
+  all of them: at most two calls per namespace, whatever the number of jobs;
 * cancel: ``delete_namespaced_custom_object`` with ``propagationPolicy: Foreground`` (the pods go
   first, then the TrainJob); a 404 is a job already gone;
 * logs: ``list_namespaced_pod`` by ``jobset.sigs.k8s.io/jobset-name=<name>`` and
   ``read_namespaced_pod_log`` per pod (:mod:`cloud_adapters.kubernetes.logs`);
 * list_tagged: one list by the ``trainboard-job-name`` label.
 
-States: :mod:`cloud_adapters.kubernetes.states` (and how CANCELLED is told from "deleted outside
-Trainboard"). Errors: :mod:`cloud_adapters.kubernetes.errors`. Every call goes through
-:mod:`cloud_adapters.retry` under one token bucket per cluster configuration.
+States: :mod:`cloud_adapters.kubernetes.states` (how CANCELLED is told from "deleted outside
+Trainboard", and a lost run: a Failed TrainJob whose pod Kubernetes disrupted, ``DisruptionTarget``).
+A lost run's checkpoints are in ``<output_path>/<job name>/checkpoints``
+(:meth:`KubernetesBackend.checkpoint_uri`); the next attempt, a TrainJob of a new name, is given that
+directory as its ``output.checkpoint_dir`` and resumes from it when the volume is shared. Errors:
+:mod:`cloud_adapters.kubernetes.errors`. Every call goes through :mod:`cloud_adapters.retry` under
+one token bucket per cluster configuration.
 
 Cost: an on-premises cluster has no list price. When the backend names a cloud instance type
 (``price_provider``/``price_region``/``price_instance_type``: the node pool's machines on a managed
@@ -368,6 +373,14 @@ class KubernetesBackend(CloudBackend):
                               "the job on another backend.")
         if spec.trainer_package_uri:
             raise InvalidSpec("trainer package: the image holds trainer_pkg on Kubernetes; leave it empty.")
+        if spec.checkpoint_uri:
+            # Only a directory the pods see on the output volume (checkpoint_uri's answer for an earlier
+            # attempt): a path elsewhere would be a directory of the pod's own image or node.
+            root = self._output_root()
+            if (not spec.checkpoint_uri.startswith(f"{root}/") or "\0" in spec.checkpoint_uri
+                    or ".." in spec.checkpoint_uri.split("/") or spec.checkpoint_uri.rstrip("/") == root):
+                raise InvalidSpec(f"checkpoints {spec.checkpoint_uri[:200]!r}: expected a directory under the output "
+                                  f"path {root}/ (Backend.checkpoint_uri of an earlier attempt).")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
         try:
@@ -617,8 +630,10 @@ class KubernetesBackend(CloudBackend):
     def describe_many(self, handles: Sequence[JobHandle],
                       changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
         """Statuses keyed by job name: one label-selected TrainJob list per namespace of the batch,
-        and at most one pod list for the jobs whose child Jobs are active but not ready
-        (``jobset-name in (…)``). Every handle gets a status (a gone TrainJob is CANCELLED or FAILED).
+        and at most one pod list for the jobs whose child Jobs are active but not ready and those that
+        ended Failed (``jobset-name in (…)``; :func:`.states.needs_pods`): a Failed one with a pod
+        that ended disrupted is FAILED ``lost`` (:func:`.states.disruption_reason`). Every handle gets
+        a status (a gone TrainJob is CANCELLED or FAILED).
         ``changed_since`` is not used: the list is one call whatever changed. Throttling or
         connection errors that outlast the retries raise."""
         if changed_since is not None and changed_since.tzinfo is None:
@@ -631,11 +646,12 @@ class KubernetesBackend(CloudBackend):
         for namespace, group in by_namespace.items():
             found = {str((job.get("metadata") or {}).get("name")): job for job in self.list_trainjobs(namespace)}
             jobs = {h.job_name: found.get(self.job_ref(h)) for h in group}
-            waiting = sorted({self.job_ref(h) for h in group if jobs[h.job_name] is not None
-                              and states.needs_pods(jobs[h.job_name])})
+            # Pending-or-running undecided, or Failed (lost?): one pod list for all of them.
+            read = sorted({self.job_ref(h) for h in group if jobs[h.job_name] is not None
+                           and states.needs_pods(jobs[h.job_name])})
             pods: dict[str, list[states.PodView]] = {}
-            if waiting:
-                for pod in self.list_pods(f"{JOBSET_LABEL} in ({','.join(waiting)})", namespace):
+            if read:
+                for pod in self.list_pods(f"{JOBSET_LABEL} in ({','.join(read)})", namespace):
                     owner = ((pod.get("metadata") or {}).get("labels") or {}).get(JOBSET_LABEL, "")
                     pods.setdefault(owner, []).append(states.pod_view(pod))
             for handle in group:
@@ -647,7 +663,7 @@ class KubernetesBackend(CloudBackend):
                 views = pods.get(ref)
                 reason = next((p.waiting for p in views or () if p.waiting), "")
                 out[handle.job_name] = states.job_status(job, [p.phase for p in views] if views is not None else None,
-                                                         reason)
+                                                         reason, pods=views or ())
         return out
 
     def cancel(self, handle: JobHandle) -> None:
@@ -698,6 +714,19 @@ class KubernetesBackend(CloudBackend):
         if not name or ".." in name.split("/") or name.startswith("/"):
             return ""
         return f"{self.config['output_path'].rstrip('/')}/{handle.job_name}/{name}"
+
+    def checkpoint_uri(self, handle: JobHandle) -> str:
+        """Where the job's trainer wrote its checkpoints: ``<output_path>/<job name>/checkpoints``, the
+        ``output.checkpoint_dir`` :meth:`job_config` gives a job given none (``artifact_uri(handle,
+        "checkpoints")``), a path inside the pods on the volume the runtime mounts at the output path.
+        The place is the adapter's, never read back from the cluster: no call. A later attempt given it
+        as :attr:`JobSpec.checkpoint_uri` writes to, and resumes from, that directory (the trainer
+        resumes by default from a checkpoint there), when the volume is one all pods share (a
+        ReadWriteMany PVC); on a pod-local volume the directory is empty and the attempt starts over."""
+        return f"{self._output_root()}/{trainjob_name(handle.job_name)}/checkpoints"
+
+    def _output_root(self) -> str:
+        return self.config["output_path"].rstrip("/")
 
     def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
         """New lines of the job's pods since ``cursor``, rank 0 first (:mod:`cloud_adapters.kubernetes.logs`

@@ -21,7 +21,9 @@ raw state          when                                                  JobStat
                    deletion: the pods are being stopped)
 ``Complete``       condition Complete True                               SUCCEEDED
 ``Failed``         condition Failed True (reason and message shown;       FAILED
-                   DeadlineExceeded reads "max runtime reached")
+                   DeadlineExceeded reads "max runtime reached"); a
+                   *lost* run when one of its pods was disrupted
+                   (below)
 ``Cancelled``      gone (404) after Trainboard deleted it                 CANCELLED
 ``Deleted``        gone (404) without a cancel from Trainboard            FAILED
 =================  ====================================================  ===========
@@ -33,6 +35,25 @@ job at the start of each sync, before ``describe_many``, on the same adapter obj
 those is CANCELLED, any other 404 is FAILED "TrainJob deleted outside Trainboard". A terminal
 condition is read before ``deletionTimestamp``: a job that completed and is being deleted stays
 SUCCEEDED.
+
+A lost run (:attr:`~cloud_adapters.base.JobStatus.lost`, docs/recovery.md): a TrainJob that ends
+``Failed`` (for any reason but ``DeadlineExceeded``, its own time limit) while one of its pods ended
+with the pod condition ``DisruptionTarget`` True. Kubernetes adds that condition to a pod "about to
+be deleted due to a disruption", with the reason :data:`DISRUPTION_REASONS` names, and to no pod
+whose disruption it caused itself ("eviction due to exceeding Pod container limits … Pods don't
+receive the DisruptionTarget condition because the disruptions were probably caused by the Pod and
+would reoccur on retry"): kubernetes.io, Concepts → Workloads → Pods → Disruptions, "Pod disruption
+conditions" (feature gate ``PodDisruptionConditions``, beta and on by default since Kubernetes 1.26,
+GA in 1.31). A pod whose container exits ≠ 0 on its own, a runtime failure, ``DeadlineExceeded``:
+the job's own, never lost. Whichever rank failed first, the disruption is the cause: the other
+ranks of a torch job often exit ≠ 0 themselves once a peer is gone. The same page warns that a
+disruption may be interrupted and its condition cleared later, so only a pod that ended with it
+counts (phase ``Failed``, or deleted and not ``Succeeded``, which the Job controller counts as
+failed: kubernetes ``pkg/controller/job/job_controller.go`` ``isPodFailed``). The pods are read
+only for a ``Failed`` TrainJob that may be lost (:func:`needs_pods`).
+A disrupted pod that Kubernetes deleted (an eviction, a preemption, the taint manager, PodGC) is
+kept until the Job controller has counted it (its ``batch.kubernetes.io/job-tracking`` finalizer);
+one already gone when the sync reads the pods leaves the failure the job's own.
 """
 
 from __future__ import annotations
@@ -64,6 +85,17 @@ SUSPENDED_NOTE = "suspended (queued by Kueue?)"
 DELETED_OUTSIDE = ("TrainJob deleted outside Trainboard (kubectl delete, a TTL or another controller) "
                    "before it reported Complete or Failed.")
 CANCELLED_REASON = "cancelled from Trainboard (TrainJob deleted)"
+DISRUPTION = "DisruptionTarget"
+"""The pod condition type Kubernetes adds to a pod it is about to delete for a disruption."""
+DISRUPTION_REASONS = ("PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI",
+                      "DeletionByPodGC", "TerminationByKubelet")
+"""The reasons of ``DisruptionTarget`` the Kubernetes documentation lists (kubernetes.io, "Pod
+disruption conditions"): preempted by the scheduler for a pod of higher priority; deleted by the taint
+manager for a ``NoExecute`` taint the pod does not tolerate (a node gone NotReady or unreachable);
+evicted through the Eviction API (``kubectl drain``, a cluster autoscaler scaling down); bound to a
+node that no longer exists and deleted by PodGC; terminated by the kubelet (node-pressure eviction,
+graceful node shutdown, preemption for a system-critical pod). Any reason counts as a disruption (a
+newer release may add one); these are the ones named in words."""
 
 
 def condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -83,9 +115,14 @@ def _count(job: Mapping[str, Any], field: str) -> int:
 
 
 def needs_pods(job: Mapping[str, Any]) -> bool:
-    """Whether :func:`raw_state` needs the job's pods to tell PENDING from RUNNING: no terminal or
-    suspended condition, not being deleted, a child Job active and none ready."""
-    return (raw_state(job, None) == "PodsPending")
+    """Whether the job's pods must be read for its status: to tell PENDING from RUNNING (no terminal
+    or suspended condition, not being deleted, a child Job active and none ready), or whether a
+    ``Failed`` TrainJob's run was lost (any Failed reason but ``DeadlineExceeded``: a pod disrupted,
+    module docstring)."""
+    raw = raw_state(job, None)
+    if raw == "Failed":
+        return str((condition(job, "Failed") or {}).get("reason") or "") != "DeadlineExceeded"
+    return raw == "PodsPending"
 
 
 def raw_state(job: Mapping[str, Any], pod_phases: Iterable[str] | None = None) -> str:
@@ -122,6 +159,28 @@ def failure_reason(job: Mapping[str, Any]) -> str:
     return ": ".join(p for p in (reason, message) if p) or "TrainJob failed"
 
 
+def disruption_reason(job: Mapping[str, Any], pods: Iterable["PodView"]) -> str:
+    """Why the run of TrainJob ``job`` was lost, in words, or "" when it was not (module docstring):
+    ``job`` Failed for another reason than DeadlineExceeded and one of ``pods`` (its pods, as read)
+    ended disrupted. Names the first such pod by rank order, its node rank, the condition's reason
+    and message, how many others were disrupted, and the TrainJob's own reason::
+
+        pod tb-job-7-ab-node-0-1-x2k9q (node 1) disrupted: EvictionByEvictionAPI (Eviction API:
+        evicting); TrainJob FailedJobs: jobset failed due to one or more job failures
+    """
+    if not needs_pods(job) or raw_state(job) != "Failed":
+        return ""
+    disrupted = sorted((p for p in pods if p.disrupted), key=lambda p: p.order)
+    if not disrupted:
+        return ""
+    first = disrupted[0]
+    rank = f" (node {first.completion_index})" if first.completion_index < 1 << 30 else ""
+    detail = f" ({first.disruption_message})" if first.disruption_message else ""
+    others = f" and {len(disrupted) - 1} other pod(s)" if len(disrupted) > 1 else ""
+    return (f"pod {first.name}{rank}{others} disrupted: {first.disruption_reason}{detail}; "
+            f"TrainJob {failure_reason(job)}")
+
+
 def _started_at(job: Mapping[str, Any]) -> dt.datetime | None:
     """When the job last became active: its creation, or the last resume from suspension (the
     ``Suspended`` condition turned False with reason ``Resumed``), the moment activeDeadlineSeconds
@@ -136,12 +195,14 @@ def _started_at(job: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def job_status(job: Mapping[str, Any], pod_phases: Iterable[str] | None = None,
-               pending_reason: str = "") -> JobStatus:
+               pending_reason: str = "", pods: Iterable["PodView"] = ()) -> JobStatus:
     """The :class:`JobStatus` of TrainJob ``job``. ``pod_phases``: its pods' phases when read;
     ``pending_reason``: why its pods wait (a pod's ``PodScheduled`` message), shown as the secondary
-    state of a PENDING job. ``instance_count`` is ``spec.trainer.numNodes``; started_at its creation
-    (or last resume), ended_at the terminal condition's transition time. Kubernetes reports no
-    billable seconds."""
+    state of a PENDING job; ``pods``: its pods when read, for a Failed job (:func:`needs_pods`): one
+    that ended disrupted makes the FAILED status ``lost``, with :func:`disruption_reason` as its
+    failure reason. ``instance_count`` is ``spec.trainer.numNodes``; started_at its creation (or last
+    resume), ended_at the terminal condition's transition time. Kubernetes reports no billable
+    seconds."""
     raw = raw_state(job, pod_phases)
     state, warning = STATES.resolve(raw)
     secondary = ""
@@ -154,8 +215,10 @@ def job_status(job: Mapping[str, Any], pod_phases: Iterable[str] | None = None,
     if terminal is not None:
         ended = parse_utc(terminal.get("lastTransitionTime"))
     nodes = ((job.get("spec") or {}).get("trainer") or {}).get("numNodes")
+    lost = disruption_reason(job, pods)
     return JobStatus(
-        state=state, raw_state=raw, secondary_state=secondary, failure_reason=failure_reason(job),
+        state=state, raw_state=raw, secondary_state=secondary, failure_reason=lost or failure_reason(job),
+        lost=bool(lost),
         started_at=_started_at(job) if raw != "Created" and raw != "Suspended" else None, ended_at=ended,
         instance_count=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else 1,
         warning=warning,
@@ -182,6 +245,16 @@ class PodView:
     completion_index: int  # label/annotation batch.kubernetes.io/job-completion-index: the node rank
     containers: tuple[str, ...]  # spec.containers[].name
     waiting: str = ""  # why it is not running: PodScheduled False message, or a container's waiting reason
+    deleting: bool = False  # metadata.deletionTimestamp is set
+    disruption_reason: str = ""  # condition DisruptionTarget True: its reason (DISRUPTION_REASONS), else ""
+    disruption_message: str = ""  # and its message
+
+    @property
+    def disrupted(self) -> bool:
+        """Ended by a disruption: condition DisruptionTarget True, and phase Failed or deleted before
+        it succeeded (a disruption that was interrupted leaves the pod running: not counted)."""
+        ended = self.phase == "Failed" or (self.deleting and self.phase != "Succeeded")
+        return bool(self.disruption_reason) and ended
 
     @property
     def order(self) -> tuple[int, int, str]:
@@ -205,10 +278,12 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     spec = pod.get("spec") or {}
     index = labels.get("batch.kubernetes.io/job-completion-index",
                        annotations.get("batch.kubernetes.io/job-completion-index"))
-    waiting = ""
+    waiting = disruption = message = ""
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             waiting = str(cond.get("message") or cond.get("reason") or "")
+        if cond.get("type") == DISRUPTION and cond.get("status") == "True":
+            disruption, message = str(cond.get("reason") or DISRUPTION), str(cond.get("message") or "")
     for cs in status.get("container_statuses") or status.get("containerStatuses") or []:
         state = (cs.get("state") or {}).get("waiting") or {}
         if state and not waiting:
@@ -216,4 +291,6 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     return PodView(name=str(meta.get("name") or ""), phase=str(status.get("phase") or "Pending"),
                    job_index=_int(labels.get("jobset.sigs.k8s.io/job-index"), 0),
                    completion_index=_int(index), waiting=waiting,
+                   deleting=bool(meta.get("deletionTimestamp") or meta.get("deletion_timestamp")),
+                   disruption_reason=disruption, disruption_message=" ".join(message.split())[:300],
                    containers=tuple(str(c.get("name")) for c in spec.get("containers") or [] if c.get("name")))

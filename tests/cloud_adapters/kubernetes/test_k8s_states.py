@@ -1,4 +1,5 @@
-"""A TrainJob's status → JobStatus, row by row of cloud_adapters/kubernetes/states.py's table; what
+"""A TrainJob's status → JobStatus, row by row of cloud_adapters/kubernetes/states.py's table, and a
+lost run (a Failed TrainJob whose pod was disrupted) told from the job's own failures; what
 a client error means (errors.classify); the pod-log cursor (logs.read_new). No API server."""
 
 from __future__ import annotations
@@ -188,3 +189,109 @@ def test_logs_rank_0_first_each_line_once_and_partial_lines_wait():
 def test_a_cursor_this_module_did_not_write_is_refused(cursor):
     with pytest.raises(InvalidSpec):
         logs.parse_cursor(cursor)
+
+
+# -- a lost run: a Failed TrainJob whose pod Kubernetes disrupted (DisruptionTarget) ------------------
+
+FAILED_JOBS = cond("Failed", reason="FailedJobs", message="jobset failed due to one or more job failures")
+
+
+def pod_json(name, rank, phase="Failed", disruption=None, deleting=False, exit_code=None):
+    """A pod of the TrainJob as the API returns it (camelCase), optionally with condition
+    DisruptionTarget ``disruption`` = (status, reason, message)."""
+    conditions = [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]
+    if disruption:
+        status, reason, message = disruption
+        conditions.append({"type": "DisruptionTarget", "status": status, "reason": reason, "message": message,
+                           "lastTransitionTime": "2026-12-01T10:19:00Z"})
+    meta = {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tb-job-1-a",
+                                     "jobset.sigs.k8s.io/job-index": "0",
+                                     "batch.kubernetes.io/job-completion-index": str(rank)}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-01T10:19:00Z"
+    statuses = []
+    if exit_code is not None:
+        statuses = [{"name": "node", "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}]
+    return {"metadata": meta, "spec": {"containers": [{"name": "node"}]},
+            "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses}}
+
+
+# The reasons kubernetes.io lists ("Pod disruption conditions"), with messages like those the
+# Kubernetes components write.
+@pytest.mark.parametrize("reason, message", [
+    ("PreemptionByScheduler", "default-scheduler: preempting to accommodate a higher priority pod"),
+    ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint"),
+    ("EvictionByEvictionAPI", "Eviction API: evicting"),
+    ("DeletionByPodGC", "PodGC: node no longer exists"),
+    ("TerminationByKubelet", "The node was low on resource: memory."),
+])
+def test_a_failed_trainjob_whose_pod_was_disrupted_is_a_lost_run(reason, message):
+    job = trainjob([FAILED_JOBS])
+    assert states.needs_pods(job)
+    pods = [states.pod_view(pod_json("tb-job-1-a-node-0-0-aaaaa", 0, exit_code=1)),  # the peer that noticed
+            states.pod_view(pod_json("tb-job-1-a-node-0-1-bbbbb", 1, disruption=("True", reason, message),
+                                     exit_code=143))]
+    status = states.job_status(job, [p.phase for p in pods], pods=pods)
+    assert (status.state, status.raw_state, status.lost) == (JobState.FAILED, "Failed", True)
+    assert status.failure_reason == (f"pod tb-job-1-a-node-0-1-bbbbb (node 1) disrupted: {reason} ({message}); "
+                                     f"TrainJob FailedJobs: jobset failed due to one or more job failures")
+    assert status.ended_at == dt.datetime(2026, 12, 1, 10, 20, tzinfo=dt.timezone.utc)
+    assert reason in states.DISRUPTION_REASONS
+
+
+def test_every_disrupted_pod_is_counted_and_the_first_by_rank_is_named():
+    pods = [states.pod_view(pod_json(f"p{rank}", rank, disruption=("True", "DeletionByTaintManager", "")))
+            for rank in (2, 0, 1)]
+    status = states.job_status(trainjob([FAILED_JOBS], nodes=3), pods=pods)
+    assert status.lost
+    assert status.failure_reason == ("pod p0 (node 0) and 2 other pod(s) disrupted: DeletionByTaintManager; "
+                                     "TrainJob FailedJobs: jobset failed due to one or more job failures")
+
+
+def test_a_disrupted_pod_being_deleted_counts_and_a_condition_without_reason_still_names_it():
+    deleting = states.pod_view(pod_json("p0", 0, phase="Running", deleting=True,
+                                        disruption=("True", "", "")))
+    assert (deleting.deleting, deleting.disruption_reason, deleting.disrupted) == (True, "DisruptionTarget", True)
+    status = states.job_status(trainjob([FAILED_JOBS], nodes=1), pods=[deleting])
+    assert status.lost and status.failure_reason.startswith("pod p0 (node 0) disrupted: DisruptionTarget; ")
+
+
+@pytest.mark.parametrize("job, pod", [
+    # the job's own failure: a rank exited 1, no disruption anywhere
+    (trainjob([FAILED_JOBS]), pod_json("p0", 0, exit_code=1)),
+    # its own time limit, whatever its pods say (Trainer's controller ended them)
+    (trainjob([cond("Failed", reason="DeadlineExceeded", message="deadline")], deadline=60),
+     pod_json("p0", 0, disruption=("True", "EvictionByEvictionAPI", "Eviction API: evicting"))),
+    # a disruption that was interrupted: the pod still runs (the condition is cleared later)
+    (trainjob([FAILED_JOBS]), pod_json("p0", 0, phase="Running",
+                                       disruption=("True", "PreemptionByScheduler", "preempting"))),
+    # a condition that is not True
+    (trainjob([FAILED_JOBS]), pod_json("p0", 0, disruption=("False", "PreemptionByScheduler", ""))),
+    # a pod deleted after it succeeded
+    (trainjob([FAILED_JOBS]), pod_json("p0", 0, phase="Succeeded", deleting=True,
+                                       disruption=("True", "EvictionByEvictionAPI", "Eviction API: evicting"))),
+    # not failed at all: completed, with a disrupted pod of an earlier JobSet restart
+    (trainjob([cond("Complete", reason="AllJobsCompleted")], jobs_status=READY),
+     pod_json("p0", 0, disruption=("True", "EvictionByEvictionAPI", "Eviction API: evicting"))),
+])
+def test_the_jobs_own_failures_and_undone_disruptions_are_not_lost(job, pod):
+    status = states.job_status(job, pods=[states.pod_view(pod)])
+    assert status.lost is False
+    assert "disrupted" not in status.failure_reason
+
+
+def test_pods_are_read_only_where_the_status_needs_them():
+    assert states.needs_pods(trainjob(jobs_status=ACTIVE))  # PENDING or RUNNING?
+    assert states.needs_pods(trainjob([FAILED_JOBS]))  # lost?
+    assert states.needs_pods(trainjob([cond("Failed", reason="PodFailurePolicy")]))
+    assert not states.needs_pods(trainjob([cond("Failed", reason="DeadlineExceeded")]))
+    assert not states.needs_pods(trainjob([cond("Complete")], jobs_status=READY))
+    assert not states.needs_pods(trainjob(jobs_status=READY))
+    assert not states.needs_pods(trainjob([cond("Suspended", reason="Suspended")]))
+    # without its pods a Failed TrainJob is the job's own failure, as before
+    assert states.job_status(trainjob([FAILED_JOBS])).lost is False
+    snake = states.pod_view({"metadata": {"name": "s", "deletion_timestamp": "2026-12-01T10:19:00Z"},
+                             "status": {"phase": "Running", "conditions": [
+                                 {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                                  "message": "Eviction API:\n evicting"}]}})
+    assert (snake.deleting, snake.disruption_message, snake.disrupted) == (True, "Eviction API: evicting", True)
