@@ -70,7 +70,8 @@ def vertex_with_gcs(monkeypatch, tmp_path: Path) -> Iterator[tuple]:
 def azureml_workspace_in_registry(monkeypatch, blob, **workspace_options):
     """An in-memory Azure ML workspace (the azureml stand-in, its code uploads to ``blob``) that every
     Azure ML adapter the services build talks to, through the stand-in transport with a fake
-    credential (the only thing a stored config cannot say); no ambient Azure ML configuration."""
+    credential (the only thing a stored config cannot say), its datastores' files (artifacts) on
+    ``blob``'s Blob service; no ambient Azure ML configuration."""
     from cloud_adapters import registry
 
     for name in ("AZUREML_CURRENT_CLOUD", "ARM_CLOUD_METADATA_URL", "AZURE_ML_CLI_PRIVATE_FEATURES_ENABLED"):
@@ -84,7 +85,8 @@ def azureml_workspace_in_registry(monkeypatch, blob, **workspace_options):
             return original(kind, config, secrets=secrets, prices=prices)
         return registry.backend_class(kind)(config, secrets=secrets, prices=prices,
                                             credential=azureml.FakeCredential(),
-                                            transport=azureml.StandinTransport(workspace))
+                                            transport=azureml.StandinTransport(workspace),
+                                            blob_account_url=blob.url)
 
     monkeypatch.setattr(registry, "create_backend", create_backend)
     return workspace

@@ -48,6 +48,12 @@ checkpoint and a ``stopped`` record were written) the exit code is 0. A script r
 exits as it chooses; one under torchrun gets torchrun's code after a signal (1: torchrun does not
 report its ranks' codes then).
 
+``--init-from PATH`` names where the platform put the file ``train.init_from`` names (a continue or
+fine-tune from another job): Azure ML mounts an ``azureml://`` datastore path as an input of the job
+and writes its local path into the command (``--init-from ${{inputs.init_from}}``), since the trainer
+reads no ``azureml://`` URI. It replaces ``train.init_from`` for this run only; the config file keeps
+the source's URI, and the log says both.
+
 ``--config env:NAME`` reads the JobConfig JSON from the environment variable ``NAME`` instead of a
 file (a Kubernetes TrainJob passes it in ``trainer.env``, so no ConfigMap is needed) and writes it to
 ``trainboard-job.json`` in the working directory (the temporary directory when that is not writable),
@@ -197,6 +203,21 @@ def _script_pythonpath(env: Mapping[str, str], script: UserScript | None) -> str
     ``trainer_pkg/`` are refused), then the caller's."""
     parts = [script.code_dir if script else "", PACKAGE_PARENT, env.get("PYTHONPATH", "")]
     return os.pathsep.join(p for p in parts if p)
+
+
+def with_init_from(cfg: JobConfig, path: str) -> JobConfig:
+    """``cfg`` with ``train.init_from`` = ``path`` (``--init-from``: where the platform mounted the
+    file the config names). Raises :class:`ConfigError` when the config starts from nothing (no
+    ``train.init_mode``) or ``path`` is empty: a mount for a job that did not ask for one is a mistake
+    in the command, not something to train from."""
+    if not path.strip():
+        raise ConfigError("--init-from: empty path; the platform names the mounted file there")
+    if not cfg.train.init_mode:
+        raise ConfigError(f"--init-from {path}: the config starts from scratch (no train.init_mode); set "
+                          f"train.init_from and train.init_mode (continue or finetune), or drop --init-from")
+    data = cfg.to_dict()
+    data["train"]["init_from"] = path
+    return world_shape.validate(JobConfig.from_dict(data))
 
 
 def read_config(path: str) -> JobConfig:
@@ -468,6 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start torchrun on this machine alone (single node) and wait for it")
     p.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="processes per node (default: one per GPU, else the config's parallel.procs_per_node)")
+    p.add_argument("--init-from", metavar="PATH",
+                   help="where the platform put the file train.init_from names (Azure ML: "
+                        "${{inputs.init_from}}, the source job's file mounted read-only); replaces "
+                        "train.init_from for this run")
     return p
 
 
@@ -480,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config_path.startswith(CONFIG_FROM_ENV):
             config_path = config_from_env(config_path, os.environ)
         cfg = read_config(config_path)
+        source = cfg.train.init_from
+        if args.init_from is not None:
+            cfg = with_init_from(cfg, args.init_from)
         plan = make_plan(os.environ, cfg, platform=args.platform, nproc=args.nproc_per_node,
                          standalone=args.standalone)
         try:
@@ -507,6 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     node_leader = not ours and not (plan.in_process and os.environ.get("LOCAL_RANK", "0") != "0")
     if node_leader:
         print(f"[launch] {plan.describe()}", flush=True)
+        if args.init_from is not None:
+            print(f"[launch] train.init_from {source} is read from {cfg.train.init_from} "
+                  f"(--init-from)", flush=True)
         if script is not None:
             sha = f", code sha256 {cfg.code.sha256}" if cfg.code.sha256 else ""
             print(f"[launch] running the user's script instead of the trainer: {script.describe()} "

@@ -27,7 +27,10 @@ What a job is made of (clouds.md §3.1 for the builder, §3.2 for the wire body)
 * ``environment_variables``: ours, ``JobSpec.env``, ``JobSpec.secret_env`` (how Azure ML hands
   variables to every process; the job's definition shows them to whoever may read the job);
 * the dataset (``spec.dataset_uri``) as input ``data``, ``uri_folder`` mounted read-only
-  (``ro_mount``), which the launcher finds as ``AZURE_ML_INPUT_data``; outputs ``model`` and
+  (``ro_mount``), which the launcher finds as ``AZURE_ML_INPUT_data``; a continue or fine-tune from
+  another job of the workspace (``train.init_from`` a datastore path, docs/clone-continue.md) as input
+  ``init_from``, ``uri_file`` mounted read-only, whose local path the command hands the launcher
+  (``--init-from ${{inputs.init_from}}``: the trainer reads no ``azureml://``); outputs ``model`` and
   ``checkpoints`` (``uri_folder``, ``rw_mount``), found as ``AZURE_ML_OUTPUT_model`` /
   ``AZURE_ML_OUTPUT_checkpoints``; a resubmitted attempt of a lost run (``JobSpec.checkpoint_uri``:
   docs/recovery.md) has its ``checkpoints`` output at the lost attempt's, so it resumes from there;
@@ -81,6 +84,7 @@ from cloud_adapters.base import (
 from cloud_adapters.cloud import CloudBackend, Probe
 from cloud_adapters.gpus import GpuFacts, catalog_gpus
 from cloud_adapters.settings import BackendSettings, Secret, Setting
+from trainer_pkg.objstore import is_remote
 
 PROVIDER = "azure"  # provider name in the price catalog
 LOW_PRIORITY_SUFFIX = ":low_priority"
@@ -161,6 +165,11 @@ CONFIG_FILE = packaging.BASE_CONFIG  # trainboard_job.json, in the code snapshot
 COMMAND = f"python -m trainer_pkg.launch --config {CONFIG_FILE}"
 EXPERIMENT = "trainboard"
 DATA_INPUT = "data"  # -> AZURE_ML_INPUT_data (trainer_pkg.platforms.AZURE_DATA_NAMES)
+INIT_INPUT = "init_from"  # -> ${{inputs.init_from}} in the command: train.init_from's file, mounted
+INIT_ARGUMENT = f" --init-from ${{{{inputs.{INIT_INPUT}}}}}"
+"""Appended to :data:`COMMAND` with the ``init_from`` input: Azure ML writes the input's mounted path
+in place of ``${{inputs.init_from}}`` (clouds.md §3.1), and the launcher reads the file from there
+(trainer_pkg/launch.py ``--init-from``)."""
 DEFAULT_DATASTORE = "workspaceblobstore"  # Azure ML's default datastore of a workspace's job outputs
 MODEL_OUTPUT = "model"  # -> AZURE_ML_OUTPUT_model (AZURE_OUTPUT_NAMES)
 CHECKPOINT_OUTPUT = "checkpoints"  # -> AZURE_ML_OUTPUT_checkpoints (AZURE_CHECKPOINT_NAMES)
@@ -169,6 +178,8 @@ DATASTORE_PATH_RE = re.compile(
 """A datastore path, ``azureml://datastores/<datastore>/paths/<path>``, or its long form with the
 workspace's subscription, resource group and workspace before ``datastores`` (both name the same
 place: Microsoft Learn, "Work with models in Azure Machine Learning")."""
+LONG_FORM_SCOPE_RE = re.compile(r"azureml://subscriptions/([^/]+)/resource[gG]roups/([^/]+)/workspaces/([^/]+)/")
+"""The subscription, resource group and workspace a long-form datastore path names."""
 MAX_RUNTIME_S = 30 * 24 * 3600
 """Largest max runtime accepted here: 30 days (a sanity bound; clouds.md records no Azure limit)."""
 MAX_PROCS_PER_NODE = 8
@@ -204,6 +215,12 @@ def azure_job_name(job_name: str) -> str:
     base = re.sub(r"[^a-zA-Z0-9_-]", "-", job_name).lstrip("-_")
     base = base[: JOB_NAME_MAX - len(digest) - 1]
     return f"{base}-{digest}" if base else f"tb-{digest}"
+
+
+def init_from(config: Mapping[str, Any]) -> str:
+    """``train.init_from`` of a job config: the file a continue or fine-tune starts from; "" for none."""
+    train = config.get("train") if isinstance(config, Mapping) else None
+    return str(train.get("init_from") or "") if isinstance(train, Mapping) else ""
 
 
 def timeout_iso(seconds: int) -> str:
@@ -401,7 +418,8 @@ class AzureMLBackend(CloudBackend):
         * VM size: priced in the catalog (for low priority, its ``:low_priority`` row);
         * processes per node ≤ the VM's GPUs (one rank per GPU);
         * max runtime ≤ 30 days; dataset "" or an Azure data URI (:data:`DATASET_PREFIXES`);
-          checkpoints "" or a datastore path (:data:`DATASTORE_PATH_RE`);
+          checkpoints "" or a datastore path (:data:`DATASTORE_PATH_RE`); ``train.init_from`` "", a
+          datastore path of this workspace or an ``s3://``/``gs://``/``az://`` URI;
         * config a JSON object; env names valid; the job's image an image reference;
         * its code archive readable, unchanged and without members named like ours (reads the local
           archive: no provider call).
@@ -432,6 +450,7 @@ class AzureMLBackend(CloudBackend):
                               f"'azureml://datastores/<datastore>/paths/<path>/' (Backend.checkpoint_uri).")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
+        self._check_init_from(init_from(spec.config))
         if spec.image and not IMAGE_RE.fullmatch(spec.image):
             raise InvalidSpec(f"image {spec.image!r}: expected a container image such as "
                               f"'myregistry.azurecr.io/training:1' ('<registry>/<repository>[:tag|@digest]').")
@@ -439,6 +458,40 @@ class AzureMLBackend(CloudBackend):
             packaging.refuse_ours(packaging.code_files(spec.code), ())
         self._config_json(spec)
         self._environment(spec)
+
+    def _check_init_from(self, uri: str) -> None:
+        """``train.init_from`` of a job here is "", a datastore path of this workspace (mounted as the
+        ``init_from`` input) or a URI the trainer reads itself (``s3://``, ``gs://``, ``az://``);
+        anything else, a local path of another machine included, is an :class:`InvalidSpec`."""
+        if not uri or is_remote(uri):
+            return
+        m = DATASTORE_PATH_RE.fullmatch(uri)
+        if m is None:
+            raise InvalidSpec(
+                f"train.init_from {uri!r}: an Azure ML job reads the file it starts from as an input mounted "
+                f"from a datastore path 'azureml://datastores/<datastore>/paths/<path>' of workspace "
+                f"{self.config['workspace']} (its jobs' artifact_uri), or through an s3://, gs:// or az:// URI; "
+                f"start from a job of this backend.")
+        scope = LONG_FORM_SCOPE_RE.match(uri)
+        mine = (self.config["subscription_id"], self.config["resource_group"], self.config["workspace"])
+        if scope and tuple(g.lower() for g in scope.groups()) != tuple(v.lower() for v in mine):
+            raise InvalidSpec(
+                f"train.init_from {uri!r} is a datastore path of workspace {scope.group(3)} (resource group "
+                f"{scope.group(2)}), not of this backend's workspace {mine[2]} (resource group {mine[1]}): a job "
+                f"mounts its own workspace's datastores. Start from a job of this backend.")
+
+    def _inputs(self, spec: JobSpec) -> dict[str, Any]:
+        """The job's inputs, each mounted read-only (``ro_mount``): ``data``, the dataset folder
+        (``spec.dataset_uri``), and ``init_from``, the one file ``train.init_from`` names when it is a
+        datastore path (:data:`INIT_INPUT`)."""
+        from azure.ai.ml import Input
+
+        mounts = {}
+        if spec.dataset_uri:
+            mounts[DATA_INPUT] = ("uri_folder", spec.dataset_uri)
+        if DATASTORE_PATH_RE.fullmatch(init_from(spec.config)):
+            mounts[INIT_INPUT] = ("uri_file", init_from(spec.config))
+        return {name: Input(type=kind, path=path, mode="ro_mount") for name, (kind, path) in mounts.items()}
 
     def _config_json(self, spec: JobSpec) -> str:
         """The job config written into the code snapshot, with the job's shape in ``parallel`` and,
@@ -522,13 +575,11 @@ class AzureMLBackend(CloudBackend):
     def command_job(self, spec: JobSpec, code_dir: Path | str) -> Any:
         """The azure-ai-ml ``Command`` for ``spec`` with its code snapshot in ``code_dir``
         (clouds.md §3.1). Makes no call."""
-        from azure.ai.ml import Input, Output, PyTorchDistribution, command
+        from azure.ai.ml import Output, PyTorchDistribution, command
         from azure.ai.ml.entities import QueueSettings
 
         name = azure_job_name(spec.job_name)
-        inputs = {}
-        if spec.dataset_uri:
-            inputs[DATA_INPUT] = Input(type="uri_folder", path=spec.dataset_uri, mode="ro_mount")
+        inputs = self._inputs(spec)
         outputs = {
             MODEL_OUTPUT: Output(type="uri_folder", path=spec.output_uri or None, mode="rw_mount"),
             CHECKPOINT_OUTPUT: Output(type="uri_folder", path=spec.checkpoint_uri or None, mode="rw_mount"),
@@ -537,7 +588,7 @@ class AzureMLBackend(CloudBackend):
             name=name,
             display_name=spec.job_name,
             experiment_name=EXPERIMENT,
-            command=COMMAND,
+            command=COMMAND + (INIT_ARGUMENT if INIT_INPUT in inputs else ""),
             code=str(code_dir),
             environment=self.environment(spec),
             environment_variables=self._environment(spec),

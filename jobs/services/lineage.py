@@ -10,9 +10,11 @@ optimizer. The trainer reads the file named by ``train.init_from`` (trainer_pkg/
 
 The file is found through the source backend's artifacts (``Backend.artifacts`` /
 ``Backend.artifact_uri``) and passed in place: a local path only to a job on the same backend row
-(the same GPU box or cluster), an ``s3://``/``gs://``/``az://`` URI to any backend that reads that
-scheme (``Backend.dataset_schemes``). Anything else is refused with the backend to choose; no copy
-is made between backends.
+(the same GPU box or cluster), an Azure ML datastore path (``azureml://datastores/...``) only to a job
+on the same Azure ML backend row (its submit mounts the file as an input and hands the trainer the
+mounted path), an ``s3://``/``gs://``/``az://`` URI to any backend that reads that scheme
+(``Backend.dataset_schemes``). Anything else is refused with the backend to choose; no copy is made
+between backends.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ def _artifact(errors: Errors, source: TrainingJob, mode: str) -> tuple[str, str]
 
 def _readable_where(errors: Errors, source: TrainingJob, name: str, uri: str, backend: ComputeBackend,
                     adapter: Any) -> bool:
-    """Whether a job on ``backend`` can read the source's file at ``uri`` in place; else an error on
-    ``backend`` naming what it would need."""
+    """Whether a job on ``backend`` can read the source's file at ``uri`` in place (the same backend
+    row: its path, or the datastore path an Azure ML job mounts; elsewhere a URI the trainer reads);
+    else an error on ``backend`` naming the backend to choose."""
     if uri and backend.pk == source.backend_id:
         return True
     if uri and is_remote(uri) and uri_scheme(uri) in adapter.dataset_schemes:

@@ -139,3 +139,20 @@ def test_init_from_refusals_name_the_file_and_what_to_do(tmp_path):
     alone = run("alone", init_from=str(copied))  # no init_mode
     assert alone.returncode != 0
     assert "train.init_from and train.init_mode go together" in alone.stderr
+
+
+def test_init_from_flag_replaces_the_configs_uri_and_is_refused_for_a_job_from_scratch(tmp_path, capfd):
+    """``--init-from``: where the platform mounted the file (Azure ML's ``${{inputs.init_from}}``)."""
+    from trainer_pkg.config import ConfigError, JobConfig
+    from trainer_pkg.launch import main, with_init_from
+
+    uri = "azureml://datastores/workspaceblobstore/paths/azureml/tb-job-40/checkpoints/last.pt"
+    cfg = JobConfig.from_dict({"train": {"epochs": 2, "init_from": uri, "init_mode": "continue"}})
+    assert with_init_from(cfg, "/mnt/inputs/last.pt").train.init_from == "/mnt/inputs/last.pt"
+    assert cfg.train.init_from == uri  # a new config; the one read is left as it was
+    with pytest.raises(ConfigError, match="empty path"):
+        with_init_from(cfg, " ")
+    scratch = write_job(tmp_path / "scratch", data=DIGITS, model=MLP, train={"epochs": 1})
+    assert main(["--config", str(scratch), "--init-from", "/mnt/inputs/last.pt"]) == 2
+    assert ("--init-from /mnt/inputs/last.pt: the config starts from scratch (no train.init_mode)"
+            in capfd.readouterr().err)

@@ -537,13 +537,15 @@ SETTINGS = {"subscription_id": SUBSCRIPTION, "resource_group": RESOURCE_GROUP, "
 def make_backend(st: "AzureMLStandin", *, clock: FakeClock | None = None, seed: int = 0, credential: Any = None,
                  prices: Any = None, **config: Any):
     """An :class:`AzureMLBackend` on ``st`` with a fake credential, seeded jitter and ``clock``;
-    ``config`` overrides :data:`SETTINGS`."""
+    ``config`` overrides :data:`SETTINGS`. Its datastores' Blob service is ``st.blob`` (Azurite),
+    when the workspace has one."""
     from cloud_adapters import retry
     from cloud_adapters.azureml import AzureMLBackend
 
     return AzureMLBackend({**SETTINGS, **config}, credential=credential or FakeCredential(),
                           transport=StandinTransport(st), prices=prices,
-                          retry_policy=retry.RetryPolicy(rng=random.Random(seed)), clock=clock or FakeClock())
+                          retry_policy=retry.RetryPolicy(rng=random.Random(seed)), clock=clock or FakeClock(),
+                          blob_account_url=st.blob.url if st.blob is not None else None)
 
 
 def two_gpu_catalog():

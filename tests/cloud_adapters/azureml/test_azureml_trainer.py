@@ -7,11 +7,15 @@ MASTER_ADDR/MASTER_PORT; processes already started, no torchrun) plus the job's
 on 127.0.0.1 train one epoch of digits with gloo; the model lands in the ``model`` output. The
 processes' stdout, served back as their std_log files, comes out of ``logs()`` with the metric
 records exactly as printed. A user's model in the snapshot (``model.arch`` custom) trains the same way;
-a user's script runs in the environment recreated from the job's conda file (its pip step).
+a user's script runs in the environment recreated from the job's conda file (its pip step). A job
+continued from that job's checkpoint (``train.init_from`` its datastore path) gets the file as its
+``init_from`` input, copied from Azurite where Azure ML would mount it, with the mounted path put in the
+command as Azure ML does for ``${{inputs.init_from}}``; it resumes at the source's checkpoint epoch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,8 +29,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from azure.core.exceptions import ResourceExistsError
 from azureml_standin import SUBSCRIPTION, WORKSPACE, make_backend, two_gpu_catalog
 
+from cloud_adapters.azureml.backend import DATASTORE_PATH_RE
 from cloud_adapters.base import JobSpec
 from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 
@@ -83,13 +89,35 @@ def process_env(body: dict, outputs: Path, rank: int, port: int) -> dict[str, st
     return env
 
 
-def run_processes(body: dict, code: Path, outputs: Path, python: str = sys.executable) -> tuple[int, list[tuple[int, str]]]:
+def mount_inputs(azurite, body: dict, dest: Path) -> dict[str, str]:
+    """The job's ``uri_file`` inputs where Azure ML would mount them: each datastore path's blob (the
+    stand-in's ``workspaceblobstore`` is Azurite's ``azureml-blobstore`` container) copied to
+    ``dest/<input>/<file name>``; input name → that local path."""
+    client = azurite.service().get_container_client("azureml-blobstore")
+    paths = {}
+    for name, entry in body["inputs"].items():
+        m = DATASTORE_PATH_RE.fullmatch(entry["uri"])
+        assert m and m.group(1) == "workspaceblobstore" and entry["jobInputType"] == "uri_file", entry
+        path = dest / name / m.group(2).rsplit("/", 1)[-1]
+        path.parent.mkdir(parents=True)
+        path.write_bytes(client.download_blob(m.group(2)).readall())
+        paths[name] = str(path)
+    return paths
+
+
+def run_processes(body: dict, code: Path, outputs: Path, python: str = sys.executable,
+                  inputs: dict[str, str] | None = None) -> tuple[int, list[tuple[int, str]]]:
     """The job's command started in the snapshot ``code`` once per process of its 2 × 2 PyTorch
-    distribution, as Azure ML starts them (:func:`process_env`), with the environment's ``python``;
+    distribution, as Azure ML starts them (:func:`process_env`), with the environment's ``python`` and
+    each ``${{inputs.<name>}}`` replaced by ``inputs[name]``, the input's mounted path (clouds.md §3.1);
     (the rendezvous port, (exit code, output) per rank). Asserts every process exited 0 and printed its
     own rank line."""
     port = free_port()
-    argv = shlex.split(body["command"])
+    command = body["command"]
+    for name, path in (inputs or {}).items():
+        command = command.replace(f"${{{{inputs.{name}}}}}", shlex.quote(path))
+    assert "${{" not in command, command
+    argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "trainer_pkg.launch"]
     procs = [subprocess.Popen([python, *argv[1:]], cwd=code, env=process_env(body, outputs, rank, port),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(4)]
@@ -146,6 +174,48 @@ def test_uploaded_trainer_trains_under_azure_mls_process_environment(workspace, 
     assert "[std_log_process_2] [launch] rank 2 (local rank 0, node_rank 1) of world size 4" in \
         " ".join(line for line in lines if line.startswith("[std_log_process_2]"))
     assert len(workspace.calls("PUT", r"/jobs/")) == 1
+
+
+def test_a_continued_job_mounts_the_sources_checkpoint_and_resumes_at_its_epoch(workspace, azurite, tmp_path):
+    backend = make_backend(workspace, prices=two_gpu_catalog())
+    shape = dict(nodes=2, procs_per_node=2, instance_type="Standard_NC12s_v3", max_runtime_s=600)
+    source = backend.submit(JobSpec(job_name="tb-job-7-source", config=CONFIG, **shape))
+    snapshot = download_snapshot(azurite, workspace.calls("PUT", r"/codes/")[-1].body["properties"]["codeUri"],
+                                 tmp_path / "wd-source")
+    source_outputs = tmp_path / "outputs-source"
+    run_processes(workspace.puts["tb-job-7-source"][0]["properties"], snapshot, source_outputs)
+    # What the checkpoints output's read-write mount leaves in the datastore: Azure ML's default path.
+    checkpoint = (source_outputs / "checkpoints" / "last.pt").read_bytes()
+    with contextlib.suppress(ResourceExistsError):
+        azurite.service().create_container("azureml-blobstore")
+    azurite.service().get_container_client("azureml-blobstore").upload_blob(
+        "azureml/tb-job-7-source/checkpoints/last.pt", checkpoint, overwrite=True)
+    uri = backend.artifact_uri(source, "checkpoints/last.pt")  # as lineage.job_init asks
+    assert uri == "azureml://datastores/workspaceblobstore/paths/azureml/tb-job-7-source/checkpoints/last.pt"
+
+    config = {**CONFIG, "train": {**CONFIG["train"], "epochs": 2, "init_from": uri, "init_mode": "continue"}}
+    backend.submit(JobSpec(job_name="tb-job-8-continued", config=config, **shape))
+    body = workspace.puts["tb-job-8-continued"][0]["properties"]
+    assert body["command"].endswith(" --init-from ${{inputs.init_from}}")
+    code = download_snapshot(azurite, workspace.calls("PUT", r"/codes/")[-1].body["properties"]["codeUri"],
+                             tmp_path / "wd")
+    assert json.loads((code / "trainboard_job.json").read_text())["train"]["init_from"] == uri  # the truth
+    mounted = mount_inputs(azurite, body, tmp_path / "inputs")
+    assert Path(mounted["init_from"]).read_bytes() == checkpoint
+
+    outputs = tmp_path / "outputs"
+    _, results = run_processes(body, code, outputs, inputs=mounted)
+    log = results[0][1]
+    assert f"[launch] train.init_from {uri} is read from {mounted['init_from']} (--init-from)" in log
+    assert f"continuing from {mounted['init_from']}" in log
+    recs = records(outputs / "model")
+    started = next(r for r in recs if r["event"] == "started")
+    assert started["resumed"] is True and started["step"] > 0
+    # The source's checkpoint holds 1 finished epoch: the continued run trains epoch 1 only.
+    assert [(r["epoch"], r["epochs_done"]) for r in recs if r["event"] == "epoch"] == [(1, 2)]
+    assert recs[-1]["event"] == "completed"
+    resumed = torch.load(outputs / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert resumed["epoch"] == 2
 
 
 def test_a_custom_model_in_the_snapshot_trains_under_azure_ml(workspace, azurite, tmp_path):
