@@ -349,7 +349,8 @@ def whole_number(errors: Errors, field: str, value: Any, *, minimum: int, label:
         return minimum
     if number < minimum:
         errors.add(field, f"{label} must be at least {minimum}, got {number}.")
-    elif maximum is not None and number > maximum:
+        return minimum
+    if maximum is not None and number > maximum:
         errors.add(field, f"{label} must be at most {maximum:,}, got {number:,}.")
         return maximum
     return number
@@ -375,7 +376,7 @@ def check_estimate(errors: Errors, estimate: Decimal) -> None:
 
 def positive_float(errors: Errors, field: str, value: Any, *, label: str) -> float:
     """``value`` as a finite float > 0 (e.g. the learning rate); else an error on ``field`` naming
-    ``label`` (a bool is not a number) and 1.0 so the caller's other checks still run."""
+    ``label`` (a bool is not a number), and 1.0 in its place so the caller's other checks still run."""
     try:
         if isinstance(value, bool):
             raise ValueError
@@ -385,6 +386,7 @@ def positive_float(errors: Errors, field: str, value: Any, *, label: str) -> flo
         return 1.0
     if not number > 0 or number != number or number == float("inf"):
         errors.add(field, f"{label} must be greater than 0, got {value!r}.")
+        return 1.0
     return number
 
 

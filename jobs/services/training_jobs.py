@@ -470,19 +470,16 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
-    config = None
-    try:
-        config = JobConfig.from_dict(_deep_merge(base, overrides))
-        if not is_script:
-            config.model.params = validate_model_params(config.model.arch, config.model.params)
-    except ConfigError as exc:
-        _add_config_error(later, exc, overridden)
-    if config is not None:
-        for dotted, message in _job_config_errors(config, is_script).items():
-            field = _config_error_field(dotted, overridden)
-            later.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
-    if config is None or later:  # the backend's checks need a config the trainer takes
-        stop_if_any()
+    config = _checked_config(later, base, overrides, overridden, is_script)
+    if later and overrides and set(map(validation.field_of, later)) == {"hyperparameters"}:
+        # Only the overrides are refused: their errors are the user's own (kept), and the backend's
+        # checks below run on the config without them, as for a job that gave none.
+        validation.merge_later(errors, later, flagged)
+        later.clear()
+        flagged.add("hyperparameters")
+        config = _checked_config(later, base, {}, set(), is_script)
+    if config is None or any(validation.field_of(key) not in flagged for key in later):
+        stop_if_any()  # the backend's checks need a config the trainer takes
     # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
     # has no model of ours to fit; a custom model passes the registry's rule (its shapes are known
     # only once its entry point runs: the trainer checks the first batch).
@@ -518,6 +515,26 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       on_demand_price=_on_demand_price(adapter, instance_type, spot, price), priority=priority,
                       code=archive, image=image, env=env, fingerprint=_fingerprint(config),
                       lineage_fields=lineage_fields)
+
+
+def _checked_config(errors: Errors, base: dict[str, Any], overrides: dict[str, Any], overridden: set[str],
+                    is_script: bool) -> JobConfig | None:
+    """The trainer config of ``base`` with ``overrides`` merged in, checked by the trainer's own
+    schema and the job rules (:func:`_job_config_errors`); its errors go to ``errors`` under the
+    field each belongs to (``hyperparameters`` for an overridden key). None when the trainer's schema
+    refuses it (the config then cannot be built at all)."""
+    config = None
+    try:
+        config = JobConfig.from_dict(_deep_merge(base, overrides))
+        if not is_script:
+            config.model.params = validate_model_params(config.model.arch, config.model.params)
+    except ConfigError as exc:
+        _add_config_error(errors, exc, overridden)
+    if config is not None:
+        for dotted, message in _job_config_errors(config, is_script).items():
+            field = _config_error_field(dotted, overridden)
+            errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
+    return config
 
 
 def job_base_config(*, dataset: Dataset, model_spec: ModelSpec, archive: CodeArchive | None, strategy: str,

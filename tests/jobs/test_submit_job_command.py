@@ -70,6 +70,20 @@ def test_every_bad_flag_is_reported_at_once_and_nothing_is_created(ready):
     ready.assert_not_called()
 
 
+def test_bad_numbers_do_not_hide_the_backends_limit(ready):
+    code, out, err = run(*BASE, "--epochs", "0", "--batch-size", "0", "--procs-per-node", "64")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "the job was not created:",
+        "  --epochs: Epochs must be at least 1, got 0.",
+        "  --batch-size: Batch size must be at least 1, got 0.",
+        "  --procs-per-node: 1 node × 64 processes = 64 ranks, but this GPU box runs at most 2 processes per node "
+        "(max_procs_per_node); ask for 2 or fewer.",
+    ]
+    assert TrainingJob.objects.count() == 0
+    ready.assert_not_called()
+
+
 def test_an_unknown_user_still_reports_the_other_bad_flags(ready):
     code, _, err = run(*BASE[:-2], "--user", "nobody", "--epochs", "0", "--env", "A")
     assert code == 2

@@ -78,6 +78,26 @@ def test_a_job_with_a_bad_field_and_a_bad_pipeline_gets_every_error_and_nothing_
     no_celery_publish["submit"].assert_not_called()
 
 
+@pytest.mark.parametrize("bad", [
+    {"epochs": 0, "hyperparameters": {"train": {"optimizer": "nope"}}},
+    {"lr": -1},
+    {"batch_size": 0},
+])
+def test_field_and_config_errors_do_not_hide_what_the_backend_refuses(api_client, digits_dataset, cnn_model,
+                                                                        local_backend, no_celery_publish, bad):
+    payload = {"dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk,
+               "nodes": 1, "procs_per_node": 64, **bad}
+    response = api_client.post("/api/jobs/", payload, format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert set(body) == {*bad, "procs_per_node"}, body
+    assert body["procs_per_node"] == [
+        "1 node × 64 processes = 64 ranks, but this GPU box runs at most 2 processes per node "
+        "(max_procs_per_node); ask for 2 or fewer."]
+    assert not TrainingJob.objects.exists()
+    no_celery_publish["submit"].assert_not_called()
+
+
 def test_a_request_that_is_not_an_object_is_one_error(api_client):
     response = api_client.post("/api/backends/", ["sagemaker"], format="json")
     assert response.status_code == 400

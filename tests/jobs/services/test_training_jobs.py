@@ -71,15 +71,22 @@ def test_create_reports_several_fields_at_once(user, digits_dataset, cnn_model, 
     assert TrainingJob.objects.count() == 0
 
 
-def test_a_bad_field_and_a_bad_override_are_reported_together(user, digits_dataset, cnn_model, local_backend):
-    # The field's stand-in (1 epoch) lets the trainer config be checked on the same call.
+@pytest.mark.parametrize("override, needle", [
+    ({"train": {"optimizer": "rmsprop"}}, "train.optimizer"),  # the trainer's schema refuses it
+    ({"parallel": {"cpu_offload": True}}, "strategy ddp has no shards"),  # a job rule refuses it
+])
+def test_a_bad_field_a_bad_override_and_the_backends_limit_are_reported_together(
+        user, digits_dataset, cnn_model, local_backend, override, needle):
+    # The field's stand-in (1 epoch) lets the trainer config be checked on the same call, and the
+    # config without the refused overrides lets the backend check the shape.
     with pytest.raises(ValidationError) as excinfo:
-        _create(user, digits_dataset, cnn_model, local_backend, epochs=0,
-                hyperparameters={"train": {"optimizer": "rmsprop"}})
+        _create(user, digits_dataset, cnn_model, local_backend, epochs=0, procs_per_node=3,
+                hyperparameters=override)
     errors = _errors(excinfo)
-    assert set(errors) == {"epochs", "hyperparameters"}, errors
+    assert set(errors) == {"epochs", "hyperparameters", "procs_per_node"}, errors
     assert errors["epochs"] == ["Epochs must be at least 1, got 0."]
-    assert "train.optimizer" in errors["hyperparameters"][0]
+    assert len(errors["hyperparameters"]) == 1 and needle in errors["hyperparameters"][0]
+    assert "at most 2" in errors["procs_per_node"][0]
     assert TrainingJob.objects.count() == 0
 
 
