@@ -470,14 +470,21 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
         checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
-    config = _checked_config(later, base, overrides, overridden, is_script)
-    if later and overrides and set(map(validation.field_of, later)) == {"hyperparameters"}:
-        # Only the overrides are refused: their errors are the user's own (kept), and the backend's
-        # checks below run on the config without them, as for a job that gave none.
+    config, refused = _checked_config(later, base, overrides, overridden, is_script)
+    # While only overrides are refused, each refusal is the user's own error (kept) and the checks go
+    # on without that key: the trainer's schema stops at its first error, so the next refused key is
+    # found too, and the backend's checks below run on the overrides the trainer takes.
+    dropped: set[str] = set()
+    while later and set(map(validation.field_of, later)) == {"hyperparameters"} and refused - dropped:
         validation.merge_later(errors, later, flagged)
         later.clear()
-        flagged.add("hyperparameters")
-        config = _checked_config(later, base, {}, set(), is_script)
+        dropped |= refused
+        kept = _without_keys(overrides, dropped)
+        config, refused = _checked_config(later, base, kept, _flatten_keys(kept), is_script)
+    if dropped:
+        validation.merge_later(errors, later, flagged)  # a refusal that dropping keys did not clear
+        later.clear()
+        flagged.add("hyperparameters")  # from here on the checks see the overrides less the refused keys
     if config is None or any(validation.field_of(key) not in flagged for key in later):
         stop_if_any()  # the backend's checks need a config the trainer takes
     # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
@@ -518,23 +525,40 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
 
 
 def _checked_config(errors: Errors, base: dict[str, Any], overrides: dict[str, Any], overridden: set[str],
-                    is_script: bool) -> JobConfig | None:
+                    is_script: bool) -> tuple[JobConfig | None, set[str]]:
     """The trainer config of ``base`` with ``overrides`` merged in, checked by the trainer's own
-    schema and the job rules (:func:`_job_config_errors`); its errors go to ``errors`` under the
-    field each belongs to (``hyperparameters`` for an overridden key). None when the trainer's schema
-    refuses it (the config then cannot be built at all)."""
-    config = None
+    schema and the job rules (:func:`_job_config_errors`), and the dotted keys they refused
+    (``train.optimizer``). Errors go to ``errors`` under the field each belongs to
+    (``hyperparameters`` for an overridden key). The config is None when the trainer's schema refuses
+    it (it then cannot be built at all)."""
+    config, refused = None, set()
     try:
         config = JobConfig.from_dict(_deep_merge(base, overrides))
         if not is_script:
             config.model.params = validate_model_params(config.model.arch, config.model.params)
     except ConfigError as exc:
         _add_config_error(errors, exc, overridden)
+        dotted = str(exc).split(":", 1)[0].strip() if ":" in str(exc) else ""
+        if dotted and " " not in dotted:
+            refused.add(dotted)
     if config is not None:
         for dotted, message in _job_config_errors(config, is_script).items():
             field = _config_error_field(dotted, overridden)
             errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
-    return config
+            refused.add(dotted)
+    return config, refused
+
+
+def _without_keys(overrides: Mapping[str, Any], dotted_keys: set[str]) -> dict[str, Any]:
+    """``overrides`` (nested dicts) less every key named in ``dotted_keys`` (``train.optimizer``);
+    a key named that it does not hold is ignored."""
+    kept: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in dotted_keys:
+            continue
+        inner = {k.split(".", 1)[1] for k in dotted_keys if k.startswith(key + ".")}
+        kept[key] = _without_keys(value, inner) if inner and isinstance(value, Mapping) else value
+    return kept
 
 
 def job_base_config(*, dataset: Dataset, model_spec: ModelSpec, archive: CodeArchive | None, strategy: str,

@@ -151,6 +151,24 @@ def test_api_bad_input_is_a_400_and_stores_nothing(user, body, fields):
     assert not Webhook.objects.exists()
 
 
+def test_an_unknown_key_is_reported_with_every_other_error(user):
+    r = _api(user).post("/api/webhooks/", {"url": "gopher://x", "events": [], "format": "xml", "extra": 1},
+                        format="json")
+    assert r.status_code == 400
+    body = r.json()
+    assert set(body) == {"non_field_errors", "url", "events", "format"}, body
+    assert body["non_field_errors"] == ["Unknown fields: extra."]
+    assert not Webhook.objects.exists()
+    webhook, _ = services.webhook_create(owner=user, url="http://127.0.0.1:9/a", events=["job.failed"])
+    r = _api(user).put(f"/api/webhooks/{webhook.pk}/", {"name": "\x00", "extra": 1, "rotate_secret": True},
+                       format="json")
+    assert r.status_code == 400
+    assert set(r.json()) == {"non_field_errors", "url", "events", "name"}, r.json()
+    assert r.json()["url"] == ["This field is required."]
+    webhook.refresh_from_db()
+    assert (webhook.url, webhook.name) == ("http://127.0.0.1:9/a", "")
+
+
 def test_api_bad_update_changes_nothing(user):
     webhook, _ = services.webhook_create(owner=user, url="http://127.0.0.1:9/a", events=["job.failed"])
     r = _api(user).patch(f"/api/webhooks/{webhook.pk}/", {"url": "http://169.254.169.254/", "events": ["x"]},

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from jobs import selectors, services
 from jobs.models import NOTIFICATION_EVENTS, Webhook, WebhookDelivery
+from jobs.validation import trial_call
 from webapp.api.views import IsOwnerOrStaffToChange
 from webapp.errors import to_drf_validation_error
 
@@ -67,15 +68,27 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-def _service_fields(data) -> dict:
-    """The fields a request body gives, as the service names them (``team`` stays ``team``)."""
+def _service_fields(data) -> tuple[dict, dict[str, list[str]]]:
+    """The fields a request body gives, as the service names them (``team`` stays ``team``), and the
+    body's own errors (keys no webhook has), which :func:`_service_call` reports with the service's."""
     if not isinstance(data, dict):
         raise ValidationError({"non_field_errors": ["Send a JSON object."]})
     allowed = ("name", "url", "events", "format", "enabled", "team")
     unknown = sorted(set(data) - set(allowed) - {"rotate_secret", "id", "owner", "created_at", "updated_at"})
-    if unknown:
-        raise ValidationError({"non_field_errors": [f"Unknown fields: {', '.join(map(str, unknown))[:200]}."]})
-    return {k: data[k] for k in allowed if k in data}
+    own = {"non_field_errors": [f"Unknown fields: {', '.join(map(str, unknown))[:200]}."]} if unknown else {}
+    return {k: data[k] for k in allowed if k in data}, own
+
+
+def _service_call(call, own: dict[str, list[str]]):
+    """``call()``'s result; with ``own`` errors of the request, the service is still called (rolled
+    back: ``validation.trial_call``) and every error is answered in one 400."""
+    result, exc = trial_call(call, valid=not own, flagged=set())
+    if exc is None and not own:
+        return result
+    detail = dict(to_drf_validation_error(exc).detail) if exc is not None else {}
+    for key, messages in own.items():
+        detail[key] = [*messages, *detail.get(key, [])]
+    raise ValidationError(detail)
 
 
 class NotificationPreferenceView(APIView):
@@ -120,28 +133,21 @@ class WebhookViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Retr
         return selectors.webhook_list_for_user(user=self.request.user).order_by("-created_at", "-id")
 
     def create(self, request: Request, *args, **kwargs) -> Response:
-        fields = _service_fields(request.data)
-        try:
-            webhook, secret = services.webhook_create(owner=request.user, url=fields.pop("url", None),
-                                                      events=fields.pop("events", None), **fields)
-        except DjangoValidationError as exc:
-            raise to_drf_validation_error(exc) from None
+        fields, own = _service_fields(request.data)
+        webhook, secret = _service_call(lambda: services.webhook_create(
+            owner=request.user, url=fields.pop("url", None), events=fields.pop("events", None), **fields), own)
         data = WebhookSerializer(webhook).data
         data["secret"] = secret
         return Response(data, status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, *args, **kwargs) -> Response:
         webhook = self.get_object()
-        fields = _service_fields(request.data)
-        rotate = request.data.get("rotate_secret") is True if isinstance(request.data, dict) else False
+        fields, own = _service_fields(request.data)
+        rotate = request.data.get("rotate_secret") is True
         if request.method == "PUT":
-            missing = [f for f in ("url", "events") if f not in fields]
-            if missing:
-                raise ValidationError({f: ["This field is required."] for f in missing})
-        try:
-            webhook, secret = services.webhook_update(webhook=webhook, rotate_secret=rotate, **fields)
-        except DjangoValidationError as exc:
-            raise to_drf_validation_error(exc) from None
+            own.update({f: ["This field is required."] for f in ("url", "events") if f not in fields})
+        webhook, secret = _service_call(
+            lambda: services.webhook_update(webhook=webhook, rotate_secret=rotate, **fields), own)
         data = WebhookSerializer(webhook).data
         if secret:
             data["secret"] = secret

@@ -189,6 +189,26 @@ def test_continue_refuses_what_the_trainer_would_reject_all_at_once(
     assert TrainingJob.objects.count() == before
 
 
+def test_a_bad_mode_or_a_refused_override_hides_no_other_error(user, digits_dataset, cnn_model, local_backend,
+                                                                run_root):
+    job = _source(user, digits_dataset, cnn_model, local_backend)
+    _ran(job, run_root, epochs_done=1)
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_clone(owner=user, job=job, overrides={"init_mode": "resume", "epochs": 0, "bogus": 1})
+    errors = excinfo.value.message_dict
+    assert set(errors) == {"init_mode", "epochs", "bogus"}, errors
+    assert errors["init_mode"] == ["Init mode must be continue or finetune (or blank), not 'resume'."]
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_clone(owner=user, job=job, overrides={
+            "init_mode": "continue", "epochs": 3, "procs_per_node": 64,
+            "hyperparameters": {"train": {"optimizer": "nope"}}})
+    errors = excinfo.value.message_dict
+    assert set(errors) == {"procs_per_node", "hyperparameters"}, errors
+    assert "at most 2 processes per node" in errors["procs_per_node"][0]
+    assert "train.optimizer" in errors["hyperparameters"][0]
+    assert TrainingJob.objects.count() == 1
+
+
 def test_continue_needs_a_checkpoint_and_fine_tune_uses_model_pt(user, digits_dataset, cnn_model, local_backend, run_root):
     job = _source(user, digits_dataset, cnn_model, local_backend)
     run = _ran(job, run_root, files=("model.pt",), epochs_done=0)

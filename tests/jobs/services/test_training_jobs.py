@@ -90,6 +90,18 @@ def test_a_bad_field_a_bad_override_and_the_backends_limit_are_reported_together
     assert TrainingJob.objects.count() == 0
 
 
+def test_every_refused_override_is_reported_not_only_the_first(user, digits_dataset, cnn_model, local_backend):
+    with pytest.raises(ValidationError) as excinfo:
+        _create(user, digits_dataset, cnn_model, local_backend, procs_per_node=3, hyperparameters={
+            "train": {"optimizer": "nope", "momentum": "x", "epochs": 2}, "data": {"bogus": 1}})
+    errors = _errors(excinfo)
+    assert set(errors) == {"hyperparameters", "procs_per_node"}, errors
+    said = " | ".join(errors["hyperparameters"])
+    assert len(errors["hyperparameters"]) == 3, said
+    assert "train.optimizer" in said and "train.momentum" in said and "bogus" in said
+    assert TrainingJob.objects.count() == 0
+
+
 def test_a_bad_field_and_what_the_backend_refuses_are_reported_together(user, digits_dataset, cnn_model,
                                                                          local_backend):
     with sent_tasks(dispatch.SUBMIT_JOB) as send:
