@@ -63,7 +63,8 @@ def _reload(job: TrainingJob) -> TrainingJob:
 def test_an_evicted_pod_is_resubmitted_and_resumes_from_its_checkpoint(worker, cluster, kube, user, tmp_path,
                                                                        digits_dataset, cnn_model):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=kube,
-                                       nodes=2, procs_per_node=1, epochs=EPOCHS)
+                                       nodes=2, procs_per_node=1, epochs=EPOCHS,
+                                       batch_size=2)  # ~350 steps an epoch: the eviction lands inside epoch 2
     worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=180, what="the job to be RUNNING")
     first = _reload(job).provider_job_name
     output = tmp_path / "pod-output"

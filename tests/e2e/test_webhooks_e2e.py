@@ -138,8 +138,9 @@ def test_an_endpoint_that_never_answers_holds_the_notifier_not_the_sync(celery_w
                                    queues="celery,gpubox.local") as jobs_worker, \
              celery_worker_factory(_dir(tmp_path, "notifier"), _dir(tmp_path, "notifier-runs"), extra_env=env,
                                    queues="notifications", beat=False) as notifier:
+            # 40 epochs, some 15 s of training: time for the notifier to be in its requests first.
             job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
-                                               backend=local_backend, nodes=1, procs_per_node=1, epochs=2,
+                                               backend=local_backend, nodes=1, procs_per_node=1, epochs=40,
                                                batch_size=64, name="held-endpoint")
             job = jobs_worker.wait_for(lambda: (j := TrainingJob.objects.get(pk=job.pk)).is_terminal and j,
                                        timeout=240, what="the job to end")
