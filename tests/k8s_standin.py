@@ -663,6 +663,13 @@ class KubeStandin:
         os.chmod(path, 0o600)
         return path
 
+    def installation(self, allowed_images: str = "registry.example/trainboard/*") -> dict[str, str]:
+        """The ``TRAINBOARD_K8S_*`` host settings of an installation that reaches this server (its
+        kubeconfig, context ``standin``) and runs the images ``allowed_images`` matches: a worker's
+        environment, or the test process's settings."""
+        return {"TRAINBOARD_K8S_KUBECONFIG": str(self.kubeconfig_path), "TRAINBOARD_K8S_CONTEXT": "standin",
+                "TRAINBOARD_K8S_ALLOWED_IMAGES": allowed_images}
+
     def client(self):
         """A ``kubernetes.client.ApiClient`` configured from this server's kubeconfig."""
         from kubernetes import client, config

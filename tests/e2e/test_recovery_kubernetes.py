@@ -34,23 +34,18 @@ def cluster(tmp_path_factory):
         yield server
 
 
-def installation(cluster) -> dict[str, str]:
-    return {"TRAINBOARD_K8S_KUBECONFIG": str(cluster.kubeconfig_path), "TRAINBOARD_K8S_CONTEXT": "standin",
-            "TRAINBOARD_K8S_ALLOWED_IMAGES": "registry.example/trainboard/*"}
-
-
 @pytest.fixture(scope="module")
 def worker(cluster, django_db_blocker, celery_worker_factory, tmp_path_factory):
     directory = tmp_path_factory.mktemp("k8s-recovery-worker")
     with django_db_blocker.unblock():
-        with celery_worker_factory(directory, directory / "runs", extra_env=installation(cluster),
+        with celery_worker_factory(directory, directory / "runs", extra_env=cluster.installation(),
                                    queues="celery") as running:
             yield running
 
 
 @pytest.fixture
 def kube(cluster, settings, user, tmp_path):
-    for name, value in installation(cluster).items():
+    for name, value in cluster.installation().items():
         setattr(settings, name, value)
     return services.backend_create(owner=user, name="kube", kind="kubernetes", config={
         "namespace": "default", "image": IMAGE, "output_path": str(tmp_path / "pod-output")})
