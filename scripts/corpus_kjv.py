@@ -9,8 +9,8 @@ data, installed by ``scripts/system-deps.sh``): 31,102 verses, 4.1 MB, 1,036,566
 /usr/share/doc/bible-kjv-text/copyright: "The copyright for the King James Version text of the Bible
 is expired"); the package's retrieval program is GPL-2+, and only its output is used here.
 
-One verse per line without its reference ("Ge1:1 "), a blank line between books. Nothing is
-downloaded; exit 2 when the ``bible`` program is missing.
+One verse per line without its reference ("Ge1:1 "), a blank line between books; the folder of
+OUT.txt is made when missing. Nothing is downloaded; exit 2 when the ``bible`` program is missing.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     lines = kjv_lines()
+    # The README's command writes data/kjv.txt, and a fresh clone has no data/ (it is .gitignored).
+    os.makedirs(os.path.dirname(os.path.abspath(argv[0])), exist_ok=True)
     with open(argv[0], "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print(f"corpus_kjv: wrote {argv[0]}: {sum(1 for x in lines if x):,} verses", file=sys.stderr)

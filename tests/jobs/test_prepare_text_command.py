@@ -30,6 +30,18 @@ def run(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def test_the_readmes_corpus_command_makes_its_data_folder(tmp_path):
+    """The README's first token-data command, ``python3 scripts/corpus_kjv.py data/kjv.txt``, on a fresh
+    clone, which has no data/ (it is .gitignored): the folder is made, the corpus written."""
+    assert not (tmp_path / "data").exists()
+    made = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "corpus_kjv.py"), "data/kjv.txt"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    lines = (tmp_path / "data" / "kjv.txt").read_text(encoding="utf-8").splitlines()
+    assert len([x for x in lines if x]) == 31_102 and lines[0].startswith("In the beginning God created")
+    assert "corpus_kjv: wrote data/kjv.txt: 31,102 verses" in made.stderr
+
+
 @pytest.fixture(scope="module")
 def genesis(tmp_path_factory):
     """Genesis to Leviticus (the first 3,600 verses) as a text file, from scripts/corpus_kjv.py."""
