@@ -492,6 +492,12 @@ demo's worker runs several) could each start a sweep's free slots' trials: more 
 ``max_concurrent_trials`` at once, and more asked than ``max_trials``."""
 
 
+def sweeps_unavailable() -> str | None:
+    """Why this installation cannot run sweeps (:data:`SQLITE_REFUSAL` on SQLite), or None: what the
+    sweep pages say before their form, and what :func:`sweep_create` refuses with."""
+    return SQLITE_REFUSAL if connections["default"].vendor == "sqlite" else None
+
+
 def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str = "tpe", seed: Any = 0,
                  objective_metric: str = "val_accuracy", direction: str = "maximize", objective: str = "final",
                  max_trials: Any = 10, max_concurrent_trials: Any = 2, budget_usd: Any = None,
@@ -516,8 +522,8 @@ def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str
     rolled-back savepoint, to find them). Nothing is stored then.
     """
     errors = Errors()
-    if connections["default"].vendor == "sqlite":
-        errors.add(ALL, SQLITE_REFUSAL)
+    if (unavailable := sweeps_unavailable()) is not None:
+        errors.add(ALL, unavailable)
     name = (name or "").strip() if isinstance(name, str) else ""
     if not name:
         errors.add("name", "Name: give the sweep a name, e.g. lr-search.")

@@ -100,12 +100,17 @@ def _sweep_for(request: HttpRequest, pk: int) -> Sweep:
 @login_required
 def sweep_list(request: HttpRequest) -> HttpResponse:
     rows = list(selectors.sweep_list_for_user(user=request.user)[:200])
-    return render(request, "webapp/sweeps/list.html", {"sweeps": rows})
+    return render(request, "webapp/sweeps/list.html", {"sweeps": rows, "unavailable": sweeps.sweeps_unavailable()})
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def sweep_create(request: HttpRequest) -> HttpResponse:
+    """The create form; where sweeps cannot run (the embedded SQLite database), the page says why
+    instead, before anyone fills in the form (a POST gets the same page)."""
+    if (unavailable := sweeps.sweeps_unavailable()) is not None:
+        return render(request, "webapp/sweeps/form.html", {"unavailable": unavailable},
+                      status=400 if request.method == "POST" else 200)
     form = SweepForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:

@@ -134,6 +134,31 @@ def test_create_form_shows_every_error_and_creates(owner_client, digits_dataset,
     assert sweep.base["epochs"] == 1 and sweep.pruner == "median" and sweep.search_space == SPACE
 
 
+def test_on_sqlite_the_sweep_pages_say_why_before_any_form(owner_client, digits_dataset, cnn_model, local_backend):
+    """The demo's embedded SQLite database cannot run sweeps: the form page says so at its top and offers
+    no form to fill in first; the list has no "New sweep" button, and says why."""
+    from unittest import mock
+
+    from django.db import connections
+
+    with mock.patch.object(connections["default"], "vendor", "sqlite"):
+        page = owner_client.get(reverse("sweep-create"))
+        posted = owner_client.post(reverse("sweep-create"), {"name": "x"})
+        listed = owner_client.get(reverse("sweep-list")).content.decode()
+    text = page.content.decode()
+    assert page.status_code == 200 and 'id="sweeps-unavailable"' in text
+    assert "Sweeps need PostgreSQL" in text and 'id="sweep-form"' not in text and 'name="search_space"' not in text
+    # the notice is the first thing of the page's content, before anything to fill in
+    assert text.index('id="sweeps-unavailable"') < text.index("Launch a single job instead")
+    assert posted.status_code == 400 and 'id="sweeps-unavailable"' in posted.content.decode()
+    assert Sweep.objects.count() == 0
+    assert 'id="sweeps-unavailable"' in listed and "Sweeps need PostgreSQL" in listed
+    assert reverse("sweep-create") not in listed
+    # On PostgreSQL the form is there and no notice.
+    text = owner_client.get(reverse("sweep-create")).content.decode()
+    assert 'id="sweep-form"' in text and "sweeps-unavailable" not in text
+
+
 def test_cancel_page_teammate_is_refused(owner_client, client, django_user_model, user, digits_dataset, cnn_model,
                                          local_backend):
     sweep = sweeps.sweep_create(owner=user, **_payload(digits_dataset, cnn_model, local_backend))
