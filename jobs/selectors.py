@@ -537,6 +537,78 @@ def training_job_final_metrics(*, job: TrainingJob) -> dict[str, float | None]:
     return out
 
 
+HEADLINE_TRAINER_METRICS = ("train_loss", "val_loss", "train_accuracy", "val_accuracy", "val_perplexity")
+"""The trainer's metrics the job page's headline shows (those the job reported), in this order."""
+HEADLINE_SCRIPT_METRICS = 6
+"""A script's own metrics the headline shows at most (in name order)."""
+
+
+def training_job_headline(*, job: TrainingJob) -> dict[str, Any]:
+    """The job page's headline: where the run is and its latest values.
+
+    ``{"metrics": [(name, value | None)], "step": int | None, "epoch": int | None (1-based, the epoch
+    the last record is in), "epochs": int | None, "total_steps": int | None, "fraction": 0..1 | None,
+    "total_estimated": bool, "eta_s": seconds | None, "script": bool}``.
+
+    The values are :attr:`TrainingJob.final_metrics` (the last of each name, kept by the sync; no
+    query). Progress reads at most two points, each the last of one name by the ``(job, name, step)``
+    index, never the history: the trainer's last record (its ``lr``, in every record) gives the step
+    and epoch; its last epoch record (``val_loss``) the steps an epoch takes, so ``total_steps`` is
+    ``train.max_steps`` when set, else steps per epoch × ``train.epochs`` once an epoch has ended
+    (``fraction`` before that: epochs finished ÷ epochs). A script's epochs are its own: only its
+    step (its first reported name's last point) is shown, no fraction. ``eta_s``: the training time
+    so far (start to the last record) × the part left ÷ the part done, while the job is active."""
+    config = job.config if isinstance(job.config, dict) else {}
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    script = bool((config.get("code") or {}).get("script")) if isinstance(config.get("code"), dict) else False
+    final = job.final_metrics if isinstance(job.final_metrics, dict) else {}
+    if script:
+        names = sorted(n for n in final if isinstance(n, str))[:HEADLINE_SCRIPT_METRICS]
+    else:
+        names = [n for n in HEADLINE_TRAINER_METRICS if n in final]
+    out: dict[str, Any] = {"metrics": [(n, final[n]) for n in names], "step": None, "epoch": None,
+                           "epochs": None, "total_steps": None, "fraction": None, "eta_s": None, "script": script,
+                           "total_estimated": False}
+
+    def last(name: str) -> dict[str, Any] | None:
+        return (MetricPoint.objects.filter(job_id=job.pk, name=name, rank__isnull=True).order_by("-step")
+                .values("step", "epoch", "recorded_at").first())
+
+    point = last(names[0] if script and names else "lr") if (final or not script) else None
+    if point is None:
+        return out
+    out["step"] = point["step"]
+    if script:
+        return out
+
+    def whole(value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    epochs, max_steps = whole(train.get("epochs")), whole(train.get("max_steps"))
+    out["epochs"] = epochs or None
+    if point["epoch"] is not None:
+        out["epoch"] = point["epoch"] + 1
+    if max_steps:
+        out["total_steps"] = max_steps
+    elif epochs:
+        ended = last("val_loss")
+        if ended is not None and ended["epoch"] is not None and ended["step"] > 0:
+            out["total_steps"] = round(ended["step"] / (ended["epoch"] + 1) * epochs)
+            out["total_estimated"] = True
+    if out["total_steps"]:
+        out["fraction"] = min(point["step"] / out["total_steps"], 1.0)
+    elif epochs and point["epoch"] is not None:
+        out["fraction"] = min(point["epoch"] / epochs, 1.0)
+    if job.state == S.SUCCEEDED:
+        out["fraction"] = 1.0
+    fraction = out["fraction"]
+    if not job.is_terminal and job.started_at and fraction and 0 < fraction < 1:
+        trained_s = (point["recorded_at"] - job.started_at).total_seconds()
+        if trained_s > 0:
+            out["eta_s"] = trained_s * (1 - fraction) / fraction
+    return out
+
+
 def backend_ids_with_active_jobs() -> list[int]:
     """Backends that have jobs a sync must look at (submitted, not yet terminal)."""
     return list(

@@ -451,7 +451,27 @@ def _live_context(job) -> dict[str, Any]:
         "straggler": selectors.training_job_straggler(job=job, ranks=ranks),
         "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),
         "log_tail_lines": LOG_TAIL_LINES,
+        "headline": selectors.training_job_headline(job=job),
     }
+
+
+SCRIPT_CONFIG_SECTIONS = ("code", "output")
+"""What of the frozen config reaches a *my script* job (trainer_pkg/launch.py ``trainboard_env``): its
+code (script, arguments) and its output directories; ``data.uri`` as well when the dataset has a path.
+The trainer's model, parallel and train sections do not apply to it."""
+
+
+def _config_shown(job) -> dict[str, Any]:
+    """``{"script": bool, "config": dict}``: the job page's config panel, the whole frozen config for
+    a job of our trainer, and for a script job only the parts the launcher hands the script."""
+    config = job.config if isinstance(job.config, dict) else {}
+    if not (isinstance(config.get("code"), dict) and config["code"].get("script")):
+        return {"script": False, "config": config}
+    shown = {key: config[key] for key in SCRIPT_CONFIG_SECTIONS if key in config}
+    uri = (config.get("data") or {}).get("uri") if isinstance(config.get("data"), dict) else ""
+    if uri:
+        shown["data"] = {"uri": uri}
+    return {"script": True, "config": shown}
 
 
 def _metric_chart_names(job, names) -> list[str]:
@@ -489,8 +509,15 @@ def _metrics_payload(job) -> dict[str, Any]:
 @login_required
 @require_GET
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    job = _job_for(request, pk)
+    return job_page(request, _job_for(request, pk))
+
+
+def job_page(request: HttpRequest, job, *, annotate: dict[str, Any] | None = None, status: int = 200) -> HttpResponse:
+    """The job page for ``job`` (already scoped to the user). ``annotate``: the tags and notes form
+    as the user sent it, ``{"tags", "notes", "errors": [...]}``, shown instead of the job's own when
+    saving them was refused (``views_experiments.job_annotate``), with ``status`` 400."""
     context = _live_context(job)
+    context["annotate"] = annotate
     context["metrics"] = _metrics_payload(job)
     context["chart_series"] = CHART_SERIES
     context["code"] = selectors.training_job_code(job=job)
@@ -499,7 +526,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["lineage"] = {**selectors.training_job_lineage(job=job, user=request.user),
                           **views_clone.job_actions(job)}
     context["attempts"] = selectors.training_job_attempts(job=job)
-    return render(request, "webapp/jobs/detail.html", context)
+    context["config_shown"] = _config_shown(job)
+    return render(request, "webapp/jobs/detail.html", context, status=status)
 
 
 @never_cache

@@ -158,3 +158,94 @@ def test_a_trainer_job_shows_only_loss_and_accuracy(live_server, browser_page, u
     page.wait_for_function("() => window.trainboardCharts && window.trainboardCharts['chart-metric-0']")
     assert page.evaluate("() => [...document.querySelectorAll('#charts h2')].map(h => h.textContent)") == [
         "Loss", "Accuracy", "custom_from_model"]
+
+
+def test_the_job_page_opens_on_its_headline_and_charts_and_fits_a_phone(live_server, browser_page, user,
+                                                                        digits_dataset, cnn_model, local_backend,
+                                                                        artifacts_dir):
+    """Issue 27 items 12 and 13, in one browser: at 1400 × 900 the first chart starts inside the first
+    screen under a headline whose latest values are the stored ones; at 390 × 844 the page is no wider
+    than the screen (tables scroll inside their cards); a script's charts list only its own lines; the
+    job list keeps names on a line or two with many columns."""
+    from jobs.states import transition
+    from jobs.sync import final_metrics_after, metric_points_from_record
+    from jobs.models import TrainingJob
+
+    job = services.training_job_create(
+        owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=local_backend, nodes=1, procs_per_node=2,
+        epochs=3, name="digits-cnn-ddp-" + "with-a-long-name-" * 4, env={"WANDB_RUN_GROUP": "g" * 120})
+    transition(job, "SUBMITTING")
+    transition(job, "PENDING")
+    transition(job, "RUNNING", started_at=T0)
+    t = T0.timestamp()
+    records = [{"event": "step", "time": t + 10 * s, "epoch": (s - 1) // 5, "step": s, "lr": 0.05,
+                "train_loss": 2.0 / s, "train_accuracy": 0.5 + s / 40,
+                "rank_samples_per_s": [800.0 + s, 790.0], "rank_step_time_s": [0.04, 0.041]}
+               for s in range(1, 8)]
+    records.insert(5, {"event": "epoch", "time": t + 51, "epoch": 0, "step": 5, "lr": 0.05, "val_loss": 0.61234,
+                       "val_accuracy": 0.8125})
+    points = [p for r in records for p in metric_points_from_record(job, r, T0)]
+    MetricPoint.objects.bulk_create(points)
+    TrainingJob.objects.filter(pk=job.pk).update(
+        final_metrics=final_metrics_after({}, points),
+        rank_memory=[{"peak_bytes": 2 ** 30, "params_bytes": 2 ** 20, "grads_bytes": 2 ** 20,
+                      "optimizer_bytes": 2 ** 21, "activations_bytes": 2 ** 25, "device": "cpu"}] * 2)
+    stored = {name: MetricPoint.objects.filter(job=job, name=name, rank__isnull=True).order_by("-step").first().value
+              for name in ("train_loss", "val_accuracy")}
+
+    page = browser_page
+    login(page, live_server)
+    chart_top = "() => document.getElementById('chart-loss').getBoundingClientRect().top + window.scrollY"
+
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 7")
+    page.screenshot(path=str(artifacts_dir / "job-page-1400.png"))
+    assert page.evaluate(chart_top) < 600  # was 973
+    assert page.inner_text("#job-headline [data-metric=train_loss]") == f"{stored['train_loss']:.4g}" == "0.2857"
+    assert page.inner_text("#job-headline [data-metric=val_accuracy]") == f"{stored['val_accuracy']:.4g}" == "0.8125"
+    assert page.inner_text("#progress-value") == "epoch 2 of 3"
+    assert page.evaluate("() => document.getElementById('progress-bar').value") == pytest.approx(7 / 15, abs=1e-3)
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    page.wait_for_function("() => window.trainboardCharts && window.trainboardCharts['chart-loss']")
+    page.wait_for_selector("#artifacts h2")
+    widths = page.evaluate("() => [document.documentElement.scrollWidth, document.body.scrollWidth]")
+    assert widths[0] <= 390 and widths[1] <= 390, widths  # was 614
+    # The wide tables scroll inside their cards.
+    for table in ("#memory-table", "#rank-table"):
+        box = page.evaluate(f"() => {{ const t = document.querySelector('{table}');"
+                            f"return [t.scrollWidth, t.parentElement.clientWidth, getComputedStyle(t.parentElement).overflowX]; }}")
+        assert box[2] == "auto", (table, box)
+    assert page.evaluate(chart_top) < 1000  # was 1,577
+    page.screenshot(path=str(artifacts_dir / "job-page-390.png"), full_page=True)
+
+    # A script job's loss chart: the script reported train_loss only, so no empty "val loss" entry.
+    config = {**job.config, "code": {**job.config.get("code", {}), "dir": "/code", "script": "train.py"}}
+    script = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                          backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    TrainingJob.objects.filter(pk=script.pk).update(config=config)
+    MetricPoint.objects.bulk_create([MetricPoint(job=script, name="train_loss", step=i, value=1.0 / i, recorded_at=T0)
+                                     for i in range(1, 4)])
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{live_server.url}/jobs/{script.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 3")
+    assert page.evaluate("() => window.trainboardCharts['chart-loss'].legend.legendItems.map(i => i.text)") == [
+        "train loss"]
+
+    # The job list with many columns: a name stays on one or two lines, the table scrolls instead.
+    named = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                         backend=local_backend, nodes=1, procs_per_node=1, epochs=1,
+                                         name="demo: digits-cnn DDP with a longer name than most")
+    columns = ",".join(["val_accuracy", "val_loss", "train_loss", "train_accuracy", "train.lr", "train.batch_size",
+                        "train.epochs", "train.optimizer", "model.arch", "parallel.strategy", "val_perplexity"])
+    page.goto(f"{live_server.url}/jobs/?columns={columns}")
+    cell = page.evaluate(f"""() => {{
+      const s = document.querySelector('#job-table tr[data-job="{named.pk}"] td.job-name strong');
+      return [Math.round(s.getBoundingClientRect().height / parseFloat(getComputedStyle(s).lineHeight)),
+              s.closest('td').getBoundingClientRect().width]; }}""")
+    assert cell[0] <= 2 and cell[1] >= 300, cell  # was 5 lines in a 90 px column
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 1400

@@ -41,5 +41,5 @@ def test_interruptions_are_counted_and_marked_on_the_timeline(live_server, brows
     # The other transitions keep the plain marker.
     plain = page.locator("#timeline li:not(.interruption)").first
     assert plain.evaluate("li => getComputedStyle(li, '::before').backgroundColor") != "rgb(217, 119, 6)"
-    page.locator("#job-live .stats").screenshot(path=str(artifacts_dir / "job-interruptions-stats.png"))
+    page.locator("#job-stats").screenshot(path=str(artifacts_dir / "job-interruptions-stats.png"))
     page.locator("#job-details").screenshot(path=str(artifacts_dir / "job-interruptions.png"))

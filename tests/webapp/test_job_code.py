@@ -112,8 +112,11 @@ def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user,
     assert "My training script" in page
     assert '<code id="code-script">train.py --epochs 2 --name=a b</code>' in page
     assert "the backend's default" in page and "no variables of the job's own" in page
-    # a script has no architecture: the page's subtitle names the model alone, not "my-script ()"
-    assert f"{script_model.name} on {digits_dataset.name} ·" in page and "()" not in page
+    # a script has no architecture, and the built-in dataset no path to hand it: the page's subtitle
+    # names the model and its script, not "my-script ()" nor "on digits" nor the trainer's strategy
+    subtitle = page[page.index('id="job-subtitle"'):page.index("</p>", page.index('id="job-subtitle"'))]
+    assert f"{script_model.name} (script <code>train.py</code>) ·" in subtitle and "()" not in page
+    assert digits_dataset.name not in subtitle and "ddp" not in subtitle and "1 node × 1 process" in subtitle
     builtin = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
                                            backend=local_backend, procs_per_node=1)
     page = text(owner_client.get(reverse("job-detail", args=[builtin.pk])).content.decode())

@@ -114,3 +114,31 @@ def percent(fraction) -> str:
         return "—"
     value = round(float(fraction) * 100, 1)
     return f"{value:g}%"
+
+
+@register.filter
+def metric_value(value) -> str:
+    """A metric's latest value as the job page's headline shows it: ``0.4012`` → ``0.4012``,
+    ``812000.0`` → ``8.12e+05`` (4 significant digits, the job list's cell text); None (the last
+    value was NaN or infinite) → ``not finite``."""
+    from webapp.views_experiments import cell_text
+
+    return "not finite" if value is None else cell_text(value)
+
+
+@register.filter
+def highlight(text, query) -> str:
+    """``text`` escaped, each match of ``query`` (any case, as the log search matches) wrapped in
+    ``<mark>``; both are escaped, so neither can add markup. ``query`` "" or None: ``text`` escaped."""
+    import re
+
+    from django.utils.html import conditional_escape
+    from django.utils.safestring import mark_safe
+
+    text = str(text)
+    if not query:
+        return conditional_escape(text)
+    parts = re.split(f"({re.escape(str(query))})", text, flags=re.IGNORECASE)
+    # re.split with one group: even indexes are the text between matches, odd ones the matches.
+    return mark_safe("".join(f"<mark>{conditional_escape(part)}</mark>" if i % 2 else conditional_escape(part)
+                             for i, part in enumerate(parts)))

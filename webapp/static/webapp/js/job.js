@@ -35,6 +35,7 @@
   if (!charts || !dataNode || typeof Chart === "undefined" || !Kit) return;
 
   const metricsUrl = charts.dataset.metricsUrl;
+  const SCRIPT = charts.dataset.script === "true";
   const controlsForm = document.getElementById("chart-controls");
   let controls = Kit.readControls(controlsForm);
   const COLORS = { train: "#2563eb", val: "#f59e0b" };
@@ -133,8 +134,9 @@
           legend: {
             position: "bottom",
             // The non-finite marker's entry only where there is something to mark; no raw lines.
+            // A script's chart lists only the lines it reported (no empty "val loss").
             labels: { filter: (item, data) => Kit.legendFilter(item, data) &&
-              (item.text !== NONFINITE_LABEL || data.datasets[item.datasetIndex].data.length > 0) },
+              ((item.text !== NONFINITE_LABEL && !SCRIPT) || data.datasets[item.datasetIndex].data.length > 0) },
           },
           zoom: Kit.zoomOptions(),
         },
@@ -209,7 +211,7 @@
   // A script reports what it likes: its page keeps a loss or accuracy card only while one of the
   // card's series has points (a trainer job's cards always show, empty until its first step).
   function fitBuiltinCards() {
-    if (charts.dataset.script !== "true") return;
+    if (!SCRIPT) return;
     for (const canvasId of ["chart-loss", "chart-accuracy"]) {
       const card = document.getElementById(canvasId).closest(".chart-card");
       card.hidden = !LAYOUT[canvasId].some(([name]) => (payload.series[name] || []).length > 0);
