@@ -8,6 +8,7 @@ Reads go through ``jobs.selectors`` (another user's job or saved filter is a 404
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 from urllib.parse import urlencode
@@ -22,6 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs import job_table, selectors, services
 from jobs.job_table import BUILTIN_SORTS, Column
+from trainer_pkg.metrics import GLOBAL_METRICS
 from webapp.errors import service_error_dict
 
 COMPARE_PATH = "/jobs/compare/"
@@ -109,6 +111,7 @@ def table_context(request: HttpRequest, jobs, columns: list[Column], filters: di
     keys = [c.key for c in columns]
     suggestions = [k for k in dict.fromkeys([*job_table.DEFAULT_COLUMNS, *reported, *COLUMN_SUGGESTIONS]) if k not in keys]
     filter_params = {k: v for k, v in query.items() if k in job_table.LIST_PARAMS and k != "columns" and v}
+    known = [*reported, *GLOBAL_METRICS, *job_table.DEFAULT_COLUMNS]
     base = compare_path()
     return {
         "columns": [{"key": c.key, "kind": c.kind, **_sort_link(query, current, c.key)} for c in columns],
@@ -123,7 +126,18 @@ def table_context(request: HttpRequest, jobs, columns: list[Column], filters: di
         "list_query": _with(query),
         "hidden_params": [(k, v) for k, v in query.items() if k in job_table.LIST_PARAMS and k != "columns"],
         "archived_view": filters.get("archived"),
+        # A trainer metric no job here has reported yet is no misspelling: only other names get a notice.
+        "column_notices": [_unreported_notice(c.key, known) for c in columns
+                           if jobs and c.kind == "metric" and c.key not in known],
     }
+
+
+def _unreported_notice(key: str, known: list[str]) -> str:
+    """What the list says of a metric column no job on the page reported (its cells all "—"): a
+    metric's name is free (a script's own), so a misspelt one is valid, and only this says so."""
+    close = difflib.get_close_matches(key, list(dict.fromkeys(known)), n=1, cutoff=0.75)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    return f"No job on this page reported a metric “{key}”: its column shows — for every job.{hint}"
 
 
 @login_required
@@ -206,14 +220,19 @@ def saved_filter_delete(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def job_annotate(request: HttpRequest, pk: int) -> HttpResponse:
-    """The job page's tags and notes form (``tags``: separated by commas or spaces)."""
+    """The job page's tags and notes form (``tags``: separated by commas or spaces). Refused, the job
+    page comes back (400) with the tags and notes as typed and every error above them."""
+    from webapp.views import job_page  # webapp.views imports this module
+
     job = _changeable(request, _job_for(request, pk))
+    tags, notes = request.POST.get("tags", ""), request.POST.get("notes", "")
     try:
-        services.training_job_annotate(job=job, tags=request.POST.get("tags", ""), notes=request.POST.get("notes", ""))
+        services.training_job_annotate(job=job, tags=tags, notes=notes)
     except ValidationError as exc:
-        _messages_of(request, exc)
-    else:
-        messages.success(request, "Tags and notes saved.")
+        errors = [m for ms in service_error_dict(exc).values() for m in ms]
+        job = _job_for(request, pk)  # as stored: the refused values were not saved
+        return job_page(request, job, annotate={"tags": tags, "notes": notes, "errors": errors}, status=400)
+    messages.success(request, "Tags and notes saved.")
     return redirect("job-detail", pk=pk)
 
 

@@ -5,9 +5,11 @@ archive from the job page and the list, saved filters, the column choice, and th
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import pytest
 from django.urls import reverse
+from django.utils.html import escape
 
 from experimentkit import make_job
 from jobs import services
@@ -103,10 +105,10 @@ def test_tags_notes_and_archive_from_the_job_page(owner_client, jobs):
     assert (job.tags, job.notes) == (["baseline", "lr-sweep"], "keep")
     page = owner_client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert 'value="baseline, lr-sweep"' in page and f'href="/jobs/{job.pk}/logs/"' in page
-    # Bad tags: the message, and nothing changed.
-    r = owner_client.post(reverse("job-annotate", args=[job.pk]), {"tags": "ok, NO WAY!", "notes": "changed"},
-                          follow=True)
-    assert [str(m) for m in r.context["messages"]] == [
+    # Bad tags: the message, and nothing changed (the form keeps what was typed: the test below).
+    r = owner_client.post(reverse("job-annotate", args=[job.pk]), {"tags": "ok, NO WAY!", "notes": "changed"})
+    assert r.status_code == 400
+    assert r.context["annotate"]["errors"] == [
         "Tag “way!” may hold only lower-case letters, digits and _ . - (starting with a letter or digit), "
         "e.g. baseline or lr-0.1."]
     job.refresh_from_db()
@@ -212,3 +214,55 @@ def test_log_page_search_rank_and_download(owner_client, jobs):
     assert download["Content-Disposition"] == f'attachment; filename="job-{job.pk}-log.txt"'
     assert download.streaming
     assert b"".join(download.streaming_content).decode() == "".join(f"{t}\n" for t in texts)
+
+
+def test_a_refused_tag_keeps_the_tags_and_notes_typed_and_names_the_error(owner_client, jobs):
+    job = jobs["a"]
+    notes = "lr 0.1 <script>alert(1)</script> diverged at epoch 3\nsee the log"
+    r = owner_client.post(reverse("job-annotate", args=[job.pk]), {"tags": "baseline, Bad Tag!", "notes": notes})
+    assert r.status_code == 400
+    html = r.content.decode()
+    form = html[html.index('id="annotate-form"'):html.index("</form>", html.index('id="annotate-form"'))]
+    assert 'id="annotate-errors"' in form and "Tag “tag!” may hold only lower-case letters" in form
+    assert re.search(r'id="job-tags-input" value="baseline, Bad Tag!"', form)
+    # The notes come back as typed, escaped (never markup), in the textarea.
+    assert (f'<textarea name="notes" id="job-notes-input" rows="3" maxlength="10000">'
+            f'{escape(notes)}</textarea>') in form
+    assert "<script>alert(1)</script>" not in html
+    job.refresh_from_db()
+    assert (job.tags, job.notes) == ([], "")  # nothing saved
+    # The rest of the page is the job's page (its charts and headline), not an error page.
+    assert 'id="job-headline"' in html and 'id="chart-loss"' in html
+
+
+def test_a_misspelt_metric_column_is_named_with_a_suggestion(owner_client, jobs):
+    r = owner_client.get(reverse("job-list") + "?columns=val_acuracy,tokens/s,val_perplexity")
+    html = r.content.decode()
+    assert r.status_code == 200 and cells(html, "val_acuracy") == ["—"] * 4
+    notices = re.findall(r'<li class="msg msg-warning">(.*?)</li>', html[html.index('id="column-notices"'):])
+    assert [unescape(n) for n in notices] == [
+        "No job on this page reported a metric “val_acuracy”: its column shows — for every job. "
+        "Did you mean val_accuracy?"]
+    # A script metric the page's jobs did report, and a trainer metric not reported yet, get no notice.
+    assert "tokens/s" not in "".join(notices) and "val_perplexity" not in "".join(notices)
+    assert 'id="column-notices"' not in owner_client.get(reverse("job-list")).content.decode()
+    # The job's name cell keeps its width however many columns (the table scrolls: app.css).
+    assert '<td class="job-name"><a href=' in html
+
+
+def test_log_search_marks_its_matches_and_escapes_both_sides(owner_client, jobs):
+    job = jobs["a"]
+    texts = ["Epoch 1 <script>alert('line')</script> loss 0.5", "epoch 2 ok", "nothing here",
+             "a <script>x</script> b <SCRIPT>"]
+    JobLogLine.objects.bulk_create(JobLogLine(job=job, seq=i, text=t) for i, t in enumerate(texts))
+    html = owner_client.get(reverse("job-logs", args=[job.pk]) + "?q=EPOCH").content.decode()
+    lines = re.findall(r'<span class="seq">\d+</span>(.*?)</span>', html)
+    assert lines == ["<mark>Epoch</mark> 1 &lt;script&gt;alert(&#x27;line&#x27;)&lt;/script&gt; loss 0.5",
+                     "<mark>epoch</mark> 2 ok"]
+    html = owner_client.get(reverse("job-logs", args=[job.pk]) + "?q=<script>").content.decode()
+    lines = re.findall(r'<span class="seq">\d+</span>(.*?)</span>', html)
+    assert lines == ["Epoch 1 <mark>&lt;script&gt;</mark>alert(&#x27;line&#x27;)&lt;/script&gt; loss 0.5",
+                     "a <mark>&lt;script&gt;</mark>x&lt;/script&gt; b <mark>&lt;SCRIPT&gt;</mark>"]
+    assert "<script>" not in html.split("<main", 1)[1].split("</main>", 1)[0]
+    # Without a search nothing is marked.
+    assert "<mark>" not in owner_client.get(reverse("job-logs", args=[job.pk])).content.decode()
