@@ -110,7 +110,9 @@ def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user,
                                        backend=local_backend, procs_per_node=1)
     page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
     assert "My training script" in page
-    assert '<code id="code-script">train.py --epochs 2 --name=a b</code>' in page
+    # Each argument as the script gets it: quoted where it holds a space, and counted.
+    assert '<code id="code-script">train.py --epochs 2 \'--name=a b\'</code>' in page
+    assert '<span class="muted small" id="code-script-args">3 arguments</span>' in page
     assert "the backend's default" in page and "no variables of the job's own" in page
     # a script has no architecture: the page's subtitle names the model alone, not "my-script ()"
     assert f"{script_model.name} on {digits_dataset.name} ·" in page and "()" not in page
@@ -174,3 +176,23 @@ def test_an_image_the_box_operator_does_not_allow_is_refused_at_create(api_clien
     assert not TrainingJob.objects.exists()
     response = api_client.post("/api/jobs/", {**body, "image": "myregistry.azurecr.io/approved/train:3"}, format="json")
     assert response.status_code == 201, response.json()
+
+
+def test_the_code_panel_shows_where_each_argument_ends_and_the_values_placeholders_became(
+        owner_client, user, digits_dataset, local_backend):
+    one = services.model_spec_create(owner=user, name="one-arg", kind="script", code=upload(zip_bytes(MODEL_FILES)),
+                                     entry_point="train.py", script_args=["--epochs 3 --lr 0.1"])
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=one, backend=local_backend)
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert '<code id="code-script">train.py \'--epochs 3 --lr 0.1\'</code>' in page  # one argument, and it shows
+    assert '<span class="muted small" id="code-script-args">1 argument</span>' in page
+
+    placeholders = services.model_spec_create(
+        owner=user, name="hp", kind="script", code=upload(zip_bytes(MODEL_FILES)), entry_point="train.py",
+        script_args="--epochs {train.epochs} --lr={train.lr}")  # one text, split as a shell would
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=placeholders,
+                                       backend=local_backend, epochs=4, lr=0.02)
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert '<code id="code-script">train.py --epochs 4 --lr=0.02</code>' in page
+    assert ('<span class="muted small" id="code-script-args">3 arguments, given as <code>--epochs \'{train.epochs}\' '
+            '\'--lr={train.lr}\'</code></span>') in page  # quoted as a shell needs braces quoted

@@ -269,7 +269,10 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
                                   "arguments. In a multipart body: the object's JSON text."
     )
     script_args = JSONStringListField(
-        required=False, example='["--epochs", "3"]', help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\"] (multipart: the JSON text).")
+        required=False, example='["--epochs", "3"]', help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\", \"--lr\", \"{train.lr}\"] (one "
+                                           "each), or one string split as a shell would (never run by one), "
+                                           "\"--epochs 3 --lr {train.lr}\"; {train.<field>} becomes the job's "
+                                           "value (multipart: the JSON text).")
     shard_classes = JSONStringListField(
         required=False, example='["Block"]', help_text="Kind code, FSDP: class names sharded one fully_shard each, e.g. [\"Block\"]; "
                                   "[] = each top-level child (multipart: the JSON text).")
