@@ -529,7 +529,10 @@ class TrainingJobForm(forms.Form):
     HYPERPARAMETERS_EXAMPLE = '{"train": {"optimizer": "adamw"}}'
 
     name = forms.CharField(required=False, max_length=200, help_text="Optional; defaults to job-<id>.")
-    dataset = forms.ModelChoiceField(queryset=None, empty_label=None)
+    dataset = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="— none: my script reads its own data —",
+        help_text="Required, except for a model of kind my script: its script may read its own data "
+                  "(TRAINBOARD_DATA_DIR is then unset).")
     model_spec = forms.ModelChoiceField(queryset=None, empty_label=None, label="Model")
     backend = forms.ModelChoiceField(queryset=None, empty_label=None)
     strategy = forms.ChoiceField(
@@ -631,6 +634,10 @@ class TrainingJobForm(forms.Form):
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
         self.fields["team"].queryset = selectors.team_list_for_user(user=user)
+        if not self.is_bound and "dataset" not in self.initial:  # "none" is for scripts: not the default
+            first = self.fields["dataset"].queryset.values_list("pk", flat=True).first()
+            if first is not None:
+                self.initial["dataset"] = first
         if not self.is_bound and "backend" not in self.initial:
             # The select's first option is alphabetical: it may be a cloud without credentials.
             chosen = _preselected_backend_id(user, self.fields["backend"].queryset)

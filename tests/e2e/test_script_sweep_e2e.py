@@ -8,7 +8,8 @@ training: the script computes its metric from the lr it received).
   argv entries carrying its own lr, and the same lr in ``report.hparams()``; its own metric (the
   objective) differs per trial, and the best trial is the one whose lr scores best.
 - A fine-tune of a script job: the new job's script gets the source's ``model.pt`` (as the source's
-  script saved it) in ``TRAINBOARD_INIT_FROM``, with ``TRAINBOARD_INIT_MODE`` finetune, and loads it.
+  script saved it) in ``TRAINBOARD_INIT_FROM``, with ``TRAINBOARD_INIT_MODE`` finetune, and loads it;
+  both jobs run without a dataset (a script may read its own data).
 
 One worker serves the module (its start is most of a short job's time).
 """
@@ -147,10 +148,11 @@ def test_a_four_trial_script_sweep_hands_each_trial_its_lr_and_finds_the_best(bo
     print(f"\n[e2e script sweep] 4 trials in {time.monotonic() - started:.1f} s")
 
 
-def test_a_fine_tuned_script_job_loads_the_weights_its_source_saved(box, box_backend, user, digits_dataset):
+def test_a_fine_tuned_script_job_loads_the_weights_its_source_saved(box, box_backend, user):
     model = services.model_spec_create(owner=user, name="weights", kind="script", entry_point="train.py",
                                        code=upload(zip_bytes({"train.py": WEIGHTS_SCRIPT.encode()}), "w.zip"))
-    source = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=model,
+    # No dataset: the script reads none (a script job needs none), and the fine-tune keeps that.
+    source = services.training_job_create(owner=user, dataset=None, model_spec=model,
                                           backend=box_backend, procs_per_node=1, epochs=1, lr=0.03)
     source = box.worker.wait_for(lambda: (j := _reload(source)).is_terminal and j, timeout=240,
                                  what="the source job to end")
@@ -166,3 +168,4 @@ def test_a_fine_tuned_script_job_loads_the_weights_its_source_saved(box, box_bac
     assert _last(tuned, "loaded_w") == pytest.approx(3.0)  # the source's weights, not its own fresh ones
     assert _last(tuned, "finetune") == 1.0 and _last(tuned, "saved_w") == pytest.approx(5.0)
     assert tuned.lineage_text == f"fine-tuned from #{source.pk}"
+    assert (source.dataset, tuned.dataset) == (None, None)

@@ -196,3 +196,34 @@ def test_the_code_panel_shows_where_each_argument_ends_and_the_values_placeholde
     assert '<code id="code-script">train.py --epochs 4 --lr=0.02</code>' in page
     assert ('<span class="muted small" id="code-script-args">3 arguments, given as <code>--epochs \'{train.epochs}\' '
             '\'--lr={train.lr}\'</code></span>') in page  # quoted as a shell needs braces quoted
+
+
+def test_a_script_job_without_a_dataset_from_the_form_and_the_api(owner_client, api_client, user, digits_dataset,
+                                                                  script_model, cnn_model, local_backend):
+    page = owner_client.get(reverse("job-create")).content.decode()
+    assert '<option value="">— none: my script reads its own data —</option>' in page
+    assert f'<option value="{digits_dataset.pk}" selected>' in page  # a dataset stays the default
+    response = owner_client.post(reverse("job-create"), job_form_data(digits_dataset, script_model, local_backend,
+                                                                      dataset="", procs_per_node=1))
+    assert response.status_code == 302, response.context["form"].errors
+    job = TrainingJob.objects.get()
+    assert job.dataset is None
+    for url in (reverse("job-detail", args=[job.pk]), reverse("job-list"), f"/api/jobs/{job.pk}/", "/api/jobs/",
+                f"{reverse('job-create')}?from={job.pk}", f"{reverse('job-compare')}?ids={job.pk}"):
+        assert owner_client.get(url).status_code == 200, url
+    refused = owner_client.post(reverse("job-create"), job_form_data(digits_dataset, cnn_model, local_backend,
+                                                                     dataset=""))
+    assert refused.context["form"].errors == {"dataset": [
+        f"Choose a dataset: model {cnn_model.name} trains on one (only a script model may run without, reading its "
+        f"own data)."]}
+
+    created = api_client.post("/api/jobs/", {"model_spec": script_model.pk, "backend": local_backend.pk,
+                                             "procs_per_node": 1}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["dataset"] is None and created.json()["dataset_fingerprint"] is None
+    missing = api_client.post("/api/jobs/", {"dataset": None, "model_spec": cnn_model.pk,
+                                             "backend": local_backend.pk}, format="json")
+    assert missing.status_code == 400
+    assert missing.json() == {"dataset": [
+        f"Choose a dataset: model {cnn_model.name} trains on one (only a script model may run without, reading its "
+        f"own data)."]}

@@ -784,7 +784,9 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
     """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``."""
 
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
-    dataset = OwnedPrimaryKeyField(selectors.dataset_list_for_user)
+    dataset = OwnedPrimaryKeyField(selectors.dataset_list_for_user, required=False, allow_null=True, default=None,
+                                   help_text="Required, except for a script model (kind script) that reads its own "
+                                             "data: null or left out.")
     model_spec = OwnedPrimaryKeyField(selectors.model_spec_list_for_user)
     backend = OwnedPrimaryKeyField(selectors.backend_list_for_user)
     strategy = serializers.ChoiceField(choices=list(get_args(Strategy)), default="ddp")
