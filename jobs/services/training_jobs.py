@@ -363,7 +363,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
     return job
 
 
-def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
+def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
                         procs_per_node: int = 1, pipeline_stages: int | None = None,
                         microbatches: int | None = None, pipeline_schedule: str | None = None,
                         epochs: int = 3, batch_size: int = 32, lr: float = 0.05,

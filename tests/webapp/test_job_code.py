@@ -227,3 +227,10 @@ def test_a_script_job_without_a_dataset_from_the_form_and_the_api(owner_client, 
     assert missing.json() == {"dataset": [
         f"Choose a dataset: model {cnn_model.name} trains on one (only a script model may run without, reading its "
         f"own data)."]}
+
+
+def test_an_unknown_dataset_id_is_one_error_not_two(api_client, cnn_model, local_backend):
+    response = api_client.post("/api/jobs/", {"dataset": 999999, "model_spec": cnn_model.pk,
+                                              "backend": local_backend.pk}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"dataset": ['Invalid pk "999999" - object does not exist.']}
