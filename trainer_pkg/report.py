@@ -145,8 +145,8 @@ def init_from() -> str | None:
     """The local file this job starts from (``TRAINBOARD_INIT_FROM``), or None for a job that starts
     from scratch. Set for a continue or fine-tune of another job (:func:`init_mode` says which): the
     source job's ``<checkpoint dir>/last.pt`` (continue; fine-tune when it saved no ``model.pt``) or
-    ``<model dir>/model.pt`` (fine-tune), as that job's script saved them, read-only; an object-store
-    file is fetched to a local one first. Load it only when :func:`checkpoint_dir` holds no checkpoint
+    ``<model dir>/model.pt`` (fine-tune), as that job's script saved them (the source job's own file:
+    read it, never write it); an object-store file is fetched to a local one first. Load it only when :func:`checkpoint_dir` holds no checkpoint
     of this job's own (a restarted job resumes its own progress)::
 
         source = report.init_from()
