@@ -304,7 +304,8 @@ class TrainingJob(Owned):
     """One distributed training run. ``config`` is the frozen trainer JobConfig it ran with."""
 
     name = models.CharField(max_length=200, blank=True)
-    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs", null=True, blank=True,
+                                help_text="None only for a script that reads its own data (no TRAINBOARD_DATA_DIR).")
     model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="jobs")
     backend = models.ForeignKey(ComputeBackend, on_delete=models.PROTECT, related_name="jobs")
     rerun_of = models.ForeignKey(

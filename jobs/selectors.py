@@ -50,6 +50,7 @@ from jobs.models import (
 )
 from jobs.budgets import month_start
 from jobs.models import NotificationPreference, OperationCount, Webhook, WebhookDelivery  # notifications
+from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
 from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 from trainer_pkg.registry import CUSTOM
 
@@ -436,7 +437,8 @@ JOB_CODE_KINDS = {"builtin": "Built-in architecture", "code": "My model, Trainbo
 def training_job_code(*, job: TrainingJob) -> dict[str, Any]:
     """What code the job ran, from its frozen config and its recorded archive (not the model as it is
     now): ``{"kind": "builtin" | "code" | "script", "kind_label", "sha256": hex | "", "entry_point"
-    ("package.module:function", kind code), "script" + "args" (kind script), "requirements"
+    ("package.module:function", kind code), "script" + "args" (kind script, as given) + "argv" (the
+    arguments the script received: ``{train.lr}`` placeholders replaced by the job's values), "requirements"
     (the archive's requirements.txt text), "architecture" (builtin)}``."""
     config = job.config or {}
     model, code = config.get("model") or {}, config.get("code") or {}
@@ -449,9 +451,21 @@ def training_job_code(*, job: TrainingJob) -> dict[str, Any]:
         "entry_point": model.get("entry_point", "") if kind == "code" else "",
         "script": code.get("script", ""),
         "args": list(code.get("args") or []),
+        "argv": _script_argv(config),
         "requirements": archive.requirements if archive else "",
         "architecture": model.get("arch", "") if kind == "builtin" else "",
     }
+
+
+def _script_argv(config: dict[str, Any]) -> list[str]:
+    """A job's script arguments as its launcher passes them (:func:`trainer_pkg.config.expand_script_args`);
+    as stored when the config cannot be read that way (a config of an older trainer)."""
+    args = list((config.get("code") or {}).get("args") or [])
+    try:
+        cfg = JobConfig.from_dict(config)
+        return expand_script_args(cfg.code.args, script_hparams(cfg))
+    except (ConfigError, KeyError, TypeError):
+        return args
 
 
 ProgressCursor = tuple[int, int]

@@ -61,7 +61,7 @@ from jobs.models import (
 )
 from jobs.signals import job_state_changed
 from jobs.validation import ALL, Errors
-from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.config import ConfigError, JobConfig, script_hparam_keys
 from trainer_pkg.registry import CUSTOM, validate_model_params
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -263,13 +263,25 @@ def check_space_against_config(errors: Errors, space: Mapping[str, Mapping[str, 
     other: a trial config is built with the key at each end of its range and at every choice by
     :meth:`trainer_pkg.config.JobConfig.from_dict` and checked with its ``field_errors``;
     ``model.params.<name>`` are checked with the model's architecture and parameters
-    (:func:`trainer_pkg.registry.validate_model_params`)."""
+    (:func:`trainer_pkg.registry.validate_model_params`). A script's model takes only the keys it
+    receives (:func:`trainer_pkg.config.script_hparam_keys`: its job's ``train`` values, which the
+    launcher hands it as ``TRAINBOARD_HPARAMS`` and ``{train.<field>}`` placeholders); any other key
+    would change nothing the script sees, so every trial would run alike."""
+    is_script = model_spec is not None and model_spec.kind == ModelSpec.Kind.SCRIPT
+    receivable = script_hparam_keys()
     arch = ""
     if model_spec is not None and model_spec.kind == ModelSpec.Kind.BUILTIN:
         arch = model_spec.architecture
     elif model_spec is not None and model_spec.kind == ModelSpec.Kind.CODE:
         arch = CUSTOM
     for key, spec in space.items():
+        if is_script and key not in receivable:
+            errors.add(field, f"Search space {key!r}: model {model_spec.name} is a script, which receives only its "
+                              f"job's train values (TRAINBOARD_HPARAMS, report.hparams(), {{train.<field>}} in its "
+                              f"arguments): {key} would reach no trial's script, and the trials would run alike. "
+                              f"Vary a train field your script reads instead: {', '.join(receivable[:4])}, … "
+                              f"(docs/user-code.md).")
+            continue
         for value in _key_values(spec):
             if key.startswith("model.params."):
                 if key.count(".") != 2:

@@ -22,6 +22,7 @@ import functools
 import inspect
 import json
 import math
+import re
 import textwrap
 import typing
 from typing import Any, Literal, Mapping, get_args, get_origin
@@ -251,7 +252,66 @@ class CodeConfig:
     """Run the user's own training script under the launcher instead of Trainboard's trainer: a
     ``.py`` file relative to ``dir`` (``train.py``) or ``-m package.module``; "" = our trainer."""
     args: list[str] = dataclasses.field(default_factory=list)
-    """Arguments passed to ``script`` as they are (never through a shell)."""
+    """Arguments passed to ``script`` (an argv list, never through a shell); ``{train.<field>}`` in
+    one is replaced by that field's value (:func:`expand_script_args`)."""
+
+
+# -- what a user's script receives of its job's config (docs/user-code.md) ----------------------
+
+SCRIPT_SECTION = "train"
+"""The config section a script receives: every field of it but :data:`SCRIPT_SKIPPED`, in
+``TRAINBOARD_HPARAMS`` and as ``{train.<field>}`` placeholders in ``code.args``. The other sections
+are the platform's (``output``, ``code``, ``parallel``: the script sees the shape as torchrun's
+``WORLD_SIZE``…), the data's path (``TRAINBOARD_DATA_DIR``) or our trainer's model (``model``)."""
+SCRIPT_SKIPPED = ("init_from", "init_mode")
+"""``train`` fields a script gets as variables of their own (``TRAINBOARD_INIT_FROM``/``_MODE``)."""
+_PLACEHOLDER = re.compile(r"\{train\.([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def script_hparam_keys() -> tuple[str, ...]:
+    """The dotted keys a script receives (``train.epochs``, ``train.lr``, ...), in field order: what a
+    sweep over a script may vary."""
+    return tuple(f"{SCRIPT_SECTION}.{f.name}" for f in dataclasses.fields(TrainConfig)
+                 if f.name not in SCRIPT_SKIPPED)
+
+
+def script_hparams(cfg: "JobConfig") -> dict[str, Any]:
+    """``{"train.epochs": 3, "train.lr": 0.05, ...}``: the values of :func:`script_hparam_keys` in
+    ``cfg`` (the job's frozen config: the form's epochs, batch size, lr and seed, a sweep trial's
+    sampled values, the hyperparameters' overrides), JSON types as in the config."""
+    return {key: getattr(cfg.train, key.split(".", 1)[1]) for key in script_hparam_keys()}
+
+
+def format_hparam(value: Any) -> str:
+    """A value as a placeholder writes it into an argument: text as it is, ``true``/``false``, numbers
+    as Python (and JSON) write them: ``3``, ``0.01``, ``1e-06``."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def script_arg_problems(args: Any) -> list[str]:
+    """Every ``{train.<name>}`` placeholder in ``args`` whose name is no field a script receives, one
+    message each (empty when all are known). Other braces are left alone: ``{"a": 1}`` is an argument."""
+    known = {key.split(".", 1)[1] for key in script_hparam_keys()}
+    problems = []
+    for arg in args if isinstance(args, (list, tuple)) else []:
+        for name in _PLACEHOLDER.findall(arg) if isinstance(arg, str) else []:
+            if name not in known:
+                problems.append(f"{{train.{name}}} in argument {arg!r} names no field a script receives "
+                                f"(train.{', train.'.join(sorted(known))})")
+    return problems
+
+
+def expand_script_args(args: list[str] | tuple[str, ...], hparams: Mapping[str, Any]) -> list[str]:
+    """``args`` with each ``{train.<field>}`` replaced by :func:`format_hparam` of
+    ``hparams["train.<field>"]``: ``["--lr", "{train.lr}"]`` → ``["--lr", "0.01"]``; one argument stays
+    one (``--lr={train.lr}`` → ``--lr=0.01``), and no shell ever sees them. Raises
+    :class:`ConfigError` on ``code.args`` naming every unknown placeholder."""
+    problems = script_arg_problems(list(args))
+    if problems:
+        raise ConfigError("code.args: " + "; ".join(problems))
+    return [_PLACEHOLDER.sub(lambda m: format_hparam(hparams[f"train.{m.group(1)}"]), arg) for arg in args]
 
 
 @dataclasses.dataclass

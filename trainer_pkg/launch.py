@@ -36,10 +36,15 @@ args`` in every rank where the table says torchrun is started; where the platfor
 (azureml, torchrun) or the job is one process, this process runs it as a child and waits. Either way
 it runs in ``code.dir`` (``sys.path``: the script's directory as Python puts it, then ``code.dir``, then
 this package) with torchrun's ``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and the job's
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, the job's
 directories as ``TRAINBOARD_MODEL_DIR``, ``TRAINBOARD_CHECKPOINT_DIR``, ``TRAINBOARD_DATA_DIR``,
-``TRAINBOARD_CODE_DIR`` (:func:`trainboard_env`; our own trainer's ranks get them too), and its exit
-code is the job's. It reports metrics with :mod:`trainer_pkg.report`.
+``TRAINBOARD_CODE_DIR``, the config's ``train`` values as the JSON object ``TRAINBOARD_HPARAMS``
+(``{"train.lr": 0.01, ...}``: a sweep trial's sampled values reach the script there) and, for a continue
+or fine-tune, ``TRAINBOARD_INIT_FROM`` (a local file: an object-store one is fetched first) and
+``TRAINBOARD_INIT_MODE`` (:func:`trainboard_env`; our own trainer's ranks get them too), and its exit
+code is the job's. ``{train.<field>}`` in ``code.args`` is replaced by that value, inside the argument
+(:func:`trainer_pkg.config.expand_script_args`; an unknown field exits 2). It reports metrics with
+:mod:`trainer_pkg.report` and reads those values with ``report.hparams()`` and ``report.init_from()``.
 
 Every rank this launcher starts logs one line ``[launch] rank R (local rank L, node_rank N) of world
 size W ...`` so a job's log shows the whole cluster. SIGTERM/SIGINT are passed on to torchrun (which
@@ -81,8 +86,8 @@ import tempfile
 import time
 from typing import Mapping, Sequence
 
-from trainer_pkg import report, world_shape
-from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg import objstore, report, world_shape
+from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
 from trainer_pkg.metrics import exit_process, parse_metric_line, report_error
 from trainer_pkg.platforms import (
     LAUNCHED_BY_US,
@@ -124,7 +129,7 @@ class UserScript:
     module: str = ""
     """Dotted module name run as ``python -m``; "" for a file."""
     args: tuple[str, ...] = ()
-    """The script's own arguments, passed as they are (an argv list, never a shell)."""
+    """The script's own arguments, ``{train.<field>}`` placeholders replaced (an argv list, never a shell)."""
 
     def argv(self) -> list[str]:
         """What follows the interpreter (or torchrun's options): ``[path, *args]`` or ``["-m", module, *args]``."""
@@ -140,9 +145,11 @@ def user_script(cfg: JobConfig) -> UserScript | None:
     """The script ``cfg.code`` asks to run instead of Trainboard's trainer; None when ``code.script`` is "".
 
     ``code.script`` is a ``.py`` file relative to ``code.dir`` (``train.py``, ``src/train.py``) or
-    ``-m package.module``; ``code.dir`` is absolute or relative to
+    ``-m package.module``, with ``code.args`` whose ``{train.<field>}`` placeholders are replaced by
+    the config's values; ``code.dir`` is absolute or relative to
     :data:`~trainer_pkg.platforms.PACKAGE_PARENT`. Raises :class:`ConfigError` naming the field when ``code.dir`` is empty or
-    not a directory, the file is missing or lies outside ``code.dir``, or the module name is malformed.
+    not a directory, the file is missing or lies outside ``code.dir``, the module name is malformed, or
+    an argument names an unknown ``{train.<field>}``.
     """
     code = cfg.code
     spec = code.script.strip()
@@ -154,7 +161,7 @@ def user_script(cfg: JobConfig) -> UserScript | None:
     code_dir = os.path.normpath(os.path.join(PACKAGE_PARENT, code.dir))  # as LaunchPlan.resolve has it
     if not os.path.isdir(code_dir):
         raise ConfigError(f"code.dir {code_dir} is not a directory: the code archive was not unpacked there")
-    args = tuple(code.args)
+    args = tuple(expand_script_args(code.args, script_hparams(cfg)))
     if spec == "-m" or spec.startswith("-m ") or spec.startswith("-m\t"):
         module = spec[2:].strip()
         if not _MODULE_NAME.fullmatch(module):
@@ -171,29 +178,71 @@ def user_script(cfg: JobConfig) -> UserScript | None:
     return UserScript(code_dir=code_dir, path=path, args=args)
 
 
+_TRAINBOARD_VARS = (report.MODEL_DIR, report.CHECKPOINT_DIR, report.DATA_DIR, report.CODE_DIR, report.HPARAMS,
+                    report.INIT_FROM, report.INIT_MODE)
+"""The variables :func:`trainboard_env` sets: an outer environment's values of them never reach a rank."""
+
+
 def trainboard_env(cfg: JobConfig) -> dict[str, str]:
-    """Trainboard's directories for every rank, from ``cfg`` as :meth:`LaunchPlan.resolve` left it:
+    """Trainboard's variables for every rank, from ``cfg`` as :meth:`LaunchPlan.resolve` left it:
     ``TRAINBOARD_MODEL_DIR`` (``output.output_dir``), ``TRAINBOARD_CHECKPOINT_DIR``
-    (``output.resolved_checkpoint_dir``), ``TRAINBOARD_DATA_DIR`` (``data.uri``) and
-    ``TRAINBOARD_CODE_DIR`` (``code.dir``); the per-platform table is in docs/user-code.md.
+    (``output.resolved_checkpoint_dir``), ``TRAINBOARD_DATA_DIR`` (``data.uri``),
+    ``TRAINBOARD_CODE_DIR`` (``code.dir``), ``TRAINBOARD_INIT_FROM`` (``train.init_from``) and
+    ``TRAINBOARD_INIT_MODE`` (``train.init_mode``); the per-platform table is in docs/user-code.md.
+    ``TRAINBOARD_HPARAMS``: the JSON object of :func:`trainer_pkg.config.script_hparams`
+    (``{"train.epochs": 3, "train.lr": 0.05, ...}``, keys sorted).
 
     Local paths are made absolute (a script runs in ``code.dir``, not where the launcher was started);
     a URI is passed as it is; a variable whose value would be "" is left out (a built-in dataset has no
-    path).
+    path, a job from scratch no init file).
     """
     values = {report.MODEL_DIR: cfg.output.output_dir, report.CHECKPOINT_DIR: cfg.output.resolved_checkpoint_dir,
-              report.DATA_DIR: cfg.data.uri, report.CODE_DIR: cfg.code.dir}
-    return {name: value if "://" in value else os.path.abspath(value)
-            for name, value in values.items() if value.strip()}
+              report.DATA_DIR: cfg.data.uri, report.CODE_DIR: cfg.code.dir, report.INIT_FROM: cfg.train.init_from}
+    out = {name: value if "://" in value else os.path.abspath(value)
+           for name, value in values.items() if value.strip()}
+    if cfg.train.init_mode:
+        out[report.INIT_MODE] = cfg.train.init_mode
+    out[report.HPARAMS] = json.dumps(script_hparams(cfg), sort_keys=True)
+    return out
 
 
 def _with_trainboard_env(env: Mapping[str, str], cfg: JobConfig) -> dict[str, str]:
-    """``env`` with Trainboard's directories for ``cfg``; ones an outer environment set that this job
-    has no value for are dropped, so a rank never reads another job's directory."""
-    dirs = (report.MODEL_DIR, report.CHECKPOINT_DIR, report.DATA_DIR, report.CODE_DIR)
-    out = {k: v for k, v in env.items() if k not in dirs}
+    """``env`` with Trainboard's variables for ``cfg``; ones an outer environment set that this job
+    has no value for are dropped, so a rank never reads another job's directory or init file."""
+    out = {k: v for k, v in env.items() if k not in _TRAINBOARD_VARS}
     out.update(trainboard_env(cfg))
     return out
+
+
+INIT_FETCH_CHUNK = 64 << 20
+"""Bytes per ranged read when :func:`fetch_init_file` copies an object-store file (memory: one chunk)."""
+
+
+def fetch_init_file(cfg: JobConfig, directory: str | None = None) -> JobConfig:
+    """For a script: ``cfg`` with an object-store ``train.init_from`` (``s3://``, ``gs://``, ``az://``:
+    a source job's file on another cloud prefix) copied to a local file in a new temporary directory
+    under ``directory`` (default the system's) and named there, so ``TRAINBOARD_INIT_FROM`` is always a
+    file the script opens; ``cfg`` itself when ``init_from`` is "" or already local. Read with the
+    platform's credentials (:mod:`trainer_pkg.objstore`), in chunks of :data:`INIT_FETCH_CHUNK`.
+    Raises :class:`ConfigError` naming the URI when it cannot be read."""
+    source = cfg.train.init_from
+    if not source or not objstore.is_remote(source):
+        return cfg
+    try:
+        store, key = objstore.store(source)
+        size = store.size(key)
+        local = os.path.join(tempfile.mkdtemp(prefix="trainboard-init-", dir=directory),
+                             os.path.basename(key) or "init.pt")
+        with open(local, "wb") as f:
+            for offset in range(0, size, INIT_FETCH_CHUNK):
+                f.write(store.read(key, offset, min(INIT_FETCH_CHUNK, size - offset)))
+    except FileNotFoundError:
+        raise ConfigError(f"train.init_from {source}: no such object (the source job's file was deleted?)") from None
+    except OSError as exc:
+        raise ConfigError(f"train.init_from {source} cannot be copied to a local file: {exc}") from None
+    data = cfg.to_dict()
+    data["train"]["init_from"] = local
+    return JobConfig.from_dict(data)
 
 
 def _script_pythonpath(env: Mapping[str, str], script: UserScript | None) -> str:
@@ -472,7 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
             "With code.script set (train.py in code.dir, or -m package.module) the user's script runs\n"
             "instead of the trainer, with code.args, in code.dir, on every rank: torchrun's RANK,\n"
             "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TRAINBOARD_MODEL_DIR,\n"
-            "TRAINBOARD_CHECKPOINT_DIR, TRAINBOARD_DATA_DIR, TRAINBOARD_CODE_DIR are set."
+            "TRAINBOARD_CHECKPOINT_DIR, TRAINBOARD_DATA_DIR, TRAINBOARD_CODE_DIR, TRAINBOARD_HPARAMS\n"
+            "(the train section as JSON) and, to continue or fine-tune, TRAINBOARD_INIT_FROM and\n"
+            "TRAINBOARD_INIT_MODE are set; {train.<field>} in code.args becomes that value."
         ),
         epilog="exit codes: 0 done (or stopped cleanly by SIGTERM, resumable), 1 training failed, "
                "2 invalid config or platform environment (the message names the variable); a script's "
@@ -526,6 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         script = user_script(cfg)
+        if script is not None:
+            fetched_from = cfg.train.init_from
+            cfg = fetch_init_file(cfg)
     except ConfigError as exc:
         report_error(f"invalid config {args.config}: {exc}")
         _write_failure(plan.failure_file, f"invalid config: {exc}")
@@ -542,6 +596,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sha = f", code sha256 {cfg.code.sha256}" if cfg.code.sha256 else ""
             print(f"[launch] running the user's script instead of the trainer: {script.describe()} "
                   f"(in {script.code_dir}{sha})", flush=True)
+            if cfg.train.init_from:
+                fetched = f" (fetched from {fetched_from})" if fetched_from != cfg.train.init_from else ""
+                print(f"[launch] the script starts from {cfg.train.init_from}{fetched}: "
+                      f"{report.INIT_FROM}, {report.INIT_MODE}={cfg.train.init_mode}", flush=True)
 
     if plan.in_process:
         _log_rank(f"{ours} via torchrun" if ours else plan.platform)

@@ -10,6 +10,9 @@ and Trainboard's directories on every platform; this module reads them::
         report.log(step=step, loss=loss, **{"tokens/s": tokens_per_s})   # rank 0 prints; others: no-op
     torch.save(model.state_dict(), os.path.join(report.model_dir(), "model.pt"))
 
+``report.hparams()`` holds the job's training values (a sweep trial's too), ``report.init_from()``
+the file a continue or fine-tune starts from.
+
 ``report.log`` prints one ``TRAINBOARD_METRIC {...}`` line (the record format of
 :mod:`trainer_pkg.metrics`) that the dashboard reads from the job's log on every backend, and appends
 the same record to ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl``. Each name becomes a chart on the job page.
@@ -41,6 +44,12 @@ DATA_DIR = "TRAINBOARD_DATA_DIR"
 """Variable naming the dataset's local path: a directory, or the file of a CSV/NPZ dataset."""
 CODE_DIR = "TRAINBOARD_CODE_DIR"
 """Variable naming the directory of the unpacked code archive (the script's working directory)."""
+HPARAMS = "TRAINBOARD_HPARAMS"
+"""Variable holding the job's ``train`` values as a JSON object of dotted keys (:func:`hparams`)."""
+INIT_FROM = "TRAINBOARD_INIT_FROM"
+"""Variable naming the local file a continue or fine-tune starts from (:func:`init_from`); unset otherwise."""
+INIT_MODE = "TRAINBOARD_INIT_MODE"
+"""Variable holding ``continue`` or ``finetune`` beside :data:`INIT_FROM`; unset otherwise."""
 
 _last_step = -1  # the step of this process's previous log() call
 
@@ -105,6 +114,53 @@ def data_dir() -> str:
     the job's dataset has no path (a built-in one).
     """
     return _directory(DATA_DIR, create=False)
+
+
+def hparams() -> dict[str, Any]:
+    """The job's training values (``TRAINBOARD_HPARAMS``): ``{"train.epochs": 3, "train.batch_size":
+    32, "train.lr": 0.01, "train.seed": 0, "train.optimizer": "sgd", ...}``, every field of the job
+    config's ``train`` section but ``init_from``/``init_mode`` (the job form's epochs, batch size, lr
+    and seed, a sweep trial's sampled values, the hyperparameters' overrides). In a sweep, read your
+    trial's values here (or take them as ``{train.lr}`` placeholders in the script's arguments)::
+
+        lr = report.hparams()["train.lr"]
+
+    Raises RuntimeError when the variable is not set (the script was not started by the launcher),
+    ValueError when it does not hold a JSON object.
+    """
+    text = os.environ.get(HPARAMS, "").strip()
+    if not text:
+        raise RuntimeError(f"{HPARAMS} is not set: run the script under Trainboard's launcher (a job of kind "
+                           "script, or python -m trainer_pkg.launch --config job.json with code.script set)")
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{HPARAMS} is not JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{HPARAMS} must hold a JSON object, got {type(values).__name__}")
+    return values
+
+
+def init_from() -> str | None:
+    """The local file this job starts from (``TRAINBOARD_INIT_FROM``), or None for a job that starts
+    from scratch. Set for a continue or fine-tune of another job (:func:`init_mode` says which): the
+    source job's ``<checkpoint dir>/last.pt`` (continue; fine-tune when it saved no ``model.pt``) or
+    ``<model dir>/model.pt`` (fine-tune), as that job's script saved them (the source job's own file:
+    read it, never write it); an object-store file is fetched to a local one first. Load it only when :func:`checkpoint_dir` holds no checkpoint
+    of this job's own (a restarted job resumes its own progress)::
+
+        source = report.init_from()
+        if own_checkpoint is None and source is not None:
+            model.load_state_dict(torch.load(source, map_location="cpu"))
+    """
+    return os.environ.get(INIT_FROM, "").strip() or None
+
+
+def init_mode() -> str | None:
+    """``"continue"`` (go on with the source's training state: weights, optimizer, step) or
+    ``"finetune"`` (its weights only, a new optimizer from step 0) beside :func:`init_from`; None
+    when the job starts from scratch (``TRAINBOARD_INIT_MODE``)."""
+    return os.environ.get(INIT_MODE, "").strip() or None
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -186,5 +242,5 @@ def _directory(variable: str, *, create: bool) -> str:
     return path
 
 
-__all__ = ["CHECKPOINT_DIR", "CODE_DIR", "DATA_DIR", "MODEL_DIR", "checkpoint_dir", "data_dir", "log",
-           "model_dir"]
+__all__ = ["CHECKPOINT_DIR", "CODE_DIR", "DATA_DIR", "HPARAMS", "INIT_FROM", "INIT_MODE", "MODEL_DIR",
+           "checkpoint_dir", "data_dir", "hparams", "init_from", "init_mode", "log", "model_dir"]

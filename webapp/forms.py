@@ -138,16 +138,17 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
     code = forms.FileField(
         required=False, label="Code archive",
         widget=forms.ClearableFileInput(attrs={"accept": ".zip,.tar.gz,.tgz,application/zip,application/gzip"}),
-        help_text="A .zip or .tar.gz of your code (a top-level requirements.txt is installed with it). Editing: "
+        help_text="A .zip or .tar.gz of your code (a top-level requirements.txt is installed with it), or a "
+                  "directory on the server below: a model of your code or script needs one of them. Editing: "
                   "leave empty to keep the current archive.")
     code_dir = forms.CharField(
         required=False, max_length=4096, label="Or a directory on the server",
         help_text="Instead of uploading: the path of a directory under the installation's code roots.")
     entry_point = forms.CharField(
         required=False, max_length=300, widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
-        help_text="My model: package.module:function, e.g. mymodel.net:build, called with num_classes, "
-                  "input_shape and the parameters below. My script: train.py (a file in the archive) or "
-                  "-m package.module.")
+        help_text="Required for both kinds. My model: package.module:function, e.g. mymodel.net:build, called "
+                  "with num_classes, input_shape and the parameters below. My script: train.py (a file in the "
+                  "archive) or -m package.module.")
     function_params = forms.CharField(
         required=False, label="Function parameters (JSON)",
         widget=forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false"}),
@@ -159,7 +160,10 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
     script_args = forms.CharField(
         required=False, label="Script arguments",
         widget=forms.Textarea(attrs={"rows": 3, "class": "mono", "spellcheck": "false"}),
-        help_text="One argument per line, e.g. --epochs on one line and 3 on the next.")
+        help_text="As you would type them after python train.py, e.g. --epochs 3 --lr {train.lr}: split at spaces "
+                  "and line breaks as a shell would (never run by one); quote an argument that holds spaces, "
+                  "--title 'my run'. {train.lr}, {train.epochs}, {train.batch_size}, ... become the job's (or a "
+                  "sweep trial's) value.")
     image = forms.CharField(
         required=False, max_length=500, label="Container image",
         widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
@@ -172,6 +176,11 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
         def text(value: Any) -> str:  # a browser sends a textarea's lines with CRLF
             return str(value or "").replace("\r\n", "\n").strip()
 
+        # A code or script model needs both (the fieldset holding them shows only for those kinds): marked
+        # "(required)", not "(optional)". Editing such a model, its archive is kept unless one is given.
+        self.fields["entry_point"].required_for_kind = True
+        self.fields["code"].required_for_kind = self.initial.get("kind") not in (ModelSpec.Kind.CODE,
+                                                                                ModelSpec.Kind.SCRIPT)
         if self.is_bound and text(self.data.get("params")) != text(self.initial.get("params")):
             # Shown again after an error: the text is the user's, which static/webapp/js/model_form.js
             # keeps when the architecture changes (it replaces only text the page or it wrote).
@@ -189,9 +198,10 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
     def clean_shard_classes(self) -> list[str]:
         return [name.strip() for name in (self.cleaned_data.get("shard_classes") or "").split(",") if name.strip()]
 
-    def clean_script_args(self) -> list[str]:
-        text = (self.cleaned_data.get("script_args") or "").replace("\r\n", "\n")
-        return [line for line in text.split("\n") if line.strip()]
+    def clean_script_args(self) -> str:
+        # The text as typed: the service splits it as a shell would (services.split_script_args), its
+        # error (an unclosed quote) landing on this field.
+        return (self.cleaned_data.get("script_args") or "").replace("\r\n", "\n")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -519,7 +529,10 @@ class TrainingJobForm(forms.Form):
     HYPERPARAMETERS_EXAMPLE = '{"train": {"optimizer": "adamw"}}'
 
     name = forms.CharField(required=False, max_length=200, help_text="Optional; defaults to job-<id>.")
-    dataset = forms.ModelChoiceField(queryset=None, empty_label=None)
+    dataset = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="— none: my script reads its own data —",
+        help_text="Required, except for a model of kind my script: its script may read its own data "
+                  "(TRAINBOARD_DATA_DIR is then unset).")
     model_spec = forms.ModelChoiceField(queryset=None, empty_label=None, label="Model")
     backend = forms.ModelChoiceField(queryset=None, empty_label=None)
     strategy = forms.ChoiceField(
@@ -621,6 +634,10 @@ class TrainingJobForm(forms.Form):
         self.fields["model_spec"].queryset = selectors.model_spec_list_for_user(user=user)
         self.fields["backend"].queryset = selectors.backend_list_for_user(user=user)
         self.fields["team"].queryset = selectors.team_list_for_user(user=user)
+        if not self.is_bound and "dataset" not in self.initial:  # "none" is for scripts: not the default
+            first = self.fields["dataset"].queryset.values_list("pk", flat=True).first()
+            if first is not None:
+                self.initial["dataset"] = first
         if not self.is_bound and "backend" not in self.initial:
             # The select's first option is alphabetical: it may be a cloud without credentials.
             chosen = _preselected_backend_id(user, self.fields["backend"].queryset)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from typing import Any
 
 from django.contrib import messages
@@ -201,7 +202,7 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
         "params": json.dumps((model_spec.params if builtin else ARCHITECTURES["cnn"].defaults()) or {}, indent=2),
         "function_params": "" if builtin or not model_spec.params else json.dumps(model_spec.params, indent=2),
         "entry_point": model_spec.entry_point, "shard_classes": ", ".join(model_spec.shard_classes or []),
-        "script_args": "\n".join(model_spec.script_args or []), "image": model_spec.image,
+        "script_args": shlex.join(model_spec.script_args or []), "image": model_spec.image,
         "team": model_spec.team_id,
     }
     if (refused := _oversized_model_post(request, initial, model_spec)) is not None:

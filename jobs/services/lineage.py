@@ -15,6 +15,13 @@ on the same Azure ML backend row (its submit mounts the file as an input and han
 mounted path), an ``s3://``/``gs://``/``az://`` URI to any backend that reads that scheme
 (``Backend.dataset_schemes``). Anything else is refused with the backend to choose; no copy is made
 between backends.
+
+A job of a user's script gets the same file as ``TRAINBOARD_INIT_FROM`` (``TRAINBOARD_INIT_MODE``
+continue | finetune; trainer_pkg/launch.py): the source's ``checkpoints/last.pt`` or ``model.pt`` as
+its script saved them in ``report.checkpoint_dir()`` / ``report.model_dir()``. Every backend that runs
+a script does so through the launcher, so each can hand it over; a source whose script saved neither
+is refused, saying what to save. What a script does with the file (and whether it keeps the source's
+optimizer) is its own: only the model and code are checked for a continue.
 """
 
 from __future__ import annotations
@@ -59,9 +66,16 @@ def _kind_label(backend: ComputeBackend) -> str:
     return registry.KINDS[backend.kind].label if backend.kind in registry.KINDS else backend.kind
 
 
+def _is_script(config: dict[str, Any] | None) -> bool:
+    """Whether a job of ``config`` ran (or runs) the user's script instead of our trainer."""
+    return bool(((config or {}).get("code") or {}).get("script"))
+
+
 def _artifact(errors: Errors, source: TrainingJob, mode: str) -> tuple[str, str]:
     """(artifact name, path or URI where it lies) of what ``mode`` starts from; ("", "") with an
-    error when the source has none or its backend cannot say."""
+    error when the source has none or its backend cannot say. A script's job has them only where its
+    script saved them (``report.checkpoint_dir()``/last.pt, ``report.model_dir()``/model.pt): the
+    error says so."""
     if not source.provider_handle:
         errors.add(ALL, f"Job #{source.pk} never ran on its backend: there is no checkpoint or model to start from.")
         return "", ""
@@ -77,6 +91,15 @@ def _artifact(errors: Errors, source: TrainingJob, mode: str) -> tuple[str, str]
     if not name:
         what = ("checkpoint (checkpoints/last.pt)" if mode == "continue"
                 else "trained weights (model.pt) and no checkpoint")
+        if _is_script(source.config):
+            saves = ("its checkpoint as last.pt in TRAINBOARD_CHECKPOINT_DIR (report.checkpoint_dir())"
+                     if mode == "continue" else "its weights as model.pt in TRAINBOARD_MODEL_DIR (report.model_dir()) "
+                                                "or a checkpoint as last.pt in TRAINBOARD_CHECKPOINT_DIR")
+            errors.add(ALL, f"Job #{source.pk} left no {what}: its script saved none (or its backend no longer "
+                            f"keeps its files), so there is nothing to hand the new job's script in "
+                            f"TRAINBOARD_INIT_FROM. A script that is to be {_MODE_VERB[mode]}d saves {saves}; "
+                            f"start this job from scratch instead.")
+            return "", ""
         errors.add(ALL, f"Job #{source.pk} left no {what}: it ended before its first epoch did, or its backend "
                         f"no longer keeps its files. Start it from scratch instead.")
         return "", ""
@@ -104,16 +127,20 @@ def _readable_where(errors: Errors, source: TrainingJob, name: str, uri: str, ba
     return False
 
 
-def _check_continue(errors: Errors, source: TrainingJob, config: JobConfig, epochs_done: int) -> None:
+def _check_continue(errors: Errors, source: TrainingJob, config: JobConfig, epochs_done: int | None) -> None:
     """The trainer's resume rules for a continued job (trainer_pkg/train.py ``maybe_resume``): the
     same model (architecture, parameters, user code), the optimizer as the checkpoint holds it, a
-    full checkpoint, a world size the checkpoint loads on, and more epochs than it has done."""
+    full checkpoint, a world size the checkpoint loads on, and more epochs than it has done. A
+    script's job keeps only the same model and code: what its checkpoint holds and how it resumes
+    (optimizer, lr, shape) is its script's business (``epochs_done`` None: not known)."""
     src, new = source.config or {}, config.to_dict()
     if (src.get("model") or {}) != new["model"] or (src.get("code") or {}).get("sha256", "") != new["code"]["sha256"]:
         errors.add("model_spec", f"Continue keeps the model: job #{source.pk} trained "
                                  f"{_describe_model(src.get('model') or {})}, this job would train "
                                  f"{_describe_model(new['model'])}. Keep job #{source.pk}'s model, or choose "
                                  f"Fine-tune (weights only) or a new job.")
+    if _is_script(new) or epochs_done is None:
+        return
     for dotted, label in _CONTINUE_KEEPS:
         if _get(src, dotted) is not None and _get(src, dotted) != _get(new, dotted):
             errors.add(_FIELD_OF.get(dotted, "hyperparameters"),
@@ -156,7 +183,7 @@ def _check_finetune(errors: Errors, source: TrainingJob, config: JobConfig, data
                                  f"{_describe_model(src_model)}, this job would train "
                                  f"{_describe_model(new['model'])}. Keep job #{source.pk}'s model.")
     before = source.dataset
-    if dataset is None or before is None:
+    if dataset is None or before is None or _is_script(new):  # a script's model, head included, is its own
         return
     for attr, what in (("sample_shape", "sample shape"), ("num_classes", "number of classes")):
         old, now = getattr(before, attr), getattr(dataset, attr)
@@ -191,7 +218,9 @@ def job_init(errors: Errors, *, source: TrainingJob | None, mode: str, config: J
                                 f"(or cancel it: a cancelled job keeps its last checkpoint), or clone it "
                                 f"without init_mode to start a new run like it from scratch.")
         return None
-    epochs_done = training_job_checkpoint_epoch(job=source) if mode == "continue" else None
+    # A script's checkpoint holds what its script saved: its epoch is not known (not "epoch 0").
+    epochs_done = (training_job_checkpoint_epoch(job=source)
+                   if mode == "continue" and not _is_script(config.to_dict()) else None)
     found = _count(errors)
     if mode == "continue":
         _check_continue(errors, source, config, epochs_done)

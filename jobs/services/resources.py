@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, get_args
 
@@ -50,7 +51,7 @@ from jobs.validation import (
     text_problem,
     update_row,
 )
-from trainer_pkg.config import BuiltinDataset, ConfigError, Strategy
+from trainer_pkg.config import BuiltinDataset, ConfigError, Strategy, script_arg_problems
 from trainer_pkg.datasets import DatasetInfo, inspect_dataset
 from trainer_pkg.registry import ARCHITECTURES, CUSTOM, validate_model_params
 
@@ -214,7 +215,8 @@ def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.
     is_code = spec.kind == ModelSpec.Kind.CODE
     spec.architecture = CUSTOM if is_code else ""  # the trainer's model.arch of a user's model
     if archive is None and spec.code_id is None and "code" not in errors:
-        errors.add("code", "Give the model's code: upload a .zip or .tar.gz, or name a directory on the server.")
+        errors.add("code", f"A model of kind {'my model' if is_code else 'my script'} needs its code: upload a "
+                           f".zip or .tar.gz, or name a directory on the server.")
     if is_code:
         params = json_object(errors, "params", spec.params, what="Parameters", example='{"hidden_size": 128}')
         if params is not None:
@@ -230,16 +232,19 @@ def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.
     else:
         if spec.params:
             errors.add("params", "A script takes no parameters (JSON): give it script arguments instead.")
-        spec.script_args = _string_list(errors, "script_args", spec.script_args, what="Script arguments",
-                                        most=MAX_SCRIPT_ARGS)
+        spec.script_args = _string_list(errors, "script_args", split_script_args(errors, spec.script_args),
+                                        what="Script arguments", most=MAX_SCRIPT_ARGS)
+        for problem in script_arg_problems(spec.script_args):
+            errors.add("script_args", f"Script arguments: {problem}.")
         if spec.shard_classes:
             errors.add("shard_classes", "Only a model of kind code has shard classes: a script shards its "
                                         "model itself.")
     spec.entry_point = (spec.entry_point or "").strip()
     if not spec.entry_point:
-        errors.add("entry_point", "Give the entry point: package.module:function returning the torch.nn.Module "
-                                  "(e.g. mymodel.net:build)." if is_code else
-                                  "Give the script: a .py file in the archive (train.py) or -m package.module.")
+        errors.add("entry_point", "A model of kind my model needs its entry point: package.module:function "
+                                  "returning the torch.nn.Module (e.g. mymodel.net:build)." if is_code else
+                                  "A model of kind my script needs its entry point: the script, a .py file in the "
+                                  "archive (train.py) or -m package.module.")
         return
     if "entry_point" in errors:
         return
@@ -256,6 +261,22 @@ def _validate_user_code(errors: Errors, spec: ModelSpec, archive: code_archives.
         (code_archives.check_entry_point if is_code else code_archives.check_script)(archive, spec.entry_point)
     except code_archives.ArchiveError as exc:
         errors.add("entry_point", str(exc))
+
+
+def split_script_args(errors: Errors, value: Any) -> Any:
+    """Script arguments typed as one text (the model form's box, a string in the API) split as a
+    shell would, without one (:func:`shlex.split`: spaces and newlines separate, quotes keep an
+    argument with spaces whole, ``$``, backquotes and ``;`` are plain characters): ``"--epochs 3
+    --lr 0.1"`` → ``["--epochs", "3", "--lr", "0.1"]``. A list is returned as it is (one argument per
+    item). An unbalanced quote is an error on ``script_args`` saying so; ``[]`` then."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return shlex.split(value)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        errors.add("script_args", f"Script arguments: {str(exc).lower()} in {value.strip()[:200]!r}; close the "
+                                  f"quote, or put a backslash before a quote that is part of an argument.")
+        return []
 
 
 def _string_list(errors: Errors, field: str, value: Any, *, what: str, most: int,
@@ -339,7 +360,9 @@ def model_spec_create(*, owner, name: str, architecture: str = "", params: dict 
       module's file defines the function), called with ``params`` (JSON object, without ``num_classes``
       / ``input_shape``) as keyword arguments; ``shard_classes``: class names for FSDP (Python names).
     - kind ``script``: ``code`` plus ``entry_point`` ``train.py`` (a file in it) or ``-m package.module``,
-      run with ``script_args`` (strings).
+      run with ``script_args``: a list of strings, one argument each, or one text split as a shell
+      would (:func:`split_script_args`); ``{train.<field>}`` in one is the job's value of that field
+      (trainer_pkg.config.expand_script_args; an unknown field is an error).
 
     ``code``: an uploaded file (``.zip``/``.tar.gz``, anything with ``read``) or a directory path under
     ``TRAINBOARD_CODE_ROOTS`` (:mod:`jobs.code_archives`; normalized and stored once by SHA-256).

@@ -363,7 +363,7 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
     return job
 
 
-def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
+def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
                         procs_per_node: int = 1, pipeline_stages: int | None = None,
                         microbatches: int | None = None, pipeline_schedule: str | None = None,
                         epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
@@ -377,8 +377,9 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                         source_job: TrainingJob | None = None, init_mode: str = "") -> TrainingJob:
     """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
 
-    ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``.
-    ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
+    ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``;
+    ``dataset`` None (or "") only for a model of kind script, whose script reads its own data (its
+    job has no ``TRAINBOARD_DATA_DIR``). ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
     ``{"train": {"optimizer": "adamw"}}`` (not the ``code`` section: the model's archive sets it).
     The backend checks the shape (``Backend.validate``).
     ``jobs.tasks.submit_job`` is sent to the backend's queue when the transaction commits.
@@ -415,8 +416,17 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     if source_job is not None:
         source_job = validation.owned(errors, "source_job", TrainingJob, source_job, owner, "job")
     init_mode = init_mode or ""
-    dataset = validation.owned(errors, "dataset", Dataset, dataset, owner, "dataset")
     model_spec = validation.owned(errors, "model_spec", ModelSpec, model_spec, owner, "model")
+    # A script may read its own data (or none): its job needs no dataset. Every other kind does.
+    no_dataset = dataset in (None, "") and model_spec is not None and model_spec.kind == ModelSpec.Kind.SCRIPT
+    if no_dataset:
+        dataset = None
+    elif dataset in (None, "") and model_spec is not None:
+        dataset = None
+        errors.add("dataset", f"Choose a dataset: model {model_spec.name} trains on one (only a script model may "
+                              f"run without, reading its own data).")
+    else:
+        dataset = validation.owned(errors, "dataset", Dataset, dataset, owner, "dataset")
     backend = validation.owned(errors, "backend", ComputeBackend, backend, owner, "backend")
     team = validation.member_team(errors, team, owner)
     nodes, procs_per_node, max_runtime_s = validation.shape_ints(errors, nodes, procs_per_node, max_runtime_s)
@@ -448,7 +458,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
     if backend is not None:
         _check_env_against_secrets(errors, env, backend)
     archive = _model_archive(errors, model_spec)
-    if dataset is None or model_spec is None:
+    if (dataset is None and not no_dataset) or model_spec is None:
         errors.raise_if_any()
     # A field that failed carries a stand-in from here on (whole_number's bound, positive_float's
     # 1.0, no overrides, ...) so that the config and backend checks still run and one submit shows
@@ -520,7 +530,7 @@ def training_job_create(*, owner, dataset, model_spec, backend, strategy: str = 
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
                       hourly_price=price, name=name, rerun_of=rerun_of, team=team,
                       on_demand_price=_on_demand_price(adapter, instance_type, spot, price), priority=priority,
-                      code=archive, image=image, env=env, fingerprint=_fingerprint(config),
+                      code=archive, image=image, env=env, fingerprint=_fingerprint(config) if dataset else None,
                       lineage_fields=lineage_fields)
 
 
@@ -561,7 +571,7 @@ def _without_keys(overrides: Mapping[str, Any], dotted_keys: set[str]) -> dict[s
     return kept
 
 
-def job_base_config(*, dataset: Dataset, model_spec: ModelSpec, archive: CodeArchive | None, strategy: str,
+def job_base_config(*, dataset: Dataset | None, model_spec: ModelSpec, archive: CodeArchive | None, strategy: str,
                     nodes: int, procs_per_node: int, pipeline_stages: int | None, microbatches: int | None,
                     pipeline_schedule: str | None, epochs: int, batch_size: int, lr: float, seed: int,
                     activation_checkpointing: bool | None = None, cpu_offload: bool | None = None,
@@ -570,10 +580,11 @@ def job_base_config(*, dataset: Dataset, model_spec: ModelSpec, archive: CodeArc
     """The trainer config (a partial JobConfig dict, before the hyperparameters' overrides) that
     :func:`training_job_create` builds from its arguments: data from the Dataset, model (and code)
     from the ModelSpec, shape and training from the arguments, the large-model settings given.
-    :func:`jobs.services.clones.training_job_clone_data` diffs a job's config against it."""
+    :func:`jobs.services.clones.training_job_clone_data` diffs a job's config against it. Without a
+    dataset (a script's job that reads its own data) the ``data`` section keeps its defaults: no path."""
     base = {
         "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
-                 "label_column": dataset.label_column or "label"},
+                 "label_column": dataset.label_column or "label"} if dataset is not None else {},
         **_model_sections(model_spec, archive),
         "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
                      **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
@@ -883,7 +894,7 @@ def training_job_rerun(*, job: TrainingJob, owner) -> TrainingJob:
     config = dict(job.config)
     data = config.get("data") or {}
     fingerprint = dataset_fingerprint(format=data.get("format", ""), uri=data.get("uri", ""),
-                                      builtin_name=data.get("name", ""))
+                                      builtin_name=data.get("name", "")) if job.dataset_id else None
     return _store_job(owner=owner, dataset=job.dataset, model_spec=job.model_spec, backend=backend,
                       config=config, strategy=job.strategy, nodes=job.nodes,
                       procs_per_node=job.procs_per_node, instance_type=job.instance_type, spot=job.spot,

@@ -470,3 +470,32 @@ def test_a_base_that_names_its_objects_instead_of_their_ids_is_told_to_use_ids(u
         assert errors[field] == [f"Choose one of your {label}s by its id (a number; GET /api/{label}s/ lists them), "
                                  f"not {name!r}."], errors
     assert Sweep.objects.count() == 0 and TrainingJob.objects.count() == 0
+
+
+def test_a_script_sweep_takes_only_the_keys_its_script_receives(user, digits_dataset, local_backend, code_store):
+    from codekit import MODEL_FILES, upload, zip_bytes
+    from jobs import services
+
+    script = services.model_spec_create(owner=user, name="my-loop", kind="script", code=upload(zip_bytes(MODEL_FILES)),
+                                        entry_point="train.py", script_args="--lr {train.lr}")
+    with pytest.raises(ValidationError) as exc:
+        _sweep(user, digits_dataset, script, local_backend, search_space={
+            "train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},  # received: kept
+            "model.params.hidden": {"type": "int", "low": 8, "high": 32},
+            "data.val_fraction": {"type": "categorical", "choices": [0.1, 0.2]},
+            "parallel.strategy": {"type": "categorical", "choices": ["ddp", "fsdp"]},
+            "train.init_mode": {"type": "categorical", "choices": ["finetune"]}}, sampler="random")
+    messages = exc.value.message_dict["search_space"]
+    assert [m.split(":", 1)[0] for m in messages] == [
+        "Search space 'model.params.hidden'", "Search space 'data.val_fraction'", "Search space 'parallel.strategy'",
+        "Search space 'train.init_mode'"]
+    assert messages[1] == (
+        "Search space 'data.val_fraction': model my-loop is a script, which receives only its job's train values "
+        "(TRAINBOARD_HPARAMS, report.hparams(), {train.<field>} in its arguments): data.val_fraction would reach no "
+        "trial's script, and the trials would run alike. Vary a train field your script reads instead: train.epochs, "
+        "train.batch_size, train.lr, train.optimizer, … (docs/user-code.md).")
+    assert not Sweep.objects.exists()
+    sweep = _sweep(user, digits_dataset, script, local_backend, search_space={
+        "train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+        "train.momentum": {"type": "categorical", "choices": [0.0, 0.9]}}, sampler="random")
+    assert sweep.state == Sweep.State.RUNNING

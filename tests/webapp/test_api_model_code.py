@@ -121,8 +121,8 @@ def test_builtin_models_are_unchanged_and_json_code_is_refused(api_client):
                                                   "code": "print('hi')"}, format="json")
     assert not_a_file.status_code == 400 and "code" in not_a_file.json()
     missing = api_client.post("/api/models/", {"name": "m3", "kind": "code", "entry_point": "a.b:c"}, format="json")
-    assert missing.json() == {"code": ["Give the model's code: upload a .zip or .tar.gz, or name a directory on "
-                                       "the server."]}
+    assert missing.json() == {"code": ["A model of kind my model needs its code: upload a .zip or .tar.gz, or name "
+                                       "a directory on the server."]}
 
 
 def test_visibility_owner_team_and_staff(api_client, other_api_client, user, django_user_model, code_store):
@@ -215,3 +215,19 @@ def test_a_malformed_entry_point_is_reported_with_a_missing_or_refused_archive(a
     assert errors["entry_point"] == [message]
     assert len(errors["code"]) == 1  # the archive's own error beside it, all at once
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
+
+
+def test_script_args_as_one_string_are_split_as_a_shell_would(api_client, tmp_path, code_store):
+    for name, data in MODEL_FILES.items():
+        (tmp_path / "roots" / "proj" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "roots" / "proj" / name).write_bytes(data)
+    response = api_client.post("/api/models/", {"name": "line", "kind": "script", "entry_point": "train.py",
+                                                "script_args": "--epochs 3 --lr {train.lr} --note 'a b'",
+                                                "code_dir": "proj"}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["script_args"] == ["--epochs", "3", "--lr", "{train.lr}", "--note", "a b"]
+    bad = api_client.post("/api/models/", {"name": "bad", "kind": "script", "entry_point": "train.py",
+                                           "script_args": "--note \"a b", "code_dir": "proj"}, format="json")
+    assert bad.status_code == 400
+    assert bad.json() == {"script_args": ["Script arguments: no closing quotation in '--note \"a b'; close the "
+                                          "quote, or put a backslash before a quote that is part of an argument."]}

@@ -110,7 +110,9 @@ def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user,
                                        backend=local_backend, procs_per_node=1)
     page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
     assert "My training script" in page
-    assert '<code id="code-script">train.py --epochs 2 --name=a b</code>' in page
+    # Each argument as the script gets it: quoted where it holds a space, and counted.
+    assert '<code id="code-script">train.py --epochs 2 \'--name=a b\'</code>' in page
+    assert '<span class="muted small" id="code-script-args">3 arguments</span>' in page
     assert "the backend's default" in page and "no variables of the job's own" in page
     # a script has no architecture, and the built-in dataset no path to hand it: the page's subtitle
     # names the model and its script, not "my-script ()" nor "on digits" nor the trainer's strategy
@@ -177,3 +179,61 @@ def test_an_image_the_box_operator_does_not_allow_is_refused_at_create(api_clien
     assert not TrainingJob.objects.exists()
     response = api_client.post("/api/jobs/", {**body, "image": "myregistry.azurecr.io/approved/train:3"}, format="json")
     assert response.status_code == 201, response.json()
+
+
+def test_the_code_panel_shows_where_each_argument_ends_and_the_values_placeholders_became(
+        owner_client, user, digits_dataset, local_backend):
+    one = services.model_spec_create(owner=user, name="one-arg", kind="script", code=upload(zip_bytes(MODEL_FILES)),
+                                     entry_point="train.py", script_args=["--epochs 3 --lr 0.1"])
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=one, backend=local_backend)
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert '<code id="code-script">train.py \'--epochs 3 --lr 0.1\'</code>' in page  # one argument, and it shows
+    assert '<span class="muted small" id="code-script-args">1 argument</span>' in page
+
+    placeholders = services.model_spec_create(
+        owner=user, name="hp", kind="script", code=upload(zip_bytes(MODEL_FILES)), entry_point="train.py",
+        script_args="--epochs {train.epochs} --lr={train.lr}")  # one text, split as a shell would
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=placeholders,
+                                       backend=local_backend, epochs=4, lr=0.02)
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert '<code id="code-script">train.py --epochs 4 --lr=0.02</code>' in page
+    assert ('<span class="muted small" id="code-script-args">3 arguments, given as <code>--epochs \'{train.epochs}\' '
+            '\'--lr={train.lr}\'</code></span>') in page  # quoted as a shell needs braces quoted
+
+
+def test_a_script_job_without_a_dataset_from_the_form_and_the_api(owner_client, api_client, user, digits_dataset,
+                                                                  script_model, cnn_model, local_backend):
+    page = owner_client.get(reverse("job-create")).content.decode()
+    assert '<option value="">— none: my script reads its own data —</option>' in page
+    assert f'<option value="{digits_dataset.pk}" selected>' in page  # a dataset stays the default
+    response = owner_client.post(reverse("job-create"), job_form_data(digits_dataset, script_model, local_backend,
+                                                                      dataset="", procs_per_node=1))
+    assert response.status_code == 302, response.context["form"].errors
+    job = TrainingJob.objects.get()
+    assert job.dataset is None
+    for url in (reverse("job-detail", args=[job.pk]), reverse("job-list"), f"/api/jobs/{job.pk}/", "/api/jobs/",
+                f"{reverse('job-create')}?from={job.pk}", f"{reverse('job-compare')}?ids={job.pk}"):
+        assert owner_client.get(url).status_code == 200, url
+    refused = owner_client.post(reverse("job-create"), job_form_data(digits_dataset, cnn_model, local_backend,
+                                                                     dataset=""))
+    assert refused.context["form"].errors == {"dataset": [
+        f"Choose a dataset: model {cnn_model.name} trains on one (only a script model may run without, reading its "
+        f"own data)."]}
+
+    created = api_client.post("/api/jobs/", {"model_spec": script_model.pk, "backend": local_backend.pk,
+                                             "procs_per_node": 1}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["dataset"] is None and created.json()["dataset_fingerprint"] is None
+    missing = api_client.post("/api/jobs/", {"dataset": None, "model_spec": cnn_model.pk,
+                                             "backend": local_backend.pk}, format="json")
+    assert missing.status_code == 400
+    assert missing.json() == {"dataset": [
+        f"Choose a dataset: model {cnn_model.name} trains on one (only a script model may run without, reading its "
+        f"own data)."]}
+
+
+def test_an_unknown_dataset_id_is_one_error_not_two(api_client, cnn_model, local_backend):
+    response = api_client.post("/api/jobs/", {"dataset": 999999, "model_spec": cnn_model.pk,
+                                              "backend": local_backend.pk}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"dataset": ['Invalid pk "999999" - object does not exist.']}

@@ -74,7 +74,7 @@ def test_every_error_on_its_field_in_one_submit_and_nothing_stored(owner_client,
     missing = owner_client.post(reverse("model-create"), {"name": "m", "kind": "code",
                                                           "entry_point": "mymodel.net:build"})
     assert missing.context["form"].errors == {"code": [
-        "Give the model's code: upload a .zip or .tar.gz, or name a directory on the server."]}
+        "A model of kind my model needs its code: upload a .zip or .tar.gz, or name a directory on the server."]}
 
 
 def test_edit_keeps_the_archive_checks_the_new_entry_point_and_can_replace_it(owner_client, code_store):
@@ -140,3 +140,64 @@ def test_a_form_error_of_its_own_stores_no_archive(owner_client, code_store):
         "code": upload(zip_bytes(MODEL_FILES))})
     assert list(response.context["form"].errors) == ["name"]
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])
+
+
+def _label(page: str, field: str) -> str:
+    """The text of the label of ``field`` in ``page`` (markers included), tags removed."""
+    import re
+
+    found = re.search(rf'<label for="id_{field}">(.*?)</label>', page, re.S)
+    assert found, field
+    return re.sub(r"<[^>]+>", "", found.group(1)).strip()
+
+
+def test_code_archive_and_entry_point_are_marked_required_not_optional(owner_client, code_store):
+    page = owner_client.get(reverse("model-create")).content.decode()
+    assert _label(page, "code") == "Code archive (required)"
+    assert _label(page, "entry_point") == "Entry point (required)"
+    assert _label(page, "code_dir") == "Or a directory on the server (optional)"  # the alternative to an upload
+    missing = owner_client.post(reverse("model-create"), {"name": "s", "kind": "script"})
+    assert missing.context["form"].errors == {
+        "code": ["A model of kind my script needs its code: upload a .zip or .tar.gz, or name a directory on the "
+                 "server."],
+        "entry_point": ["A model of kind my script needs its entry point: the script, a .py file in the archive "
+                        "(train.py) or -m package.module."]}
+    owner_client.post(reverse("model-create"), {"name": "s", "kind": "script", "entry_point": "train.py",
+                                                "code": upload(zip_bytes(MODEL_FILES))})
+    edit = owner_client.get(reverse("model-edit", args=[ModelSpec.objects.get().pk])).content.decode()
+    assert _label(edit, "code") == "Code archive (optional)"  # editing: empty keeps the current archive
+    assert _label(edit, "entry_point") == "Entry point (required)"
+
+
+def test_script_arguments_typed_on_one_line_are_split_as_a_shell_would(owner_client, code_store):
+    response = owner_client.post(reverse("model-create"), {
+        "name": "s", "kind": "script", "entry_point": "train.py", "code": upload(zip_bytes(MODEL_FILES)),
+        "script_args": "--epochs 3 --lr 0.1\r\n--note 'two words; $HOME' --lr2={train.lr}"})
+    assert response.status_code == 302, response.context["form"].errors
+    spec = ModelSpec.objects.get()
+    assert spec.script_args == ["--epochs", "3", "--lr", "0.1", "--note", "two words; $HOME", "--lr2={train.lr}"]
+    edit = owner_client.get(reverse("model-edit", args=[spec.pk])).content.decode()
+    # Shown again quoted, so saving the form unchanged keeps the same 7 arguments.
+    assert "--epochs 3 --lr 0.1 --note &#x27;two words; $HOME&#x27; &#x27;--lr2={train.lr}&#x27;</textarea>" in edit
+    resaved = owner_client.post(reverse("model-edit", args=[spec.pk]), {
+        "name": "s", "kind": "script", "entry_point": "train.py",
+        "script_args": "--epochs 3 --lr 0.1 --note 'two words; $HOME' '--lr2={train.lr}'"})
+    assert resaved.status_code == 302, resaved.context["form"].errors
+    spec.refresh_from_db()
+    assert len(spec.script_args) == 7 and spec.script_args[5] == "two words; $HOME"
+    listing = owner_client.get(reverse("model-list")).content.decode()
+    assert "--epochs 3 --lr 0.1 --note &#x27;two words; $HOME&#x27;" in listing
+
+    bad = owner_client.post(reverse("model-create"), {
+        "name": "s2", "kind": "script", "entry_point": "train.py", "code": upload(zip_bytes(MODEL_FILES)),
+        "script_args": "--note 'two words --lr {train.lrr}"})
+    assert bad.context["form"].errors == {"script_args": [
+        "Script arguments: no closing quotation in \"--note 'two words --lr {train.lrr}\"; close the quote, or put "
+        "a backslash before a quote that is part of an argument."]}
+    unknown = owner_client.post(reverse("model-create"), {
+        "name": "s3", "kind": "script", "entry_point": "train.py", "code": upload(zip_bytes(MODEL_FILES)),
+        "script_args": "--lr {train.lrr}"})
+    [message] = unknown.context["form"].errors["script_args"]
+    assert message.startswith("Script arguments: {train.lrr} in argument '{train.lrr}' names no field a script "
+                              "receives (train.augment, train.batch_size, ")
+    assert ModelSpec.objects.count() == 1

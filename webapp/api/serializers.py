@@ -269,7 +269,10 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
                                   "arguments. In a multipart body: the object's JSON text."
     )
     script_args = JSONStringListField(
-        required=False, example='["--epochs", "3"]', help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\"] (multipart: the JSON text).")
+        required=False, example='["--epochs", "3"]', help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\", \"--lr\", \"{train.lr}\"] (one "
+                                           "each), or one string split as a shell would (never run by one), "
+                                           "\"--epochs 3 --lr {train.lr}\"; {train.<field>} becomes the job's "
+                                           "value (multipart: the JSON text).")
     shard_classes = JSONStringListField(
         required=False, example='["Block"]', help_text="Kind code, FSDP: class names sharded one fully_shard each, e.g. [\"Block\"]; "
                                   "[] = each top-level child (multipart: the JSON text).")
@@ -781,7 +784,9 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
     """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``."""
 
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
-    dataset = OwnedPrimaryKeyField(selectors.dataset_list_for_user)
+    dataset = OwnedPrimaryKeyField(selectors.dataset_list_for_user, required=False, allow_null=True, default=None,
+                                   help_text="Required, except for a script model (kind script) that reads its own "
+                                             "data: null or left out.")
     model_spec = OwnedPrimaryKeyField(selectors.model_spec_list_for_user)
     backend = OwnedPrimaryKeyField(selectors.backend_list_for_user)
     strategy = serializers.ChoiceField(choices=list(get_args(Strategy)), default="ddp")

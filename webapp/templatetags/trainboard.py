@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from django import template
 from django.utils.html import format_html
 
@@ -92,6 +94,14 @@ def usd_per_hour(value) -> str:
     if value is None or value == "":
         return "—"
     return format_usd_per_hour(value)
+
+
+@register.filter
+def shell_join(args) -> str:
+    """A list of arguments as a shell would read them back (:func:`shlex.join`): ``["--epochs", "3"]`` →
+    ``--epochs 3``, ``["--epochs 3"]`` → ``'--epochs 3'``, so where one argument ends shows. Display
+    only: nothing is ever run through a shell."""
+    return shlex.join(str(a) for a in args or [])
 
 
 @register.filter

@@ -261,3 +261,43 @@ def test_another_backend_cannot_read_a_gpu_box_path_and_is_told_which_to_choose(
     message = excinfo.value.message_dict["backend"][0]
     assert f"lies on backend local (Local GPU box (torchrun)) at {run_root}" in message
     assert "cannot read it there" in message and "Choose backend local." in message
+
+
+# --- a user's script ----------------------------------------------------------------------------
+
+
+def test_a_script_job_is_continued_and_fine_tuned_from_what_its_script_saved(
+        user, digits_dataset, local_backend, run_root, code_store):
+    """The script gets the file as TRAINBOARD_INIT_FROM (the launcher's env: tests/trainer_pkg/
+    test_script_values.py); what it holds is the script's, so the trainer's optimizer and epoch rules
+    do not apply, and a source whose script saved nothing is refused, saying what to save."""
+    from codekit import MODEL_FILES, upload, zip_bytes
+
+    script = services.model_spec_create(owner=user, name="loop", kind="script", code=upload(zip_bytes(MODEL_FILES)),
+                                        entry_point="train.py", script_args=["--lr", "{train.lr}"])
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=script, backend=local_backend,
+                                       epochs=1, lr=0.02)
+    run = _ran(job, run_root, files=("train.log",), epochs_done=0)  # it ran, and saved nothing
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_clone(owner=user, job=job, overrides={"init_mode": "finetune"})
+    assert excinfo.value.message_dict["__all__"] == [
+        f"Job #{job.pk} left no trained weights (model.pt) and no checkpoint: its script saved none (or its "
+        f"backend no longer keeps its files), so there is nothing to hand the new job's script in "
+        f"TRAINBOARD_INIT_FROM. A script that is to be fine-tuned saves its weights as model.pt in "
+        f"TRAINBOARD_MODEL_DIR (report.model_dir()) or a checkpoint as last.pt in TRAINBOARD_CHECKPOINT_DIR; "
+        f"start this job from scratch instead."]
+
+    for name in ("model.pt", "checkpoints/last.pt"):
+        (run / "output" / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / "output" / name).write_bytes(b"weights")
+    tuned = services.training_job_clone(owner=user, job=job, overrides={"init_mode": "finetune", "lr": 0.001})
+    assert (tuned.config["train"]["init_from"], tuned.config["train"]["init_mode"]) == (
+        str(run / "output" / "model.pt"), "finetune")
+    assert tuned.config["code"]["args"] == ["--lr", "{train.lr}"] and tuned.config["train"]["lr"] == 0.001
+    assert lineage_text(tuned) == f"fine-tuned from #{job.pk}"
+    # Continue: a new lr and fewer epochs are the script's to judge (its checkpoint is its own), and the
+    # checkpoint's epoch is not known (no "checkpoint epoch 0").
+    cont = services.training_job_clone(owner=user, job=job, overrides={"init_mode": "continue", "lr": 0.5})
+    assert cont.config["train"]["init_from"] == str(run / "output" / "checkpoints" / "last.pt")
+    assert cont.source_checkpoint_epoch is None
+    assert lineage_text(cont) == f"continued from #{job.pk}"

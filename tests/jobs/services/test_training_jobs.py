@@ -141,7 +141,8 @@ def test_create_rejects_unknown_and_foreign_objects(user, other_user, digits_dat
         with pytest.raises(ValidationError) as excinfo:
             _create(user, dataset, cnn_model, local_backend)
         assert "dataset" in _errors(excinfo)
-        assert "not yours" in _errors(excinfo)["dataset"][0]
+        assert ("not yours" if dataset is not None else "Choose a dataset: model digits-cnn trains on one") in \
+            _errors(excinfo)["dataset"][0]
     their_backend = services.backend_create(owner=other_user, name="b", kind="gpubox",
                                             config={"hourly_rate_usd": 1.0})
     with pytest.raises(ValidationError) as excinfo:

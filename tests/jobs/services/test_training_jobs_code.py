@@ -274,3 +274,20 @@ def test_the_estimate_takes_a_script_model(user, script_model, code_model, local
         estimate = services.training_job_estimate(backend=local_backend, nodes=1, procs_per_node=2,
                                                   strategy="pipeline", batch_size=32, model_spec=model)
         assert estimate["world_size"] == 2
+
+
+def test_a_script_job_may_run_without_a_dataset_and_no_other_kind_may(user, digits_dataset, script_model, code_model,
+                                                                     cnn_model, local_backend):
+    job = create(user, None, script_model, local_backend, procs_per_node=1)
+    assert job.dataset is None and job.dataset_fingerprint is None
+    assert job.config["data"]["uri"] == ""  # the launcher then sets no TRAINBOARD_DATA_DIR
+    assert job_spec(job).dataset_uri == ""
+    rerun = services.training_job_rerun(owner=user, job=job)
+    assert rerun.dataset is None and rerun.dataset_fingerprint is None
+    tuned_from_nothing = services.training_job_clone(owner=user, job=job)
+    assert tuned_from_nothing.dataset is None
+    TrainingJob.objects.all().delete()
+    for model in (cnn_model, code_model):
+        assert refused(user, "", model, local_backend) == {"dataset": [
+            f"Choose a dataset: model {model.name} trains on one (only a script model may run without, reading "
+            f"its own data)."]}
