@@ -72,6 +72,7 @@ killed by the escalation below) is CANCELLED, never SUCCEEDED.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import importlib.util
@@ -80,6 +81,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,6 +175,11 @@ SETTINGS = BackendSettings(
                 host=True, field=False),
         Setting("run_as", "Run jobs as", "OS user whose uid a job's processes run with (the worker must "
                 "run as root); blank = the worker's own user.", host=True, field=False),
+        Setting("job_uids", "Job uids",
+                "The uids a root worker gives jobs, one of its own per job while it runs (and a gid of the same "
+                f"number): ranges and uids separated by commas, e.g. 20000-20999; blank = {_usercode.JOB_UIDS_DEFAULT}; "
+                f"{_usercode.JOB_UIDS_OFF} = every job runs as the worker's user (for a single user only).",
+                host=True, field=False),
         Setting("env_passthrough", "Passed-through variables",
                 "Names of the worker's environment variables a job inherits besides PATH, HOME, LANG, "
                 "LC_ALL, TZ, TMPDIR, CUDA_VISIBLE_DEVICES and NCCL_*, separated by commas or spaces.",
@@ -187,6 +194,15 @@ SETTINGS = BackendSettings(
     ),
 )
 """The settings of a GPU box (:mod:`cloud_adapters.settings`); it stores no credentials."""
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """How a box keeps its jobs apart (:attr:`GpuBoxBackend.isolation`): ``isolated`` when each job
+    runs as a uid of its own; ``text``, one sentence for the backend page, the job form and the demo."""
+
+    isolated: bool
+    text: str
+
 
 RUNNER_SOCKET_VAR = "TRAINBOARD_GPUBOX_RUNNER_SOCKET"
 """When set, supervisors are started by the box's runner on this Unix socket
@@ -341,6 +357,14 @@ class GpuBoxBackend(Backend):
             if not isinstance(run_as, str) or (run_as and not _usercode.USER_NAME_RE.fullmatch(run_as)):
                 raise InvalidSpec(f"run_as: expected an OS user name (e.g. trainboard-jobs), got {_shown(run_as)}.")
 
+        job_uids = config.get("job_uids") or ""
+        with problems.about("job_uids"):
+            if not isinstance(job_uids, str):
+                raise InvalidSpec(f"job_uids: expected uid ranges such as {_usercode.JOB_UIDS_DEFAULT}, got "
+                                  f"{_shown(job_uids)}.")
+            if job_uids.strip() and job_uids.strip().lower() != _usercode.JOB_UIDS_OFF:
+                _usercode.parse_uid_pool(job_uids)
+
         passthrough = config.get("env_passthrough") or ""
         with problems.about("env_passthrough"):
             if not isinstance(passthrough, str):
@@ -385,6 +409,7 @@ class GpuBoxBackend(Backend):
             "python": python,
             "pip_args": pip_args,
             "run_as": run_as,
+            "job_uids": job_uids.strip(),
             "env_passthrough": passthrough,
             "allowed_images": allowed_images,
             "gpu_ids": gpu_ids,
@@ -414,6 +439,25 @@ class GpuBoxBackend(Backend):
     @property
     def run_root(self) -> Path:
         return Path(self.config["run_root"])
+
+    @property
+    def isolation(self) -> Isolation:
+        """Whether each job runs as a uid of its own (docs/gpu-boxes.md "Isolation"), and what to tell
+        people: a root worker with a uid pool whose jobs can reach the interpreter and the run root
+        isolates; otherwise jobs share the worker's user (or ``run_as``), and the text says so
+        (:data:`_usercode.SHARED_UID_NOTICE`) with the reason. Read from the settings and the
+        directories' modes; starts nothing."""
+        problem = _usercode.isolation_problem(run_as=self.config.get("run_as") or "",
+                                              job_uids=self.config.get("job_uids") or "",
+                                              run_root=self.run_root, python=self.config["python"])
+        if problem is None:
+            pool = self.config.get("job_uids") or _usercode.JOB_UIDS_DEFAULT
+            return Isolation(True, f"each job runs as a uid of its own (pool {pool}): it cannot read another job's "
+                                   f"files or the dashboard's, nor signal their processes")
+        return Isolation(False, f"{_usercode.SHARED_UID_NOTICE} ({problem})")
+
+    def _uid_pool(self) -> list[int]:
+        return _usercode.parse_uid_pool(self.config.get("job_uids") or _usercode.JOB_UIDS_DEFAULT)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -553,18 +597,31 @@ class GpuBoxBackend(Backend):
         with _start_lock(run_dir) as lock_fd:
             if _started(run_dir):
                 return handle  # another attempt started it while we waited: adopt it
-            return self._start(spec, run_dir, handle, config, trainer, code_files, user, lock_fd)
+            isolated = False
+            if user is None and self.isolation.isolated:
+                # A uid of its own (held until the supervisor gives it back at the end); the run root
+                # may be entered, not listed, by the jobs; the snapshots and environments only read.
+                user, isolated = _usercode.allocate_job_user(self.run_root, spec.job_name, self._uid_pool()), True
+                for path, mode in ((self.run_root, 0o711), (self.run_root / ".trainers", 0o755)):
+                    if path.stat().st_uid == os.geteuid():
+                        os.chmod(path, mode)
+            return self._start(spec, run_dir, handle, config, trainer, code_files, user, lock_fd, isolated)
 
     def _start(self, spec: JobSpec, run_dir: Path, handle: JobHandle, config: dict[str, Any],
                trainer: tuple[str, Path, Path], code_files: list[packaging.Entry] | None,
-               user: _usercode.RunUser | None, lock_fd: int) -> JobHandle:
+               user: _usercode.RunUser | None, lock_fd: int, isolated: bool = False) -> JobHandle:
         """Write the run's files and start its supervisor (the caller holds ``start.lock``).
         ``trainer``: the snapshot's SHA-256, its directory, and the directory it was made from;
-        ``code_files``: the job's archive, checked (:func:`cloud_adapters.packaging.code_files`)."""
+        ``code_files``: the job's archive, checked (:func:`cloud_adapters.packaging.code_files`);
+        ``isolated``: ``user`` is the job's own uid (:func:`_usercode.allocate_job_user`)."""
         trainer_sha, trainer_path, trainer_source = trainer
         code_dir = run_dir / "code"
         if code_files is not None:
             _usercode.write_tree(code_files, code_dir, f"code archive {spec.code.sha256[:16]}")
+        if isolated:
+            assert user is not None
+            _usercode.prepare_isolated_run(run_dir, user)
+            self._give_inputs(config, run_dir, user)
         _proc.write_json_atomic(run_dir / "job.json", config)
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
@@ -576,7 +633,7 @@ class GpuBoxBackend(Backend):
         from trainer_pkg.platforms import LaunchPlan
 
         runner = user or _usercode.worker_user()
-        if user is not None:
+        if user is not None and not isolated:
             # The job writes its outputs, and a script its working directory (code.dir); the rest of
             # the run directory (exit.json, the supervisor's records) stays the worker's.
             output_dir = run_dir / "output"
@@ -586,6 +643,8 @@ class GpuBoxBackend(Backend):
                 _proc.chown_tree(code_dir, user.uid, user.gid)
         base = _usercode.base_environment(os.environ, runner,
                                           _usercode.passthrough_names(self.config["env_passthrough"]))
+        if isolated:
+            base["TMPDIR"] = str(run_dir / "tmp")  # /tmp is shared with every other job
 
         # The requirements environment: built by the supervisor before torchrun, once per text.
         requirements = spec.code.requirements if spec.code is not None else ""
@@ -645,6 +704,7 @@ class GpuBoxBackend(Backend):
         # variables (LD_PRELOAD, PYTHONSTARTUP ...) must not reach a process that runs as the worker.
         sup_env = dict(base, PYTHONPATH=str(_REPO_ROOT))
         sup_plan = {"env": job_env, "user": user.as_json() if user is not None else None,
+                    "isolation": {"run_root": str(self.run_root), "uid": user.uid} if isolated else None,
                     "environment": environment, "cleanup": cleanup, "in_container": bool(spec.image)}
         sup_command = [
             sys.executable, "-m", "cloud_adapters.gpubox.supervisor",
@@ -721,6 +781,31 @@ class GpuBoxBackend(Backend):
         _proc.write_json_atomic(run_dir / "supervisor.json", {"pid": pid, "start_ticks": ticks,
                                                               "started_at": started_at})
         return handle
+
+    def _give_inputs(self, config: dict[str, Any], run_dir: Path, user: _usercode.RunUser) -> None:
+        """What an isolated job reads or writes outside its run directory, made its own: the file
+        ``train.init_from`` names (a source job's checkpoint or model.pt, in its run directory, which
+        this job's uid may not enter) copied to ``<run_dir>/input/`` and the config pointed at the
+        copy; an output or checkpoint directory in another run directory of this run root (a lost
+        attempt's checkpoints, resumed) given to the job's uid. ``config`` is changed in place."""
+        train = config.get("train") or {}
+        init_from = str(train.get("init_from") or "")
+        if (os.path.isabs(init_from) and os.path.isfile(init_from) and not os.path.islink(init_from)
+                and not Path(init_from).is_relative_to(run_dir)):
+            inputs = run_dir / "input"
+            inputs.mkdir(mode=0o750, exist_ok=True)
+            os.chown(inputs, 0, user.gid)
+            copy = inputs / Path(init_from).name
+            shutil.copyfile(init_from, copy, follow_symlinks=False)
+            os.chown(copy, 0, user.gid)
+            os.chmod(copy, 0o640)
+            train["init_from"] = str(copy)
+        output = config.get("output") or {}
+        for key in ("output_dir", "checkpoint_dir"):
+            path = Path(str(output.get(key) or ""))
+            if (path.is_absolute() and path.is_relative_to(self.run_root) and not path.is_relative_to(run_dir)
+                    and path.is_dir() and not path.is_symlink()):
+                _proc.chown_tree(path, user.uid, user.gid)
 
     def _device_env(self, spec: JobSpec) -> dict[str, str]:
         """The variables that give the job its allocated devices (``spec.devices``; {} when none

@@ -15,6 +15,8 @@ With ``--plan-stdin`` the submitting worker writes one JSON object to its stdin 
     {"env": {...},          the job's whole environment (secrets included: never written anywhere)
      "user": {"name", "uid", "gid", "groups", "home"} | null,   the OS user the job runs as
      "environment": {"dir", "lock", "marker", "sha256", "steps": [[argv], ...], "env": {...}} | null,
+     "isolation": {"run_root", "uid"} | null,   the job's own uid, given back when it is over
+                                  (cloud_adapters.gpubox._usercode.release_job_user)
      "cleanup": [argv] | null,    run once the job is over (``docker rm --force`` of its container)
      "in_container": bool}        the commands are ``docker run``s (started as the worker, see
                                   ``_Supervisor._user_kwargs``)
@@ -63,6 +65,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cloud_adapters.gpubox._usercode import release_job_user
 from cloud_adapters.gpubox._proc import (
     RUN_TAG_VAR,
     chown_tree,
@@ -328,6 +331,14 @@ class _Supervisor:
     def finish(self, returncode: int | None, *, cancelled: bool, reason: str, max_runtime: bool = False,
                stage: str = "train") -> int:
         self.cleanup()
+        isolation = (self.plan or {}).get("isolation")
+        if isolation:
+            # The job's uid is its own: whatever still runs as it (a daemon that dropped the run's
+            # environment tag) is killed, its files become root's, and the uid goes back to the pool.
+            try:
+                release_job_user(Path(isolation["run_root"]), int(isolation["uid"]), self.run_dir)
+            except OSError as exc:
+                self.say(f"could not give uid {isolation.get('uid')} back: {exc}")
         write_json_atomic(
             self.run_dir / "exit.json",
             {"returncode": returncode, "started_at": self.started_at, "ended_at": time.time(),

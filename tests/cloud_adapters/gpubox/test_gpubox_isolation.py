@@ -1,0 +1,257 @@
+"""A GPU box isolates its jobs (docs/gpu-boxes.md "Isolation", DESIGN.md §8): with a root worker each
+job runs as a uid of its own from the operator's pool, so a hostile user's script cannot reach another
+user's running job nor the installation. Real processes: a runner, two supervisors, torchrun, the
+users' scripts; the installation's ``var/`` is laid out by the code the dashboard's settings run
+(:mod:`webapp.private_files`), the run root under it as in ``make demo``.
+
+The interpreter must be one a job's uid can run: this machine's lives under ``/root`` (mode 0700), so the
+``reachable_interpreter`` fixture lets other users through the directories on its way (``o+x``, not
+``o+r``: they are entered, not listed) for the test's length and puts the modes back after: what the box
+operator does once (docs/gpu-boxes.md). pytest's own temporary directories sit under a 0700 directory,
+so the installation is made in a directory of its own under /tmp instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cloud_adapters.base import InvalidSpec, JobSpec, JobState
+from cloud_adapters.gpubox import GpuBoxBackend, _proc, _usercode, runner
+from polling import wait_for
+from user_code_kit import code_bundle
+from webapp import private_files
+
+ROOT = Path(__file__).resolve().parents[3]
+GATE_S = 120  # the victim waits at most this long for the test's go (the test gives it in seconds)
+
+# The second user's job: writes a checkpoint and its model, reports, then waits for the test's go, so
+# that it is running while the hostile job tries everything against it.
+VICTIM = textwrap.dedent('''\
+    import os, time
+    from trainer_pkg import report
+    with open(os.path.join(report.checkpoint_dir(), "epoch-1.pt"), "wb") as fh:
+        fh.write(b"victim checkpoint " * 512)
+    with open(os.path.join(report.model_dir(), "model.pt"), "wb") as fh:
+        fh.write(b"victim weights " * 512)
+    report.log(step=1, loss=0.5)
+    with open(os.path.join(report.model_dir(), "ready"), "w") as fh:
+        fh.write(str(os.getpid()))
+    deadline = time.monotonic() + float(os.environ["TB_GATE_S"])
+    while not os.path.exists(os.environ["TB_GO"]):
+        if time.monotonic() > deadline:
+            raise SystemExit("the test never said go")
+        time.sleep(0.05)
+    ''')
+
+# The hostile user's job: every attempt is recorded with its outcome in its own output directory.
+HOSTILE = textwrap.dedent('''\
+    import json, os, signal, socket
+    from trainer_pkg import report
+    t = json.loads(os.environ["TB_TARGETS"])
+    attempts = {}
+
+    def attempt(name, action):
+        try:
+            action()
+            attempts[name] = "allowed"
+        except OSError as exc:
+            attempts[name] = type(exc).__name__ + ": " + (exc.strerror or str(exc))
+
+    def read(path):
+        with open(path, "rb") as fh:
+            fh.read(1)
+
+    def write(path, mode="ab"):
+        with open(path, mode) as fh:
+            fh.write(b"pwned")
+
+    def connect(path):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        s.close()
+
+    attempt("read the victim's checkpoint", lambda: read(t["victim_checkpoint"]))
+    attempt("read the victim's model", lambda: read(t["victim_model"]))
+    attempt("list the victim's run directory", lambda: os.listdir(t["victim_dir"]))
+    attempt("read the victim's log", lambda: read(os.path.join(t["victim_dir"], "train.log")))
+    attempt("write into the victim's run directory", lambda: write(os.path.join(t["victim_dir"], "planted")))
+    attempt("write into the victim's output", lambda: write(os.path.join(t["victim_dir"], "output", "planted")))
+    attempt("overwrite the victim's model", lambda: write(t["victim_model"], "wb"))
+    attempt("kill the victim's rank", lambda: os.kill(t["victim_rank"], signal.SIGKILL))
+    attempt("read the victim rank's environment", lambda: read(f"/proc/{t['victim_rank']}/environ"))
+    attempt("stop the victim's supervisor", lambda: os.kill(t["victim_supervisor"], signal.SIGTERM))
+    attempt("signal the runner", lambda: os.kill(t["runner"], 0))
+    attempt("signal the worker", lambda: os.kill(t["worker"], 0))
+    attempt("read the worker's environment", lambda: read(f"/proc/{t['worker']}/environ"))
+    attempt("read the encryption key", lambda: read(t["encryption_key"]))
+    attempt("read the database", lambda: read(t["database"]))
+    attempt("read the secret key", lambda: read(t["secret_key"]))
+    attempt("list the installation's var", lambda: os.listdir(t["var"]))
+    attempt("read the code store", lambda: read(t["victim_archive"]))
+    attempt("use the runner's socket", lambda: connect(t["runner_socket"]))
+    attempt("list the run root", lambda: os.listdir(t["run_root"]))
+    attempt("write into the run root", lambda: write(os.path.join(t["run_root"], "planted")))
+    attempt("change the shared trainer snapshot", lambda: write(t["trainer_init"]))
+    attempt("forge its own exit.json", lambda: write(os.path.join(t["own_dir"], "exit.json"), "wb"))
+    # What it may do: its own files (the refusals above are not wrong paths).
+    own = {"job.json": open(os.path.join(t["own_dir"], "job.json")).read()[:1],
+           "home": os.environ["HOME"], "tmp": os.environ["TMPDIR"], "uid": os.getuid(), "gid": os.getgid(),
+           "groups": os.getgroups()}
+    with open(os.path.join(report.model_dir(), "attempts.json"), "w") as fh:
+        json.dump({"attempts": attempts, "own": own}, fh)
+    ''')
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def reachable_interpreter():
+    """Let other uids run this interpreter: ``o+x`` on each directory on its way that lacks it (this
+    machine's sits under /root, 0700), put back afterwards."""
+    changed = []
+    paths = {Path(os.path.realpath(sys.executable)), Path(sys.prefix), Path(sys.base_prefix)}
+    for path in paths:
+        for directory in [*reversed(path.parents), path]:
+            mode = directory.stat().st_mode
+            if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH and directory not in [d for d, _ in changed]:
+                changed.append((directory, stat.S_IMODE(mode)))
+                os.chmod(directory, stat.S_IMODE(mode) | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for directory, mode in reversed(changed):
+            os.chmod(directory, mode)
+
+
+@pytest.fixture
+def installation():
+    """An installation's ``var/`` as webapp/settings.py lays it out, in a 0755 directory of its own:
+    ``(var, run root, code store)``."""
+    top = Path(tempfile.mkdtemp(prefix="tb-isolation-"))
+    os.chmod(top, 0o755)
+    var = private_files.traversable_dir(top / "var")
+    private_files.private_file(var / "encryption_key", lambda: "planted-fernet-key=")
+    private_files.private_file(var / "secret_key", lambda: "planted-django-secret")
+    private_files.private_file(var / "trainboard.sqlite3", lambda: "SQLite format 3\0planted credentials")
+    store = private_files.private_dir(var / "code")
+    try:
+        yield var, var / "runs", store
+    finally:
+        for run_dir in (var / "runs").glob("*"):  # nothing of a failed test keeps running
+            _proc.signal_job(str(run_dir), signal.SIGKILL)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _start_runner(socket_path: Path, run_root: Path) -> subprocess.Popen:
+    run_root.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "cloud_adapters.gpubox.runner", "--socket", str(socket_path),
+                             "--run-root", str(run_root)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for(lambda: socket_path.exists(), timeout=20, what="the runner's socket")
+    return proc
+
+
+def _ended(backend, handle, timeout: float = 180):
+    return wait_for(lambda: (s := backend.describe(handle)).state.is_terminal and s, timeout=timeout,
+                    what=f"{handle.job_name} to end")
+
+
+def _pool() -> str:
+    """Ten uids no account or process of this machine has (a range of its own per run)."""
+    while True:
+        low = random.randrange(40000, 60000, 10)
+        if not any(_usercode._uid_in_use(u) for u in range(low, low + 10)):
+            return f"{low}-{low + 9}"
+
+
+def test_a_hostile_script_cannot_reach_another_job_or_the_installation(reachable_interpreter, installation,
+                                                                        monkeypatch):
+    var, run_root, store = installation
+    socket_path = var / "runner" / "runner.sock"
+    private_files.private_dir(socket_path.parent)
+    proc = _start_runner(socket_path, run_root)
+    monkeypatch.setenv(runner.SOCKET_VAR, str(socket_path))
+    monkeypatch.setenv("TRAINBOARD_ENCRYPTION_KEY", "planted-in-the-worker")
+    try:
+        pool = _pool()
+        backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 1, "grace_period_s": 5,
+                                 "job_uids": pool})
+        assert backend.isolation.isolated, backend.isolation.text
+        go = var.parent / "go"  # a 0755 directory: the victim's uid sees the test's go
+        victim_code = code_bundle(store, {"victim.py": VICTIM})
+        victim = backend.submit(JobSpec(
+            job_name="victim", procs_per_node=1, code=victim_code,
+            config={"code": {"script": "victim.py"}, "parallel": {"procs_per_node": 1}},
+            env={"TB_GO": str(go), "TB_GATE_S": str(GATE_S)}, secret_env={"TB_API_TOKEN": "victim-secret"}))
+        victim_dir = Path(victim.provider_job_id)
+        ready = victim_dir / "output" / "ready"
+        wait_for(ready.exists, timeout=120, what="the victim to write its files and wait")
+        files = [victim_dir / "output" / "model.pt", victim_dir / "output" / "checkpoints" / "epoch-1.pt",
+                 victim_dir / "code" / "victim.py"]
+        before = {p: _sha256(p) for p in files}
+        victim_rank = int(ready.read_text())
+        victim_uid = Path(f"/proc/{victim_rank}").stat().st_uid
+        supervisor = json.loads((victim_dir / "supervisor.json").read_text())["pid"]
+        trainer = Path(json.loads((victim_dir / "trainer.json").read_text())["dir"])
+
+        targets = {
+            "victim_dir": str(victim_dir), "victim_model": str(files[0]), "victim_checkpoint": str(files[1]),
+            "victim_rank": victim_rank, "victim_supervisor": supervisor, "runner": proc.pid,
+            "worker": os.getpid(), "encryption_key": str(var / "encryption_key"),
+            "database": str(var / "trainboard.sqlite3"), "secret_key": str(var / "secret_key"), "var": str(var),
+            "victim_archive": victim_code.path, "runner_socket": str(socket_path), "run_root": str(run_root),
+            "trainer_init": str(trainer / "trainer_pkg" / "__init__.py"), "own_dir": str(run_root / "hostile"),
+        }
+        for key in ("victim_checkpoint", "encryption_key", "database", "secret_key", "victim_archive",
+                    "runner_socket", "trainer_init"):
+            assert Path(targets[key]).exists(), key  # every target is there: a refusal is the kernel's
+        hostile = backend.submit(JobSpec(
+            job_name="hostile", procs_per_node=1, code=code_bundle(store, {"hostile.py": HOSTILE}),
+            config={"code": {"script": "hostile.py"}, "parallel": {"procs_per_node": 1}},
+            env={"TB_TARGETS": json.dumps(targets)}))
+        status = _ended(backend, hostile)
+        assert status.state == JobState.SUCCEEDED, (status, (run_root / "hostile" / "train.log").read_text()[-3000:])
+        record = json.loads((run_root / "hostile" / "output" / "attempts.json").read_text())
+        allowed = {name: outcome for name, outcome in record["attempts"].items()
+                   if not outcome.startswith("PermissionError")}
+        assert allowed == {}, allowed
+        assert len(record["attempts"]) == 23
+        own = record["own"]
+        hostile_uid = own["uid"]
+        assert hostile_uid != victim_uid and {hostile_uid, victim_uid} <= set(_usercode.parse_uid_pool(pool))
+        assert (own["gid"], own["groups"]) == (hostile_uid, [])
+        assert (own["home"], own["tmp"]) == (str(run_root / "hostile" / "home"), str(run_root / "hostile" / "tmp"))
+
+        # The victim ran on, untouched, and ends SUCCEEDED with its files as they were.
+        assert backend.describe(victim).state == JobState.RUNNING
+        go.touch()
+        status = _ended(backend, victim)
+        assert status.state == JobState.SUCCEEDED, (status, (victim_dir / "train.log").read_text()[-3000:])
+        assert {p: _sha256(p) for p in files} == before
+        assert not (victim_dir / "planted").exists() and not (victim_dir / "output" / "planted").exists()
+        assert proc.poll() is None  # the runner too
+        # Over: the uids went back to the pool and every file is root's again (the next job given the
+        # uid reads nothing of these), no process runs as either uid.
+        assert sorted(p.name for p in (run_root / ".uids").iterdir()) == [".lock"]
+        for run_dir in (victim_dir, run_root / "hostile"):
+            owners = {p.stat().st_uid for p in [run_dir, *run_dir.rglob("*")]}
+            assert owners == {0}, (run_dir, owners)
+        assert _usercode.processes_of(victim_uid) == _usercode.processes_of(hostile_uid) == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
