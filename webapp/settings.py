@@ -425,6 +425,10 @@ try:
 except ValueError as _exc:
     raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_PIP_ARGS must split like a shell line ({_exc})") from None
 TRAINBOARD_GPUBOX_RUN_AS = env.str("TRAINBOARD_GPUBOX_RUN_AS", default="").strip()
+# Isolation (docs/gpu-boxes.md): the uids a root worker gives jobs, one each ("" = 20000-20999, "none" = off),
+# and whether an installation of several users may still run jobs on a box that cannot isolate them.
+TRAINBOARD_GPUBOX_JOB_UIDS = env.str("TRAINBOARD_GPUBOX_JOB_UIDS", default="").strip()
+TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = env.bool("TRAINBOARD_GPUBOX_ALLOW_SHARED_UID", default=False)
 TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH", default="").strip()
 # The container images a GPU-box job may name (exact references or prefixes ending in *, separated by
 # commas or spaces); "" = none: every job runs on the host.

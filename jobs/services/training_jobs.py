@@ -26,7 +26,7 @@ from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, sch
 from jobs import cost as costs
 from jobs import admission, dispatch, validation
 from jobs.services import lineage
-from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name
+from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name, shared_uid_refusal
 from jobs.budgets import check_monthly_budgets
 from jobs.fingerprints import dataset_fingerprint
 from jobs.models import (
@@ -253,6 +253,8 @@ def _check_spec(errors: Errors, adapter: Backend, spec: JobSpec, strategy: str,
         errors.add("strategy", adapter.strategy_error(strategy) or (
             f"This backend runs {', '.join(caps.strategies) or 'no strategy'}; {strategy!r} is not one of them."))
     spec = _check_dataset_scheme(errors, adapter, spec, dataset)
+    if (refusal := shared_uid_refusal(adapter)):
+        errors.add("backend", refusal)
     try:
         adapter.validate(spec)
     except InvalidSpec as exc:

@@ -14,6 +14,7 @@ so the installation is made in a directory of its own under /tmp instead.
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import os
 import random
@@ -255,3 +256,66 @@ def test_a_hostile_script_cannot_reach_another_job_or_the_installation(reachable
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+# ---------------------------------------------------------------------------------------------
+# A box that cannot isolate says so, and an installation of several users starts no job there
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_box_that_cannot_isolate_says_why(tmp_path, reachable_interpreter):
+    off = GpuBoxBackend({"run_root": str(tmp_path / "runs"), "job_uids": "none"})
+    assert (off.isolation.isolated, off.isolation.text) == (False, "jobs on this box run as the dashboard's own user: for a single user only (the "
+                                    "operator turned the uid pool off (TRAINBOARD_GPUBOX_JOB_UIDS=none))")
+    shared = GpuBoxBackend({"run_root": str(tmp_path / "runs"), "run_as": "nobody"})
+    assert shared.isolation.text.endswith("(every job runs as the one OS user 'nobody' (TRAINBOARD_GPUBOX_RUN_AS))")
+    # pytest's temporary directory lies under a 0700 directory: a job's uid could not reach the run root.
+    hidden = GpuBoxBackend({"run_root": str(tmp_path / "runs")})
+    if os.geteuid() == 0:
+        blocked = next(p for p in [*reversed(tmp_path.parents), tmp_path] if not p.stat().st_mode & stat.S_IXOTH)
+        assert hidden.isolation.text == (
+            f"jobs on this box run as the dashboard's own user: for a single user only (a job's uid could not reach "
+            f"the run root {tmp_path / 'runs'}: {blocked} is mode {stat.S_IMODE(blocked.stat().st_mode):04o}, which "
+            f"other users may not enter)")
+    else:
+        assert hidden.isolation.text.startswith("jobs on this box run as the dashboard's own user: for a single user "
+                                                "only (the gpubox worker runs as uid ")
+    with pytest.raises(InvalidSpec) as err:
+        GpuBoxBackend({"run_root": str(tmp_path), "job_uids": "500-600, 3x, 9-1"})
+    assert err.value.errors["job_uids"] == [
+        "Job uids: '500-600': a job's uid must be 1000 to 2147483646 (below 1000 are the system's accounts and root)."]
+
+
+@pytest.mark.django_db
+def test_several_users_start_no_job_on_a_shared_box_unless_the_operator_allows(
+        user, django_user_model, digits_dataset, cnn_model, local_backend, settings, client):
+    from jobs import dispatch, lifecycle, services
+    from django.core.exceptions import ValidationError
+    from taskkit import sent_tasks
+
+    notice = "jobs on this box run as the dashboard's own user: for a single user only"
+    client.force_login(user)
+    page = html.unescape(client.get(f"/backends/{local_backend.pk}/").content.decode())
+    assert f"Shared user</span> {notice} (" in page  # tmp_path: the box cannot isolate (test above)
+    assert f"GPU box <strong>local</strong>: {notice} (" in html.unescape(client.get("/jobs/new/").content.decode())
+
+    def create(name):
+        with sent_tasks(dispatch.SUBMIT_JOB):
+            return services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                                backend=local_backend, procs_per_node=2, name=name)
+
+    django_user_model.objects.create_user(username="carol", password="pw-carol-123")
+    queued = create("one-user")  # staff and a single user: a single user's installation
+    django_user_model.objects.create_user(username="dave", password="pw-dave-123")
+    with pytest.raises(ValidationError) as err:
+        create("two-users")
+    (message,) = err.value.message_dict["backend"]
+    assert message.startswith(f"This GPU box cannot keep one user's job from another's: {notice} (")
+    assert ("This installation has 2 users, so it starts no job there: the box's operator runs its worker as root "
+            "with a uid pool (TRAINBOARD_GPUBOX_JOB_UIDS), or sets TRAINBOARD_GPUBOX_ALLOW_SHARED_UID=true") in message
+    # A job created before the second user came is refused when the worker would start it.
+    lifecycle.training_job_submit(job=queued)
+    queued.refresh_from_db()
+    assert queued.state == "FAILED" and queued.failure_reason == message
+    settings.TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = True
+    create("allowed")
