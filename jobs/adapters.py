@@ -27,7 +27,7 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
     "gpubox": {"run_root": "TRAINBOARD_RUN_ROOT", "python": "TRAINBOARD_GPUBOX_PYTHON",
                "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE",
                "pip_args": "TRAINBOARD_GPUBOX_PIP_ARGS", "run_as": "TRAINBOARD_GPUBOX_RUN_AS",
-               "job_uids": "TRAINBOARD_GPUBOX_JOB_UIDS",
+               "job_uids": "TRAINBOARD_GPUBOX_JOB_UIDS", "job_memory_limit": "TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT",
                "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
                "allowed_images": "TRAINBOARD_GPUBOX_ALLOWED_IMAGES", "gpu_ids": "TRAINBOARD_GPUBOX_GPU_IDS",
                "slots": "TRAINBOARD_GPUBOX_SLOTS", "max_concurrent_jobs": "TRAINBOARD_GPUBOX_MAX_CONCURRENT_JOBS"},

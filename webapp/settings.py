@@ -429,6 +429,8 @@ TRAINBOARD_GPUBOX_RUN_AS = env.str("TRAINBOARD_GPUBOX_RUN_AS", default="").strip
 # and whether an installation of several users may still run jobs on a box that cannot isolate them.
 TRAINBOARD_GPUBOX_JOB_UIDS = env.str("TRAINBOARD_GPUBOX_JOB_UIDS", default="").strip()
 TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = env.bool("TRAINBOARD_GPUBOX_ALLOW_SHARED_UID", default=False)
+# The most memory one job may allocate on a box, its ranks together ("8GiB"; "" = 80% of the host's, "none").
+TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT = env.str("TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT", default="").strip()
 TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH", default="").strip()
 # The container images a GPU-box job may name (exact references or prefixes ending in *, separated by
 # commas or spaces); "" = none: every job runs on the host.

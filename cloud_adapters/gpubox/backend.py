@@ -180,6 +180,10 @@ SETTINGS = BackendSettings(
                 f"number): ranges and uids separated by commas, e.g. 20000-20999; blank = {_usercode.JOB_UIDS_DEFAULT}; "
                 f"{_usercode.JOB_UIDS_OFF} = every job runs as the worker's user (for a single user only).",
                 host=True, field=False),
+        Setting("job_memory_limit", "Job memory limit",
+                "The most memory one job may allocate on this box, its ranks together (each rank gets its share as "
+                "RLIMIT_DATA), e.g. 8GiB or 512MiB; blank = 80% of the host's memory; none = no limit.",
+                host=True, field=False),
         Setting("env_passthrough", "Passed-through variables",
                 "Names of the worker's environment variables a job inherits besides PATH, HOME, LANG, "
                 "LC_ALL, TZ, TMPDIR, CUDA_VISIBLE_DEVICES and NCCL_*, separated by commas or spaces.",
@@ -365,6 +369,12 @@ class GpuBoxBackend(Backend):
             if job_uids.strip() and job_uids.strip().lower() != _usercode.JOB_UIDS_OFF:
                 _usercode.parse_uid_pool(job_uids)
 
+        memory_limit = config.get("job_memory_limit") or ""
+        with problems.about("job_memory_limit"):
+            if not isinstance(memory_limit, str):
+                raise InvalidSpec(f"job_memory_limit: expected a size such as 8GiB, got {_shown(memory_limit)}.")
+            parse_memory(memory_limit)
+
         passthrough = config.get("env_passthrough") or ""
         with problems.about("env_passthrough"):
             if not isinstance(passthrough, str):
@@ -410,6 +420,7 @@ class GpuBoxBackend(Backend):
             "pip_args": pip_args,
             "run_as": run_as,
             "job_uids": job_uids.strip(),
+            "job_memory_limit": memory_limit.strip(),
             "env_passthrough": passthrough,
             "allowed_images": allowed_images,
             "gpu_ids": gpu_ids,
@@ -455,6 +466,28 @@ class GpuBoxBackend(Backend):
             return Isolation(True, f"each job runs as a uid of its own (pool {pool}): it cannot read another job's "
                                    f"files or the dashboard's, nor signal their processes")
         return Isolation(False, f"{_usercode.SHARED_UID_NOTICE} ({problem})")
+
+    def job_memory_limit(self) -> int | None:
+        """The most bytes one job may allocate (``job_memory_limit``; blank: 80% of the host's memory),
+        or None when the operator set ``none`` or the host's memory cannot be read."""
+        text = self.config.get("job_memory_limit") or ""
+        if text.strip().lower() == "none":
+            return None
+        limit = parse_memory(text)
+        if limit is None:
+            total = host_memory_bytes()
+            return int(total * DEFAULT_MEMORY_FRACTION) if total else None
+        return limit
+
+    def host_memory(self, ranks: int) -> HostMemory | None:
+        """What each of ``ranks`` processes may hold on a box without GPUs (the job's memory limit, or
+        the host's memory when there is none, shared by its ranks): what the memory plan checks a job
+        against (jobs.services.training_jobs.job_memory_plan). None on a box with GPUs (their memory is
+        what counts, :meth:`gpus`) or when the host's memory cannot be read."""
+        total = host_memory_bytes()
+        if not total or self.config.get("gpu_memory_gib") or visible_gpu_count() or self.config.get("gpu_ids"):
+            return None
+        return HostMemory(total_bytes=total, job_limit_bytes=self.job_memory_limit(), ranks=max(1, int(ranks)))
 
     def _uid_pool(self) -> list[int]:
         return _usercode.parse_uid_pool(self.config.get("job_uids") or _usercode.JOB_UIDS_DEFAULT)
@@ -703,7 +736,10 @@ class GpuBoxBackend(Backend):
         # The supervisor's own environment is the clean base and nothing of the job's: a job's
         # variables (LD_PRELOAD, PYTHONSTARTUP ...) must not reach a process that runs as the worker.
         sup_env = dict(base, PYTHONPATH=str(_REPO_ROOT))
+        limit = self.job_memory_limit()
         sup_plan = {"env": job_env, "user": user.as_json() if user is not None else None,
+                    "memory_limit": {"job_bytes": limit, "per_process_bytes": max(limit // spec.procs_per_node, 1)}
+                    if limit else None,
                     "isolation": {"run_root": str(self.run_root), "uid": user.uid} if isolated else None,
                     "environment": environment, "cleanup": cleanup, "in_container": bool(spec.image)}
         sup_command = [
@@ -898,6 +934,10 @@ class GpuBoxBackend(Backend):
             if code == 0:
                 return JobStatus(JobState.SUCCEEDED, raw_state="exited 0", **common)
             reason = _failure_reason(run_dir / "train.log", code) if code is not None else ""
+            limit = exit_info.get("memory_limit") or {}
+            if reason and limit.get("job_bytes") and _out_of_memory(run_dir / "train.log"):
+                reason = (f"the job exceeded its {_gib(limit['job_bytes'])} memory limit ({_gib(limit['per_process_bytes'])}"
+                          f" per process; the box's TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT): {reason}")
             return JobStatus(JobState.FAILED,
                              raw_state=f"exited {code}" if code is not None else "not started",
                              failure_reason=reason or exit_info.get("reason") or f"exit code {code}",
@@ -1179,6 +1219,81 @@ RESERVED_ENV = frozenset({
 """Variables a job's ``env``/``secret_env`` may not set: the supervisor finds the job's processes by
 the first, the trainer snapshot and the code directory are on PYTHONPATH, torchrun sets most of the
 rest, and the allocation sets the devices a job sees (:meth:`GpuBoxBackend._device_env`)."""
+
+
+DEFAULT_MEMORY_FRACTION = 0.8
+"""A job's memory limit when the operator sets none: this share of the host's memory."""
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
+
+
+def parse_memory(text: str) -> int | None:
+    """Bytes of a size such as ``8GiB``, ``512MiB``, ``16G`` or ``1.5 TiB`` (K, M, G, T: powers of
+    1024; a bare number is bytes); None for blank or ``none``. Raises InvalidSpec for anything else or
+    a size under 64 MiB (no job's interpreter starts in less)."""
+    text = (text or "").strip()
+    if not text or text.lower() == "none":
+        return None
+    match = _SIZE.fullmatch(text)
+    if not match:
+        raise InvalidSpec(f"job_memory_limit: {text[:40]!r} is not a size such as 8GiB or 512MiB (or none).")
+    unit = (match.group(2) or "B").upper()[:1]
+    size = int(float(match.group(1)) * 1024 ** "BKMGT".index(unit))
+    if size < 64 * 2**20:
+        raise InvalidSpec(f"job_memory_limit: {text!r} is under 64 MiB, too little for any job.")
+    return size
+
+
+def host_memory_bytes() -> int | None:
+    """The host's memory (``MemTotal`` of ``/proc/meminfo``) in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """The memory of a box without GPUs, as a job's ranks may use it (:meth:`GpuBoxBackend.host_memory`)."""
+
+    total_bytes: int
+    job_limit_bytes: int | None  # the job's limit (job_memory_limit); None: none
+    ranks: int
+
+    @property
+    def per_rank_bytes(self) -> int:
+        """What one rank may hold: its share of the job's limit, or of the host's memory without one."""
+        return (self.job_limit_bytes or self.total_bytes) // self.ranks
+
+    def describe(self) -> str:
+        """``"no GPU; 23.4 GiB of host memory, a job may use 18.7 GiB (job_memory_limit): 9.36 GiB per rank for 2
+        ranks"``."""
+        limit = (f"a job may use {_gib(self.job_limit_bytes)} (its memory limit)" if self.job_limit_bytes
+                 else "no memory limit")
+        return (f"no GPU; {_gib(self.total_bytes)} of host memory, {limit}: {_gib(self.per_rank_bytes)} per rank "
+                f"for {self.ranks} rank{'s' if self.ranks != 1 else ''}")
+
+
+_OUT_OF_MEMORY = (b"MemoryError", b"can't allocate memory", b"Cannot allocate memory", b"std::bad_alloc")
+
+
+def _out_of_memory(log_path: Path) -> bool:
+    """Whether the end of ``train.log`` shows an allocation the memory limit refused."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - FAILURE_TAIL_BYTES))
+            tail = fh.read()
+    except OSError:
+        return False
+    return any(marker in tail for marker in _OUT_OF_MEMORY)
 
 
 def _shown(value: Any) -> str:

@@ -319,3 +319,46 @@ def test_several_users_start_no_job_on_a_shared_box_unless_the_operator_allows(
     assert queued.state == "FAILED" and queued.failure_reason == message
     settings.TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = True
     create("allowed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: each job is bounded, and a plan beyond the box's memory is refused
+# ---------------------------------------------------------------------------------------------
+
+HOG = textwrap.dedent('''\
+    hog = bytearray(3 * 2**30)  # 3 GiB, over the 1 GiB limit
+    ''')
+
+
+def test_a_job_past_its_memory_limit_fails_saying_so(tmp_path):
+    backend = GpuBoxBackend({"run_root": str(tmp_path / "runs"), "max_procs_per_node": 1, "job_memory_limit": "1GiB"})
+    handle = backend.submit(JobSpec(job_name="hog", procs_per_node=1, code=code_bundle(tmp_path / "store", {"hog.py": HOG}),
+                                    config={"code": {"script": "hog.py"}, "parallel": {"procs_per_node": 1}}))
+    status = _ended(backend, handle)
+    assert status.state == JobState.FAILED
+    assert status.failure_reason.startswith(
+        "the job exceeded its 1 GiB memory limit (1 GiB per process; the box's TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT): "), \
+        status.failure_reason
+    with pytest.raises(InvalidSpec) as err:
+        GpuBoxBackend({"run_root": str(tmp_path), "job_memory_limit": "lots"})
+    assert err.value.errors["job_memory_limit"] == [
+        "Job memory limit: 'lots' is not a size such as 8GiB or 512MiB (or none)."]
+
+
+@pytest.mark.django_db
+def test_a_plan_beyond_the_boxs_memory_is_refused_with_the_arithmetic(user, digits_dataset, local_backend, settings):
+    from django.core.exceptions import ValidationError
+
+    from jobs import services
+
+    settings.TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT = "64MiB"  # 32 MiB per rank of two
+    big = services.model_spec_create(owner=user, name="big-cnn", architecture="cnn",
+                                     params={"channels": 64, "hidden_size": 4096})
+    with pytest.raises(ValidationError) as err:
+        services.training_job_create(owner=user, dataset=digits_dataset, model_spec=big, backend=local_backend,
+                                     procs_per_node=2, name="too-big")
+    (message,) = [m for ms in err.value.message_dict.values() for m in ms if "does not fit" in m]
+    assert message.startswith("The job does not fit in the machine's memory: it needs ")
+    assert (" per rank; backend local's host (no GPU; " in message
+            and "a job may use 64 MiB (its memory limit): 32 MiB per rank for 2 ranks) has 32.0 MiB" in message), message
+    assert "The plan per rank: " in message and "device: no GPU; " in message
