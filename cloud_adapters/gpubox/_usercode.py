@@ -549,7 +549,7 @@ def _release(run_root: Path, uid: int, run_dir: Path | None) -> None:
 
     kill_processes_of(uid)
     if run_dir is not None and run_dir.is_dir() and not run_dir.is_symlink():
-        for name in JOB_DIRS:
+        for name in (*JOB_DIRS, "input"):  # input/: a fine-tune's source, readable by the job's gid
             path = run_dir / name
             if path.is_dir() and not path.is_symlink():
                 chown_tree(path, 0, 0)

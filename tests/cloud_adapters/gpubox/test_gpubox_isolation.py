@@ -32,7 +32,7 @@ import pytest
 from cloud_adapters.base import InvalidSpec, JobSpec, JobState
 from cloud_adapters.gpubox import GpuBoxBackend, _proc, _usercode, runner
 from polling import wait_for
-from user_code_kit import code_bundle
+from user_code_kit import code_bundle, fake_docker
 from webapp import private_files
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -258,6 +258,38 @@ def test_a_hostile_script_cannot_reach_another_job_or_the_installation(reachable
         proc.wait(timeout=20)
 
 
+def test_an_isolated_jobs_container_runs_as_its_uid_and_mounts_only_its_own(reachable_interpreter, installation,
+                                                                            monkeypatch):
+    var, run_root, store = installation
+    calls = fake_docker(var.parent / "bin", var.parent / "docker-calls.jsonl", monkeypatch)
+    backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 1, "job_uids": _pool(),
+                             "allowed_images": "ghcr.io/example/*"})
+    # A fine-tune's source: a model.pt in another job's run directory, which this job's uid may not enter.
+    source = run_root / "source-job" / "output" / "model.pt"
+    source.parent.mkdir(parents=True)
+    os.chmod(source.parent.parent, 0o700)
+    source.write_bytes(b"source weights")
+    handle = backend.submit(JobSpec(
+        job_name="in-image", procs_per_node=1, image="ghcr.io/example/train:1.2",
+        code=code_bundle(store, {"train.py": "print('hi')\n"}),
+        config={"code": {"script": "train.py"}, "train": {"init_from": str(source)}, "parallel": {"procs_per_node": 1}}))
+    status = _ended(backend, handle, timeout=60)
+    assert status.state == JobState.SUCCEEDED, status
+    run_dir = Path(handle.provider_job_id)
+    job, _cleanup = [json.loads(line)["argv"] for line in calls.read_text().splitlines()]
+    uid = int(job[job.index("--user") + 1].split(":")[0])
+    assert job[job.index("--user") + 1] == f"{uid}:{uid}" and uid in _usercode.parse_uid_pool(backend.config["job_uids"])
+    assert "--group-add" not in job
+    trainer = json.loads((run_dir / "trainer.json").read_text())["dir"]
+    copy = run_dir / "input" / "model.pt"
+    assert [job[i + 1] for i, a in enumerate(job) if a == "--volume"] == [
+        f"{run_dir}:{run_dir}:rw", f"{trainer}:{trainer}:ro", f"{copy}:{copy}:ro"]
+    assert json.loads((run_dir / "job.json").read_text())["train"]["init_from"] == str(copy)
+    assert copy.read_bytes() == b"source weights" and (copy.stat().st_uid, copy.stat().st_mode & 0o777) == (0, 0o640)
+    assert sorted(p.name for p in (run_root / ".uids").iterdir()) == [".lock"]
+    assert {p.stat().st_gid for p in [run_dir, *run_dir.rglob("*")]} == {0}  # the next holder of the gid reads none
+
+
 # ---------------------------------------------------------------------------------------------
 # A box that cannot isolate says so, and an installation of several users starts no job there
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +325,7 @@ def test_several_users_start_no_job_on_a_shared_box_unless_the_operator_allows(
     from django.core.exceptions import ValidationError
     from taskkit import sent_tasks
 
+    settings.TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = False  # the default (the suite's is true: tests/xdist_workers.py)
     notice = "jobs on this box run as the dashboard's own user: for a single user only"
     client.force_login(user)
     page = html.unescape(client.get(f"/backends/{local_backend.pk}/").content.decode())
