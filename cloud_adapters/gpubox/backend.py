@@ -24,6 +24,13 @@ survives a Celery worker restart and any worker on the machine can describe or c
         exit.json          written last and atomically: returncode, started_at, ended_at,
                            cancelled, reason
         output/            model.pt, metrics.jsonl; output/checkpoints/ per-epoch checkpoints
+        home/, tmp/        an isolated job's HOME and TMPDIR
+        input/             an isolated job's copy of the file train.init_from names
+
+An isolated job (a root worker with a uid pool, :attr:`GpuBoxBackend.isolation`) owns only ``code/``,
+``output/``, ``home/`` and ``tmp/`` (mode 0700); the directory itself is ``root:<its gid>`` 0750, so
+everything else above is the supervisor's word, which the job can read but not replace
+(:func:`_usercode.prepare_isolated_run`; docs/gpu-boxes.md "Isolation").
 
 Beside them, ``<run_root>/.trainers/`` and ``<run_root>/.envs/`` hold the trainer snapshots and the
 requirements environments jobs share (:mod:`cloud_adapters.gpubox._usercode`).
@@ -31,8 +38,10 @@ requirements environments jobs share (:mod:`cloud_adapters.gpubox._usercode`).
 A job's processes start from a clean environment (docs/user-code.md "GPU box: clean environment"):
 the allowlist of :func:`_usercode.base_environment`, the job's ``env`` and ``secret_env``, the
 snapshot and code directory on ``PYTHONPATH`` and torchrun's variables; the job's variables reach
-the supervisor through a pipe only, never a file or a command line. With ``run_as`` they run as that
-OS user; with ``spec.image``, in a ``docker run`` of the image (:func:`_usercode.container_command`).
+the supervisor through a pipe only, never a file or a command line. They run as a uid of the job's own
+(``job_uids``), else as the ``run_as`` user or the worker's; with ``spec.image``, in a ``docker run`` of
+the image (:func:`_usercode.container_command`). Each process may allocate its share of the job's
+``job_memory_limit`` (``RLIMIT_DATA``).
 
 The box shares its GPUs (docs/gpu-boxes.md): :meth:`GpuBoxBackend.inventory` says which GPUs (or, on
 a box without GPUs, which process slots) it hands out (:mod:`cloud_adapters.gpubox.inventory`), the

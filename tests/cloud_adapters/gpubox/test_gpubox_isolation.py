@@ -32,7 +32,7 @@ import pytest
 from cloud_adapters.base import InvalidSpec, JobSpec, JobState
 from cloud_adapters.gpubox import GpuBoxBackend, _proc, _usercode, runner
 from polling import wait_for
-from user_code_kit import code_bundle, fake_docker
+from user_code_kit import DEP_NAME, DEP_VERSION, build_wheel, code_bundle, fake_docker
 from webapp import private_files
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -288,6 +288,45 @@ def test_an_isolated_jobs_container_runs_as_its_uid_and_mounts_only_its_own(reac
     assert copy.read_bytes() == b"source weights" and (copy.stat().st_uid, copy.stat().st_mode & 0o777) == (0, 0o640)
     assert sorted(p.name for p in (run_root / ".uids").iterdir()) == [".lock"]
     assert {p.stat().st_gid for p in [run_dir, *run_dir.rglob("*")]} == {0}  # the next holder of the gid reads none
+
+
+def test_an_isolated_job_builds_its_requirements_as_its_uid_for_root_to_keep(reachable_interpreter, installation):
+    var, run_root, store = installation
+    wheels = build_wheel(var.parent / "wheels")  # the operator's wheel directory, readable by every uid
+    backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 1, "job_uids": _pool(),
+                             "pip_args": f"--no-index --find-links {wheels}"})
+    script = f"import {DEP_NAME}, os\nopen(os.path.join(os.environ['TRAINBOARD_MODEL_DIR'], 'dep'), 'w').write({DEP_NAME}.__version__)\n"
+    handle = backend.submit(JobSpec(
+        job_name="with-reqs", procs_per_node=1,
+        code=code_bundle(store, {"train.py": script, "requirements.txt": f"{DEP_NAME}=={DEP_VERSION}\n"}),
+        config={"code": {"script": "train.py"}, "parallel": {"procs_per_node": 1}}))
+    status = _ended(backend, handle)
+    run_dir = Path(handle.provider_job_id)
+    assert status.state == JobState.SUCCEEDED, (status, (run_dir / "train.log").read_text()[-3000:])
+    assert (run_dir / "output" / "dep").read_text() == DEP_VERSION
+    env_dir = run_root / ".envs" / _usercode.requirements_sha256(f"{DEP_NAME}=={DEP_VERSION}\n")[:16]
+    assert {p.stat().st_uid for p in [env_dir, *env_dir.rglob("*")]} == {0}  # no later job may change it
+
+
+def test_a_uid_whose_job_is_over_is_reclaimed_and_a_held_one_is_not(tmp_path):
+    run_root = tmp_path / "runs"
+    run_root.mkdir()
+    pool = _usercode.parse_uid_pool(_pool())[:2]
+    first = _usercode.allocate_job_user(run_root, "a", pool)
+    assert (first.uid, first.gid, first.groups, first.home) == (pool[0], pool[0], (), str(run_root / "a" / "home"))
+    assert _usercode.allocate_job_user(run_root, "a", pool) == first  # a retried submit keeps its uid
+    (run_root / "a").mkdir()
+    (run_root / "a" / "supervisor.json").write_text(json.dumps({"pid": os.getpid(), "start_ticks": None}))
+    (run_root / "b").mkdir()  # being submitted: no supervisor yet
+    second = _usercode.allocate_job_user(run_root, "b", pool)
+    assert second.uid == pool[1]  # a's supervisor (this process) is alive: a holds its uid
+    from cloud_adapters.base import ProviderError
+
+    with pytest.raises(ProviderError, match=r"every uid of this GPU box's pool \(2\) is held by a running job"):
+        _usercode.allocate_job_user(run_root, "c", pool)
+    (run_root / "a" / "exit.json").write_text("{}")  # a is over, its supervisor gone without giving it back
+    assert _usercode.allocate_job_user(run_root, "c", pool).uid == pool[0]
+    assert (run_root / ".uids" / str(pool[0])).read_text() == "c\n"
 
 
 # ---------------------------------------------------------------------------------------------
