@@ -531,11 +531,11 @@ def prepare_isolated_run(run_dir: Path, user: RunUser) -> None:
     job may enter and read the run's records, another uid may not, and only root may add, rename or
     remove a file there: ``exit.json``, ``supervisor.json`` and ``cancel_requested`` stay the
     supervisor's word), and :data:`JOB_DIRS` the job's own, mode 0700."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
     for name in JOB_DIRS:
         path = run_dir / name
         path.mkdir(mode=0o700, exist_ok=True)
-        from cloud_adapters.gpubox._proc import chown_tree
-
         chown_tree(path, user.uid, user.gid)
         os.chmod(path, 0o700)
     os.chown(run_dir, 0, user.gid)

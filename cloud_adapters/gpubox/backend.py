@@ -644,8 +644,9 @@ class GpuBoxBackend(Backend):
                 # A uid of its own (held until the supervisor gives it back at the end); the run root
                 # may be entered, not listed, by the jobs; the snapshots and environments only read.
                 user, isolated = _usercode.allocate_job_user(self.run_root, spec.job_name, self._uid_pool()), True
-                for path, mode in ((self.run_root, 0o711), (self.run_root / ".trainers", 0o755)):
-                    if path.stat().st_uid == os.geteuid():
+                for path, mode in ((self.run_root, 0o711), (self.run_root / ".trainers", 0o755),
+                                   (self.run_root / ".envs", 0o755)):
+                    if path.is_dir() and path.stat().st_uid == os.geteuid():
                         os.chmod(path, mode)
             return self._start(spec, run_dir, handle, config, trainer, code_files, user, lock_fd, isolated)
 
