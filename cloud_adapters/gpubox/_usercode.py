@@ -542,6 +542,46 @@ def prepare_isolated_run(run_dir: Path, user: RunUser) -> None:
     os.chmod(run_dir, 0o750)
 
 
+def lend_dir(run_root: Path, path: Path, user: RunUser) -> None:
+    """Lend ``path``, a directory in another run directory of ``run_root`` (a lost attempt's
+    checkpoints that this attempt resumes from and writes to), to ``user``: the tree becomes its, and
+    each directory on the way below ``run_root`` ``root:<its gid>`` with group read and search, so it
+    may reach it. Raises ProviderError when a directory on the way is a symbolic link (the other run's
+    job made it: it could point anywhere)."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
+    relative = path.relative_to(run_root)
+    here = run_root
+    for part in relative.parts:
+        here = here / part
+        if here.is_symlink():
+            raise ProviderError(f"cannot resume from {path}: {here} is a symbolic link")
+        if here != path:
+            os.chown(here, 0, user.gid)
+            os.chmod(here, stat.S_IMODE(here.stat().st_mode) | 0o050)
+    chown_tree(path, user.uid, user.gid)
+
+
+def _give_back(run_root: Path, path: Path) -> None:
+    """Undo :func:`lend_dir`: the tree and the directories on its way below ``run_root`` root's again."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
+    if not path.is_relative_to(run_root) or path.is_symlink() or not path.is_dir():
+        return
+    chown_tree(path, 0, 0)
+    here = run_root
+    for part in path.relative_to(run_root).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return
+        os.chown(here, 0, 0)
+
+
+ISOLATION_RECORD = "isolation.json"
+"""In an isolated run directory, root's: ``{"uid": N, "lent": [directories lent to it]}``, what giving
+the uid back undoes, whoever does it (the supervisor, or a later start reclaiming a dead run's uid)."""
+
+
 def _release(run_root: Path, uid: int, run_dir: Path | None) -> None:
     """Kill what runs as ``uid``, hand ``run_dir``'s files back to root (the next job given this uid
     must not read them), and remove the uid's marker (the caller holds ``.uids/.lock``)."""
@@ -558,6 +598,10 @@ def _release(run_root: Path, uid: int, run_dir: Path | None) -> None:
                 os.chown(run_dir, 0, 0)
         except OSError:
             pass
+        from cloud_adapters.gpubox._proc import read_json
+
+        for path in (read_json(run_dir / ISOLATION_RECORD) or {}).get("lent") or ():
+            _give_back(run_root, Path(str(path)))
     try:
         os.unlink(run_root / ".uids" / str(uid))
     except FileNotFoundError:
@@ -566,7 +610,8 @@ def _release(run_root: Path, uid: int, run_dir: Path | None) -> None:
 
 def release_job_user(run_root: Path, uid: int, run_dir: Path) -> None:
     """Give ``uid`` back once its job is over (the supervisor's last act): every process still running
-    as it is killed, the run's files become root's, its marker goes (under ``.uids/.lock``)."""
+    as it is killed, the run's files and the directories lent to it (:func:`lend_dir`, listed in its
+    :data:`ISOLATION_RECORD`) become root's, its marker goes (under ``.uids/.lock``)."""
     uids = _uid_dir(run_root)
     lock = os.open(uids / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
     try:

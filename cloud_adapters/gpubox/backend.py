@@ -26,6 +26,7 @@ survives a Celery worker restart and any worker on the machine can describe or c
         output/            model.pt, metrics.jsonl; output/checkpoints/ per-epoch checkpoints
         home/, tmp/        an isolated job's HOME and TMPDIR
         input/             an isolated job's copy of the file train.init_from names
+        isolation.json     an isolated job's uid and the directories lent to it (_usercode.lend_dir)
 
 An isolated job (a root worker with a uid pool, :attr:`GpuBoxBackend.isolation`) owns only ``code/``,
 ``output/``, ``home/`` and ``tmp/`` (mode 0700); the directory itself is ``root:<its gid>`` 0750, so
@@ -833,7 +834,8 @@ class GpuBoxBackend(Backend):
         ``train.init_from`` names (a source job's checkpoint or model.pt, in its run directory, which
         this job's uid may not enter) copied to ``<run_dir>/input/`` and the config pointed at the
         copy; an output or checkpoint directory in another run directory of this run root (a lost
-        attempt's checkpoints, resumed) given to the job's uid. ``config`` is changed in place."""
+        attempt's checkpoints, resumed) lent to the job's uid (:func:`_usercode.lend_dir`), listed in
+        ``isolation.json`` for the uid's release to give back. ``config`` is changed in place."""
         train = config.get("train") or {}
         init_from = str(train.get("init_from") or "")
         if (os.path.isabs(init_from) and os.path.isfile(init_from) and not os.path.islink(init_from)
@@ -847,11 +849,16 @@ class GpuBoxBackend(Backend):
             os.chmod(copy, 0o640)
             train["init_from"] = str(copy)
         output = config.get("output") or {}
+        lent: list[str] = []
         for key in ("output_dir", "checkpoint_dir"):
-            path = Path(str(output.get(key) or ""))
-            if (path.is_absolute() and path.is_relative_to(self.run_root) and not path.is_relative_to(run_dir)
-                    and path.is_dir() and not path.is_symlink()):
-                _proc.chown_tree(path, user.uid, user.gid)
+            path = os.path.normpath(str(output.get(key) or "."))
+            if (os.path.isabs(path) and Path(path).is_relative_to(self.run_root) and not Path(path).is_relative_to(run_dir)
+                    and os.path.isdir(path) and path not in lent):
+                lent.append(path)
+        # Recorded first: whoever gives the uid back (_usercode.release_job_user) takes them back too.
+        _proc.write_json_atomic(run_dir / _usercode.ISOLATION_RECORD, {"uid": user.uid, "lent": lent})
+        for path in lent:
+            _usercode.lend_dir(self.run_root, Path(path), user)
 
     def _device_env(self, spec: JobSpec) -> dict[str, str]:
         """The variables that give the job its allocated devices (``spec.devices``; {} when none

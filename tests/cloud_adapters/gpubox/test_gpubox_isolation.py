@@ -308,6 +308,34 @@ def test_an_isolated_job_builds_its_requirements_as_its_uid_for_root_to_keep(rea
     assert {p.stat().st_uid for p in [env_dir, *env_dir.rglob("*")]} == {0}  # no later job may change it
 
 
+RESUMER = textwrap.dedent('''\
+    import os
+    from trainer_pkg import report
+    path = os.path.join(report.checkpoint_dir(), "epoch.txt")
+    epoch = int(open(path).read()) + 1 if os.path.exists(path) else 1
+    with open(path, "w") as fh:
+        fh.write(str(epoch))
+    ''')
+
+
+def test_a_resumed_attempt_of_another_uid_writes_the_lost_attempts_checkpoints(reachable_interpreter, installation):
+    var, run_root, store = installation
+    backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 1, "job_uids": _pool()})
+    code = code_bundle(store, {"resume.py": RESUMER})
+    config = {"code": {"script": "resume.py"}, "parallel": {"procs_per_node": 1}}
+    first = backend.submit(JobSpec(job_name="attempt-1", procs_per_node=1, code=code, config=config))
+    assert _ended(backend, first).state == JobState.SUCCEEDED
+    checkpoints = Path(backend.checkpoint_uri(first))
+    assert (checkpoints / "epoch.txt").read_text() == "1"
+    second = backend.submit(JobSpec(job_name="attempt-2", procs_per_node=1, code=code, config=config,
+                                    checkpoint_uri=str(checkpoints)))
+    status = _ended(backend, second)
+    assert status.state == JobState.SUCCEEDED, (status, (run_root / "attempt-2" / "train.log").read_text()[-2000:])
+    assert (checkpoints / "epoch.txt").read_text() == "2"  # read the lost attempt's, wrote on from it
+    attempt_1 = run_root / "attempt-1"
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in [attempt_1, *attempt_1.rglob("*")]} == {(0, 0)}  # given back
+
+
 def test_a_uid_whose_job_is_over_is_reclaimed_and_a_held_one_is_not(tmp_path):
     run_root = tmp_path / "runs"
     run_root.mkdir()
