@@ -109,7 +109,7 @@ HOSTILE = textwrap.dedent('''\
     attempt("forge its own exit.json", lambda: write(os.path.join(t["own_dir"], "exit.json"), "wb"))
     # What it may do: its own files (the refusals above are not wrong paths).
     own = {"job.json": open(os.path.join(t["own_dir"], "job.json")).read()[:1],
-           "home": os.environ["HOME"], "tmp": os.environ["TMPDIR"], "uid": os.getuid(), "gid": os.getgid(),
+           "home": os.environ.get("HOME"), "tmp": os.environ.get("TMPDIR"), "uid": os.getuid(), "gid": os.getgid(),
            "groups": os.getgroups()}
     with open(os.path.join(report.model_dir(), "attempts.json"), "w") as fh:
         json.dump({"attempts": attempts, "own": own}, fh)
