@@ -27,6 +27,7 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
     "gpubox": {"run_root": "TRAINBOARD_RUN_ROOT", "python": "TRAINBOARD_GPUBOX_PYTHON",
                "max_procs_per_node": "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE",
                "pip_args": "TRAINBOARD_GPUBOX_PIP_ARGS", "run_as": "TRAINBOARD_GPUBOX_RUN_AS",
+               "job_uids": "TRAINBOARD_GPUBOX_JOB_UIDS", "job_memory_limit": "TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT",
                "env_passthrough": "TRAINBOARD_GPUBOX_ENV_PASSTHROUGH",
                "allowed_images": "TRAINBOARD_GPUBOX_ALLOWED_IMAGES", "gpu_ids": "TRAINBOARD_GPUBOX_GPU_IDS",
                "slots": "TRAINBOARD_GPUBOX_SLOTS", "max_concurrent_jobs": "TRAINBOARD_GPUBOX_MAX_CONCURRENT_JOBS"},
@@ -124,6 +125,36 @@ def effective_config(kind: str, config: Mapping[str, Any] | None, *, host_settin
     merged = dict(_host_config_defaults().get(kind, {}))
     merged.update({k: v for k, v in (config or {}).items() if v not in (None, "") and k not in refused})
     return merged
+
+
+def backend_isolation(backend: ComputeBackend):
+    """How a GPU box keeps its jobs apart (``GpuBoxBackend.isolation``: ``isolated`` and a sentence
+    for people); None for another kind, or a backend whose adapter cannot be built (its page says why)."""
+    if backend.kind != "gpubox":
+        return None
+    try:
+        return getattr(backend_adapter(backend), "isolation", None)
+    except (BackendError, LookupError, ValueError, TypeError):
+        return None
+
+
+def shared_uid_refusal(adapter: Backend) -> str | None:
+    """Why a job may not start on ``adapter``'s box: the box cannot give each job a uid of its own
+    (``isolation``), this installation has more than one active user who is not staff (staff run the
+    installation and see every job anyway), and its operator has not accepted that
+    (``TRAINBOARD_GPUBOX_ALLOW_SHARED_UID``). None when it may."""
+    isolation = getattr(adapter, "isolation", None)
+    if isolation is None or isolation.isolated or settings.TRAINBOARD_GPUBOX_ALLOW_SHARED_UID:
+        return None
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model().objects.filter(is_active=True, is_staff=False).count()
+    if users <= 1:
+        return None
+    return (f"This GPU box cannot keep one user's job from another's: {isolation.text}. This installation has "
+            f"{users} users, so it starts no job there: the box's operator runs its worker as root with a uid pool "
+            f"(TRAINBOARD_GPUBOX_JOB_UIDS), or sets TRAINBOARD_GPUBOX_ALLOW_SHARED_UID=true to accept that every "
+            f"user's job there can read and signal the others' and the worker's.")
 
 
 def backend_adapter(backend: ComputeBackend) -> Backend:

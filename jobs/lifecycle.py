@@ -23,7 +23,7 @@ from django.utils import timezone
 from cloud_adapters.base import Backend, BackendError, JobHandle, uri_scheme
 from cloud_adapters.fingerprints import fingerprint_dataset
 from jobs import admission
-from jobs.adapters import backend_adapter, backend_allocates_devices, job_spec
+from jobs.adapters import backend_adapter, backend_allocates_devices, job_spec, shared_uid_refusal
 from jobs.models import JobStateChoices as S, TrainingJob
 from jobs.states import is_allowed, transition
 
@@ -112,6 +112,10 @@ def training_job_submit(*, job: TrainingJob, retrying: bool = False,
     if adapter is None:
         return job
     _record_cloud_fingerprint(adapter, job)
+    if (refusal := shared_uid_refusal(adapter)):  # users came since it was created (jobs.adapters)
+        training_job_fail(job, refusal)
+        admission.wake_waiting(job.backend)
+        return job
     try:
         handle = adapter.submit(job_spec(job))
     except BackendError as exc:

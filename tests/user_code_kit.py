@@ -5,6 +5,7 @@ built by hand for a ``requirements.txt`` to name, so pip installs it from a loca
 
     bundle = code_bundle(tmp_path / "store", SCRIPT_FILES)   # a CodeBundle of the files
     wheels = build_wheel(tmp_path / "wheels")                # the directory for --find-links
+    calls = fake_docker(tmp_path / "bin", tmp_path / "calls.jsonl", monkeypatch)  # a recording `docker` on PATH
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import re
 import sys
 import zipfile
@@ -148,3 +150,26 @@ def script_ranks_done(output: str, tag: str) -> list[int]:
     """The ranks whose "user script rank R of N done, tag <tag>" line is in ``output``, sorted."""
     return sorted(int(r) for r in re.findall(rf"user script rank (\d+) of \d+ done, tag {re.escape(tag)}$", output,
                                              flags=re.M))
+
+
+FAKE_DOCKER = '''#!{python}
+# A recording `docker`: answers `docker info`, records every other call (its argv, and the values
+# of the variables it was asked to pass by name) and exits 0.
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] == ["info"]:
+    print("28.2.2")
+    sys.exit(0)
+names = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
+with open({calls!r}, "a") as fh:
+    fh.write(json.dumps({{"argv": args, "uid": os.getuid(), "env": {{n: os.environ.get(n) for n in names}}}}) + "\\n")
+'''
+
+
+def fake_docker(bin_dir: Path, calls: Path, monkeypatch) -> Path:
+    """Put the recording ``docker`` first on PATH; returns the file its calls are recorded in."""
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER.format(python=sys.executable, calls=str(calls)))
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls

@@ -31,6 +31,11 @@ that early). ``make test`` runs ``pytest -n $(TEST_WORKERS) --dist loadgroup``; 
   container's 7777, is used by tests/cloud_adapters/sagemaker/test_sagemaker_toolkit.py alone, one
   test at a time. Files go to ``tmp_path`` or carry their test's name (test-artifacts/browser/); the
   SageMaker toolkit's virtualenv is built once under a file lock (its conftest).
+- **Shared uids**: serial or not, ``TRAINBOARD_GPUBOX_ALLOW_SHARED_UID`` defaults to true for the tests and
+  the Celery workers they start (docs/gpu-boxes.md "Isolation"). The tests' GPU boxes keep their run
+  roots under pytest's ``/tmp/pytest-of-<user>`` (0700), where no job uid can reach them, so they cannot
+  isolate, and many tests have several users. The suite is those boxes' operator. The tests of
+  isolation set it themselves (tests/cloud_adapters/gpubox/test_gpubox_isolation.py).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+os.environ.setdefault("TRAINBOARD_GPUBOX_ALLOW_SHARED_UID", "true")  # see "Shared uids" above
 
 REDIS_DATABASES = 16
 """Redis's default ``databases``: numbered 0–15."""

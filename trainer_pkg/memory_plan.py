@@ -313,6 +313,9 @@ class MemoryPlan:
     """The arithmetic, one term per line, for people."""
     suggestion: str = ""
     """When the job does not fit: the smallest FSDP world (and/or activation checkpointing) that does."""
+    device_unit: str = "GPU"
+    """What :attr:`device_bytes` is the memory of: ``"GPU"``, or ``"rank"`` on a machine without GPUs
+    whose host memory the ranks share (a GPU box's CPUs: ``GpuBoxBackend.host_memory``)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -335,7 +338,7 @@ class MemoryPlan:
     def summary(self) -> str:
         """One sentence: "needs 41.2 GiB per GPU; ml.g5.xlarge has 24 GiB; FSDP across 8 ranks would
         need 7.9 GiB", or the peak against the device when it fits."""
-        need = f"needs {gib(self.needed_bytes)} per {'GPU' if self.device_bytes is not None else 'rank'}"
+        need = f"needs {gib(self.needed_bytes)} per {self.device_unit if self.device_bytes is not None else 'rank'}"
         if self.device_bytes is None:
             return f"{need} (no GPU memory known for this target: not checked)"
         has = f"{self.device_name or 'the device'} has {gib(self.device_bytes)}"

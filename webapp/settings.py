@@ -13,23 +13,22 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp import private_files
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 VAR_DIR = Path(env.str("TRAINBOARD_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# Entered, not listed, by a GPU box's jobs (their run root is var/runs); the rest is the dashboard's alone.
+private_files.traversable_dir(VAR_DIR)
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
     # The embedded default keeps a generated key beside its database, never in the repository.
-    key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
-        import secrets
+    import secrets
 
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
-    SECRET_KEY = key_file.read_text().strip()
+    SECRET_KEY = private_files.private_file(VAR_DIR / "secret_key", lambda: secrets.token_urlsafe(50)).read_text().strip()
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -89,6 +88,8 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'trainboard.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    if DATABASES["default"]["NAME"] not in ("", ":memory:") and "mode=memory" not in str(DATABASES["default"]["NAME"]):
+        private_files.private_file(Path(DATABASES["default"]["NAME"]))  # every stored credential, encrypted
     # Web, worker and beat share one file: WAL lets readers run beside the writer, IMMEDIATE
     # transactions take the write lock up front instead of failing half-way with "database is locked".
     DATABASES["default"]["OPTIONS"] = {
@@ -245,7 +246,7 @@ REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:
-    _broker_dir = VAR_DIR / "broker"
+    _broker_dir = private_files.private_dir(VAR_DIR / "broker")  # messages carry the tasks' arguments
     for _sub in ("queue", "staging", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
@@ -324,6 +325,8 @@ EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)  # seconds
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))  # the file-based backend's folder
+if EMAIL_BACKEND == "django.core.mail.backends.filebased.EmailBackend":
+    private_files.private_dir(Path(EMAIL_FILE_PATH))  # password-reset links: not a job's to read
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="trainboard@localhost")
 # One webhook attempt's HTTP timeout, and the waits between attempts (5 attempts over 31 minutes).
 TRAINBOARD_WEBHOOK_TIMEOUT_S = _positive_seconds("TRAINBOARD_WEBHOOK_TIMEOUT_S", 5.0)
@@ -350,12 +353,9 @@ TRAINBOARD_METRICS_TOKEN = env.str("TRAINBOARD_METRICS_TOKEN", default="")
 # keys, newest first. The embedded default keeps a generated key beside its database.
 _encryption_keys = env.list("TRAINBOARD_ENCRYPTION_KEY", default=[])
 if not _encryption_keys:
-    _key_file = VAR_DIR / "encryption_key"
-    if not _key_file.exists():
-        from cryptography.fernet import Fernet
+    from cryptography.fernet import Fernet
 
-        _key_file.write_text(Fernet.generate_key().decode())
-        _key_file.chmod(0o600)
+    _key_file = private_files.private_file(VAR_DIR / "encryption_key", lambda: Fernet.generate_key().decode())
     _encryption_keys = [_key_file.read_text().strip()]
 TRAINBOARD_ENCRYPTION_KEYS = tuple(k.strip() for k in _encryption_keys if k.strip())
 
@@ -381,7 +381,8 @@ TRAINBOARD_DATASET_ROOTS = [str(Path(p).resolve()) for p in
 # archives are stored once by SHA-256, the directories a model's code may be registered from (symlinks
 # and ".." resolved; defaults like the dataset roots), and the limits: bytes (the upload as sent and
 # the archive's total uncompressed size, each) and regular files.
-TRAINBOARD_CODE_STORE = Path(env.str("TRAINBOARD_CODE_STORE", default=str(VAR_DIR / "code"))).resolve()
+TRAINBOARD_CODE_STORE = private_files.private_dir(
+    Path(env.str("TRAINBOARD_CODE_STORE", default=str(VAR_DIR / "code"))).resolve())  # users' code: not other jobs'
 _code_roots_default = [str(VAR_DIR / "code-src")]
 if not PRODUCTION:
     _code_roots_default.append(tempfile.gettempdir())
@@ -424,6 +425,12 @@ try:
 except ValueError as _exc:
     raise ImproperlyConfigured(f"TRAINBOARD_GPUBOX_PIP_ARGS must split like a shell line ({_exc})") from None
 TRAINBOARD_GPUBOX_RUN_AS = env.str("TRAINBOARD_GPUBOX_RUN_AS", default="").strip()
+# Isolation (docs/gpu-boxes.md): the uids a root worker gives jobs, one each ("" = 20000-20999, "none" = off),
+# and whether an installation of several users may still run jobs on a box that cannot isolate them.
+TRAINBOARD_GPUBOX_JOB_UIDS = env.str("TRAINBOARD_GPUBOX_JOB_UIDS", default="").strip()
+TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = env.bool("TRAINBOARD_GPUBOX_ALLOW_SHARED_UID", default=False)
+# The most memory one job may allocate on a box, its ranks together ("8GiB"; "" = 80% of the host's, "none").
+TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT = env.str("TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT", default="").strip()
 TRAINBOARD_GPUBOX_ENV_PASSTHROUGH = env.str("TRAINBOARD_GPUBOX_ENV_PASSTHROUGH", default="").strip()
 # The container images a GPU-box job may name (exact references or prefixes ending in *, separated by
 # commas or spaces); "" = none: every job runs on the host.

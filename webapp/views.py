@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cloud_adapters.base import ConnectionCheck
 from jobs import code_archives, comparison, job_table, pagination, selectors, services
-from jobs.adapters import backend_declaration
+from jobs.adapters import backend_declaration, backend_isolation
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
 from trainer_pkg.registry import ARCHITECTURES
@@ -265,6 +265,7 @@ def backend_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "webapp/backends/detail.html", {
         "backend": backend,
         "kind_label": backend_declaration(backend.kind).backend_label,
+        "isolation": backend_isolation(backend),
         "queue": queue,
         "running": running,
         "running_rows": [(job, held_by_job.get(job.pk, ())) for job in running.object_list],
@@ -410,7 +411,22 @@ def job_create(request: HttpRequest) -> HttpResponse:
             return redirect("job-detail", pk=job.pk)
     estimate = _estimate(form) if request.method == "POST" else None
     return render(request, "webapp/jobs/form.html", {"form": form, "estimate": estimate,
-                                                     "clone": views_clone.clone_notice(source, mode)})
+                                                     "clone": views_clone.clone_notice(source, mode),
+                                                     "shared_boxes": _shared_boxes(form)})
+
+
+def _shared_boxes(form: TrainingJobForm) -> list[tuple[str, str]]:
+    """``(backend name, sentence)`` of each GPU box the form offers whose jobs run as one shared user
+    (docs/gpu-boxes.md "Isolation"): the form says so before a job is sent there."""
+    backends = getattr(form.fields.get("backend"), "queryset", None)
+    if backends is None:
+        return []
+    found = []
+    for backend in backends.filter(kind="gpubox")[:20]:
+        isolation = backend_isolation(backend)
+        if isolation is not None and not isolation.isolated:
+            found.append((backend.name, isolation.text))
+    return found
 
 
 def _estimate(form: TrainingJobForm) -> dict[str, Any]:

@@ -13,19 +13,31 @@ On disk, beside the run directories of ``<run_root>``::
                             so torch is the interpreter's); ``.trainboard-ready`` inside is written
                             last: without it the directory is an unfinished build
     .envs/<sha16>.lock      flock held while that environment is built
+    .uids/<uid>             the job holding that uid of the pool (its name), while it holds it;
+                            .uids/.lock is flocked while a uid is taken or given back
+
+Isolation (docs/gpu-boxes.md "Isolation"): a worker running as root gives each job a uid (and a gid
+of the same number) of its own from the operator's pool (``job_uids``, default :data:`JOB_UIDS_DEFAULT`),
+taken atomically (:func:`allocate_job_user`) and given back when the job is over
+(:func:`release_job_user`). Nothing of the installation is writable by it, and its run directory is
+readable by it alone (:func:`prepare_isolated_run`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import io
 import os
 import pwd
 import re
 import shutil
+import signal
+import stat
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -315,3 +327,302 @@ def container_command(image: str, command: Sequence[str], *, name: str, user: Ru
     for env_name in sorted(set(env_names)):
         argv += ["--env", env_name]
     return argv + [image, *command]
+
+
+# -- isolation: a uid per job ------------------------------------------------------------------
+
+JOB_UIDS_DEFAULT = "20000-20999"
+"""The pool of uids a root worker gives jobs when the operator names none (``job_uids``)."""
+JOB_UIDS_OFF = "none"
+"""``job_uids`` that turns the pool off: every job runs as the worker's user (or ``run_as``)."""
+MAX_POOL = 1_000_000
+SHARED_UID_NOTICE = "jobs on this box run as the dashboard's own user: for a single user only"
+"""What the backend page, the job form and the demo say of a box that cannot isolate its jobs."""
+
+_UID_RANGE = re.compile(r"(\d{1,10})(?:-(\d{1,10}))?")
+
+
+def parse_uid_pool(text: str) -> list[int]:
+    """The uids of a ``job_uids`` setting: ranges ``A-B`` and single uids separated by commas or
+    spaces (``20000-20999``, ``30000-30099,31000``). Raises :class:`InvalidSpec` naming what is not a
+    range, a uid below 1000 (system accounts, root), or a pool of more than 1,000,000 uids."""
+    uids: list[int] = []
+    for part in re.split(r"[\s,]+", text.strip()):
+        if not part:
+            continue
+        match = _UID_RANGE.fullmatch(part)
+        if not match:
+            raise InvalidSpec(f"job_uids: {part[:40]!r} is not a uid or a range of uids (e.g. 20000-20999).")
+        low = int(match.group(1))
+        high = int(match.group(2) or low)
+        if low > high:
+            raise InvalidSpec(f"job_uids: {part!r} ends below where it starts.")
+        if low < 1000 or high >= 2**31 - 1:
+            raise InvalidSpec(f"job_uids: {part!r}: a job's uid must be 1000 to 2147483646 (below 1000 are the "
+                              f"system's accounts and root).")
+        if len(uids) + high - low + 1 > MAX_POOL:
+            raise InvalidSpec(f"job_uids: at most {MAX_POOL:,} uids.")
+        uids.extend(range(low, high + 1))
+    if not uids:
+        raise InvalidSpec(f"job_uids: no uid given; name a range (e.g. {JOB_UIDS_DEFAULT}) or {JOB_UIDS_OFF!r}.")
+    return list(dict.fromkeys(uids))
+
+
+def unreachable(path: str | os.PathLike, *, execute: bool = False) -> str | None:
+    """Why a process of an unrelated uid (not the owner, in none of the groups of ``path``'s
+    directories) cannot reach ``path``: the first directory on the way (symbolic links resolved)
+    without the others' search (x) bit, or the file itself without the others' x bit when
+    ``execute``; None when it can. Read from the mode bits only: nothing is started."""
+    real = Path(os.path.realpath(path))
+    for directory in [*reversed(real.parents), real] if not execute else [*reversed(real.parents)]:
+        try:
+            mode = directory.stat().st_mode
+        except OSError as exc:
+            return f"{directory}: {exc.strerror or exc}"
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return f"{directory} is mode {stat.S_IMODE(mode):04o}, which other users may not enter"
+    if execute:
+        try:
+            mode = real.stat().st_mode
+        except OSError as exc:
+            return f"{real}: {exc.strerror or exc}"
+        if not mode & stat.S_IXOTH:
+            return f"{real} is mode {stat.S_IMODE(mode):04o}, which other users may not run"
+    return None
+
+
+def isolation_problem(*, run_as: str, job_uids: str, run_root: Path, python: str) -> str | None:
+    """Why this box cannot give each job a uid of its own, or None when it can: ``run_as`` is set
+    (every job is that one user), the pool is off, this process is not root (it cannot switch uids),
+    or a job's uid could not reach the interpreter or the run root (a directory on the way that other
+    users may not enter: make it ``o+x``)."""
+    if run_as:
+        return f"every job runs as the one OS user {run_as!r} (TRAINBOARD_GPUBOX_RUN_AS)"
+    if job_uids.strip().lower() == JOB_UIDS_OFF:
+        return f"the operator turned the uid pool off (TRAINBOARD_GPUBOX_JOB_UIDS={JOB_UIDS_OFF})"
+    if os.geteuid() != 0:
+        return (f"the gpubox worker runs as uid {os.geteuid()}, not root, so it cannot start a job as another "
+                f"user (TRAINBOARD_GPUBOX_JOB_UIDS needs a root worker)")
+    problem = unreachable(python, execute=True)
+    if problem:
+        return f"a job's uid could not run the interpreter {python}: {problem}"
+    problem = unreachable(run_root.parent if not run_root.exists() else run_root)
+    if problem:
+        return f"a job's uid could not reach the run root {run_root}: {problem}"
+    return None
+
+
+def _uid_in_use(uid: int) -> bool:
+    """Whether ``uid`` belongs to an account (``/etc/passwd``) or to a running process."""
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        pass
+    return bool(processes_of(uid))
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of the live processes whose real or effective uid is ``uid`` (from ``/proc/<pid>/status``)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                status = fh.read()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith(b"State:") and line.split()[1:2] in ([b"Z"], [b"X"]):
+                break
+            if line.startswith(b"Uid:"):
+                real, effective = (int(v) for v in line.split()[1:3])
+                if uid in (real, effective):
+                    found.append(int(entry.name))
+                break
+    return found
+
+
+def kill_processes_of(uid: int, rounds: int = 50) -> None:
+    """SIGKILL every process of ``uid`` until none is left (a process forking while we look is caught
+    by the next round); a job's uid is its own, so this reaches exactly what the job left behind,
+    whatever environment it gave itself."""
+    for _ in range(rounds):
+        pids = processes_of(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
+ABANDONED_AFTER_S = 600.0  # a run directory this old without a supervisor was abandoned mid-submit
+
+
+def _uid_dir(run_root: Path) -> Path:
+    path = run_root / ".uids"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def allocate_job_user(run_root: Path, job_name: str, pool: Sequence[int]) -> RunUser:
+    """Take a uid of ``pool`` for the job ``job_name``: the one it already holds (a retried submit),
+    else the first that no job holds, no account owns and no process runs as. A marker
+    ``<run_root>/.uids/<uid>`` naming the job is made under ``.uids/.lock`` (``flock``), so two
+    workers never hand out one uid. A marker whose job is over (its ``exit.json`` written, its
+    supervisor gone, or its run directory removed) is given back first (:func:`release_job_user`).
+    Raises a transient :class:`ProviderError` when every uid is held."""
+    from cloud_adapters.gpubox import _proc
+
+    uids = _uid_dir(run_root)
+    lock = os.open(uids / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = {}
+        for entry in os.scandir(uids):
+            if entry.name.isdigit():
+                try:
+                    held[int(entry.name)] = Path(entry.path).read_text().strip()
+                except OSError:
+                    continue
+        for uid, holder in held.items():
+            if holder == job_name:
+                return job_user(uid, run_root / job_name)
+        for uid in pool:
+            if uid in held:
+                holder = held[uid]
+                holder_dir = run_root / holder
+                sup = _proc.read_json(holder_dir / "supervisor.json")
+                over = (not holder_dir.is_dir() or (holder_dir / "exit.json").exists()
+                        or (sup is not None and not _proc.is_alive(sup.get("pid"), sup.get("start_ticks")))
+                        # a submit that died before starting the supervisor (describe: "lost")
+                        or (sup is None and time.time() - holder_dir.stat().st_mtime > ABANDONED_AFTER_S))
+                if not over:
+                    continue
+                _release(run_root, uid, holder_dir if holder_dir.is_dir() else None)
+            elif _uid_in_use(uid):
+                continue
+            fd = os.open(uids / str(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(job_name + "\n")
+            return job_user(uid, run_root / job_name)
+    finally:
+        os.close(lock)
+    raise ProviderError(f"every uid of this GPU box's pool ({len(pool)}) is held by a running job; the job starts "
+                        f"when one ends (TRAINBOARD_GPUBOX_JOB_UIDS sets the pool)", transient=True)
+
+
+def job_user(uid: int, run_dir: Path) -> RunUser:
+    """The user a job with its own ``uid`` runs as: gid of the same number, no other groups, HOME in
+    its run directory, named ``tb-job-<uid>`` (no account exists for it)."""
+    return RunUser(name=f"tb-job-{uid}", uid=uid, gid=uid, groups=(), home=str(run_dir / "home"))
+
+
+JOB_DIRS = ("code", "output", "home", "tmp")
+"""The parts of an isolated run directory its job owns (and writes); everything else is root's."""
+
+
+def prepare_isolated_run(run_dir: Path, user: RunUser) -> None:
+    """Give the job its part of ``run_dir``: the directory itself ``root:<job gid>`` mode 0750 (the
+    job may enter and read the run's records, another uid may not, and only root may add, rename or
+    remove a file there: ``exit.json``, ``supervisor.json`` and ``cancel_requested`` stay the
+    supervisor's word), and :data:`JOB_DIRS` the job's own, mode 0700."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
+    for name in JOB_DIRS:
+        path = run_dir / name
+        path.mkdir(mode=0o700, exist_ok=True)
+        chown_tree(path, user.uid, user.gid)
+        os.chmod(path, 0o700)
+    os.chown(run_dir, 0, user.gid)
+    os.chmod(run_dir, 0o750)
+
+
+def lend_dir(run_root: Path, path: Path, user: RunUser) -> None:
+    """Lend ``path``, a directory in another run directory of ``run_root`` (a lost attempt's
+    checkpoints that this attempt resumes from and writes to), to ``user``: the tree becomes its, and
+    each directory on the way below ``run_root`` ``root:<its gid>`` with group read and search, so it
+    may reach it. Raises ProviderError when a directory on the way is a symbolic link (the other run's
+    job made it: it could point anywhere)."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
+    relative = path.relative_to(run_root)
+    here = run_root
+    for part in relative.parts:
+        here = here / part
+        if here.is_symlink():
+            raise ProviderError(f"cannot resume from {path}: {here} is a symbolic link")
+        if here != path:
+            os.chown(here, 0, user.gid)
+            os.chmod(here, stat.S_IMODE(here.stat().st_mode) | 0o050)
+    chown_tree(path, user.uid, user.gid)
+
+
+def _give_back(run_root: Path, path: Path) -> None:
+    """Undo :func:`lend_dir`: the tree and the directories on its way below ``run_root`` root's again."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
+    if not path.is_relative_to(run_root) or path.is_symlink() or not path.is_dir():
+        return
+    chown_tree(path, 0, 0)
+    here = run_root
+    for part in path.relative_to(run_root).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return
+        os.chown(here, 0, 0)
+
+
+ISOLATION_RECORD = "isolation.json"
+"""In an isolated run directory, root's: ``{"uid": N, "lent": [directories lent to it]}``, what giving
+the uid back undoes, whoever does it (the supervisor, or a later start reclaiming a dead run's uid)."""
+
+
+def _release(run_root: Path, uid: int, run_dir: Path | None) -> None:
+    """Kill what runs as ``uid``, hand ``run_dir``'s files back to root (the next job given this uid
+    must not read them), and remove the uid's marker (the caller holds ``.uids/.lock``)."""
+    from cloud_adapters.gpubox._proc import chown_tree
+
+    kill_processes_of(uid)
+    if run_dir is not None and run_dir.is_dir() and not run_dir.is_symlink():
+        for name in (*JOB_DIRS, "input"):  # input/: a fine-tune's source, readable by the job's gid
+            path = run_dir / name
+            if path.is_dir() and not path.is_symlink():
+                chown_tree(path, 0, 0)
+        try:
+            if run_dir.stat().st_gid == uid:
+                os.chown(run_dir, 0, 0)
+        except OSError:
+            pass
+        from cloud_adapters.gpubox._proc import read_json
+
+        for path in (read_json(run_dir / ISOLATION_RECORD) or {}).get("lent") or ():
+            _give_back(run_root, Path(str(path)))
+    try:
+        os.unlink(run_root / ".uids" / str(uid))
+    except FileNotFoundError:
+        pass
+
+
+def release_job_user(run_root: Path, uid: int, run_dir: Path) -> None:
+    """Give ``uid`` back once its job is over (the supervisor's last act): every process still running
+    as it is killed, the run's files and the directories lent to it (:func:`lend_dir`, listed in its
+    :data:`ISOLATION_RECORD`) become root's, its marker goes (under ``.uids/.lock``)."""
+    uids = _uid_dir(run_root)
+    lock = os.open(uids / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = uids / str(uid)
+        try:
+            holder = marker.read_text().strip()
+        except FileNotFoundError:
+            holder = None
+        if holder not in (None, run_dir.name):
+            return  # already reclaimed for another job: not ours to touch
+        _release(run_root, uid, run_dir)
+    finally:
+        os.close(lock)

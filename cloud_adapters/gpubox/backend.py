@@ -24,6 +24,14 @@ survives a Celery worker restart and any worker on the machine can describe or c
         exit.json          written last and atomically: returncode, started_at, ended_at,
                            cancelled, reason
         output/            model.pt, metrics.jsonl; output/checkpoints/ per-epoch checkpoints
+        home/, tmp/        an isolated job's HOME and TMPDIR
+        input/             an isolated job's copy of the file train.init_from names
+        isolation.json     an isolated job's uid and the directories lent to it (_usercode.lend_dir)
+
+An isolated job (a root worker with a uid pool, :attr:`GpuBoxBackend.isolation`) owns only ``code/``,
+``output/``, ``home/`` and ``tmp/`` (mode 0700); the directory itself is ``root:<its gid>`` 0750, so
+everything else above is the supervisor's word, which the job can read but not replace
+(:func:`_usercode.prepare_isolated_run`; docs/gpu-boxes.md "Isolation").
 
 Beside them, ``<run_root>/.trainers/`` and ``<run_root>/.envs/`` hold the trainer snapshots and the
 requirements environments jobs share (:mod:`cloud_adapters.gpubox._usercode`).
@@ -31,8 +39,10 @@ requirements environments jobs share (:mod:`cloud_adapters.gpubox._usercode`).
 A job's processes start from a clean environment (docs/user-code.md "GPU box: clean environment"):
 the allowlist of :func:`_usercode.base_environment`, the job's ``env`` and ``secret_env``, the
 snapshot and code directory on ``PYTHONPATH`` and torchrun's variables; the job's variables reach
-the supervisor through a pipe only, never a file or a command line. With ``run_as`` they run as that
-OS user; with ``spec.image``, in a ``docker run`` of the image (:func:`_usercode.container_command`).
+the supervisor through a pipe only, never a file or a command line. They run as a uid of the job's own
+(``job_uids``), else as the ``run_as`` user or the worker's; with ``spec.image``, in a ``docker run`` of
+the image (:func:`_usercode.container_command`). Each process may allocate its share of the job's
+``job_memory_limit`` (``RLIMIT_DATA``).
 
 The box shares its GPUs (docs/gpu-boxes.md): :meth:`GpuBoxBackend.inventory` says which GPUs (or, on
 a box without GPUs, which process slots) it hands out (:mod:`cloud_adapters.gpubox.inventory`), the
@@ -72,6 +82,7 @@ killed by the escalation below) is CANCELLED, never SUCCEEDED.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import importlib.util
@@ -80,6 +91,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,6 +185,15 @@ SETTINGS = BackendSettings(
                 host=True, field=False),
         Setting("run_as", "Run jobs as", "OS user whose uid a job's processes run with (the worker must "
                 "run as root); blank = the worker's own user.", host=True, field=False),
+        Setting("job_uids", "Job uids",
+                "The uids a root worker gives jobs, one of its own per job while it runs (and a gid of the same "
+                f"number): ranges and uids separated by commas, e.g. 20000-20999; blank = {_usercode.JOB_UIDS_DEFAULT}; "
+                f"{_usercode.JOB_UIDS_OFF} = every job runs as the worker's user (for a single user only).",
+                host=True, field=False),
+        Setting("job_memory_limit", "Job memory limit",
+                "The most memory one job may allocate on this box, its ranks together (each rank gets its share as "
+                "RLIMIT_DATA), e.g. 8GiB or 512MiB; blank = 80% of the host's memory; none = no limit.",
+                host=True, field=False),
         Setting("env_passthrough", "Passed-through variables",
                 "Names of the worker's environment variables a job inherits besides PATH, HOME, LANG, "
                 "LC_ALL, TZ, TMPDIR, CUDA_VISIBLE_DEVICES and NCCL_*, separated by commas or spaces.",
@@ -187,6 +208,15 @@ SETTINGS = BackendSettings(
     ),
 )
 """The settings of a GPU box (:mod:`cloud_adapters.settings`); it stores no credentials."""
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """How a box keeps its jobs apart (:attr:`GpuBoxBackend.isolation`): ``isolated`` when each job
+    runs as a uid of its own; ``text``, one sentence for the backend page, the job form and the demo."""
+
+    isolated: bool
+    text: str
+
 
 RUNNER_SOCKET_VAR = "TRAINBOARD_GPUBOX_RUNNER_SOCKET"
 """When set, supervisors are started by the box's runner on this Unix socket
@@ -341,6 +371,20 @@ class GpuBoxBackend(Backend):
             if not isinstance(run_as, str) or (run_as and not _usercode.USER_NAME_RE.fullmatch(run_as)):
                 raise InvalidSpec(f"run_as: expected an OS user name (e.g. trainboard-jobs), got {_shown(run_as)}.")
 
+        job_uids = config.get("job_uids") or ""
+        with problems.about("job_uids"):
+            if not isinstance(job_uids, str):
+                raise InvalidSpec(f"job_uids: expected uid ranges such as {_usercode.JOB_UIDS_DEFAULT}, got "
+                                  f"{_shown(job_uids)}.")
+            if job_uids.strip() and job_uids.strip().lower() != _usercode.JOB_UIDS_OFF:
+                _usercode.parse_uid_pool(job_uids)
+
+        memory_limit = config.get("job_memory_limit") or ""
+        with problems.about("job_memory_limit"):
+            if not isinstance(memory_limit, str):
+                raise InvalidSpec(f"job_memory_limit: expected a size such as 8GiB, got {_shown(memory_limit)}.")
+            parse_memory(memory_limit)
+
         passthrough = config.get("env_passthrough") or ""
         with problems.about("env_passthrough"):
             if not isinstance(passthrough, str):
@@ -385,6 +429,8 @@ class GpuBoxBackend(Backend):
             "python": python,
             "pip_args": pip_args,
             "run_as": run_as,
+            "job_uids": job_uids.strip(),
+            "job_memory_limit": memory_limit.strip(),
             "env_passthrough": passthrough,
             "allowed_images": allowed_images,
             "gpu_ids": gpu_ids,
@@ -414,6 +460,47 @@ class GpuBoxBackend(Backend):
     @property
     def run_root(self) -> Path:
         return Path(self.config["run_root"])
+
+    @property
+    def isolation(self) -> Isolation:
+        """Whether each job runs as a uid of its own (docs/gpu-boxes.md "Isolation"), and what to tell
+        people: a root worker with a uid pool whose jobs can reach the interpreter and the run root
+        isolates; otherwise jobs share the worker's user (or ``run_as``), and the text says so
+        (:data:`_usercode.SHARED_UID_NOTICE`) with the reason. Read from the settings and the
+        directories' modes; starts nothing."""
+        problem = _usercode.isolation_problem(run_as=self.config.get("run_as") or "",
+                                              job_uids=self.config.get("job_uids") or "",
+                                              run_root=self.run_root, python=self.config["python"])
+        if problem is None:
+            pool = self.config.get("job_uids") or _usercode.JOB_UIDS_DEFAULT
+            return Isolation(True, f"each job runs as a uid of its own (pool {pool}): it cannot read another job's "
+                                   f"files or the dashboard's, nor signal their processes")
+        return Isolation(False, f"{_usercode.SHARED_UID_NOTICE} ({problem})")
+
+    def job_memory_limit(self) -> int | None:
+        """The most bytes one job may allocate (``job_memory_limit``; blank: 80% of the host's memory),
+        or None when the operator set ``none`` or the host's memory cannot be read."""
+        text = self.config.get("job_memory_limit") or ""
+        if text.strip().lower() == "none":
+            return None
+        limit = parse_memory(text)
+        if limit is None:
+            total = host_memory_bytes()
+            return int(total * DEFAULT_MEMORY_FRACTION) if total else None
+        return limit
+
+    def host_memory(self, ranks: int) -> HostMemory | None:
+        """What each of ``ranks`` processes may hold on a box without GPUs (the job's memory limit, or
+        the host's memory when there is none, shared by its ranks): what the memory plan checks a job
+        against (jobs.services.training_jobs.job_memory_plan). None on a box with GPUs (their memory is
+        what counts, :meth:`gpus`) or when the host's memory cannot be read."""
+        total = host_memory_bytes()
+        if not total or self.config.get("gpu_memory_gib") or visible_gpu_count() or self.config.get("gpu_ids"):
+            return None
+        return HostMemory(total_bytes=total, job_limit_bytes=self.job_memory_limit(), ranks=max(1, int(ranks)))
+
+    def _uid_pool(self) -> list[int]:
+        return _usercode.parse_uid_pool(self.config.get("job_uids") or _usercode.JOB_UIDS_DEFAULT)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -553,18 +640,32 @@ class GpuBoxBackend(Backend):
         with _start_lock(run_dir) as lock_fd:
             if _started(run_dir):
                 return handle  # another attempt started it while we waited: adopt it
-            return self._start(spec, run_dir, handle, config, trainer, code_files, user, lock_fd)
+            isolated = False
+            if user is None and self.isolation.isolated:
+                # A uid of its own (held until the supervisor gives it back at the end); the run root
+                # may be entered, not listed, by the jobs; the snapshots and environments only read.
+                user, isolated = _usercode.allocate_job_user(self.run_root, spec.job_name, self._uid_pool()), True
+                for path, mode in ((self.run_root, 0o711), (self.run_root / ".trainers", 0o755),
+                                   (self.run_root / ".envs", 0o755)):
+                    if path.is_dir() and path.stat().st_uid == os.geteuid():
+                        os.chmod(path, mode)
+            return self._start(spec, run_dir, handle, config, trainer, code_files, user, lock_fd, isolated)
 
     def _start(self, spec: JobSpec, run_dir: Path, handle: JobHandle, config: dict[str, Any],
                trainer: tuple[str, Path, Path], code_files: list[packaging.Entry] | None,
-               user: _usercode.RunUser | None, lock_fd: int) -> JobHandle:
+               user: _usercode.RunUser | None, lock_fd: int, isolated: bool = False) -> JobHandle:
         """Write the run's files and start its supervisor (the caller holds ``start.lock``).
         ``trainer``: the snapshot's SHA-256, its directory, and the directory it was made from;
-        ``code_files``: the job's archive, checked (:func:`cloud_adapters.packaging.code_files`)."""
+        ``code_files``: the job's archive, checked (:func:`cloud_adapters.packaging.code_files`);
+        ``isolated``: ``user`` is the job's own uid (:func:`_usercode.allocate_job_user`)."""
         trainer_sha, trainer_path, trainer_source = trainer
         code_dir = run_dir / "code"
         if code_files is not None:
             _usercode.write_tree(code_files, code_dir, f"code archive {spec.code.sha256[:16]}")
+        if isolated:
+            assert user is not None
+            _usercode.prepare_isolated_run(run_dir, user)
+            self._give_inputs(config, run_dir, user)
         _proc.write_json_atomic(run_dir / "job.json", config)
         tags = {"trainboard-job-name": spec.job_name, **{str(k): str(v) for k, v in spec.tags.items()}}
         _proc.write_json_atomic(run_dir / "tags.json", tags)
@@ -576,7 +677,7 @@ class GpuBoxBackend(Backend):
         from trainer_pkg.platforms import LaunchPlan
 
         runner = user or _usercode.worker_user()
-        if user is not None:
+        if user is not None and not isolated:
             # The job writes its outputs, and a script its working directory (code.dir); the rest of
             # the run directory (exit.json, the supervisor's records) stays the worker's.
             output_dir = run_dir / "output"
@@ -586,6 +687,8 @@ class GpuBoxBackend(Backend):
                 _proc.chown_tree(code_dir, user.uid, user.gid)
         base = _usercode.base_environment(os.environ, runner,
                                           _usercode.passthrough_names(self.config["env_passthrough"]))
+        if isolated:
+            base["TMPDIR"] = str(run_dir / "tmp")  # /tmp is shared with every other job
 
         # The requirements environment: built by the supervisor before torchrun, once per text.
         requirements = spec.code.requirements if spec.code is not None else ""
@@ -644,7 +747,11 @@ class GpuBoxBackend(Backend):
         # The supervisor's own environment is the clean base and nothing of the job's: a job's
         # variables (LD_PRELOAD, PYTHONSTARTUP ...) must not reach a process that runs as the worker.
         sup_env = dict(base, PYTHONPATH=str(_REPO_ROOT))
+        limit = self.job_memory_limit()
         sup_plan = {"env": job_env, "user": user.as_json() if user is not None else None,
+                    "memory_limit": {"job_bytes": limit, "per_process_bytes": max(limit // spec.procs_per_node, 1)}
+                    if limit else None,
+                    "isolation": {"run_root": str(self.run_root), "uid": user.uid} if isolated else None,
                     "environment": environment, "cleanup": cleanup, "in_container": bool(spec.image)}
         sup_command = [
             sys.executable, "-m", "cloud_adapters.gpubox.supervisor",
@@ -721,6 +828,37 @@ class GpuBoxBackend(Backend):
         _proc.write_json_atomic(run_dir / "supervisor.json", {"pid": pid, "start_ticks": ticks,
                                                               "started_at": started_at})
         return handle
+
+    def _give_inputs(self, config: dict[str, Any], run_dir: Path, user: _usercode.RunUser) -> None:
+        """What an isolated job reads or writes outside its run directory, made its own: the file
+        ``train.init_from`` names (a source job's checkpoint or model.pt, in its run directory, which
+        this job's uid may not enter) copied to ``<run_dir>/input/`` and the config pointed at the
+        copy; an output or checkpoint directory in another run directory of this run root (a lost
+        attempt's checkpoints, resumed) lent to the job's uid (:func:`_usercode.lend_dir`), listed in
+        ``isolation.json`` for the uid's release to give back. ``config`` is changed in place."""
+        train = config.get("train") or {}
+        init_from = str(train.get("init_from") or "")
+        if (os.path.isabs(init_from) and os.path.isfile(init_from) and not os.path.islink(init_from)
+                and not Path(init_from).is_relative_to(run_dir)):
+            inputs = run_dir / "input"
+            inputs.mkdir(mode=0o750, exist_ok=True)
+            os.chown(inputs, 0, user.gid)
+            copy = inputs / Path(init_from).name
+            shutil.copyfile(init_from, copy, follow_symlinks=False)
+            os.chown(copy, 0, user.gid)
+            os.chmod(copy, 0o640)
+            train["init_from"] = str(copy)
+        output = config.get("output") or {}
+        lent: list[str] = []
+        for key in ("output_dir", "checkpoint_dir"):
+            path = os.path.normpath(str(output.get(key) or "."))
+            if (os.path.isabs(path) and Path(path).is_relative_to(self.run_root) and not Path(path).is_relative_to(run_dir)
+                    and os.path.isdir(path) and path not in lent):
+                lent.append(path)
+        # Recorded first: whoever gives the uid back (_usercode.release_job_user) takes them back too.
+        _proc.write_json_atomic(run_dir / _usercode.ISOLATION_RECORD, {"uid": user.uid, "lent": lent})
+        for path in lent:
+            _usercode.lend_dir(self.run_root, Path(path), user)
 
     def _device_env(self, spec: JobSpec) -> dict[str, str]:
         """The variables that give the job its allocated devices (``spec.devices``; {} when none
@@ -813,6 +951,10 @@ class GpuBoxBackend(Backend):
             if code == 0:
                 return JobStatus(JobState.SUCCEEDED, raw_state="exited 0", **common)
             reason = _failure_reason(run_dir / "train.log", code) if code is not None else ""
+            limit = exit_info.get("memory_limit") or {}
+            if reason and limit.get("job_bytes") and _out_of_memory(run_dir / "train.log"):
+                reason = (f"the job exceeded its {_gib(limit['job_bytes'])} memory limit ({_gib(limit['per_process_bytes'])}"
+                          f" per process; the box's TRAINBOARD_GPUBOX_JOB_MEMORY_LIMIT): {reason}")
             return JobStatus(JobState.FAILED,
                              raw_state=f"exited {code}" if code is not None else "not started",
                              failure_reason=reason or exit_info.get("reason") or f"exit code {code}",
@@ -1094,6 +1236,81 @@ RESERVED_ENV = frozenset({
 """Variables a job's ``env``/``secret_env`` may not set: the supervisor finds the job's processes by
 the first, the trainer snapshot and the code directory are on PYTHONPATH, torchrun sets most of the
 rest, and the allocation sets the devices a job sees (:meth:`GpuBoxBackend._device_env`)."""
+
+
+DEFAULT_MEMORY_FRACTION = 0.8
+"""A job's memory limit when the operator sets none: this share of the host's memory."""
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
+
+
+def parse_memory(text: str) -> int | None:
+    """Bytes of a size such as ``8GiB``, ``512MiB``, ``16G`` or ``1.5 TiB`` (K, M, G, T: powers of
+    1024; a bare number is bytes); None for blank or ``none``. Raises InvalidSpec for anything else or
+    a size under 64 MiB (no job's interpreter starts in less)."""
+    text = (text or "").strip()
+    if not text or text.lower() == "none":
+        return None
+    match = _SIZE.fullmatch(text)
+    if not match:
+        raise InvalidSpec(f"job_memory_limit: {text[:40]!r} is not a size such as 8GiB or 512MiB (or none).")
+    unit = (match.group(2) or "B").upper()[:1]
+    size = int(float(match.group(1)) * 1024 ** "BKMGT".index(unit))
+    if size < 64 * 2**20:
+        raise InvalidSpec(f"job_memory_limit: {text!r} is under 64 MiB, too little for any job.")
+    return size
+
+
+def host_memory_bytes() -> int | None:
+    """The host's memory (``MemTotal`` of ``/proc/meminfo``) in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """The memory of a box without GPUs, as a job's ranks may use it (:meth:`GpuBoxBackend.host_memory`)."""
+
+    total_bytes: int
+    job_limit_bytes: int | None  # the job's limit (job_memory_limit); None: none
+    ranks: int
+
+    @property
+    def per_rank_bytes(self) -> int:
+        """What one rank may hold: its share of the job's limit, or of the host's memory without one."""
+        return (self.job_limit_bytes or self.total_bytes) // self.ranks
+
+    def describe(self) -> str:
+        """``"no GPU; 23.4 GiB of host memory, a job may use 18.7 GiB (job_memory_limit): 9.36 GiB per rank for 2
+        ranks"``."""
+        limit = (f"a job may use {_gib(self.job_limit_bytes)} (its memory limit)" if self.job_limit_bytes
+                 else "no memory limit")
+        return (f"no GPU; {_gib(self.total_bytes)} of host memory, {limit}: {_gib(self.per_rank_bytes)} per rank "
+                f"for {self.ranks} rank{'s' if self.ranks != 1 else ''}")
+
+
+_OUT_OF_MEMORY = (b"MemoryError", b"can't allocate memory", b"Cannot allocate memory", b"std::bad_alloc")
+
+
+def _out_of_memory(log_path: Path) -> bool:
+    """Whether the end of ``train.log`` shows an allocation the memory limit refused."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - FAILURE_TAIL_BYTES))
+            tail = fh.read()
+    except OSError:
+        return False
+    return any(marker in tail for marker in _OUT_OF_MEMORY)
 
 
 def _shown(value: Any) -> str:

@@ -15,6 +15,9 @@ With ``--plan-stdin`` the submitting worker writes one JSON object to its stdin 
     {"env": {...},          the job's whole environment (secrets included: never written anywhere)
      "user": {"name", "uid", "gid", "groups", "home"} | null,   the OS user the job runs as
      "environment": {"dir", "lock", "marker", "sha256", "steps": [[argv], ...], "env": {...}} | null,
+     "isolation": {"run_root", "uid"} | null,   the job's own uid, given back when it is over
+                                  (cloud_adapters.gpubox._usercode.release_job_user)
+     "memory_limit": {"job_bytes", "per_process_bytes"} | null,   RLIMIT_DATA of torchrun and each rank
      "cleanup": [argv] | null,    run once the job is over (``docker rm --force`` of its container)
      "in_container": bool}        the commands are ``docker run``s (started as the worker, see
                                   ``_Supervisor._user_kwargs``)
@@ -55,6 +58,7 @@ import argparse
 import fcntl
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -63,6 +67,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cloud_adapters.gpubox._usercode import release_job_user
 from cloud_adapters.gpubox._proc import (
     RUN_TAG_VAR,
     chown_tree,
@@ -117,8 +122,9 @@ class _Supervisor:
         return {"user": int(user["uid"]), "group": int(user["gid"]),
                 "extra_groups": [int(g) for g in user.get("groups") or []]}
 
-    def _spawn(self, argv: Sequence[str], env: Mapping[str, str], log) -> subprocess.Popen:
+    def _spawn(self, argv: Sequence[str], env: Mapping[str, str], log, limit_memory: bool = False) -> subprocess.Popen:
         env = dict(env)
+        limit = ((self.plan or {}).get("memory_limit") or {}).get("per_process_bytes") if limit_memory else None
         env[RUN_TAG_VAR] = str(self.run_dir)  # inherited by every rank: how we find them all
         return subprocess.Popen(
             list(argv),
@@ -128,6 +134,9 @@ class _Supervisor:
             stderr=subprocess.STDOUT,
             cwd=self.run_dir,
             start_new_session=True,  # its own process group: one killpg reaches every rank
+            # Inherited by torchrun's ranks: private writable memory (heap, tensors), not the address
+            # space CUDA reserves (PROT_NONE), so it bounds what a rank allocates, on GPUs too.
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_DATA, (int(limit), int(limit)))) if limit else None,
             **self._user_kwargs(),
         )
 
@@ -162,7 +171,7 @@ class _Supervisor:
                     return ended
         with open(self.run_dir / "train.log", "ab") as log:
             try:
-                child = self._spawn(self.command, env, log)
+                child = self._spawn(self.command, env, log, limit_memory=True)
             except OSError as exc:
                 log.write(f"trainer error: could not start {self.command[0]}: {exc}\n".encode())
                 return self.finish(127, cancelled=False, reason=f"could not start torchrun: {exc}")
@@ -328,11 +337,19 @@ class _Supervisor:
     def finish(self, returncode: int | None, *, cancelled: bool, reason: str, max_runtime: bool = False,
                stage: str = "train") -> int:
         self.cleanup()
+        isolation = (self.plan or {}).get("isolation")
+        if isolation:
+            # The job's uid is its own: whatever still runs as it (a daemon that dropped the run's
+            # environment tag) is killed, its files become root's, and the uid goes back to the pool.
+            try:
+                release_job_user(Path(isolation["run_root"]), int(isolation["uid"]), self.run_dir)
+            except OSError as exc:
+                self.say(f"could not give uid {isolation.get('uid')} back: {exc}")
         write_json_atomic(
             self.run_dir / "exit.json",
             {"returncode": returncode, "started_at": self.started_at, "ended_at": time.time(),
              "cancelled": cancelled, "max_runtime": max_runtime, "reason": reason[:REASON_CHARS],
-             "stage": stage},
+             "stage": stage, "memory_limit": (self.plan or {}).get("memory_limit")},
         )
         self._log.close()
         return 0

@@ -26,7 +26,7 @@ from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, sch
 from jobs import cost as costs
 from jobs import admission, dispatch, validation
 from jobs.services import lineage
-from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name
+from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name, shared_uid_refusal
 from jobs.budgets import check_monthly_budgets
 from jobs.fingerprints import dataset_fingerprint
 from jobs.models import (
@@ -253,6 +253,8 @@ def _check_spec(errors: Errors, adapter: Backend, spec: JobSpec, strategy: str,
         errors.add("strategy", adapter.strategy_error(strategy) or (
             f"This backend runs {', '.join(caps.strategies) or 'no strategy'}; {strategy!r} is not one of them."))
     spec = _check_dataset_scheme(errors, adapter, spec, dataset)
+    if (refusal := shared_uid_refusal(adapter)):
+        errors.add("backend", refusal)
     try:
         adapter.validate(spec)
     except InvalidSpec as exc:
@@ -830,8 +832,13 @@ def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, in
         gpus = adapter.gpus(instance_type)
     except BackendError:
         gpus = None
-    device_bytes = gpus.memory_bytes if gpus is not None else None
+    host = None
+    if gpus is None and callable(getattr(adapter, "host_memory", None)):
+        host = adapter.host_memory(config.parallel.procs_per_node)  # a box without GPUs: its memory per rank
+    device_bytes = gpus.memory_bytes if gpus is not None else host.per_rank_bytes if host is not None else None
     where = instance_type or f"backend {backend_name}'s default instance"
+    if host is not None:
+        where = f"backend {backend_name}'s host"
     name = f"{where}'s {gpus.model}" if gpus is not None and gpus.model else where
     caps = adapter.capabilities  # the suggestion names no FSDP world the backend cannot run
     try:
@@ -841,6 +848,10 @@ def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, in
         return None
     if note:
         planned.lines.insert(1, note)
+    if host is not None:
+        planned.device_unit = "rank"
+        planned.device_name = f"{where} ({host.describe()})"
+        planned.lines.append(f"device: {host.describe()}")
     if gpus is not None:
         planned.lines.append(f"device: {gpus.describe(instance_type or 'the default instance')}"
                              + (f" — {gpus.source}" if gpus.source else ""))
@@ -849,7 +860,8 @@ def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, in
 
 def memory_refusal(memory: MemoryPlan) -> str:
     """The message that refuses a job whose plan does not fit: the summary, then the arithmetic."""
-    return (f"The job does not fit in GPU memory: it {memory.summary}. The plan per rank: "
+    where = "GPU memory" if memory.device_unit == "GPU" else "the machine's memory"
+    return (f"The job does not fit in {where}: it {memory.summary}. The plan per rank: "
             + "; ".join(memory.lines) + ".")
 
 

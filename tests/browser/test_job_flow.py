@@ -45,9 +45,10 @@ def test_launch_job_and_watch_it_succeed(live_server, celery_worker_process, bro
     page.wait_for_function(
         "() => (document.getElementById('estimate-figure') || {}).textContent"
         " === '$0.60 max (600 s × 1 node × $3.60/h)'")
-    # The memory plan beside it: this box has no GPU memory set, so the plan is shown, never a refusal.
+    # The memory plan beside it: this box has no GPU, so the plan is checked against its host memory.
     plan = page.inner_text("#memory-plan-summary")
-    assert re.fullmatch(r"Memory: needs [\d.]+ [KM]iB per rank \(no GPU memory known for this target: not checked\)",
+    assert re.fullmatch(r"Memory: needs [\d.]+ [KM]iB per rank; backend \S+'s host \(no GPU; [\d.]+ GiB of host memory, "
+                        r"a job may use [\d.]+ GiB \(its memory limit\): [\d.]+ GiB per rank for 2 ranks\) has [\d.]+ GiB",
                         plan), plan
     page.click("#launch")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))

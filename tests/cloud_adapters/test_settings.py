@@ -92,8 +92,8 @@ def test_credentials_go_to_the_constructor_and_stay_read_only():
 
 
 EXPECTED = {
-    "gpubox": ((), {"run_root", "python", "max_procs_per_node", "pip_args", "run_as", "env_passthrough",
-                          "allowed_images", "gpu_ids", "slots", "max_concurrent_jobs"}, {}),
+    "gpubox": ((), {"run_root", "python", "max_procs_per_node", "pip_args", "run_as", "job_uids",
+                          "job_memory_limit", "env_passthrough", "allowed_images", "gpu_ids", "slots", "max_concurrent_jobs"}, {}),
     "sagemaker": (("region", "role_arn", "bucket"), {"profile", "endpoint_url"},
                   {"aws_access_key_id": True, "aws_secret_access_key": True, "aws_session_token": False}),
     "vertex": (("project", "staging_bucket"), {"api_endpoint", "storage_endpoint"}, {"service_account_json": True}),

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.django_db
 
 HOSTILE = {"run_root": "/tmp/anywhere-i-like", "python": "/bin/echo", "max_procs_per_node": 2**70,
            "run_as": "root", "pip_args": "--index-url http://127.0.0.1:9/simple", "env_passthrough": "DATABASE_URL",
+           "job_uids": "none", "job_memory_limit": "none",
            "allowed_images": "*", "gpu_ids": "0,1,2,3,4,5,6,7", "slots": 1024, "max_concurrent_jobs": 10_000}
 
 
@@ -59,6 +60,7 @@ def test_a_non_staff_user_cannot_set_any_host_setting_and_hears_about_each(mallo
         "config.max_procs_per_node": ["Max processes per node"], "config.python": ["Python interpreter"],
         "config.run_root": ["Run root"], "config.hourly_rate_usd": ["Hourly rate (USD)"],
         "config.run_as": ["Run jobs as"], "config.pip_args": ["pip options"],
+        "config.job_uids": ["Job uids"], "config.job_memory_limit": ["Job memory limit"],
         "config.env_passthrough": ["Passed-through variables"], "config.allowed_images": ["Allowed images"],
         "config.gpu_ids": ["GPUs to hand out"], "config.slots": ["Process slots"],
         "config.max_concurrent_jobs": ["Max concurrent jobs"]}
@@ -112,6 +114,7 @@ def test_a_stored_row_of_a_non_staff_owner_cannot_reach_the_host(mallory, user, 
     config = adapters.backend_adapter(backend).config
     assert config == {"run_root": str(run_root), "python": sys.executable, "max_procs_per_node": 2,
                       "hourly_rate_usd": 2.0, "grace_period_s": 10.0, "pip_args": "", "run_as": "",
+                      "job_uids": "", "job_memory_limit": "",
                       "env_passthrough": "", "allowed_images": "", "gpu_model": "", "gpu_memory_gib": 0.0,
                       "gpu_ids": "", "slots": None, "max_concurrent_jobs": None}
     # The same row owned by staff is staff's decision; once the owner is no longer staff it is not.

@@ -576,8 +576,8 @@ OWN_ACCOUNT = ("the provider account of the backend's stored credentials (its ow
 SETTING_REACH: dict[str, dict[str, str]] = {
     "gpubox": {
         "run_root": "host", "python": "host", "max_procs_per_node": "host",
-        "pip_args": "host", "run_as": "host", "env_passthrough": "host", "allowed_images": "host",
-        "gpu_ids": "host", "slots": "host", "max_concurrent_jobs": "host",
+        "pip_args": "host", "run_as": "host", "job_uids": "host", "job_memory_limit": "host",
+        "env_passthrough": "host", "allowed_images": "host", "gpu_ids": "host", "slots": "host", "max_concurrent_jobs": "host",
         "hourly_rate_usd": "the price of this backend's jobs: their cost and budget stop (0-100,000 USD/h)",
         "grace_period_s": "how long a cancelled job of this backend has to stop before SIGKILL (0-600 s)",
         "gpu_model": "the name the memory plan shows for this backend's GPUs (text, at most 100 characters)",
@@ -628,7 +628,7 @@ SETTING_REACH: dict[str, dict[str, str]] = {
 # A value of the right type for each host setting (refused before its value is looked at).
 HOST_VALUES = {"run_root": "/tmp/owned", "python": "/bin/echo", "max_procs_per_node": 1000,
                "pip_args": "--index-url http://127.0.0.1:9/simple", "run_as": "root", "env_passthrough": "AWS_SECRET_ACCESS_KEY",
-               "allowed_images": "*", "gpu_ids": "0,1,2,3,4,5,6,7", "slots": 1024, "max_concurrent_jobs": 10_000,
+               "job_uids": "none", "job_memory_limit": "none", "allowed_images": "*", "gpu_ids": "0,1,2,3,4,5,6,7", "slots": 1024, "max_concurrent_jobs": 10_000,
                "profile": "operator", "endpoint_url": "http://127.0.0.1:9/", "api_endpoint": "http://127.0.0.1:9",
                "storage_endpoint": "http://127.0.0.1:9", "base_url": "http://127.0.0.1:9",
                "kubeconfig": "/etc/operator/kubeconfig", "context": "operator-admin", "in_cluster": True,

@@ -100,7 +100,8 @@ def test_the_form_shows_the_plan_refuses_and_then_accepts(owner_client, digits_d
 
 
 def test_a_target_without_known_gpu_memory_is_planned_never_refused(api_client, digits_dataset, huge_model,
-                                                                    local_backend, no_celery_publish):
+                                                                    local_backend, no_celery_publish, settings):
+    settings.TRAINBOARD_GPUBOX_GPU_IDS = "0,1"  # a box with GPUs whose memory nobody set (without any, its host's counts)
     response = api_client.post("/api/jobs/", {"dataset": digits_dataset.pk, "model_spec": huge_model.pk,
                                               "backend": local_backend.pk, "procs_per_node": 2,
                                               "hyperparameters": ADAMW}, format="json")

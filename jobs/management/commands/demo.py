@@ -127,6 +127,10 @@ class Command(BaseCommand):
             self.stdout.write(f"  password: {password}")
             self.stdout.write(f"  admin:    {base_url}/admin/    API: {base_url}/api/docs/")
             self.stdout.write(f"  logs:     {log_dir}/{{web,worker,notifier,beat}}.log")
+            isolation = adapters.backend_isolation(backend)  # docs/gpu-boxes.md "Isolation"
+            if isolation is not None:
+                self.stdout.write(f"  jobs:     {isolation.text}" if isolation.isolated else
+                                  self.style.WARNING(f"  jobs:     {isolation.text}"))
             job = None
             if not opts["no_job"]:
                 job = services.training_job_create(

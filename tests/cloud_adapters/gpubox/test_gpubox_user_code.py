@@ -40,6 +40,7 @@ from cloud_adapters.gpubox import _proc, _usercode
 from cloud_adapters.gpubox.backend import RESERVED_ENV
 from cloud_adapters.gpubox._usercode import RunUser, container_command
 from cloud_adapters.packaging import build_archive
+from user_code_kit import fake_docker
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -526,29 +527,6 @@ def test_run_as_starts_the_job_as_that_user(store, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # The image
 # ---------------------------------------------------------------------------------------------
-
-FAKE_DOCKER = '''#!{python}
-# A recording `docker`: answers `docker info`, records every other call (its argv, and the values
-# of the variables it was asked to pass by name) and exits 0.
-import json, os, sys
-args = sys.argv[1:]
-if args[:1] == ["info"]:
-    print("28.2.2")
-    sys.exit(0)
-names = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
-with open({calls!r}, "a") as fh:
-    fh.write(json.dumps({{"argv": args, "uid": os.getuid(), "env": {{n: os.environ.get(n) for n in names}}}}) + "\\n")
-'''
-
-
-def fake_docker(bin_dir: Path, calls: Path, monkeypatch) -> Path:
-    """Put the recording ``docker`` first on PATH; returns the file its calls are recorded in."""
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text(FAKE_DOCKER.format(python=sys.executable, calls=str(calls)))
-    (bin_dir / "docker").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return calls
-
 
 def test_an_image_runs_the_job_under_docker_run(backend, store, tmp_path, monkeypatch):
     calls = fake_docker(tmp_path / "bin", tmp_path / "docker-calls.jsonl", monkeypatch)
