@@ -751,13 +751,6 @@ def sweep_list_for_user(*, user, state: str | None = None) -> QuerySet[Sweep]:
     return qs
 
 
-def sweep_jobs(*, sweep: Sweep) -> QuerySet[TrainingJob]:
-    """The trial jobs of ``sweep`` (visible to whoever may see the sweep), by trial number."""
-    return TrainingJob.objects.filter(sweep_id=sweep.pk).order_by("trial_number")
-
-
-
-
 # ---------------------------------------------------------------------------------------------
 # Notifications and webhooks (docs/notifications.md)
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import template
 from django.utils.html import format_html
 
-from jobs.models import TERMINAL_STATE_VALUES, JobStateChoices
+from jobs.models import JobStateChoices
 
 register = template.Library()
 
@@ -48,11 +48,6 @@ def visible_to(backend, user) -> bool:
     from jobs.selectors import backend_list_for_user
 
     return backend_list_for_user(user=user).filter(pk=backend.pk).exists()
-
-
-@register.filter
-def is_terminal_state(state: str) -> bool:
-    return str(state) in TERMINAL_STATE_VALUES
 
 
 @register.filter
