@@ -38,7 +38,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from cloud_adapters.base import Backend, BackendError, JobHandle, JobState, JobStatus
+from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
 from jobs import admission, restarts
 from jobs import cost as costs
@@ -54,7 +54,7 @@ from jobs.models import (
     MetricPoint,
     TrainingJob,
 )
-from jobs.states import is_allowed, transition
+from jobs.states import is_allowed, note, transition
 from trainer_pkg.metrics import (
     GLOBAL_METRICS,
     MAX_USER_METRICS,
@@ -442,6 +442,7 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         return False
     figures = _attempt_figures(job, status, now)
     fields = {**_status_fields(job, status, now, figures), **read}
+    was_paused = job.secondary_state == PAUSED
     if fields.get("failure_reason"):
         # The GPU box's reason is the failed rank's error line, the user's code's own words.
         fields["failure_reason"] = mask(fields["failure_reason"])
@@ -477,7 +478,19 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         fields = {k: v for k, v in fields.items() if k not in ("ended_at", "failure_reason")}
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
         job.refresh_from_db()
+    _note_pause(job, status, was_paused)
     return _enforce_budget(job)
+
+
+def _note_pause(job: TrainingJob, status: JobStatus, was_paused: bool) -> None:
+    """A note on the timeline when the provider paused the job (``secondary_state`` PAUSED) or resumed
+    it: the job keeps its state through both (a pause is no interruption, :data:`cloud_adapters.base.PAUSED`)."""
+    paused = status.secondary_state == PAUSED
+    if job.is_terminal or paused == was_paused:
+        return
+    raw = status.raw_state or "no state given"
+    note(job.pk, job.state, f"Paused by the provider ({raw}): not training until it is resumed" if paused
+         else f"Resumed by the provider ({raw})")
 
 
 def _enforce_budget(job: TrainingJob) -> bool:

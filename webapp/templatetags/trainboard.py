@@ -5,6 +5,7 @@ from __future__ import annotations
 from django import template
 from django.utils.html import format_html
 
+from cloud_adapters.base import PAUSED
 from jobs.models import JobStateChoices
 
 register = template.Library()
@@ -22,9 +23,13 @@ def state_badge(state: str) -> str:
 
 @register.simple_tag
 def job_state_badge(job) -> str:
-    """The job's state badge, followed by a "Stalled" badge (reason in its title) when the job is
-    past its state's deadline (``TrainingJob.stalled_at``)."""
+    """The job's state badge, followed by a "Paused" badge while its provider holds it paused
+    (``secondary_state`` :data:`~cloud_adapters.base.PAUSED`) and a "Stalled" badge (reason in its
+    title) when the job is past its state's deadline (``TrainingJob.stalled_at``)."""
     badge = state_badge(job.state)
+    if getattr(job, "secondary_state", "") == PAUSED and not job.is_terminal:
+        badge = format_html('{} <span class="badge state-paused" data-paused="1" title="{}">Paused</span>', badge,
+                            f"{job.raw_state}: paused by the provider, not training until it is resumed")
     if getattr(job, "stalled_at", None) and not job.is_terminal:
         return format_html('{} <span class="badge state-stalled" data-stalled="1" title="{}">Stalled</span>',
                            badge, job.stalled_reason or "Past this state's deadline")
