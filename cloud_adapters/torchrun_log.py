@@ -171,3 +171,30 @@ def located(lines: Sequence[str], index: int) -> str:
     path, line, func, source = frame
     where = f"{_code_path(path)}:{line}" + (f" in {func}" if func and func != "<module>" else "")
     return f"{where}: {error}" + (f"\n    {source}" if source else "")
+
+
+_AGENT_FAILED = re.compile(r"\] failed \(exitcode: -?\d+\)")  # torch.distributed.elastic's own error log line
+
+
+def failure_summary_span(lines: Sequence[str]) -> tuple[int, int] | None:
+    """``(first, last)`` indexes (inclusive) of torchrun's own report of the last failure in ``lines``:
+    its agent's "failed (exitcode: N)" line (else its ChildFailedError traceback) through the "===="
+    line that closes "Root Cause (first observed failure)"; None when ``lines`` hold no whole report.
+    What a person reads a failed job's log for is above it: the rank's own traceback."""
+    text = [ln.strip() for ln in lines]
+    roots = [i for i, ln in enumerate(text) if ln.startswith(_ROOT_CAUSE)]
+    if not roots:
+        return None
+    root = roots[-1]
+    end = next((i for i in range(root + 1, len(text)) if text[i].startswith("====")), None)
+    if end is None:
+        return None
+    window = range(root - 1, max(-1, root - _TRACEBACK_LINES), -1)
+    start = next((i for i in window if _AGENT_FAILED.search(text[i])), None)
+    if start is None:
+        wrapper = next((i for i in window if "ChildFailedError" in text[i]), None)
+        if wrapper is None:
+            return None
+        start = next((i for i in range(wrapper, max(-1, wrapper - _TRACEBACK_LINES), -1)
+                      if text[i].startswith("Traceback (most recent call last)")), wrapper)
+    return start, end
