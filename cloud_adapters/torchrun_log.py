@@ -143,6 +143,18 @@ def _code_path(path: str) -> str:
     return path.rsplit("/code/", 1)[1] if "/code/" in path else path.rsplit("/", 1)[-1]
 
 
+def user_code_error(lines: Sequence[str]) -> str:
+    """The last exception of ``lines`` (a job's log, oldest first) that the user's code raised, named as
+    :func:`located` names it; "" when the last exception's traceback shows no frame of the user's files
+    (or there is none). For a provider that reports only an exit code (SageMaker, Vertex AI, Azure ML)."""
+    lines = [ln.strip() for ln in lines]
+    for i in range(len(lines) - 1, -1, -1):
+        if _EXCEPTION.match(lines[i]) and "ChildFailedError" not in lines[i]:
+            found = located(lines, i)
+            return found if found != _RANK_PREFIX.sub("", lines[i]).strip() else ""
+    return ""
+
+
 def located(lines: Sequence[str], index: int) -> str:
     """The exception line ``lines[index]`` (rank prefix dropped) named with where the user's code raised
     it: ``"helpers.py:2 in load: ValueError: bad shard 7\n    raise ValueError(...)"`` — the innermost

@@ -38,6 +38,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
 from jobs import admission, restarts
@@ -190,6 +191,20 @@ def _trainer_failure_reason(job: TrainingJob) -> str | None:
         if isinstance(reason, str) and reason.strip():
             return reason.strip()[:500]
     return None
+
+
+USER_ERROR_LINES = 400
+"""How many of a failed job's last stored log lines :func:`_user_code_failure` reads."""
+
+
+def _user_code_failure(job: TrainingJob) -> str:
+    """Where the user's code failed, from the end of the job's stored log (``train.py:3: SyntaxError:
+    invalid syntax`` and the source line: :func:`cloud_adapters.torchrun_log.user_code_error`); "" when
+    the log shows no traceback through the user's files. Read once, when the job is FAILED."""
+    texts = list(JobLogLine.objects.filter(job_id=job.pk).exclude(text__contains=METRIC_PREFIX)
+                 .order_by("-seq").values_list("text", flat=True)[:USER_ERROR_LINES])
+    texts.reverse()
+    return torchrun_log.user_code_error(texts)[:1000]
 
 
 TRAINING_EVENTS = frozenset({"started", "step", "epoch"})
@@ -352,9 +367,10 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime,
             f"The backend reported the job failed ({status.raw_state or 'no reason given'}).")
         # The trainer's own reason (a diverged loss) is what the user acts on; a cloud's reason is
         # generic ("exited with a non-zero status of 1"), so it follows as the detail.
-        trainer_reason = _trainer_failure_reason(job)
+        trainer_reason = _trainer_failure_reason(job) or _user_code_failure(job)
         if trainer_reason and trainer_reason not in reason:
-            reason = f"{trainer_reason} (the backend reported: {reason})"
+            first, _, source = trainer_reason.partition("\n")  # a user-code error's source line stays last
+            reason = f"{first} (the backend reported: {reason})" + (f"\n{source}" if source else "")
         fields["failure_reason"] = reason
     elif target == S.CANCELLED:
         fields["failure_reason"] = job.failure_reason or status.failure_reason or "Cancelled"
