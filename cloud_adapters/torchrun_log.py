@@ -185,12 +185,14 @@ def located(lines: Sequence[str], index: int) -> str:
     return f"{where}: {error}" + (f"\n    {source}" if source else "")
 
 
+_AGENT_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/\S+\] ")  # glog-style agent lines
 _AGENT_FAILED = re.compile(r"\] failed \(exitcode: -?\d+\)")  # torch.distributed.elastic's own error log line
 
 
 def failure_summary_span(lines: Sequence[str]) -> tuple[int, int] | None:
     """``(first, last)`` indexes (inclusive) of torchrun's own report of the last failure in ``lines``:
-    its agent's "failed (exitcode: N)" line (else its ChildFailedError traceback) through the "===="
+    its agent's "failed (exitcode: N)" line and the agent's lines just above it (stopping the other
+    ranks; else its ChildFailedError traceback) through the "===="
     line that closes "Root Cause (first observed failure)"; None when ``lines`` hold no whole report.
     What a person reads a failed job's log for is above it: the rank's own traceback."""
     text = [ln.strip() for ln in lines]
@@ -203,6 +205,8 @@ def failure_summary_span(lines: Sequence[str]) -> tuple[int, int] | None:
         return None
     window = range(root - 1, max(-1, root - _TRACEBACK_LINES), -1)
     start = next((i for i in window if _AGENT_FAILED.search(text[i])), None)
+    while start is not None and start > 0 and _AGENT_LOG.match(text[start - 1]):
+        start -= 1  # the agent's lines just before it ("Sending process N closing signal SIGTERM")
     if start is None:
         wrapper = next((i for i in window if "ChildFailedError" in text[i]), None)
         if wrapper is None:

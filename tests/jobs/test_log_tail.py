@@ -27,6 +27,7 @@ Traceback (most recent call last):
 ValueError: bad shard shard-7"""
 # torchrun's report as torch 2.13 prints it (its traceback abridged to three frames).
 TORCHRUN = """\
+W1206 13:05:25.600000 22694 /venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 22702 closing signal SIGTERM
 E1206 13:05:25.684000 22694 /venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 22701) of binary: /venv/bin/python
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
@@ -60,7 +61,7 @@ def test_the_tail_ends_with_the_users_traceback_and_the_full_log_keeps_torchruns
 
     tail = training_job_log_tail(job=job)
     assert tail[:-1] == USER.splitlines()
-    assert tail[-1] == ("[trainboard] torchrun's failure report (21 lines) folded: the failed rank and its error "
+    assert tail[-1] == ("[trainboard] torchrun's failure report (22 lines) folded: the failed rank and its error "
                         "are in the failure reason; the full log has it")
     assert training_job_log_tail(job=job, lines=3) == lines[-3:]  # not the whole report: left as it is
     assert [line.text for line in training_job_log_lines(job=job)] == lines  # the full log: every line
