@@ -254,7 +254,8 @@ class JobStatus:
 
     state: JobState  # normalized state
     raw_state: str = ""  # the provider's own primary status string
-    secondary_state: str = ""  # the provider's finer status (e.g. SageMaker SecondaryStatus)
+    secondary_state: str = ""  # the provider's finer status (e.g. SageMaker SecondaryStatus); PAUSED for
+    # a job the provider paused (it keeps its state, shown "Paused" beside it, and can be resumed)
     failure_reason: str = ""  # provider's or trainer's message when FAILED (or why CANCELLED)
     started_at: dt.datetime | None = None  # when billable work began (UTC, aware)
     ended_at: dt.datetime | None = None  # when the job reached a terminal state (UTC, aware)
@@ -269,6 +270,12 @@ class JobStatus:
     # Trainboard may resubmit such a job from its checkpoint (docs/recovery.md). A job's own failure
     # (exit code ≠ 0, trainer error, time limit, out of memory) is never lost.
 
+
+PAUSED = "Paused"
+"""``JobStatus.secondary_state`` of a job its provider paused (Vertex AI's JOB_STATE_PAUSED: "stopped,
+and can be resumed"): not terminal, and no interruption — a job keeps the state it had (Trainboard has
+no paused state) and the job page shows it paused; the sync notes the pause and the resume on the
+timeline."""
 
 TAG_JOB_ID = "trainboard-job-id"
 """Tag (label) key under which :func:`jobs.adapters.job_spec` records the Trainboard job id."""

@@ -6,6 +6,7 @@ requesting user). Every row has an owner.
 
 from __future__ import annotations
 
+import urllib.parse
 from decimal import Decimal
 from pathlib import Path
 
@@ -930,17 +931,16 @@ class Webhook(Owned):
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return self.name or f"sweep-{self.pk}"
-
-    @property
-    def study_name(self) -> str:
-        """The Optuna study's name: ``trainboard-sweep-<id>``."""
-        return f"trainboard-sweep-{self.pk}"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.state in self.TERMINAL
-        return self.name or self.url
+        """Its name; unnamed, ``#<id> (<URL host>)``: the host only, as a URL's path or query may carry a
+        token (a Slack incoming webhook's does) and this text lands in page titles, messages and the
+        delivery admin."""
+        if self.name:
+            return self.name
+        try:
+            host = urllib.parse.urlsplit(str(self.url)).hostname or ""
+        except ValueError:  # an unparsable URL (the service refuses one; an old row may hold it)
+            host = ""
+        return f"#{self.pk} ({host})" if host else f"#{self.pk}"
 
 
 class WebhookDelivery(models.Model):

@@ -23,6 +23,7 @@ from django.db.models import Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
 from jobs import job_table
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
@@ -281,11 +282,18 @@ def training_job_straggler(*, job: TrainingJob,
 
 def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
     """The last ``lines`` log lines, oldest first, without the trainer's metric records (those are
-    the charts; as raw JSON they would crowd out what a person reads a log for)."""
+    the charts; as raw JSON they would crowd out what a person reads a log for). torchrun's own
+    report of a failure (its traceback and summary, ~40 lines after the rank's own traceback) is
+    folded into one line, so the tail ends with the user's traceback; the full log keeps it."""
     lines = max(int(lines), 0)
     texts = list(JobLogLine.objects.filter(job_id=job.pk).exclude(text__contains=METRIC_PREFIX)
                  .order_by("-seq").values_list("text", flat=True)[:lines])
     texts.reverse()
+    span = torchrun_log.failure_summary_span(texts)
+    if span is not None:
+        first, last = span
+        texts[first:last + 1] = [f"[trainboard] torchrun's failure report ({last - first + 1} lines) folded: the "
+                                 "failed rank and its error are in the failure reason; the full log has it"]
     return texts
 
 
@@ -835,13 +843,6 @@ def sweep_list_for_user(*, user, state: str | None = None) -> QuerySet[Sweep]:
     if state:
         qs = qs.filter(state=str(state).upper())
     return qs
-
-
-def sweep_jobs(*, sweep: Sweep) -> QuerySet[TrainingJob]:
-    """The trial jobs of ``sweep`` (visible to whoever may see the sweep), by trial number."""
-    return TrainingJob.objects.filter(sweep_id=sweep.pk).order_by("trial_number")
-
-
 
 
 # ---------------------------------------------------------------------------------------------

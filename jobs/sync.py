@@ -38,7 +38,8 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from cloud_adapters.base import Backend, BackendError, JobHandle, JobState, JobStatus
+from cloud_adapters import torchrun_log
+from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
 from jobs import admission, restarts
 from jobs import cost as costs
@@ -54,7 +55,7 @@ from jobs.models import (
     MetricPoint,
     TrainingJob,
 )
-from jobs.states import is_allowed, transition
+from jobs.states import is_allowed, note, transition
 from trainer_pkg.metrics import (
     GLOBAL_METRICS,
     MAX_USER_METRICS,
@@ -190,6 +191,20 @@ def _trainer_failure_reason(job: TrainingJob) -> str | None:
         if isinstance(reason, str) and reason.strip():
             return reason.strip()[:500]
     return None
+
+
+USER_ERROR_LINES = 400
+"""How many of a failed job's last stored log lines :func:`_user_code_failure` reads."""
+
+
+def _user_code_failure(job: TrainingJob) -> str:
+    """Where the user's code failed, from the end of the job's stored log (``train.py:3: SyntaxError:
+    invalid syntax`` and the source line: :func:`cloud_adapters.torchrun_log.user_code_error`); "" when
+    the log shows no traceback through the user's files. Read once, when the job is FAILED."""
+    texts = list(JobLogLine.objects.filter(job_id=job.pk).exclude(text__contains=METRIC_PREFIX)
+                 .order_by("-seq").values_list("text", flat=True)[:USER_ERROR_LINES])
+    texts.reverse()
+    return torchrun_log.user_code_error(texts)[:1000]
 
 
 TRAINING_EVENTS = frozenset({"started", "step", "epoch"})
@@ -352,9 +367,10 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime,
             f"The backend reported the job failed ({status.raw_state or 'no reason given'}).")
         # The trainer's own reason (a diverged loss) is what the user acts on; a cloud's reason is
         # generic ("exited with a non-zero status of 1"), so it follows as the detail.
-        trainer_reason = _trainer_failure_reason(job)
+        trainer_reason = _trainer_failure_reason(job) or _user_code_failure(job)
         if trainer_reason and trainer_reason not in reason:
-            reason = f"{trainer_reason} (the backend reported: {reason})"
+            first, _, source = trainer_reason.partition("\n")  # a user-code error's source line stays last
+            reason = f"{first} (the backend reported: {reason})" + (f"\n{source}" if source else "")
         fields["failure_reason"] = reason
     elif target == S.CANCELLED:
         fields["failure_reason"] = job.failure_reason or status.failure_reason or "Cancelled"
@@ -442,6 +458,7 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         return False
     figures = _attempt_figures(job, status, now)
     fields = {**_status_fields(job, status, now, figures), **read}
+    was_paused = job.secondary_state == PAUSED
     if fields.get("failure_reason"):
         # The GPU box's reason is the failed rank's error line, the user's code's own words.
         fields["failure_reason"] = mask(fields["failure_reason"])
@@ -477,7 +494,19 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         fields = {k: v for k, v in fields.items() if k not in ("ended_at", "failure_reason")}
         TrainingJob.objects.filter(pk=job.pk, state=job.state).update(**fields)
         job.refresh_from_db()
+    _note_pause(job, status, was_paused)
     return _enforce_budget(job)
+
+
+def _note_pause(job: TrainingJob, status: JobStatus, was_paused: bool) -> None:
+    """A note on the timeline when the provider paused the job (``secondary_state`` PAUSED) or resumed
+    it: the job keeps its state through both (a pause is no interruption, :data:`cloud_adapters.base.PAUSED`)."""
+    paused = status.secondary_state == PAUSED
+    if job.is_terminal or paused == was_paused:
+        return
+    raw = status.raw_state or "no state given"
+    note(job.pk, job.state, f"Paused by the provider ({raw}): not training until it is resumed" if paused
+         else f"Resumed by the provider ({raw})")
 
 
 def _enforce_budget(job: TrainingJob) -> bool:

@@ -671,9 +671,6 @@ def read_slurm(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalone
 # -- Kubernetes (Kubeflow Trainer) -----------------------------------------------------------------
 
 
-KUBERNETES_VARS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-
-
 def read_kubernetes(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalone: bool = False,
                     reason: str = "") -> LaunchPlan:
     """A pod of a Kubeflow Trainer ``TrainJob`` on the torch runtime (clouds.md §7).

@@ -21,7 +21,7 @@ the APIs the trainer calls, not runs on each older release.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import Mapping
 
 TorchVersion = tuple[int, int]  # (major, minor)
 
@@ -53,11 +53,6 @@ def requirements_text() -> str:
     """``"ddp needs torch ≥ 2.4, fsdp ≥ 2.6, pipeline ≥ 2.7"``."""
     parts = [f"{name} ≥ {version_text(v)}" for name, v in STRATEGY_MIN_TORCH.items()]
     return "torch " + ", ".join(parts) if parts else ""
-
-
-def strategies_for(version: TorchVersion | None, offered: Iterable[str]) -> tuple[str, ...]:
-    """The strategies of ``offered`` that torch ``version`` runs; all of them when it is unknown."""
-    return tuple(s for s in offered if version is None or version >= STRATEGY_MIN_TORCH.get(s, (0, 0)))
 
 
 def strategy_torch_error(strategy: str, torch_version: TorchVersion | str | None,

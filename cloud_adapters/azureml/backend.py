@@ -223,11 +223,6 @@ def init_from(config: Mapping[str, Any]) -> str:
     return str(train.get("init_from") or "") if isinstance(train, Mapping) else ""
 
 
-def timeout_iso(seconds: int) -> str:
-    """``PT2H`` for 7200: the ISO-8601 duration the service stores in ``limits.timeout`` (§3.2)."""
-    return f"PT{int(seconds)}S" if seconds % 3600 else f"PT{int(seconds) // 3600}H"
-
-
 class AzureMLBackend(CloudBackend):
     """Runs jobs as Azure ML command jobs; see the module docstring for what a job is made of.
 

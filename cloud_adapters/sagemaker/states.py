@@ -11,8 +11,9 @@ TrainingJobStatus (+ SecondaryStatus)                                  JobState
 =====================================================================  ============================
 InProgress + Starting, Pending, LaunchingMLInstances,                  PENDING
 PreparingTrainingStack, Downloading, DownloadingTrainingImage
-InProgress + Interrupted, Restarting, Updating                         PENDING (see below)
+InProgress + Interrupted, Restarting                                   PENDING (see below)
 InProgress + Training, Uploading                                       RUNNING
+InProgress + Updating                                                  the state of the status it updates
 Stopping                                                               STOPPING
 Completed                                                              SUCCEEDED
 Failed                                                                 FAILED, FailureReason
@@ -22,13 +23,22 @@ Deleting                                                               CANCELLED
 anything else                                                          PENDING + ``warning``
 =====================================================================  ============================
 
-Interrupted (a spot instance was reclaimed; SageMaker waits for capacity and restarts, clouds.md §1.2
-spot sequence) and Restarting are phases in which the job does not train: PENDING, which the
-dashboard's state machine takes from RUNNING as an interruption (RUNNING → PENDING, counted on the
-job page) and leaves again when Training resumes. Updating (an UpdateTrainingJob call, which
-Trainboard never makes) does not say whether training runs: PENDING, so a job that never trained
-is not reported RUNNING. An unknown value keeps the job non-terminal (PENDING, for the same
-reason) with a warning that names it: SageMaker documents the values as "subject to change".
+A restart phase after Training — Interrupted (a spot instance was reclaimed; SageMaker waits for
+capacity and restarts: Interrupted → Starting → Downloading → Training, clouds.md §1.2), Restarting,
+or Starting again (a retry of RetryStrategy: "when the job is retried, its SecondaryStatus is changed
+to Starting") — is PENDING: the dashboard's state machine takes RUNNING → PENDING as one
+interruption, counted on the job page, and the phases that follow until Training resumes are the
+same PENDING, so one restart counts once.
+
+Updating (UpdateTrainingJob: "a new Debugger profiling configuration or … warm pool retention
+length", which Trainboard never calls) and Uploading (training complete, model artifacts being
+uploaded) are no restart. Uploading is RUNNING; Updating is whatever the job was doing when the
+update began — RUNNING after Training or Uploading, PENDING before — read from
+``SecondaryStatusTransitions`` (the history of the job's secondary statuses, :func:`updated_status`).
+Without that history it is PENDING with a warning, which the sync never takes as an interruption of
+a running job. An unknown value keeps the job non-terminal (PENDING, so a job that never trained is
+not reported RUNNING) with a warning that names it: SageMaker documents the values as "subject to
+change".
 """
 
 from __future__ import annotations
@@ -45,7 +55,9 @@ STATES = StateTable(
         "InProgress": _PENDING,
         **{("InProgress", s): _PENDING for s in (
             "Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
-            "DownloadingTrainingImage", "Interrupted", "Restarting", "Updating")},
+            "DownloadingTrainingImage", "Interrupted", "Restarting")},
+        # Updating: the state of the status it updates (resolve); PENDING + warning without a history.
+        ("InProgress", "Updating"): _PENDING,
         ("InProgress", "Training"): _RUNNING,
         ("InProgress", "Uploading"): _RUNNING,
         "Stopping": JobState.STOPPING,
@@ -57,7 +69,9 @@ STATES = StateTable(
         "Deleting": JobState.CANCELLED,
     },
     warnings={"InProgress": ("SageMaker reported an unknown secondary status {secondary!r} for an InProgress "
-                             "job; shown as PENDING until it changes.")},
+                             "job; shown as PENDING until it changes."),
+              ("InProgress", "Updating"): ("SageMaker is updating the job (UpdateTrainingJob) and reports no "
+                                           "status before the update; its state is kept until the update ends.")},
     unknown=("SageMaker reported an unknown training job status {raw!r} (secondary {secondary!r}); the job "
              "stays non-terminal until a known status arrives."),
 )
@@ -109,6 +123,29 @@ def failure_reason(desc: Mapping[str, Any]) -> str:
     return _REASONS.get(raw, "")
 
 
+UPDATING = "Updating"
+
+
+def updated_status(desc: Mapping[str, Any]) -> str:
+    """The secondary status an ``Updating`` job of DescribeTrainingJob response ``desc`` was in when the
+    update began: the last ``SecondaryStatusTransitions`` item that is not Updating ("" when none)."""
+    for item in reversed(desc.get("SecondaryStatusTransitions") or []):
+        status = str((item or {}).get("Status") or "")
+        if status and status != UPDATING:
+            return status
+    return ""
+
+
+def resolve(raw: str, secondary: str, desc: Mapping[str, Any]) -> tuple[JobState, str]:
+    """``(state, warning)`` of ``raw`` / ``secondary`` (the module's table); an InProgress job that is
+    Updating takes the state of the status it updates (:func:`updated_status`)."""
+    if (raw, secondary) == ("InProgress", UPDATING):
+        before = updated_status(desc)
+        if before and ("InProgress", before) in STATES.states:
+            return STATES.states[("InProgress", before)], ""
+    return STATES.resolve(raw, secondary)
+
+
 def job_status(desc: Mapping[str, Any]) -> JobStatus:
     """The :class:`JobStatus` of one DescribeTrainingJob response (see the module's table).
 
@@ -119,7 +156,7 @@ def job_status(desc: Mapping[str, Any]) -> JobStatus:
     """
     raw = str(desc.get("TrainingJobStatus") or "")
     secondary = str(desc.get("SecondaryStatus") or "")
-    state, warning = STATES.resolve(raw, secondary)
+    state, warning = resolve(raw, secondary, desc)
     count = (desc.get("ResourceConfig") or {}).get("InstanceCount")
     return JobStatus(
         state=state,

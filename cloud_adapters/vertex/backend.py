@@ -86,8 +86,7 @@ PYTHON_MODULE = "trainer_pkg.launch"
 CONFIG_FILE = "trainboard_job.json"
 CHECKPOINT_SUBDIR = "checkpoints"  # AIP_CHECKPOINT_DIR = <base_output_directory>/checkpoints/ (clouds.md §2.3)
 
-LABEL_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")  # GCP label keys; values: [a-z0-9_-]{0,63}
-LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
+LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")  # GCP label values
 MAX_LABELS = 64  # GCP resource label limit
 DISPLAY_NAME_MAX = 128  # CustomJob.display_name, UTF-8 characters
 MAX_ENV = 100  # PythonPackageSpec.env entries (clouds.md §2.1)

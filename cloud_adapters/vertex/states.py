@@ -6,13 +6,14 @@ Values and meanings from ``aiplatform_v1.JobState`` (clouds.md §2.2 and the doc
 ===========================  ==========  ===================================================
 JobState                     JobState    why
 ===========================  ==========  ===================================================
-JOB_STATE_QUEUED             PENDING     created or resumed, processing not begun
-JOB_STATE_PENDING            PENDING     the service is preparing to run the job
+JOB_STATE_QUEUED             PENDING     created or resumed, processing not begun; RUNNING once the job
+                                         has run (``start_time`` set): a resumed job
+JOB_STATE_PENDING            PENDING     the service is preparing to run the job; RUNNING once it has run
 JOB_STATE_RUNNING            RUNNING
 JOB_STATE_UPDATING           RUNNING     + warning; "only RUNNING jobs can be updated; after updating the
                                          job goes back to RUNNING"
-JOB_STATE_PAUSED             PENDING     + warning; "stopped, and can be resumed": not terminal, and the
-                                         dashboard never moves a RUNNING job back, so it stays RUNNING
+JOB_STATE_PAUSED             PENDING     "stopped, and can be resumed": not terminal; RUNNING once it has
+                                         run; ``secondary_state`` PAUSED, so the page shows it paused
 JOB_STATE_CANCELLING         STOPPING    "may only go to SUCCEEDED, FAILED or CANCELLED"
 JOB_STATE_SUCCEEDED          SUCCEEDED
 JOB_STATE_FAILED             FAILED      reason = ``job.error`` (google.rpc.Status code + message)
@@ -24,6 +25,11 @@ JOB_STATE_CANCELLED          CANCELLED   (Vertex sets ``error.code`` 1 = CANCELL
 JOB_STATE_UNSPECIFIED, any   PENDING     + warning naming the value; the job stays non-terminal
 other value
 ===========================  ==========  ===================================================
+
+The dashboard never moves a RUNNING job back: a job that has run (Vertex AI sets ``start_time`` "when
+the job first entered RUNNING") and is paused, or resumed and queued again (PAUSED → QUEUED →
+PENDING → RUNNING), stays RUNNING — no interruption is counted — and shows the provider's state
+beside it (:data:`AFTER_RUN`).
 
 Vertex AI restarts a worker itself (VM maintenance, a non-zero exit it deems transient), and the whole
 job with ``restart_job_on_worker_restart``; Trainboard leaves those alone. A spot job that ends
@@ -50,7 +56,7 @@ import json
 import threading
 from typing import Any, Mapping
 
-from cloud_adapters.base import JobState, JobStatus, parse_utc
+from cloud_adapters.base import PAUSED, JobState, JobStatus, parse_utc
 from cloud_adapters.cloud import StateTable
 
 STATE_MAP: dict[str, JobState] = {
@@ -58,7 +64,7 @@ STATE_MAP: dict[str, JobState] = {
     "JOB_STATE_PENDING": JobState.PENDING,
     "JOB_STATE_RUNNING": JobState.RUNNING,
     "JOB_STATE_UPDATING": JobState.RUNNING,
-    "JOB_STATE_PAUSED": JobState.PENDING,
+    "JOB_STATE_PAUSED": JobState.PENDING,  # RUNNING once it has run (AFTER_RUN)
     "JOB_STATE_CANCELLING": JobState.STOPPING,
     "JOB_STATE_SUCCEEDED": JobState.SUCCEEDED,
     "JOB_STATE_FAILED": JobState.FAILED,
@@ -68,12 +74,15 @@ STATE_MAP: dict[str, JobState] = {
 }
 """Every named ``JobState`` except UNSPECIFIED (which warns) → the normalized state."""
 
+AFTER_RUN: dict[str, JobState] = dict.fromkeys(("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_PAUSED"),
+                                               JobState.RUNNING)
+"""States whose meaning differs once the job has run (``start_time`` set): paused, or resumed and
+waiting to run again — never a move back to PENDING, never an interruption."""
+
 STATES = StateTable(
     states=STATE_MAP,
     warnings={
         "JOB_STATE_UPDATING": "Vertex AI is updating the running job; shown as RUNNING until it returns to RUNNING.",
-        "JOB_STATE_PAUSED": ("Vertex AI reports the job paused (stopped, can be resumed); it stays non-terminal "
-                             "until it is resumed or cancelled."),
     },
     unknown="Vertex AI reported an unknown job state {raw!r}; the job stays non-terminal until a known state arrives.",
 )
@@ -197,6 +206,9 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
     ``provider_state`` as for :func:`state_name`."""
     raw = state_name(job, provider_state)
     state, warning = STATES.resolve(raw)
+    started = proto_time(getattr(job, "start_time", None))
+    if started is not None:
+        state = AFTER_RUN.get(raw, state)
     error = error_text(job)
     reason = ""
     if raw == "JOB_STATE_FAILED":
@@ -209,7 +221,6 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
     elif raw == "JOB_STATE_CANCELLED":
         reason = "cancelled in Vertex AI (CancelCustomJob)"
 
-    started = proto_time(getattr(job, "start_time", None))
     ended = proto_time(getattr(job, "end_time", None)) if state.is_terminal else None
     training = max(0.0, (ended - started).total_seconds()) if started and ended else None
     spot = is_spot(job)
@@ -217,7 +228,7 @@ def job_status(job: Any, provider_state: str | None = None) -> JobStatus:
         lost=raw == "JOB_STATE_FAILED" and spot and preempted(error),
         state=state,
         raw_state=raw,
-        secondary_state="",
+        secondary_state=PAUSED if raw == "JOB_STATE_PAUSED" else "",
         failure_reason=reason,
         started_at=started,
         ended_at=ended,

@@ -95,6 +95,29 @@ def test_detail_shows_the_delivery_log(user, job):
     assert "receiver says no" in row
 
 
+def test_an_unnamed_webhook_reads_as_its_id_and_host_not_a_sweep(user, job):
+    """Its page title, its edit page and the delivery admin's webhook column name it by id and URL
+    host, never the path (a token may live there); it has none of Sweep's members."""
+    import uuid
+
+    webhook, _ = services.webhook_create(owner=user, url="http://127.0.0.1:9/services/T0/B0/tok3n?x=1",
+                                         events=["job.failed"])
+    WebhookDelivery.objects.create(webhook=webhook, job=job, delivery_id=uuid.uuid4(), event="job.failed",
+                                   payload={"event": "job.failed"})
+    expected = f"#{webhook.pk} (127.0.0.1)"
+    assert str(webhook) == expected
+    assert str(Webhook(pk=8, url="not a url")) == "#8"
+    assert str(Webhook(pk=9, name="ci", url="http://127.0.0.1:9/x")) == "ci"
+    assert not hasattr(webhook, "study_name") and not hasattr(webhook, "is_terminal")
+    c = _web(user)
+    detail = c.get(reverse("webhook-detail", args=[webhook.pk])).content.decode()
+    assert f"<title>Webhook {expected} · Trainboard</title>" in detail and "sweep-" not in detail
+    assert f"Edit webhook {expected}</h1>" in c.get(reverse("webhook-edit", args=[webhook.pk])).content.decode()
+    admin_rows = c.get(reverse("admin:jobs_webhookdelivery_changelist")).content.decode()
+    assert f'<td class="field-webhook nowrap">{expected}</td>' in admin_rows and "sweep-" not in admin_rows
+    assert "tok3n" not in admin_rows
+
+
 def test_teammate_reads_a_team_webhook_and_cannot_change_it(people):
     webhook, secret = services.webhook_create(owner=people["alice"], url="http://127.0.0.1:9/t",
                                               events=["job.failed"], team=people["team"])

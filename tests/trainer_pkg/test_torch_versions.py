@@ -8,16 +8,13 @@ import torch
 
 from trainer_pkg import train as train_module
 from trainer_pkg.config import JobConfig
-from trainer_pkg.versions import STRATEGY_MIN_TORCH, parse_torch_version, strategies_for, strategy_torch_error
+from trainer_pkg.versions import STRATEGY_MIN_TORCH, parse_torch_version, strategy_torch_error
 
 
 def test_the_table_and_the_parser():
     assert STRATEGY_MIN_TORCH == {"ddp": (2, 4), "fsdp": (2, 6), "pipeline": (2, 7)}
     assert parse_torch_version("2.13.0+cpu") == (2, 13) and parse_torch_version("2-4") == (2, 4)
     assert parse_torch_version("latest") is None
-    assert strategies_for((2, 4), ("ddp", "fsdp", "pipeline")) == ("ddp",)
-    assert strategies_for((2, 6), ("ddp", "fsdp", "pipeline")) == ("ddp", "fsdp")
-    assert strategies_for(None, ("ddp", "fsdp")) == ("ddp", "fsdp")  # unknown: nothing refused
     assert strategy_torch_error("fsdp", "2.6.0") is None and strategy_torch_error("pipeline", None) is None
     assert strategy_torch_error("pipeline", "2.6.0+cu124", where="this image") == (
         "parallel.strategy pipeline needs torch ≥ 2.7 (torch.distributed.pipelining with scale_grads), but this "

@@ -7,7 +7,8 @@ import shlex
 from django import template
 from django.utils.html import format_html
 
-from jobs.models import TERMINAL_STATE_VALUES, JobStateChoices
+from cloud_adapters.base import PAUSED
+from jobs.models import JobStateChoices
 
 register = template.Library()
 
@@ -24,9 +25,13 @@ def state_badge(state: str) -> str:
 
 @register.simple_tag
 def job_state_badge(job) -> str:
-    """The job's state badge, followed by a "Stalled" badge (reason in its title) when the job is
-    past its state's deadline (``TrainingJob.stalled_at``)."""
+    """The job's state badge, followed by a "Paused" badge while its provider holds it paused
+    (``secondary_state`` :data:`~cloud_adapters.base.PAUSED`) and a "Stalled" badge (reason in its
+    title) when the job is past its state's deadline (``TrainingJob.stalled_at``)."""
     badge = state_badge(job.state)
+    if getattr(job, "secondary_state", "") == PAUSED and not job.is_terminal:
+        badge = format_html('{} <span class="badge state-paused" data-paused="1" title="{}">Paused</span>', badge,
+                            f"{job.raw_state}: paused by the provider, not training until it is resumed")
     if getattr(job, "stalled_at", None) and not job.is_terminal:
         return format_html('{} <span class="badge state-stalled" data-stalled="1" title="{}">Stalled</span>',
                            badge, job.stalled_reason or "Past this state's deadline")
@@ -50,11 +55,6 @@ def visible_to(backend, user) -> bool:
     from jobs.selectors import backend_list_for_user
 
     return backend_list_for_user(user=user).filter(pk=backend.pk).exists()
-
-
-@register.filter
-def is_terminal_state(state: str) -> bool:
-    return str(state) in TERMINAL_STATE_VALUES
 
 
 @register.filter

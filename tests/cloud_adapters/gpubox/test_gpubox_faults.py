@@ -120,12 +120,14 @@ Root Cause (first observed failure):
      .format(rank=0, code=1, traceback="To enable traceback see: ..."),
      "rank 1 (local rank 1) was killed by SIGKILL (exit code -9), usually the out-of-memory killer or an "
      "operator (check the machine's memory and `dmesg`); torchrun stopped the other ranks"),
-    # A user's script raised, without a rank prefix: its exception line, not torchrun's own wrapper.
+    # A user's script raised, without a rank prefix: its exception line, where its code raised it (the
+    # traceback's frame of the job's code/ directory), not torchrun's own wrapper.
     ("Traceback (most recent call last):\n  File \"/r/code/train.py\", line 3, in <module>\n"
      "ValueError: boom from my script\n"
      "E1201 17:03:21.303000 1 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 102)\n"
      + SUMMARY.format(rank=1, code=1, traceback="To enable traceback see: ..."),
-     "rank 1 (local rank 1) failed with exit code 1; the log's last error: ValueError: boom from my script"),
+     "rank 1 (local rank 1) failed with exit code 1; the log's last error: train.py:3: ValueError: boom from my "
+     "script"),
     # A script's argparse refusing its arguments (exit code 2).
     ("usage: train.py [-h] [--steps STEPS]\ntrain.py: error: unrecognized arguments: --nope\n"
      + SUMMARY.format(rank=0, code=2, traceback="To enable traceback see: ..."),

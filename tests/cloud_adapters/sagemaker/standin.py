@@ -32,6 +32,7 @@ import boto3
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.responses import EmptyResult
+from moto.core.utils import utcnow
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.models import sagemaker_backends
 from moto.sagemaker.responses import SageMakerResponse
@@ -118,10 +119,19 @@ def training_jobs() -> dict[str, Any]:
 
 
 def set_status(name: str, status: str, secondary: str) -> None:
-    """Put moto's job ``name`` in ``status`` / ``secondary`` (e.g. InProgress / Training)."""
+    """Put moto's job ``name`` in ``status`` / ``secondary`` (e.g. InProgress / Training); a new
+    secondary status is appended to ``SecondaryStatusTransitions`` (the previous one ended), as the
+    service keeps that history."""
     job = training_jobs()[name]
     job.training_job_status = status
+    if secondary != job.secondary_status:
+        now = dt.datetime.now(dt.timezone.utc)
+        history = list(job.secondary_status_transitions or [])
+        if history:
+            history[-1] = {**history[-1], "EndTime": now}
+        job.secondary_status_transitions = [*history, {"Status": secondary, "StartTime": now}]
     job.secondary_status = secondary
+    job.last_modified_time = utcnow()
 
 
 def status(name: str) -> str:

@@ -102,7 +102,6 @@ def test_stopped_after_max_runtime_through_the_api():
     ("InProgress", "DownloadingTrainingImage", JobState.PENDING),
     ("InProgress", "Interrupted", JobState.PENDING),
     ("InProgress", "Restarting", JobState.PENDING),
-    ("InProgress", "Updating", JobState.PENDING),
     ("InProgress", "Training", JobState.RUNNING),
     ("InProgress", "Uploading", JobState.RUNNING),
     ("Stopping", "Stopping", JobState.STOPPING),
@@ -122,6 +121,21 @@ def test_every_documented_status_maps_to_one_state(raw, secondary, state):
         assert status.failure_reason == "AlgorithmError: exit 1"
     if secondary == "MaxWaitTimeExceeded":
         assert status.failure_reason.startswith("MaxWaitTimeExceeded: the spot job did not finish")
+
+
+def test_updating_takes_the_state_of_the_status_it_updates():
+    """UpdateTrainingJob (profiler, warm pool) while the job trains: it goes on training; before it
+    trained, still PENDING; with no history to tell, PENDING with a warning (no interruption)."""
+    def updating(*history):
+        return job_status(describe_response(NAME, "InProgress", "Updating", SecondaryStatusTransitions=[
+            {"Status": s, "StartTime": T0} for s in history]))
+    assert (updating("Starting", "Downloading", "Training", "Updating").state, updating("Training", "Updating").warning) \
+        == (JobState.RUNNING, "")
+    assert updating("Training", "Uploading", "Updating").state is JobState.RUNNING
+    assert updating("Starting", "Updating").state is JobState.PENDING
+    assert updating("Training", "Interrupted", "Updating").state is JobState.PENDING
+    bare = updating()
+    assert bare.state is JobState.PENDING and "updating the job (UpdateTrainingJob)" in bare.warning
 
 
 def test_unknown_values_stay_non_terminal_with_a_warning():

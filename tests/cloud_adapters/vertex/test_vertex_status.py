@@ -45,7 +45,12 @@ def test_every_job_state_is_mapped():
     for name, state in expected.items():
         status = job_status(v1.CustomJob(state=v1.JobState[name]))
         assert (status.state, status.raw_state) == (state, name)
-        assert bool(status.warning) == (name in ("JOB_STATE_PAUSED", "JOB_STATE_UPDATING"))
+        assert bool(status.warning) == (name == "JOB_STATE_UPDATING")
+        assert status.secondary_state == ("Paused" if name == "JOB_STATE_PAUSED" else "")
+        # Once the job has run (start_time set), paused or resumed and queued again is still RUNNING.
+        ran = job_status(v1.CustomJob(state=v1.JobState[name], start_time={"seconds": 1_767_225_600}))
+        assert ran.state == (JobState.RUNNING if name in ("JOB_STATE_QUEUED", "JOB_STATE_PENDING",
+                                                          "JOB_STATE_PAUSED") else state), name
     unknown = job_status(v1.CustomJob(state=v1.JobState.JOB_STATE_UNSPECIFIED))
     assert unknown.state == JobState.PENDING and "unknown job state 'JOB_STATE_UNSPECIFIED'" in unknown.warning
     partial = job_status(v1.CustomJob(state=v1.JobState.JOB_STATE_PARTIALLY_SUCCEEDED,
