@@ -182,10 +182,23 @@ _MISSING = object()
 def _raised(exc: BaseException, context: str, code_dir: str, hint: str = "") -> UserCodeError:
     """The :class:`UserCodeError` for ``exc`` raised by the user's code while doing ``context``."""
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    message = f"{context} {type(exc).__name__}" + (f": {text}" if text else "")
+    message = f"{context} {type(exc).__name__}{_raised_at(exc, code_dir)}" + (f": {text}" if text else "")
     if len(message) > _MESSAGE_CHARS:
         message = message[:_MESSAGE_CHARS - 1] + "…"
     return UserCodeError(message + (f" ({hint})" if hint else ""), user_traceback(exc, code_dir))
+
+
+def _raised_at(exc: BaseException, code_dir: str) -> str:
+    """`` at pkg/mod.py:12 (helper)``: the innermost frame of the user's files in ``exc``'s traceback,
+    its path relative to ``code_dir``, so a failure reason says where without the log; "" when no
+    frame is the user's (a SyntaxError's own text already names its file and line)."""
+    root = os.path.realpath(resolve_code_dir(code_dir)) + os.sep if code_dir else None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename, root)]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    func = f" ({frame.name})" if frame.name and frame.name != "<module>" else ""
+    return f" at {_short_path(frame.filename, code_dir)}:{frame.lineno}{func}"
 
 
 def _is_users(filename: str, root: str | None) -> bool:

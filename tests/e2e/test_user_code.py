@@ -484,5 +484,6 @@ def test_an_import_error_in_the_users_model_fails_the_job_naming_the_rank(box, b
     assert took < 60, f"the job took {took:.0f} s to fail"
     reason = job.failure_reason
     assert re.match(r"trainer error: rank [01]: model\.entry_point broken\.net:build: importing broken\.net "
-                    r"raised ModuleNotFoundError: No module named 'tb_e2e_no_such_module'", reason), reason
+                    r"raised ModuleNotFoundError at broken/net\.py:2: No module named 'tb_e2e_no_such_module'",
+                    reason), reason
     _report(capsys, f"import-error job: {reason}", t0, [job])

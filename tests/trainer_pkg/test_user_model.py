@@ -207,7 +207,8 @@ RAISE_LINE = _LINES.index('    raise ValueError(f"cannot make {n} classes")') + 
      "model.entry_point tinyformer.broken:build: importing tinyformer.broken raised {syntax_error}",
      '  File "{code}/tinyformer/broken.py", line 3\n    return = width\nSyntaxError: invalid syntax\n'),
     ("tinyformer.needs_dep:build", {},
-     "model.entry_point tinyformer.needs_dep:build: importing tinyformer.needs_dep raised ModuleNotFoundError: "
+     "model.entry_point tinyformer.needs_dep:build: importing tinyformer.needs_dep raised ModuleNotFoundError at "
+     "tinyformer/needs_dep.py:1: "
      "No module named 'not_installed_pkg_xyz' (a package the code imports is not installed: list it in the "
      "archive's requirements.txt)",
      "Traceback (most recent call last):\n"
@@ -218,7 +219,7 @@ RAISE_LINE = _LINES.index('    raise ValueError(f"cannot make {n} classes")') + 
      "function: name a function that returns the torch.nn.Module", None),
     ("tinyformer.model:raises_inside", {},
      "model.entry_point tinyformer.model:raises_inside: raises_inside(num_classes=10, input_shape=(1, 8, 8), "
-     "**model.params) raised ValueError: cannot make 10 classes",
+     f"**model.params) raised ValueError at tinyformer/model.py:{RAISE_LINE} (helper): cannot make 10 classes",
      "Traceback (most recent call last):\n"
      f'  File "{{code}}/tinyformer/model.py", line {CALL_LINE}, in raises_inside\n    return helper(num_classes)\n'
      f'  File "{{code}}/tinyformer/model.py", line {RAISE_LINE}, in helper\n'
@@ -327,9 +328,11 @@ def test_a_forward_that_raises_shows_the_users_frames(code_dir, tinyformer):
     with pytest.raises(UserCodeError) as err:
         check_first_batch(model, torch.randn(4, 3, 7), num_classes=10, entry_point="tinyformer.model:build",
                           code_dir=str(code_dir))
-    assert str(err.value) == ("model.entry_point tinyformer.model:build: the model's forward on a first batch of "
-                              "shape (4, 3, 7) raised RuntimeError: shape '[4, 8, 8]' is invalid for input of size 84")
     line = _LINES.index("        return self.proj(x.reshape(x.shape[0], self.tokens, self.features)) + self.pos") + 1
+    # The reason names where in the user's files it raised (the log has the whole traceback)
+    assert str(err.value) == ("model.entry_point tinyformer.model:build: the model's forward on a first batch of "
+                              f"shape (4, 3, 7) raised RuntimeError at tinyformer/model.py:{line} (forward): "
+                              "shape '[4, 8, 8]' is invalid for input of size 84")
     shown = re.sub(r"\n *[~^]+ *(?=\n)", "", err.value.user_traceback)
     assert shown == ("Traceback (most recent call last):\n"
                      f'  File "{code_dir}/tinyformer/model.py", line {line}, in forward\n'
