@@ -148,6 +148,14 @@ LARGE_MODEL_SETTINGS = {"activation_checkpointing": "parallel", "cpu_offload": "
                         "checkpoint_format": "output", "max_steps": "train", "seq_len": "data"}
 
 
+JOB_FIELD_ALIASES = {"learning_rate": "lr", "model": "model_spec", "model_id": "model_spec",
+                     "dataset_id": "dataset", "backend_id": "backend", "world_size": "procs_per_node",
+                     "num_nodes": "nodes", "hparams": "hyperparameters", "config": "hyperparameters"}
+"""Other spellings of the job create's argument names a caller may guess (the trainer's flags, other
+tools' names), so an unknown key is answered with the name it meant
+(:func:`jobs.validation.unknown_fields`)."""
+
+
 def _large_model_sections(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``{"parallel": {...}, "output": {...}, ...}`` of the large-model ``settings`` that were given
     (None: the JobConfig default), to merge into a job's config."""
