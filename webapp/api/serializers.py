@@ -208,8 +208,9 @@ class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = ["id", "name", "description", "format", "builtin_name", "uri", "label_column", "team",
-                  "sample_shape", "num_classes", "summary", "created_at", "updated_at"]
-        read_only_fields = ["id", "sample_shape", "num_classes", "summary", "created_at", "updated_at"]
+                  "sample_shape", "num_classes", "num_samples", "val_samples", "summary", "created_at", "updated_at"]
+        read_only_fields = ["id", "sample_shape", "num_classes", "num_samples", "val_samples", "summary",
+                            "created_at", "updated_at"]
 
     def create(self, validated_data: dict[str, Any]) -> Dataset:
         # The model's default applies when the request leaves the format out (the service wants one).
