@@ -77,8 +77,9 @@ class SweepCreateSerializer(ServiceSerializerMixin, serializers.Serializer):
 
     name = TextField(max_length=200)
     team = serializers.IntegerField(required=False, allow_null=True, default=None)
-    base = serializers.JSONField(help_text='The job each trial starts from: {"dataset": id, "model_spec": id, '
-                                           '"backend": id, "epochs": 2, ...} (the fields of POST /api/jobs/).')
+    base = serializers.JSONField(help_text='The job each trial starts from: {"dataset": id or name, "model_spec": '
+                                           'id or name, "backend": id or name, "epochs": 2, ...} (the fields of '
+                                           'POST /api/jobs/).')
     search_space = serializers.JSONField(help_text=f"Dotted config key → distribution, e.g. {sweeps.SPACE_EXAMPLE}")
     sampler = TextField(default="tpe", help_text="grid, random or tpe.")
     seed = serializers.JSONField(default=0)

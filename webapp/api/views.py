@@ -367,7 +367,8 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
     @extend_schema(
         summary="A new job like this one, with edits; or continue / fine-tune from it",
         description="The body holds overrides with the job create's field names (every one optional; "
-                    "`hyperparameters` is deep-merged over the job's), and `init_mode`: `continue` (resume this "
+                    "`hyperparameters` is deep-merged over the job's; `dataset`, `model_spec` and `backend` by "
+                    "id or name; an unknown key is a 400 on that key), and `init_mode`: `continue` (resume this "
                     "job's last checkpoint and train to the new `epochs`) or `finetune` (its trained weights, a "
                     "new optimizer, epoch 0). The new job is yours (a teammate may clone a team job); `cloned_from` "
                     "is this job. 400 lists every error at once; nothing is created then.",
