@@ -532,21 +532,34 @@ def owned(errors: Errors, field: str, model: type, value: Any, owner: Any, label
 
 def _owned_by_name(errors: Errors, field: str, model: type, name: str, owner: Any, label: str) -> Any:
     shown = _printable(name[:100])
-    rows = [] if text_problem(name) is not None else list(  # PostgreSQL refuses a NUL even in a query
-        usable_rows(model, owner).filter(name=name).select_related("team").order_by("pk")[:MAX_SAME_NAME_SHOWN + 1])
-    if not rows:
-        errors.add(field, f"No {label} named {shown!r} that you can use: GET /api/{label}s/ lists yours (give its "
-                          f"name or id).")
+    return named_row(errors, field, usable_rows(model, owner), name, owner, label, missing=(
+        f"No {label} named {shown!r} that you can use: GET /api/{label}s/ lists yours (give its name or id)."))
+
+
+def named_row(errors: Errors, field: str, rows: Any, name: str, owner: Any, label: str, *, missing: str) -> Any:
+    """The one row of queryset ``rows`` (those ``owner`` may use) named ``name``; else None, with
+    ``missing`` on ``field`` when none is, or, when several are (your own and a team's), an error
+    listing their ids to give instead. Shared by the API's name-or-id (:func:`owned`) and
+    ``manage.py submit_job``."""
+    found = [] if text_problem(name) is not None else list(  # PostgreSQL refuses a NUL even in a query
+        rows.filter(name=name).order_by("pk")[:MAX_SAME_NAME_SHOWN + 1])
+    if not found:
+        errors.add(field, missing)
         return None
-    if len(rows) > 1:
+    if len(found) > 1:
         owner_pk = getattr(owner, "pk", None)
-        ids = ", ".join(f"{row.pk} ({'yours' if row.owner_id == owner_pk else f'team {row.team.name}'})"
-                        for row in rows[:MAX_SAME_NAME_SHOWN])
-        more = "" if len(rows) <= MAX_SAME_NAME_SHOWN else ", ..."
-        errors.add(field, f"{len(rows) if not more else 'More than ' + str(MAX_SAME_NAME_SHOWN)} {label}s named "
-                          f"{shown!r} that you can use: ids {ids}{more}; give the id of the one you mean.")
+
+        def whose(row: Any) -> str:
+            team = getattr(row, "team", None)
+            return "yours" if getattr(row, "owner_id", None) == owner_pk or team is None else f"team {team.name}"
+
+        ids = ", ".join(f"{row.pk} ({whose(row)})" for row in found[:MAX_SAME_NAME_SHOWN])
+        count = f"More than {MAX_SAME_NAME_SHOWN}" if len(found) > MAX_SAME_NAME_SHOWN else str(len(found))
+        more = ", ..." if len(found) > MAX_SAME_NAME_SHOWN else ""
+        errors.add(field, f"{count} {label}s named {_printable(name[:100])!r} that you can use: ids {ids}{more}; give "
+                          f"the id of the one you mean.")
         return None
-    return rows[0]
+    return found[0]
 
 
 def member_team(errors: Errors, value: Any, owner: Any):

@@ -56,6 +56,14 @@ def test_a_read_only_field_sent_back_is_ignored_not_refused(api_client, digits_d
     assert Dataset.objects.get().description == "8×8 digits"
 
 
+def test_a_form_bodys_csrf_token_is_no_unknown_field(owner_client):
+    """The browsable API's HTML forms post the CSRF token with the fields."""
+    response = owner_client.post("/api/datasets/", {"name": "d2", "format": "builtin", "builtin_name": "digits",
+                                                    "csrfmiddlewaretoken": "x" * 32})
+    assert response.status_code == 201, response.content
+    assert Dataset.objects.filter(name="d2").exists()
+
+
 @pytest.fixture
 def webhook(user, settings):
     settings.TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]

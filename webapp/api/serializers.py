@@ -28,6 +28,10 @@ from trainer_pkg.registry import ARCHITECTURES, CUSTOM
 from webapp.errors import to_drf_validation_error, trial_call
 
 
+FORM_TRANSPORT_KEYS = frozenset({"csrfmiddlewaretoken"})
+"""Keys a form body carries that are no field (the browsable API's forms post the CSRF token)."""
+
+
 class KnownFieldsMixin:
     """A request body's keys must be the serializer's fields: an unknown one (``lerning_rate``,
     ``model`` for ``model_spec``) is a 400 on that key, with the name it likely meant
@@ -48,7 +52,7 @@ class KnownFieldsMixin:
         """``{key: [message]}`` for the keys of ``data`` that are no field of this serializer."""
         errors = validation.Errors()
         writable = [name for name, field in self.fields.items() if not field.read_only]
-        unknown = [key for key in data if key not in self.fields]
+        unknown = [key for key in data if key not in self.fields and key not in FORM_TRANSPORT_KEYS]
         validation.unknown_fields(errors, unknown, writable, what=self.known_fields_what,
                                   aliases=self.field_aliases, hints=self.field_hints)
         return errors
