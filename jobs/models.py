@@ -143,6 +143,15 @@ class Dataset(Owned):
         help_text="Classes of the labels, or a token dataset's vocabulary size (the model's output width, which "
                   "the memory plan counts), read when the dataset was saved; null when not read (a cloud URI).")
 
+    num_samples = models.PositiveIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="Samples in the data, its own validation split included, counted when the dataset was saved; "
+                  "null when not counted (a cloud URI, a CSV too large to read whole, a webdataset, token data).")
+    val_samples = models.PositiveIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="Samples of the data's own validation split (an NPZ's x_val, an ImageFolder's val/); null when "
+                  "the trainer holds out data.val_fraction of num_samples instead.")
+
     @property
     def sample_shape_text(self) -> str:
         """One sample's shape for people: "1 × 8 × 8", "16", "3 × H × W" (an ImageFolder's size is the

@@ -35,15 +35,17 @@ Usage::
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
 import sys
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
+from django.db.models import Q
 
 from jobs import cost as costs
 from jobs.models import Team
@@ -245,6 +247,38 @@ class Errors(dict):
     def raise_if_any(self) -> None:
         if self:
             raise ValidationError(dict(self))
+
+
+MAX_UNKNOWN_FIELDS = 20
+"""Unknown keys of one request reported at most (a body of 10,000 junk keys gives 20 errors)."""
+
+
+def unknown_fields(errors: Errors, given: Iterable[Any], known: Iterable[str], *, what: str,
+                   aliases: Mapping[str, str] | None = None, hints: Mapping[str, str] | None = None) -> list[str]:
+    """Add an error on each key of ``given`` (a request body's keys) that is not in ``known``, keyed
+    by that key (cut to 100 characters; at most :data:`MAX_UNKNOWN_FIELDS` of them), and return them,
+    sorted: a misspelt key must not be dropped silently and the request run on the defaults.
+
+    Each message names the key and what to send instead: ``hints[key]`` when given (a key that
+    belongs elsewhere, e.g. ``max_steps`` inside ``hyperparameters``), else the closest known name
+    (:func:`difflib.get_close_matches`; ``aliases`` maps other spellings to a known name, so
+    ``lerning_rate`` finds ``learning_rate`` → ``lr``), else every known name, e.g. ``"Unknown
+    field 'lerning_rate'. Did you mean 'lr'?"``. ``what``: who takes the fields, for the last form
+    ("a job takes name, dataset, ...")."""
+    known = list(known)
+    aliases = dict(aliases or {})
+    names = {name: name for name in known} | {alias: name for alias, name in aliases.items() if name in known}
+    unknown = sorted((key for key in given if key not in known), key=str)
+    for key in unknown[:MAX_UNKNOWN_FIELDS]:
+        text = _printable(str(key)[:100])
+        if hints and key in hints:
+            message = f"Unknown field {text!r}: {hints[key]}"
+        elif close := difflib.get_close_matches(str(key).lower(), list(names), n=1):
+            message = f"Unknown field {text!r}. Did you mean {names[close[0]]!r}?"
+        else:
+            message = f"Unknown field {text!r}: {what} takes {', '.join(known)}."
+        errors.add(text, message)
+    return unknown
 
 
 def merge_later(errors: Errors, later: Errors, flagged: set[str]) -> None:
@@ -454,15 +488,33 @@ def update_row(instance: Any, fields: Mapping[str, Any], *, allowed: set[str], v
     return instance
 
 
+def usable_rows(model: type, owner: Any):
+    """The rows of ``model`` (an Owned model) that ``owner`` may use: theirs, or shared with a team
+    they are a member of (a teammate may launch on a team's backend, dataset and model)."""
+    owner_pk = getattr(owner, "pk", None)
+    if owner_pk is None:
+        return model.objects.none()
+    return model.objects.filter(Q(owner_id=owner_pk) | Q(team_id__in=Team.objects.filter(
+        members__pk=owner_pk).values("pk")))
+
+
+MAX_SAME_NAME_SHOWN = 10
+"""Rows of one name an ambiguity error lists at most."""
+
+
 def owned(errors: Errors, field: str, model: type, value: Any, owner: Any, label: str) -> Any:
-    """``value`` (an instance or a pk) when it exists and ``owner`` may use it: it is theirs, or it is
-    shared with a team they are a member of (a teammate may launch on a team's backend, dataset and
-    model). Else an error on ``field`` (a pk that is not an integer is the same error, not a crash)."""
+    """``value`` (an instance, a pk, or a name) when it exists and ``owner`` may use it
+    (:func:`usable_rows`). Else an error on ``field`` (a pk that is not an integer is the same error,
+    not a crash).
+
+    A name (text that is not all digits) is looked up among the rows ``owner`` may use only, as the
+    CLI names them: none is "No dataset named 'x' that you can use" (another user's row of that name
+    is not told apart from none), and one name given to several (your own and a team's) is an error
+    listing their ids, to give one of them instead. ``label``: what the error calls the row
+    (``dataset``, ``model``, ``backend``; ``GET /api/<label>s/`` lists them)."""
     obj = value
     if isinstance(value, str) and value.strip() and not value.strip().isdigit():
-        errors.add(field, f"Choose one of your {label}s by its id (a number; GET /api/{label}s/ lists them), "
-                          f"not {value!r}.")
-        return None
+        return _owned_by_name(errors, field, model, value.strip(), owner, label)
     if not isinstance(value, model):
         try:
             obj = model.objects.filter(pk=int(value)).first() if value not in (None, "") else None
@@ -476,6 +528,38 @@ def owned(errors: Errors, field: str, model: type, value: Any, owner: Any, label
         errors.add(field, f"Choose one of your {label}s; this one does not exist or is not yours.")
         return None
     return obj
+
+
+def _owned_by_name(errors: Errors, field: str, model: type, name: str, owner: Any, label: str) -> Any:
+    shown = _printable(name[:100])
+    return named_row(errors, field, usable_rows(model, owner), name, owner, label, missing=(
+        f"No {label} named {shown!r} that you can use: GET /api/{label}s/ lists yours (give its name or id)."))
+
+
+def named_row(errors: Errors, field: str, rows: Any, name: str, owner: Any, label: str, *, missing: str) -> Any:
+    """The one row of queryset ``rows`` (those ``owner`` may use) named ``name``; else None, with
+    ``missing`` on ``field`` when none is, or, when several are (your own and a team's), an error
+    listing their ids to give instead. Shared by the API's name-or-id (:func:`owned`) and
+    ``manage.py submit_job``."""
+    found = [] if text_problem(name) is not None else list(  # PostgreSQL refuses a NUL even in a query
+        rows.filter(name=name).order_by("pk")[:MAX_SAME_NAME_SHOWN + 1])
+    if not found:
+        errors.add(field, missing)
+        return None
+    if len(found) > 1:
+        owner_pk = getattr(owner, "pk", None)
+
+        def whose(row: Any) -> str:
+            team = getattr(row, "team", None)
+            return "yours" if getattr(row, "owner_id", None) == owner_pk or team is None else f"team {team.name}"
+
+        ids = ", ".join(f"{row.pk} ({whose(row)})" for row in found[:MAX_SAME_NAME_SHOWN])
+        count = f"More than {MAX_SAME_NAME_SHOWN}" if len(found) > MAX_SAME_NAME_SHOWN else str(len(found))
+        more = ", ..." if len(found) > MAX_SAME_NAME_SHOWN else ""
+        errors.add(field, f"{count} {label}s named {_printable(name[:100])!r} that you can use: ids {ids}{more}; give "
+                          f"the id of the one you mean.")
+        return None
+    return found[0]
 
 
 def member_team(errors: Errors, value: Any, owner: Any):

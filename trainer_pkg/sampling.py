@@ -50,6 +50,17 @@ class ShardOrder:
         return (f"train.batch_size {self.batch_size} is larger than the {self.shard} samples each "
                 f"pipeline reads per epoch; use a smaller batch size")
 
+    def small_batch_note(self) -> str | None:
+        """What a rank trains when ``batch_size`` is larger than its shard (the dashboard refuses that
+        where it knows the data's size; it does not for a cloud URI), or None when a batch fits: the
+        job's log then says the batch it really used, not the one it was given."""
+        if self.batch_size <= self.shard or self.batches == 0:
+            return None
+        ranks = f"{self.n:,} training samples over {self.dp_size} data-parallel rank{'s' if self.dp_size != 1 else ''}"
+        return (f"train.batch_size {self.batch_size:,} is larger than the {self.shard:,} samples each rank reads per "
+                f"epoch ({ranks}): each epoch is one batch of {self.shard:,} samples per rank; a batch size of at "
+                f"most {self.shard:,} trains on full batches")
+
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for ``epoch`` in training order, (ceil(n / dp_size),) int64:
         the sampler reshuffled for the epoch (``set_epoch``), the same on every rank of a unit."""

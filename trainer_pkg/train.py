@@ -1018,6 +1018,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
         strategy = make_strategy(cfg, model, device)
         optimizer = _make_optimizer(strategy.parameters(), t)
         shard = make_shard(data, strategy, cfg)
+        if isinstance(getattr(shard, "order", None), ShardOrder) and (note := shard.order.small_batch_note()):
+            _log(topo, f"warning: {note}")  # the batch really used, where the dashboard could not refuse it
         total_steps = planned_steps(t, shard.batches)
         ckpt_label = t.init_from if init is not None and ckpt is init else ckpt_path  # what errors and logs name
         scheduler = maybe_resume(ckpt, ckpt_label, strategy, optimizer, t, total_steps)

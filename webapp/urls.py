@@ -3,7 +3,9 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
+from django.views import defaults
 from django.views.generic import RedirectView
 
 from webapp import metrics, views, views_artifacts, views_compare, views_experiments, views_notifications, views_staff, views_sweeps
@@ -68,3 +70,15 @@ urlpatterns = [
     path("api/", include("webapp.api.urls")),
     path("admin/", admin.site.urls),
 ]
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """A 404 for a path no route matches (and any Http404 outside DRF's views): under /api/ JSON as
+    the API's own 404s (``{"detail": ...}``), for a script that parses every answer; else the page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": f"Not found: no API endpoint at {request.path[:200]}. GET /api/ lists the "
+                                       f"endpoints; /api/schema/ describes them."}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+handler404 = not_found

@@ -24,13 +24,17 @@ MODE_LABELS = {"": "New job like", "continue": "Continue", "finetune": "Fine-tun
 
 def clone_source(request: HttpRequest) -> tuple[TrainingJob | None, str]:
     """The job named by ``?from=`` (404 when the user cannot see it or the id is no number) and the
-    mode named by ``?mode=`` ("" / continue / finetune; another value is a 404 too)."""
+    mode named by ``?mode=`` ("" / continue / finetune; another value is a 404 saying which modes there are)."""
     raw = request.GET.get("from")
     if raw in (None, ""):
         return None, ""
     mode = request.GET.get("mode", "")
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18 or mode not in MODES:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         raise Http404("No such job.")
+    if mode not in MODES:
+        raise Http404(f"No such mode {mode[:40]!r}: open the form with mode=continue (resume the job's last "
+                      f"checkpoint) or mode=finetune (start from its trained weights), or without mode for a new "
+                      f"job like it.")
     job = (selectors.training_job_list_for_user(user=request.user)
            .select_related("dataset", "model_spec", "backend", "team").filter(pk=int(raw)).first())
     if job is None:

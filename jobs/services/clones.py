@@ -20,6 +20,7 @@ from jobs import validation
 from jobs.models import ModelSpec, TrainingJob
 from jobs.services.training_jobs import (
     INIT_FIELDS,
+    JOB_FIELD_ALIASES,
     _deep_merge,
     _hyperparameters,
     job_base_config,
@@ -141,11 +142,8 @@ def _check_overrides(errors: Errors, overrides: Any) -> dict[str, Any]:
     if not isinstance(overrides, Mapping):
         errors.add(ALL, "Overrides must be an object of job fields, e.g. {\"epochs\": 5, \"lr\": 0.01}.")
         return {}
-    known = set(CLONE_FIELDS) | {"init_mode"}
-    for key in overrides:
-        if key not in known:
-            errors.add(str(key)[:100], f"Unknown field {str(key)[:100]!r}: a clone takes the job create's fields "
-                                       f"({', '.join(sorted(known))}).")
+    known = (*CLONE_FIELDS, "init_mode")
+    validation.unknown_fields(errors, overrides, known, what="a clone", aliases=JOB_FIELD_ALIASES)
     given = {k: v for k, v in overrides.items() if k in known}
     for key in [k for k in _NOT_NULL_FIELDS if k in given and given[k] is None]:
         errors.add(key, f"{key.replace('_', ' ').capitalize()} may not be null: give a value, or leave the key "

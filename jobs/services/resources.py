@@ -70,7 +70,8 @@ def _validate_dataset(errors: Errors, dataset: Dataset) -> None:
         errors.add("name", f"You already have a dataset named {dataset.name}; choose another name.")
     if dataset.team_id is not None and not dataset.team.members.filter(pk=dataset.owner_id).exists():
         errors.add("team", "Choose one of your teams; you are not a member of this one.")
-    dataset.sample_shape = dataset.num_classes = None  # a cloud URI is not read here: its shape is not known
+    # a cloud URI is not read here: its shape and size are not known
+    dataset.sample_shape = dataset.num_classes = dataset.num_samples = dataset.val_samples = None
     dataset.summary = ""
     if dataset.format == Dataset.Format.BUILTIN:
         known = get_args(BuiltinDataset)
@@ -104,8 +105,10 @@ def _validate_dataset(errors: Errors, dataset: Dataset) -> None:
 
 def _keep_info(dataset: Dataset, info: DatasetInfo) -> None:
     """What :func:`inspect_dataset` read, stored on the row: the sample's shape, the classes (or the
-    vocabulary) and the one-line summary (cut to the field's 500 characters)."""
+    vocabulary), the samples counted (and those of its own validation split) and the one-line
+    summary (cut to the field's 500 characters)."""
     dataset.sample_shape, dataset.num_classes = list(info.sample_shape), info.classes
+    dataset.num_samples, dataset.val_samples = info.samples, info.val_samples
     limit = Dataset._meta.get_field("summary").max_length
     dataset.summary = info.summary if len(info.summary) <= limit else info.summary[:limit - 1] + "…"
 

@@ -45,7 +45,8 @@ from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.memory_plan import MemoryPlan, PlanError
 from trainer_pkg.memory_plan import plan as memory_plan
 from trainer_pkg.registry import CUSTOM, TOKENS_FORMAT, check_input_shape, seq_len_for, validate_model_params
-from trainer_pkg.world_shape import config_errors, describe_world, shape_errors
+from trainer_pkg.datasets import held_out, train_split_size
+from trainer_pkg.world_shape import config_errors, describe_world, pipeline_stage_count, shape_errors
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,14 @@ _CONFIG_FIELD_TO_ARG = {
 # The large-model settings the form and the API take as arguments (the config's own names), by section.
 LARGE_MODEL_SETTINGS = {"activation_checkpointing": "parallel", "cpu_offload": "parallel",
                         "checkpoint_format": "output", "max_steps": "train", "seq_len": "data"}
+
+
+JOB_FIELD_ALIASES = {"learning_rate": "lr", "model": "model_spec", "model_id": "model_spec",
+                     "dataset_id": "dataset", "backend_id": "backend", "world_size": "procs_per_node",
+                     "num_nodes": "nodes", "hparams": "hyperparameters", "config": "hyperparameters"}
+"""Other spellings of the job create's argument names a caller may guess (the trainer's flags, other
+tools' names), so an unknown key is answered with the name it meant
+(:func:`jobs.validation.unknown_fields`)."""
 
 
 def _large_model_sections(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -503,6 +512,8 @@ def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: s
     # has no model of ours to fit; a custom model passes the registry's rule (its shapes are known
     # only once its entry point runs: the trainer checks the first batch).
     fits = is_script or _check_model_fits_dataset(later, config, dataset, model_spec, overridden)
+    if not is_script:  # a script reads its own batch size
+        _check_batch_fits_dataset(later, config, dataset, overridden)
 
     # The frozen config is the truth; the row's shape columns mirror it (overrides included).
     strategy, nodes, procs_per_node = config.parallel.strategy, config.parallel.nodes, config.parallel.procs_per_node
@@ -672,6 +683,46 @@ def _fingerprint(config: JobConfig) -> dict[str, Any] | None:
     return dataset_fingerprint(format=data.format, uri=data.uri, builtin_name=data.name)
 
 
+def _reads_dataset(config: JobConfig, dataset: Dataset) -> bool:
+    """Whether the job's ``data`` section still reads ``dataset`` (the overrides may point it at other
+    data, whose shape and size the dataset row does not describe)."""
+    data = config.data
+    return (data.format, data.uri) == (dataset.format, dataset.uri) and (
+        dataset.format != Dataset.Format.BUILTIN or data.name == dataset.builtin_name)
+
+
+def _check_batch_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, overridden: set[str]) -> None:
+    """An error on ``batch_size`` (``hyperparameters`` when they set it) when one step takes more
+    samples than the training split holds: ``train.batch_size`` × the data-parallel ranks (a
+    pipeline's replicas) > the dataset's training samples (:func:`trainer_pkg.datasets.train_split_size`
+    of the samples counted when it was saved, ``data.val_fraction`` held out). Such a job trains one
+    smaller batch per rank an epoch and "succeeds" having learnt little, so it is refused with the
+    arithmetic. Not checked when the size is not known (a cloud URI, a large CSV, token data): the
+    trainer then logs the batch it really used (``ShardOrder.small_batch_note``). Coded
+    :data:`jobs.validation.WHOLE_INPUT`: worked out from the shape and the dataset together."""
+    if dataset.num_samples is None or not _reads_dataset(config, dataset):
+        return
+    data, p, batch = config.data, config.parallel, config.train.batch_size
+    train = train_split_size(dataset.num_samples, dataset.val_samples, data.val_fraction)
+    world = p.world_size
+    ranks = max(world // pipeline_stage_count(p, world), 1) if p.strategy == "pipeline" else world
+    if batch * ranks <= train:
+        return
+    if dataset.val_samples is not None:
+        split = f"{dataset.num_samples:,} less its {dataset.val_samples:,} validation samples"
+    else:
+        split = (f"{dataset.num_samples:,} less {held_out(dataset.num_samples, data.val_fraction):,} held out for "
+                 f"validation, data.val_fraction {data.val_fraction:g}")
+    most = train // ranks
+    fix = (f"use a batch size of at most {most:,}" + (" or fewer ranks" if ranks > 1 else "")) if most >= 1 else \
+        f"use at most {train:,} data-parallel ranks, or more data"
+    message = (f"Batch size {batch:,} × {ranks} data-parallel rank{'s' if ranks != 1 else ''} = {batch * ranks:,} "
+               f"samples per step exceeds the {train:,} training samples of dataset {dataset.name} ({split}): each "
+               f"epoch would be one smaller batch per rank; {fix}.")
+    errors.add(_config_error_field("train.batch_size", overridden),
+               ValidationError(message, code=validation.WHOLE_INPUT))
+
+
 def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,
                               overridden: set[str]) -> bool:
     """False, with an error (on ``model_spec``, or ``hyperparameters`` when they chose the
@@ -682,9 +733,7 @@ def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     model's context length) long, at most that context length. Not checked when the shape is unknown
     (a cloud URI) for a classifier, or when the overrides point the job at other data."""
     data = config.data
-    same_data = (data.format, data.uri) == (dataset.format, dataset.uri) and (
-        dataset.format != Dataset.Format.BUILTIN or data.name == dataset.builtin_name)
-    if not same_data:
+    if not _reads_dataset(config, dataset):
         return True
     shape = dataset.sample_shape
     if shape is None and data.format != TOKENS_FORMAT and config.model.arch != "gpt":

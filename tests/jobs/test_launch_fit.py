@@ -50,7 +50,7 @@ def test_a_local_dataset_on_sagemaker_is_refused_once_in_the_services_words(user
     np.savez(path, x_train=rng.random((20, 1, 8, 8), dtype=np.float32), y_train=np.arange(20) % 2)
     local = services.dataset_create(owner=user, name="local-images", format="npz", uri=str(path))
     with pytest.raises(ValidationError) as excinfo:
-        _launch(user, local, cnn_model, sagemaker_backend)
+        _launch(user, local, cnn_model, sagemaker_backend, batch_size=8)  # 8 of its 16 training samples
     assert excinfo.value.message_dict == {"dataset": [
         f"Dataset local-images ({path}) cannot be read by an AWS SageMaker backend: it reads s3://, not local "
         f"paths. Choose a dataset stored where this backend reads, or a backend that reads local paths."]}

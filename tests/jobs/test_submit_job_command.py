@@ -114,6 +114,23 @@ def test_other_users_objects_are_not_found(ready, other_user):
     assert code == 2 and "you have no dataset named 'digits' (yours: none yet)" in err
 
 
+def test_a_name_both_yours_and_a_teams_is_refused_with_the_ids(ready, user, other_user, digits_dataset):
+    """Issue 27: the CLI resolves a name as the API does (jobs.validation.named_row), not the first match."""
+    from jobs.models import Team
+
+    team = Team.objects.create(name="vision")
+    team.members.add(user, other_user)
+    theirs = services.dataset_create(owner=other_user, name="digits", format="builtin", builtin_name="digits",
+                                     team=team)
+    code, _, err = run(*BASE)
+    assert code == 2
+    assert (f"--dataset: 2 datasets named 'digits' that you can use: ids {digits_dataset.pk} (yours), {theirs.pk} "
+            f"(team vision); give the id of the one you mean.") in err
+    assert TrainingJob.objects.count() == 0
+    code, out, _ = run(*BASE, "--dataset", str(theirs.pk), "--json")  # later flags win
+    assert code == 0 and TrainingJob.objects.get(pk=json.loads(out)["id"]).dataset == theirs
+
+
 def test_default_user_is_the_superuser(ready, django_user_model, user):
     code, _, err = run(*BASE[:-2])
     assert code == 2 and "there is no superuser" in err

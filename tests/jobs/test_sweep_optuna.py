@@ -458,18 +458,23 @@ def test_tpe_is_seeded_and_learns_from_the_told_values(user, digits_dataset, cnn
     assert nearer(reverse[startup], low, high)
 
 
-def test_a_base_that_names_its_objects_instead_of_their_ids_is_told_to_use_ids(user, digits_dataset, cnn_model,
-                                                                               local_backend):
-    """The API takes ids (manage.py sweep also takes names): a name is refused with what to send."""
+def test_a_base_may_name_its_objects_instead_of_their_ids(user, digits_dataset, cnn_model, local_backend,
+                                                          django_capture_on_commit_callbacks):
+    """As the CLI does (issue 27): a name is looked up among the objects the owner may use, and the
+    sweep's base keeps the ids; a name no object of theirs has is refused with where to look."""
     with pytest.raises(ValidationError) as err:
         _sweep(user, digits_dataset, cnn_model, local_backend,
-               base={"dataset": digits_dataset.name, "model_spec": cnn_model.name, "backend": local_backend.name})
-    errors = err.value.message_dict
-    for field, label, name in (("base.dataset", "dataset", digits_dataset.name), ("base.model_spec", "model", cnn_model.name),
-                               ("base.backend", "backend", local_backend.name)):
-        assert errors[field] == [f"Choose one of your {label}s by its id (a number; GET /api/{label}s/ lists them), "
-                                 f"not {name!r}."], errors
+               base={"dataset": "mnist", "model_spec": cnn_model.name, "backend": local_backend.name})
+    assert err.value.message_dict == {"base.dataset": [
+        "No dataset named 'mnist' that you can use: GET /api/datasets/ lists yours (give its name or id)."]}
     assert Sweep.objects.count() == 0 and TrainingJob.objects.count() == 0
+    with django_capture_on_commit_callbacks():
+        sweep = _sweep(user, digits_dataset, cnn_model, local_backend,
+                       base={"dataset": digits_dataset.name, "model_spec": cnn_model.name,
+                             "backend": local_backend.name})
+    assert (sweep.dataset, sweep.model_spec, sweep.backend) == (digits_dataset, cnn_model, local_backend)
+    assert (sweep.base["dataset"], sweep.base["model_spec"], sweep.base["backend"]) == (
+        digits_dataset.pk, cnn_model.pk, local_backend.pk)
 
 
 def test_a_script_sweep_takes_only_the_keys_its_script_receives(user, digits_dataset, local_backend, code_store):

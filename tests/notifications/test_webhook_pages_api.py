@@ -162,7 +162,7 @@ def test_api_create_returns_the_secret_once(user):
     ({"url": "http://127.0.0.1:9/", "events": ["job.failed"], "team": "abc"}, {"team"}),
     ({"url": "http://127.0.0.1:9/", "events": ["job.failed"], "name": "\x00"}, {"name"}),
     ('{"url": "http://127.0.0.1:9/\\ud800", "events": ["job.failed"]}', {"detail"}),  # the parser's 400
-    ({"url": "http://127.0.0.1:9/", "events": ["job.failed"], "secret": "mine"}, {"non_field_errors"}),
+    ({"url": "http://127.0.0.1:9/", "events": ["job.failed"], "secret": "mine"}, {"secret"}),
 ])
 def test_api_bad_input_is_a_400_and_stores_nothing(user, body, fields):
     if isinstance(body, str):
@@ -179,14 +179,15 @@ def test_an_unknown_key_is_reported_with_every_other_error(user):
                         format="json")
     assert r.status_code == 400
     body = r.json()
-    assert set(body) == {"non_field_errors", "url", "events", "format"}, body
-    assert body["non_field_errors"] == ["Unknown fields: extra."]
+    assert set(body) == {"extra", "url", "events", "format"}, body
+    assert body["extra"] == ["Unknown field 'extra': a webhook takes name, url, events, format, enabled, team, "
+                             "rotate_secret."]
     assert not Webhook.objects.exists()
     webhook, _ = services.webhook_create(owner=user, url="http://127.0.0.1:9/a", events=["job.failed"])
     r = _api(user).put(f"/api/webhooks/{webhook.pk}/", {"name": "\x00", "extra": 1, "rotate_secret": True},
                        format="json")
     assert r.status_code == 400
-    assert set(r.json()) == {"non_field_errors", "url", "events", "name"}, r.json()
+    assert set(r.json()) == {"extra", "url", "events", "name"}, r.json()
     assert r.json()["url"] == ["This field is required."]
     webhook.refresh_from_db()
     assert (webhook.url, webhook.name) == ("http://127.0.0.1:9/a", "")

@@ -198,7 +198,7 @@ def _valid_bodies(user) -> dict[str, dict]:
         "/api/backends/{id}/": {"name": "box", "kind": "gpubox", "config": {"hourly_rate_usd": 2.0}},
         "/api/auth/token/": {"username": "fuzz", "password": "pw-fuzz-Secret-1"},
         "/api/jobs/{id}/": {"tags": ["fz"], "notes": "fuzzed"},
-        "/api/notifications/": {"email_events": [], "team_jobs": False},
+        "/api/notifications/": {"email_events": [], "team_email_events": []},
         "/api/jobs/{id}/clone/": {"epochs": 2, "lr": 0.05, "hyperparameters": {"train": {"seed": 4}}},
         "/api/sweeps/": {"name": "fz-sweep", "base": {"dataset": dataset.pk, "model_spec": model.pk,
                                                       "backend": backend.pk, "epochs": 1},

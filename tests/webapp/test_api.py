@@ -56,7 +56,7 @@ def test_a_job_without_a_name_is_shown_as_job_id(api_client, digits_dataset, cnn
     ({"nodes": 0}, "nodes", "Ensure this value is greater than or equal to 1."),
     ({"procs_per_node": -1}, "procs_per_node", "Ensure this value is greater than or equal to 1."),
     ({"epochs": 0}, "epochs", "Ensure this value is greater than or equal to 1."),
-    ({"dataset": 999999}, "dataset", 'Invalid pk "999999" - object does not exist.'),
+    ({"dataset": 999999}, "dataset", "Choose one of your datasets; this one does not exist or is not yours."),
     ({"hyperparameters": "{not json"}, "hyperparameters", "Hyperparameters are not valid JSON"),
     ({"hyperparameters": [1, 2]}, "hyperparameters", "Hyperparameters must be a JSON object"),
     ({"procs_per_node": 3}, "procs_per_node", "this GPU box runs at most 2 processes per node"),

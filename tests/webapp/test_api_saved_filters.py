@@ -48,7 +48,7 @@ def test_every_problem_at_once_and_nothing_saved(api_client, user):
         "state": "DONE", "page": "2", "sort": "-nonsense.key.that.is.wrong!"}}, format="json")
     assert response.status_code == 400
     body = response.json()
-    assert body["non_field_errors"] == ["Unknown fields: colour; a saved filter has name and query."]
+    assert body["colour"] == ["Unknown field 'colour': a saved filter takes name, query."]
     assert body["name"] == ["You already have a saved filter named “taken”; choose another name or delete that one."]
     assert body["query"][0] == ("Unknown job-list parameters: page; the list's are state, backend, q, tag, archived, "
                                 "columns, sort.")

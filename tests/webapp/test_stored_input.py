@@ -141,4 +141,6 @@ def test_api_non_finite_primary_key_is_a_field_error(api_client, digits_dataset,
     text = json.dumps({k: v for k, v in body.items() if k != field})[:-1] + f', "{field}": 1e400}}'
     response = _post(api_client, "/api/jobs/", text)  # int(inf) in the query would raise OverflowError
     assert response.status_code == 400
-    assert response.json() == {field: ["A valid integer is required."]}
+    expected = {"team": "A valid integer is required.",
+                "dataset": "Give the dataset's id (a whole number) or its name, not inf."}[field]
+    assert response.json() == {field: [expected]}

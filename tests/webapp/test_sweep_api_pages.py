@@ -198,7 +198,7 @@ def test_cli_bad_spec_exits_2_with_every_message(tmp_path, capsys, user, digits_
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "name: Name: give the sweep a name" in err
-    assert "base.dataset: Choose one of your datasets" in err
+    assert "base.dataset: No dataset named 'nope' that you can use: GET /api/datasets/ lists yours" in err
     assert "low (1) is above high (0)" in err
     assert Sweep.objects.count() == 0
 

@@ -5,7 +5,6 @@ secret is in the create answer (and a ``rotate_secret`` update's) only. docs/not
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -14,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import selectors, services
+from jobs import selectors, services, validation
 from jobs.models import NOTIFICATION_EVENTS, Webhook, WebhookDelivery
 from jobs.validation import trial_call
 from webapp.api.views import IsOwnerOrStaffToChange
@@ -74,9 +73,10 @@ def _service_fields(data) -> tuple[dict, dict[str, list[str]]]:
     if not isinstance(data, dict):
         raise ValidationError({"non_field_errors": ["Send a JSON object."]})
     allowed = ("name", "url", "events", "format", "enabled", "team")
-    unknown = sorted(set(data) - set(allowed) - {"rotate_secret", "id", "owner", "created_at", "updated_at"})
-    own = {"non_field_errors": [f"Unknown fields: {', '.join(map(str, unknown))[:200]}."]} if unknown else {}
-    return {k: data[k] for k in allowed if k in data}, own
+    own = validation.Errors()  # read-only fields sent back (id, owner, ...) are ignored
+    validation.unknown_fields(own, set(data) - {"id", "owner", "created_at", "updated_at"},
+                              (*allowed, "rotate_secret"), what="a webhook")
+    return {k: data[k] for k in allowed if k in data}, dict(own)
 
 
 def _service_call(call, own: dict[str, list[str]]):
@@ -108,11 +108,12 @@ class NotificationPreferenceView(APIView):
         data = request.data if isinstance(request.data, dict) else None
         if data is None:
             raise ValidationError({"non_field_errors": ["Send a JSON object."]})
-        try:
-            pref = services.notification_preference_update(user=request.user, email_events=data.get("email_events"),
-                                                           team_email_events=data.get("team_email_events"))
-        except DjangoValidationError as exc:
-            raise to_drf_validation_error(exc) from None
+        own = validation.Errors()
+        validation.unknown_fields(own, set(data) - {"email"}, ("email_events", "team_email_events"),
+                                  what="the notification settings")
+        pref = _service_call(lambda: services.notification_preference_update(
+            user=request.user, email_events=data.get("email_events"),
+            team_email_events=data.get("team_email_events")), dict(own))
         return Response(NotificationPreferenceSerializer(pref).data)
 
     put = patch

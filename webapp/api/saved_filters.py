@@ -41,10 +41,9 @@ class SavedFilterCreateSerializer(serializers.Serializer):
 def _shape_problems(data) -> dict[str, list[str]]:
     """What is wrong with a create body's shape: fields a saved filter does not have, and keys of
     ``query`` that are not the job list's parameters (the service checks the values)."""
-    problems: dict[str, list[str]] = {}
-    unknown = sorted(map(str, set(data) - {"name", "query"}))
-    if unknown:
-        problems["non_field_errors"] = [f"Unknown fields: {', '.join(unknown)[:200]}; a saved filter has name and query."]
+    problems = validation.Errors()
+    validation.unknown_fields(problems, set(data) - {"id", "created_at", "updated_at"}, ("name", "query"),
+                              what="a saved filter")
     query = data.get("query", {})
     if isinstance(query, dict):
         extra = sorted(map(str, set(query) - set(job_table.LIST_PARAMS)))

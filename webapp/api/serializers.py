@@ -19,6 +19,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs import code_archives, selectors, services, validation
 from jobs.cost import estimate_arithmetic
+from jobs.services.training_jobs import JOB_FIELD_ALIASES, LARGE_MODEL_SETTINGS
 from jobs.validation import PRIORITY_RANGE
 from jobs.models import MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from webapp.forms import MAX_RUNTIME_HELP
@@ -27,8 +28,51 @@ from trainer_pkg.registry import ARCHITECTURES, CUSTOM
 from webapp.errors import to_drf_validation_error, trial_call
 
 
-class ServiceSerializerMixin:
-    """``create``/``update`` call a service; its ValidationError becomes a DRF 400.
+FORM_TRANSPORT_KEYS = frozenset({"csrfmiddlewaretoken"})
+"""Keys a form body carries that are no field (the browsable API's forms post the CSRF token)."""
+
+
+class KnownFieldsMixin:
+    """A request body's keys must be the serializer's fields: an unknown one (``lerning_rate``,
+    ``model`` for ``model_spec``) is a 400 on that key, with the name it likely meant
+    (:func:`jobs.validation.unknown_fields`), reported with the other fields' errors, never dropped so
+    the request runs on defaults. A read-only field sent back (``id``, ``created_at`` of a fetched
+    object) is known, and ignored as DRF ignores it. A multipart or form body's keys are checked the
+    same way (its files included).
+
+    ``known_fields_what``: who takes the fields, for the message that lists them ("a job");
+    ``field_aliases``: other spellings → the field; ``field_hints``: a key → where it goes instead.
+    """
+
+    known_fields_what = "this endpoint"
+    field_aliases: Mapping[str, str] = {}
+    field_hints: Mapping[str, str] = {}
+
+    def unknown_field_errors(self, data: Mapping[str, Any]) -> validation.Errors:
+        """``{key: [message]}`` for the keys of ``data`` that are no field of this serializer."""
+        errors = validation.Errors()
+        writable = [name for name, field in self.fields.items() if not field.read_only]
+        unknown = [key for key in data if key not in self.fields and key not in FORM_TRANSPORT_KEYS]
+        validation.unknown_fields(errors, unknown, writable, what=self.known_fields_what,
+                                  aliases=self.field_aliases, hints=self.field_hints)
+        return errors
+
+    def to_internal_value(self, data):
+        unknown = self.unknown_field_errors(data) if isinstance(data, Mapping) else {}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if not unknown or not isinstance(exc.detail, Mapping):
+                raise
+            raise serializers.ValidationError({**exc.detail, **unknown}) from None
+        if unknown:
+            raise serializers.ValidationError(dict(unknown))
+        return value
+
+
+class ServiceSerializerMixin(KnownFieldsMixin):
+    """``create``/``update`` call a service; its ValidationError becomes a DRF 400. Unknown keys are
+    refused (:class:`KnownFieldsMixin`).
 
     :meth:`is_valid` reports the request's own field errors and the service's in one 400, like the
     UI's ``submit_form``: when a field fails its own check, the service is still tried
@@ -161,14 +205,16 @@ class DatasetSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     the schema's field help says so. ``num_classes`` is then the vocabulary size."""
 
     serializer_field_mapping = STRICT_TEXT_MAPPING
+    known_fields_what = "a dataset"
 
     team = share_team_field()
 
     class Meta:
         model = Dataset
         fields = ["id", "name", "description", "format", "builtin_name", "uri", "label_column", "team",
-                  "sample_shape", "num_classes", "summary", "created_at", "updated_at"]
-        read_only_fields = ["id", "sample_shape", "num_classes", "summary", "created_at", "updated_at"]
+                  "sample_shape", "num_classes", "num_samples", "val_samples", "summary", "created_at", "updated_at"]
+        read_only_fields = ["id", "sample_shape", "num_classes", "num_samples", "val_samples", "summary",
+                            "created_at", "updated_at"]
 
     def create(self, validated_data: dict[str, Any]) -> Dataset:
         # The model's default applies when the request leaves the format out (the service wants one).
@@ -257,6 +303,7 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     and why (400)."""
 
     serializer_field_mapping = STRICT_TEXT_MAPPING
+    known_fields_what = "a model"
 
     architecture = serializers.ChoiceField(
         choices=[*sorted(ARCHITECTURES), CUSTOM], required=False, allow_blank=True,
@@ -358,6 +405,7 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     serializer is built (:meth:`get_fields`), so a registered provider is listed with nothing here."""
 
     serializer_field_mapping = STRICT_TEXT_MAPPING
+    known_fields_what = "a backend"
 
     kind = serializers.ChoiceField(choices=[])
     config = serializers.DictField(required=False)
@@ -426,17 +474,36 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
 # --- jobs ------------------------------------------------------------------------------------
 
 
-@extend_schema_field(OpenApiTypes.INT)
-class OwnedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
-    """A primary key that must name one of the requesting user's objects (else "does not exist")."""
+@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}]})
+class OwnedNameOrIdField(serializers.Field):
+    """One of the objects the requesting user may use (their own, or their team's), by its id or by
+    its name, as the CLI names them (:func:`jobs.validation.owned`: an unknown name, or another
+    user's, is "No dataset named 'x' that you can use"; a name given to several is an error listing
+    their ids). Written back as the id."""
 
-    def __init__(self, selector, **kwargs: Any) -> None:
-        self.selector = selector
-        kwargs.setdefault("pk_field", _integer_pk())
+    default_error_messages = {"kind": "Give the {label}'s id (a whole number) or its name, not {kind}."}
+
+    def __init__(self, model: type, label: str, **kwargs: Any) -> None:
+        self.model, self.what = model, label
+        kwargs.setdefault("help_text", f"The {label}'s id, or its name (one of yours or your teams'; "
+                                       f"GET /api/{label}s/ lists them).")
         super().__init__(**kwargs)
 
-    def get_queryset(self):
-        return self.selector(user=self.context["request"].user)
+    def to_internal_value(self, data):
+        if isinstance(data, float) and data.is_integer():
+            data = int(data)
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            kind = ("null" if data is None else str(data).lower() if isinstance(data, (bool, float))
+                    else type(data).__name__)
+            self.fail("kind", label=self.what, kind=kind)
+        errors = validation.Errors()
+        found = validation.owned(errors, self.field_name, self.model, data, self.context["request"].user, self.what)
+        if found is None:
+            raise serializers.ValidationError(errors.get(self.field_name) or [f"Choose one of your {self.what}s."])
+        return found
+
+    def to_representation(self, value) -> int:
+        return value.pk
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -781,14 +848,21 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
 
 
 class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer):
-    """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``."""
+    """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``. An unknown
+    key is a 400 naming it (a large-model setting: in ``hyperparameters``, docs/large-models.md)."""
+
+    known_fields_what = "a job"
+    field_aliases = JOB_FIELD_ALIASES
+    field_hints = {name: f'give it in hyperparameters, e.g. {{"{section}": {{"{name}": ...}}}} (docs/large-models.md).'
+                   for name, section in LARGE_MODEL_SETTINGS.items()}
 
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
-    dataset = OwnedPrimaryKeyField(selectors.dataset_list_for_user, required=False, allow_null=True, default=None,
-                                   help_text="Required, except for a script model (kind script) that reads its own "
-                                             "data: null or left out.")
-    model_spec = OwnedPrimaryKeyField(selectors.model_spec_list_for_user)
-    backend = OwnedPrimaryKeyField(selectors.backend_list_for_user)
+    dataset = OwnedNameOrIdField(Dataset, "dataset", required=False, allow_null=True, default=None,
+                                 help_text="The dataset's id, or its name (one of yours or your teams'; GET "
+                                           "/api/datasets/ lists them). Required, except for a script model "
+                                           "(kind script) that reads its own data: null or left out.")
+    model_spec = OwnedNameOrIdField(ModelSpec, "model")
+    backend = OwnedNameOrIdField(ComputeBackend, "backend")
     strategy = serializers.ChoiceField(choices=list(get_args(Strategy)), default="ddp")
     nodes = serializers.IntegerField(min_value=1, default=1)
     procs_per_node = serializers.IntegerField(min_value=1, default=1)
@@ -844,7 +918,7 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer
 
 
 
-class TrainingJobAnnotateSerializer(serializers.Serializer):
+class TrainingJobAnnotateSerializer(KnownFieldsMixin, serializers.Serializer):
     """What ``PATCH /api/jobs/{id}/`` takes: any of ``tags``, ``notes``, ``archived`` (the owner or staff
     only); every other field of a job is read-only, and naming one is a 400. The values go to
     ``jobs.services.training_job_annotate``, which checks them (all problems at once)."""
@@ -855,12 +929,18 @@ class TrainingJobAnnotateSerializer(serializers.Serializer):
     archived = serializers.JSONField(required=False, help_text="true: archive (only a job that has ended); false: "
                                                                "unarchive.")
 
+    known_fields_what = "a job's PATCH"
+
+    def unknown_field_errors(self, data: Mapping[str, Any]) -> validation.Errors:
+        """A field of a job other than these is read-only (said so); any other key is unknown."""
+        job_fields = set(TrainingJobDetailSerializer.Meta.fields)
+        read_only = sorted(key for key in data if key in job_fields and key not in self.fields)
+        errors = super().unknown_field_errors({key: None for key in data if key not in job_fields})
+        for name in read_only[:validation.MAX_UNKNOWN_FIELDS]:
+            errors.add(name, f"{name} is read-only: a job's tags, notes and archived can be changed, nothing else.")
+        return errors
+
     def validate(self, attrs):
-        extra = sorted(set(self.initial_data) - set(self.fields)) if hasattr(self.initial_data, "keys") else []
-        if extra:
-            raise serializers.ValidationError({
-                name: [f"{name} is read-only: a job's tags, notes and archived can be changed, nothing else."]
-                for name in extra[:20]})
         if not attrs:
             raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [
                 "Send tags, notes or archived to change; nothing else of a job can be changed."]})

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from jobs import selectors, sweeps
 from jobs.models import Sweep
 from webapp.api.pagination import CappedLimitOffsetPagination
-from webapp.api.serializers import TextField
+from webapp.api.serializers import ServiceSerializerMixin, TextField
 from webapp.api.views import IsOwnerOrStaffToChange
 from webapp.errors import to_drf_validation_error
 
@@ -68,14 +68,18 @@ class SweepDetailSerializer(SweepSerializer):
         return sweeps.param_importances(sweep=sweep)
 
 
-class SweepCreateSerializer(serializers.Serializer):
+class SweepCreateSerializer(ServiceSerializerMixin, serializers.Serializer):
     """What ``POST /api/sweeps/`` takes; values go to ``jobs.sweeps.sweep_create``, which checks them all.
-    A key it does not know is refused (400 naming it), as is a body that is no JSON object."""
+    A key it does not know is refused (400 naming it, with the service's errors), as is a body that is
+    no JSON object."""
+
+    known_fields_what = "a sweep"
 
     name = TextField(max_length=200)
     team = serializers.IntegerField(required=False, allow_null=True, default=None)
-    base = serializers.JSONField(help_text='The job each trial starts from: {"dataset": id, "model_spec": id, '
-                                           '"backend": id, "epochs": 2, ...} (the fields of POST /api/jobs/).')
+    base = serializers.JSONField(help_text='The job each trial starts from: {"dataset": id or name, "model_spec": '
+                                           'id or name, "backend": id or name, "epochs": 2, ...} (the fields of '
+                                           'POST /api/jobs/).')
     search_space = serializers.JSONField(help_text=f"Dotted config key → distribution, e.g. {sweeps.SPACE_EXAMPLE}")
     sampler = TextField(default="tpe", help_text="grid, random or tpe.")
     seed = serializers.JSONField(default=0)
@@ -92,11 +96,10 @@ class SweepCreateSerializer(serializers.Serializer):
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["Send the sweep as a JSON object."]})
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError({str(key)[:100]: [
-                f"Unknown field {str(key)[:100]!r}: a sweep takes {', '.join(self.fields)}."] for key in unknown[:20]})
         return super().to_internal_value(data)
+
+    def create(self, validated_data):
+        return self._call(sweeps.sweep_create, owner=self.context["request"].user, **validated_data)
 
 
 @extend_schema_view(
@@ -121,12 +124,9 @@ class SweepViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Retrie
         return SweepDetailSerializer
 
     def create(self, request: Request, *args, **kwargs) -> Response:
-        serializer = SweepCreateSerializer(data=request.data)
+        serializer = SweepCreateSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
-        try:
-            sweep = sweeps.sweep_create(owner=request.user, **serializer.validated_data)
-        except DjangoValidationError as exc:
-            raise to_drf_validation_error(exc) from None
+        sweep = serializer.save()
         data = SweepDetailSerializer(sweep, context=self.get_serializer_context()).data
         return Response(data, status=status.HTTP_201_CREATED)
 

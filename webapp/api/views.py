@@ -3,6 +3,8 @@ another user's object is a 404; every write goes through ``jobs.services``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
@@ -13,7 +15,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import code_archives, job_table, selectors, services
+from jobs import code_archives, job_table, selectors, services, validation
 from jobs.models import JobStateChoices, TrainingJob
 from webapp.api.pagination import CappedLimitOffsetPagination
 from webapp.api.views_artifacts import JobArtifactActions
@@ -349,6 +351,12 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
     @action(detail=True, methods=["post"])
     def rerun(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()
+        if isinstance(request.data, Mapping) and request.data:  # e.g. {"epochs": 5}: not run as the same job
+            errors = validation.Errors()
+            hint = (f"a re-run takes no fields (it runs job #{job.pk}'s frozen config again); for a job with "
+                    f"edits, POST them to /api/jobs/{job.pk}/clone/.")
+            validation.unknown_fields(errors, request.data, (), what="a re-run", hints=dict.fromkeys(request.data, hint))
+            raise ValidationError(dict(errors))
         try:
             new_job = services.training_job_rerun(job=job, owner=request.user)
         except DjangoValidationError as exc:
@@ -359,7 +367,8 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
     @extend_schema(
         summary="A new job like this one, with edits; or continue / fine-tune from it",
         description="The body holds overrides with the job create's field names (every one optional; "
-                    "`hyperparameters` is deep-merged over the job's), and `init_mode`: `continue` (resume this "
+                    "`hyperparameters` is deep-merged over the job's; `dataset`, `model_spec` and `backend` by "
+                    "id or name; an unknown key is a 400 on that key), and `init_mode`: `continue` (resume this "
                     "job's last checkpoint and train to the new `epochs`) or `finetune` (its trained weights, a "
                     "new optimizer, epoch 0). The new job is yours (a teammate may clone a team job); `cloned_from` "
                     "is this job. 400 lists every error at once; nothing is created then.",

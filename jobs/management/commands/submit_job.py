@@ -46,9 +46,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         what = parser.add_argument_group("what to train")
-        what.add_argument("--dataset", required=True, help="Dataset name, e.g. digits.")
-        what.add_argument("--model", required=True, help="Model name, e.g. digits-cnn.")
-        what.add_argument("--backend", required=True, help="Compute backend name, e.g. local.")
+        what.add_argument("--dataset", required=True, help="Dataset name (or id), e.g. digits.")
+        what.add_argument("--model", required=True, help="Model name (or id), e.g. digits-cnn.")
+        what.add_argument("--backend", required=True, help="Compute backend name (or id), e.g. local.")
         what.add_argument("--name", default="", help="Job name shown in the dashboard.")
         what.add_argument("--team", default=None, metavar="TEAM",
                           help="Run it for one of your teams (its members see it; its monthly budget applies).")
@@ -106,12 +106,17 @@ class Command(BaseCommand):
             errors.add("user", "there is no superuser; create one (manage.py createsuperuser) or pass --user.")
         return user
 
-    def _named(self, errors: Errors, qs, name: str, field: str, what: str):
-        obj = qs.filter(name=name).first()
-        if obj is None:
-            known = ", ".join(qs.order_by("name").values_list("name", flat=True)) or "none yet"
-            errors.add(field, f"you have no {what} named {name!r} (yours: {known}).")
-        return obj
+    def _named(self, errors: Errors, qs, name: str, field: str, what: str, owner=None):
+        """The row of ``qs`` (what the owner may use) named ``name``, as the API resolves a name
+        (``validation.named_row``: one your own and a team's share is an error listing the ids); a
+        number that no row is named is taken as the id."""
+        if name.isascii() and name.isdigit() and len(name) < 19 and not qs.filter(name=name).exists():
+            by_id = qs.filter(pk=int(name)).first()
+            if by_id is not None:
+                return by_id
+        known = ", ".join(qs.order_by("name").values_list("name", flat=True)[:50]) or "none yet"
+        return validation.named_row(errors, field, qs, name, owner, what,
+                                    missing=f"you have no {what} named {name!r} (yours: {known}).")
 
     def _env(self, errors: Errors, items: list[str]) -> dict[str, str]:
         """``--env KEY=VALUE`` options as a dict (the service checks names and values); an option
@@ -135,13 +140,14 @@ class Command(BaseCommand):
         dataset = model = backend = team = None
         if owner is not None:
             dataset = self._named(errors, selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset",
-                                  "dataset")
+                                  "dataset", owner)
             model = self._named(errors, selectors.model_spec_list_for_user(user=owner), opts["model"], "model_spec",
-                                "model")
+                                "model", owner)
             backend = self._named(errors, selectors.backend_list_for_user(user=owner), opts["backend"], "backend",
-                                  "backend")
+                                  "backend", owner)
             if opts["team"]:
-                team = self._named(errors, selectors.team_list_for_user(user=owner), opts["team"], "team", "team")
+                team = self._named(errors, selectors.team_list_for_user(user=owner), opts["team"], "team", "team",
+                                   owner)
         env = self._env(errors, opts["env"])
 
         def create() -> TrainingJob:

@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import selectors, sweeps
+from jobs import selectors, sweeps, validation
 from jobs.validation import JSONInputError, loads
 
 EXIT_BAD_INPUT = 2
@@ -89,23 +89,17 @@ class Command(BaseCommand):
             self._bad_input(f"--from-file: {path} is not valid JSON: {exc}.")
         if not isinstance(spec, dict):
             self._bad_input(f"--from-file: {path} must hold a JSON object, e.g. {json.dumps(SPEC_EXAMPLE)}")
-        known = {"name", "team", "base", "search_space", "sampler", "seed", "objective_metric", "direction",
+        known = ("name", "team", "base", "search_space", "sampler", "seed", "objective_metric", "direction",
                  "objective", "max_trials", "max_concurrent_trials", "budget_usd", "pruner", "pruner_startup_trials",
-                 "pruner_warmup_epochs"}
-        unknown = sorted(set(spec) - known)
+                 "pruner_warmup_epochs")
+        unknown = validation.Errors()
+        validation.unknown_fields(unknown, spec, known, what="a sweep")
         if unknown:
-            self._bad_input(f"{path}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))}).")
-        base = spec.get("base")
-        if isinstance(base, dict):
-            base = dict(base)
-            for key, lister in (("dataset", selectors.dataset_list_for_user),
-                                ("model_spec", selectors.model_spec_list_for_user),
-                                ("backend", selectors.backend_list_for_user)):
-                if isinstance(base.get(key), str) and not base[key].isdigit():
-                    found = lister(user=user).filter(name=base[key]).first()
-                    base[key] = found.pk if found is not None else -1
+            self._bad_input("\n".join(f"{path}: {m}" for messages in unknown.values() for m in messages))
+        # base.dataset, base.model_spec and base.backend by id or name: the service resolves a name
+        # among the rows the user may use (jobs.validation.owned).
         try:
-            sweep = sweeps.sweep_create(owner=user, **{**spec, "base": base, "name": spec.get("name", "")})
+            sweep = sweeps.sweep_create(owner=user, **{**spec, "name": spec.get("name", "")})
         except ValidationError as exc:
             for field, messages in exc.message_dict.items():
                 for message in messages:

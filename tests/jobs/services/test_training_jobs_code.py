@@ -35,10 +35,11 @@ def script_model(user):
 
 @pytest.fixture
 def table_csv(user, tmp_path):
-    """A local CSV dataset of 3 features: its samples are (3,), which no built-in CNN takes."""
+    """A local CSV dataset of 3 features: its samples are (3,), which no built-in CNN takes. 100 rows:
+    80 train, enough for the default batch of 32 on 2 ranks."""
     folder = tmp_path / "table"
     folder.mkdir()
-    (folder / "t.csv").write_text("a,b,c,label\n1,2,3,0\n4,5,6,1\n7,8,9,0\n")
+    (folder / "t.csv").write_text("a,b,c,label\n" + "".join(f"{i},{i + 1},{i + 2},{i % 2}\n" for i in range(100)))
     return services.dataset_create(owner=user, name="table", format="csv", uri=str(folder / "t.csv"))
 
 
@@ -208,7 +209,7 @@ def test_a_local_dataset_is_fingerprinted_when_the_job_is_created(user, table_cs
     assert fp["kind"] == "local" and fp["path"] == str(csv)
     assert (fp["files"], fp["size_bytes"]) == (1, csv.stat().st_size)
     assert len(fp["sample_sha256"]) == 64
-    csv.write_text("a,b,c,label\n1,2,3,1\n4,5,6,1\n7,8,9,0\n")  # the same size, one label changed
+    csv.write_text(csv.read_text().replace("0,1,2,0\n", "0,1,2,1\n", 1))  # the same size, one label changed
     again = services.training_job_rerun(job=job, owner=user)
     assert again.dataset_fingerprint["size_bytes"] == fp["size_bytes"]
     assert again.dataset_fingerprint["sample_sha256"] != fp["sample_sha256"]
