@@ -402,13 +402,16 @@ def _act_bytes(u: Unit, samples: float, bf16: bool, mixed: bool = False) -> floa
 
 
 def plan(cfg: JobConfig, *, input_shape: Sequence[int], num_classes: int, world_size: int | None = None,
-         device_bytes: int | None = None, device_name: str = "", max_ranks: int | None = None) -> MemoryPlan:
+         device_bytes: int | None = None, device_name: str = "", max_ranks: int | None = None,
+         device_unit: str = "GPU") -> MemoryPlan:
     """The memory plan of ``cfg`` on ``world_size`` ranks (default: ``cfg.parallel.world_size``).
 
     ``input_shape``: one sample, no batch dimension ((C, H, W), (F,); ``gpt``: (seq_len,), where
     ``data.seq_len`` 0 means the model's ``context_length``); ``num_classes``: classes, or the token
     dataset's vocabulary size. ``device_bytes``: memory of one GPU (None: unknown, e.g. a CPU target:
-    the plan is shown, never a refusal); ``device_name`` names it in the summary.
+    the plan is shown, never a refusal); ``device_name`` names it in the summary; ``device_unit``:
+    what ``device_bytes`` is the memory of, ``"GPU"``, or ``"rank"`` for a machine without GPUs
+    whose memory each rank gets a share of (the summary and the suggestion say so).
 
     Every figure is per rank, for the busiest rank (a pipeline's largest stage). When the plan does
     not fit, :attr:`MemoryPlan.suggestion` names the smallest FSDP world size (same batch per rank)
@@ -419,9 +422,10 @@ def plan(cfg: JobConfig, *, input_shape: Sequence[int], num_classes: int, world_
     """
     world = world_size if world_size is not None else cfg.parallel.world_size
     result = _plan(cfg, input_shape, num_classes, world, device_bytes, device_name)
+    result.device_unit = device_unit
     if result.fits is False:
         result.suggestion = _suggest(cfg, input_shape, num_classes, world, device_bytes, device_name,
-                                     max_ranks=max_ranks)
+                                     max_ranks=max_ranks, device_unit=device_unit)
     return result
 
 
@@ -572,7 +576,8 @@ def _with(cfg: JobConfig, **parallel: Any) -> JobConfig:
 
 
 def _suggest(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: int,
-             device_bytes: int | None, device_name: str, *, max_ranks: int | None = None) -> str:
+             device_bytes: int | None, device_name: str, *, max_ranks: int | None = None,
+             device_unit: str = "GPU") -> str:
     """The smallest change that fits: FSDP across more ranks (at most ``max_ranks``), then with
     activation checkpointing."""
     per_node = max(cfg.parallel.procs_per_node, 1)
@@ -604,9 +609,11 @@ def _suggest(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world
                                                          cfg.parallel.activation_checkpointing else "")
         return f"{how} would need {gib(found.needed_bytes)}"
     if capped:
+        more = ("an instance type or backend with more GPU memory" if device_unit == "GPU" else
+                "a machine with more memory per rank (or fewer processes per node)")
         with_ac = " with activation checkpointing" if cfg.model.arch == "gpt" else ""
         return (f"no FSDP world this backend can run (at most {plural(most, 'rank', 'ranks')}) fits{with_ac}; "
-                f"choose an instance type or backend with more GPU memory, or lower the batch size (train.batch_size) and "
+                f"choose {more}, or lower the batch size (train.batch_size) and "
                 f"raise train.grad_accum_steps to keep the optimizer's batch")
     return (f"even FSDP across {MAX_FSDP_RANKS} ranks with activation checkpointing would not fit: the activations "
             f"of {_samples(cfg.train.batch_size)} per rank are too many; lower the batch size (train.batch_size) "

@@ -469,6 +469,31 @@ def _uid_dir(run_root: Path) -> Path:
     return path
 
 
+def seal_shared_runs(run_root: Path) -> int:
+    """Take "other"'s permissions off every run directory under ``run_root`` that this process owns
+    and leaves open to other users: the runs made while the box could not isolate (or made before it
+    knew how: 0755 by default), whose checkpoints and logs a job with a uid of its own must not read.
+    Runs once, at the first isolated start: a run root already 0711 was sealed then (its shared runs
+    since are made 0700). Isolated runs are root:<gid> 0750 and keep their group. Returns how many
+    directories it changed. Reads one directory listing, never a run's tree: what the run holds is
+    out of reach once its directory is."""
+    try:
+        if stat.S_IMODE(run_root.stat().st_mode) == 0o711:
+            return 0
+        entries = list(os.scandir(run_root))
+    except FileNotFoundError:
+        return 0
+    sealed = 0
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue  # .trainers, .envs, .uids: shared read-only on purpose
+        info = entry.stat(follow_symlinks=False)
+        if info.st_uid == os.geteuid() and info.st_mode & 0o007:
+            os.chmod(entry.path, stat.S_IMODE(info.st_mode) & ~0o007)
+            sealed += 1
+    return sealed
+
+
 def allocate_job_user(run_root: Path, job_name: str, pool: Sequence[int]) -> RunUser:
     """Take a uid of ``pool`` for the job ``job_name``: the one it already holds (a retried submit),
     else the first that no job holds, no account owns and no process runs as. A marker

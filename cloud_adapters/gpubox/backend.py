@@ -632,7 +632,10 @@ class GpuBoxBackend(Backend):
             raise ProviderError(f"cannot create run root {self.run_root}: {exc}") from exc
         trainer = (*_usercode.trainer_snapshot(self.run_root, trainer_dir), trainer_dir)
         try:
-            os.mkdir(run_dir)
+            # The worker's own user runs it (no run_as, no uid of its own): nobody else needs to enter
+            # it, and a later job of a box made able to isolate must not read it (isolated runs are
+            # made root:<their gid> 0750, run_as ones opened to that user, by _start).
+            os.mkdir(run_dir, 0o700)
         except FileExistsError:
             pass  # an earlier attempt made it; the lock below decides whether its run started
         except OSError as exc:
@@ -645,6 +648,7 @@ class GpuBoxBackend(Backend):
                 # A uid of its own (held until the supervisor gives it back at the end); the run root
                 # may be entered, not listed, by the jobs; the snapshots and environments only read.
                 user, isolated = _usercode.allocate_job_user(self.run_root, spec.job_name, self._uid_pool()), True
+                _usercode.seal_shared_runs(self.run_root)
                 for path, mode in ((self.run_root, 0o711), (self.run_root / ".trainers", 0o755),
                                    (self.run_root / ".envs", 0o755)):
                     if path.is_dir() and path.stat().st_uid == os.geteuid():
@@ -679,7 +683,9 @@ class GpuBoxBackend(Backend):
         runner = user or _usercode.worker_user()
         if user is not None and not isolated:
             # The job writes its outputs, and a script its working directory (code.dir); the rest of
-            # the run directory (exit.json, the supervisor's records) stays the worker's.
+            # the run directory (exit.json, the supervisor's records) stays the worker's, open to
+            # run_as for reading (it was made 0700 for the worker's own user).
+            os.chmod(run_dir, 0o755)
             output_dir = run_dir / "output"
             output_dir.mkdir(exist_ok=True)
             _proc.chown_tree(output_dir, user.uid, user.gid)

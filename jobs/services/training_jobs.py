@@ -892,13 +892,13 @@ def job_memory_plan(*, config: JobConfig, dataset: Dataset, adapter: Backend, in
     caps = adapter.capabilities  # the suggestion names no FSDP world the backend cannot run
     try:
         planned = memory_plan(config, input_shape=shape, num_classes=classes, device_bytes=device_bytes,
-                              device_name=name, max_ranks=caps.max_nodes * caps.max_procs_per_node)
+                              device_name=name, max_ranks=caps.max_nodes * caps.max_procs_per_node,
+                              device_unit="rank" if host is not None else "GPU")
     except PlanError:
         return None
     if note:
         planned.lines.insert(1, note)
     if host is not None:
-        planned.device_unit = "rank"
         planned.device_name = f"{where} ({host.describe()})"
         planned.lines.append(f"device: {host.describe()}")
     if gpus is not None:

@@ -103,6 +103,8 @@ def test_children_go_when_the_demo_goes(demo, live_processes, signum):
     # (docs/gpu-boxes.md "Isolation"): the demo says which, here (var/ in pytest's 0700 tmp) that it cannot.
     assert re.search(r"^  jobs:     jobs on this box run as the dashboard's own user: for a single user only \(.+\)$",
                      output, re.M), output
+    # Its processes' logs (every job's activity, the access log) are no job's to read.
+    assert (var_dir / "logs").stat().st_mode & 0o777 == 0o700
     for name, pid in children.items():
         assert _environ(pid)["TRAINBOARD_BASE_URL"] == base_url, name
     assert not _port_free(port)
@@ -166,3 +168,28 @@ def test_follow_prints_every_transition_and_the_epochs_before_the_end(user, digi
         "QUEUED", "QUEUED → SUBMITTING", "SUBMITTING → PENDING", "PENDING → RUNNING",
         "epoch 0 val_accuracy 0.9000", "epoch 1 val_accuracy 0.9100", "RUNNING → SUCCEEDED")]
     assert printed[-1].startswith(f"[job {job.pk}] SUCCEEDED: launch → first step")
+
+
+@pytest.mark.django_db
+def test_a_box_that_may_not_start_jobs_leaves_the_demo_up_without_its_job(django_user_model, digits_dataset,
+                                                                         cnn_model, local_backend, settings):
+    """Two users who are not staff and a box that cannot give each job a uid of its own (here: run
+    root in pytest's 0700 tmp): the demo says why it launches no job, instead of a traceback."""
+    settings.TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = False
+    for name in ("carol", "dave"):
+        django_user_model.objects.create_user(username=name, password=f"pw-{name}-123")
+    out = io.StringIO()
+    command = demo_command.Command(stdout=out, stderr=io.StringIO())
+    with sent_tasks(dispatch.SUBMIT_JOB) as sent:
+        job = command._launch_job(local_backend.owner, digits_dataset, cnn_model, local_backend,
+                                  {"procs_per_node": 2, "epochs": 1}, "http://127.0.0.1:8000")
+    assert job is None and sent.call_count == 0 and not local_backend.jobs.exists()
+    printed = out.getvalue().strip()
+    assert printed.startswith("No demo job: This GPU box cannot keep one user's job from another's: "), printed
+    assert "This installation has 2 users" in printed and "TRAINBOARD_GPUBOX_ALLOW_SHARED_UID=true" in printed
+
+    settings.TRAINBOARD_GPUBOX_ALLOW_SHARED_UID = True  # the operator accepts it: the job launches
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        job = command._launch_job(local_backend.owner, digits_dataset, cnn_model, local_backend,
+                                  {"procs_per_node": 2, "epochs": 1}, "http://127.0.0.1:8000")
+    assert job is not None and f"Demo job launched: http://127.0.0.1:8000/jobs/{job.pk}/" in out.getvalue()

@@ -183,6 +183,13 @@ def test_the_suggestion_stays_within_the_backends_ranks_and_nouns_agree():
     assert capped.fits is False
     assert capped.suggestion.startswith("no FSDP world this backend can run (at most 1 rank) fits with activation "
                                         "checkpointing; choose an instance type or backend with more GPU memory")
+    # A box without GPUs: each rank's share of the machine's memory, and no GPU to suggest (issue 27)
+    host = plan(cfg, input_shape=(1024,), num_classes=50257, device_bytes=24 * GIB, max_ranks=1, device_unit="rank")
+    assert (host.device_unit, host.fits) == ("rank", False)
+    assert host.suggestion.startswith("no FSDP world this backend can run (at most 1 rank) fits with activation "
+                                      "checkpointing; choose a machine with more memory per rank (or fewer processes "
+                                      "per node)"), host.suggestion
+    assert " per rank" in host.summary and "GPU" not in host.summary + host.suggestion
     within = plan(cfg, input_shape=(1024,), num_classes=50257, device_bytes=24 * GIB, max_ranks=ranks)
     assert within.suggestion == free.suggestion
     assert "1 sample per rank per step" in capped.lines[0] and "1 samples" not in " ".join(capped.lines)

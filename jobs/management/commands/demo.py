@@ -102,8 +102,10 @@ class Command(BaseCommand):
         user, password = self._demo_user(opts["username"])
         dataset, model, backend = self._demo_objects(user, opts["hourly_rate"])
 
+        # The processes' logs (every job's activity, the web's access log): not a job's to read.
         log_dir = settings.VAR_DIR / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(log_dir, 0o700)  # one made before it was private
         base_url = f"http://{opts['host']}:{opts['port']}"
         stopping = {"now": False}
 
@@ -131,20 +133,30 @@ class Command(BaseCommand):
             if isolation is not None:
                 self.stdout.write(f"  jobs:     {isolation.text}" if isolation.isolated else
                                   self.style.WARNING(f"  jobs:     {isolation.text}"))
-            job = None
-            if not opts["no_job"]:
-                job = services.training_job_create(
-                    owner=user, dataset=dataset, model_spec=model, backend=backend,
-                    nodes=1, procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
-                    name="demo: digits-cnn DDP",
-                )
-                self.stdout.write(self.style.SUCCESS(f"\nDemo job launched: {base_url}/jobs/{job.pk}/"))
+            job = None if opts["no_job"] else self._launch_job(user, dataset, model, backend, opts, base_url)
             self.stdout.write("Press Ctrl-C to stop.\n")
             return self._follow(job, stopping, opts["exit_when_done"])
         finally:
             self._shutdown()
 
     # -- setup --------------------------------------------------------------------------------
+
+    def _launch_job(self, user, dataset: Dataset, model: ModelSpec, backend: ComputeBackend, opts: dict,
+                    base_url: str) -> TrainingJob | None:
+        """The demo's DDP job on its box; None, saying why, when the box may not start it (an
+        installation of several users whose box cannot isolate: the dashboard still comes up and
+        its operator reads what to set, docs/gpu-boxes.md "Isolation")."""
+        refusal = adapters.shared_uid_refusal(adapters.backend_adapter(backend))
+        if refusal is not None:
+            self.stdout.write(self.style.WARNING(f"\nNo demo job: {refusal}"))
+            return None
+        job = services.training_job_create(
+            owner=user, dataset=dataset, model_spec=model, backend=backend,
+            nodes=1, procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
+            name="demo: digits-cnn DDP",
+        )
+        self.stdout.write(self.style.SUCCESS(f"\nDemo job launched: {base_url}/jobs/{job.pk}/"))
+        return job
 
     def _demo_user(self, username: str):
         User = get_user_model()

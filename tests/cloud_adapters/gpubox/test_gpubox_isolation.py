@@ -107,6 +107,7 @@ HOSTILE = textwrap.dedent('''\
     attempt("write into the run root", lambda: write(os.path.join(t["run_root"], "planted")))
     attempt("change the shared trainer snapshot", lambda: write(t["trainer_init"]))
     attempt("forge its own exit.json", lambda: write(os.path.join(t["own_dir"], "exit.json"), "wb"))
+    attempt("read a run made before the box could isolate", lambda: read(t["old_run_model"]))
     # What it may do: its own files (the refusals above are not wrong paths).
     own = {"job.json": open(os.path.join(t["own_dir"], "job.json")).read()[:1],
            "home": os.environ.get("HOME"), "tmp": os.environ.get("TMPDIR"), "uid": os.getuid(), "gid": os.getgid(),
@@ -188,6 +189,14 @@ def test_a_hostile_script_cannot_reach_another_job_or_the_installation(reachable
     proc = _start_runner(socket_path, run_root)
     monkeypatch.setenv(runner.SOCKET_VAR, str(socket_path))
     monkeypatch.setenv("TRAINBOARD_ENCRYPTION_KEY", "planted-in-the-worker")
+    # A run from before the box could isolate (its worker not root, or an older Trainboard): made
+    # 0755/0644 in a 0755 run root, where its jobs all ran as one user.
+    old_model = run_root / "tb-job-1-before" / "output" / "model.pt"
+    old_model.parent.mkdir(parents=True)
+    old_model.write_bytes(b"an older run's weights")
+    for path, mode in ((run_root, 0o755), (old_model.parent.parent, 0o755), (old_model.parent, 0o755),
+                       (old_model, 0o644)):
+        os.chmod(path, mode)
     try:
         pool = _pool()
         backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 1, "grace_period_s": 5,
@@ -217,8 +226,9 @@ def test_a_hostile_script_cannot_reach_another_job_or_the_installation(reachable
             "database": str(var / "trainboard.sqlite3"), "secret_key": str(var / "secret_key"), "var": str(var),
             "victim_archive": victim_code.path, "runner_socket": str(socket_path), "run_root": str(run_root),
             "trainer_init": str(trainer / "trainer_pkg" / "__init__.py"), "own_dir": str(run_root / "hostile"),
+            "old_run_model": str(old_model),
         }
-        for key in ("victim_checkpoint", "encryption_key", "database", "secret_key", "victim_archive",
+        for key in ("old_run_model", "victim_checkpoint", "encryption_key", "database", "secret_key", "victim_archive",
                     "runner_socket", "trainer_init"):
             assert Path(targets[key]).exists(), key  # every target is there: a refusal is the kernel's
         hostile = backend.submit(JobSpec(
@@ -231,7 +241,7 @@ def test_a_hostile_script_cannot_reach_another_job_or_the_installation(reachable
         allowed = {name: outcome for name, outcome in record["attempts"].items()
                    if not outcome.startswith("PermissionError")}
         assert allowed == {}, allowed
-        assert len(record["attempts"]) == 23
+        assert len(record["attempts"]) == 24
         own = record["own"]
         hostile_uid = own["uid"]
         assert hostile_uid != victim_uid and {hostile_uid, victim_uid} <= set(_usercode.parse_uid_pool(pool))
