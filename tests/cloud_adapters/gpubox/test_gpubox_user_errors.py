@@ -46,4 +46,7 @@ def test_a_failing_script_names_its_file_line_and_frame_and_its_traceback_ends_t
     first, last = failure_summary_span(lines)
     assert "ChildFailedError" in "\n".join(lines[first:last + 1]) and lines[last].startswith("====")
     left = [ln for ln in lines[:first] + lines[last + 1:] if ln.strip()]
-    assert left[-1] == expected[0].split(": ", 1)[1] and "torch/distributed" not in "\n".join(left)
+    # Both ranks raise at once: under load their tracebacks interleave line by line, so the user's
+    # exception line is among the last few lines, not always the very last (seen once in a loaded run).
+    assert expected[0].split(": ", 1)[1] in left[-4:], left[-12:]
+    assert "torch/distributed" not in "\n".join(left), left[-12:]
