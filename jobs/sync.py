@@ -197,6 +197,18 @@ USER_ERROR_LINES = 400
 """How many of a failed job's last stored log lines :func:`_user_code_failure` reads."""
 
 
+def _says_already(reason: str, trainer_reason: str) -> bool:
+    """Whether the backend's ``reason`` already says what ``trainer_reason`` does: the same text, or
+    (a custom model's ``trainer error: ... raised ValueError at net.py:12: ...``) the same place and
+    message in its own words, so the reason does not say it twice."""
+    if trainer_reason in reason:
+        return True
+    first = trainer_reason.partition("\n")[0]
+    where, _, error = first.partition(": ")  # "net.py:12 in build", "ValueError: bad shape"
+    message = error.partition(": ")[2] or error
+    return bool(where and message) and where.split(" in ")[0] in reason and message in reason
+
+
 def _user_code_failure(job: TrainingJob) -> str:
     """Where the user's code failed, from the end of the job's stored log (``train.py:3: SyntaxError:
     invalid syntax`` and the source line: :func:`cloud_adapters.torchrun_log.user_code_error`); "" when
@@ -368,7 +380,7 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime,
         # The trainer's own reason (a diverged loss) is what the user acts on; a cloud's reason is
         # generic ("exited with a non-zero status of 1"), so it follows as the detail.
         trainer_reason = _trainer_failure_reason(job) or _user_code_failure(job)
-        if trainer_reason and trainer_reason not in reason:
+        if trainer_reason and not _says_already(reason, trainer_reason):
             first, _, source = trainer_reason.partition("\n")  # a user-code error's source line stays last
             reason = f"{first} (the backend reported: {reason})" + (f"\n{source}" if source else "")
         fields["failure_reason"] = reason

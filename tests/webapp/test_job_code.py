@@ -236,4 +236,4 @@ def test_an_unknown_dataset_id_is_one_error_not_two(api_client, cnn_model, local
     response = api_client.post("/api/jobs/", {"dataset": 999999, "model_spec": cnn_model.pk,
                                               "backend": local_backend.pk}, format="json")
     assert response.status_code == 400
-    assert response.json() == {"dataset": ['Invalid pk "999999" - object does not exist.']}
+    assert response.json() == {"dataset": ["Choose one of your datasets; this one does not exist or is not yours."]}
