@@ -13,12 +13,20 @@ count of set-ups, e.g.::
 
 The same counts are written as JSON to ``$TRAINBOARD_FIXTURE_REPORT_JSON`` when that is set (for
 before/after comparisons).
+
+The controller (or the one process of a serial run) also counts the real parts the run started, by
+watching ``/proc`` for new processes every 0.2 s (:class:`ProcessCounter`): torchrun launches (real
+and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Kubernetes stand-ins,
+Chromium browsers and dockerd engines, printed under the fixture totals. A process that lives
+less than the interval can be missed (none of these does); processes of other work on the machine
+are counted too, so the counts are exact on an otherwise idle machine, as CI's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections import defaultdict
 
@@ -46,6 +54,81 @@ def pytest_fixture_setup(fixturedef, request):
         _counts[name] += 1
 
 
+PROCESS_KINDS: dict[str, tuple[bytes, ...]] = {
+    "torchrun launches (real trainer)": (b"torch.distributed.run",),
+    "torchrun launches (trainer stand-in)": (b"standins/trainer", b"torch.distributed.run"),
+    "Celery workers": (b"celery", b"-A\0webapp\0worker"),
+    "Slurm clusters (slurmctld)": (b"slurmctld",),
+    "Kubernetes stand-ins": (b"k8s_standin",),
+    "Chromium browsers": (b"chromium", b"--headless"),
+    "docker engines (dockerd)": (b"dockerd\0--data-root",),
+}
+"""What :class:`ProcessCounter` counts: a kind's new process has every one of its byte strings in its
+command line (arguments joined by NUL). A Chromium browser is its main process (no ``--type=``); a
+Celery worker its main process (its pool children are forks with the same command line, not counted:
+their parent is a counted worker)."""
+
+
+class ProcessCounter(threading.Thread):
+    """Counts new processes of each :data:`PROCESS_KINDS` kind (a daemon thread; :meth:`stop` ends it)."""
+
+    interval_s = 0.2
+
+    def __init__(self) -> None:
+        super().__init__(name="process-counter", daemon=True)
+        self.counts: dict[str, int] = defaultdict(int)
+        self._seen: set[str] = set(os.listdir("/proc"))
+        self._counted: set[str] = set()
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            self.scan()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=5)
+        self.scan()
+
+    def scan(self) -> None:
+        now = set(os.listdir("/proc"))
+        for pid in now - self._seen:
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read()
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    ppid = fh.read().rsplit(b")", 1)[1].split()[1].decode()
+            except OSError:
+                continue
+            if not argv:  # not yet exec'd (a fork): look again next time
+                now.discard(pid)
+                continue
+            for kind, parts in PROCESS_KINDS.items():
+                if not all(part in argv for part in parts):
+                    continue
+                if kind == "torchrun launches (real trainer)" and b"standins/trainer" in argv:
+                    continue
+                if kind == "Chromium browsers" and b"--type=" in argv:
+                    continue
+                if kind == "Celery workers" and ppid in self._counted:
+                    continue
+                self._counted.add(pid)
+                self.counts[kind] += 1
+        self._seen = now
+
+
+_counter: ProcessCounter | None = None
+
+
+def pytest_sessionstart(session):
+    global _counter
+    if getattr(session.config, "workeroutput", None) is None and os.path.isdir("/proc"):
+        _counter = ProcessCounter()
+        _counter.start()
+
+
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the totals to the controller
@@ -65,9 +148,13 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     limit = _limit()
     path = os.environ.get("TRAINBOARD_FIXTURE_REPORT_JSON")
+    if _counter is not None:
+        _counter.stop()
     if path:
         with open(path, "w") as fh:
-            json.dump({name: {"seconds": round(_totals[name], 3), "setups": _counts[name]} for name in _totals},
+            json.dump({"fixtures": {name: {"seconds": round(_totals[name], 3), "setups": _counts[name]}
+                                    for name in _totals},
+                       "processes": dict(_counter.counts) if _counter is not None else {}},
                       fh, indent=1, sort_keys=True)
     if limit <= 0:
         return
@@ -75,3 +162,7 @@ def pytest_terminal_summary(terminalreporter, config):
     heaviest = sorted(_totals, key=_totals.__getitem__, reverse=True)[:limit]
     for name in heaviest:
         terminalreporter.write_line(f"{_totals[name]:8.1f} s {_counts[name]:5d} ×  {name}")
+    if _counter is not None:
+        terminalreporter.write_sep("=", "real parts started (new processes seen in /proc)")
+        for kind in PROCESS_KINDS:
+            terminalreporter.write_line(f"{_counter.counts.get(kind, 0):6d}  {kind}")

@@ -82,11 +82,22 @@ def _run(argv: list[str], env: dict[str, str], timeout: float, check: bool = Tru
     return out
 
 
+ENGINE_DIR = "engine"
+"""The engine's data root kept between runs, inside the cache directory (``TRAINBOARD_DOCKER_KEEP_ENGINE=0``
+turns it off: a temporary one, as on a machine whose cache directory is not on a disk overlay2 takes)."""
+
+
 @pytest.fixture(scope="module")
 def dockerd():
-    """``{"env": ..., "pid": ..., "cache": ...}``: a dockerd of this test's own (module docstring, step 1),
-    everything of it in a temporary directory: stopped by its PID and that directory removed at the end,
-    also when the test fails. ``cache`` is the directory of the images saved between runs."""
+    """``{"env": ..., "pid": ..., "cache": ..., "kept": ...}``: a dockerd of this test's own (module
+    docstring, step 1), stopped by its PID at the end, also when the test fails. Its exec root and
+    socket are in a temporary directory, removed at the end. Its data root (images, layers) is
+    ``<cache>/engine``, kept for the next run on this machine (``kept`` True) while this run holds
+    ``<cache>/engine.lock``; a second run beside it, or ``TRAINBOARD_DOCKER_KEEP_ENGINE=0``, gets a
+    temporary data root (``kept`` False) and the tarballs instead. ``cache`` is the directory of the
+    images saved between runs (``TRAINBOARD_DOCKER_CACHE``, default ~/.cache/trainboard-docker)."""
+    import fcntl
+
     assert os.geteuid() == 0, "the compose e2e test starts its own dockerd and needs root (as CI runs)"
     for tool in ("dockerd", "docker", "docker-compose", "debootstrap"):
         assert shutil.which(tool), f"{tool} missing: run `make system-deps` (scripts/system-deps.sh)"
@@ -94,11 +105,21 @@ def dockerd():
     cache.mkdir(parents=True, exist_ok=True)
     # Short: the exec root holds unix sockets (108-byte path limit).
     top = Path(tempfile.mkdtemp(prefix="tbd-", dir="/tmp"))
+    lock = open(cache / "engine.lock", "w")
+    kept = os.environ.get("TRAINBOARD_DOCKER_KEEP_ENGINE", "1") != "0"
+    if kept:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another run's engine has it: this one starts from the tarballs
+            kept = False
+    data_root = cache / ENGINE_DIR if kept else top / "data"
+    if kept:
+        _unmount_under(data_root)  # an engine killed by a crash may have left its mounts
     sock = top / "docker.sock"
     log = open(top / "dockerd.log", "wb")
     # overlay2 works on this machine's ext4; should a CI disk refuse it, --storage-driver vfs does (slower).
     proc = subprocess.Popen(
-        ["dockerd", "--data-root", str(top / "data"), "--exec-root", str(top / "x"), "--pidfile", str(top / "pid"),
+        ["dockerd", "--data-root", str(data_root), "--exec-root", str(top / "x"), "--pidfile", str(top / "pid"),
          "--host", f"unix://{sock}", "--bridge=none", "--iptables=false", "--ip6tables=false"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     env = {**os.environ, "DOCKER_HOST": f"unix://{sock}", "DOCKER_BUILDKIT": "0", "COMPOSE_DOCKER_CLI_BUILD": "0"}
@@ -107,8 +128,16 @@ def dockerd():
             ["docker", "version"], env=env, capture_output=True, timeout=30).returncode == 0,
             timeout=60, interval=0.5, what="the test's dockerd to answer")
         assert proc.poll() is None, (top / "dockerd.log").read_text()[-3000:]
-        yield {"env": env, "pid": proc.pid, "log": top / "dockerd.log", "cache": cache}
+        if kept:  # what a crashed run left: its containers and volumes (the images stay: they are the cache)
+            left = _run(["docker", "ps", "-aq"], env, 60).stdout.split()
+            if left:
+                _run(["docker", "rm", "--force", "--volumes", *left], env, 300)
+            _run(["docker", "volume", "prune", "--force"], env, 120)
+        yield {"env": env, "pid": proc.pid, "log": top / "dockerd.log", "cache": cache, "kept": kept}
     finally:
+        if kept and proc.poll() is None:
+            # Keep the cache from growing: the images no tag names any more (the last run's app image).
+            subprocess.run(["docker", "image", "prune", "--force"], env=env, capture_output=True, timeout=300)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # it stops its containers and its containerd
             try:
@@ -119,6 +148,9 @@ def dockerd():
                 proc.wait()
         log.close()
         _unmount_under(top)  # dockerd leaves its netns/default bind mount in the exec root
+        if kept:
+            _unmount_under(data_root)
+        lock.close()  # the next run may take the engine
         shutil.rmtree(top, ignore_errors=True)  # never hide the test's own failure behind a cleanup error
 
 
@@ -150,6 +182,26 @@ class Api:
         status, answer = self.call("POST", path, body)
         assert status == expect, (path, status, answer)
         return answer
+
+    def upload_model(self, name: str, script: str) -> dict:
+        """A *my script* model whose code is one file, ``held.py`` = ``script``, uploaded as a multipart
+        ``.tar.gz`` (``POST /api/models/``, kind script)."""
+        import io
+        import tarfile
+
+        import requests
+
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            data = script.encode()
+            member = tarfile.TarInfo("held.py")
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+        answer = requests.post(f"{WEB}/api/models/", headers={"Authorization": f"Token {self.token}"}, timeout=60,
+                               data={"name": name, "kind": "script", "entry_point": "held.py"},
+                               files={"code": ("held.tar.gz", buffer.getvalue(), "application/gzip")})
+        assert answer.status_code == 201, (answer.status_code, answer.text[:2000])
+        return answer.json()
 
     def get(self, path: str) -> dict:
         status, answer = self.call("GET", path)
@@ -197,11 +249,11 @@ def test_the_compose_stack_builds_starts_runs_jobs_and_survives_a_worker_restart
     print(out.stdout.strip())
     phases.done("base images")
     deps_tarball = dockerd["cache"] / "build-deps-cpu.tar"
-    cached_deps = ""
-    if deps_tarball.is_file():
+    cached_deps = _image_id(DEPS_CACHE, env)  # a kept engine has it from the last run: nothing to load
+    if not cached_deps and deps_tarball.is_file():
         _run(["docker", "load", "-q", "-i", str(deps_tarball)], env, 600)
         cached_deps = _image_id(DEPS_CACHE, env)
-    phases.done(f"deps stage {'loaded from ' + str(deps_tarball) if cached_deps else 'not cached yet'}")
+    phases.done(f"deps stage {'in the engine or loaded from ' + str(deps_tarball) if cached_deps else 'not cached yet'}")
 
     wheels = ROOT / ".wheels"
     if not (wheels / TORCH_CPU_WHEEL).exists():
@@ -217,7 +269,9 @@ def test_the_compose_stack_builds_starts_runs_jobs_and_survives_a_worker_restart
         # the wheel, the base). The compose build then takes it whole as its cache (compose.hostnet.yml).
         _run(["docker", "build", "-q", "--network", "host", "--build-arg", "TORCH_VARIANT=cpu", "--target", "deps",
               *(["--cache-from", DEPS_CACHE] if cached_deps else []), "-t", DEPS_CACHE, str(ROOT)], env, 1500)
-        if _image_id(DEPS_CACHE, env) != cached_deps:
+        if _image_id(DEPS_CACHE, env) != cached_deps and dockerd["kept"]:
+            phases.done("deps stage built (kept in this machine's engine for the next run)")
+        elif _image_id(DEPS_CACHE, env) != cached_deps:
             phases.done("deps stage built")
             partial = deps_tarball.with_suffix(".tar.partial")
             _run(["docker", "save", "-o", str(partial), DEPS_CACHE], env, 600)
@@ -288,22 +342,29 @@ def test_the_compose_stack_builds_starts_runs_jobs_and_survives_a_worker_restart
         assert len(weights) == model_pt["size_bytes"] > 0 and hashlib.sha256(weights).hexdigest() == model_pt["sha256"]
         phases.done(f"its {model_pt['name']} downloaded from the web container ({len(weights):,} bytes, sha256 matches)")
 
-        second = submit(80)  # long enough to be running all through the restart, on a fast machine too
+        # The second job is held running until the test releases it (no race with a job's length): a
+        # *my script* job of 2 ranks, uploaded through the API, that reports a step every 0.2 s until a
+        # file the test writes in the runner's container appears in its output directory.
+        script = api.upload_model("held", HELD_SCRIPT)
+        second = api.post("/api/jobs/", {"model_spec": script["id"], "backend": backend["id"], "nodes": 1,
+                                         "procs_per_node": 2, "max_runtime_s": 1800})
         running = wait_for(lambda: (j := api.get(f"/api/jobs/{second['id']}/"))["state"] == "RUNNING" and j,
                            timeout=180, interval=1, what="the second job to run")
-        ranks_before = _ranks(compose, env)
-        assert len(ranks_before) >= 2, ranks_before
+        wait_for(lambda: len(_ranks(compose, env, "held.py")) >= 2 and _in_runner(compose, env, HELD_RANKS) == "2",
+                 timeout=120, interval=1, what="both ranks of the second job held at their gate")
+        ranks_before = _ranks(compose, env, "held.py")
         started_before = _started_at(compose, env, "gpubox-worker-a")
         _run(compose + ["restart", "gpubox-worker-a"], env, 180)
         assert _started_at(compose, env, "gpubox-worker-a") != started_before  # a new start of its container
-        phases.done("second job RUNNING; gpubox-worker-a restarted")
+        phases.done("second job RUNNING and held; gpubox-worker-a restarted")
         # The training processes lived through the restart: the same pids, in the runner's container.
-        assert _ranks(compose, env) >= ranks_before
+        assert _ranks(compose, env, "held.py") >= ranks_before
         assert api.get(f"/api/jobs/{second['id']}/")["state"] == "RUNNING"
-        second = ended(running["id"], 600)
+        _in_runner(compose, env, RELEASE_HELD)
+        second = ended(running["id"], 300)
         assert second["state"] == "SUCCEEDED", second
         assert second["attempt"] == 1, second  # followed to its end, never lost and resubmitted
-        assert second["final_metrics"]["val_accuracy"] >= 0.85 and float(second["cost_usd"]) > 0, second
+        assert second["final_metrics"]["released"] == 1.0 and float(second["cost_usd"]) > 0, second
         events = api.get(f"/api/jobs/{second['id']}/")
         assert "lost" not in json.dumps(events.get("events", [])).lower()
         wait_for(lambda: _health(compose, env).get("gpubox-worker-a") == "healthy", timeout=120, interval=2,
@@ -380,8 +441,36 @@ def _image_id(ref: str, env: dict[str, str]) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _ranks(compose: list[str], env: dict[str, str]) -> set[str]:
-    """Pids of the trainer's ranks in the runner's container (``docker top``)."""
+def _ranks(compose: list[str], env: dict[str, str], program: str) -> set[str]:
+    """Pids of the ranks running ``program`` in the runner's container (``docker top``; torchrun not counted)."""
     cid = _run(compose + ["ps", "-q", "gpubox-runner"], env, 60).stdout.split()[0]
     out = _run(["docker", "top", cid, "-o", "pid,args"], env, 60).stdout.splitlines()[1:]
-    return {line.split(None, 1)[0] for line in out if "trainer_pkg" in line and "torch.distributed.run" not in line}
+    return {line.split(None, 1)[0] for line in out if program in line and "torch.distributed.run" not in line}
+
+
+def _in_runner(compose: list[str], env: dict[str, str], shell: str) -> str:
+    """``shell`` (a fixed text of this module, never a value from elsewhere) run by ``sh -c`` in the
+    runner's container, as its user; its stdout, stripped."""
+    return _run(compose + ["exec", "-T", "gpubox-runner", "sh", "-c", shell], env, 120).stdout.strip()
+
+
+HELD_SCRIPT = """\
+import os, pathlib, time
+
+from trainer_pkg import report
+
+out = pathlib.Path(report.model_dir())
+(out / f"held-{os.environ.get('RANK', '0')}").touch()  # this rank is at the gate
+step = 0
+while not (out / "release").exists():
+    step += 1
+    report.log(step=step, released=0.0)
+    time.sleep(0.2)
+report.log(step=step + 1, released=1.0)
+"""
+"""The second job's script: each rank marks itself held in the job's output directory, then reports a
+step every 0.2 s until the test writes ``release`` there (:data:`RELEASE_HELD`)."""
+
+RUNS = "/var/lib/trainboard/runs"  # the box's run root in the runner's container (docker-compose.yml)
+HELD_RANKS = f"ls {RUNS}/*/output/held-* 2>/dev/null | wc -l"
+RELEASE_HELD = f"for d in {RUNS}/*/output; do [ -e \"$d/held-0\" ] && touch \"$d/release\"; done; true"
