@@ -1,5 +1,6 @@
 """Shared fixtures: users, a digits dataset, a CNN model, a local gpubox backend, AWS on the SageMaker
-stand-in, a Chromium page, and a real Celery worker (+ beat) process for end-to-end tests.
+stand-in, a Chromium page, a real Celery worker (+ beat) process for end-to-end tests, and the test
+Slurm cluster (started once per pytest process, a clean view of it per module).
 
 The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and ``REDIS_URL``)::
 
@@ -304,3 +305,49 @@ def kube_standin(tmp_path_factory):
 
     with kube_standin_server(tmp_path_factory.mktemp("k8s-standin")) as server:
         yield server
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_shared():
+    """The test Slurm cluster (tests/slurmkit.py), started once per pytest process and stopped by PID
+    at its end. Tests do not take it directly: ``slurm_cluster_module`` gives each module a clean view."""
+    import slurmkit
+
+    with slurmkit.slurm_cluster() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster_module(request):
+    """The shared Slurm cluster for one test module: :func:`slurmkit.reset` before (no job, both nodes
+    idle) and after it (its jobs cancelled, a node it set down resumed: a failure there is the module's),
+    and a :class:`slurmkit.SlurmCluster` whose ``work_dir`` is the module's own directory.
+
+    A module that takes it must carry ``slurmkit.SLURM_GROUP`` (``pytest.mark.xdist_group("slurm")``):
+    under ``-n`` every such module then runs on one worker, which starts the cluster once. A module
+    without the mark fails here (it would start a second cluster on another worker). A test must not
+    stop or restart a daemon of this cluster; one that needs that starts its own
+    (``slurmkit.slurm_cluster()``)."""
+    import slurmkit
+
+    groups = [m.args[0] if m.args else m.kwargs.get("name") for m in request.node.iter_markers("xdist_group")]
+    if "slurm" not in groups:
+        pytest.fail(f"{request.node.nodeid} uses the shared Slurm cluster without slurmkit.SLURM_GROUP "
+                    f"(pytestmark): under -n it would start another cluster on another worker", pytrace=False)
+    shared = request.getfixturevalue("slurm_cluster_shared")  # started only past that check
+    slurmkit.reset(shared)
+    yield slurmkit.module_view(shared, request.module.__name__.rsplit(".", 1)[-1])
+    slurmkit.reset(shared)
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    slurmkit = sys.modules.get("slurmkit")
+    if slurmkit is not None and slurmkit.STARTS:
+        terminalreporter.write_line(f"test Slurm cluster: started {slurmkit.STARTS} time(s) in this process")

@@ -11,6 +11,13 @@ process left in their sessions by its own, and removes the directory, even when 
     with slurm_cluster(tmp_path) as cluster:
         transport = LocalTransport(env=cluster.env)
 
+The suite starts it once per pytest process (tests/conftest.py ``slurm_cluster_shared``, session
+scope; every file that uses it carries :data:`SLURM_GROUP`, so under ``-n`` that is once per run). Each
+test module gets a view of it with its own work directory (:func:`module_view`), and :func:`reset`
+brings it back to a clean state between modules without restarting a daemon: every job cancelled and
+gone from squeue, both nodes idle (a node a test set down or drained is resumed). :data:`STARTS`
+counts the clusters this process started.
+
 No systemd and no accounting daemon (``slurmdbd``): ``sacct`` has nothing to say here, which is what
 the adapter's ``scontrol show job`` and exit-marker fallbacks are for. The facts are in
 shared/reference/clouds.md §7 (Slurm 22.05.8 of Debian 12).
@@ -42,10 +49,19 @@ PARTITION = "debug"
 CLUSTER_NAME = "tbtest"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+RESET_TIMEOUT_S = 60.0
+RESUMABLE_STATES = ("down", "drain", "drng", "fail", "failg")
+"""sinfo's short node states (``%t``, flag characters such as ``*`` stripped) that :func:`reset`
+resumes with ``scontrol update nodename=… state=resume``: what a test's ``state=down`` or a drain
+leaves behind."""
+
+STARTS = 0
+"""How many clusters :func:`slurm_cluster` started in this process (the suite's goal: 1)."""
 
 SLURM_GROUP = pytest.mark.xdist_group("slurm")
-"""The mark of every test file that starts this cluster: under ``-n`` (tests/xdist_workers.py) they
-all run on one worker, one cluster at a time, as they do in a serial run."""
+"""The mark of every test file that uses this cluster: under ``-n`` (tests/xdist_workers.py) they all
+run on one worker, which starts the shared cluster once, as a serial run does (tests/conftest.py
+``slurm_cluster_module`` refuses a module without it)."""
 
 
 def free_port() -> int:
@@ -84,6 +100,30 @@ class SlurmCluster:
     def log(self, daemon: str) -> str:
         path = self.directory / f"{daemon}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        """The tails of every daemon's log and console output (for an error message)."""
+        parts = []
+        for name in ("munged", "slurmctld", *(f"slurmd-{n}" for n in self.nodes)):
+            out = self.directory / f"{name}.out"
+            console = out.read_text(errors="replace")[-2000:] if out.exists() else ""
+            parts.append(f"--- {name} ---\n{self.log(name)[-3000:]}{console}")
+        return "\n".join(parts)
+
+    def node_states(self) -> dict[str, str]:
+        """sinfo's short state of each node (``{"n1": "idle", "n2": "down*"}``); {} when sinfo fails."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+        if out.returncode != 0:
+            return {}
+        return dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+
+    def active_jobs(self) -> list[str] | None:
+        """``"<id> <name> <state>"`` of each job squeue lists by default (pending, running, completing:
+        not the finished ones the controller still remembers for MinJobAge); None when squeue fails."""
+        out = self.run("squeue", "-h", "-o", "%i %j %T")
+        if out.returncode != 0:
+            return None
+        return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
 def _slurm_conf(directory: Path, host: str, ctld_port: int, node_ports: dict[str, int], munge_socket: Path) -> str:
@@ -180,6 +220,8 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
 
     ``directory``: where its files go; None = a fresh one under /tmp (munged, which runs as user
     munge, must be able to reach its files: pytest's tmp_path is private to root)."""
+    global STARTS
+    STARTS += 1
     base = Path(tempfile.mkdtemp(prefix="tb-slurm-", dir=str(directory) if directory else None))
     base.chmod(0o755)
     for sub in ("state", "spool", "work"):
@@ -201,12 +243,7 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(directory=base, conf=conf, work_dir=base / "work", pids={})
     procs: list[subprocess.Popen] = []
-
-    def logs() -> str:
-        names = ("munged", "slurmctld", *(f"slurmd-{n}" for n in NODES))
-        return "\n".join(f"--- {n} ---\n{cluster.log(n)[-3000:]}"
-                         f"{(base / f'{n}.out').read_text(errors='replace')[-2000:] if (base / f'{n}.out').exists() else ''}"
-                         for n in names)
+    logs = cluster.logs
 
     def start(name: str, argv: list[str], **kw) -> None:
         with open(base / f"{name}.out", "ab") as out:
@@ -232,9 +269,8 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
             for proc in procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"test Slurm cluster: {proc.args[0]} exited with {proc.returncode}\n{logs()}")
-            out = cluster.run("sinfo", "-h", "-N", "-o", "%N %t")
-            states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
-            return out.returncode == 0 and all(states.get(n) == "idle" for n in NODES)
+            states = cluster.node_states()
+            return all(states.get(n) == "idle" for n in NODES)
 
         _wait(idle, START_TIMEOUT_S, "the nodes were not idle", logs)
         yield cluster
@@ -253,3 +289,44 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
         for pid in _session_members(leaders):  # a slurmstepd left behind
             _stop(pid)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def reset(cluster: SlurmCluster, timeout: float = RESET_TIMEOUT_S) -> None:
+    """Bring a running cluster back to a clean state without restarting a daemon.
+
+    Cancels every job (``scancel --full -u root``: all jobs run as root here), resumes each node
+    sinfo shows in one of :data:`RESUMABLE_STATES`, and waits until squeue lists no job and both
+    nodes are ``idle``. Finished jobs stay known to the controller for MinJobAge (900 s) — ``squeue
+    --states=all`` and ``scontrol show job`` still list them — so a test names its own jobs when it
+    asks Slurm. Raises RuntimeError, with the daemons' logs, when a daemon is no longer running or the
+    cluster is not clean within ``timeout`` seconds."""
+    dead = [name for name, pid in cluster.pids.items() if not _alive(pid)]
+    if dead:
+        raise RuntimeError(f"test Slurm cluster: {', '.join(dead)} no longer runs (a test must not stop a "
+                           f"daemon of the shared cluster)\n{cluster.logs()}")
+    cancelled = cluster.run("scancel", "--full", "-u", "root", timeout=15)
+    if cancelled.returncode != 0:
+        raise RuntimeError(f"test Slurm cluster: scancel failed: {cancelled.stderr.strip()}\n{cluster.logs()}")
+    seen: dict[str, object] = {}
+
+    def clean() -> bool:
+        states = cluster.node_states()
+        for node in cluster.nodes:
+            if states.get(node, "").rstrip("*~#!%$@^-+") in RESUMABLE_STATES:
+                cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+        jobs = cluster.active_jobs()
+        seen.update(states=states, jobs=jobs)
+        return jobs == [] and all(states.get(n) == "idle" for n in cluster.nodes)
+
+    _wait(clean, timeout, "was not clean (no job, every node idle)",
+          lambda: f"last seen: {seen}\n{cluster.logs()}")
+
+
+def module_view(cluster: SlurmCluster, name: str) -> SlurmCluster:
+    """``cluster`` with a work directory of its own: a new ``<work_dir>/<name>-XXXX`` (0755, one per
+    call, so the run directories of two test modules never mix). ``name``: a module's name; anything
+    but letters, digits, ``-`` and ``_`` becomes ``-``."""
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:60] or "module"
+    work = Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=cluster.work_dir))
+    work.chmod(0o755)
+    return dataclasses.replace(cluster, work_dir=work)

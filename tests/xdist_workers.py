@@ -16,8 +16,8 @@ that early). ``make test`` runs ``pytest -n $(TEST_WORKERS) --dist loadgroup``; 
   Redis has databases 0–15: ``base + workers - 1`` past 15 is refused before any worker starts.
 - **What runs where**: each test file is one unit of work that one worker runs whole (many keep a
   module-scoped stand-in, cluster or Celery worker that a split would start twice), and the files
-  marked ``pytest.mark.xdist_group("name")`` make one unit together: ``slurm``, the files that start
-  the test Slurm cluster (tests/slurmkit.py), one cluster at a time as in a serial run. Units start
+  marked ``pytest.mark.xdist_group("name")`` make one unit together: ``slurm``, the files that use
+  the test Slurm cluster (tests/slurmkit.py), which that worker then starts once, as a serial run does. Units start
   heaviest first (a test marked ``slow`` weighs 60, ``e2e`` 20, ``browser`` 10, any other 1), so the
   long end-to-end files do not all come at the end of the run.
 

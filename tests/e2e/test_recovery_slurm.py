@@ -20,7 +20,7 @@ from jobs import selectors, services
 from jobs.models import JobAttempt, JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.artifacts import training_job_artifact_list
 from jobs.services.prices import instance_price_save
-from slurmkit import SLURM_GROUP, slurm_cluster
+from slurmkit import SLURM_GROUP
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True), SLURM_GROUP]
 
@@ -28,9 +28,9 @@ RATE = Decimal("3.6")  # USD per node-hour of partition debug
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with slurm_cluster() as running:
-        yield running
+def cluster(slurm_cluster_module):
+    """The suite's shared Slurm cluster, clean, with this module's own work directory (tests/conftest.py)."""
+    return slurm_cluster_module
 
 
 def installation(cluster) -> dict[str, str]:

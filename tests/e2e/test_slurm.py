@@ -16,7 +16,7 @@ import pytest
 from jobs import selectors, services
 from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
-from slurmkit import SLURM_GROUP, slurm_cluster
+from slurmkit import SLURM_GROUP
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True), SLURM_GROUP]
 
@@ -24,9 +24,9 @@ RATE = Decimal("3.6")  # USD per node-hour of partition debug on cluster tbtest
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with slurm_cluster() as running:
-        yield running
+def cluster(slurm_cluster_module):
+    """The suite's shared Slurm cluster, clean, with this module's own work directory (tests/conftest.py)."""
+    return slurm_cluster_module
 
 
 def installation(cluster) -> dict[str, str]:

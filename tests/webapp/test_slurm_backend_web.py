@@ -15,7 +15,7 @@ from cloud_adapters.registry import backend_settings
 from jobs import services
 from jobs.models import ComputeBackend
 from jobs.services.prices import instance_price_save
-from slurmkit import SLURM_GROUP, slurm_cluster
+from slurmkit import SLURM_GROUP
 from webapp import forms as webapp_forms
 
 pytestmark = [pytest.mark.django_db, SLURM_GROUP]
@@ -25,9 +25,9 @@ FIELDS = ("cluster", "partition", "account", "qos", "gpus_per_node", "gpu_reques
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with slurm_cluster() as running:
-        yield running
+def cluster(slurm_cluster_module):
+    """The suite's shared Slurm cluster, clean, with this module's own work directory (tests/conftest.py)."""
+    return slurm_cluster_module
 
 
 @pytest.fixture

@@ -16,16 +16,16 @@ import pytest
 from cloud_adapters.base import InvalidSpec, JobHandle, JobSpec, JobState, ProviderError
 from cloud_adapters.registry import create_backend
 from polling import wait_for
-from slurmkit import SLURM_GROUP, slurm_cluster
+from slurmkit import SLURM_GROUP
 from sshkit import sshd_server
 
 pytestmark = [pytest.mark.slow, SLURM_GROUP]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with slurm_cluster() as running:
-        yield running
+def cluster(slurm_cluster_module):
+    """The suite's shared Slurm cluster, clean, with this module's own work directory (tests/conftest.py)."""
+    return slurm_cluster_module
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """The Slurm adapter against a real Slurm 22.05 (tests/slurmkit.py: munged, slurmctld, two slurmd on
 127.0.0.1), commands run by LocalTransport as a worker on the login node would.
 
-One cluster for the module. Jobs are the real trainer on digits under srun (2 nodes × 2 processes),
-or a tiny user script that prints what its environment holds.
+The suite's one cluster, a clean view of it for the module (tests/conftest.py). Jobs are the real
+trainer on digits under srun (2 nodes × 2 processes), or a tiny user script that prints what its
+environment holds.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import pytest
 from cloud_adapters.base import CodeBundle, JobHandle, JobSpec, JobState
 from cloud_adapters.registry import create_backend
 from polling import wait_for
-from slurmkit import SLURM_GROUP, slurm_cluster
+import slurmkit
+from slurmkit import SLURM_GROUP
 
 pytestmark = SLURM_GROUP
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with slurm_cluster() as running:
-        yield running
+def cluster(slurm_cluster_module):
+    """The suite's shared Slurm cluster, clean, with this module's own work directory (tests/conftest.py)."""
+    return slurm_cluster_module
 
 
 @pytest.fixture
@@ -197,3 +199,29 @@ def test_sbatch_refusal_is_an_invalid_spec(backend, cluster):
     with pytest.raises(InvalidSpec, match="Slurm refused the job: sbatch: error: invalid partition specified: nosuch"):
         wrong.submit(digits_spec("tb-job-105-a"))
     assert "tb-job-105-a" not in cluster.job_names()
+
+
+def test_reset_cancels_every_job_and_resumes_the_nodes_a_test_left_down(cluster):
+    """What the shared cluster's reset between modules (tests/conftest.py) undoes: a job requeued
+    after its node was set down, a job still pending, a drained node (a down node may already be
+    back: ReturnToService=2 takes it back when its slurmd registers again; drained stays drained)."""
+    def sbatch(name, nodes):
+        out = cluster.run("sbatch", "--parsable", f"--job-name={name}", f"--nodes={nodes}",
+                          f"--chdir={cluster.work_dir}", "--wrap", "sleep 300")
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    sbatch("tb-reset-a", 1)
+    wait_for(lambda: "RUNNING" in " ".join(cluster.active_jobs() or []), timeout=30, what="the job to run")
+    sbatch("tb-reset-b", 2)  # waits for the node the first holds
+    node = cluster.run("squeue", "-h", "--name=tb-reset-a", "-o", "%N").stdout.strip()
+    other = next(n for n in cluster.nodes if n != node)
+    assert cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=test").returncode == 0
+    assert cluster.run("scontrol", "update", f"nodename={other}", "state=drain", "reason=test").returncode == 0
+    states = cluster.node_states()
+    assert states[other] in ("drain", "drng"), states
+    assert {line.split()[1] for line in cluster.active_jobs()} == {"tb-reset-a", "tb-reset-b"}
+
+    slurmkit.reset(cluster)
+    assert cluster.active_jobs() == []
+    assert cluster.node_states() == {n: "idle" for n in cluster.nodes}

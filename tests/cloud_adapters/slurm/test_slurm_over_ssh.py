@@ -11,16 +11,16 @@ import pytest
 from cloud_adapters.base import JobSpec, JobState
 from cloud_adapters.registry import create_backend
 from polling import wait_for
-from slurmkit import SLURM_GROUP, slurm_cluster
+from slurmkit import SLURM_GROUP
 from sshkit import keygen, sshd_server
 
 pytestmark = SLURM_GROUP
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with slurm_cluster() as running:
-        yield running
+def cluster(slurm_cluster_module):
+    """The suite's shared Slurm cluster, clean, with this module's own work directory (tests/conftest.py)."""
+    return slurm_cluster_module
 
 
 @pytest.fixture(scope="module")
