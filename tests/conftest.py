@@ -122,6 +122,18 @@ def aws_env(monkeypatch, tmp_path):
         yield sagemaker_standin
 
 
+@pytest.fixture
+def trainer_standin(tmp_path):
+    """The trainer stand-in (tests/standins/trainer.py): a torch-free torchrun + trainer that steps
+    only as the test allows. Name ``trainer_standin.python`` as a GPU box's interpreter (backend
+    config ``"python"``, ``settings.TRAINBOARD_GPUBOX_PYTHON``, or a worker's
+    ``extra_env={"TRAINBOARD_GPUBOX_PYTHON": ...}``); ``hold(steps=N)``, ``wait_at(N)``,
+    ``release()``, ``fail(...)``. The gate starts open (jobs run to their end at once)."""
+    from standins.trainer import TrainerStandin
+
+    return TrainerStandin.create(tmp_path / "trainer-standin")
+
+
 # ---------------------------------------------------------------------------------------------
 # Browser
 # ---------------------------------------------------------------------------------------------
