@@ -74,6 +74,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -297,8 +298,15 @@ def torchrun(argv: Sequence[str], *, wrapper: str, gate: Path) -> int:
         rank = args.node_rank * nproc + local
         env = dict(base, LOCAL_RANK=str(local), RANK=str(rank), ROLE_RANK=str(rank))
         ranks.append(subprocess.Popen(cmd, env=env, start_new_session=True))  # as torch's SubprocessHandler
+    try:
+        return _watch(ranks, signalled, args.training_script, args.node_rank * nproc)
+    finally:
+        if nnodes == 1:  # another node's ranks may still read a shared one
+            shutil.rmtree(group, ignore_errors=True)
 
-    first_failure: tuple[int, subprocess.Popen, float] | None = None
+
+def _watch(ranks: list[subprocess.Popen], signalled: list[int], script: str, first_rank: int) -> int:
+    """Wait for this node's ``ranks`` (global ranks from ``first_rank``); torchrun's exit code."""
     while True:
         codes = [proc.poll() for proc in ranks]
         if signalled:
@@ -309,9 +317,9 @@ def torchrun(argv: Sequence[str], *, wrapper: str, gate: Path) -> int:
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             local, code = failed[0]
-            first_failure = (args.node_rank * nproc + local, ranks[local], time.time())
+            failure = (first_rank + local, ranks[local], time.time())
             _close(ranks, signal.SIGTERM)
-            _failure_summary(args.training_script, first_failure, code, local)
+            _failure_summary(script, failure, code, local)
             return 1
         if all(c == 0 for c in codes):
             return 0
