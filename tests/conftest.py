@@ -123,6 +123,19 @@ def aws_env(monkeypatch, tmp_path):
         yield sagemaker_standin
 
 
+@pytest.fixture
+def trainer_standin(tmp_path):
+    """The trainer stand-in (tests/standins/trainer.py): a torch-free torchrun + trainer that steps
+    only as the test allows. Name ``trainer_standin.python`` as a GPU box's interpreter: the
+    adapter's config ``"python"``, a staff user's backend row's (``services.backend_update(backend=b,
+    config={**b.config, "python": ...})``: any worker then uses it), ``settings.TRAINBOARD_GPUBOX_PYTHON``
+    (this process) or a worker's ``extra_env={"TRAINBOARD_GPUBOX_PYTHON": ...}``. ``hold(steps=N)``,
+    ``wait_at(N)``, ``release()``, ``fail(...)``. The gate starts open (jobs run to their end at once)."""
+    from standins.trainer import TrainerStandin
+
+    return TrainerStandin.create(tmp_path / "trainer-standin")
+
+
 # ---------------------------------------------------------------------------------------------
 # Browser
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A running job whose cost reaches its budget is stopped within one sync and marked so: a real gpubox
-job (supervisor + torchrun) at $3,600 per node-hour ($1 a second) with a $1.00 budget, synced by
+job (supervisor + torchrun; the trainer stand-in held at its first step, so it runs until stopped,
+however slow the machine) at $3,600 per node-hour ($1 a second) with a $1.00 budget, synced by
 sync.backend_sync until the sync that prices it at $1.00 or more moves it to STOPPING with
 budget_exceeded_at and "Stopped: budget of $1.0000 reached at $1.0238" (both at the precision of the
 job's cost, kept to 4 decimals); the provider then reports it
@@ -21,8 +22,11 @@ from jobs.models import JobStateChoices as S, TrainingJob
 
 
 @pytest.fixture
-def pricey_backend(user, run_root, settings):
+def pricey_backend(user, run_root, settings, trainer_standin):
+    """The box, its jobs run by the trainer stand-in held at their first step (RUNNING until stopped)."""
     settings.TRAINBOARD_RUN_ROOT = run_root
+    settings.TRAINBOARD_GPUBOX_PYTHON = trainer_standin.python
+    trainer_standin.hold(steps=1)
     return services.backend_create(owner=user, name="pricey", kind="gpubox", config={
         "hourly_rate_usd": 3600, "grace_period_s": 3.0})
 
@@ -32,7 +36,7 @@ def test_job_over_budget_is_stopped_in_the_sync_that_prices_it_and_marked(
         client, user, digits_dataset, cnn_model, pricey_backend, monkeypatch):
     monkeypatch.setattr(dispatch, "send_submit", lambda job_id, queue: None)
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
-                                       backend=pricey_backend, epochs=500, max_runtime_s=600, budget_usd="1.00")
+                                       backend=pricey_backend, epochs=1, max_runtime_s=600, budget_usd="1.00")
     lifecycle.training_job_submit(job=job)
     job.refresh_from_db()
     assert job.state == S.PENDING

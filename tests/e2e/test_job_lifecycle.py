@@ -1,5 +1,6 @@
 """End to end: a real Celery worker with embedded beat (Redis broker, PostgreSQL test database)
-drives real gpubox jobs (torchrun, gloo, 2 processes) from QUEUED to a terminal state.
+drives real gpubox jobs (torchrun, gloo, 2 processes) from QUEUED to a terminal state; the cancel
+test's job is the trainer stand-in's (tests/standins/trainer.py), held at its first step.
 
 Run: DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainboard REDIS_URL=redis://127.0.0.1:6379/15 \\
      .venv/bin/python -m pytest tests/e2e -q
@@ -56,10 +57,14 @@ def test_ddp_job_succeeds_with_events_metrics_and_cost(celery_worker_process, us
 
 
 def test_cancel_running_job_stops_every_process(celery_worker_process, user, digits_dataset, cnn_model,
-                                                local_backend, run_root, live_processes, wait_until):
+                                                local_backend, run_root, live_processes, wait_until, trainer_standin):
+    # The trainer stand-in (a staff owner's backend may name the interpreter), held at its first step:
+    # RUNNING until cancelled, however slow the machine.
+    services.backend_update(backend=local_backend, config={**local_backend.config, "python": trainer_standin.python})
+    trainer_standin.hold(steps=1)
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
-                                       backend=local_backend, nodes=1, procs_per_node=2, epochs=500)
-    celery_worker_process.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=180,
+                                       backend=local_backend, nodes=1, procs_per_node=2, epochs=1)
+    celery_worker_process.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=60,
                                    what="the job to be RUNNING")
     run_dir = str(run_root / _reload(job).provider_job_name)
     assert live_processes(run_dir), "the job's processes should be running"
@@ -71,6 +76,8 @@ def test_cancel_running_job_stops_every_process(celery_worker_process, user, dig
     assert job.failure_reason == "Cancelled by user"
     assert [e.to_state for e in selectors.training_job_events(job=job)][-2:] == ["STOPPING", "CANCELLED"]
     wait_until(lambda: not live_processes(run_dir), timeout=5, what="no process of the run left")
+    # The ranks were stopped by SIGTERM and stopped cleanly (a checkpoint, then the `stopped` record).
+    assert [p["state"] for p in trainer_standin.positions()] == ["stopped", "stopped"]
 
 
 def test_missing_dataset_file_fails_with_trainer_error(celery_worker_process, user, cnn_model, local_backend,

@@ -1,7 +1,7 @@
 """Fixtures for the orphan tests: the SageMaker stand-in (moto with jobs in progress and
 StopTrainingJob, tests/cloud_adapters/sagemaker/standin.py) and a SageMaker backend row, a non-staff
 user, and a helper that submits a Trainboard job through the real adapter and records its handle the
-way the submit service does."""
+way the submit service does (a GPU box's on the trainer stand-in, tests/standins/trainer.py)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,16 @@ def non_staff(django_user_model):
 
 
 @pytest.fixture
-def launch(user, digits_dataset, cnn_model):
+def launch(user, digits_dataset, cnn_model, settings, trainer_standin):
     """``launch(backend, **job_fields)``: a job row created by the service and started at the
-    provider through the backend's real adapter (its handle stored, state PENDING)."""
+    provider through the backend's real adapter (its handle stored, state PENDING). A GPU box runs
+    it on the trainer stand-in, held at its first step: it runs until it is stopped."""
+    settings.TRAINBOARD_GPUBOX_PYTHON = trainer_standin.python
+    trainer_standin.hold(steps=1)
 
     def _launch(backend, **fields):
         job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
-                                           backend=backend, epochs=200, max_runtime_s=600, **fields)
+                                           backend=backend, epochs=1, max_runtime_s=600, **fields)
         handle = adapters.backend_adapter(backend).submit(adapters.job_spec(job))
         TrainingJob.objects.filter(pk=job.pk).update(provider_handle=handle.to_dict(), state=S.PENDING)
         job.refresh_from_db()

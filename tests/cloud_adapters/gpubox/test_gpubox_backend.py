@@ -1,5 +1,8 @@
-"""The gpubox backend: config, validation, disk-state → JobState mapping, logs, and real jobs run by
-the real trainer (trainer_pkg.launch on the digits dataset) under torchrun with gloo on CPU."""
+"""The gpubox backend: config, validation, disk-state → JobState mapping, logs, and real jobs: the real
+trainer (trainer_pkg.launch on the digits dataset) under torchrun with gloo on CPU for a job to
+SUCCEEDED and a job that fails, and the trainer stand-in (tests/standins/trainer.py: the same
+launcher, no torch, steps only as the test allows) where the subject is the job's life — cancel, a
+signal, max runtime, a lost supervisor, a retried submit, the supervisor's reaping."""
 
 from __future__ import annotations
 
@@ -24,14 +27,18 @@ from trainer_pkg.launch import torchrun_command
 from trainer_pkg.metrics import format_metric_line, parse_metric_line
 from trainer_pkg.platforms import LAUNCHED_BY_US, LaunchPlan, cpu_threads_per_rank
 
-# A long job for cancel / max-runtime / lost-supervisor tests: many epochs of digits.
-LONG_CONFIG = {"train": {"epochs": 200}, "parallel": {"procs_per_node": 2}}
+BOX = {"max_procs_per_node": 2, "grace_period_s": 8, "hourly_rate_usd": 0.9}
 
 
 @pytest.fixture
 def backend(tmp_path):
-    return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "max_procs_per_node": 2,
-                          "grace_period_s": 8, "hourly_rate_usd": 0.9})
+    return GpuBoxBackend({"run_root": str(tmp_path / "runs"), **BOX})
+
+
+@pytest.fixture
+def standin_box(tmp_path, trainer_standin):
+    """The same box with the trainer stand-in as its interpreter (its gate: ``trainer_standin``)."""
+    return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "python": trainer_standin.python, **BOX})
 
 
 def spec(name: str, config: dict | None = None, **kw) -> JobSpec:
@@ -378,25 +385,31 @@ def _children() -> dict[int, str]:
     return {pid: stat[0] for pid in pids if (stat := _proc.proc_stat(pid))}
 
 
-def test_a_finished_supervisor_leaves_no_zombie_in_the_worker(backend):
+def test_a_finished_supervisor_leaves_no_zombie_in_the_worker(standin_box, trainer_standin):
     """The demo's worker submits one job and no other: the supervisor it started, a child in its
     own session, must be reaped when it exits, not left <defunct> until the next submit."""
+    backend = standin_box
+    trainer_standin.hold(steps=0)
     handle = backend.submit(spec("digits-reaped", {"train": {"epochs": 1}, "parallel": {"procs_per_node": 1}},
                                  procs_per_node=1))
     sup = _proc.read_json(Path(handle.provider_job_id, "supervisor.json"))["pid"]
     assert _children().get(sup) not in (None, "Z")  # it runs, as our child
     assert os.getsid(sup) == sup  # in a session of its own: it outlives the worker
-    status = wait_for(backend, handle, lambda s: s.state.is_terminal, timeout=120)
+    trainer_standin.release()
+    status = wait_for(backend, handle, lambda s: s.state.is_terminal, timeout=60)
     assert status.state == JobState.SUCCEEDED, status
     poll(lambda: sup not in _children(), timeout=10, interval=0.05, what=f"supervisor {sup} to be reaped")
     with pytest.raises(ChildProcessError):
         os.waitpid(sup, os.WNOHANG)  # reaped already, by the backend
 
 
-def test_cancel_running_job(backend):
-    handle = backend.submit(spec("digits-cancel", LONG_CONFIG))
+def test_cancel_running_job(standin_box, trainer_standin):
+    backend = standin_box
+    trainer_standin.hold(steps=1)  # `started` is out: RUNNING, and it stays there
+    handle = backend.submit(spec("digits-cancel"))
     run_dir = handle.provider_job_id
-    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 90)
+    trainer_standin.wait_at(1, run_dir)
+    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 30)
     pgid = _proc.read_json(Path(run_dir, "torchrun.json"))["pgid"]
     # torchrun + 2 ranks (each rank in a session of its own, found by the environment tag)
     assert len(_proc.job_processes(run_dir)) >= 3
@@ -411,34 +424,48 @@ def test_cancel_running_job(backend):
     assert status.failure_reason == "stopped by user"
     assert JobState.STOPPING in seen or seen == [JobState.CANCELLED]
     assert_all_gone(run_dir, pgid, timeout=0.5)
+    # The ranks got the SIGTERM first and stopped cleanly: a checkpoint, then the `stopped` record.
+    records = [json.loads(line) for line in Path(run_dir, "output", "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["started", "stopped"]
+    assert Path(run_dir, "output", "checkpoints", "last.pt").is_file()
 
 
-def test_a_job_runs_the_launchers_torchrun_command_and_thread_count(backend, monkeypatch):
+def test_a_job_runs_the_launchers_torchrun_command_and_thread_count(standin_box, trainer_standin, backend,
+                                                                     monkeypatch):
     # What `trainer_pkg.launch --standalone` would start on this machine: the same argv and, with
     # one process, every core this worker may use (a box that forced 1 thread would show here).
+    # The interpreter is the box's `python` setting, by default the worker's own.
+    assert backend.config["python"] == sys.executable
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    handle = backend.submit(spec("digits-threads", {"train": {"epochs": 200}}, procs_per_node=1))
+    trainer_standin.hold(steps=0)
+    handle = standin_box.submit(spec("digits-threads", {"train": {"epochs": 1}}, procs_per_node=1))
     run_dir = handle.provider_job_id
     try:
         pid = wait_file(Path(run_dir, "torchrun.json"))["pid"]
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        trainer_standin.wait_at(0, run_dir)
+        # The stand-in is a script: the kernel runs its shebang's interpreter with the script's path first.
+        interpreter, *argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
         environ = dict(item.split("=", 1) for item in
                        Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item)
         plan = LaunchPlan(platform="local", nnodes=1, node_rank=0, nproc_per_node=1)
-        assert argv == torchrun_command(f"{run_dir}/job.json", plan, python=sys.executable)
-        assert argv[:8] == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1",
-                            "--standalone"]
+        assert interpreter == sys.executable
+        assert argv == torchrun_command(f"{run_dir}/job.json", plan, python=trainer_standin.python)
+        assert argv[:8] == [trainer_standin.python, "-m", "torch.distributed.run", "--nnodes", "1",
+                            "--nproc_per_node", "1", "--standalone"]
         assert environ["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0))) == str(cpu_threads_per_rank(1))
         assert environ[LAUNCHED_BY_US] == "local"
     finally:
-        backend.cancel(handle)
-        wait_for(backend, handle, lambda s: s.state.is_terminal, 30)
+        standin_box.cancel(handle)
+        wait_for(standin_box, handle, lambda s: s.state.is_terminal, 30)
 
 
-def test_a_signal_from_elsewhere_is_not_reported_as_a_user_cancel(backend):
-    handle = backend.submit(spec("digits-sigterm", LONG_CONFIG))
+def test_a_signal_from_elsewhere_is_not_reported_as_a_user_cancel(standin_box, trainer_standin):
+    backend = standin_box
+    trainer_standin.hold(steps=1)
+    handle = backend.submit(spec("digits-sigterm"))
     run_dir = handle.provider_job_id
-    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 90)
+    trainer_standin.wait_at(1, run_dir)
+    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 30)
     pgid = _proc.read_json(Path(run_dir, "torchrun.json"))["pgid"]
     sup = _proc.read_json(Path(run_dir, "supervisor.json"))
     os.kill(int(sup["pid"]), signal.SIGTERM)  # a shutdown or someone's kill: no cancel_requested marker
@@ -459,8 +486,10 @@ def test_missing_dataset_fails_with_the_path(backend):
     assert status.raw_state.startswith("exited ") and status.raw_state != "exited 0"
 
 
-def test_max_runtime_fails_the_job(backend):
-    handle = backend.submit(spec("too-slow", LONG_CONFIG, max_runtime_s=2))
+def test_max_runtime_fails_the_job(standin_box, trainer_standin):
+    backend = standin_box
+    trainer_standin.hold(steps=1)  # it would never end by itself
+    handle = backend.submit(spec("too-slow", max_runtime_s=2))
     status = wait_for(backend, handle, lambda s: s.state.is_terminal, 20)
     assert status.state == JobState.FAILED
     assert status.failure_reason == ("Max runtime reached: the run took longer than 2 s, start-up included; raise the "
@@ -470,12 +499,15 @@ def test_max_runtime_fails_the_job(backend):
     assert_all_gone(handle.provider_job_id, tr["pgid"], timeout=0.5)
 
 
-def test_killed_supervisor_is_reported_failed(backend):
-    handle = backend.submit(spec("lost-sup", LONG_CONFIG))
+def test_killed_supervisor_is_reported_failed(standin_box, trainer_standin):
+    backend = standin_box
+    trainer_standin.hold(steps=1)
+    handle = backend.submit(spec("lost-sup"))
     run_dir = handle.provider_job_id
     tr = wait_file(Path(run_dir, "torchrun.json"))
     sup = _proc.read_json(Path(run_dir, "supervisor.json"))
-    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 90)
+    trainer_standin.wait_at(1, run_dir)
+    wait_for(backend, handle, lambda s: s.state == JobState.RUNNING, 30)
     ranks = set(_proc.job_processes(run_dir)) - {tr["pid"]}
     assert len(ranks) >= 2
     os.kill(sup["pid"], signal.SIGKILL)
@@ -508,11 +540,12 @@ def test_a_lost_run_directory_is_failed_and_cancel_is_a_no_op(backend):
         assert excinfo.value.transient and f"run root {backend.run_root} not found" in str(excinfo.value)
 
 
-def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the_run(backend):
+def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the_run(standin_box):
     """The first attempt's worker died inside submit after creating the run directory, before the
     supervisor started. The retry, and a duplicate delivery racing it, must not
     adopt that empty directory (it would fail "supervisor never started" though nothing ran): one of
     them starts the run, exactly once, and the other adopts it."""
+    backend = standin_box
     name = "digits-retried"
     run_dir = backend.run_root / name
     run_dir.mkdir(parents=True)
@@ -525,7 +558,7 @@ def test_a_retry_after_the_worker_died_before_starting_the_supervisor_starts_the
     [t.join() for t in threads]
     assert len(handles) == 2 and handles[0] == handles[1]
     assert (run_dir / "supervisor.json").exists(), f"adopted a run that never started: {backend.describe(handles[0])}"
-    status = wait_for(backend, handles[0], lambda s: s.state.is_terminal, timeout=120)
+    status = wait_for(backend, handles[0], lambda s: s.state.is_terminal, timeout=60)
     assert status.state == JobState.SUCCEEDED, status
     assert (run_dir / "supervisor.log").read_text().count("started torchrun pid") == 1
     assert json.loads((run_dir / "tags.json").read_text()) == {"trainboard-job-name": name}

@@ -1,6 +1,7 @@
 """The GPU box's inventory (cloud_adapters/gpubox/inventory.py): NVML through a stand-in ``pynvml``
 module at the import seam (this machine has no NVIDIA driver), GPUs set by hand, CPU slots for real;
-the never-fits refusal; and the devices a real job's ranks see (read from /proc)."""
+the never-fits refusal; and the devices a real job's ranks see (read from /proc; the ranks the box's
+torchrun starts, here the trainer stand-in's, held before their first step)."""
 
 from __future__ import annotations
 
@@ -161,8 +162,10 @@ def test_a_container_job_is_given_its_gpus_by_docker_and_sees_them_from_zero(run
     assert backend._container_gpus(JobSpec(job_name="j", config={}, procs_per_node=2, devices=(2, 3))) == (2, 3)
 
 
-def _ranks_of(backend, spec) -> dict[int, dict[str, str]]:
-    """Submit ``spec``, read its ranks' environments while they run, then stop it."""
+def _ranks_of(backend, spec, standin) -> dict[int, dict[str, str]]:
+    """Submit ``spec``, read its ranks' environments while they are held before their first step
+    (``standin``: the trainer stand-in, the backend's interpreter), then stop it."""
+    standin.hold(steps=0)
     handle = backend.submit(spec)
     try:
         return wait_for(lambda: (found := rank_environments(handle.provider_job_id)) and len(found) == 2 and found,
@@ -172,21 +175,24 @@ def _ranks_of(backend, spec) -> dict[int, dict[str, str]]:
         wait_for(lambda: backend.describe(handle).state.is_terminal, timeout=60, what="the job to stop")
 
 
-def test_a_real_job_s_ranks_see_exactly_their_gpus_and_the_nvml_numbering(run_root):
+def test_a_real_job_s_ranks_see_exactly_their_gpus_and_the_nvml_numbering(run_root, trainer_standin):
     backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 4, "gpu_ids": "0,1,2,3",
-                             "grace_period_s": 2})
-    config = {"train": {"epochs": 200}, "parallel": {"procs_per_node": 2}}
-    ranks = _ranks_of(backend, JobSpec(job_name="gpus-2-3", config=config, procs_per_node=2, devices=(2, 3)))
+                             "grace_period_s": 2, "python": trainer_standin.python})
+    config = {"train": {"epochs": 1}, "parallel": {"procs_per_node": 2}}
+    ranks = _ranks_of(backend, JobSpec(job_name="gpus-2-3", config=config, procs_per_node=2, devices=(2, 3)),
+                      trainer_standin)
     # Both ranks see GPUs 2 and 3 (rank i takes the i-th by LOCAL_RANK), numbered as NVML numbers them.
     assert {r: (e["CUDA_VISIBLE_DEVICES"], e["CUDA_DEVICE_ORDER"]) for r, e in ranks.items()} == {
         0: ("2,3", "PCI_BUS_ID"), 1: ("2,3", "PCI_BUS_ID")}
 
 
-def test_a_real_job_on_a_cpu_box_records_its_slots(run_root):
-    backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 4, "grace_period_s": 2})
+def test_a_real_job_on_a_cpu_box_records_its_slots(run_root, trainer_standin):
+    backend = GpuBoxBackend({"run_root": str(run_root), "max_procs_per_node": 4, "grace_period_s": 2,
+                             "python": trainer_standin.python})
     assert backend.inventory().kind == "slot"
-    config = {"train": {"epochs": 200}, "parallel": {"procs_per_node": 2}}
-    ranks = _ranks_of(backend, JobSpec(job_name="slots-1-2", config=config, procs_per_node=2, devices=(1, 2)))
+    config = {"train": {"epochs": 1}, "parallel": {"procs_per_node": 2}}
+    ranks = _ranks_of(backend, JobSpec(job_name="slots-1-2", config=config, procs_per_node=2, devices=(1, 2)),
+                      trainer_standin)
     assert {r: e["TRAINBOARD_SLOTS"] for r, e in ranks.items()} == {0: "1,2", 1: "1,2"}
     assert all("CUDA_DEVICE_ORDER" not in e for e in ranks.values())
 

@@ -1,5 +1,5 @@
 """GpuBoxBackend.list_tagged on real run directories: a job submitted through the adapter (real
-supervisor and torchrun) is listed with its tagged job id while it runs and no longer once cancel()
+supervisor; torchrun and trainer the trainer stand-in's, held before its first step) is listed with its tagged job id while it runs and no longer once cancel()
 stopped it; a run directory without Trainboard's tags.json and a tagged job that exited are not."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from cloud_adapters.gpubox import GpuBoxBackend, _proc
 
 
 @pytest.fixture
-def backend(tmp_path):
-    return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "grace_period_s": 5})
+def backend(tmp_path, trainer_standin):
+    trainer_standin.hold(steps=0)  # it runs until cancel() stops it
+    return GpuBoxBackend({"run_root": str(tmp_path / "runs"), "grace_period_s": 5, "python": trainer_standin.python})
 
 
 def test_running_tagged_job_is_listed_until_cancelled(backend, tmp_path):
-    config = {"train": {"epochs": 500, "log_every_steps": 1}}
+    config = {"train": {"epochs": 1, "log_every_steps": 1}}
     handle = backend.submit(JobSpec(job_name="tb-job-77-abc", config=config,
                                     tags={"trainboard-job-id": "77", "trainboard-owner-id": "1"}))
     try:
