@@ -56,7 +56,7 @@ def pytest_fixture_setup(fixturedef, request):
 
 PROCESS_KINDS: dict[str, tuple[bytes, ...]] = {
     "torchrun launches (real trainer)": (b"torch.distributed.run",),
-    "torchrun launches (trainer stand-in)": (b"standins/trainer", b"torch.distributed.run"),
+    "torchrun launches (trainer stand-in)": (b"trainer-standin/python", b"torch.distributed.run"),
     "Celery workers": (b"celery", b"-A\0webapp\0worker"),
     "Slurm clusters (slurmctld)": (b"slurmctld",),
     "Kubernetes stand-ins": (b"k8s_standin",),
@@ -108,7 +108,7 @@ class ProcessCounter(threading.Thread):
             for kind, parts in PROCESS_KINDS.items():
                 if not all(part in argv for part in parts):
                     continue
-                if kind == "torchrun launches (real trainer)" and b"standins/trainer" in argv:
+                if kind == "torchrun launches (real trainer)" and b"trainer-standin/python" in argv:
                     continue
                 if kind == "Chromium browsers" and b"--type=" in argv:
                     continue
