@@ -18,8 +18,10 @@ that early). ``make test`` runs ``pytest -n $(TEST_WORKERS) --dist loadgroup``; 
   module-scoped stand-in, cluster or Celery worker that a split would start twice), and the files
   marked ``pytest.mark.xdist_group("name")`` make one unit together: ``slurm``, the files that use
   the test Slurm cluster (tests/slurmkit.py), which that worker then starts once, as a serial run does. Units start
-  heaviest first (a test marked ``slow`` weighs 60, ``e2e`` 20, ``browser`` 10, any other 1), so the
-  long end-to-end files do not all come at the end of the run.
+  longest first, by the seconds each took in a measured run (tests/unit_seconds.json, written by
+  ``scripts/unit-seconds.py`` from a ``--durations=0`` log), a unit it does not list by its tests'
+  markers (``slow`` 60, ``e2e`` 20, ``browser`` 10, any other 1), so the longest units (the compose
+  stack's) do not come at the end of the run.
 
   xdist's own ``loadgroup`` marks a group by appending ``@name`` to each node id, which pytest 9.2's
   structured node ids ignore (pytest-xdist 3.8 assigns ``item._nodeid``): here each worker writes the
@@ -55,7 +57,21 @@ REDIS_DATABASES = 16
 """Redis's default ``databases``: numbered 0–15."""
 
 WEIGHTS = {"slow": 60, "e2e": 20, "browser": 10}
-"""A test's weight in its unit by its heaviest marker (a test with none of them: 1)."""
+"""A test's weight in its unit by its heaviest marker (a test with none of them: 1), in rough seconds:
+for a unit tests/unit_seconds.json does not list."""
+
+UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
+"""Each unit's seconds in a measured run (``scripts/unit-seconds.py`` writes it from a ``--durations=0``
+log): the units start longest first by these, so the longest (the compose stack's) does not come last."""
+
+
+def measured_unit_seconds() -> dict[str, float]:
+    """tests/unit_seconds.json as ``{unit: seconds}``; ``{}`` when it is missing or unreadable."""
+    try:
+        data = json.loads(UNIT_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
 
 UNITS_ENV = "TRAINBOARD_XDIST_UNITS"
 """The directory (made by the controller, inherited by its workers) where the workers write their
@@ -156,18 +172,20 @@ def _weight(item) -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """In a worker of a ``--dist loadgroup`` run: order the units heaviest first (within a unit the
+    """In a worker of a ``--dist loadgroup`` run: order the units longest first (by
+    tests/unit_seconds.json, else by their tests' markers; within a unit the
     order stays pytest-django's: trylast, after its sort) and write each node id's unit for the
     controller's scheduler. Serial runs are left as they are."""
     units_dir = os.environ.get(UNITS_ENV)
     if worker_index() is None or not units_dir or not getattr(config.option, "loadgroup", False):
         return
-    weights: dict[str, int] = {}
+    weights: dict[str, float] = {}
     first: dict[str, int] = {}
     for position, item in enumerate(items):
         unit = _unit(item)
         weights[unit] = weights.get(unit, 0) + _weight(item)
         first.setdefault(unit, position)
+    weights.update({unit: seconds for unit, seconds in measured_unit_seconds().items() if unit in weights})
     items.sort(key=lambda item: (-weights[_unit(item)], first[_unit(item)]))
     target = Path(units_dir) / f"{os.environ['PYTEST_XDIST_WORKER']}.json"
     partial = target.with_suffix(".partial")
