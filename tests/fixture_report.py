@@ -66,7 +66,7 @@ PROCESS_KINDS: dict[str, tuple[bytes, ...]] = {
 """What :class:`ProcessCounter` counts: a kind's new process has every one of its byte strings in its
 command line (arguments joined by NUL). A Chromium browser is its main process (no ``--type=``); a
 Celery worker its main process (its pool children are forks with the same command line, not counted:
-their parent is a counted worker)."""
+their parent is a counted worker). Processes in another PID namespace (containers) are not counted."""
 
 
 class ProcessCounter(threading.Thread):
@@ -80,6 +80,7 @@ class ProcessCounter(threading.Thread):
         self._seen: set[str] = set(os.listdir("/proc"))
         self._counted: set[str] = set()
         self._stopped = threading.Event()
+        self._namespace = os.readlink("/proc/self/ns/pid")
 
     def run(self) -> None:
         while not self._stopped.wait(self.interval_s):
@@ -96,6 +97,8 @@ class ProcessCounter(threading.Thread):
             if not pid.isdigit():
                 continue
             try:
+                if os.readlink(f"/proc/{pid}/ns/pid") != self._namespace:
+                    continue  # a container's process (the compose test's stack), not one the run started
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     argv = fh.read()
                 with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -112,8 +115,8 @@ class ProcessCounter(threading.Thread):
                     continue
                 if kind == "Chromium browsers" and b"--type=" in argv:
                     continue
-                if kind == "Celery workers" and ppid in self._counted:
-                    continue
+                if kind in ("Celery workers", "docker engines (dockerd)") and ppid in self._counted:
+                    continue  # a worker's pool child or beat, a dockerd's re-execution
                 self._counted.add(pid)
                 self.counts[kind] += 1
         self._seen = now

@@ -350,15 +350,15 @@ def test_the_compose_stack_builds_starts_runs_jobs_and_survives_a_worker_restart
                                          "procs_per_node": 2, "max_runtime_s": 1800})
         running = wait_for(lambda: (j := api.get(f"/api/jobs/{second['id']}/"))["state"] == "RUNNING" and j,
                            timeout=180, interval=1, what="the second job to run")
-        wait_for(lambda: len(_ranks(compose, env, "held.py")) >= 2 and _in_runner(compose, env, HELD_RANKS) == "2",
+        wait_for(lambda: len(_ranks(compose, env)) >= 2 and _in_runner(compose, env, HELD_RANKS) == "2",
                  timeout=120, interval=1, what="both ranks of the second job held at their gate")
-        ranks_before = _ranks(compose, env, "held.py")
+        ranks_before = _ranks(compose, env)
         started_before = _started_at(compose, env, "gpubox-worker-a")
         _run(compose + ["restart", "gpubox-worker-a"], env, 180)
         assert _started_at(compose, env, "gpubox-worker-a") != started_before  # a new start of its container
         phases.done("second job RUNNING and held; gpubox-worker-a restarted")
         # The training processes lived through the restart: the same pids, in the runner's container.
-        assert _ranks(compose, env, "held.py") >= ranks_before
+        assert _ranks(compose, env) >= ranks_before
         assert api.get(f"/api/jobs/{second['id']}/")["state"] == "RUNNING"
         _in_runner(compose, env, RELEASE_HELD)
         second = ended(running["id"], 300)
@@ -441,11 +441,12 @@ def _image_id(ref: str, env: dict[str, str]) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _ranks(compose: list[str], env: dict[str, str], program: str) -> set[str]:
-    """Pids of the ranks running ``program`` in the runner's container (``docker top``; torchrun not counted)."""
+def _ranks(compose: list[str], env: dict[str, str]) -> set[str]:
+    """Pids of the ranks' launchers in the runner's container (``docker top``, which cuts each command
+    line at 80 characters: ``python -u -m trainer_pkg.launch ...``, the user's script their child)."""
     cid = _run(compose + ["ps", "-q", "gpubox-runner"], env, 60).stdout.split()[0]
     out = _run(["docker", "top", cid, "-o", "pid,args"], env, 60).stdout.splitlines()[1:]
-    return {line.split(None, 1)[0] for line in out if program in line and "torch.distributed.run" not in line}
+    return {line.split(None, 1)[0] for line in out if "trainer_pkg" in line and "torch.distributed.run" not in line}
 
 
 def _in_runner(compose: list[str], env: dict[str, str], shell: str) -> str:
