@@ -7,10 +7,12 @@ The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and `
         .venv/bin/python -m pytest tests/jobs tests/e2e -q
 
 ``celery_worker_process`` (function scope, needs ``transactional_db`` so the worker sees committed
-rows) starts ``celery -A webapp worker -B -Q celery,notifications,gpubox.local`` (the default queue,
-the notifications queue and the ``local`` box's) against pytest-django's test database
-and a flushed Redis database, with ``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync
-interval; it yields a :class:`WorkerProcess` and stops worker, beat and any run left behind::
+rows) lends the test this pytest process's shared ``celery -A webapp worker -B -Q
+celery,notifications,gpubox.local`` (the default queue, the notifications queue and the ``local``
+box's; tests/sharedworker.py), on pytest-django's test database and an empty broker of its own, with
+``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync interval; it yields a
+:class:`workerkit.WorkerProcess` and, at the test's end, pauses the worker and kills any run left
+behind::
 
     @pytest.mark.e2e
     def test_job(celery_worker_process, user, digits_dataset, cnn_model, local_backend):
@@ -23,15 +25,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from polling import wait_for
-from workerkit import (DEFAULT_QUEUES, CeleryWorker, install_flush_retry, start_worker, wait_for_sessions_to_close,
-                       worker_environment)
+from sharedworker import SharedWorker
+from workerkit import (ALONGSIDE_KEYS, DEFAULT_QUEUES, WorkerProcess, install_flush_retry, live_processes_mentioning,
+                       start_worker, use_broker, wait_for_sessions_to_close, worker_environment)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,8 +84,12 @@ def code_store(settings, tmp_path) -> Path:
 
 
 @pytest.fixture
-def run_root(tmp_path) -> Path:
-    """Where the gpubox backend of this test keeps its run directories."""
+def run_root(request, tmp_path) -> Path:
+    """Where the gpubox backend of this test keeps its run directories: ``tmp_path/runs``, or, in a
+    test that borrows the shared worker (``celery_worker_process``), that worker's run root (empty
+    when the test starts; its runs are moved to ``tmp_path/runs`` at the end)."""
+    if "celery_worker_process" in request.fixturenames:
+        return request.getfixturevalue("shared_celery_worker").run_root
     path = tmp_path / "runs"
     path.mkdir()
     return path
@@ -162,36 +168,6 @@ def browser_page(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Pids (other than ours) whose command line or environment contains ``text``."""
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        for part in ("cmdline", "environ"):
-            try:
-                with open(f"/proc/{entry}/{part}", "rb") as fh:
-                    if text.encode() in fh.read():
-                        found.append(int(entry))
-                        break
-            except OSError:
-                continue
-    return found
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
-
-
-def live_processes_mentioning(text: str) -> list[int]:
-    return [p for p in processes_mentioning(text) if not _is_zombie(p)]
-
-
 @pytest.fixture
 def wait_until():
     """``wait_until(predicate, timeout=..., what=...)``: poll with a deadline, fail on timeout."""
@@ -202,19 +178,6 @@ def wait_until():
 def live_processes():
     """``live_processes(text)``: pids of live processes whose cmdline or environment holds ``text``."""
     return live_processes_mentioning
-
-
-class WorkerProcess(CeleryWorker):
-    """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
-
-    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict,
-                 full_env: dict | None = None):
-        super().__init__(proc, log_path)
-        self.broker_url = broker_url
-        self.run_root = run_root
-        self.env = env  # DATABASE_URL, REDIS_URL, ... to run other processes (manage.py) alongside
-        self.full_env = dict(full_env or {})  # the worker's whole environment, as it was started
-        self.cwd = REPO_ROOT
 
 
 @contextlib.contextmanager
@@ -235,20 +198,16 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
     broker_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/14"
     if beat:  # the first worker of a test: a clean broker (a second one keeps the first's queues)
         redis.Redis.from_url(broker_url).flushdb()
-    saved_broker = app.conf.broker_url
-    if app.conf.broker_url != broker_url:  # this process publishes where the worker listens
-        app.conf.broker_url = broker_url
-        app.pool.force_close_all()
-        app._pool = None
+    saved_broker = (app.conf.broker_url, dict(app.conf.broker_transport_options or {}))
+    use_broker(broker_url)  # this process publishes where the worker listens
 
     var_dir = directory / "worker-var"
     var_dir.mkdir()
     env = worker_environment(settings_dict=connection.settings_dict, broker_url=broker_url, run_root=run_root,
                              var_dir=var_dir, repo_root=REPO_ROOT, extra=extra_env)
     proc, log_path = start_worker(directory, env, REPO_ROOT, queues or DEFAULT_QUEUES, beat=beat)
-    shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
-                                  "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
-    worker = WorkerProcess(proc, log_path, broker_url, run_root, shared, full_env=env)
+    worker = WorkerProcess(proc, log_path, broker_url, run_root, {k: env[k] for k in ALONGSIDE_KEYS}, full_env=env,
+                           cwd=REPO_ROOT)
     try:
         worker.wait_for(lambda: " ready." in worker.log(), timeout=90, what="the Celery worker to be ready")
         yield worker
@@ -260,19 +219,34 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
             except ProcessLookupError:
                 pass
         wait_for_sessions_to_close(connection)
-        if saved_broker != app.conf.broker_url:
-            app.conf.broker_url = saved_broker
-            app.pool.force_close_all()
-            app._pool = None
+        use_broker(*saved_broker)
+
+
+@pytest.fixture(scope="session")
+def shared_celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
+    """This pytest process's shared worker (:class:`sharedworker.SharedWorker`), started by its
+    first :meth:`~sharedworker.SharedWorker.lend`; stopped, with its runs, at the end of the session
+    (before the test database is dropped)."""
+    shared = SharedWorker(tmp_path_factory.mktemp("shared-worker"), REPO_ROOT)
+    try:
+        yield shared
+    finally:
+        shared.close(django_db_blocker)
 
 
 @pytest.fixture
-def celery_worker_process(transactional_db, tmp_path, run_root, settings):
-    """A real Celery worker with embedded beat, sharing this test's database, broker and run root."""
-    settings.TRAINBOARD_RUN_ROOT = run_root
+def celery_worker_process(transactional_db, shared_celery_worker, tmp_path, settings):
+    """A real Celery worker with embedded beat on this test's database, the shared one of this pytest
+    process (tests/sharedworker.py): consuming the default queues on an empty broker of its own, its
+    run root the test's ``run_root``, its ``log()`` from the test's start. At the end the worker is
+    paused, every process of the test's runs killed by PID, and the runs moved to ``tmp_path/runs``."""
+    settings.TRAINBOARD_RUN_ROOT = shared_celery_worker.run_root
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # the test box's host limit, as in local_backend
-    with running_celery_worker(tmp_path, run_root) as worker:
+    worker = shared_celery_worker.lend()
+    try:
         yield worker
+    finally:
+        shared_celery_worker.take_back(tmp_path / "runs")
 
 
 @pytest.fixture(scope="session")
