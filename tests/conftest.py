@@ -30,6 +30,7 @@ from typing import Iterator
 
 import pytest
 
+from fixture_report import count_start
 from polling import wait_for
 from sharedworker import SharedWorker
 from workerkit import (ALONGSIDE_KEYS, DEFAULT_QUEUES, WorkerProcess, install_flush_retry, live_processes_mentioning,
@@ -138,29 +139,105 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 
 
-@pytest.fixture
-def browser_page(monkeypatch):
-    """A fresh page (1280 × 900) of Debian's Chromium driven by Playwright, closed after the test."""
-    from django.db import connections
-    from playwright.sync_api import sync_playwright
+class BrowserRun:
+    """Playwright and one Chromium, kept open across consecutive browser tests (those that use
+    ``browser_page``) and closed before any other test runs.
 
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    # The live server runs in this process; Playwright's sync API needs Django's async-safety check off.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = context.new_page()
+    Why not for the whole session: while Playwright's sync API is open, its asyncio event loop counts
+    as running in this thread, so ``asyncio.run`` fails and Django refuses ORM calls
+    (SynchronousOnlyOperation) unless ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set — which this sets only
+    while the browser is open. Each test still gets a browser context of its own (cookies, storage,
+    cache), closed at its end."""
+
+    def __init__(self) -> None:
+        self.playwright = None
+        self.browser = None
+        self._saved_env: str | None = None
+
+    def get(self):
+        """The open Chromium (a Playwright ``Browser``), launched first if none is, or if it died."""
+        if self.browser is not None and self.browser.is_connected():
+            return self.browser
+        self.close()
+        from playwright.sync_api import sync_playwright
+
+        if not os.path.exists(CHROMIUM):
+            pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
+        # The live server runs in this process; Playwright's sync API needs Django's async-safety check off.
+        self._saved_env = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        self.playwright = sync_playwright().start()
+        self.browser = self.playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        count_start("chromium")
+        return self.browser
+
+    @property
+    def is_open(self) -> bool:
+        return self.playwright is not None
+
+    def close(self) -> None:
+        """Close Chromium and Playwright (its event loop), and set the async-safety check back."""
+        from django.db import connections
+
+        if self.playwright is None:
+            return
         try:
-            yield page
+            if self.browser is not None and self.browser.is_connected():
+                self.browser.close()
         finally:
+            self.browser = None
+            self.playwright.stop()
+            self.playwright = None
+            connections.close_all()  # see browser_page
+            if self._saved_env is None:
+                os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+            else:
+                os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = self._saved_env
+
+
+_BROWSER = BrowserRun()
+_NEXT_ITEM: list = [None]  # the item pytest runs after the current one (pytest_runtest_protocol's nextitem)
+
+
+def _uses_browser(item) -> bool:
+    return item is not None and "browser_page" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    _NEXT_ITEM[0] = nextitem
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """No test but a browser test runs with Playwright open (see :class:`BrowserRun`)."""
+    if _BROWSER.is_open and not _uses_browser(item):
+        _BROWSER.close()
+
+
+def pytest_sessionfinish(session):
+    _BROWSER.close()
+
+
+@pytest.fixture
+def browser_page():
+    """A fresh page (1280 × 900) in a fresh browser context of Debian's Chromium driven by Playwright,
+    closed after the test; the Chromium is shared by consecutive browser tests (:class:`BrowserRun`)."""
+    from django.db import connections
+
+    context = _BROWSER.get().new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield context.new_page()
+    finally:
+        try:
             context.close()
-            browser.close()
+        finally:
             # Django keeps one connection per async context, and Playwright's sync API runs the
             # test in a context of its own: close the connections the test opened in it, or the
             # test database cannot be dropped at the end of the run.
             connections.close_all()
+            if not _uses_browser(_NEXT_ITEM[0]):
+                _BROWSER.close()  # before the module's and session's fixtures are torn down
 
 
 # ---------------------------------------------------------------------------------------------
