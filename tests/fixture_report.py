@@ -40,6 +40,11 @@ def count_start(kind: str) -> None:
     _starts[kind] += 1
 
 
+def started(kind: str) -> int:
+    """How many processes of ``kind`` this pytest process has started so far (:func:`count_start`)."""
+    return _starts[kind]
+
+
 def _limit() -> int:
     try:
         return int(os.environ.get("TRAINBOARD_FIXTURE_REPORT", "25"))

@@ -25,7 +25,7 @@ def test_a_first_page_leaves_a_cookie_in_its_context(browser_page):
     browser_page.context.add_cookies([COOKIE])
     assert [c["name"] for c in browser_page.context.cookies(COOKIE["url"])] == [COOKIE["name"]]
     seen["browser"] = browser_page.context.browser
-    seen["launches"] = fixture_report._starts["chromium"]
+    seen["launches"] = fixture_report.started("chromium")
 
 
 def test_the_next_page_is_a_fresh_context_of_the_same_chromium(browser_page):
@@ -33,7 +33,7 @@ def test_the_next_page_is_a_fresh_context_of_the_same_chromium(browser_page):
         pytest.fail("run this file whole: this test compares against the one before it")
     assert browser_page.context.cookies(COOKIE["url"]) == []
     assert browser_page.context.browser is seen["browser"] and seen["browser"].is_connected()
-    assert fixture_report._starts["chromium"] == seen["launches"], "no second Chromium"
+    assert fixture_report.started("chromium") == seen["launches"], "no second Chromium"
     assert len(seen["browser"].contexts) == 1, "the first test's context was closed"
 
 
