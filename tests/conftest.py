@@ -8,10 +8,12 @@ The suite runs on PostgreSQL and Redis (the Makefile sets ``DATABASE_URL`` and `
         .venv/bin/python -m pytest tests/jobs tests/e2e -q
 
 ``celery_worker_process`` (function scope, needs ``transactional_db`` so the worker sees committed
-rows) starts ``celery -A webapp worker -B -Q celery,notifications,gpubox.local`` (the default queue,
-the notifications queue and the ``local`` box's) against pytest-django's test database
-and a flushed Redis database, with ``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync
-interval; it yields a :class:`WorkerProcess` and stops worker, beat and any run left behind::
+rows) lends the test this pytest process's shared ``celery -A webapp worker -B -Q
+celery,notifications,gpubox.local`` (the default queue, the notifications queue and the ``local``
+box's; tests/sharedworker.py), on pytest-django's test database and an empty broker of its own, with
+``TRAINBOARD_RUN_ROOT`` = the test's ``run_root`` and a 1 s sync interval; it yields a
+:class:`workerkit.WorkerProcess` and, at the test's end, pauses the worker and kills any run left
+behind::
 
     @pytest.mark.e2e
     def test_job(celery_worker_process, user, digits_dataset, cnn_model, local_backend):
@@ -24,15 +26,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from fixture_report import count_start
 from polling import wait_for
-from workerkit import (DEFAULT_QUEUES, CeleryWorker, install_flush_retry, start_worker, wait_for_sessions_to_close,
-                       worker_environment)
+from sharedworker import SharedWorker
+from workerkit import (ALONGSIDE_KEYS, DEFAULT_QUEUES, WorkerProcess, install_flush_retry, live_processes_mentioning,
+                       start_worker, use_broker, wait_for_sessions_to_close, worker_environment)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,8 +97,12 @@ def code_store(settings, tmp_path) -> Path:
 
 
 @pytest.fixture
-def run_root(tmp_path) -> Path:
-    """Where the gpubox backend of this test keeps its run directories."""
+def run_root(request, tmp_path) -> Path:
+    """Where the gpubox backend of this test keeps its run directories: ``tmp_path/runs``, or, in a
+    test that borrows the shared worker (``celery_worker_process``), that worker's run root (empty
+    when the test starts; its runs are moved to ``tmp_path/runs`` at the end)."""
+    if "celery_worker_process" in request.fixturenames:
+        return request.getfixturevalue("shared_celery_worker").run_root
     path = tmp_path / "runs"
     path.mkdir()
     return path
@@ -157,64 +164,110 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 
 
-@pytest.fixture
-def browser_page(monkeypatch):
-    """A fresh page (1280 × 900) of Debian's Chromium driven by Playwright, closed after the test."""
-    from django.db import connections
-    from playwright.sync_api import sync_playwright
+class BrowserRun:
+    """Playwright and one Chromium, kept open across consecutive browser tests (those that use
+    ``browser_page``) and closed before any other test runs.
 
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    # The live server runs in this process; Playwright's sync API needs Django's async-safety check off.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = context.new_page()
+    Why not for the whole session: while Playwright's sync API is open, its asyncio event loop counts
+    as running in this thread, so ``asyncio.run`` fails and Django refuses ORM calls
+    (SynchronousOnlyOperation) unless ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set — which this sets only
+    while the browser is open. Each test still gets a browser context of its own (cookies, storage,
+    cache), closed at its end."""
+
+    def __init__(self) -> None:
+        self.playwright = None
+        self.browser = None
+        self._saved_env: str | None = None
+
+    def get(self):
+        """The open Chromium (a Playwright ``Browser``), launched first if none is, or if it died."""
+        if self.browser is not None and self.browser.is_connected():
+            return self.browser
+        self.close()
+        from playwright.sync_api import sync_playwright
+
+        if not os.path.exists(CHROMIUM):
+            pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
+        # The live server runs in this process; Playwright's sync API needs Django's async-safety check off.
+        self._saved_env = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        self.playwright = sync_playwright().start()
+        self.browser = self.playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        count_start("chromium")
+        return self.browser
+
+    @property
+    def is_open(self) -> bool:
+        return self.playwright is not None
+
+    def close(self) -> None:
+        """Close Chromium and Playwright (its event loop), and set the async-safety check back."""
+        from django.db import connections
+
+        if self.playwright is None:
+            return
         try:
-            yield page
+            if self.browser is not None and self.browser.is_connected():
+                self.browser.close()
         finally:
+            self.browser = None
+            self.playwright.stop()
+            self.playwright = None
+            connections.close_all()  # see browser_page
+            if self._saved_env is None:
+                os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+            else:
+                os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = self._saved_env
+
+
+_BROWSER = BrowserRun()
+_NEXT_ITEM: list = [None]  # the item pytest runs after the current one (pytest_runtest_protocol's nextitem)
+
+
+def _uses_browser(item) -> bool:
+    return item is not None and "browser_page" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    _NEXT_ITEM[0] = nextitem
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """No test but a browser test runs with Playwright open (see :class:`BrowserRun`)."""
+    if _BROWSER.is_open and not _uses_browser(item):
+        _BROWSER.close()
+
+
+def pytest_sessionfinish(session):
+    _BROWSER.close()
+
+
+@pytest.fixture
+def browser_page():
+    """A fresh page (1280 × 900) in a fresh browser context of Debian's Chromium driven by Playwright,
+    closed after the test; the Chromium is shared by consecutive browser tests (:class:`BrowserRun`)."""
+    from django.db import connections
+
+    context = _BROWSER.get().new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield context.new_page()
+    finally:
+        try:
             context.close()
-            browser.close()
+        finally:
             # Django keeps one connection per async context, and Playwright's sync API runs the
             # test in a context of its own: close the connections the test opened in it, or the
             # test database cannot be dropped at the end of the run.
             connections.close_all()
+            if not _uses_browser(_NEXT_ITEM[0]):
+                _BROWSER.close()  # before the module's and session's fixtures are torn down
 
 
 # ---------------------------------------------------------------------------------------------
 # Processes
 # ---------------------------------------------------------------------------------------------
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Pids (other than ours) whose command line or environment contains ``text``."""
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        for part in ("cmdline", "environ"):
-            try:
-                with open(f"/proc/{entry}/{part}", "rb") as fh:
-                    if text.encode() in fh.read():
-                        found.append(int(entry))
-                        break
-            except OSError:
-                continue
-    return found
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
-
-
-def live_processes_mentioning(text: str) -> list[int]:
-    return [p for p in processes_mentioning(text) if not _is_zombie(p)]
 
 
 @pytest.fixture
@@ -227,19 +280,6 @@ def wait_until():
 def live_processes():
     """``live_processes(text)``: pids of live processes whose cmdline or environment holds ``text``."""
     return live_processes_mentioning
-
-
-class WorkerProcess(CeleryWorker):
-    """A running ``celery worker -B`` subprocess (see :func:`celery_worker_process`)."""
-
-    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict,
-                 full_env: dict | None = None):
-        super().__init__(proc, log_path)
-        self.broker_url = broker_url
-        self.run_root = run_root
-        self.env = env  # DATABASE_URL, REDIS_URL, ... to run other processes (manage.py) alongside
-        self.full_env = dict(full_env or {})  # the worker's whole environment, as it was started
-        self.cwd = REPO_ROOT
 
 
 @contextlib.contextmanager
@@ -260,20 +300,16 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
     broker_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/14"
     if beat:  # the first worker of a test: a clean broker (a second one keeps the first's queues)
         redis.Redis.from_url(broker_url).flushdb()
-    saved_broker = app.conf.broker_url
-    if app.conf.broker_url != broker_url:  # this process publishes where the worker listens
-        app.conf.broker_url = broker_url
-        app.pool.force_close_all()
-        app._pool = None
+    saved_broker = (app.conf.broker_url, dict(app.conf.broker_transport_options or {}))
+    use_broker(broker_url)  # this process publishes where the worker listens
 
     var_dir = directory / "worker-var"
     var_dir.mkdir()
     env = worker_environment(settings_dict=connection.settings_dict, broker_url=broker_url, run_root=run_root,
                              var_dir=var_dir, repo_root=REPO_ROOT, extra=extra_env)
     proc, log_path = start_worker(directory, env, REPO_ROOT, queues or DEFAULT_QUEUES, beat=beat)
-    shared = {k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
-                                  "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")}
-    worker = WorkerProcess(proc, log_path, broker_url, run_root, shared, full_env=env)
+    worker = WorkerProcess(proc, log_path, broker_url, run_root, {k: env[k] for k in ALONGSIDE_KEYS}, full_env=env,
+                           cwd=REPO_ROOT)
     try:
         worker.wait_for(lambda: " ready." in worker.log(), timeout=90, what="the Celery worker to be ready")
         yield worker
@@ -285,19 +321,34 @@ def running_celery_worker(directory: Path, run_root: Path, extra_env: dict[str, 
             except ProcessLookupError:
                 pass
         wait_for_sessions_to_close(connection)
-        if saved_broker != app.conf.broker_url:
-            app.conf.broker_url = saved_broker
-            app.pool.force_close_all()
-            app._pool = None
+        use_broker(*saved_broker)
+
+
+@pytest.fixture(scope="session")
+def shared_celery_worker(django_db_setup, django_db_blocker, tmp_path_factory):
+    """This pytest process's shared worker (:class:`sharedworker.SharedWorker`), started by its
+    first :meth:`~sharedworker.SharedWorker.lend`; stopped, with its runs, at the end of the session
+    (before the test database is dropped)."""
+    shared = SharedWorker(tmp_path_factory.mktemp("shared-worker"), REPO_ROOT)
+    try:
+        yield shared
+    finally:
+        shared.close(django_db_blocker)
 
 
 @pytest.fixture
-def celery_worker_process(transactional_db, tmp_path, run_root, settings):
-    """A real Celery worker with embedded beat, sharing this test's database, broker and run root."""
-    settings.TRAINBOARD_RUN_ROOT = run_root
+def celery_worker_process(transactional_db, shared_celery_worker, tmp_path, settings):
+    """A real Celery worker with embedded beat on this test's database, the shared one of this pytest
+    process (tests/sharedworker.py): consuming the default queues on an empty broker of its own, its
+    run root the test's ``run_root``, its ``log()`` from the test's start. At the end the worker is
+    paused, every process of the test's runs killed by PID, and the runs moved to ``tmp_path/runs``."""
+    settings.TRAINBOARD_RUN_ROOT = shared_celery_worker.run_root
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2  # the test box's host limit, as in local_backend
-    with running_celery_worker(tmp_path, run_root) as worker:
+    worker = shared_celery_worker.lend()
+    try:
         yield worker
+    finally:
+        shared_celery_worker.take_back(tmp_path / "runs")
 
 
 @pytest.fixture(scope="session")

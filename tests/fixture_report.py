@@ -11,8 +11,11 @@ count of set-ups, e.g.::
       812.4 s   31 ×  slurm_cluster_session
       301.9 s   22 ×  celery_worker_process
 
+Below them, how many times the run started each costly real process (:func:`count_start`: Celery
+workers, Chromium), e.g. ``process starts: celery worker 4, chromium 3``.
+
 The same counts are written as JSON to ``$TRAINBOARD_FIXTURE_REPORT_JSON`` when that is set (for
-before/after comparisons).
+before/after comparisons; the process starts under the key ``"process starts"``).
 
 The controller (or the one process of a serial run) also counts the real parts the run started, by
 watching ``/proc`` for new processes every 0.2 s (:class:`ProcessCounter`): torchrun launches (real
@@ -34,6 +37,20 @@ import pytest
 
 _totals: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
+_starts: dict[str, int] = defaultdict(int)
+
+STARTS_KEY = "process starts"
+
+
+def count_start(kind: str) -> None:
+    """Count one start of a real process of ``kind`` ("celery worker", "chromium") in this pytest
+    process; the run's totals are printed under the fixture totals."""
+    _starts[kind] += 1
+
+
+def started(kind: str) -> int:
+    """How many processes of ``kind`` this pytest process has started so far (:func:`count_start`)."""
+    return _starts[kind]
 
 
 def _limit() -> int:
@@ -136,6 +153,7 @@ def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the totals to the controller
         workeroutput["fixture_setup"] = {name: [_totals[name], _counts[name]] for name in _totals}
+        workeroutput["process_starts"] = dict(_starts)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -144,6 +162,8 @@ def pytest_testnodedown(node, error):
     for name, (seconds, count) in (getattr(node, "workeroutput", None) or {}).get("fixture_setup", {}).items():
         _totals[name] += seconds
         _counts[name] += count
+    for kind, count in (getattr(node, "workeroutput", None) or {}).get("process_starts", {}).items():
+        _starts[kind] += count
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -154,17 +174,19 @@ def pytest_terminal_summary(terminalreporter, config):
     if _counter is not None:
         _counter.stop()
     if path:
+        report = {"fixtures": {name: {"seconds": round(_totals[name], 3), "setups": _counts[name]} for name in _totals},
+                  "processes": dict(_counter.counts) if _counter is not None else {}, STARTS_KEY: dict(_starts)}
         with open(path, "w") as fh:
-            json.dump({"fixtures": {name: {"seconds": round(_totals[name], 3), "setups": _counts[name]}
-                                    for name in _totals},
-                       "processes": dict(_counter.counts) if _counter is not None else {}},
-                      fh, indent=1, sort_keys=True)
+            json.dump(report, fh, indent=1, sort_keys=True)
     if limit <= 0:
         return
     terminalreporter.write_sep("=", "fixture set-up totals (seconds; a fixture's own set-up includes those it requests)")
     heaviest = sorted(_totals, key=_totals.__getitem__, reverse=True)[:limit]
     for name in heaviest:
         terminalreporter.write_line(f"{_totals[name]:8.1f} s {_counts[name]:5d} ×  {name}")
+    if _starts:
+        terminalreporter.write_line(
+            STARTS_KEY + ": " + ", ".join(f"{kind} {_starts[kind]}" for kind in sorted(_starts)))
     if _counter is not None:
         terminalreporter.write_sep("=", "real parts started (new processes seen in /proc)")
         for kind in PROCESS_KINDS:

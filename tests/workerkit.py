@@ -2,9 +2,10 @@
 database: the database URL to hand it, the running process (its log, waiting on it, stopping it
 with its pool children and beat) and waiting for its PostgreSQL sessions to end afterwards.
 
-Used by ``celery_worker_process`` (tests/conftest.py), the user-code tests' module-wide worker
-(tests/e2e/test_user_code.py), the fault tests' workers (tests/faults/faultkit.py) and the worker-log
-secrets test (tests/security/test_worker_secrets.py).
+Used by the shared worker behind ``celery_worker_process`` (tests/sharedworker.py), the workers of
+``celery_worker_factory`` (tests/conftest.py: module-wide ones, and the tests that start several),
+the fault tests' workers (tests/faults/faultkit.py) and the worker-log secrets test
+(tests/security/test_worker_secrets.py).
 
 A worker shared by the tests of a module keeps syncing while pytest-django flushes the database
 between them; :func:`install_flush_retry` makes that flush try again when it lost a lock race.
@@ -18,12 +19,14 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from django.core.management.base import CommandError
 
+from fixture_report import count_start
 from polling import wait_for
 
 
@@ -108,20 +111,95 @@ def install_flush_retry() -> None:
     TransactionTestCase._fixture_teardown = _fixture_teardown
 
 
+def use_broker(url: str, transport_options: dict | None = None) -> None:
+    """Make this process's Celery app publish to ``url`` with kombu ``transport_options`` (where a
+    test's worker listens): its connection and producer pools are closed and forgotten."""
+    from kombu import pools
+
+    from webapp.celery import app
+
+    options = dict(transport_options or {})
+    if app.conf.broker_url == url and dict(app.conf.broker_transport_options or {}) == options:
+        return
+    pools.reset()  # close every cached connection/producer pool and forget them
+    app._pool = None
+    app.amqp._producer_pool = None
+    app.conf.broker_url = url
+    app.conf.broker_transport_options = options
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids (other than ours) whose command line or environment contains ``text``."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{entry}/{part}", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(entry))
+                        break
+            except OSError:
+                continue
+    return found
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, session, …
+    ([] when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def is_zombie(pid: int) -> bool:
+    """Whether ``pid`` is a zombie or gone."""
+    fields = _stat_fields(pid)
+    return not fields or fields[0] in (b"Z", b"X")
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` (None when it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[3]) if len(fields) > 3 else None
+
+
+def live_processes_mentioning(text: str) -> list[int]:
+    """:func:`processes_mentioning`, less zombies."""
+    return [p for p in processes_mentioning(text) if not is_zombie(p)]
+
+
+_COUNTED: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()
+"""The worker processes already counted in the run's process starts (fixture_report.count_start)."""
+
+
 class CeleryWorker:
     """A ``celery worker -B`` subprocess started in its own process group (``start_new_session``),
-    its stdout and stderr in ``log_path``."""
+    its stdout and stderr in ``log_path``; :meth:`log` reads it from byte ``log_start`` on. The first
+    object made for a process counts one ``celery worker`` start in the run's report
+    (:func:`fixture_report.count_start`)."""
 
     stop_grace_s = 20.0
     """How long :meth:`stop` waits for a warm shutdown before it SIGKILLs what is left."""
 
-    def __init__(self, proc: subprocess.Popen, log_path: Path) -> None:
+    def __init__(self, proc: subprocess.Popen, log_path: Path, log_start: int = 0) -> None:
         self.proc = proc
         self.log_path = log_path
+        self.log_start = log_start
+        if proc not in _COUNTED:  # a start, not another view of a running worker (the shared one's)
+            _COUNTED.add(proc)
+            count_start("celery worker")
 
     def log(self) -> str:
+        """The worker's log (stdout and stderr) from byte ``log_start`` on; "" before it exists."""
         try:
-            return self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self.log_start)
+                return fh.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
 
@@ -151,6 +229,28 @@ class CeleryWorker:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+class WorkerProcess(CeleryWorker):
+    """A running ``celery worker -B`` subprocess as a test sees it (``celery_worker_process``,
+    ``celery_worker_factory``): ``broker_url`` it consumes from, the GPU box ``run_root`` it runs jobs
+    under, ``env`` (``DATABASE_URL``, ``REDIS_URL``, … to run other processes, e.g. ``manage.py``,
+    alongside it), ``full_env`` (its whole environment as it was started) and ``cwd``."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, broker_url: str, run_root: Path, env: dict,
+                 full_env: dict | None = None, *, cwd: Path, log_start: int = 0):
+        super().__init__(proc, log_path, log_start)
+        self.broker_url = broker_url
+        self.run_root = run_root
+        self.env = env
+        self.full_env = dict(full_env or {})
+        self.cwd = cwd
+
+
+ALONGSIDE_KEYS = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "TRAINBOARD_RUN_ROOT",
+                  "TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE", "TRAINBOARD_VAR_DIR", "DJANGO_SECRET_KEY", "PYTHONPATH")
+"""The variables of a worker's environment that a test hands a process it runs beside the worker
+(``manage.py submit_job``): :attr:`WorkerProcess.env`."""
 
 
 def worker_environment(*, settings_dict, broker_url: str, run_root: Path, var_dir: Path, repo_root: Path,
@@ -185,14 +285,15 @@ another name passes its queue."""
 
 
 def start_worker(directory: Path, env: dict[str, str], cwd: Path, queues: str = DEFAULT_QUEUES,
-                 beat: bool = True) -> tuple[subprocess.Popen, Path]:
+                 beat: bool = True, node: str | None = None) -> tuple[subprocess.Popen, Path]:
     """Start ``celery -A webapp worker -B -Q <queues>`` (prefork, 2 processes, a node name of its
     own) with ``env`` in its own session; its log and beat schedule go into ``directory``.
     ``queues``: comma-separated Celery queue names (``Backend.queue_for`` of the test's backends);
-    ``beat``: False for a second worker beside one that runs beat (no ``-B``).
+    ``beat``: False for a second worker beside one that runs beat (no ``-B``); ``node``: its node
+    name (``name@host``; default ``tbtest-<random>@%h``), for remote control commands.
     Returns the process and its log's path; the caller waits for " ready." in the log."""
     log_path = directory / "worker.log"
-    node = f"tbtest-{uuid.uuid4().hex[:8]}@%h"
+    node = node or f"tbtest-{uuid.uuid4().hex[:8]}@%h"
     command = [
         sys.executable, "-m", "celery", "-A", "webapp", "worker",
         *(["-B", "--scheduler", "celery.beat:PersistentScheduler", "-s", str(directory / "beat-schedule")]

@@ -24,28 +24,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 HOLDING = (S.SUBMITTING, S.PENDING, S.RUNNING)
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory, django_db_setup, django_db_blocker, celery_worker_factory):
-    """One worker for the module (2 processes per node, as the conftest's box), its own run root."""
-    root = tmp_path_factory.mktemp("sharing-box")
-    run_root = root / "runs"
-    run_root.mkdir()
-    with django_db_blocker.unblock():
-        running = celery_worker_factory(root, run_root)
-        process = running.__enter__()
-    try:
-        yield process
-    finally:
-        with django_db_blocker.unblock():  # its exit waits for the worker's database sessions to end
-            running.__exit__(None, None, None)
-
-
 @pytest.fixture
-def box_settings(worker, settings):
-    """This process's host settings are the worker's (the web side validates against the same box)."""
-    settings.TRAINBOARD_RUN_ROOT = worker.run_root
+def box_settings(celery_worker_process, settings):
+    """The shared worker (2 processes per node, as the conftest's box); this process's host settings
+    are the worker's (the web side validates against the same box)."""
+    settings.TRAINBOARD_RUN_ROOT = celery_worker_process.run_root
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2
-    return worker
+    return celery_worker_process
 
 
 def _reload(job: TrainingJob) -> TrainingJob:
