@@ -269,3 +269,68 @@ def test_the_standin_resumes_from_its_checkpoint_and_runs_other_programs_on_the_
     ran = subprocess.run([trainer_standin.python, "-c", "import sys; print(sys.executable)"],
                          capture_output=True, text=True, timeout=30)
     assert (ran.returncode, ran.stdout.strip()) == (0, sys.executable)
+
+
+def _node(standin: TrainerStandin, job: Path, node_rank: int, port: int) -> subprocess.Popen:
+    """One node's stand-in torchrun of a 2-node × 2-process job (static rendezvous at 127.0.0.1:port)."""
+    return subprocess.Popen([standin.python, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
+                             "--node_rank", str(node_rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                             "-m", "trainer_pkg.launch", "--config", str(job)],
+                            cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_two_standin_nodes_number_their_ranks_as_torchrun_and_stop_together(trainer_standin, tmp_path):
+    """Two nodes' torchruns (as Slurm's srun tasks or a TrainJob's pods start them): ranks 0-1 on node
+    0 and 2-3 on node 1 of world size 4; SIGTERM to one node stops the other's ranks too; a later
+    job at the same address and port is not stopped by the first one's stop."""
+    from standins.trainer import _free_port
+
+    port = _free_port()
+    config = {"train": {"epochs": 1, "log_every_steps": 1}, "parallel": {"nodes": 2, "procs_per_node": 2}}
+    trainer_standin.hold(steps=2)
+    nodes: list[subprocess.Popen] = []
+    try:
+        first = _job(tmp_path / "first", config)
+        nodes = [_node(trainer_standin, first, k, port) for k in (0, 1)]
+        held = trainer_standin.wait_at(2, first.parent, timeout=30)
+        assert held["world_size"] == 4 and len(held["pids"]) == 4
+        nodes[1].send_signal(signal.SIGTERM)  # one node's torchrun is signalled, as one pod is deleted
+        outs = [proc.communicate(timeout=30) for proc in nodes]
+        assert [proc.returncode for proc in nodes] == [0, 1], [err[-2000:] for _, err in outs]
+        launch = sorted(line for out, _ in outs for line in out.splitlines() if line.startswith("[launch] rank "))
+        assert [re.match(r"\[launch\] rank (\d) \(local rank (\d), node_rank (\d)\) of world size 4, ", line).groups()
+                for line in launch] == [("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+        mine = [p for p in trainer_standin.positions() if p["output_dir"] == str(first.parent / "out")]
+        assert [(p["rank"], p["state"], p["step"]) for p in mine] == [(r, "stopped", 2) for r in range(4)]
+        records = [json.loads(line) for line in (first.parent / "out" / "metrics.jsonl").read_text().splitlines()]
+        assert [(r["event"], r["world_size"]) for r in records] == [("started", 4), ("step", 4), ("stopped", 4)]
+
+        second = _job(tmp_path / "second", config)  # the same rendezvous: the first job's stop is not its own
+        nodes = [_node(trainer_standin, second, k, port) for k in (0, 1)]
+        trainer_standin.wait_at(2, second.parent, timeout=30)
+        trainer_standin.release()
+        outs = [proc.communicate(timeout=30) for proc in nodes]
+        assert [proc.returncode for proc in nodes] == [0, 0], [err[-2000:] for _, err in outs]
+        records = [json.loads(line) for line in (second.parent / "out" / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["event"] == "completed" and records[-1]["step"] == 12  # 1,438 / 4 ranks / 32 a batch
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_passing_through_runs_the_real_interpreter_for_torchrun_too(trainer_standin):
+    def torchrun_help() -> str:
+        ran = subprocess.run([trainer_standin.python, "-m", "torch.distributed.run", "--help"], cwd=REPO,
+                             env=trainer_env(), capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        return ran.stdout
+
+    assert "torchrun (trainer stand-in)" in torchrun_help()
+    trainer_standin.pass_through()
+    real = torchrun_help()
+    assert "trainer stand-in" not in real and "--rdzv-backend" in real  # the real torchrun's options
+    trainer_standin.pass_through(False)
+    assert "torchrun (trainer stand-in)" in torchrun_help()
