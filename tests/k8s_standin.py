@@ -50,7 +50,8 @@ The controller (one thread, every :attr:`KubeStandin.tick_s` seconds), for each 
   (:func:`pod_labels`), phase Pending, then Running once its process starts (while
   :attr:`KubeStandin.schedulable` is False they stay Pending, ``PodScheduled`` False ``Unschedulable``).
 - A pod's process is ``trainer.command + trainer.args`` (the image is not run: ``python``/``python3``
-  become ``sys.executable``, the interpreter's directory leads ``PATH`` so ``torchrun`` is the venv's,
+  become :attr:`KubeStandin.python`, ``sys.executable`` unless a test names the trainer stand-in
+  there (tests/standins/trainer.py), the interpreter's directory leads ``PATH`` so ``torchrun`` is the venv's,
   the repository root is on ``PYTHONPATH`` as the image would have ``trainer_pkg`` installed) in a
   working directory of its own, in its own process group, with a clean environment: ``PATH``,
   ``HOME``, ``HOSTNAME``, ``PYTHONPATH``, ``PYTHONUNBUFFERED``, the ``trainer.env`` values (literal, or
@@ -595,6 +596,10 @@ class KubeStandin:
         """Labels every node carries (the well-known instance-type label prices a node pool)."""
         self.access_allowed = True
         """The answer to every SelfSubjectAccessReview (``kubectl auth can-i``)."""
+        self.python = sys.executable
+        """What ``python``/``python3`` at the head of a pod's command become when its process starts
+        (the image's interpreter): a test names the trainer stand-in's wrapper here
+        (:meth:`with_python`) to hold a job's ranks at its gate."""
         self.runtimes = {"torch-distributed": TORCH_DISTRIBUTED_RUNTIME}
         self.requests: list[RecordedRequest] = []
         self.lock = threading.RLock()
@@ -648,6 +653,16 @@ class KubeStandin:
         for pod in list(self.pods.values()):
             if pod.reader is not None:
                 pod.reader.join(timeout=5)
+
+    @contextlib.contextmanager
+    def with_python(self, python: str) -> Iterator["KubeStandin"]:
+        """Pods started inside the block run ``python`` (an absolute path: the trainer stand-in's
+        wrapper) for ``python``/``python3``; :attr:`python` is ``sys.executable`` again after it."""
+        self.python = python
+        try:
+            yield self
+        finally:
+            self.python = sys.executable
 
     def write_kubeconfig(self, path: Path, *, context: str = "standin", namespace: str = "default") -> Path:
         """A kubeconfig (JSON is YAML) with one cluster (this server over http), one token user and
@@ -969,7 +984,7 @@ class KubeStandin:
                     pod, {"waiting": {"reason": "CreateContainerConfigError", "message": pod.start_error}})])
                 continue
             if argv[0] in ("python", "python3"):
-                argv[0] = sys.executable
+                argv[0] = self.python
             log = open(pod.log_path, "ab")
             pod.environ = dict(env)
             try:

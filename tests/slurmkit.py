@@ -172,14 +172,14 @@ def _stop(pid: int) -> None:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not running(pid):
             return
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             state = fh.read().rsplit(")", 1)[1].split()[0]
@@ -276,7 +276,7 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         with contextlib.suppress(Exception):
-            if cluster.pids.get("slurmctld") and _alive(cluster.pids["slurmctld"]):
+            if cluster.pids.get("slurmctld") and running(cluster.pids["slurmctld"]):
                 cluster.run("scancel", "--full", "-u", "root", timeout=15)
                 deadline = time.monotonic() + STOP_TIMEOUT_S
                 while time.monotonic() < deadline and cluster.job_names():
@@ -300,7 +300,7 @@ def reset(cluster: SlurmCluster, timeout: float = RESET_TIMEOUT_S) -> None:
     --states=all`` and ``scontrol show job`` still list them — so a test names its own jobs when it
     asks Slurm. Raises RuntimeError, with the daemons' logs, when a daemon is no longer running or the
     cluster is not clean within ``timeout`` seconds."""
-    dead = [name for name, pid in cluster.pids.items() if not _alive(pid)]
+    dead = [name for name, pid in cluster.pids.items() if not running(pid)]
     if dead:
         raise RuntimeError(f"test Slurm cluster: {', '.join(dead)} no longer runs (a test must not stop a "
                            f"daemon of the shared cluster)\n{cluster.logs()}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from kubernetes import client
@@ -214,6 +215,20 @@ def test_a_trainjob_runs_its_pods_with_the_torch_variables_and_completes(kube_st
     assert status == 422 and "at most one of `sinceTime` or `sinceSeconds`" in error["message"]
     status, error = error_of(lambda: core.read_namespaced_pod_log(name, "default", tail_lines=-1, limit_bytes=0))
     assert status == 422 and "tailLines" in error["message"] and "limitBytes" in error["message"]
+
+
+def test_python_in_a_command_is_the_interpreter_the_test_names_else_this_one(kube_standin, custom, trainer_standin):
+    with kube_standin.with_python(trainer_standin.python):
+        create(custom, trainjob("run-py-standin", "print('ran')", nodes=1))
+        kube_standin.wait_for(lambda: (pods := kube_standin.pods_of("default", "run-py-standin")) and pods[0].proc,
+                              timeout=30, what="the pod's process")
+    create(custom, trainjob("run-py-real", "print('ran')", nodes=1))
+    for name in ("run-py-standin", "run-py-real"):
+        kube_standin.wait_for_condition("default", name, "Complete", timeout=60)
+    argv = {name: kube_standin.pods_of("default", name)[0].proc.args for name in ("run-py-standin", "run-py-real")}
+    assert argv == {"run-py-standin": [trainer_standin.python, "-c", "print('ran')"],
+                    "run-py-real": [sys.executable, "-c", "print('ran')"]}
+    assert kube_standin.python == sys.executable
 
 
 def test_a_failing_node_fails_the_trainjob_and_stops_the_other(kube_standin, custom, core):

@@ -6,7 +6,9 @@ local process group with the ``PET_*`` variables of the torch runtime:
 - a 2-node × 2-process digits DDP job reaches SUCCEEDED with metrics from the pods' logs and its cost
   at the node pool's internal rate, and the TrainJob the stand-in received is checked field by field
   against the fields trainjob_types.go documents, and against what Trainboard meant;
-- a cancel deletes the TrainJob with foreground propagation: CANCELLED, and the pods are gone.
+- a cancel deletes the TrainJob with foreground propagation: CANCELLED, and the pods are gone. Its
+  pods run the trainer stand-in (tests/standins/trainer.py) for ``python``, held at its first step:
+  the job runs until it is cancelled, however slow the machine.
 
 The kubeconfig, its context and the allowed images are this installation's (TRAINBOARD_K8S_*), as in
 production; the worker consumes the default queue ``celery``, the kubernetes backend's.
@@ -15,6 +17,7 @@ production; the worker consumes the default queue ``celery``, the kubernetes bac
 from __future__ import annotations
 
 import json
+import zipfile
 from decimal import Decimal
 
 import pytest
@@ -74,7 +77,7 @@ def _posted(cluster, name: str) -> dict:
 
 
 def test_two_nodes_two_processes_succeed_with_metrics_cost_and_a_documented_trainjob(
-        worker, cluster, kube, user, digits_dataset, cnn_model):
+        worker, cluster, kube, user, digits_dataset, cnn_model, tmp_path):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=kube,
                                        nodes=2, procs_per_node=2, epochs=2)
     job = _ended(worker, job)
@@ -136,14 +139,21 @@ def test_two_nodes_two_processes_succeed_with_metrics_cost_and_a_documented_trai
         pet = {e["name"]: e.get("value") for e in pod.obj["spec"]["containers"][0]["env"] if e["name"].startswith("PET_")}
         assert (pet["PET_NNODES"], pet["PET_NPROC_PER_NODE"], pet["PET_MASTER_ADDR"]) == ("2", "2", "127.0.0.1")
     assert "[launch] platform: kubernetes" in pods[0].log_path.read_text()
+    # the real trainer ran (torch.save writes a zip archive; the trainer stand-in writes JSON)
+    assert zipfile.is_zipfile(tmp_path / "pod-output" / job.provider_job_name / "model.pt")
 
 
 def test_cancel_deletes_the_trainjob_in_the_foreground_and_gives_cancelled(worker, cluster, kube, user,
-                                                                          digits_dataset, cnn_model):
-    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=kube,
-                                       nodes=2, procs_per_node=2, epochs=500)
-    worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=180, what="the job to be RUNNING")
-    name = _reload(job).provider_job_name
+                                                                          digits_dataset, cnn_model, tmp_path,
+                                                                          trainer_standin, live_processes):
+    trainer_standin.hold(steps=1)
+    with cluster.with_python(trainer_standin.python):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=kube,
+                                           nodes=2, procs_per_node=2, epochs=1)
+        name = job.provider_job_name
+        ranks = trainer_standin.wait_at(1, tmp_path / "pod-output" / name, timeout=180)
+    assert ranks["world_size"] == 4  # both pods' ranks took their first step and wait
+    worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=60, what="the job to be RUNNING")
     pids = [p.proc.pid for p in cluster.pods_of("default", name) if p.proc is not None]
     assert len(pids) == 2
     services.training_job_cancel(job=_reload(job))
@@ -157,3 +167,7 @@ def test_cancel_deletes_the_trainjob_in_the_foreground_and_gives_cancelled(worke
     assert cluster.trainjob("default", name) is None and cluster.pods_of("default", name) == []
     live = set(cluster.live_pids())
     assert not live & set(pids)
+    # SIGTERM to each pod's process group reached its torchrun, which stopped its ranks (their own
+    # sessions): each stopped cleanly (a checkpoint, then `stopped`), and none is left
+    assert [p["state"] for p in trainer_standin.positions()] == ["stopped"] * 4
+    worker.wait_for(lambda: not live_processes(trainer_standin.python), timeout=10, what="no rank left")

@@ -4,11 +4,16 @@
 metrics and its cost at the partition's internal rate, a cancel to CANCELLED, a job past its --time
 to FAILED "time limit". The backend's row names no host setting: work_dir, slurm.conf and the
 nodes' interpreter come from the installation's settings (TRAINBOARD_SLURM_*), as in production.
+
+The nodes' interpreter is the trainer stand-in's wrapper (tests/standins/trainer.py), one for the
+module as the worker reads it once: passing through to the real interpreter for the job to
+SUCCEEDED (the real torchrun and trainer under srun), the stand-in held at its first step for the
+cancel and the time limit, which only need a job that runs until Slurm stops it.
 """
 
 from __future__ import annotations
 
-import sys
+import zipfile
 from decimal import Decimal
 
 import pytest
@@ -16,7 +21,9 @@ import pytest
 from jobs import selectors, services
 from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
+import slurmkit
 from slurmkit import SLURM_GROUP
+from standins.trainer import TrainerStandin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True), SLURM_GROUP]
 
@@ -29,23 +36,42 @@ def cluster(slurm_cluster_module):
     return slurm_cluster_module
 
 
-def installation(cluster) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def nodes_python(tmp_path_factory) -> TrainerStandin:
+    """The nodes' interpreter: the trainer stand-in's wrapper, passing through to the real one
+    unless a test holds it (:func:`held`)."""
+    standin = TrainerStandin.create(tmp_path_factory.mktemp("slurm-python"))
+    standin.pass_through()
+    return standin
+
+
+@pytest.fixture
+def held(nodes_python):
+    """The stand-in for this test's jobs, each held at its first step (RUNNING until Slurm stops it)."""
+    nodes_python.pass_through(False)
+    nodes_python.hold(steps=1)
+    yield nodes_python
+    nodes_python.release()
+    nodes_python.pass_through()
+
+
+def installation(cluster, python: TrainerStandin) -> dict[str, str]:
     return {"TRAINBOARD_SLURM_WORK_DIR": str(cluster.work_dir), "TRAINBOARD_SLURM_CONF": str(cluster.conf),
-            "TRAINBOARD_SLURM_PYTHON": sys.executable}
+            "TRAINBOARD_SLURM_PYTHON": python.python}
 
 
 @pytest.fixture(scope="module")
-def worker(cluster, django_db_blocker, celery_worker_factory, tmp_path_factory):
+def worker(cluster, nodes_python, django_db_blocker, celery_worker_factory, tmp_path_factory):
     directory = tmp_path_factory.mktemp("slurm-worker")
     with django_db_blocker.unblock():
-        with celery_worker_factory(directory, directory / "runs", extra_env=installation(cluster),
+        with celery_worker_factory(directory, directory / "runs", extra_env=installation(cluster, nodes_python),
                                    queues="celery,slurm.hpc") as running:
             yield running
 
 
 @pytest.fixture
-def hpc(cluster, settings, user):
-    for name, value in installation(cluster).items():
+def hpc(cluster, nodes_python, settings, user):
+    for name, value in installation(cluster, nodes_python).items():
         setattr(settings, name, value)
     instance_price_save(provider="slurm", region=cluster.cluster_name, instance_type=cluster.partition,
                         usd_per_hour=RATE)
@@ -81,22 +107,30 @@ def test_two_nodes_two_processes_succeed_with_metrics_and_cost(worker, cluster, 
     # cost = elapsed × 2 nodes × $3.60 per node-hour; 4 decimal places stored
     assert float(job.cost_usd) == pytest.approx(2 * float(RATE) * run_s / 3600, rel=0.02, abs=0.0001)
     assert cluster.job_names().count(job.provider_job_name) <= 1
+    # the real trainer ran (torch.save writes a zip archive; the stand-in writes JSON)
+    assert zipfile.is_zipfile(cluster.work_dir / job.provider_job_name / "output" / "model.pt")
 
 
-def test_cancel_gives_cancelled(worker, cluster, hpc, user, digits_dataset, cnn_model):
+def test_cancel_gives_cancelled(worker, cluster, hpc, held, user, digits_dataset, cnn_model):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=hpc,
-                                       nodes=2, procs_per_node=2, epochs=500)
-    worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=180, what="the job to be RUNNING")
+                                       nodes=2, procs_per_node=2, epochs=1)
+    run_dir = cluster.work_dir / _reload(job).provider_job_name
+    ranks = held.wait_at(1, run_dir, timeout=180)  # both nodes' ranks took their first step and wait
+    assert ranks["world_size"] == 4
+    worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=60, what="the job to be RUNNING")
     services.training_job_cancel(job=_reload(job))
     job = _ended(worker, job, timeout=90)
     assert job.state == S.CANCELLED, (job.failure_reason, worker.log()[-3000:])
     assert [e.to_state for e in selectors.training_job_events(job=job)][-2:] == ["STOPPING", "CANCELLED"]
     assert job.provider_job_name not in cluster.job_names()
+    worker.wait_for(lambda: not any(slurmkit.running(pid) for pid in ranks["pids"]), timeout=30,
+                    what="every rank of both nodes to be gone")
 
 
-def test_a_job_past_its_time_limit_fails_with_time_limit(worker, cluster, hpc, user, digits_dataset, cnn_model):
+def test_a_job_past_its_time_limit_fails_with_time_limit(worker, cluster, hpc, held, user, digits_dataset, cnn_model):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=hpc,
-                                       nodes=1, procs_per_node=2, epochs=5000, max_runtime_s=60)
+                                       nodes=1, procs_per_node=2, epochs=1, max_runtime_s=60)
+    held.wait_at(1, cluster.work_dir / _reload(job).provider_job_name, timeout=180)  # it cannot end by itself
     job = _ended(worker, job, timeout=240)
     assert job.state == S.FAILED, (job.failure_reason, worker.log()[-3000:])
     assert job.failure_reason == "time limit (--time 00:01:00) reached: Slurm stopped the job"

@@ -5,7 +5,8 @@ recorded it: the next worker's recovery sweep resumes the submission and adopts 
 
 The first worker's ``sbatch`` is the real one followed by a long sleep (a wrapper first on its
 PATH): the job exists on the cluster while the worker still waits for sbatch's answer, which is
-the moment the kill lands.
+the moment the kill lands. The job is the trainer stand-in (tests/standins/trainer.py, the nodes'
+interpreter), held at its first step until the second worker has adopted it, then let run to its end.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -46,9 +45,11 @@ def cluster(slurm_cluster_module):
 
 
 def test_submit_retried_after_a_worker_kill_adopts_the_first_job(tmp_path, settings, user, digits_dataset,
-                                                                 cnn_model, celery_worker_factory, cluster):
+                                                                 cnn_model, celery_worker_factory, cluster,
+                                                                 trainer_standin):
     installation = {"TRAINBOARD_SLURM_WORK_DIR": str(cluster.work_dir),
-                    "TRAINBOARD_SLURM_CONF": str(cluster.conf), "TRAINBOARD_SLURM_PYTHON": sys.executable}
+                    "TRAINBOARD_SLURM_CONF": str(cluster.conf), "TRAINBOARD_SLURM_PYTHON": trainer_standin.python}
+    trainer_standin.hold(steps=1)  # the job runs until the second worker has adopted it
     for name, value in installation.items():
         setattr(settings, name, value)
     backend = services.backend_create(owner=user, name="hpc", kind="slurm",
@@ -72,15 +73,20 @@ def test_submit_retried_after_a_worker_kill_adopts_the_first_job(tmp_path, setti
             assert _reload(job).state == S.SUBMITTING and _reload(job).provider_handle is None
             first.kill()
         first_id = cluster.run("squeue", "-h", f"--name={name}", "-o", "%i").stdout.split()
+        assert len(first_id) == 1
 
         second_dir = tmp_path / "second"
         second_dir.mkdir()
         with celery_worker_factory(second_dir, tmp_path / "runs", queues="celery,slurm.hpc", extra_env=env) as second:
+            adopted = second.wait_for(lambda: (j := _reload(job)).provider_handle and j, timeout=120,
+                                      what=f"the second worker to adopt {name}")
+            assert adopted.provider_handle["provider_job_id"] == first_id[0]  # adopted, not submitted again
+            trainer_standin.wait_at(1, cluster.work_dir / name, timeout=120)
+            trainer_standin.release()  # now it may end
             job = second.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=240,
                                   what="the resumed job to end")
             assert job.state == S.SUCCEEDED, (job.failure_reason, second.log()[-3000:])
-        assert len(first_id) == 1
-        assert job.provider_handle["provider_job_id"] == first_id[0]  # adopted, not submitted again
+        assert job.provider_handle["provider_job_id"] == first_id[0]
         jobs = cluster.run("scontrol", "-o", "show", "job").stdout.splitlines()
         assert len([ln for ln in jobs if f"JobName={name} " in ln]) == 1
     finally:

@@ -61,9 +61,23 @@ SIGTERM/SIGINT: the rank stops at once (while held, too); the ranks of one torch
 file in ``<dir>/gate/groups/``, so a signal to one rank stops all, as the real ranks' all-reduce
 does. Rank 0 writes ``last.pt`` (the position reached) and a ``stopped`` record; every rank exits 0.
 
+Several nodes (``--nnodes N --node_rank K --master_addr A --master_port P``, one stand-in torchrun
+per node, as Slurm's srun tasks or a TrainJob's pods start them): node K's ranks are ``K × nproc`` to
+``K × nproc + nproc - 1`` of ``N × nproc`` (torchrun's static rendezvous), and every node's ranks share
+the group ``<dir>/gate/groups/A-P``; a stop file there older than the node's torchrun (a finished
+job's that used the same address and port) is not a stop.
+
+Pass-through (``<dir>/pass-through``, :meth:`TrainerStandin.pass_through`): while it exists, the
+wrapper ``exec``s the real interpreter whatever its arguments, so the real torchrun and trainer run
+and the gate is not read. For a module whose one worker names the wrapper in a host setting it reads
+once (a Slurm installation's ``TRAINBOARD_SLURM_PYTHON``) and that has real-trainer tests as well as
+held ones. Each start decides once; processes already running keep what they are.
+
 A rank held for :data:`HOLD_LIMIT_S` fails (a test that never released it must not leave processes).
 The wrapper bakes in the gate's path: a GPU box scrubs the job's environment, so no variable of the
-test's reaches the ranks. The jobs must run as a user that can read ``<dir>`` (not an isolated uid).
+test's reaches the ranks. The jobs must run as a user that can read ``<dir>`` (not an isolated uid;
+pytest's temporary directories are mode 0700: the test Slurm cluster's slurmd and jobs run as root,
+as the tests do).
 """
 
 from __future__ import annotations
@@ -96,6 +110,9 @@ TORCHRUN_CLOSE_S = 30.0
 """Seconds torchrun gives its ranks after SIGTERM before SIGKILL (torch.distributed.elastic's value)."""
 GROUP_VAR = "TRAINBOARD_STANDIN_GROUP"
 """Set in the ranks of one stand-in torchrun: the directory through which they agree on a stop."""
+SINCE_VAR = "TRAINBOARD_STANDIN_SINCE"
+"""Set in the ranks of one stand-in torchrun: when it started (Unix time); a stop file in the group
+directory older than that is a finished job's."""
 
 DIGITS_SAMPLES = 1797
 """scikit-learn's digits: the steps per epoch of every stand-in run are computed from this size."""
@@ -106,6 +123,8 @@ CHECKPOINT_NAME = "last.pt"
 MODEL_NAME = "model.pt"
 STANDIN_MARK = "trainboard-trainer-standin"
 """Key of the JSON files the stand-in writes as ``last.pt`` and ``model.pt``."""
+PASS_THROUGH_NAME = "pass-through"
+"""The file in the stand-in's directory that makes the wrapper the real interpreter (module docstring)."""
 
 _WRAPPER = """#!{python}
 # Trainboard's trainer stand-in (tests/standins/trainer.py): a torchrun and trainer without torch.
@@ -150,6 +169,15 @@ class TrainerStandin:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         _write_atomic(self.gate / "steps", f"{steps}\n")
+
+    def pass_through(self, on: bool = True) -> None:
+        """On: every later start of the wrapper ``exec``s the real interpreter with its arguments (the
+        real torchrun and trainer; the gate is not read). Off: the stand-in again."""
+        marker = self.directory / PASS_THROUGH_NAME
+        if on:
+            marker.write_text("the wrapper execs the real interpreter while this file exists\n", encoding="utf-8")
+        else:
+            marker.unlink(missing_ok=True)
 
     def release(self) -> None:
         """No limit: held jobs go on, and every job runs to its end at full speed."""
@@ -215,6 +243,8 @@ def _write_atomic(path: Path, text: str) -> None:
 def main(argv: Sequence[str], *, wrapper: str, gate: str) -> int:
     """The wrapper's entry: ``argv`` as the interpreter got it (module docstring)."""
     argv = list(argv)
+    if os.path.exists(os.path.join(os.path.dirname(wrapper), PASS_THROUGH_NAME)):
+        os.execv(sys.executable, [sys.executable, *argv])
     rest = argv[1:] if argv[:1] == ["-u"] else argv
     if rest[:2] == ["-m", "torch.distributed.run"]:
         return torchrun(rest[2:], wrapper=wrapper, gate=Path(gate))
@@ -256,6 +286,7 @@ def _torchrun_parser() -> argparse.ArgumentParser:
 def torchrun(argv: Sequence[str], *, wrapper: str, gate: Path) -> int:
     """torchrun's part (module docstring): start this node's ranks, pass signals on, wait; the exit
     code torchrun would give."""
+    started = time.time()
     args = _torchrun_parser().parse_args(list(argv))
     nnodes = int(str(args.nnodes).split(":")[-1])
     nproc = int(args.nproc_per_node)
@@ -282,6 +313,7 @@ def torchrun(argv: Sequence[str], *, wrapper: str, gate: Path) -> int:
                 MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), TORCHELASTIC_RUN_ID=run_id,
                 TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
     base[GROUP_VAR] = str(group)
+    base[SINCE_VAR] = repr(started)
 
     signalled: list[int] = []
     ranks: list[subprocess.Popen] = []
@@ -369,10 +401,13 @@ def _free_port() -> int:
 
 
 class _Stop:
-    """SIGTERM/SIGINT on this rank, or on another rank of the same torchrun (its group file)."""
+    """SIGTERM/SIGINT on this rank, or on another rank of the same torchrun or of another node's
+    torchrun of the same job (the group file, touched by the rank that got the signal; one older
+    than this rank's torchrun is a finished job's)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.since = float(os.environ.get(SINCE_VAR, "0"))
         group = os.environ.get(GROUP_VAR, "")
         self.group_file = Path(group, "stop") if group else None
 
@@ -389,7 +424,12 @@ class _Stop:
             if self.group_file is not None:
                 self.group_file.touch()
             return True
-        return self.group_file is not None and self.group_file.exists()
+        if self.group_file is None:
+            return False
+        try:
+            return self.group_file.stat().st_mtime >= self.since
+        except FileNotFoundError:
+            return False
 
 
 class _Gate:

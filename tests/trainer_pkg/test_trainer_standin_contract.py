@@ -168,8 +168,9 @@ def test_a_run_to_its_end_leaves_the_real_files_and_lines(normal):
     assert real.files == fake.files == ["checkpoints/last.pt", "metrics.jsonl", "model.pt"]
     assert _checkpoint_position(real) == _checkpoint_position(fake) == (2, 0, 46)
     for run in (real, fake):
-        ranks = {m.group(1) for line in run.lines("[launch] rank ")
-                 if (m := re.match(r"\[launch\] rank (\d) \(local rank \1, node_rank 0\) of world size 2, ", line))}
+        # searched in the whole output: two ranks share the pipe, and under `python -u` print writes
+        # its text and its newline apart, so one rank's line may end after the other's has begun
+        ranks = set(re.findall(r"\[launch\] rank (\d) \(local rank \1, node_rank 0\) of world size 2, ", run.stdout))
         assert ranks == {"0", "1"}, run.stdout
         assert [re.sub(r"[\d.]+", "N", line) for line in run.lines("[trainer] epoch ")] == [
             "[trainer] epoch N: val_loss N val_accuracy N"] * 2
@@ -269,3 +270,68 @@ def test_the_standin_resumes_from_its_checkpoint_and_runs_other_programs_on_the_
     ran = subprocess.run([trainer_standin.python, "-c", "import sys; print(sys.executable)"],
                          capture_output=True, text=True, timeout=30)
     assert (ran.returncode, ran.stdout.strip()) == (0, sys.executable)
+
+
+def _node(standin: TrainerStandin, job: Path, node_rank: int, port: int) -> subprocess.Popen:
+    """One node's stand-in torchrun of a 2-node × 2-process job (static rendezvous at 127.0.0.1:port)."""
+    return subprocess.Popen([standin.python, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
+                             "--node_rank", str(node_rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                             "-m", "trainer_pkg.launch", "--config", str(job)],
+                            cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_two_standin_nodes_number_their_ranks_as_torchrun_and_stop_together(trainer_standin, tmp_path):
+    """Two nodes' torchruns (as Slurm's srun tasks or a TrainJob's pods start them): ranks 0-1 on node
+    0 and 2-3 on node 1 of world size 4; SIGTERM to one node stops the other's ranks too; a later
+    job at the same address and port is not stopped by the first one's stop."""
+    from standins.trainer import _free_port
+
+    port = _free_port()
+    config = {"train": {"epochs": 1, "log_every_steps": 1}, "parallel": {"nodes": 2, "procs_per_node": 2}}
+    trainer_standin.hold(steps=2)
+    nodes: list[subprocess.Popen] = []
+    try:
+        first = _job(tmp_path / "first", config)
+        nodes = [_node(trainer_standin, first, k, port) for k in (0, 1)]
+        held = trainer_standin.wait_at(2, first.parent, timeout=30)
+        assert held["world_size"] == 4 and len(held["pids"]) == 4
+        nodes[1].send_signal(signal.SIGTERM)  # one node's torchrun is signalled, as one pod is deleted
+        outs = [proc.communicate(timeout=30) for proc in nodes]
+        assert [proc.returncode for proc in nodes] == [0, 1], [err[-2000:] for _, err in outs]
+        launch = sorted(m for out, _ in outs  # the whole output: two ranks' lines may interleave on one pipe
+                        for m in re.findall(r"\[launch\] rank (\d) \(local rank (\d), node_rank (\d)\) of world size 4, ", out))
+        assert launch == [("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+        mine = [p for p in trainer_standin.positions() if p["output_dir"] == str(first.parent / "out")]
+        assert [(p["rank"], p["state"], p["step"]) for p in mine] == [(r, "stopped", 2) for r in range(4)]
+        records = [json.loads(line) for line in (first.parent / "out" / "metrics.jsonl").read_text().splitlines()]
+        assert [(r["event"], r["world_size"]) for r in records] == [("started", 4), ("step", 4), ("stopped", 4)]
+
+        second = _job(tmp_path / "second", config)  # the same rendezvous: the first job's stop is not its own
+        nodes = [_node(trainer_standin, second, k, port) for k in (0, 1)]
+        trainer_standin.wait_at(2, second.parent, timeout=30)
+        trainer_standin.release()
+        outs = [proc.communicate(timeout=30) for proc in nodes]
+        assert [proc.returncode for proc in nodes] == [0, 0], [err[-2000:] for _, err in outs]
+        records = [json.loads(line) for line in (second.parent / "out" / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["event"] == "completed" and records[-1]["step"] == 12  # 1,438 / 4 ranks / 32 a batch
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_passing_through_runs_the_real_interpreter_for_torchrun_too(trainer_standin):
+    def torchrun_help() -> str:
+        ran = subprocess.run([trainer_standin.python, "-m", "torch.distributed.run", "--help"], cwd=REPO,
+                             env=trainer_env(), capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        return ran.stdout
+
+    assert "torchrun (trainer stand-in)" in torchrun_help()
+    trainer_standin.pass_through()
+    real = torchrun_help()
+    assert "trainer stand-in" not in real and "--rdzv-backend" in real  # the real torchrun's options
+    trainer_standin.pass_through(False)
+    assert "torchrun (trainer stand-in)" in torchrun_help()

@@ -1,7 +1,12 @@
 """The Kubernetes adapter against the stand-in API server (tests/k8s_standin.py) through the official
 client over HTTP: submit and adopt (409), one label-selected list for many jobs, pending reasons,
 suspension, max runtime, cancel (CANCELLED) and a deletion outside Trainboard (FAILED), logs rank 0
-first with a cursor, orphans by label, Test connection, and the server's own refusals (422)."""
+first with a cursor, orphans by label, Test connection, and the server's own refusals (422).
+
+The jobs that run are the trainer stand-in's (tests/standins/trainer.py, ``python`` in the pods; its
+gate open, so they run to their end at once): the real launcher under ``--platform kubernetes``,
+without torch. The real trainer runs on the stand-in cluster in tests/e2e/test_kubernetes.py (a
+2-node job to SUCCEEDED) and test_k8s_lost.py (a lost run resumed from its checkpoints)."""
 
 from __future__ import annotations
 
@@ -26,6 +31,13 @@ def standin(kube_standin):
     return kube_standin
 
 
+@pytest.fixture
+def pods_on_standin(standin, trainer_standin):
+    """The pods started during the test run the trainer stand-in for ``python``."""
+    with standin.with_python(trainer_standin.python):
+        yield trainer_standin
+
+
 def make(standin, tmp_path_factory=None, **settings) -> KubernetesBackend:
     return KubernetesBackend({"kubeconfig": str(standin.kubeconfig_path), "image": "ghcr.io/acme/trainer:1",
                               "allowed_images": "ghcr.io/acme/*", "output_path": str(standin.directory / "out"),
@@ -43,8 +55,7 @@ def list_calls(standin) -> int:
     return len([r for r in standin.requests_for("GET", TRAINJOBS) if r.path == TRAINJOBS])
 
 
-@pytest.mark.slow
-def test_submit_is_idempotent_runs_to_succeeded_and_logs_rank_0_first(standin):
+def test_submit_is_idempotent_runs_to_succeeded_and_logs_rank_0_first(standin, pods_on_standin):
     backend = make(standin, cpu_request="1")
     job = spec("tb-job-11-aa")
     handle = backend.submit(job)
@@ -70,6 +81,7 @@ def test_submit_is_idempotent_runs_to_succeeded_and_logs_rank_0_first(standin):
     assert backend.logs(handle, cursor) == ([], cursor)  # nothing new: nothing twice
     ran = json.loads((standin.directory / "out" / "tb-job-11-aa" / "metrics.jsonl").read_text().splitlines()[-1])
     assert ran["step"] >= 1
+    assert [p["state"] for p in pods_on_standin.positions()] == ["completed"] * 2  # both pods' ranks
 
 
 def test_describe_many_is_one_list_and_tells_pending_reasons_suspension_and_deadline(standin):
@@ -142,8 +154,8 @@ def test_the_servers_refusal_is_invalid_spec_with_its_message(standin):
     assert "422" in str(exc.value) and "no-such-runtime" in str(exc.value) and "not found" in str(exc.value)
 
 
-@pytest.mark.slow
-def test_job_secrets_reach_the_ranks_from_a_secret_owned_by_the_trainjob_never_from_its_spec(standin):
+def test_job_secrets_reach_the_ranks_from_a_secret_owned_by_the_trainjob_never_from_its_spec(standin,
+                                                                                             pods_on_standin):
     backend = make(standin)
     token, rotated = "hf_live_7f3a9c", "hf_live_rotated"
     job = spec("tb-job-51-ee", nodes=1, secret_env={"HF_TOKEN": token},

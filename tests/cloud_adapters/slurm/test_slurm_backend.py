@@ -2,8 +2,9 @@
 127.0.0.1), commands run by LocalTransport as a worker on the login node would.
 
 The suite's one cluster, a clean view of it for the module (tests/conftest.py). Jobs are the real
-trainer on digits under srun (2 nodes × 2 processes), or a tiny user script that prints what its
-environment holds.
+trainer on digits under srun (2 nodes × 2 processes), the trainer stand-in (tests/standins/trainer.py,
+the backend's ``python``) held at its first step where a job only has to run until it is cancelled,
+or a tiny user script that prints what its environment holds.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def backend(cluster):
     return create_backend("slurm", {"partition": cluster.partition, "work_dir": str(cluster.work_dir),
                                     "slurm_conf": str(cluster.conf), "python": sys.executable,
                                     "cluster": cluster.cluster_name})
+
+
+@pytest.fixture
+def standin_backend(backend, trainer_standin):
+    """The same backend with the trainer stand-in as the nodes' interpreter (its gate: ``trainer_standin``)."""
+    return create_backend("slurm", {**backend.config, "python": trainer_standin.python})
 
 
 def digits_spec(name: str, *, epochs: int = 1, nodes: int = 2, procs: int = 2, **kw) -> JobSpec:
@@ -139,10 +146,14 @@ def test_the_job_starts_from_a_clean_environment(backend, cluster, tmp_path, mon
     assert app in seen["PYTHONPATH"].split(os.pathsep)
 
 
-def test_waiting_job_shows_its_reason_then_cancel_gives_cancelled(backend, cluster):
-    running = backend.submit(digits_spec("tb-job-103-a", epochs=500))
+def test_waiting_job_shows_its_reason_then_cancel_gives_cancelled(standin_backend, cluster, trainer_standin):
+    backend = standin_backend
+    trainer_standin.hold(steps=1)  # the first job holds both nodes until it is cancelled
+    running = backend.submit(digits_spec("tb-job-103-a"))
     wait_state(backend, running, {JobState.RUNNING})
-    waiting = backend.submit(digits_spec("tb-job-104-a", epochs=500))
+    ranks = trainer_standin.wait_at(1, cluster.work_dir / "tb-job-103-a", timeout=120)
+    assert ranks["world_size"] == 4  # srun's two tasks: node 0's ranks 0-1, node 1's ranks 2-3
+    waiting = backend.submit(digits_spec("tb-job-104-a"))
     status = wait_state(backend, waiting, {JobState.PENDING}, timeout=30)
     assert status.raw_state == "PENDING"
     assert wait_for(lambda: backend.describe(waiting).secondary_state in ("waiting: Resources", "waiting: Priority"),
@@ -162,6 +173,9 @@ def test_waiting_job_shows_its_reason_then_cancel_gives_cancelled(backend, clust
         assert done.failure_reason == "cancelled from Trainboard (scancel)"
     backend.cancel(running)  # an ended job: still no error
     assert not {"tb-job-103-a", "tb-job-104-a"} & {p.name for p in backend.list_tagged()}
+    wait_for(lambda: not any(slurmkit.running(pid) for pid in ranks["pids"]), timeout=30,
+             what="every rank of the cancelled job to be gone")
+    assert not (cluster.work_dir / "tb-job-104-a" / "output").exists()  # the waiting job never started
 
 
 def test_a_job_slurm_has_forgotten_is_read_from_its_run_directory(backend, cluster):
