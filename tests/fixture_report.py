@@ -19,8 +19,7 @@ before/after comparisons; the process starts under the key ``"process starts"``)
 
 The controller (or the one process of a serial run) also counts the real parts the run started, by
 watching ``/proc`` for new processes every 0.2 s (:class:`ProcessCounter`): torchrun launches (real
-and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Kubernetes stand-ins,
-Chromium browsers and dockerd engines, printed under the fixture totals. A process that lives
+and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Chromium browsers and dockerd engines, printed under the fixture totals. A process that lives
 less than the interval can be missed (none of these does); processes of other work on the machine
 are counted too, so the counts are exact on an otherwise idle machine, as CI's.
 """
@@ -76,7 +75,6 @@ PROCESS_KINDS: dict[str, tuple[bytes, ...]] = {
     "torchrun launches (trainer stand-in)": (b"trainer-standin/python", b"torch.distributed.run"),
     "Celery workers": (b"celery", b"-A\0webapp\0worker"),
     "Slurm clusters (slurmctld)": (b"slurmctld",),
-    "Kubernetes stand-ins": (b"k8s_standin",),
     "Chromium browsers": (b"chromium", b"--headless"),
     "docker engines (dockerd)": (b"dockerd\0--data-root",),
 }

@@ -1735,8 +1735,11 @@ def _drop_fields(body: dict, paths: list[str]) -> dict:
 def kube_standin_server(directory: Path, **kwargs) -> Iterator[KubeStandin]:
     """Start a :class:`KubeStandin` with its files under ``directory``; stop it, and every process it
     started, at the end, even when the body raised."""
+    from fixture_report import count_start
+
     server = KubeStandin(directory, **kwargs)
     server.start()
+    count_start("kubernetes stand-in")
     try:
         yield server
     finally:

@@ -221,7 +221,10 @@ def slurm_cluster(directory: Path | None = None) -> Iterator[SlurmCluster]:
     ``directory``: where its files go; None = a fresh one under /tmp (munged, which runs as user
     munge, must be able to reach its files: pytest's tmp_path is private to root)."""
     global STARTS
+    from fixture_report import count_start
+
     STARTS += 1
+    count_start("slurm cluster")
     base = Path(tempfile.mkdtemp(prefix="tb-slurm-", dir=str(directory) if directory else None))
     base.chmod(0o755)
     for sub in ("state", "spool", "work"):
