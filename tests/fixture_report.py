@@ -12,7 +12,7 @@ count of set-ups, e.g.::
       301.9 s   22 ×  celery_worker_process
 
 Below them, how many times the run started each costly real process (:func:`count_start`: Celery
-workers, Chromium), e.g. ``process starts: celery worker 4, chromium 3``.
+workers, Chromium, Slurm clusters, Kubernetes stand-ins), e.g. ``process starts: celery worker 4, chromium 3``.
 
 The same counts are written as JSON to ``$TRAINBOARD_FIXTURE_REPORT_JSON`` when that is set (for
 before/after comparisons; the process starts under the key ``"process starts"``).
