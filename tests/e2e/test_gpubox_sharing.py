@@ -1,7 +1,10 @@
 """End to end: a GPU box shares its devices between jobs through the real worker (Redis, PostgreSQL,
-torchrun with gloo). This machine has no GPU, so the box counts process slots; the path is the one
-GPUs take (tests/cloud_adapters/gpubox/test_gpubox_inventory.py shows a real job's ranks given GPU
-indices, tests/jobs/test_admission.py the rules and the race).
+the real supervisor and launcher). This machine has no GPU, so the box counts process slots; the path
+is the one GPUs take (tests/cloud_adapters/gpubox/test_gpubox_inventory.py shows a real job's ranks
+given GPU indices, tests/jobs/test_admission.py the rules and the race). The jobs are the trainer
+stand-in's (tests/standins/trainer.py, named on the staff backend row), held at their first step
+while the test looks at their ranks, then released (real training through the worker:
+tests/e2e/test_job_lifecycle.py).
 
 * A box of 2 slots and two 2-process digits jobs: the second waits in QUEUED ("waiting for 2 slots
   on local (0 free)") and starts once the sync has seen the first end; both succeed.
@@ -55,10 +58,12 @@ def _ended(worker, job: TrainingJob, timeout: float = 300) -> TrainingJob:
 
 
 def test_a_job_that_does_not_fit_waits_and_starts_when_the_first_ends(box_settings, user, digits_dataset,
-                                                                       cnn_model, settings, capsys):
+                                                                       cnn_model, settings, capsys, trainer_standin):
     worker = box_settings
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 2
-    backend = services.backend_create(owner=user, name="local", kind="gpubox", config={"hourly_rate_usd": 3.6})
+    backend = services.backend_create(owner=user, name="local", kind="gpubox",
+                                      config={"hourly_rate_usd": 3.6, "python": trainer_standin.python})
+    trainer_standin.hold(steps=1)  # the first job keeps its slots until the test has looked at it
     started = time.monotonic()
     first = _create(user, digits_dataset, cnn_model, backend)
     worker.wait_for(lambda: _reload(first).state in HOLDING, timeout=60, what="the first job to be admitted")
@@ -68,7 +73,9 @@ def test_a_job_that_does_not_fit_waits_and_starts_when_the_first_ends(box_settin
     assert (waiting.state, waiting.wait_reason) == (S.QUEUED, "waiting for 2 slots on local (0 free)")
     assert _reload(first).allocated_gpus == [0, 1]
     assert _slots_seen(worker, first) == {0: "0,1", 1: "0,1"}
+    assert _reload(second).state == S.QUEUED  # still waiting: the first holds its slots at the gate
 
+    trainer_standin.release()
     first = _ended(worker, first)
     second = _ended(worker, second)
     assert (first.state, second.state) == (S.SUCCEEDED, S.SUCCEEDED), (first.failure_reason, second.failure_reason)
@@ -86,11 +93,13 @@ def test_a_job_that_does_not_fit_waits_and_starts_when_the_first_ends(box_settin
         print(f"\n[e2e sharing] two jobs one after the other on 2 slots: {time.monotonic() - started:.1f} s")
 
 
-def test_jobs_that_run_together_are_given_disjoint_slots(box_settings, user, digits_dataset, cnn_model, capsys):
+def test_jobs_that_run_together_are_given_disjoint_slots(box_settings, user, digits_dataset, cnn_model, capsys,
+                                                         trainer_standin):
     worker = box_settings
     # Staff's backend carries its own host settings: this box has 4 slots.
     backend = services.backend_create(owner=user, name="local", kind="gpubox",
-                                      config={"hourly_rate_usd": 3.6, "slots": 4})
+                                      config={"hourly_rate_usd": 3.6, "slots": 4, "python": trainer_standin.python})
+    trainer_standin.hold(steps=1)  # both jobs' ranks stay up, together, until the test has looked
     started = time.monotonic()
     jobs = [_create(user, digits_dataset, cnn_model, backend, epochs=2) for _ in range(2)]
     worker.wait_for(lambda: all(_reload(j).state in HOLDING for j in jobs), timeout=60,
@@ -107,6 +116,7 @@ def test_jobs_that_run_together_are_given_disjoint_slots(box_settings, user, dig
     assert sorted(allocated) == [[0, 1], [2, 3]]
     # Running at the same time, each job's ranks saw exactly the slots it holds: no slot was given twice.
     assert seen == [{0: ",".join(map(str, a)), 1: ",".join(map(str, a))} for a in allocated]
+    trainer_standin.release()
     ended = [_ended(worker, job) for job in jobs]
     assert [j.state for j in ended] == [S.SUCCEEDED, S.SUCCEEDED], [j.failure_reason for j in ended]
     assert all(not j.wait_reason for j in ended)

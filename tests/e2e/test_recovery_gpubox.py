@@ -1,12 +1,15 @@
 """End to end: a GPU-box job whose whole process tree is SIGKILLed, as a reboot would leave it, is
 resubmitted by Trainboard as attempt 2 and resumes from its epoch-1 checkpoint (docs/recovery.md).
 
-The real Celery worker (embedded beat, Redis, PostgreSQL) runs a 3-epoch digits job under torchrun
-with gloo; once the job has written its first checkpoint, the test kills the supervisor, torchrun and
-every rank (their pids from the run directory's supervisor.json and torchrun.json, all descendants
-found through /proc) with SIGKILL. The job must end SUCCEEDED with exactly 3 epochs of metrics (each
-epoch record once, steps continuing from the checkpoint), two attempts recorded and its cost the sum
-of theirs.
+The real Celery worker (embedded beat, Redis, PostgreSQL) runs a 3-epoch digits job on the trainer
+stand-in (tests/standins/trainer.py, named on the staff owner's backend row: the real supervisor,
+torchrun command and launcher, a torch-free loop that checkpoints and resumes as the trainer does).
+Held one step into its second epoch (after its epoch-1 checkpoint) and RUNNING, the job loses its
+supervisor, torchrun and every rank to SIGKILL (their pids from the run directory's supervisor.json
+and torchrun.json, all descendants found through /proc). It must end SUCCEEDED with exactly 3 epochs
+of metrics (each epoch record once, steps continuing from the checkpoint), two attempts recorded and
+its cost the sum of theirs. (The real trainer resuming from its own checkpoints:
+tests/trainer_pkg/test_trainer_distributed.py and test_exactness.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -81,19 +83,25 @@ def kill_like_a_reboot(run_dir: Path) -> set[int]:
 
 
 def test_a_killed_process_tree_is_resumed_from_its_checkpoint_as_attempt_two(
-        celery_worker_process, user, digits_dataset, cnn_model, local_backend, run_root):
-    # Batch 2 per rank: ~360 steps an epoch, so an epoch lasts seconds and the kill lands inside epoch 2.
+        celery_worker_process, user, digits_dataset, cnn_model, local_backend, run_root, trainer_standin):
+    services.backend_update(backend=local_backend, config={**local_backend.config, "python": trainer_standin.python})
+    # 1,438 samples / 2 ranks / 32 a batch: 23 steps an epoch. Held after step 24: inside epoch 2.
+    trainer_standin.hold(steps=24)
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
-                                       backend=local_backend, procs_per_node=2, epochs=3, batch_size=2)
+                                       backend=local_backend, procs_per_node=2, epochs=3, batch_size=32)
     first_name = job.provider_job_name
     first_dir = run_root / first_name
     checkpoint = first_dir / "output" / "checkpoints" / "last.pt"
-    wait_for(lambda: checkpoint.exists(), timeout=240, interval=0.02, what="the epoch-1 checkpoint")
-    assert not (first_dir / "exit.json").exists(), "the run ended before it could be killed"
+    trainer_standin.wait_at(24, first_dir, timeout=240)
+    assert checkpoint.exists(), "the epoch-1 checkpoint"
+    celery_worker_process.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=60,
+                                   what="the sync to record it RUNNING")
+    assert not (first_dir / "exit.json").exists()
     killed = kill_like_a_reboot(first_dir)
     assert len(killed) >= 4, killed  # supervisor, torchrun, 2 ranks (and what they started)
     wait_for(lambda: not process_tree(*killed), timeout=10, what="every killed process gone")
     assert not (first_dir / "exit.json").exists()  # nobody recorded an end: the run was lost
+    trainer_standin.release()  # the second attempt runs to its end
 
     job = celery_worker_process.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=300,
                                          what="the job to end")
@@ -122,6 +130,7 @@ def test_a_killed_process_tree_is_resumed_from_its_checkpoint_as_attempt_two(
                   .order_by("step").values_list("epoch", "step"))
     assert [e for e, _ in epochs] == [0, 1, 2], epochs
     per_epoch = epochs[0][1]
+    assert per_epoch == 23
     assert [s for _, s in epochs] == [per_epoch, 2 * per_epoch, 3 * per_epoch]
     losses = list(MetricPoint.objects.filter(job=job, name="train_loss", rank__isnull=True)
                   .order_by("id").values_list("step", flat=True))

@@ -1,37 +1,48 @@
-"""End to end: a 6-trial sweep with 2 concurrent trials of a fast digits job (a tiny MLP, 2–3
-epochs, one process) run by a real Celery worker with embedded beat (Redis broker, PostgreSQL test
-database, Optuna's tables in it) on a GPU box: it reaches its best trial, with the one bad trial
-pruned by the median pruner.
+"""End to end: a 6-trial sweep with 2 concurrent trials of a digits job (2–3 epochs, one process) run
+by a real Celery worker with embedded beat (Redis broker, PostgreSQL test database, Optuna's tables
+in it) on a GPU box: it reaches its best trial, with the one bad trial pruned by the median pruner.
+
+The box's interpreter is the trainer stand-in (tests/standins/trainer.py, named on the staff owner's
+backend row): the real supervisor, torchrun command and launcher, with a torch-free training loop
+whose validation accuracy follows ``train.lr`` (0.64 after an epoch and 0.85 after two at lr 0.05, chance at 1e-6:
+the contract test, tests/trainer_pkg/test_trainer_standin_contract.py, finds the same in the real
+trainer). The real trainer's learning is tested in tests/trainer_pkg/test_trainer_distributed.py,
+a real job through the worker in tests/e2e/test_job_lifecycle.py, a real launcher in a sweep in
+tests/e2e/test_script_sweep_e2e.py, and the pruners' arithmetic in tests/jobs/test_sweep_optuna.py.
 
 How the pruning is made certain, not lucky:
 
-* The search space is ``train.lr`` ∈ {0.05, 1e-6} × ``train.epochs`` ∈ {2, 3, 8}, random sampler.
+* The search space is ``train.lr`` ∈ {0.05, 1e-6} × ``train.epochs`` ∈ {2, 3, LONG}, random sampler.
   Sweeps seed each ask from the sweep's seed and the trials asked so far (jobs.sweeps._sampler),
   so a seed fixes the six trials before anything runs: the test picks the first seed whose trials
-  have exactly one lr = 1e-6 trial, asked third or later, with LONG (300) epochs, and good trials of 2–3
+  have exactly one lr = 1e-6 trial, asked third or later, with LONG epochs, and good trials of 2–3
   epochs only (computed below with the same sampler on an in-memory study).
-* The good trials share lr and the trainer's seed, and the lr schedule is constant: their
-  val_accuracy is bit-identical at every epoch they share (a seed makes CPU runs bit-identical), so
-  none is ever below the median of the completed ones (ties are not pruned).
-* When the bad trial starts, at least one trial has completed (its curve is stored when it is told),
-  and with lr = 1e-6 its first epoch's accuracy is near chance, far below that curve; it then has 299
-  more epochs to run (an 8-epoch bad trial once finished before the pass under CI's load), ample time for the beat pass (every second) to see it and prune it. A pass that first sees it past the good
-  trials' last epoch still prunes it at epoch 1: each new epoch is put to the pruner in turn.
+* The stand-in's gate lets every job take GATE_EPOCHS (3) epochs of optimizer steps and no more: the
+  good trials run to their end, and the bad trial (LONG epochs) waits at the gate after its third
+  epoch record until the pruner cancels it, however late the beat pass comes.
+* The good trials share lr and batch size: their val_accuracy is the same at every epoch they
+  share, so none is ever below the median of the completed ones (ties are not pruned).
+* The bad trial's job is created only when a slot frees, and every path that fills a slot first
+  tells Optuna the ended trials (sweep_trial_ended; the beat pass's repair), so a completed curve
+  is stored before the bad trial's first epoch; with lr = 1e-6 that epoch is at chance, far below
+  it: the first pass that sees it prunes it at epoch 1.
 """
 
 from __future__ import annotations
-
-import re
 
 import optuna
 import pytest
 
 from jobs import services, sweeps
 from jobs.models import JobStateChoices as S, Sweep, TrainingJob
+from standins.trainer import batches_per_epoch
+from trainer_pkg.config import JobConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-LONG = 300  # the bad trial's epochs: far more than the beat passes need to see its first epoch, even under load
+LONG = 8  # the bad trial's epochs: more than the gate lets any job take
+GATE_EPOCHS = 3  # the good trials' most epochs: the gate lets every job take this many epochs of steps
+BATCH = 64
 SPACE = {"train.lr": {"type": "categorical", "choices": [0.05, 1e-6]},
          "train.epochs": {"type": "categorical", "choices": [2, 3, LONG]}}
 TRIALS = 6
@@ -58,15 +69,18 @@ def _pick_seed() -> tuple[int, list[dict]]:
 
 
 def test_six_trial_sweep_reaches_its_best_trial_with_one_pruned(celery_worker_process, user, digits_dataset,
-                                                                local_backend):
+                                                                local_backend, run_root, trainer_standin):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     seed, planned = _pick_seed()
+    services.backend_update(backend=local_backend, config={**local_backend.config, "python": trainer_standin.python})
+    per_epoch = batches_per_epoch(JobConfig.from_dict({"train": {"batch_size": BATCH}}), 1)  # 23: one process
+    trainer_standin.hold(steps=GATE_EPOCHS * per_epoch)
     model = services.model_spec_create(owner=user, name="tiny-mlp", architecture="mlp",
                                        params={"hidden_size": 32, "num_layers": 1})
     sweep = sweeps.sweep_create(
         owner=user, name="e2e-sweep", search_space=SPACE, sampler="random", seed=seed,
         base={"dataset": digits_dataset.pk, "model_spec": model.pk, "backend": local_backend.pk,
-              "batch_size": 64, "epochs": 2, "max_runtime_s": 600},
+              "batch_size": BATCH, "epochs": 2, "max_runtime_s": 600},
         objective_metric="val_accuracy", direction="maximize", max_trials=TRIALS, max_concurrent_trials=2,
         pruner="median", pruner_startup_trials=1, budget_usd="20")
 
@@ -89,10 +103,19 @@ def test_six_trial_sweep_reaches_its_best_trial_with_one_pruned(celery_worker_pr
 
     pruned_job = jobs[bad]
     assert pruned_job.state == S.CANCELLED
-    assert re.fullmatch(r"pruned by the median pruner at epoch \d+", pruned_job.failure_reason)
+    assert pruned_job.failure_reason == "pruned by the median pruner at epoch 1"
     assert trials[bad]["message"] == pruned_job.failure_reason
-    assert trials[bad]["intermediate"][1] < 0.5  # near chance at epoch 1
-    assert max(trials[bad]["intermediate"]) < LONG  # cancelled before its last epoch
+    assert list(trials[bad]["intermediate"]) == [1] and trials[bad]["intermediate"][1] < 0.5  # near chance
+    # Its ranks were held at the gate (or on their way to it) and stopped by the cancel's SIGTERM; the
+    # others ran to their end.
+    for job in jobs:
+        ranks = [p for p in trainer_standin.positions()
+                 if p["output_dir"].startswith(f"{run_root / job.provider_job_name}/")]
+        assert len(ranks) == 1, ranks
+        if job is pruned_job:
+            assert ranks[0]["state"] == "stopped" and ranks[0]["step"] <= GATE_EPOCHS * per_epoch, ranks
+        else:
+            assert ranks[0]["state"] == "completed" and ranks[0]["step"] == job.config["train"]["epochs"] * per_epoch
 
     for t, job in zip(trials, jobs):
         assert job.config["train"]["lr"] == t["params"]["train.lr"]

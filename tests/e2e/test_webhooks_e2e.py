@@ -1,4 +1,7 @@
-"""End to end: webhooks and email with a real Celery worker (Redis, PostgreSQL test database).
+"""End to end: webhooks and email with a real Celery worker (Redis, PostgreSQL test database). The
+jobs are the trainer stand-in's (tests/standins/trainer.py, named on the staff owner's backend row):
+the real GPU-box supervisor and launcher, a torch-free training loop that steps as the test allows
+(real training through the worker: tests/e2e/test_job_lifecycle.py).
 
 * A digits job runs on the GPU box to SUCCEEDED; its ``job.succeeded`` webhook is POSTed to a local
   receiver (127.0.0.1, http.server in a thread) that answers 500 once, then 200: the receiver gets the
@@ -6,9 +9,10 @@
   log shows 500 then 200. The owner's email goes out through the file-based mail backend.
 * A worker killed in the middle of a delivery leaves its row; the next worker's beat sends it once
   the killed attempt's lease ends.
-* An endpoint that takes requests and answers none holds only the notifications worker: the jobs
-  worker syncs a job to SUCCEEDED while every delivery attempt still hangs, and once the endpoint
-  answers, the notifier delivers them all.
+* An endpoint that takes requests and answers none holds only the notifications worker: the job is
+  held at its first step until both of the notifier's processes hang in their job.started requests,
+  then the jobs worker syncs it to SUCCEEDED while every delivery attempt still hangs, and once the
+  endpoint answers, the notifier delivers them all.
 """
 
 from __future__ import annotations
@@ -55,8 +59,15 @@ def loopback_webhooks(settings):
     settings.TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
 
 
+def _on_the_standin(backend, standin) -> None:
+    """``backend``'s jobs run the trainer stand-in, whichever worker starts them."""
+    services.backend_update(backend=backend, config={**backend.config, "python": standin.python})
+
+
 def test_job_succeeds_and_its_webhook_is_retried_after_a_500(celery_worker_factory, settings, tmp_path, user,
-                                                             digits_dataset, cnn_model, local_backend, run_root):
+                                                             digits_dataset, cnn_model, local_backend, run_root,
+                                                             trainer_standin):
+    _on_the_standin(local_backend, trainer_standin)
     user.email = "alice@example.org"
     user.save()
     services.notification_preference_update(user=user, email_events=["job.succeeded"])
@@ -124,13 +135,17 @@ def test_a_delivery_whose_worker_was_killed_is_sent_by_the_next_worker(celery_wo
 
 def test_an_endpoint_that_never_answers_holds_the_notifier_not_the_sync(celery_worker_factory, settings, tmp_path,
                                                                         user, digits_dataset, cnn_model,
-                                                                        local_backend, run_root):
+                                                                        local_backend, run_root, trainer_standin):
     """Three webhooks of job.started and job.succeeded on an endpoint that answers nothing until the
     test lets it (a 120 s HTTP timeout): the notifier's two processes hang on the job.started
     deliveries while the jobs worker, which serves the default and the box's queues, syncs the
     job to its end. With the deliveries on the jobs worker's queue, its two processes would hang
-    instead, and the job's end would be recorded only after the attempts timed out."""
+    instead, and the job's end would be recorded only after the attempts timed out. The job is the
+    trainer stand-in's, held at its first step (RUNNING: job.started is sent) until both of the
+    notifier's processes are in their requests."""
     env = _worker_env(settings, tmp_path, TRAINBOARD_WEBHOOK_TIMEOUT_S="120")
+    _on_the_standin(local_backend, trainer_standin)
+    trainer_standin.hold(steps=1)
     with webhook_receiver([200], hold=True) as receiver:
         hooks = [services.webhook_create(owner=user, url=f"{receiver.url}?hook={i}",
                                          events=["job.started", "job.succeeded"])[0] for i in range(3)]
@@ -138,19 +153,20 @@ def test_an_endpoint_that_never_answers_holds_the_notifier_not_the_sync(celery_w
                                    queues="celery,gpubox.local") as jobs_worker, \
              celery_worker_factory(_dir(tmp_path, "notifier"), _dir(tmp_path, "notifier-runs"), extra_env=env,
                                    queues="notifications", beat=False) as notifier:
-            # 40 epochs, some 15 s of training: time for the notifier to be in its requests first.
             job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
-                                               backend=local_backend, nodes=1, procs_per_node=1, epochs=40,
+                                               backend=local_backend, nodes=1, procs_per_node=1, epochs=2,
                                                batch_size=64, name="held-endpoint")
+            held = notifier.wait_for(lambda: len(receiver.requests) >= 2 and list(receiver.requests), timeout=120,
+                                     what="the notifier's two processes to be in their requests")
+            assert TrainingJob.objects.get(pk=job.pk).state == S.RUNNING  # held at the gate
+            trainer_standin.release()
             job = jobs_worker.wait_for(lambda: (j := TrainingJob.objects.get(pk=job.pk)).is_terminal and j,
-                                       timeout=240, what="the job to end")
+                                       timeout=120, what="the job to end")
             assert job.state == S.SUCCEEDED, (job.failure_reason, jobs_worker.log()[-3000:])
             ended_recorded = JobEvent.objects.get(job=job, to_state=S.SUCCEEDED).created_at.timestamp()
             # The job's end was recorded while no attempt had ended: all still hang in the notifier.
             assert [d.attempt_count for d in WebhookDelivery.objects.filter(job=job, event="job.started")] == [0] * 3
             assert WebhookDelivery.objects.filter(job=job, delivered_at__isnull=False).count() == 0
-            held = notifier.wait_for(lambda: len(receiver.requests) >= 2 and list(receiver.requests), timeout=30,
-                                     what="the notifier's two processes to be in their requests")
             assert receiver.answered == 0
             # Both of the notifier's processes were in their requests before the end was recorded.
             assert held[1].received_at < ended_recorded, (held[1].received_at, ended_recorded)

@@ -143,14 +143,19 @@ def test_a_job_past_the_hosts_process_limit_is_refused_at_launch_with_the_arithm
 
 
 def test_a_non_staff_job_runs_the_hosts_interpreter_in_the_hosts_run_root(
-        mallory, box_settings, run_root, tmp_path, wait_until, live_processes):
+        mallory, box_settings, run_root, tmp_path, wait_until, live_processes, trainer_standin):
+    # The host's interpreter is the trainer stand-in, held before its first step: its torchrun stays
+    # up to be looked at (until the cancel), however slow the machine. (An empty TRAINBOARD_GPUBOX_PYTHON, the worker's own
+    # interpreter, runs every real gpubox job of tests/e2e/.)
+    box_settings.TRAINBOARD_GPUBOX_PYTHON = trainer_standin.python
+    trainer_standin.hold(steps=0)
     elsewhere = tmp_path / "outside"
     backend = _legacy_row(mallory, {"run_root": str(elsewhere), "python": "/bin/echo", "hourly_rate_usd": 0})
     dataset = services.dataset_create(owner=mallory, name="d", format="builtin", builtin_name="digits")
     model = services.model_spec_create(owner=mallory, name="m", architecture="cnn", params={})
     with sent_tasks(dispatch.SUBMIT_JOB):
         job = services.training_job_create(owner=mallory, dataset=dataset, model_spec=model, backend=backend,
-                                           nodes=1, procs_per_node=1, epochs=50)
+                                           nodes=1, procs_per_node=1, epochs=1)
     tasks.submit_job(job.pk)
     job.refresh_from_db()
     assert job.state == S.PENDING, job.failure_reason
@@ -163,7 +168,8 @@ def test_a_non_staff_job_runs_the_hosts_interpreter_in_the_hosts_run_root(
 
         pid = json.loads((run_dir / "torchrun.json").read_text())["pid"]
         argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        assert argv[:3] == [sys.executable.encode(), b"-m", b"torch.distributed.run"]
+        # The stand-in is a script: the kernel runs its shebang's interpreter with the script's path first.
+        assert argv[:4] == [sys.executable.encode(), trainer_standin.python.encode(), b"-m", b"torch.distributed.run"]
     finally:
         adapters.backend_adapter(backend).cancel(JobHandle.from_dict(job.provider_handle))
         wait_until(lambda: (run_dir / "exit.json").exists(), timeout=60, what="the run to stop")

@@ -1,6 +1,5 @@
 """jobs/lifecycle.py: submit (a failure, a transient error retried, a duplicate delivery)."""
 
-import time
 from unittest import mock
 
 import pytest
@@ -48,9 +47,13 @@ def test_submit_transient_error_is_retried_not_failed(user, digits_dataset, cnn_
 
 
 def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_model, local_backend, run_root,
-                                                    wait_until, live_processes):
+                                                    wait_until, live_processes, trainer_standin):
+    # The trainer stand-in (named on the staff owner's backend row), held before its first step: the
+    # run's torchrun stays up until the test cancels it, however slow the machine.
+    services.backend_update(backend=local_backend, config={**local_backend.config, "python": trainer_standin.python})
+    trainer_standin.hold(steps=0)
     with sent_tasks(dispatch.SUBMIT_JOB):
-        job = _create(user, digits_dataset, cnn_model, local_backend, epochs=50)
+        job = _create(user, digits_dataset, cnn_model, local_backend, epochs=1)
     original = GpuBoxBackend.submit
     with mock.patch.object(GpuBoxBackend, "submit", autospec=True, side_effect=original) as submit:
         tasks.submit_job(job.pk)
@@ -63,14 +66,23 @@ def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_mo
     # One run directory (beside it .trainers/, the trainer snapshots jobs share).
     assert [p.name for p in run_root.iterdir() if not p.name.startswith(".")] == [job.provider_job_name]
 
-    def torchruns():  # torchrun itself, not the supervisor whose argv carries its command line
+    def argv(pid: int) -> list[bytes]:
+        try:
+            return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            return []
+
+    def supervisors():  # a submit starts the run's supervisor before it returns
+        return [p for p in live_processes(str(run_dir)) if argv(p)[1:3] == [b"-m", b"cloud_adapters.gpubox.supervisor"]]
+
+    def torchruns():  # torchrun itself (the stand-in's: its shebang's interpreter runs it), not the supervisor
         return [p for p in live_processes(str(run_dir))
-                if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-m", b"torch.distributed.run"]]
+                if argv(p)[1:4] == [trainer_standin.python.encode(), b"-m", b"torch.distributed.run"]]
 
     try:
+        assert len(supervisors()) == 1  # a second submit would have started its own by now
         wait_until(torchruns, timeout=30, what="torchrun to start")
-        time.sleep(0.5)  # a second torchrun would have been spawned by now
-        assert len(torchruns()) == 1
+        assert len(torchruns()) == 1 and len(supervisors()) == 1
         assert list(job.events.values_list("to_state", flat=True)) == ["QUEUED", "SUBMITTING", "PENDING"]
     finally:
         adapters.backend_adapter(local_backend).cancel(JobHandle.from_dict(job.provider_handle))

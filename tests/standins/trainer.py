@@ -39,7 +39,11 @@ rank 0's records (:mod:`trainer_pkg.metrics`: ``started`` after the first step, 
 ``[trainer] ...`` lines on rank 0. Steps per epoch are the real ones for ``digits`` (1,797 samples,
 ``data.val_fraction`` held out, sharded over the data-parallel ranks, ``train.batch_size``,
 ``train.grad_accum_steps``), used for every dataset (it reads no data). ``train.max_steps`` ends the
-loop as in the real trainer. Values are made up (a loss that falls, an accuracy that rises); the
+loop as in the real trainer. Values are made up but follow ``train.lr`` as real training does
+(:func:`learned`): a loss that falls from chance (ln 10) and an accuracy that rises from chance
+(0.1) as ``train.lr`` × steps grows, so at lr 0.05 it passes 0.8 in the second epoch of digits and at
+lr 1e-6 it stays at chance (what the contract test finds in the real trainer, and a sweep's pruner
+needs); the
 files hold JSON, not torch pickles: a run resumes from a ``last.pt`` the stand-in wrote (``started``
 then carries ``resumed: true``), and fails (exit 1, ``trainer error: ...``) on any other. It never
 imports torch (a run that finds torch imported fails saying so).
@@ -119,6 +123,11 @@ DIGITS_SAMPLES = 1797
 RECORD_FIRST_STEPS = 10
 """Steps between ``step`` records when ``train.log_every_steps`` is 0 (the real trainer's cadence
 before it has measured a step; the stand-in's steps take no time to measure)."""
+LEARNING_GAIN = 0.8
+"""How fast the stand-in "learns": the fraction learned after ``s`` steps at learning rate ``lr`` is
+``1 - exp(-LEARNING_GAIN × lr × s)`` (:func:`learned`)."""
+CHANCE_LOSS = math.log(10)
+"""Cross-entropy of a uniform guess over digits' 10 classes: the stand-in's loss before it learns."""
 CHECKPOINT_NAME = "last.pt"
 MODEL_NAME = "model.pt"
 STANDIN_MARK = "trainboard-trainer-standin"
@@ -484,6 +493,16 @@ class _Gate:
         return None
 
 
+def learned(lr: float, steps: int) -> tuple[float, float]:
+    """The stand-in's ``(loss, accuracy)`` after ``steps`` optimizer steps at learning rate ``lr``:
+    with ``f = 1 - exp(-LEARNING_GAIN × lr × steps)`` (0 before any learning, towards 1), loss
+    ``CHANCE_LOSS × (1 - f) + 0.02`` (nats, > 0) and accuracy ``0.1 + 0.89 × f`` (in [0.1, 0.99]).
+    E.g. accuracy 0.64 after 23 steps (an epoch of digits at batch 64) and 0.85 after 46 at lr 0.05 (the
+    real trainer's mlp: 0.64, 0.85), 0.1000 at lr 1e-6."""
+    f = 1.0 - math.exp(-LEARNING_GAIN * lr * steps)
+    return CHANCE_LOSS * (1.0 - f) + 0.02, 0.1 + 0.89 * f
+
+
 def batches_per_epoch(cfg: Any, world_size: int) -> int:
     """Batches one rank reads in an epoch of digits for ``cfg`` on ``world_size`` ranks, as the real
     trainer cuts them: the training split (1,797 less ``round(1797 × data.val_fraction)``) sharded
@@ -563,7 +582,8 @@ class _Run:
     def _window(self) -> dict[str, Any]:
         w, s = self.world_size, self.step
         per_rank = [float(self.cfg.train.batch_size) * 1000.0] * w
-        fields = {"train_loss": 2.3 * 0.98 ** s, "train_accuracy": min(0.99, 0.1 + 0.02 * s),
+        loss, accuracy = learned(self.cfg.train.lr, s)
+        fields = {"train_loss": loss, "train_accuracy": accuracy,
                   "samples_per_s": sum(per_rank), "rank_samples_per_s": per_rank,
                   "rank_step_time_s": [0.001] * w, "rank_data_wait_s": [0.0001] * w,
                   "rank_compute_s": [0.0005] * w, "rank_sync_wait_s": [0.0005] * w}
@@ -641,7 +661,7 @@ class _Run:
                         self.record("step", epoch)
                 finished = b >= batches
                 epochs_done = epoch + 1 if finished else epoch
-                val_loss, val_accuracy = 2.0 * 0.9 ** (epoch + 1), min(0.99, 0.5 + 0.05 * epoch)
+                val_loss, val_accuracy = learned(t.lr, self.step)
                 digests = [hashlib.sha256(f"{t.seed}/{epoch}/{r}".encode()).hexdigest()[:16]
                            for r in range(self.world_size)]
                 self.record("epoch", epoch, val_loss=val_loss, val_accuracy=val_accuracy,

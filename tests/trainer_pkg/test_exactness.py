@@ -1,5 +1,7 @@
 """Exactness: data parallelism, resume and seeding change nothing a single uninterrupted process
-would compute. Real trainer runs (torchrun, gloo, 1 CPU thread per rank) on small NPZ files."""
+would compute. Real trainer runs (torchrun, gloo, 1 CPU thread per rank) on small NPZ files; the
+plain 2-rank run of the image NPZ (:func:`plain`) is shared by the tests that compare with it.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -46,22 +49,41 @@ def weights(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(out / "model.pt", map_location="cpu", weights_only=True)
 
 
-def test_exact_ddp_two_ranks_of_16_equal_one_process_of_32_through_the_cli(tmp_path):
-    data = make_npz(tmp_path / "d.npz", 512, 64)
-    flags = ("--model", "mlp", "--epochs", "1", "--lr", "0.05", "--seed", "3")
-    train_cli(tmp_path / "one", data, *flags, "--batch-size", "32")
-    train_cli(tmp_path / "two", data, *flags, "--batch-size", "16", "--strategy", "ddp", nproc=2)
+IMAGE_FLAGS = ("--model", "mlp", "--epochs", "1", "--lr", "0.05", "--seed", "7")
+"""The image NPZ runs' flags (with ``--batch-size`` and, for the augmented ones, ``--augment``)."""
 
-    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> tuple[Path, Path]:
+    """``(data, out)``: the image NPZ (256 training samples of 1×8×8, 32 validation, 4 classes) and
+    one real run on it, 2 ranks × batch 16, no augmentation."""
+    top = tmp_path_factory.mktemp("plain")
+    data = make_npz(top / "img.npz", 256, 32, shape=(1, 8, 8))
+    train_cli(top / "out", data, *IMAGE_FLAGS, "--batch-size", "16", "--strategy", "ddp", nproc=2)
+    return data, top / "out"
+
+
+def test_exact_ddp_two_ranks_of_16_equal_one_process_of_32_through_the_cli(plain, tmp_path):
+    data, two_out = plain
+    train_cli(tmp_path / "one", data, *IMAGE_FLAGS, "--batch-size", "32")
+
+    one, two = weights(tmp_path / "one"), weights(two_out)
     assert one.keys() == two.keys() and len(one) >= 2
     worst = max((one[k] - two[k]).abs().max().item() for k in one)
     assert worst <= 1e-6, f"largest parameter difference {worst:g}"
-    torch.manual_seed(3)
-    initial = build_model("mlp", {}, (16,), 4).state_dict()
+    torch.manual_seed(7)
+    initial = build_model("mlp", {}, (1, 8, 8), 4).state_dict()
     assert any(not torch.equal(one[k], initial[k]) for k in one)  # it trained
-    rec_one, rec_two = records(tmp_path / "one"), records(tmp_path / "two")
-    assert rec_one[-1]["step"] == rec_two[-1]["step"] == 16  # 512 samples / 32 per step
-    assert rec_two[-1]["world_size"] == 2
+    rec_one, rec_two = records(tmp_path / "one"), records(two_out)
+    assert rec_one[-1]["step"] == rec_two[-1]["step"] == 8  # 256 samples / 32 per step
+    assert rec_one[-1]["event"] == rec_two[-1]["event"] == "completed"
+    assert (rec_one[-1]["world_size"], rec_two[-1]["world_size"]) == (1, 2)
+    # DDP averages the gradients of the same 32 samples per step (the sampler deals one permutation
+    # out by rank), so validation sees the same model.
+    epoch_one = [r for r in rec_one if r["event"] == "epoch"][0]
+    epoch_two = [r for r in rec_two if r["event"] == "epoch"][0]
+    assert abs(epoch_one["val_loss"] - epoch_two["val_loss"]) < 1e-4
+    assert epoch_one["val_accuracy"] == epoch_two["val_accuracy"]
 
 
 def _launch(job: Path, *, stop_after_epoch: int | None = None) -> subprocess.Popen:
@@ -125,15 +147,13 @@ def test_exact_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path):
     assert [s["resumed"] for s in starts] == [False, True]
 
 
-def test_exact_same_seed_with_augmentation_is_identical_and_ranks_draw_different_flips(tmp_path):
-    data = make_npz(tmp_path / "img.npz", 256, 32, shape=(1, 8, 8))
-    flags = ("--model", "mlp", "--epochs", "1", "--batch-size", "16", "--seed", "7", "--augment")
+def test_exact_same_seed_with_augmentation_is_identical_and_ranks_draw_different_flips(plain, tmp_path):
+    data, plain_out = plain
     for name in ("a", "b"):
-        train_cli(tmp_path / name, data, *flags, nproc=2)
-    train_cli(tmp_path / "plain", data, *flags[:-1], nproc=2)
-    a, b, plain = (weights(tmp_path / n) for n in ("a", "b", "plain"))
+        train_cli(tmp_path / name, data, *IMAGE_FLAGS, "--batch-size", "16", "--strategy", "ddp", "--augment", nproc=2)
+    a, b, unflipped = weights(tmp_path / "a"), weights(tmp_path / "b"), weights(plain_out)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same seed: bit-identical, flips included
-    assert any(not torch.equal(a[k], plain[k]) for k in a)  # the flips did change the training
+    assert any(not torch.equal(a[k], unflipped[k]) for k in a)  # the flips did change the training
 
     # Each rank's stream (the torch RNG random_hflip draws from, saved per rank in the checkpoint)
     # gives that rank its own flips.

@@ -2,11 +2,15 @@
 with the real torchrun + trainer (gloo on CPU, digits, an mlp, 1 node × 2 processes) and once with the
 stand-in, must give output of the same shape — the records' events, epochs and steps, the fields each
 record carries, the exit code, the files left in the output and checkpoint directories, the launcher's
-and trainer's log lines, and on SIGTERM a ``stopped`` record after a checkpoint and exit 0.
+and trainer's log lines, and on SIGTERM a ``stopped`` record after a checkpoint and exit 0 within
+seconds. The validation accuracy follows ``train.lr`` in both: well above chance after one epoch
+and above 0.8 after two at lr 0.05, at chance (0.1) at lr 1e-6 (a sweep's pruner tells good trials
+from bad by it: tests/e2e/test_sweep_e2e.py runs its trials on the stand-in).
 
 The real side is one run per scenario (a run to its end; a run stopped by SIGTERM), shared by the
-tests of the module. The stand-in's own behaviour (the gate, a failure, resuming) is tested below
-them, without torch.
+tests of the module; the SIGTERM run is also the real trainer's SIGTERM test (it was
+test_trainer_distributed.py's own run). The stand-in's own behaviour (the gate, a failure,
+resuming) is tested below them, without torch.
 """
 
 from __future__ import annotations
@@ -31,9 +35,13 @@ from trainer_pkg.metrics import parse_metric_line
 WORLD = 2
 NORMAL = {"model": {"arch": "mlp"}, "train": {"epochs": 2, "log_every_steps": 10}}
 """A run to its end: 2 epochs of 23 steps (1,438 samples / 2 ranks / 32 per batch), a record every 10."""
-STOPPED = {"model": {"arch": "mlp"}, "train": {"epochs": 1000, "log_every_steps": 1, "stop_check_s": 0.2}}
-"""A run stopped by SIGTERM after its first records (a record every step, so the ``stopped`` record
-has no training window on either side)."""
+STOPPED = {"model": {"arch": "mlp"}, "train": {"epochs": 1000, "lr": 1e-6, "log_every_steps": 1, "stop_check_s": 0.2}}
+"""A run stopped by SIGTERM after its first epoch record (a record every step, so the ``stopped``
+record has no training window on either side), at an lr too small to learn anything."""
+STOPPED_AT = 25
+"""Where the stand-in of the SIGTERM scenario is held: 2 steps into its second epoch (23 steps each)."""
+STOP_WITHIN_S = 20.0
+"""Seconds from SIGTERM to the launcher's exit, at most."""
 
 
 @dataclasses.dataclass
@@ -42,6 +50,8 @@ class Run:
     stdout: str
     stderr: str
     out: Path
+    stop_s: float | None = None
+    """Seconds from SIGTERM to the exit (a stopped run)."""
 
     @property
     def records(self) -> list[dict]:
@@ -77,7 +87,8 @@ def _torchrun(python: str, job: Path) -> Run:
 
 def _launch_and_stop(python: str, job: Path, ready) -> Run:
     """``python -m trainer_pkg.launch --config job --standalone --nproc-per-node 2`` (the launcher
-    starts torchrun), SIGTERM to its process group once ``ready(stdout lines so far)`` is true."""
+    starts torchrun), SIGTERM to its process group once ``ready(stdout lines so far)`` is true; the
+    run's ``stop_s`` is the time from the signal to the exit."""
     proc = subprocess.Popen([python, "-m", "trainer_pkg.launch", "--config", str(job), "--standalone",
                              "--nproc-per-node", str(WORLD)], cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -89,16 +100,18 @@ def _launch_and_stop(python: str, job: Path, ready) -> Run:
             if select.select([proc.stdout], [], [], 0.5)[0]:
                 seen.append(proc.stdout.readline())
         os.killpg(proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
         rest, err = proc.communicate(timeout=60)
+        stop_s = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return Run(proc.returncode, "".join(seen) + rest, err, job.parent / "out")
+    return Run(proc.returncode, "".join(seen) + rest, err, job.parent / "out", stop_s)
 
 
-def _first_step_record(lines: list[str]) -> bool:
-    return any((r := parse_metric_line(line)) and r["event"] == "step" for line in lines)
+def _first_epoch_record(lines: list[str]) -> bool:
+    return any((r := parse_metric_line(line)) and r["event"] == "epoch" for line in lines)
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +126,11 @@ def normal(tmp_path_factory) -> dict[str, Run]:
 def stopped(tmp_path_factory) -> dict[str, Run]:
     top = tmp_path_factory.mktemp("stopped")
     standin = TrainerStandin.create(top / "standin")
-    standin.hold(steps=3)
+    standin.hold(steps=STOPPED_AT)
     fake_job = _job(top / "fake", STOPPED)
-    return {"real": _launch_and_stop(sys.executable, _job(top / "real", STOPPED), _first_step_record),
+    return {"real": _launch_and_stop(sys.executable, _job(top / "real", STOPPED), _first_epoch_record),
             "standin": _launch_and_stop(standin.python, fake_job,
-                                        lambda seen: standin.at(3, fake_job.parent) is not None)}
+                                        lambda seen: standin.at(STOPPED_AT, fake_job.parent) is not None)}
 
 
 def _checkpoint_position(run: Run) -> tuple[int, int, int]:
@@ -199,7 +212,19 @@ def test_sigterm_stops_with_a_checkpoint_a_stopped_record_and_exit_0(stopped):
         # torchrun was signalled by the launcher: it says so and exits 1, which the launcher turns into 0
         assert re.search(r"SignalException: Process \d+ got signal: 15", run.stderr), run.stderr[-2000:]
     assert [sorted(r) for r in fake.records[:2]] == [sorted(r) for r in real.records[:2]]
-    assert fake.records[-1]["step"] == 3  # where the test held it
+    assert fake.records[-1]["step"] == STOPPED_AT  # where the test held it
+    for run in (real, fake):
+        assert run.stop_s < STOP_WITHIN_S, run.stop_s  # the ranks agreed on the stop within stop_check_s
+
+
+def test_the_validation_accuracy_follows_the_lr(normal, stopped):
+    """lr 0.05 (NORMAL) learns digits in two epochs; lr 1e-6 (STOPPED) stays at chance (10 classes)."""
+    for name in ("real", "standin"):
+        good = [(r["val_accuracy"], r["val_loss"]) for r in normal[name].records if r["event"] == "epoch"]
+        bad = [(r["val_accuracy"], r["val_loss"]) for r in stopped[name].records if r["event"] == "epoch"]
+        assert len(good) == 2 and 0.4 < good[0][0] < good[1][0] and good[1][0] > 0.8, (name, good)
+        assert good[0][1] > good[1][1], (name, good)  # the loss falls
+        assert bad and all(accuracy < 0.3 and loss > 2.0 for accuracy, loss in bad), (name, bad)
 
 
 # -- the stand-in alone (no torch) -------------------------------------------------------------
