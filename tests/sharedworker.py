@@ -13,7 +13,8 @@ broker, no process left by an earlier test, and :meth:`WorkerProcess.log` from i
   persistence). Nothing the other tests publish to ``REDIS_URL`` (a transaction=True test's
   ``submit_job`` on commit) reaches it, nothing it or its beat publishes reaches them, and their
   fixtures' ``FLUSHDB`` of ``REDIS_URL`` cannot delete its queue bindings.
-- **Between tests it is paused**: it consumes no queue (remote control ``cancel_consumer``), no task
+- **Between tests it is paused**: it consumes no queue (remote control ``cancel_consumer``, then no
+  ``BRPOP`` of it left waiting on the broker), no task
   is running, reserved or waiting for its ETA (the reserved and scheduled ones are revoked), and it
   holds no database session (``DATABASE_CONN_MAX_AGE=0``: it closes its connection after each task),
   so it can neither touch another test's rows nor hold a lock the flush needs. Its beat keeps sending
@@ -93,6 +94,25 @@ class PrivateRedis:
         try:
             keys = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding.")]
             return client.delete(*keys) if keys else 0
+        finally:
+            client.close()
+
+    def wait_for_no_blocked_pop(self, timeout: float = 10) -> None:
+        """Wait until no client of this server is blocked in ``BRPOP``; TimeoutError otherwise.
+
+        A worker that has cancelled its consumers issues no new ``BRPOP``, but the one it sent before
+        (kombu's ``brpop_timeout``, 1 s) still pops the next message that arrives; kombu then
+        requeues it ("no consumers"), so for a moment it is on neither side. Once no ``BRPOP`` waits,
+        a message sent stays on its queue."""
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            deadline = time.monotonic() + timeout
+            while any(c.get("cmd") == "brpop" and "b" in c.get("flags", "") for c in client.client_list()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"a BRPOP still waits on {self.url} after {timeout:g} s")
+                time.sleep(0.05)
         finally:
             client.close()
 
@@ -289,7 +309,12 @@ class SharedWorker:
             self._wait_for_queues(control, set(queues))
 
     def _pause(self) -> None:
-        """Stop consuming, revoke what is reserved or scheduled, wait until no task runs."""
+        """Stop consuming, revoke what is reserved or scheduled, wait until no task runs and no
+        ``BRPOP`` of the worker is still waiting on its broker."""
+        self._pause_consumers()
+        self.redis.wait_for_no_blocked_pop()
+
+    def _pause_consumers(self) -> None:
         with self.controlling() as control:
             for queue in self.queues.split(","):
                 self.control(control, "cancel_consumer", queue=queue)

@@ -36,17 +36,26 @@ def _send(task: str) -> str:
     return app.send_task(task).id
 
 
+def _blocked_pops(broker: redis.Redis) -> int:
+    """Clients of ``broker`` blocked in BRPOP (a consuming worker waits in one, 1 s at a time)."""
+    return sum(1 for c in broker.client_list() if c.get("cmd") == "brpop" and "b" in c.get("flags", ""))
+
+
 def test_a_taken_back_worker_consumes_nothing_holds_no_session_and_is_lent_again_with_an_empty_broker(
         shared_celery_worker, tmp_path):
     worker = shared_celery_worker.lend()
+    broker = redis.Redis.from_url(worker.broker_url)
     try:
         sent = _send("jobs.tasks.sync_jobs")
         worker.wait_for(lambda: f"jobs.tasks.sync_jobs[{sent}] succeeded" in worker.log(), timeout=60,
                         what="the lent worker to run the task sent to it")
+        wait_for(lambda: _blocked_pops(broker) > 0, timeout=10, what="the consuming worker's BRPOP")
     finally:
         shared_celery_worker.take_back(tmp_path / "runs")
 
     assert worker.proc.poll() is None, "taking back pauses the worker; it does not stop it"
+    # Its last BRPOP has ended, so it cannot pop (and requeue later) a message sent from now on.
+    assert _blocked_pops(broker) == 0
     with shared_celery_worker.controlling() as control:
         assert shared_celery_worker.control(control, "active_queues") == []
         assert shared_celery_worker.control(control, "active") == []
@@ -55,7 +64,6 @@ def test_a_taken_back_worker_consumes_nothing_holds_no_session_and_is_lent_again
     # While it is paused, a message sent to its broker stays there, unconsumed.
     from webapp.celery import app
 
-    broker = redis.Redis.from_url(worker.broker_url)
     saved = (app.conf.broker_url, dict(app.conf.broker_transport_options or {}))
     use_broker(worker.broker_url)
     try:
