@@ -3,12 +3,16 @@ TrainJob and resumes from the lost one's checkpoints (docs/recovery.md).
 
 The real Celery worker (embedded beat, Redis, PostgreSQL) drives a 2-node, 3-epoch digits job
 through the official ``kubernetes`` client against the stand-in API server (tests/k8s_standin.py).
-Once the first TrainJob has written its epoch-0 checkpoint on the output volume (a directory all
-the stand-in's pods share, as a ReadWriteMany volume would be), the test evicts rank 1's pod through
-the Eviction API, as ``kubectl drain`` would: the pod ends Failed with ``DisruptionTarget``
-``EvictionByEvictionAPI`` and the TrainJob Failed. The job must end SUCCEEDED as attempt 2 (TrainJob
-``<name>-a2``, given the lost one's checkpoint directory), which resumed (not at epoch 0), with each
-of the 3 epochs' validation stored once.
+The pods run the trainer stand-in (tests/standins/trainer.py: the real launcher, a torch-free
+trainer that steps only as the test allows), since the subject is the recovery, not the training:
+the real trainer's lost run and resume on this stand-in cluster is
+tests/cloud_adapters/kubernetes/test_k8s_lost.py. The job is held one step into its second epoch,
+after its epoch-0 checkpoint is on the output volume (a directory all the stand-in's pods share, as a
+ReadWriteMany volume would be); the test then evicts rank 1's pod through the Eviction API, as
+``kubectl drain`` would: the pod ends Failed with ``DisruptionTarget`` ``EvictionByEvictionAPI`` and
+the TrainJob Failed. The job must end SUCCEEDED as attempt 2 (TrainJob ``<name>-a2``, given the lost
+one's checkpoint directory), which resumed where the first stopped (not at epoch 0), with each of the
+3 epochs' validation stored once.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from kubernetes import client
 from jobs import selectors, services
 from jobs.models import JobAttempt, JobStateChoices as S, MetricPoint, TrainingJob
 from k8s_standin import kube_standin_server
+from standins.trainer import batches_per_epoch
+from trainer_pkg.config import JobConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -56,20 +62,31 @@ def _reload(job: TrainingJob) -> TrainingJob:
 
 
 def test_an_evicted_pod_is_resubmitted_and_resumes_from_its_checkpoint(worker, cluster, kube, user, tmp_path,
-                                                                       digits_dataset, cnn_model):
-    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=kube,
-                                       nodes=2, procs_per_node=1, epochs=EPOCHS,
-                                       batch_size=2)  # ~350 steps an epoch: the eviction lands inside epoch 2
-    worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=180, what="the job to be RUNNING")
-    first = _reload(job).provider_job_name
-    output = tmp_path / "pod-output"
-    worker.wait_for(lambda: (output / first / "checkpoints" / "last.pt").is_file(), timeout=240,
-                    what="the first checkpoint")
-    victim = next(p.name for p in cluster.pods_of("default", first) if p.index == 1)
-    client.CoreV1Api(cluster.client()).create_namespaced_pod_eviction(victim, "default", client.V1Eviction(
-        metadata=client.V1ObjectMeta(name=victim, namespace="default")))
+                                                                       digits_dataset, cnn_model, trainer_standin):
+    trainer_standin.hold(steps=0)
+    with cluster.with_python(trainer_standin.python):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=kube,
+                                           nodes=2, procs_per_node=1, epochs=EPOCHS, batch_size=32)
+        worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=180, what="the job to be RUNNING")
+        first = _reload(job).provider_job_name
+        output = tmp_path / "pod-output"
+        [posted] = [r.body for r in cluster.requests_for("POST", "/namespaces/default/trainjobs")
+                    if r.body["metadata"]["name"] == first and r.status == 201]
+        config = json.loads(next(e["value"] for e in posted["spec"]["trainer"]["env"]
+                                 if e["name"] == "TRAINBOARD_JOB_CONFIG"))
+        held_at = batches_per_epoch(JobConfig.from_dict(config), world_size=2) + 1  # one step into epoch 1
+        trainer_standin.hold(steps=held_at)
+        trainer_standin.wait_at(held_at, output / first, timeout=120)
+        assert (output / first / "checkpoints" / "last.pt").is_file(), "epoch 0's checkpoint"
 
-    job = worker.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=400, what="the job to end")
+        victim = next(p.name for p in cluster.pods_of("default", first) if p.index == 1)
+        client.CoreV1Api(cluster.client()).create_namespaced_pod_eviction(victim, "default", client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=victim, namespace="default")))
+        # The second attempt resumes where the first stopped, and is held there until released.
+        trainer_standin.wait_at(held_at, output / f"{first}-a2", timeout=240)
+        trainer_standin.release()
+        job = worker.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=240, what="the job to end")
+
     assert job.state == S.SUCCEEDED, (job.failure_reason, worker.log()[-3000:])
     assert (job.attempt, job.provider_job_name) == (2, f"{first}-a2")
     checkpoints = f"{output}/{first}/checkpoints"
@@ -88,7 +105,7 @@ def test_an_evicted_pod_is_resubmitted_and_resumes_from_its_checkpoint(worker, c
     assert sent["output"]["checkpoint_dir"] == checkpoints
     ran = [json.loads(line) for line in (output / f"{first}-a2" / "metrics.jsonl").read_text().splitlines()]
     started = next(r for r in ran if r.get("event") == "started")
-    assert started["resumed"] is True and started["epoch"] >= 1 and started["step"] > 1, started
+    assert (started["resumed"], started["epoch"], started["step"]) == (True, 1, held_at + 1), started
     val = list(MetricPoint.objects.filter(job=job, name="val_accuracy", rank__isnull=True)
                .order_by("step").values_list("epoch", flat=True))
     assert val == list(range(EPOCHS))  # each epoch once, across the two attempts
