@@ -4,7 +4,8 @@ seed and a bounded number of cases, then the values a generator from the schema 
 Asserted by :func:`test_api_fuzz_no_server_error_and_no_half_made_job`: no response is a server
 error (5xx), every 2xx response matches its declared schema (schemathesis' response_schema_conformance),
 and afterwards no half-made job exists (each TrainingJob has its provider job name and its QUEUED
-event). About 20 operations × ``EXAMPLES`` cases.
+event). 49 operations: ``EXAMPLES`` cases for each of the 23 with a body or four or more query
+parameters, fewer for the paginated lists and the path-only ones (about 2,400 cases in all).
 
 :func:`test_api_fuzz_unstorable_values_in_every_body_field` puts each of ``UNSTORABLE`` (NaN,
 Infinity, 1e400, 1e300, NUL in a string and in a key, an unpaired surrogate, nesting 3,000 deep, an
@@ -37,6 +38,12 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 EXAMPLES = 80
+"""Generated cases for an operation with a request body or four or more query parameters."""
+EXAMPLES_PAGE = 30
+"""For a list whose only query parameters are the pagination's (``after``, ``limit``, ``offset``: one
+paginator class for all, its extremes in ``UNSTORABLE_QUERY`` below)."""
+EXAMPLES_PATH_ONLY = 15
+"""For an operation whose only input is its path (an object's id, an artifact's name)."""
 STATEFUL_SCENARIOS = 25
 SKIP = {("POST", "/api/backends/{id}/test-connection/")}
 
@@ -139,7 +146,7 @@ def _fuzz(fuzz_user, schemathesis, get_wsgi_application, HealthCheck, Phase, giv
         if key in SKIP:
             continue
 
-        @hsettings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+        @hsettings(max_examples=_examples(operation), derandomize=True, deadline=None, database=None,
                    suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
         @given(case=operation.as_strategy())
         def run(case) -> None:
@@ -163,6 +170,15 @@ def _fuzz(fuzz_user, schemathesis, get_wsgi_application, HealthCheck, Phase, giv
     half_made = TrainingJob.objects.filter(provider_job_name="") | TrainingJob.objects.exclude(
         pk__in=JobEvent.objects.filter(to_state="QUEUED").values("job_id"))
     assert not half_made.exists(), list(half_made.values("id", "provider_job_name", "state"))
+
+
+def _examples(operation) -> int:
+    """How many cases to generate for a schemathesis operation (see ``EXAMPLES``)."""
+    definition = operation.definition.raw
+    query = [p for p in definition.get("parameters", []) if p.get("in") == "query"]
+    if "requestBody" in definition or len(query) >= 4:
+        return EXAMPLES
+    return EXAMPLES_PAGE if query else EXAMPLES_PATH_ONLY
 
 
 def _isolated(call):
