@@ -20,6 +20,27 @@ def test_digits_shapes_range_and_split():
     assert set(np.unique(ds.y_val)) == set(range(10))
 
 
+def test_digits_are_scikit_learns_read_without_importing_it():
+    """The trainer reads scikit-learn's digits file itself (no sklearn/SciPy import in every rank):
+    the same values, in the same order, as ``sklearn.datasets.load_digits``."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from trainer_pkg.datasets import _load_digits
+
+    x, y = _load_digits()
+    bunch = load_digits()
+    assert np.array_equal(x.reshape(1797, 64), bunch.data.astype(np.float32) / 16.0)
+    assert np.array_equal(y, bunch.target) and y.dtype == np.int64
+    probe = ("import sys; from trainer_pkg.datasets import _load_digits; x, y = _load_digits(); "
+             "print(x.shape, int(y.sum()), sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.strip() == f"(1797, 1, 8, 8) {int(bunch.target.sum())} []"
+
+
 def test_digits_split_is_seeded():
     a, b, c = (load_dataset(DataConfig(), seed=s) for s in (0, 0, 1))
     assert np.array_equal(a.x_val, b.x_val) and np.array_equal(a.y_train, b.y_train)
