@@ -121,9 +121,11 @@ def azurite_blob(location: Path) -> Iterator:
         azureml = standin("azureml")
         yield azureml.BlobAccount(f"http://127.0.0.1:{port}/{azureml.AZURITE_ACCOUNT}")
     finally:
+        # Azurite's graceful stop waits for the clients' idle keep-alive connections (10 s and more);
+        # its data is this test's and need not be saved, so it gets 2 s before SIGKILL.
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -22,9 +22,6 @@ Run: DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainboard REDIS_URL=redis:
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import time
 import urllib.parse
 from decimal import Decimal
@@ -35,14 +32,12 @@ from unittest import mock
 import pytest
 import requests
 
-from adapter_standins import azureml_workspace_in_registry, free_port, standin, vertex_with_gcs
+from adapter_standins import azureml_workspace_in_registry, azurite_blob, standin, vertex_with_gcs
 from jobs import dispatch, services, tasks
 from jobs.models import InstancePrice, JobStateChoices as S, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
 from taskkit import sent_tasks
 
-REPO = Path(__file__).resolve().parents[2]
-AZURITE = REPO / "node_modules" / ".bin" / "azurite-blob"
 
 
 azureml_standin = standin("azureml")
@@ -104,33 +99,8 @@ def gcs_read(gcs_url: str, bucket: str, name: str) -> bytes:
 @pytest.fixture
 def azurite(tmp_path):
     """Azurite's Blob service (npm devDependency) on a free loopback port: the code snapshot's store."""
-    if not AZURITE.exists() or shutil.which("node") is None:
-        pytest.fail(f"Azurite is needed for the Azure ML code upload: run `npm ci` ({AZURITE}, node on PATH).")
-    port = free_port()
-    location = tmp_path / "azurite"
-    location.mkdir()
-    with open(location / "azurite.out", "wb") as log:
-        proc = subprocess.Popen([str(AZURITE), "--silent", "--skipApiVersionCheck", "--location", str(location),
-                                 "--blobHost", "127.0.0.1", "--blobPort", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("Azurite did not start: " + (location / "azurite.out").read_text(errors="replace"))
-                time.sleep(0.1)
-        yield azureml_standin.BlobAccount(f"http://127.0.0.1:{port}/{azureml_standin.AZURITE_ACCOUNT}")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with azurite_blob(tmp_path) as account:
+        yield account
 
 
 @pytest.fixture
