@@ -25,7 +25,6 @@ import json
 import time
 import urllib.parse
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
