@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 
-from tests.trainer_pkg.trainer_helpers import records, torchrun, write_job
+from tests.trainer_pkg.trainer_helpers import launch, records, torchrun, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +37,24 @@ def _weights(out):
     return torch.load(out / "model.pt", map_location="cpu", weights_only=True)
 
 
-def test_continue_from_a_1_epoch_checkpoint_to_2_epochs_equals_an_uninterrupted_2_epoch_run(tmp_path):
-    straight, _ = _train(tmp_path, "straight", epochs=2)
-    first, _ = _train(tmp_path, "first", epochs=1)
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """The runs the tests start from, trained once for the module (read, never written to, by the
+    tests): ``one_epoch`` and ``two_epochs`` (2 ranks each, the same seed), and ``continued``: the
+    one-epoch run's ``last.pt`` continued to 2 epochs (with its :class:`subprocess.CompletedProcess`
+    as ``continued_result``)."""
+    root = tmp_path_factory.mktemp("init-from-sources")
+    one, _ = _train(root, "one_epoch", epochs=1)
+    two, _ = _train(root, "two_epochs", epochs=2)
+    continued, result = _train(root, "continued", epochs=2, init_from=str(one / "checkpoints" / "last.pt"),
+                               init_mode="continue")
+    return {"one_epoch": one, "two_epochs": two, "continued": continued, "continued_result": result}
+
+
+def test_continue_from_a_1_epoch_checkpoint_to_2_epochs_equals_an_uninterrupted_2_epoch_run(sources):
+    straight, first = sources["two_epochs"], sources["one_epoch"]
     source = first / "checkpoints" / "last.pt"
-    continued, result = _train(tmp_path, "continued", epochs=2, init_from=str(source), init_mode="continue")
+    continued, result = sources["continued"], sources["continued_result"]
 
     a, b = _weights(straight), _weights(continued)
     assert a.keys() == b.keys()
@@ -75,10 +88,11 @@ def test_each_epoch_record_says_the_finished_epochs_its_checkpoint_holds(tmp_pat
     assert (saved["epoch"], saved["batches_done"] > 0) == (1, True)
 
 
-def test_a_continued_run_with_its_own_checkpoint_resumes_that_not_the_source(tmp_path):
-    first, _ = _train(tmp_path, "first", epochs=1)
-    source = first / "checkpoints" / "last.pt"
-    continued, _ = _train(tmp_path, "continued", epochs=2, init_from=str(source), init_mode="continue")
+def test_a_continued_run_with_its_own_checkpoint_resumes_that_not_the_source(sources, tmp_path):
+    source = sources["one_epoch"] / "checkpoints" / "last.pt"
+    # The continued run's output, as a restarted job finds it: its own last.pt (epoch 2).
+    continued = tmp_path / "continued" / "out"
+    shutil.copytree(sources["continued"], continued)
     # Run the same job again with more epochs: its own last.pt (epoch 2) wins over the source's (epoch 1).
     _, result = _train(tmp_path, "continued", epochs=3, init_from=str(source), init_mode="continue")
     out = result.stdout + result.stderr
@@ -87,8 +101,8 @@ def test_a_continued_run_with_its_own_checkpoint_resumes_that_not_the_source(tmp
     assert [r["epoch"] for r in records(continued) if r["event"] == "epoch"] == [1, 2]
 
 
-def test_finetune_starts_at_step_0_with_the_source_weights_and_a_new_optimizer(tmp_path):
-    source_out, _ = _train(tmp_path, "source", epochs=2)
+def test_finetune_starts_at_step_0_with_the_source_weights_and_a_new_optimizer(sources, tmp_path):
+    source_out = sources["two_epochs"]
     source_weights = _weights(source_out)
     # lr so small that one step barely moves: the first loss is the trained model's, not a fresh one's.
     tuned, result = _train(tmp_path, "tuned", epochs=1, lr=1e-9, init_from=str(source_out / "model.pt"),
@@ -111,13 +125,13 @@ def test_finetune_starts_at_step_0_with_the_source_weights_and_a_new_optimizer(t
     assert ckpt["epoch"] == 1  # one epoch of its own, counted from 0
 
 
-def test_init_from_refusals_name_the_file_and_what_to_do(tmp_path):
-    source_out, _ = _train(tmp_path, "source", epochs=1, nproc=1)
+def test_init_from_refusals_name_the_file_and_what_to_do(sources, tmp_path):
+    source_out = sources["one_epoch"]
 
     def run(name, **train):
         job = write_job(tmp_path / name, data=DIGITS, model=train.pop("model", MLP),
                         train={"epochs": 2, "batch_size": 16, **train})
-        return torchrun(job, nproc=1)
+        return launch(job)  # one process, world size 1: the trainer refuses before its first step
 
     weights_only = run("weights", init_from=str(source_out / "model.pt"), init_mode="continue")
     assert weights_only.returncode != 0
