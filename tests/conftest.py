@@ -55,6 +55,36 @@ def _fast_password_hashing():
         yield
 
 
+_DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback"}
+
+
+@pytest.fixture(autouse=True)
+def _no_optuna_study_left(request):
+    """A test that uses the database starts with no Optuna study. Sweeps' studies are written through
+    Optuna's own connection, outside the test's transaction and the flush after it, under names made
+    of the sweep's id (``trainboard-sweep-<id>``); ids come round again after a rollback, so a later
+    test's sweep would load an earlier test's study (other distributions: a refused ask). One query
+    when no study is there."""
+    if request.node.get_closest_marker("django_db") is None and not _DB_FIXTURES & set(request.fixturenames):
+        return
+    request.getfixturevalue("_django_db_helper")  # the test's database access, as it would have it
+    from django.db import connection
+
+    if "studies" not in connection.introspection.table_names():
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM studies LIMIT 1")
+        if cursor.fetchone() is None:
+            return
+    import optuna
+
+    from jobs import sweeps
+
+    storage = sweeps.optuna_storage()
+    for summary in optuna.get_all_study_summaries(storage=storage, include_best_trial=False):
+        optuna.delete_study(study_name=summary.study_name, storage=storage)
+
+
 # ---------------------------------------------------------------------------------------------
 # Domain objects
 # ---------------------------------------------------------------------------------------------

@@ -19,18 +19,6 @@ from taskkit import sent_tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_studies():
-    """Optuna's tables are written through its own connection, outside the test's transaction, so a
-    study of another test (a rolled-back sweep whose id a later sweep gets) may still be there under
-    the same name with other distributions: each test here starts with none (seen in CI, issue 27)."""
-    import optuna
-
-    storage = sweeps.optuna_storage()
-    for summary in optuna.get_all_study_summaries(storage=storage, include_best_trial=False):
-        optuna.delete_study(study_name=summary.study_name, storage=storage)
-
-
 def _sweep(user, dataset, model, backend) -> Sweep:
     with sent_tasks(dispatch.SWEEP_FILL):  # the create's own fill is left out: the ticks fill
         return sweeps.sweep_create(
