@@ -6,13 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainboard
-# make test runs the suite in TEST_WORKERS pytest-xdist processes (-n 4 --dist loadgroup: on 2 cores
-# the extra processes overlap the tests that wait on a worker, a cluster or a browser), each test file
+# make test runs the suite in TEST_WORKERS pytest-xdist processes (-n 3 --dist loadgroup: on 2 cores
+# a third overlaps the tests that wait on a worker, a cluster or a browser; a fourth was slower), each test file
 # (or xdist_group) whole on one worker, each worker with its own test database (pytest-django's
 # _gwN suffix) and Redis database (TEST_REDIS_URL's + N: 12-15 for up to 4 workers), see
 # tests/xdist_workers.py. TEST_WORKERS=0 runs it serially (about twice as long on 2 cores).
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/12
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 PORT ?= 8000
 

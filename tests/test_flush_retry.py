@@ -37,6 +37,10 @@ def test_a_flush_deadlocked_by_a_live_session_is_retried_and_empties_the_databas
     url = database_url(connection.settings_dict)
     worker = psycopg.connect(url)  # not autocommit: what it reads, it holds until it rolls back
     observer = psycopg.connect(url, autocommit=True)
+    # PostgreSQL aborts the session whose deadlock check runs first (each checks after waiting its
+    # deadlock_timeout, 1 s by default): the worker's is a minute, so the flush is the one aborted
+    # however late the loaded machine lets the TRUNCATE start waiting.
+    worker.execute("SET deadlock_timeout = '60s'")
     worker.execute(f'SELECT 1 FROM "{last}" LIMIT 1')
     worker_pid = worker.info.backend_pid
     outcome = {}
@@ -63,7 +67,7 @@ def test_a_flush_deadlocked_by_a_live_session_is_retried_and_empties_the_databas
         thread.join(timeout=60)
         worker.close()
         observer.close()
-    # The TRUNCATE waited first, so its deadlock check ran first and aborted it, not the worker.
+    # The TRUNCATE's deadlock check ran first (the worker's waits a minute) and aborted it, not the worker.
     assert outcome == {"worker": "read"}
     assert len(tries) == 1, tries
     assert "couldn't be flushed" in str(tries[0]) and lost_a_lock_race(tries[0])
