@@ -470,8 +470,8 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
         print(f"\nslowest SQL of the first request at {largest['steps']:,} steps:")
         for label in args.url_labels:
             for q in largest["urls"][label]["slowest"]:
-                # The column list says little; the table, WHERE and ORDER BY say what is read.
-                sql = re.sub(r"^SELECT .*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
+                # A plain column list says little (an aggregate stays); the table, WHERE and ORDER BY say what is read.
+                sql = re.sub(r"^SELECT [^()]*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
                 print(f"  {label:<5} {q['ms']:>9,.1f} ms  {sql[:320]}{'…' if len(sql) > 320 else ''}")
 
 
