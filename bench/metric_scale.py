@@ -1,0 +1,571 @@
+"""Metric history at the scale of real runs (issue 29): the job page, its chart poll and the API read
+against the length of the run, with the SQL queries, the web process's memory and the bytes per point.
+
+    .venv/bin/python bench/metric_scale.py                          # 1,000 / 10,000 / 100,000 steps × 8 ranks
+    .venv/bin/python bench/metric_scale.py --quick                  # 1,000 / 10,000 steps × 8 ranks
+    .venv/bin/python bench/metric_scale.py --steps 1000,100000 --requests 1 --json ms.json
+    .venv/bin/python bench/metric_scale.py --keep --steps 1000,10000         # then, on the kept database:
+    .venv/bin/python bench/metric_scale.py --reuse --keep --steps 1000,10000,100000 --urls poll,api
+
+What it does, in one run:
+
+1. creates a throwaway PostgreSQL database (``--db-name``, default ``trainboard_bench_ms``, on
+   ``--server``, default ``postgres://postgres@127.0.0.1:5432``) and applies every migration;
+2. for each size of ``--steps`` creates one RUNNING job of ``--ranks`` ranks (ORM) and bulk-loads its
+   history with COPY, as the sync stores the trainer's records (``jobs.sync.metric_points_from_record``):
+   per step 4 global points (train_loss, train_accuracy, samples_per_s, lr; rank NULL) and 5 per-rank
+   timing points per rank (rank_samples_per_s, rank_step_time_s, rank_data_wait_s, rank_compute_s,
+   rank_sync_wait_s), val_loss and val_accuracy once per epoch (``--epoch-steps``), NULL values where a
+   step was not finite (a few gaps), one loss spike, the last rank slower than the others (a
+   straggler); and, unless ``--no-logs``, the job's log as the sync stores it: each record again as a
+   ``TRAINBOARD_METRIC`` line, a few launcher lines and one plain line per epoch. Then VACUUM ANALYZE;
+3. for each size and each URL (``--urls``: page ``/jobs/<pk>/``, poll ``/jobs/<pk>/metrics.json`` as
+   the page's job.js fetches it, no parameters; live ``/jobs/<pk>/live/``, the fragment htmx re-fetches
+   every 2 s before each poll; api ``/api/jobs/<pk>/``), in-process with Django's test ``Client``
+   (middleware, view, template or serializer, database; no HTTP server): ``--warmups`` requests (the
+   first request's SQL is captured with ``CaptureQueriesContext``: count, summed time, the slowest),
+   then up to ``--requests`` timed ones, stopping early once ``--budget-s`` seconds went into that URL
+   (at least one timed request). The web process's memory: the peak RSS during each request less the
+   RSS just before it (the kernel's high-water mark, reset through ``/proc/self/clear_refs``), and the
+   RSS kept after the URL's requests;
+4. prints the table, each time's ratio to the smallest size's (1,000 steps by default) from this same
+   run, the storage (``pg_total_relation_size`` of the metric table, indexes and TOAST included, after
+   VACUUM ANALYZE, ÷ its rows), and which of issue 29's targets are missed: job page ≤ 300 ms, poll
+   ≤ 50 ms, API retrieve ≤ 50 ms (p50), each ≤ 2× its time at the smallest size, ≤ 50 MB of RSS per
+   request, ≤ 20 bytes per point;
+5. drops the database (unless ``--keep``).
+
+Nothing is asserted: it reports (exit 0), or with ``--check`` exits 1 when a target is missed;
+``--json FILE`` writes the figures. Times are wall-clock on whatever else the machine is doing. On
+today's code the largest size is slow (minutes per job-page request at 100,000 steps): ``--budget-s``
+bounds the timed requests per URL, ``--urls`` and ``--steps`` pick what to measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from typing import Any, Callable, TextIO
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import median  # noqa: E402
+from bench.job_list import create_database, drop_database, setup_django  # noqa: E402
+
+GLOBAL_STEP_METRICS = ("train_loss", "train_accuracy", "samples_per_s", "lr")
+EPOCH_METRICS = ("val_loss", "val_accuracy")
+RANK_STEP_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s",
+                     "rank_sync_wait_s")
+BATCH_PER_RANK = 32
+
+# (label, what, target p50 ms or None). "live" has no target of its own in issue 29; it is reported
+# because the page fetches it before every poll.
+URLS = (("page", "job page", 300.0), ("poll", "chart poll", 50.0), ("live", "live fragment", None),
+        ("api", "API retrieve", 50.0))
+RATIO_TARGET = 2.0
+RSS_PER_REQUEST_MB = 50.0
+BYTES_PER_POINT = 20.0
+DB_PREFIX = "trainboard_bench_ms"
+CHUNK_STEPS = 2_000  # steps per COPY write: bounded memory at any run length
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", default="1000,10000,100000",
+                   help="comma-separated run lengths in optimizer steps, one job each (default 1000,10000,100000)")
+    p.add_argument("--ranks", type=int, default=8, help="ranks of every job (default 8)")
+    p.add_argument("--epoch-steps", type=int, default=1000, help="steps per epoch: val_* points (default 1,000)")
+    p.add_argument("--requests", type=int, default=5, help="timed requests per URL at most (default 5)")
+    p.add_argument("--warmups", type=int, default=1, help="untimed requests per URL first (default 1)")
+    p.add_argument("--budget-s", type=float, default=60.0,
+                   help="no further timed request of a URL once its requests took this long (default 60 s; "
+                        "at least one is timed)")
+    p.add_argument("--urls", default="page,poll,live,api",
+                   help="which URLs, comma-separated from page, poll, live, api (default all)")
+    p.add_argument("--quick", action="store_true", help="--steps 1000,10000")
+    p.add_argument("--no-logs", action="store_true", help="no JobLogLine rows (the log tail then reads nothing)")
+    p.add_argument("--slow-queries", type=int, default=3,
+                   help="print the slowest N SQL queries of each URL at the largest size (default 3)")
+    p.add_argument("--server", default=os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432"),
+                   help="PostgreSQL server URL without a database name")
+    p.add_argument("--db-name", default="trainboard_bench_ms", help="throwaway database (dropped and created)")
+    p.add_argument("--keep", action="store_true", help="keep the database afterwards (to EXPLAIN by hand)")
+    p.add_argument("--reuse", action="store_true",
+                   help="use the kept database: load only the sizes it lacks")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    p.add_argument("--json", metavar="FILE", help="write the figures to FILE")
+    p.add_argument("--seed", type=int, default=29)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps = "1000,10000"
+    try:
+        args.sizes = sorted({int(s.replace("_", "")) for s in args.steps.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--steps is a comma-separated list of whole numbers, got {args.steps!r}")
+    if not args.sizes or args.sizes[0] < 1:
+        p.error("--steps needs at least one size, each at least 1")
+    args.url_labels = [u.strip() for u in args.urls.split(",") if u.strip()]
+    unknown = sorted(set(args.url_labels) - {label for label, _, _ in URLS})
+    if unknown or not args.url_labels:
+        p.error(f"--urls takes page, poll, live, api; got {args.urls!r}")
+    for name in ("ranks", "epoch_steps", "requests"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmups < 0 or args.budget_s <= 0:
+        p.error("--warmups must be at least 0 and --budget-s above 0")
+    if not args.db_name.startswith(DB_PREFIX):
+        # The script drops this database: never one that is not a benchmark's.
+        p.error(f"--db-name must start with {DB_PREFIX!r}, got {args.db_name!r}")
+    return args
+
+
+# --- the history ---------------------------------------------------------------------------------
+
+def job_name(steps: int, ranks: int) -> str:
+    return f"metric-scale-{steps}x{ranks}"
+
+
+def _special_steps(steps: int, ranks: int) -> dict[str, Any]:
+    """Where the run is not smooth: steps whose train_loss was not finite (three short gaps), one
+    loss spike (what uniform thinning drops), one rank's non-finite step time."""
+    gaps = set()
+    for fraction in (0.25, 0.5, 0.75):
+        at = max(1, int(steps * fraction))
+        gaps.update(range(at, min(steps, at + 2) + 1))
+    return {"loss_gaps": gaps, "spike": max(1, int(steps * 0.4)) + 1,
+            "rank_gap": (max(1, int(steps * 0.6)) + 2, ranks // 2)}
+
+
+def _number(value: float | None) -> str:
+    return "\\N" if value is None else repr(value)
+
+
+def generate_history(job_id: int, *, steps: int, ranks: int, epoch_steps: int, started: dt.datetime,
+                     seed: int, write_points: Callable[[str], None], log: TextIO | None) -> dict[str, Any]:
+    """Write the job's MetricPoint rows in COPY text format (columns job_id, name, step, epoch, rank,
+    value, recorded_at) to ``write_points``, in the order the sync stores them (step by step), and,
+    with ``log``, its log lines (job_id, seq, text in COPY text format). One record a second from
+    ``started``. Returns ``{"points", "log_lines", "final_metrics", "rank_gap": (step, rank)}``."""
+    from trainer_pkg.metrics import format_metric_line
+
+    rng = random.Random(seed * 1_000_003 + steps)
+    special = _special_steps(steps, ranks)
+    loss_gaps, spike, (gap_step, gap_rank) = special["loss_gaps"], special["spike"], special["rank_gap"]
+    t_start = started.timestamp()
+    points = 0
+    seq = 0
+    final: dict[str, float | None] = {}
+
+    def log_line(text: str) -> None:
+        nonlocal seq
+        if log is not None:
+            log.write(f"{job_id}\t{seq}\t{text.replace(chr(92), chr(92) * 2)}\n")  # COPY text: a backslash escapes
+        seq += 1
+
+    launch = [f"[launch] rank {r}: world size {ranks}, backend gloo, torchrun" for r in range(ranks)]
+    for text in ["[launch] platform: local (torchrun --standalone)", *launch,
+                 "[trainer] no checkpoint found: starting at step 1", "[trainer] data: digits (built-in)"]:
+        log_line(text)
+
+    buf: list[str] = []
+    for step in range(1, steps + 1):
+        epoch = (step - 1) // epoch_steps
+        progress = step / steps
+        when = dt.datetime.fromtimestamp(t_start + step, tz=dt.timezone.utc).isoformat()
+        head = f"{job_id}\t"
+        tail = f"\t{step}\t{epoch}\t"
+        loss = 2.3 * math.exp(-4.0 * progress) + 0.05 + rng.gauss(0.0, 0.02)
+        if step == spike:
+            loss *= 6.0
+        values: dict[str, Any] = {
+            "train_loss": None if step in loss_gaps else loss,
+            "train_accuracy": min(1.0, max(0.0, 1.0 - loss / 2.5 + rng.gauss(0.0, 0.01))),
+            "lr": 0.05 * 0.5 * (1.0 + math.cos(math.pi * progress)),
+        }
+        compute = [0.011 * (1.0 + rng.gauss(0.0, 0.03)) * (1.6 if r == ranks - 1 else 1.0) for r in range(ranks)]
+        data_wait = [0.002 * (1.0 + abs(rng.gauss(0.0, 0.2))) for _ in range(ranks)]
+        step_time = max(d + c for d, c in zip(data_wait, compute)) + 0.025  # the all-reduce waits for the slowest
+        rank_values = {
+            "rank_samples_per_s": [BATCH_PER_RANK / step_time] * ranks,
+            "rank_step_time_s": [step_time] * ranks,
+            "rank_data_wait_s": data_wait,
+            "rank_compute_s": compute,
+            "rank_sync_wait_s": [step_time - c for c in compute],
+        }
+        if step == gap_step:
+            rank_values["rank_step_time_s"] = [None if r == gap_rank else step_time for r in range(ranks)]
+        values["samples_per_s"] = BATCH_PER_RANK * ranks / step_time
+        for name in GLOBAL_STEP_METRICS:
+            buf.append(f"{head}{name}{tail}\\N\t{_number(values[name])}\t{when}\n")
+            final[name] = values[name]
+        for name in RANK_STEP_METRICS:
+            for rank, value in enumerate(rank_values[name]):
+                buf.append(f"{head}{name}{tail}{rank}\t{_number(value)}\t{when}\n")
+        points += len(GLOBAL_STEP_METRICS) + len(RANK_STEP_METRICS) * ranks
+        record = {"event": "step", "step": step, "epoch": epoch, "time": t_start + step, **values, **rank_values}
+        # What the trainer printed where a value was not finite (format_metric_line lists it under "nonfinite").
+        if step in loss_gaps:
+            record["train_loss"] = float("nan")
+        if step == gap_step:
+            record["rank_step_time_s"] = [float("nan") if v is None else v for v in rank_values["rank_step_time_s"]]
+        log_line(format_metric_line(record))
+        if step % epoch_steps == 0:
+            val = {"val_loss": loss * 1.08 + rng.gauss(0.0, 0.01), "val_accuracy": values["train_accuracy"] * 0.98}
+            for name in EPOCH_METRICS:
+                buf.append(f"{head}{name}{tail}\\N\t{_number(val[name])}\t{when}\n")
+                final[name] = val[name]
+            points += len(EPOCH_METRICS)
+            log_line(format_metric_line({"event": "epoch", "step": step, "epoch": epoch, "time": t_start + step,
+                                         **val}))
+            log_line(f"[trainer] epoch {epoch + 1} done at step {step:,}: val_loss {val['val_loss']:.4f}, "
+                     f"checkpoint saved")
+        if step % CHUNK_STEPS == 0 or step == steps:
+            write_points("".join(buf))
+            buf.clear()
+    return {"points": points, "log_lines": seq, "final_metrics": final, "rank_gap": (gap_step, gap_rank)}
+
+
+def _owner_and_world():
+    """The benchmark's user and the dataset, model and backend its jobs use (made once)."""
+    from django.contrib.auth import get_user_model
+
+    from jobs.models import ComputeBackend, Dataset, ModelSpec
+
+    User = get_user_model()
+    user = User.objects.filter(username="msbench").first()
+    if user is None:
+        user = User.objects.create_user("msbench", "msbench@example.com", "msbench-pw-1")
+    dataset, _ = Dataset.objects.get_or_create(owner=user, name="digits",
+                                               defaults={"format": "builtin", "builtin_name": "digits"})
+    model, _ = ModelSpec.objects.get_or_create(owner=user, name="digits-cnn",
+                                               defaults={"architecture": "cnn", "params": {}})
+    backend, _ = ComputeBackend.objects.get_or_create(owner=user, name="local",
+                                                      defaults={"kind": "gpubox", "config": {}})
+    return user, dataset, model, backend
+
+
+def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
+    """One RUNNING job of ``steps`` steps: its row (ORM), its points and log lines (COPY)."""
+    from django.db import connection
+
+    from jobs.models import JobLogLine, MetricPoint, TrainingJob
+
+    user, dataset, model, backend = world
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    started = now - dt.timedelta(seconds=steps + 60)
+    epochs_so_far = max(1, steps // args.epoch_steps)
+    job = TrainingJob.objects.create(
+        owner=user, name=job_name(steps, args.ranks), dataset=dataset, model_spec=model, backend=backend,
+        # Half-way through its epochs, so the headline has a fraction and an ETA to compute.
+        config={"model": {"arch": "cnn"}, "data": {"name": "digits"},
+                "train": {"epochs": 2 * epochs_so_far, "batch_size": BATCH_PER_RANK}},
+        nodes=1, procs_per_node=args.ranks, state="RUNNING", provider_job_name=f"tb-{job_name(steps, args.ranks)}",
+        hourly_price_usd=Decimal("2.0000"), submitted_at=started - dt.timedelta(seconds=30), started_at=started,
+        first_step_at=started, state_entered_at=started, last_synced_at=now, created_at=started,
+    )
+    t0 = time.perf_counter()
+    total = {"rows": 0, "next": max(1, steps // 10)}
+    rows_per_step = len(GLOBAL_STEP_METRICS) + len(RANK_STEP_METRICS) * args.ranks
+    cols = ["job_id", "name", "step", "epoch", "rank", "value", "recorded_at"]
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as log, connection.cursor() as cur:
+        # COPY text written a chunk of steps at a time: several times faster than a row at a time.
+        with cur.cursor.copy(f"COPY {MetricPoint._meta.db_table} ({', '.join(cols)}) FROM STDIN") as copy:
+            def write_points(text: str) -> None:
+                copy.write(text)
+                total["rows"] += text.count("\n")
+                done = total["rows"] // rows_per_step
+                if done >= total["next"] or done >= steps:
+                    elapsed = time.perf_counter() - t0
+                    print(f"  {steps:,} steps: {min(done, steps):,} loaded, {total['rows']:,} points, {elapsed:.1f} s "
+                          f"({total['rows'] / max(elapsed, 1e-9):,.0f} points/s)", flush=True)
+                    total["next"] += max(1, steps // 10)
+
+            made = generate_history(job.pk, steps=steps, ranks=args.ranks, epoch_steps=args.epoch_steps,
+                                    started=started, seed=args.seed, write_points=write_points,
+                                    log=None if args.no_logs else log)
+        t_points = time.perf_counter() - t0
+        t_logs = 0.0
+        if not args.no_logs:
+            t1 = time.perf_counter()
+            log.seek(0)
+            with cur.cursor.copy(f"COPY {JobLogLine._meta.db_table} (job_id, seq, text) FROM STDIN") as copy:
+                while block := log.read(1 << 20):
+                    copy.write(block)
+            t_logs = time.perf_counter() - t1
+    TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
+    print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {made['points']:,} points in {t_points:.1f} s"
+          + ("" if args.no_logs else f", {made['log_lines']:,} log lines in {t_logs:.1f} s"), flush=True)
+    return {"job_id": job.pk, "points": made["points"], "log_lines": 0 if args.no_logs else made["log_lines"],
+            "load_points_s": t_points, "load_logs_s": t_logs}
+
+
+def storage() -> dict[str, Any]:
+    """Bytes on disk of the metric and log tables (heap, indexes, TOAST) ÷ their rows; run after
+    VACUUM ANALYZE so dead tuples and stale statistics do not count."""
+    from django.db import connection
+
+    from jobs.models import JobLogLine, MetricPoint
+
+    out = {}
+    with connection.cursor() as cur:
+        for key, model in (("metric_points", MetricPoint), ("log_lines", JobLogLine)):
+            table = model._meta.db_table
+            cur.execute(f"SELECT pg_total_relation_size(%s::regclass), pg_relation_size(%s::regclass), "
+                        f"pg_indexes_size(%s::regclass), "
+                        f"(SELECT count(*) FROM {table})", [table, table, table])
+            total, heap, indexes, rows = cur.fetchone()
+            out[key] = {"table": table, "rows": rows, "total_bytes": total, "heap_bytes": heap,
+                        "index_bytes": indexes, "bytes_per_row": total / rows if rows else None}
+    return out
+
+
+# --- the measurements ----------------------------------------------------------------------------
+
+def _status_mb(field: str) -> float:
+    """``field`` (VmRSS, VmHWM) of this process in MB, from /proc/self/status; NaN elsewhere."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _reset_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux: ``5`` to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _request(client, url: str) -> tuple[float, float, int, int]:
+    """One GET: (ms, MB of RSS the request added at its peak, status, response bytes). Without a
+    resettable high-water mark the RSS after the request stands in for its peak."""
+    gc.collect()
+    before = _status_mb("VmRSS")
+    resettable = _reset_peak()
+    t0 = time.perf_counter()
+    response = client.get(url)
+    ms = (time.perf_counter() - t0) * 1000
+    status, size = response.status_code, len(response.content)
+    peak = _status_mb("VmHWM") if resettable else _status_mb("VmRSS")
+    del response
+    return ms, peak - before, status, size
+
+
+def measure(client, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--warmups`` untimed GETs, then timed ones until ``--requests`` or ``--budget-s``; the first
+    request's SQL captured. Times in ms, memory in MB."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    gc.collect()
+    rss_start = _status_mb("VmRSS")
+    times: list[float] = []
+    growth: list[float] = []
+    spent_s, captured, first = 0.0, None, None
+    for i in range(args.warmups + args.requests):
+        if i >= args.warmups and times and spent_s >= args.budget_s:
+            break
+        if captured is None:
+            with CaptureQueriesContext(connection) as ctx:
+                ms, grew, status, size = _request(client, url)
+            captured = list(ctx.captured_queries)
+            first = {"ms": ms, "status": status, "bytes": size}
+        else:
+            ms, grew, status, size = _request(client, url)
+        spent_s += ms / 1000
+        growth.append(grew)
+        if i >= args.warmups:
+            times.append(ms)
+    queries = sorted(captured, key=lambda q: -float(q["time"]))
+    return {
+        "url": url, "status": first["status"], "bytes": first["bytes"], "first_ms": first["ms"],
+        "times_ms": times, "p50_ms": median(times), "min_ms": min(times),
+        "queries": len(captured), "sql_ms": sum(float(q["time"]) for q in captured) * 1000,
+        "slowest": [{"ms": float(q["time"]) * 1000, "sql": q["sql"]} for q in queries[: max(args.slow_queries, 0)]],
+        "rss_per_request_mb": max(growth), "rss_kept_mb": _status_mb("VmRSS") - rss_start,
+    }
+
+
+def urls_for(job_id: int) -> dict[str, str]:
+    from django.urls import reverse
+
+    return {"page": reverse("job-detail", args=[job_id]), "poll": reverse("job-metrics", args=[job_id]),
+            "live": reverse("job-live", args=[job_id]), "api": f"/api/jobs/{job_id}/"}
+
+
+def verdicts(sizes: list[dict[str, Any]], store: dict[str, Any]) -> list[str]:
+    """Every missed target as a short line (empty: all met); sets each URL figure's ``ratio``."""
+    misses = []
+    base = sizes[0]
+    for size in sizes:
+        for label, what, target in URLS:
+            fig = size["urls"].get(label)
+            if fig is None:
+                continue
+            base_fig = base["urls"].get(label)
+            fig["ratio"] = fig["p50_ms"] / base_fig["p50_ms"] if base_fig and base_fig["p50_ms"] else None
+            if fig["status"] != 200:
+                misses.append(f"{what} at {size['steps']:,} steps answered HTTP {fig['status']}")
+            if target is None:
+                continue
+            if fig["p50_ms"] > target:
+                misses.append(f"{what} at {size['steps']:,} steps: {fig['p50_ms']:,.0f} ms > {target:.0f} ms")
+            if size is not base and fig["ratio"] is not None and fig["ratio"] > RATIO_TARGET:
+                misses.append(f"{what} at {size['steps']:,} steps: {fig['ratio']:,.1f}× its time at "
+                              f"{base['steps']:,} steps > {RATIO_TARGET:.0f}×")
+            if fig["rss_per_request_mb"] > RSS_PER_REQUEST_MB:
+                misses.append(f"{what} at {size['steps']:,} steps: +{fig['rss_per_request_mb']:,.0f} MB RSS in a "
+                              f"request > {RSS_PER_REQUEST_MB:.0f} MB")
+    per_point = store["metric_points"]["bytes_per_row"]
+    if per_point is not None and per_point > BYTES_PER_POINT:
+        misses.append(f"storage: {per_point:.0f} bytes per point > {BYTES_PER_POINT:.0f}")
+    return misses
+
+
+def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argparse.Namespace) -> None:
+    targets = {label: target for label, _, target in URLS}
+    base = sizes[0]["steps"]
+    print(f"\n{'steps':>9} {'points':>11} {'url':<6} {'p50 ms':>10} {'min ms':>10} {'n':>3} {'1st ms':>10} "
+          f"{'sql ms':>9} {'queries':>7} {'KB':>9} {'RSS/req MB':>10} {'kept MB':>8} {f'×{base:,}':>8} "
+          f"{'target':>7}")
+    for size in sizes:
+        for label in args.url_labels:
+            fig = size["urls"][label]
+            ratio = f"{fig['ratio']:.1f}" if fig.get("ratio") is not None else "–"
+            target = targets[label]
+            print(f"{size['steps']:>9,} {size['points']:>11,} {label:<6} {fig['p50_ms']:>10,.1f} "
+                  f"{fig['min_ms']:>10,.1f} {len(fig['times_ms']):>3} {fig['first_ms']:>10,.1f} "
+                  f"{fig['sql_ms']:>9,.1f} {fig['queries']:>7} "
+                  f"{fig['bytes'] / 1024:>9,.0f} {fig['rss_per_request_mb']:>10,.1f} {fig['rss_kept_mb']:>8,.1f} "
+                  f"{ratio:>8} {'–' if target is None else f'{target:.0f}':>7}"
+                  + ("" if fig["status"] == 200 else f"  HTTP {fig['status']}"))
+    mp, ll = store["metric_points"], store["log_lines"]
+    print(f"\nstorage after VACUUM ANALYZE (pg_total_relation_size: heap + indexes + TOAST, every job in the table):\n"
+          f"  {mp['table']}: {mp['rows']:,} rows, {mp['total_bytes'] / 2**20:,.1f} MiB (heap "
+          f"{mp['heap_bytes'] / 2**20:,.1f}, indexes {mp['index_bytes'] / 2**20:,.1f}) = "
+          f"{mp['bytes_per_row']:.1f} bytes per point (target ≤ {BYTES_PER_POINT:.0f})")
+    if ll["rows"]:
+        print(f"  {ll['table']}: {ll['rows']:,} rows, {ll['total_bytes'] / 2**20:,.1f} MiB = "
+              f"{ll['bytes_per_row']:.0f} bytes per line (each metric record stored again as a line)")
+    if args.slow_queries > 0:
+        largest = sizes[-1]
+        print(f"\nslowest SQL of the first request at {largest['steps']:,} steps:")
+        for label in args.url_labels:
+            for q in largest["urls"][label]["slowest"]:
+                # A plain column list says little (an aggregate stays); the table, WHERE and ORDER BY say what is read.
+                sql = re.sub(r"^SELECT [^()]*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
+                print(f"  {label:<5} {q['ms']:>9,.1f} ms  {sql[:320]}{'…' if len(sql) > 320 else ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = dt.datetime.now(dt.timezone.utc)
+    if not args.reuse:
+        create_database(args.server, args.db_name)
+    setup_django(args.server, args.db_name)
+    try:
+        from django.core.management import call_command
+        from django.db import connection
+        from django.test import Client
+
+        from jobs.comparison import RANK_METRICS
+        from jobs.models import JobLogLine, MetricPoint, TrainingJob
+        from trainer_pkg.metrics import GLOBAL_METRICS
+
+        # The history is the trainer's: fail here, not silently, if its names change.
+        assert set(GLOBAL_STEP_METRICS + EPOCH_METRICS) <= set(GLOBAL_METRICS), GLOBAL_METRICS
+        assert set(RANK_STEP_METRICS) == set(RANK_METRICS), RANK_METRICS
+
+        if not args.reuse:
+            call_command("migrate", verbosity=0, interactive=False)
+        world = _owner_and_world()
+        sizes: list[dict[str, Any]] = []
+        loaded = False
+        for steps in args.sizes:
+            job = TrainingJob.objects.filter(owner=world[0], name=job_name(steps, args.ranks)).first()
+            if job is None:
+                print(f"loading {steps:,} steps × {args.ranks} ranks …", flush=True)
+                sizes.append({"steps": steps, "ranks": args.ranks, **load_size(args, steps, world)})
+                loaded = True
+            else:
+                sizes.append({"steps": steps, "ranks": args.ranks, "job_id": job.pk,
+                              "points": MetricPoint.objects.filter(job_id=job.pk).count(),
+                              "log_lines": JobLogLine.objects.filter(job_id=job.pk).count()})
+                print(f"reusing job {job.pk}: {steps:,} steps, {sizes[-1]['points']:,} points", flush=True)
+        if loaded or not args.reuse:
+            t0 = time.perf_counter()
+            with connection.cursor() as cur:
+                cur.execute("VACUUM ANALYZE")
+            print(f"VACUUM ANALYZE in {time.perf_counter() - t0:.1f} s", flush=True)
+        store = storage()
+
+        client = Client()
+        client.force_login(world[0])
+        try:
+            load_before = os.getloadavg()
+        except OSError:
+            load_before = (float("nan"),) * 3
+        print(f"\n{started:%Y-%m-%d %H:%M} UTC · {os.cpu_count()} CPUs · load average before "
+              f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} · {args.warmups} warm-up + up to "
+              f"{args.requests} timed requests per URL (budget {args.budget_s:.0f} s) · RSS at start "
+              f"{_status_mb('VmRSS'):,.0f} MB", flush=True)
+        for size in sizes:
+            size["urls"] = {}
+            for label, url in urls_for(size["job_id"]).items():
+                if label not in args.url_labels:
+                    continue
+                t0 = time.perf_counter()
+                size["urls"][label] = fig = measure(client, url, args)
+                print(f"  {size['steps']:>9,} steps  {label:<5} p50 {fig['p50_ms']:>10,.1f} ms  "
+                      f"{fig['queries']} queries  +{fig['rss_per_request_mb']:,.0f} MB  "
+                      f"({len(fig['times_ms'])} timed, {time.perf_counter() - t0:,.0f} s)", flush=True)
+        misses = verdicts(sizes, store)
+        print_table(sizes, store, args)
+        try:
+            load_after = os.getloadavg()[0]
+        except OSError:
+            load_after = float("nan")
+        print(f"\nload average after {load_after:.2f}. p50 / min: the timed requests (n of them); 1st ms: the first "
+              "request (warm-up), whose SQL is counted (queries, sql ms: their times summed); KB: the response; "
+              "RSS/req: the most one request raised the process's RSS at its peak; kept: RSS after the URL's "
+              f"requests less before; ×{sizes[0]['steps']:,}: p50 ÷ the same URL's p50 at {sizes[0]['steps']:,} "
+              "steps in this run.")
+        print("targets missed:" + ("".join(f"\n  {m}" for m in misses) if misses else " none"))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump({"started": started.isoformat(), "cpus": os.cpu_count(),
+                           "load_average": [load_before[0], load_after], "argv": sys.argv[1:],
+                           "targets": {"p50_ms": {label: t for label, _, t in URLS}, "ratio": RATIO_TARGET,
+                                       "rss_per_request_mb": RSS_PER_REQUEST_MB, "bytes_per_point": BYTES_PER_POINT},
+                           "storage": store, "sizes": sizes, "misses": misses}, f, indent=1, default=str)
+            print(f"wrote {args.json}")
+        return 1 if misses and args.check else 0
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            drop_database(args.server, args.db_name)
+            print(f"dropped database {args.db_name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
