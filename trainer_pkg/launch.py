@@ -88,7 +88,7 @@ from typing import Mapping, Sequence
 
 from trainer_pkg import objstore, report, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
-from trainer_pkg.metrics import exit_process, parse_metric_line, report_error
+from trainer_pkg.metrics import exit_process, parse_metric_line, print_line, report_error
 from trainer_pkg.platforms import (
     LAUNCHED_BY_US,
     PACKAGE_PARENT,
@@ -484,9 +484,9 @@ def _resolved_config_file(cfg: JobConfig) -> str:
 def _log_rank(plan_platform: str) -> None:
     """One line per rank, so the job's log shows where every process sits."""
     env = os.environ
-    print(f"[launch] rank {env.get('RANK')} (local rank {env.get('LOCAL_RANK')}, node_rank "
-          f"{env.get('GROUP_RANK', env.get('NODE_RANK', '?'))}) of world size {env.get('WORLD_SIZE')}, "
-          f"platform {plan_platform}, master {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}", flush=True)
+    print_line(f"[launch] rank {env.get('RANK')} (local rank {env.get('LOCAL_RANK')}, node_rank "
+               f"{env.get('GROUP_RANK', env.get('NODE_RANK', '?'))}) of world size {env.get('WORLD_SIZE')}, "
+               f"platform {plan_platform}, master {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}")
 
 
 def _write_failure(path: str | None, message: str) -> None:
@@ -588,18 +588,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = os.environ.get(LAUNCHED_BY_US)  # set in the ranks we started: their node launcher logged
     node_leader = not ours and not (plan.in_process and os.environ.get("LOCAL_RANK", "0") != "0")
     if node_leader:
-        print(f"[launch] {plan.describe()}", flush=True)
+        print_line(f"[launch] {plan.describe()}")
         if args.init_from is not None:
-            print(f"[launch] train.init_from {source} is read from {cfg.train.init_from} "
-                  f"(--init-from)", flush=True)
+            print_line(f"[launch] train.init_from {source} is read from {cfg.train.init_from} "
+                       f"(--init-from)")
         if script is not None:
             sha = f", code sha256 {cfg.code.sha256}" if cfg.code.sha256 else ""
-            print(f"[launch] running the user's script instead of the trainer: {script.describe()} "
-                  f"(in {script.code_dir}{sha})", flush=True)
+            print_line(f"[launch] running the user's script instead of the trainer: {script.describe()} "
+                       f"(in {script.code_dir}{sha})")
             if cfg.train.init_from:
                 fetched = f" (fetched from {fetched_from})" if fetched_from != cfg.train.init_from else ""
-                print(f"[launch] the script starts from {cfg.train.init_from}{fetched}: "
-                      f"{report.INIT_FROM}, {report.INIT_MODE}={cfg.train.init_mode}", flush=True)
+                print_line(f"[launch] the script starts from {cfg.train.init_from}{fetched}: "
+                           f"{report.INIT_FROM}, {report.INIT_MODE}={cfg.train.init_mode}")
 
     if plan.in_process:
         _log_rank(f"{ours} via torchrun" if ours else plan.platform)

@@ -128,6 +128,19 @@ def format_metric_line(record: dict[str, Any]) -> str:
                                       allow_nan=False)
 
 
+def print_line(text: str) -> None:
+    """Print ``text`` and its newline on stdout as ONE write, then flush.
+
+    A node's ranks share torchrun's stdout pipe, and torchrun starts them under ``python -u``, where
+    ``print`` writes the text and the newline separately: another rank's line can land between the
+    two and leave a metric record unparseable (seen: a record lost from a 2-rank run's log). One
+    write of at most PIPE_BUF bytes (4,096 on Linux) to a pipe is atomic; a longer one (a record of
+    very many ranks) can only be split by another writer when the pipe is full.
+    """
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def parse_metric_line(line: str) -> dict[str, Any] | None:
     """The record carried by a log line, or None when the line carries none.
 

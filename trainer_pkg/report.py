@@ -34,7 +34,8 @@ import sys
 import time
 from typing import Any
 
-from trainer_pkg.metrics import MAX_USER_METRICS, RECORD_FIELDS, USER_METRIC_NAME, encode_record, format_metric_line
+from trainer_pkg.metrics import (MAX_USER_METRICS, RECORD_FIELDS, USER_METRIC_NAME, encode_record, format_metric_line,
+                                 print_line)
 
 MODEL_DIR = "TRAINBOARD_MODEL_DIR"
 """Variable naming the directory for the final model (uploaded by the platform when the job ends)."""
@@ -80,8 +81,7 @@ def log(step: int | None = None, **metrics: Any) -> None:
     _last_step = step
     if not _is_rank_zero():
         return
-    sys.stdout.write(format_metric_line(record) + "\n")  # one write: other ranks share the pipe
-    sys.stdout.flush()
+    print_line(format_metric_line(record))
     directory = os.environ.get(MODEL_DIR, "").strip()
     if directory and not _is_uri(directory):
         os.makedirs(directory, exist_ok=True)

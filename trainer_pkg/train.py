@@ -131,7 +131,7 @@ from trainer_pkg import objstore, sharded_checkpoint, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, TrainConfig, field_docs
 from trainer_pkg.datasets import Dataset, Samples, TokenData, WebDataset, describe, load_dataset, token_data
 from trainer_pkg.memory import SavedActivations, gather_rank_memory, rank_memory
-from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, report_error
+from trainer_pkg.metrics import encode_record, exit_process, format_metric_line, print_line, report_error
 from trainer_pkg.models import build_model
 from trainer_pkg.parallel import Strategy, StrategyError, autocast_context, correct, cross_entropy, make_strategy
 from trainer_pkg.platforms import cpu_threads_per_rank
@@ -432,7 +432,7 @@ class MetricsLog:
             return
         self._file.write(json.dumps(encode_record(record), sort_keys=True, allow_nan=False) + "\n")
         self._file.flush()
-        print(format_metric_line(record), flush=True)
+        print_line(format_metric_line(record))
 
     def close(self) -> None:
         if self.enabled:
@@ -1103,7 +1103,7 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
 
 def _log(topo: Topology, msg: str) -> None:
     if topo.is_main:
-        print(f"[trainer] {msg}", flush=True)
+        print_line(f"[trainer] {msg}")
 
 
 def _agree_setup(error: str | None, topo: Topology, device: torch.device) -> None:

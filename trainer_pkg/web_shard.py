@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.datasets import WebDataset, decode_image
+from trainer_pkg.metrics import print_line
 from trainer_pkg.streaming import EpochBatches, start_workers, worker_own_session
 from trainer_pkg.tar_shards import ShardIndex, index_shard, open_shard
 
@@ -133,9 +134,9 @@ class WebShard:
                     seed=t.seed, rank=rank, num_workers=d.num_workers, pin_memory=d.pin_memory,
                     prefetch_factor=d.prefetch_factor)
         if rank == 0:
-            print(f"[trainer] webdataset: {len(data.train)} training shard(s) over {dp_size} data-parallel rank(s), "
-                  f"{_counts_text(per_rank)}; every rank runs {batches} batch(es) of {t.batch_size} per epoch",
-                  flush=True)
+            print_line(f"[trainer] webdataset: {len(data.train)} training shard(s) over {dp_size} data-parallel "
+                       f"rank(s), {_counts_text(per_rank)}; every rank runs {batches} batch(es) of {t.batch_size} "
+                       f"per epoch")
         return shard
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
@@ -194,9 +195,9 @@ class WebShard:
             skip = 0
             if left == 0:
                 break
-        print(f"[trainer] rank {self.rank} (data-parallel {self.dp_rank} of {self.dp_size}) epoch {epoch}: read shards {sorted(read)} "
-              f"from batch {start} ({self.n} of its {self.samples} samples per epoch in {self.batches} batches)",
-              flush=True)
+        print_line(f"[trainer] rank {self.rank} (data-parallel {self.dp_rank} of {self.dp_size}) epoch {epoch}: "
+                   f"read shards {sorted(read)} from batch {start} ({self.n} of its {self.samples} samples per epoch "
+                   f"in {self.batches} batches)")
 
     def _open_at(self, order: torch.Tensor, index: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches ``index`` … ``batches − 1`` of the epoch whose shard order is ``order``, decoded (in

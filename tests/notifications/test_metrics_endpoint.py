@@ -86,7 +86,7 @@ def test_metrics_values(token, user, job, local_backend, monkeypatch):
     WebhookDelivery.objects.create(webhook=webhook, job=job, delivery_id="00000000-0000-0000-0000-000000000001",
                                    event="job.failed", payload={}, next_attempt_at=timezone.now())
     broker = redis.Redis.from_url(django_settings.REDIS_URL)
-    broker.delete("gpubox.local", "celery")
+    broker.delete("gpubox.local", "celery", "notifications")  # another test on this broker may have left messages
     broker.rpush("gpubox.local", "m1", "m2", "m3")
     try:
         samples = _scrape()

@@ -556,8 +556,10 @@ class _Run:
         self._records = None
 
     def log(self, message: str) -> None:
+        from trainer_pkg.metrics import print_line
+
         if self.main:
-            print(f"[trainer] {message}", flush=True)
+            print_line(f"[trainer] {message}")
 
     def record(self, event: str, epoch: int, **extra: Any) -> None:
         """Rank 0: one record in metrics.jsonl and on stdout, with the window fields when steps were
@@ -565,7 +567,7 @@ class _Run:
         if not self.main:
             self.unrecorded = 0
             return
-        from trainer_pkg.metrics import encode_record, format_metric_line
+        from trainer_pkg.metrics import encode_record, format_metric_line, print_line
 
         record: dict[str, Any] = {"event": event, "time": time.time(), "epoch": epoch, "step": self.step,
                                   "world_size": self.world_size, "lr": self.cfg.train.lr}
@@ -577,7 +579,7 @@ class _Run:
         self.unrecorded = 0
         self._records.write(json.dumps(encode_record(record), sort_keys=True, allow_nan=False) + "\n")
         self._records.flush()
-        print(format_metric_line(record), flush=True)
+        print_line(format_metric_line(record))
 
     def _window(self) -> dict[str, Any]:
         w, s = self.world_size, self.step

@@ -71,10 +71,16 @@ if rank == 0:
     torch.save(model.module.state_dict(), os.path.join(report.model_dir(), "model.pt"))
     torch.save({"step": args.steps}, os.path.join(report.checkpoint_dir(), "last.pt"))
 dist.barrier()
+del model, opt
 dist.destroy_process_group()
 '''
 """Trains a linear classifier on the job's NPZ with DDP (gloo), reports ``my_loss`` (a 0-d tensor)
-and ``tokens/s`` every step, saves model.pt and a checkpoint from rank 0."""
+and ``tokens/s`` every step, saves model.pt and a checkpoint from rank 0.
+
+It drops the DDP model before ``destroy_process_group``: DDP's reducer holds the process group, so
+the group's gloo threads otherwise live on into interpreter teardown, where torch 2.13 can abort
+the rank ("terminate called without an active exception", SIGABRT) after a successful run (seen
+once under CI load; docs/user-code.md tells users the same)."""
 
 
 def write_code(root: Path, script: str, name: str = "train.py") -> Path:
