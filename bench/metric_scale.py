@@ -18,10 +18,13 @@ What it does, in one run:
    rank_sync_wait_s), val_loss and val_accuracy once per epoch (``--epoch-steps``), NULL values where a
    step was not finite (a few gaps), one loss spike, the last rank slower than the others (a
    straggler); and, unless ``--no-logs``, the job's log as the sync stores it: each record again as a
-   ``TRAINBOARD_METRIC`` line, a few launcher lines and one plain line per epoch. Then VACUUM ANALYZE;
-3. for each size and each URL (``--urls``: page ``/jobs/<pk>/``, poll ``/jobs/<pk>/metrics.json`` as
-   the page's job.js fetches it, no parameters; live ``/jobs/<pk>/live/``, the fragment htmx re-fetches
-   every 2 s before each poll; api ``/api/jobs/<pk>/``), in-process with Django's test ``Client``
+   ``TRAINBOARD_METRIC`` line, a few launcher lines and one plain line per epoch. Then the points
+   are folded into their buckets (``jobs.metric_buckets.fold_stored_points``, timed: points/s) and
+   VACUUM ANALYZE;
+3. for each size and each URL (``--urls``: page ``/jobs/<pk>/``; chart ``/jobs/<pk>/metrics.json``,
+   every line whole (a page's first read); poll the same with ``?after=&widths=&attempt=`` as the
+   page's job.js asks, for what is new since :data:`POLL_NEW_STEPS` steps before the last; live
+   ``/jobs/<pk>/live/``, the fragment htmx re-fetches every 2 s before each poll; api ``/api/jobs/<pk>/``), in-process with Django's test ``Client``
    (middleware, view, template or serializer, database; no HTTP server): ``--warmups`` requests (the
    first request's SQL is captured with ``CaptureQueriesContext``: count, summed time, the slowest),
    then up to ``--requests`` timed ones, stopping early once ``--budget-s`` seconds went into that URL
@@ -29,10 +32,10 @@ What it does, in one run:
    RSS just before it (the kernel's high-water mark, reset through ``/proc/self/clear_refs``), and the
    RSS kept after the URL's requests;
 4. prints the table, each time's ratio to the smallest size's (1,000 steps by default) from this same
-   run, the storage (``pg_total_relation_size`` of the metric table, indexes and TOAST included, after
-   VACUUM ANALYZE, ÷ its rows), and which of issue 29's targets are missed: job page ≤ 300 ms, poll
-   ≤ 50 ms, API retrieve ≤ 50 ms (p50), each ≤ 2× its time at the smallest size, ≤ 50 MB of RSS per
-   request, ≤ 20 bytes per point;
+   run, the storage (``pg_total_relation_size`` of the points' and the buckets' tables, indexes and TOAST
+   included, after VACUUM ANALYZE, ÷ the points), and which of issue 29's targets are missed: job
+   page ≤ 300 ms, poll ≤ 50 ms, API retrieve ≤ 50 ms (p50), each ≤ 2× its time at the smallest size,
+   ≤ 50 MB of RSS per request, ≤ 20 bytes per point;
 5. drops the database (unless ``--keep``).
 
 Nothing is asserted: it reports (exit 0), or with ``--check`` exits 1 when a target is missed;
@@ -70,8 +73,10 @@ BATCH_PER_RANK = 32
 
 # (label, what, target p50 ms or None). "live" has no target of its own in issue 29; it is reported
 # because the page fetches it before every poll.
-URLS = (("page", "job page", 300.0), ("poll", "chart poll", 50.0), ("live", "live fragment", None),
-        ("api", "API retrieve", 50.0))
+URLS = (("page", "job page", 300.0), ("chart", "chart data (full)", None), ("poll", "chart poll", 50.0),
+        ("live", "live fragment", None), ("api", "API retrieve", 50.0))
+POLL_NEW_STEPS = 10
+"""The poll asks for what is new since this many steps before the run's last (as job.js asks after a sync)."""
 RATIO_TARGET = 2.0
 RSS_PER_REQUEST_MB = 50.0
 BYTES_PER_POINT = 20.0
@@ -91,8 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=60.0,
                    help="no further timed request of a URL once its requests took this long (default 60 s; "
                         "at least one is timed)")
-    p.add_argument("--urls", default="page,poll,live,api",
-                   help="which URLs, comma-separated from page, poll, live, api (default all)")
+    p.add_argument("--urls", default="page,chart,poll,live,api",
+                   help="which URLs, comma-separated from page, chart, poll, live, api (default all)")
     p.add_argument("--quick", action="store_true", help="--steps 1000,10000")
     p.add_argument("--no-logs", action="store_true", help="no JobLogLine rows (the log tail then reads nothing)")
     p.add_argument("--slow-queries", type=int, default=3,
@@ -118,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.url_labels = [u.strip() for u in args.urls.split(",") if u.strip()]
     unknown = sorted(set(args.url_labels) - {label for label, _, _ in URLS})
     if unknown or not args.url_labels:
-        p.error(f"--urls takes page, poll, live, api; got {args.urls!r}")
+        p.error(f"--urls takes page, chart, poll, live, api; got {args.urls!r}")
     for name in ("ranks", "epoch_steps", "requests"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -259,6 +264,7 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
     """One RUNNING job of ``steps`` steps: its row (ORM), its points and log lines (COPY)."""
     from django.db import connection
 
+    from jobs.metric_buckets import fold_stored_points
     from jobs.models import JobLogLine, MetricPoint, TrainingJob
 
     user, dataset, model, backend = world
@@ -304,10 +310,15 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
                     copy.write(block)
             t_logs = time.perf_counter() - t1
     TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
+    t2 = time.perf_counter()
+    folded = fold_stored_points(job.pk)  # the buckets, as storing the points through the ORM folds them
+    t_fold = time.perf_counter() - t2
     print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {made['points']:,} points in {t_points:.1f} s"
-          + ("" if args.no_logs else f", {made['log_lines']:,} log lines in {t_logs:.1f} s"), flush=True)
+          + ("" if args.no_logs else f", {made['log_lines']:,} log lines in {t_logs:.1f} s")
+          + f"; folded into buckets in {t_fold:.1f} s ({folded / max(t_fold, 1e-9):,.0f} points/s)", flush=True)
     return {"job_id": job.pk, "points": made["points"], "log_lines": 0 if args.no_logs else made["log_lines"],
-            "load_points_s": t_points, "load_logs_s": t_logs}
+            "load_points_s": t_points, "load_logs_s": t_logs, "fold_s": t_fold,
+            "fold_points_per_s": folded / max(t_fold, 1e-9)}
 
 
 def storage() -> dict[str, Any]:
@@ -315,11 +326,11 @@ def storage() -> dict[str, Any]:
     VACUUM ANALYZE so dead tuples and stale statistics do not count."""
     from django.db import connection
 
-    from jobs.models import JobLogLine, MetricPoint
+    from jobs.models import JobLogLine, MetricBucket, MetricPoint
 
     out = {}
     with connection.cursor() as cur:
-        for key, model in (("metric_points", MetricPoint), ("log_lines", JobLogLine)):
+        for key, model in (("metric_points", MetricPoint), ("metric_buckets", MetricBucket), ("log_lines", JobLogLine)):
             table = model._meta.db_table
             cur.execute(f"SELECT pg_total_relation_size(%s::regclass), pg_relation_size(%s::regclass), "
                         f"pg_indexes_size(%s::regclass), "
@@ -407,7 +418,14 @@ def measure(client, url: str, args: argparse.Namespace) -> dict[str, Any]:
 def urls_for(job_id: int) -> dict[str, str]:
     from django.urls import reverse
 
-    return {"page": reverse("job-detail", args=[job_id]), "poll": reverse("job-metrics", args=[job_id]),
+    from jobs import comparison
+    from jobs.models import TrainingJob
+
+    page = comparison.training_job_chart_series(job=TrainingJob.objects.get(pk=job_id))
+    after = max(0, page["last_step"] - POLL_NEW_STEPS)
+    chart = reverse("job-metrics", args=[job_id])
+    poll = f"{chart}?after={after}&widths={','.join(map(str, page['widths']))}&attempt={page['attempt']}"
+    return {"page": reverse("job-detail", args=[job_id]), "chart": chart, "poll": poll,
             "live": reverse("job-live", args=[job_id]), "api": f"/api/jobs/{job_id}/"}
 
 
@@ -434,10 +452,16 @@ def verdicts(sizes: list[dict[str, Any]], store: dict[str, Any]) -> list[str]:
             if fig["rss_per_request_mb"] > RSS_PER_REQUEST_MB:
                 misses.append(f"{what} at {size['steps']:,} steps: +{fig['rss_per_request_mb']:,.0f} MB RSS in a "
                               f"request > {RSS_PER_REQUEST_MB:.0f} MB")
-    per_point = store["metric_points"]["bytes_per_row"]
+    per_point = _bytes_per_point(store)
     if per_point is not None and per_point > BYTES_PER_POINT:
         misses.append(f"storage: {per_point:.0f} bytes per point > {BYTES_PER_POINT:.0f}")
     return misses
+
+
+def _bytes_per_point(store: dict[str, Any]) -> float | None:
+    """Bytes on disk per point: the points' table and the buckets' ÷ the points."""
+    mp, mb = store["metric_points"], store["metric_buckets"]
+    return (mp["total_bytes"] + mb["total_bytes"]) / mp["rows"] if mp["rows"] else None
 
 
 def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argparse.Namespace) -> None:
@@ -461,7 +485,11 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
     print(f"\nstorage after VACUUM ANALYZE (pg_total_relation_size: heap + indexes + TOAST, every job in the table):\n"
           f"  {mp['table']}: {mp['rows']:,} rows, {mp['total_bytes'] / 2**20:,.1f} MiB (heap "
           f"{mp['heap_bytes'] / 2**20:,.1f}, indexes {mp['index_bytes'] / 2**20:,.1f}) = "
-          f"{mp['bytes_per_row']:.1f} bytes per point (target ≤ {BYTES_PER_POINT:.0f})")
+          f"{mp['bytes_per_row']:.1f} bytes per point")
+    mb = store["metric_buckets"]
+    print(f"  {mb['table']}: {mb['rows']:,} rows, {mb['total_bytes'] / 2**20:,.1f} MiB (heap "
+          f"{mb['heap_bytes'] / 2**20:,.1f}, indexes {mb['index_bytes'] / 2**20:,.1f}); points and buckets: "
+          f"{_bytes_per_point(store):.1f} bytes per point (target ≤ {BYTES_PER_POINT:.0f})")
     if ll["rows"]:
         print(f"  {ll['table']}: {ll['rows']:,} rows, {ll['total_bytes'] / 2**20:,.1f} MiB = "
               f"{ll['bytes_per_row']:.0f} bytes per line (each metric record stored again as a line)")

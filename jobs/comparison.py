@@ -19,8 +19,8 @@ from typing import Any, Iterable, Sequence
 
 from django.core.exceptions import ValidationError
 
-from jobs import selectors
-from jobs.models import MetricPoint, TrainingJob
+from jobs import metric_buckets, selectors
+from jobs.models import TrainingJob
 from jobs.validation import Errors
 
 MAX_COMPARED_JOBS = 20
@@ -28,8 +28,8 @@ MAX_COMPARED_JOBS = 20
 MAX_COMPARED_METRICS = 60
 """Most metric names one comparison charts and tabulates, in :func:`_metric_order`."""
 MAX_POINTS_PER_SERIES = 2000
-"""A longer series is thinned to this many evenly spaced points for the charts (first and last kept);
-the table's final and best values are always read from every point."""
+"""Points a chart line gets at most: a longer range is read as buckets (:mod:`jobs.metric_buckets`),
+each its last point and its min–max band; the table's final and best values are the whole series'."""
 MAX_IDS_TEXT = 2000
 """Longest ``ids`` text read (about 20 ids of any length fit many times over)."""
 
@@ -136,18 +136,6 @@ def not_found_message(ids: Sequence[int]) -> str:
     return f"Not found: {shown} (no such job, or one you may not see)."
 
 
-def _thin(points: list[dict[str, Any]], cap: int = MAX_POINTS_PER_SERIES) -> list[dict[str, Any]]:
-    """``cap`` evenly spaced points of a series longer than ``cap``, its first and last kept."""
-    if len(points) <= cap:
-        return points
-    last = len(points) - 1
-    return [points[round(i * last / (cap - 1))] for i in range(cap)]
-
-
-def _seconds(when) -> float:
-    return round(when.timestamp(), 3)
-
-
 def _metric_order(names: Iterable[str]) -> list[str]:
     """The trainer's own metrics in :data:`OWN_DIRECTIONS` order, then the others by name."""
     names = set(names)
@@ -197,55 +185,102 @@ def config_diff(*, jobs: Sequence[TrainingJob]) -> list[dict[str, Any]]:
     return rows
 
 
-def _points_of(jobs: Sequence[TrainingJob]) -> tuple[dict, dict, dict, dict[int, float]]:
-    """``(series, rank_series, stats, t0)`` of the jobs: every point, global and per rank
-    (:data:`RANK_METRICS`), as ``{"x": step, "y": value, "t": unix s}``; ``stats[name][job_id]`` its final
-    and best value; ``t0[job_id]`` the time of the job's first point. A one-rank job's
-    :data:`MULTI_RANK_METRICS` are left out. Two queries."""
+def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SERIES
+               ) -> tuple[dict, dict, dict, dict[int, float]]:
+    """``(series, rank_series, stats, t0)`` of the jobs: each series, global and per rank
+    (:data:`RANK_METRICS`), as ``{"x": step, "y": value, "t": unix s}`` points at most about
+    ``max_points`` a line (buckets with their ``min``/``max`` band past that: :func:`jobs.metric_buckets.read_series`);
+    ``stats[name][job_id]`` its final and best value; ``t0[job_id]`` the time of the job's first
+    point. A one-rank job's :data:`MULTI_RANK_METRICS` are left out. One query for the summaries of
+    all the jobs, then two a job (its global and its per-rank lines), each reading at most
+    ``max_points`` + 1 rows a line whatever the run's length."""
     job_ids = [job.pk for job in jobs]
     one_rank = {job.pk for job in jobs if job.world_size <= 1}
-    series: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    summary = metric_buckets.summaries(job_ids)
     stats: dict[str, dict[int, dict[str, Any]]] = {}
     t0: dict[int, float] = {}
-    rows = (MetricPoint.objects.filter(job_id__in=job_ids, rank__isnull=True)
-            .order_by("job_id", "name", "step", "id").values_list("job_id", "name", "step", "value", "recorded_at"))
-    directions: dict[str, str | None] = {}
-    for job_id, name, step, value, at in rows:
+    ends: dict[tuple[int, bool], int] = {}
+    for (job_id, name, rank), agg in summary.items():
         if job_id in one_rank and name in MULTI_RANK_METRICS:
             continue
-        t = _seconds(at)
+        t = round(agg.first_at.timestamp(), 3)
         t0[job_id] = min(t0.get(job_id, t), t)
-        series.setdefault(name, {}).setdefault(str(job_id), []).append({"x": step, "y": value, "t": t})
-        cell = stats.setdefault(name, {}).setdefault(job_id, {"final": None, "best": None})
-        cell["final"] = value  # ordered by step: the last row is the run's last value
-        direction = directions[name] if name in directions else directions.setdefault(name, metric_direction(name))
-        if value is not None and direction is not None:
-            best = cell["best"]
-            if best is None or (value < best if direction == "min" else value > best):
-                cell["best"] = value
+        per_rank = rank is not None
+        if per_rank and name not in RANK_METRICS:
+            continue
+        ends[(job_id, per_rank)] = max(ends.get((job_id, per_rank), -1), agg.last_step)
+        if per_rank:
+            continue
+        direction = metric_direction(name)
+        best = None if direction is None else agg.min_value if direction == "min" else agg.max_value
+        stats.setdefault(name, {})[job_id] = {"final": agg.last_value, "best": best}
+    series: dict[str, dict[str, list[dict[str, Any]]]] = {}
     rank_series: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
-    rank_rows = (MetricPoint.objects.filter(job_id__in=job_ids, rank__isnull=False, name__in=RANK_METRICS)
-                 .order_by("job_id", "name", "rank", "step", "id")
-                 .values_list("job_id", "name", "rank", "step", "value", "recorded_at"))
-    for job_id, name, rank, step, value, at in rank_rows:
-        t = _seconds(at)
-        t0[job_id] = min(t0.get(job_id, t), t)
-        (rank_series.setdefault(name, {}).setdefault(str(job_id), {}).setdefault(str(rank), [])
-         .append({"x": step, "y": value, "t": t}))
-
+    for job_id in job_ids:
+        skip = MULTI_RANK_METRICS if job_id in one_rank else ()
+        if (job_id, False) in ends:
+            _, lines = metric_buckets.read_series(job_id, names=None, per_rank=False, end=ends[(job_id, False)],
+                                                  max_points=max_points, exclude=skip)
+            for (name, _), points in lines.items():
+                series.setdefault(name, {})[str(job_id)] = points
+        if (job_id, True) in ends:
+            _, lines = metric_buckets.read_series(job_id, names=RANK_METRICS, per_rank=True,
+                                                  end=ends[(job_id, True)], max_points=max_points)
+            for (name, rank), points in lines.items():
+                rank_series.setdefault(name, {}).setdefault(str(job_id), {})[str(rank)] = points
     return series, rank_series, stats, t0
 
 
-def training_job_chart_series(*, job: TrainingJob) -> dict[str, Any]:
+def training_job_chart_series(*, job: TrainingJob, after: int | None = None, widths: Sequence[int] | None = None,
+                              attempt: int | None = None) -> dict[str, Any]:
     """The job page's chart data: ``{"series": {name: [{"x": step, "y": value, "t": unix s}]},
-    "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None}``; every
-    global point, the per-rank series of :data:`RANK_METRICS` thinned to :data:`MAX_POINTS_PER_SERIES`."""
-    series, rank_series, _, t0 = _points_of([job])
-    key = str(job.pk)
-    return {"series": {name: by_job[key] for name, by_job in series.items()},
-            "rank_series": {name: {r: _thin(points) for r, points in by_job[key].items()}
-                            for name, by_job in rank_series.items()},
-            "t0": t0.get(job.pk)}
+    "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None,
+    "names": [global names], "last_step": int (-1 without points), "attempt": int,
+    "widths": [global, per rank], "from_step": [global, per rank], "replace": bool}``; each line at
+    most about :data:`MAX_POINTS_PER_SERIES` points, read as buckets (with ``min``/``max``) past
+    that (:mod:`jobs.metric_buckets`).
+
+    A poll passes what its page holds: ``after`` (its ``last_step``), ``widths`` and ``attempt``.
+    It then gets only the points from ``from_step`` on, at the page's widths, to put in place of its
+    own points at those steps and after (``replace`` False); every point again (``replace`` True)
+    when the run has outgrown the page's widths, a resumed attempt redid steps, or the page's
+    figures do not fit. Reads the series' summaries (one row a series), then each line's new rows."""
+    summary = metric_buckets.summaries([job.pk])
+    one_rank = job.world_size <= 1
+    t0: float | None = None
+    ends = [-1, -1]
+    names: set[str] = set()
+    for (_, name, rank), agg in summary.items():
+        if one_rank and name in MULTI_RANK_METRICS:
+            continue
+        t = round(agg.first_at.timestamp(), 3)
+        t0 = t if t0 is None else min(t0, t)
+        per_rank = rank is not None
+        if per_rank and name not in RANK_METRICS:
+            continue
+        ends[per_rank] = max(ends[per_rank], agg.last_step)
+        if not per_rank:
+            names.add(name)
+    needed = [metric_buckets.width_for(end + 1, MAX_POINTS_PER_SERIES) for end in ends]
+    allowed = (1, *metric_buckets.WIDTHS)
+    replace = not (after is not None and widths is not None and len(widths) == 2 and attempt == job.attempt
+                   and 0 <= after <= max(ends) and all(w in allowed and w >= n for w, n in zip(widths, needed)))
+    use = needed if replace else [int(w) for w in widths]
+    starts = [0, 0] if replace else [after + 1 if w == 1 else (after // w) * w for w in use]
+    out: dict[str, Any] = {"series": {}, "rank_series": {}, "t0": t0, "names": sorted(names),
+                           "last_step": max(ends), "attempt": job.attempt, "widths": use, "from_step": starts,
+                           "replace": replace}
+    skip = MULTI_RANK_METRICS if one_rank else ()
+    if ends[0] >= 0:
+        _, lines = metric_buckets.read_series(job.pk, names=None, per_rank=False, start=starts[0], end=ends[0],
+                                              exclude=skip, width=use[0])
+        out["series"] = {name: points for (name, _), points in lines.items()}
+    if ends[1] >= 0:
+        _, lines = metric_buckets.read_series(job.pk, names=RANK_METRICS, per_rank=True, start=starts[1],
+                                              end=ends[1], width=use[1])
+        for (name, rank), points in lines.items():
+            out["rank_series"].setdefault(name, {})[str(rank)] = points
+    return out
 
 
 def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
@@ -264,7 +299,8 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
     value (the first of equals; None when no run has one, or for a metric without a direction). Only
     global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank.
     A one-rank run has no value of :data:`MULTI_RANK_METRICS` (nothing waits for a slowest rank): it
-    shows none and never wins them. Two queries (global points, per-rank points) whatever the number of runs.
+    shows none and never wins them. One query for the summaries, then two a run, each line at most
+    about :data:`MAX_POINTS_PER_SERIES` rows.
     """
     job_ids = [job.pk for job in jobs]
     series, rank_series, stats, t0 = _points_of(jobs)
@@ -294,9 +330,8 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
         "best": best,
         "config": config_diff(jobs=jobs),
         "direction_rule": DIRECTION_RULE,
-        "series": {n: {j: _thin(points) for j, points in series[n].items()} for n in names if n in series},
-        "rank_series": {n: {j: {r: _thin(points) for r, points in by_rank.items()} for j, by_rank in rank_series[n].items()}
-                        for n in names if n in rank_series},
+        "series": {n: series[n] for n in names if n in series},
+        "rank_series": {n: rank_series[n] for n in names if n in rank_series},
     }
 
 

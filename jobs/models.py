@@ -668,6 +668,20 @@ class JobEvent(models.Model):
         return self.to_state == JobState.QUEUED.value and self.from_state in RESUBMIT_FROM
 
 
+class MetricPointQuerySet(models.QuerySet):
+    def bulk_create(self, objs, *args, **kwargs):
+        """Store the points and fold them into their jobs' buckets (:mod:`jobs.metric_buckets`), in
+        one transaction: a point is never stored without being counted in its buckets."""
+        from django.db import transaction
+
+        from jobs import metric_fold
+
+        with transaction.atomic(using=self.db):
+            created = super().bulk_create(objs, *args, **kwargs)
+            metric_fold.store(created)
+        return created
+
+
 class MetricPoint(models.Model):
     """One scalar the trainer reported: ``name`` at optimizer ``step`` (and ``rank``, if per rank).
 
@@ -688,12 +702,68 @@ class MetricPoint(models.Model):
     value = models.FloatField(null=True, blank=True)
     recorded_at = models.DateTimeField()
 
+    objects = MetricPointQuerySet.as_manager()
+
     class Meta:
         ordering = ["job", "name", "step"]
         indexes = [models.Index(fields=["job", "name", "step"], name="metric_job_name_step")]
 
+    def save(self, *args, **kwargs) -> None:
+        """A new point is folded into its buckets as well (:mod:`jobs.metric_buckets`); a stored
+        point is not edited (its buckets would not follow)."""
+        from django.db import transaction
+
+        from jobs import metric_fold
+
+        if not self._state.adding:
+            raise ValueError("a stored MetricPoint is not edited: delete the job's points from a step on instead")
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            metric_fold.store([self])
+
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={'not finite' if self.value is None else format(self.value, 'g')}"
+
+
+class MetricBucket(models.Model):
+    """The points of one series (``name``, ``rank``) of a job whose step falls in
+    ``[bucket × width, (bucket + 1) × width)``, folded: what a chart of any length draws instead of
+    the points themselves (:mod:`jobs.metric_buckets`, which writes them as points are stored).
+
+    ``width`` is one of :data:`jobs.metric_buckets.WIDTHS` (16, 256, ... 16**6 steps): each level
+    holds every point, so a range of steps is read at the level that gives at most a chart's worth
+    of buckets, and the widest level (one bucket per series for runs under 16.7M steps) is the
+    series' summary: its count, last value, min, max and sum. Values are the points' ``value``:
+    ``nonfinite`` counts the points that were NaN/inf (stored None), ``min_value``, ``max_value``
+    and ``sum_value`` are over the finite ones (None when there are none), ``last_*`` are the point
+    with the highest step (the later one stored at equal steps), ``first_nonfinite_step`` the lowest
+    step of a non-finite point (the chart's gap), None without one.
+    """
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_buckets")
+    name = models.CharField(max_length=100)
+    rank = models.IntegerField(help_text="The rank of a per-rank series; -1 (GLOBAL_RANK) for a global one.")
+    width = models.PositiveIntegerField(help_text="Steps per bucket.")
+    bucket = models.BigIntegerField(help_text="The bucket's first step is bucket × width.")
+    count = models.PositiveIntegerField()
+    nonfinite = models.PositiveIntegerField(default=0)
+    first_nonfinite_step = models.BigIntegerField(null=True, blank=True)
+    min_value = models.FloatField(null=True, blank=True)
+    max_value = models.FloatField(null=True, blank=True)
+    sum_value = models.FloatField(null=True, blank=True)
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    last_value = models.FloatField(null=True, blank=True)
+    last_epoch = models.PositiveIntegerField(null=True, blank=True)
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "width", "name", "rank", "bucket"],
+                                               name="metric_bucket_key")]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.bucket * self.width}:+{self.width}] n={self.count}"
 
 
 class JobAttempt(models.Model):

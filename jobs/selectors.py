@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import job_table
+from jobs import job_table, metric_buckets
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
@@ -160,9 +160,21 @@ def _related_name_match(q: str, **columns: str) -> Q:
     return match
 
 
+def training_job_metric_summary(*, job: TrainingJob) -> dict[str, dict[str, Any]]:
+    """Each global series of ``job`` in one row, however long: ``{"val_loss": {"points": 1200,
+    "last_step": 36000, "last_value": 0.21, "min": 0.2, "max": 2.3, "nonfinite": 0}, ...}`` by name.
+    ``points`` counts the non-finite ones too (``nonfinite``; ``last_value`` None when the last was
+    one); ``min``/``max`` are over the finite values (None without one). One query, one row a
+    series (:func:`jobs.metric_buckets.summaries`)."""
+    return {name: {"points": a.count, "last_step": a.last_step, "last_value": a.last_value, "min": a.min_value,
+                   "max": a.max_value, "nonfinite": a.nonfinite}
+            for (_, name, _), a in sorted(metric_buckets.summaries([job.pk], per_rank=False).items())}
+
+
 def training_job_metric_series(*, job: TrainingJob) -> dict[str, list[dict[str, Any]]]:
-    """Global series by name: ``{"val_accuracy": [{"step": 30, "epoch": 0, "value": 0.91}, ...]}``,
-    each ordered by step."""
+    """Global series by name, every point: ``{"val_accuracy": [{"step": 30, "epoch": 0, "value": 0.91},
+    ...]}``, each ordered by step. The whole history: for inspecting a short run (tests, the shell);
+    requests read :func:`training_job_metric_summary` or :func:`jobs.metric_buckets.read_series`."""
     series: dict[str, list[dict[str, Any]]] = {}
     rows = (MetricPoint.objects.filter(job_id=job.pk, rank__isnull=True)
             .order_by("name", "step", "id").values_list("name", "step", "epoch", "value"))
@@ -190,12 +202,15 @@ def training_job_rank_throughput(*, job: TrainingJob) -> list[dict[str, Any]]:
     rank's stage (0-based) and its number of layers. Taken from the last step that reported
     per-rank values (None where a metric is missing: older trainers report no compute).
     """
-    per_rank = MetricPoint.objects.filter(job_id=job.pk, rank__isnull=False, name__in=tuple(_RANK_FIELDS))
-    last_step = per_rank.aggregate(m=Max("step"))["m"]
-    if last_step is None:
+    latest = metric_buckets.summaries([job.pk], names=tuple(_RANK_FIELDS), per_rank=True)
+    if not latest:
         return []
+    last_step = max(agg.last_step for agg in latest.values())
     out: dict[int, dict[str, Any]] = {}
-    for rank, name, value in per_rank.filter(step=last_step).order_by("rank", "id").values_list("rank", "name", "value"):
+    for (_, name, rank), agg in sorted(latest.items(), key=lambda item: item[0][2]):
+        if agg.last_step != last_step:
+            continue
+        value = agg.last_value
         row = out.setdefault(rank, {"rank": rank, **dict.fromkeys(_RANK_FIELDS.values())})
         field = _RANK_FIELDS[name]
         row[field] = int(value) if field in _INT_RANK_FIELDS and value is not None else value
@@ -246,8 +261,8 @@ def training_job_straggler(*, job: TrainingJob,
     if behind < STRAGGLER_MIN_BEHIND_PCT:
         return None
     others_wait = sum(slowest_s - t for t in others)
-    lost = (MetricPoint.objects.filter(job_id=job.pk, name="wait_for_slowest_s", rank__isnull=True)
-            .aggregate(s=Sum("value"))["s"]) or 0.0
+    waited = metric_buckets.summaries([job.pk], names=["wait_for_slowest_s"], per_rank=False)
+    lost = sum(agg.sum_value or 0.0 for agg in waited.values())
     lost_usd = None
     if job.hourly_price_usd is not None and job.procs_per_node:
         lost_usd = (Decimal(repr(lost)) * job.hourly_price_usd / job.procs_per_node / 3600).quantize(

@@ -41,7 +41,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, restarts
+from jobs import admission, metric_buckets, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.models import (
@@ -250,7 +250,7 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
         points.extend(metric_points_from_record(job, record, now))
         rank_memory = rank_memory_from_record(record) or rank_memory
     JobLogLine.objects.bulk_create(log_rows)
-    MetricPoint.objects.bulk_create(points)
+    MetricPoint.objects.bulk_create(points)  # and their buckets (jobs.metric_buckets)
     latest = final_metrics_after(job.final_metrics, points)
     if latest != job.final_metrics:
         TrainingJob.objects.filter(pk=job.pk).update(final_metrics=latest)
@@ -267,6 +267,7 @@ def _drop_superseded_points(job: TrainingJob, record: Mapping[str, Any]) -> None
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         return
     MetricPoint.objects.filter(job_id=job.pk, step__gte=step).delete()
+    metric_buckets.drop_from(job.pk, step)
 
 
 def final_metrics_after(final: Mapping[str, Any] | None, points: list[MetricPoint]) -> dict[str, float | None]:

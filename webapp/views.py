@@ -502,16 +502,19 @@ def _metric_chart_names(job, names) -> list[str]:
     return sorted(n for n in names if n not in drawn and n not in own)[:MAX_METRIC_CHARTS]
 
 
-def _metrics_payload(job) -> dict[str, Any]:
+def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None = None,
+                     attempt: int | None = None) -> dict[str, Any]:
     """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value, "t": unix s}, ...]},
-    "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "t0": unix s | None}``;
-    ``metric_charts`` lists the names charted one chart each (a user script's), and ``series`` holds
-    those and the loss and accuracy lines; ``rank_series`` the per-rank metrics the job reported
-    (``jobs.comparison.RANK_METRICS``, a chart each, one line per rank); ``t0`` the time of the job's
-    first point, which the charts' relative-time axis counts from (docs/comparing-runs.md)."""
-    charted = comparison.training_job_chart_series(job=job)
+    "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "t0": unix s | None,
+    "last_step", "attempt", "widths", "from_step", "replace"}``; ``metric_charts`` lists the names
+    charted one chart each (a user script's), and ``series`` holds those and the loss and accuracy
+    lines; ``rank_series`` the per-rank metrics the job reported (``jobs.comparison.RANK_METRICS``, a
+    chart each, one line per rank); ``t0`` the time of the job's first point, which the charts'
+    relative-time axis counts from (docs/comparing-runs.md). A poll (``after``, ``widths``,
+    ``attempt`` as its page has them) gets only what is new: :func:`jobs.comparison.training_job_chart_series`."""
+    charted = comparison.training_job_chart_series(job=job, after=after, widths=widths, attempt=attempt)
     series = charted["series"]
-    extra = _metric_chart_names(job, series)
+    extra = _metric_chart_names(job, charted["names"])
     names = [n for names in CHART_SERIES.values() for n in names] + extra
     return {
         "state": job.state,
@@ -519,8 +522,20 @@ def _metrics_payload(job) -> dict[str, Any]:
         "series": {n: series.get(n, []) for n in names},
         "metric_charts": extra,
         "rank_series": charted["rank_series"],
-        "t0": charted["t0"],
+        **{key: charted[key] for key in ("t0", "last_step", "attempt", "widths", "from_step", "replace")},
     }
+
+
+def _poll_args(query) -> dict[str, Any]:
+    """``after``, ``widths`` and ``attempt`` of a chart poll's query (``?after=1200&widths=16,1&attempt=1``);
+    any missing or malformed one makes it a full read, never an error."""
+    try:
+        after = int(query.get("after", ""))
+        widths = [int(w) for w in query.get("widths", "").split(",")]
+        attempt = int(query.get("attempt", ""))
+    except ValueError:
+        return {}
+    return {"after": after, "widths": widths, "attempt": attempt}
 
 
 @login_required
@@ -560,8 +575,9 @@ def job_live(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_GET
 def job_metrics(request: HttpRequest, pk: int) -> JsonResponse:
-    """The chart series as JSON; the job page updates its Chart instances from this."""
-    return JsonResponse(_metrics_payload(_job_for(request, pk)))
+    """The chart series as JSON; the job page updates its Chart instances from this, asking only for
+    what is new since its last poll (:func:`_poll_args`)."""
+    return JsonResponse(_metrics_payload(_job_for(request, pk), **_poll_args(request.GET)))
 
 
 @login_required

@@ -228,14 +228,6 @@ def test_the_api_never_shows_a_strangers_job(other_api_client, runs):
     assert body["runs"] == [] and body["matched"] == 0
 
 
-def test_a_long_series_is_thinned_for_the_charts_its_last_point_kept():
-    points = [{"x": i, "y": float(i), "t": 0.0} for i in range(5000)]
-    thinned = comparison._thin(points)
-    assert len(thinned) == comparison.MAX_POINTS_PER_SERIES
-    assert thinned[0]["x"] == 0 and thinned[-1]["x"] == 4999 and thinned[1]["x"] == 3
-    assert comparison._thin(points[:2000]) == points[:2000]
-
-
 def test_a_saved_filter_selects_the_runs_and_another_users_is_a_404(owner_client, other_user, runs):
     from django.test import Client
 

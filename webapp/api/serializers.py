@@ -821,15 +821,7 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
 
     @extend_schema_field(serializers.DictField(child=MetricSummarySerializer()))
     def get_metrics(self, job: TrainingJob) -> dict[str, dict[str, Any]]:
-        summary = {}
-        for name, points in selectors.training_job_metric_series(job=job).items():
-            if not points:
-                continue
-            finite = [p["value"] for p in points if p["value"] is not None]
-            summary[name] = {"points": len(points), "last_step": points[-1]["step"],
-                             "last_value": points[-1]["value"], "min": min(finite, default=None),
-                             "max": max(finite, default=None), "nonfinite": len(points) - len(finite)}
-        return summary
+        return selectors.training_job_metric_summary(job=job)
 
     @extend_schema_field(RankThroughputSerializer(many=True))
     def get_ranks(self, job: TrainingJob) -> list[dict[str, Any]]:

@@ -214,9 +214,9 @@ class Command(BaseCommand):
         # The three headline metrics are always keys (None before the first epoch); every other series
         # the job stored, a script's own report.log names included, adds its last value.
         metrics = {k: final[k] for k in ("val_accuracy", "val_loss", "train_loss")}
-        for name, points in selectors.training_job_metric_series(job=job).items():
-            if points and name not in metrics:
-                metrics[name] = points[-1]["value"]
+        for name, summary in selectors.training_job_metric_summary(job=job).items():
+            if name not in metrics:
+                metrics[name] = summary["last_value"]
         duration = job.duration_s
         return {
             "id": job.pk,

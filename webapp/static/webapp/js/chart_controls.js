@@ -95,12 +95,32 @@
     };
   }
 
+  // A long run's line arrives as buckets (jobs/metric_buckets.py): each point is its bucket's last
+  // value with the bucket's min and max. The band between them, faint behind the line, keeps a spike
+  // in view that the line's last values would miss. Two datasets, the upper filled down to the lower.
+  function band(line, controls) {
+    const points = (line.points || []).filter((p) => p.min !== undefined && p.min !== null);
+    if (points.length === 0) return [];
+    const edge = (key) => positioned(points.map((p) => ({ x: p.x, t: p.t, y: p[key] })), controls.x,
+                                     line.t0 || 0, controls.log);
+    const style = { borderWidth: 0, pointRadius: 0, spanGaps: false, backgroundColor: faint(line.color, 0.15),
+                    borderColor: faint(line.color, 0) };
+    return [
+      Object.assign({ label: line.label + " (max)", data: edge("max"), fill: "+1", _tb: "band",
+                      _key: (line.key || line.label) + " (max)" }, style),
+      Object.assign({ label: line.label + " (min)", data: edge("min"), fill: false, _tb: "band",
+                      _key: (line.key || line.label) + " (min)" }, style),
+    ];
+  }
+
   // Chart.js datasets for lines under the controls: each line's (smoothed) data, and with smoothing
-  // its raw data faint behind it (left out of the legend). `_tb` says which a dataset is.
+  // its raw data faint behind it, and a bucketed line's min–max band (both left out of the legend).
+  // `_tb` says which a dataset is.
   function datasets(lines, controls) {
     const out = [];
     const raws = [];
     for (const line of lines) {
+      raws.push(...band(line, controls));
       const raw = positioned(line.points || [], controls.x, line.t0 || 0, controls.log);
       const smoothed = ema(raw, controls.smoothing);
       out.push({
@@ -187,10 +207,10 @@
     if (current.max !== undefined) nextX.max = current.max;
   }
 
-  // The legend leaves out the faint raw lines (they share their line's colour and name).
+  // The legend leaves out the faint raw lines and bands (they share their line's colour and name).
   function legendFilter(item, data) {
     const d = data.datasets[item.datasetIndex];
-    return !d || d._tb !== "raw";
+    return !d || (d._tb !== "raw" && d._tb !== "band");
   }
 
   // Calls onChange(controls, what) when a control changes; what is "x" when the x axis changed

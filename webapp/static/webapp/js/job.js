@@ -219,8 +219,35 @@
   }
   fitBuiltinCards();
 
+  // A line with the poll's points put in place of its own from the poll's from_step on.
+  function mergeLine(old, fresh, from) {
+    return (old || []).filter((p) => p.x < from).concat(fresh || []);
+  }
+
+  // A poll's answer over the payload: every point again (replace), or only what is new.
+  function merged(next) {
+    if (next.replace) return next;
+    const [fromGlobal, fromRank] = next.from_step;
+    const series = {};
+    for (const name of new Set([...Object.keys(payload.series), ...Object.keys(next.series)])) {
+      series[name] = mergeLine(payload.series[name], next.series[name], fromGlobal);
+    }
+    const rankSeries = {};
+    const before = payload.rank_series || {};
+    for (const name of new Set([...Object.keys(before), ...Object.keys(next.rank_series)])) {
+      const ranks = {};
+      const mine = before[name] || {};
+      const fresh = next.rank_series[name] || {};
+      for (const rank of new Set([...Object.keys(mine), ...Object.keys(fresh)])) {
+        ranks[rank] = mergeLine(mine[rank], fresh[rank], fromRank);
+      }
+      rankSeries[name] = ranks;
+    }
+    return Object.assign({}, next, { series: series, rank_series: rankSeries });
+  }
+
   function applyMetrics(next) {
-    payload = next;
+    payload = merged(next);
     ensureMetricCharts();
     ensureRankCharts();
     fitBuiltinCards();
@@ -237,7 +264,11 @@
     if (inFlight) return;
     inFlight = true;
     try {
-      const response = await fetch(metricsUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      // Only what is new since the points this page has (jobs.comparison.training_job_chart_series).
+      const query = new URLSearchParams({ after: payload.last_step, widths: payload.widths.join(","),
+                                          attempt: payload.attempt });
+      const response = await fetch(metricsUrl + "?" + query.toString(),
+                                   { headers: { Accept: "application/json" }, credentials: "same-origin" });
       if (response.ok) applyMetrics(await response.json());
     } catch (err) {
       // A missed refresh is retried at the next poll; nothing to tell the user.
