@@ -160,9 +160,9 @@ def generate_history(job_id: int, *, steps: int, ranks: int, epoch_steps: int, s
                      seed: int, write_points: Callable[[str], None], log: TextIO | None) -> dict[str, Any]:
     """Write the job's MetricPoint rows in COPY text format (columns job_id, name, step, epoch, rank,
     value, recorded_at) to ``write_points``, in the order the sync stores them (step by step), and,
-    with ``log``, its log lines (job_id, seq, text in COPY text format). One record a second from
+    with ``log``, its log lines (job_id, seq, text, is_metric in COPY text format). One record a second from
     ``started``. Returns ``{"points", "log_lines", "final_metrics", "rank_gap": (step, rank)}``."""
-    from trainer_pkg.metrics import format_metric_line
+    from trainer_pkg.metrics import METRIC_PREFIX, format_metric_line
 
     rng = random.Random(seed * 1_000_003 + steps)
     special = _special_steps(steps, ranks)
@@ -175,7 +175,8 @@ def generate_history(job_id: int, *, steps: int, ranks: int, epoch_steps: int, s
     def log_line(text: str) -> None:
         nonlocal seq
         if log is not None:
-            log.write(f"{job_id}\t{seq}\t{text.replace(chr(92), chr(92) * 2)}\n")  # COPY text: a backslash escapes
+            # COPY text: a backslash escapes; is_metric as JobLogLine's bulk_create sets it.
+            log.write(f"{job_id}\t{seq}\t{text.replace(chr(92), chr(92) * 2)}\t{'t' if METRIC_PREFIX in text else 'f'}\n")
         seq += 1
 
     launch = [f"[launch] rank {r}: world size {ranks}, backend gloo, torchrun" for r in range(ranks)]
@@ -305,7 +306,7 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
         if not args.no_logs:
             t1 = time.perf_counter()
             log.seek(0)
-            with cur.cursor.copy(f"COPY {JobLogLine._meta.db_table} (job_id, seq, text) FROM STDIN") as copy:
+            with cur.cursor.copy(f"COPY {JobLogLine._meta.db_table} (job_id, seq, text, is_metric) FROM STDIN") as copy:
                 while block := log.read(1 << 20):
                     copy.write(block)
             t_logs = time.perf_counter() - t1

@@ -241,8 +241,9 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     that (:mod:`jobs.metric_buckets`).
 
     A poll passes what its page holds: ``after`` (its ``last_step``), ``widths`` and ``attempt``.
-    It then gets only the points from ``from_step`` on, at the page's widths, to put in place of its
-    own points at those steps and after (``replace`` False); every point again (``replace`` True)
+    It then gets only the points from ``from_step`` on (the start of the bucket holding ``after``, or
+    ``after`` itself at width 1), at the page's widths, to put in place of its own points at those
+    steps and after (``replace`` False); every point again (``replace`` True)
     when the run has outgrown the page's widths, a resumed attempt redid steps, or the page's
     figures do not fit. Reads the series' summaries (one row a series), then each line's new rows."""
     summary = metric_buckets.summaries([job.pk])
@@ -266,7 +267,9 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     replace = not (after is not None and widths is not None and len(widths) == 2 and attempt == job.attempt
                    and 0 <= after <= max(ends) and all(w in allowed and w >= n for w, n in zip(widths, needed)))
     use = needed if replace else [int(w) for w in widths]
-    starts = [0, 0] if replace else [after + 1 if w == 1 else (after // w) * w for w in use]
+    # From the page's last step itself: a point stored later at that step (a script's second
+    # report.log of the step, a name first reported there) still reaches the page.
+    starts = [0, 0] if replace else [(after // w) * w for w in use]
     out: dict[str, Any] = {"series": {}, "rank_series": {}, "t0": t0, "names": sorted(names),
                            "last_step": max(ends), "attempt": job.attempt, "widths": use, "from_step": starts,
                            "replace": replace}

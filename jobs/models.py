@@ -798,16 +798,44 @@ class JobAttempt(models.Model):
         return f"job {self.job_id} attempt {self.number}"
 
 
+class JobLogLineQuerySet(models.QuerySet):
+    def bulk_create(self, objs, *args, **kwargs):
+        """Store the lines, each marked :attr:`JobLogLine.is_metric` from its text."""
+        objs = list(objs)
+        for line in objs:
+            line.is_metric = JobLogLine.carries_metric(line.text)
+        return super().bulk_create(objs, *args, **kwargs)
+
+
 class JobLogLine(models.Model):
-    """One line of the job's log, numbered from 0 in the order it was read."""
+    """One line of the job's log, numbered from 0 in the order it was read.
+
+    ``is_metric``: the line holds a trainer metric record (``TRAINBOARD_METRIC {...}``, what the
+    charts are drawn from), set from the text when it is stored. The log tail and the failure
+    reasons read the other lines through a partial index, so a log that is mostly metric records
+    is never scanned to find the last lines a person reads."""
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="log_lines")
     seq = models.PositiveIntegerField()
     text = models.TextField()
+    is_metric = models.BooleanField(default=False)
+
+    objects = JobLogLineQuerySet.as_manager()
 
     class Meta:
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="logline_unique_seq")]
+        indexes = [models.Index(fields=["job", "seq"], condition=models.Q(is_metric=False), name="logline_text_seq")]
+
+    @staticmethod
+    def carries_metric(text: str) -> bool:
+        from trainer_pkg.metrics import METRIC_PREFIX
+
+        return METRIC_PREFIX in text
+
+    def save(self, *args, **kwargs) -> None:
+        self.is_metric = self.carries_metric(self.text)
+        super().save(*args, **kwargs)
 
 
 class Sweep(Owned):

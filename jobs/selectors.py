@@ -52,7 +52,7 @@ from jobs.models import (
 from jobs.budgets import month_start
 from jobs.models import NotificationPreference, OperationCount, Webhook, WebhookDelivery  # notifications
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
-from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
+from trainer_pkg.metrics import parse_metric_line
 from trainer_pkg.registry import CUSTOM
 
 
@@ -301,7 +301,7 @@ def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
     report of a failure (its traceback and summary, ~40 lines after the rank's own traceback) is
     folded into one line, so the tail ends with the user's traceback; the full log keeps it."""
     lines = max(int(lines), 0)
-    texts = list(JobLogLine.objects.filter(job_id=job.pk).exclude(text__contains=METRIC_PREFIX)
+    texts = list(JobLogLine.objects.filter(job_id=job.pk, is_metric=False)
                  .order_by("-seq").values_list("text", flat=True)[:lines])
     texts.reverse()
     span = torchrun_log.failure_summary_span(texts)
@@ -372,7 +372,7 @@ def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = 
     records (``TRAINBOARD_METRIC {...}``, what the charts are drawn from)."""
     lines = JobLogLine.objects.filter(job_id=job.pk)
     if not metrics:
-        lines = lines.exclude(text__contains=METRIC_PREFIX)
+        lines = lines.filter(is_metric=False)
     if q:
         lines = lines.filter(text__icontains=q)
     if rank is not None:

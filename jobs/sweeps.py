@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
-from django.db.models import Max, Min, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
-from jobs import dispatch, services, validation
+from jobs import dispatch, metric_buckets, services, validation
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     TERMINAL_STATE_VALUES,
@@ -746,11 +746,14 @@ def objective_value(sweep: Sweep, job: TrainingJob) -> float | None:
     """The trial's score: the last value (``objective`` final) or the best (``best``: max when
     maximizing, min when minimizing) of the sweep's ``objective_metric`` over the job's global
     MetricPoints; None when it never reported a finite one."""
+    if sweep.objective == Sweep.Objective.BEST:  # the series' summary row (jobs.metric_buckets)
+        summary = metric_buckets.summaries([job.pk], names=[sweep.objective_metric], per_rank=False)
+        agg = summary.get((job.pk, sweep.objective_metric, None))
+        if agg is None:
+            return None
+        return agg.max_value if sweep.direction == Sweep.Direction.MAXIMIZE else agg.min_value
     points = MetricPoint.objects.filter(job_id=job.pk, name=sweep.objective_metric, rank__isnull=True,
                                         value__isnull=False)
-    if sweep.objective == Sweep.Objective.BEST:
-        agg = Max("value") if sweep.direction == Sweep.Direction.MAXIMIZE else Min("value")
-        return points.aggregate(v=agg)["v"]
     return points.order_by("-step", "-id").values_list("value", flat=True).first()
 
 

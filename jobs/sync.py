@@ -59,7 +59,6 @@ from jobs.states import is_allowed, note, transition
 from trainer_pkg.metrics import (
     GLOBAL_METRICS,
     MAX_USER_METRICS,
-    METRIC_PREFIX,
     RECORD_FIELDS,
     USER_METRIC_NAME,
     parse_metric_line,
@@ -183,7 +182,7 @@ def _user_metric_names(record: Mapping[str, Any]) -> list[str]:
 def _trainer_failure_reason(job: TrainingJob) -> str | None:
     """The reason the trainer gave when it stopped the run itself (its ``failed`` record, e.g. "loss
     became NaN at step 12"), from the job's stored log; None when it gave none."""
-    texts = (JobLogLine.objects.filter(job_id=job.pk, text__contains=METRIC_PREFIX)
+    texts = (JobLogLine.objects.filter(job_id=job.pk, is_metric=True)
              .filter(text__contains='"event":"failed"').order_by("-seq").values_list("text", flat=True)[:1])
     for text in texts:
         record = parse_metric_line(text) or {}
@@ -213,7 +212,7 @@ def _user_code_failure(job: TrainingJob) -> str:
     """Where the user's code failed, from the end of the job's stored log (``train.py:3: SyntaxError:
     invalid syntax`` and the source line: :func:`cloud_adapters.torchrun_log.user_code_error`); "" when
     the log shows no traceback through the user's files. Read once, when the job is FAILED."""
-    texts = list(JobLogLine.objects.filter(job_id=job.pk).exclude(text__contains=METRIC_PREFIX)
+    texts = list(JobLogLine.objects.filter(job_id=job.pk, is_metric=False)
                  .order_by("-seq").values_list("text", flat=True)[:USER_ERROR_LINES])
     texts.reverse()
     return torchrun_log.user_code_error(texts)[:1000]

@@ -101,6 +101,45 @@ def test_nonfinite_points_are_gaps_with_a_marker(live_server, browser_page, user
         "train accuracy", "val accuracy"]
 
 
+def test_a_long_runs_line_keeps_its_spike_in_a_band_and_a_poll_adds_only_the_new_steps(
+        live_server, browser_page, user, digits_dataset, cnn_model, local_backend):
+    """20,000 steps of loss with a one-step spike: the page draws at most 2,000 buckets a line and the
+    spike's value is the band's top, where 2,000 evenly spaced points would have missed it (step
+    12,345 is no multiple of 10). Points stored after the page loaded arrive with the next poll,
+    which asks only for what is new (``?after=``)."""
+    from jobs import comparison
+
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    spike = 12_345
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="train_loss", step=s, epoch=0, value=50.0 if s == spike else 1.0 / (1 + s / 1000),
+                     recorded_at=T0 + dt.timedelta(seconds=s)) for s in range(1, 20_001)])
+    assert not any(round(i * 19_999 / 1999) + 1 == spike for i in range(2000))  # even sampling misses it
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length > 0")
+    drawn = page.evaluate("""() => window.trainboardCharts['chart-loss'].data.datasets.map(d => ({
+        label: d.label, tb: d._tb, n: d.data.length, top: Math.max(...d.data.map(p => p.y === null ? -1 : p.y))}))""")
+    line = next(d for d in drawn if d["label"] == "train loss")
+    band_top = next(d for d in drawn if d["label"] == "train loss (max)")
+    assert line["n"] == 1251 and line["top"] < 50.0  # buckets of 16 steps; the last of the spike's is not it
+    assert band_top["tb"] == "band" and band_top["top"] == 50.0
+    requests = []
+    page.on("request", lambda r: requests.append(r.url) if "/metrics.json" in r.url else None)
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="train_loss", step=s, epoch=0, value=0.01, recorded_at=T0 + dt.timedelta(seconds=s))
+         for s in range(20_001, 20_101)])
+    # The job is active: htmx re-renders its live fragment every 2 s, and job.js polls after each.
+    page.wait_for_function("() => window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 1257")
+    assert requests and "after=20000" in requests[-1] and "widths=16%2C" in requests[-1]
+    full = comparison.training_job_chart_series(job=job)["series"]["train_loss"]
+    shown = page.evaluate("() => window.trainboardCharts['chart-loss'].data.datasets[0].data")
+    assert [p["x"] for p in shown] == [p["x"] for p in full]
+
+
 def test_a_scripts_metrics_get_one_chart_each_titled_by_name(live_server, browser_page, user, digits_dataset,
                                                              cnn_model, local_backend):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
