@@ -30,6 +30,9 @@ MAX_COMPARED_METRICS = 60
 MAX_POINTS_PER_SERIES = 2000
 """Points a chart line gets at most: a longer range is read as buckets (:mod:`jobs.metric_buckets`),
 each its last point and its min–max band; the table's final and best values are the whole series'."""
+MAX_POINTS_PER_RANK_LINE = 250
+"""Points a per-rank line gets at most: a chart draws one line per rank (5 charts × 8 ranks are 40
+lines), so each gets fewer points than a global line for the page to stay one bounded read."""
 MAX_IDS_TEXT = 2000
 """Longest ``ids`` text read (about 20 ids of any length fit many times over)."""
 
@@ -225,7 +228,8 @@ def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SER
                 series.setdefault(name, {})[str(job_id)] = points
         if (job_id, True) in ends:
             _, lines = metric_buckets.read_series(job_id, names=RANK_METRICS, per_rank=True,
-                                                  end=ends[(job_id, True)], max_points=max_points)
+                                                  end=ends[(job_id, True)],
+                                                  max_points=min(max_points, MAX_POINTS_PER_RANK_LINE))
             for (name, rank), points in lines.items():
                 rank_series.setdefault(name, {}).setdefault(str(job_id), {})[str(rank)] = points
     return series, rank_series, stats, t0
@@ -237,8 +241,8 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None,
     "names": [global names], "last_step": int (-1 without points), "attempt": int,
     "widths": [global, per rank], "from_step": [global, per rank], "replace": bool}``; each line at
-    most about :data:`MAX_POINTS_PER_SERIES` points, read as buckets (with ``min``/``max``) past
-    that (:mod:`jobs.metric_buckets`).
+    most about :data:`MAX_POINTS_PER_SERIES` points (:data:`MAX_POINTS_PER_RANK_LINE` a per-rank line),
+    read as buckets (with ``min``/``max``) past that (:mod:`jobs.metric_buckets`).
 
     A poll passes what its page holds: ``after`` (its ``last_step``), ``widths`` and ``attempt``.
     It then gets only the points from ``from_step`` on (the start of the bucket holding ``after``, or
@@ -262,7 +266,8 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
         ends[per_rank] = max(ends[per_rank], agg.last_step)
         if not per_rank:
             names.add(name)
-    needed = [metric_buckets.width_for(end + 1, MAX_POINTS_PER_SERIES) for end in ends]
+    needed = [metric_buckets.width_for(ends[0] + 1, MAX_POINTS_PER_SERIES),
+              metric_buckets.width_for(ends[1] + 1, MAX_POINTS_PER_RANK_LINE)]
     allowed = (1, *metric_buckets.WIDTHS)
     replace = not (after is not None and widths is not None and len(widths) == 2 and attempt == job.attempt
                    and 0 <= after <= max(ends) and all(w in allowed and w >= n for w, n in zip(widths, needed)))
@@ -303,7 +308,7 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
     global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank.
     A one-rank run has no value of :data:`MULTI_RANK_METRICS` (nothing waits for a slowest rank): it
     shows none and never wins them. One query for the summaries, then two a run, each line at most
-    about :data:`MAX_POINTS_PER_SERIES` rows.
+    about :data:`MAX_POINTS_PER_SERIES` rows (:data:`MAX_POINTS_PER_RANK_LINE` a per-rank line).
     """
     job_ids = [job.pk for job in jobs]
     series, rank_series, stats, t0 = _points_of(jobs)

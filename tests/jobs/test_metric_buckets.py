@@ -186,12 +186,13 @@ def test_a_million_step_chart_reads_a_charts_worth_of_rows_with_its_spike_and_na
     with CaptureQueriesContext(connection) as queries:
         charted = comparison.training_job_chart_series(job=job)
     assert len(queries) <= 3, [q["sql"][:100] for q in queries]
-    assert charted["widths"] == [4096, 4096]  # 245 buckets over the run: 256 would be 3,907
+    assert charted["widths"] == [4096, 4096]  # 245 buckets over the run (256 would be 3,907)
     loss = charted["series"]["train_loss"]
     assert len(loss) <= comparison.MAX_POINTS_PER_SERIES + 1
     assert max(p["max"] for p in loss if p.get("max") is not None) == 1e6
     assert any(p["y"] is None and p["x"] == nan_step for p in loss)
-    assert all(len(line) <= comparison.MAX_POINTS_PER_SERIES for line in charted["rank_series"]["rank_step_time_s"].values())
+    assert all(len(line) <= comparison.MAX_POINTS_PER_RANK_LINE + 1
+               for line in charted["rank_series"]["rank_step_time_s"].values())
     bucket = next(p for p in loss if p.get("max") == 1e6)
     inside = [v for n, r, s, v, e, at in points if n == "train_loss" and s // charted["widths"][0] == bucket["x"] // charted["widths"][0]]
     assert (bucket["min"], bucket["n"]) == (min(v for v in inside if v is not None), len(inside))
@@ -213,13 +214,14 @@ def _merge(page: dict, poll: dict) -> dict:
 
 @pytest.mark.parametrize("steps, every", [(1500, 1), (30_000, 40)])
 def test_a_poll_sends_only_what_is_new_and_merged_equals_a_full_read(job, steps, every):
-    """1,500 steps: the page holds the points themselves (width 1); 30,000: buckets of 16 steps."""
+    """1,500 steps: the page holds the global points themselves (width 1); 30,000: buckets of 16
+    steps. Per-rank lines get fewer points (buckets of 16 and 256 steps)."""
     rng = random.Random(8)
     points = _history(rng, steps=steps, ranks=2, every=every)
     done = len(points) // 2
     _store(job, points[:done], rng)
     page = comparison.training_job_chart_series(job=job)
-    assert page["widths"] == [1, 1] if every == 1 else [16, 16]
+    assert page["widths"] == ([1, 16] if every == 1 else [16, 256])
     _store(job, points[done:], rng)
     with CaptureQueriesContext(connection) as queries:
         poll = comparison.training_job_chart_series(job=job, after=page["last_step"], widths=page["widths"],
@@ -243,7 +245,7 @@ def test_a_poll_gets_every_point_again_when_it_cannot_go_on(job):
     points = _history(rng, steps=4000, ranks=1, every=1)
     _store(job, points[:2000], rng)
     page = comparison.training_job_chart_series(job=job)
-    assert page["widths"] == [1, 1]
+    assert page["widths"] == [1, 16]
     _store(job, points[2000:], rng)
     polls = {"outgrown": dict(after=page["last_step"], widths=page["widths"], attempt=page["attempt"]),
              "resumed": dict(after=page["last_step"], widths=[16, 16], attempt=page["attempt"] + 1),
@@ -251,7 +253,7 @@ def test_a_poll_gets_every_point_again_when_it_cannot_go_on(job):
              "not a width": dict(after=0, widths=[17, 16], attempt=page["attempt"])}
     for why, poll in polls.items():
         got = comparison.training_job_chart_series(job=job, **poll)
-        assert got["replace"] and got["from_step"] == [0, 0] and got["widths"] == [16, 16], why
+        assert got["replace"] and got["from_step"] == [0, 0] and got["widths"] == [16, 256], why
         assert got["series"] == comparison.training_job_chart_series(job=job)["series"], why
 
 
