@@ -236,7 +236,7 @@ def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SER
 
 
 def training_job_chart_series(*, job: TrainingJob, after: int | None = None, widths: Sequence[int] | None = None,
-                              attempt: int | None = None) -> dict[str, Any]:
+                              attempt: int | None = None, steps: tuple[int, int] | None = None) -> dict[str, Any]:
     """The job page's chart data: ``{"series": {name: [{"x": step, "y": value, "t": unix s}]},
     "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None,
     "names": [global names], "last_step": int (-1 without points), "attempt": int,
@@ -249,7 +249,11 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     ``after`` itself at width 1), at the page's widths, to put in place of its own points at those
     steps and after (``replace`` False); every point again (``replace`` True)
     when the run has outgrown the page's widths, a resumed attempt redid steps, or the page's
-    figures do not fit. Reads the series' summaries (one row a series), then each line's new rows."""
+    figures do not fit. Reads the series' summaries (one row a series), then each line's new rows.
+
+    ``steps`` ``(first, last)``: only that range of steps, read at the resolution it needs on its own
+    (a zoomed chart: the points themselves once the range holds at most a chart's worth of steps);
+    the answer has ``"steps": [first, last]`` and ``replace`` True."""
     summary = metric_buckets.summaries([job.pk])
     one_rank = job.world_size <= 1
     t0: float | None = None
@@ -266,24 +270,31 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
         ends[per_rank] = max(ends[per_rank], agg.last_step)
         if not per_rank:
             names.add(name)
-    needed = [metric_buckets.width_for(ends[0] + 1, MAX_POINTS_PER_SERIES),
-              metric_buckets.width_for(ends[1] + 1, MAX_POINTS_PER_RANK_LINE)]
+    first = 0
+    if steps is not None:
+        first = max(0, int(steps[0]))
+        ends = [min(end, int(steps[1])) for end in ends]
+        after = None  # a range is read whole
+    needed = [metric_buckets.width_for(ends[0] - first + 1, MAX_POINTS_PER_SERIES),
+              metric_buckets.width_for(ends[1] - first + 1, MAX_POINTS_PER_RANK_LINE)]
     allowed = (1, *metric_buckets.WIDTHS)
     replace = not (after is not None and widths is not None and len(widths) == 2 and attempt == job.attempt
                    and 0 <= after <= max(ends) and all(w in allowed and w >= n for w, n in zip(widths, needed)))
     use = needed if replace else [int(w) for w in widths]
     # From the page's last step itself: a point stored later at that step (a script's second
     # report.log of the step, a name first reported there) still reaches the page.
-    starts = [0, 0] if replace else [(after // w) * w for w in use]
+    starts = [first, first] if replace else [(after // w) * w for w in use]
     out: dict[str, Any] = {"series": {}, "rank_series": {}, "t0": t0, "names": sorted(names),
                            "last_step": max(ends), "attempt": job.attempt, "widths": use, "from_step": starts,
                            "replace": replace}
+    if steps is not None:
+        out["steps"] = [first, int(steps[1])]
     skip = MULTI_RANK_METRICS if one_rank else ()
-    if ends[0] >= 0:
+    if ends[0] >= starts[0]:
         _, lines = metric_buckets.read_series(job.pk, names=None, per_rank=False, start=starts[0], end=ends[0],
                                               exclude=skip, width=use[0])
         out["series"] = {name: points for (name, _), points in lines.items()}
-    if ends[1] >= 0:
+    if ends[1] >= starts[1]:
         _, lines = metric_buckets.read_series(job.pk, names=RANK_METRICS, per_rank=True, start=starts[1],
                                               end=ends[1], width=use[1])
         for (name, rank), points in lines.items():

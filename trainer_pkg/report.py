@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from trainer_pkg.metrics import (MAX_USER_METRICS, RECORD_FIELDS, USER_METRIC_NAME, encode_record, format_metric_line,
                                  print_line)
@@ -164,6 +164,23 @@ def init_mode() -> str | None:
 
 
 # -- checks ---------------------------------------------------------------------------------------
+
+
+def finish(code: int = 0) -> NoReturn:
+    """End the script now with exit status ``code``, skipping the interpreter's teardown.
+
+    Call it last, after ``torch.distributed.destroy_process_group()``. Left to the interpreter's
+    shutdown, torch 2.13's C++ threads (gloo's, DDP's reducer) can be destroyed while still joinable,
+    and the C++ runtime aborts a rank that finished its work ("terminate called without an active
+    exception", SIGABRT); torchrun then fails the whole job. Trainboard's own trainer ends this way
+    (``trainer_pkg.metrics.exit_process``). Before leaving: the ``atexit`` handlers run (a tracker's
+    ``finish``, logging's flush), then stdout and stderr are flushed. Never returns."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
 
 
 def _check_step(step: Any) -> int:

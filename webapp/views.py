@@ -503,7 +503,7 @@ def _metric_chart_names(job, names) -> list[str]:
 
 
 def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None = None,
-                     attempt: int | None = None) -> dict[str, Any]:
+                     attempt: int | None = None, steps: tuple[int, int] | None = None) -> dict[str, Any]:
     """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value, "t": unix s}, ...]},
     "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "t0": unix s | None,
     "last_step", "attempt", "widths", "from_step", "replace"}``; ``metric_charts`` lists the names
@@ -511,8 +511,10 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
     lines; ``rank_series`` the per-rank metrics the job reported (``jobs.comparison.RANK_METRICS``, a
     chart each, one line per rank); ``t0`` the time of the job's first point, which the charts'
     relative-time axis counts from (docs/comparing-runs.md). A poll (``after``, ``widths``,
-    ``attempt`` as its page has them) gets only what is new: :func:`jobs.comparison.training_job_chart_series`."""
-    charted = comparison.training_job_chart_series(job=job, after=after, widths=widths, attempt=attempt)
+    ``attempt`` as its page has them) gets only what is new, a zoomed chart (``steps``) its range at
+    the resolution the range needs: :func:`jobs.comparison.training_job_chart_series`."""
+    charted = comparison.training_job_chart_series(job=job, after=after, widths=widths, attempt=attempt,
+                                                   steps=steps)
     series = charted["series"]
     extra = _metric_chart_names(job, charted["names"])
     names = [n for names in CHART_SERIES.values() for n in names] + extra
@@ -523,12 +525,20 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
         "metric_charts": extra,
         "rank_series": charted["rank_series"],
         **{key: charted[key] for key in ("t0", "last_step", "attempt", "widths", "from_step", "replace")},
+        **({"steps": charted["steps"]} if "steps" in charted else {}),
     }
 
 
 def _poll_args(query) -> dict[str, Any]:
-    """``after``, ``widths`` and ``attempt`` of a chart poll's query (``?after=1200&widths=16,1&attempt=1``);
+    """``after``, ``widths`` and ``attempt`` of a chart poll's query (``?after=1200&widths=16,1&attempt=1``),
+    or ``steps`` of a zoomed chart's (``?steps=12300,12400``: first and last step, 0 ≤ first ≤ last);
     any missing or malformed one makes it a full read, never an error."""
+    if "steps" in query:
+        try:
+            first, last = (int(v) for v in query.get("steps", "").split(","))
+        except ValueError:
+            return {}
+        return {"steps": (first, last)} if 0 <= first <= last else {}
     try:
         after = int(query.get("after", ""))
         widths = [int(w) for w in query.get("widths", "").split(",")]

@@ -140,6 +140,30 @@ def test_a_long_runs_line_keeps_its_spike_in_a_band_and_a_poll_adds_only_the_new
     assert [p["x"] for p in shown] == [p["x"] for p in full]
 
 
+def test_zooming_in_reads_the_range_at_full_resolution_and_reset_goes_back(
+        live_server, browser_page, user, digits_dataset, cnn_model, local_backend):
+    """The 20,000-step run zoomed to steps 12,300–12,400: the loss chart re-reads that range and draws
+    its 101 points themselves, the spike at its own step; Reset zoom draws the run's buckets again."""
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    spike = 12_345
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="train_loss", step=s, epoch=0, value=50.0 if s == spike else 1.0,
+                     recorded_at=T0 + dt.timedelta(seconds=s)) for s in range(1, 20_001)])
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 1251")
+    page.evaluate("() => window.trainboardZoomTo('chart-loss', 12300, 12400)")
+    page.wait_for_function("() => window.trainboardCharts['chart-loss'].data.datasets[0].data.length === 101")
+    data = page.evaluate("() => window.trainboardCharts['chart-loss'].data.datasets[0].data")
+    assert data[0] == {"x": 12300, "y": 1.0} and data[-1] == {"x": 12400, "y": 1.0}
+    assert {"x": spike, "y": 50.0} in data
+    page.click("#chart-reset-zoom")
+    page.wait_for_function("() => window.trainboardCharts['chart-loss'].data.datasets[0].data.length === 1251")
+
+
 def test_a_scripts_metrics_get_one_chart_each_titled_by_name(live_server, browser_page, user, digits_dataset,
                                                              cnn_model, local_backend):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,

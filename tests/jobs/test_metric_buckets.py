@@ -264,3 +264,23 @@ def test_the_fold_writes_the_models_table_and_columns():
     assert metric_fold.BUCKET_TABLE == MetricBucket._meta.db_table
     columns = {f.column for f in MetricBucket._meta.concrete_fields} - {"id"}
     assert set(metric_fold._COLUMNS) == columns
+
+
+def test_a_zoomed_range_is_read_at_the_resolution_it_needs(job):
+    """``steps=(first, last)``: a range of at most 2,000 steps is its points themselves (exact), a
+    longer one its own buckets; steps past the run read nothing, and a range is never a poll."""
+    rng = random.Random(10)
+    points = _history(rng, steps=100_000, ranks=1, every=10, nan_rate=0.0)
+    _store(job, points, rng)
+    whole = comparison.training_job_chart_series(job=job)
+    assert whole["widths"][0] == 256
+    narrow = comparison.training_job_chart_series(job=job, steps=(50_000, 51_000))
+    loss = [(s, v) for n, r, s, v, e, at in points if n == "train_loss" and 50_000 <= s <= 51_000]
+    assert narrow["widths"][0] == 1 and narrow["replace"] and narrow["steps"] == [50_000, 51_000]
+    assert [(p["x"], p["y"]) for p in narrow["series"]["train_loss"]] == loss
+    wide = comparison.training_job_chart_series(job=job, steps=(10_000, 60_000))
+    assert wide["widths"][0] == metric_buckets.width_for(50_001) == 256
+    xs = [p["x"] for p in wide["series"]["train_loss"]]
+    assert 9_984 <= xs[0] and xs[-1] <= 60_159 and len(xs) <= comparison.MAX_POINTS_PER_SERIES
+    past = comparison.training_job_chart_series(job=job, steps=(10**12, 10**13))
+    assert past["series"] == {} and past["rank_series"] == {}

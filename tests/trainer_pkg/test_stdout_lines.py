@@ -54,3 +54,20 @@ def test_report_log_prints_its_record_in_one_write(monkeypatch, tmp_path):
     printed = parse_metric_line(raw.writes[0].decode())
     assert (printed["step"], printed["my_loss"], printed["user_metrics"]) == (7, 0.5, ["my_loss"])
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["my_loss"] == 0.5
+
+
+def test_finish_runs_the_atexit_handlers_flushes_and_exits_with_the_code():
+    """``report.finish`` leaves without the interpreter's teardown (torch's gloo threads can abort
+    it), after the script's atexit handlers and with its buffered output flushed."""
+    import subprocess
+    import sys
+
+    from trainer_helpers import REPO, trainer_env
+
+    script = ("import atexit, sys\nfrom trainer_pkg import report\n"
+              "atexit.register(lambda: print('atexit handler ran'))\n"
+              "sys.stdout.write('buffered, no newline')\nsys.stderr.write('err')\nreport.finish(3)\n"
+              "print('never')\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=trainer_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert (run.returncode, run.stdout, run.stderr) == (3, "buffered, no newlineatexit handler ran\n", "err")

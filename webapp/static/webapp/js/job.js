@@ -61,13 +61,18 @@
   const NONFINITE_COLOR = "#dc2626";
 
   let payload = JSON.parse(dataNode.textContent);
+  // canvas id -> the payload of its zoomed range (?steps=first,last), read at the resolution the range
+  // needs: a chart zoomed on the step axis shows its range's own buckets, or its points once it holds
+  // at most 2,000 steps; Reset zoom goes back to the whole run's.
+  const zoomed = {};
 
   // The lines of a chart under the controls: a per-rank chart one line per rank (or their mean),
   // any other the series of its LAYOUT.
   function linesOf(canvasId) {
+    const source = zoomed[canvasId] || payload;
     const t0 = payload.t0 || 0;
     if (canvasId in RANK_CHART_IDS) {
-      const byRank = (payload.rank_series || {})[RANK_CHART_IDS[canvasId]] || {};
+      const byRank = (source.rank_series || {})[RANK_CHART_IDS[canvasId]] || {};
       if (!controls.perRank) {
         return [{ label: "mean over ranks", key: "mean", color: COLORS.train, points: Kit.meanOverRanks(byRank), t0: t0 }];
       }
@@ -75,7 +80,7 @@
         { label: "rank " + rank, key: "rank " + rank, color: Kit.color(i), points: byRank[rank], t0: t0 }));
     }
     return LAYOUT[canvasId].map(([name, label, color]) => ({
-      label: label, key: name, color: color, points: payload.series[name] || [], t0: t0,
+      label: label, key: name, color: color, points: source.series[name] || [], t0: t0,
       // Per-epoch validation and a script's own metrics (maybe a few points): dots as well.
       radius: name.startsWith("val_") || canvasId in METRIC_CHART_IDS ? 3 : 0,
     }));
@@ -118,6 +123,47 @@
     return Kit.yScale(title, kind, lines.flatMap((line) => line.points.map((p) => p.y)), controls);
   }
 
+  // The zoom plugin's options with the range re-read when a zoom or a pan ends (or is reset).
+  function zoomOf(canvasId) {
+    const options = Kit.zoomOptions();
+    options.zoom.onZoomComplete = () => readRange(canvasId);
+    options.pan.onPanComplete = () => readRange(canvasId);
+    return options;
+  }
+
+  // The zoomed range of a chart on the step axis, read again from the server; nothing to read when
+  // the chart is not zoomed (its lines are the run's again) or its x axis counts time.
+  async function readRange(canvasId) {
+    const chart = instances[canvasId];
+    if (!chart) return;
+    const x = chart.scales.x;
+    if (controls.x !== "step" || !chart.isZoomedOrPanned()) {
+      if (zoomed[canvasId]) {
+        delete zoomed[canvasId];
+        redraw(canvasId);
+      }
+      return;
+    }
+    const first = Math.max(0, Math.floor(x.min));
+    const last = Math.max(first, Math.ceil(x.max));
+    try {
+      const response = await fetch(metricsUrl + "?" + new URLSearchParams({ steps: first + "," + last }).toString(),
+                                   { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      if (!response.ok) return;
+      zoomed[canvasId] = await response.json();
+      redraw(canvasId);
+    } catch (err) {
+      // The chart keeps the run's buckets; the next zoom tries again.
+    }
+  }
+
+  // For the browser tests and the console: zoom a chart on the step axis to [first, last].
+  window.trainboardZoomTo = function (canvasId, first, last) {
+    const chart = instances[canvasId];
+    chart.zoomScale("x", { min: first, max: last }, "none");
+    return readRange(canvasId);
+  };
+
   function makeChart(canvasId) {
     const lines = linesOf(canvasId);
     return new Chart(document.getElementById(canvasId), {
@@ -138,7 +184,7 @@
             labels: { filter: (item, data) => Kit.legendFilter(item, data) &&
               ((item.text !== NONFINITE_LABEL && !SCRIPT) || data.datasets[item.datasetIndex].data.length > 0) },
           },
-          zoom: Kit.zoomOptions(),
+          zoom: zoomOf(canvasId),
         },
       },
     });
@@ -256,6 +302,7 @@
 
   Kit.bind(controlsForm, () => instances, (next, what) => {
     controls = next;
+    if (what === "x") for (const canvasId of Object.keys(zoomed)) delete zoomed[canvasId];
     for (const canvasId of Object.keys(instances)) redraw(canvasId, what);
   });
 
