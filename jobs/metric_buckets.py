@@ -118,12 +118,12 @@ def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
     return out
 
 
-def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool, start: int = 0,
-                end: int | None = None, max_points: int = MAX_CHART_POINTS, exclude: Sequence[str] = (),
+def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool, start: int = 0, end: int,
+                max_points: int = MAX_CHART_POINTS, exclude: Sequence[str] = (),
                 width: int | None = None) -> tuple[int, dict[tuple[str, int | None], list[dict[str, Any]]]]:
     """``(width, {(name, rank or None): points})``: the job's global (``per_rank`` False) or per-rank
-    series over steps ``start``..``end`` (inclusive; None: to the last), at most about
-    ``max_points`` per line, in step order. ``names`` None: every name, but ``exclude``. ``width``:
+    series over steps ``start``..``end`` (inclusive; the last step is in :func:`summaries`), at most
+    about ``max_points`` per line, in step order. ``names`` None: every name, but ``exclude``. ``width``:
     read at that level (1: the points) instead of the one ``max_points`` gives (a poll that goes on
     at the page's resolution).
 
@@ -131,9 +131,6 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool, sta
     the bucket's last point with ``"min"`` and ``"max"`` (its finite values' range, None when none),
     ``"n"`` (points in it), and a bucket that holds a non-finite point among finite ones is preceded by a
     ``y`` None point at that step (the chart's gap). Reads at most ``max_points`` + 1 rows a line."""
-    if end is None:
-        tops = summaries([job_id], names=names, per_rank=per_rank)
-        end = max((a.last_step for (_, n, _), a in tops.items() if n not in exclude), default=-1)
     if end < start:
         return width or 1, {}
     width = width or width_for(end - start + 1, max_points)

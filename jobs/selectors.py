@@ -165,22 +165,10 @@ def training_job_metric_summary(*, job: TrainingJob) -> dict[str, dict[str, Any]
     "last_step": 36000, "last_value": 0.21, "min": 0.2, "max": 2.3, "nonfinite": 0}, ...}`` by name.
     ``points`` counts the non-finite ones too (``nonfinite``; ``last_value`` None when the last was
     one); ``min``/``max`` are over the finite values (None without one). One query, one row a
-    series (:func:`jobs.metric_buckets.summaries`)."""
+    series (:func:`jobs.metric_buckets.summaries`); a chart reads :func:`jobs.metric_buckets.read_series`."""
     return {name: {"points": a.count, "last_step": a.last_step, "last_value": a.last_value, "min": a.min_value,
                    "max": a.max_value, "nonfinite": a.nonfinite}
             for (_, name, _), a in sorted(metric_buckets.summaries([job.pk], per_rank=False).items())}
-
-
-def training_job_metric_series(*, job: TrainingJob) -> dict[str, list[dict[str, Any]]]:
-    """Global series by name, every point: ``{"val_accuracy": [{"step": 30, "epoch": 0, "value": 0.91},
-    ...]}``, each ordered by step. The whole history: for inspecting a short run (tests, the shell);
-    requests read :func:`training_job_metric_summary` or :func:`jobs.metric_buckets.read_series`."""
-    series: dict[str, list[dict[str, Any]]] = {}
-    rows = (MetricPoint.objects.filter(job_id=job.pk, rank__isnull=True)
-            .order_by("name", "step", "id").values_list("name", "step", "epoch", "value"))
-    for name, step, epoch, value in rows:
-        series.setdefault(name, []).append({"step": step, "epoch": epoch, "value": value})
-    return series
 
 
 _RANK_FIELDS = {"rank_samples_per_s": "samples_per_s", "rank_step_time_s": "step_time_s",

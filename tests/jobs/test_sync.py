@@ -13,7 +13,8 @@ from cloud_adapters import registry
 from cloud_adapters.base import Backend, Capabilities, JobHandle, JobSpec, JobState, JobStatus
 from jobs import dispatch, services, sync, tasks
 from jobs.models import JobLogLine, MetricPoint, JobStateChoices as S, TrainingJob
-from jobs.selectors import training_job_metric_series, training_job_rank_throughput, training_job_log_tail
+from jobs.selectors import training_job_log_tail, training_job_rank_throughput
+from metrickit import metric_series as training_job_metric_series
 from trainer_pkg.metrics import format_metric_line
 from taskkit import sent_tasks
 

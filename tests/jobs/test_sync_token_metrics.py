@@ -10,6 +10,7 @@ import pytest
 from jobs import selectors, sync
 from jobs.management.commands.submit_job import Command as SubmitJob
 from jobs.models import MetricPoint
+from metrickit import metric_series
 from cloud_adapters.base import JobState, JobStatus
 from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job  # noqa: F401 (fixtures)
 
@@ -27,7 +28,7 @@ def test_a_language_models_perplexity_and_tokens_per_s_are_stored_and_reported(s
     ]]
     assert sync.backend_sync(backend_id=scripted_backend.pk) == 1
 
-    series = selectors.training_job_metric_series(job=job)
+    series = metric_series(job=job)
     assert [(p["step"], p["epoch"], p["value"]) for p in series["val_perplexity"]] == [
         (12, 0, pytest.approx(12.182494)), (24, 1, pytest.approx(7.389056))]
     assert [(p["step"], p["value"]) for p in series["tokens_per_s"]] == [(10, 10240.0)]

@@ -10,7 +10,7 @@ import pytest
 
 from jobs import sync
 from jobs.models import JobStateChoices as S, MetricPoint
-from jobs.selectors import training_job_metric_series
+from metrickit import metric_series as training_job_metric_series
 from cloud_adapters.base import JobState, JobStatus
 from test_sync import T0, ScriptedBackend, scripted_backend, submitted_job  # noqa: F401 (fixtures)
 from trainer_pkg import report
