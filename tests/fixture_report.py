@@ -71,7 +71,8 @@ def pytest_fixture_setup(fixturedef, request):
 
 
 PROCESS_KINDS: dict[str, tuple[bytes, ...]] = {
-    "torchrun launches (real trainer)": (b"torch.distributed.run",),
+    "torchrun launches (real trainer, torch's torchrun)": (b"torch.distributed.run",),
+    "torchrun launches (real trainer, torch-free torchrun)": (b"torchrun-lite/python", b"torch.distributed.run"),
     "torchrun launches (trainer stand-in)": (b"trainer-standin/python", b"torch.distributed.run"),
     "Celery workers": (b"celery", b"-A\0webapp\0worker"),
     "Slurm clusters (slurmctld)": (b"slurmctld",),
@@ -126,7 +127,8 @@ class ProcessCounter(threading.Thread):
             for kind, parts in PROCESS_KINDS.items():
                 if not all(part in argv for part in parts):
                     continue
-                if kind == "torchrun launches (real trainer)" and b"trainer-standin/python" in argv:
+                if kind == "torchrun launches (real trainer, torch's torchrun)" and (
+                        b"trainer-standin/python" in argv or b"torchrun-lite/python" in argv):
                     continue
                 if kind == "Chromium browsers" and b"--type=" in argv:
                     continue

@@ -10,14 +10,14 @@ backend config's ``"python"``), and the backend starts it exactly as it would st
 By its arguments (after an optional ``-u``) it is
 
 ``-m torch.distributed.run OPTS REST``
-    a torchrun (:func:`torchrun`): ``--nnodes``, ``--nproc_per_node``/``--nproc-per-node``,
+    a torchrun (:func:`torchrun`, :mod:`standins.torchrun_lite`'s): ``--nnodes``, ``--nproc_per_node``/``--nproc-per-node``,
     ``--node_rank``, ``--standalone``, ``--master_addr``, ``--master_port`` (either spelling), then
     ``-m module args`` or ``script args``. It starts ``nproc`` ranks ``[<dir>/python, -u, *REST]``,
     each in a session of its own, with torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``, ``TORCHELASTIC_*`` (and ``OMP_NUM_THREADS=1`` when unset and nproc > 1), passes
     SIGTERM/SIGINT on to them and exits as torchrun 2.x does: 0 when every rank exited 0; 1 when a
-    rank failed (the others get SIGTERM, then SIGKILL after :data:`TORCHRUN_CLOSE_S`; a
+    rank failed (the others get SIGTERM, then SIGKILL after ``torchrun_lite.TORCHRUN_CLOSE_S``; a
     ``ChildFailedError`` summary naming the first failed rank goes to stderr); 1 after it was
     signalled, whatever the ranks did (a ``SignalException`` line on stderr; the launcher turns that
     into 0 when the ranks stopped cleanly, see :mod:`trainer_pkg.launch`).
@@ -86,7 +86,6 @@ as the tests do).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -94,12 +93,9 @@ import math
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 import traceback
-import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -108,10 +104,6 @@ GATE_POLL_S = 0.02
 """Seconds between two looks at the gate while a rank is held."""
 HOLD_LIMIT_S = 600.0
 """Seconds a rank waits at the gate before it fails (a test that forgot to release it)."""
-TORCHRUN_POLL_S = 0.05
-"""Seconds between two looks at the ranks (torchrun's own monitor interval is 0.1 s)."""
-TORCHRUN_CLOSE_S = 30.0
-"""Seconds torchrun gives its ranks after SIGTERM before SIGKILL (torch.distributed.elastic's value)."""
 GROUP_VAR = "TRAINBOARD_STANDIN_GROUP"
 """Set in the ranks of one stand-in torchrun: the directory through which they agree on a stop."""
 SINCE_VAR = "TRAINBOARD_STANDIN_SINCE"
@@ -277,133 +269,22 @@ def run_launcher(args: Sequence[str], *, wrapper: str, gate: Path) -> int:
 # -- torchrun ------------------------------------------------------------------------------------
 
 
-def _torchrun_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun (trainer stand-in)", allow_abbrev=False)
-    p.add_argument("--nnodes", default="1")
-    p.add_argument("--nproc_per_node", "--nproc-per-node", default="1")
-    p.add_argument("--node_rank", "--node-rank", type=int, default=0)
-    p.add_argument("--standalone", action="store_true")
-    p.add_argument("--master_addr", "--master-addr", default="")
-    p.add_argument("--master_port", "--master-port", type=int, default=0)
-    p.add_argument("-m", "--module", action="store_true")
-    p.add_argument("--no_python", "--no-python", action="store_true")
-    p.add_argument("training_script")
-    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
-    return p
-
-
 def torchrun(argv: Sequence[str], *, wrapper: str, gate: Path) -> int:
-    """torchrun's part (module docstring): start this node's ranks, pass signals on, wait; the exit
-    code torchrun would give."""
-    started = time.time()
-    args = _torchrun_parser().parse_args(list(argv))
-    nnodes = int(str(args.nnodes).split(":")[-1])
-    nproc = int(args.nproc_per_node)
-    world = nnodes * nproc
-    master_addr = args.master_addr or "localhost"
-    master_port = args.master_port or _free_port()
-    run_id = uuid.uuid4().hex if args.standalone or nnodes == 1 else f"{master_addr}-{master_port}"
-    group = gate / "groups" / run_id
-    group.mkdir(parents=True, exist_ok=True)
-    if args.no_python:
-        cmd = [args.training_script, *args.training_script_args]
-    elif args.module:
-        cmd = [wrapper, "-u", "-m", args.training_script, *args.training_script_args]
-    else:
-        cmd = [wrapper, "-u", args.training_script, *args.training_script_args]
+    """torchrun's part (module docstring): :func:`standins.torchrun_lite.run` with this stand-in's
+    ranks, which agree on a stop through ``<gate>/groups/<run id>``."""
+    from standins import torchrun_lite
 
-    base = dict(os.environ)
-    if "OMP_NUM_THREADS" not in base and nproc > 1:
-        print("Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid "
-              "your system being overloaded (trainer stand-in, as torchrun does)", file=sys.stderr, flush=True)
-        base["OMP_NUM_THREADS"] = "1"
-    base.update(GROUP_RANK=str(args.node_rank), GROUP_WORLD_SIZE=str(nnodes), ROLE_NAME="default",
-                LOCAL_WORLD_SIZE=str(nproc), WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world),
-                MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), TORCHELASTIC_RUN_ID=run_id,
-                TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
-    base[GROUP_VAR] = str(group)
-    base[SINCE_VAR] = repr(started)
+    def prepare(args, run_id: str, started: float) -> dict[str, str]:
+        group = gate / "groups" / run_id
+        group.mkdir(parents=True, exist_ok=True)
+        return {GROUP_VAR: str(group), SINCE_VAR: repr(started)}
 
-    signalled: list[int] = []
-    ranks: list[subprocess.Popen] = []
+    def finish(args, run_id: str) -> None:
+        if int(str(args.nnodes).split(":")[-1]) == 1:  # another node's ranks may still read a shared one
+            shutil.rmtree(gate / "groups" / run_id, ignore_errors=True)
 
-    def forward(signum, frame) -> None:
-        signalled.append(signum)
-        for proc in ranks:
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    for local in range(nproc):
-        rank = args.node_rank * nproc + local
-        env = dict(base, LOCAL_RANK=str(local), RANK=str(rank), ROLE_RANK=str(rank))
-        ranks.append(subprocess.Popen(cmd, env=env, start_new_session=True))  # as torch's SubprocessHandler
-    try:
-        return _watch(ranks, signalled, args.training_script, args.node_rank * nproc)
-    finally:
-        if nnodes == 1:  # another node's ranks may still read a shared one
-            shutil.rmtree(group, ignore_errors=True)
-
-
-def _watch(ranks: list[subprocess.Popen], signalled: list[int], script: str, first_rank: int) -> int:
-    """Wait for this node's ``ranks`` (global ranks from ``first_rank``); torchrun's exit code."""
-    while True:
-        codes = [proc.poll() for proc in ranks]
-        if signalled:
-            _close(ranks, signal.SIGTERM)
-            print(f"torch.distributed.elastic.multiprocessing.api.SignalException: Process {os.getpid()} got "
-                  f"signal: {signalled[0]} (trainer stand-in)", file=sys.stderr, flush=True)
-            return 1
-        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            local, code = failed[0]
-            failure = (first_rank + local, ranks[local], time.time())
-            _close(ranks, signal.SIGTERM)
-            _failure_summary(script, failure, code, local)
-            return 1
-        if all(c == 0 for c in codes):
-            return 0
-        time.sleep(TORCHRUN_POLL_S)
-
-
-def _close(ranks: list[subprocess.Popen], sig: int) -> None:
-    """Signal the ranks still running, wait up to :data:`TORCHRUN_CLOSE_S`, then SIGKILL them."""
-    for proc in ranks:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-    deadline = time.monotonic() + TORCHRUN_CLOSE_S
-    for proc in ranks:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _failure_summary(script: str, failure: tuple[int, subprocess.Popen, float], code: int, local: int) -> None:
-    """torchrun's report of a failed rank (``ChildFailedError`` and its table), on stderr."""
-    rank, proc, when = failure
-    bar = "=" * 60
-    print("\n".join([
-        "Traceback (most recent call last):",
-        "  (trainer stand-in: torchrun's agent)",
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
-        bar, f"{script} FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
-        "Root Cause (first observed failure):", "[0]:",
-        f"  time      : {time.strftime('%Y-%m-%d_%H:%M:%S', time.localtime(when))}",
-        f"  host      : {socket.gethostname()}",
-        f"  rank      : {rank} (local_rank: {local})",
-        f"  exitcode  : {code} (pid: {proc.pid})",
-        "  error_file: <N/A>",
-        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
-        bar]), file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return torchrun_lite.run(argv, rank_python=wrapper, prog="torchrun (trainer stand-in)", prepare=prepare,
+                             finish=finish)
 
 
 # -- the trainer -------------------------------------------------------------------------------

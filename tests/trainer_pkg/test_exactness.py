@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer_helpers import REPO, records, trainer_env, write_job
+from trainer_helpers import REPO, python, records, trainer_env, write_job
 from trainer_pkg.metrics import parse_metric_line
 from trainer_pkg.models import build_model
 from trainer_pkg.train import load_checkpoint, random_hflip
@@ -37,7 +37,7 @@ def make_npz(path: Path, n_train: int, n_val: int, shape: tuple[int, ...] = (16,
 
 def train_cli(out: Path, dataset: Path, *flags: str, nproc: int = 1, timeout: float = 180) -> subprocess.CompletedProcess:
     """``[torchrun --standalone --nproc_per_node N] -m trainer_pkg.train --dataset ... --output-dir out``."""
-    runner = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    runner = ([python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
               if nproc > 1 else [sys.executable])
     cmd = [*runner, "-m", "trainer_pkg.train", "--dataset", str(dataset), "--output-dir", str(out), *flags]
     run = subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)

@@ -31,13 +31,14 @@ def write_blobs(path, n_train=512, n_val=64, seed=0):
     return path
 
 
-def train_run(root, name, data, *, nproc=1, parallel=None, train=None):
-    """Run one job; returns (model.pt state dict, metric records)."""
+def train_run(root, name, data, *, nproc=1, parallel=None, train=None, real_torchrun=False):
+    """Run one job; returns (model.pt state dict, metric records). ``real_torchrun``: under torch's
+    own torchrun (else the torch-free one, tests/standins/torchrun_lite.py)."""
     job = write_job(root / name, data={"format": "npz", "uri": str(data)}, model=MLP,
                     parallel={"procs_per_node": nproc, **(parallel or {})},
                     train={"epochs": 1, "batch_size": 32, "lr": 0.1, "seed": 3, "log_every_steps": 4,
                            **(train or {})})
-    run = launch(job) if nproc == 1 else torchrun(job, nproc=nproc)
+    run = launch(job) if nproc == 1 else torchrun(job, nproc=nproc, real_torchrun=real_torchrun)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     out = root / name / "out"
     return torch.load(out / "model.pt", map_location="cpu", weights_only=True), records(out)
@@ -82,7 +83,7 @@ def test_fsdp_on_two_ranks_equals_ddp_on_two_ranks(tmp_path, blobs, reference):
     ddp, ddp_recs = train_run(tmp_path, "ddp", blobs, nproc=2, parallel={"strategy": "ddp"},
                               train={"batch_size": 16})
     fsdp, fsdp_recs = train_run(tmp_path, "fsdp", blobs, nproc=2, parallel={"strategy": "fsdp"},
-                                train={"batch_size": 16})
+                                train={"batch_size": 16}, real_torchrun=True)  # FSDP under torch's torchrun
     assert_same(fsdp, ddp)
     assert_same(fsdp, reference[0])
     # model.pt is the full bare state dict: it loads into the plain model
@@ -95,7 +96,8 @@ def test_fsdp_on_two_ranks_equals_ddp_on_two_ranks(tmp_path, blobs, reference):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_of_two_stages_equals_one_process(tmp_path, blobs, reference, schedule):
     state, recs = train_run(tmp_path, schedule, blobs, nproc=2,
-                            parallel={"strategy": "pipeline", "microbatches": 4, "pipeline_schedule": schedule})
+                            parallel={"strategy": "pipeline", "microbatches": 4, "pipeline_schedule": schedule},
+                            real_torchrun=schedule == "gpipe")  # a pipeline under torch's own torchrun
     assert_same(state, reference[0])
     # the loss is computed on the last stage, yet rank 0 reports the global values
     mine, ref = epoch_record(recs), epoch_record(reference[1])

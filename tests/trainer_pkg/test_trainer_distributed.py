@@ -18,7 +18,7 @@ def test_two_ranks_learn_digits(tmp_path):
     # fixed cadence (the default is time-based: test_record_cadence.py)
     job = write_job(tmp_path, train={"log_every_steps": 10})
     started = time.monotonic()
-    run = torchrun(job, nproc=2)
+    run = torchrun(job, nproc=2, real_torchrun=True)  # torch's own torchrun (DDP; test_strategies.py: FSDP, pipeline)
     elapsed = time.monotonic() - started
     assert run.returncode == 0, run.stderr[-3000:]
     assert elapsed < 60
@@ -80,7 +80,7 @@ def test_resume_continues_from_the_next_epoch(tmp_path):
 def test_missing_dataset_fails_every_rank_with_a_clear_error(tmp_path):
     missing = tmp_path / "gone" / "table.csv"
     job = write_job(tmp_path, data={"format": "csv", "uri": str(missing)})
-    run = torchrun(job, nproc=2, timeout=60)
+    run = torchrun(job, nproc=2, timeout=60, real_torchrun=True)
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if line.startswith("trainer error: ")]
     assert len(errors) == 2, run.stderr[-3000:]  # one line per rank, no rank left waiting

@@ -310,9 +310,9 @@ def test_two_standin_nodes_number_their_ranks_as_torchrun_and_stop_together(trai
     """Two nodes' torchruns (as Slurm's srun tasks or a TrainJob's pods start them): ranks 0-1 on node
     0 and 2-3 on node 1 of world size 4; SIGTERM to one node stops the other's ranks too; a later
     job at the same address and port is not stopped by the first one's stop."""
-    from standins.trainer import _free_port
+    from standins.torchrun_lite import free_port
 
-    port = _free_port()
+    port = free_port()
     config = {"train": {"epochs": 1, "log_every_steps": 1}, "parallel": {"nodes": 2, "procs_per_node": 2}}
     trainer_standin.hold(steps=2)
     nodes: list[subprocess.Popen] = []

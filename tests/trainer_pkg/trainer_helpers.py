@@ -29,16 +29,31 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def torchrun(config: Path, nproc: int = 2, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node N -m trainer_pkg.launch --config config``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+def python(real_torchrun: bool = False) -> str:
+    """The interpreter to start the trainer with: :func:`standins.torchrun_lite.python` (the real
+    interpreter and trainer with a torchrun that imports no torch), or with ``real_torchrun`` this
+    interpreter (torch's own torchrun), for the tests whose subject is torchrun."""
+    if real_torchrun:
+        return sys.executable
+    from standins import torchrun_lite
+
+    return torchrun_lite.python()
+
+
+def torchrun(config: Path, nproc: int = 2, timeout: float = 120, *, real_torchrun: bool = False
+             ) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node N -m trainer_pkg.launch --config config`` (the
+    torchrun of :func:`python`)."""
+    cmd = [python(real_torchrun), "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc_per_node", str(nproc), "-m", "trainer_pkg.launch", "--config", str(config)]
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def launch(config: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m trainer_pkg.launch --config config [extra]`` (one process unless --standalone)."""
-    cmd = [sys.executable, "-m", "trainer_pkg.launch", "--config", str(config), *extra]
+def launch(config: Path, *extra: str, timeout: float = 120, real_torchrun: bool = False
+           ) -> subprocess.CompletedProcess:
+    """``python -m trainer_pkg.launch --config config [extra]`` (one process unless --standalone;
+    the torchrun it starts is :func:`python`'s)."""
+    cmd = [python(real_torchrun), "-m", "trainer_pkg.launch", "--config", str(config), *extra]
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
 
 

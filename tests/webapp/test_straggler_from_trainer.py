@@ -12,7 +12,6 @@ import datetime as dt
 import html
 import os
 import subprocess
-import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -38,7 +37,9 @@ def run_with_slow_rank(tmp_path: Path, strategy: str) -> list[dict]:
         % (tmp_path / "out", strategy))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DATABASE_URL")}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", SLOW_RANK="1", SLOW_RANK_S=str(SLOW_S))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "2",
+    from standins import torchrun_lite  # the real trainer's ranks, a torchrun without torch
+
+    cmd = [torchrun_lite.python(), "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "2",
            str(REPO / "tests" / "trainer_pkg" / "slow_rank.py"), "--config", str(job)]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
