@@ -25,7 +25,8 @@ before = set(json.loads(os.environ.pop("BEFORE")))
 with open(f"/proc/{os.getppid()}/maps") as maps:
     parent_has_torch = "libtorch" in maps.read()
 seen = {k: v for k, v in os.environ.items() if k not in before}
-print("RANKENV " + json.dumps({"env": seen, "parent_has_torch": parent_has_torch}), flush=True)
+line = "RANKENV " + json.dumps({"env": seen, "parent_has_torch": parent_has_torch}) + chr(10)
+os.write(1, line.encode())  # one write: under torchrun's -u, print() writes the text and its newline apart
 """
 
 FAIL_SCRIPT = """
