@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from test_platforms import clean_env, write_npz
-from trainer_helpers import REPO
+from trainer_helpers import REPO, python
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.launch import UserScript, torchrun_command, torchrun_env, user_script
 from trainer_pkg.metrics import parse_metric_line
@@ -42,7 +42,9 @@ def job(tmp_path: Path, code_dir: Path, script: str, args: list[str], **sections
 
 
 def launch(config: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "trainer_pkg.launch", "--config", str(config), *extra]
+    """The launcher on ``config``; a torchrun it starts is the torch-free one (trainer_helpers.python;
+    the SIGTERM tests below start torch's own)."""
+    cmd = [python(), "-m", "trainer_pkg.launch", "--config", str(config), *extra]
     return subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -312,7 +314,7 @@ def test_our_trainers_ranks_see_the_directories_too(tmp_path):
     seen_dir.mkdir()
     config = job(tmp_path, code_dir, "", [], model={"arch": "custom", "entry_point": "recorder:build"},
                  train={"epochs": 1, "batch_size": 16}, parallel={"timeout_s": 60})
-    run = subprocess.run([sys.executable, "-m", "trainer_pkg.launch", "--config", str(config), "--standalone",
+    run = subprocess.run([python(), "-m", "trainer_pkg.launch", "--config", str(config), "--standalone",
                           "--nproc-per-node", "2"], cwd=REPO, env=clean_env(SEEN_DIR=str(seen_dir)),
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
