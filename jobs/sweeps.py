@@ -771,8 +771,9 @@ def _tell_job(sweep: Sweep, study: "optuna.Study", job: TrainingJob) -> str | No
     frozen = _frozen(study, job.trial_number)
     if frozen is None or frozen.state != TrialState.RUNNING:
         return None  # pruned, or told by an earlier delivery
-    # Its whole curve, so the pruner compares later trials with a complete one at every epoch.
-    for epoch, reported in _epoch_values(sweep, job).items():
+    # Its whole curve, so the pruner compares later trials with a complete one at every epoch (the
+    # epochs a pass reported are in it already).
+    for epoch, reported in _epoch_values(sweep, job, after=max(frozen.intermediate_values, default=0)).items():
         if epoch not in frozen.intermediate_values:
             study._storage.set_trial_intermediate_value(frozen._trial_id, epoch, reported)
     value = objective_value(sweep, job) if job.state == S.SUCCEEDED else None
@@ -821,15 +822,27 @@ job_state_changed.connect(_on_job_state_changed, dispatch_uid="jobs.sweeps.trial
 # =============================================================================================
 
 
-def _epoch_values(sweep: Sweep, job: TrainingJob) -> dict[int, float]:
-    """Epoch (1-based) → the objective metric's last value in that epoch, from the job's global points."""
+EPOCH_VALUES_CHUNK = 500
+"""Rows fetched at a time by :func:`_epoch_values` (a server-side cursor on PostgreSQL)."""
+
+
+def _epoch_values(sweep: Sweep, job: TrainingJob, *, after: int = 0) -> dict[int, float]:
+    """Epoch (1-based) → the objective metric's last value in that epoch, from the job's global
+    points, for the epochs after ``after`` (1-based: 0 is every epoch).
+
+    Read from the job's last step backwards (index ``metric_job_name_step``) and stopped at the first
+    point of an epoch at or before ``after``: a pruning pass reads the points since the epochs it
+    reported, not the run's whole history (a step-level objective on a week-long run is millions of
+    points). Raises nothing; a job without such points gives ``{}``."""
     out: dict[int, float] = {}
     rows = (MetricPoint.objects.filter(job_id=job.pk, name=sweep.objective_metric, rank__isnull=True,
                                        epoch__isnull=False, value__isnull=False)
-            .order_by("step", "id").values_list("epoch", "value"))
-    for epoch, value in rows:
-        out[epoch + 1] = value
-    return out
+            .order_by("-step", "-id").values_list("epoch", "value"))
+    for epoch, value in rows.iterator(chunk_size=EPOCH_VALUES_CHUNK):
+        if epoch + 1 <= after:
+            break
+        out.setdefault(epoch + 1, value)  # the first seen backwards is the epoch's last
+    return dict(sorted(out.items()))
 
 
 def prune_trials(sweep: Sweep, study: "optuna.Study") -> list[int]:
@@ -847,7 +860,7 @@ def prune_trials(sweep: Sweep, study: "optuna.Study") -> list[int]:
         frozen = _frozen(study, job.trial_number)
         if frozen is None or frozen.state != TrialState.RUNNING:
             continue
-        values = _epoch_values(sweep, job)
+        values = _epoch_values(sweep, job, after=max(frozen.intermediate_values, default=0))
         new = {e: v for e, v in values.items() if e not in frozen.intermediate_values}
         if not new:
             continue

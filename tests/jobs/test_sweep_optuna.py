@@ -504,3 +504,30 @@ def test_a_script_sweep_takes_only_the_keys_its_script_receives(user, digits_dat
         "train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
         "train.momentum": {"type": "categorical", "choices": [0.0, 0.9]}}, sampler="random")
     assert sweep.state == Sweep.State.RUNNING
+
+
+def test_epoch_values_read_back_from_the_last_step_to_the_epochs_already_reported(user, digits_dataset, cnn_model,
+                                                                                 local_backend):
+    """A step-level objective: the last global value of each epoch; ``after`` stops the read at the
+    epochs a pass reported, so a pass over a long run reads only the points since (a point of an
+    earlier epoch edited in place is not seen again: the read stopped before it)."""
+    sweep = _sweep(user, digits_dataset, cnn_model, local_backend, objective_metric="train_loss",
+                   direction="minimize")
+    sweeps.sweep_fill(sweep_id=sweep.pk)
+    job = _trial_jobs(sweep)[0]
+    now = timezone.now()
+    points = [MetricPoint(job=job, name="train_loss", step=step, epoch=(step - 1) // 100, value=1000.0 / step,
+                          recorded_at=now) for step in range(1, 1001)]  # 10 epochs of 100 steps
+    points += [MetricPoint(job=job, name="train_loss", step=step, epoch=(step - 1) // 100, rank=1, value=-1.0,
+                           recorded_at=now) for step in range(1, 1001, 7)]  # a rank's own: not global
+    MetricPoint.objects.bulk_create(points)
+    everything = sweeps._epoch_values(sweep, job)
+    assert list(everything) == list(range(1, 11))
+    assert everything == {e: pytest.approx(1000.0 / (e * 100)) for e in range(1, 11)}
+    assert sweeps._epoch_values(sweep, job, after=8) == {9: pytest.approx(1000.0 / 900), 10: pytest.approx(1.0)}
+    assert sweeps._epoch_values(sweep, job, after=10) == {}
+    # Bounded: with epoch 1's rows gone from reach (their epoch changed to one past every report), a
+    # read after epoch 8 still ends at epoch 9's first point and never meets them.
+    MetricPoint.objects.filter(job=job, step__lte=100, rank__isnull=True).update(epoch=99)
+    assert sweeps._epoch_values(sweep, job, after=8) == {9: pytest.approx(1000.0 / 900), 10: pytest.approx(1.0)}
+    assert 100 in sweeps._epoch_values(sweep, job)  # the whole read meets them
