@@ -31,14 +31,21 @@ os.write(1, line.encode())  # one write: under torchrun's -u, print() writes the
 
 FAIL_SCRIPT = """
 import os, signal, sys, time
-if os.environ["RANK"] == "1":
-    time.sleep(0.5)
+marks = sys.argv[1]
+ready = os.path.join(marks, "rank0-ready")
+if os.environ["RANK"] == "1":  # fails once rank 0 can take the SIGTERM torchrun then sends it
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polls for rank 0's file (no shared channel before a process group exists)
     sys.exit(3)
 def stop(signum, frame):
-    open(os.path.join(sys.argv[1], "rank0-got-" + str(signum)), "w").close()
+    open(os.path.join(marks, "rank0-got-" + str(signum)), "w").close()
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
-time.sleep(120)
+open(ready, "w").close()
+signal.alarm(120)  # never signalled: SIGALRM ends it
+while True:
+    signal.pause()
 """
 
 
@@ -94,7 +101,7 @@ def test_a_failed_rank_stops_the_others_and_exits_1_as_torchrun_does(scripts, tm
         assert "ChildFailedError" in run.stderr, name
         assert "rank      : 1 (local_rank: 1)" in run.stderr, (name, run.stderr[-3000:])
         assert "exitcode  : 3 (pid: " in run.stderr, (name, run.stderr[-3000:])
-        assert [p.name for p in marks.iterdir()] == [f"rank0-got-{int(signal.SIGTERM)}"], name
+        assert sorted(p.name for p in marks.iterdir()) == [f"rank0-got-{int(signal.SIGTERM)}", "rank0-ready"], name
 
 
 def test_the_wrapper_runs_the_real_launcher_and_every_other_program_on_the_real_interpreter():

@@ -94,3 +94,25 @@ def test_job_list_shows_state_badge_duration_and_cost(owner_client, seeded_job):
     assert 'class="badge state-running" data-state="RUNNING">Running<' in row
     assert "$0.09" in row
     assert re.search(r">1m \d\ds<", row)  # started 90 s ago
+
+
+@pytest.mark.parametrize("query", ["steps=0,99999999999999999999999", "steps=99999999999999999999999,99999999999999999999999",
+                                   "steps=20,20", "steps=-5,10", "steps=9,3", "steps=a,b", "steps=" + "9" * 5000 + ",1",
+                                   "after=99999999999999999999999&widths=1,1&attempt=1",
+                                   "after=-99999999999999999999999&widths=1,1&attempt=1",
+                                   "after=10&widths=99999999999999999999999,1&attempt=99999999999999999999999"])
+def test_metrics_json_takes_any_poll_or_zoom_query_without_a_server_error(owner_client, seeded_job, query):
+    """Out-of-range, reversed or malformed ``steps``/``after``/``widths``/``attempt`` (past a bigint
+    too): a full or empty read, never a 500; a range past the last step holds what the job has."""
+    response = owner_client.get(reverse("job-metrics", args=[seeded_job.pk]) + "?" + query)
+    assert response.status_code == 200, query
+    body = response.json()
+    losses = [p["x"] for p in body["series"].get("train_loss", [])]
+    if query == "steps=0,99999999999999999999999":
+        assert losses == [10, 20, 30] and body["steps"] == [0, 99999999999999999999999]
+    elif query == "steps=99999999999999999999999,99999999999999999999999":
+        assert losses == [] and body["replace"] is True
+    elif query == "steps=20,20":
+        assert losses == [20] and body["steps"] == [20, 20]
+    elif query.startswith("steps="):  # malformed: the whole chart
+        assert losses == [10, 20, 30] and "steps" not in body
