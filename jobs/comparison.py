@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 from django.core.exceptions import ValidationError
 
 from jobs import metric_buckets, selectors
+from jobs.metric_fold import ACROSS_RANKS, Agg, across_ranks_name
 from jobs.models import TrainingJob
 from jobs.validation import Errors
 
@@ -33,6 +34,11 @@ each its last point and its min–max band; the table's final and best values ar
 MAX_POINTS_PER_RANK_LINE = 250
 """Points a per-rank line gets at most: a chart draws one line per rank (5 charts × 8 ranks are 40
 lines), so each gets fewer points than a global line for the page to stay one bounded read."""
+MAX_RANK_LINES = 16
+"""Most ranks a job may have for its per-rank charts to get a line per rank. A larger job's charts get
+the min, median and max across its ranks (``metric_fold.ACROSS_RANKS``, stored step by step by the
+sync) with its slowest rank named: 512 lines are unreadable and would make every poll read 512 × 250
+rows a chart."""
 MAX_IDS_TEXT = 2000
 """Longest ``ids`` text read (about 20 ids of any length fit many times over)."""
 
@@ -41,6 +47,8 @@ MULTI_RANK_METRICS = ("wait_for_slowest_s",)
 trainers that still reported them) are left out of its charts and the table, so it never wins them."""
 RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s", "rank_sync_wait_s")
 """The trainer's per-rank series charted one line per rank (the stage fields are constants, not series)."""
+_ACROSS = {across_ranks_name(name, stat): (name, stat) for name in RANK_METRICS for stat in ACROSS_RANKS}
+"""The statistics' series names → (per-rank metric, statistic)."""
 
 # The trainer's own metrics, in the order the table shows them, with the direction that is better.
 OWN_DIRECTIONS: dict[str, str | None] = {
@@ -189,9 +197,11 @@ def config_diff(*, jobs: Sequence[TrainingJob]) -> list[dict[str, Any]]:
 
 
 def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SERIES
-               ) -> tuple[dict, dict, dict, dict[int, float]]:
-    """``(series, rank_series, stats, t0)`` of the jobs: each series, global and per rank
-    (:data:`RANK_METRICS`), as ``{"x": step, "y": value, "t": unix s}`` points at most about
+               ) -> tuple[dict, dict, dict, dict, dict[int, float]]:
+    """``(series, rank_series, rank_stats, stats, t0)`` of the jobs: each series, global and per rank
+    (:data:`RANK_METRICS`; a line per rank only for jobs of at most :data:`MAX_RANK_LINES` ranks;
+    ``rank_stats[name][job_id]`` the min, median and max across the job's ranks, as on the job page),
+    as ``{"x": step, "y": value, "t": unix s}`` points at most about
     ``max_points`` a line (buckets with their ``min``/``max`` band past that: :func:`jobs.metric_buckets.read_series`);
     ``stats[name][job_id]`` its final and best value; ``t0[job_id]`` the time of the job's first
     point. A one-rank job's :data:`MULTI_RANK_METRICS` are left out. One query for the summaries of
@@ -219,6 +229,8 @@ def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SER
         stats.setdefault(name, {})[job_id] = {"final": agg.last_value, "best": best}
     series: dict[str, dict[str, list[dict[str, Any]]]] = {}
     rank_series: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
+    rank_stats: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
+    many_ranks = {job.pk for job in jobs if job.world_size > MAX_RANK_LINES}
     for job_id in job_ids:
         skip = MULTI_RANK_METRICS if job_id in one_rank else ()
         if (job_id, False) in ends:
@@ -227,12 +239,17 @@ def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SER
             for (name, _), points in lines.items():
                 series.setdefault(name, {})[str(job_id)] = points
         if (job_id, True) in ends:
-            _, lines = metric_buckets.read_series(job_id, names=RANK_METRICS, per_rank=True,
-                                                  end=ends[(job_id, True)],
+            few = job_id not in many_ranks
+            _, lines = metric_buckets.read_series(job_id, names=[*_ACROSS, *(RANK_METRICS if few else ())],
+                                                  per_rank=None if few else False, end=ends[(job_id, True)],
                                                   max_points=min(max_points, MAX_POINTS_PER_RANK_LINE))
             for (name, rank), points in lines.items():
-                rank_series.setdefault(name, {}).setdefault(str(job_id), {})[str(rank)] = points
-    return series, rank_series, stats, t0
+                if name in _ACROSS:
+                    metric, stat = _ACROSS[name]
+                    rank_stats.setdefault(metric, {}).setdefault(str(job_id), {})[stat] = points
+                else:
+                    rank_series.setdefault(name, {}).setdefault(str(job_id), {})[str(rank)] = points
+    return series, rank_series, rank_stats, stats, t0
 
 
 def training_job_chart_series(*, job: TrainingJob, after: int | None = None, widths: Sequence[int] | None = None,
@@ -240,7 +257,9 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     """The job page's chart data: ``{"series": {name: [{"x": step, "y": value, "t": unix s}]},
     "rank_series": {name: {"<rank>": [points]}}, "t0": unix s of its first point or None,
     "names": [global names], "last_step": int (-1 without points), "attempt": int,
-    "widths": [global, per rank], "from_step": [global, per rank], "replace": bool}``; each line at
+    "widths": [global, per rank], "from_step": [global, per rank], "replace": bool,
+    "rank_lines": bool, "rank_stats": {name: {"min" | "median" | "max": [points]}},
+    "slowest_rank": {name: rank}}``; each line at
     most about :data:`MAX_POINTS_PER_SERIES` points (:data:`MAX_POINTS_PER_RANK_LINE` a per-rank line),
     read as buckets (with ``min``/``max``) past that (:mod:`jobs.metric_buckets`).
 
@@ -250,6 +269,12 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     steps and after (``replace`` False); every point again (``replace`` True)
     when the run has outgrown the page's widths, a resumed attempt redid steps, or the page's
     figures do not fit. Reads the series' summaries (one row a series), then each line's new rows.
+
+    Per-rank metrics: ``rank_stats`` holds, for each, its min, median and max across ranks step by
+    step (one line each, from the sync's statistics; none for runs stored before them) and
+    ``slowest_rank`` the rank whose mean is the worst (:func:`slowest_ranks`). ``rank_series`` holds
+    a line per rank only while ``rank_lines`` (at most :data:`MAX_RANK_LINES` ranks); a larger job's
+    page draws the statistics alone.
 
     ``steps`` ``(first, last)``: only that range of steps, read at the resolution it needs on its own
     (a zoomed chart: the points themselves once the range holds at most a chart's worth of steps);
@@ -294,12 +319,43 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
         _, lines = metric_buckets.read_series(job.pk, names=None, per_rank=False, start=starts[0], end=ends[0],
                                               exclude=skip, width=use[0])
         out["series"] = {name: points for (name, _), points in lines.items()}
+    out["rank_lines"] = job.world_size <= MAX_RANK_LINES
+    out["slowest_rank"] = slowest_ranks(summary)
+    out["rank_stats"] = {}
     if ends[1] >= starts[1]:
-        _, lines = metric_buckets.read_series(job.pk, names=RANK_METRICS, per_rank=True, start=starts[1],
-                                              end=ends[1], width=use[1])
+        # One read: the statistics across ranks (global series), with the lines of each rank beside
+        # them while the job has few enough ranks.
+        wanted = [*_ACROSS, *(RANK_METRICS if out["rank_lines"] else ())]
+        _, lines = metric_buckets.read_series(job.pk, names=wanted, per_rank=None if out["rank_lines"] else False,
+                                              start=starts[1], end=ends[1], width=use[1])
         for (name, rank), points in lines.items():
-            out["rank_series"].setdefault(name, {})[str(rank)] = points
+            if name in _ACROSS:
+                metric, stat = _ACROSS[name]
+                out["rank_stats"].setdefault(metric, {})[stat] = points
+            else:
+                out["rank_series"].setdefault(name, {})[str(rank)] = points
     return out
+
+
+def slowest_ranks(summary: dict[tuple[int, str, int | None], Agg]) -> dict[str, int]:
+    """``{per-rank metric: the rank whose mean over the run is the worst}`` from one job's
+    :func:`jobs.metric_buckets.summaries` (of :data:`RANK_METRICS`, by :data:`OWN_DIRECTIONS`: the lowest
+    samples/s, the highest step, data-wait, compute and sync-wait time); the lowest rank among equals.
+    A metric with no finite value at two ranks or more names none."""
+    means: dict[str, list[tuple[float, int]]] = {}
+    for (_, name, rank), agg in summary.items():
+        if rank is None or name not in RANK_METRICS or agg.sum_value is None:
+            continue
+        finite = agg.count - agg.nonfinite
+        if finite > 0:
+            means.setdefault(name, []).append((agg.sum_value / finite, rank))
+    worst = {}
+    for name, ranked in means.items():
+        if len(ranked) < 2:
+            continue
+        sign = 1 if OWN_DIRECTIONS[name] == "max" else -1  # best high: the slowest is the lowest
+        worst[name] = min(ranked, key=lambda mean_rank: (sign * mean_rank[0], mean_rank[1]))[1]
+    return worst
 
 
 def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
@@ -309,22 +365,25 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
     "table": [{"job_id", "values": {name: {"final", "best"}}}], "best": {name: {"final": job_id, "best": job_id}},
     "config": [rows of :func:`config_diff`], "direction_rule": text,
     "series": {name: {"<job id>": [{"x": step, "y": value, "t": unix s}]}},
-    "rank_series": {name: {"<job id>": {"<rank>": [points]}}}}``.
+    "rank_series": {name: {"<job id>": {"<rank>": [points]}}},
+    "rank_stats": {name: {"<job id>": {"min" | "median" | "max": [points]}}}}``.
 
     ``t0``: unix seconds of the run's first point (None without points), what the charts' relative
     time counts from. ``y`` is None where the trainer reported NaN or infinity. ``final``: the value at
     the run's last step; ``best``: its min or max over every point (:func:`metric_direction`); both None
     where the run has no finite point of that metric. ``best`` names, per column, the run with the best
     value (the first of equals; None when no run has one, or for a metric without a direction). Only
-    global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank.
+    global metrics are in the table; per-rank ones (:data:`RANK_METRICS`) are charted one line per rank
+    (a run of more than :data:`MAX_RANK_LINES` ranks: its median across ranks with a min–max band).
     A one-rank run has no value of :data:`MULTI_RANK_METRICS` (nothing waits for a slowest rank): it
     shows none and never wins them. One query for the summaries, then two a run, each line at most
     about :data:`MAX_POINTS_PER_SERIES` rows (:data:`MAX_POINTS_PER_RANK_LINE` a per-rank line).
     """
     job_ids = [job.pk for job in jobs]
-    series, rank_series, stats, t0 = _points_of(jobs)
-    names = _metric_order(list(series) + list(rank_series))
-    metrics = [{"name": n, "direction": metric_direction(n), "kind": metric_kind(n), "per_rank": n in rank_series}
+    series, rank_series, rank_stats, stats, t0 = _points_of(jobs)
+    names = _metric_order(list(series) + list(rank_series) + [n for n in rank_stats if n not in rank_series])
+    per_rank = set(rank_series) | set(rank_stats)
+    metrics = [{"name": n, "direction": metric_direction(n), "kind": metric_kind(n), "per_rank": n in per_rank}
                for n in names]
     table_names = [m["name"] for m in metrics if not m["per_rank"]]
     best: dict[str, dict[str, int | None]] = {}
@@ -351,6 +410,7 @@ def training_job_comparison(*, jobs: Sequence[TrainingJob]) -> dict[str, Any]:
         "direction_rule": DIRECTION_RULE,
         "series": {n: series[n] for n in names if n in series},
         "rank_series": {n: rank_series[n] for n in names if n in rank_series},
+        "rank_stats": {n: rank_stats[n] for n in names if n in rank_stats},
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from jobs.metric_fold import GLOBAL_RANK, MAX_CHART_POINTS, TOP, WIDTHS, Agg, fold, upsert
+from jobs.metric_fold import ACROSS_SEPARATOR, GLOBAL_RANK, MAX_CHART_POINTS, TOP, WIDTHS, Agg, fold, upsert
 from jobs.models import MetricBucket, MetricPoint
 
 def drop_from(job_id: int, step: int) -> None:
@@ -100,10 +100,10 @@ def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
               per_rank: bool | None = None) -> dict[tuple[int, str, int | None], Agg]:
     """``{(job id, name, rank or None): the series' fold}`` from the summary level: one row per
     series for runs under :data:`TOP` steps. ``per_rank`` True: per-rank series only, False: global
-    only, None: both."""
+    only, None: both. ``names`` None: every reported name, not the statistics across ranks
+    (``metric_fold.across_ranks_name``: those are read by name)."""
     rows = MetricBucket.objects.filter(job_id__in=list(job_ids), width=TOP)
-    if names is not None:
-        rows = rows.filter(name__in=list(names))
+    rows = rows.filter(name__in=list(names)) if names is not None else rows.exclude(name__contains=ACROSS_SEPARATOR)
     if per_rank is True:
         rows = rows.filter(rank__gte=0)
     elif per_rank is False:
@@ -118,12 +118,13 @@ def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
     return out
 
 
-def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool, start: int = 0, end: int,
+def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | None, start: int = 0, end: int,
                 max_points: int = MAX_CHART_POINTS, exclude: Sequence[str] = (),
                 width: int | None = None) -> tuple[int, dict[tuple[str, int | None], list[dict[str, Any]]]]:
-    """``(width, {(name, rank or None): points})``: the job's global (``per_rank`` False) or per-rank
-    series over steps ``start``..``end`` (inclusive; the last step is in :func:`summaries`), at most
-    about ``max_points`` per line, in step order. ``names`` None: every name, but ``exclude``. ``width``:
+    """``(width, {(name, rank or None): points})``: the job's global (``per_rank`` False), per-rank
+    (True) or both (None: the per-rank and global series of ``names`` in one read) series over steps ``start``..``end`` (inclusive; the last step is in :func:`summaries`), at most
+    about ``max_points`` per line, in step order. ``names`` None: every reported name but ``exclude``
+    (not the statistics across ranks: those are read by name). ``width``:
     read at that level (1: the points) instead of the one ``max_points`` gives (a poll that goes on
     at the page's resolution).
 
@@ -137,9 +138,9 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool, sta
     out: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
     if width == 1:
         rows = MetricPoint.objects.filter(job_id=job_id, step__gte=start, step__lte=end)
-        rows = rows.filter(rank__isnull=False) if per_rank else rows.filter(rank__isnull=True)
-        if names is not None:
-            rows = rows.filter(name__in=list(names))
+        if per_rank is not None:
+            rows = rows.filter(rank__isnull=False) if per_rank else rows.filter(rank__isnull=True)
+        rows = rows.filter(name__in=list(names)) if names is not None else rows.exclude(name__contains=ACROSS_SEPARATOR)
         if exclude:
             rows = rows.exclude(name__in=list(exclude))
         for name, rank, step, value, at in (rows.order_by("name", "rank", "step", "id")
@@ -147,9 +148,9 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool, sta
             out.setdefault((name, rank), []).append({"x": step, "y": value, "t": _seconds(at)})
         return 1, out
     rows = MetricBucket.objects.filter(job_id=job_id, width=width, bucket__gte=start // width, bucket__lte=end // width)
-    rows = rows.filter(rank__gte=0) if per_rank else rows.filter(rank=GLOBAL_RANK)
-    if names is not None:
-        rows = rows.filter(name__in=list(names))
+    if per_rank is not None:
+        rows = rows.filter(rank__gte=0) if per_rank else rows.filter(rank=GLOBAL_RANK)
+    rows = rows.filter(name__in=list(names)) if names is not None else rows.exclude(name__contains=ACROSS_SEPARATOR)
     if exclude:
         rows = rows.exclude(name__in=list(exclude))
     for row in rows.order_by("name", "rank", "bucket"):

@@ -27,6 +27,25 @@ MAX_CHART_POINTS = 2000
 """Points per line a chart gets at most (a bucket is one point with its band)."""
 UPSERT_CHUNK = 500
 """Buckets per INSERT statement."""
+ACROSS_RANKS = ("min", "median", "max")
+"""The statistics across ranks stored beside a per-rank series, one global point each per step:
+``rank_step_time_s:max`` is the slowest rank's step time at each step (:func:`across_ranks_name`).
+A chart of hundreds of ranks draws these three lines instead of a line per rank."""
+ACROSS_SEPARATOR = ":"
+"""Joins a per-rank series' name and a statistic; no trainer or user metric name holds it
+(``trainer_pkg.metrics.USER_METRIC_NAME``), so these names never collide with a reported one."""
+
+
+def across_ranks_name(name: str, stat: str) -> str:
+    """The global series holding ``stat`` (one of :data:`ACROSS_RANKS`) of the per-rank series
+    ``name`` across its ranks, step by step: ``across_ranks_name("rank_step_time_s", "max")`` is
+    ``"rank_step_time_s:max"``."""
+    return f"{name}{ACROSS_SEPARATOR}{stat}"
+
+
+def is_across_ranks(name: str) -> bool:
+    """Whether ``name`` is a statistic across ranks (:func:`across_ranks_name`), not a reported metric."""
+    return ACROSS_SEPARATOR in name
 
 
 @dataclasses.dataclass

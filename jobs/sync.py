@@ -44,6 +44,7 @@ from cloud_adapters.redaction import job_secret_redactor
 from jobs import admission, metric_buckets, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
+from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     INTERRUPTION,
@@ -68,6 +69,9 @@ log = logging.getLogger(__name__)
 
 _RANK_METRICS = ("rank_samples_per_s", "rank_step_time_s", "rank_data_wait_s", "rank_compute_s",
                  "rank_sync_wait_s", "rank_pipeline_stage", "rank_stage_layers")
+_ACROSS_METRICS = _RANK_METRICS[:5]
+"""The per-rank series that also get their min, median and max across ranks stored, step by step
+(``metric_fold.ACROSS_RANKS``); the stage fields are constants, not measurements."""
 _METRIC_EVENTS = {"step", "epoch", "failed"}
 _MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
 
@@ -132,7 +136,23 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
         if isinstance(values, list):
             for rank, raw in enumerate(values):
                 add(name, raw, rank)
+            if name in _ACROSS_METRICS and len(values) > 1:
+                points.extend(MetricPoint(job=job, name=across_ranks_name(name, stat), step=step, epoch=epoch,
+                                          rank=None, value=value, recorded_at=at)
+                              for stat, value in _across_ranks(values).items())
     return points
+
+
+def _across_ranks(values: list[Any]) -> dict[str, float | None]:
+    """``{"min", "median", "max"}`` of one record's per-rank list (``metric_fold.ACROSS_RANKS``) over
+    its finite numbers (the median of an even count is the mean of the middle two); None each when
+    no rank's value is finite (the chart's gap)."""
+    finite = sorted(v for v in map(_number, values) if v is not None)
+    if not finite:
+        return dict.fromkeys(ACROSS_RANKS)
+    middle = len(finite) // 2
+    median = finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2
+    return {"min": finite[0], "median": median, "max": finite[-1]}
 
 
 RANK_MEMORY_FIELDS = ("peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
@@ -272,10 +292,11 @@ def _drop_superseded_points(job: TrainingJob, record: Mapping[str, Any]) -> None
 def final_metrics_after(final: Mapping[str, Any] | None, points: list[MetricPoint]) -> dict[str, float | None]:
     """``final`` (a job's :attr:`~jobs.models.TrainingJob.final_metrics`) updated with the global
     ``points`` just stored, in the order they were logged: each name's value becomes its last one
-    (None where it was not finite). Per-rank points are not final metrics."""
+    (None where it was not finite). Per-rank points, and their statistics across ranks, are not
+    final metrics."""
     out = dict(final or {})
     for point in points:
-        if point.rank is None:
+        if point.rank is None and not is_across_ranks(point.name):
             out[point.name] = point.value
     return out
 

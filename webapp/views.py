@@ -505,7 +505,8 @@ def _metric_chart_names(job, names) -> list[str]:
 def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None = None,
                      attempt: int | None = None, steps: tuple[int, int] | None = None) -> dict[str, Any]:
     """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value, "t": unix s}, ...]},
-    "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "t0": unix s | None,
+    "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "rank_stats": {name:
+    {"min" | "median" | "max": [points]}}, "rank_lines": bool, "slowest_rank": {name: rank}, "t0": unix s | None,
     "last_step", "attempt", "widths", "from_step", "replace"}``; ``metric_charts`` lists the names
     charted one chart each (a user script's), and ``series`` holds those and the loss and accuracy
     lines; ``rank_series`` the per-rank metrics the job reported (``jobs.comparison.RANK_METRICS``, a
@@ -524,7 +525,8 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
         "series": {n: series.get(n, []) for n in names},
         "metric_charts": extra,
         "rank_series": charted["rank_series"],
-        **{key: charted[key] for key in ("t0", "last_step", "attempt", "widths", "from_step", "replace")},
+        **{key: charted[key] for key in ("rank_stats", "rank_lines", "slowest_rank", "t0", "last_step", "attempt",
+                                         "widths", "from_step", "replace")},
         **({"steps": charted["steps"]} if "steps" in charted else {}),
     }
 

@@ -186,3 +186,47 @@ def test_the_job_page_charts_have_the_same_controls(live_server, browser_page, u
     loss = page.evaluate(state, "chart-loss")  # train loss and (empty) val loss, each with its raw line
     assert loss["raws"] == 2 and [y for _, y in loss["lines"][0][1]][1] == pytest.approx(
         (0.5 * 0.5 * 2.0 + 0.5 * 1.0) / (1 - 0.25))
+
+
+def test_a_32_rank_job_charts_the_median_across_ranks_in_a_min_max_band_and_names_the_slowest_rank(
+        live_server, browser_page, user, digits_dataset, cnn_model, local_backend):
+    from jobs import sync
+    from jobs.models import TrainingJob
+
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=2, epochs=1)
+    TrainingJob.objects.filter(pk=job.pk).update(nodes=4, procs_per_node=8)  # 32 ranks: past MAX_RANK_LINES
+    points = []
+    for step in (10, 20, 30):
+        # Rank r takes 0.1 + r/1000 s a step; rank 9 is slowed to 0.5 s at step 20.
+        times = [0.1 + r / 1000 for r in range(32)]
+        if step == 20:
+            times[9] = 0.5
+        record = {"event": "step", "step": step, "epoch": 0, "time": T0.timestamp() + step,
+                  "rank_step_time_s": times}
+        points += sync.metric_points_from_record(job, record, T0)
+    MetricPoint.objects.bulk_create(points)
+
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && window.trainboardCharts['chart-rank-step-time-s']")
+    drawn = page.evaluate("""(id) => { const c = window.trainboardCharts[id];
+      const pick = (kind) => c.data.datasets.filter(d => d._tb === kind).map(d => [d.label, d.data.map(p => [p.x, p.y])]);
+      return {lines: pick('line'), bands: pick('band'),
+              title: c.canvas.closest('.chart-card').querySelector('h2').textContent}; }""",
+                          "chart-rank-step-time-s")
+    assert drawn["title"] == "Step time per rank (s): min / median / max across ranks"
+    # The median of 32 ranks is the mean of the 16th and 17th times: ranks 15's and 16's, and at step 20,
+    # with rank 9 moved to the top, ranks 16's and 17's; the band's top there is rank 9's 0.5 s.
+    [(label, data)] = drawn["lines"]
+    assert label == "median across ranks (band: min–max; slowest: rank 9)"
+    assert [x for x, _ in data] == [10, 20, 30]
+    assert [y for _, y in data] == pytest.approx([(0.115 + 0.116) / 2, (0.116 + 0.117) / 2, (0.115 + 0.116) / 2])
+    bands = dict(drawn["bands"])
+    assert [y for _, y in bands[label + " (max)"]] == pytest.approx([0.131, 0.5, 0.131])
+    assert [y for _, y in bands[label + " (min)"]] == pytest.approx([0.1, 0.1, 0.1])
+    # The per-rank checkbox cannot bring 32 lines back: the job has too many ranks for a line each.
+    page.check("#chart-per-rank")
+    assert page.evaluate("(id) => window.trainboardCharts[id].data.datasets.filter(d => d._tb === 'line').length",
+                         "chart-rank-step-time-s") == 1

@@ -73,6 +73,21 @@
       .map((s) => ({ x: s.x, t: s.t, y: s.n && !s.missing ? s.sum / s.n : null }));
   }
 
+  // A per-rank metric across its ranks ({min, median, max} lines from the server, stored by the sync
+  // step by step): the median's points, each with a band from the lowest rank's value to the
+  // highest's (over a bucket, the min of the per-step minimum and the max of the per-step maximum),
+  // which band() draws behind the line: one slow rank among 512 is the band's edge.
+  function acrossRanks(stats) {
+    const lowest = new Map((stats.min || []).map((p) => [p.x, p]));
+    const highest = new Map((stats.max || []).map((p) => [p.x, p]));
+    const edge = (p, key) => (p ? (p[key] !== undefined ? p[key] : p.y) : null);
+    return (stats.median || []).map((p) => {
+      const lo = edge(lowest.get(p.x), "min");
+      const hi = edge(highest.get(p.x), "max");
+      return lo === null || hi === null ? p : Object.assign({}, p, { min: lo, max: hi });
+    });
+  }
+
   // The y range of an accuracy axis: the data's min and max with a 5% margin (at least 0.01),
   // kept inside [0, 1]; all of [0, 1] without data.
   function fittedRange(values) {
@@ -241,6 +256,7 @@
     color: color,
     ema: ema,
     meanOverRanks: meanOverRanks,
+    acrossRanks: acrossRanks,
     fittedRange: fittedRange,
     positioned: positioned,
     xOf: xOf,

@@ -1,7 +1,8 @@
 /* The comparison page: one chart per metric, every run overlaid in its own colour (the legend names
  * the run), drawn from the page's json_script block (#compare-data) under the chart controls
  * (chart_controls.js). A per-rank metric draws one line per rank of each run (dashed by rank), or
- * each run's mean over ranks.
+ * each run's median across ranks with a min–max band (its mean over ranks for runs stored before the
+ * sync kept those); a run of more than 16 ranks always the median and band.
  */
 (function () {
   "use strict";
@@ -32,6 +33,12 @@
       const key = String(run.id);
       if (metric.per_rank) {
         const byRank = (data.rank_series[metric.name] || {})[key];
+        const stats = ((data.rank_stats || {})[metric.name] || {})[key];
+        if (stats && stats.median && (!byRank || !controls.perRank)) {
+          out.push({ label: `${runLabel(run)} · median across ranks`, key: `${key}/median`, color: runColor[run.id],
+                     points: Kit.acrossRanks(stats), t0: run.t0 });
+          return;
+        }
         if (!byRank) return;
         if (controls.perRank) {
           Object.keys(byRank).sort((a, b) => a - b).forEach((rank, i) => {

@@ -1,6 +1,7 @@
 /* The job page: draws the loss and accuracy charts, one chart per other metric the job reports (a
  * user script's report.log names, listed in the payload's metric_charts), one chart per per-rank
- * metric (a line per rank), and keeps them current. The chart controls above them (x axis, log
+ * metric (a line per rank, or the median across ranks with a min–max band: always past 16 ranks),
+ * and keeps them current. The chart controls above them (x axis, log
  * scale, zoom, smoothing, per-rank lines) are chart_controls.js's.
  *
  * htmx re-renders #job-live (and #job-details, out of band) every 2 s while the job is active. After
@@ -72,7 +73,12 @@
     const source = zoomed[canvasId] || payload;
     const t0 = payload.t0 || 0;
     if (canvasId in RANK_CHART_IDS) {
-      const byRank = (source.rank_series || {})[RANK_CHART_IDS[canvasId]] || {};
+      const name = RANK_CHART_IDS[canvasId];
+      const byRank = (source.rank_series || {})[name] || {};
+      const stats = (source.rank_stats || {})[name];
+      if (stats && stats.median && (!controls.perRank || !payload.rank_lines)) {
+        return [acrossRanks(stats, payload.slowest_rank && payload.slowest_rank[name], t0)];
+      }
       if (!controls.perRank) {
         return [{ label: "mean over ranks", key: "mean", color: COLORS.train, points: Kit.meanOverRanks(byRank), t0: t0 }];
       }
@@ -84,6 +90,14 @@
       // Per-epoch validation and a script's own metrics (maybe a few points): dots as well.
       radius: name.startsWith("val_") || canvasId in METRIC_CHART_IDS ? 3 : 0,
     }));
+  }
+
+  // A per-rank metric across its ranks (payload.rank_stats): the median line with a min–max band
+  // (Kit.acrossRanks), the slowest rank over the run named in the legend.
+  function acrossRanks(stats, slowest, t0) {
+    const label = "median across ranks (band: min–max" +
+      (slowest !== undefined && slowest !== null ? "; slowest: rank " + slowest : "") + ")";
+    return { label: label, key: "across ranks", color: COLORS.train, points: Kit.acrossRanks(stats), t0: t0 };
   }
 
   // A point the trainer reported as NaN or infinite arrives with y null: the line breaks there
@@ -243,9 +257,11 @@
   // One card per per-rank metric the job reports (samples/s, step time ... of each rank).
   function ensureRankCharts() {
     for (const name of Object.keys(RANK_TITLES)) {
-      if (rankCanvas[name] || !(payload.rank_series || {})[name]) continue;
+      if (rankCanvas[name] || !((payload.rank_series || {})[name] || (payload.rank_stats || {})[name])) continue;
       const canvasId = "chart-rank-" + name.replace(/^rank_/, "").replace(/_/g, "-");
-      addCard(canvasId, name, RANK_TITLES[name], "rank-chart");
+      // Too many ranks for a line each (jobs.comparison.MAX_RANK_LINES): the chart says what it shows.
+      addCard(canvasId, name, RANK_TITLES[name] + (payload.rank_lines === false ? ": min / median / max across ranks" : ""),
+              "rank-chart");
       rankCanvas[name] = canvasId;
       RANK_CHART_IDS[canvasId] = name;
       Y_AXES[canvasId] = [name.replace(/^rank_/, ""), "other"];
@@ -278,18 +294,22 @@
     for (const name of new Set([...Object.keys(payload.series), ...Object.keys(next.series)])) {
       series[name] = mergeLine(payload.series[name], next.series[name], fromGlobal);
     }
-    const rankSeries = {};
-    const before = payload.rank_series || {};
-    for (const name of new Set([...Object.keys(before), ...Object.keys(next.rank_series)])) {
-      const ranks = {};
-      const mine = before[name] || {};
-      const fresh = next.rank_series[name] || {};
-      for (const rank of new Set([...Object.keys(mine), ...Object.keys(fresh)])) {
-        ranks[rank] = mergeLine(mine[rank], fresh[rank], fromRank);
+    // Per-rank lines by rank, and the statistics across ranks by min/median/max: the same merge.
+    function mergeGroups(before, fresh) {
+      const out = {};
+      for (const name of new Set([...Object.keys(before || {}), ...Object.keys(fresh || {})])) {
+        const lines = {};
+        const mine = (before || {})[name] || {};
+        const theirs = (fresh || {})[name] || {};
+        for (const key of new Set([...Object.keys(mine), ...Object.keys(theirs)])) {
+          lines[key] = mergeLine(mine[key], theirs[key], fromRank);
+        }
+        out[name] = lines;
       }
-      rankSeries[name] = ranks;
+      return out;
     }
-    return Object.assign({}, next, { series: series, rank_series: rankSeries });
+    return Object.assign({}, next, { series: series, rank_series: mergeGroups(payload.rank_series, next.rank_series),
+                                     rank_stats: mergeGroups(payload.rank_stats, next.rank_stats) });
   }
 
   function applyMetrics(next) {
