@@ -2,7 +2,8 @@
 worker (``celery_worker_process``, tests/conftest.py), instead of one started and stopped per test.
 
 A plain worker is the default one: the default queues (:data:`workerkit.DEFAULT_QUEUES`), the default
-environment (:func:`workerkit.worker_environment`), embedded beat. Tests that need another environment
+environment (:func:`workerkit.worker_environment`) with the torch-free torchrun as its GPU box
+interpreter (``TRAINBOARD_GPUBOX_PYTHON``: :func:`standins.torchrun_lite.python`), embedded beat. Tests that need another environment
 or queues, or that kill or stop workers, start their own (``celery_worker_factory``, tests/faults).
 
 What a borrowing test sees is what a worker of its own gave it: its own database rows (it is a
@@ -47,6 +48,7 @@ from pathlib import Path
 import pytest
 
 from polling import wait_for
+from standins import torchrun_lite
 from workerkit import (ALONGSIDE_KEYS, DEFAULT_QUEUES, WorkerProcess, live_processes_mentioning, session_of, start_worker,
                        use_broker, wait_for_sessions_to_close, worker_environment)
 
@@ -203,9 +205,14 @@ class SharedWorker:
         var_dir.mkdir(exist_ok=True)
         # A paused worker must hold no database session: others wait for every session to end
         # (workerkit.wait_for_sessions_to_close) before they flush or drop the test database.
+        # Its GPU box jobs run the real launcher and trainer under the torch-free torchrun
+        # (standins.torchrun_lite): these tests' subject is the job's lifecycle, not torchrun. The GPU box
+        # jobs of the workers tests start themselves (celery_worker_factory) and of the compose stack
+        # keep torch's own torchrun.
         env = worker_environment(settings_dict=connection.settings_dict, broker_url=self.redis.url,
                                  run_root=self.run_root, var_dir=var_dir, repo_root=self.repo_root,
-                                 extra={"DATABASE_CONN_MAX_AGE": "0"})
+                                 extra={"DATABASE_CONN_MAX_AGE": "0",
+                                        "TRAINBOARD_GPUBOX_PYTHON": torchrun_lite.python()})
         self.node = f"tbshared-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
         start = self.directory / "worker.log"
         offset = start.stat().st_size if start.exists() else 0
