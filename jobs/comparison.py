@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 from django.core.exceptions import ValidationError
 
-from jobs import metric_buckets, selectors
+from jobs import metric_buckets, metric_retention, selectors
 from jobs.metric_fold import ACROSS_RANKS, Agg, across_ranks_name
 from jobs.models import TrainingJob
 from jobs.validation import Errors
@@ -231,18 +231,20 @@ def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SER
     rank_series: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
     rank_stats: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
     many_ranks = {job.pk for job in jobs if job.world_size > MAX_RANK_LINES}
+    finest = {job.pk: metric_retention.finest_width(job) for job in jobs}
     for job_id in job_ids:
         skip = MULTI_RANK_METRICS if job_id in one_rank else ()
         if (job_id, False) in ends:
             _, lines = metric_buckets.read_series(job_id, names=None, per_rank=False, end=ends[(job_id, False)],
-                                                  max_points=max_points, exclude=skip)
+                                                  max_points=max_points, exclude=skip, min_width=finest[job_id])
             for (name, _), points in lines.items():
                 series.setdefault(name, {})[str(job_id)] = points
         if (job_id, True) in ends:
             few = job_id not in many_ranks
             _, lines = metric_buckets.read_series(job_id, names=[*_ACROSS, *(RANK_METRICS if few else ())],
                                                   per_rank=None if few else False, end=ends[(job_id, True)],
-                                                  max_points=min(max_points, MAX_POINTS_PER_RANK_LINE))
+                                                  max_points=min(max_points, MAX_POINTS_PER_RANK_LINE),
+                                                  min_width=finest[job_id])
             for (name, rank), points in lines.items():
                 if name in _ACROSS:
                     metric, stat = _ACROSS[name]
@@ -300,8 +302,9 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
         first = max(0, int(steps[0]))
         ends = [min(end, int(steps[1])) for end in ends]
         after = None  # a range is read whole
-    needed = [metric_buckets.width_for(ends[0] - first + 1, MAX_POINTS_PER_SERIES),
-              metric_buckets.width_for(ends[1] - first + 1, MAX_POINTS_PER_RANK_LINE)]
+    finest = metric_retention.finest_width(job)
+    needed = [max(metric_buckets.width_for(ends[0] - first + 1, MAX_POINTS_PER_SERIES), finest),
+              max(metric_buckets.width_for(ends[1] - first + 1, MAX_POINTS_PER_RANK_LINE), finest)]
     allowed = (1, *metric_buckets.WIDTHS)
     replace = not (after is not None and widths is not None and len(widths) == 2 and attempt == job.attempt
                    and 0 <= after <= max(ends) and all(w in allowed and w >= n for w, n in zip(widths, needed)))

@@ -120,13 +120,15 @@ def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
 
 def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | None, start: int = 0, end: int,
                 max_points: int = MAX_CHART_POINTS, exclude: Sequence[str] = (),
-                width: int | None = None) -> tuple[int, dict[tuple[str, int | None], list[dict[str, Any]]]]:
+                width: int | None = None, min_width: int = 1
+                ) -> tuple[int, dict[tuple[str, int | None], list[dict[str, Any]]]]:
     """``(width, {(name, rank or None): points})``: the job's global (``per_rank`` False), per-rank
     (True) or both (None: the per-rank and global series of ``names`` in one read) series over steps ``start``..``end`` (inclusive; the last step is in :func:`summaries`), at most
     about ``max_points`` per line, in step order. ``names`` None: every reported name but ``exclude``
     (not the statistics across ranks: those are read by name). ``width``:
     read at that level (1: the points) instead of the one ``max_points`` gives (a poll that goes on
-    at the page's resolution).
+    at the page's resolution); ``min_width``: the finest level to read otherwise (a job whose points
+    the operator's retention removed: ``jobs.metric_retention.finest_width``).
 
     A point is ``{"x": step, "y": value or None, "t": unix s}``; read from buckets (``width`` > 1) it is
     the bucket's last point with ``"min"`` and ``"max"`` (its finite values' range, None when none),
@@ -134,7 +136,7 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | No
     ``y`` None point at that step (the chart's gap). Reads at most ``max_points`` + 1 rows a line."""
     if end < start:
         return width or 1, {}
-    width = width or width_for(end - start + 1, max_points)
+    width = width or max(width_for(end - start + 1, max_points), min_width)
     out: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
     if width == 1:
         rows = MetricPoint.objects.filter(job_id=job_id, step__gte=start, step__lte=end)

@@ -385,6 +385,11 @@ class TrainingJob(Owned):
     stalled_reason = models.TextField(blank=True)
     budget_exceeded_at = models.DateTimeField(
         null=True, blank=True, help_text="When the job's cost reached its budget and it was stopped.")
+    metric_points_pruned_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the operator's retention (TRAINBOARD_METRIC_POINTS_RETENTION_DAYS after the job ended) "
+                  "removed its step-level metric points; its buckets, per-epoch validation points and final "
+                  "values are kept (jobs.metric_retention). Null: every point is kept.")
 
     # Cost: recomputed from source data at every sync, never incremented.
     billable_seconds = models.FloatField(default=0)

@@ -29,7 +29,8 @@ from celery import shared_task
 from django.conf import settings
 
 from cloud_adapters.base import BackendError
-from jobs import counters, dispatch, lifecycle, notifications, orphans, recovery, selectors, sweeps, sync, webhooks
+from jobs import (counters, dispatch, lifecycle, metric_retention, notifications, orphans, recovery, selectors, sweeps,
+                  sync, webhooks)
 from jobs.adapters import backend_queue
 from jobs.models import ComputeBackend, TrainingJob
 
@@ -202,6 +203,16 @@ OPTIONS["webhook_deliveries_due"] = dict(name="jobs.tasks.webhook_deliveries_due
                                          soft_time_limit=30, time_limit=45)
 OPTIONS["send_notification_email"] = dict(name=dispatch.SEND_NOTIFICATION_EMAIL, bind=True, acks_late=False,
                                           max_retries=3, soft_time_limit=60, time_limit=90)
+
+
+OPTIONS["prune_metric_points"] = dict(name="jobs.tasks.prune_metric_points", acks_late=False,
+                                     soft_time_limit=600, time_limit=660)
+
+
+@shared_task(**OPTIONS["prune_metric_points"])
+def prune_metric_points() -> dict[str, int]:
+    """Beat (hourly): the operator's metric retention (:func:`jobs.metric_retention.prune_metric_points`)."""
+    return metric_retention.prune_metric_points()
 
 
 @shared_task(**OPTIONS["deliver_webhook"])

@@ -293,6 +293,14 @@ TRAINBOARD_RECOVERY_MAX_RESUMES = env.int("TRAINBOARD_RECOVERY_MAX_RESUMES", def
 TRAINBOARD_STATE_DEADLINES_S = {"QUEUED": 600, "SUBMITTING": 300, "PENDING": 3600, "STOPPING": 900}
 TRAINBOARD_RUNNING_DEADLINE_MARGIN_S = _positive_seconds("TRAINBOARD_RUNNING_DEADLINE_MARGIN_S", 600.0)
 
+# Metric retention (jobs.metric_retention; docs/operations.md): a job's step-level metric points are
+# removed this many days after it ended, its buckets, per-epoch validation points and final values kept.
+# 0 (the default) keeps every point.
+TRAINBOARD_METRIC_POINTS_RETENTION_DAYS = env.float("TRAINBOARD_METRIC_POINTS_RETENTION_DAYS", default=0.0)
+if not 0 <= TRAINBOARD_METRIC_POINTS_RETENTION_DAYS <= 36_500:
+    raise ImproperlyConfigured("TRAINBOARD_METRIC_POINTS_RETENTION_DAYS must be 0 (keep every point) to 36,500 days "
+                               f"(got {TRAINBOARD_METRIC_POINTS_RETENTION_DAYS!r})")
+
 CELERY_BEAT_SCHEDULE = {
     "sync-jobs": {"task": "jobs.tasks.sync_jobs", "schedule": TRAINBOARD_SYNC_INTERVAL_S},
     "recovery-sweep": {"task": "jobs.tasks.recovery_sweep", "schedule": TRAINBOARD_RECOVERY_INTERVAL_S},
@@ -304,6 +312,8 @@ CELERY_BEAT_SCHEDULE = {
     # Webhook retries that are due, and deliveries a killed worker left (jobs.webhooks).
     "webhook-deliveries-due": {"task": "jobs.tasks.webhook_deliveries_due",
                                "schedule": _positive_seconds("TRAINBOARD_WEBHOOK_SWEEP_INTERVAL_S", 15.0)},
+    # Metric retention: step-level points of jobs past TRAINBOARD_METRIC_POINTS_RETENTION_DAYS.
+    "prune-metric-points": {"task": "jobs.tasks.prune_metric_points", "schedule": 3600.0},
 }
 
 # Webhook deliveries and notification emails wait on other people's servers (up to

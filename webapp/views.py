@@ -24,7 +24,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from cloud_adapters.base import ConnectionCheck
-from jobs import code_archives, comparison, job_table, pagination, selectors, services
+from jobs import code_archives, comparison, job_table, metric_retention, pagination, selectors, services
 from jobs.adapters import backend_declaration, backend_isolation
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
@@ -571,6 +571,8 @@ def job_page(request: HttpRequest, job, *, annotate: dict[str, Any] | None = Non
                           **views_clone.job_actions(job)}
     context["attempts"] = selectors.training_job_attempts(job=job)
     context["config_shown"] = _config_shown(job)
+    context["retention"] = {"days": metric_retention.retention_days(), "until": metric_retention.prune_after(job),
+                            "pruned_at": job.metric_points_pruned_at}
     return render(request, "webapp/jobs/detail.html", context, status=status)
 
 

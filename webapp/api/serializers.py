@@ -707,7 +707,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
-            "attempt",
+            "attempt", "metric_points_pruned_at",
         ]
         fields = fields + EXPERIMENT_FIELDS  # the experiment table (docs/experiments.md)
         read_only_fields = fields
