@@ -261,7 +261,7 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     "names": [global names], "last_step": int (-1 without points), "attempt": int,
     "widths": [global, per rank], "from_step": [global, per rank], "replace": bool,
     "rank_lines": bool, "rank_stats": {name: {"min" | "median" | "max": [points]}},
-    "slowest_rank": {name: rank}}``; each line at
+    "slowest_rank": {name: rank}, "counts": {name: points}, "rank_total": points}``; each line at
     most about :data:`MAX_POINTS_PER_SERIES` points (:data:`MAX_POINTS_PER_RANK_LINE` a per-rank line),
     read as buckets (with ``min``/``max``) past that (:mod:`jobs.metric_buckets`).
 
@@ -272,6 +272,12 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     when the run has outgrown the page's widths, a resumed attempt redid steps, or the page's
     figures do not fit. Reads the series' summaries (one row a series), then each line's new rows.
 
+    ``counts`` ``{global name: points}`` and ``rank_total`` (points of the ranks' lines, when sent,
+    and of the statistics): how many points the lines hold in all, so a page can add what a poll sent
+    to what it kept and compare (the job page's ``totals``: a point stored late at a step before
+    ``from_step``, a script's ``report.log`` of an earlier step, makes them differ, and the page reads
+    every line again).
+
     Per-rank metrics: ``rank_stats`` holds, for each, its min, median and max across ranks step by
     step (one line each, from the sync's statistics; none for runs stored before them) and
     ``slowest_rank`` the rank whose mean is the worst (:func:`slowest_ranks`). ``rank_series`` holds
@@ -281,14 +287,24 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     ``steps`` ``(first, last)``: only that range of steps, read at the resolution it needs on its own
     (a zoomed chart: the points themselves once the range holds at most a chart's worth of steps);
     the answer has ``"steps": [first, last]`` and ``replace`` True."""
-    summary = metric_buckets.summaries([job.pk])
+    summary = metric_buckets.summaries([job.pk], across=True)
     one_rank = job.world_size <= 1
+    rank_lines = job.world_size <= MAX_RANK_LINES
     t0: float | None = None
     ends = [-1, -1]
+    counts: dict[str, int] = {}
+    rank_total = 0
     names: set[str] = set()
     for (_, name, rank), agg in summary.items():
         if one_rank and name in MULTI_RANK_METRICS:
             continue
+        if name in _ACROSS:
+            rank_total += agg.count
+            continue
+        if rank is None:
+            counts[name] = agg.count
+        elif name in RANK_METRICS and rank_lines:
+            rank_total += agg.count
         t = round(agg.first_at.timestamp(), 3)
         t0 = t if t0 is None else min(t0, t)
         per_rank = rank is not None
@@ -314,7 +330,7 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     starts = [first, first] if replace else [(after // w) * w for w in use]
     out: dict[str, Any] = {"series": {}, "rank_series": {}, "t0": t0, "names": sorted(names),
                            "last_step": max(ends), "attempt": job.attempt, "widths": use, "from_step": starts,
-                           "replace": replace}
+                           "replace": replace, "counts": counts, "rank_total": rank_total}
     if steps is not None:
         out["steps"] = [first, int(steps[1])]
     skip = MULTI_RANK_METRICS if one_rank else ()
@@ -322,7 +338,7 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
         _, lines = metric_buckets.read_series(job.pk, names=None, per_rank=False, start=starts[0], end=ends[0],
                                               exclude=skip, width=use[0])
         out["series"] = {name: points for (name, _), points in lines.items()}
-    out["rank_lines"] = job.world_size <= MAX_RANK_LINES
+    out["rank_lines"] = rank_lines
     out["slowest_rank"] = slowest_ranks(summary)
     out["rank_stats"] = {}
     if ends[1] >= starts[1]:

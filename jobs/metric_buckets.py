@@ -97,13 +97,16 @@ def _seconds(when: dt.datetime) -> float:
 
 
 def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
-              per_rank: bool | None = None) -> dict[tuple[int, str, int | None], Agg]:
+              per_rank: bool | None = None, across: bool = False) -> dict[tuple[int, str, int | None], Agg]:
     """``{(job id, name, rank or None): the series' fold}`` from the summary level: one row per
     series for runs under :data:`TOP` steps. ``per_rank`` True: per-rank series only, False: global
-    only, None: both. ``names`` None: every reported name, not the statistics across ranks
-    (``metric_fold.across_ranks_name``: those are read by name)."""
+    only, None: both. ``names`` None: every reported name, and the statistics across ranks
+    (``metric_fold.across_ranks_name``) only with ``across``."""
     rows = MetricBucket.objects.filter(job_id__in=list(job_ids), width=TOP)
-    rows = rows.filter(name__in=list(names)) if names is not None else rows.exclude(name__contains=ACROSS_SEPARATOR)
+    if names is not None:
+        rows = rows.filter(name__in=list(names))
+    elif not across:
+        rows = rows.exclude(name__contains=ACROSS_SEPARATOR)
     if per_rank is True:
         rows = rows.filter(rank__gte=0)
     elif per_rank is False:

@@ -507,7 +507,7 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
     """Chart data: ``{"state", "is_terminal", "series": {name: [{"x": step, "y": value, "t": unix s}, ...]},
     "metric_charts": [name, ...], "rank_series": {name: {"<rank>": [points]}}, "rank_stats": {name:
     {"min" | "median" | "max": [points]}}, "rank_lines": bool, "slowest_rank": {name: rank}, "t0": unix s | None,
-    "last_step", "attempt", "widths", "from_step", "replace"}``; ``metric_charts`` lists the names
+    "last_step", "attempt", "widths", "from_step", "replace", "totals"}``; ``metric_charts`` lists the names
     charted one chart each (a user script's), and ``series`` holds those and the loss and accuracy
     lines; ``rank_series`` the per-rank metrics the job reported (``jobs.comparison.RANK_METRICS``, a
     chart each, one line per rank); ``t0`` the time of the job's first point, which the charts'
@@ -527,6 +527,9 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
         "rank_series": charted["rank_series"],
         **{key: charted[key] for key in ("rank_stats", "rank_lines", "slowest_rank", "t0", "last_step", "attempt",
                                          "widths", "from_step", "replace")},
+        # Points the page's lines hold in all, per group (global lines sent; per rank): job.js checks
+        # that a poll's answer adds up to them, and reads every line again when it does not.
+        "totals": [sum(charted["counts"].get(n, 0) for n in set(names)), charted["rank_total"]],
         **({"steps": charted["steps"]} if "steps" in charted else {}),
     }
 

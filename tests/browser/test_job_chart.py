@@ -312,3 +312,41 @@ def test_the_job_page_opens_on_its_headline_and_charts_and_fits_a_phone(live_ser
               s.closest('td').getBoundingClientRect().width]; }}""")
     assert cell[0] <= 2 and cell[1] >= 300, cell  # was 5 lines in a 90 px column
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 1400
+
+
+def test_a_point_stored_late_at_an_earlier_step_reaches_the_page_with_the_next_poll(
+        live_server, browser_page, user, digits_dataset, cnn_model, local_backend):
+    """A poll asks only for what is new since the page's last step; a point stored afterwards at a step
+    before that (here validation at step 100 once the loss is at step 3,000, as a script's
+    ``report.log(step=100, ...)`` would store it) is not in that answer. The answer's ``totals`` then
+    do not add up with what the page kept, and the page reads every line again."""
+    from jobs import comparison
+
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=1, epochs=1)
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="train_loss", step=s, epoch=0, value=1.0 / s, recorded_at=T0 + dt.timedelta(seconds=s))
+         for s in range(1, 3001)])
+    page = browser_page
+    requests = []
+    page.on("request", lambda r: requests.append(r.url) if "/metrics.json" in r.url else None)
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && "
+                           "window.trainboardCharts['chart-loss'].getDatasetMeta(0).data.length === 188")
+    for _ in range(2):  # polls that find nothing new
+        with page.expect_request(lambda r: "/metrics.json?after=3000" in r.url, timeout=30_000):
+            pass
+    MetricPoint.objects.create(job=job, name="val_loss", step=100, epoch=0, value=0.5,
+                               recorded_at=T0 + dt.timedelta(seconds=3100))
+    page.wait_for_function("() => window.trainboardCharts['chart-loss'].data.datasets"
+                           ".some(d => d.label === 'val loss' && d.data.length === 1)")
+    val = page.evaluate("() => window.trainboardCharts['chart-loss'].data.datasets"
+                        ".find(d => d.label === 'val loss').data.map(p => [p.x, p.y])")
+    assert val == [[100, 0.5]]
+    # Every request a poll (?after=), but one read of every line: the polls that found nothing new
+    # added up, the one that missed the late point did not.
+    assert [url for url in requests if "?after=" not in url] == [f"{live_server.url}/jobs/{job.pk}/metrics.json"]
+    assert len(requests) >= 3
+    expected = comparison.training_job_chart_series(job=job)
+    assert expected["counts"] == {"train_loss": 3000, "val_loss": 1}

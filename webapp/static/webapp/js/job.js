@@ -312,6 +312,33 @@
                                      rank_stats: mergeGroups(payload.rank_stats, next.rank_stats) });
   }
 
+  // How many stored points a group's lines hold: a bucket its count (n), a point at width 1 itself;
+  // a gap marker none (its bucket counts it).
+  function pointsIn(groups, from, width) {
+    let total = 0;
+    for (const lines of groups) {
+      for (const line of Object.values(lines || {})) {
+        for (const p of line) if (p.x >= from) total += p.n !== undefined ? p.n : (width === 1 ? 1 : 0);
+      }
+    }
+    return total;
+  }
+
+  // Whether a poll's answer, put in place of the page's points from its from_step on, holds every
+  // point the server counts (next.totals, per group: the global lines; the ranks' lines and the
+  // statistics across ranks). Answers without totals (an older server) are taken as they are.
+  function addsUp(next) {
+    if (!next.totals || !payload.totals) return true;
+    const [fromGlobal, fromRank] = next.from_step;
+    const [wGlobal, wRank] = next.widths;
+    const rankGroups = (data) => [...Object.values(data.rank_series || {}), ...Object.values(data.rank_stats || {})];
+    const global = payload.totals[0] - pointsIn([payload.series], fromGlobal, wGlobal) +
+      pointsIn([next.series], fromGlobal, wGlobal);
+    const perRank = payload.totals[1] - pointsIn(rankGroups(payload), fromRank, wRank) +
+      pointsIn(rankGroups(next), fromRank, wRank);
+    return global === next.totals[0] && perRank === next.totals[1];
+  }
+
   function applyMetrics(next) {
     payload = merged(next);
     ensureMetricCharts();
@@ -334,9 +361,17 @@
       // Only what is new since the points this page has (jobs.comparison.training_job_chart_series).
       const query = new URLSearchParams({ after: payload.last_step, widths: payload.widths.join(","),
                                           attempt: payload.attempt });
-      const response = await fetch(metricsUrl + "?" + query.toString(),
-                                   { headers: { Accept: "application/json" }, credentials: "same-origin" });
-      if (response.ok) applyMetrics(await response.json());
+      const options = { headers: { Accept: "application/json" }, credentials: "same-origin" };
+      const response = await fetch(metricsUrl + "?" + query.toString(), options);
+      if (!response.ok) return;
+      let next = await response.json();
+      if (!next.replace && !addsUp(next)) {
+        // A point arrived at a step before the poll's from_step: read every line again.
+        const whole = await fetch(metricsUrl, options);
+        if (!whole.ok) return;
+        next = await whole.json();
+      }
+      applyMetrics(next);
     } catch (err) {
       // A missed refresh is retried at the next poll; nothing to tell the user.
     } finally {
