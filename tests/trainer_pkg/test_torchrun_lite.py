@@ -101,8 +101,10 @@ def test_ranks_get_the_real_torchruns_environment_from_a_process_without_torch(s
 
 def test_a_failed_rank_stops_the_others_and_exits_1_as_torchrun_does(scripts, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for name, python, zygote in (("real", sys.executable, "0"), ("lite", torchrun_lite.python(), "0"),
-                                 ("zygote", torchrun_lite.python(), "1")):
+    runs = [("real", sys.executable, "0"), ("lite", torchrun_lite.python(), "0")]
+    if rank_zygote.enabled():  # TRAINBOARD_TEST_RANK_ZYGOTE=0 leaves this process without a zygote
+        runs.append(("zygote", torchrun_lite.python(), "1"))
+    for name, python, zygote in runs:
         marks = tmp_path / name
         marks.mkdir()
         run = _run(python, scripts["fail"], str(marks), env=dict(env, **{rank_zygote.ENABLE_VAR: zygote}))
@@ -131,6 +133,8 @@ def test_the_wrapper_runs_the_real_launcher_and_every_other_program_on_the_real_
 
 # -- the rank zygote (tests/standins/rank_zygote.py) ----------------------------------------------
 
+zygote_on = pytest.mark.skipif(not rank_zygote.enabled(), reason="TRAINBOARD_TEST_RANK_ZYGOTE=0: no rank zygote")
+"""The tests of the zygote itself, skipped when this pytest process runs without one."""
 GONE_WITHIN_S = 10.0
 """Seconds a process may take to disappear after its run (or its zygote) ended."""
 
@@ -176,6 +180,7 @@ def _gone(pids: list[int], within: float = GONE_WITHIN_S) -> bool:
     return False
 
 
+@zygote_on
 def test_zygote_ranks_get_the_same_environment_cwd_and_argv_as_plain_ones(scripts):
     plain = _rank_envs(torchrun_lite.python(), scripts["env"], **{rank_zygote.ENABLE_VAR: "0"})
     forked = _rank_envs(torchrun_lite.python(), scripts["env"])
@@ -192,6 +197,7 @@ def test_zygote_ranks_get_the_same_environment_cwd_and_argv_as_plain_ones(script
         assert f["ppid"] == zygote and p["ppid"] != zygote and f["parent_has_torch"] is True
 
 
+@zygote_on
 def test_zygote_ranks_honour_their_thread_count_import_their_own_trainer_pkg_and_leave_nothing(tmp_path):
     # a snapshot of the trainer first on PYTHONPATH (as on the GPU box): the rank imports it, not the repo's
     snap = tmp_path / "snapshot"
@@ -245,6 +251,7 @@ def _without_timing(recs: list[dict]) -> list[dict]:
             for r in recs]
 
 
+@zygote_on
 def test_a_real_trainer_run_through_the_zygote_matches_a_plain_one(tmp_path):
     _, plain = _digits_run(tmp_path, "plain", "0")
     _, forked = _digits_run(tmp_path, "forked", "1")
@@ -257,6 +264,7 @@ def test_a_real_trainer_run_through_the_zygote_matches_a_plain_one(tmp_path):
     assert _without_timing(plain) == _without_timing(forked)
 
 
+@zygote_on
 def test_sigterm_to_the_agent_stops_zygote_ranks_with_the_trainers_stopped_record(tmp_path):
     job = write_job(tmp_path, model={"arch": "mlp"},
                     train={"epochs": 1000, "lr": 1e-6, "log_every_steps": 1, "stop_check_s": 0})
