@@ -23,7 +23,11 @@ SubprocessHandler starts it); SIGTERM/SIGINT are passed on; the exit code is tor
 every rank exited 0; 1 when a rank failed (the others get SIGTERM, then SIGKILL after
 :data:`TORCHRUN_CLOSE_S`, and a ``ChildFailedError`` summary naming the first failed rank goes to
 stderr); 1 after it was signalled (a ``SignalException`` line on stderr). No restarts
-(``--max_restarts`` is not taken) and no c10d rendezvous of several agents.
+(``--max_restarts`` is not taken) and no c10d rendezvous of several agents. Where the test process
+started a rank zygote (:mod:`standins.rank_zygote`, by :func:`python`) and ``rank_python`` is its
+interpreter, each rank is instead forked by the zygote, which has imported torch once, and becomes
+that same command; otherwise (``TRAINBOARD_TEST_RANK_ZYGOTE=0``, another interpreter,
+``--no_python``, the zygote unreachable) it is a plain subprocess.
 
 :func:`python` is an interpreter wrapper (an executable file whose shebang is this interpreter)
 that tests name where they would name ``sys.executable``: by its arguments (after an optional ``-u``)

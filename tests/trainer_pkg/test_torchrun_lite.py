@@ -298,3 +298,12 @@ def test_sigterm_to_the_agent_stops_zygote_ranks_with_the_trainers_stopped_recor
     assert stopped[-1]["event"] == "stopped", stopped[-1]
     assert len(ranks) >= 2
     assert _gone(ranks)
+
+
+@zygote_on
+def test_the_zygote_refuses_another_interpreter_and_the_agent_then_starts_a_plain_process(tmp_path):
+    torchrun_lite.python()  # this process's zygote, started
+    other = tmp_path / "python"
+    other.symlink_to(sys.executable)  # the same binary under another name, as a venv's python is
+    assert rank_zygote.start([str(other), "-u", "-c", "pass"], dict(os.environ)) is None  # not a -m/script form
+    assert rank_zygote.start([str(other), "-u", "-m", "json.tool", "--help"], dict(os.environ)) is None
