@@ -30,7 +30,9 @@ A child becomes what ``rank_python -u -m MODULE ARGS`` (or ``rank_python -u SCRI
 What differs from a fresh interpreter, by design: the string hash seed is the zygote's (the same for
 every rank; a request whose ``PYTHONHASHSEED`` differs from the zygote's is refused and the agent
 starts a plain process), ``sys.flags`` are the zygote's (``-P`` among them), and anything torch
-reads from the environment *at import* was read from the zygote's.
+reads from the environment *at import* was read from the zygote's (a rank without
+``OMP_NUM_THREADS`` gets the thread count the zygote's environment gave; ``MKL_NUM_THREADS`` and
+the like are not re-applied).
 
 Protocol (one unix stream connection per rank): the requester sends one byte with its three stdio
 descriptors attached, then an 8-byte big-endian length and a JSON request ``{"python", "argv",
@@ -96,12 +98,12 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], close: lis
     code = 1
     try:
         os.setsid()
+        signal.set_wakeup_fd(-1)  # before its pipe is closed
         for obj in close:
             obj.close()
         for target, fd in enumerate(fds):
             os.dup2(fd, target, inheritable=True)
         os.closerange(3, 65536)
-        signal.set_wakeup_fd(-1)
         for sig in range(1, signal.NSIG):
             try:
                 signal.signal(sig, signal.SIG_DFL)
