@@ -18,7 +18,12 @@ BUCKET_TABLE = "jobs_metricbucket"
 """``jobs.models.MetricBucket``'s table (a test holds the two together)."""
 
 WIDTHS = (16, 256, 4096, 65536, 1048576, 16777216)
-"""Steps per bucket at each level, finest first: each 16 times the one before."""
+"""Steps per bucket at each level a chart is read at, finest first: each 16 times the one before."""
+STORED_WIDTHS = WIDTHS[1:]
+"""The levels stored in ``MetricBucket``. The finest, 16, is not: at one point a step it was one bucket
+row (~200 bytes with its index) per 16 points, 12 bytes a point by itself, more than the raw points
+cost in chunks (``jobs.metric_store``); a chart read at width 16 spans at most 32,000 steps and folds
+the raw points of its range instead (``jobs.metric_buckets.read_series``)."""
 TOP = WIDTHS[-1]
 """The summary level: one bucket per series for runs shorter than 16,777,216 steps."""
 GLOBAL_RANK = -1
@@ -105,9 +110,9 @@ Key = tuple[str, int, int, int]
 
 
 def fold(points: Iterable[tuple[str, int | None, int, float | None, int | None, dt.datetime]]) -> dict[Key, Agg]:
-    """Every level's buckets of ``points``, ``(name, rank or None, step, value or None, epoch, time)``
-    in the order they were stored."""
-    first = WIDTHS[0]
+    """Every stored level's buckets (:data:`STORED_WIDTHS`) of ``points``, ``(name, rank or None, step,
+    value or None, epoch, time)`` in the order they were stored."""
+    first = STORED_WIDTHS[0]
     level: dict[tuple[str, int, int], Agg] = {}
     for name, rank, step, value, epoch, at in points:
         key = (name, GLOBAL_RANK if rank is None else rank, step // first)
@@ -117,7 +122,7 @@ def fold(points: Iterable[tuple[str, int | None, int, float | None, int | None, 
         else:
             agg.add(Agg.point(step, value, epoch, at))
     out: dict[Key, Agg] = {(n, r, first, b): a for (n, r, b), a in level.items()}
-    for finer, width in zip(WIDTHS, WIDTHS[1:]):
+    for finer, width in zip(STORED_WIDTHS, STORED_WIDTHS[1:]):
         coarser: dict[tuple[str, int, int], Agg] = {}
         ratio = width // finer
         for (n, r, b), agg in level.items():
