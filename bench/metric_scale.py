@@ -110,8 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sync (default): the points stored through the sync's path (jobs.metric_store.store: "
                         "chunks for a backlog, rows for the rest, compaction); copy: one row per point by COPY, "
                         "then folded (today's storage, for a before figure)")
-    p.add_argument("--pass-steps", type=int, default=8192,
-                   help="records (steps) per sync pass in the sync load and the ingestion comparison (default 8,192)")
+    p.add_argument("--pass-steps", type=int, default=2000,
+                   help="records (steps) per stored batch in the sync load and the ingestion comparison (default 2,000: a "
+                        "provider logs() call brings at most 2,000 lines, stored in a transaction of its own)")
     p.add_argument("--compare-steps", type=int, default=8192,
                    help="steps of the ingestion comparison, rows vs the sync path (default 8,192; 0: skip it)")
     p.add_argument("--slow-queries", type=int, default=3,

@@ -5,9 +5,10 @@ Every trainer point is first a ``MetricPoint`` row (the write API: ``MetricPoint
 which folds it into its buckets). A series (a job's ``name`` at one ``rank``, or global) whose rows
 reach :data:`CHUNK_POINTS` is compacted (:func:`compact`): its oldest rows, in step order, are sealed
 into ``MetricChunk`` rows of exactly :data:`CHUNK_POINTS` points, encoded by :func:`encode`, and
-deleted, in one transaction. A sync pass that brings a backlog (at least :data:`CHUNK_POINTS` points
-of one series) writes its full chunks directly (:func:`store`) and folds the buckets from arrays,
-with no ORM object per point. Short runs never reach :data:`CHUNK_POINTS`: their points stay rows.
+deleted, in one transaction. A sync pass that brings a backlog (:data:`DIRECT_CHUNK_MIN` points or
+more of one series in one provider ``logs`` call) writes them as chunks directly (:func:`store`) and
+folds the buckets from arrays, with no ORM object per point. Short runs reach neither: their points
+stay rows.
 
 Readers never look at either table themselves: :func:`points` (a range of steps, every series or
 some, in step order), :func:`last` and :func:`backwards` (newest first) merge the chunks and the
@@ -44,6 +45,10 @@ from jobs.models import MetricChunk, MetricPoint
 
 CHUNK_POINTS = 4096
 """Points per sealed chunk: a series is compacted once its rows reach this many."""
+DIRECT_CHUNK_MIN = 256
+"""Points of one series in one stored batch from which :func:`store` writes them as chunks directly
+(a backlog: a provider's ``logs`` call brings up to 2,000 lines) instead of rows; below it they are
+rows until compaction. A chunk of this many points still costs a few bytes a point."""
 COMPACT_MAX_CHUNKS = 256
 """Chunks one :func:`compact` call seals at most (bounded work per sync pass; the rest waits)."""
 FORMAT = 1
@@ -96,8 +101,7 @@ class Series:
         missing = np.fromiter((r[1] is None for r in rows), bool, n)
         values = np.fromiter((0.0 if r[1] is None else r[1] for r in rows), np.float64, n)
         epochs = np.fromiter((_NO_EPOCH if r[2] is None else r[2] for r in rows), np.int64, n)
-        at_us = np.fromiter((to_us(r[3]) for r in rows), np.int64, n)
-        return cls(steps, values, missing, epochs, at_us)
+        return cls(steps, values, missing, epochs, np.array(_times_us(rows), np.int64).reshape(n))
 
     def take(self, index: Any) -> Series:
         """The points at ``index`` (a slice, a bool mask or positions), in that order."""
@@ -132,6 +136,17 @@ class Series:
         for step, value, epoch, us in zip(self.steps.tolist(), self.value_list(), self.epochs.tolist(),
                                           self.at_us.tolist()):
             yield step, value, None if epoch == _NO_EPOCH else epoch, from_us(us)
+
+
+def _times_us(rows: Sequence[tuple]) -> list[int]:
+    """:func:`to_us` of each row's ``[3]``; the points of one record share their time object, converted once."""
+    out, last, last_us = [], None, 0
+    for row in rows:
+        at = row[3]
+        if at is not last:
+            last, last_us = at, to_us(at)
+        out.append(last_us)
+    return out
 
 
 def to_us(when: Any) -> int:
@@ -439,12 +454,12 @@ def fold_arrays(name: str, rank: int | None, series: Series, widths: Sequence[in
 
 def store(job_id: int, batch: Sequence[Point], *, compact_after: bool = True) -> dict[str, int]:
     """Store one sync pass's points of a job (``batch``, in the order they were logged) and fold them
-    into its buckets, in one transaction: a series bringing at least :data:`CHUNK_POINTS` points (a
-    backlog) has its full chunks written directly (its lowest steps, in step order) and only the rest
-    as rows; buckets are folded from arrays (:func:`fold_arrays`). Then a series whose rows may have
-    reached :data:`CHUNK_POINTS` (its points in this batch cross a multiple of that many steps) is
-    compacted (:func:`compact`, bounded). Returns ``{"rows", "chunks", "compacted"}``: rows and chunks
-    written by this call and chunks sealed by its compaction.
+    into its buckets, in one transaction: a series bringing at least :data:`DIRECT_CHUNK_MIN` points
+    (a backlog) is written as chunks directly, in step order, ``ceil(n / CHUNK_POINTS)`` of nearly
+    equal size; a series bringing fewer as rows. Buckets are folded from arrays (:func:`fold_arrays`).
+    Then a series whose rows may have reached :data:`CHUNK_POINTS` (its rows in this batch cross a
+    multiple of that many steps) is compacted (:func:`compact`, bounded). Returns ``{"rows",
+    "chunks", "compacted"}``: rows and chunks written by this call and chunks sealed by its compaction.
 
     Stores what ``MetricPoint.objects.bulk_create`` of the same points would, read back through
     :func:`points` (tests/jobs/test_metric_store.py holds the two paths equal)."""
@@ -460,12 +475,12 @@ def store(job_id: int, batch: Sequence[Point], *, compact_after: bool = True) ->
     for (name, rank), items in groups.items():
         series = Series.from_rows(items)
         buckets.update(fold_arrays(name, rank, series))
-        if len(items) >= CHUNK_POINTS:
+        if len(items) >= DIRECT_CHUNK_MIN:
             ordered = series.by_step()
-            sealed = (len(ordered) // CHUNK_POINTS) * CHUNK_POINTS
-            chunk_objs += [_chunk(job_id, name, rank, ordered.take(slice(i, i + CHUNK_POINTS)))
-                           for i in range(0, sealed, CHUNK_POINTS)]
-            rest = list(ordered.take(slice(sealed, None)).rows())
+            size = -(-len(items) // -(-len(items) // CHUNK_POINTS))  # ceil(n / pieces), pieces = ceil(n / N)
+            chunk_objs += [_chunk(job_id, name, rank, ordered.take(slice(i, i + size)))
+                           for i in range(0, len(items), size)]
+            rest = []
         else:
             rest = items
             low, high = min(i[0] for i in items), max(i[0] for i in items)

@@ -31,6 +31,7 @@ SMALL = 64
 @pytest.fixture
 def small_chunks(monkeypatch):
     monkeypatch.setattr(metric_store, "CHUNK_POINTS", SMALL)
+    monkeypatch.setattr(metric_store, "DIRECT_CHUNK_MIN", SMALL // 4)
 
 
 @pytest.fixture
