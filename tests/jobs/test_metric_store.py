@@ -56,15 +56,18 @@ def other_job(user, digits_dataset, cnn_model, local_backend):
 
 def _history(rng: random.Random, steps: int, ranks: int, *, first: int = 0, every: int = 1) -> list[tuple]:
     """Points ``(name, rank, step, value, epoch, time)`` as records store them: two global series and a
-    per-rank one; values with NaN/inf gaps (None), some exactly repeated, some -0.0 and tiny; epochs
-    None now and then; times with µs jitter."""
+    per-rank one; values with NaN/inf gaps (None), some exactly repeated, some -0.0 (PostgreSQL; SQLite
+    stores a row's -0.0 as 0) and tiny; epochs None now and then; times with µs jitter."""
+    from django.db import connection
+
+    zero = -0.0 if connection.vendor == "postgresql" else 0.0
     out = []
     for step in range(first, first + steps, every):
         at = T0 + dt.timedelta(seconds=step, microseconds=rng.randrange(1_000_000))
         epoch = None if rng.random() < 0.05 else step // 100
         for name, rank in [("train_loss", None), ("lr", None)] + [("rank_step_time_s", r) for r in range(ranks)]:
             roll = rng.random()
-            value = (None if roll < 0.05 else -0.0 if roll < 0.07 else 5e-324 if roll < 0.08
+            value = (None if roll < 0.05 else zero if roll < 0.07 else 5e-324 if roll < 0.08
                      else 1.5 if roll < 0.15 else rng.uniform(-1e6, 1e6))
             out.append((name, rank, step, value, epoch, at))
     return out
