@@ -697,13 +697,14 @@ def main(argv: list[str] | None = None) -> int:
                               "points": MetricPoint.objects.filter(job_id=job.pk).count() + chunked,
                               "log_lines": JobLogLine.objects.filter(job_id=job.pk).count()})
                 print(f"reusing job {job.pk}: {steps:,} steps, {sizes[-1]['points']:,} points", flush=True)
-        ingestion = ingest_compare(args, world) if args.compare_steps else None
         if loaded or not args.reuse:
             t0 = time.perf_counter()
             with connection.cursor() as cur:
                 cur.execute("VACUUM ANALYZE")
             print(f"VACUUM ANALYZE in {time.perf_counter() - t0:.1f} s", flush=True)
         store = storage()
+        # After the storage figure: the comparison's rows, deleted, would leave their index pages behind.
+        ingestion = ingest_compare(args, world) if args.compare_steps else None
 
         client = Client()
         client.force_login(world[0])

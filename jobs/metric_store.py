@@ -453,7 +453,8 @@ def fold_arrays(name: str, rank: int | None, series: Series, widths: Sequence[in
 
 
 def store(job_id: int, batch: Sequence[Point], *, compact_after: bool = True) -> dict[str, int]:
-    """Store one sync pass's points of a job (``batch``, in the order they were logged) and fold them
+    """Store one sync pass's points of a job (``batch``, in the order they were logged; a NaN value is
+    stored as None, not finite, as the sync builds it) and fold them
     into its buckets, in one transaction: a series bringing at least :data:`DIRECT_CHUNK_MIN` points
     (a backlog) is written as chunks directly, in step order, ``ceil(n / CHUNK_POINTS)`` of nearly
     equal size; a series bringing fewer as rows. Buckets are folded from arrays (:func:`fold_arrays`).
@@ -465,25 +466,34 @@ def store(job_id: int, batch: Sequence[Point], *, compact_after: bool = True) ->
     :func:`points` (tests/jobs/test_metric_store.py holds the two paths equal)."""
     if not batch:
         return {"rows": 0, "chunks": 0, "compacted": 0}
-    groups: dict[SeriesKey, list[tuple[int, float | None, int | None, dt.datetime]]] = {}
-    for name, rank, step, value, epoch, at in batch:
-        groups.setdefault((name, rank), []).append((step, value, epoch, at))
+    groups: dict[SeriesKey, list[Point]] = {}
+    for point in batch:
+        groups.setdefault((point[0], point[1]), []).append(point)
+    times: dict[dt.datetime, int] = {}  # a record's points share one time: converted to µs once
     row_objs: list[MetricPoint] = []
     chunk_objs: list[MetricChunk] = []
     buckets: dict[Key, Agg] = {}
     crossing: list[SeriesKey] = []
-    for (name, rank), items in groups.items():
-        series = Series.from_rows(items)
+    for (name, rank), group in groups.items():
+        _, _, steps, values, epochs, ats = zip(*group)  # columns, transposed in C
+        at_us = [times[at] if at in times else times.setdefault(at, to_us(at)) for at in ats]
+        # float(None) is NaN in a float array: None (not finite) and NaN are one thing here.
+        floats = np.array(values, np.float64)
+        missing = np.isnan(floats)
+        epoch_floats = np.array(epochs, np.float64)
+        series = Series(np.array(steps, np.int64), np.where(missing, 0.0, floats), missing,
+                        np.where(np.isnan(epoch_floats), _NO_EPOCH, epoch_floats).astype(np.int64),
+                        np.array(at_us, np.int64))
         buckets.update(fold_arrays(name, rank, series))
-        if len(items) >= DIRECT_CHUNK_MIN:
+        n = len(steps)
+        if n >= DIRECT_CHUNK_MIN:
             ordered = series.by_step()
-            size = -(-len(items) // -(-len(items) // CHUNK_POINTS))  # ceil(n / pieces), pieces = ceil(n / N)
-            chunk_objs += [_chunk(job_id, name, rank, ordered.take(slice(i, i + size)))
-                           for i in range(0, len(items), size)]
+            size = -(-n // -(-n // CHUNK_POINTS))  # ceil(n / pieces), pieces = ceil(n / CHUNK_POINTS)
+            chunk_objs += [_chunk(job_id, name, rank, ordered.take(slice(i, i + size))) for i in range(0, n, size)]
             rest = []
         else:
-            rest = items
-            low, high = min(i[0] for i in items), max(i[0] for i in items)
+            rest = list(zip(steps, values, epochs, ats))
+            low, high = min(steps), max(steps)
             if low // CHUNK_POINTS != high // CHUNK_POINTS or low % CHUNK_POINTS == 0:
                 crossing.append((name, rank))
         row_objs += [MetricPoint(job_id=job_id, name=name, rank=rank, step=step, value=value, epoch=epoch,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from math import isfinite
 from typing import Any, Callable, Mapping
 
 from django.conf import settings
@@ -141,7 +142,10 @@ def metric_point_tuples(record: Mapping[str, Any], now: dt.datetime) -> list[met
         values = record.get(name)
         if isinstance(values, list):
             for rank, raw in enumerate(values):
-                add(name, raw, rank)
+                if type(raw) is float and isfinite(raw):  # the common case, without add()'s checks
+                    points.append((name, rank, step, raw, epoch, at))
+                else:
+                    add(name, raw, rank)
             if name in _ACROSS_METRICS and len(values) > 1:
                 points.extend((across_ranks_name(name, stat), None, step, value, epoch, at)
                               for stat, value in _across_ranks(values).items())
