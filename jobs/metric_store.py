@@ -354,7 +354,8 @@ def last(job_id: int, name: str, *, rank: int | None = None) -> tuple[int, float
     chunk_rank = GLOBAL_RANK if rank is None else rank
     row_rank = "rank IS NULL" if rank is None else "rank = %s"
     # Typed NULLs: PostgreSQL makes an untyped one in a subquery text, which no other column unites with.
-    sql = (f"SELECT * FROM (SELECT 1 AS kind, CAST(step AS bigint) AS step, epoch, value, recorded_at, "
+    # Each side is ordered by its own index ((job, name, step), (job, name, rank, last_step)): one row read.
+    sql = (f"SELECT * FROM (SELECT 1 AS kind, step, epoch, value, recorded_at, "
            f"CAST(NULL AS bytea) AS data FROM {MetricPoint._meta.db_table} "
            f"WHERE job_id = %s AND name = %s AND {row_rank} ORDER BY step DESC, id DESC LIMIT 1) AS r UNION ALL "
            f"SELECT * FROM (SELECT 0 AS kind, last_step, CAST(NULL AS integer), CAST(NULL AS double precision), "
