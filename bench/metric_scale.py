@@ -419,7 +419,8 @@ def _load_through_sync(args: argparse.Namespace, steps: int, job, started: dt.da
     for one in _passes(lines, args.pass_steps):
         stored += ingest_sync(job, one, now)
     t_points = time.perf_counter() - t0
-    assert stored == made["points"], (stored, made["points"])
+    # The sync adds the min, median and max across ranks of each per-rank timing (global series).
+    assert stored >= made["points"], (stored, made["points"])
     TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
     print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {stored:,} points stored through the sync's path "
           f"in {t_points:.1f} s ({stored / max(t_points, 1e-9):,.0f} points/s, passes of {args.pass_steps:,} records)"
@@ -442,7 +443,7 @@ def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
                             started=started, seed=args.seed, write_points=None, log=None, on_record=lines.append)
     passes = _passes(lines, args.pass_steps)
     now = dt.datetime.now(dt.timezone.utc)
-    out: dict[str, Any] = {"steps": args.compare_steps, "points": made["points"], "passes": len(passes)}
+    out: dict[str, Any] = {"steps": args.compare_steps, "passes": len(passes)}
     jobs = []
     for label, ingest in (("rows", ingest_rows), ("sync", ingest_sync)):
         job = TrainingJob.objects.create(
@@ -454,14 +455,15 @@ def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
         t0 = time.perf_counter()
         stored = sum(ingest(job, one, now) for one in passes)
         seconds = time.perf_counter() - t0
-        assert stored == made["points"], (label, stored, made["points"])
+        assert stored >= made["points"], (label, stored, made["points"])
         out[label] = {"seconds": seconds, "points_per_s": stored / max(seconds, 1e-9)}
+        out["points"] = stored
     a, b = (metric_store.points(job.pk) for job in jobs)
     out["same_points"] = a.keys() == b.keys() and all(
         len(a[k]) == len(b[k]) and (a[k].steps == b[k].steps).all() and (a[k].values == b[k].values).all() for k in a)
     out["ratio"] = out["sync"]["points_per_s"] / out["rows"]["points_per_s"]
     TrainingJob.objects.filter(pk__in=[job.pk for job in jobs]).delete()
-    print(f"ingestion from trainer records ({made['points']:,} points, {args.compare_steps:,} steps × {args.ranks} "
+    print(f"ingestion from trainer records ({out['points']:,} points, {args.compare_steps:,} steps × {args.ranks} "
           f"ranks, {len(passes)} passes): rows {out['rows']['points_per_s']:,.0f} points/s, sync path "
           f"{out['sync']['points_per_s']:,.0f} points/s = {out['ratio']:.1f}× (same points: {out['same_points']})",
           flush=True)
