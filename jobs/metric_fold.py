@@ -21,8 +21,8 @@ WIDTHS = (16, 256, 4096, 65536, 1048576, 16777216)
 """Steps per bucket at each level a chart is read at, finest first: each 16 times the one before."""
 STORED_WIDTHS = WIDTHS[1:]
 """The levels stored in ``MetricBucket``. The finest, 16, is not: at one point a step it was one bucket
-row (~200 bytes with its index) per 16 points, 12 bytes a point by itself, more than the raw points
-cost in chunks (``jobs.metric_store``); a chart read at width 16 spans at most 32,000 steps and folds
+row (~300 bytes with its index) per 16 points, ≈ 19 bytes a point by itself (bench/RESULTS.md), more
+than the raw points cost in chunks (``jobs.metric_store``); a chart read at width 16 spans at most 32,000 steps and folds
 the raw points of its range instead (``jobs.metric_buckets.read_series``)."""
 TOP = WIDTHS[-1]
 """The summary level: one bucket per series for runs shorter than 16,777,216 steps."""
