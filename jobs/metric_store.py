@@ -49,8 +49,9 @@ DIRECT_CHUNK_MIN = 256
 """Points of one series in one stored batch from which :func:`store` writes them as chunks directly
 (a backlog: a provider's ``logs`` call brings up to 2,000 lines) instead of rows; below it they are
 rows until compaction. A chunk of this many points still costs a few bytes a point."""
-COMPACT_MAX_CHUNKS = 256
-"""Chunks one :func:`compact` call seals at most (bounded work per sync pass; the rest waits)."""
+COMPACT_MAX_CHUNKS = 16
+"""Chunks one :func:`compact` call seals at most (65,536 rows: bounded work and memory per sync pass; the
+rest waits for the next call)."""
 FORMAT = 1
 _HEAD = struct.Struct("<BIqqq")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -13,7 +13,8 @@ def compact_existing(apps, schema_editor):
     MetricPoint = apps.get_model("jobs", "MetricPoint")
     MetricChunk = apps.get_model("jobs", "MetricChunk")
     for job_id in list(MetricPoint.objects.order_by().values_list("job_id", flat=True).distinct()):
-        while compact(job_id, max_chunks=1024, point_model=MetricPoint, chunk_model=MetricChunk):
+        # 64 chunks (262,144 rows) a call: bounded memory whatever the history.
+        while compact(job_id, max_chunks=64, point_model=MetricPoint, chunk_model=MetricChunk):
             pass
 
 
