@@ -272,7 +272,7 @@ def test_the_migration_seals_long_series_and_loses_nothing(job, other_job, monke
     _store_rows(other_job, short_run, rng)
     before = metric_store.count_and_checksum()
     assert before[0] == len(long_run) + len(short_run) == MetricPoint.objects.count()
-    migration = import_module("jobs.migrations.0031_metric_chunks")
+    migration = import_module("jobs.migrations.0032_metric_chunks")
     migration.compact_existing(django_apps, None)
     assert metric_store.count_and_checksum() == before
     assert MetricChunk.objects.filter(job=job).count() == 4 * (1300 // 256)  # 4 series, 5 full chunks each

@@ -56,7 +56,7 @@ def drop_finest_buckets(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0030_log_line_is_metric'),
+        ('jobs', '0031_metric_points_pruned_at'),
     ]
 
     operations = [
