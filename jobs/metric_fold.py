@@ -197,6 +197,9 @@ def upsert(job_id: int, buckets: Mapping[Key, Agg]) -> None:
                                                a.first_step, a.last_step, a.last_value, a.last_epoch, a.first_at,
                                                a.last_at)):
                 column.append(value)
+        for column, kind in zip(columns, _PG_TYPES):
+            if kind == "double precision":  # a value stored as an int (a stage number): one type a list
+                column[:] = [None if v is None else float(v) for v in column]
         arrays = ", ".join(f"%s::{kind}[]" for kind in _PG_TYPES)
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {table} ({', '.join(_COLUMNS)}) SELECT * FROM unnest({arrays}){tail}",

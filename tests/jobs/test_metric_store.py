@@ -343,3 +343,13 @@ def test_a_steady_sync_compacts_a_series_once_its_rows_fill_a_chunk(job, small_c
         k: [(s, v) for s, v, _, _ in rows] for k, rows in _brute_series(want).items()}
     assert MetricChunk.objects.filter(job=job, name="train_loss").count() >= 3
     assert MetricPoint.objects.filter(job=job, name="train_loss").count() < 2 * SMALL
+
+
+@pytest.mark.django_db
+def test_whole_number_values_fold_with_float_ones(job):
+    """A value stored as an int (a pipeline stage number) among floats in one batch: the bucket upsert
+    (one array per column on PostgreSQL) takes them, and reads them back as floats."""
+    MetricPoint.objects.bulk_create([MetricPoint(job=job, name="rank_pipeline_stage", rank=0, step=s, value=v,
+                                                 recorded_at=T0) for s, v in ((1, 1), (2, 2.5), (3, None))])
+    top = MetricBucket.objects.get(job=job, name="rank_pipeline_stage", width=STORED_WIDTHS[-1])
+    assert (top.min_value, top.max_value, top.sum_value, top.count, top.nonfinite) == (1.0, 2.5, 3.5, 3, 1)
