@@ -11,15 +11,19 @@ What it does, in one run:
 
 1. creates a throwaway PostgreSQL database (``--db-name``, default ``trainboard_bench_ms``, on
    ``--server``, default ``postgres://postgres@127.0.0.1:5432``) and applies every migration;
-2. for each size of ``--steps`` creates one RUNNING job of ``--ranks`` ranks (ORM) and bulk-loads its
-   history with COPY, as the sync stores the trainer's records (``jobs.sync.metric_points_from_record``):
+2. for each size of ``--steps`` creates one RUNNING job of ``--ranks`` ranks (ORM) and stores its
+   history as the sync stores the trainer's records (``--load sync``, the default: each record's log line
+   parsed, ``jobs.sync.metric_point_tuples``, ``jobs.metric_store.store`` per pass of ``--pass-steps``
+   records: full chunks for a backlog, rows for the rest, buckets folded from arrays, compaction; timed:
+   points/s), or (``--load copy``, today's storage before chunks) one row per point by COPY then folded:
    per step 4 global points (train_loss, train_accuracy, samples_per_s, lr; rank NULL) and 5 per-rank
    timing points per rank (rank_samples_per_s, rank_step_time_s, rank_data_wait_s, rank_compute_s,
    rank_sync_wait_s), val_loss and val_accuracy once per epoch (``--epoch-steps``), NULL values where a
    step was not finite (a few gaps), one loss spike, the last rank slower than the others (a
    straggler); and, unless ``--no-logs``, the job's log as the sync stores it: each record again as a
-   ``TRAINBOARD_METRIC`` line, a few launcher lines and one plain line per epoch. Then the points
-   are folded into their buckets (``jobs.metric_buckets.fold_stored_points``, timed: points/s) and
+   ``TRAINBOARD_METRIC`` line, a few launcher lines and one plain line per epoch (by COPY). Then
+   (``--compare-steps``) ingestion from the same trainer records through today's row path
+   (``MetricPoint.objects.bulk_create``) and the sync's path, points/s and their ratio in this run; and
    VACUUM ANALYZE;
 3. for each size and each URL (``--urls``: page ``/jobs/<pk>/``; chart ``/jobs/<pk>/metrics.json``,
    every line whole (a page's first read); poll the same with ``?after=&widths=&attempt=`` as the
@@ -33,7 +37,8 @@ What it does, in one run:
    RSS kept after the URL's requests;
 4. prints the table, each time's ratio to the smallest size's (1,000 steps by default) from this same
    run, the storage (``pg_total_relation_size`` of the points' and the buckets' tables, indexes and TOAST
-   included, after VACUUM ANALYZE, ÷ the points), and which of issue 29's targets are missed: job
+   included, after VACUUM ANALYZE, of the points' rows, the chunks and the buckets ÷ the points), and
+   which of issue 29's targets are missed: ingestion ≥ 200,000 points/s, job
    page ≤ 300 ms, poll ≤ 50 ms, API retrieve ≤ 50 ms (p50), each ≤ 2× its time at the smallest size,
    ≤ 50 MB of RSS per request, ≤ 20 bytes per point;
 5. drops the database (unless ``--keep``).
@@ -80,6 +85,7 @@ POLL_NEW_STEPS = 10
 RATIO_TARGET = 2.0
 RSS_PER_REQUEST_MB = 50.0
 BYTES_PER_POINT = 20.0
+INGEST_POINTS_PER_S = 200_000
 DB_PREFIX = "trainboard_bench_ms"
 CHUNK_STEPS = 2_000  # steps per COPY write: bounded memory at any run length
 
@@ -100,6 +106,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="which URLs, comma-separated from page, chart, poll, live, api (default all)")
     p.add_argument("--quick", action="store_true", help="--steps 1000,10000")
     p.add_argument("--no-logs", action="store_true", help="no JobLogLine rows (the log tail then reads nothing)")
+    p.add_argument("--load", choices=("sync", "copy"), default="sync",
+                   help="sync (default): the points stored through the sync's path (jobs.metric_store.store: "
+                        "chunks for a backlog, rows for the rest, compaction); copy: one row per point by COPY, "
+                        "then folded (today's storage, for a before figure)")
+    p.add_argument("--pass-steps", type=int, default=2000,
+                   help="records (steps) per stored batch in the sync load and the ingestion comparison (default 2,000: a "
+                        "provider logs() call brings at most 2,000 lines, stored in a transaction of its own)")
+    p.add_argument("--compare-steps", type=int, default=8192,
+                   help="steps of the ingestion comparison, rows vs the sync path (default 8,192; 0: skip it)")
     p.add_argument("--slow-queries", type=int, default=3,
                    help="print the slowest N SQL queries of each URL at the largest size (default 3)")
     p.add_argument("--server", default=os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432"),
@@ -124,7 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.url_labels) - {label for label, _, _ in URLS})
     if unknown or not args.url_labels:
         p.error(f"--urls takes page, chart, poll, live, api; got {args.urls!r}")
-    for name in ("ranks", "epoch_steps", "requests"):
+    if args.compare_steps < 0:
+        p.error("--compare-steps must be at least 0")
+    for name in ("ranks", "epoch_steps", "requests", "pass_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmups < 0 or args.budget_s <= 0:
@@ -157,11 +174,14 @@ def _number(value: float | None) -> str:
 
 
 def generate_history(job_id: int, *, steps: int, ranks: int, epoch_steps: int, started: dt.datetime,
-                     seed: int, write_points: Callable[[str], None], log: TextIO | None) -> dict[str, Any]:
+                     seed: int, write_points: Callable[[str], None] | None, log: TextIO | None,
+                     on_record: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the job's MetricPoint rows in COPY text format (columns job_id, name, step, epoch, rank,
     value, recorded_at) to ``write_points``, in the order the sync stores them (step by step), and,
     with ``log``, its log lines (job_id, seq, text, is_metric in COPY text format). One record a second from
-    ``started``. Returns ``{"points", "log_lines", "final_metrics", "rank_gap": (step, rank)}``."""
+    ``started``. ``on_record``: called with each metric record's log line (``TRAINBOARD_METRIC {...}``)
+    as the trainer printed it, in order (the sync's input). Returns ``{"points", "log_lines",
+    "final_metrics", "rank_gap": (step, rank)}``."""
     from trainer_pkg.metrics import METRIC_PREFIX, format_metric_line
 
     rng = random.Random(seed * 1_000_003 + steps)
@@ -225,19 +245,25 @@ def generate_history(job_id: int, *, steps: int, ranks: int, epoch_steps: int, s
             record["train_loss"] = float("nan")
         if step == gap_step:
             record["rank_step_time_s"] = [float("nan") if v is None else v for v in rank_values["rank_step_time_s"]]
-        log_line(format_metric_line(record))
+        text = format_metric_line(record)
+        log_line(text)
+        if on_record is not None:
+            on_record(text)
         if step % epoch_steps == 0:
             val = {"val_loss": loss * 1.08 + rng.gauss(0.0, 0.01), "val_accuracy": values["train_accuracy"] * 0.98}
             for name in EPOCH_METRICS:
                 buf.append(f"{head}{name}{tail}\\N\t{_number(val[name])}\t{when}\n")
                 final[name] = val[name]
             points += len(EPOCH_METRICS)
-            log_line(format_metric_line({"event": "epoch", "step": step, "epoch": epoch, "time": t_start + step,
-                                         **val}))
+            text = format_metric_line({"event": "epoch", "step": step, "epoch": epoch, "time": t_start + step, **val})
+            log_line(text)
+            if on_record is not None:
+                on_record(text)
             log_line(f"[trainer] epoch {epoch + 1} done at step {step:,}: val_loss {val['val_loss']:.4f}, "
                      f"checkpoint saved")
         if step % CHUNK_STEPS == 0 or step == steps:
-            write_points("".join(buf))
+            if write_points is not None:
+                write_points("".join(buf))
             buf.clear()
     return {"points": points, "log_lines": seq, "final_metrics": final, "rank_gap": (gap_step, gap_rank)}
 
@@ -281,6 +307,8 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
         hourly_price_usd=Decimal("2.0000"), submitted_at=started - dt.timedelta(seconds=30), started_at=started,
         first_step_at=started, state_entered_at=started, last_synced_at=now, created_at=started,
     )
+    if args.load == "sync":
+        return {"job_id": job.pk, **_load_through_sync(args, steps, job, started)}
     t0 = time.perf_counter()
     total = {"rows": 0, "next": max(1, steps // 10)}
     rows_per_step = len(GLOBAL_STEP_METRICS) + len(RANK_STEP_METRICS) * args.ranks
@@ -302,14 +330,7 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
                                     started=started, seed=args.seed, write_points=write_points,
                                     log=None if args.no_logs else log)
         t_points = time.perf_counter() - t0
-        t_logs = 0.0
-        if not args.no_logs:
-            t1 = time.perf_counter()
-            log.seek(0)
-            with cur.cursor.copy(f"COPY {JobLogLine._meta.db_table} (job_id, seq, text, is_metric) FROM STDIN") as copy:
-                while block := log.read(1 << 20):
-                    copy.write(block)
-            t_logs = time.perf_counter() - t1
+        t_logs = _copy_logs(cur, log) if not args.no_logs else 0.0
     TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
     t2 = time.perf_counter()
     folded = fold_stored_points(job.pk)  # the buckets, as storing the points through the ORM folds them
@@ -322,16 +343,144 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
             "fold_points_per_s": folded / max(t_fold, 1e-9)}
 
 
+def _copy_logs(cur, log: TextIO) -> float:
+    """COPY the log lines ``generate_history`` wrote to ``log``; returns the seconds it took."""
+    from jobs.models import JobLogLine
+
+    t1 = time.perf_counter()
+    log.seek(0)
+    with cur.cursor.copy(f"COPY {JobLogLine._meta.db_table} (job_id, seq, text, is_metric) FROM STDIN") as copy:
+        while block := log.read(1 << 20):
+            copy.write(block)
+    return time.perf_counter() - t1
+
+
+def _passes(lines: list[str], pass_steps: int) -> list[list[str]]:
+    """``lines`` (metric records in order) cut into sync passes of ``pass_steps`` step records each
+    (an epoch record goes with the pass of its step)."""
+    out: list[list[str]] = [[]]
+    steps = 0
+    for line in lines:
+        if '"event":"step"' in line:
+            if steps == pass_steps:
+                out.append([])
+                steps = 0
+            steps += 1
+        out[-1].append(line)
+    return [p for p in out if p]
+
+
+def ingest_rows(job, lines: list[str], now: dt.datetime) -> int:
+    """Today's row path for one pass: parse, a ``MetricPoint`` per point, ``MetricPoint.objects.bulk_create``
+    (which folds the buckets point by point), in one transaction. Returns the points stored."""
+    from django.db import transaction
+
+    from jobs.models import MetricPoint
+    from jobs.sync import metric_points_from_record
+    from trainer_pkg.metrics import parse_metric_line
+
+    points = [p for line in lines for p in metric_points_from_record(job, parse_metric_line(line), now)]
+    with transaction.atomic():
+        MetricPoint.objects.bulk_create(points)
+    return len(points)
+
+
+def ingest_sync(job, lines: list[str], now: dt.datetime) -> int:
+    """The sync's path for one pass (``jobs.sync._ingest_lines`` less the log lines): parse, point tuples,
+    ``jobs.metric_store.store`` (full chunks directly for a backlog, buckets folded from arrays, then
+    compaction), in one transaction. Returns the points stored."""
+    from django.db import transaction
+
+    from jobs import metric_store
+    from jobs.sync import metric_point_tuples
+    from trainer_pkg.metrics import parse_metric_line
+
+    points = [p for line in lines for p in metric_point_tuples(parse_metric_line(line), now)]
+    with transaction.atomic():
+        metric_store.store(job.pk, points)
+    return len(points)
+
+
+def _load_through_sync(args: argparse.Namespace, steps: int, job, started: dt.datetime) -> dict[str, Any]:
+    """The job's points stored as the sync stores them (:func:`ingest_sync`, passes of ``--pass-steps``
+    records), its log lines by COPY; ingestion timed apart from generating the records."""
+    from django.db import connection
+
+    from jobs.models import TrainingJob
+
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as log, connection.cursor() as cur:
+        made = generate_history(job.pk, steps=steps, ranks=args.ranks, epoch_steps=args.epoch_steps, started=started,
+                                seed=args.seed, write_points=None, log=None if args.no_logs else log,
+                                on_record=lines.append)
+        t_logs = _copy_logs(cur, log) if not args.no_logs else 0.0
+    now = dt.datetime.now(dt.timezone.utc)
+    stored, t0 = 0, time.perf_counter()
+    for one in _passes(lines, args.pass_steps):
+        stored += ingest_sync(job, one, now)
+    t_points = time.perf_counter() - t0
+    # The sync adds the min, median and max across ranks of each per-rank timing (global series).
+    assert stored >= made["points"], (stored, made["points"])
+    TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
+    print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {stored:,} points stored through the sync's path "
+          f"in {t_points:.1f} s ({stored / max(t_points, 1e-9):,.0f} points/s, passes of {args.pass_steps:,} records)"
+          + ("" if args.no_logs else f", {made['log_lines']:,} log lines in {t_logs:.1f} s"), flush=True)
+    return {"points": stored, "log_lines": 0 if args.no_logs else made["log_lines"], "load_points_s": t_points,
+            "load_logs_s": t_logs, "ingest_points_per_s": stored / max(t_points, 1e-9)}
+
+
+def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
+    """Ingestion from trainer records, today's row path against the sync's path, on the same records
+    (``--compare-steps`` steps × ``--ranks``, passes of ``--pass-steps`` records), each into a job of
+    its own, then both jobs deleted. Returns points/s of each and their ratio."""
+    from jobs import metric_store
+    from jobs.models import TrainingJob
+
+    user, dataset, model, backend = world
+    lines: list[str] = []
+    started = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    made = generate_history(0, steps=args.compare_steps, ranks=args.ranks, epoch_steps=args.epoch_steps,
+                            started=started, seed=args.seed, write_points=None, log=None, on_record=lines.append)
+    passes = _passes(lines, args.pass_steps)
+    now = dt.datetime.now(dt.timezone.utc)
+    out: dict[str, Any] = {"steps": args.compare_steps, "passes": len(passes)}
+    jobs = []
+    for label, ingest in (("rows", ingest_rows), ("sync", ingest_sync)):
+        job = TrainingJob.objects.create(
+            owner=user, name=f"ingest-{label}", dataset=dataset, model_spec=model, backend=backend,
+            config={"model": {"arch": "cnn"}, "data": {"name": "digits"}, "train": {"epochs": 2}}, nodes=1,
+            procs_per_node=args.ranks, state="RUNNING", provider_job_name=f"tb-ingest-{label}",
+            hourly_price_usd=Decimal("2.0000"), started_at=started, state_entered_at=started)
+        jobs.append(job)
+        t0 = time.perf_counter()
+        stored = sum(ingest(job, one, now) for one in passes)
+        seconds = time.perf_counter() - t0
+        assert stored >= made["points"], (label, stored, made["points"])
+        out[label] = {"seconds": seconds, "points_per_s": stored / max(seconds, 1e-9)}
+        out["points"] = stored
+    a, b = (metric_store.points(job.pk) for job in jobs)
+    out["same_points"] = a.keys() == b.keys() and all(
+        len(a[k]) == len(b[k]) and (a[k].steps == b[k].steps).all() and (a[k].values == b[k].values).all() for k in a)
+    out["ratio"] = out["sync"]["points_per_s"] / out["rows"]["points_per_s"]
+    TrainingJob.objects.filter(pk__in=[job.pk for job in jobs]).delete()
+    print(f"ingestion from trainer records ({out['points']:,} points, {args.compare_steps:,} steps × {args.ranks} "
+          f"ranks, {len(passes)} passes): rows {out['rows']['points_per_s']:,.0f} points/s, sync path "
+          f"{out['sync']['points_per_s']:,.0f} points/s = {out['ratio']:.1f}× (same points: {out['same_points']})",
+          flush=True)
+    return out
+
+
 def storage() -> dict[str, Any]:
     """Bytes on disk of the metric and log tables (heap, indexes, TOAST) ÷ their rows; run after
     VACUUM ANALYZE so dead tuples and stale statistics do not count."""
     from django.db import connection
 
-    from jobs.models import JobLogLine, MetricBucket, MetricPoint
+    from jobs.models import JobLogLine, MetricBucket, MetricChunk, MetricPoint
 
     out = {}
     with connection.cursor() as cur:
-        for key, model in (("metric_points", MetricPoint), ("metric_buckets", MetricBucket), ("log_lines", JobLogLine)):
+        for key, model in (("metric_points", MetricPoint), ("metric_chunks", MetricChunk),
+                           ("metric_buckets", MetricBucket), ("log_lines", JobLogLine)):
             table = model._meta.db_table
             cur.execute(f"SELECT pg_total_relation_size(%s::regclass), pg_relation_size(%s::regclass), "
                         f"pg_indexes_size(%s::regclass), "
@@ -339,6 +488,9 @@ def storage() -> dict[str, Any]:
             total, heap, indexes, rows = cur.fetchone()
             out[key] = {"table": table, "rows": rows, "total_bytes": total, "heap_bytes": heap,
                         "index_bytes": indexes, "bytes_per_row": total / rows if rows else None}
+        cur.execute(f"SELECT COALESCE(SUM(count), 0) FROM {MetricChunk._meta.db_table}")
+        out["metric_chunks"]["points"] = int(cur.fetchone()[0])
+    out["points"] = out["metric_points"]["rows"] + out["metric_chunks"]["points"]
     return out
 
 
@@ -460,9 +612,9 @@ def verdicts(sizes: list[dict[str, Any]], store: dict[str, Any]) -> list[str]:
 
 
 def _bytes_per_point(store: dict[str, Any]) -> float | None:
-    """Bytes on disk per point: the points' table and the buckets' ÷ the points."""
-    mp, mb = store["metric_points"], store["metric_buckets"]
-    return (mp["total_bytes"] + mb["total_bytes"]) / mp["rows"] if mp["rows"] else None
+    """Bytes on disk per point: the points' (rows), the chunks' and the buckets' tables ÷ the points."""
+    mp, mc, mb = store["metric_points"], store["metric_chunks"], store["metric_buckets"]
+    return (mp["total_bytes"] + mc["total_bytes"] + mb["total_bytes"]) / store["points"] if store["points"] else None
 
 
 def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argparse.Namespace) -> None:
@@ -486,11 +638,16 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
     print(f"\nstorage after VACUUM ANALYZE (pg_total_relation_size: heap + indexes + TOAST, every job in the table):\n"
           f"  {mp['table']}: {mp['rows']:,} rows, {mp['total_bytes'] / 2**20:,.1f} MiB (heap "
           f"{mp['heap_bytes'] / 2**20:,.1f}, indexes {mp['index_bytes'] / 2**20:,.1f}) = "
-          f"{mp['bytes_per_row']:.1f} bytes per point")
+          f"{(mp['bytes_per_row'] or 0):.1f} bytes per row")
+    mc = store["metric_chunks"]
+    print(f"  {mc['table']}: {mc['rows']:,} chunks of {mc['points']:,} points, {mc['total_bytes'] / 2**20:,.1f} MiB "
+          f"(heap {mc['heap_bytes'] / 2**20:,.1f}, indexes {mc['index_bytes'] / 2**20:,.1f}, TOAST included) = "
+          f"{mc['total_bytes'] / max(mc['points'], 1):.1f} bytes per point")
     mb = store["metric_buckets"]
     print(f"  {mb['table']}: {mb['rows']:,} rows, {mb['total_bytes'] / 2**20:,.1f} MiB (heap "
           f"{mb['heap_bytes'] / 2**20:,.1f}, indexes {mb['index_bytes'] / 2**20:,.1f}); points and buckets: "
-          f"{_bytes_per_point(store):.1f} bytes per point (target ≤ {BYTES_PER_POINT:.0f})")
+          f"{_bytes_per_point(store):.1f} bytes per point over {store['points']:,} points, rows + chunks + buckets "
+          f"(target ≤ {BYTES_PER_POINT:.0f})")
     if ll["rows"]:
         print(f"  {ll['table']}: {ll['rows']:,} rows, {ll['total_bytes'] / 2**20:,.1f} MiB = "
               f"{ll['bytes_per_row']:.0f} bytes per line (each metric record stored again as a line)")
@@ -516,7 +673,9 @@ def main(argv: list[str] | None = None) -> int:
         from django.test import Client
 
         from jobs.comparison import RANK_METRICS
-        from jobs.models import JobLogLine, MetricPoint, TrainingJob
+        from django.db.models import Sum
+
+        from jobs.models import JobLogLine, MetricChunk, MetricPoint, TrainingJob
         from trainer_pkg.metrics import GLOBAL_METRICS
 
         # The history is the trainer's: fail here, not silently, if its names change.
@@ -535,8 +694,9 @@ def main(argv: list[str] | None = None) -> int:
                 sizes.append({"steps": steps, "ranks": args.ranks, **load_size(args, steps, world)})
                 loaded = True
             else:
+                chunked = MetricChunk.objects.filter(job_id=job.pk).aggregate(n=Sum("count"))["n"] or 0
                 sizes.append({"steps": steps, "ranks": args.ranks, "job_id": job.pk,
-                              "points": MetricPoint.objects.filter(job_id=job.pk).count(),
+                              "points": MetricPoint.objects.filter(job_id=job.pk).count() + chunked,
                               "log_lines": JobLogLine.objects.filter(job_id=job.pk).count()})
                 print(f"reusing job {job.pk}: {steps:,} steps, {sizes[-1]['points']:,} points", flush=True)
         if loaded or not args.reuse:
@@ -545,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
                 cur.execute("VACUUM ANALYZE")
             print(f"VACUUM ANALYZE in {time.perf_counter() - t0:.1f} s", flush=True)
         store = storage()
+        # After the storage figure: the comparison's rows, deleted, would leave their index pages behind.
+        ingestion = ingest_compare(args, world) if args.compare_steps else None
 
         client = Client()
         client.force_login(world[0])
@@ -567,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{fig['queries']} queries  +{fig['rss_per_request_mb']:,.0f} MB  "
                       f"({len(fig['times_ms'])} timed, {time.perf_counter() - t0:,.0f} s)", flush=True)
         misses = verdicts(sizes, store)
+        if ingestion and ingestion["sync"]["points_per_s"] < INGEST_POINTS_PER_S:
+            misses.append(f"ingestion: {ingestion['sync']['points_per_s']:,.0f} points/s < {INGEST_POINTS_PER_S:,}")
         print_table(sizes, store, args)
         try:
             load_after = os.getloadavg()[0]
@@ -584,7 +748,8 @@ def main(argv: list[str] | None = None) -> int:
                            "load_average": [load_before[0], load_after], "argv": sys.argv[1:],
                            "targets": {"p50_ms": {label: t for label, _, t in URLS}, "ratio": RATIO_TARGET,
                                        "rss_per_request_mb": RSS_PER_REQUEST_MB, "bytes_per_point": BYTES_PER_POINT},
-                           "storage": store, "sizes": sizes, "misses": misses}, f, indent=1, default=str)
+                           "storage": store, "ingestion": ingestion, "sizes": sizes, "misses": misses}, f,
+                          indent=1, default=str)
             print(f"wrote {args.json}")
         return 1 if misses and args.check else 0
     finally:

@@ -39,6 +39,8 @@ from jobs.models import (
     InstancePrice,
     JobEvent,
     JobLogLine,
+    MetricBucket,
+    MetricChunk,
     MetricPoint,
     ModelSpec,
     OrphanJob,
@@ -513,7 +515,7 @@ class TrainingJobAdmin(OwnedAdmin):
 
     # A job's own history, deleted with it: their admins are read-only (nobody deletes one event), which
     # must not block deleting the job they belong to.
-    _JOB_HISTORY = (JobEvent, MetricPoint, JobLogLine)
+    _JOB_HISTORY = (JobEvent, MetricPoint, MetricChunk, MetricBucket, JobLogLine)
     ACTIVE_LISTED = 20  # active jobs named in the refusal; the rest are counted
 
     def has_add_permission(self, request):

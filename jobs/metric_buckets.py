@@ -1,19 +1,19 @@
 """Metric series at any length: points folded into buckets as they are stored, read at a chart's
 resolution (:class:`jobs.models.MetricBucket`).
 
-Every point of a series (a job's ``name`` at one ``rank``, or global) is counted once at each level
-of :data:`WIDTHS`: in the bucket ``step // width`` of that width, which keeps the count, the
+Every point of a series (a job's ``name`` at one ``rank``, or global) is counted once at each stored
+level (:data:`STORED_WIDTHS`; the finest chart level, 16, is folded from the raw points when read): in the bucket ``step // width`` of that width, which keeps the count, the
 non-finite count, min, max and sum of the finite values and the last point (highest step). A range
 of steps is then read at the finest level that gives at most ``max_points`` buckets, so a chart of a
 week-long run reads as many rows as one of a minute-long run, and a loss spike or a NaN stays
 visible in its bucket's min–max band and gap marker where even sampling would drop it. Ranges of
-few points are read from the points themselves (``MetricPoint``). The widest level has one bucket
+few points are read from the points themselves (:mod:`jobs.metric_store`: chunks and rows). The widest level has one bucket
 per series for any run under 16.7M steps: it is the series' summary (last value, min, max, sum).
 
 Storing points folds them (:mod:`jobs.metric_fold`, which ``MetricPoint.objects.bulk_create`` calls):
 one ``INSERT ... ON CONFLICT DO UPDATE`` per chunk of buckets (PostgreSQL and SQLite), merging with
 what earlier passes stored without reading it. A resumed run's superseded steps are cut with
-:func:`drop_from`. Imports models and :mod:`jobs.metric_fold` only.
+:func:`drop_from`. Imports models, :mod:`jobs.metric_fold` and :mod:`jobs.metric_store` only.
 """
 
 from __future__ import annotations
@@ -23,50 +23,62 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Q
 
-from jobs.metric_fold import ACROSS_SEPARATOR, GLOBAL_RANK, MAX_CHART_POINTS, TOP, WIDTHS, Agg, fold, upsert
+from jobs import metric_store
+from jobs.metric_fold import (ACROSS_SEPARATOR, GLOBAL_RANK, MAX_CHART_POINTS, STORED_WIDTHS, TOP, WIDTHS, Agg, Key,
+                              fold, upsert)
 from jobs.models import MetricBucket, MetricPoint
 
 def drop_from(job_id: int, step: int) -> None:
-    """Remove every point at ``step`` or later from the job's buckets (a resumed run redoes those
-    steps; the caller has deleted the points themselves first). The bucket holding ``step`` at each
-    level is rebuilt from what is below it: the points at the finest level, the finer level's
-    buckets above it."""
-    cut = Q()
-    for width in WIDTHS:
-        cut |= Q(width=width, bucket__gte=step // width)
-    MetricBucket.objects.filter(job_id=job_id).filter(cut).delete()
-    first = WIDTHS[0]
-    base = (step // first) * first
-    points = (MetricPoint.objects.filter(job_id=job_id, step__gte=base, step__lt=step).order_by("id")
-              .values_list("name", "rank", "step", "value", "epoch", "recorded_at"))
-    level = {(n, r, b): a for (n, r, w, b), a in fold(points).items() if w == first}
-    upsert(job_id, {(n, r, first, b): a for (n, r, b), a in level.items()})
-    for finer, width in zip(WIDTHS, WIDTHS[1:]):
-        below = (MetricBucket.objects.filter(job_id=job_id, width=finer,
-                                             bucket__gte=(step // width) * (width // finer))
-                 .order_by("bucket"))
-        rebuilt: dict[tuple[str, int, int], Agg] = {}
-        for row in below:
-            key = (row.name, row.rank, row.bucket // (width // finer))
-            if key in rebuilt:
-                rebuilt[key].add(Agg.of_row(row))
-            else:
-                rebuilt[key] = Agg.of_row(row)
-        upsert(job_id, {(n, r, width, b): a for (n, r, b), a in rebuilt.items()})
+    """Remove every point at ``step`` or later from the job's points (rows and chunks,
+    :func:`jobs.metric_store.drop_from`) and from its buckets (a resumed run redoes those steps), in
+    one transaction. The bucket holding ``step`` at each stored level is rebuilt from what is below
+    it: the points at the finest stored level, the finer level's buckets above it."""
+    with transaction.atomic():
+        metric_store.drop_from(job_id, step)
+        cut = Q()
+        for width in STORED_WIDTHS:
+            cut |= Q(width=width, bucket__gte=step // width)
+        MetricBucket.objects.filter(job_id=job_id).filter(cut).delete()
+        first = STORED_WIDTHS[0]
+        base = (step // first) * first
+        level: dict[Key, Agg] = {}
+        if base < step:
+            for (name, rank), series in metric_store.points(job_id, start=base, end=step - 1).items():
+                level.update(metric_store.fold_arrays(name, rank, series, (first,)))
+        upsert(job_id, level)
+        for finer, width in zip(STORED_WIDTHS, STORED_WIDTHS[1:]):
+            below = (MetricBucket.objects.filter(job_id=job_id, width=finer,
+                                                 bucket__gte=(step // width) * (width // finer))
+                     .order_by("bucket"))
+            rebuilt: dict[tuple[str, int, int], Agg] = {}
+            for row in below:
+                key = (row.name, row.rank, row.bucket // (width // finer))
+                if key in rebuilt:
+                    rebuilt[key].add(Agg.of_row(row))
+                else:
+                    rebuilt[key] = Agg.of_row(row)
+            upsert(job_id, {(n, r, width, b): a for (n, r, b), a in rebuilt.items()})
 
 
 def rebuild(job_id: int) -> int:
-    """The job's buckets computed again from all its points (a repair); returns the points read."""
-    MetricBucket.objects.filter(job_id=job_id).delete()
-    return fold_stored_points(job_id)
+    """The job's buckets computed again from all its points, rows and chunks (a repair); returns the
+    points read."""
+    with transaction.atomic():
+        MetricBucket.objects.filter(job_id=job_id).delete()
+        done = 0
+        for (name, rank), series in metric_store.points(job_id).items():
+            upsert(job_id, metric_store.fold_arrays(name, rank, series))
+            done += len(series)
+        return done
 
 
 def fold_stored_points(job_id: int, point_model: Any = MetricPoint, chunk: int = 200_000) -> int:
-    """Fold every stored point of the job into its buckets, reading ``chunk``-sized keyset pages in
-    stored order; returns the number of points read. ``point_model``: a migration's historical
-    ``MetricPoint``."""
+    """Fold every stored point row of the job into its buckets, reading ``chunk``-sized keyset pages
+    in stored order; returns the number of points read. ``point_model``: a migration's historical
+    ``MetricPoint`` (migration 0029 ran before chunks existed: the rows were every point then)."""
     done, after = 0, 0
     while True:
         page = list(point_model.objects.filter(job_id=job_id, id__gt=after).order_by("id")
@@ -142,16 +154,21 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | No
     width = width or max(width_for(end - start + 1, max_points), min_width)
     out: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
     if width == 1:
-        rows = MetricPoint.objects.filter(job_id=job_id, step__gte=start, step__lte=end)
-        if per_rank is not None:
-            rows = rows.filter(rank__isnull=False) if per_rank else rows.filter(rank__isnull=True)
-        rows = rows.filter(name__in=list(names)) if names is not None else rows.exclude(name__contains=ACROSS_SEPARATOR)
-        if exclude:
-            rows = rows.exclude(name__in=list(exclude))
-        for name, rank, step, value, at in (rows.order_by("name", "rank", "step", "id")
-                                            .values_list("name", "rank", "step", "value", "recorded_at")):
-            out.setdefault((name, rank), []).append({"x": step, "y": value, "t": _seconds(at)})
+        for key, series in metric_store.points(job_id, names=names, exclude=exclude, per_rank=per_rank,
+                                               reported_only=names is None, start=start, end=end).items():
+            out[key] = [{"x": step, "y": value, "t": round(us / 1e6, 3)} for step, value, us in
+                        zip(series.steps.tolist(), series.value_list(), series.at_us.tolist())]
         return 1, out
+    if width not in STORED_WIDTHS:
+        # A level not stored (16): folded from the range's raw points, whole buckets as stored ones are.
+        first, stop = (start // width) * width, (end // width) * width + width - 1
+        for (name, rank), series in metric_store.points(job_id, names=names, exclude=exclude, per_rank=per_rank,
+                                                        reported_only=names is None, start=first, end=stop).items():
+            line = out.setdefault((name, rank), [])
+            folded = metric_store.fold_arrays(name, rank, series, (width,))
+            for (_, _, _, _), agg in sorted(folded.items(), key=lambda item: item[0][3]):
+                _bucket_points(line, agg)
+        return width, out
     rows = MetricBucket.objects.filter(job_id=job_id, width=width, bucket__gte=start // width, bucket__lte=end // width)
     if per_rank is not None:
         rows = rows.filter(rank__gte=0) if per_rank else rows.filter(rank=GLOBAL_RANK)
@@ -159,9 +176,14 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | No
     if exclude:
         rows = rows.exclude(name__in=list(exclude))
     for row in rows.order_by("name", "rank", "bucket"):
-        line = out.setdefault((row.name, None if row.rank == GLOBAL_RANK else row.rank), [])
-        if row.nonfinite and row.last_value is not None:
-            line.append({"x": row.first_nonfinite_step, "y": None, "t": _seconds(row.first_at)})
-        line.append({"x": row.last_step, "y": row.last_value, "t": _seconds(row.last_at),
-                     "min": row.min_value, "max": row.max_value, "n": row.count})
+        _bucket_points(out.setdefault((row.name, None if row.rank == GLOBAL_RANK else row.rank), []), row)
     return width, out
+
+
+def _bucket_points(line: list[dict[str, Any]], b: Any) -> None:
+    """Append bucket ``b`` (a ``MetricBucket`` row or an :class:`Agg`) to a chart line: its last point
+    with its band, preceded by a gap where it holds a non-finite point among finite ones."""
+    if b.nonfinite and b.last_value is not None:
+        line.append({"x": b.first_nonfinite_step, "y": None, "t": _seconds(b.first_at)})
+    line.append({"x": b.last_step, "y": b.last_value, "t": _seconds(b.last_at),
+                 "min": b.min_value, "max": b.max_value, "n": b.count})

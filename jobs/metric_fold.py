@@ -18,7 +18,12 @@ BUCKET_TABLE = "jobs_metricbucket"
 """``jobs.models.MetricBucket``'s table (a test holds the two together)."""
 
 WIDTHS = (16, 256, 4096, 65536, 1048576, 16777216)
-"""Steps per bucket at each level, finest first: each 16 times the one before."""
+"""Steps per bucket at each level a chart is read at, finest first: each 16 times the one before."""
+STORED_WIDTHS = WIDTHS[1:]
+"""The levels stored in ``MetricBucket``. The finest, 16, is not: at one point a step it was one bucket
+row (~300 bytes with its index) per 16 points, ≈ 19 bytes a point by itself (bench/RESULTS.md), more
+than the raw points cost in chunks (``jobs.metric_store``); a chart read at width 16 spans at most 32,000 steps and folds
+the raw points of its range instead (``jobs.metric_buckets.read_series``)."""
 TOP = WIDTHS[-1]
 """The summary level: one bucket per series for runs shorter than 16,777,216 steps."""
 GLOBAL_RANK = -1
@@ -105,9 +110,9 @@ Key = tuple[str, int, int, int]
 
 
 def fold(points: Iterable[tuple[str, int | None, int, float | None, int | None, dt.datetime]]) -> dict[Key, Agg]:
-    """Every level's buckets of ``points``, ``(name, rank or None, step, value or None, epoch, time)``
-    in the order they were stored."""
-    first = WIDTHS[0]
+    """Every stored level's buckets (:data:`STORED_WIDTHS`) of ``points``, ``(name, rank or None, step,
+    value or None, epoch, time)`` in the order they were stored."""
+    first = STORED_WIDTHS[0]
     level: dict[tuple[str, int, int], Agg] = {}
     for name, rank, step, value, epoch, at in points:
         key = (name, GLOBAL_RANK if rank is None else rank, step // first)
@@ -117,7 +122,7 @@ def fold(points: Iterable[tuple[str, int | None, int, float | None, int | None, 
         else:
             agg.add(Agg.point(step, value, epoch, at))
     out: dict[Key, Agg] = {(n, r, first, b): a for (n, r, b), a in level.items()}
-    for finer, width in zip(WIDTHS, WIDTHS[1:]):
+    for finer, width in zip(STORED_WIDTHS, STORED_WIDTHS[1:]):
         coarser: dict[tuple[str, int, int], Agg] = {}
         ratio = width // finer
         for (n, r, b), agg in level.items():
@@ -143,6 +148,12 @@ def store(points: Sequence[Any]) -> None:
 
 _COLUMNS = ("job_id", "name", "rank", "width", "bucket", "count", "nonfinite", "first_nonfinite_step", "min_value",
             "max_value", "sum_value", "first_step", "last_step", "last_value", "last_epoch", "first_at", "last_at")
+
+
+_PG_TYPES = ("bigint", "varchar", "integer", "integer", "bigint", "integer", "integer", "bigint", "double precision",
+             "double precision", "double precision", "bigint", "bigint", "double precision", "integer",
+             "timestamptz", "timestamptz")
+"""PostgreSQL types of :data:`_COLUMNS`, for :func:`upsert`'s arrays."""
 
 
 def _merge_sql(table: str) -> str:
@@ -176,6 +187,24 @@ def upsert(job_id: int, buckets: Mapping[Key, Agg]) -> None:
     tail = f" ON CONFLICT (job_id, width, name, rank, bucket) DO UPDATE SET {_merge_sql(table)}"
     row_sql = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
     items = list(buckets.items())
+    if connection.vendor == "postgresql":
+        # One statement of 17 array parameters, whatever the number of buckets: a VALUES list of
+        # 500 rows is 8,500 placeholders for the driver to split and quote, a cost per bucket.
+        columns: list[list[Any]] = [[] for _ in _COLUMNS]
+        for (name, rank, width, bucket), a in items:
+            for column, value in zip(columns, (job_id, name, rank, width, bucket, a.count, a.nonfinite,
+                                               a.first_nonfinite_step, a.min_value, a.max_value, a.sum_value,
+                                               a.first_step, a.last_step, a.last_value, a.last_epoch, a.first_at,
+                                               a.last_at)):
+                column.append(value)
+        for column, kind in zip(columns, _PG_TYPES):
+            if kind == "double precision":  # a value stored as an int (a stage number): one type a list
+                column[:] = [None if v is None else float(v) for v in column]
+        arrays = ", ".join(f"%s::{kind}[]" for kind in _PG_TYPES)
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} ({', '.join(_COLUMNS)}) SELECT * FROM unnest({arrays}){tail}",
+                           columns)
+        return
     with connection.cursor() as cursor:
         for start in range(0, len(items), UPSERT_CHUNK):
             chunk = items[start:start + UPSERT_CHUNK]

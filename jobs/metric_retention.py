@@ -3,11 +3,11 @@ days after it ended, and its charts go on from its buckets (docs/comparing-runs.
 
 ``TRAINBOARD_METRIC_POINTS_RETENTION_DAYS`` (days, a float; 0, the default, keeps every point): once a
 job has been terminal that long, :func:`prune_metric_points` deletes its :class:`~jobs.models.MetricPoint`
-rows except the per-epoch validation points (names starting ``val_``, one per epoch: the job's timeline
+rows and :class:`~jobs.models.MetricChunk` chunks except the per-epoch validation points (names starting ``val_``, one per epoch: the job's timeline
 and the epochs a continued job starts from read them) and sets ``metric_points_pruned_at``. Kept: every
-bucket (:mod:`jobs.metric_buckets`: each 16 steps' last value, min, max and count, and the coarser levels),
-so its charts, comparisons and summaries look the same, a zoom reading 16-step buckets where it would have
-read the points themselves (:func:`finest_width`); ``final_metrics``; the log (metric records included).
+bucket (:mod:`jobs.metric_buckets`: each 256 steps' last value, min, max and count, and the coarser
+levels), so its charts, comparisons and summaries look the same, a zoom reading 256-step buckets where it
+would have read the points themselves (:func:`finest_width`); ``final_metrics``; the log (metric records included).
 
 A beat task (``jobs.tasks.prune_metric_points``, hourly) calls it. Each call deletes at most
 ``max_rows`` rows, :data:`BATCH_ROWS` per transaction, oldest ended job first, so no call holds a lock or
@@ -24,8 +24,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.metric_fold import WIDTHS
-from jobs.models import TERMINAL_STATE_VALUES, MetricPoint, TrainingJob
+from jobs.metric_fold import STORED_WIDTHS
+from jobs.models import TERMINAL_STATE_VALUES, MetricChunk, MetricPoint, TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ def prune_after(job: TrainingJob) -> dt.datetime | None:
 
 def finest_width(job: TrainingJob) -> int:
     """The finest resolution ``job``'s charts can read: 1 (its points) or, once pruned, the finest
-    bucket level (:data:`jobs.metric_fold.WIDTHS`)."""
-    return WIDTHS[0] if job.metric_points_pruned_at is not None else 1
+    stored bucket level (:data:`jobs.metric_fold.STORED_WIDTHS`: the 16-step level is folded from the
+    points when read, and they are gone)."""
+    return STORED_WIDTHS[0] if job.metric_points_pruned_at is not None else 1
 
 
 def prune_metric_points(*, now: dt.datetime | None = None, max_rows: int = 1_000_000) -> dict[str, int]:
@@ -74,6 +75,13 @@ def prune_metric_points(*, now: dt.datetime | None = None, max_rows: int = 1_000
                              .values_list("pk", flat=True)[:min(BATCH_ROWS, max_rows - rows)])
                 if batch:
                     rows += MetricPoint.objects.filter(pk__in=batch).delete()[0]
+                else:  # then its chunks (jobs.metric_store), counted by the points they hold
+                    chunks = list(MetricChunk.objects.filter(job_id=job_id).exclude(name__startswith=KEPT_PREFIX)
+                                  .values_list("pk", "count")[:max(1, min(BATCH_ROWS, max_rows - rows) // 4096)])
+                    if chunks:
+                        MetricChunk.objects.filter(pk__in=[pk for pk, _ in chunks]).delete()
+                        rows += sum(count for _, count in chunks)
+                        batch = chunks
             if not batch:
                 TrainingJob.objects.filter(pk=job_id).update(metric_points_pruned_at=now)
                 pruned += 1

@@ -771,6 +771,33 @@ class MetricBucket(models.Model):
         return f"{self.name}[{self.bucket * self.width}:+{self.width}] n={self.count}"
 
 
+class MetricChunk(models.Model):
+    """A sealed run of up to :data:`jobs.metric_store.CHUNK_POINTS` points of one series (``name`` at
+    ``rank``, -1 for a global series as in :class:`MetricBucket`), in step order, as compact bytes
+    (:func:`jobs.metric_store.encode`: steps, epochs and times delta-encoded, values as exact float64,
+    a mask of the non-finite points, byte-shuffled and zlib-compressed): a few bytes a point where a
+    :class:`MetricPoint` row costs ~150. Written by compaction (a series' oldest rows sealed) and by
+    the sync's backlog path; read through :mod:`jobs.metric_store`, never row by row.
+
+    ``first_step`` and ``last_step`` are the lowest and highest step in it (inclusive), ``count`` its
+    points; the index ``(job, name, rank, last_step)`` serves range reads (``last_step >= start AND
+    first_step <= end``) and the newest chunk of a series."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_chunks", db_index=False)
+    name = models.CharField(max_length=100)
+    rank = models.IntegerField(help_text="The rank of a per-rank series; -1 (GLOBAL_RANK) for a global one.")
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    count = models.PositiveIntegerField()
+    data = models.BinaryField(help_text="The points, encoded by jobs.metric_store.encode.")
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "name", "rank", "last_step"], name="metric_chunk_range")]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.rank}] steps {self.first_step}..{self.last_step} n={self.count}"
+
+
 class JobAttempt(models.Model):
     """One closed run of a job: an attempt whose run was lost and that Trainboard replaced by the next
     (:mod:`jobs.restarts`). The attempt now running is the job row itself (``TrainingJob.attempt``);

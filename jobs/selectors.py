@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import job_table, metric_buckets
+from jobs import job_table, metric_buckets, metric_store
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
@@ -501,11 +501,16 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
                   .order_by("created_at", "id"))
     points = list(MetricPoint.objects.filter(job_id=job.pk, name="val_accuracy", rank__isnull=True,
                                              pk__gt=after_metric).order_by("id"))
+    # The cursor is the val_accuracy rows' id: an epoch series (a point per epoch) stays rows, as a sync
+    # pass brings one point of it at a time and compaction seals only series of CHUNK_POINTS rows.
     beside: dict[str, dict[int, float | None]] = {"val_loss": {}, "val_perplexity": {}}  # a language model's too
-    for name, step, value in (MetricPoint.objects.filter(job_id=job.pk, name__in=list(beside), rank__isnull=True,
-                                                         step__in=[p.step for p in points])
-                              .values_list("name", "step", "value")):
-        beside[name][step] = value
+    steps = {p.step for p in points}
+    if steps:
+        for (name, _), series in metric_store.points(job.pk, names=list(beside), per_rank=False,
+                                                     start=min(steps), end=max(steps)).items():
+            for step, value in zip(series.steps.tolist(), series.value_list()):
+                if step in steps:
+                    beside[name][step] = value
 
     def said(event: JobEvent) -> tuple[dt.datetime, str]:
         return event.created_at, (f"{event.from_state} → {event.to_state}" if event.from_state else event.to_state)
@@ -556,9 +561,8 @@ def training_job_final_metrics(*, job: TrainingJob) -> dict[str, float | None]:
     """The last value of each global metric, e.g. ``{"val_accuracy": 0.97, ...}`` (None if absent)."""
     out: dict[str, float | None] = {}
     for name in ("val_accuracy", "val_loss", "train_loss", "train_accuracy"):
-        point = (MetricPoint.objects.filter(job_id=job.pk, name=name, rank__isnull=True)
-                 .order_by("-step", "-id").values_list("value", flat=True).first())
-        out[name] = point
+        point = metric_store.last(job.pk, name)  # the newest row or chunk, one query
+        out[name] = None if point is None else point[1]
     return out
 
 
@@ -596,8 +600,8 @@ def training_job_headline(*, job: TrainingJob) -> dict[str, Any]:
                            "total_estimated": False}
 
     def last(name: str) -> dict[str, Any] | None:
-        return (MetricPoint.objects.filter(job_id=job.pk, name=name, rank__isnull=True).order_by("-step")
-                .values("step", "epoch", "recorded_at").first())
+        point = metric_store.last(job.pk, name)  # the newest row or chunk, one query
+        return None if point is None else {"step": point[0], "epoch": point[2], "recorded_at": point[3]}
 
     point = last(names[0] if script and names else "lr") if (final or not script) else None
     if point is None:
@@ -837,8 +841,8 @@ def training_job_checkpoint_epoch(*, job: TrainingJob) -> int:
         done = (parse_metric_line(text) or {}).get("epochs_done")
         if isinstance(done, int) and not isinstance(done, bool) and done >= 0:
             return done
-    last = (MetricPoint.objects.filter(job=job, name="val_loss", rank__isnull=True, epoch__isnull=False)
-            .order_by("-epoch").values_list("epoch", flat=True).first())
+    # The newest val_loss point that has an epoch (epochs grow with steps), rows and chunks alike.
+    last = next((epoch for _, _, epoch, _ in metric_store.backwards(job.pk, "val_loss") if epoch is not None), None)
     return 0 if last is None else int(last) + 1
 def sweep_list_for_user(*, user, state: str | None = None) -> QuerySet[Sweep]:
     """The user's sweeps and their teams' sweeps, newest first; ``state`` one Sweep.State value."""

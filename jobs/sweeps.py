@@ -47,14 +47,13 @@ from django.db import connections, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from jobs import dispatch, metric_buckets, services, validation
+from jobs import dispatch, metric_buckets, metric_store, services, validation
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     TERMINAL_STATE_VALUES,
     ComputeBackend,
     Dataset,
     JobStateChoices as S,
-    MetricPoint,
     ModelSpec,
     Sweep,
     TrainingJob,
@@ -752,9 +751,8 @@ def objective_value(sweep: Sweep, job: TrainingJob) -> float | None:
         if agg is None:
             return None
         return agg.max_value if sweep.direction == Sweep.Direction.MAXIMIZE else agg.min_value
-    points = MetricPoint.objects.filter(job_id=job.pk, name=sweep.objective_metric, rank__isnull=True,
-                                        value__isnull=False)
-    return points.order_by("-step", "-id").values_list("value", flat=True).first()
+    return next((value for _, value, _, _ in metric_store.backwards(job.pk, sweep.objective_metric)
+                 if value is not None), None)
 
 
 def _frozen(study: "optuna.Study", number: int):
@@ -835,10 +833,9 @@ def _epoch_values(sweep: Sweep, job: TrainingJob, *, after: int = 0) -> dict[int
     reported, not the run's whole history (a step-level objective on a week-long run is millions of
     points). Raises nothing; a job without such points gives ``{}``."""
     out: dict[int, float] = {}
-    rows = (MetricPoint.objects.filter(job_id=job.pk, name=sweep.objective_metric, rank__isnull=True,
-                                       epoch__isnull=False, value__isnull=False)
-            .order_by("-step", "-id").values_list("epoch", "value"))
-    for epoch, value in rows.iterator(chunk_size=EPOCH_VALUES_CHUNK):
+    for _, value, epoch, _ in metric_store.backwards(job.pk, sweep.objective_metric, page_rows=EPOCH_VALUES_CHUNK):
+        if epoch is None or value is None:
+            continue
         if epoch + 1 <= after:
             break
         out.setdefault(epoch + 1, value)  # the first seen backwards is the epoch's last

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from math import isfinite
 from typing import Any, Callable, Mapping
 
 from django.conf import settings
@@ -41,7 +42,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, metric_buckets, restarts
+from jobs import admission, metric_buckets, metric_store, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
@@ -89,7 +90,15 @@ def _when(record: Mapping[str, Any], default: dt.datetime) -> dt.datetime:
 
 
 def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: dt.datetime) -> list[MetricPoint]:
-    """MetricPoint rows for one trainer record (schema: trainer_pkg/metrics.py).
+    """MetricPoint rows for one trainer record: :func:`metric_point_tuples` as model objects."""
+    return [MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank, value=value, recorded_at=at)
+            for name, rank, step, value, epoch, at in metric_point_tuples(record, now)]
+
+
+def metric_point_tuples(record: Mapping[str, Any], now: dt.datetime) -> list[metric_store.Point]:
+    """The points of one trainer record (schema: trainer_pkg/metrics.py) as ``(name, rank or None,
+    step, value or None, epoch or None, recorded_at)`` tuples, in the order the record lists them
+    (what :func:`jobs.metric_store.store` takes; no model object per point).
 
     Global values become rows with ``rank`` NULL; ``rank_*`` lists one row per rank. Only ``step``,
     ``epoch`` and ``failed`` records carry series (``started``/``completed`` mark times and would
@@ -111,14 +120,13 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
     at = _when(record, now)
     flagged = record.get("nonfinite")
     flagged = {n for n in flagged if isinstance(n, str)} if isinstance(flagged, list) else set()
-    points = []
+    points: list[metric_store.Point] = []
 
     def add(name: str, raw: Any, rank: int | None) -> None:
         value = _number(raw)
         nonfinite = (raw is None and name in flagged) or (isinstance(raw, float) and value is None)
         if value is not None or nonfinite:
-            points.append(MetricPoint(job=job, name=name, step=step, epoch=epoch, rank=rank, value=value,
-                                      recorded_at=at))
+            points.append((name, rank, step, value, epoch, at))
 
     for name in GLOBAL_METRICS:
         add(name, record.get(name), None)
@@ -129,16 +137,17 @@ def metric_points_from_record(job: TrainingJob, record: Mapping[str, Any], now: 
             and 0 <= bad_step < step):
         # A diverged run's first non-finite loss, steps before the failed record: the chart marks
         # the step the reason names ("loss became NaN at step 2"), not only where the run stopped.
-        points.append(MetricPoint(job=job, name="train_loss", step=bad_step, epoch=epoch, rank=None,
-                                  value=None, recorded_at=at))
+        points.append(("train_loss", None, bad_step, None, epoch, at))
     for name in _RANK_METRICS:
         values = record.get(name)
         if isinstance(values, list):
             for rank, raw in enumerate(values):
-                add(name, raw, rank)
+                if type(raw) is float and isfinite(raw):  # the common case, without add()'s checks
+                    points.append((name, rank, step, raw, epoch, at))
+                else:
+                    add(name, raw, rank)
             if name in _ACROSS_METRICS and len(values) > 1:
-                points.extend(MetricPoint(job=job, name=across_ranks_name(name, stat), step=step, epoch=epoch,
-                                          rank=None, value=value, recorded_at=at)
+                points.extend((across_ranks_name(name, stat), None, step, value, epoch, at)
                               for stat, value in _across_ranks(values).items())
     return points
 
@@ -266,10 +275,11 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
             trained_at = _when(record, now)
         if record.get("event") == "started" and record.get("resumed") is True:
             _drop_superseded_points(job, record)
-        points.extend(metric_points_from_record(job, record, now))
+        points.extend(metric_point_tuples(record, now))
         rank_memory = rank_memory_from_record(record) or rank_memory
     JobLogLine.objects.bulk_create(log_rows)
-    MetricPoint.objects.bulk_create(points)  # and their buckets (jobs.metric_buckets)
+    # Rows, or chunks for a backlog, and their buckets (jobs.metric_store, jobs.metric_buckets).
+    metric_store.store(job.pk, points)
     latest = final_metrics_after(job.final_metrics, points)
     if latest != job.final_metrics:
         TrainingJob.objects.filter(pk=job.pk).update(final_metrics=latest)
@@ -285,18 +295,21 @@ def _drop_superseded_points(job: TrainingJob, record: Mapping[str, Any]) -> None
     step = record.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         return
-    MetricPoint.objects.filter(job_id=job.pk, step__gte=step).delete()
-    metric_buckets.drop_from(job.pk, step)
+    metric_buckets.drop_from(job.pk, step)  # the points, rows and chunks, and their buckets
 
 
-def final_metrics_after(final: Mapping[str, Any] | None, points: list[MetricPoint]) -> dict[str, float | None]:
+def final_metrics_after(final: Mapping[str, Any] | None,
+                        points: list[MetricPoint] | list[metric_store.Point]) -> dict[str, float | None]:
     """``final`` (a job's :attr:`~jobs.models.TrainingJob.final_metrics`) updated with the global
-    ``points`` just stored, in the order they were logged: each name's value becomes its last one
-    (None where it was not finite). Per-rank points, and their statistics across ranks, are not
-    final metrics."""
+    ``points`` just stored (MetricPoint objects or :data:`jobs.metric_store.Point` tuples), in the
+    order they were logged: each name's value becomes its last one (None where it was not finite).
+    Per-rank points, and their statistics across ranks, are not final metrics."""
     out = dict(final or {})
     for point in points:
-        if point.rank is None and not is_across_ranks(point.name):
+        if isinstance(point, tuple):
+            if point[1] is None and not is_across_ranks(point[0]):
+                out[point[0]] = point[3]
+        elif point.rank is None and not is_across_ranks(point.name):
             out[point.name] = point.value
     return out
 

@@ -18,7 +18,7 @@ from django.db import connection, models
 from django.test.utils import CaptureQueriesContext
 
 from jobs import comparison, metric_buckets
-from jobs.metric_buckets import GLOBAL_RANK, WIDTHS
+from jobs.metric_buckets import GLOBAL_RANK, STORED_WIDTHS, WIDTHS
 from jobs.models import MetricBucket, MetricPoint
 
 pytestmark = pytest.mark.django_db
@@ -56,10 +56,10 @@ def _history(rng: random.Random, steps: int, ranks: int, every: int = 1, nan_rat
 
 
 def _brute(points: list[tuple]) -> dict[tuple, dict]:
-    """Every level's buckets of ``points`` (stored in that order), computed point by point."""
+    """Every stored level's buckets of ``points`` (stored in that order), computed point by point."""
     groups: dict[tuple, list] = {}
     for order, (name, rank, step, value, epoch, at) in enumerate(points):
-        for width in WIDTHS:
+        for width in STORED_WIDTHS:
             key = (name, GLOBAL_RANK if rank is None else rank, width, step // width)
             groups.setdefault(key, []).append((step, order, value, epoch, at))
     out = {}
@@ -158,7 +158,7 @@ def test_rebuild_and_the_migration_fold_points_stored_before_buckets(job):
 
 def test_a_point_saved_alone_is_folded_and_a_stored_one_is_not_edited(job):
     point = MetricPoint.objects.create(job=job, name="val_loss", step=40, epoch=1, value=0.5, recorded_at=T0)
-    assert MetricBucket.objects.filter(job=job, name="val_loss").count() == len(WIDTHS)
+    assert MetricBucket.objects.filter(job=job, name="val_loss").count() == len(STORED_WIDTHS)
     point.value = 0.1
     with pytest.raises(ValueError, match="not edited"):
         point.save()

@@ -71,15 +71,21 @@ def test_a_job_past_its_retention_keeps_buckets_validation_points_and_charts(job
     assert job.metric_points_pruned_at == NOW
     assert sorted(MetricPoint.objects.filter(job=job).values_list("name", "step")) == [
         ("val_loss", 1000), ("val_loss", 2000), ("val_loss", 3000)]
-    # Buckets untouched: the summaries and the charts read the same.
+    # Buckets untouched: the summaries read the same. The charts read the finest stored level, 256 steps
+    # (16-step buckets are folded from the points when read: jobs.metric_fold.STORED_WIDTHS), each bucket
+    # the last point of its 256 with their band, so the spike is still in its band.
     assert MetricBucket.objects.filter(job=job).count() == buckets_before
     assert metric_buckets.summaries([job.pk]) == summary_before
-    assert comparison.training_job_chart_series(job=job) == chart_before
-    # A zoom that would read the points themselves reads 16-step buckets: the spike is still in its band.
+    chart_after = comparison.training_job_chart_series(job=job)
+    assert chart_after["widths"] == [256, 256] and chart_after["last_step"] == chart_before["last_step"]
+    loss = chart_after["series"]["train_loss"]
+    assert [p["x"] for p in loss if "n" in p] == [255 + 256 * b for b in range(11)] + [3000]
+    assert loss[-1]["y"] == 1.0 / 3000
+    # A zoom that would read the points themselves reads 256-step buckets.
     zoomed = comparison.training_job_chart_series(job=job, steps=(1200, 1300))
-    assert zoomed["widths"] == [16, 16]
-    spike = next(p for p in zoomed["series"]["train_loss"] if p["x"] // 16 == 1234 // 16)
-    assert spike["max"] == 9.0 and spike["n"] == 16
+    assert zoomed["widths"] == [256, 256]
+    spike = next(p for p in zoomed["series"]["train_loss"] if p["x"] // 256 == 1234 // 256)
+    assert spike["max"] == 9.0 and spike["n"] == 256
     assert zoomed["rank_series"]["rank_step_time_s"]["1"][0]["y"] == pytest.approx(0.11)
     # The comparison too, and the API's summary.
     compared = comparison.training_job_comparison(jobs=[job])
@@ -102,3 +108,20 @@ def test_the_page_says_until_when_every_point_is_kept(job, settings, owner_clien
     settings.TRAINBOARD_METRIC_POINTS_RETENTION_DAYS = 0
     page = owner_client.get(reverse("job-detail", kwargs={"pk": job.pk})).content.decode()
     assert 'id="metric-retention"' not in page and "digits-ddp" in page
+
+
+def test_a_job_whose_points_are_in_chunks_loses_them_too(job, settings, monkeypatch):
+    """Retention removes sealed chunks (jobs.metric_store) as it removes rows, counted by their points,
+    and keeps the validation points."""
+    from jobs import metric_store
+    from jobs.models import MetricChunk
+
+    settings.TRAINBOARD_METRIC_POINTS_RETENTION_DAYS = 7
+    _history(job)
+    monkeypatch.setattr(metric_store, "CHUNK_POINTS", 256)
+    assert metric_store.compact(job.pk, max_chunks=10**6) == 3 * (3000 // 256)
+    _end(job, "SUCCEEDED", days_ago=8)
+    assert metric_retention.prune_metric_points(now=NOW) == {"jobs": 1, "rows": 9000}
+    assert not MetricChunk.objects.filter(job=job).exists()
+    assert sorted(MetricPoint.objects.filter(job=job).values_list("name", "step")) == [
+        ("val_loss", 1000), ("val_loss", 2000), ("val_loss", 3000)]
