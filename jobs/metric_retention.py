@@ -49,11 +49,15 @@ def prune_after(job: TrainingJob) -> dt.datetime | None:
     return job.ended_at + dt.timedelta(days=days)
 
 
+PRUNED_WIDTH = STORED_WIDTHS[0]
+"""Steps per bucket of a pruned job's finest chart read: the finest stored level."""
+
+
 def finest_width(job: TrainingJob) -> int:
     """The finest resolution ``job``'s charts can read: 1 (its points) or, once pruned, the finest
     stored bucket level (:data:`jobs.metric_fold.STORED_WIDTHS`: the 16-step level is folded from the
     points when read, and they are gone)."""
-    return STORED_WIDTHS[0] if job.metric_points_pruned_at is not None else 1
+    return PRUNED_WIDTH if job.metric_points_pruned_at is not None else 1
 
 
 def prune_metric_points(*, now: dt.datetime | None = None, max_rows: int = 1_000_000) -> dict[str, int]:

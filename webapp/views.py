@@ -575,7 +575,7 @@ def job_page(request: HttpRequest, job, *, annotate: dict[str, Any] | None = Non
     context["attempts"] = selectors.training_job_attempts(job=job)
     context["config_shown"] = _config_shown(job)
     context["retention"] = {"days": metric_retention.retention_days(), "until": metric_retention.prune_after(job),
-                            "pruned_at": job.metric_points_pruned_at}
+                            "pruned_at": job.metric_points_pruned_at, "bucket_steps": metric_retention.PRUNED_WIDTH}
     return render(request, "webapp/jobs/detail.html", context, status=status)
 
 

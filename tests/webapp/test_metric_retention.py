@@ -96,6 +96,7 @@ def test_a_job_past_its_retention_keeps_buckets_validation_points_and_charts(job
 
     page = owner_client.get(reverse("job-detail", kwargs={"pk": job.pk})).content.decode()
     assert "the step-level points were removed on 2026-12-07 12:00 UTC, 7 days after the job ended" in page
+    assert "The charts show 256-step buckets" in page
     api = owner_client.get(f"/api/jobs/{job.pk}/").json()
     assert api["metric_points_pruned_at"] == "2026-12-07T12:00:00Z"
 
@@ -105,6 +106,7 @@ def test_the_page_says_until_when_every_point_is_kept(job, settings, owner_clien
     TrainingJob.objects.filter(pk=job.pk).update(state="FAILED", ended_at=dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc))
     page = owner_client.get(reverse("job-detail", kwargs={"pk": job.pk})).content.decode()
     assert "every step is kept until 2026-12-03 12:00 UTC (2.5 days after the job ended" in page
+    assert "then the charts show 256-step buckets." in page
     settings.TRAINBOARD_METRIC_POINTS_RETENTION_DAYS = 0
     page = owner_client.get(reverse("job-detail", kwargs={"pk": job.pk})).content.decode()
     assert 'id="metric-retention"' not in page and "digits-ddp" in page
