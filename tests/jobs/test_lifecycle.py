@@ -75,9 +75,17 @@ def test_submit_delivered_twice_starts_one_torchrun(user, digits_dataset, cnn_mo
     def supervisors():  # a submit starts the run's supervisor before it returns
         return [p for p in live_processes(str(run_dir)) if argv(p)[1:3] == [b"-m", b"cloud_adapters.gpubox.supervisor"]]
 
+    def parent(pid: int) -> int | None:
+        try:
+            return int(open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
     def torchruns():  # torchrun itself (the stand-in's: its shebang's interpreter runs it), not the supervisor
-        return [p for p in live_processes(str(run_dir))
-                if argv(p)[1:4] == [trainer_standin.python.encode(), b"-m", b"torch.distributed.run"]]
+        found = [p for p in live_processes(str(run_dir))
+                 if argv(p)[1:4] == [trainer_standin.python.encode(), b"-m", b"torch.distributed.run"]]
+        # A rank that torchrun has forked but not yet exec'd still shows torchrun's command line: not a second one.
+        return [p for p in found if parent(p) not in found]
 
     try:
         assert len(supervisors()) == 1  # a second submit would have started its own by now
