@@ -18,8 +18,9 @@ from django.db import connection, models
 from django.test.utils import CaptureQueriesContext
 
 from jobs import comparison, metric_buckets
-from jobs.metric_buckets import GLOBAL_RANK, STORED_WIDTHS, WIDTHS
+from jobs.metric_buckets import STORED_WIDTHS, WIDTHS
 from jobs.models import MetricBucket, MetricPoint
+from metrickit import brute_buckets
 
 pytestmark = pytest.mark.django_db
 
@@ -55,26 +56,6 @@ def _history(rng: random.Random, steps: int, ranks: int, every: int = 1, nan_rat
     return out
 
 
-def _brute(points: list[tuple]) -> dict[tuple, dict]:
-    """Every stored level's buckets of ``points`` (stored in that order), computed point by point."""
-    groups: dict[tuple, list] = {}
-    for order, (name, rank, step, value, epoch, at) in enumerate(points):
-        for width in STORED_WIDTHS:
-            key = (name, GLOBAL_RANK if rank is None else rank, width, step // width)
-            groups.setdefault(key, []).append((step, order, value, epoch, at))
-    out = {}
-    for key, pts in groups.items():
-        finite = [p[2] for p in pts if p[2] is not None]
-        last = max(pts, key=lambda p: (p[0], p[1]))
-        out[key] = {"count": len(pts), "nonfinite": len(pts) - len(finite),
-                    "first_nonfinite_step": min((p[0] for p in pts if p[2] is None), default=None),
-                    "min_value": min(finite, default=None), "max_value": max(finite, default=None),
-                    "sum_value": math.fsum(finite) if finite else None, "first_step": min(p[0] for p in pts),
-                    "last_step": last[0], "last_value": last[2], "last_epoch": last[3],
-                    "first_at": min(p[4] for p in pts), "last_at": last[4]}
-    return out
-
-
 def _stored(job) -> dict[tuple, dict]:
     return {(b.name, b.rank, b.width, b.bucket): {f: getattr(b, f) for f in FIELDS}
             for b in MetricBucket.objects.filter(job=job)}
@@ -107,7 +88,7 @@ def test_buckets_equal_a_brute_force_fold_of_random_histories(job, seed):
     points = _history(rng, steps=rng.randint(300, 5000), ranks=rng.randint(1, 4), every=rng.choice([1, 3, 10]),
                       nan_rate=rng.choice([0.0, 0.05, 0.5]))
     _store(job, points, rng)
-    _assert_same(_stored(job), _brute(points))
+    _assert_same(_stored(job), brute_buckets(points))
     summary = metric_buckets.summaries([job.pk], per_rank=False)
     loss = [p for p in points if p[0] == "train_loss"]
     finite = [p[3] for p in loss if p[3] is not None]
@@ -130,7 +111,7 @@ def test_a_resumed_run_cuts_its_superseded_steps_from_every_level(job, seed):
     again = [p for p in _history(rng, steps=4500, ranks=2, every=5) if p[2] >= resume_at]
     _store(job, again, rng)
     kept = [p for p in first if p[2] < resume_at] + again
-    _assert_same(_stored(job), _brute(kept))
+    _assert_same(_stored(job), brute_buckets(kept))
     assert MetricPoint.objects.filter(job=job).count() == len(kept)
 
 
@@ -151,9 +132,9 @@ def test_rebuild_and_the_migration_fold_points_stored_before_buckets(job):
     migration = import_module("jobs.migrations.0029_metric_buckets")
     migration.fold_existing_points(django_apps, None)
     assert checksum() == before
-    _assert_same(_stored(job), _brute(points))
+    _assert_same(_stored(job), brute_buckets(points))
     assert metric_buckets.rebuild(job.pk) == len(points)
-    _assert_same(_stored(job), _brute(points))
+    _assert_same(_stored(job), brute_buckets(points))
 
 
 def test_a_point_saved_alone_is_folded_and_a_stored_one_is_not_edited(job):

@@ -7,7 +7,6 @@ backlog path stores what the row path stores."""
 from __future__ import annotations
 
 import datetime as dt
-import math
 import random
 from importlib import import_module
 
@@ -17,9 +16,10 @@ from django.apps import apps as django_apps
 from django.db import models
 
 from jobs import metric_buckets, metric_store, sync
-from jobs.metric_fold import GLOBAL_RANK, STORED_WIDTHS
+from jobs.metric_fold import STORED_WIDTHS
 from jobs.metric_store import Series
 from jobs.models import MetricBucket, MetricChunk, MetricPoint
+from metrickit import brute_buckets
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 FIELDS = ("count", "nonfinite", "first_nonfinite_step", "min_value", "max_value", "sum_value", "first_step",
@@ -92,28 +92,9 @@ def _read(job_id: int, **kw) -> dict[tuple, list[tuple]]:
             for key, series in metric_store.points(job_id, **kw).items()}
 
 
-def _brute_buckets(points: list[tuple]) -> dict[tuple, dict]:
-    groups: dict[tuple, list] = {}
-    for order, (name, rank, step, value, epoch, at) in enumerate(points):
-        for width in STORED_WIDTHS:
-            groups.setdefault((name, GLOBAL_RANK if rank is None else rank, width, step // width), []).append(
-                (step, order, value, epoch, at))
-    out = {}
-    for key, pts in groups.items():
-        finite = [p[2] for p in pts if p[2] is not None]
-        last = max(pts, key=lambda p: (p[0], p[1]))
-        out[key] = {"count": len(pts), "nonfinite": len(pts) - len(finite),
-                    "first_nonfinite_step": min((p[0] for p in pts if p[2] is None), default=None),
-                    "min_value": min(finite, default=None), "max_value": max(finite, default=None),
-                    "sum_value": math.fsum(finite) if finite else None, "first_step": min(p[0] for p in pts),
-                    "last_step": last[0], "last_value": last[2], "last_epoch": last[3],
-                    "first_at": min(p[4] for p in pts), "last_at": last[4]}
-    return out
-
-
 def _assert_buckets(job, points: list[tuple]) -> None:
     stored = {(b.name, b.rank, b.width, b.bucket): b for b in MetricBucket.objects.filter(job=job)}
-    want = _brute_buckets(points)
+    want = brute_buckets(points)
     assert stored.keys() == want.keys()
     for key, fields in want.items():
         for field in FIELDS:
