@@ -313,6 +313,7 @@ def ensure() -> str | None:
         return None
     proc = _ZYGOTE.get("proc")
     if proc is not None and proc.poll() is None and _ZYGOTE.get("pid") == os.getpid():
+        os.environ[SOCKET_VAR] = _ZYGOTE["path"]  # a test that turned the zygote off popped it
         return _ZYGOTE["path"]
     import atexit
     import shutil

@@ -133,8 +133,20 @@ def test_the_wrapper_runs_the_real_launcher_and_every_other_program_on_the_real_
 
 # -- the rank zygote (tests/standins/rank_zygote.py) ----------------------------------------------
 
-zygote_on = pytest.mark.skipif(not rank_zygote.enabled(), reason="TRAINBOARD_TEST_RANK_ZYGOTE=0: no rank zygote")
-"""The tests of the zygote itself, skipped when this pytest process runs without one."""
+@pytest.fixture
+def zygote_enabled(monkeypatch):
+    """The zygote on for this test, even in a pytest process run with ``TRAINBOARD_TEST_RANK_ZYGOTE=0``
+    (its subject is the zygote); :func:`standins.rank_zygote.ensure` starts one where there is none."""
+    was_enabled = rank_zygote.enabled()
+    monkeypatch.setenv(rank_zygote.ENABLE_VAR, "1")
+    assert rank_zygote.ensure() is not None
+    yield
+    if not was_enabled:
+        rank_zygote.stop()  # the later tests of this process run without one, as asked
+
+
+zygote_on = pytest.mark.usefixtures("zygote_enabled")
+"""The tests of the zygote itself."""
 GONE_WITHIN_S = 10.0
 """Seconds a process may take to disappear after its run (or its zygote) ended."""
 
