@@ -258,8 +258,11 @@ def worker_environment(*, settings_dict, broker_url: str, run_root: Path, var_di
     """The environment of a test's ``celery worker``: this process's, plus the test database
     (``settings_dict``: Django's, of the test database), the broker, the gpubox run root (2
     processes per node), a 1 s sync interval, its own ``TRAINBOARD_VAR_DIR`` and a fixed Django
-    secret key, and ``extra`` over all of them."""
+    secret key, and ``extra`` over all of them; not this process's rank zygote socket."""
     env = dict(os.environ)
+    # This pytest process's rank zygote (standins.rank_zygote) forks ranks for its own lite torchruns
+    # only: a job the worker starts keeps its ranks in its own process tree, under its limits.
+    env.pop("TRAINBOARD_TEST_RANK_ZYGOTE_SOCKET", None)
     env.update({
         "DJANGO_SETTINGS_MODULE": "webapp.settings",
         "DATABASE_URL": database_url(settings_dict),

@@ -23,7 +23,11 @@ SubprocessHandler starts it); SIGTERM/SIGINT are passed on; the exit code is tor
 every rank exited 0; 1 when a rank failed (the others get SIGTERM, then SIGKILL after
 :data:`TORCHRUN_CLOSE_S`, and a ``ChildFailedError`` summary naming the first failed rank goes to
 stderr); 1 after it was signalled (a ``SignalException`` line on stderr). No restarts
-(``--max_restarts`` is not taken) and no c10d rendezvous of several agents.
+(``--max_restarts`` is not taken) and no c10d rendezvous of several agents. Where the test process
+started a rank zygote (:mod:`standins.rank_zygote`, by :func:`python`) and ``rank_python`` is its
+interpreter, each rank is instead forked by the zygote, which has imported torch once, and becomes
+that same command; otherwise (``TRAINBOARD_TEST_RANK_ZYGOTE=0``, another interpreter,
+``--no_python``, the zygote unreachable) it is a plain subprocess.
 
 :func:`python` is an interpreter wrapper (an executable file whose shebang is this interpreter)
 that tests name where they would name ``sys.executable``: by its arguments (after an optional ``-u``)
@@ -56,6 +60,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+from standins import rank_zygote
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS_DIR = REPO / "tests"
@@ -116,6 +122,7 @@ def run(argv: Sequence[str], *, rank_python: str, prog: str = "torchrun (torch-f
         cmd = [rank_python, "-u", args.training_script, *args.training_script_args]
 
     base = dict(os.environ)
+    zygote = base.pop(rank_zygote.SOCKET_VAR, None) is not None and not args.no_python
     if "OMP_NUM_THREADS" not in base and nproc > 1:
         print("Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid "
               "your system being overloaded (torch-free torchrun, as torchrun does)", file=sys.stderr, flush=True)
@@ -130,7 +137,7 @@ def run(argv: Sequence[str], *, rank_python: str, prog: str = "torchrun (torch-f
         base.update(prepare(args, run_id, started))
 
     signalled: list[int] = []
-    ranks: list[subprocess.Popen] = []
+    ranks: list[subprocess.Popen | rank_zygote.RankProcess] = []
 
     def forward(signum, frame) -> None:
         signalled.append(signum)
@@ -146,7 +153,8 @@ def run(argv: Sequence[str], *, rank_python: str, prog: str = "torchrun (torch-f
             rank = args.node_rank * nproc + local
             env = dict(base, LOCAL_RANK=str(local), RANK=str(rank), ROLE_RANK=str(rank),
                        TORCHELASTIC_ERROR_FILE=str(errors / "attempt_0" / str(local) / "error.json"))
-            ranks.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+            forked = rank_zygote.start(cmd, env) if zygote else None
+            ranks.append(forked or subprocess.Popen(cmd, env=env, start_new_session=True))
         return _watch(ranks, signalled, args.training_script, args.node_rank * nproc)
     finally:
         _close(ranks, signal.SIGTERM)  # nothing left running, whatever raised
@@ -155,7 +163,7 @@ def run(argv: Sequence[str], *, rank_python: str, prog: str = "torchrun (torch-f
             finish(args, run_id)
 
 
-def _watch(ranks: list[subprocess.Popen], signalled: list[int], script: str, first_rank: int) -> int:
+def _watch(ranks: list[subprocess.Popen | rank_zygote.RankProcess], signalled: list[int], script: str, first_rank: int) -> int:
     """Wait for this node's ``ranks`` (global ranks from ``first_rank``); torchrun's exit code."""
     while True:
         codes = [proc.poll() for proc in ranks]
@@ -176,7 +184,7 @@ def _watch(ranks: list[subprocess.Popen], signalled: list[int], script: str, fir
         time.sleep(TORCHRUN_POLL_S)
 
 
-def _close(ranks: list[subprocess.Popen], sig: int) -> None:
+def _close(ranks: list[subprocess.Popen | rank_zygote.RankProcess], sig: int) -> None:
     """Signal the ranks still running, wait up to :data:`TORCHRUN_CLOSE_S`, then SIGKILL them."""
     for proc in ranks:
         if proc.poll() is None:
@@ -221,7 +229,10 @@ def free_port() -> int:
 
 def python() -> str:
     """Path of the interpreter wrapper (module docstring), written on first use (mode 0755 in
-    :data:`WRAPPER_DIR`, readable by every user; atomic, so concurrent xdist workers agree)."""
+    :data:`WRAPPER_DIR`, readable by every user; atomic, so concurrent xdist workers agree). Starts
+    this process's rank zygote (:func:`standins.rank_zygote.ensure`) unless
+    ``TRAINBOARD_TEST_RANK_ZYGOTE=0``: the agents this process starts then fork their ranks from it."""
+    rank_zygote.ensure()
     path = WRAPPER_DIR / "python"
     text = _WRAPPER.format(python=sys.executable, tests=str(TESTS_DIR), wrapper=str(path))
     try:

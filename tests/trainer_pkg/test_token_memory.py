@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from standins import rank_zygote
 from trainer_helpers import REPO, records, torchrun, trainer_env, write_job
 from trainer_pkg.tokens import write_meta
 
@@ -129,6 +130,9 @@ def test_a_token_dataset_larger_than_a_ranks_memory_limit_trains_to_the_end(tmp_
                     parallel={"procs_per_node": 2})
     token = uuid.uuid4().hex
     monkeypatch.setenv(MARKER, token)
+    # The subject is a rank's own memory: plain rank processes, not ranks forked by the rank zygote
+    # (a forked rank's resident set counts the zygote's pages, and its /proc environ is the zygote's).
+    monkeypatch.setenv(rank_zygote.ENABLE_VAR, "0")
     watchdog = RSSWatchdog(token, limit_kb)
     watchdog.start()
     try:
