@@ -19,7 +19,8 @@ before/after comparisons; the process starts under the key ``"process starts"``)
 
 The controller (or the one process of a serial run) also counts the real parts the run started, by
 watching ``/proc`` for new processes every 0.2 s (:class:`ProcessCounter`): torchrun launches (real
-and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Chromium browsers and dockerd engines, printed under the fixture totals. A process that lives
+and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Chromium browsers and dockerd engines, printed under the fixture totals, each kind with the test files that started the most
+(:func:`_started_by`). A process that lives
 less than the interval can be missed (none of these does); processes of other work on the machine
 are counted too, so the counts are exact on an otherwise idle machine, as CI's.
 """
@@ -85,6 +86,30 @@ Celery worker its main process (its pool children are forks with the same comman
 their parent is a counted worker). Processes in another PID namespace (containers) are not counted."""
 
 
+def _started_by(pid: str) -> str:
+    """The test file during whose test ``pid`` was started: the file part of ``PYTEST_CURRENT_TEST``
+    in its environment (pytest sets it in its process's environment for each test phase, and the
+    processes a test starts inherit it; a process that a session- or module-scoped fixture started is
+    named by the first test that needed it). ``"?"`` when it has none or is gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read()
+    except OSError:
+        return "?"
+    marker = b"PYTEST_CURRENT_TEST="
+    start = environ.find(b"\0" + marker)
+    if start < 0:
+        if not environ.startswith(marker):
+            return "?"
+        start = -1
+    value = environ[start + 1 + len(marker):].split(b"\0", 1)[0].decode(errors="replace")
+    return value.split("::", 1)[0] or "?"
+
+
+BY_FILE_LINES = 8
+"""Test files named per kind of real part in the report, most processes first."""
+
+
 class ProcessCounter(threading.Thread):
     """Counts new processes of each :data:`PROCESS_KINDS` kind (a daemon thread; :meth:`stop` ends it)."""
 
@@ -93,6 +118,8 @@ class ProcessCounter(threading.Thread):
     def __init__(self) -> None:
         super().__init__(name="process-counter", daemon=True)
         self.counts: dict[str, int] = defaultdict(int)
+        self.by_file: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        """kind → test file (:func:`_started_by`) → processes counted."""
         self._seen: set[str] = set(os.listdir("/proc"))
         self._counted: set[str] = set()
         self._stopped = threading.Event()
@@ -136,6 +163,7 @@ class ProcessCounter(threading.Thread):
                     continue  # a worker's pool child or beat, a dockerd's re-execution
                 self._counted.add(pid)
                 self.counts[kind] += 1
+                self.by_file[kind][_started_by(pid)] += 1
         self._seen = now
 
 
@@ -175,7 +203,9 @@ def pytest_terminal_summary(terminalreporter, config):
         _counter.stop()
     if path:
         report = {"fixtures": {name: {"seconds": round(_totals[name], 3), "setups": _counts[name]} for name in _totals},
-                  "processes": dict(_counter.counts) if _counter is not None else {}, STARTS_KEY: dict(_starts)}
+                  "processes": dict(_counter.counts) if _counter is not None else {}, STARTS_KEY: dict(_starts),
+                  "processes by test file": {kind: dict(files) for kind, files in _counter.by_file.items()}
+                  if _counter is not None else {}}
         with open(path, "w") as fh:
             json.dump(report, fh, indent=1, sort_keys=True)
     if limit <= 0:
@@ -191,3 +221,6 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_sep("=", "real parts started (new processes seen in /proc)")
         for kind in PROCESS_KINDS:
             terminalreporter.write_line(f"{_counter.counts.get(kind, 0):6d}  {kind}")
+            files = _counter.by_file.get(kind, {})
+            for name in sorted(files, key=lambda f: (-files[f], f))[:BY_FILE_LINES]:
+                terminalreporter.write_line(f"{'':8}{files[name]:5d}  {name}")

@@ -1,0 +1,56 @@
+"""The suite's report of the real parts it started (tests/fixture_report.py): each new process of a
+kind is counted once and named by the test file that started it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import fixture_report
+from polling import wait_for
+
+LINGER = "import sys, time; time.sleep(float(sys.argv[1]))"
+
+
+def _start(seconds: float, *argv: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LINGER, str(seconds), *argv],
+                            env={**os.environ, **env})
+
+
+def _cmdline(proc: subprocess.Popen) -> bytes:
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+        return fh.read()
+
+
+def test_a_started_process_is_counted_once_under_the_test_file_that_started_it():
+    counter = fixture_report.ProcessCounter()  # not started: scanned by hand
+    kind = "torchrun launches (real trainer, torch's torchrun)"
+    here = os.environ["PYTEST_CURRENT_TEST"].split("::", 1)[0]
+    procs = [_start(30, "torch.distributed.run"),
+             _start(30, "torch.distributed.run", PYTEST_CURRENT_TEST="tests/elsewhere/test_x.py::test_y (call)"),
+             _start(30, "not-a-kind")]
+    try:
+        for proc in procs:  # exec'd: the command line is the new program's
+            wait_for(lambda: _cmdline(proc).endswith(b"\0" + proc.args[-1].encode() + b"\0"), timeout=10, interval=0.01)
+        counter.scan()
+        counter.scan()  # a second look counts nothing again
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert counter.counts[kind] == 2
+    assert dict(counter.by_file[kind]) == {here: 1, "tests/elsewhere/test_x.py": 1}
+    assert here == "tests/test_fixture_report.py"
+
+
+def test_a_process_without_the_variable_or_gone_is_named_by_a_question_mark():
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    proc = subprocess.Popen([sys.executable, "-c", LINGER, "30"], env=env)
+    try:
+        wait_for(lambda: _cmdline(proc).endswith(b"\x0030\x00"), timeout=10, interval=0.01)
+        assert fixture_report._started_by(str(proc.pid)) == "?"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert fixture_report._started_by(str(proc.pid)) == "?"  # reaped: no /proc entry
