@@ -19,8 +19,8 @@ before/after comparisons; the process starts under the key ``"process starts"``)
 
 The controller (or the one process of a serial run) also counts the real parts the run started, by
 watching ``/proc`` for new processes every 0.2 s (:class:`ProcessCounter`): torchrun launches (real
-and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Chromium browsers and dockerd engines, printed under the fixture totals, each kind with the test files that started the most
-(:func:`_started_by`). A process that lives
+and the trainer stand-in's), Celery workers, Slurm clusters (``slurmctld``), Chromium browsers and dockerd engines, printed under the fixture totals,
+each kind with the test files that started the most (:func:`_started_by`). A process that lives
 less than the interval can be missed (none of these does); processes of other work on the machine
 are counted too, so the counts are exact on an otherwise idle machine, as CI's.
 """
