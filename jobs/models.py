@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import urllib.parse
 from decimal import Decimal
-from functools import cached_property
 from pathlib import Path
 
 from django.conf import settings
@@ -563,7 +562,7 @@ class TrainingJob(Owned):
         return cost.job_cost_usd(billable_seconds=self.training_seconds, instances=self.instance_count,
                             hourly_price_usd=self.on_demand_hourly_usd)
 
-    @cached_property
+    @property
     def progress(self) -> job_progress.Progress | None:
         """% done, time left and the projected final cost now (:func:`jobs.progress.job_progress`),
         from the job's columns alone (:data:`jobs.progress.READ_FIELDS`); None without a known length."""

@@ -61,12 +61,13 @@ class Progress:
 
     ``total_steps``, ``step``: the run's length and the steps done (the newest record's);
     ``fraction``: ``step / total_steps`` in [0, 1]; ``steps_per_s``: the recent step rate, None until
-    measured; ``eta_s``: seconds left from ``now``, ``finish_at``: when the last step is projected
-    to end, and ``projected_cost_usd``: the final cost projected (4 decimals) — all three None unless
-    the job is RUNNING with a measured rate; ``price_known``: False when the hourly price is 0 (the
+    measured; ``eta_s``: seconds left from ``now`` (0 once ``finish_at`` has passed with no newer
+    record: the arithmetic then says so), ``finish_at``: when the last step is projected to end,
+    and ``projected_cost_usd``: the final cost projected (4 decimals) — all three None unless the
+    job is RUNNING with a measured rate; ``price_known``: False when the hourly price is 0 (the
     projection then adds nothing to the cost so far); ``arithmetic``: the sums behind the figures,
-    e.g. ``"200 of 1000 steps at 2.00 steps/s: 400 s left after the last record; $0.0500 so far +
-    390 s × 2 nodes × $3.60/h = $0.8300"``."""
+    e.g. ``"200 of 1000 steps at 2.00 steps/s: 400 s left after the last record; $0.05 so far +
+    390 s × 2 nodes × $3.60/h = $0.83"`` (money at the precision of the two figures)."""
 
     total_steps: int
     step: int
@@ -180,6 +181,10 @@ def job_progress(job: Any, now: dt.datetime) -> Progress | None:
                   f"{costs.format_usd(job.cost_usd, places)} so far + {more_s:.0f} s × "
                   f"{_plural(instances, 'node')} × {costs.format_usd_per_hour(price)} = "
                   f"{costs.format_usd(projected, places)}")
+    if finish_at < now:
+        # A slowed or hung run: its newest record projected an end that has passed.
+        late_s = (now - finish_at).total_seconds()
+        arithmetic += f" (the projected end passed {late_s:.0f} s ago with no newer record read)"
     if price <= 0:
         arithmetic += " (no hourly price known: the rest is not priced)"
     elif job.spot:

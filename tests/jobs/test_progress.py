@@ -170,6 +170,11 @@ def test_spot_and_unknown_prices_are_said():
     spot = progress.job_progress(job, T0)
     assert spot.projected_cost_usd == Decimal("1.0500")  # + 50 s × $3.60/h
     assert spot.arithmetic.endswith("(spot: priced as if not interrupted)")
+    # No record since the projected end (a slowed or hung run): no time left, and the page says why.
+    late = progress.job_progress(job, T0 + dt.timedelta(seconds=80))
+    assert late.eta_s == 0.0 and late.projected_cost_usd == Decimal("1.0500")
+    assert late.arithmetic.endswith("= $1.05 (the projected end passed 30 s ago with no newer record read) "
+                                    "(spot: priced as if not interrupted)")
     # Ended, or no rate yet: % done only.
     job.state = "SUCCEEDED"
     assert progress.job_progress(job, T0).eta_s is None and progress.job_progress(job, T0).projected_cost_usd is None

@@ -671,8 +671,8 @@ class JobProgressSerializer(serializers.Serializer):
                   "(price_known false) it adds nothing.")
     price_known = serializers.BooleanField(help_text="False when hourly_price_usd is 0: the time left is not priced.")
     arithmetic = serializers.CharField(help_text='The sums behind the figures, e.g. "200 of 1000 steps at 2.00 '
-                                                 'steps/s: 400 s left after the last record; $0.0500 so far + 390 s '
-                                                 '× 2 nodes × $3.60/h = $0.8300".')
+                                                 'steps/s: 400 s left after the last record; $0.05 so far + 390 s '
+                                                 '× 2 nodes × $3.60/h = $0.83".')
 
 
 EXPERIMENT_FIELDS = ["final_metrics", "tags", "notes", "archived", "archived_at"]
