@@ -44,6 +44,9 @@ RECENT_RECORDS = 8
 1 s by default: the rate of the last few seconds to minutes, not the run's average)."""
 MAX_STEPS = 2**62
 """Largest step or total taken from a record (a bigint column); a larger one is ignored."""
+MAX_ETA_S = 10 * 366 * 86_400
+"""Time left beyond which nothing is projected (10 years): the rate is too low to mean anything, and
+the end would not fit a date."""
 PROGRESS_EVENTS = frozenset({"started", "step", "epoch", "completed", "stopped", "failed"})
 """Records whose ``step`` is the number of steps done (trainer_pkg/metrics.py); a script's
 ``report.log`` and ``report.progress`` records are ``step`` records."""
@@ -150,6 +153,11 @@ def progress_after(current: Mapping[str, Any], records: Iterable[Mapping[str, An
     return out
 
 
+def _rate(steps_per_s: float) -> str:
+    """``2.00``, ``0.0031``: two decimals, or two significant digits below 0.01."""
+    return f"{steps_per_s:.2f}" if steps_per_s >= 0.01 else f"{steps_per_s:.2g}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -170,14 +178,20 @@ def job_progress(job: Any, now: dt.datetime) -> Progress | None:
         why = "" if job.state != "RUNNING" else "; no step rate yet"
         return Progress(total, step, fraction, rate, None, None, None, price > 0, done + why)
     left_after_record = max(total - step, 0) / rate
-    finish_at = job.progress_at + dt.timedelta(seconds=left_after_record)
+    try:
+        if left_after_record > MAX_ETA_S:
+            raise OverflowError
+        finish_at = job.progress_at + dt.timedelta(seconds=left_after_record)
+    except OverflowError:  # past MAX_ETA_S, or past the year 9999
+        return Progress(total, step, fraction, rate, None, None, None, price > 0,
+                        f"{done} at {_rate(rate)} steps/s: more than 10 years left, not projected")
     eta_s = max((finish_at - now).total_seconds(), 0.0)
     billed_until = job.last_synced_at or now
     more_s = max((finish_at - billed_until).total_seconds(), 0.0)
     instances = max(int(job.instance_count or job.nodes or 1), 1)
     projected = job.cost_usd + costs.job_cost_usd(billable_seconds=more_s, instances=instances, hourly_price_usd=price)
     places = costs.usd_places(job.cost_usd, projected)
-    arithmetic = (f"{done} at {rate:.2f} steps/s: {left_after_record:.0f} s left after the last record; "
+    arithmetic = (f"{done} at {_rate(rate)} steps/s: {left_after_record:.0f} s left after the last record; "
                   f"{costs.format_usd(job.cost_usd, places)} so far + {more_s:.0f} s × "
                   f"{_plural(instances, 'node')} × {costs.format_usd_per_hour(price)} = "
                   f"{costs.format_usd(projected, places)}")

@@ -182,3 +182,17 @@ def test_spot_and_unknown_prices_are_said():
     waiting = progress.job_progress(job, T0)
     assert (waiting.fraction, waiting.eta_s, waiting.arithmetic) == (0.5, None, "50 of 100 steps; no step rate yet")
 
+
+@pytest.mark.parametrize("total, rate, at", [
+    (2**62, 1e-9, T0),                                               # 4.6e27 s left
+    (1000, 1e-6, T0),                                                # 31 years left
+    (1000, 1.0, dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.timezone.utc)),  # would end after the year 9999
+])
+def test_an_end_too_far_is_not_projected(total, rate, at):
+    job = SimpleNamespace(progress_total_steps=total, progress_step=0, progress_at=at, progress_steps_per_s=rate,
+                          state="RUNNING", cost_usd=Decimal("1.0000"), last_synced_at=at, instance_count=1, nodes=1,
+                          hourly_price_usd=Decimal("3.6"), spot=False)
+    p = progress.job_progress(job, T0)
+    assert (p.fraction, p.eta_s, p.finish_at, p.projected_cost_usd) == (0.0, None, None, None)
+    assert p.arithmetic.startswith(f"0 of {total} steps at ") and p.arithmetic.endswith(
+        "steps/s: more than 10 years left, not projected")
