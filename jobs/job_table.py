@@ -1,7 +1,7 @@
 """The job list as an experiment table: its columns, sort keys, tags and the log's rank filter
 (docs/experiments.md). A leaf module: it imports models and the trainer's config only, no service.
 
-Columns beyond the fixed ones (job, state, backend, shape, created, duration, cost) are of two kinds,
+Columns beyond the fixed ones (job, state, backend, shape, created, duration, cost, progress) are of two kinds,
 told apart by their key:
 
 - a **final metric**, the last value the job reported (``TrainingJob.final_metrics``): a trainer name

@@ -18,6 +18,7 @@ from django.utils import timezone
 from cloud_adapters import registry
 from cloud_adapters.base import TERMINAL_STATES, Backend, BackendError, JobState
 from jobs import cost
+from jobs import progress as job_progress
 from jobs.fields import EncryptedJSONField
 
 
@@ -401,6 +402,24 @@ class TrainingJob(Owned):
     instance_count = models.PositiveIntegerField(default=1)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
 
+    # Progress (jobs.progress, issue 30): kept by the sync from the trainer's (or a script's
+    # report.progress) records, so the list, the API and /metrics compute % done, time left and the
+    # projected cost from these columns alone, never from metric points.
+    progress_total_steps = models.PositiveBigIntegerField(
+        null=True, blank=True,
+        help_text="The steps the run takes, as the trainer (or the script's report.progress) reported; "
+                  "null = no known length.")
+    progress_step = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Steps done at the newest record read; null until one.")
+    progress_at = models.DateTimeField(
+        null=True, blank=True, help_text="The trainer's time of that record.")
+    progress_steps_per_s = models.FloatField(
+        null=True, blank=True,
+        help_text="Step rate over the recent records (progress_recent); null until two records differ.")
+    progress_recent = models.JSONField(
+        default=list, blank=True,
+        help_text="[[step, Unix seconds], ...]: the last 8 records of the current run (jobs.progress).")
+
     # The memory plan before launch (trainer_pkg.memory_plan.MemoryPlan.as_dict) and the trainer's last
     # measurement (rank_memory of its latest epoch or completed record), shown side by side.
     memory_plan = models.JSONField(
@@ -542,6 +561,12 @@ class TrainingJob(Owned):
             return None
         return cost.job_cost_usd(billable_seconds=self.training_seconds, instances=self.instance_count,
                             hourly_price_usd=self.on_demand_hourly_usd)
+
+    @property
+    def progress(self) -> job_progress.Progress | None:
+        """% done, time left and the projected final cost now (:func:`jobs.progress.job_progress`),
+        from the job's columns alone (:data:`jobs.progress.READ_FIELDS`); None without a known length."""
+        return job_progress.job_progress(self, timezone.now())
 
     @property
     def duration_s(self) -> float | None:

@@ -26,6 +26,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
 from jobs import job_table, metric_buckets, metric_store
+from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
 
@@ -586,7 +587,32 @@ def training_job_headline(*, job: TrainingJob) -> dict[str, Any]:
     ``train.max_steps`` when set, else steps per epoch × ``train.epochs`` once an epoch has ended
     (``fraction`` before that: epochs finished ÷ epochs). A script's epochs are its own: only its
     step (its first reported name's last point) is shown, no fraction. ``eta_s``: the training time
-    so far (start to the last record) × the part left ÷ the part done, while the job is active."""
+    so far (start to the last record) × the part left ÷ the part done, while the job is active.
+
+    Where the run reported its length (the trainer's ``total_steps``, a script's ``report.progress``),
+    the job's stored progress (:attr:`TrainingJob.progress`, :mod:`jobs.progress`) stands instead: the
+    exact total, its fraction, the time left from the recent step rate, and ``"projected_cost_usd"``
+    (USD | None) with ``"progress_arithmetic"`` (text | "") beside the cost."""
+    return _with_stored_progress(job, _headline_from_points(job))
+
+
+def _with_stored_progress(job: TrainingJob, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` (a headline) with the job's stored progress, when it has one (:func:`training_job_headline`)."""
+    out.setdefault("projected_cost_usd", None)
+    out.setdefault("progress_arithmetic", "")
+    stored = job.progress
+    if stored is None:
+        return out
+    out.update(step=stored.step, total_steps=stored.total_steps, total_estimated=False,
+               fraction=1.0 if job.state == S.SUCCEEDED else stored.fraction,
+               projected_cost_usd=stored.projected_cost_usd, progress_arithmetic=stored.arithmetic)
+    if stored.eta_s is not None or job.is_terminal:
+        out["eta_s"] = stored.eta_s
+    return out
+
+
+def _headline_from_points(job: TrainingJob) -> dict[str, Any]:
+    """:func:`training_job_headline` from at most two metric points (its first paragraph)."""
     config = job.config if isinstance(job.config, dict) else {}
     train = config.get("train") if isinstance(config.get("train"), dict) else {}
     script = bool((config.get("code") or {}).get("script")) if isinstance(config.get("code"), dict) else False
@@ -892,7 +918,8 @@ class MetricsSnapshot:
     job's last sync (its state's start if never synced)}; ``submit_errors``: {backend id: jobs that
     failed while being submitted (JobEvents QUEUED/SUBMITTING → FAILED)}; ``counters``: {(name,
     backend id or None): value} of :class:`~jobs.models.OperationCount`; ``webhook_pending``:
-    deliveries neither delivered nor given up."""
+    deliveries neither delivered nor given up; ``progress``: ``[(job id, backend id, Progress)]`` of
+    the RUNNING jobs with a known length (:mod:`jobs.progress`), by job id."""
 
     backends: dict[int, tuple[str, str, str]]
     jobs_by_state: dict[tuple[int, str], int]
@@ -901,11 +928,13 @@ class MetricsSnapshot:
     submit_errors: dict[int, int]
     counters: dict[tuple[str, int | None], int]
     webhook_pending: int
+    progress: list[tuple[int, int, job_progress.Progress]] = dataclasses.field(default_factory=list)
 
 
 def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
-    """Everything /metrics reports (:class:`MetricsSnapshot`), in a fixed number of queries (seven,
-    plus what naming each backend's queue reads) whatever the number of jobs."""
+    """Everything /metrics reports (:class:`MetricsSnapshot`), in a fixed number of queries (eight,
+    plus what naming each backend's queue reads) whatever the number of jobs; the progress query
+    reads the RUNNING jobs' progress columns (:data:`jobs.progress.READ_FIELDS`), no metric point."""
     now = now or timezone.now()
     backends = {}
     for backend in ComputeBackend.objects.only("pk", "name", "kind", "config"):
@@ -930,4 +959,10 @@ def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
     counters = {(row["name"], row["backend_id"]): row["value"] for row in
                 OperationCount.objects.values("name", "backend_id", "value")}
     pending = WebhookDelivery.objects.filter(delivered_at__isnull=True, given_up_at__isnull=True).count()
-    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending)
+    progress = []
+    for job in (TrainingJob.objects.filter(state=S.RUNNING, progress_total_steps__isnull=False)
+                .only("backend_id", *job_progress.READ_FIELDS).order_by("id")):
+        stored = job_progress.job_progress(job, now)
+        if stored is not None:
+            progress.append((job.pk, job.backend_id, stored))
+    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending, progress)

@@ -42,7 +42,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, metric_buckets, metric_store, restarts
+from jobs import admission, metric_buckets, metric_store, progress, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
@@ -258,10 +258,11 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
                                                        dt.datetime | None]:
     """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step
     time, the last ``rank_memory`` of the lines' epoch/completed records or None, the time of the
-    lines' last :data:`TRAINING_EVENTS` record or None).
+    lines' last :data:`TRAINING_EVENTS` record or None). The job's final metrics and its progress
+    columns (:func:`jobs.progress.progress_after`) are written too, when they change.
     Each line passes through ``mask`` first (the backend's job-secret values become ``***``), so no
     stored line holds one."""
-    log_rows, points, first_step, rank_memory, trained_at = [], [], None, None, None
+    log_rows, points, first_step, rank_memory, trained_at, records = [], [], None, None, None, []
     for line in lines:
         text = mask(str(line).replace("\x00", ""))  # PostgreSQL text cannot hold NUL
         log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
@@ -269,6 +270,7 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
         record = parse_metric_line(text)
         if record is None:
             continue
+        records.append(record)
         if record.get("event") == "started" and first_step is None:
             first_step = _when(record, now)
         if record.get("event") in TRAINING_EVENTS:
@@ -280,10 +282,19 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
     JobLogLine.objects.bulk_create(log_rows)
     # Rows, or chunks for a backlog, and their buckets (jobs.metric_store, jobs.metric_buckets).
     metric_store.store(job.pk, points)
+    changed: dict[str, Any] = {}
     latest = final_metrics_after(job.final_metrics, points)
     if latest != job.final_metrics:
-        TrainingJob.objects.filter(pk=job.pk).update(final_metrics=latest)
-        job.final_metrics = latest
+        changed["final_metrics"] = latest
+    # % done, step rate and what projects the time left and the final cost (jobs.progress): from
+    # these lines' records and the row's own columns, no metric point read.
+    current = {field: getattr(job, field) for field in progress.PROGRESS_FIELDS}
+    after = progress.progress_after(current, records)
+    changed.update({field: value for field, value in after.items() if value != current[field]})
+    if changed:
+        TrainingJob.objects.filter(pk=job.pk).update(**changed)
+        for field, value in changed.items():
+            setattr(job, field, value)
     return next_seq, first_step, rank_memory, trained_at
 
 

@@ -15,6 +15,9 @@ Record fields (values are global: all-reduced over ranks, weighted by sample cou
                  infinite and ``train.on_nonfinite_loss`` is ``stop``; carries ``reason``).
 ``time``         Unix time, seconds.
 ``epoch``        0-based epoch; ``step`` the number of optimizer steps taken so far.
+``total_steps``  the optimizer steps the run takes (``train.epochs`` × the steps of an epoch, or
+                 ``train.max_steps`` when fewer); a script's records carry it once it called
+                 :func:`trainer_pkg.report.progress`. The dashboard's % done and time left.
 ``world_size``   ranks in the job.
 ``train_loss``, ``train_accuracy``       mean over the samples since the previous record (0–1 accuracy);
                                           absent when no sample was trained since then.
@@ -90,7 +93,7 @@ MAX_USER_METRICS = 50
 """Most user metrics in one record."""
 
 RECORD_FIELDS = frozenset({"event", "time", "step", "epoch", "epochs_done", "user_metrics", "nonfinite",
-                           "nonfinite_step", "reason", "resumed", "world_size"})
+                           "nonfinite_step", "reason", "resumed", "world_size", "total_steps"})
 """Fields of a record that say what and when it is, never a user metric's name."""
 
 

@@ -10,8 +10,9 @@ and Trainboard's directories on every platform; this module reads them::
         report.log(step=step, loss=loss, **{"tokens/s": tokens_per_s})   # rank 0 prints; others: no-op
     torch.save(model.state_dict(), os.path.join(report.model_dir(), "model.pt"))
 
-``report.hparams()`` holds the job's training values (a sweep trial's too), ``report.init_from()``
-the file a continue or fine-tune starts from.
+``report.progress(total=steps)`` gives the run's length: the dashboard then shows % done, the time
+left and the projected final cost. ``report.hparams()`` holds the job's training values (a sweep
+trial's too), ``report.init_from()`` the file a continue or fine-tune starts from.
 
 ``report.log`` prints one ``TRAINBOARD_METRIC {...}`` line (the record format of
 :mod:`trainer_pkg.metrics`) that the dashboard reads from the job's log on every backend, and appends
@@ -53,6 +54,7 @@ INIT_MODE = "TRAINBOARD_INIT_MODE"
 """Variable holding ``continue`` or ``finetune`` beside :data:`INIT_FROM`; unset otherwise."""
 
 _last_step = -1  # the step of this process's previous log() call
+_total_steps = 0  # the run's length given to progress(); 0: not given
 
 
 def log(step: int | None = None, **metrics: Any) -> None:
@@ -78,7 +80,50 @@ def log(step: int | None = None, **metrics: Any) -> None:
     record: dict[str, Any] = {"event": "step", "step": step, "time": time.time()}
     record.update(_check_metrics(metrics))
     record["user_metrics"] = list(metrics)
+    if _total_steps:
+        record["total_steps"] = _total_steps
     _last_step = step
+    _emit(record)
+
+
+def progress(total: int | None = None, done: int | None = None) -> None:
+    """Tell the dashboard how long the run is and how far it got: the job list, the job page, the
+    API and /metrics then show % done (``done / total``), the time left from the recent step rate,
+    and the projected final cost. Rank 0 prints one ``TRAINBOARD_METRIC`` ``step`` record holding
+    no metric; other ranks only validate and return. Call it once with ``total`` before the loop;
+    the records of later :func:`log` calls carry it, and their ``step`` counts as the steps done::
+
+        report.progress(total=steps)
+        for step in range(1, steps + 1):
+            report.log(step=step, loss=train_one_step())
+
+    ``total``: the steps the run takes (an int ≥ 1, in the unit of :func:`log`'s ``step``); omitted,
+    the one given before (a later call may change it, e.g. once the data's length is known).
+    ``done``: steps done so far (an int ≥ 0); omitted, the ``step`` of the previous :func:`log` call
+    (0 before any). The record: ``{"event": "step", "step": 0, "time": <Unix s>, "total_steps":
+    1000}``, also appended to ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl`` as :func:`log` does.
+
+    Raises ValueError when ``total`` is not an int ≥ 1 (or omitted with none given before) or
+    ``done`` is not an int ≥ 0.
+    """
+    global _total_steps
+    if total is None:
+        if not _total_steps:
+            raise ValueError("report.progress: give total (the steps the run takes) in the first call, "
+                             "e.g. report.progress(total=1000)")
+        total = _total_steps
+    elif isinstance(total, bool) or not hasattr(total, "__index__") or total.__index__() < 1:
+        raise ValueError(f"report.progress: total must be an int of at least 1 (the steps the run takes), "
+                         f"got {_short(total)}")
+    total = total.__index__()
+    done = max(_last_step, 0) if done is None else _check_step(done, what="report.progress: done")
+    _total_steps = total
+    _emit({"event": "step", "step": done, "time": time.time(), "total_steps": total})
+
+
+def _emit(record: dict[str, Any]) -> None:
+    """Rank 0: print ``record`` as one metric line and append it to ``metrics.jsonl`` in the model
+    directory (when that is a local path); other ranks: nothing."""
     if not _is_rank_zero():
         return
     print_line(format_metric_line(record))
@@ -183,12 +228,12 @@ def finish(code: int = 0) -> NoReturn:
     os._exit(int(code))
 
 
-def _check_step(step: Any) -> int:
+def _check_step(step: Any, what: str = "report.log: step") -> int:
     if isinstance(step, bool) or not hasattr(step, "__index__"):
-        raise ValueError(f"report.log: step must be an int (the optimizer step), got {step!r}")
+        raise ValueError(f"{what} must be an int (the optimizer step), got {_short(step)}")
     value = step.__index__()  # numpy integers too
     if value < 0:
-        raise ValueError(f"report.log: step must be 0 or more, got {value}")
+        raise ValueError(f"{what} must be 0 or more, got {value}")
     return value
 
 
@@ -260,4 +305,4 @@ def _directory(variable: str, *, create: bool) -> str:
 
 
 __all__ = ["CHECKPOINT_DIR", "CODE_DIR", "DATA_DIR", "HPARAMS", "INIT_FROM", "INIT_MODE", "MODEL_DIR",
-           "checkpoint_dir", "data_dir", "hparams", "init_from", "init_mode", "log", "model_dir"]
+           "checkpoint_dir", "data_dir", "hparams", "init_from", "init_mode", "log", "model_dir", "progress"]

@@ -536,10 +536,14 @@ class Recorder:
     """
 
     def __init__(self, log: MetricsLog, window: Window, optimizer: torch.optim.Optimizer,
-                 progress: Progress, topo: Topology, layout: dict[str, Any], *, tokens_per_sample: int = 0) -> None:
+                 progress: Progress, topo: Topology, layout: dict[str, Any], *, tokens_per_sample: int = 0,
+                 total_steps: int = 0) -> None:
         """``tokens_per_sample``: a language model's window length (seq_len); its records then carry
-        ``tokens_per_s`` (``samples_per_s`` × seq_len, the tokens trained per second over all ranks)."""
+        ``tokens_per_s`` (``samples_per_s`` × seq_len, the tokens trained per second over all ranks).
+        ``total_steps``: the optimizer steps the run takes (:func:`planned_steps`); every record
+        carries it as ``total_steps`` (the dashboard's % done and time left) when it is > 0."""
         self.log, self.window, self.optimizer, self.progress, self.topo = log, window, optimizer, progress, topo
+        self.total_steps = total_steps
         self.layout = layout
         self.tokens_per_sample = tokens_per_sample
         self._deferred: list[tuple[dict[str, Any], PendingGather, dict[str, Any]]] = []
@@ -559,6 +563,8 @@ class Recorder:
         self.flush()  # records stay in order
         head = {"event": event, "time": time.time(), "epoch": epoch, "step": self.progress.step,
                 "world_size": self.topo.world_size, "lr": self.optimizer.param_groups[0]["lr"]}
+        if self.total_steps > 0:
+            head["total_steps"] = self.total_steps
         tail = {"grad_norm": self.progress.grad_norm} if self.progress.grad_norm is not None else {}
         tail.update(extra)
         self._deferred.append((head, self.window.start_gather(), tail))
@@ -1039,7 +1045,8 @@ def _run(cfg: JobConfig, topo: Topology, device: torch.device, backend: str, sto
     agreements = Agreements(stop, t, device, step)
     with MetricsLog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), topo.is_main, fresh=ckpt is None) as log:
         recorder = Recorder(log, stepper.window, optimizer, progress, topo, _rank_layout(strategy, topo.world_size),
-                            tokens_per_sample=data.seq_len if isinstance(data, TokenData) else 0)
+                            tokens_per_sample=data.seq_len if isinstance(data, TokenData) else 0,
+                            total_steps=total_steps)
         divergence = Divergence(t.on_nonfinite_loss, recorder, topo)
 
         # -- the loop: one optimizer step per train.grad_accum_steps batches -----------------------

@@ -102,6 +102,25 @@ class TrainboardCollector:
             sync.add_metric(labels(backend_id), snap.counters.get((counters.SYNC_ERRORS, backend_id), 0))
         yield sync
 
+        # One series per RUNNING job with a known length (jobs.progress): they end with the job.
+        job_labels = [*BACKEND_LABELS, "job_id"]
+        done = GaugeMetricFamily("trainboard_job_progress_ratio", "Share of a running job's steps done (0 to 1), "
+                                 "for jobs with a known length.", labels=job_labels)
+        left = GaugeMetricFamily("trainboard_job_eta_seconds", "Seconds a running job has left at its recent step "
+                                 "rate (absent until the rate is measured).", labels=job_labels)
+        projected = GaugeMetricFamily("trainboard_job_projected_cost_usd", "A running job's projected final cost: "
+                                      "its cost so far + its time left × instances × hourly price.", labels=job_labels)
+        for job_id, backend_id, progress in snap.progress:
+            job = [*labels(backend_id), str(job_id)]
+            done.add_metric(job, progress.fraction)
+            if progress.eta_s is not None:
+                left.add_metric(job, progress.eta_s)
+            if progress.projected_cost_usd is not None:
+                projected.add_metric(job, float(progress.projected_cost_usd))
+        yield done
+        yield left
+        yield projected
+
         yield CounterMetricFamily("trainboard_webhook_attempts_failed",
                                   "Webhook attempts without a 2xx answer (network error, timeout, refused URL, "
                                   "non-2xx status).",

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from cloud_adapters.base import ConnectionCheck
 from jobs import code_archives, comparison, job_table, metric_retention, pagination, selectors, services
+from jobs import progress as job_progress
 from jobs.adapters import backend_declaration, backend_isolation
 from jobs.models import JobStateChoices, ModelSpec, TrainingJob
 from trainer_pkg.metrics import GLOBAL_METRICS
@@ -365,8 +366,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
         "backend__name", "final_metrics", "tags", "archived_at", "owner",
         *(["config"] if any(c.kind == "config" for c in columns) else []),
-        # what shows the row's figures at the job's own precision
-        *TrainingJob.MONEY_FIELDS)
+        # what shows the row's figures at the job's own precision, and its progress (no metric point read)
+        *TrainingJob.MONEY_FIELDS, *job_progress.READ_FIELDS)
     # Capped count and key-first page fetch: the same queries on page 1 and page 4,000.
     # "Older" / "Newer" links carry the position of the page's last / first row: an index seek at any
     # depth; a deep ?page=N finds its position by the key columns alone. A search counts to 1,000.

@@ -40,6 +40,10 @@ def test_ddp_job_succeeds_with_events_metrics_and_cost(celery_worker_process, us
     assert val[-1][1] >= 0.90, val
     assert MetricPoint.objects.filter(job=job, name="rank_samples_per_s", rank=1).exists()
     assert len(selectors.training_job_rank_throughput(job=job)) == 2
+    # Its length, as the trainer reported it (3 epochs × 23 steps of 2 ranks × 32 of 1,438 samples),
+    # kept by the sync beside the last step: 100 % done, no time left once ended.
+    assert (job.progress_total_steps, job.progress_step) == (69, 69)
+    assert job.progress.fraction == 1.0 and job.progress.eta_s is None and job.progress_steps_per_s > 0
 
     # cost = $3.60/h × (ended_at − started_at); the row stores 4 decimal places, hence abs=0.00005
     run_s = (job.ended_at - job.started_at).total_seconds()

@@ -435,6 +435,7 @@ class _Run:
         self.unrecorded = 0  # steps since the last record (the real window's samples)
         self.fail_code = 1
         self._records = None
+        self.total_steps = 0
 
     def log(self, message: str) -> None:
         from trainer_pkg.metrics import print_line
@@ -452,6 +453,8 @@ class _Run:
 
         record: dict[str, Any] = {"event": event, "time": time.time(), "epoch": epoch, "step": self.step,
                                   "world_size": self.world_size, "lr": self.cfg.train.lr}
+        if self.total_steps:  # as the real Recorder: the steps the run takes (its planned_steps)
+            record["total_steps"] = self.total_steps
         if self.unrecorded:
             record.update(self._window())
         if self.cfg.train.grad_clip_norm > 0:
@@ -517,6 +520,8 @@ class _Run:
         if ckpt:
             self.log(f"resuming from {self.ckpt_path}: epoch {start_epoch}, batch {start_batch}, step {self.step}")
         batches = batches_per_epoch(cfg, self.world_size)
+        self.total_steps = t.epochs * math.ceil(batches / t.grad_accum_steps)
+        self.total_steps = min(self.total_steps, t.max_steps) if t.max_steps else self.total_steps
         first_step = self.step + 1
         done = lambda: bool(t.max_steps) and self.step >= t.max_steps  # noqa: E731
         if self.main:

@@ -21,6 +21,7 @@ from trainer_pkg.metrics import parse_metric_line
 def fresh(monkeypatch):
     """Each test starts as a new script would: no step logged yet, no launcher variables."""
     monkeypatch.setattr(report, "_last_step", -1)
+    monkeypatch.setattr(report, "_total_steps", 0)
     for name in ("RANK", report.MODEL_DIR, report.CHECKPOINT_DIR, report.DATA_DIR, report.CODE_DIR):
         monkeypatch.delenv(name, raising=False)
 
@@ -109,6 +110,38 @@ def test_at_most_50_metrics_per_call(capsys):
         report.log(**{f"m{i}": float(i) for i in range(51)})
     report.log(**{"x" * 100: 1.0})  # the longest name
     assert printed(capsys)[0]["user_metrics"] == ["x" * 100]
+
+
+def test_progress_prints_the_length_and_later_records_carry_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(report.MODEL_DIR, str(tmp_path))
+    report.progress(total=1000)
+    report.log(step=10, loss=0.5)
+    report.progress(done=20)
+    report.progress(total=1200, done=30)  # a corrected length
+    records = printed(capsys)
+    assert [{k: v for k, v in r.items() if k != "time"} for r in records] == [
+        {"event": "step", "step": 0, "total_steps": 1000},
+        {"event": "step", "step": 10, "loss": 0.5, "user_metrics": ["loss"], "total_steps": 1000},
+        {"event": "step", "step": 20, "total_steps": 1000},
+        {"event": "step", "step": 30, "total_steps": 1200}]
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == records
+
+
+def test_progress_checks_its_arguments(monkeypatch, capsys):
+    with pytest.raises(ValueError, match=r"give total .* in the first call"):
+        report.progress(done=3)
+    for bad in (0, -1, True, 2.5, "10"):
+        with pytest.raises(ValueError, match="total must be an int of at least 1"):
+            report.progress(total=bad)
+    with pytest.raises(ValueError, match="done must be 0 or more"):
+        report.progress(total=10, done=-1)
+    assert capsys.readouterr().out == ""
+    report.progress(total=10)
+    report.log(step=4, loss=1.0)
+    monkeypatch.setenv("RANK", "1")
+    report.progress(done=5)  # another rank: checked, not printed
+    printed = [line for line in capsys.readouterr().out.splitlines()]
+    assert len(printed) == 2 and '"total_steps":10' in printed[0] and '"total_steps":10' in printed[1]
 
 
 def test_directories(tmp_path, monkeypatch):

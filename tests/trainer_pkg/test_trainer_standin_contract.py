@@ -156,6 +156,7 @@ def test_a_run_to_its_end_has_the_real_events_steps_and_exit_code(normal):
         assert run.printed == run.records  # stdout carries the same records, once each (rank 0)
         assert [r["epochs_done"] for r in run.records if r["event"] == "epoch"] == [1, 2]
         assert run.records[0]["resumed"] is False
+        assert {r["total_steps"] for r in run.records} == {46}  # 2 epochs × 23 steps: the dashboard's % done
 
 
 def test_a_run_to_its_end_has_the_real_record_fields(normal):

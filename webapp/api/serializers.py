@@ -3,6 +3,7 @@ service's ValidationError comes back as a 400 keyed by the same field names."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, get_args
 
@@ -647,6 +648,33 @@ class BackendQueueJobSerializer(serializers.ModelSerializer):
         }
 
 
+class JobProgressSerializer(serializers.Serializer):
+    """A job's progress (jobs.progress.Progress): % done, time left from the recent step rate and the
+    projected final cost, from the job's own columns (no metric point read)."""
+
+    total_steps = serializers.IntegerField(help_text="The steps the run takes, as the trainer (or the script's "
+                                                     "report.progress(total=...)) reported.")
+    step = serializers.IntegerField(help_text="Steps done at the newest record read.")
+    fraction = serializers.FloatField(help_text="step / total_steps, 0 to 1.")
+    percent = serializers.FloatField(help_text="fraction × 100.")
+    steps_per_s = serializers.FloatField(
+        allow_null=True, help_text="Step rate over the last 8 records of the current run; null until measured.")
+    eta_s = serializers.FloatField(
+        allow_null=True, help_text="Seconds left from now: the steps left over steps_per_s, counted from the newest "
+                                   "record; null unless RUNNING with a measured rate.")
+    finish_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the last step is projected to end; null as for eta_s.")
+    projected_cost_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=4, allow_null=True,
+        help_text="cost_usd + the seconds from the last sync to finish_at × instances × hourly_price_usd / 3600; "
+                  "null as for eta_s. A spot job is priced as if not interrupted; with hourly_price_usd 0 "
+                  "(price_known false) it adds nothing.")
+    price_known = serializers.BooleanField(help_text="False when hourly_price_usd is 0: the time left is not priced.")
+    arithmetic = serializers.CharField(help_text='The sums behind the figures, e.g. "200 of 1000 steps at 2.00 '
+                                                 'steps/s: 400 s left after the last record; $0.05 so far + 390 s '
+                                                 '× 2 nodes × $3.60/h = $0.83".')
+
+
 EXPERIMENT_FIELDS = ["final_metrics", "tags", "notes", "archived", "archived_at"]
 """The experiment table's fields of a job (docs/experiments.md); ``PATCH /api/jobs/{id}/`` changes
 ``tags``, ``notes`` and ``archived`` (:class:`TrainingJobAnnotateSerializer`)."""
@@ -695,6 +723,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     stalled = serializers.SerializerMethodField(
         help_text="True when the job is past its state's deadline (see stalled_reason); cleared by its next "
                   "state change.")
+    progress = serializers.SerializerMethodField(
+        help_text="% done, time left and projected final cost of a job with a known length (epochs or "
+                  "train.max_steps for the built-in trainer, report.progress(total=...) for a script); null when "
+                  "the length is not known or no step was reported yet.")
 
     class Meta:
         model = TrainingJob
@@ -707,7 +739,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
-            "attempt", "metric_points_pruned_at",
+            "attempt", "metric_points_pruned_at", "progress",
         ]
         fields = fields + EXPERIMENT_FIELDS  # the experiment table (docs/experiments.md)
         read_only_fields = fields
@@ -730,6 +762,13 @@ class TrainingJobSerializer(serializers.ModelSerializer):
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None
+
+    @extend_schema_field(JobProgressSerializer(allow_null=True))
+    def get_progress(self, job: TrainingJob) -> dict[str, Any] | None:
+        progress = job.progress
+        if progress is None:
+            return None
+        return JobProgressSerializer({**dataclasses.asdict(progress), "percent": progress.percent}).data
 
     def get_archived(self, job: TrainingJob) -> bool:
         return job.archived_at is not None
