@@ -358,7 +358,8 @@ def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = 
     """The job's stored log lines in order (``seq`` ascending), filtered: ``q`` a substring, any case;
     ``rank`` the lines rank ``rank`` wrote (:func:`jobs.job_table.rank_regex`: the marks torch, the
     launcher and the trainer put on a rank's lines); ``metrics`` False leaves out the trainer's metric
-    records (``TRAINBOARD_METRIC {...}``, what the charts are drawn from)."""
+    records that a job logged by an older Trainboard has as lines (``is_metric``; a newer job's
+    records are its metric points only, :class:`~jobs.models.JobLogLine`)."""
     lines = JobLogLine.objects.filter(job_id=job.pk)
     if not metrics:
         lines = lines.filter(is_metric=False)
@@ -367,6 +368,12 @@ def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = 
     if rank is not None:
         lines = lines.filter(text__regex=job_table.rank_regex(rank))
     return lines.order_by("seq")
+
+
+def training_job_has_metric_lines(*, job: TrainingJob) -> bool:
+    """Whether ``job`` has metric records stored as log lines (logged before records were stored once,
+    as points only). One probe of the partial index ``logline_metric_seq``, empty for newer jobs."""
+    return JobLogLine.objects.filter(job_id=job.pk, is_metric=True).exists()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,8 +398,23 @@ class LogPage:
 def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page: int = LOG_PAGE_LINES,
                           q: str = "", rank: int | None = None, metrics: bool = False) -> LogPage:
     """Page ``page`` (1-based; None or past the end = the newest page; below 1 = the first) of the
-    job's lines as :func:`training_job_log_lines` filters them, ``per_page`` lines a page. Two queries
-    (count, page)."""
+    job's lines as :func:`training_job_log_lines` filters them, ``per_page`` lines a page.
+
+    Unfiltered (no ``q``, no ``rank``) and with every line shown (a newer job, or ``metrics``), a
+    job's ``seq`` runs without gaps, so the count is last − first ``seq`` + 1 and page N is the
+    ``seq`` range of its lines: three index probes whatever the log's length. Otherwise (a search,
+    a rank, an older job's lines without its records) two queries, count and page, that read the
+    job's lines up to the page (bench/log_scale.py measures both)."""
+    if not q and rank is None and (metrics or not training_job_has_metric_lines(job=job)):
+        bounds = JobLogLine.objects.filter(job_id=job.pk).aggregate(first=Min("seq"), last=Max("seq"))
+        first, last = bounds["first"], bounds["last"]
+        count = 0 if last is None else last - first + 1
+        num_pages = max(1, math.ceil(count / per_page))
+        number = num_pages if page is None else min(max(int(page), 1), num_pages)
+        start = (first or 0) + (number - 1) * per_page
+        rows = list(JobLogLine.objects.filter(job_id=job.pk, seq__gte=start, seq__lt=start + per_page)
+                    .order_by("seq").values_list("seq", "text"))
+        return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
     lines = training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
     count = lines.count()
     num_pages = max(1, math.ceil(count / per_page))
@@ -424,8 +446,9 @@ def training_job_log_after(*, job: TrainingJob, after: int = -1, limit: int = LO
 
 
 def training_job_log_text(*, job: TrainingJob, chunk_lines: int = 2000) -> Iterable[str]:
-    """The job's whole stored log as text, metric records included, in pieces of ``chunk_lines``
-    lines (each line ending in a newline), read by ``seq`` ranges so a long log is never held whole."""
+    """The job's whole stored log as text, in pieces of ``chunk_lines`` lines (each line ending in a
+    newline), read by ``seq`` ranges so a long log is never held whole. A newer job's metric records
+    are not in it (they are its metric points; docs/experiments.md); an older job's stored records are."""
     after = -1
     while True:
         rows = list(JobLogLine.objects.filter(job_id=job.pk, seq__gt=after).order_by("seq")
@@ -857,11 +880,15 @@ def training_job_lineage(*, job: TrainingJob, user) -> dict[str, Any]:
 
 def training_job_checkpoint_epoch(*, job: TrainingJob) -> int:
     """Finished epochs ``job``'s last checkpoint holds (0 when none): the ``epochs_done`` of the last
-    ``epoch`` record in its log (the trainer checkpoints right after each; an epoch that
+    ``epoch`` record the sync read (the trainer checkpoints right after each; an epoch that
     ``train.max_steps`` cut short is not finished, trainer_pkg/metrics.py). A continued job starts at
     that epoch (0-based) and shows it as "checkpoint epoch N". For a log of an older trainer, whose
     records lack it: one past the last epoch it validated (its global ``val_loss`` points)."""
-    texts = (JobLogLine.objects.filter(job_id=job.pk, text__contains='"event":"epoch"')
+    if job.checkpoint_epochs_done is not None:  # kept by the sync from the record (jobs.sync._ingest_lines)
+        return job.checkpoint_epochs_done
+    # A job logged when records were stored as log lines: its rows of them (a partial index, empty
+    # for newer jobs, so a long log is not scanned).
+    texts = (JobLogLine.objects.filter(job_id=job.pk, is_metric=True, text__contains='"event":"epoch"')
              .filter(text__contains='"epochs_done":').order_by("-seq").values_list("text", flat=True)[:1])
     for text in texts:
         done = (parse_metric_line(text) or {}).get("epochs_done")
