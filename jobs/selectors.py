@@ -351,6 +351,11 @@ LOG_PAGE_LINES = 500
 """Lines per page of the job's log page."""
 LOG_API_MAX_LIMIT = 5000
 """Most lines one ``GET /api/jobs/{id}/logs/`` answers."""
+LOG_SEARCH_WINDOW = 200_000
+"""Most lines one filtered read looks at (a search ``q`` or a ``rank``: a text match on every line,
+no index can narrow it): the log page searches a longer log this many lines at a time, newest first,
+and a filtered ``?after=`` read moves its cursor at most this far. A read then costs what it shows,
+whatever the log's length (bench/log_scale.py)."""
 
 
 def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = None,
@@ -383,8 +388,10 @@ class LogPage:
     lines: list[tuple[int, str]]  # (seq, text) in order
     number: int  # 1-based
     num_pages: int  # at least 1
-    count: int  # matching lines in all
+    count: int  # matching lines in all (in ``searched``, when set)
     per_page: int
+    searched: tuple[int, int] | None = None  # (first, last) seq a search of a long log looked at
+    older: int | None = None  # the ``before`` that searches the window before ``searched``; None: none left
 
     @property
     def has_previous(self) -> bool:
@@ -396,18 +403,22 @@ class LogPage:
 
 
 def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page: int = LOG_PAGE_LINES,
-                          q: str = "", rank: int | None = None, metrics: bool = False) -> LogPage:
+                          q: str = "", rank: int | None = None, metrics: bool = False,
+                          before: int | None = None) -> LogPage:
     """Page ``page`` (1-based; None or past the end = the newest page; below 1 = the first) of the
     job's lines as :func:`training_job_log_lines` filters them, ``per_page`` lines a page.
 
     Unfiltered (no ``q``, no ``rank``) and with every line shown (a newer job, or ``metrics``), a
     job's ``seq`` runs without gaps, so the count is last − first ``seq`` + 1 and page N is the
-    ``seq`` range of its lines: three index probes whatever the log's length. Otherwise (a search,
-    a rank, an older job's lines without its records) two queries, count and page, that read the
-    job's lines up to the page (bench/log_scale.py measures both)."""
+    ``seq`` range of its lines: three index probes whatever the log's length. A search (``q`` or
+    ``rank``) of a log longer than :data:`LOG_SEARCH_WINDOW` lines, or with ``before`` (a ``seq``),
+    looks at the window of that many lines ending just before ``before`` (None: the newest line),
+    paged the same way: :attr:`LogPage.searched` is the window, :attr:`LogPage.older` the ``before``
+    of the next older one. Otherwise (a shorter log searched, an older job's lines without its
+    records) two queries, count and page, over the job's lines."""
+    bounds = JobLogLine.objects.filter(job_id=job.pk).aggregate(first=Min("seq"), last=Max("seq"))
+    first, last = bounds["first"], bounds["last"]
     if not q and rank is None and (metrics or not training_job_has_metric_lines(job=job)):
-        bounds = JobLogLine.objects.filter(job_id=job.pk).aggregate(first=Min("seq"), last=Max("seq"))
-        first, last = bounds["first"], bounds["last"]
         count = 0 if last is None else last - first + 1
         num_pages = max(1, math.ceil(count / per_page))
         number = num_pages if page is None else min(max(int(page), 1), num_pages)
@@ -416,12 +427,19 @@ def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page
                     .order_by("seq").values_list("seq", "text"))
         return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
     lines = training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
+    searched = older = None
+    if (q or rank is not None) and last is not None and (before is not None or last - first + 1 > LOG_SEARCH_WINDOW):
+        high = last if before is None else max(min(last, int(before) - 1), first)
+        low = max(first, high - LOG_SEARCH_WINDOW + 1)
+        lines = lines.filter(seq__gte=low, seq__lte=high)
+        searched, older = (low, high), (low if low > first else None)
     count = lines.count()
     num_pages = max(1, math.ceil(count / per_page))
     number = num_pages if page is None else min(max(int(page), 1), num_pages)
     start = (number - 1) * per_page
     rows = list(lines.values_list("seq", "text")[start:start + per_page])
-    return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
+    return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page,
+                   searched=searched, older=older)
 
 
 def training_job_log_after(*, job: TrainingJob, after: int = -1, limit: int = LOG_PAGE_LINES, q: str = "",
@@ -433,16 +451,19 @@ def training_job_log_after(*, job: TrainingJob, after: int = -1, limit: int = LO
     Stable while the job still writes: the last stored ``seq`` is read first and only lines up to it
     are considered, so when fewer than ``limit`` match, ``next`` is that seq (every line up to it was
     looked at, matching or not, and a filtered reader does not scan them again); otherwise it is the
-    last returned line's seq and ``more`` is True. Lines are stored in ``seq`` order by one sync at a
-    time (jobs.sync), so none appears later below a cursor already handed out."""
+    last returned line's seq and ``more`` is True. A filter (``q``, ``rank``) looks at most
+    :data:`LOG_SEARCH_WINDOW` lines after ``after``: ``next`` is then the last one looked at and
+    ``more`` True while lines remain. Lines are stored in ``seq`` order by one sync at a time
+    (jobs.sync), so none appears later below a cursor already handed out."""
     last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
     if last is None or last <= after:
         return [], max(after, -1), False
+    high = last if not q and rank is None else min(last, max(after, -1) + LOG_SEARCH_WINDOW)
     rows = list(training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
-                .filter(seq__gt=after, seq__lte=last).values_list("seq", "text")[:limit + 1])
+                .filter(seq__gt=after, seq__lte=high).values_list("seq", "text")[:limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, (rows[-1][0] if more else last), more
+    return rows, (rows[-1][0] if more else high), more or high < last
 
 
 def training_job_log_text(*, job: TrainingJob, chunk_lines: int = 2000) -> Iterable[str]:
