@@ -388,10 +388,10 @@ class LogPage:
     lines: list[tuple[int, str]]  # (seq, text) in order
     number: int  # 1-based
     num_pages: int  # at least 1
-    count: int  # matching lines in all (in ``searched``, when set)
+    count: int  # matching lines in all (those shown, when ``searched`` is set)
     per_page: int
     searched: tuple[int, int] | None = None  # (first, last) seq a search of a long log looked at
-    older: int | None = None  # the ``before`` that searches the window before ``searched``; None: none left
+    older: int | None = None  # the ``before`` that goes on searching older lines; None: none left
 
     @property
     def has_previous(self) -> bool:
@@ -412,10 +412,11 @@ def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page
     job's ``seq`` runs without gaps, so the count is last − first ``seq`` + 1 and page N is the
     ``seq`` range of its lines: three index probes whatever the log's length. A search (``q`` or
     ``rank``) of a log longer than :data:`LOG_SEARCH_WINDOW` lines, or with ``before`` (a ``seq``),
-    looks at the window of that many lines ending just before ``before`` (None: the newest line),
-    paged the same way: :attr:`LogPage.searched` is the window, :attr:`LogPage.older` the ``before``
-    of the next older one. Otherwise (a shorter log searched, an older job's lines without its
-    records) two queries, count and page, over the job's lines."""
+    is one page of the newest matches before ``before`` (None: after the newest line), looking back
+    at most that many lines (``page`` is then ignored): :attr:`LogPage.searched` is the range looked
+    at, :attr:`LogPage.older` the ``before`` that goes on from there. Otherwise (a shorter log
+    searched, an older job's lines without its records) two queries, count and page, over the
+    job's lines."""
     bounds = JobLogLine.objects.filter(job_id=job.pk).aggregate(first=Min("seq"), last=Max("seq"))
     first, last = bounds["first"], bounds["last"]
     if not q and rank is None and (metrics or not training_job_has_metric_lines(job=job)):
@@ -427,19 +428,23 @@ def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page
                     .order_by("seq").values_list("seq", "text"))
         return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
     lines = training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
-    searched = older = None
     if (q or rank is not None) and last is not None and (before is not None or last - first + 1 > LOG_SEARCH_WINDOW):
+        # The newest matches before ``before``, looking back at most a window: one query that stops
+        # at a page of matches (a common term) or the window's first line (a rare one).
         high = last if before is None else max(min(last, int(before) - 1), first)
         low = max(first, high - LOG_SEARCH_WINDOW + 1)
-        lines = lines.filter(seq__gte=low, seq__lte=high)
-        searched, older = (low, high), (low if low > first else None)
+        rows = list(lines.filter(seq__gte=low, seq__lte=high).order_by("-seq").values_list("seq", "text")[:per_page])
+        rows.reverse()
+        if len(rows) == per_page:  # the page is full: the next search goes on from its oldest line
+            low = rows[0][0]
+        return LogPage(lines=rows, number=1, num_pages=1, count=len(rows), per_page=per_page,
+                       searched=(low, high), older=low if low > first else None)
     count = lines.count()
     num_pages = max(1, math.ceil(count / per_page))
     number = num_pages if page is None else min(max(int(page), 1), num_pages)
     start = (number - 1) * per_page
     rows = list(lines.values_list("seq", "text")[start:start + per_page])
-    return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page,
-                   searched=searched, older=older)
+    return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
 
 
 def training_job_log_after(*, job: TrainingJob, after: int = -1, limit: int = LOG_PAGE_LINES, q: str = "",
