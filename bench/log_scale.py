@@ -152,9 +152,14 @@ def urls_for(job_id: int, lines: int) -> dict[str, str]:
 
 
 def explain(sql: str) -> dict[str, Any]:
-    """EXPLAIN ANALYZE of one captured SELECT: its scan nodes, the rows they returned and removed by a
-    filter (the rows the query read), and whether any is a Seq Scan."""
+    """EXPLAIN ANALYZE of one captured SELECT: its scan nodes on the log table (its own or its indexes),
+    the rows they returned and removed by a filter (the rows the query read), and whether any is a
+    Seq Scan. Scans of the small tables (session, user, job) are left out."""
     from django.db import connection
+
+    from jobs.models import JobLogLine
+
+    table = JobLogLine._meta.db_table
 
     if not sql.lstrip().upper().startswith("SELECT"):
         return {"nodes": [], "rows_read": 0, "seq_scan": False}
@@ -168,7 +173,8 @@ def explain(sql: str) -> dict[str, Any]:
     def walk(node: dict[str, Any]) -> None:
         nonlocal rows
         kind = node.get("Node Type", "")
-        if "Scan" in kind:
+        if "Scan" in kind and node.get("Relation Name", node.get("Index Name", "")).startswith(
+                (table, "logline_", "jobs_joblogline")):
             loops = node.get("Actual Loops", 1) or 1
             read = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
                     + node.get("Rows Removed by Index Recheck", 0)) * loops
