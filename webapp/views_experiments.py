@@ -291,8 +291,8 @@ def _log_filters(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
 @login_required
 @require_GET
 def job_logs(request: HttpRequest, pk: int) -> HttpResponse:
-    """The job's full log, 500 lines a page (the newest page first), with search, a rank filter and
-    the trainer's metric records on request."""
+    """The job's full log, 500 lines a page (the newest page first), with search, a rank filter and,
+    for a job logged when records were stored as lines, the trainer's metric records on request."""
     job = _job_for(request, pk)
     filters, problems = _log_filters(request)
     page = selectors.training_job_log_page(job=job, page=filters["page"], q=filters["q"], rank=filters["rank"],
@@ -304,6 +304,8 @@ def job_logs(request: HttpRequest, pk: int) -> HttpResponse:
         "job": job, "page": page, "filters": filters, "problems": problems,
         "params": urlencode(window), "search_params": urlencode(params),
         "search_window": f"{selectors.LOG_SEARCH_WINDOW:,}",
+        # Only a job logged when records were stored as lines has any to show or hide.
+        "has_metric_lines": filters["metrics"] or selectors.training_job_has_metric_lines(job=job),
         "first_seq": page.lines[0][0] if page.lines else None,
     }, status=400 if problems else 200)
 
@@ -311,7 +313,8 @@ def job_logs(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_GET
 def job_logs_download(request: HttpRequest, pk: int) -> StreamingHttpResponse:
-    """The job's whole stored log as a text file (metric records included), streamed."""
+    """The job's whole stored log as a text file, streamed (a newer job's metric records are its
+    metric points, not lines: docs/experiments.md)."""
     job = _job_for(request, pk)
     response = StreamingHttpResponse(selectors.training_job_log_text(job=job), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-log.txt"'

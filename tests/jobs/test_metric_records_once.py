@@ -110,3 +110,15 @@ def test_the_log_page_of_a_newer_job_reads_its_page_by_seq_range(submitted_job):
     assert selectors.training_job_log_page(job=job, page=0).lines[0] == (0, "line 0")
     empty = selectors.training_job_log_page(job=job, q="nothing like it")
     assert (empty.count, empty.num_pages, empty.lines) == (0, 1, [])
+
+
+def test_the_log_page_offers_metric_records_only_for_a_job_that_has_them_as_lines(submitted_job, client, user):  # noqa: F811
+    job = submitted_job
+    client.force_login(user)
+    JobLogLine.objects.create(job=job, seq=0, text="plain")
+    html = client.get(f"/jobs/{job.pk}/logs/").content.decode()
+    assert 'id="log-metrics"' not in html and "metric records hidden" not in html
+    assert "1 line · page 1 of 1" in html
+    JobLogLine.objects.create(job=job, seq=1, text=format_metric_line({"event": "step", "step": 1}))
+    html = client.get(f"/jobs/{job.pk}/logs/").content.decode()
+    assert 'id="log-metrics"' in html and "1 line (metric records hidden) · page 1 of 1" in html
