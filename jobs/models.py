@@ -484,6 +484,14 @@ class TrainingJob(Owned):
     logs_read_at = models.DateTimeField(
         null=True, blank=True,
         help_text="Last sync that read this job's log; unchanged jobs are read least recently read first.")
+    trainer_failure_reason = models.TextField(
+        blank=True,
+        help_text="The reason of the trainer's last ``failed`` record (e.g. \"loss became NaN at step 12\"), "
+                  "kept when the sync reads it: metric records are stored as points, not as log lines.")
+    checkpoint_epochs_done = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="``epochs_done`` of the trainer's last ``epoch`` record: finished epochs its last checkpoint "
+                  "holds. Null: no such record read (a job logged before this field reads its stored log).")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -865,12 +873,15 @@ class JobLogLineQuerySet(models.QuerySet):
 
 
 class JobLogLine(models.Model):
-    """One line of the job's log, numbered from 0 in the order it was read.
+    """One line of the job's log, numbered from 0 in the order it was read (``seq``).
 
-    ``is_metric``: the line holds a trainer metric record (``TRAINBOARD_METRIC {...}``, what the
-    charts are drawn from), set from the text when it is stored. The log tail and the failure
-    reasons read the other lines through a partial index, so a log that is mostly metric records
-    is never scanned to find the last lines a person reads."""
+    A trainer metric record (a line holding ``TRAINBOARD_METRIC {...}``) is not a log line: the sync
+    stores it once, as metric points (:mod:`jobs.metric_store`), and gives it no ``seq``, so a job's
+    ``seq`` runs 0, 1, 2, … without gaps over the lines a person reads (docs/experiments.md, "The
+    full log"). ``is_metric`` marks the records that were stored as lines before that (jobs logged
+    by an older Trainboard; set from the text when a line is stored): the log tail and the failure
+    reasons read the other lines through the partial index ``logline_text_seq``, and
+    ``logline_metric_seq`` (empty for any newer job) tells in one probe whether a job has such rows."""
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="log_lines")
     seq = models.PositiveIntegerField()
@@ -882,13 +893,16 @@ class JobLogLine(models.Model):
     class Meta:
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="logline_unique_seq")]
-        indexes = [models.Index(fields=["job", "seq"], condition=models.Q(is_metric=False), name="logline_text_seq")]
+        indexes = [models.Index(fields=["job", "seq"], condition=models.Q(is_metric=False), name="logline_text_seq"),
+                   models.Index(fields=["job", "seq"], condition=models.Q(is_metric=True), name="logline_metric_seq")]
 
     @staticmethod
     def carries_metric(text: str) -> bool:
-        from trainer_pkg.metrics import METRIC_PREFIX
+        """Whether ``text`` carries a well-formed trainer record (``trainer_pkg.metrics.parse_metric_line``).
+        A malformed one (a record cut by another rank's write) is an ordinary line: no point holds it."""
+        from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 
-        return METRIC_PREFIX in text
+        return METRIC_PREFIX in text and parse_metric_line(text) is not None
 
     def save(self, *args, **kwargs) -> None:
         self.is_metric = self.carries_metric(self.text)

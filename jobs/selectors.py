@@ -351,6 +351,11 @@ LOG_PAGE_LINES = 500
 """Lines per page of the job's log page."""
 LOG_API_MAX_LIMIT = 5000
 """Most lines one ``GET /api/jobs/{id}/logs/`` answers."""
+LOG_SEARCH_WINDOW = 200_000
+"""Most lines one filtered read looks at (a search ``q`` or a ``rank``: a text match on every line,
+no index can narrow it): the log page searches a longer log this many lines at a time, newest first,
+and a filtered ``?after=`` read moves its cursor at most this far. A read then costs what it shows,
+whatever the log's length (bench/log_scale.py)."""
 
 
 def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = None,
@@ -358,7 +363,8 @@ def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = 
     """The job's stored log lines in order (``seq`` ascending), filtered: ``q`` a substring, any case;
     ``rank`` the lines rank ``rank`` wrote (:func:`jobs.job_table.rank_regex`: the marks torch, the
     launcher and the trainer put on a rank's lines); ``metrics`` False leaves out the trainer's metric
-    records (``TRAINBOARD_METRIC {...}``, what the charts are drawn from)."""
+    records that a job logged by an older Trainboard has as lines (``is_metric``; a newer job's
+    records are its metric points only, :class:`~jobs.models.JobLogLine`)."""
     lines = JobLogLine.objects.filter(job_id=job.pk)
     if not metrics:
         lines = lines.filter(is_metric=False)
@@ -369,6 +375,12 @@ def training_job_log_lines(*, job: TrainingJob, q: str = "", rank: int | None = 
     return lines.order_by("seq")
 
 
+def training_job_has_metric_lines(*, job: TrainingJob) -> bool:
+    """Whether ``job`` has metric records stored as log lines (logged before records were stored once,
+    as points only). One probe of the partial index ``logline_metric_seq``, empty for newer jobs."""
+    return JobLogLine.objects.filter(job_id=job.pk, is_metric=True).exists()
+
+
 @dataclasses.dataclass(frozen=True)
 class LogPage:
     """One page of a job's log as the log page shows it."""
@@ -376,8 +388,10 @@ class LogPage:
     lines: list[tuple[int, str]]  # (seq, text) in order
     number: int  # 1-based
     num_pages: int  # at least 1
-    count: int  # matching lines in all
+    count: int  # matching lines in all (those shown, when ``searched`` is set)
     per_page: int
+    searched: tuple[int, int] | None = None  # (first, last) seq a search of a long log looked at
+    older: int | None = None  # the ``before`` that goes on searching older lines; None: none left
 
     @property
     def has_previous(self) -> bool:
@@ -389,11 +403,42 @@ class LogPage:
 
 
 def training_job_log_page(*, job: TrainingJob, page: int | None = None, per_page: int = LOG_PAGE_LINES,
-                          q: str = "", rank: int | None = None, metrics: bool = False) -> LogPage:
+                          q: str = "", rank: int | None = None, metrics: bool = False,
+                          before: int | None = None) -> LogPage:
     """Page ``page`` (1-based; None or past the end = the newest page; below 1 = the first) of the
-    job's lines as :func:`training_job_log_lines` filters them, ``per_page`` lines a page. Two queries
-    (count, page)."""
+    job's lines as :func:`training_job_log_lines` filters them, ``per_page`` lines a page.
+
+    Unfiltered (no ``q``, no ``rank``) and with every line shown (a newer job, or ``metrics``), a
+    job's ``seq`` runs without gaps, so the count is last − first ``seq`` + 1 and page N is the
+    ``seq`` range of its lines: three index probes whatever the log's length. A search (``q`` or
+    ``rank``) of a log longer than :data:`LOG_SEARCH_WINDOW` lines, or with ``before`` (a ``seq``),
+    is one page of the newest matches before ``before`` (None: after the newest line), looking back
+    at most that many lines (``page`` is then ignored): :attr:`LogPage.searched` is the range looked
+    at, :attr:`LogPage.older` the ``before`` that goes on from there. Otherwise (a shorter log
+    searched, an older job's lines without its records) two queries, count and page, over the
+    job's lines."""
+    bounds = JobLogLine.objects.filter(job_id=job.pk).aggregate(first=Min("seq"), last=Max("seq"))
+    first, last = bounds["first"], bounds["last"]
+    if not q and rank is None and (metrics or not training_job_has_metric_lines(job=job)):
+        count = 0 if last is None else last - first + 1
+        num_pages = max(1, math.ceil(count / per_page))
+        number = num_pages if page is None else min(max(int(page), 1), num_pages)
+        start = (first or 0) + (number - 1) * per_page
+        rows = list(JobLogLine.objects.filter(job_id=job.pk, seq__gte=start, seq__lt=start + per_page)
+                    .order_by("seq").values_list("seq", "text"))
+        return LogPage(lines=rows, number=number, num_pages=num_pages, count=count, per_page=per_page)
     lines = training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
+    if (q or rank is not None) and last is not None and (before is not None or last - first + 1 > LOG_SEARCH_WINDOW):
+        # The newest matches before ``before``, looking back at most a window: one query that stops
+        # at a page of matches (a common term) or the window's first line (a rare one).
+        high = last if before is None else max(min(last, int(before) - 1), first)
+        low = max(first, high - LOG_SEARCH_WINDOW + 1)
+        rows = list(lines.filter(seq__gte=low, seq__lte=high).order_by("-seq").values_list("seq", "text")[:per_page])
+        rows.reverse()
+        if len(rows) == per_page:  # the page is full: the next search goes on from its oldest line
+            low = rows[0][0]
+        return LogPage(lines=rows, number=1, num_pages=1, count=len(rows), per_page=per_page,
+                       searched=(low, high), older=low if low > first else None)
     count = lines.count()
     num_pages = max(1, math.ceil(count / per_page))
     number = num_pages if page is None else min(max(int(page), 1), num_pages)
@@ -411,21 +456,25 @@ def training_job_log_after(*, job: TrainingJob, after: int = -1, limit: int = LO
     Stable while the job still writes: the last stored ``seq`` is read first and only lines up to it
     are considered, so when fewer than ``limit`` match, ``next`` is that seq (every line up to it was
     looked at, matching or not, and a filtered reader does not scan them again); otherwise it is the
-    last returned line's seq and ``more`` is True. Lines are stored in ``seq`` order by one sync at a
-    time (jobs.sync), so none appears later below a cursor already handed out."""
+    last returned line's seq and ``more`` is True. A filter (``q``, ``rank``) looks at most
+    :data:`LOG_SEARCH_WINDOW` lines after ``after``: ``next`` is then the last one looked at and
+    ``more`` True while lines remain. Lines are stored in ``seq`` order by one sync at a time
+    (jobs.sync), so none appears later below a cursor already handed out."""
     last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
     if last is None or last <= after:
         return [], max(after, -1), False
+    high = last if not q and rank is None else min(last, max(after, -1) + LOG_SEARCH_WINDOW)
     rows = list(training_job_log_lines(job=job, q=q, rank=rank, metrics=metrics)
-                .filter(seq__gt=after, seq__lte=last).values_list("seq", "text")[:limit + 1])
+                .filter(seq__gt=after, seq__lte=high).values_list("seq", "text")[:limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, (rows[-1][0] if more else last), more
+    return rows, (rows[-1][0] if more else high), more or high < last
 
 
 def training_job_log_text(*, job: TrainingJob, chunk_lines: int = 2000) -> Iterable[str]:
-    """The job's whole stored log as text, metric records included, in pieces of ``chunk_lines``
-    lines (each line ending in a newline), read by ``seq`` ranges so a long log is never held whole."""
+    """The job's whole stored log as text, in pieces of ``chunk_lines`` lines (each line ending in a
+    newline), read by ``seq`` ranges so a long log is never held whole. A newer job's metric records
+    are not in it (they are its metric points; docs/experiments.md); an older job's stored records are."""
     after = -1
     while True:
         rows = list(JobLogLine.objects.filter(job_id=job.pk, seq__gt=after).order_by("seq")
@@ -857,11 +906,15 @@ def training_job_lineage(*, job: TrainingJob, user) -> dict[str, Any]:
 
 def training_job_checkpoint_epoch(*, job: TrainingJob) -> int:
     """Finished epochs ``job``'s last checkpoint holds (0 when none): the ``epochs_done`` of the last
-    ``epoch`` record in its log (the trainer checkpoints right after each; an epoch that
+    ``epoch`` record the sync read (the trainer checkpoints right after each; an epoch that
     ``train.max_steps`` cut short is not finished, trainer_pkg/metrics.py). A continued job starts at
     that epoch (0-based) and shows it as "checkpoint epoch N". For a log of an older trainer, whose
     records lack it: one past the last epoch it validated (its global ``val_loss`` points)."""
-    texts = (JobLogLine.objects.filter(job_id=job.pk, text__contains='"event":"epoch"')
+    if job.checkpoint_epochs_done is not None:  # kept by the sync from the record (jobs.sync._ingest_lines)
+        return job.checkpoint_epochs_done
+    # A job logged when records were stored as log lines: its rows of them (a partial index, empty
+    # for newer jobs, so a long log is not scanned).
+    texts = (JobLogLine.objects.filter(job_id=job.pk, is_metric=True, text__contains='"event":"epoch"')
              .filter(text__contains='"epochs_done":').order_by("-seq").values_list("text", flat=True)[:1])
     for text in texts:
         done = (parse_metric_line(text) or {}).get("epochs_done")

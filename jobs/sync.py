@@ -210,15 +210,25 @@ def _user_metric_names(record: Mapping[str, Any]) -> list[str]:
 
 def _trainer_failure_reason(job: TrainingJob) -> str | None:
     """The reason the trainer gave when it stopped the run itself (its ``failed`` record, e.g. "loss
-    became NaN at step 12"), from the job's stored log; None when it gave none."""
+    became NaN at step 12"): what the sync kept from the record (:func:`_ingest_lines`), else, for a
+    job logged when records were stored as log lines, its last stored ``failed`` record; None when it
+    gave none. The second read goes through the partial index of those rows (empty for newer jobs)."""
+    kept = TrainingJob.objects.filter(pk=job.pk).values_list("trainer_failure_reason", flat=True).first()
+    if kept:
+        return kept
     texts = (JobLogLine.objects.filter(job_id=job.pk, is_metric=True)
              .filter(text__contains='"event":"failed"').order_by("-seq").values_list("text", flat=True)[:1])
     for text in texts:
-        record = parse_metric_line(text) or {}
-        reason = record.get("reason")
-        if isinstance(reason, str) and reason.strip():
-            return reason.strip()[:500]
+        reason = _record_reason(parse_metric_line(text) or {})
+        if reason:
+            return reason
     return None
+
+
+def _record_reason(record: Mapping[str, Any]) -> str:
+    """A ``failed`` record's ``reason``, stripped, at most 500 characters; "" when it has none."""
+    reason = record.get("reason")
+    return reason.strip()[:500] if isinstance(reason, str) else ""
 
 
 USER_ERROR_LINES = 400
@@ -260,29 +270,40 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
     time, the last ``rank_memory`` of the lines' epoch/completed records or None, the time of the
     lines' last :data:`TRAINING_EVENTS` record or None). The job's final metrics and its progress
     columns (:func:`jobs.progress.progress_after`) are written too, when they change.
+
+    A line that carries a trainer record is stored once, as the record's metric points: it is not a
+    log line and takes no ``seq`` (:class:`~jobs.models.JobLogLine`). What later reads need from the
+    rare records goes on the job: a ``failed`` record's reason (``trainer_failure_reason``) and an
+    ``epoch`` record's ``epochs_done`` (``checkpoint_epochs_done``).
     Each line passes through ``mask`` first (the backend's job-secret values become ``***``), so no
     stored line holds one."""
     log_rows, points, first_step, rank_memory, trained_at, records = [], [], None, None, None, []
+    changed: dict[str, Any] = {}
     for line in lines:
         text = mask(str(line).replace("\x00", ""))  # PostgreSQL text cannot hold NUL
-        log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
-        next_seq += 1
         record = parse_metric_line(text)
         if record is None:
+            log_rows.append(JobLogLine(job=job, seq=next_seq, text=text))
+            next_seq += 1
             continue
         records.append(record)
-        if record.get("event") == "started" and first_step is None:
+        event = record.get("event")
+        if event == "started" and first_step is None:
             first_step = _when(record, now)
-        if record.get("event") in TRAINING_EVENTS:
+        if event in TRAINING_EVENTS:
             trained_at = _when(record, now)
-        if record.get("event") == "started" and record.get("resumed") is True:
+        if event == "started" and record.get("resumed") is True:
             _drop_superseded_points(job, record)
+        if event == "failed" and _record_reason(record):
+            changed["trainer_failure_reason"] = _record_reason(record)
+        done = record.get("epochs_done")
+        if event == "epoch" and isinstance(done, int) and not isinstance(done, bool) and 0 <= done < 2**31:
+            changed["checkpoint_epochs_done"] = done
         points.extend(metric_point_tuples(record, now))
         rank_memory = rank_memory_from_record(record) or rank_memory
     JobLogLine.objects.bulk_create(log_rows)
     # Rows, or chunks for a backlog, and their buckets (jobs.metric_store, jobs.metric_buckets).
     metric_store.store(job.pk, points)
-    changed: dict[str, Any] = {}
     latest = final_metrics_after(job.final_metrics, points)
     if latest != job.final_metrics:
         changed["final_metrics"] = latest

@@ -255,8 +255,8 @@ def job_archive(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _log_filters(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
-    """``({"q", "rank", "metrics", "page"}, problems)`` from the log page's query; a bad value is
-    named and left out."""
+    """``({"q", "rank", "metrics", "page", "before"}, problems)`` from the log page's query; a bad
+    value is named and left out. ``before`` (the search window's end, a ``seq``) only with a search."""
     problems: list[str] = []
     q = request.GET.get("q", "").strip()
     if len(q) > 200:
@@ -270,6 +270,13 @@ def _log_filters(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
         else:
             problems.append(f"Rank “{raw_rank[:20]}” is not a rank: a whole number 0 to {job_table.MAX_RANK:,}. "
                             f"Every rank's lines are shown.")
+    before = None
+    raw_before = request.GET.get("before", "").strip()
+    if raw_before:
+        if raw_before.isascii() and raw_before.isdigit() and len(raw_before) <= 10:
+            before = int(raw_before)
+        else:
+            problems.append(f"“{raw_before[:20]}” is not a line number; the newest lines are searched.")
     page = None
     raw_page = request.GET.get("page", "").strip()
     if raw_page and raw_page != "last":
@@ -277,30 +284,37 @@ def _log_filters(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
             page = int(raw_page)
         else:
             problems.append(f"Page “{raw_page[:20]}” is not a page number; the newest page is shown.")
-    return {"q": q, "rank": rank, "metrics": request.GET.get("metrics") == "1", "page": page}, problems
+    return {"q": q, "rank": rank, "metrics": request.GET.get("metrics") == "1", "page": page,
+            "before": before if q or rank is not None else None}, problems
 
 
 @login_required
 @require_GET
 def job_logs(request: HttpRequest, pk: int) -> HttpResponse:
-    """The job's full log, 500 lines a page (the newest page first), with search, a rank filter and
-    the trainer's metric records on request."""
+    """The job's full log, 500 lines a page (the newest page first), with search, a rank filter and,
+    for a job logged when records were stored as lines, the trainer's metric records on request."""
     job = _job_for(request, pk)
     filters, problems = _log_filters(request)
     page = selectors.training_job_log_page(job=job, page=filters["page"], q=filters["q"], rank=filters["rank"],
-                                           metrics=filters["metrics"])
+                                           metrics=filters["metrics"], before=filters["before"])
     params = {k: v for k, v in (("q", filters["q"]), ("rank", "" if filters["rank"] is None else str(filters["rank"])),
                                 ("metrics", "1" if filters["metrics"] else "")) if v}
+    window = {**params, "before": str(filters["before"])} if filters["before"] is not None else params
     return render(request, "webapp/jobs/logs.html", {
         "job": job, "page": page, "filters": filters, "problems": problems,
-        "params": urlencode(params), "first_seq": page.lines[0][0] if page.lines else None,
+        "params": urlencode(window), "search_params": urlencode(params),
+        "search_window": f"{selectors.LOG_SEARCH_WINDOW:,}",
+        # Only a job logged when records were stored as lines has any to show or hide.
+        "has_metric_lines": filters["metrics"] or selectors.training_job_has_metric_lines(job=job),
+        "first_seq": page.lines[0][0] if page.lines else None,
     }, status=400 if problems else 200)
 
 
 @login_required
 @require_GET
 def job_logs_download(request: HttpRequest, pk: int) -> StreamingHttpResponse:
-    """The job's whole stored log as a text file (metric records included), streamed."""
+    """The job's whole stored log as a text file, streamed (a newer job's metric records are its
+    metric points, not lines: docs/experiments.md)."""
     job = _job_for(request, pk)
     response = StreamingHttpResponse(selectors.training_job_log_text(job=job), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-log.txt"'

@@ -152,3 +152,38 @@ def test_whole_log_as_text_in_pieces(job):
     assert pieces == ["line 0\nline 1\n", "line 2\nline 3\n", f"line 4\n{record}\n"]
     assert list(selectors.training_job_log_text(job=TrainingJob.objects.create(
         owner=job.owner, dataset=job.dataset, model_spec=job.model_spec, backend=job.backend, config={}))) == []
+
+
+def test_a_long_log_is_searched_a_window_at_a_time_newest_first(job, monkeypatch, client, user):
+    monkeypatch.setattr(selectors, "LOG_SEARCH_WINDOW", 10)
+    store(job, [f"{'error' if i % 4 == 0 else 'ok'} {i}" for i in range(25)])  # errors at 0, 4, … 24
+    # A page of the newest matches, looking back at most a window; the next search goes on from there.
+    newest = selectors.training_job_log_page(job=job, q="ERROR")
+    assert (newest.searched, newest.older, newest.count, newest.num_pages) == ((15, 24), 15, 3, 1)
+    assert newest.lines == [(16, "error 16"), (20, "error 20"), (24, "error 24")]
+    older = selectors.training_job_log_page(job=job, q="error", before=15, page=7)  # no pages in a search
+    assert (older.searched, older.older, [s for s, _ in older.lines]) == ((5, 14), 5, [8, 12])
+    oldest = selectors.training_job_log_page(job=job, q="error", before=5)
+    assert (oldest.searched, oldest.older, [s for s, _ in oldest.lines]) == ((0, 4), None, [0, 4])
+    # A full page stops at its oldest match: what was looked at, and where to go on.
+    full = selectors.training_job_log_page(job=job, q="error", per_page=2)
+    assert (full.searched, full.older, [s for s, _ in full.lines]) == ((20, 24), 20, [20, 24])
+    # An unfiltered page ignores the window: every line is reachable by its page.
+    plain = selectors.training_job_log_page(job=job, per_page=10)
+    assert (plain.searched, plain.lines[0], plain.num_pages) == (None, (20, "error 20"), 3)
+    # The API's filtered cursor moves at most a window a read, and says more remain.
+    assert selectors.training_job_log_after(job=job, q="error") == ([(0, "error 0"), (4, "error 4"),
+                                                                      (8, "error 8")], 9, True)
+    assert selectors.training_job_log_after(job=job, after=9, q="error") == ([(12, "error 12"),
+                                                                               (16, "error 16")], 19, True)
+    assert selectors.training_job_log_after(job=job, after=19, q="error") == ([(20, "error 20"),
+                                                                               (24, "error 24")], 24, False)
+    # The page names what it searched; the link to older lines carries the search, not the page.
+    client.force_login(user)
+    html = client.get(f"/jobs/{job.pk}/logs/?q=error&page=1").content.decode()
+    assert "3 lines match in lines 15–24, the newest first: a long log is searched at most 10 lines a page." in html
+    assert 'id="log-search-older" href="?q=error&amp;before=15"' in html
+    html = client.get(f"/jobs/{job.pk}/logs/?q=error&before=5").content.decode()
+    assert "2 lines match in lines 0–4" in html and "That is the start of the log." in html
+    assert "log-search-older" not in html
+    assert client.get(f"/jobs/{job.pk}/logs/?q=error&before=x").status_code == 400

@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from experimentkit import make_job
 from jobs.models import JobLogLine, Team, TrainingJob
+from trainer_pkg.metrics import format_metric_line
 
 pytestmark = pytest.mark.django_db
 
@@ -109,8 +110,9 @@ def test_patch_as_teammate_and_stranger(user, django_user_model, jobs):
 
 def test_logs_after_cursor_with_filters(api_client, jobs):
     job = jobs["live"]
-    texts = ["[launch] rank 0 (local rank 0)", "[launch] rank 1 (local rank 1)", 'TRAINBOARD_METRIC {"step": 1}',
-             "[rank1]: ValueError: bad", "epoch 0 done"]
+    # A job logged when records were stored as lines too (is_metric rows).
+    texts = ["[launch] rank 0 (local rank 0)", "[launch] rank 1 (local rank 1)",
+             format_metric_line({"event": "step", "step": 1}), "[rank1]: ValueError: bad", "epoch 0 done"]
     JobLogLine.objects.bulk_create(JobLogLine(job=job, seq=i, text=t) for i, t in enumerate(texts))
     url = f"/api/jobs/{job.pk}/logs/"
     body = api_client.get(url + "?limit=2").json()

@@ -14,6 +14,7 @@ from django.utils.html import escape
 from experimentkit import make_job
 from jobs import services
 from jobs.models import JobLogLine, SavedFilter, Team, TrainingJob
+from trainer_pkg.metrics import format_metric_line
 
 pytestmark = pytest.mark.django_db
 
@@ -193,7 +194,9 @@ def test_saved_filters_and_kept_columns(owner_client, user, other_user, client, 
 
 def test_log_page_search_rank_and_download(owner_client, jobs):
     job = jobs["a"]
-    texts = [f"line {i}" for i in range(600)] + ["[rank1]: ValueError: bad shard", "TRAINBOARD_METRIC {\"step\": 1}"]
+    record = format_metric_line({"event": "step", "step": 1})
+    # A job logged when records were stored as lines too (is_metric rows).
+    texts = [f"line {i}" for i in range(600)] + ["[rank1]: ValueError: bad shard", record]
     JobLogLine.objects.bulk_create(JobLogLine(job=job, seq=i, text=t) for i, t in enumerate(texts))
     r = owner_client.get(reverse("job-logs", args=[job.pk]))
     html = r.content.decode()
@@ -205,7 +208,7 @@ def test_log_page_search_rank_and_download(owner_client, jobs):
     r = owner_client.get(reverse("job-logs", args=[job.pk]) + "?rank=1")
     assert r.context["page"].lines == [(600, "[rank1]: ValueError: bad shard")]
     r = owner_client.get(reverse("job-logs", args=[job.pk]) + "?metrics=1&q=trainboard_metric")
-    assert r.context["page"].lines == [(601, 'TRAINBOARD_METRIC {"step": 1}')]
+    assert r.context["page"].lines == [(601, record)]
     bad = owner_client.get(reverse("job-logs", args=[job.pk]) + "?rank=one&page=x")
     assert bad.status_code == 400 and bad.context["problems"] == [
         "Rank “one” is not a rank: a whole number 0 to 1,000,000. Every rank's lines are shown.",

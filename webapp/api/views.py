@@ -276,8 +276,10 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
         summary="The job's log lines after a cursor",
         description="Lines with seq > after (-1: from the start), at most limit (default 500, at most 5,000), "
                     "filtered by q (a substring, any case) and rank (lines marked as that rank's: [rank1]:, "
-                    "[launch] rank 1, ...); the trainer's metric records only with metrics=true. next is the "
-                    "cursor for the following call: poll with it while the job runs.",
+                    "[launch] rank 1, ...); a filtered call looks at most 200,000 lines after the cursor. The "
+                    "trainer's metric records are the job's metrics, not log lines; a job logged by an older "
+                    "Trainboard has them as lines too, returned only with metrics=true. next is the cursor for "
+                    "the following call (more: lines remain): poll with it while the job runs.",
         parameters=[OpenApiParameter("after", OpenApiTypes.INT), OpenApiParameter("limit", OpenApiTypes.INT),
                     OpenApiParameter("q", OpenApiTypes.STR), OpenApiParameter("rank", OpenApiTypes.INT),
                     OpenApiParameter("metrics", OpenApiTypes.BOOL)],
