@@ -470,6 +470,7 @@ def _live_context(job) -> dict[str, Any]:
         "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),
         "log_tail_lines": LOG_TAIL_LINES,
         "headline": selectors.training_job_headline(job=job),
+        "hang": selectors.training_job_hang(job=job),
     }
 
 

@@ -1,0 +1,117 @@
+"""A hung run through the sync (jobs.hangs, issue 30): the launcher's ``hang`` records, as
+trainer_pkg.hang writes them from two ranks' faulthandler dumps, read from the job's log (recorded
+lines, no process): the job is flagged with its last step and time, the page shows both ranks'
+stacks, the backend's ``cancel`` policy stops it, and a newer step clears the flag."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.urls import reverse
+
+from cloud_adapters.base import JobState, JobStatus
+from jobs import hangs, sync
+from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
+from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job  # noqa: F401 (fixtures)
+from trainer_pkg import hang
+from trainer_pkg.metrics import format_metric_line
+
+pytestmark = pytest.mark.django_db
+
+RANK0 = """\
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2806 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/code/train.py", line 15 in <module>
+"""
+RANK1 = """\
+Thread 0x00007f0000000009 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/code/train.py", line 14 in <module>
+"""
+DETECTED = T0.timestamp() + 130.0
+STEP_TIME = T0.timestamp() + 10.0
+
+
+def hang_lines(detected: float = DETECTED) -> list[str]:
+    """What the launcher prints for one stall of a 2-rank run after step 1 (trainer_pkg.hang.Watchdog)."""
+    lines = ["[launch] hang: no new step for 120 s (deadline 120 s) after step 1; the ranks' stacks follow"]
+    for rank, dump, main in ((0, RANK0, 0x7F0000000001), (1, RANK1, 0x7F0000000002)):
+        record = hang.hang_record(rank=rank, threads=hang.parse_dump(dump, main), detected_at=detected, step=1,
+                                  step_time=STEP_TIME, deadline=120.0, world_size=2)
+        lines += [f"[launch] rank {rank}: {record['where']}", format_metric_line(record)]
+    return lines
+
+
+def running(job, lines: list[str]) -> None:
+    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, instance_count=2)]
+    ScriptedBackend.log_chunks.append(lines)  # the cursor is the chunk's index: each sync reads the next
+    sync.backend_sync(backend_id=job.backend_id)
+    job.refresh_from_db()
+
+
+def test_a_hung_run_is_flagged_with_its_last_step_and_both_ranks_stacks_on_the_page(
+        client, user, submitted_job):
+    job = submitted_job
+    running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
+    assert job.state == S.RUNNING  # the default policy only flags
+    assert job.hung_at == dt.datetime.fromtimestamp(DETECTED, dt.timezone.utc)
+    assert (job.hang["source"], job.hang["step"], job.hang["step_time"], job.hang["deadline_s"]) == (
+        "launcher", 1, STEP_TIME, 120.0)
+    assert [(r["rank"], r["where"]) for r in job.hang["ranks"]] == [
+        (0, "in all_reduce, train.py:15"), (1, "in <module>, train.py:14")]
+    assert job.hang["ranks"][1]["threads"][0]["main"] is True  # rank 1's main thread first
+    reason = ("No new step for 120 s after step 1; rank 0: in all_reduce, train.py:15; "
+              "rank 1: in <module>, train.py:14")
+    assert JobEvent.objects.filter(job=job, message=f"Hung: {reason}").count() == 1
+
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert "<strong>Hung.</strong>" in page
+    assert "after step 1 (logged 2024-05-01 12:00:10 UTC)" in page
+    assert "(flagged 2024-05-01 12:02:10 UTC)" in page
+    assert '<li id="hang-rank-0"><strong>rank 0</strong>: in all_reduce, train.py:15' in page
+    assert '<li id="hang-rank-1"><strong>rank 1</strong>: in &lt;module&gt;, train.py:14' in page
+    assert 'File &quot;/code/train.py&quot;, line 14 in &lt;module&gt;' in page
+    assert ('File &quot;/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py&quot;, '
+            'line 2806 in all_reduce') in page
+
+    # A step after the detection: the run was slow, not stuck.
+    running(job, [rec("step", step=2, dt=140)])
+    assert (job.hung_at, job.hang) == (None, {})
+    assert "<strong>Hung.</strong>" not in client.get(reverse("job-detail", args=[job.pk])).content.decode()
+
+
+def test_the_cancel_policy_stops_a_hung_job_with_the_reason(submitted_job, scripted_backend):
+    ComputeBackend.objects.filter(pk=scripted_backend.pk).update(hang_policy=ComputeBackend.HangPolicy.CANCEL)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    assert job.state == S.STOPPING and job.hung_at is not None
+    assert job.failure_reason.startswith("Cancelled: hung. No new step for 120 s after step 1; rank 0: in all_reduce")
+    running(job, ["still stuck"])  # the provider still says RUNNING: every sync sends the cancel again
+    assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
+
+
+def test_malformed_hang_records_are_skipped_and_strings_are_cut():
+    at = T0.timestamp()
+    records = [{"event": "hang", "time": "soon", "rank": 0}, {"event": "hang", "time": at, "rank": -1},
+               {"event": "hang", "time": at, "rank": True}, {"event": "hang", "time": float("inf"), "rank": 0}]
+    assert hangs.hang_after(None, {}, records) == (None, {})
+    hung_at, found = hangs.hang_after(None, {}, [{"event": "hang", "time": at, "rank": 3, "step": "1",
+                                                  "where": "x" * 1000, "threads": [{"frames": [5, {"line": -2}]}, 7]}])
+    assert hung_at == T0 and found["step"] is None and found["deadline_s"] is None
+    assert found["ranks"] == [{"rank": 3, "where": "x" * hangs.MAX_TEXT, "threads": [
+        {"thread": "", "main": False, "frames": [{"file": "", "line": 0, "function": ""}]}]}]
+    assert hangs.hang_reason(found) == "No new step (no step reported); rank 3: " + "x" * hangs.MAX_TEXT
+
+
+def test_the_servers_deadline_mirrors_the_launchers():
+    for recent in ([], [[0, 1000.0], [5, 1225.0], [10, 1450.0]], [[0, 0.0], [1000, 1000.0], [2000, 2000.0]]):
+        assert hangs.deadline_s(recent) == hang.deadline_s([tuple(p) for p in recent], {})
+    # A malformed pair is skipped: 10 steps in 9,000 s between 2 records; 3 × 9,000 s > 20 × 900 s.
+    assert hangs.deadline_s([[0, 0.0], ["x", None], [10, 9000.0]], override_s=None) == 27000.0
+    assert hangs.deadline_s([[0, 0.0], [10, 9000.0]], override_s=120) == 120.0
+    assert hangs.deadline_s("garbage", override_s=True) == 600.0
