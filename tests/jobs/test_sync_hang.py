@@ -115,3 +115,44 @@ def test_the_servers_deadline_mirrors_the_launchers():
     assert hangs.deadline_s([[0, 0.0], ["x", None], [10, 9000.0]], override_s=None) == 27000.0
     assert hangs.deadline_s([[0, 0.0], [10, 9000.0]], override_s=120) == 120.0
     assert hangs.deadline_s("garbage", override_s=True) == 600.0
+
+
+def test_the_sweep_flags_a_silent_running_job_without_stacks_and_the_launchers_records_replace_it(
+        client, user, submitted_job, scripted_backend):
+    from jobs import recovery
+
+    job = submitted_job
+    # Steps 0..4 ten seconds apart: 2 s a step → the floor, 600 s, is the deadline.
+    running(job, [rec("step", step=s, dt=10 * s) for s in range(5)])
+    assert job.state == S.RUNNING and job.progress_at == T0 + dt.timedelta(seconds=40)
+    assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=640)) == []  # 600 s: not past it
+    now = T0 + dt.timedelta(seconds=641)
+    assert recovery.recovery_sweep(now=now)["hung"] == 1
+    job.refresh_from_db()
+    assert job.hung_at == now and job.state == S.RUNNING
+    assert job.hang == {"source": "sweep", "detected_at": now.timestamp(), "step": 4,
+                        "step_time": (T0 + dt.timedelta(seconds=40)).timestamp(), "deadline_s": 600.0, "ranks": []}
+    assert JobEvent.objects.filter(job=job, message="Hung: No new step for 600 s after step 4; no stacks (the "
+                                                    "launcher did not report them)").count() == 1
+    assert recovery.flag_hung_jobs(now=now + dt.timedelta(hours=1)) == []  # flagged once
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert "from the job's progress: the launcher reported no stacks" in page
+
+    running(job, hang_lines(detected=now.timestamp() + 5))
+    assert job.hang["source"] == "launcher" and [r["rank"] for r in job.hang["ranks"]] == [0, 1]
+
+
+def test_a_backends_hang_deadline_overrides_the_default(submitted_job, scripted_backend):
+    from jobs import recovery
+
+    ComputeBackend.objects.filter(pk=scripted_backend.pk).update(hang_deadline_s=60,
+                                                                 hang_policy=ComputeBackend.HangPolicy.CANCEL)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10)])
+    assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=70)) == []
+    assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=71)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == S.STOPPING and job.hang["deadline_s"] == 60.0
+    assert job.failure_reason == ("Cancelled: hung. No new step for 60 s after step 1; no stacks (the launcher "
+                                  "did not report them)")
