@@ -34,9 +34,12 @@ MIN_DEADLINE_S = 600.0
 STEP_TIMES = 20
 """The default deadline in steps (trainer_pkg.hang.STEP_TIMES)."""
 MAX_RANKS = 256
-"""Ranks whose stacks a job keeps (a larger run keeps the first ones; the log holds them all)."""
-MAX_THREADS = 8
-"""Threads per rank kept."""
+"""Ranks whose ``where`` a job keeps (a larger run keeps the first ones; the log holds them all)."""
+MAX_STACK_RANKS = 32
+"""Ranks whose threads a job keeps too (the first to arrive); the others keep their ``where`` only, so a
+job's ``hang`` stays under about 300 kB whatever the run's size."""
+MAX_THREADS = 4
+"""Threads per rank kept (the main thread first, as the launcher sorts them)."""
 MAX_FRAMES = 24
 """Frames per thread kept, innermost first."""
 MAX_TEXT = 300
@@ -126,8 +129,10 @@ def hang_after(hung_at: dt.datetime | None, hang: Mapping[str, Any] | None,
                        "ranks": []}
             hung_at = dt.datetime.fromtimestamp(at, dt.timezone.utc)
         ranks = [r for r in current["ranks"] if r["rank"] != rank]
+        stacks = sum(1 for r in ranks if r["threads"])
         if len(ranks) < MAX_RANKS:
-            ranks.append({"rank": rank, "where": _text(record.get("where")), "threads": _threads(record.get("threads"))})
+            ranks.append({"rank": rank, "where": _text(record.get("where")),
+                          "threads": _threads(record.get("threads")) if stacks < MAX_STACK_RANKS else []})
         current["ranks"] = sorted(ranks, key=lambda r: r["rank"])
     return hung_at, current
 

@@ -156,3 +156,28 @@ def test_a_backends_hang_deadline_overrides_the_default(submitted_job, scripted_
     assert job.state == S.STOPPING and job.hang["deadline_s"] == 60.0
     assert job.failure_reason == ("Cancelled: hung. No new step for 60 s after step 1; no stacks (the launcher "
                                   "did not report them)")
+
+
+def test_the_api_gives_where_each_rank_is_stuck_and_a_large_run_keeps_a_bounded_hang(user, submitted_job):
+    from rest_framework.test import APIClient
+
+    api_client = APIClient()
+    api_client.force_authenticate(user)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    body = api_client.get(f"/api/jobs/{job.pk}/").json()
+    assert body["hung_at"].startswith("2024-05-01T12:02:10")
+    assert body["hang"] == {"source": "launcher", "step": 1, "step_time": STEP_TIME, "deadline_s": 120.0,
+                            "reason": hangs.hang_reason(job.hang),
+                            "ranks": [{"rank": 0, "where": "in all_reduce, train.py:15"},
+                                      {"rank": 1, "where": "in <module>, train.py:14"}]}
+    listed = {j["id"]: j["hang"] for j in api_client.get("/api/jobs/").json()["results"]}
+    assert listed[job.pk] == body["hang"]
+
+    threads = hang.parse_dump(RANK1, 0x7F0000000002)
+    records = [hang.hang_record(rank=r, threads=threads, detected_at=DETECTED, step=1, step_time=STEP_TIME,
+                                deadline=120.0, world_size=300) for r in range(300)]
+    _, found = hangs.hang_after(None, {}, records)
+    assert len(found["ranks"]) == hangs.MAX_RANKS
+    assert sum(1 for r in found["ranks"] if r["threads"]) == hangs.MAX_STACK_RANKS
+    assert all(r["where"] == "in <module>, train.py:14" for r in found["ranks"])
