@@ -10,7 +10,7 @@ How it works, for the built-in trainer and for a user's script alike:
    all_threads=True)`` writing to ``rank-<RANK>.stack`` there, and ``rank-<RANK>.pid`` saying which
    process (and which thread is its main one) may be signalled.
 2. :class:`Watchdog`, a thread of that launcher, reads ``<output_dir>/metrics.jsonl`` as rank 0 appends
-   to it. From the first record with a step on, a stall of :func:`deadline_s` seconds with no new record
+   to it. From this run's first record with a step on (what the file held before is skipped), a stall of :func:`deadline_s` seconds with no new record
    makes it send SIGUSR1 to each rank whose pid file is there; faulthandler writes the stacks from
    its C signal handler, so a rank blocked in a collective, a ``sleep`` or a lock answers as well.
 3. It prints one ``hang`` record per rank (:func:`hang_record`) on stdout, the job's log, which the
@@ -240,7 +240,9 @@ class Watchdog(threading.Thread):
         self.metrics_path, self.directory, self.world_size = metrics_path, directory, world_size
         self.env = dict(os.environ if env is None else env)
         self.emit, self.clock = emit, clock
-        self._offset, self._partial = 0, ""
+        # A resumed run appends to its earlier runs' file: only this run's records arm the watch (a
+        # checkpoint that takes longer than the deadline to load is no hang).
+        self._offset, self._partial = _size(metrics_path), ""
         self.recent: list[tuple[int, float]] = []  # (step, the record's time)
         self.last_seen: float | None = None  # our clock when the newest record arrived
         self.reported = False  # this stall's records are out; a new record re-arms

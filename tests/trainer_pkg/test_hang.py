@@ -118,10 +118,12 @@ def test_deadline_from_the_step_time_the_variable_and_its_floor():
 
 def test_watchdog_arms_at_the_first_step_reports_once_and_rearms(tmp_path):
     metrics, emitted, now = tmp_path / "metrics.jsonl", [], [100.0]
+    metrics.write_text('{"event": "completed", "step": 2, "time": 10.0}\n')  # an earlier run's: not this one's
     dog = hang.Watchdog(str(metrics), str(tmp_path), world_size=1, env={hang.DEADLINE_VAR: "5"},
                         emit=emitted.append, clock=lambda: now[0])
-    assert dog.check() is None  # no file, no step: not armed
-    metrics.write_text('{"event": "step", "step": 3, "time": 99.5}\n{"event": "st')  # the 2nd line half written
+    assert dog.check() is None  # no step of this run: not armed
+    with metrics.open("a") as f:  # the 2nd line half written
+        f.write('{"event": "step", "step": 3, "time": 99.5}\n{"event": "st')
     assert dog.check() == 5.0 and emitted == []
     now[0] = 105.0
     dog.check()
