@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 from test_platforms import clean_env
@@ -32,7 +32,7 @@ if dist.get_rank() == 1:
 dist.all_reduce(t)
 report.log(step=2, loss=float(t.item()))
 """
-SLEEP_LINE = BLOCKING_SCRIPT.splitlines().index("    time.sleep(600)") + 1  # 14
+SLEEP_LINE = BLOCKING_SCRIPT.splitlines().index("    time.sleep(600)") + 1  # 13
 ALL_REDUCE_LINE = SLEEP_LINE + 1
 
 
@@ -46,6 +46,9 @@ def test_a_rank_blocked_before_an_all_reduce_is_reported_with_both_ranks_stacks(
                              "--nproc-per-node", "2"], cwd=REPO, env=clean_env(TRAINBOARD_HANG_DEADLINE_S="2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     hangs, lines = {}, []
+    # A safety net, not a timing: should no record come, the run is stopped and readline sees its end.
+    guard = threading.Timer(180, proc.kill)
+    guard.start()
     try:
         while len(hangs) < 2:
             line = proc.stdout.readline()
@@ -57,6 +60,7 @@ def test_a_rank_blocked_before_an_all_reduce_is_reported_with_both_ranks_stacks(
         proc.send_signal(signal.SIGTERM)  # the job is cancelled as the dashboard would: torchrun stops the ranks
         proc.wait(timeout=60)
     finally:
+        guard.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
