@@ -1093,6 +1093,7 @@ NOTIFICATION_EVENTS: dict[str, str] = {
     "job.cancelled": "Job cancelled",
     "job.budget_stopped": "Job stopped by its budget",
     "job.stalled": "Job stalled (past its state's deadline)",
+    "job.hung": "Job hung (no new step for its hang deadline)",
 }
 """Event type name → label, in the order the settings page lists them (jobs.notifications sends them)."""
 

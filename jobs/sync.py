@@ -42,7 +42,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, hangs, metric_buckets, metric_store, progress, restarts
+from jobs import admission, hangs, metric_buckets, metric_store, notifications, progress, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
@@ -335,6 +335,7 @@ def hung(job: TrainingJob) -> None:
     reason = hangs.hang_reason(job.hang)
     note(job.pk, job.state, f"Hung: {reason}"[:2000])
     log.warning("job %s hung: %s", job.pk, reason)
+    notifications.job_hung(job=job, reason=reason)  # rows in this transaction, sent after commit
     if job.state in (S.PENDING, S.RUNNING) and job.backend.hang_policy == ComputeBackend.HangPolicy.CANCEL:
         training_job_cancel(job=job, reason=f"Cancelled: hung. {reason}"[:2000])
 

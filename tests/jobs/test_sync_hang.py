@@ -181,3 +181,20 @@ def test_the_api_gives_where_each_rank_is_stuck_and_a_large_run_keeps_a_bounded_
     assert len(found["ranks"]) == hangs.MAX_RANKS
     assert sum(1 for r in found["ranks"] if r["threads"]) == hangs.MAX_STACK_RANKS
     assert all(r["where"] == "in <module>, train.py:14" for r in found["ranks"])
+
+
+def test_a_hang_is_a_notification_event_and_a_badge_in_the_job_list(client, user, submitted_job, settings):
+    from jobs import services
+    from jobs.models import WebhookDelivery
+
+    settings.TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the test's endpoint (never called)
+    services.webhook_create(owner=user, url="http://127.0.0.1:9/hook", events=["job.hung"])
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    [row] = WebhookDelivery.objects.filter(job=job)
+    assert row.event == "job.hung" and row.payload["job"]["reason"] == hangs.hang_reason(job.hang)
+    client.force_login(user)
+    listing = client.get(reverse("job-list")).content.decode()
+    assert 'data-hung="1"' in listing and ">Hung</span>" in listing
+    running(job, [rec("step", step=2, dt=140)])
+    assert 'data-hung="1"' not in client.get(reverse("job-list")).content.decode()
