@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0033_job_progress'),
+        ('jobs', '0034_metric_records_once'),
     ]
 
     operations = [
