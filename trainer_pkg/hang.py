@@ -197,14 +197,38 @@ def _size(path: str) -> int:
         return 0
 
 
+def holds_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open (Linux: ``/proc/<pid>/fd``), so a pid file left by a
+    rank that exited never gets SIGUSR1 (default action: terminate) sent to another process that
+    reused its pid. True where there is no ``/proc`` to ask; False when the process is gone or its
+    descriptors cannot be read."""
+    if not os.path.isdir("/proc/self/fd"):
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    target = os.path.realpath(path)
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def dump_ranks(directory: str, wait_s: float = DUMP_WAIT_S) -> dict[int, list[dict[str, Any]]]:
     """Signal every rank announced in ``directory`` and return each one's threads (:func:`parse_dump`
     of what it wrote after the signal; [] for a rank that wrote nothing within ``wait_s`` seconds or
-    is gone), keyed by rank."""
+    is gone), keyed by rank. Only a process that holds its stack file open (:func:`holds_open`) is
+    signalled."""
     ranks = _ranks(directory)
     signalled = []
     for r in ranks:
         r.offset = _size(r.stack_path)
+        if not holds_open(r.pid, r.stack_path):
+            continue  # the rank exited; its pid may be another process's now
         try:
             os.kill(r.pid, DUMP_SIGNAL)
             signalled.append(r)

@@ -4,6 +4,7 @@ rank 1 blocks before an all-reduce, and the pieces (deadline, dump parsing, wher
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -140,3 +141,13 @@ def test_watchdog_arms_at_the_first_step_reports_once_and_rearms(tmp_path):
         f.write('ep", "step": 4, "time": 199.0}\n')
     dog.check()
     assert dog.recent == [(3, 99.5), (4, 199.0)] and not dog.reported
+
+
+def test_a_pid_file_of_a_process_without_the_stack_file_open_is_never_signalled(tmp_path):
+    # This test process announces itself as rank 0 without holding the stack file: a stale pid file
+    # (the rank exited, its pid reused). SIGUSR1 would end pytest; it must not be sent.
+    (tmp_path / "rank-0.pid").write_text(json.dumps({"pid": os.getpid(), "rank": 0, "main_thread": 1}))
+    assert hang.dump_ranks(str(tmp_path), wait_s=0.2) == {0: []}
+    with open(tmp_path / "rank-0.stack", "a") as f:
+        assert hang.holds_open(os.getpid(), f.name)
+    assert not hang.holds_open(os.getpid(), str(tmp_path / "rank-0.stack"))
