@@ -19,6 +19,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs.models import CodeArchive, ComputeBackend, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
+from trainer_pkg.hang import DEADLINE_VAR as HANG_DEADLINE_VAR
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,10 @@ def job_spec(job: TrainingJob) -> JobSpec:
         max_runtime_s=job.max_runtime_s,
         dataset_uri=(job.config.get("data") or {}).get("uri", ""),
         tags={"trainboard-job-id": str(job.pk), "trainboard-owner-id": str(job.owner_id)},
-        env=dict(job.env or {}),
+        # The backend's hang deadline reaches the launcher's watchdog (trainer_pkg.hang); the job's own
+        # environment may set its own.
+        env={**({HANG_DEADLINE_VAR: str(job.backend.hang_deadline_s)} if job.backend.hang_deadline_s else {}),
+             **(job.env or {})},
         code=code_bundle(job.code) if job.code_id else None,
         image=job.image or "",
         secret_env=dict(job.backend.job_secrets or {}),

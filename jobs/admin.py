@@ -245,6 +245,10 @@ class ComputeBackendForm(ServiceForm):
     orphan_policy = forms.ChoiceField(
         required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
         help_text="Provider jobs with Trainboard's tag and no active job: list them, or list and stop them.")
+    hang_policy = forms.ChoiceField(
+        required=False, choices=ComputeBackend.HangPolicy.choices, initial=ComputeBackend.HangPolicy.FLAG,
+        help_text="What a RUNNING job with no new step for its hang deadline gets: flagged Hung (each rank's "
+                  "stack on its page), or flagged and cancelled.")
     max_restarts = forms.IntegerField(
         required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
         help_text="How many times a job whose run is lost (a preemption the provider does not restart itself, a "
@@ -254,7 +258,7 @@ class ComputeBackendForm(ServiceForm):
     class Meta:
         model = ComputeBackend
         fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
-                  "max_restarts"]
+                  "max_restarts", "hang_policy", "hang_deadline_s"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -263,7 +267,7 @@ class ComputeBackendForm(ServiceForm):
     def save_via_service(self, data):
         data["config"] = _json_field(data.get("config"))
         data["state_deadlines"] = _json_field(data.get("state_deadlines"))
-        for name in ("stall_policy", "orphan_policy"):
+        for name in ("stall_policy", "orphan_policy", "hang_policy"):
             if not data.get(name):
                 data.pop(name, None)
         if data.get("max_restarts") is None:

@@ -285,6 +285,19 @@ class ComputeBackend(Owned):
                   "to the job's max runtime plus a margin. Missing states use the defaults.",
     )
     stall_policy = models.CharField(max_length=10, choices=StallPolicy.choices, default=StallPolicy.WARN)
+
+    class HangPolicy(models.TextChoices):
+        FLAG = "flag", "Flag the job as hung"
+        CANCEL = "cancel", "Flag and cancel the job"
+
+    hang_policy = models.CharField(
+        max_length=10, choices=HangPolicy.choices, default=HangPolicy.FLAG,
+        help_text="What a RUNNING job with no new step for its hang deadline gets (jobs.hangs): a flag "
+                  "with the last step and each rank's stack, or that and a cancel.")
+    hang_deadline_s = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Seconds with no new step before a RUNNING job is hung; blank = from the job's own step "
+                  "time, max(600, 20 × seconds per step, 3 × seconds between records).")
     orphan_policy = models.CharField(max_length=10, choices=OrphanPolicy.choices, default=OrphanPolicy.REPORT)
     max_restarts = models.PositiveSmallIntegerField(
         default=DEFAULT_MAX_RESTARTS,
@@ -419,6 +432,16 @@ class TrainingJob(Owned):
     progress_recent = models.JSONField(
         default=list, blank=True,
         help_text="[[step, Unix seconds], ...]: the last 8 records of the current run (jobs.progress).")
+
+    # Hang detection (jobs.hangs, issue 30): the launcher's hang records (each rank's stacks), or the
+    # recovery sweep's finding that no step arrived for the deadline; cleared by a newer step.
+    hung_at = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="When the run was found hung (no new step for its deadline); null = not hung.")
+    hang = models.JSONField(
+        default=dict, blank=True,
+        help_text="What was found (jobs.hangs.hang_after): the last step and its time, the deadline, "
+                  "who found it and each rank's stack.")
 
     # The memory plan before launch (trainer_pkg.memory_plan.MemoryPlan.as_dict) and the trainer's last
     # measurement (rank_memory of its latest epoch or completed record), shown side by side.
@@ -1070,6 +1093,7 @@ NOTIFICATION_EVENTS: dict[str, str] = {
     "job.cancelled": "Job cancelled",
     "job.budget_stopped": "Job stopped by its budget",
     "job.stalled": "Job stalled (past its state's deadline)",
+    "job.hung": "Job hung (no new step for its hang deadline)",
 }
 """Event type name → label, in the order the settings page lists them (jobs.notifications sends them)."""
 

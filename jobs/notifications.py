@@ -7,7 +7,9 @@ Events (:data:`jobs.models.NOTIFICATION_EVENTS`):
 * ``job.budget_stopped``: the sync's budget stop, the move to STOPPING that ``jobs.sync``
   makes with ``budget_exceeded_at`` (the same signal, told apart by that field);
 * ``job.stalled``: the recovery sweep flagging a job past its state's deadline (``jobs.recovery``
-  calls :func:`job_stalled` inside its transaction).
+  calls :func:`job_stalled` inside its transaction);
+* ``job.hung``: a running job flagged hung, by the sync from the launcher's records or by the
+  recovery sweep (:func:`job_hung`, inside the transaction that flags it; :mod:`jobs.hangs`).
 
 :func:`event_record` writes one :class:`~jobs.models.WebhookDelivery` row per matching webhook and,
 after commit, sends ``deliver_webhook`` for each and one ``send_notification_email`` for the users
@@ -87,6 +89,12 @@ def job_stalled(*, job: TrainingJob, reason: str) -> None:
     event_record(job=job, event="job.stalled", reason=reason)
 
 
+def job_hung(*, job: TrainingJob, reason: str) -> None:
+    """``job.hung`` for ``job`` (``jobs.sync.hung``, inside the transaction that flags it); ``reason``
+    is :func:`jobs.hangs.hang_reason`'s line (the last step and where the ranks are stuck)."""
+    event_record(job=job, event="job.hung", reason=reason)
+
+
 def job_page_url(job_id: int) -> str:
     """The job page's absolute URL under ``TRAINBOARD_BASE_URL``."""
     return settings.TRAINBOARD_BASE_URL + reverse("job-detail", kwargs={"pk": job_id})
@@ -124,7 +132,7 @@ def summary_line(facts: dict[str, Any]) -> str:
     job = facts["job"]
     verb = {"job.started": "started", "job.succeeded": "succeeded", "job.failed": "failed",
             "job.cancelled": "was cancelled", "job.budget_stopped": "was stopped by its budget",
-            "job.stalled": "stalled"}.get(facts["event"], facts["event"])
+            "job.stalled": "stalled", "job.hung": "hung"}.get(facts["event"], facts["event"])
     line = f"Job #{job['id']} {job['name']} {verb}"
     return f"{line}: {job['reason']}" if job["reason"] and facts["event"] != "job.succeeded" else line
 

@@ -22,6 +22,8 @@ at once (each job is taken with ``SELECT ... FOR UPDATE SKIP LOCKED`` and every 
    to the job's max runtime + ``TRAINBOARD_RUNNING_DEADLINE_MARGIN_S`` (:mod:`jobs.deadlines`). A job past it is flagged
    (``stalled_at``, ``stalled_reason``, a JobEvent with the reason) and, when the backend's
    ``stall_policy`` is ``cancel``, cancelled with that reason. The next transition clears the flag.
+4. **Hangs (issue 30).** A RUNNING job with no new step for its hang deadline (:mod:`jobs.hangs`) is
+   flagged hung (:func:`flag_hung_jobs`) and, under the backend's ``hang_policy`` ``cancel``, cancelled.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import admission, dispatch, notifications
+from jobs import admission, dispatch, hangs, notifications
 from jobs.adapters import backend_queue
 from jobs.deadlines import DEADLINE_STATES, deadline_start, human_duration, stall_reason, state_deadline_s
 from jobs.lifecycle import submission_claim, submit_lease_s, training_job_fail
 from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
 from jobs.services import training_job_cancel
+from jobs.sync import hung
 from jobs.states import note
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,41 @@ def _flag_one(job: TrainingJob, now: dt.datetime, deadline: float) -> bool:
             except ValidationError:  # it ended meanwhile: nothing to cancel
                 pass
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Hangs (jobs.hangs): no new step for the job's hang deadline
+# ---------------------------------------------------------------------------------------------
+
+
+def flag_hung_jobs(*, now: dt.datetime | None = None) -> list[int]:
+    """Flag every RUNNING job whose newest record (``progress_at``) is older than its hang deadline
+    (:func:`jobs.hangs.deadline_s` of its recent records, or its backend's ``hang_deadline_s``) and
+    that is not flagged yet; the note and the backend's ``hang_policy`` as for the launcher's records
+    (:func:`jobs.sync.hung`). The flag carries no stack: the launcher's records, when they come,
+    replace it. A job that never logged a step is left to the RUNNING deadline. Returns the flagged ids."""
+    now = now or timezone.now()
+    overrides = [s for s in ComputeBackend.objects.filter(hang_deadline_s__gt=0)
+                 .values_list("hang_deadline_s", flat=True)]
+    shortest = min([hangs.MIN_DEADLINE_S, *overrides])
+    flagged = []
+    candidates = (TrainingJob.objects.filter(state=S.RUNNING, hung_at__isnull=True,
+                                             progress_at__lt=now - dt.timedelta(seconds=shortest))
+                  .select_related("backend").order_by("id"))
+    for job in candidates.iterator(chunk_size=500):
+        deadline = hangs.deadline_s(job.progress_recent, job.backend.hang_deadline_s)
+        if hangs.silent_for(job.progress_at, now) <= deadline:
+            continue
+        hang = hangs.sweep_hang(step=job.progress_step, step_at=job.progress_at, deadline=deadline, now=now)
+        with transaction.atomic():
+            # Conditional on what was read: a newer record, a transition or another sweep makes it a no-op.
+            if not TrainingJob.objects.filter(pk=job.pk, state=S.RUNNING, hung_at__isnull=True,
+                                              progress_at=job.progress_at).update(hung_at=now, hang=hang):
+                continue
+            job.hung_at, job.hang = now, hang
+            hung(job)
+        flagged.append(job.pk)
+    return flagged
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,12 +230,13 @@ def resume_stuck_submissions(*, now: dt.datetime | None = None) -> list[int]:
 
 
 def recovery_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
-    """One pass of all three (module docstring), waking waiting jobs with the first. Returns how many jobs each step touched."""
+    """One pass of all four (module docstring), waking waiting jobs with the first. Returns how many jobs each step touched."""
     now = now or timezone.now()
     return {
         "requeued": len(requeue_lost_submissions(now=now)),
         "resumed": len(resume_stuck_submissions(now=now)),
         "woken": len(wake_waiting_jobs()),
         "stalled": len(flag_stalled_jobs(now=now)),
+        "hung": len(flag_hung_jobs(now=now)),
     }
 

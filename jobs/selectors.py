@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import job_table, metric_buckets, metric_store
+from jobs import hangs, job_table, metric_buckets, metric_store
 from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
@@ -738,6 +738,33 @@ def training_job_price_note(*, job: TrainingJob) -> str:
         return adapters.backend_adapter(job.backend).price_note(job.instance_type or "")
     except (BackendError, ValueError, LookupError):
         return ""
+
+
+def training_job_hang(*, job: TrainingJob) -> dict[str, Any] | None:
+    """What the job page shows of a hung run (:mod:`jobs.hangs`), None when it is not flagged:
+    ``{"at", "source", "step", "step_at", "deadline_s", "reason", "policy", "ranks": [{"rank", "where",
+    "stack"}]}`` with ``at``/``step_at`` datetimes (UTC; ``step_at`` None when unknown) and ``stack`` the
+    rank's threads as faulthandler prints them, main thread first, innermost frame first
+    (``File "train.py", line 14 in <module>``). No query beyond the job's backend."""
+    if job.hung_at is None:
+        return None
+    hang = job.hang if isinstance(job.hang, dict) else {}
+    step_time = hang.get("step_time")
+    step_at = (dt.datetime.fromtimestamp(step_time, dt.timezone.utc)
+               if isinstance(step_time, (int, float)) and math.isfinite(step_time) and 0 < step_time < 253402300799
+               else None)
+    ranks = []
+    for rank in hang.get("ranks") or []:
+        lines = []
+        for thread in rank.get("threads") or []:
+            lines.append(f"{'Main thread' if thread.get('main') else 'Thread'} {thread.get('thread', '')}:")
+            lines += [f'  File "{f.get("file")}", line {f.get("line")} in {f.get("function")}'
+                      for f in thread.get("frames") or []]
+        ranks.append({"rank": rank.get("rank"), "where": rank.get("where") or "", "stack": "\n".join(lines)})
+    deadline = hang.get("deadline_s")
+    return {"at": job.hung_at, "source": hang.get("source", ""), "step": hang.get("step"), "step_at": step_at,
+            "deadline_s": deadline if isinstance(deadline, (int, float)) else None, "reason": hangs.hang_reason(hang),
+            "policy": job.backend.hang_policy, "ranks": ranks}
 
 
 def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, metric_buckets, metric_store, progress, restarts
+from jobs import admission, hangs, metric_buckets, metric_store, notifications, progress, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
@@ -57,6 +57,7 @@ from jobs.models import (
     MetricPoint,
     TrainingJob,
 )
+from jobs.services import training_job_cancel
 from jobs.states import is_allowed, note, transition
 from trainer_pkg.metrics import (
     GLOBAL_METRICS,
@@ -312,11 +313,31 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
     current = {field: getattr(job, field) for field in progress.PROGRESS_FIELDS}
     after = progress.progress_after(current, records)
     changed.update({field: value for field, value in after.items() if value != current[field]})
+    # A hang the launcher reported (its records, each rank's stacks), or a newer step that clears one.
+    was_hung = job.hung_at
+    hung_at, hang = hangs.hang_after(job.hung_at, job.hang, records)
+    if (hung_at, hang) != (job.hung_at, job.hang):
+        changed.update(hung_at=hung_at, hang=hang)
     if changed:
         TrainingJob.objects.filter(pk=job.pk).update(**changed)
         for field, value in changed.items():
             setattr(job, field, value)
+    if job.hung_at is not None and job.hung_at != was_hung:
+        hung(job)
     return next_seq, first_step, rank_memory, trained_at
+
+
+def hung(job: TrainingJob) -> None:
+    """After ``job`` was flagged hung (its ``hang`` just written, its row locked by the caller): a note
+    on its timeline with :func:`jobs.hangs.hang_reason`, and the cancel its backend's ``hang_policy``
+    asks for (``cancel``: STOPPING, the provider's cancel sent after commit) while it runs (RUNNING, or
+    still PENDING when this pass read its first step and the hang together: the status is written next)."""
+    reason = hangs.hang_reason(job.hang)
+    note(job.pk, job.state, f"Hung: {reason}"[:2000])
+    log.warning("job %s hung: %s", job.pk, reason)
+    notifications.job_hung(job=job, reason=reason)  # rows in this transaction, sent after commit
+    if job.state in (S.PENDING, S.RUNNING) and job.backend.hang_policy == ComputeBackend.HangPolicy.CANCEL:
+        training_job_cancel(job=job, reason=f"Cancelled: hung. {reason}"[:2000])
 
 
 def _drop_superseded_points(job: TrainingJob, record: Mapping[str, Any]) -> None:

@@ -53,6 +53,12 @@ checkpoint and a ``stopped`` record were written) the exit code is 0. A script r
 exits as it chooses; one under torchrun gets torchrun's code after a signal (1: torchrun does not
 report its ranks' codes then).
 
+Hang watch (:mod:`trainer_pkg.hang`): where this launcher starts the ranks of the node that holds rank 0
+(torchrun under it, or the script as its child), a watchdog thread reads ``metrics.jsonl``; no new step
+for the deadline (``TRAINBOARD_HANG_DEADLINE_S``, else from the recent step time, at least 10 minutes)
+makes every rank write its threads' stacks (SIGUSR1, faulthandler, installed by the rank's entry:
+:mod:`trainer_pkg.rank_entry` for a script) and prints one ``hang`` record per rank.
+
 ``--init-from PATH`` names where the platform put the file ``train.init_from`` names (a continue or
 fine-tune from another job): Azure ML mounts an ``azureml://`` datastore path as an input of the job
 and writes its local path into the command (``--init-from ${{inputs.init_from}}``), since the trainer
@@ -72,6 +78,7 @@ variable (the message names it). A script's own exit code is passed on as it is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -84,9 +91,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
-from trainer_pkg import objstore, report, world_shape
+from trainer_pkg import hang, objstore, report, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
 from trainer_pkg.metrics import exit_process, parse_metric_line, print_line, report_error
 from trainer_pkg.platforms import (
@@ -326,7 +333,7 @@ def torchrun_command(config_path: str, plan: LaunchPlan, *, python: str = sys.ex
         cmd += ["--node_rank", str(plan.node_rank), "--master_addr", plan.master_addr,
                 "--master_port", str(plan.master_port)]
     if script is not None:
-        return cmd + script.argv()
+        return cmd + [*_SCRIPT_ENTRY, *script.argv()]
     return cmd + ["-m", "trainer_pkg.launch", "--config", config_path]
 
 
@@ -356,7 +363,8 @@ def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan, script: Use
         env.pop(LAUNCHED_BY_US)
     started = time.time()
     cmd = torchrun_command(os.path.abspath(config_path), plan, script=script)
-    code, signalled = _supervise(cmd, env, cwd=script.code_dir if script else None)
+    with watch_for_hangs(cfg, env, plan.world_size, watching=plan.node_rank == 0):
+        code, signalled = _supervise(cmd, env, cwd=script.code_dir if script else None)
     if signalled and code != 0 and _stopped_cleanly(cfg, since=started):
         # torchrun itself exits 1 after forwarding a signal even when every rank exited 0.
         return 0
@@ -374,8 +382,42 @@ def run_script_here(cfg: JobConfig, plan: LaunchPlan, script: UserScript) -> int
     env.update(plan.extra_env)
     env.pop(LAUNCHED_BY_US, None)
     env["PYTHONPATH"] = _script_pythonpath(env, script)
-    code, _ = _supervise([sys.executable, *script.argv()], env, cwd=script.code_dir)
+    with watch_for_hangs(cfg, env, int(env["WORLD_SIZE"]) if env["WORLD_SIZE"].isdigit() else 1,
+                         watching=env.get("RANK") == "0"):
+        code, _ = _supervise([sys.executable, *_SCRIPT_ENTRY, *script.argv()], env, cwd=script.code_dir)
     return 128 - code if code < 0 else code
+
+
+_SCRIPT_ENTRY = ("-m", "trainer_pkg.rank_entry")
+"""What runs a script's rank: :mod:`trainer_pkg.rank_entry` installs the hang dump, then runs it as python would."""
+
+
+@contextlib.contextmanager
+def watch_for_hangs(cfg: JobConfig, env: dict[str, str], world_size: int, *, watching: bool) -> Iterator[None]:
+    """While the ranks run: with ``watching`` (this node holds rank 0, whose records land in
+    ``<output_dir>/metrics.jsonl``) a :class:`trainer_pkg.hang.Watchdog` thread, and ``env`` (the
+    ranks' environment, changed in place) naming its directory in ``TRAINBOARD_HANG_DIR`` so each rank
+    installs its stack dump; the directory is removed afterwards. Without ``watching``, or when the
+    deadline variable is ``0``, or no temporary directory can be made: nothing."""
+    env.pop(hang.HANG_DIR, None)  # an outer launcher's directory is not ours to signal from
+    if not watching or hang.deadline_s([], env) == 0:
+        yield
+        return
+    try:
+        directory = tempfile.mkdtemp(prefix="trainboard-hang-")
+    except OSError:
+        yield
+        return
+    env[hang.HANG_DIR] = directory
+    watchdog = hang.Watchdog(os.path.join(cfg.output.output_dir, "metrics.jsonl"), directory,
+                             world_size=world_size, env=env)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.stop()
+        watchdog.join(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def rank_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
@@ -607,6 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = run_script_here(cfg, plan, script)
         else:
             _set_environ(_with_trainboard_env(rank_env(plan, {**os.environ, **plan.extra_env}), cfg))
+            hang.install_rank_dump()  # a rank torchrun started for our launcher: its stacks on SIGUSR1
             code = _train(cfg)
     elif plan.world_size == 1:
         if script is not None:

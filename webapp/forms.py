@@ -397,6 +397,14 @@ class BackendForm(forms.Form):
             required=False, choices=ComputeBackend.StallPolicy.choices, initial=ComputeBackend.StallPolicy.WARN,
             label="When a job is past its deadline",
             help_text="Warn flags it Stalled (on its page and in the list); cancel also cancels it.")
+        self.fields["hang_policy"] = forms.ChoiceField(
+            required=False, choices=ComputeBackend.HangPolicy.choices, initial=ComputeBackend.HangPolicy.FLAG,
+            label="When a running job stops stepping",
+            help_text="Flag shows it Hung with each rank's stack on its page; cancel also cancels it.")
+        self.fields["hang_deadline_s"] = forms.IntegerField(
+            required=False, min_value=10, max_value=30 * 86_400, label="Hang deadline (seconds)",
+            help_text="Seconds with no new step before a running job is hung. Blank: from the job's own step "
+                      "time, max(600, 20 × seconds per step).")
         self.fields["orphan_policy"] = forms.ChoiceField(
             required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
             label="Orphan provider jobs",
@@ -429,9 +437,11 @@ class BackendForm(forms.Form):
         """``state_deadlines``, and ``stall_policy``/``orphan_policy`` when chosen, for
         ``backend_create``/``backend_update`` (a policy left out keeps the backend's, or the default)."""
         kwargs: dict[str, Any] = {"state_deadlines": self.state_deadlines()}
-        for name in ("stall_policy", "orphan_policy"):
+        for name in ("stall_policy", "orphan_policy", "hang_policy"):
             if self.cleaned_data.get(name):
                 kwargs[name] = self.cleaned_data[name]
+        if "hang_deadline_s" in self.cleaned_data:  # blank: the job's own step time
+            kwargs["hang_deadline_s"] = self.cleaned_data["hang_deadline_s"]
         if self.cleaned_data.get("max_restarts") is not None:
             kwargs["max_restarts"] = self.cleaned_data["max_restarts"]
         return kwargs
@@ -493,7 +503,8 @@ class BackendForm(forms.Form):
         config = dict(backend.config or {})
         initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled, "team": backend.team_id,
                    "stall_policy": backend.stall_policy, "orphan_policy": backend.orphan_policy,
-                   "max_restarts": backend.max_restarts}
+                   "max_restarts": backend.max_restarts, "hang_policy": backend.hang_policy,
+                   "hang_deadline_s": backend.hang_deadline_s}
         for state, seconds in (backend.state_deadlines or {}).items():
             initial[_deadline_field_name(state)] = seconds
         for name, key in _registered_kind_settings().get(backend.kind, {}).items():

@@ -426,7 +426,25 @@ def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any)
 # =============================================================================================
 
 _BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
-                   "max_restarts"}
+                   "max_restarts", "hang_policy", "hang_deadline_s"}
+
+MIN_HANG_DEADLINE_S = 10
+"""Shortest hang deadline a backend may set, seconds (a shorter one would flag every record interval)."""
+MAX_HANG_DEADLINE_S = 30 * 86_400
+"""Longest hang deadline a backend may set, seconds (30 days)."""
+
+
+def _clean_hang_deadline(errors: Errors, value: Any) -> int | None:
+    """``hang_deadline_s``: None (blank: from the job's step time) or whole seconds
+    :data:`MIN_HANG_DEADLINE_S` … :data:`MAX_HANG_DEADLINE_S`; None after an error, which says the bounds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_HANG_DEADLINE_S <= value <= MAX_HANG_DEADLINE_S:
+        errors.add("hang_deadline_s", f"Hang deadline must be whole seconds from {MIN_HANG_DEADLINE_S} to "
+                                      f"{MAX_HANG_DEADLINE_S} (30 days), or blank for the job's own step time; "
+                                      f"got {str(value)[:40]!r}.")
+        return None
+    return value
 
 
 def _clean_max_restarts(errors: Errors, value: Any) -> int:
@@ -489,6 +507,7 @@ def _clean_job_secrets(errors: Errors, stored: Mapping[str, str], given: Any) ->
 
 def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     backend.max_restarts = _clean_max_restarts(errors, backend.max_restarts)
+    backend.hang_deadline_s = _clean_hang_deadline(errors, backend.hang_deadline_s)
     full_clean(errors, backend)
     if backend.name and name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
         errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
@@ -559,7 +578,8 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                    secrets: Mapping[str, str] | None = None, team=None,
                    state_deadlines: Mapping[str, float] | None = None, stall_policy: str = "warn",
                    orphan_policy: str = "report", job_secrets: Any = None,
-                   max_restarts: int = DEFAULT_MAX_RESTARTS) -> ComputeBackend:
+                   max_restarts: int = DEFAULT_MAX_RESTARTS, hang_policy: str = "flag",
+                   hang_deadline_s: int | None = None) -> ComputeBackend:
     """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
 
     ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
@@ -569,6 +589,9 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     "warn" | "cancel" (what a job past its deadline gets); ``orphan_policy`` "report" | "stop".
     ``max_restarts``: how many times a job whose run is lost is resubmitted from its checkpoint
     (0 … :data:`MAX_RESTARTS`; 0 = never; :mod:`jobs.restarts`).
+    ``hang_policy`` "flag" | "cancel" (what a RUNNING job with no new step for its hang deadline gets,
+    :mod:`jobs.hangs`); ``hang_deadline_s`` that deadline in seconds (:data:`MIN_HANG_DEADLINE_S` …
+    :data:`MAX_HANG_DEADLINE_S`), None = from the job's own step time.
     ``job_secrets``: environment variables set in every job of the backend (name → value, or
     ``NAME=VALUE`` lines; :func:`_clean_job_secrets`), stored encrypted, never shown back.
     Raises ValidationError keyed by field (``secrets`` and ``job_secrets`` messages name keys, never values).
@@ -579,7 +602,8 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                              secrets=secrets if secrets is not None else {}, team=team,
                              state_deadlines=state_deadlines if state_deadlines is not None else {},
                              stall_policy=stall_policy or "", orphan_policy=orphan_policy or "",
-                             max_restarts=max_restarts, job_secrets=_clean_job_secrets(errors, {}, job_secrets))
+                             max_restarts=max_restarts, job_secrets=_clean_job_secrets(errors, {}, job_secrets),
+                             hang_policy=hang_policy or "", hang_deadline_s=hang_deadline_s)
     _validate_backend(errors, backend)
     errors.raise_if_any()
     backend.save()
@@ -603,7 +627,7 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
                    clear_secrets: bool = False, job_secrets: Any = None, clear_job_secrets: bool = False,
                    **fields: Any) -> ComputeBackend:
     """Change some of ``name, kind, config, enabled, team, state_deadlines, stall_policy,
-    orphan_policy, max_restarts`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
+    orphan_policy, max_restarts, hang_policy, hang_deadline_s`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
     while no job is active.
 
     ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a

@@ -18,7 +18,7 @@ from rest_framework.settings import api_settings
 
 from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
-from jobs import code_archives, selectors, services, validation
+from jobs import code_archives, hangs, selectors, services, validation
 from jobs.cost import estimate_arithmetic
 from jobs.services.training_jobs import JOB_FIELD_ALIASES, LARGE_MODEL_SETTINGS
 from jobs.validation import PRIORITY_RANGE
@@ -442,7 +442,7 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         model = ComputeBackend
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
                   "job_secrets", "clear_job_secrets", "job_secrets_set", "state_deadlines", "stall_policy",
-                  "orphan_policy", "max_restarts", "created_at", "updated_at"]
+                  "orphan_policy", "max_restarts", "hang_policy", "hang_deadline_s", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
@@ -648,6 +648,23 @@ class BackendQueueJobSerializer(serializers.ModelSerializer):
         }
 
 
+class JobHangRankSerializer(serializers.Serializer):
+    rank = serializers.IntegerField(help_text="The rank (0-based).")
+    where = serializers.CharField(help_text='Where it is stuck: "in all_reduce, train.py:212" (innermost function, '
+                                            'then the innermost line of the job\'s own code); "" = no stack.')
+
+
+class JobHangSerializer(serializers.Serializer):
+    """A hung job's finding (jobs.hangs)."""
+
+    source = serializers.CharField(help_text='"launcher" (with stacks) or "sweep" (from the progress, no stacks).')
+    step = serializers.IntegerField(allow_null=True, help_text="The last step reported before it stopped.")
+    step_time = serializers.FloatField(allow_null=True, help_text="That step's time, Unix seconds.")
+    deadline_s = serializers.FloatField(allow_null=True, help_text="The hang deadline in force, seconds.")
+    reason = serializers.CharField(help_text="One line: the deadline, the last step and where the ranks are.")
+    ranks = JobHangRankSerializer(many=True, help_text="Each rank's position, by rank.")
+
+
 class JobProgressSerializer(serializers.Serializer):
     """A job's progress (jobs.progress.Progress): % done, time left from the recent step rate and the
     projected final cost, from the job's own columns (no metric point read)."""
@@ -723,6 +740,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     stalled = serializers.SerializerMethodField(
         help_text="True when the job is past its state's deadline (see stalled_reason); cleared by its next "
                   "state change.")
+    hang = serializers.SerializerMethodField(
+        help_text="Why the job is flagged hung (hung_at set: no new step for its hang deadline): the last step, "
+                  "the deadline and where each rank is stuck; the full stacks are on the job page. Null when "
+                  "not hung.")
     progress = serializers.SerializerMethodField(
         help_text="% done, time left and projected final cost of a job with a known length (epochs or "
                   "train.max_steps for the built-in trainer, report.progress(total=...) for a script); null when "
@@ -739,11 +760,13 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
-            "attempt", "metric_points_pruned_at", "progress",
+            "attempt", "metric_points_pruned_at", "progress", "hung_at", "hang",
         ]
         fields = fields + EXPERIMENT_FIELDS  # the experiment table (docs/experiments.md)
         read_only_fields = fields
-        extra_kwargs = {"budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
+        extra_kwargs = {"hung_at": {"help_text": "When the running job was found hung (no new step for its "
+                                                 "backend's hang deadline); null = not hung. A newer step clears it."},
+                        "budget_exceeded_at": {"help_text": "When the job's cost reached its budget_usd and it "
                                                             "was stopped; null otherwise."},
                         "team": {"help_text": "The team the job runs for (its monthly budget); null = none."},
                         "priority": {"help_text": "Higher starts first where the backend queues jobs itself (a GPU "
@@ -759,6 +782,17 @@ class TrainingJobSerializer(serializers.ModelSerializer):
                         "estimated_cost_usd": {"help_text": "What the job may cost, fixed at submission: "
                                                             "min(max_runtime_s × nodes × hourly_price_usd / 3600, "
                                                             "budget_usd); see estimate_arithmetic."}}
+
+    @extend_schema_field(JobHangSerializer(allow_null=True))
+    def get_hang(self, job: TrainingJob) -> dict[str, Any] | None:
+        if job.hung_at is None:
+            return None
+        hang = job.hang if isinstance(job.hang, dict) else {}
+        return JobHangSerializer({"source": hang.get("source", ""), "step": hang.get("step"),
+                                  "step_time": hang.get("step_time"), "deadline_s": hang.get("deadline_s"),
+                                  "reason": hangs.hang_reason(hang),
+                                  "ranks": [{"rank": r.get("rank"), "where": r.get("where", "")}
+                                            for r in hang.get("ranks") or []]}).data
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None

@@ -27,11 +27,15 @@ def state_badge(state: str) -> str:
 def job_state_badge(job) -> str:
     """The job's state badge, followed by a "Paused" badge while its provider holds it paused
     (``secondary_state`` :data:`~cloud_adapters.base.PAUSED`) and a "Stalled" badge (reason in its
-    title) when the job is past its state's deadline (``TrainingJob.stalled_at``)."""
+    title) when the job is past its state's deadline (``TrainingJob.stalled_at``), or a "Hung" badge when
+    it stopped stepping (``TrainingJob.hung_at``, :mod:`jobs.hangs`: where each rank is stuck is on its page)."""
     badge = state_badge(job.state)
     if getattr(job, "secondary_state", "") == PAUSED and not job.is_terminal:
         badge = format_html('{} <span class="badge state-paused" data-paused="1" title="{}">Paused</span>', badge,
                             f"{job.raw_state}: paused by the provider, not training until it is resumed")
+    if getattr(job, "hung_at", None) and not job.is_terminal:
+        badge = format_html('{} <span class="badge state-stalled" data-hung="1" title="{}">Hung</span>', badge,
+                            "No new step for its hang deadline; where each rank is stuck is on the job page")
     if getattr(job, "stalled_at", None) and not job.is_terminal:
         return format_html('{} <span class="badge state-stalled" data-stalled="1" title="{}">Stalled</span>',
                            badge, job.stalled_reason or "Past this state's deadline")

@@ -1,0 +1,200 @@
+"""A hung run through the sync (jobs.hangs, issue 30): the launcher's ``hang`` records, as
+trainer_pkg.hang writes them from two ranks' faulthandler dumps, read from the job's log (recorded
+lines, no process): the job is flagged with its last step and time, the page shows both ranks'
+stacks, the backend's ``cancel`` policy stops it, and a newer step clears the flag."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.urls import reverse
+
+from cloud_adapters.base import JobState, JobStatus
+from jobs import hangs, sync
+from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
+from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job  # noqa: F401 (fixtures)
+from trainer_pkg import hang
+from trainer_pkg.metrics import format_metric_line
+
+pytestmark = pytest.mark.django_db
+
+RANK0 = """\
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2806 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/code/train.py", line 15 in <module>
+"""
+RANK1 = """\
+Thread 0x00007f0000000009 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/code/train.py", line 14 in <module>
+"""
+DETECTED = T0.timestamp() + 130.0
+STEP_TIME = T0.timestamp() + 10.0
+
+
+def hang_lines(detected: float = DETECTED) -> list[str]:
+    """What the launcher prints for one stall of a 2-rank run after step 1 (trainer_pkg.hang.Watchdog)."""
+    lines = ["[launch] hang: no new step for 120 s (deadline 120 s) after step 1; the ranks' stacks follow"]
+    for rank, dump, main in ((0, RANK0, 0x7F0000000001), (1, RANK1, 0x7F0000000002)):
+        record = hang.hang_record(rank=rank, threads=hang.parse_dump(dump, main), detected_at=detected, step=1,
+                                  step_time=STEP_TIME, deadline=120.0, world_size=2)
+        lines += [f"[launch] rank {rank}: {record['where']}", format_metric_line(record)]
+    return lines
+
+
+def running(job, lines: list[str]) -> None:
+    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, instance_count=2)]
+    ScriptedBackend.log_chunks.append(lines)  # the cursor is the chunk's index: each sync reads the next
+    sync.backend_sync(backend_id=job.backend_id)
+    job.refresh_from_db()
+
+
+def test_a_hung_run_is_flagged_with_its_last_step_and_both_ranks_stacks_on_the_page(
+        client, user, submitted_job):
+    job = submitted_job
+    running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
+    assert job.state == S.RUNNING  # the default policy only flags
+    assert job.hung_at == dt.datetime.fromtimestamp(DETECTED, dt.timezone.utc)
+    assert (job.hang["source"], job.hang["step"], job.hang["step_time"], job.hang["deadline_s"]) == (
+        "launcher", 1, STEP_TIME, 120.0)
+    assert [(r["rank"], r["where"]) for r in job.hang["ranks"]] == [
+        (0, "in all_reduce, train.py:15"), (1, "in <module>, train.py:14")]
+    assert job.hang["ranks"][1]["threads"][0]["main"] is True  # rank 1's main thread first
+    reason = ("No new step for 120 s after step 1; rank 0: in all_reduce, train.py:15; "
+              "rank 1: in <module>, train.py:14")
+    assert JobEvent.objects.filter(job=job, message=f"Hung: {reason}").count() == 1
+
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert "<strong>Hung.</strong>" in page
+    assert "after step 1 (logged 2024-05-01 12:00:10 UTC)" in page
+    assert "(flagged 2024-05-01 12:02:10 UTC)" in page
+    assert '<li id="hang-rank-0"><strong>rank 0</strong>: in all_reduce, train.py:15' in page
+    assert '<li id="hang-rank-1"><strong>rank 1</strong>: in &lt;module&gt;, train.py:14' in page
+    assert 'File &quot;/code/train.py&quot;, line 14 in &lt;module&gt;' in page
+    assert ('File &quot;/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py&quot;, '
+            'line 2806 in all_reduce') in page
+
+    # A step after the detection: the run was slow, not stuck.
+    running(job, [rec("step", step=2, dt=140)])
+    assert (job.hung_at, job.hang) == (None, {})
+    assert "<strong>Hung.</strong>" not in client.get(reverse("job-detail", args=[job.pk])).content.decode()
+
+
+def test_the_cancel_policy_stops_a_hung_job_with_the_reason(submitted_job, scripted_backend):
+    ComputeBackend.objects.filter(pk=scripted_backend.pk).update(hang_policy=ComputeBackend.HangPolicy.CANCEL)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    assert job.state == S.STOPPING and job.hung_at is not None
+    assert job.failure_reason.startswith("Cancelled: hung. No new step for 120 s after step 1; rank 0: in all_reduce")
+    running(job, ["still stuck"])  # the provider still says RUNNING: every sync sends the cancel again
+    assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
+
+
+def test_malformed_hang_records_are_skipped_and_strings_are_cut():
+    at = T0.timestamp()
+    records = [{"event": "hang", "time": "soon", "rank": 0}, {"event": "hang", "time": at, "rank": -1},
+               {"event": "hang", "time": at, "rank": True}, {"event": "hang", "time": float("inf"), "rank": 0}]
+    assert hangs.hang_after(None, {}, records) == (None, {})
+    hung_at, found = hangs.hang_after(None, {}, [{"event": "hang", "time": at, "rank": 3, "step": "1",
+                                                  "where": "x" * 1000, "threads": [{"frames": [5, {"line": -2}]}, 7]}])
+    assert hung_at == T0 and found["step"] is None and found["deadline_s"] is None
+    assert found["ranks"] == [{"rank": 3, "where": "x" * hangs.MAX_TEXT, "threads": [
+        {"thread": "", "main": False, "frames": [{"file": "", "line": 0, "function": ""}]}]}]
+    assert hangs.hang_reason(found) == "No new step (no step reported); rank 3: " + "x" * hangs.MAX_TEXT
+
+
+def test_the_servers_deadline_mirrors_the_launchers():
+    for recent in ([], [[0, 1000.0], [5, 1225.0], [10, 1450.0]], [[0, 0.0], [1000, 1000.0], [2000, 2000.0]]):
+        assert hangs.deadline_s(recent) == hang.deadline_s([tuple(p) for p in recent], {})
+    # A malformed pair is skipped: 10 steps in 9,000 s between 2 records; 3 × 9,000 s > 20 × 900 s.
+    assert hangs.deadline_s([[0, 0.0], ["x", None], [10, 9000.0]], override_s=None) == 27000.0
+    assert hangs.deadline_s([[0, 0.0], [10, 9000.0]], override_s=120) == 120.0
+    assert hangs.deadline_s("garbage", override_s=True) == 600.0
+
+
+def test_the_sweep_flags_a_silent_running_job_without_stacks_and_the_launchers_records_replace_it(
+        client, user, submitted_job, scripted_backend):
+    from jobs import recovery
+
+    job = submitted_job
+    # Steps 0..4 ten seconds apart: 2 s a step → the floor, 600 s, is the deadline.
+    running(job, [rec("step", step=s, dt=10 * s) for s in range(5)])
+    assert job.state == S.RUNNING and job.progress_at == T0 + dt.timedelta(seconds=40)
+    assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=640)) == []  # 600 s: not past it
+    now = T0 + dt.timedelta(seconds=641)
+    assert recovery.recovery_sweep(now=now)["hung"] == 1
+    job.refresh_from_db()
+    assert job.hung_at == now and job.state == S.RUNNING
+    assert job.hang == {"source": "sweep", "detected_at": now.timestamp(), "step": 4,
+                        "step_time": (T0 + dt.timedelta(seconds=40)).timestamp(), "deadline_s": 600.0, "ranks": []}
+    assert JobEvent.objects.filter(job=job, message="Hung: No new step for 600 s after step 4; no stacks (the "
+                                                    "launcher did not report them)").count() == 1
+    assert recovery.flag_hung_jobs(now=now + dt.timedelta(hours=1)) == []  # flagged once
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert "from the job's progress: the launcher reported no stacks" in page
+
+    running(job, hang_lines(detected=now.timestamp() + 5))
+    assert job.hang["source"] == "launcher" and [r["rank"] for r in job.hang["ranks"]] == [0, 1]
+
+
+def test_a_backends_hang_deadline_overrides_the_default(submitted_job, scripted_backend):
+    from jobs import recovery
+
+    ComputeBackend.objects.filter(pk=scripted_backend.pk).update(hang_deadline_s=60,
+                                                                 hang_policy=ComputeBackend.HangPolicy.CANCEL)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10)])
+    assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=70)) == []
+    assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=71)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == S.STOPPING and job.hang["deadline_s"] == 60.0
+    assert job.failure_reason == ("Cancelled: hung. No new step for 60 s after step 1; no stacks (the launcher "
+                                  "did not report them)")
+
+
+def test_the_api_gives_where_each_rank_is_stuck_and_a_large_run_keeps_a_bounded_hang(user, submitted_job):
+    from rest_framework.test import APIClient
+
+    api_client = APIClient()
+    api_client.force_authenticate(user)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    body = api_client.get(f"/api/jobs/{job.pk}/").json()
+    assert body["hung_at"].startswith("2024-05-01T12:02:10")
+    assert body["hang"] == {"source": "launcher", "step": 1, "step_time": STEP_TIME, "deadline_s": 120.0,
+                            "reason": hangs.hang_reason(job.hang),
+                            "ranks": [{"rank": 0, "where": "in all_reduce, train.py:15"},
+                                      {"rank": 1, "where": "in <module>, train.py:14"}]}
+    listed = {j["id"]: j["hang"] for j in api_client.get("/api/jobs/").json()["results"]}
+    assert listed[job.pk] == body["hang"]
+
+    threads = hang.parse_dump(RANK1, 0x7F0000000002)
+    records = [hang.hang_record(rank=r, threads=threads, detected_at=DETECTED, step=1, step_time=STEP_TIME,
+                                deadline=120.0, world_size=300) for r in range(300)]
+    _, found = hangs.hang_after(None, {}, records)
+    assert len(found["ranks"]) == hangs.MAX_RANKS
+    assert sum(1 for r in found["ranks"] if r["threads"]) == hangs.MAX_STACK_RANKS
+    assert all(r["where"] == "in <module>, train.py:14" for r in found["ranks"])
+
+
+def test_a_hang_is_a_notification_event_and_a_badge_in_the_job_list(client, user, submitted_job, settings):
+    from jobs import services
+    from jobs.models import WebhookDelivery
+
+    settings.TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the test's endpoint (never called)
+    services.webhook_create(owner=user, url="http://127.0.0.1:9/hook", events=["job.hung"])
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    [row] = WebhookDelivery.objects.filter(job=job)
+    assert row.event == "job.hung" and row.payload["job"]["reason"] == hangs.hang_reason(job.hang)
+    client.force_login(user)
+    listing = client.get(reverse("job-list")).content.decode()
+    assert 'data-hung="1"' in listing and ">Hung</span>" in listing
+    running(job, [rec("step", step=2, dt=140)])
+    assert 'data-hung="1"' not in client.get(reverse("job-list")).content.decode()
