@@ -82,6 +82,9 @@ URLS = (("page", "job page", 300.0), ("chart", "chart data (full)", None), ("pol
         ("live", "live fragment", None), ("api", "API retrieve", 50.0))
 POLL_NEW_STEPS = 10
 """The poll asks for what is new since this many steps before the run's last (as job.js asks after a sync)."""
+COMPARE_URLS = (("compare", "compare page"), ("compare_api", "compare API"))
+COMPARE_MS = 1000.0
+"""Issue 29: the comparison of 10 jobs of 1,000,000 steps × 64 ranks within 1 s."""
 RATIO_TARGET = 2.0
 RSS_PER_REQUEST_MB = 50.0
 BYTES_PER_POINT = 20.0
@@ -115,6 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "provider logs() call brings at most 2,000 lines, stored in a transaction of its own)")
     p.add_argument("--compare-steps", type=int, default=8192,
                    help="steps of the ingestion comparison, rows vs the sync path (default 8,192; 0: skip it)")
+    p.add_argument("--compare", type=int, default=0, metavar="N",
+                   help="also time the comparison of N jobs of the largest size (/jobs/compare/ and /api/jobs/compare/; "
+                        "target ≤ 1 s): the largest job and N − 1 copies of its stored history (see compare_jobs; "
+                        "default 0: not measured)")
     p.add_argument("--slow-queries", type=int, default=3,
                    help="print the slowest N SQL queries of each URL at the largest size (default 3)")
     p.add_argument("--server", default=os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432"),
@@ -139,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.url_labels) - {label for label, _, _ in URLS})
     if unknown or not args.url_labels:
         p.error(f"--urls takes page, chart, poll, live, api; got {args.urls!r}")
+    if args.compare < 0 or args.compare == 1:
+        p.error("--compare is 0 (not measured) or at least 2 jobs")
     if args.compare_steps < 0:
         p.error("--compare-steps must be at least 0")
     for name in ("ranks", "epoch_steps", "requests", "pass_steps"):
@@ -403,27 +412,52 @@ def ingest_sync(job, lines: list[str], now: dt.datetime) -> int:
 
 def _load_through_sync(args: argparse.Namespace, steps: int, job, started: dt.datetime) -> dict[str, Any]:
     """The job's points stored as the sync stores them (:func:`ingest_sync`, passes of ``--pass-steps``
-    records), its log lines by COPY; ingestion timed apart from generating the records."""
+    records), its log lines by COPY; ingestion timed apart from generating the records. The records are
+    stored a pass at a time as they are generated (memory bounded by one pass at any run length: a
+    1,000,000-step × 64-rank history is ~7 GB of record lines)."""
     from django.db import connection
 
     from jobs.models import TrainingJob
 
-    lines: list[str] = []
+    now = dt.datetime.now(dt.timezone.utc)
+    state = {"stored": 0, "seconds": 0.0, "pending": [], "steps": 0, "next": max(1, steps // 20),
+             "t0": time.perf_counter()}
+
+    def flush() -> None:
+        if not state["pending"]:
+            return
+        t0 = time.perf_counter()
+        state["stored"] += ingest_sync(job, state["pending"], now)
+        state["seconds"] += time.perf_counter() - t0
+        state["pending"] = []
+        if state["steps"] >= state["next"]:
+            wall = time.perf_counter() - state["t0"]
+            print(f"  {steps:,} steps: {state['steps']:,} stored, {state['stored']:,} points, ingest "
+                  f"{state['seconds']:.0f} s ({state['stored'] / max(state['seconds'], 1e-9):,.0f} points/s), "
+                  f"wall {wall:.0f} s", flush=True)
+            state["next"] += max(1, steps // 20)
+
+    def on_record(line: str) -> None:
+        # The same cut as _passes: a pass is --pass-steps step records; an epoch record goes with its step's pass.
+        if '"event":"step"' in line:
+            if state["steps"] and state["steps"] % args.pass_steps == 0:
+                flush()
+            state["steps"] += 1
+        state["pending"].append(line)
+
     with tempfile.TemporaryFile("w+", encoding="utf-8") as log, connection.cursor() as cur:
         made = generate_history(job.pk, steps=steps, ranks=args.ranks, epoch_steps=args.epoch_steps, started=started,
                                 seed=args.seed, write_points=None, log=None if args.no_logs else log,
-                                on_record=lines.append)
+                                on_record=on_record)
+        flush()
         t_logs = _copy_logs(cur, log) if not args.no_logs else 0.0
-    now = dt.datetime.now(dt.timezone.utc)
-    stored, t0 = 0, time.perf_counter()
-    for one in _passes(lines, args.pass_steps):
-        stored += ingest_sync(job, one, now)
-    t_points = time.perf_counter() - t0
+    stored, t_points = state["stored"], state["seconds"]
     # The sync adds the min, median and max across ranks of each per-rank timing (global series).
     assert stored >= made["points"], (stored, made["points"])
     TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
     print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {stored:,} points stored through the sync's path "
-          f"in {t_points:.1f} s ({stored / max(t_points, 1e-9):,.0f} points/s, passes of {args.pass_steps:,} records)"
+          f"in {t_points:.1f} s ({stored / max(t_points, 1e-9):,.0f} points/s, passes of {args.pass_steps:,} records; "
+          f"wall with generating the records {time.perf_counter() - state['t0']:.0f} s)"
           + ("" if args.no_logs else f", {made['log_lines']:,} log lines in {t_logs:.1f} s"), flush=True)
     return {"points": stored, "log_lines": 0 if args.no_logs else made["log_lines"], "load_points_s": t_points,
             "load_logs_s": t_logs, "ingest_points_per_s": stored / max(t_points, 1e-9)}
@@ -468,6 +502,42 @@ def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
           f"{out['sync']['points_per_s']:,.0f} points/s = {out['ratio']:.1f}× (same points: {out['same_points']})",
           flush=True)
     return out
+
+
+def compare_jobs(args: argparse.Namespace, source_id: int, world) -> list[int]:
+    """``--compare`` jobs for the comparison: the job ``source_id`` and ``--compare`` − 1 copies of it, made
+    once (found again by name with ``--reuse``). A copy is a TrainingJob row of its own with its own copy
+    of every row the source's history has in the tables the comparison reads: the buckets (every stored
+    level and the summaries) and the tail of point rows, by ``INSERT … SELECT``: the same rows, bytes and
+    index entries per job as a job of that history stored through the sync, so a comparison reads 10 jobs'
+    rows, not one job's 10 times. The chunks (the raw points, ~3 GB a copy at 1,000,000 steps × 64 ranks) are
+    not copied: the comparison reads no chunk at these lengths (its lines are stored buckets), which the
+    bench checks (``chunk_queries`` of each compare URL: the queries that name the chunks' table)."""
+    from django.db import connection
+
+    from jobs.models import MetricBucket, MetricPoint, TrainingJob
+
+    source = TrainingJob.objects.get(pk=source_id)
+    ids = [source_id]
+    for i in range(1, args.compare):
+        name = f"{source.name}-copy{i}"
+        job = TrainingJob.objects.filter(owner=world[0], name=name).first()
+        if job is None:
+            t0 = time.perf_counter()
+            job = TrainingJob.objects.get(pk=source_id)
+            job.pk = job.id = None
+            job.name, job.provider_job_name = name, f"{source.provider_job_name}-copy{i}"
+            job.save(force_insert=True)
+            with connection.cursor() as cur:
+                for model in (MetricBucket, MetricPoint):
+                    cols = [f.column for f in model._meta.concrete_fields if f.column not in ("id", "job_id")]
+                    cur.execute(f"INSERT INTO {model._meta.db_table} (job_id, {', '.join(cols)}) "
+                                f"SELECT %s, {', '.join(cols)} FROM {model._meta.db_table} WHERE job_id = %s",
+                                [job.pk, source_id])
+            print(f"  compare: job {job.pk} = a copy of job {source_id}'s buckets and point rows in "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+        ids.append(job.pk)
+    return ids
 
 
 def storage() -> dict[str, Any]:
@@ -565,6 +635,7 @@ def measure(client, url: str, args: argparse.Namespace) -> dict[str, Any]:
         "queries": len(captured), "sql_ms": sum(float(q["time"]) for q in captured) * 1000,
         "slowest": [{"ms": float(q["time"]) * 1000, "sql": q["sql"]} for q in queries[: max(args.slow_queries, 0)]],
         "rss_per_request_mb": max(growth), "rss_kept_mb": _status_mb("VmRSS") - rss_start,
+        "captured": [{"sql": q["sql"]} for q in captured],
     }
 
 
@@ -605,7 +676,7 @@ def verdicts(sizes: list[dict[str, Any]], store: dict[str, Any]) -> list[str]:
             if fig["rss_per_request_mb"] > RSS_PER_REQUEST_MB:
                 misses.append(f"{what} at {size['steps']:,} steps: +{fig['rss_per_request_mb']:,.0f} MB RSS in a "
                               f"request > {RSS_PER_REQUEST_MB:.0f} MB")
-    per_point = _bytes_per_point(store)
+    per_point = None if store.get("with_compare_copies") else _bytes_per_point(store)
     if per_point is not None and per_point > BYTES_PER_POINT:
         misses.append(f"storage: {per_point:.0f} bytes per point > {BYTES_PER_POINT:.0f}")
     return misses
@@ -647,7 +718,9 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
     print(f"  {mb['table']}: {mb['rows']:,} rows, {mb['total_bytes'] / 2**20:,.1f} MiB (heap "
           f"{mb['heap_bytes'] / 2**20:,.1f}, indexes {mb['index_bytes'] / 2**20:,.1f}); points and buckets: "
           f"{_bytes_per_point(store):.1f} bytes per point over {store['points']:,} points, rows + chunks + buckets "
-          f"(target ≤ {BYTES_PER_POINT:.0f})")
+          f"(target ≤ {BYTES_PER_POINT:.0f})"
+          + (": NOT a per-point figure, the table holds --compare copies' buckets (take it from a run before them)"
+             if store.get("with_compare_copies") else ""))
     if ll["rows"]:
         print(f"  {ll['table']}: {ll['rows']:,} rows, {ll['total_bytes'] / 2**20:,.1f} MiB = "
               f"{ll['bytes_per_row']:.0f} bytes per line (each metric record stored again as a line)")
@@ -659,6 +732,21 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
                 # A plain column list says little (an aggregate stays); the table, WHERE and ORDER BY say what is read.
                 sql = re.sub(r"^SELECT [^()]*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
                 print(f"  {label:<5} {q['ms']:>9,.1f} ms  {sql[:320]}{'…' if len(sql) > 320 else ''}")
+
+
+def print_compare(comparison: dict[str, Any], compared: list[int], steps: int, ranks: int) -> None:
+    if not comparison:
+        return
+    print(f"\ncompare of {len(compared)} jobs of {steps:,} steps × {ranks} ranks (target ≤ {COMPARE_MS:,.0f} ms):")
+    for label, what in COMPARE_URLS:
+        fig = comparison[label]
+        print(f"  {what:<13} p50 {fig['p50_ms']:>9,.1f} ms  min {fig['min_ms']:>9,.1f}  n {len(fig['times_ms'])}  "
+              f"1st {fig['first_ms']:>9,.1f}  sql {fig['sql_ms']:>8,.1f} ms  {fig['queries']} queries "
+              f"({fig['chunk_queries']} name the chunks)  {fig['bytes'] / 1024:,.0f} KB  "
+              f"+{fig['rss_per_request_mb']:,.1f} MB RSS/req" + ("" if fig["status"] == 200 else f"  HTTP {fig['status']}"))
+        for q in fig["slowest"]:
+            sql = re.sub(r"^SELECT [^()]*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
+            print(f"      {q['ms']:>9,.1f} ms  {sql[:300]}{'…' if len(sql) > 300 else ''}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -704,7 +792,11 @@ def main(argv: list[str] | None = None) -> int:
             with connection.cursor() as cur:
                 cur.execute("VACUUM ANALYZE")
             print(f"VACUUM ANALYZE in {time.perf_counter() - t0:.1f} s", flush=True)
+        copies = TrainingJob.objects.filter(owner=world[0], name__contains="-copy").exists()
         store = storage()
+        # The compare copies hold buckets of no points of their own: bytes per point only without them.
+        store["with_compare_copies"] = copies
+        compared = compare_jobs(args, sizes[-1]["job_id"], world) if args.compare else []
         # After the storage figure: the comparison's rows, deleted, would leave their index pages behind.
         ingestion = ingest_compare(args, world) if args.compare_steps else None
 
@@ -728,10 +820,38 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {size['steps']:>9,} steps  {label:<5} p50 {fig['p50_ms']:>10,.1f} ms  "
                       f"{fig['queries']} queries  +{fig['rss_per_request_mb']:,.0f} MB  "
                       f"({len(fig['times_ms'])} timed, {time.perf_counter() - t0:,.0f} s)", flush=True)
+        comparison = {}
+        if compared:
+            from django.urls import reverse
+
+            ids = ",".join(map(str, compared))
+            for label, url in (("compare", f"{reverse('job-compare')}?ids={ids}"),
+                               ("compare_api", f"{reverse('api-job-compare')}?ids={ids}")):
+                t0 = time.perf_counter()
+                comparison[label] = fig = measure(client, url, args)
+                fig["chunk_queries"] = sum("jobs_metricchunk" in q["sql"] for q in fig.pop("captured"))
+                print(f"  {len(compared)} × {sizes[-1]['steps']:,} steps  {label:<11} p50 {fig['p50_ms']:>10,.1f} ms  "
+                      f"{fig['queries']} queries ({fig['chunk_queries']} read chunks)  +{fig['rss_per_request_mb']:,.0f} MB"
+                      f"  ({len(fig['times_ms'])} timed, {time.perf_counter() - t0:,.0f} s)", flush=True)
+        for size in sizes:
+            for fig in size["urls"].values():
+                fig.pop("captured", None)
         misses = verdicts(sizes, store)
+        for label, what in COMPARE_URLS:
+            fig = comparison.get(label)
+            if fig is None:
+                continue
+            if fig["status"] != 200:
+                misses.append(f"{what} of {len(compared)} jobs answered HTTP {fig['status']}")
+            if fig["p50_ms"] > COMPARE_MS:
+                misses.append(f"{what} of {len(compared)} jobs of {sizes[-1]['steps']:,} steps: {fig['p50_ms']:,.0f} ms "
+                              f"> {COMPARE_MS:.0f} ms")
+            if fig["rss_per_request_mb"] > RSS_PER_REQUEST_MB:
+                misses.append(f"{what}: +{fig['rss_per_request_mb']:,.0f} MB RSS in a request > {RSS_PER_REQUEST_MB:.0f} MB")
         if ingestion and ingestion["sync"]["points_per_s"] < INGEST_POINTS_PER_S:
             misses.append(f"ingestion: {ingestion['sync']['points_per_s']:,.0f} points/s < {INGEST_POINTS_PER_S:,}")
         print_table(sizes, store, args)
+        print_compare(comparison, compared, sizes[-1]["steps"], args.ranks)
         try:
             load_after = os.getloadavg()[0]
         except OSError:
@@ -748,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
                            "load_average": [load_before[0], load_after], "argv": sys.argv[1:],
                            "targets": {"p50_ms": {label: t for label, _, t in URLS}, "ratio": RATIO_TARGET,
                                        "rss_per_request_mb": RSS_PER_REQUEST_MB, "bytes_per_point": BYTES_PER_POINT},
-                           "storage": store, "ingestion": ingestion, "sizes": sizes, "misses": misses}, f,
+                           "storage": store, "ingestion": ingestion, "sizes": sizes,
+                           "compare": {"jobs": compared, **comparison}, "misses": misses}, f,
                           indent=1, default=str)
             print(f"wrote {args.json}")
         return 1 if misses and args.check else 0
