@@ -618,12 +618,16 @@ def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
 def compare_jobs(args: argparse.Namespace, source_id: int, world) -> list[int]:
     """``--compare`` jobs for the comparison: the job ``source_id`` and ``--compare`` − 1 copies of it, made
     once (found again by name with ``--reuse``). A copy is a TrainingJob row of its own with its own copy
-    of every row the source's history has in the tables the comparison reads: the buckets (every stored
-    level and the summaries) and the tail of point rows, by ``INSERT … SELECT``: the same rows, bytes and
-    index entries per job as a job of that history stored through the sync, so a comparison reads 10 jobs'
-    rows, not one job's 10 times. The chunks (the raw points, ~3 GB a copy at 1,000,000 steps × 64 ranks) are
-    not copied: the comparison reads no chunk at these lengths (its lines are stored buckets), which the
-    bench checks (``chunk_queries`` of each compare URL: the queries that name the chunks' table)."""
+    of the rows the source's history has in the tables the comparison reads, by ``INSERT … SELECT``: the
+    tail of point rows and the buckets of every stored level above the finest (4,096 steps and up, the
+    summaries included), so a comparison reads 10 jobs' rows, not one job's 10 times. Not copied: the chunks
+    (the raw points, ~3 GB a copy at 1,000,000 steps × 64 ranks) and the 256-step buckets (94 % of the bucket
+    rows, 1.3 M a copy at that size): a comparison of runs this long reads neither (a line of at most 2,000
+    points, 250 a per-rank line, over 1,000,000 steps is read at 4,096 steps a bucket), which the bench
+    checks: ``chunk_queries`` counts the compare URL's queries that name the chunks' table, and the widths
+    its bucket queries name are printed with its slowest queries. The copies' tables are smaller than ten
+    jobs' stored through the sync would be (the index lookups of one job's range are a B-tree level or so
+    shallower at most)."""
     from django.db import connection
 
     from jobs.models import MetricBucket, MetricPoint, TrainingJob
@@ -640,10 +644,10 @@ def compare_jobs(args: argparse.Namespace, source_id: int, world) -> list[int]:
             job.name, job.provider_job_name = name, f"{source.provider_job_name}-copy{i}"
             job.save(force_insert=True)
             with connection.cursor() as cur:
-                for model in (MetricBucket, MetricPoint):
+                for model, where in ((MetricBucket, " AND width > 256"), (MetricPoint, "")):
                     cols = [f.column for f in model._meta.concrete_fields if f.column not in ("id", "job_id")]
                     cur.execute(f"INSERT INTO {model._meta.db_table} (job_id, {', '.join(cols)}) "
-                                f"SELECT %s, {', '.join(cols)} FROM {model._meta.db_table} WHERE job_id = %s",
+                                f"SELECT %s, {', '.join(cols)} FROM {model._meta.db_table} WHERE job_id = %s{where}",
                                 [job.pk, source_id])
             print(f"  compare: job {job.pk} = a copy of job {source_id}'s buckets and point rows in "
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -907,6 +911,13 @@ def main(argv: list[str] | None = None) -> int:
         store = storage()
         # The compare copies hold buckets of no points of their own: bytes per point only without them.
         store["with_compare_copies"] = copies
+        if not copies:
+            print(f"storage: {_bytes_per_point(store):.2f} bytes per point over {store['points']:,} points "
+                  f"(rows {store['metric_points']['total_bytes']:,} + chunks {store['metric_chunks']['total_bytes']:,} + "
+                  f"buckets {store['metric_buckets']['total_bytes']:,} bytes)", flush=True)
+            if args.json:  # the storage figure is kept even if a later step fails
+                with open(args.json + ".storage", "w", encoding="utf-8") as f:
+                    json.dump(store, f, indent=1, default=str)
         compared = compare_jobs(args, sizes[-1]["job_id"], world) if args.compare else []
         # After the storage figure: the comparison's rows, deleted, would leave their index pages behind.
         ingestion = ingest_compare(args, world) if args.compare_steps else None
