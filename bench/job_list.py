@@ -185,6 +185,11 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
                 "cost_usd": round(rng.random() * 40, 4), "billable_seconds": rng.random() * 7000,
                 "stalled_at": now if state == "PENDING" and i % 7 == 0 else None,
                 "stalled_reason": "PENDING for 3 h (deadline 1 h)" if state == "PENDING" and i % 7 == 0 else "",
+                # What the sync keeps as the job's last values (the list's metric columns and sorts read them);
+                # jobs that never trained have none.
+                "final_metrics": Jsonb({"train_loss": round(rng.uniform(0.05, 2.0), 6),
+                                        "val_accuracy": round(rng.uniform(0.5, 0.99), 6),
+                                        "samples_per_s": round(rng.uniform(100, 5000), 2)}) if started else Jsonb({}),
             })
             yield [row[c] for c in cols]
 
@@ -242,6 +247,10 @@ def pages(args: argparse.Namespace, big_backend_id: int, small_backend_id: int,
         ("html deep by link", older_link, "/jobs/?page=1", HTML_P95_MS),
         ("html state deep", f"/jobs/?state=SUCCEEDED&page={int(deep * 0.7)}", "/jobs/?state=SUCCEEDED&page=1",
          HTML_P95_MS),
+        ("html metric column", "/jobs/?columns=val_accuracy,train_loss", "/jobs/?columns=val_accuracy,train_loss",
+         HTML_P95_MS),
+        ("html sort by metric", "/jobs/?columns=val_accuracy&sort=-val_accuracy",
+         "/jobs/?columns=val_accuracy&sort=-val_accuracy", HTML_P95_MS),
         ("api list", "/api/jobs/", "/api/jobs/", HTML_P95_MS),
         ("api state=FAILED", "/api/jobs/?state=FAILED", "/api/jobs/?state=FAILED", HTML_P95_MS),
         ("api backend", f"/api/jobs/?backend={big_backend_id}", f"/api/jobs/?backend={small_backend_id}",

@@ -82,6 +82,9 @@ URLS = (("page", "job page", 300.0), ("chart", "chart data (full)", None), ("pol
         ("live", "live fragment", None), ("api", "API retrieve", 50.0))
 POLL_NEW_STEPS = 10
 """The poll asks for what is new since this many steps before the run's last (as job.js asks after a sync)."""
+COMPARE_URLS = (("compare", "compare page"), ("compare_api", "compare API"))
+COMPARE_MS = 1000.0
+"""Issue 29: the comparison of 10 jobs of 1,000,000 steps × 64 ranks within 1 s."""
 RATIO_TARGET = 2.0
 RSS_PER_REQUEST_MB = 50.0
 BYTES_PER_POINT = 20.0
@@ -106,15 +109,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="which URLs, comma-separated from page, chart, poll, live, api (default all)")
     p.add_argument("--quick", action="store_true", help="--steps 1000,10000")
     p.add_argument("--no-logs", action="store_true", help="no JobLogLine rows (the log tail then reads nothing)")
-    p.add_argument("--load", choices=("sync", "copy"), default="sync",
+    p.add_argument("--load", choices=("sync", "bulk", "copy"), default="sync",
                    help="sync (default): the points stored through the sync's path (jobs.metric_store.store: "
-                        "chunks for a backlog, rows for the rest, compaction); copy: one row per point by COPY, "
-                        "then folded (today's storage, for a before figure)")
+                        "chunks for a backlog, rows for the rest, compaction); bulk: the same history generated "
+                        "as arrays, a pass at a time, stored by jobs.metric_store.store_series (what store does "
+                        "once it has grouped a pass's point tuples: the same chunks, rows, buckets and "
+                        "across-ranks series, without the records' JSON; several times faster, for 1,000,000 "
+                        "steps × 64 ranks); copy: one row per point by COPY, then folded (today's storage, for a "
+                        "before figure)")
     p.add_argument("--pass-steps", type=int, default=2000,
                    help="records (steps) per stored batch in the sync load and the ingestion comparison (default 2,000: a "
                         "provider logs() call brings at most 2,000 lines, stored in a transaction of its own)")
     p.add_argument("--compare-steps", type=int, default=8192,
                    help="steps of the ingestion comparison, rows vs the sync path (default 8,192; 0: skip it)")
+    p.add_argument("--compare", type=int, default=0, metavar="N",
+                   help="also time the comparison of N jobs of the largest size (/jobs/compare/ and /api/jobs/compare/; "
+                        "target ≤ 1 s): the largest job and N − 1 copies of its stored history (see compare_jobs; "
+                        "default 0: not measured)")
     p.add_argument("--slow-queries", type=int, default=3,
                    help="print the slowest N SQL queries of each URL at the largest size (default 3)")
     p.add_argument("--server", default=os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432"),
@@ -139,6 +150,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.url_labels) - {label for label, _, _ in URLS})
     if unknown or not args.url_labels:
         p.error(f"--urls takes page, chart, poll, live, api; got {args.urls!r}")
+    if args.compare < 0 or args.compare == 1:
+        p.error("--compare is 0 (not measured) or at least 2 jobs")
     if args.compare_steps < 0:
         p.error("--compare-steps must be at least 0")
     for name in ("ranks", "epoch_steps", "requests", "pass_steps"):
@@ -309,6 +322,8 @@ def load_size(args: argparse.Namespace, steps: int, world) -> dict[str, Any]:
     )
     if args.load == "sync":
         return {"job_id": job.pk, **_load_through_sync(args, steps, job, started)}
+    if args.load == "bulk":
+        return {"job_id": job.pk, **_load_bulk(args, steps, job, started)}
     t0 = time.perf_counter()
     total = {"rows": 0, "next": max(1, steps // 10)}
     rows_per_step = len(GLOBAL_STEP_METRICS) + len(RANK_STEP_METRICS) * args.ranks
@@ -403,30 +418,160 @@ def ingest_sync(job, lines: list[str], now: dt.datetime) -> int:
 
 def _load_through_sync(args: argparse.Namespace, steps: int, job, started: dt.datetime) -> dict[str, Any]:
     """The job's points stored as the sync stores them (:func:`ingest_sync`, passes of ``--pass-steps``
-    records), its log lines by COPY; ingestion timed apart from generating the records."""
+    records), its log lines by COPY; ingestion timed apart from generating the records. The records are
+    stored a pass at a time as they are generated (memory bounded by one pass at any run length: a
+    1,000,000-step × 64-rank history is ~7 GB of record lines)."""
     from django.db import connection
 
     from jobs.models import TrainingJob
 
-    lines: list[str] = []
+    now = dt.datetime.now(dt.timezone.utc)
+    state = {"stored": 0, "seconds": 0.0, "pending": [], "steps": 0, "next": max(1, steps // 20),
+             "t0": time.perf_counter()}
+
+    def flush() -> None:
+        if not state["pending"]:
+            return
+        t0 = time.perf_counter()
+        state["stored"] += ingest_sync(job, state["pending"], now)
+        state["seconds"] += time.perf_counter() - t0
+        state["pending"] = []
+        if state["steps"] >= state["next"]:
+            wall = time.perf_counter() - state["t0"]
+            print(f"  {steps:,} steps: {state['steps']:,} stored, {state['stored']:,} points, ingest "
+                  f"{state['seconds']:.0f} s ({state['stored'] / max(state['seconds'], 1e-9):,.0f} points/s), "
+                  f"wall {wall:.0f} s", flush=True)
+            state["next"] += max(1, steps // 20)
+
+    def on_record(line: str) -> None:
+        # The same cut as _passes: a pass is --pass-steps step records; an epoch record goes with its step's pass.
+        if '"event":"step"' in line:
+            if state["steps"] and state["steps"] % args.pass_steps == 0:
+                flush()
+            state["steps"] += 1
+        state["pending"].append(line)
+
     with tempfile.TemporaryFile("w+", encoding="utf-8") as log, connection.cursor() as cur:
         made = generate_history(job.pk, steps=steps, ranks=args.ranks, epoch_steps=args.epoch_steps, started=started,
                                 seed=args.seed, write_points=None, log=None if args.no_logs else log,
-                                on_record=lines.append)
+                                on_record=on_record)
+        flush()
         t_logs = _copy_logs(cur, log) if not args.no_logs else 0.0
-    now = dt.datetime.now(dt.timezone.utc)
-    stored, t0 = 0, time.perf_counter()
-    for one in _passes(lines, args.pass_steps):
-        stored += ingest_sync(job, one, now)
-    t_points = time.perf_counter() - t0
+    stored, t_points = state["stored"], state["seconds"]
     # The sync adds the min, median and max across ranks of each per-rank timing (global series).
     assert stored >= made["points"], (stored, made["points"])
     TrainingJob.objects.filter(pk=job.pk).update(final_metrics=made["final_metrics"])
     print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {stored:,} points stored through the sync's path "
-          f"in {t_points:.1f} s ({stored / max(t_points, 1e-9):,.0f} points/s, passes of {args.pass_steps:,} records)"
+          f"in {t_points:.1f} s ({stored / max(t_points, 1e-9):,.0f} points/s, passes of {args.pass_steps:,} records; "
+          f"wall with generating the records {time.perf_counter() - state['t0']:.0f} s)"
           + ("" if args.no_logs else f", {made['log_lines']:,} log lines in {t_logs:.1f} s"), flush=True)
     return {"points": stored, "log_lines": 0 if args.no_logs else made["log_lines"], "load_points_s": t_points,
             "load_logs_s": t_logs, "ingest_points_per_s": stored / max(t_points, 1e-9)}
+
+
+def generate_arrays(*, steps: int, ranks: int, epoch_steps: int, started: dt.datetime, seed: int,
+                    pass_steps: int):
+    """The history of :func:`generate_history` (the same series, shapes, gaps, spike and straggler, the
+    values drawn from numpy's generator instead of ``random``), a pass of ``pass_steps`` steps at a time, as
+    the arrays the sync builds from that pass's records: yields ``(last step, {(name, rank or None): Series})``,
+    the global series (rank None), every rank's series, the min / median / max across ranks of each per-rank
+    timing over its finite values (``jobs.sync.metric_point_tuples``) and, at each epoch's end, val_loss and
+    val_accuracy; a value the trainer reported as not finite is a missing point. Returns nothing; the final
+    values are in the last pass's arrays."""
+    import numpy as np
+
+    from jobs.metric_fold import ACROSS_RANKS, across_ranks_name
+    from jobs.metric_store import Series
+
+    rng = np.random.default_rng(seed * 1_000_003 + steps)
+    special = _special_steps(steps, ranks)
+    gaps = np.array(sorted(special["loss_gaps"]), np.int64)
+    gap_step, gap_rank = special["rank_gap"]
+    t_start_us = int(started.timestamp()) * 1_000_000
+    for first in range(1, steps + 1, pass_steps):
+        step = np.arange(first, min(steps, first + pass_steps - 1) + 1, dtype=np.int64)
+        n = step.shape[0]
+        epoch = (step - 1) // epoch_steps
+        at_us = t_start_us + step * 1_000_000
+        progress = step / steps
+        loss = 2.3 * np.exp(-4.0 * progress) + 0.05 + rng.normal(0.0, 0.02, n)
+        loss[step == special["spike"]] *= 6.0
+        loss_missing = np.isin(step, gaps)
+        accuracy = np.clip(1.0 - loss / 2.5 + rng.normal(0.0, 0.01, n), 0.0, 1.0)
+        lr = 0.05 * 0.5 * (1.0 + np.cos(np.pi * progress))
+        compute = 0.011 * (1.0 + rng.normal(0.0, 0.03, (n, ranks)))
+        compute[:, ranks - 1] *= 1.6
+        data_wait = 0.002 * (1.0 + np.abs(rng.normal(0.0, 0.2, (n, ranks))))
+        step_time = (data_wait + compute).max(axis=1) + 0.025
+        per_rank = {
+            "rank_samples_per_s": np.repeat((BATCH_PER_RANK / step_time)[:, None], ranks, axis=1),
+            "rank_step_time_s": np.repeat(step_time[:, None], ranks, axis=1),
+            "rank_data_wait_s": data_wait,
+            "rank_compute_s": compute,
+            "rank_sync_wait_s": step_time[:, None] - compute,
+        }
+        rank_missing = np.zeros((n, ranks), bool)
+        rank_missing[step == gap_step, gap_rank] = True
+        none = np.zeros(n, bool)
+        no_epoch = np.full(n, -1, np.int64)
+
+        def series(values, missing, where=slice(None)):
+            return Series(step[where].copy(), np.where(missing, 0.0, values)[where], missing[where].copy(),
+                          epoch[where].copy(), at_us[where].copy())
+
+        out = {("train_loss", None): series(loss, loss_missing), ("train_accuracy", None): series(accuracy, none),
+               ("lr", None): series(lr, none),
+               ("samples_per_s", None): series(BATCH_PER_RANK * ranks / step_time, none)}
+        for name in RANK_STEP_METRICS:
+            missing = rank_missing if name == "rank_step_time_s" else np.zeros((n, ranks), bool)
+            for rank in range(ranks):
+                out[(name, rank)] = series(per_rank[name][:, rank], missing[:, rank])
+        for name in RANK_STEP_METRICS:
+            if ranks < 2:
+                continue
+            values = np.where(rank_missing if name == "rank_step_time_s" else False, np.nan, per_rank[name])
+            stats = {"min": np.nanmin(values, axis=1), "median": np.nanmedian(values, axis=1),
+                     "max": np.nanmax(values, axis=1)}
+            for stat in ACROSS_RANKS:
+                out[(across_ranks_name(name, stat), None)] = series(stats[stat], none)
+        ends = step % epoch_steps == 0
+        if ends.any():
+            val_loss = loss * 1.08 + rng.normal(0.0, 0.01, n)
+            out[("val_loss", None)] = series(val_loss, none, ends)
+            out[("val_accuracy", None)] = series(accuracy * 0.98, none, ends)
+        del no_epoch
+        yield int(step[-1]), out
+
+
+def _load_bulk(args: argparse.Namespace, steps: int, job, started: dt.datetime) -> dict[str, Any]:
+    """``--load bulk``: :func:`generate_arrays` stored a pass at a time by ``jobs.metric_store.store_series``
+    (one transaction a pass, as the sync's); storing timed apart from generating."""
+    from django.db import transaction
+
+    from jobs import metric_store
+    from jobs.models import TrainingJob
+
+    stored, seconds, t_wall, report = 0, 0.0, time.perf_counter(), max(1, steps // 20)
+    final: dict[str, float | None] = {}
+    for last, arrays in generate_arrays(steps=steps, ranks=args.ranks, epoch_steps=args.epoch_steps,
+                                        started=started, seed=args.seed, pass_steps=args.pass_steps):
+        t0 = time.perf_counter()
+        with transaction.atomic():
+            metric_store.store_series(job.pk, arrays)
+        seconds += time.perf_counter() - t0
+        stored += sum(len(s) for s in arrays.values())
+        for (name, rank), s in arrays.items():
+            if rank is None and ":" not in name and len(s):
+                final[name] = None if s.missing[-1] else float(s.values[-1])
+        if last // report != (last - args.pass_steps) // report or last == steps:
+            print(f"  {steps:,} steps: {last:,} stored, {stored:,} points, store {seconds:.0f} s "
+                  f"({stored / max(seconds, 1e-9):,.0f} points/s), wall {time.perf_counter() - t_wall:.0f} s", flush=True)
+    TrainingJob.objects.filter(pk=job.pk).update(final_metrics=final)
+    print(f"  {steps:,} steps × {args.ranks} ranks: job {job.pk}, {stored:,} points stored by store_series in "
+          f"{seconds:.1f} s ({stored / max(seconds, 1e-9):,.0f} points/s; wall with generating "
+          f"{time.perf_counter() - t_wall:.0f} s)", flush=True)
+    return {"points": stored, "log_lines": 0, "load_points_s": seconds, "load_logs_s": 0.0,
+            "ingest_points_per_s": stored / max(seconds, 1e-9)}
 
 
 def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
@@ -468,6 +613,46 @@ def ingest_compare(args: argparse.Namespace, world) -> dict[str, Any]:
           f"{out['sync']['points_per_s']:,.0f} points/s = {out['ratio']:.1f}× (same points: {out['same_points']})",
           flush=True)
     return out
+
+
+def compare_jobs(args: argparse.Namespace, source_id: int, world) -> list[int]:
+    """``--compare`` jobs for the comparison: the job ``source_id`` and ``--compare`` − 1 copies of it, made
+    once (found again by name with ``--reuse``). A copy is a TrainingJob row of its own with its own copy
+    of the rows the source's history has in the tables the comparison reads, by ``INSERT … SELECT``: the
+    tail of point rows and the buckets of every stored level above the finest (4,096 steps and up, the
+    summaries included), so a comparison reads 10 jobs' rows, not one job's 10 times. Not copied: the chunks
+    (the raw points, ~3 GB a copy at 1,000,000 steps × 64 ranks) and the 256-step buckets (94 % of the bucket
+    rows, 1.3 M a copy at that size): a comparison of runs this long reads neither (a line of at most 2,000
+    points, 250 a per-rank line, over 1,000,000 steps is read at 4,096 steps a bucket), which the bench
+    checks: ``chunk_queries`` counts the compare URL's queries that name the chunks' table, and the widths
+    its bucket queries name are printed with its slowest queries. The copies' tables are smaller than ten
+    jobs' stored through the sync would be (the index lookups of one job's range are a B-tree level or so
+    shallower at most)."""
+    from django.db import connection
+
+    from jobs.models import MetricBucket, MetricPoint, TrainingJob
+
+    source = TrainingJob.objects.get(pk=source_id)
+    ids = [source_id]
+    for i in range(1, args.compare):
+        name = f"{source.name}-copy{i}"
+        job = TrainingJob.objects.filter(owner=world[0], name=name).first()
+        if job is None:
+            t0 = time.perf_counter()
+            job = TrainingJob.objects.get(pk=source_id)
+            job.pk = job.id = None
+            job.name, job.provider_job_name = name, f"{source.provider_job_name}-copy{i}"
+            job.save(force_insert=True)
+            with connection.cursor() as cur:
+                for model, where in ((MetricBucket, " AND width > 256"), (MetricPoint, "")):
+                    cols = [f.column for f in model._meta.concrete_fields if f.column not in ("id", "job_id")]
+                    cur.execute(f"INSERT INTO {model._meta.db_table} (job_id, {', '.join(cols)}) "
+                                f"SELECT %s, {', '.join(cols)} FROM {model._meta.db_table} WHERE job_id = %s{where}",
+                                [job.pk, source_id])
+            print(f"  compare: job {job.pk} = a copy of job {source_id}'s buckets and point rows in "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+        ids.append(job.pk)
+    return ids
 
 
 def storage() -> dict[str, Any]:
@@ -565,6 +750,7 @@ def measure(client, url: str, args: argparse.Namespace) -> dict[str, Any]:
         "queries": len(captured), "sql_ms": sum(float(q["time"]) for q in captured) * 1000,
         "slowest": [{"ms": float(q["time"]) * 1000, "sql": q["sql"]} for q in queries[: max(args.slow_queries, 0)]],
         "rss_per_request_mb": max(growth), "rss_kept_mb": _status_mb("VmRSS") - rss_start,
+        "captured": [{"sql": q["sql"]} for q in captured],
     }
 
 
@@ -605,7 +791,7 @@ def verdicts(sizes: list[dict[str, Any]], store: dict[str, Any]) -> list[str]:
             if fig["rss_per_request_mb"] > RSS_PER_REQUEST_MB:
                 misses.append(f"{what} at {size['steps']:,} steps: +{fig['rss_per_request_mb']:,.0f} MB RSS in a "
                               f"request > {RSS_PER_REQUEST_MB:.0f} MB")
-    per_point = _bytes_per_point(store)
+    per_point = None if store.get("with_compare_copies") else _bytes_per_point(store)
     if per_point is not None and per_point > BYTES_PER_POINT:
         misses.append(f"storage: {per_point:.0f} bytes per point > {BYTES_PER_POINT:.0f}")
     return misses
@@ -647,7 +833,9 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
     print(f"  {mb['table']}: {mb['rows']:,} rows, {mb['total_bytes'] / 2**20:,.1f} MiB (heap "
           f"{mb['heap_bytes'] / 2**20:,.1f}, indexes {mb['index_bytes'] / 2**20:,.1f}); points and buckets: "
           f"{_bytes_per_point(store):.1f} bytes per point over {store['points']:,} points, rows + chunks + buckets "
-          f"(target ≤ {BYTES_PER_POINT:.0f})")
+          f"(target ≤ {BYTES_PER_POINT:.0f})"
+          + (": NOT a per-point figure, the table holds --compare copies' buckets (take it from a run before them)"
+             if store.get("with_compare_copies") else ""))
     if ll["rows"]:
         print(f"  {ll['table']}: {ll['rows']:,} rows, {ll['total_bytes'] / 2**20:,.1f} MiB = "
               f"{ll['bytes_per_row']:.0f} bytes per line (each metric record stored again as a line)")
@@ -659,6 +847,21 @@ def print_table(sizes: list[dict[str, Any]], store: dict[str, Any], args: argpar
                 # A plain column list says little (an aggregate stays); the table, WHERE and ORDER BY say what is read.
                 sql = re.sub(r"^SELECT [^()]*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
                 print(f"  {label:<5} {q['ms']:>9,.1f} ms  {sql[:320]}{'…' if len(sql) > 320 else ''}")
+
+
+def print_compare(comparison: dict[str, Any], compared: list[int], steps: int, ranks: int) -> None:
+    if not comparison:
+        return
+    print(f"\ncompare of {len(compared)} jobs of {steps:,} steps × {ranks} ranks (target ≤ {COMPARE_MS:,.0f} ms):")
+    for label, what in COMPARE_URLS:
+        fig = comparison[label]
+        print(f"  {what:<13} p50 {fig['p50_ms']:>9,.1f} ms  min {fig['min_ms']:>9,.1f}  n {len(fig['times_ms'])}  "
+              f"1st {fig['first_ms']:>9,.1f}  sql {fig['sql_ms']:>8,.1f} ms  {fig['queries']} queries "
+              f"({fig['chunk_queries']} name the chunks)  {fig['bytes'] / 1024:,.0f} KB  "
+              f"+{fig['rss_per_request_mb']:,.1f} MB RSS/req" + ("" if fig["status"] == 200 else f"  HTTP {fig['status']}"))
+        for q in fig["slowest"]:
+            sql = re.sub(r"^SELECT [^()]*? FROM ", "SELECT … FROM ", " ".join(q["sql"].split())).replace('"', "")
+            print(f"      {q['ms']:>9,.1f} ms  {sql[:300]}{'…' if len(sql) > 300 else ''}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -704,7 +907,18 @@ def main(argv: list[str] | None = None) -> int:
             with connection.cursor() as cur:
                 cur.execute("VACUUM ANALYZE")
             print(f"VACUUM ANALYZE in {time.perf_counter() - t0:.1f} s", flush=True)
+        copies = TrainingJob.objects.filter(owner=world[0], name__contains="-copy").exists()
         store = storage()
+        # The compare copies hold buckets of no points of their own: bytes per point only without them.
+        store["with_compare_copies"] = copies
+        if not copies:
+            print(f"storage: {_bytes_per_point(store):.2f} bytes per point over {store['points']:,} points "
+                  f"(rows {store['metric_points']['total_bytes']:,} + chunks {store['metric_chunks']['total_bytes']:,} + "
+                  f"buckets {store['metric_buckets']['total_bytes']:,} bytes)", flush=True)
+            if args.json:  # the storage figure is kept even if a later step fails
+                with open(args.json + ".storage", "w", encoding="utf-8") as f:
+                    json.dump(store, f, indent=1, default=str)
+        compared = compare_jobs(args, sizes[-1]["job_id"], world) if args.compare else []
         # After the storage figure: the comparison's rows, deleted, would leave their index pages behind.
         ingestion = ingest_compare(args, world) if args.compare_steps else None
 
@@ -728,10 +942,38 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {size['steps']:>9,} steps  {label:<5} p50 {fig['p50_ms']:>10,.1f} ms  "
                       f"{fig['queries']} queries  +{fig['rss_per_request_mb']:,.0f} MB  "
                       f"({len(fig['times_ms'])} timed, {time.perf_counter() - t0:,.0f} s)", flush=True)
+        comparison = {}
+        if compared:
+            from django.urls import reverse
+
+            ids = ",".join(map(str, compared))
+            for label, url in (("compare", f"{reverse('job-compare')}?ids={ids}"),
+                               ("compare_api", f"{reverse('api-job-compare')}?ids={ids}")):
+                t0 = time.perf_counter()
+                comparison[label] = fig = measure(client, url, args)
+                fig["chunk_queries"] = sum("jobs_metricchunk" in q["sql"] for q in fig.pop("captured"))
+                print(f"  {len(compared)} × {sizes[-1]['steps']:,} steps  {label:<11} p50 {fig['p50_ms']:>10,.1f} ms  "
+                      f"{fig['queries']} queries ({fig['chunk_queries']} read chunks)  +{fig['rss_per_request_mb']:,.0f} MB"
+                      f"  ({len(fig['times_ms'])} timed, {time.perf_counter() - t0:,.0f} s)", flush=True)
+        for size in sizes:
+            for fig in size["urls"].values():
+                fig.pop("captured", None)
         misses = verdicts(sizes, store)
+        for label, what in COMPARE_URLS:
+            fig = comparison.get(label)
+            if fig is None:
+                continue
+            if fig["status"] != 200:
+                misses.append(f"{what} of {len(compared)} jobs answered HTTP {fig['status']}")
+            if fig["p50_ms"] > COMPARE_MS:
+                misses.append(f"{what} of {len(compared)} jobs of {sizes[-1]['steps']:,} steps: {fig['p50_ms']:,.0f} ms "
+                              f"> {COMPARE_MS:.0f} ms")
+            if fig["rss_per_request_mb"] > RSS_PER_REQUEST_MB:
+                misses.append(f"{what}: +{fig['rss_per_request_mb']:,.0f} MB RSS in a request > {RSS_PER_REQUEST_MB:.0f} MB")
         if ingestion and ingestion["sync"]["points_per_s"] < INGEST_POINTS_PER_S:
             misses.append(f"ingestion: {ingestion['sync']['points_per_s']:,.0f} points/s < {INGEST_POINTS_PER_S:,}")
         print_table(sizes, store, args)
+        print_compare(comparison, compared, sizes[-1]["steps"], args.ranks)
         try:
             load_after = os.getloadavg()[0]
         except OSError:
@@ -748,7 +990,8 @@ def main(argv: list[str] | None = None) -> int:
                            "load_average": [load_before[0], load_after], "argv": sys.argv[1:],
                            "targets": {"p50_ms": {label: t for label, _, t in URLS}, "ratio": RATIO_TARGET,
                                        "rss_per_request_mb": RSS_PER_REQUEST_MB, "bytes_per_point": BYTES_PER_POINT},
-                           "storage": store, "ingestion": ingestion, "sizes": sizes, "misses": misses}, f,
+                           "storage": store, "ingestion": ingestion, "sizes": sizes,
+                           "compare": {"jobs": compared, **comparison}, "misses": misses}, f,
                           indent=1, default=str)
             print(f"wrote {args.json}")
         return 1 if misses and args.check else 0

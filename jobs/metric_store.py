@@ -472,34 +472,46 @@ def store(job_id: int, batch: Sequence[Point], *, compact_after: bool = True) ->
     for point in batch:
         groups.setdefault((point[0], point[1]), []).append(point)
     times: dict[dt.datetime, int] = {}  # a record's points share one time: converted to µs once
-    row_objs: list[MetricPoint] = []
-    chunk_objs: list[MetricChunk] = []
-    buckets: dict[Key, Agg] = {}
-    crossing: list[SeriesKey] = []
-    for (name, rank), group in groups.items():
+    arrays: dict[SeriesKey, Series] = {}
+    for key, group in groups.items():
         _, _, steps, values, epochs, ats = zip(*group)  # columns, transposed in C
         at_us = [times[at] if at in times else times.setdefault(at, to_us(at)) for at in ats]
         # float(None) is NaN in a float array: None (not finite) and NaN are one thing here.
         floats = np.array(values, np.float64)
         missing = np.isnan(floats)
         epoch_floats = np.array(epochs, np.float64)
-        series = Series(np.array(steps, np.int64), np.where(missing, 0.0, floats), missing,
-                        np.where(np.isnan(epoch_floats), _NO_EPOCH, epoch_floats).astype(np.int64),
-                        np.array(at_us, np.int64))
+        arrays[key] = Series(np.array(steps, np.int64), np.where(missing, 0.0, floats), missing,
+                             np.where(np.isnan(epoch_floats), _NO_EPOCH, epoch_floats).astype(np.int64),
+                             np.array(at_us, np.int64))
+    return store_series(job_id, arrays, compact_after=compact_after)
+
+
+def store_series(job_id: int, arrays: dict[SeriesKey, Series], *, compact_after: bool = True) -> dict[str, int]:
+    """:func:`store` of one pass's points given as arrays, a :class:`Series` per (name, rank) in the order
+    they were logged: what :func:`store` does once it has grouped its point tuples (bench/metric_scale.py's
+    ``--load bulk`` writes generated arrays through it)."""
+    row_objs: list[MetricPoint] = []
+    chunk_objs: list[MetricChunk] = []
+    buckets: dict[Key, Agg] = {}
+    crossing: list[SeriesKey] = []
+    for (name, rank), series in arrays.items():
+        if not len(series):
+            continue
         buckets.update(fold_arrays(name, rank, series))
-        n = len(steps)
+        n = len(series)
         if n >= DIRECT_CHUNK_MIN:
             ordered = series.by_step()
             size = -(-n // -(-n // CHUNK_POINTS))  # ceil(n / pieces), pieces = ceil(n / CHUNK_POINTS)
             chunk_objs += [_chunk(job_id, name, rank, ordered.take(slice(i, i + size))) for i in range(0, n, size)]
-            rest = []
-        else:
-            rest = list(zip(steps, values, epochs, ats))
-            low, high = min(steps), max(steps)
-            if low // CHUNK_POINTS != high // CHUNK_POINTS or low % CHUNK_POINTS == 0:
-                crossing.append((name, rank))
-        row_objs += [MetricPoint(job_id=job_id, name=name, rank=rank, step=step, value=value, epoch=epoch,
-                                 recorded_at=at) for step, value, epoch, at in rest]
+            continue
+        steps = series.steps.tolist()
+        low, high = min(steps), max(steps)
+        if low // CHUNK_POINTS != high // CHUNK_POINTS or low % CHUNK_POINTS == 0:
+            crossing.append((name, rank))
+        row_objs += [MetricPoint(job_id=job_id, name=name, rank=rank, step=step, value=None if miss else value,
+                                 epoch=None if epoch == _NO_EPOCH else epoch, recorded_at=from_us(at))
+                     for step, value, miss, epoch, at in zip(steps, series.values.tolist(), series.missing.tolist(),
+                                                             series.epochs.tolist(), series.at_us.tolist())]
     with transaction.atomic():
         # The plain QuerySet's bulk_create: these points are folded above, from arrays, not again.
         models.QuerySet(model=MetricPoint).bulk_create(row_objs, batch_size=2000)

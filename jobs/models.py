@@ -515,6 +515,10 @@ class TrainingJob(Owned):
         null=True, blank=True,
         help_text="``epochs_done`` of the trainer's last ``epoch`` record: finished epochs its last checkpoint "
                   "holds. Null: no such record read (a job logged before this field reads its stored log).")
+    log_backlog = models.BooleanField(
+        default=False,
+        help_text="The job ended (its state is the provider's) while its log was not yet read to its end: "
+                  "the sync goes on reading it, a bounded part a pass, until it is.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

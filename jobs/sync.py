@@ -5,7 +5,11 @@ One ``describe_many`` for all of them; per job whose status changed or whose log
 new log lines and metric points stored (:func:`metric_points_from_record`), then the provider state
 applied through the state machine with times, billable seconds and cost recomputed absolutely
 (never ``+=``); a job whose cost reached its budget is stopped. The jobs left out and not read are
-written in one statement on PostgreSQL (:func:`_sync_unchanged`). Terminal states stop syncing.
+written in one statement on PostgreSQL (:func:`_sync_unchanged`). Terminal states stop syncing, but
+for the log: each pass reads a bounded part of a job's log (:data:`PASS_POINTS`, :data:`PASS_LINES`), so a
+backlog of any size never holds the job's state back; a job the provider reports ended is shown in that state
+in the pass that learns it, and the rest of its log is read by the next passes (``log_backlog``,
+:func:`_read_ended_backlog`).
 
 Transactions: no row lock is held across a provider call, so a provider that is slow or sleeps
 through retry backoff never keeps a user's cancel, the recovery sweep or another pass waiting.
@@ -36,7 +40,7 @@ from typing import Any, Callable, Mapping
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from cloud_adapters import torchrun_log
@@ -76,6 +80,12 @@ _ACROSS_METRICS = _RANK_METRICS[:5]
 (``metric_fold.ACROSS_RANKS``); the stage fields are constants, not measurements."""
 _METRIC_EVENTS = {"step", "epoch", "failed"}
 _MAX_LOG_CALLS = 200  # per job per sync; keeps one task short when a job has a huge backlog
+PASS_POINTS = 200_000
+"""Metric points one pass stores for one job at most (it stops after the ``logs`` call that reaches them):
+about a second of the sync's ingestion (issue 29: ≥ 200,000 points/s), so a backlog of any size never keeps
+a job's state waiting longer than that; the rest is read by the next passes (:func:`_drain_logs`)."""
+PASS_LINES = 20_000
+"""Log lines one pass stores for one job at most (the same bound for a log of plain lines)."""
 
 
 def _number(value: Any) -> float | None:
@@ -248,6 +258,16 @@ def _says_already(reason: str, trainer_reason: str) -> bool:
     return bool(where and message) and where.split(" in ")[0] in reason and message in reason
 
 
+def _with_trainer_reason(job: TrainingJob, reason: str) -> str:
+    """A FAILED job's ``reason`` (the backend's) led by the trainer's own from the stored log (its
+    ``failed`` record, else the user's code's traceback), unless the reason says it already."""
+    trainer_reason = _trainer_failure_reason(job) or _user_code_failure(job)
+    if trainer_reason and not _says_already(reason, trainer_reason):
+        first, _, source = trainer_reason.partition("\n")  # a user-code error's source line stays last
+        reason = f"{first} (the backend reported: {reason})" + (f"\n{source}" if source else "")
+    return reason
+
+
 def _user_code_failure(job: TrainingJob) -> str:
     """Where the user's code failed, from the end of the job's stored log (``train.py:3: SyntaxError:
     invalid syntax`` and the source line: :func:`cloud_adapters.torchrun_log.user_code_error`); "" when
@@ -266,11 +286,11 @@ provider's status says (:func:`_write_status`)."""
 
 def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.datetime,
                   mask: Callable[[str], str]) -> tuple[int, dt.datetime | None, list[dict[str, Any]] | None,
-                                                       dt.datetime | None]:
+                                                       dt.datetime | None, int]:
     """Store log lines from ``next_seq`` on and their metric records; returns (next seq, first step
     time, the last ``rank_memory`` of the lines' epoch/completed records or None, the time of the
-    lines' last :data:`TRAINING_EVENTS` record or None). The job's final metrics and its progress
-    columns (:func:`jobs.progress.progress_after`) are written too, when they change.
+    lines' last :data:`TRAINING_EVENTS` record or None, the metric points stored). The job's final metrics
+    and its progress columns (:func:`jobs.progress.progress_after`) are written too, when they change.
 
     A line that carries a trainer record is stored once, as the record's metric points: it is not a
     log line and takes no ``seq`` (:class:`~jobs.models.JobLogLine`). What later reads need from the
@@ -324,7 +344,7 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
             setattr(job, field, value)
     if job.hung_at is not None and job.hung_at != was_hung:
         hung(job)
-    return next_seq, first_step, rank_memory, trained_at
+    return next_seq, first_step, rank_memory, trained_at, len(points)
 
 
 def hung(job: TrainingJob) -> None:
@@ -367,12 +387,13 @@ def final_metrics_after(final: Mapping[str, Any] | None,
     return out
 
 
-def _locked(job_id: int) -> TrainingJob | None:
+def _locked(job_id: int, *, ended_backlog: bool = False) -> TrainingJob | None:
     """The job's row, locked until the caller's transaction ends, while it is active and no other
     transaction holds it (``SKIP LOCKED``: a pass never waits behind another writer); else None.
-    Call inside ``transaction.atomic()``, and make no provider call until it ends."""
-    return (TrainingJob.objects.select_for_update(skip_locked=True)
-            .filter(pk=job_id, state__in=ACTIVE_STATE_VALUES).first())
+    ``ended_backlog``: also a job that ended with its log not read to its end (``log_backlog``), whose
+    log the sync goes on reading. Call inside ``transaction.atomic()``, and make no provider call until it ends."""
+    reading = Q(state__in=ACTIVE_STATE_VALUES) | Q(log_backlog=True) if ended_backlog else Q(state__in=ACTIVE_STATE_VALUES)
+    return TrainingJob.objects.select_for_update(skip_locked=True).filter(reading, pk=job_id).first()
 
 
 class _RowMovedOn(Exception):
@@ -382,11 +403,13 @@ class _RowMovedOn(Exception):
 
 
 def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.datetime,
-                mask: Callable[[str], str]) -> tuple[bool, dt.datetime | None]:
+                mask: Callable[[str], str], *, ended: bool = False) -> tuple[bool, dt.datetime | None]:
     """Read ``logs(handle, cursor)`` from the job's stored cursor until empty, storing each chunk as
     it comes; returns (drained, trained_at): drained is True when the log was read to its end (False:
-    a backlog remains after :data:`_MAX_LOG_CALLS` calls); trained_at is the trainer's time (UTC) of
-    the last :data:`TRAINING_EVENTS` record this call stored, or None.
+    a backlog remains: this pass stored :data:`PASS_POINTS` points or :data:`PASS_LINES` lines, or made
+    :data:`_MAX_LOG_CALLS` calls, and the next pass goes on from the stored cursor); trained_at is the
+    trainer's time (UTC) of the last :data:`TRAINING_EVENTS` record this call stored, or None.
+    ``ended``: the job has ended and this reads the rest of its log (``log_backlog``).
 
     Each ``logs`` call runs outside any transaction. Its lines are then written under the job's row
     lock, and only while the stored cursor is still the one the call was made from, so two passes
@@ -395,12 +418,15 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
     """
     cursor = job.log_cursor
     next_seq, trained_at = None, None
+    points = lines_read = 0
     for _ in range(_MAX_LOG_CALLS):
+        if points >= PASS_POINTS or lines_read >= PASS_LINES:
+            return False, trained_at
         lines, new_cursor = adapter.logs(handle, cursor)
         if not lines and (new_cursor or "") == (cursor or ""):
             return True, trained_at
         with transaction.atomic():
-            locked = _locked(job.pk)
+            locked = _locked(job.pk, ended_backlog=ended)
             if locked is None or locked.log_cursor != (cursor or ""):
                 raise _RowMovedOn
             update: dict[str, Any] = {"log_cursor": new_cursor or ""}
@@ -408,8 +434,10 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
                 if next_seq is None:  # the cursor check above keeps it right for the later chunks
                     last = JobLogLine.objects.filter(job_id=job.pk).aggregate(m=Max("seq"))["m"]
                     next_seq = 0 if last is None else last + 1
-                next_seq, first_step, rank_memory, trained = _ingest_lines(locked, lines, next_seq, now, mask)
+                next_seq, first_step, rank_memory, trained, stored = _ingest_lines(locked, lines, next_seq, now, mask)
                 trained_at = trained or trained_at
+                points += stored
+                lines_read += len(lines)
                 if first_step is not None and locked.first_step_at is None:
                     update["first_step_at"] = first_step
                 if rank_memory is not None:  # the last measurement stands beside the plan on the job page
@@ -466,11 +494,7 @@ def _status_fields(job: TrainingJob, status: JobStatus, now: dt.datetime,
             f"The backend reported the job failed ({status.raw_state or 'no reason given'}).")
         # The trainer's own reason (a diverged loss) is what the user acts on; a cloud's reason is
         # generic ("exited with a non-zero status of 1"), so it follows as the detail.
-        trainer_reason = _trainer_failure_reason(job) or _user_code_failure(job)
-        if trainer_reason and not _says_already(reason, trainer_reason):
-            first, _, source = trainer_reason.partition("\n")  # a user-code error's source line stays last
-            reason = f"{first} (the backend reported: {reason})" + (f"\n{source}" if source else "")
-        fields["failure_reason"] = reason
+        fields["failure_reason"] = _with_trainer_reason(job, reason)
     elif target == S.CANCELLED:
         fields["failure_reason"] = job.failure_reason or status.failure_reason or "Cancelled"
     return fields
@@ -551,12 +575,17 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
     logged_first = training and target == S.PENDING
     if logged_first:
         target = S.RUNNING
-    if target in TERMINAL_STATE_VALUES and not drained:
-        # Apply the final state only once every log line (and metric) is stored.
+    if target in TERMINAL_STATE_VALUES and not drained and status.lost:
+        # A lost run is resubmitted from its checkpoint (jobs.restarts): only once its log is all stored.
         TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now, **read)
         return False
     figures = _attempt_figures(job, status, now)
     fields = {**_status_fields(job, status, now, figures), **read}
+    if target in TERMINAL_STATE_VALUES and not drained:
+        # The state is the provider's, shown now, apart from the backlog behind it: the job is marked to
+        # have the rest of its log (and metrics) read by the next passes (_read_ended_backlog), and a
+        # FAILED job's reason is completed from the trainer's records once they are all read.
+        fields["log_backlog"] = True
     was_paused = job.secondary_state == PAUSED
     if fields.get("failure_reason"):
         # The GPU box's reason is the failed rank's error line, the user's code's own words.
@@ -595,6 +624,28 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
         job.refresh_from_db()
     _note_pause(job, status, was_paused)
     return _enforce_budget(job)
+
+
+def _read_ended_backlog(adapter: Backend, job: TrainingJob, now: dt.datetime, mask: Callable[[str], str]) -> None:
+    """A pass's part of an ended job's log backlog (``log_backlog``): the next bounded part of its log is
+    stored (:func:`_drain_logs`); once the log is read to its end the mark goes and a FAILED job's reason
+    gains the trainer's own (its ``failed`` record or the user's traceback, now stored), as
+    :func:`_status_fields` gives it to a job whose log was read before it ended. No status is asked for:
+    the job's state is final."""
+    try:
+        drained, _ = _drain_logs(adapter, job, JobHandle.from_dict(job.provider_handle), now, mask, ended=True)
+    except _RowMovedOn:
+        return
+    with transaction.atomic():
+        locked = _locked(job.pk, ended_backlog=True)
+        if locked is None:
+            return
+        fields: dict[str, Any] = {"logs_read_at": now}
+        if drained:
+            fields["log_backlog"] = False
+            if locked.state == S.FAILED:
+                fields["failure_reason"] = mask(_with_trainer_reason(locked, locked.failure_reason or ""))
+        TrainingJob.objects.filter(pk=job.pk).update(**fields)
 
 
 def _note_pause(job: TrainingJob, status: JobStatus, was_paused: bool) -> None:
@@ -743,7 +794,13 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
         .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor", "attempt",
               "checkpoint_uri")
     )
-    if not jobs:
+    # Jobs that ended with their log not read to its end: this pass reads the next part of each (no status).
+    ended = list(
+        TrainingJob.objects.filter(backend_id=backend_id, state__in=TERMINAL_STATE_VALUES, log_backlog=True)
+        .exclude(provider_handle__isnull=True).order_by("id")
+        .only("id", "state", "provider_handle", "log_cursor", "failure_reason")
+    )
+    if not jobs and not ended:
         return 0
     try:
         adapter = backend_adapter(backend)
@@ -762,7 +819,7 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
             # Re-sent every sync: idempotent, and lets a gpubox escalate SIGTERM to SIGKILL.
             _send_cancel(adapter, job, JobHandle.from_dict(job.provider_handle))
     statuses = adapter.describe_many([JobHandle.from_dict(j.provider_handle) for j in jobs],
-                                     changed_since=sync_changed_since(jobs))
+                                     changed_since=sync_changed_since(jobs)) if jobs else {}
     now = timezone.now()
     readers = log_readers(jobs, set(statuses), settings.TRAINBOARD_LOG_READS_PER_SYNC)
     mask = job_secret_redactor(backend.job_secrets or {})  # the values this backend sets in its jobs
@@ -786,9 +843,14 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
                 TrainingJob.objects.filter(pk=job.pk).update(status_warning=f"Sync error: {exc}")
             else:
                 log.info("job %s: transient sync error, next sync retries: %s", job.pk, exc)
-    if adapter.allocates_devices and TrainingJob.objects.filter(
+    for job in ended:
+        try:
+            _read_ended_backlog(adapter, job, now, mask)
+        except BackendError as exc:
+            log.info("job %s: reading the rest of its log failed, next sync retries: %s", job.pk, exc)
+    if jobs and adapter.allocates_devices and TrainingJob.objects.filter(
             pk__in=[job.pk for job in jobs], state__in=TERMINAL_STATE_VALUES).exists():
         # A job that ended gave its GPUs back (the allocation counts active jobs only): the first
         # waiting job may start now (jobs.admission).
         admission.wake_waiting(backend)
-    return len(jobs)
+    return len(jobs) + len(ended)

@@ -427,3 +427,79 @@ def test_a_job_secret_in_the_failure_reason_is_masked(submitted_job, scripted_ba
     job = TrainingJob.objects.get(pk=submitted_job.pk)
     assert job.state == S.FAILED and job.failure_reason == "trainer error: rank 1: ValueError: bad token ***"
     assert "hf_secret" not in job.events.order_by("pk").last().message
+
+
+def _backlog_log():
+    """A run's log in chunks (one ``logs`` call each): its start, three steps, its end."""
+    def step(n):
+        return rec("step", dt=5 + n, epoch=0, step=n, train_loss=2.0 / n, train_accuracy=0.2 * n,
+                   samples_per_s=800.0, lr=0.05, rank_samples_per_s=[200.0 + n, 199.0],
+                   rank_step_time_s=[0.1, 0.1 + n / 100])
+    return [["booting", rec("started", dt=5, epoch=0, step=1, world_size=2)], [step(1)], [step(2)],
+            [step(3), rec("completed", dt=9, epoch=0, step=3), "bye"]]
+
+
+def test_an_ended_jobs_state_shows_in_the_first_pass_and_its_backlog_is_read_after(
+        submitted_job, scripted_backend, monkeypatch):
+    """Issue 29: a job's state is visible within one sync pass however large the log backlog behind it.
+    A pass stores a bounded part of a job's log (here one call's points: PASS_POINTS = 1); the provider's
+    SUCCEEDED is applied in the first pass with the backlog marked, the next passes read the rest without
+    asking the provider again, and the mark goes once the log is read to its end: every line and point
+    stored once, in order."""
+    job = submitted_job
+    monkeypatch.setattr(sync, "PASS_POINTS", 1)
+    ScriptedBackend.statuses = [JobStatus(JobState.SUCCEEDED, raw_state="Completed", started_at=T0,
+                                          ended_at=T0 + dt.timedelta(seconds=10), instance_count=2)]
+    ScriptedBackend.log_chunks = _backlog_log()
+
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 1
+    job.refresh_from_db()
+    # The start and step 1 were read (the pass stops after the call that brought points), the state applied.
+    assert (job.state, job.log_backlog, job.log_cursor) == (S.SUCCEEDED, True, "2")
+    assert list(job.events.values_list("to_state", flat=True)) == [
+        "QUEUED", "SUBMITTING", "PENDING", "RUNNING", "SUCCEEDED"]
+    assert job.ended_at == T0 + dt.timedelta(seconds=10)
+    assert job.final_metrics["train_loss"] == 2.0
+    assert training_job_metric_series(job=job)["train_loss"] == [{"step": 1, "epoch": 0, "value": 2.0}]
+
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 1  # step 2; the provider is not asked again
+    job.refresh_from_db()
+    assert (job.state, job.log_backlog, job.log_cursor) == (S.SUCCEEDED, True, "3")
+    assert job.final_metrics["train_loss"] == 1.0
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 1  # step 3, the end record and the last line
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 1  # an empty read: the log is at its end
+    job.refresh_from_db()
+    assert (job.state, job.log_backlog, job.log_cursor) == (S.SUCCEEDED, False, "4")
+    assert ScriptedBackend.calls["describe_many"] == 1
+    # The plain lines as log lines, once and in order (the trainer's records are stored as their points).
+    assert list(JobLogLine.objects.filter(job=job).order_by("seq").values_list("seq", "text")) == [
+        (0, "booting"), (1, "bye")]
+    assert [p["step"] for p in training_job_metric_series(job=job)["train_loss"]] == [1, 2, 3]
+    assert job.final_metrics["train_loss"] == 2.0 / 3
+    assert list(job.events.values_list("to_state", flat=True))[-1] == "SUCCEEDED"
+    assert job.events.filter(to_state="SUCCEEDED").count() == 1
+    # Read to its end: the job is not looked at again.
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 0
+    assert ScriptedBackend.calls["logs"] == 5  # 2 + 1 + 1 + the empty read
+
+
+def test_a_failed_jobs_reason_gains_the_trainers_once_its_backlog_is_read(submitted_job, scripted_backend,
+                                                                         monkeypatch):
+    """FAILED shows in the first pass with the backend's reason; the trainer's own (its ``failed`` record at
+    the end of the log) leads it once the backlog behind it has been read."""
+    job = submitted_job
+    monkeypatch.setattr(sync, "PASS_POINTS", 1)
+    ScriptedBackend.statuses = [JobStatus(JobState.FAILED, raw_state="Failed", failure_reason="exit status 1",
+                                          started_at=T0, ended_at=T0 + dt.timedelta(seconds=10), instance_count=2)]
+    chunks = _backlog_log()
+    chunks[-1] = [rec("failed", dt=9, epoch=0, step=3, reason="loss became NaN at step 3"), "bye"]
+    ScriptedBackend.log_chunks = chunks
+    sync.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert (job.state, job.log_backlog, job.failure_reason) == (S.FAILED, True, "exit status 1")
+    for _ in range(3):
+        sync.backend_sync(backend_id=scripted_backend.pk)
+    job.refresh_from_db()
+    assert (job.state, job.log_backlog) == (S.FAILED, False)
+    assert job.failure_reason == "loss became NaN at step 3 (the backend reported: exit status 1)"
+    assert sync.backend_sync(backend_id=scripted_backend.pk) == 0
