@@ -63,6 +63,11 @@ MIN_EVERY_S = 1.0
 """The shortest interval accepted: the dashboard stores a sample's time in whole seconds."""
 EVERY_ENV = "TRAINBOARD_HARDWARE_EVERY_S"
 """Variable setting the interval in seconds (0: no sampling); ``--hardware-every-s`` overrides it."""
+SAMPLED_ENV = "TRAINBOARD_HARDWARE_SAMPLED"
+"""Set to ``1`` in the ranks of a torchrun whose launcher samples them, so they do not sample
+themselves again. Ranks without it (torchrun started by another supervisor, as a GPU box's, or by
+the platform) sample themselves: a thread of the rank's launcher process, the script's parent for a
+script, the rank's own process for the built-in trainer."""
 MAX_RANKS = 16
 """Ranks one record carries at most (the lowest ones of the node beyond that)."""
 PREFIX = HARDWARE_PREFIX

@@ -354,6 +354,9 @@ def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan, script: Use
     this process samples the node's ranks that often (:mod:`trainer_pkg.hardware`)."""
     env = _with_trainboard_env(torchrun_env(plan, os.environ), cfg)
     env["PYTHONPATH"] = _script_pythonpath(env, script)
+    env.pop(hardware.SAMPLED_ENV, None)
+    if hardware_every_s > 0:
+        env[hardware.SAMPLED_ENV] = "1"  # this process samples them
     if script is not None:  # the mark tells our own ranks their config is resolved; a script has none
         env.pop(LAUNCHED_BY_US)
     started = time.time()
@@ -633,8 +636,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print_line(f"[launch] the script starts from {cfg.train.init_from}{fetched}: "
                            f"{report.INIT_FROM}, {report.INIT_MODE}={cfg.train.init_mode}")
 
-    if ours:
-        every_s = 0.0  # a rank our own launcher started: that launcher samples the node
+    if ours and os.environ.get(hardware.SAMPLED_ENV) == "1":
+        every_s = 0.0  # a rank of a torchrun our launcher started and samples
     if plan.in_process:
         _log_rank(f"{ours} via torchrun" if ours else plan.platform)
         if script is not None:
