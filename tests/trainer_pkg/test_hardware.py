@@ -3,8 +3,8 @@ memory, the NVML stand-in's GPU figures (tests/standins/fake_nvml) and the node'
 ``hardware`` records on the launcher's stdout, with no trainer code in the script, and parse through
 the sync into stored points (jobs/sync.py → jobs/metric_store.py) and the job page's hardware payload.
 
-One test starts processes (the launcher with the torch-free torchrun and two ranks); the others sample
-this test process itself.
+Two tests start processes (the launcher with the torch-free torchrun and two ranks; torchrun started
+without our launcher, as a GPU box does); the others sample this test process itself.
 """
 
 from __future__ import annotations
@@ -124,6 +124,33 @@ def test_a_scripts_ranks_are_sampled_and_their_series_are_stored(tmp_path, user,
         "1": [{"x": int(t), "y": 20.0, "t": pytest.approx(t, abs=1e-3)} for t in times]}
     page = comparison.training_job_chart_series(job=job)
     assert page["rank_series"] == {} and page["series"] == {} and page["t0"] is None  # the step charts: none
+
+
+def test_ranks_of_a_torchrun_no_launcher_samples_sample_their_own_scripts(tmp_path):
+    """A GPU box starts torchrun itself (its supervisor, not our launcher, is torchrun's parent) with
+    each rank running the launcher: each rank's launcher samples its script's process, and only local
+    rank 0's sends the node's figures."""
+    from trainer_pkg.platforms import LAUNCHED_BY_US
+
+    code = write_code(tmp_path / "code", HOLD_SCRIPT)
+    config = tmp_path / "job.json"
+    config.write_text('{"output": {"output_dir": "%s"}, "code": {"dir": "%s", "script": "train.py"}}'
+                      % (tmp_path / "out", code))
+    env = clean_env(**{LAUNCHED_BY_US: "local", hardware.EVERY_ENV: f"{EVERY_S:g}"})
+    cmd = [python(), "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "2",
+           "-m", "trainer_pkg.launch", "--config", str(config)]
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [r for r in map(parse_metric_line, run.stdout.splitlines()) if r is not None]
+    by_rank = {rank: [r for r in records if r["ranks"] == [rank]] for rank in (0, 1)}
+    assert len(records) == len(by_rank[0]) + len(by_rank[1])  # each rank's own records, no other shape
+    for rank, mine in by_rank.items():
+        assert len(mine) >= 2, records
+        # The first reading is taken as the script starts, before it holds its bytes.
+        assert 0 < mine[0]["sys/rss_mb"][0] < HOLD_MB[rank] + 150
+        assert all(HOLD_MB[rank] < r["sys/rss_mb"][0] < HOLD_MB[rank] + 150 for r in mine[1:]), mine
+        assert mine[0]["sys/cpu_pct"] == [None] and all(r["sys/cpu_pct"][0] is not None for r in mine[1:])
+        assert all(("sys/net_recv_mb_s" in r) == (rank == 0 and r is not mine[0]) for r in mine)
 
 
 def test_one_reading_of_this_process_matches_its_own_accounts():
