@@ -53,6 +53,12 @@ checkpoint and a ``stopped`` record were written) the exit code is 0. A script r
 exits as it chooses; one under torchrun gets torchrun's code after a signal (1: torchrun does not
 report its ranks' codes then).
 
+Hardware: every 5 s (``--hardware-every-s``, ``TRAINBOARD_HARDWARE_EVERY_S``; 0 turns it off) the
+ranks' CPU %, resident memory and GPU figures and the node's network and disk rates are printed as
+``hardware`` metric records (:mod:`trainer_pkg.hardware`): from a thread of this process when it
+supervises torchrun or a script, off the training processes; from a thread of the rank's own process
+when our trainer runs in it and no launcher of ours samples it (``TRAINBOARD_HARDWARE_SAMPLED``).
+
 ``--init-from PATH`` names where the platform put the file ``train.init_from`` names (a continue or
 fine-tune from another job): Azure ML mounts an ``azureml://`` datastore path as an input of the job
 and writes its local path into the command (``--init-from ${{inputs.init_from}}``), since the trainer
