@@ -192,7 +192,7 @@ class Sampler:
         self.gpus = gpus
         self.emit = emit
         self.clock = clock
-        self._ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank), read once per pid
+        self._ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank) of a rank's process
         self._cpu: dict[int, float] = {}  # pid -> its CPU seconds at the previous sample
         self._prev_rank_pids: dict[int, int] = {}  # rank -> pid at the previous sample
         self._prev_time: float | None = None
@@ -214,11 +214,11 @@ class Sampler:
             if not rank.isdigit() and pid == os.getpid() and self.self_rank is not None:
                 rank, local = str(self.self_rank), local or "0"
             if not rank.isdigit():
-                self._ranks[pid] = (-1, -1)
-            else:
-                self._ranks[pid] = (int(rank), int(local) if local.isdigit() else 0)
-        found = self._ranks[pid]
-        return None if found[0] < 0 else found
+                # Not cached: a rank torchrun has forked but not yet exec'd still shows torchrun's
+                # environment, without RANK; the next sample reads it again.
+                return None
+            self._ranks[pid] = (int(rank), int(local) if local.isdigit() else 0)
+        return self._ranks[pid]
 
     def _find_ranks(self) -> dict[int, tuple[Any, int, list[Any]]]:
         """``{rank: (its process, local rank, its descendants)}``: the topmost processes under the
