@@ -68,6 +68,10 @@ SAMPLED_ENV = "TRAINBOARD_HARDWARE_SAMPLED"
 themselves again. Ranks without it (torchrun started by another supervisor, as a GPU box's, or by
 the platform) sample themselves: a thread of the rank's launcher process, the script's parent for a
 script, the rank's own process for the built-in trainer."""
+RESCAN_EVERY = 12
+"""Samples between two listings of the process tree (one read of every process's ``/proc`` stat: most
+of a sample's cost), unless a rank's process is gone first. A process that appears between two listings
+(a DataLoader worker) is counted from the listing that finds it on."""
 MAX_RANKS = 16
 """Ranks one record carries at most (the lowest ones of the node beyond that)."""
 PREFIX = HARDWARE_PREFIX
@@ -196,6 +200,8 @@ class Sampler:
         self._cpu: dict[int, float] = {}  # pid -> its CPU seconds at the previous sample
         self._prev_rank_pids: dict[int, int] = {}  # rank -> pid at the previous sample
         self._prev_time: float | None = None
+        self._tree: dict[int, tuple[Any, int, list[Any]]] = {}  # _find_ranks()'s last answer
+        self._since_scan = RESCAN_EVERY
         self._prev_node: tuple[float, float, float | None, float | None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -249,18 +255,24 @@ class Sampler:
         return out
 
     def _cpu_and_rss(self, procs: list[Any]) -> tuple[float, float]:
-        """(CPU seconds since each process's previous reading, RSS bytes) over ``procs``; a process
-        first seen counts from its start, one gone since the tree was listed counts nothing."""
+        """(CPU seconds since each process's previous reading, RSS bytes) over ``procs``. A process
+        first seen counts from its start when it started after the previous sample, else from now on
+        (a process a listing found late must not put its whole past into one interval); one gone
+        since the tree was listed counts nothing."""
         busy, rss = 0.0, 0.0
         for p in procs:
             try:
                 with p.oneshot():
                     times = p.cpu_times()
                     mem = p.memory_info().rss
+                    born = p.create_time()
             except self.psutil.Error:
                 continue
             total = times.user + times.system
-            busy += total - self._cpu.get(p.pid, 0.0)
+            if p.pid in self._cpu:
+                busy += total - self._cpu[p.pid]
+            elif self._prev_time is not None and born >= self._prev_time:
+                busy += total
             self._cpu[p.pid] = total
             rss += mem
         return busy, rss
@@ -287,7 +299,11 @@ class Sampler:
         the first), ``ranks`` and the fields of the module docstring."""
         now = self.clock()
         elapsed = None if self._prev_time is None else max(now - self._prev_time, 1e-6)
-        ranks = self._find_ranks()
+        self._since_scan += 1
+        if self._since_scan >= RESCAN_EVERY or not self._tree or not all(
+                entry[0].is_running() for entry in self._tree.values()):
+            self._tree, self._since_scan = self._find_ranks(), 0
+        ranks = self._tree
         chosen = sorted(ranks)[:MAX_RANKS]
         cpu_pct: list[float | None] = []
         rss_mb: list[float | None] = []
