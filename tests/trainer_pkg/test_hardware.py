@@ -154,9 +154,9 @@ def test_ranks_of_a_torchrun_no_launcher_samples_sample_their_own_scripts(tmp_pa
 
 
 def test_one_reading_of_this_process_matches_its_own_accounts():
-    """A sampler of this process (rank 3 of no launcher): its RSS as /proc reads it, its CPU % as the
-    CPU time the process spent between two readings, and the stand-in's GPU 0 through the first
-    device of CUDA_VISIBLE_DEVICES."""
+    """A sampler of this process (rank 3 of no launcher): its RSS (with its children's) as /proc reads
+    it, its CPU % as the CPU time the process spent between two readings, and the stand-in's GPU 2
+    through the first device of CUDA_VISIBLE_DEVICES (a UUID)."""
     import sys
 
     real = sys.modules.pop("pynvml", None)  # nvidia-ml-py's, if something imported it already
@@ -173,15 +173,16 @@ def test_one_reading_of_this_process_matches_its_own_accounts():
     sampler = hardware.Sampler(os.getpid(), interval_s=1.0, node_rank=2, self_rank=3, gpus=gpus, emit=emitted.append)
     first = sampler.record()
     assert first["ranks"] == [3] and first["sys/cpu_pct"] == [None] and first["node_rank"] == 2
-    cpu_before = psutil.Process().cpu_times()
+    me = psutil.Process()
+    tree = [me, *me.children(recursive=True)]  # a rank counts its children (pytest may have some)
+    cpu_before = [sum(p.cpu_times()[:2]) for p in tree]
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:  # burn 0.3 s of CPU between the readings
         pass
     second = sampler.record()
-    cpu_after = psutil.Process().cpu_times()
-    spent = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    spent = sum(sum(p.cpu_times()[:2]) - before for p, before in zip(tree, cpu_before))
     assert second["sys/cpu_pct"][0] * second["interval_s"] / 100 == pytest.approx(spent, abs=0.05)
-    rss_mb = psutil.Process().memory_info().rss / 1e6
+    rss_mb = sum(p.memory_info().rss for p in tree) / 1e6
     assert second["sys/rss_mb"][0] == pytest.approx(rss_mb, rel=0.05)
     assert [second[f][0] for f in hardware.GPU_FIELDS] == _fake_gpu(2) and second["gpu_ranks"] == [3]
     assert "sys/net_recv_mb_s" in second and "sys/net_recv_mb_s" not in first  # a rate needs two readings
