@@ -21,6 +21,14 @@ of step S, in the same pair. Figures are compared per step.
 Process start-up, data loading, the trainer's end-of-epoch validation, checkpoint and model.pt are
 outside it and are printed separately (end-to-end wall time, and the trainer's ``tail``).
 
+With ``--hardware-every-s S`` the pair is instead the trainer sampled by the launcher's hardware
+sampler every S seconds (trainer_pkg/hardware.py) against the same trainer unsampled
+(``TRAINBOARD_HARDWARE_EVERY_S=0``), same window; target ratio <= 1.01. Under this torchrun each
+rank's launcher samples its own process from a thread (a GPU box's path, where torchrun is the
+supervisor's: the costliest place for the sampler, inside the rank)::
+
+    nice .venv/bin/python bench/overhead.py --hardware-every-s 1 --reps 6 --steps 1500
+
 Prints each run's figures, the medians, the ratio trainer/hand-written (target <= 1.03; also the
 median of the per-pair ratios and the ratio of each program's fastest run) and each
 rank's peak RSS (VmHWM at exit, both measured by bench/_rank_rss.py) minus the baseline's (target
@@ -43,6 +51,7 @@ from bench._common import (BENCH, finish_job, fmt_list, job_env, make_npz, media
                            spread, start_job, torchrun, trainer_window, verdict)
 
 OVERHEAD_TARGET = 1.03
+SAMPLING_TARGET = 1.01
 RSS_TARGET_MB = 50.0
 WORLD = 2
 
@@ -60,6 +69,9 @@ def parse_args() -> argparse.Namespace:
                         "both see the same machine at the same moment, so drift in the host's speed cancels)")
     p.add_argument("--workdir", help="keep data, configs, logs and outputs here (default: a temporary folder)")
     p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--hardware-every-s", type=float, metavar="S",
+                   help="compare the trainer with hardware sampling every S seconds against it unsampled, "
+                        f"instead of against the hand-written loop (target <= {SAMPLING_TARGET})")
     return p.parse_args()
 
 
@@ -77,6 +89,11 @@ def main() -> int:
           f"synthetic samples {shape}; {WORLD} ranks x batch {args.batch_size} x {args.steps} steps; gloo, "
           f"1 thread/rank; timed: steps 2..(the trainer's last step record); work dir {work}", flush=True)
 
+    if args.hardware_every_s:
+        _sampling(args, work, data)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     core_sets = _core_sets() if args.concurrent else None
     if args.concurrent:
         print(f"[overhead] concurrent pairs: the two programs run at the same time on disjoint cores "
@@ -151,6 +168,42 @@ def _prepare(kind: str, rep: int, work: str, data: str, args: argparse.Namespace
             cmd += ["--save", os.path.join(run_dir, "model.pt")]
         job["cmd"] = torchrun(WORLD, cmd)
     return job
+
+
+def _sampling(args: argparse.Namespace, work: str, data: str) -> None:
+    """``--hardware-every-s``: pairs of the trainer sampled (A) and unsampled (B), alternating A B
+    A B; prints each run's seconds per step over the same window as the main comparison, the
+    records the sampler printed, and the ratio sampled/unsampled of the medians."""
+    rows: dict[str, list[dict]] = {"sampled": [], "unsampled": []}
+    for rep in range(args.reps):
+        for kind, every in (("sampled", args.hardware_every_s), ("unsampled", 0.0)):
+            job = _prepare("trainer", rep, os.path.join(work, kind), data, args)
+            job["env"]["TRAINBOARD_HARDWARE_EVERY_S"] = f"{every:g}"
+            wall = run_job(job["cmd"], job["env"], job["log"], timeout_s=600)
+            row = {"wall_s": wall, **trainer_window(os.path.join(job["dir"], "out", "metrics.jsonl"))}
+            with open(job["log"], encoding="utf-8") as f:
+                row["samples"] = sum('"event":"hardware"' in line for line in f)
+            rows[kind].append(row)
+            print(f"[overhead] pair {rep + 1}/{args.reps} {kind:9s}: loop {row['loop_s']:.3f} s over steps "
+                  f"2..{row['last_step']} ({(row['last_step'] - 1) / row['loop_s']:.0f} steps/s), "
+                  f"{row['samples']} hardware records, process wall {wall:.2f} s", flush=True)
+    per_step = {kind: [r["loop_s"] / (r["last_step"] - 1) * 1e3 for r in rs] for kind, rs in rows.items()}
+    ratio = median(per_step["sampled"]) / median(per_step["unsampled"])
+    paired = median([a / b for a, b in zip(per_step["sampled"], per_step["unsampled"])])
+    print()
+    print(f"=== hardware sampling every {args.hardware_every_s:g} s vs none: the trainer, {WORLD} ranks ===")
+    for kind, ms in per_step.items():
+        print(f"  {kind:9s} ms/step {fmt_list(ms)}  median {median(ms):.3f}  (spread {spread(ms)})")
+    print(f"  records printed per sampled run: {fmt_list([float(r['samples']) for r in rows['sampled']], 0)}")
+    print(f"  RATIO sampled/unsampled (medians) = {ratio:.4f}   target <= {SAMPLING_TARGET}: "
+          f"{verdict(ratio, SAMPLING_TARGET, higher_is_better=False)}")
+    print(f"  median of the per-pair ratios      = {paired:.4f}")
+    print(f"  cores available to this process: {len(os.sched_getaffinity(0))}; load average before: "
+          f"{args.load_before}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"args": vars(args), **rows, "ratio_of_medians": ratio, "median_pair_ratio": paired}, f,
+                      indent=2, default=str)
 
 
 def _core_sets() -> tuple[list[int], list[int]]:

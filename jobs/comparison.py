@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 from django.core.exceptions import ValidationError
 
-from jobs import metric_buckets, metric_retention, selectors
+from jobs import metric_buckets, metric_retention, metric_store, selectors
 from jobs.metric_fold import ACROSS_RANKS, ACROSS_SEPARATOR, Agg, across_ranks_name
 from jobs.models import TrainingJob
 from jobs.validation import Errors
@@ -217,7 +217,7 @@ def _points_of(jobs: Sequence[TrainingJob], max_points: int = MAX_POINTS_PER_SER
     # name instead of scanning every series of the job at that width (64 ranks: 339 series for 6 lines).
     global_names: dict[int, list[str]] = {}
     for (job_id, name, rank), agg in summary.items():
-        if job_id in one_rank and name in MULTI_RANK_METRICS:
+        if (job_id in one_rank and name in MULTI_RANK_METRICS) or name in metric_store.HARDWARE_NAMES:
             continue
         if rank is None and ACROSS_SEPARATOR not in name:
             global_names.setdefault(job_id, []).append(name)
@@ -302,8 +302,8 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
     rank_total = 0
     names: set[str] = set()
     for (_, name, rank), agg in summary.items():
-        if one_rank and name in MULTI_RANK_METRICS:
-            continue
+        if (one_rank and name in MULTI_RANK_METRICS) or name in metric_store.HARDWARE_NAMES:
+            continue  # the hardware series: training_job_hardware_series
         if name in _ACROSS:
             rank_total += agg.count
             continue
@@ -359,6 +359,31 @@ def training_job_chart_series(*, job: TrainingJob, after: int | None = None, wid
                 out["rank_stats"].setdefault(metric, {})[stat] = points
             else:
                 out["rank_series"].setdefault(name, {})[str(rank)] = points
+    return out
+
+
+def training_job_hardware_series(*, job: TrainingJob, max_points: int = MAX_POINTS_PER_RANK_LINE) -> dict[str, Any]:
+    """The job page's hardware charts (:mod:`trainer_pkg.hardware`, sampled by the launcher):
+    ``{"series": {name: {"<index>": [{"x": Unix s, "y": value, "t": Unix s}, ...]}}, "t0": Unix s of
+    the first sample or None, "lines": bool}``; the index is the rank (``sys/cpu_pct``,
+    ``sys/rss_mb``, ``sys/gpu_*``) or the node (``sys/net_*``, ``sys/disk_*``). A line holds at
+    most about ``max_points`` points, buckets of seconds with their ``min``/``max`` band past that
+    (:func:`jobs.metric_buckets.read_series`): one summary query and one read a poll, however long the
+    run. A job of more than :data:`MAX_RANK_LINES` ranks gets no lines (``lines`` False: the
+    series are stored, its page says so)."""
+    summary = metric_buckets.summaries([job.pk], names=metric_store.HARDWARE_NAMES, per_rank=True)
+    out: dict[str, Any] = {"series": {}, "t0": None, "lines": job.world_size <= MAX_RANK_LINES}
+    if not summary:
+        return out
+    first = min(agg.first_step for agg in summary.values())
+    last = max(agg.last_step for agg in summary.values())
+    out["t0"] = round(min(agg.first_at.timestamp() for agg in summary.values()), 3)
+    if not out["lines"]:
+        return out
+    _, lines = metric_buckets.read_series(job.pk, names=metric_store.HARDWARE_NAMES, per_rank=True, start=first,
+                                          end=last, max_points=max_points, min_width=metric_retention.finest_width(job))
+    for (name, index), points in lines.items():
+        out["series"].setdefault(name, {})[str(index)] = points
     return out
 
 

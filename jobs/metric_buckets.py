@@ -35,24 +35,26 @@ def drop_from(job_id: int, step: int) -> None:
     """Remove every point at ``step`` or later from the job's points (rows and chunks,
     :func:`jobs.metric_store.drop_from`) and from its buckets (a resumed run redoes those steps), in
     one transaction. The bucket holding ``step`` at each stored level is rebuilt from what is below
-    it: the points at the finest stored level, the finer level's buckets above it."""
+    it: the points at the finest stored level, the finer level's buckets above it. The hardware
+    series (:data:`jobs.metric_store.HARDWARE_NAMES`, stepped by the clock) are left as they are."""
+    kept = metric_store.HARDWARE_NAMES
     with transaction.atomic():
         metric_store.drop_from(job_id, step)
         cut = Q()
         for width in STORED_WIDTHS:
             cut |= Q(width=width, bucket__gte=step // width)
-        MetricBucket.objects.filter(job_id=job_id).filter(cut).delete()
+        MetricBucket.objects.filter(job_id=job_id).filter(cut).exclude(name__in=kept).delete()
         first = STORED_WIDTHS[0]
         base = (step // first) * first
         level: dict[Key, Agg] = {}
         if base < step:
-            for (name, rank), series in metric_store.points(job_id, start=base, end=step - 1).items():
+            for (name, rank), series in metric_store.points(job_id, start=base, end=step - 1, exclude=kept).items():
                 level.update(metric_store.fold_arrays(name, rank, series, (first,)))
         upsert(job_id, level)
         for finer, width in zip(STORED_WIDTHS, STORED_WIDTHS[1:]):
             below = (MetricBucket.objects.filter(job_id=job_id, width=finer,
                                                  bucket__gte=(step // width) * (width // finer))
-                     .order_by("bucket"))
+                     .exclude(name__in=kept).order_by("bucket"))
             rebuilt: dict[tuple[str, int, int], Agg] = {}
             for row in below:
                 key = (row.name, row.rank, row.bucket // (width // finer))

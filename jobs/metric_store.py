@@ -42,6 +42,7 @@ from django.db import connection, models, transaction
 
 from jobs.metric_fold import ACROSS_SEPARATOR, GLOBAL_RANK, STORED_WIDTHS, Agg, Key, upsert
 from jobs.models import MetricChunk, MetricPoint
+from trainer_pkg.hardware import GPU_FIELDS, NODE_FIELDS, RANK_FIELDS
 
 CHUNK_POINTS = 4096
 """Points per sealed chunk: a series is compacted once its rows reach this many."""
@@ -61,6 +62,10 @@ _TIMESTAMP = ("datetime", "timestamp with time zone")
 """The type of ``recorded_at`` on SQLite and PostgreSQL (a typed NULL in :func:`last`)."""
 _STEP_MAX = 2**62
 """Range bounds are clamped to this (a zoom query may ask past a bigint)."""
+
+HARDWARE_NAMES = (*RANK_FIELDS, *GPU_FIELDS, *NODE_FIELDS)
+"""The launcher's hardware series (:mod:`trainer_pkg.hardware`): per rank (or per node), their step the
+sample's time in whole Unix seconds."""
 
 SeriesKey = tuple[str, int | None]
 """(name, rank or None for a global series)."""
@@ -523,12 +528,14 @@ def store_series(job_id: int, arrays: dict[SeriesKey, Series], *, compact_after:
 
 def drop_from(job_id: int, step: int) -> None:
     """Delete every point of the job at ``step`` or later, rows and chunks (a chunk holding points on
-    both sides is rewritten with those below ``step``), in one transaction. The buckets are the
-    caller's (:func:`jobs.metric_buckets.drop_from`)."""
+    both sides is rewritten with those below ``step``), in one transaction; the hardware series
+    (:data:`HARDWARE_NAMES`: their steps are Unix seconds, not training steps) are kept. The buckets
+    are the caller's (:func:`jobs.metric_buckets.drop_from`)."""
     with transaction.atomic():
-        MetricPoint.objects.filter(job_id=job_id, step__gte=step).delete()
-        MetricChunk.objects.filter(job_id=job_id, first_step__gte=step).delete()
-        for chunk in MetricChunk.objects.filter(job_id=job_id, last_step__gte=step).select_for_update():
+        MetricPoint.objects.filter(job_id=job_id, step__gte=step).exclude(name__in=HARDWARE_NAMES).delete()
+        chunks = MetricChunk.objects.filter(job_id=job_id).exclude(name__in=HARDWARE_NAMES)
+        chunks.filter(first_step__gte=step).delete()
+        for chunk in chunks.filter(last_step__gte=step).select_for_update():
             kept = decode(chunk.data).within(None, step - 1)
             chunk.data, chunk.count = encode(kept), len(kept)
             chunk.first_step, chunk.last_step = int(kept.steps[0]), int(kept.steps[-1])

@@ -63,6 +63,7 @@ from jobs.models import (
 )
 from jobs.services import training_job_cancel
 from jobs.states import is_allowed, note, transition
+from trainer_pkg import hardware
 from trainer_pkg.metrics import (
     GLOBAL_METRICS,
     MAX_USER_METRICS,
@@ -122,6 +123,8 @@ def metric_point_tuples(record: Mapping[str, Any], now: dt.datetime) -> list[met
     is skipped, and a list longer than ``MAX_USER_METRICS`` is ignored: a log line is never a reason
     to fail a sync.
     """
+    if record.get("event") == hardware.EVENT:
+        return hardware_point_tuples(record, now)
     if record.get("event") not in _METRIC_EVENTS:
         return []
     step = record.get("step")
@@ -160,6 +163,58 @@ def metric_point_tuples(record: Mapping[str, Any], now: dt.datetime) -> list[met
             if name in _ACROSS_METRICS and len(values) > 1:
                 points.extend((across_ranks_name(name, stat), None, step, value, epoch, at)
                               for stat, value in _across_ranks(values).items())
+    return points
+
+
+MAX_HARDWARE_INDEX = 1 << 20
+"""Largest rank or node index a hardware record may name (a larger one is not a launcher's: skipped)."""
+
+
+def _indices(value: Any) -> list[int] | None:
+    """A record's ``ranks``/``gpu_ranks``: a list of distinct ints in 0..MAX_HARDWARE_INDEX, else None."""
+    if not isinstance(value, list) or len(value) > hardware.MAX_RANKS:
+        return None
+    if not all(type(i) is int and 0 <= i <= MAX_HARDWARE_INDEX for i in value) or len(set(value)) != len(value):
+        return None
+    return value
+
+
+def hardware_point_tuples(record: Mapping[str, Any], now: dt.datetime) -> list[metric_store.Point]:
+    """The points of one launcher ``hardware`` record (schema: :mod:`trainer_pkg.hardware`):
+    ``sys/cpu_pct`` and ``sys/rss_mb`` at each of ``ranks``, the ``sys/gpu_*`` figures at each of
+    ``gpu_ranks``, the node's ``sys/net_*``/``sys/disk_*`` rates at ``node_rank`` (the ``rank``
+    column holds the node's index for those). Their step is the sample's time in whole Unix
+    seconds, not a training step: the launcher samples by the clock, and a script may report no
+    step at all (the job page charts these series by time; a resumed run's cut of superseded
+    steps leaves them alone). A ``None`` value (a figure the sample could not take) is no point; a
+    malformed field is skipped, never a reason to fail a sync."""
+    t = _number(record.get("time"))
+    if t is None or t < 0:
+        return []
+    step, at = int(t), dt.datetime.fromtimestamp(t, tz=dt.timezone.utc)
+    points: list[metric_store.Point] = []
+
+    def add(names: tuple[str, ...], indices: Any) -> None:
+        indices = _indices(indices)
+        if indices is None:
+            return
+        for name in names:
+            values = record.get(name)
+            if not isinstance(values, list) or len(values) != len(indices):
+                continue
+            for index, raw in zip(indices, values):
+                value = _number(raw)
+                if value is not None:
+                    points.append((name, index, step, value, None, at))
+
+    add(hardware.RANK_FIELDS, record.get("ranks"))
+    add(hardware.GPU_FIELDS, record.get("gpu_ranks"))
+    node = record.get("node_rank")
+    if type(node) is int and 0 <= node <= MAX_HARDWARE_INDEX:
+        for name in hardware.NODE_FIELDS:
+            value = _number(record.get(name))
+            if value is not None:
+                points.append((name, node, step, value, None, at))
     return points
 
 
@@ -207,14 +262,15 @@ def rank_memory_from_record(record: Mapping[str, Any]) -> list[dict[str, Any]] |
 
 
 def _user_metric_names(record: Mapping[str, Any]) -> list[str]:
-    """The record's well-formed ``user_metrics`` names, each once, built-in ones left out (stored already)."""
+    """The record's well-formed ``user_metrics`` names, each once, built-in ones left out (stored
+    already), and none under the launcher's reserved ``sys/`` (:data:`trainer_pkg.metrics.HARDWARE_PREFIX`)."""
     names = record.get("user_metrics")
     if not isinstance(names, list) or len(names) > MAX_USER_METRICS:
         return []
     out: list[str] = []
     for name in names:
         if (isinstance(name, str) and USER_METRIC_NAME.fullmatch(name) and name not in RECORD_FIELDS
-                and name not in GLOBAL_METRICS and name not in out):
+                and name not in GLOBAL_METRICS and not name.startswith(hardware.PREFIX) and name not in out):
             out.append(name)
     return out
 

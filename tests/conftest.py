@@ -42,6 +42,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config):
     install_flush_retry()  # a module's shared worker can deadlock the flush between its tests
+    # The launcher samples the hardware every 5 s by default (trainer_pkg/hardware.py) and prints a
+    # record each time: launchers the tests start from this environment do not, so a test's stdout
+    # holds only the trainer's or the script's records (tests/trainer_pkg/test_hardware.py turns it
+    # on with --hardware-every-s). A GPU box's jobs start from an allowlisted environment and sample.
+    os.environ["TRAINBOARD_HARDWARE_EVERY_S"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -59,6 +59,12 @@ for the deadline (``TRAINBOARD_HANG_DEADLINE_S``, else from the recent step time
 makes every rank write its threads' stacks (SIGUSR1, faulthandler, installed by the rank's entry:
 :mod:`trainer_pkg.rank_entry` for a script) and prints one ``hang`` record per rank.
 
+Hardware: every 5 s (``--hardware-every-s``, ``TRAINBOARD_HARDWARE_EVERY_S``; 0 turns it off) the
+ranks' CPU %, resident memory and GPU figures and the node's network and disk rates are printed as
+``hardware`` metric records (:mod:`trainer_pkg.hardware`): from a thread of this process when it
+supervises torchrun or a script, off the training processes; from a thread of the rank's own process
+when our trainer runs in it and no launcher of ours samples it (``TRAINBOARD_HARDWARE_SAMPLED``).
+
 ``--init-from PATH`` names where the platform put the file ``train.init_from`` names (a continue or
 fine-tune from another job): Azure ML mounts an ``azureml://`` datastore path as an input of the job
 and writes its local path into the command (``--init-from ${{inputs.init_from}}``), since the trainer
@@ -91,9 +97,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
-from trainer_pkg import hang, objstore, report, world_shape
+from trainer_pkg import hang, hardware, objstore, report, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
 from trainer_pkg.metrics import exit_process, parse_metric_line, print_line, report_error
 from trainer_pkg.platforms import (
@@ -354,26 +360,34 @@ def torchrun_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan, script: UserScript | None = None) -> int:
+def run_torchrun(cfg: JobConfig, config_path: str, plan: LaunchPlan, script: UserScript | None = None, *,
+                 hardware_every_s: float = 0.0) -> int:
     """Start torchrun for ``plan`` on this node (ranks running our trainer, or ``script`` in
-    ``script.code_dir``) and wait for it; returns the exit code to use."""
+    ``script.code_dir``) and wait for it; returns the exit code to use. ``hardware_every_s`` > 0:
+    this process samples the node's ranks that often (:mod:`trainer_pkg.hardware`)."""
     env = _with_trainboard_env(torchrun_env(plan, os.environ), cfg)
     env["PYTHONPATH"] = _script_pythonpath(env, script)
+    env.pop(hardware.SAMPLED_ENV, None)
+    if hardware_every_s > 0:
+        env[hardware.SAMPLED_ENV] = "1"  # this process samples them
     if script is not None:  # the mark tells our own ranks their config is resolved; a script has none
         env.pop(LAUNCHED_BY_US)
     started = time.time()
     cmd = torchrun_command(os.path.abspath(config_path), plan, script=script)
     with watch_for_hangs(cfg, env, plan.world_size, watching=plan.node_rank == 0):
-        code, signalled = _supervise(cmd, env, cwd=script.code_dir if script else None)
+        code, signalled = _supervise(cmd, env, cwd=script.code_dir if script else None,
+                                     sampler=_node_sampler(plan, env, hardware_every_s))
     if signalled and code != 0 and _stopped_cleanly(cfg, since=started):
         # torchrun itself exits 1 after forwarding a signal even when every rank exited 0.
         return 0
     return code
 
 
-def run_script_here(cfg: JobConfig, plan: LaunchPlan, script: UserScript) -> int:
+def run_script_here(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_s: float = 0.0) -> int:
     """Run ``script`` as this process's rank (the platform started the ranks, or the job is one
     process) and wait for it; returns its exit code (128 + N when signal N ended it).
+    ``hardware_every_s`` > 0: this process samples the script's process that often
+    (:mod:`trainer_pkg.hardware`; the node's figures from local rank 0's launcher only).
 
     It runs as ``python path args`` (or ``-m module``) in ``code_dir``, with torchrun's variables
     (:func:`rank_env`), Trainboard's directories and the plan's extra variables.
@@ -382,9 +396,11 @@ def run_script_here(cfg: JobConfig, plan: LaunchPlan, script: UserScript) -> int
     env.update(plan.extra_env)
     env.pop(LAUNCHED_BY_US, None)
     env["PYTHONPATH"] = _script_pythonpath(env, script)
+    node_fields = env.get("LOCAL_RANK", "0") == "0"
     with watch_for_hangs(cfg, env, int(env["WORLD_SIZE"]) if env["WORLD_SIZE"].isdigit() else 1,
                          watching=env.get("RANK") == "0"):
-        code, _ = _supervise([sys.executable, *_SCRIPT_ENTRY, *script.argv()], env, cwd=script.code_dir)
+        code, _ = _supervise([sys.executable, *_SCRIPT_ENTRY, *script.argv()], env, cwd=script.code_dir,
+                             sampler=_node_sampler(plan, env, hardware_every_s, node_fields=node_fields))
     return 128 - code if code < 0 else code
 
 
@@ -420,6 +436,14 @@ def watch_for_hangs(cfg: JobConfig, env: dict[str, str], world_size: int, *, wat
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _node_sampler(plan: LaunchPlan, env: Mapping[str, str], every_s: float, *,
+                  node_fields: bool = True) -> Callable[[int], hardware.Sampler | None]:
+    """What :func:`_supervise` calls with its child's pid to start sampling the ranks under it
+    (GPUs as the child's ``CUDA_VISIBLE_DEVICES`` shows them)."""
+    return lambda pid: hardware.start(pid, interval_s=every_s, env=env, node_rank=plan.node_rank,
+                                      node_fields=node_fields)
+
+
 def rank_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` all set for a process that runs in place.
@@ -450,8 +474,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _supervise(cmd: list[str], env: Mapping[str, str], cwd: str | None) -> tuple[int, list[int]]:
+def _supervise(cmd: list[str], env: Mapping[str, str], cwd: str | None,
+               sampler: Callable[[int], hardware.Sampler | None] | None = None) -> tuple[int, list[int]]:
     """Run ``cmd`` and wait for it, passing SIGTERM/SIGINT on; (its exit code, the signals passed on).
+    ``sampler``: called with the child's pid once it is started; the sampler it returns (if any) is
+    stopped when the child has exited.
 
     The child gets its own session so a signal to our process group reaches it once, from us: a
     second SIGTERM while torchrun is shutting its ranks down would cut that shutdown short.
@@ -465,12 +492,16 @@ def _supervise(cmd: list[str], env: Mapping[str, str], cwd: str | None) -> tuple
             proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    sampling = None
     try:
+        sampling = sampler(proc.pid) if sampler is not None else None
         code = proc.wait()
     finally:
         if proc.poll() is None:  # we are leaving on an exception: do not orphan the ranks
             proc.kill()
             proc.wait()
+        if sampling is not None:
+            sampling.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
     return code, signalled
@@ -586,6 +617,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the platform put the file train.init_from names (Azure ML: "
                         "${{inputs.init_from}}, the source job's file mounted read-only); replaces "
                         "train.init_from for this run")
+    p.add_argument("--hardware-every-s", type=float, metavar="SECONDS",
+                   help=f"seconds between two samples of the ranks' CPU, memory, GPUs and the node's "
+                        f"network and disk, printed as metric records (default ${hardware.EVERY_ENV} or "
+                        f"{hardware.DEFAULT_EVERY_S:g}; 0: off)")
     return p
 
 
@@ -616,6 +651,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_error(f"invalid config {args.config}: {exc}")
         _write_failure(plan and plan.failure_file, f"invalid config: {exc}")
         return 2
+    try:
+        every_s = hardware.every_s(args.hardware_every_s, os.environ)
+    except ValueError as exc:
+        report_error(str(exc))
+        _write_failure(plan.failure_file, str(exc))
+        return 2
 
     try:
         script = user_script(cfg)
@@ -643,25 +684,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print_line(f"[launch] the script starts from {cfg.train.init_from}{fetched}: "
                            f"{report.INIT_FROM}, {report.INIT_MODE}={cfg.train.init_mode}")
 
+    if ours and os.environ.get(hardware.SAMPLED_ENV) == "1":
+        every_s = 0.0  # a rank of a torchrun our launcher started and samples
     if plan.in_process:
         _log_rank(f"{ours} via torchrun" if ours else plan.platform)
         if script is not None:
-            code = run_script_here(cfg, plan, script)
+            code = run_script_here(cfg, plan, script, hardware_every_s=every_s)
         else:
             _set_environ(_with_trainboard_env(rank_env(plan, {**os.environ, **plan.extra_env}), cfg))
             hang.install_rank_dump()  # a rank torchrun started for our launcher: its stacks on SIGUSR1
-            code = _train(cfg)
+            code = _train_sampled(cfg, plan, every_s)
     elif plan.world_size == 1:
         if script is not None:
-            code = run_script_here(cfg, plan, script)
+            code = run_script_here(cfg, plan, script, hardware_every_s=every_s)
         else:
             # Vertex's per-machine RANK=0/WORLD_SIZE=1 and the like: one process is not a process group.
             _set_environ(_with_trainboard_env({k: v for k, v in os.environ.items() if k not in _RANK_VARS}, cfg))
-            code = _train(cfg)
+            code = _train_sampled(cfg, plan, every_s)
     else:  # this process only supervises torchrun: it never imports torch
         path = _resolved_config_file(cfg)
         try:
-            code = run_torchrun(cfg, path, plan, script)
+            code = run_torchrun(cfg, path, plan, script, hardware_every_s=every_s)
         finally:
             os.unlink(path)
     _finish(plan, cfg, code, started)
@@ -673,6 +716,21 @@ def _set_environ(env: Mapping[str, str]) -> None:
     for name in set(os.environ) - set(env):
         del os.environ[name]
     os.environ.update(env)
+
+
+def _train_sampled(cfg: JobConfig, plan: LaunchPlan, every_s: float) -> int:
+    """:func:`_train` with this process sampled every ``every_s`` seconds by a thread of its own: the
+    rank trains in this process (a one-process job, or ranks another launcher started), so there is
+    no other process to sample it from; the node's figures from local rank 0 only."""
+    rank = os.environ.get("RANK", "0")
+    sampler = hardware.start(os.getpid(), interval_s=every_s, env=os.environ, node_rank=plan.node_rank,
+                             node_fields=os.environ.get("LOCAL_RANK", "0") == "0",
+                             self_rank=int(rank) if rank.isdigit() else 0)
+    try:
+        return _train(cfg)
+    finally:
+        if sampler is not None:
+            sampler.stop()
 
 
 def _train(cfg: JobConfig) -> int:

@@ -89,6 +89,9 @@ USER_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,99}")
 """A user metric's name (``fullmatch``): 1-100 characters, a letter or ``_`` first, then letters,
 digits and ``_ . / -`` (``loss``, ``tokens/s``, ``eval.top-1``)."""
 
+HARDWARE_PREFIX = "sys/"
+"""The launcher's hardware series (:mod:`trainer_pkg.hardware`) are named under it: a user metric may not be."""
+
 MAX_USER_METRICS = 50
 """Most user metrics in one record."""
 

@@ -35,8 +35,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from trainer_pkg.metrics import (MAX_USER_METRICS, RECORD_FIELDS, USER_METRIC_NAME, encode_record, format_metric_line,
-                                 print_line)
+from trainer_pkg.metrics import (HARDWARE_PREFIX, MAX_USER_METRICS, RECORD_FIELDS, USER_METRIC_NAME, encode_record,
+                                 format_metric_line, print_line)
 
 MODEL_DIR = "TRAINBOARD_MODEL_DIR"
 """Variable naming the directory for the final model (uploaded by the platform when the job ends)."""
@@ -72,7 +72,8 @@ def log(step: int | None = None, **metrics: Any) -> None:
     when that variable is set.
 
     Raises ValueError, naming the metric, when ``step`` is not an int ≥ 0, a name does not match
-    ``[A-Za-z_][A-Za-z0-9_./-]{0,99}`` or is one of the record's own fields (``time``, ``event`` …),
+    ``[A-Za-z_][A-Za-z0-9_./-]{0,99}``, is one of the record's own fields (``time``, ``event`` …) or
+    starts with ``sys/`` (the launcher's hardware series),
     there are more than 50 metrics, or a value is not a real number.
     """
     global _last_step
@@ -251,6 +252,10 @@ def _check_metrics(metrics: dict[str, Any]) -> dict[str, float]:
         if name in RECORD_FIELDS:
             problems.append(f"metric name {name!r} is a field of the record itself; choose another "
                             f"(reserved: {', '.join(sorted(RECORD_FIELDS))})")
+            continue
+        if name.startswith(HARDWARE_PREFIX):
+            problems.append(f"metric name {name!r} starts with {HARDWARE_PREFIX!r}, the launcher's hardware "
+                            "series; choose another")
             continue
         number = _real(value)
         if number is None:

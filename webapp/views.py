@@ -513,7 +513,8 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
     charted one chart each (a user script's), and ``series`` holds those and the loss and accuracy
     lines; ``rank_series`` the per-rank metrics the job reported (``jobs.comparison.RANK_METRICS``, a
     chart each, one line per rank); ``t0`` the time of the job's first point, which the charts'
-    relative-time axis counts from (docs/comparing-runs.md). A poll (``after``, ``widths``,
+    relative-time axis counts from (docs/comparing-runs.md); ``hardware`` the launcher's CPU, memory, GPU,
+    network and disk series by time (:func:`jobs.comparison.training_job_hardware_series`). A poll (``after``, ``widths``,
     ``attempt`` as its page has them) gets only what is new, a zoomed chart (``steps``) its range at
     the resolution the range needs: :func:`jobs.comparison.training_job_chart_series`."""
     charted = comparison.training_job_chart_series(job=job, after=after, widths=widths, attempt=attempt,
@@ -533,6 +534,8 @@ def _metrics_payload(job, *, after: int | None = None, widths: list[int] | None 
         # that a poll's answer adds up to them, and reads every line again when it does not.
         "totals": [sum(charted["counts"].get(n, 0) for n in set(names)), charted["rank_total"]],
         **({"steps": charted["steps"]} if "steps" in charted else {}),
+        # The launcher's samples, by time (a zoom on the step axis has none to read).
+        **({} if steps is not None else {"hardware": comparison.training_job_hardware_series(job=job)}),
     }
 
 

@@ -350,3 +350,39 @@ def test_a_point_stored_late_at_an_earlier_step_reaches_the_page_with_the_next_p
     assert len(requests) >= 3
     expected = comparison.training_job_chart_series(job=job)
     assert expected["counts"] == {"train_loss": 3000, "val_loss": 1}
+
+
+def test_the_hardware_section_charts_the_launchers_samples_by_time(live_server, browser_page, user, digits_dataset,
+                                                                   cnn_model, local_backend):
+    """Samples every 5 s of two ranks' memory and one node's network (as the sync stores them: their step
+    the sample's Unix second) get a card each in the Hardware section, a line per rank or node, drawn
+    by seconds since the first point; the loss chart keeps its step axis."""
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                       backend=local_backend, nodes=1, procs_per_node=2, epochs=1)
+    t0 = int(T0.timestamp())
+    at = [T0 + dt.timedelta(seconds=5 * i) for i in range(4)]
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(job=job, name="sys/rss_mb", rank=rank, step=t0 + 5 * i, value=100.0 * (rank + 1) + i,
+                     recorded_at=at[i]) for rank in (0, 1) for i in range(4)]
+        + [MetricPoint(job=job, name="sys/net_recv_mb_s", rank=0, step=t0 + 5 * i, value=1.5, recorded_at=at[i])
+           for i in range(4)]
+        + [MetricPoint(job=job, name="train_loss", step=s, value=1.0 / s, recorded_at=at[3]) for s in (1, 2)])
+    page = browser_page
+    login(page, live_server)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.trainboardCharts && window.trainboardCharts['chart-hw-rss-mb']")
+    assert page.locator("#hardware").is_visible()
+    cards = page.evaluate("""() => [...document.querySelectorAll('#hardware-charts .hardware-chart')].map(card => {
+      const chart = Chart.getChart(card.querySelector('canvas'));
+      return {metric: card.dataset.metric, title: card.querySelector('h2').textContent,
+              lines: chart.data.datasets.filter(d => d._tb === 'line').map(d => [d.label, d.data]),
+              x: chart.options.scales.x.title.text};
+    })""")
+    assert [c["title"] for c in cards] == ["Resident memory per rank (MB)", "Network received per node (MB/s)"]
+    assert cards[0]["lines"] == [["rank 0", [{"x": 5.0 * i, "y": 100.0 + i} for i in range(4)]],
+                                 ["rank 1", [{"x": 5.0 * i, "y": 200.0 + i} for i in range(4)]]]
+    assert cards[1]["lines"] == [["node 0", [{"x": 5.0 * i, "y": 1.5} for i in range(4)]]]
+    assert {c["x"] for c in cards} == {"seconds since the run's first point"}
+    loss = page.evaluate("() => [window.trainboardCharts['chart-loss'].options.scales.x.title.text, "
+                         "window.trainboardCharts['chart-loss'].data.datasets[0].data]")
+    assert loss == ["step", [{"x": 1, "y": 1.0}, {"x": 2, "y": 0.5}]]

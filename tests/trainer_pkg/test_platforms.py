@@ -34,6 +34,8 @@ PLATFORM_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
                  "MASTER_PORT", "CLUSTER_SPEC", "TF_CONFIG", "CLOUD_ML_JOB_ID", "TRAINING_JOB_ARN",
                  "SAGEMAKER_BASE_DIR")
 
+SAMPLING = "TRAINBOARD_HARDWARE_EVERY_S"
+"""trainer_pkg.hardware.EVERY_ENV."""
 
 # -- helpers ---------------------------------------------------------------------------------------
 
@@ -42,6 +44,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This test process's environment without any platform's variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
            if k not in PLATFORM_VARS and not k.startswith(PLATFORM_PREFIXES)}
+    if SAMPLING in os.environ:  # the session's setting (off: tests/conftest.py), not a platform's variable
+        env[SAMPLING] = os.environ[SAMPLING]
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)

@@ -78,6 +78,8 @@ def process_env(body: dict, outputs: Path, rank: int, port: int) -> dict[str, st
     per_node = body["distribution"]["processCountPerInstance"]
     world = body["resources"]["instanceCount"] * per_node
     env = {k: v for k, v in os.environ.items() if k not in PLATFORM_VARS and not k.startswith(PLATFORM_PREFIXES)}
+    if "TRAINBOARD_HARDWARE_EVERY_S" in os.environ:  # the session's (off: tests/conftest.py): only our records
+        env["TRAINBOARD_HARDWARE_EVERY_S"] = os.environ["TRAINBOARD_HARDWARE_EVERY_S"]
     env.update(body["environmentVariables"])
     env.update(OMP_NUM_THREADS="1", AZUREML_RUN_ID=body["displayName"], AZUREML_ARM_SUBSCRIPTION=SUBSCRIPTION,
                AZUREML_ARM_WORKSPACE_NAME=WORKSPACE, AZUREML_ARM_PROJECT_NAME=body["experimentName"],

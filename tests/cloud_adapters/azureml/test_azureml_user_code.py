@@ -61,7 +61,7 @@ def test_snapshot_holds_the_users_files_and_the_environment_installs_the_require
     assert conda["dependencies"][:2] == [f"python={CONDA_PYTHON}", "pip"]
     pip = conda["dependencies"][2]["pip"]
     assert pip[-1] == f"{DEP_NAME}=={DEP_VERSION}"  # the requirement line, after the trainer's own
-    assert pip[:-1] == ["torch>=2.4", "numpy", "scikit-learn"]  # trainer_pkg/pyproject.toml + the digits extra
+    assert pip[:-1] == ["torch>=2.4", "numpy", "psutil>=5.9", "nvidia-ml-py>=12", "scikit-learn"]  # trainer_pkg/pyproject.toml + the digits extra
 
     assert body["environmentVariables"]["API_TOKEN"] == SECRET and body["environmentVariables"]["MY_SETTING"] == "on"
     assert SECRET not in json.dumps({k: v for k, v in body.items() if k != "environmentVariables"})

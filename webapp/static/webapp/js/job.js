@@ -49,6 +49,25 @@
   const metricCanvas = {}; // metric name -> canvas id
   const RANK_CHART_IDS = {}; // canvas id -> per-rank metric name (payload.rank_series)
   const rankCanvas = {}; // per-rank metric name -> canvas id
+  const HW_CHART_IDS = {}; // canvas id -> hardware series name (payload.hardware.series)
+  const hwCanvas = {}; // hardware series name -> canvas id
+  // The launcher's samples (trainer_pkg/hardware.py), in the order the Hardware section shows them:
+  // [title, what a line is]. A node's series are indexed by node, the others by rank.
+  const HW_TITLES = {
+    "sys/gpu_util_pct": ["GPU utilisation per rank (%)", "rank"],
+    "sys/gpu_mem_used_mb": ["GPU memory used per rank (MB)", "rank"],
+    "sys/gpu_power_w": ["GPU power per rank (W)", "rank"],
+    "sys/gpu_temp_c": ["GPU temperature per rank (°C)", "rank"],
+    "sys/gpu_sm_clock_mhz": ["GPU SM clock per rank (MHz)", "rank"],
+    "sys/cpu_pct": ["CPU per rank (% of one core)", "rank"],
+    "sys/rss_mb": ["Resident memory per rank (MB)", "rank"],
+    "sys/net_recv_mb_s": ["Network received per node (MB/s)", "node"],
+    "sys/net_sent_mb_s": ["Network sent per node (MB/s)", "node"],
+    "sys/disk_read_mb_s": ["Disk read per node (MB/s)", "node"],
+    "sys/disk_write_mb_s": ["Disk written per node (MB/s)", "node"],
+  };
+  const hardwareSection = document.getElementById("hardware");
+  const hardwareCharts = document.getElementById("hardware-charts");
   const RANK_TITLES = {
     rank_samples_per_s: "Samples/s per rank", rank_step_time_s: "Step time per rank (s)",
     rank_data_wait_s: "Data wait per rank (s/step)", rank_compute_s: "Compute per rank (s/step)",
@@ -70,6 +89,14 @@
   // The lines of a chart under the controls: a per-rank chart one line per rank (or their mean),
   // any other the series of its LAYOUT.
   function linesOf(canvasId) {
+    if (canvasId in HW_CHART_IDS) {
+      const name = HW_CHART_IDS[canvasId];
+      const hw = payload.hardware || {};
+      const byIndex = (hw.series || {})[name] || {};
+      const t0 = hardwareT0();
+      return Object.keys(byIndex).sort((a, b) => a - b).map((index, i) => (
+        { label: HW_TITLES[name][1] + " " + index, key: index, color: Kit.color(i), points: byIndex[index], t0: t0 }));
+    }
     const source = zoomed[canvasId] || payload;
     const t0 = payload.t0 || 0;
     if (canvasId in RANK_CHART_IDS) {
@@ -100,15 +127,29 @@
     return { label: label, key: "across ranks", color: COLORS.train, points: Kit.acrossRanks(stats), t0: t0 };
   }
 
+  // The hardware charts count time whatever the x control says: their "step" is the sample's Unix
+  // second, so the step axis shows seconds since the first point instead. Their relative time
+  // counts from the earlier of the run's first point and the first sample (sampling starts first).
+  function hardwareT0() {
+    const first = (payload.hardware || {}).t0;
+    if (first === null || first === undefined) return payload.t0 || 0;
+    return payload.t0 ? Math.min(payload.t0, first) : first;
+  }
+
+  function controlsOf(canvasId) {
+    if (!(canvasId in HW_CHART_IDS) || controls.x !== "step") return controls;
+    return Object.assign({}, controls, { x: "relative" });
+  }
+
   // A point the trainer reported as NaN or infinite arrives with y null: the line breaks there
   // (spanGaps false) and a red cross marks the step, at the series' last finite value before it
   // (0 when there is none), so a diverged run shows where it diverged instead of an empty chart.
-  function nonfiniteMarkers(lines) {
+  function nonfiniteMarkers(lines, x) {
     const marks = [];
     for (const line of lines) {
       let last = 0;
       for (const p of line.points) {
-        if (p.y === null) marks.push({ x: Kit.xOf(p, controls.x, line.t0), y: last, series: line.key });
+        if (p.y === null) marks.push({ x: Kit.xOf(p, x, line.t0), y: last, series: line.key });
         else last = p.y;
       }
     }
@@ -117,10 +158,11 @@
 
   // The chart's datasets: its lines, the non-finite marker, then (with smoothing) the faint raw lines.
   function datasetsOf(canvasId, lines) {
-    const sets = Kit.datasets(lines, controls);
+    const mine = controlsOf(canvasId);
+    const sets = Kit.datasets(lines, mine);
     sets.splice(lines.length, 0, {
       label: NONFINITE_LABEL,
-      data: nonfiniteMarkers(lines),
+      data: nonfiniteMarkers(lines, mine.x),
       showLine: false,
       pointStyle: "crossRot",
       pointRadius: 7,
@@ -134,7 +176,7 @@
 
   function yAxisOf(canvasId, lines) {
     const [title, kind] = Y_AXES[canvasId];
-    return Kit.yScale(title, kind, lines.flatMap((line) => line.points.map((p) => p.y)), controls);
+    return Kit.yScale(title, kind, lines.flatMap((line) => line.points.map((p) => p.y)), controlsOf(canvasId));
   }
 
   // The zoom plugin's options with the range re-read when a zoom or a pan ends (or is reset).
@@ -149,7 +191,7 @@
   // the chart is not zoomed (its lines are the run's again) or its x axis counts time.
   async function readRange(canvasId) {
     const chart = instances[canvasId];
-    if (!chart) return;
+    if (!chart || canvasId in HW_CHART_IDS) return; // a hardware chart holds its whole run, by time
     const x = chart.scales.x;
     if (controls.x !== "step" || !chart.isZoomedOrPanned()) {
       if (zoomed[canvasId]) {
@@ -189,7 +231,7 @@
         animation: false,
         parsing: true,
         interaction: { mode: "nearest", intersect: false },
-        scales: { x: Kit.xScale(controls.x), y: yAxisOf(canvasId, lines) },
+        scales: { x: Kit.xScale(controlsOf(canvasId).x), y: yAxisOf(canvasId, lines) },
         plugins: {
           legend: {
             position: "bottom",
@@ -208,7 +250,7 @@
     const chart = instances[canvasId];
     const lines = linesOf(canvasId);
     Kit.setDatasets(chart, datasetsOf(canvasId, lines));
-    const x = Kit.xScale(controls.x);
+    const x = Kit.xScale(controlsOf(canvasId).x);
     Kit.keepZoom(chart, x, what);
     chart.options.scales.x = x;
     chart.options.scales.y = yAxisOf(canvasId, lines);
@@ -221,7 +263,7 @@
   }
 
   // A card with a canvas, built with the DOM API (textContent), so a name is never read as markup.
-  function addCard(canvasId, name, title, className) {
+  function addCard(canvasId, name, title, className, parent) {
     const card = document.createElement("div");
     card.className = "card chart-card " + className;
     card.dataset.metric = name;
@@ -232,10 +274,10 @@
     const canvas = document.createElement("canvas");
     canvas.id = canvasId;
     canvas.setAttribute("role", "img");
-    canvas.setAttribute("aria-label", name + " by step");
+    canvas.setAttribute("aria-label", name + (parent ? " by time" : " by step"));
     box.appendChild(canvas);
     card.append(heading, box);
-    charts.appendChild(card);
+    (parent || charts).appendChild(card);
   }
 
   // One card per metric name, made when the name first appears: a running script may start reporting
@@ -269,6 +311,29 @@
     }
   }
   ensureRankCharts();
+
+  // One card per hardware series the launcher sent, in the Hardware section (shown once one has
+  // points; a job of many ranks gets a note instead of lines).
+  function ensureHardwareCharts() {
+    const hw = payload.hardware;
+    if (!hardwareSection || !hw) return;
+    if (hw.t0 !== null && hw.t0 !== undefined) hardwareSection.hidden = false;
+    if (hw.lines === false) {
+      document.getElementById("hardware-note").textContent =
+        "Sampled by the launcher and stored; this job has too many ranks for a line each.";
+      return;
+    }
+    for (const name of Object.keys(HW_TITLES)) {
+      if (hwCanvas[name] || !Object.keys((hw.series || {})[name] || {}).length) continue;
+      const canvasId = "chart-hw-" + name.replace(/^sys\//, "").replace(/_/g, "-");
+      addCard(canvasId, name, HW_TITLES[name][0], "hardware-chart", hardwareCharts);
+      hwCanvas[name] = canvasId;
+      HW_CHART_IDS[canvasId] = name;
+      Y_AXES[canvasId] = [name.replace(/^sys\//, ""), "other"];
+      instances[canvasId] = makeChart(canvasId);
+    }
+  }
+  ensureHardwareCharts();
 
   // A script reports what it likes: its page keeps a loss or accuracy card only while one of the
   // card's series has points (a trainer job's cards always show, empty until its first step).
@@ -343,6 +408,7 @@
     payload = merged(next);
     ensureMetricCharts();
     ensureRankCharts();
+    ensureHardwareCharts();
     fitBuiltinCards();
     for (const canvasId of Object.keys(instances)) redraw(canvasId);
   }
