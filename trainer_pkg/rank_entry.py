@@ -7,8 +7,9 @@
 :func:`trainer_pkg.hang.install_rank_dump` first (SIGUSR1 writes every thread's stack where the
 launcher's watchdog reads it; nothing when the launcher set no ``TRAINBOARD_HANG_DIR``), then the
 script runs as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` as Python sets them for it (the
-script's directory; the working directory for ``-m``). Its exit code and traceback are its own.
-Torch-free.
+script's directory; the working directory for ``-m``). Its exit code and traceback are its own: an
+exception it does not catch is printed without this module's and :mod:`runpy`'s frames (its traceback
+starts at the script, as under ``python``) and the rank exits 1. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,14 +17,37 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from types import TracebackType
 
 from trainer_pkg.hang import install_rank_dump
+
+
+_OWN_FRAMES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+"""Source files whose frames come before the script's in a traceback (this entry and :mod:`runpy`,
+which Python 3.11 runs frozen)."""
+
+
+def _script_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from its first frame that is not :data:`_OWN_FRAMES`' (the script's own)."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in _OWN_FRAMES
+                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in _OWN_FRAMES):
+        tb = tb.tb_next
+    return tb
 
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] == "-m" and len(argv) < 2:
         sys.exit("usage: python -m trainer_pkg.rank_entry (SCRIPT.py | -m MODULE) [ARGS...]")
     install_rank_dump()
+    try:
+        _run(argv)
+    except Exception as exc:  # what python prints for an uncaught exception, from the script's frame on
+        exc = exc.with_traceback(_script_traceback(exc.__traceback__) or exc.__traceback__)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.exit(1)
+
+
+def _run(argv: list[str]) -> None:
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file first, as python -m does
         sys.path[0] = os.getcwd()
