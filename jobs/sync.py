@@ -39,7 +39,7 @@ from math import isfinite
 from typing import Any, Callable, Mapping
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -443,13 +443,33 @@ def final_metrics_after(final: Mapping[str, Any] | None,
     return out
 
 
-def _locked(job_id: int, *, ended_backlog: bool = False) -> TrainingJob | None:
+STATUS_LOCK_WAIT_MS = 5000
+"""How long a pass waits for a job's row before it writes the job's status (PostgreSQL ``lock_timeout``,
+milliseconds): the row's other holders make no provider call while they hold it, so the wait is
+database work (another pass's chunk of log lines, a cancel). Past it the status is left to the next pass."""
+
+
+def _locked(job_id: int, *, ended_backlog: bool = False, wait: bool = False) -> TrainingJob | None:
     """The job's row, locked until the caller's transaction ends, while it is active and no other
     transaction holds it (``SKIP LOCKED``: a pass never waits behind another writer); else None.
     ``ended_backlog``: also a job that ended with its log not read to its end (``log_backlog``), whose
-    log the sync goes on reading. Call inside ``transaction.atomic()``, and make no provider call until it ends."""
+    log the sync goes on reading. ``wait``: wait up to :data:`STATUS_LOCK_WAIT_MS` for a row another
+    transaction holds, instead of skipping it (a pass's log chunk and status writes: two passes at once
+    must not both drop a job's status, one because the other held the row for a moment to find that its
+    log cursor had moved).
+    Call inside ``transaction.atomic()``, and make no provider call until it ends."""
     reading = Q(state__in=ACTIVE_STATE_VALUES) | Q(log_backlog=True) if ended_backlog else Q(state__in=ACTIVE_STATE_VALUES)
-    return TrainingJob.objects.select_for_update(skip_locked=True).filter(reading, pk=job_id).first()
+    if not wait or connection.vendor != "postgresql":
+        return TrainingJob.objects.select_for_update(skip_locked=not wait).filter(reading, pk=job_id).first()
+    try:
+        # A savepoint: a lock timeout rolls back to it (the SET LOCAL too), the caller's transaction usable.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = {int(STATUS_LOCK_WAIT_MS)}")
+            row = TrainingJob.objects.select_for_update().filter(reading, pk=job_id).first()
+            cursor.execute("SET LOCAL lock_timeout = DEFAULT")
+            return row
+    except OperationalError:  # lock_timeout: left to the next pass
+        return None
 
 
 class _RowMovedOn(Exception):
@@ -482,7 +502,7 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
         if not lines and (new_cursor or "") == (cursor or ""):
             return True, trained_at
         with transaction.atomic():
-            locked = _locked(job.pk, ended_backlog=ended)
+            locked = _locked(job.pk, ended_backlog=ended, wait=True)
             if locked is None or locked.log_cursor != (cursor or ""):
                 raise _RowMovedOn
             update: dict[str, Any] = {"log_cursor": new_cursor or ""}
@@ -595,7 +615,7 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         # Where the lost run's checkpoints are, asked before the row is locked (jobs.restarts).
         checkpoint = restarts.checkpoint_location(adapter, handle)
     with transaction.atomic():
-        locked = _locked(job.pk)
+        locked = _locked(job.pk, wait=True)
         if locked is None:
             return
         stopped = _write_status(locked, status, now, drained=drained, logs_read=read, mask=mask,

@@ -186,3 +186,50 @@ def test_two_sync_passes_at_once_equal_one(provider, user, digits_dataset, cnn_m
     sync.backend_sync(backend_id=fault_backend.pk)
     assert _reload(running).cost_usd == Decimal("1.8000")
     assert JobLogLine.objects.filter(job=running).count() == 120
+
+
+def _lock_waiters() -> int:
+    """Backends of this database waiting for a lock (a row lock's waiter waits on the holder's
+    transaction, so pg_stat_activity's wait event, not a relation's entry in pg_locks, shows it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def test_a_pass_waits_for_a_row_another_writer_holds_to_write_the_status(provider, user, digits_dataset,
+                                                                           cnn_model, fault_backend):
+    """The status write of a pass waits for the job's row while another transaction holds it (here a
+    thread that holds it until it sees the pass waiting, then lets go), instead of leaving the status to
+    the next pass; two passes at once then never both drop it."""
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                           backend=fault_backend)
+    tasks.submit_job(job.pk)
+    job = _reload(job)
+    provider.set_state(job.provider_handle["provider_job_id"], "RUNNING", billable_seconds=60.0)
+    holding, done, seen = threading.Event(), threading.Event(), []
+
+    def hold():
+        from django.db import transaction
+        from polling import wait_for
+
+        try:
+            with transaction.atomic():
+                TrainingJob.objects.select_for_update().get(pk=job.pk)
+                holding.set()
+                seen.append(wait_for(lambda: _lock_waiters() > 0, timeout=60, interval=0.02))
+        finally:
+            connection.close()
+            done.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(60)
+        # The log is read first (no lock needed for an empty log), then the status write waits for the row.
+        sync.backend_sync(backend_id=fault_backend.pk)
+    finally:
+        holder.join(60)
+    assert done.is_set() and seen == [True]
+    assert _reload(job).state == S.RUNNING and _reload(job).billable_seconds == 60.0
