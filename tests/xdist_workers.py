@@ -33,6 +33,11 @@ that early). ``make test`` runs ``pytest -n $(TEST_WORKERS) --dist loadgroup``; 
   container's 7777, is used by tests/cloud_adapters/sagemaker/test_sagemaker_toolkit.py alone, one
   test at a time. Files go to ``tmp_path`` or carry their test's name (test-artifacts/browser/); the
   SageMaker toolkit's virtualenv is built once under a file lock (its conftest).
+- **GPU box jobs**: a GPU box's default interpreter (``TRAINBOARD_GPUBOX_PYTHON``) is the torch-free
+  torchrun's wrapper (tests/standins/torchrun_lite.py) in every pytest process and the Celery workers
+  they start: the jobs run the real launcher and trainer, their torchrun imports no torch. Torch's own
+  torchrun on a GPU box runs where a test names the interpreter (``config={"python": sys.executable}``)
+  and in the compose stack's image.
 - **Shared uids**: serial or not, ``TRAINBOARD_GPUBOX_ALLOW_SHARED_UID`` defaults to true for the tests and
   the Celery workers they start (docs/gpu-boxes.md "Isolation"). The tests' GPU boxes keep their run
   roots under pytest's ``/tmp/pytest-of-<user>`` (0700), where no job uid can reach them, so they cannot
@@ -117,7 +122,12 @@ def check_redis_databases(url: str, workers: int) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args) -> None:
     """In worker ``gwN``: ``REDIS_URL`` becomes database base + N, before pytest-django's hook of the
-    same name reads Django's settings (tryfirst: this one runs first)."""
+    same name reads Django's settings (tryfirst: this one runs first). In every process, serial or not:
+    ``TRAINBOARD_GPUBOX_PYTHON`` (a GPU box's default interpreter, read by the settings) is the torch-free
+    torchrun's wrapper unless set (see "GPU box jobs" above)."""
+    from standins import torchrun_lite
+
+    os.environ.setdefault("TRAINBOARD_GPUBOX_PYTHON", torchrun_lite.wrapper())
     index = worker_index()
     url = os.environ.get("REDIS_URL", "")
     if index is None or not url:

@@ -233,6 +233,13 @@ def python() -> str:
     this process's rank zygote (:func:`standins.rank_zygote.ensure`) unless
     ``TRAINBOARD_TEST_RANK_ZYGOTE=0``: the agents this process starts then fork their ranks from it."""
     rank_zygote.ensure()
+    return wrapper()
+
+
+def wrapper() -> str:
+    """Path of the interpreter wrapper, written on first use, without starting a rank zygote (what
+    :func:`python` returns; for a process whose agents never reach one, e.g. the GPU box's default
+    interpreter, whose jobs start from an allowlisted environment)."""
     path = WRAPPER_DIR / "python"
     text = _WRAPPER.format(python=sys.executable, tests=str(TESTS_DIR), wrapper=str(path))
     try:
