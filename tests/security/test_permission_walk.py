@@ -703,6 +703,7 @@ def test_a_non_staff_gpubox_backend_reaches_only_its_price_and_its_cancel_grace(
     from jobs import adapters, services
 
     settings.TRAINBOARD_GPUBOX_MAX_PROCS_PER_NODE = 3
+    settings.TRAINBOARD_GPUBOX_PYTHON = ""  # the installation's default: the worker's own interpreter
     carol = world["users"]["carol"]
     backend = services.backend_update(backend=world["objects"]["backend"],
                                       config={"hourly_rate_usd": 100_000, "grace_period_s": 600})
