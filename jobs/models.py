@@ -1131,6 +1131,7 @@ NOTIFICATION_EVENTS: dict[str, str] = {
     "job.budget_stopped": "Job stopped by its budget",
     "job.stalled": "Job stalled (past its state's deadline)",
     "job.hung": "Job hung (no new step for its hang deadline)",
+    "job.idle": "Job idle (its GPUs below the backend's threshold; warned or stopped by its idle policy)",
 }
 """Event type name → label, in the order the settings page lists them (jobs.notifications sends them)."""
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import hangs, job_table, metric_buckets, metric_store
+from jobs import hangs, idle, job_table, metric_buckets, metric_store
 from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
@@ -765,6 +765,30 @@ def training_job_hang(*, job: TrainingJob) -> dict[str, Any] | None:
     return {"at": job.hung_at, "source": hang.get("source", ""), "step": hang.get("step"), "step_at": step_at,
             "deadline_s": deadline if isinstance(deadline, (int, float)) else None, "reason": hangs.hang_reason(hang),
             "policy": job.backend.hang_policy, "ranks": ranks}
+
+
+def training_job_idle(*, job: TrainingJob) -> dict[str, Any] | None:
+    """What the job page and the API show of the job's GPU idleness (:mod:`jobs.idle`); None when no
+    sample with a GPU figure arrived (a CPU-only job, a node without NVML) and no policy acted:
+    ``{"gpus": GPUs seen, "threshold_pct": %, "since": datetime (UTC) from which all were below or None,
+    "idle_for_s": seconds idle as of the newest sample, "idle_s": seconds all were idle over the run,
+    "waste_usd": Decimal, the cost of those seconds (idle_s × instances × hourly price / 3600),
+    "at": when the idle policy acted or None, "reason": its line or "", "saved_usd": Decimal or None}``.
+    No query."""
+    tracker = job.idle if isinstance(job.idle, dict) else {}
+    gpus = idle.gpu_count(tracker)
+    if not gpus and job.idle_at is None:
+        return None
+    idle_s = idle.tracker_idle_s(tracker)
+    since = tracker.get("since")
+    ok = isinstance(since, (int, float)) and not isinstance(since, bool) and 0 <= since < idle.MAX_TIME
+    threshold = tracker.get("threshold_pct")
+    return {"gpus": gpus, "threshold_pct": threshold if isinstance(threshold, int) else None,
+            "since": idle.at_datetime(since) if ok else None, "idle_for_s": idle.idle_for_s(tracker),
+            "idle_s": idle_s,
+            "waste_usd": idle.waste_usd(idle_s=idle_s, instances=max(int(job.instance_count or job.nodes or 1), 1),
+                                        hourly_price_usd=job.hourly_price_usd or 0),
+            "at": job.idle_at, "reason": job.idle_reason or "", "saved_usd": job.idle_saved_usd}
 
 
 def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
