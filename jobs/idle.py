@@ -55,6 +55,10 @@ MIN_GAP_S = 60.0
 """The least of :func:`max_gap_s`, seconds."""
 MAX_TIME = 253_402_300_800.0
 """Unix seconds of the year 10000: a later (or non-finite) time is not a sample's."""
+MAX_USD = Decimal("99999999.9999")
+"""The most ``TrainingJob.idle_saved_usd`` holds (12 digits, 4 decimals): a saving is never more. The job's
+estimate (max runtime × nodes × price) is refused above it at submission, so only an instance count the
+provider reports above the job's nodes could reach it."""
 
 
 def _number(value: Any) -> float | None:
@@ -196,7 +200,7 @@ def saving(job: Any, at: dt.datetime) -> tuple[Decimal, str]:
         to_end = max((projected.finish_at - at).total_seconds(), 0.0)
         if to_end < left_s:
             left_s, why = to_end, "to its projected end"
-    saved = costs.job_cost_usd(billable_seconds=left_s, instances=instances, hourly_price_usd=price)
+    saved = min(costs.job_cost_usd(billable_seconds=left_s, instances=instances, hourly_price_usd=price), MAX_USD)
     nodes = f"{instances} node{'' if instances == 1 else 's'}"
     places = costs.usd_places(saved)
     text = f"{left_s:.0f} s {why} × {nodes} × {costs.format_usd_per_hour(price)}"

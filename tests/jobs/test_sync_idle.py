@@ -205,3 +205,5 @@ def test_the_saving_stops_at_the_projected_end_and_at_the_budget():
                                                        "capped at the $2.00 its budget has left")
     job.budget_usd, job.progress_total_steps, job.started_at = None, None, None  # no length, no start yet
     assert idle.saving(job, at) == (Decimal("28.8000"), "7200 s left of its max runtime × 2 nodes × $7.20/h = $28.80")
+    job.instance_count = 10**9  # more instances than the job's nodes: the saving still fits its column
+    assert idle.saving(job, at)[0] == idle.MAX_USD
