@@ -20,7 +20,9 @@ from typing import Any, Iterable
 from django.db import connection
 from django.db.models import Case, CharField, Count, F, Func, Max, Q, QuerySet, Sum, Value, When
 from django.db.models import Min
-from django.db.models.functions import Coalesce
+from django.db.models import DecimalField
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from cloud_adapters import torchrun_log
@@ -1023,7 +1025,9 @@ class MetricsSnapshot:
     failed while being submitted (JobEvents QUEUED/SUBMITTING → FAILED)}; ``counters``: {(name,
     backend id or None): value} of :class:`~jobs.models.OperationCount`; ``webhook_pending``:
     deliveries neither delivered nor given up; ``progress``: ``[(job id, backend id, Progress)]`` of
-    the RUNNING jobs with a known length (:mod:`jobs.progress`), by job id."""
+    the RUNNING jobs with a known length (:mod:`jobs.progress`), by job id; ``waste_month_usd``: {backend
+    id: the cost of waste of the jobs created this calendar month (UTC), Σ idle seconds × instances ×
+    hourly price / 3600 (:mod:`jobs.idle`), rounded to 4 decimals}, backends with none left out."""
 
     backends: dict[int, tuple[str, str, str]]
     jobs_by_state: dict[tuple[int, str], int]
@@ -1033,6 +1037,7 @@ class MetricsSnapshot:
     counters: dict[tuple[str, int | None], int]
     webhook_pending: int
     progress: list[tuple[int, int, job_progress.Progress]] = dataclasses.field(default_factory=list)
+    waste_month_usd: dict[int, Decimal] = dataclasses.field(default_factory=dict)
 
 
 def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
@@ -1049,9 +1054,12 @@ def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
         backends[backend.pk] = (backend.name, backend.kind, queue)
     jobs_by_state = {(row["backend_id"], row["state"]): row["n"] for row in
                      TrainingJob.objects.values("backend_id", "state").annotate(n=Count("id")).order_by()}
-    cost = {row["backend_id"]: row["usd"] or Decimal("0") for row in
-            TrainingJob.objects.filter(created_at__gte=month_start(now)).values("backend_id")
-            .annotate(usd=Sum("cost_usd")).order_by()}
+    cost, waste = {}, {}
+    for row in (TrainingJob.objects.filter(created_at__gte=month_start(now)).values("backend_id")
+                .annotate(usd=Sum("cost_usd"), waste=idle_waste_sum()).order_by()):
+        cost[row["backend_id"]] = row["usd"] or Decimal("0")
+        if row["waste"]:
+            waste[row["backend_id"]] = (row["waste"] / 3600).quantize(CENT_FRACTION, rounding=ROUND_HALF_UP)
     lag = {}
     for row in (TrainingJob.objects.filter(state__in=SYNCED_STATES).values("backend_id")
                 .annotate(oldest=Min(Coalesce("last_synced_at", "state_entered_at", "created_at"))).order_by()):
@@ -1069,4 +1077,15 @@ def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
         stored = job_progress.job_progress(job, now)
         if stored is not None:
             progress.append((job.pk, job.backend_id, stored))
-    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending, progress)
+    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending, progress, waste)
+
+
+def idle_waste_sum() -> Sum:
+    """The aggregate of the cost of waste over a query's jobs (:mod:`jobs.idle`), USD × 3600 (divide,
+    then round): Σ tracker ``idle_s`` × instances × hourly price. Only trackers whose ``idle_s`` is a JSON
+    number in (0, 10¹⁵) count (the sync writes no other; in jsonb's order strings sort below numbers,
+    booleans, arrays and objects above them), the others are filtered out before the cast."""
+    seconds = Cast(KT("idle__idle_s"), DecimalField(max_digits=30, decimal_places=6))
+    return Sum(seconds * F("instance_count") * F("hourly_price_usd"),
+               output_field=DecimalField(max_digits=40, decimal_places=10),
+               filter=Q(idle__idle_s__gt=0, idle__idle_s__lt=10**15))

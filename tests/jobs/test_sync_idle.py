@@ -140,6 +140,17 @@ def test_the_stop_policy_cancels_with_the_reason_and_what_stopping_saves(user, s
         "waste_usd": "7.2000", "at": "2024-05-01T12:31:00Z", "reason": reason, "saved_usd": "21.3600"}
     running(job, ["[launch] saving a checkpoint on SIGTERM"])  # the provider still says RUNNING
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
+    # The backend's waste this month, as /metrics reports it: 1800 s × 2 × $7.20/h; a tracker that is not
+    # the sync's (idle_s a string, a bool) does not count.
+    from jobs import selectors
+    from webapp.metrics import TrainboardCollector
+
+    assert selectors.metrics_snapshot().waste_month_usd == {scripted_backend.pk: Decimal("7.2000")}
+    [family] = [m for m in TrainboardCollector().collect() if m.name == "trainboard_idle_waste_month_usd"]
+    assert [s.value for s in family.samples if s.labels["backend_id"] == str(scripted_backend.pk)] == [7.2]
+    for bogus in ({"idle_s": "9e9"}, {"idle_s": True}, {"idle_s": [1]}, {"idle_s": {"a": 1}}, {"idle_s": None}, []):
+        TrainingJob.objects.filter(pk=job.pk).update(idle=bogus)
+        assert selectors.metrics_snapshot().waste_month_usd == {}, bogus
 
 
 def test_a_cpu_only_job_is_never_idle_under_a_gpu_policy(user, submitted_job, scripted_backend):
