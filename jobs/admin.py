@@ -249,6 +249,18 @@ class ComputeBackendForm(ServiceForm):
         required=False, choices=ComputeBackend.HangPolicy.choices, initial=ComputeBackend.HangPolicy.FLAG,
         help_text="What a RUNNING job with no new step for its hang deadline gets: flagged Hung (each rank's "
                   "stack on its page), or flagged and cancelled.")
+    idle_policy = forms.ChoiceField(
+        required=False, choices=ComputeBackend.IdlePolicy.choices, initial=ComputeBackend.IdlePolicy.OFF,
+        help_text="What a RUNNING job whose GPUs all stay below the idle threshold for the idle minutes gets: "
+                  "nothing, a warning (note, job.idle notification), or that and a stop (the trainer "
+                  "checkpoints on SIGTERM). A job without GPU figures (CPU only) is never idle.")
+    # Not required: a POST without them keeps the backend's (default 10 %, 30 min).
+    idle_gpu_util_pct = forms.IntegerField(
+        required=False, min_value=1, max_value=100, initial=10,
+        help_text="A GPU is idle while its utilisation (NVML, % of time a kernel ran) is below this, 1 to 100.")
+    idle_minutes = forms.IntegerField(
+        required=False, min_value=1, max_value=7 * 24 * 60, initial=30,
+        help_text="Minutes every GPU of a job must stay idle before the idle policy acts, 1 to 10,080 (7 days).")
     max_restarts = forms.IntegerField(
         required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
         help_text="How many times a job whose run is lost (a preemption the provider does not restart itself, a "
@@ -258,7 +270,7 @@ class ComputeBackendForm(ServiceForm):
     class Meta:
         model = ComputeBackend
         fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
-                  "max_restarts", "hang_policy", "hang_deadline_s"]
+                  "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy", "idle_gpu_util_pct", "idle_minutes"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -267,11 +279,12 @@ class ComputeBackendForm(ServiceForm):
     def save_via_service(self, data):
         data["config"] = _json_field(data.get("config"))
         data["state_deadlines"] = _json_field(data.get("state_deadlines"))
-        for name in ("stall_policy", "orphan_policy", "hang_policy"):
+        for name in ("stall_policy", "orphan_policy", "hang_policy", "idle_policy"):
             if not data.get(name):
                 data.pop(name, None)
-        if data.get("max_restarts") is None:
-            data.pop("max_restarts", None)  # left out: the backend's (default 2)
+        for name in ("max_restarts", "idle_gpu_util_pct", "idle_minutes"):
+            if data.get(name) is None:
+                data.pop(name, None)  # left out: the backend's (defaults 2, 10 %, 30 min)
         if self.instance.pk:
             return services.backend_update(backend=self.instance, **data)
         return services.backend_create(owner=self.request.user, **data)

@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -298,6 +298,23 @@ class ComputeBackend(Owned):
         null=True, blank=True,
         help_text="Seconds with no new step before a RUNNING job is hung; blank = from the job's own step "
                   "time, max(600, 20 × seconds per step, 3 × seconds between records).")
+
+    class IdlePolicy(models.TextChoices):
+        OFF = "off", "Do nothing"
+        WARN = "warn", "Warn (a note and the job.idle notification)"
+        STOP = "stop", "Warn, checkpoint and stop the job"
+
+    idle_policy = models.CharField(
+        max_length=10, choices=IdlePolicy.choices, default=IdlePolicy.OFF,
+        help_text="What a running job whose GPUs all stay below the idle threshold for the idle minutes gets "
+                  "(jobs.idle): nothing, a warning, or a warning and a cancel (the trainer checkpoints on "
+                  "SIGTERM). A job without GPU figures (CPU only) is never idle.")
+    idle_gpu_util_pct = models.PositiveSmallIntegerField(
+        default=10, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="A GPU is idle while its utilisation (NVML, % of time a kernel ran) is below this, 1 to 100.")
+    idle_minutes = models.PositiveIntegerField(
+        default=30, validators=[MinValueValidator(1), MaxValueValidator(7 * 24 * 60)],
+        help_text="Minutes every GPU of a job must stay idle before the idle policy acts, 1 to 10,080 (7 days).")
     orphan_policy = models.CharField(max_length=10, choices=OrphanPolicy.choices, default=OrphanPolicy.REPORT)
     max_restarts = models.PositiveSmallIntegerField(
         default=DEFAULT_MAX_RESTARTS,
@@ -442,6 +459,22 @@ class TrainingJob(Owned):
         default=dict, blank=True,
         help_text="What was found (jobs.hangs.hang_after): the last step and its time, the deadline, "
                   "who found it and each rank's stack.")
+
+    # Idle GPUs (jobs.idle, issue 30): the launcher's hardware samples folded into a tracker; the
+    # backend's idle policy acts once every GPU stayed below its threshold for its minutes.
+    idle = models.JSONField(
+        default=dict, blank=True,
+        help_text="The idle tracker (jobs.idle.idle_after): per GPU since when it is below the backend's "
+                  "threshold, since when all are, the newest sample's time and the idle seconds so far.")
+    idle_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the idle policy found the job idle (the newest sample's time) and warned or stopped "
+                  "it; null = not idle, or no policy. A busy sample clears it while the job runs.")
+    idle_reason = models.TextField(
+        blank=True, help_text="What the idle policy said: the GPUs, the threshold, the minutes and the saving.")
+    idle_saved_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="What stopping the idle job saves (jobs.idle.saving), USD; null when not idle.")
 
     # The memory plan before launch (trainer_pkg.memory_plan.MemoryPlan.as_dict) and the trainer's last
     # measurement (rank_memory of its latest epoch or completed record), shown side by side.
@@ -1098,6 +1131,7 @@ NOTIFICATION_EVENTS: dict[str, str] = {
     "job.budget_stopped": "Job stopped by its budget",
     "job.stalled": "Job stalled (past its state's deadline)",
     "job.hung": "Job hung (no new step for its hang deadline)",
+    "job.idle": "Job idle (its GPUs below the backend's threshold; warned or stopped by its idle policy)",
 }
 """Event type name → label, in the order the settings page lists them (jobs.notifications sends them)."""
 

@@ -9,7 +9,10 @@ Events (:data:`jobs.models.NOTIFICATION_EVENTS`):
 * ``job.stalled``: the recovery sweep flagging a job past its state's deadline (``jobs.recovery``
   calls :func:`job_stalled` inside its transaction);
 * ``job.hung``: a running job flagged hung, by the sync from the launcher's records or by the
-  recovery sweep (:func:`job_hung`, inside the transaction that flags it; :mod:`jobs.hangs`).
+  recovery sweep (:func:`job_hung`, inside the transaction that flags it; :mod:`jobs.hangs`);
+* ``job.idle``: a running job whose GPUs stayed below its backend's idle threshold, warned or stopped
+  by the backend's idle policy (:func:`job_idle`, inside the sync's transaction; :mod:`jobs.idle`);
+  its payload's job carries ``idle_saved_usd``, what stopping it saves.
 
 :func:`event_record` writes one :class:`~jobs.models.WebhookDelivery` row per matching webhook and,
 after commit, sends ``deliver_webhook`` for each and one ``send_notification_email`` for the users
@@ -95,6 +98,14 @@ def job_hung(*, job: TrainingJob, reason: str) -> None:
     event_record(job=job, event="job.hung", reason=reason)
 
 
+def job_idle(*, job: TrainingJob, reason: str) -> None:
+    """``job.idle`` for ``job`` (``jobs.sync.idled``, inside the transaction that flags it); ``reason``
+    is :func:`jobs.idle.reason`'s line. The payload's job also carries ``idle_saved_usd`` (a decimal
+    string, 4 places, as ``cost_usd``): what stopping the job saves."""
+    saved = None if job.idle_saved_usd is None else _usd(job.idle_saved_usd)
+    event_record(job=job, event="job.idle", reason=reason, details={"idle_saved_usd": saved})
+
+
 def job_page_url(job_id: int) -> str:
     """The job page's absolute URL under ``TRAINBOARD_BASE_URL``."""
     return settings.TRAINBOARD_BASE_URL + reverse("job-detail", kwargs={"pk": job_id})
@@ -132,7 +143,7 @@ def summary_line(facts: dict[str, Any]) -> str:
     job = facts["job"]
     verb = {"job.started": "started", "job.succeeded": "succeeded", "job.failed": "failed",
             "job.cancelled": "was cancelled", "job.budget_stopped": "was stopped by its budget",
-            "job.stalled": "stalled", "job.hung": "hung"}.get(facts["event"], facts["event"])
+            "job.stalled": "stalled", "job.hung": "hung", "job.idle": "is idle"}.get(facts["event"], facts["event"])
     line = f"Job #{job['id']} {job['name']} {verb}"
     return f"{line}: {job['reason']}" if job["reason"] and facts["event"] != "job.succeeded" else line
 
@@ -185,16 +196,19 @@ def email_recipients(job: TrainingJob, event: str) -> list[int]:
     return chosen
 
 
-def event_record(*, job: TrainingJob, event: str, reason: str = "") -> list[WebhookDelivery]:
+def event_record(*, job: TrainingJob, event: str, reason: str = "",
+                 details: dict[str, Any] | None = None) -> list[WebhookDelivery]:
     """Record ``event`` of ``job``: a due delivery row per matching webhook, and after commit one
     ``deliver_webhook`` task per row and a ``send_notification_email`` task for the email recipients.
-    Call inside a transaction (the event's, or one of its own). Returns the rows written.
+    ``details``: the event's own figures (JSON values), added to the payload's ``job``. Call inside a
+    transaction (the event's, or one of its own). Returns the rows written.
 
     Raises ValueError for an event name not in :data:`jobs.models.NOTIFICATION_EVENTS`."""
     if event not in NOTIFICATION_EVENTS:
         raise ValueError(f"unknown notification event {event!r}")
     now = timezone.now()
     facts = job_facts(job, event, reason, now)
+    facts["job"].update(details or {})
     rows = []
     for webhook in webhooks_for(job, event):
         delivery_id = webhooks.new_delivery_id()
@@ -220,6 +234,8 @@ def notification_email_send(*, user_ids: list[int], facts: dict[str, Any]) -> in
              f"Backend: {job['backend']}"]
     if job["budget_usd"] is not None:
         lines.append(f"Budget: ${job['budget_usd']}")
+    if job.get("idle_saved_usd") is not None:
+        lines.append(f"What stopping it saves: ${job['idle_saved_usd']}")
     if job["team"]:
         lines.append(f"Team: {job['team']}")
     lines += ["", f"Open the job: {job['url']}", "",

@@ -20,12 +20,14 @@ from typing import Any, Iterable
 from django.db import connection
 from django.db.models import Case, CharField, Count, F, Func, Max, Q, QuerySet, Sum, Value, When
 from django.db.models import Min
-from django.db.models.functions import Coalesce
+from django.db.models import DecimalField
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import hangs, job_table, metric_buckets, metric_store
+from jobs import hangs, idle, job_table, metric_buckets, metric_store
 from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
@@ -767,6 +769,30 @@ def training_job_hang(*, job: TrainingJob) -> dict[str, Any] | None:
             "policy": job.backend.hang_policy, "ranks": ranks}
 
 
+def training_job_idle(*, job: TrainingJob) -> dict[str, Any] | None:
+    """What the job page and the API show of the job's GPU idleness (:mod:`jobs.idle`); None when no
+    sample with a GPU figure arrived (a CPU-only job, a node without NVML) and no policy acted:
+    ``{"gpus": GPUs seen, "threshold_pct": %, "since": datetime (UTC) from which all were below or None,
+    "idle_for_s": seconds idle as of the newest sample, "idle_s": seconds all were idle over the run,
+    "waste_usd": Decimal, the cost of those seconds (idle_s × instances × hourly price / 3600),
+    "at": when the idle policy acted or None, "reason": its line or "", "saved_usd": Decimal or None}``.
+    No query."""
+    tracker = job.idle if isinstance(job.idle, dict) else {}
+    gpus = idle.gpu_count(tracker)
+    if not gpus and job.idle_at is None:
+        return None
+    idle_s = idle.tracker_idle_s(tracker)
+    since = tracker.get("since")
+    ok = isinstance(since, (int, float)) and not isinstance(since, bool) and 0 <= since < idle.MAX_TIME
+    threshold = tracker.get("threshold_pct")
+    return {"gpus": gpus, "threshold_pct": threshold if isinstance(threshold, int) else None,
+            "since": idle.at_datetime(since) if ok else None, "idle_for_s": idle.idle_for_s(tracker),
+            "idle_s": idle_s,
+            "waste_usd": idle.waste_usd(idle_s=idle_s, instances=max(int(job.instance_count or job.nodes or 1), 1),
+                                        hourly_price_usd=job.hourly_price_usd or 0),
+            "at": job.idle_at, "reason": job.idle_reason or "", "saved_usd": job.idle_saved_usd}
+
+
 def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
     """The memory plan made at creation beside the trainer's last measurement, for the job page:
     ``{"summary", "lines", "rows": [{"label", "planned", "measured", "ratio"}], "busiest_rank",
@@ -999,7 +1025,9 @@ class MetricsSnapshot:
     failed while being submitted (JobEvents QUEUED/SUBMITTING → FAILED)}; ``counters``: {(name,
     backend id or None): value} of :class:`~jobs.models.OperationCount`; ``webhook_pending``:
     deliveries neither delivered nor given up; ``progress``: ``[(job id, backend id, Progress)]`` of
-    the RUNNING jobs with a known length (:mod:`jobs.progress`), by job id."""
+    the RUNNING jobs with a known length (:mod:`jobs.progress`), by job id; ``waste_month_usd``: {backend
+    id: the cost of waste of the jobs created this calendar month (UTC), Σ idle seconds × instances ×
+    hourly price / 3600 (:mod:`jobs.idle`), rounded to 4 decimals}, backends with none left out."""
 
     backends: dict[int, tuple[str, str, str]]
     jobs_by_state: dict[tuple[int, str], int]
@@ -1009,6 +1037,7 @@ class MetricsSnapshot:
     counters: dict[tuple[str, int | None], int]
     webhook_pending: int
     progress: list[tuple[int, int, job_progress.Progress]] = dataclasses.field(default_factory=list)
+    waste_month_usd: dict[int, Decimal] = dataclasses.field(default_factory=dict)
 
 
 def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
@@ -1025,9 +1054,12 @@ def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
         backends[backend.pk] = (backend.name, backend.kind, queue)
     jobs_by_state = {(row["backend_id"], row["state"]): row["n"] for row in
                      TrainingJob.objects.values("backend_id", "state").annotate(n=Count("id")).order_by()}
-    cost = {row["backend_id"]: row["usd"] or Decimal("0") for row in
-            TrainingJob.objects.filter(created_at__gte=month_start(now)).values("backend_id")
-            .annotate(usd=Sum("cost_usd")).order_by()}
+    cost, waste = {}, {}
+    for row in (TrainingJob.objects.filter(created_at__gte=month_start(now)).values("backend_id")
+                .annotate(usd=Sum("cost_usd"), waste=idle_waste_sum()).order_by()):
+        cost[row["backend_id"]] = row["usd"] or Decimal("0")
+        if row["waste"]:
+            waste[row["backend_id"]] = (row["waste"] / 3600).quantize(CENT_FRACTION, rounding=ROUND_HALF_UP)
     lag = {}
     for row in (TrainingJob.objects.filter(state__in=SYNCED_STATES).values("backend_id")
                 .annotate(oldest=Min(Coalesce("last_synced_at", "state_entered_at", "created_at"))).order_by()):
@@ -1045,4 +1077,15 @@ def metrics_snapshot(*, now: dt.datetime | None = None) -> MetricsSnapshot:
         stored = job_progress.job_progress(job, now)
         if stored is not None:
             progress.append((job.pk, job.backend_id, stored))
-    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending, progress)
+    return MetricsSnapshot(backends, jobs_by_state, cost, lag, submit_errors, counters, pending, progress, waste)
+
+
+def idle_waste_sum() -> Sum:
+    """The aggregate of the cost of waste over a query's jobs (:mod:`jobs.idle`), USD × 3600 (divide,
+    then round): Σ tracker ``idle_s`` × instances × hourly price. Only trackers whose ``idle_s`` is a JSON
+    number in (0, 10¹⁵) count (the sync writes no other; in jsonb's order strings sort below numbers,
+    booleans, arrays and objects above them), the others are filtered out before the cast."""
+    seconds = Cast(KT("idle__idle_s"), DecimalField(max_digits=30, decimal_places=6))
+    return Sum(seconds * F("instance_count") * F("hourly_price_usd"),
+               output_field=DecimalField(max_digits=40, decimal_places=10),
+               filter=Q(idle__idle_s__gt=0, idle__idle_s__lt=10**15))

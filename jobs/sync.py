@@ -46,7 +46,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, hangs, metric_buckets, metric_store, notifications, progress, restarts
+from jobs import admission, hangs, idle, metric_buckets, metric_store, notifications, progress, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
@@ -394,13 +394,60 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
     hung_at, hang = hangs.hang_after(job.hung_at, job.hang, records)
     if (hung_at, hang) != (job.hung_at, job.hang):
         changed.update(hung_at=hung_at, hang=hang)
+    # Idle GPUs (jobs.idle): the launcher's samples folded into the job's tracker, and its backend's idle policy.
+    was_idle = job.idle_at
+    if any(record.get("event") == idle.EVENT for record in records):
+        changed.update(_idle_fields(job, records))
     if changed:
         TrainingJob.objects.filter(pk=job.pk).update(**changed)
         for field, value in changed.items():
             setattr(job, field, value)
     if job.hung_at is not None and job.hung_at != was_hung:
         hung(job)
+    if job.idle_at is not None and job.idle_at != was_idle:
+        idled(job)
     return next_seq, first_step, rank_memory, trained_at, len(points)
+
+
+def _idle_fields(job: TrainingJob, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's idle columns after ``records`` (:func:`jobs.idle.idle_after` at its backend's
+    ``idle_gpu_util_pct``), those that change: while the job runs (PENDING or RUNNING), a busy sample
+    clears a finding (a later idle period is told again), and under an ``idle_policy`` other than
+    ``off`` every GPU idle for the backend's ``idle_minutes`` sets ``idle_at`` (the newest sample's
+    time), ``idle_reason`` and ``idle_saved_usd`` (:func:`jobs.idle.saving` from that moment), once per
+    idle period. A job without GPU figures never is."""
+    backend = job.backend
+    threshold = backend.idle_gpu_util_pct
+    tracker = idle.idle_after(job.idle, records, threshold)
+    out: dict[str, Any] = {"idle": tracker} if tracker != job.idle else {}
+    if job.state not in (S.PENDING, S.RUNNING):
+        return out
+    if tracker["since"] is None:
+        if job.idle_at is not None:
+            out.update(idle_at=None, idle_reason="", idle_saved_usd=None)
+        return out
+    if (backend.idle_policy == ComputeBackend.IdlePolicy.OFF or job.idle_at is not None
+            or idle.idle_for_s(tracker) < backend.idle_minutes * 60):
+        return out
+    found_at = idle.at_datetime(tracker["last"])
+    saved, arithmetic = idle.saving(job, found_at)
+    stop = backend.idle_policy == ComputeBackend.IdlePolicy.STOP
+    out.update(idle_at=found_at, idle_saved_usd=saved,
+               idle_reason=idle.reason(tracker, threshold, saved, arithmetic, stop=stop)[:2000])
+    return out
+
+
+def idled(job: TrainingJob) -> None:
+    """After ``job`` was found idle under its backend's idle policy (its ``idle_*`` columns just
+    written, its row locked by the caller): a note on its timeline with the reason, the ``job.idle``
+    notification (webhook and email, after commit) and, under ``stop``, the cancel (STOPPING with
+    "Stopped: " and the reason; the provider's cancel sent after commit, and the trainer checkpoints
+    on the SIGTERM it brings)."""
+    note(job.pk, job.state, job.idle_reason)
+    log.warning("job %s idle: %s", job.pk, job.idle_reason)
+    notifications.job_idle(job=job, reason=job.idle_reason)  # rows in this transaction, sent after commit
+    if job.state in (S.PENDING, S.RUNNING) and job.backend.idle_policy == ComputeBackend.IdlePolicy.STOP:
+        training_job_cancel(job=job, reason=f"Stopped: {job.idle_reason}"[:2000])
 
 
 def hung(job: TrainingJob) -> None:

@@ -405,6 +405,18 @@ class BackendForm(forms.Form):
             required=False, min_value=10, max_value=30 * 86_400, label="Hang deadline (seconds)",
             help_text="Seconds with no new step before a running job is hung. Blank: from the job's own step "
                       "time, max(600, 20 × seconds per step).")
+        self.fields["idle_policy"] = forms.ChoiceField(
+            required=False, choices=ComputeBackend.IdlePolicy.choices, initial=ComputeBackend.IdlePolicy.OFF,
+            label="When a running job's GPUs idle",
+            help_text="Warn notes it on the job page and sends job.idle (webhook, email) with what stopping it "
+                      "would save; stop also checkpoints and stops it. A job without GPU figures (CPU only) is "
+                      "never idle.")
+        self.fields["idle_gpu_util_pct"] = forms.IntegerField(
+            required=False, min_value=1, max_value=100, initial=10, label="Idle below (GPU utilisation, %)",
+            help_text="A GPU is idle while NVML's utilisation (% of time a kernel ran) is below this.")
+        self.fields["idle_minutes"] = forms.IntegerField(
+            required=False, min_value=1, max_value=7 * 24 * 60, initial=30, label="Idle for (minutes)",
+            help_text="Minutes every GPU of the job must stay idle before the policy acts.")
         self.fields["orphan_policy"] = forms.ChoiceField(
             required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
             label="Orphan provider jobs",
@@ -437,8 +449,11 @@ class BackendForm(forms.Form):
         """``state_deadlines``, and ``stall_policy``/``orphan_policy`` when chosen, for
         ``backend_create``/``backend_update`` (a policy left out keeps the backend's, or the default)."""
         kwargs: dict[str, Any] = {"state_deadlines": self.state_deadlines()}
-        for name in ("stall_policy", "orphan_policy", "hang_policy"):
+        for name in ("stall_policy", "orphan_policy", "hang_policy", "idle_policy"):
             if self.cleaned_data.get(name):
+                kwargs[name] = self.cleaned_data[name]
+        for name in ("idle_gpu_util_pct", "idle_minutes"):  # blank: the backend's (default 10 %, 30 min)
+            if self.cleaned_data.get(name) is not None:
                 kwargs[name] = self.cleaned_data[name]
         if "hang_deadline_s" in self.cleaned_data:  # blank: the job's own step time
             kwargs["hang_deadline_s"] = self.cleaned_data["hang_deadline_s"]
@@ -504,7 +519,8 @@ class BackendForm(forms.Form):
         initial = {"name": backend.name, "kind": backend.kind, "enabled": backend.enabled, "team": backend.team_id,
                    "stall_policy": backend.stall_policy, "orphan_policy": backend.orphan_policy,
                    "max_restarts": backend.max_restarts, "hang_policy": backend.hang_policy,
-                   "hang_deadline_s": backend.hang_deadline_s}
+                   "hang_deadline_s": backend.hang_deadline_s, "idle_policy": backend.idle_policy,
+                   "idle_gpu_util_pct": backend.idle_gpu_util_pct, "idle_minutes": backend.idle_minutes}
         for state, seconds in (backend.state_deadlines or {}).items():
             initial[_deadline_field_name(state)] = seconds
         for name, key in _registered_kind_settings().get(backend.kind, {}).items():

@@ -74,6 +74,14 @@ class TrainboardCollector:
             cost.add_metric(labels(backend_id), float(snap.cost_month_usd.get(backend_id, 0)))
         yield cost
 
+        waste = GaugeMetricFamily("trainboard_idle_waste_month_usd",
+                                  "USD the GPUs of the jobs created this calendar month (UTC) spent idle (every GPU "
+                                  "of a job below its backend's idle threshold: docs/idle.md), per backend.",
+                                  labels=BACKEND_LABELS)
+        for backend_id in sorted(snap.backends):
+            waste.add_metric(labels(backend_id), float(snap.waste_month_usd.get(backend_id, 0)))
+        yield waste
+
         lag = GaugeMetricFamily("trainboard_sync_lag_seconds",
                                 "Seconds since the least recently synced active job's last sync, per backend "
                                 "(backends with a PENDING, RUNNING or STOPPING job).", labels=BACKEND_LABELS)

@@ -362,7 +362,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     # of the page's database time (no encrypted backend secrets to decrypt; the frozen config only
     # when a hyperparameter column needs it).
     jobs = jobs.select_related("backend", "dataset", "model_spec").only(
-        "name", "state", "secondary_state", "raw_state", "stalled_at", "stalled_reason", "hung_at", "budget_usd", "budget_exceeded_at", "nodes", "procs_per_node", "created_at",
+        "name", "state", "secondary_state", "raw_state", "stalled_at", "stalled_reason", "hung_at", "idle_at", "idle_reason", "budget_usd", "budget_exceeded_at", "nodes", "procs_per_node", "created_at",
         "submitted_at", "started_at", "ended_at", "cost_usd", "dataset__name", "model_spec__name",
         "backend__name", "final_metrics", "tags", "archived_at", "owner",
         *(["config"] if any(c.kind == "config" for c in columns) else []),
@@ -471,6 +471,7 @@ def _live_context(job) -> dict[str, Any]:
         "log_tail_lines": LOG_TAIL_LINES,
         "headline": selectors.training_job_headline(job=job),
         "hang": selectors.training_job_hang(job=job),
+        "idle": selectors.training_job_idle(job=job),
     }
 
 

@@ -426,7 +426,7 @@ def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any)
 # =============================================================================================
 
 _BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
-                   "max_restarts", "hang_policy", "hang_deadline_s"}
+                   "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy", "idle_gpu_util_pct", "idle_minutes"}
 
 MIN_HANG_DEADLINE_S = 10
 """Shortest hang deadline a backend may set, seconds (a shorter one would flag every record interval)."""
@@ -444,6 +444,22 @@ def _clean_hang_deadline(errors: Errors, value: Any) -> int | None:
                                       f"{MAX_HANG_DEADLINE_S} (30 days), or blank for the job's own step time; "
                                       f"got {str(value)[:40]!r}.")
         return None
+    return value
+
+
+IDLE_BOUNDS = {"idle_gpu_util_pct": (1, 100, "Idle threshold must be a whole percent from 1 to 100"),
+               "idle_minutes": (1, 7 * 24 * 60, "Idle minutes must be whole minutes from 1 to 10080 (7 days)")}
+"""The idle policy's numbers (:mod:`jobs.idle`): field → (least, most, the error's first words)."""
+
+
+def _clean_idle_number(errors: Errors, field: str, value: Any, default: int) -> int:
+    """``idle_gpu_util_pct`` (%) or ``idle_minutes`` (minutes) as a whole number within
+    :data:`IDLE_BOUNDS` (a bool, a fraction or text is refused); ``default`` after an error on ``field``,
+    which says the bounds, so the other fields are still checked."""
+    low, high, words = IDLE_BOUNDS[field]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        errors.add(field, f"{words}; got {str(value)[:40]!r}.")
+        return default
     return value
 
 
@@ -508,6 +524,8 @@ def _clean_job_secrets(errors: Errors, stored: Mapping[str, str], given: Any) ->
 def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     backend.max_restarts = _clean_max_restarts(errors, backend.max_restarts)
     backend.hang_deadline_s = _clean_hang_deadline(errors, backend.hang_deadline_s)
+    backend.idle_gpu_util_pct = _clean_idle_number(errors, "idle_gpu_util_pct", backend.idle_gpu_util_pct, 10)
+    backend.idle_minutes = _clean_idle_number(errors, "idle_minutes", backend.idle_minutes, 30)
     full_clean(errors, backend)
     if backend.name and name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
         errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
@@ -579,7 +597,8 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                    state_deadlines: Mapping[str, float] | None = None, stall_policy: str = "warn",
                    orphan_policy: str = "report", job_secrets: Any = None,
                    max_restarts: int = DEFAULT_MAX_RESTARTS, hang_policy: str = "flag",
-                   hang_deadline_s: int | None = None) -> ComputeBackend:
+                   hang_deadline_s: int | None = None, idle_policy: str = "off", idle_gpu_util_pct: int = 10,
+                   idle_minutes: int = 30) -> ComputeBackend:
     """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
 
     ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
@@ -592,6 +611,8 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     ``hang_policy`` "flag" | "cancel" (what a RUNNING job with no new step for its hang deadline gets,
     :mod:`jobs.hangs`); ``hang_deadline_s`` that deadline in seconds (:data:`MIN_HANG_DEADLINE_S` …
     :data:`MAX_HANG_DEADLINE_S`), None = from the job's own step time.
+    ``idle_policy`` "off" | "warn" | "stop" (what a running job whose GPUs all stay below
+    ``idle_gpu_util_pct`` % for ``idle_minutes`` minutes gets, :mod:`jobs.idle`; bounds: :data:`IDLE_BOUNDS`).
     ``job_secrets``: environment variables set in every job of the backend (name → value, or
     ``NAME=VALUE`` lines; :func:`_clean_job_secrets`), stored encrypted, never shown back.
     Raises ValidationError keyed by field (``secrets`` and ``job_secrets`` messages name keys, never values).
@@ -603,7 +624,9 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                              state_deadlines=state_deadlines if state_deadlines is not None else {},
                              stall_policy=stall_policy or "", orphan_policy=orphan_policy or "",
                              max_restarts=max_restarts, job_secrets=_clean_job_secrets(errors, {}, job_secrets),
-                             hang_policy=hang_policy or "", hang_deadline_s=hang_deadline_s)
+                             hang_policy=hang_policy or "", hang_deadline_s=hang_deadline_s,
+                             idle_policy=idle_policy or "", idle_gpu_util_pct=idle_gpu_util_pct,
+                             idle_minutes=idle_minutes)
     _validate_backend(errors, backend)
     errors.raise_if_any()
     backend.save()
@@ -627,7 +650,7 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
                    clear_secrets: bool = False, job_secrets: Any = None, clear_job_secrets: bool = False,
                    **fields: Any) -> ComputeBackend:
     """Change some of ``name, kind, config, enabled, team, state_deadlines, stall_policy,
-    orphan_policy, max_restarts, hang_policy, hang_deadline_s`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
+    orphan_policy, max_restarts, hang_policy, hang_deadline_s, idle_policy, idle_gpu_util_pct, idle_minutes`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
     while no job is active.
 
     ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a

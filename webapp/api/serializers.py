@@ -442,7 +442,8 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         model = ComputeBackend
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
                   "job_secrets", "clear_job_secrets", "job_secrets_set", "state_deadlines", "stall_policy",
-                  "orphan_policy", "max_restarts", "hang_policy", "hang_deadline_s", "created_at", "updated_at"]
+                  "orphan_policy", "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy",
+                  "idle_gpu_util_pct", "idle_minutes", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
@@ -665,6 +666,33 @@ class JobHangSerializer(serializers.Serializer):
     ranks = JobHangRankSerializer(many=True, help_text="Each rank's position, by rank.")
 
 
+class JobIdleSerializer(serializers.Serializer):
+    """A job's GPU idleness (jobs.idle): the cost of waste, and what its backend's idle policy did."""
+
+    gpus = serializers.IntegerField(help_text="GPUs the launcher's samples reported (by rank).")
+    threshold_pct = serializers.IntegerField(
+        allow_null=True, help_text="The backend's idle threshold the samples were judged by: a GPU below this "
+                                   "utilisation (%) is idle.")
+    since = serializers.DateTimeField(
+        allow_null=True, help_text="Since when every GPU has been below the threshold; null = one is busy.")
+    idle_for_s = serializers.FloatField(help_text="Seconds idle as of the newest sample (0 = not idle now).")
+    idle_s = serializers.FloatField(help_text="Seconds of the run in which every GPU was below the threshold.")
+    waste_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=4,
+        help_text="The cost of waste: idle_s × instances × hourly_price_usd / 3600 (the whole job's machines).")
+    at = serializers.DateTimeField(
+        allow_null=True, help_text="When the backend's idle policy found the job idle (the newest sample's time) "
+                                   "and warned or stopped it; null = it did not (a busy sample clears it).")
+    reason = serializers.CharField(help_text='The policy\'s line, e.g. "Idle: all 4 GPUs below 10% for 30 min; '
+                                             'stopping it saves $21.36 (5340 s left of its max runtime × 2 nodes '
+                                             '× $7.20/h = $21.36)"; "" when at is null.')
+    saved_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=4, allow_null=True,
+        help_text="What stopping the job saves from at: the seconds to its projected end (known length) or else "
+                  "to its max runtime, whichever is sooner, × instances × hourly_price_usd / 3600, at most what its "
+                  "budget has left; null when at is null.")
+
+
 class JobProgressSerializer(serializers.Serializer):
     """A job's progress (jobs.progress.Progress): % done, time left from the recent step rate and the
     projected final cost, from the job's own columns (no metric point read)."""
@@ -744,6 +772,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="Why the job is flagged hung (hung_at set: no new step for its hang deadline): the last step, "
                   "the deadline and where each rank is stuck; the full stacks are on the job page. Null when "
                   "not hung.")
+    idle = serializers.SerializerMethodField(
+        help_text="The job's GPU idleness from the launcher's samples: the cost of waste (idle_s, waste_usd) and "
+                  "what the backend's idle policy did (at, reason, saved_usd). Null for a job without GPU "
+                  "figures (CPU only): it is never idle.")
     progress = serializers.SerializerMethodField(
         help_text="% done, time left and projected final cost of a job with a known length (epochs or "
                   "train.max_steps for the built-in trainer, report.progress(total=...) for a script); null when "
@@ -760,7 +792,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
-            "attempt", "metric_points_pruned_at", "progress", "hung_at", "hang",
+            "attempt", "metric_points_pruned_at", "progress", "hung_at", "hang", "idle",
         ]
         fields = fields + EXPERIMENT_FIELDS  # the experiment table (docs/experiments.md)
         read_only_fields = fields
@@ -793,6 +825,11 @@ class TrainingJobSerializer(serializers.ModelSerializer):
                                   "reason": hangs.hang_reason(hang),
                                   "ranks": [{"rank": r.get("rank"), "where": r.get("where", "")}
                                             for r in hang.get("ranks") or []]}).data
+
+    @extend_schema_field(JobIdleSerializer(allow_null=True))
+    def get_idle(self, job: TrainingJob) -> dict[str, Any] | None:
+        found = selectors.training_job_idle(job=job)
+        return None if found is None else JobIdleSerializer(found).data
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None

@@ -28,7 +28,9 @@ def job_state_badge(job) -> str:
     """The job's state badge, followed by a "Paused" badge while its provider holds it paused
     (``secondary_state`` :data:`~cloud_adapters.base.PAUSED`) and a "Stalled" badge (reason in its
     title) when the job is past its state's deadline (``TrainingJob.stalled_at``), or a "Hung" badge when
-    it stopped stepping (``TrainingJob.hung_at``, :mod:`jobs.hangs`: where each rank is stuck is on its page)."""
+    it stopped stepping (``TrainingJob.hung_at``, :mod:`jobs.hangs`: where each rank is stuck is on its page),
+    or an "Idle" badge (the reason in its title) while its backend's idle policy finds its GPUs idle
+    (``TrainingJob.idle_at``, :mod:`jobs.idle`)."""
     badge = state_badge(job.state)
     if getattr(job, "secondary_state", "") == PAUSED and not job.is_terminal:
         badge = format_html('{} <span class="badge state-paused" data-paused="1" title="{}">Paused</span>', badge,
@@ -36,6 +38,9 @@ def job_state_badge(job) -> str:
     if getattr(job, "hung_at", None) and not job.is_terminal:
         badge = format_html('{} <span class="badge state-stalled" data-hung="1" title="{}">Hung</span>', badge,
                             "No new step for its hang deadline; where each rank is stuck is on the job page")
+    if getattr(job, "idle_at", None) and not job.is_terminal:
+        badge = format_html('{} <span class="badge state-stalled" data-idle="1" title="{}">Idle</span>', badge,
+                            getattr(job, "idle_reason", "") or "Its GPUs are below the backend's idle threshold")
     if getattr(job, "stalled_at", None) and not job.is_terminal:
         return format_html('{} <span class="badge state-stalled" data-stalled="1" title="{}">Stalled</span>',
                            badge, job.stalled_reason or "Past this state's deadline")
