@@ -42,7 +42,9 @@ def main(argv: list[str]) -> None:
     try:
         _run(argv)
     except Exception as exc:  # what python prints for an uncaught exception, from the script's frame on
-        exc = exc.with_traceback(_script_traceback(exc.__traceback__) or exc.__traceback__)
+        # None when the exception came before the script's first frame (a SyntaxError in it: python
+        # prints the file, line and caret from the exception itself, without a traceback).
+        exc = exc.with_traceback(_script_traceback(exc.__traceback__))
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
 

@@ -40,3 +40,12 @@ def test_a_scripts_exit_code_is_its_own(tmp_path):
     script.write_text(SCRIPT)
     done = _run(str(script), "exit", entry=True)
     assert (done.returncode, done.stdout, done.stderr) == (3, "argv ['exit'] path0 True\n", "")
+
+
+def test_a_syntax_error_in_the_script_reads_as_under_python(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import sys\n\nx = = 1\n")
+    ours, plain = _run(str(script), entry=True), _run(str(script), entry=False)
+    assert ours.returncode == plain.returncode == 1
+    assert ours.stderr == plain.stderr
+    assert ours.stderr.splitlines()[0] == f'  File "{script}", line 3' and "runpy" not in ours.stderr

@@ -45,7 +45,9 @@ def test_a_failing_script_names_its_file_line_and_frame_and_its_traceback_ends_t
     lines = (Path(handle.provider_job_id) / "train.log").read_text().splitlines()
     first, last = failure_summary_span(lines)
     assert "ChildFailedError" in "\n".join(lines[first:last + 1]) and lines[last].startswith("====")
-    left = [ln for ln in lines[:first] + lines[last + 1:] if ln.strip()]
+    # torchrun's own log lines (its agent's "Sending process N closing signal SIGTERM" when one rank
+    # outlives the other's failure, which load decides) are its report too.
+    left = [ln for ln in lines[:first] + lines[last + 1:] if ln.strip() and "torch/distributed/elastic/" not in ln]
     # Both ranks raise at once: under load their tracebacks interleave line by line, so the user's
     # exception line is among the last few lines, not always the very last (seen once in a loaded run).
     assert expected[0].split(": ", 1)[1] in left[-4:], left[-12:]
