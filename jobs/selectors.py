@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import hangs, idle, job_table, metric_buckets, metric_store
+from jobs import bounds, hangs, idle, job_table, metric_buckets, metric_store
 from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
@@ -284,6 +284,17 @@ def training_job_straggler(*, job: TrainingJob,
         "lost_usd": lost_usd,
         "text": text,
     }
+
+
+def training_job_bound(*, job: TrainingJob, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """What bounds the run, in one line (:func:`jobs.bounds.bound`): from each rank's latest timing
+    (``ranks``: the rows of :func:`training_job_rank_throughput` when the caller has them) and each
+    GPU's mean utilisation over its recent samples (:func:`jobs.metric_buckets.recent_means` of
+    ``sys/gpu_util_pct``: the last two 256-second buckets, 4 to 8 minutes of samples). None when the
+    job reported neither. Two queries beyond the ranks' rows, however long the run."""
+    rows = training_job_rank_throughput(job=job) if ranks is None else ranks
+    utils = metric_buckets.recent_means(job.pk, idle.UTIL)
+    return bounds.bound(rows, utils, job.procs_per_node)
 
 
 def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:

@@ -583,6 +583,43 @@ class StragglerSerializer(serializers.Serializer):
     text = serializers.CharField()
 
 
+class BoundSharesSerializer(serializers.Serializer):
+    """Shares of a step over all ranks together (jobs.bounds.timing_shares), %."""
+
+    ranks = serializers.IntegerField(help_text="Ranks whose latest timing was read.")
+    data_pct = serializers.FloatField(help_text="Σ data wait / Σ (data wait + step time).")
+    compute_pct = serializers.FloatField(allow_null=True, help_text="Σ compute / Σ step; null without compute "
+                                                                    "figures (an older trainer).")
+    sync_pct = serializers.FloatField(allow_null=True, help_text="Σ (step time − compute) / Σ step: the gradient "
+                                                                 "sync and the optimizer, waiting included.")
+    waiting_pct = serializers.FloatField(allow_null=True, help_text="Σ (the slowest rank's data wait + compute − "
+                                                                    "the rank's own) / Σ step: waiting for the slowest.")
+    slowest_rank = serializers.IntegerField(allow_null=True)
+
+
+class BoundGpuSerializer(serializers.Serializer):
+    """The GPU that stands out (jobs.bounds.gpu_outlier)."""
+
+    rank = serializers.IntegerField()
+    node = serializers.IntegerField(help_text="rank // processes per node.")
+    gpu = serializers.IntegerField(help_text="Its index on the node: rank % processes per node (its LOCAL_RANK).")
+    util_pct = serializers.FloatField(help_text="Its mean utilisation over its recent samples, %.")
+    others_pct = serializers.FloatField(help_text="The median of the other GPUs' means, %.")
+    more = serializers.IntegerField(help_text="Other GPUs as far below that median.")
+
+
+class BoundSerializer(serializers.Serializer):
+    """What bounds the run (jobs.bounds.bound)."""
+
+    kind = serializers.ChoiceField(choices=["input", "sync", "compute", "gpus-underused"])
+    text = serializers.CharField(help_text='One line, e.g. "input-bound: ranks wait for data 38 % of each step".')
+    shares = BoundSharesSerializer(allow_null=True, help_text="From each rank's latest timing; null for a run that "
+                                                              "reports none (a script).")
+    gpu = BoundGpuSerializer(allow_null=True, help_text="A GPU at least 30 points below the others; null if none.")
+    gpu_mean_pct = serializers.FloatField(allow_null=True, help_text="The GPUs' mean utilisation over their recent "
+                                                                     "samples (the last 4 to 8 minutes), %.")
+
+
 class ConnectionCheckSerializer(serializers.Serializer):
     """One result of a backend's connection test."""
 
@@ -884,6 +921,9 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     ranks = serializers.SerializerMethodField()
     straggler = serializers.SerializerMethodField(
         help_text="The rank the others wait for; null when no rank is meaningfully (10%) slower.")
+    bound = serializers.SerializerMethodField(
+        help_text="What bounds the run, from the ranks' latest timing and the GPUs' recent utilisation; null "
+                  "when the job reported neither.")
     memory_plan = serializers.JSONField(
         read_only=True, allow_null=True,
         help_text="The memory plan made when the job was created (trainer_pkg.memory_plan): per-rank bytes of "
@@ -906,7 +946,7 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
                   '"name", "state", "text"}]} (only jobs you can see).')
     class Meta(TrainingJobSerializer.Meta):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
-                                                      "events", "metrics", "ranks", "straggler", "memory_plan",
+                                                      "events", "metrics", "ranks", "straggler", "bound", "memory_plan",
                                                       "rank_memory"] + [
             "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"] + ["attempts"]
         read_only_fields = fields
@@ -941,6 +981,11 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     def get_straggler(self, job: TrainingJob) -> dict[str, Any] | None:
         straggler = selectors.training_job_straggler(job=job, ranks=self._ranks(job))
         return StragglerSerializer(straggler).data if straggler else None
+
+    @extend_schema_field(BoundSerializer(allow_null=True))
+    def get_bound(self, job: TrainingJob) -> dict[str, Any] | None:
+        found = selectors.training_job_bound(job=job, ranks=self._ranks(job))
+        return BoundSerializer(found).data if found else None
 
     def _ranks(self, job: TrainingJob) -> list[dict[str, Any]]:
         cache = self.context.setdefault("_ranks", {})
