@@ -472,7 +472,8 @@ def _live_context(job) -> dict[str, Any]:
         "log_tail_lines": LOG_TAIL_LINES,
         "headline": selectors.training_job_headline(job=job),
         "hang": selectors.training_job_hang(job=job),
-        "idle": selectors.training_job_idle(job=job),
+        "idle": (idle_found := selectors.training_job_idle(job=job)),
+        "waste": selectors.training_job_waste(job=job, idle_found=idle_found),
     }
 
 

@@ -620,6 +620,23 @@ class BoundSerializer(serializers.Serializer):
                                                                      "samples (the last 4 to 8 minutes), %.")
 
 
+class JobWasteSerializer(serializers.Serializer):
+    """The cost of waste of a job (jobs.selectors.training_job_waste): three parts, no second counted twice."""
+
+    idle_s = serializers.FloatField(help_text="Seconds every GPU was below the backend's idle threshold.")
+    idle_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                        help_text="idle_s × instances × hourly_price_usd / 3600.")
+    gpu_idle_s = serializers.FloatField(help_text="GPU-seconds single GPUs idled while another worked.")
+    gpu_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                       help_text="gpu_idle_s × hourly_price_usd / procs_per_node / 3600.")
+    straggler_s = serializers.FloatField(help_text="Rank-seconds the ranks waited for the slowest to reach the "
+                                                   "gradient sync (the trainer's wait_for_slowest_s, summed).")
+    straggler_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                             help_text="straggler_s × hourly_price_usd / procs_per_node / 3600.")
+    total_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                         help_text="idle_usd + gpu_usd + straggler_usd.")
+
+
 class ConnectionCheckSerializer(serializers.Serializer):
     """One result of a backend's connection test."""
 
@@ -717,6 +734,13 @@ class JobIdleSerializer(serializers.Serializer):
     waste_usd = serializers.DecimalField(
         max_digits=14, decimal_places=4,
         help_text="The cost of waste: idle_s × instances × hourly_price_usd / 3600 (the whole job's machines).")
+    gpu_idle_s = serializers.FloatField(
+        help_text="GPU-seconds in which single GPUs were below the threshold while another GPU was not, summed "
+                  "over the GPUs (not counted in idle_s).")
+    gpu_waste_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=4,
+        help_text="Their cost: gpu_idle_s × hourly_price_usd / procs_per_node / 3600 (each GPU its share of its "
+                  "machine).")
     at = serializers.DateTimeField(
         allow_null=True, help_text="When the backend's idle policy found the job idle (the newest sample's time) "
                                    "and warned or stopped it; null = it did not (a busy sample clears it).")
@@ -921,6 +945,9 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     ranks = serializers.SerializerMethodField()
     straggler = serializers.SerializerMethodField(
         help_text="The rank the others wait for; null when no rank is meaningfully (10%) slower.")
+    waste = serializers.SerializerMethodField(
+        help_text="The cost of waste: every GPU idle, single GPUs idle while others worked, and ranks waiting for "
+                  "the slowest; null for a job with no GPU figure and no waiting measured.")
     bound = serializers.SerializerMethodField(
         help_text="What bounds the run, from the ranks' latest timing and the GPUs' recent utilisation; null "
                   "when the job reported neither.")
@@ -946,7 +973,7 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
                   '"name", "state", "text"}]} (only jobs you can see).')
     class Meta(TrainingJobSerializer.Meta):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
-                                                      "events", "metrics", "ranks", "straggler", "bound", "memory_plan",
+                                                      "events", "metrics", "ranks", "straggler", "bound", "waste", "memory_plan",
                                                       "rank_memory"] + [
             "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"] + ["attempts"]
         read_only_fields = fields
@@ -981,6 +1008,11 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     def get_straggler(self, job: TrainingJob) -> dict[str, Any] | None:
         straggler = selectors.training_job_straggler(job=job, ranks=self._ranks(job))
         return StragglerSerializer(straggler).data if straggler else None
+
+    @extend_schema_field(JobWasteSerializer(allow_null=True))
+    def get_waste(self, job: TrainingJob) -> dict[str, Any] | None:
+        found = selectors.training_job_waste(job=job)
+        return JobWasteSerializer(found).data if found else None
 
     @extend_schema_field(BoundSerializer(allow_null=True))
     def get_bound(self, job: TrainingJob) -> dict[str, Any] | None:
