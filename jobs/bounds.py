@@ -65,23 +65,20 @@ def timing_shares(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     the ranks' summed step; ``compute_pct``/``sync_pct``/``waiting_pct`` None when a rank lacks
     ``compute_s``, as an older trainer's records do; ``waiting_pct`` and ``slowest_rank`` None with
     one rank). None without a rank reporting its data wait and step time, or when every step took 0 s."""
-    rows = [r for r in ranks if _num(r.get("data_wait_s")) is not None and _num(r.get("step_time_s")) is not None]
-    if not rows:
+    rows = [(r.get("rank"), data, step, _num(r.get("compute_s"))) for r in ranks
+            if (data := _num(r.get("data_wait_s"))) is not None and (step := _num(r.get("step_time_s"))) is not None]
+    total = sum(data + step for _, data, step, _ in rows)
+    if not rows or total <= 0:
         return None
-    data = sum(_num(r["data_wait_s"]) for r in rows)  # type: ignore[misc]
-    total = data + sum(_num(r["step_time_s"]) for r in rows)  # type: ignore[misc]
-    if total <= 0:
-        return None
-    out: dict[str, Any] = {"ranks": len(rows), "data_pct": 100.0 * data / total, "compute_pct": None,
-                           "sync_pct": None, "waiting_pct": None, "slowest_rank": None}
-    computes = [_num(r.get("compute_s")) for r in rows]
-    if any(c is None for c in computes):
+    out: dict[str, Any] = {"ranks": len(rows), "data_pct": 100.0 * sum(data for _, data, _, _ in rows) / total,
+                           "compute_pct": None, "sync_pct": None, "waiting_pct": None, "slowest_rank": None}
+    if any(compute is None for *_, compute in rows):
         return out
-    syncs = [max(_num(r["step_time_s"]) - c, 0.0) for r, c in zip(rows, computes)]  # type: ignore[operator]
-    out["compute_pct"] = 100.0 * sum(computes) / total  # type: ignore[arg-type]
-    out["sync_pct"] = 100.0 * sum(syncs) / total
-    if len(rows) > 1:
-        ready = [(_num(r["data_wait_s"]) + c, r.get("rank")) for r, c in zip(rows, computes)]  # type: ignore[operator]
+    timed = [(rank, data, step, float(compute or 0.0)) for rank, data, step, compute in rows]
+    out["compute_pct"] = 100.0 * sum(compute for *_, compute in timed) / total
+    out["sync_pct"] = 100.0 * sum(max(step - compute, 0.0) for _, _, step, compute in timed) / total
+    if len(timed) > 1:
+        ready = [(data + compute, rank) for rank, data, _, compute in timed]
         slowest_s, slowest = max(ready, key=lambda rr: (rr[0], -(rr[1] if isinstance(rr[1], int) else 0)))
         out["waiting_pct"] = 100.0 * sum(slowest_s - s for s, _ in ready) / total
         out["slowest_rank"] = slowest
@@ -144,12 +141,12 @@ def bound(ranks: Sequence[Mapping[str, Any]], gpu_utils: Mapping[int, float], pr
         else:  # an older trainer's records: no compute time to split the rest of the step by
             kind = "compute"
             text = f"not input-bound: ranks wait for data {_pct(data)} of each step"
-    elif mean >= GPU_BUSY_PCT:  # type: ignore[operator]
-        kind, text = "compute", f"compute-bound: the GPUs are busy {_pct(mean)} of the time"  # type: ignore[arg-type]
+    elif mean is not None and mean >= GPU_BUSY_PCT:
+        kind, text = "compute", f"compute-bound: the GPUs are busy {_pct(mean)} of the time"
     else:
         kind = "gpus-underused"
-        text = (f"GPUs underused: busy {_pct(mean)} of the time on average; the run waits on something else "  # type: ignore[arg-type]
-                "(data, the CPU or communication)")
+        text = (f"GPUs underused: busy {_pct(mean or 0.0)} of the time on average; the run waits on something "
+                "else (data, the CPU or communication)")
     if outlier is not None:
         text += f"; {gpu_text(outlier)}"
     return {"kind": kind, "text": text, "shares": shares, "gpu": outlier, "gpu_mean_pct": mean}

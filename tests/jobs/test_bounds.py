@@ -110,7 +110,8 @@ def test_the_job_page_and_the_api_read_the_latest_timing_and_the_gpus_recent_buc
     assert MetricBucket.objects.filter(job=job, name="sys/gpu_util_pct", width=width).count() == 6
 
     found = training_job_bound(job=job)
-    text = "input-bound: ranks wait for data 40 % of each step; GPU 1 of node 0 (rank 1) at 12 % while the others are at 95 %"
+    text = ("input-bound: ranks wait for data 40 % of each step; GPU 1 of node 0 (rank 1) at 12 % while the others "
+            "are at 95 %")
     assert found["text"] == text
 
     client.force_login(user)

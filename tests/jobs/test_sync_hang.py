@@ -207,8 +207,9 @@ def _restart_policy(backend, max_restarts: int) -> None:
 
 def _stop_confirmed(job, state: JobState = JobState.CANCELLED) -> None:
     """The provider's answer to the stop: the run ended 200 s after T0 on 2 instances."""
-    ScriptedBackend.statuses = [JobStatus(state, raw_state="Stopped", started_at=T0, ended_at=T0 + dt.timedelta(seconds=200),
-                                          instance_count=2, billable_seconds=200.0)]
+    ScriptedBackend.statuses = [JobStatus(state, raw_state="Stopped", started_at=T0,
+                                          ended_at=T0 + dt.timedelta(seconds=200), instance_count=2,
+                                          billable_seconds=200.0)]
     sync.backend_sync(backend_id=job.backend_id)
     job.refresh_from_db()
 
@@ -257,6 +258,8 @@ def test_the_restart_policy_stops_a_hung_run_and_restarts_it_from_its_checkpoint
     client.force_login(user)
     page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert '<strong class="interruption-label">Hung · restarted</strong>' in page
+    unescaped = page.replace("&lt;", "<").replace("&gt;", ">")
+    assert f'<strong>Hung · restarted</strong> <span class="muted small">({reason})</span>' in unescaped
 
     # Attempt 2 is submitted with the checkpoint directory: the trainer resumes from its last.pt.
     ScriptedBackend.log_chunks = []  # attempt 2's own log

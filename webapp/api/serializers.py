@@ -530,7 +530,8 @@ class JobAttemptSerializer(serializers.Serializer):
     billable_seconds = serializers.FloatField(help_text="Seconds billed for this run, per instance.")
     cost_usd = serializers.DecimalField(max_digits=12, decimal_places=4,
                                         help_text="This run's cost; the job's cost_usd is the sum over its attempts.")
-    outcome = serializers.CharField(help_text='"lost" (resubmitted), or the job\'s state for the current attempt.')
+    outcome = serializers.CharField(help_text='"lost" (resubmitted), "hung" (stopped and restarted by the '
+                                                'hang policy), or the job\'s state for the current attempt.')
     reason = serializers.CharField(help_text="Why it ended, as the backend said (\"\" while it runs).")
     checkpoint_uri = serializers.CharField(help_text="Where its checkpoints were (a closed attempt), or where the "
                                                      "current one resumed from; \"\" = the backend's default.")
@@ -592,8 +593,9 @@ class BoundSharesSerializer(serializers.Serializer):
                                                                     "figures (an older trainer).")
     sync_pct = serializers.FloatField(allow_null=True, help_text="Σ (step time − compute) / Σ step: the gradient "
                                                                  "sync and the optimizer, waiting included.")
-    waiting_pct = serializers.FloatField(allow_null=True, help_text="Σ (the slowest rank's data wait + compute − "
-                                                                    "the rank's own) / Σ step: waiting for the slowest.")
+    waiting_pct = serializers.FloatField(
+        allow_null=True,
+        help_text="Σ (the slowest rank's data wait + compute − the rank's own) / Σ step: waiting for the slowest.")
     slowest_rank = serializers.IntegerField(allow_null=True)
 
 
@@ -973,8 +975,8 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
                   '"name", "state", "text"}]} (only jobs you can see).')
     class Meta(TrainingJobSerializer.Meta):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
-                                                      "events", "metrics", "ranks", "straggler", "bound", "waste", "memory_plan",
-                                                      "rank_memory"] + [
+                                                      "events", "metrics", "ranks", "straggler", "bound", "waste",
+                                                      "memory_plan", "rank_memory"] + [
             "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"] + ["attempts"]
         read_only_fields = fields
 
