@@ -22,7 +22,7 @@ from jobs import dispatch, lifecycle, services, sync
 from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
 from polling import wait_for
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # a minute of samples: started first
 
 
 @pytest.fixture
