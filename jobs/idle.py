@@ -11,7 +11,9 @@ folds them, in log order, into the job's tracker (``TrainingJob.idle``, :func:`i
      "since": null,                # Unix s from which every GPU seen was below: the latest of ``gpus``,
                                    #   while all are below; else null (one busy GPU keeps the job busy)
      "last": 1765090300.0,         # the newest GPU sample's time, Unix s (the launcher's clock)
-     "idle_s": 0.0}                # seconds in which every GPU seen was below: the cost of waste
+     "idle_s": 0.0,                # seconds in which every GPU seen was below: the cost of waste
+     "gpu_last": {"0": 1765090300.0},   # per GPU: its newest sample's time, Unix s
+     "gpu_idle_s": {"1": 120.0}}   # per GPU: seconds it was below while another GPU was not (per-GPU waste)
 
 A job is idle for ``last − since`` seconds. The backend's ``idle_policy`` acts once that reaches its
 ``idle_minutes``: ``warn`` (a note, the ``job.idle`` notification) or ``stop`` (that and the cancel:
@@ -23,7 +25,11 @@ in ``gpus`` and is never idle under a GPU policy.
 GPU was below the threshold at the first of them; a gap longer than :func:`max_gap_s` (sampling off,
 a restart) counts only that much. The waste is ``idle_s × instances × hourly price / 3600``
 (:func:`waste_usd`): the whole job's machines, since its GPUs were all idle. GPUs idling while others
-work (a straggler) are not counted here.
+work are counted apart, per GPU (``gpu_idle_s``): the time between two consecutive samples of that
+GPU when it was below the threshold at the first of them and the job was not wholly idle (another GPU
+busy; judged when the later sample arrives), capped as ``idle_s`` is. Their cost is the GPU's share of
+its machine: ``Σ gpu_idle_s × hourly price / processes per node / 3600`` (:func:`gpu_waste_usd`; a
+rank per GPU), so a second is never counted twice.
 
 What stopping saves (:func:`saving`) is the cost of the seconds the job would otherwise have run from
 the moment it was found idle: to its projected end (:mod:`jobs.progress`) when its length and step
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Iterable, Mapping
 
 from jobs import cost as costs
@@ -75,7 +81,8 @@ def _time(value: Any) -> float | None:
 
 def empty(threshold_pct: float) -> dict[str, Any]:
     """A tracker with no sample folded in."""
-    return {"threshold_pct": threshold_pct, "gpus": {}, "since": None, "last": None, "idle_s": 0.0}
+    return {"threshold_pct": threshold_pct, "gpus": {}, "since": None, "last": None, "idle_s": 0.0,
+            "gpu_last": {}, "gpu_idle_s": {}}
 
 
 def max_gap_s(record: Mapping[str, Any]) -> float:
@@ -105,10 +112,14 @@ def _clean(tracker: Mapping[str, Any] | None, threshold_pct: float) -> dict[str,
         return out
     idle_s = _number(tracker.get("idle_s"))
     out["idle_s"] = idle_s if idle_s is not None and idle_s >= 0 else 0.0
+    out["gpu_idle_s"] = gpu_idle_s(tracker)
     gpus = tracker.get("gpus")
     if tracker.get("threshold_pct") != threshold_pct or not isinstance(gpus, Mapping):
         return out
     out["gpus"] = {str(k): _time(v) for k, v in list(gpus.items())[:MAX_GPUS]}
+    seen = tracker.get("gpu_last")
+    if isinstance(seen, Mapping):
+        out["gpu_last"] = {str(k): t for k, v in list(seen.items())[:MAX_GPUS] if (t := _time(v)) is not None}
     out["last"] = _time(tracker.get("last"))
     out["since"] = _since(out["gpus"])
     return out
@@ -131,6 +142,8 @@ def idle_after(tracker: Mapping[str, Any] | None, records: Iterable[Mapping[str,
     Pure; work O(records × GPUs per record)."""
     out = _clean(tracker, threshold_pct)
     gpus: dict[str, float | None] = out["gpus"]
+    seen: dict[str, float] = out["gpu_last"]
+    alone: dict[str, float] = out["gpu_idle_s"]
     for record in records:
         if record.get("event") != EVENT:
             continue
@@ -139,12 +152,17 @@ def idle_after(tracker: Mapping[str, Any] | None, records: Iterable[Mapping[str,
         if at is None or not samples:
             continue
         last = out["last"]
-        if out["since"] is not None and last is not None and at > last:
+        whole = out["since"] is not None
+        if whole and last is not None and at > last:
             out["idle_s"] += min(at - last, max_gap_s(record))
         for rank, util in samples:
             if rank not in gpus and len(gpus) >= MAX_GPUS:
                 continue
             start = gpus.get(rank)
+            before = seen.get(rank)
+            if start is not None and not whole and before is not None and at > before:
+                alone[rank] = alone.get(rank, 0.0) + min(at - before, max_gap_s(record))
+            seen[rank] = at if before is None else max(before, at)
             gpus[rank] = None if util >= threshold_pct else at if start is None else min(start, at)
         out["last"] = at if last is None else max(last, at)
         out["since"] = _since(gpus)
@@ -175,6 +193,23 @@ def tracker_idle_s(tracker: Mapping[str, Any] | None) -> float:
     """The tracker's ``idle_s`` (seconds, ≥ 0); 0 for a malformed one."""
     value = _number(tracker.get("idle_s")) if isinstance(tracker, Mapping) else None
     return value if value is not None and value > 0 else 0.0
+
+
+def gpu_idle_s(tracker: Mapping[str, Any] | None) -> dict[str, float]:
+    """The tracker's ``gpu_idle_s`` (module docstring): ``{GPU rank as text: seconds > 0}``, the
+    malformed entries left out."""
+    raw = tracker.get("gpu_idle_s") if isinstance(tracker, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): v for k, raw_v in list(raw.items())[:MAX_GPUS] if (v := _number(raw_v)) is not None and v > 0}
+
+
+def gpu_waste_usd(*, gpu_idle_s: float, procs_per_node: int, hourly_price_usd: Decimal | float) -> Decimal:
+    """The cost of GPUs idling while others worked, USD (4 decimals, half up): ``gpu_idle_s`` (summed over
+    the GPUs) × hourly price / ``procs_per_node`` (a GPU's share of its machine) / 3600."""
+    seconds = Decimal(str(max(float(gpu_idle_s), 0.0)))
+    usd = seconds * Decimal(str(hourly_price_usd)) / Decimal(max(int(procs_per_node or 1), 1)) / Decimal(3600)
+    return usd.quantize(costs.CENT_FRACTION, rounding=ROUND_HALF_UP)
 
 
 def what(tracker: Mapping[str, Any], threshold_pct: float) -> str:

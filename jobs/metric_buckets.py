@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 
 from jobs import metric_store
 from jobs.metric_fold import (ACROSS_SEPARATOR, GLOBAL_RANK, MAX_CHART_POINTS, STORED_WIDTHS, TOP, WIDTHS, Agg, Key,
@@ -133,6 +133,29 @@ def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
         else:
             out[key] = Agg.of_row(row)
     return out
+
+
+def recent_means(job_id: int, name: str, *, buckets: int = 2) -> dict[int, float]:
+    """``{rank: mean of its finite values}`` of the per-rank series ``name`` over its recent points: the
+    last ``buckets`` buckets of the finest stored level (256 steps; for the hardware series, whose steps
+    are Unix seconds, 256 s), counted back from the newest bucket of any rank. A rank with no finite
+    value there is left out. Two queries of at most ``buckets`` + 1 rows a rank (the newest step from the
+    summary level, then the buckets), whatever the run's length."""
+    width = STORED_WIDTHS[0]
+    last = (MetricBucket.objects.filter(job_id=job_id, name=name, width=TOP, rank__gte=0)
+            .aggregate(last=Max("last_step"))["last"])
+    if last is None:
+        return {}
+    newest = last // width
+    rows = MetricBucket.objects.filter(job_id=job_id, name=name, width=width, rank__gte=0)
+    sums: dict[int, list[float]] = {}
+    for rank, total, count, nonfinite in (rows.filter(bucket__gt=newest - buckets)
+                                          .values_list("rank", "sum_value", "count", "nonfinite")):
+        if total is not None and count > nonfinite:
+            acc = sums.setdefault(rank, [0.0, 0])
+            acc[0] += total
+            acc[1] += count - nonfinite
+    return {rank: total / n for rank, (total, n) in sorted(sums.items())}
 
 
 def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | None, start: int = 0, end: int,

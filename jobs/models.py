@@ -289,11 +289,13 @@ class ComputeBackend(Owned):
     class HangPolicy(models.TextChoices):
         FLAG = "flag", "Flag the job as hung"
         CANCEL = "cancel", "Flag and cancel the job"
+        RESTART = "restart", "Flag, stop and restart the job from its last checkpoint"
 
     hang_policy = models.CharField(
         max_length=10, choices=HangPolicy.choices, default=HangPolicy.FLAG,
         help_text="What a RUNNING job with no new step for its hang deadline gets (jobs.hangs): a flag "
-                  "with the last step and each rank's stack, or that and a cancel.")
+                  "with the last step and each rank's stack; that and a cancel; or that, a stop and a new "
+                  "attempt that resumes from the last checkpoint (at most max restarts times, then a cancel).")
     hang_deadline_s = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="Seconds with no new step before a RUNNING job is hung; blank = from the job's own step "
@@ -320,7 +322,8 @@ class ComputeBackend(Owned):
         default=DEFAULT_MAX_RESTARTS,
         help_text="How many times a job whose run is lost (a preemption the provider does not restart "
                   "itself, a host that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its "
-                  "checkpoint before it ends FAILED; 0 = never. A job's own error is never resubmitted.",
+                  "checkpoint before it ends FAILED, and (hang policy restart) a hung run restarted from it; "
+                  "0 = never. A job's own error is never resubmitted.",
     )
 
     class Meta:
@@ -459,6 +462,11 @@ class TrainingJob(Owned):
         default=dict, blank=True,
         help_text="What was found (jobs.hangs.hang_after): the last step and its time, the deadline, "
                   "who found it and each rank's stack.")
+    hang_restart_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the backend's hang policy (restart) stopped the hung run to restart it: once the "
+                  "provider confirms the stop, the job is resubmitted from its last checkpoint "
+                  "(jobs.restarts.hung_run). Null: no restart asked; a user's cancel clears it.")
 
     # Idle GPUs (jobs.idle, issue 30): the launcher's hardware samples folded into a tracker; the
     # backend's idle policy acts once every GPU stayed below its threshold for its minutes.
@@ -765,6 +773,11 @@ class JobEvent(models.Model):
         """Whether this is a lost run resubmitted as the next attempt (→ QUEUED, :mod:`jobs.restarts`)."""
         return self.to_state == JobState.QUEUED.value and self.from_state in RESUBMIT_FROM
 
+    @property
+    def is_hang_restart(self) -> bool:
+        """Whether this is a hung run restarted (STOPPING → QUEUED, :func:`jobs.restarts.hung_run`)."""
+        return self.to_state == JobState.QUEUED.value and self.from_state == JobState.STOPPING.value
+
 
 class MetricPointQuerySet(models.QuerySet):
     def bulk_create(self, objs, *args, **kwargs):
@@ -898,6 +911,7 @@ class JobAttempt(models.Model):
 
     class Outcome(models.TextChoices):
         LOST = "lost", "Run lost; resubmitted"
+        HUNG = "hung", "Run hung; stopped and restarted"
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField(help_text="1 for the first run, then 2, …")

@@ -26,6 +26,15 @@ the transaction that holds the job's row locked:
 * else: FAILED, with "run lost N times (…); max restarts M reached" (or the budget's reason). With
   ``max_restarts`` 0 the backend's reason stands alone, as before recovery existed.
 
+A **hung** run (docs/hangs.md) under the backend's hang policy ``restart`` takes the same path in two
+steps: :func:`stop_hung` moves the job to STOPPING with ``hang_restart_at`` set and sends the provider's
+cancel after commit (the built-in trainer saves a checkpoint on the SIGTERM when it can; a rank stuck in
+a collective cannot, and the last periodic checkpoint stands); when a later sync sees the stop confirmed
+(CANCELLED, or FAILED from the signal), :func:`hung_run` closes the attempt (outcome ``hung``) and
+requeues the job from its checkpoint directory as for a lost run — STOPPING → QUEUED, the one move back
+out of STOPPING. Hang restarts and lost-run restarts share the backend's ``max_restarts``; with none left
+the hung job is cancelled. A user's cancel while the stop is on its way clears ``hang_restart_at``.
+
 Cost over attempts: the job's ``cost_usd`` and ``billable_seconds`` are the closed attempts' figures
 (stored on their rows) plus the current attempt's from the provider, recomputed at every sync
 (:func:`closed_totals`), never incremented.
@@ -112,6 +121,46 @@ def _quoted(reason: str) -> str:
     return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 1] + "…"
 
 
+def restart_left(job: TrainingJob) -> bool:
+    """Whether ``job`` may be resubmitted once more under its backend's ``max_restarts``."""
+    return restarts_used(job) < int(job.backend.max_restarts)
+
+
+def stop_hung(job: TrainingJob, reason: str) -> bool:
+    """Stop the hung ``job`` (PENDING or RUNNING, its row locked by the caller) to restart it: STOPPING with
+    "Restarting: hung. <reason>", ``hang_restart_at`` and ``cancel_requested_at`` now, and the provider's
+    cancel sent after commit. True when this call moved it. The caller checked :func:`restart_left`."""
+    now = dt.datetime.now(dt.timezone.utc)
+    moved = transition(job, S.STOPPING, message=f"Restarting: hung. {reason}"[:2000], cancel_requested_at=now,
+                       hang_restart_at=now)
+    if moved:
+        dispatch.cancel_after_commit(job.pk, backend_queue(job.backend))
+    return moved
+
+
+def hung_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fields: Mapping[str, Any],
+             checkpoint_uri: str, reason: str) -> Outcome:
+    """Restart ``job`` (STOPPING, ``hang_restart_at`` set, its row locked by the caller), whose stop of a
+    hung run ``status`` confirms (CANCELLED or FAILED), from its last checkpoint; or say why not (the cost
+    of its attempts reached its budget, no restart left). ``reason``: the hang's line
+    (:func:`jobs.hangs.hang_reason`); the other arguments as for :func:`lost_run`. Makes no provider call."""
+    limit = int(job.backend.max_restarts)
+    total = fields.get("cost_usd")
+    if not restart_left(job):
+        return Outcome(False, f"Cancelled: hung; max restarts {limit} reached. {reason}"[:2000])
+    if job.budget_usd is not None and total is not None and Decimal(total) >= job.budget_usd:
+        places = costs.usd_places(job.budget_usd, total)
+        return Outcome(False, f"Cancelled: hung; not restarted: the cost of its attempts, "
+                              f"{costs.format_usd(total, places)}, reached its budget of "
+                              f"{costs.format_usd(job.budget_usd, places)}. {reason}"[:2000])
+    following = int(job.attempt or 1) + 1
+    return _resubmit(job, status=status, figures=figures, fields=fields, checkpoint_uri=checkpoint_uri,
+                     outcome=JobAttempt.Outcome.HUNG, reason=_quoted(reason),
+                     message=f"hung ({_quoted(reason)}); restarting from its last checkpoint, attempt {following} "
+                             f"of {limit + 1}",
+                     hung_at=None, hang={}, hang_restart_at=None, cancel_requested_at=None)
+
+
 def lost_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fields: Mapping[str, Any],
              checkpoint_uri: str) -> Outcome:
     """Resubmit ``job``, whose current run ``status`` reports lost, or say why not (module docstring).
@@ -142,6 +191,16 @@ def lost_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fi
                               f"{costs.format_usd(total, places)}, reached its budget of "
                               f"{costs.format_usd(job.budget_usd, places)}")
 
+    return _resubmit(job, status=status, figures=figures, fields=fields, checkpoint_uri=checkpoint_uri,
+                     outcome=JobAttempt.Outcome.LOST, reason=reason,
+                     message=f"run lost ({reason}); resubmitting, attempt {used + 2} of {limit + 1}")
+
+
+def _resubmit(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fields: Mapping[str, Any],
+              checkpoint_uri: str, outcome: str, reason: str, message: str, **extra: Any) -> Outcome:
+    """Close ``job``'s current attempt as a :class:`JobAttempt` (``outcome``, ``reason``) and move it to
+    QUEUED for the next one with ``message`` (and a note when no checkpoint was found) and ``extra``
+    columns; ``submit_job`` is sent after commit. :func:`lost_run` and :func:`hung_run` share it."""
     number = int(job.attempt or 1)
     # An attempt that resumed from an earlier one's directory wrote its checkpoints there too.
     checkpoint_uri = job.checkpoint_uri or checkpoint_uri
@@ -149,14 +208,13 @@ def lost_run(job: TrainingJob, *, status: JobStatus, figures: AttemptFigures, fi
         job=job, number=number, provider_job_name=job.provider_job_name, provider_handle=job.provider_handle,
         raw_state=(status.raw_state or "")[:100], started_at=figures.started_at, ended_at=figures.ended_at,
         billable_seconds=figures.billable_seconds, instance_count=figures.instance_count,
-        cost_usd=figures.cost_usd, outcome=JobAttempt.Outcome.LOST, reason=reason,
+        cost_usd=figures.cost_usd, outcome=outcome, reason=reason,
         checkpoint_uri=checkpoint_uri)
     following = number + 1
     resume = checkpoint_uri
-    message = (f"run lost ({reason}); resubmitting, attempt {following} of {limit + 1}"
-               + ("" if resume else " (no checkpoint found: it starts over)"))
+    message += "" if resume else " (no checkpoint found: it starts over)"
     moved = transition(
-        job, S.QUEUED, message=message,
+        job, S.QUEUED, message=message, **extra,
         attempt=following, provider_job_name=attempt_job_name(job, following), provider_handle=None,
         checkpoint_uri=resume, log_cursor="", raw_state=(status.raw_state or "")[:100], secondary_state="",
         status_warning="", failure_reason="", started_at=None, first_step_at=None, ended_at=None,

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
-from jobs import hangs, idle, job_table, metric_buckets, metric_store
+from jobs import bounds, hangs, idle, job_table, metric_buckets, metric_store
 from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
@@ -284,6 +284,17 @@ def training_job_straggler(*, job: TrainingJob,
         "lost_usd": lost_usd,
         "text": text,
     }
+
+
+def training_job_bound(*, job: TrainingJob, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """What bounds the run, in one line (:func:`jobs.bounds.bound`): from each rank's latest timing
+    (``ranks``: the rows of :func:`training_job_rank_throughput` when the caller has them) and each
+    GPU's mean utilisation over its recent samples (:func:`jobs.metric_buckets.recent_means` of
+    ``sys/gpu_util_pct``: the last two 256-second buckets, 4 to 8 minutes of samples). None when the
+    job reported neither. Two queries beyond the ranks' rows, however long the run."""
+    rows = training_job_rank_throughput(job=job) if ranks is None else ranks
+    utils = metric_buckets.recent_means(job.pk, idle.UTIL)
+    return bounds.bound(rows, utils, job.procs_per_node)
 
 
 def training_job_log_tail(*, job: TrainingJob, lines: int = 200) -> list[str]:
@@ -775,6 +786,8 @@ def training_job_idle(*, job: TrainingJob) -> dict[str, Any] | None:
     ``{"gpus": GPUs seen, "threshold_pct": %, "since": datetime (UTC) from which all were below or None,
     "idle_for_s": seconds idle as of the newest sample, "idle_s": seconds all were idle over the run,
     "waste_usd": Decimal, the cost of those seconds (idle_s × instances × hourly price / 3600),
+    "gpu_idle_s": seconds single GPUs were below the threshold while another was not, summed over the GPUs,
+    "gpu_waste_usd": Decimal, their cost (gpu_idle_s × hourly price / processes per node / 3600),
     "at": when the idle policy acted or None, "reason": its line or "", "saved_usd": Decimal or None}``.
     No query."""
     tracker = job.idle if isinstance(job.idle, dict) else {}
@@ -790,7 +803,36 @@ def training_job_idle(*, job: TrainingJob) -> dict[str, Any] | None:
             "idle_s": idle_s,
             "waste_usd": idle.waste_usd(idle_s=idle_s, instances=max(int(job.instance_count or job.nodes or 1), 1),
                                         hourly_price_usd=job.hourly_price_usd or 0),
+            "gpu_idle_s": (alone := sum(idle.gpu_idle_s(tracker).values())),
+            "gpu_waste_usd": idle.gpu_waste_usd(gpu_idle_s=alone, procs_per_node=job.procs_per_node,
+                                                hourly_price_usd=job.hourly_price_usd or 0),
             "at": job.idle_at, "reason": job.idle_reason or "", "saved_usd": job.idle_saved_usd}
+
+
+def training_job_waste(*, job: TrainingJob, idle_found: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The cost of waste of ``job``, three parts that never count a second twice: ``{"idle_s",
+    "idle_usd"`` (every GPU idle: :func:`training_job_idle`), ``"gpu_idle_s", "gpu_usd"`` (single GPUs
+    idle while others worked, each its share of its machine), ``"straggler_s", "straggler_usd"``
+    (rank-seconds the ranks waited for the slowest to reach the gradient sync, the sum of the trainer's
+    ``wait_for_slowest_s``, × the price per rank-second: hourly price / processes per node / 3600, as
+    :func:`training_job_straggler` prices it), ``"total_usd"}``; the dollars are Decimals (4 places).
+    None when the job has no GPU figure and no waiting measured. ``idle_found``: what
+    :func:`training_job_idle` gave, when the caller has it. One query (the summary row of
+    ``wait_for_slowest_s``)."""
+    found = training_job_idle(job=job) if idle_found is None else idle_found
+    waited = metric_buckets.summaries([job.pk], names=["wait_for_slowest_s"], per_rank=False)
+    straggler_s = sum(agg.sum_value or 0.0 for agg in waited.values())
+    if found is None and straggler_s <= 0:
+        return None
+    price = job.hourly_price_usd or Decimal(0)
+    straggler_usd = idle.gpu_waste_usd(gpu_idle_s=straggler_s, procs_per_node=job.procs_per_node,
+                                       hourly_price_usd=price)
+    zero = Decimal("0.0000")
+    out = {"idle_s": found["idle_s"] if found else 0.0, "idle_usd": found["waste_usd"] if found else zero,
+           "gpu_idle_s": found["gpu_idle_s"] if found else 0.0, "gpu_usd": found["gpu_waste_usd"] if found else zero,
+           "straggler_s": straggler_s, "straggler_usd": straggler_usd}
+    out["total_usd"] = out["idle_usd"] + out["gpu_usd"] + straggler_usd
+    return out
 
 
 def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:

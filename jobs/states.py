@@ -33,7 +33,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # RUNNING -> PENDING is an interruption (models.INTERRUPTION): a spot reclaim or preemption, after
     # which the provider waits for capacity and restarts the job from its checkpoint.
     S.RUNNING: frozenset({S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.QUEUED}),
-    S.STOPPING: frozenset({S.CANCELLED, S.FAILED, S.SUCCEEDED}),
+    # STOPPING -> QUEUED: a hung run stopped by its backend's hang policy ``restart``, restarted once the
+    # provider confirmed the stop (jobs.restarts.hung_run). Only Trainboard makes it.
+    S.STOPPING: frozenset({S.CANCELLED, S.FAILED, S.SUCCEEDED, S.QUEUED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

@@ -453,13 +453,23 @@ def idled(job: TrainingJob) -> None:
 def hung(job: TrainingJob) -> None:
     """After ``job`` was flagged hung (its ``hang`` just written, its row locked by the caller): a note
     on its timeline with :func:`jobs.hangs.hang_reason`, and the cancel its backend's ``hang_policy``
-    asks for (``cancel``: STOPPING, the provider's cancel sent after commit) while it runs (RUNNING, or
-    still PENDING when this pass read its first step and the hang together: the status is written next)."""
+    asks for (``cancel``: STOPPING, the provider's cancel sent after commit; ``restart``: the same stop with
+    ``hang_restart_at``, and the job restarted from its checkpoint once the stop is confirmed, while the
+    backend's ``max_restarts`` allow, else a cancel) while it runs (RUNNING, or still PENDING when this
+    pass read its first step and the hang together: the status is written next)."""
     reason = hangs.hang_reason(job.hang)
     note(job.pk, job.state, f"Hung: {reason}"[:2000])
     log.warning("job %s hung: %s", job.pk, reason)
     notifications.job_hung(job=job, reason=reason)  # rows in this transaction, sent after commit
-    if job.state in (S.PENDING, S.RUNNING) and job.backend.hang_policy == ComputeBackend.HangPolicy.CANCEL:
+    if job.state not in (S.PENDING, S.RUNNING):
+        return
+    policy = job.backend.hang_policy
+    if policy == ComputeBackend.HangPolicy.RESTART and restarts.restart_left(job):
+        restarts.stop_hung(job, reason)  # the confirmed stop restarts it (_write_status → restarts.hung_run)
+    elif policy == ComputeBackend.HangPolicy.RESTART:
+        limit = job.backend.max_restarts
+        training_job_cancel(job=job, reason=f"Cancelled: hung; max restarts {limit} reached. {reason}"[:2000])
+    elif policy == ComputeBackend.HangPolicy.CANCEL:
         training_job_cancel(job=job, reason=f"Cancelled: hung. {reason}"[:2000])
 
 
@@ -658,8 +668,9 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         except _RowMovedOn:
             return
     checkpoint = ""
-    if status is not None and status.lost and status.state is JobState.FAILED and not job.checkpoint_uri:
-        # Where the lost run's checkpoints are, asked before the row is locked (jobs.restarts).
+    if status is not None and not job.checkpoint_uri and (
+            (status.lost and status.state is JobState.FAILED) or _restart_confirmed(job, status)):
+        # Where the lost (or hung) run's checkpoints are, asked before the row is locked (jobs.restarts).
         checkpoint = restarts.checkpoint_location(adapter, handle)
     with transaction.atomic():
         locked = _locked(job.pk, wait=True)
@@ -669,6 +680,14 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
                                 checkpoint_uri=checkpoint, trained_at=trained_at)
     if stopped:  # committed: the stop is on record before the provider is asked
         _send_cancel(adapter, locked, handle)
+
+
+def _restart_confirmed(job: TrainingJob, status: JobStatus) -> bool:
+    """Whether ``status`` confirms the stop of a hung run that the hang policy stopped to restart
+    (``hang_restart_at``): the provider says CANCELLED, or FAILED (a run the signal ended with an error).
+    A run that SUCCEEDED meanwhile has nothing left to restart."""
+    return (job.state == S.STOPPING and job.hang_restart_at is not None
+            and status.state in (JobState.CANCELLED, JobState.FAILED))
 
 
 def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, *, drained: bool,
@@ -698,8 +717,9 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
     logged_first = training and target == S.PENDING
     if logged_first:
         target = S.RUNNING
-    if target in TERMINAL_STATE_VALUES and not drained and status.lost:
-        # A lost run is resubmitted from its checkpoint (jobs.restarts): only once its log is all stored.
+    restart = _restart_confirmed(job, status)
+    if target in TERMINAL_STATE_VALUES and not drained and (status.lost or restart):
+        # A lost (or hung) run is resubmitted from its checkpoint (jobs.restarts): only once its log is all stored.
         TrainingJob.objects.filter(pk=job.pk).update(last_synced_at=now, **read)
         return False
     figures = _attempt_figures(job, status, now)
@@ -716,6 +736,12 @@ def _write_status(job: TrainingJob, status: JobStatus | None, now: dt.datetime, 
     if target == S.FAILED and status.lost and job.state != S.STOPPING:
         outcome = restarts.lost_run(job, status=dataclasses.replace(status, failure_reason=mask(status.failure_reason)),
                                     figures=figures, fields=fields, checkpoint_uri=checkpoint_uri)
+        if outcome.requeued:
+            return False
+        fields["failure_reason"] = outcome.failure_reason
+    if restart:
+        outcome = restarts.hung_run(job, status=status, figures=figures, fields=fields, checkpoint_uri=checkpoint_uri,
+                                    reason=hangs.hang_reason(job.hang) if job.hang else "no new step")
         if outcome.requeued:
             return False
         fields["failure_reason"] = outcome.failure_reason
@@ -915,7 +941,7 @@ def backend_sync(*, backend_id: int, bulk: bool = True) -> int:
         TrainingJob.objects.filter(backend_id=backend_id, state__in=ACTIVE_STATE_VALUES)
         .exclude(state=S.QUEUED).exclude(provider_handle__isnull=True).order_by("id")
         .only("id", "state", "provider_handle", "last_synced_at", "logs_read_at", "log_cursor", "attempt",
-              "checkpoint_uri")
+              "checkpoint_uri", "hang_restart_at")
     )
     # Jobs that ended with their log not read to its end: this pass reads the next part of each (no status).
     ended = list(

@@ -400,7 +400,9 @@ class BackendForm(forms.Form):
         self.fields["hang_policy"] = forms.ChoiceField(
             required=False, choices=ComputeBackend.HangPolicy.choices, initial=ComputeBackend.HangPolicy.FLAG,
             label="When a running job stops stepping",
-            help_text="Flag shows it Hung with each rank's stack on its page; cancel also cancels it.")
+            help_text="Flag shows it Hung with each rank's stack on its page; cancel also cancels it; restart "
+                      "stops it and runs it again from its last checkpoint (at most max restarts times, then "
+                      "cancels it).")
         self.fields["hang_deadline_s"] = forms.IntegerField(
             required=False, min_value=10, max_value=30 * 86_400, label="Hang deadline (seconds)",
             help_text="Seconds with no new step before a running job is hung. Blank: from the job's own step "

@@ -467,11 +467,13 @@ def _live_context(job) -> dict[str, Any]:
         "ranks": ranks,
         "pipeline_ranks": any(r.get("stage") is not None for r in ranks),
         "straggler": selectors.training_job_straggler(job=job, ranks=ranks),
+        "bound": selectors.training_job_bound(job=job, ranks=ranks),
         "log_lines": selectors.training_job_log_tail(job=job, lines=LOG_TAIL_LINES),
         "log_tail_lines": LOG_TAIL_LINES,
         "headline": selectors.training_job_headline(job=job),
         "hang": selectors.training_job_hang(job=job),
-        "idle": selectors.training_job_idle(job=job),
+        "idle": (idle_found := selectors.training_job_idle(job=job)),
+        "waste": selectors.training_job_waste(job=job, idle_found=idle_found),
     }
 
 

@@ -39,7 +39,7 @@ from jobs.models import (
     ModelSpec,
     TrainingJob,
 )
-from jobs.states import transition
+from jobs.states import note, transition
 from jobs.validation import ALL, Errors
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.memory_plan import MemoryPlan, PlanError
@@ -987,6 +987,12 @@ def training_job_cancel(*, job: TrainingJob, reason: str = "Cancelled by user") 
                 return job
             continue
         if state == S.STOPPING:
+            if job.hang_restart_at is not None:
+                # Stopping a hung run to restart it (jobs.restarts.stop_hung): the user's cancel ends it instead.
+                TrainingJob.objects.filter(pk=job.pk, state=S.STOPPING).update(hang_restart_at=None,
+                                                                                failure_reason=reason)
+                note(job.pk, S.STOPPING, f"{reason}: it will not be restarted"[:2000])
+                job.refresh_from_db()
             dispatch.cancel_after_commit(job.pk, backend_queue(job.backend))
             return job
         if transition(job, S.STOPPING, message=reason, failure_reason=reason, cancel_requested_at=now):

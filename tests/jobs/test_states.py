@@ -21,7 +21,8 @@ def test_allowed_table_matches_design():
     assert ALLOWED[S.PENDING] == {S.RUNNING, S.STOPPING, S.FAILED, S.SUCCEEDED, S.CANCELLED, S.QUEUED}
     assert ALLOWED[S.RUNNING] == {S.PENDING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.CANCELLED,  # PENDING: interrupted
                                   S.QUEUED}
-    assert ALLOWED[S.STOPPING] == {S.CANCELLED, S.FAILED, S.SUCCEEDED}
+    # QUEUED: a hung run stopped to be restarted (jobs.restarts.hung_run)
+    assert ALLOWED[S.STOPPING] == {S.CANCELLED, S.FAILED, S.SUCCEEDED, S.QUEUED}
     for terminal in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
         assert ALLOWED[terminal] == set()
 

@@ -198,3 +198,106 @@ def test_a_hang_is_a_notification_event_and_a_badge_in_the_job_list(client, user
     assert 'data-hung="1"' in listing and ">Hung</span>" in listing
     running(job, [rec("step", step=2, dt=140)])
     assert 'data-hung="1"' not in client.get(reverse("job-list")).content.decode()
+
+
+def _restart_policy(backend, max_restarts: int) -> None:
+    ComputeBackend.objects.filter(pk=backend.pk).update(hang_policy=ComputeBackend.HangPolicy.RESTART,
+                                                        max_restarts=max_restarts)
+
+
+def _stop_confirmed(job, state: JobState = JobState.CANCELLED) -> None:
+    """The provider's answer to the stop: the run ended 200 s after T0 on 2 instances."""
+    ScriptedBackend.statuses = [JobStatus(state, raw_state="Stopped", started_at=T0,
+                                          ended_at=T0 + dt.timedelta(seconds=200), instance_count=2,
+                                          billable_seconds=200.0)]
+    sync.backend_sync(backend_id=job.backend_id)
+    job.refresh_from_db()
+
+
+def test_the_restart_policy_stops_a_hung_run_and_restarts_it_from_its_checkpoint_once_the_stop_is_confirmed(
+        client, user, submitted_job, scripted_backend, tmp_path, monkeypatch):
+    from decimal import Decimal
+
+    from jobs import tasks
+    from jobs.models import JobAttempt
+
+    # The run's checkpoint directory, as the backend names it for a later attempt (a GPU box's
+    # <run_dir>/output/checkpoints), holding the trainer's last.pt.
+    checkpoints = tmp_path / "run" / "output" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "last.pt").write_bytes(b"checkpoint of step 1")
+    monkeypatch.setattr(ScriptedBackend, "checkpoint_uri", lambda self, handle: str(checkpoints), raising=False)
+    specs = []
+    submit = ScriptedBackend.submit
+    monkeypatch.setattr(ScriptedBackend, "submit", lambda self, spec: specs.append(spec) or submit(self, spec))
+    _restart_policy(scripted_backend, max_restarts=1)
+    job = submitted_job
+    first_name = job.provider_job_name
+
+    running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
+    reason = ("No new step for 120 s after step 1; rank 0: in all_reduce, train.py:15; "
+              "rank 1: in <module>, train.py:14")
+    assert job.state == S.STOPPING and job.hang_restart_at is not None and job.failure_reason == ""
+    assert job.events.last().message == f"Restarting: hung. {reason}"
+    running(job, ["still stuck"])  # the provider still says RUNNING: the stop is sent again, nothing else
+    assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
+
+    _stop_confirmed(job)
+    assert job.state == S.QUEUED and job.attempt == 2
+    assert (job.provider_job_name, job.provider_handle, job.log_cursor) == (f"{first_name}-a2", None, "")
+    assert job.checkpoint_uri == str(checkpoints)
+    assert (job.hung_at, job.hang, job.hang_restart_at, job.cancel_requested_at) == (None, {}, None, None)
+    event = job.events.last()
+    assert (event.from_state, event.to_state, event.message) == (
+        S.STOPPING, S.QUEUED, f"hung ({reason}); restarting from its last checkpoint, attempt 2 of 2")
+    (closed,) = JobAttempt.objects.filter(job=job)
+    assert (closed.number, closed.provider_job_name, closed.outcome, closed.reason, closed.checkpoint_uri) == (
+        1, first_name, "hung", reason, str(checkpoints))
+    # 200 s × 2 instances × $7.20/h = $0.80, kept on the job over its attempts.
+    assert (closed.billable_seconds, closed.cost_usd, job.cost_usd) == (200.0, Decimal("0.8000"), Decimal("0.8000"))
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert '<strong class="interruption-label">Hung · restarted</strong>' in page
+    unescaped = page.replace("&lt;", "<").replace("&gt;", ">")
+    assert f'<strong>Hung · restarted</strong> <span class="muted small">({reason})</span>' in unescaped
+
+    # Attempt 2 is submitted with the checkpoint directory: the trainer resumes from its last.pt.
+    ScriptedBackend.log_chunks = []  # attempt 2's own log
+    tasks.submit_job(job.pk)
+    job.refresh_from_db()
+    assert job.state == S.PENDING and specs[-1].job_name == f"{first_name}-a2"
+    assert specs[-1].checkpoint_uri == str(checkpoints) and (checkpoints / "last.pt").exists()
+
+    # It hangs again: no restart left (max restarts 1), so the policy cancels it.
+    running(job, [rec("started", step=1, resumed=True), rec("step", step=2, dt=400),
+                  *hang_lines(detected=DETECTED + 1000)])
+    assert job.state == S.STOPPING and job.hang_restart_at is None
+    assert job.failure_reason.startswith("Cancelled: hung; max restarts 1 reached. No new step for 120 s after step 1")
+    _stop_confirmed(job)
+    assert job.state == S.CANCELLED and job.attempt == 2 and JobAttempt.objects.filter(job=job).count() == 1
+
+
+def test_a_users_cancel_while_a_hung_run_stops_for_its_restart_ends_it_instead(submitted_job, scripted_backend):
+    from jobs import services
+    from jobs.models import JobAttempt
+
+    _restart_policy(scripted_backend, max_restarts=2)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    assert job.state == S.STOPPING and job.hang_restart_at is not None
+    services.training_job_cancel(job=job)
+    job.refresh_from_db()
+    assert (job.state, job.hang_restart_at, job.failure_reason) == (S.STOPPING, None, "Cancelled by user")
+    assert job.events.last().message == "Cancelled by user: it will not be restarted"
+    _stop_confirmed(job)
+    assert job.state == S.CANCELLED and job.attempt == 1 and not JobAttempt.objects.filter(job=job).exists()
+    assert job.failure_reason == "Cancelled by user"
+
+
+def test_a_hung_run_that_succeeded_before_its_stop_landed_is_not_restarted(submitted_job, scripted_backend):
+    _restart_policy(scripted_backend, max_restarts=2)
+    job = submitted_job
+    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    assert job.state == S.STOPPING
+    _stop_confirmed(job, JobState.SUCCEEDED)
+    assert job.state == S.SUCCEEDED and job.attempt == 1

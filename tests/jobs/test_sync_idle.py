@@ -133,11 +133,13 @@ def test_the_stop_policy_cancels_with_the_reason_and_what_stopping_saves(user, s
     assert job.failure_reason == f"Stopped: {reason}"
     assert (job.idle_reason, job.idle_saved_usd) == (reason, Decimal("21.36"))
     assert job.idle == {"threshold_pct": 10, "gpus": {str(g): START + 60 for g in range(4)}, "since": START + 60,
-                        "last": START + 1860, "idle_s": 1800.0}
+                        "last": START + 1860, "idle_s": 1800.0,
+                        "gpu_last": {str(g): START + 1860 for g in range(4)}, "gpu_idle_s": {}}
     assert JobEvent.objects.filter(job=job, message=reason).count() == 1
     assert api_idle(user, job) == {
         "gpus": 4, "threshold_pct": 10, "since": "2024-05-01T12:01:00Z", "idle_for_s": 1800.0, "idle_s": 1800.0,
-        "waste_usd": "7.2000", "at": "2024-05-01T12:31:00Z", "reason": reason, "saved_usd": "21.3600"}
+        "waste_usd": "7.2000", "gpu_idle_s": 0.0, "gpu_waste_usd": "0.0000", "at": "2024-05-01T12:31:00Z",
+        "reason": reason, "saved_usd": "21.3600"}
     running(job, ["[launch] saving a checkpoint on SIGTERM"])  # the provider still says RUNNING
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
     # The backend's waste this month, as /metrics reports it: 1800 s × 2 × $7.20/h; a tracker that is not
@@ -218,3 +220,38 @@ def test_the_saving_stops_at_the_projected_end_and_at_the_budget():
     assert idle.saving(job, at) == (Decimal("28.8000"), "7200 s left of its max runtime × 2 nodes × $7.20/h = $28.80")
     job.instance_count = 10**9  # more instances than the job's nodes: the saving still fits its column
     assert idle.saving(job, at)[0] == idle.MAX_USD
+
+
+def test_one_gpu_idling_while_the_others_work_counts_its_share_and_waiting_for_the_slowest_is_priced(
+        client, user, submitted_job):
+    job = submitted_job  # 2 nodes × 2 GPUs at $7.20 per instance-hour: $3.60 per GPU-hour
+    # GPU 3 (node 1's second) at 3 % from T0 + 60 s while the others work, sampled every 60 s to T0 + 660 s.
+    lines = [rec("started", step=0), rec("step", step=1, dt=30, train_loss=1.0, wait_for_slowest_s=30.0),
+             rec("step", step=2, dt=90, train_loss=0.9, wait_for_slowest_s=45.0)]
+    for at in range(60, 661, 60):
+        lines += [hw(at, [95.0, 95.0], node=0), hw(at, [95.0, 3.0], node=1)]
+    running(job, lines)
+    assert idle.gpu_idle_s(job.idle) == {"3": 600.0} and job.idle["idle_s"] == 0.0  # 10 intervals of 60 s
+    # Then every GPU idles (T0 + 720 s to 840 s): the whole job's waste, never GPU 3's again. GPU 3's
+    # interval 660 → 720 s still counts alone (GPU 2 was busy at 660 s).
+    running(job, [hw(at, [1.0, 1.0], node=node) for at in (720, 780, 840) for node in (0, 1)])
+    assert idle.gpu_idle_s(job.idle) == {"3": 660.0} and job.idle["idle_s"] == 120.0
+
+    # 120 s × 2 instances × $7.20/h = $0.48; 660 GPU-s × $7.20/h / 2 = $0.66; (30 + 45) rank-s × $7.20/h / 2
+    # = $0.075.
+    api = APIClient()
+    api.force_authenticate(user)
+    body = api.get(f"/api/jobs/{job.pk}/").json()
+    assert (body["idle"]["gpu_idle_s"], body["idle"]["gpu_waste_usd"]) == (660.0, "0.6600")
+    assert body["waste"] == {"idle_s": 120.0, "idle_usd": "0.4800", "gpu_idle_s": 660.0, "gpu_usd": "0.6600",
+                             "straggler_s": 75.0, "straggler_usd": "0.0750", "total_usd": "1.2150"}
+    assert idle.gpu_waste_usd(gpu_idle_s=1, procs_per_node=3, hourly_price_usd=Decimal("0.18")) == Decimal("0.0000")
+    assert idle.gpu_waste_usd(gpu_idle_s=1, procs_per_node=3, hourly_price_usd=Decimal("0.54")) == Decimal("0.0001")
+
+    from webapp.templatetags.trainboard import usd
+
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert f'{usd(Decimal("0.66"), job.money_places)} while single GPUs idled (11m 00s of GPU time)</span>' in page
+    assert f'{usd(Decimal("0.075"), job.money_places)} while ranks waited for the slowest (1m 15s of rank time)' in page
+    assert f'{usd(Decimal("0.48"), job.money_places)} while its GPUs idled (2m 00s)</span>' in page

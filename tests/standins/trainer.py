@@ -125,6 +125,11 @@ MODEL_NAME = "model.pt"
 STANDIN_MARK = "trainboard-trainer-standin"
 """Key of the JSON files the stand-in writes as ``last.pt`` and ``model.pt``."""
 PASS_THROUGH_NAME = "pass-through"
+FAKE_NVML_NAME = "fake-nvml"
+"""While ``<dir>/fake-nvml`` exists (:meth:`TrainerStandin.fake_nvml`), the launcher of a rank started
+after it finds the NVML stand-in (tests/standins/fake_nvml) as ``pynvml``: its hardware samples carry
+that stand-in's GPU figures (GPU i at 10 × (i + 1) %)."""
+FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_nvml"
 """The file in the stand-in's directory that makes the wrapper the real interpreter (module docstring)."""
 
 _WRAPPER = """#!{python}
@@ -177,6 +182,16 @@ class TrainerStandin:
         marker = self.directory / PASS_THROUGH_NAME
         if on:
             marker.write_text("the wrapper execs the real interpreter while this file exists\n", encoding="utf-8")
+        else:
+            marker.unlink(missing_ok=True)
+
+    def fake_nvml(self, on: bool = True) -> None:
+        """On: the launchers started from now on read GPUs from the NVML stand-in
+        (tests/standins/fake_nvml: four GPUs, GPU i busy 10 × (i + 1) % of the time), as on a GPU
+        machine; off: NVML as the machine has it."""
+        marker = self.directory / FAKE_NVML_NAME
+        if on:
+            marker.write_text("the launcher imports tests/standins/fake_nvml as pynvml\n", encoding="utf-8")
         else:
             marker.unlink(missing_ok=True)
 
@@ -259,6 +274,8 @@ def run_launcher(args: Sequence[str], *, wrapper: str, gate: Path) -> int:
     """``python -m trainer_pkg.launch ARGS`` with the real launcher: its torchrun is this stand-in,
     its in-process training :func:`train`."""
     sys.path[0] = os.getcwd()  # as `python -m` has it (here it is the wrapper's directory)
+    if os.path.exists(os.path.join(os.path.dirname(wrapper), FAKE_NVML_NAME)):
+        sys.path.insert(1, str(FAKE_NVML_DIR))  # before site-packages' nvidia-ml-py
     from trainer_pkg import launch
 
     launch.torchrun_command = functools.partial(launch.torchrun_command, python=wrapper)

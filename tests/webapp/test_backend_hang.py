@@ -39,7 +39,7 @@ def test_backend_api_takes_the_hang_settings_and_refuses_bad_ones(api_client):
     assert r.status_code == 201, r.json()
     assert (r.json()["hang_policy"], r.json()["hang_deadline_s"]) == ("cancel", 120)
     pk = r.json()["id"]
-    for bad in ({"hang_policy": "restart"}, {"hang_deadline_s": 5}, {"hang_deadline_s": "soon"},
+    for bad in ({"hang_policy": "reboot"}, {"hang_deadline_s": 5}, {"hang_deadline_s": "soon"},
                 {"hang_deadline_s": -1}, {"hang_deadline_s": 10**12}, {"hang_deadline_s": [1]}):
         r = api_client.patch(f"/api/backends/{pk}/", bad, format="json")
         assert r.status_code == 400 and list(r.json()) == list(bad), (bad, r.json())
@@ -47,6 +47,8 @@ def test_backend_api_takes_the_hang_settings_and_refuses_bad_ones(api_client):
     assert (backend.hang_policy, backend.hang_deadline_s) == ("cancel", 120)
     r = api_client.post("/api/backends/", {"name": "box2", "kind": "gpubox"}, format="json")
     assert (r.json()["hang_policy"], r.json()["hang_deadline_s"]) == ("flag", None)
+    r = api_client.patch(f"/api/backends/{pk}/", {"hang_policy": "restart"}, format="json")
+    assert r.status_code == 200 and ComputeBackend.objects.get(pk=pk).hang_policy == "restart"
 
 
 def test_services_word_the_deadlines_bounds(local_backend):

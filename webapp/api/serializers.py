@@ -530,7 +530,8 @@ class JobAttemptSerializer(serializers.Serializer):
     billable_seconds = serializers.FloatField(help_text="Seconds billed for this run, per instance.")
     cost_usd = serializers.DecimalField(max_digits=12, decimal_places=4,
                                         help_text="This run's cost; the job's cost_usd is the sum over its attempts.")
-    outcome = serializers.CharField(help_text='"lost" (resubmitted), or the job\'s state for the current attempt.')
+    outcome = serializers.CharField(help_text='"lost" (resubmitted), "hung" (stopped and restarted by the '
+                                                'hang policy), or the job\'s state for the current attempt.')
     reason = serializers.CharField(help_text="Why it ended, as the backend said (\"\" while it runs).")
     checkpoint_uri = serializers.CharField(help_text="Where its checkpoints were (a closed attempt), or where the "
                                                      "current one resumed from; \"\" = the backend's default.")
@@ -581,6 +582,61 @@ class StragglerSerializer(serializers.Serializer):
                                         help_text="lost_s × the job's price per rank-second (hourly price per "
                                                   "instance / processes per node / 3600).")
     text = serializers.CharField()
+
+
+class BoundSharesSerializer(serializers.Serializer):
+    """Shares of a step over all ranks together (jobs.bounds.timing_shares), %."""
+
+    ranks = serializers.IntegerField(help_text="Ranks whose latest timing was read.")
+    data_pct = serializers.FloatField(help_text="Σ data wait / Σ (data wait + step time).")
+    compute_pct = serializers.FloatField(allow_null=True, help_text="Σ compute / Σ step; null without compute "
+                                                                    "figures (an older trainer).")
+    sync_pct = serializers.FloatField(allow_null=True, help_text="Σ (step time − compute) / Σ step: the gradient "
+                                                                 "sync and the optimizer, waiting included.")
+    waiting_pct = serializers.FloatField(
+        allow_null=True,
+        help_text="Σ (the slowest rank's data wait + compute − the rank's own) / Σ step: waiting for the slowest.")
+    slowest_rank = serializers.IntegerField(allow_null=True)
+
+
+class BoundGpuSerializer(serializers.Serializer):
+    """The GPU that stands out (jobs.bounds.gpu_outlier)."""
+
+    rank = serializers.IntegerField()
+    node = serializers.IntegerField(help_text="rank // processes per node.")
+    gpu = serializers.IntegerField(help_text="Its index on the node: rank % processes per node (its LOCAL_RANK).")
+    util_pct = serializers.FloatField(help_text="Its mean utilisation over its recent samples, %.")
+    others_pct = serializers.FloatField(help_text="The median of the other GPUs' means, %.")
+    more = serializers.IntegerField(help_text="Other GPUs as far below that median.")
+
+
+class BoundSerializer(serializers.Serializer):
+    """What bounds the run (jobs.bounds.bound)."""
+
+    kind = serializers.ChoiceField(choices=["input", "sync", "compute", "gpus-underused"])
+    text = serializers.CharField(help_text='One line, e.g. "input-bound: ranks wait for data 38 % of each step".')
+    shares = BoundSharesSerializer(allow_null=True, help_text="From each rank's latest timing; null for a run that "
+                                                              "reports none (a script).")
+    gpu = BoundGpuSerializer(allow_null=True, help_text="A GPU at least 30 points below the others; null if none.")
+    gpu_mean_pct = serializers.FloatField(allow_null=True, help_text="The GPUs' mean utilisation over their recent "
+                                                                     "samples (the last 4 to 8 minutes), %.")
+
+
+class JobWasteSerializer(serializers.Serializer):
+    """The cost of waste of a job (jobs.selectors.training_job_waste): three parts, no second counted twice."""
+
+    idle_s = serializers.FloatField(help_text="Seconds every GPU was below the backend's idle threshold.")
+    idle_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                        help_text="idle_s × instances × hourly_price_usd / 3600.")
+    gpu_idle_s = serializers.FloatField(help_text="GPU-seconds single GPUs idled while another worked.")
+    gpu_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                       help_text="gpu_idle_s × hourly_price_usd / procs_per_node / 3600.")
+    straggler_s = serializers.FloatField(help_text="Rank-seconds the ranks waited for the slowest to reach the "
+                                                   "gradient sync (the trainer's wait_for_slowest_s, summed).")
+    straggler_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                             help_text="straggler_s × hourly_price_usd / procs_per_node / 3600.")
+    total_usd = serializers.DecimalField(max_digits=14, decimal_places=4,
+                                         help_text="idle_usd + gpu_usd + straggler_usd.")
 
 
 class ConnectionCheckSerializer(serializers.Serializer):
@@ -680,6 +736,13 @@ class JobIdleSerializer(serializers.Serializer):
     waste_usd = serializers.DecimalField(
         max_digits=14, decimal_places=4,
         help_text="The cost of waste: idle_s × instances × hourly_price_usd / 3600 (the whole job's machines).")
+    gpu_idle_s = serializers.FloatField(
+        help_text="GPU-seconds in which single GPUs were below the threshold while another GPU was not, summed "
+                  "over the GPUs (not counted in idle_s).")
+    gpu_waste_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=4,
+        help_text="Their cost: gpu_idle_s × hourly_price_usd / procs_per_node / 3600 (each GPU its share of its "
+                  "machine).")
     at = serializers.DateTimeField(
         allow_null=True, help_text="When the backend's idle policy found the job idle (the newest sample's time) "
                                    "and warned or stopped it; null = it did not (a busy sample clears it).")
@@ -884,6 +947,12 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     ranks = serializers.SerializerMethodField()
     straggler = serializers.SerializerMethodField(
         help_text="The rank the others wait for; null when no rank is meaningfully (10%) slower.")
+    waste = serializers.SerializerMethodField(
+        help_text="The cost of waste: every GPU idle, single GPUs idle while others worked, and ranks waiting for "
+                  "the slowest; null for a job with no GPU figure and no waiting measured.")
+    bound = serializers.SerializerMethodField(
+        help_text="What bounds the run, from the ranks' latest timing and the GPUs' recent utilisation; null "
+                  "when the job reported neither.")
     memory_plan = serializers.JSONField(
         read_only=True, allow_null=True,
         help_text="The memory plan made when the job was created (trainer_pkg.memory_plan): per-rank bytes of "
@@ -906,8 +975,8 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
                   '"name", "state", "text"}]} (only jobs you can see).')
     class Meta(TrainingJobSerializer.Meta):
         fields = TrainingJobSerializer.Meta.fields + ["config", "code", "image", "env", "dataset_fingerprint",
-                                                      "events", "metrics", "ranks", "straggler", "memory_plan",
-                                                      "rank_memory"] + [
+                                                      "events", "metrics", "ranks", "straggler", "bound", "waste",
+                                                      "memory_plan", "rank_memory"] + [
             "cloned_from", "source_job", "init_mode", "source_checkpoint_epoch", "lineage"] + ["attempts"]
         read_only_fields = fields
 
@@ -941,6 +1010,16 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     def get_straggler(self, job: TrainingJob) -> dict[str, Any] | None:
         straggler = selectors.training_job_straggler(job=job, ranks=self._ranks(job))
         return StragglerSerializer(straggler).data if straggler else None
+
+    @extend_schema_field(JobWasteSerializer(allow_null=True))
+    def get_waste(self, job: TrainingJob) -> dict[str, Any] | None:
+        found = selectors.training_job_waste(job=job)
+        return JobWasteSerializer(found).data if found else None
+
+    @extend_schema_field(BoundSerializer(allow_null=True))
+    def get_bound(self, job: TrainingJob) -> dict[str, Any] | None:
+        found = selectors.training_job_bound(job=job, ranks=self._ranks(job))
+        return BoundSerializer(found).data if found else None
 
     def _ranks(self, job: TrainingJob) -> list[dict[str, Any]]:
         cache = self.context.setdefault("_ranks", {})
