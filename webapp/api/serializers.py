@@ -443,7 +443,8 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
                   "job_secrets", "clear_job_secrets", "job_secrets_set", "state_deadlines", "stall_policy",
                   "orphan_policy", "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy",
-                  "idle_gpu_util_pct", "idle_minutes", "created_at", "updated_at"]
+                  "idle_gpu_util_pct", "idle_minutes", "preflight", "preflight_min_busbw_gbps",
+                  "preflight_max_latency_us", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
