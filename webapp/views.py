@@ -472,6 +472,7 @@ def _live_context(job) -> dict[str, Any]:
         "headline": selectors.training_job_headline(job=job),
         "hang": selectors.training_job_hang(job=job),
         "idle": selectors.training_job_idle(job=job),
+        "preflight": selectors.training_job_preflight(job=job),
     }
 
 
