@@ -191,9 +191,14 @@ def verdict(figures: Mapping[str, Any], lim: Limits, unit_names: list[str]) -> s
             blamed = slow_unit(pairs, lim.min_busbw_gbps)
             named = ", ".join(f"{unit_names[a]} ↔ {unit_names[b]} {_gbps(g)}" for a, b, g in slow[:3])
             more = f" and {len(slow) - 3} more" if len(slow) > 3 else ""
-            lead = (f"{unit_names[blamed]} is slow: it is in {sum(blamed in p[:2] for p in slow)} of the "
-                    f"{len(slow)} pairs " if blamed is not None else f"{len(slow)} of {len(pairs)} pairs are ")
-            problems.append(f"{lead}below {lim.min_busbw_gbps:g} GB/s ({named}{more})")
+            if blamed is not None:
+                problems.append(f"{unit_names[blamed]} is slow: it is in {sum(blamed in p[:2] for p in slow)} of "
+                                f"the {len(slow)} pairs below {lim.min_busbw_gbps:g} GB/s ({named}{more})")
+            elif len(pairs) == 1:
+                problems.append(f"the pair {named} is below {lim.min_busbw_gbps:g} GB/s")
+            else:
+                problems.append(f"{len(slow)} of {len(pairs)} pairs are below {lim.min_busbw_gbps:g} GB/s "
+                                f"({named}{more})")
     if not problems:
         return ""
     return "Preflight: " + "; ".join(problems) + ". The run was stopped before its first step."

@@ -141,8 +141,8 @@ def test_a_network_below_the_backends_minimum_stops_the_trainer_before_its_first
     assert record["ok"] is False and record["min_busbw_gbps"] == 100000.0
     assert record["reason"] == (
         f"Preflight: all-reduce bus bandwidth {record['busbw_gbps']:.3g} GB/s is below the backend's minimum of "
-        f"100000 GB/s (2 ranks on 1 node, gloo, 32 MiB); 1 of 1 pairs are below 100000 GB/s (rank 0 ({host}) ↔ "
-        f"rank 1 ({host}) {record['pairs'][0]['gbps']:.3g} GB/s). The run was stopped before its first step.")
+        f"100000 GB/s (2 ranks on 1 node, gloo, 32 MiB); the pair rank 0 ({host}) ↔ rank 1 ({host}) "
+        f"{record['pairs'][0]['gbps']:.3g} GB/s is below 100000 GB/s. The run was stopped before its first step.")
     assert not (tmp_path / "out" / "model.pt").exists()
     # The launcher's own failure message (SageMaker's failure file) is the preflight's reason too.
     last = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])

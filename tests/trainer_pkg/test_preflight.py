@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from trainer_pkg import preflight
+from trainer_pkg.metrics import parse_metric_line
 
 
 def test_bus_bandwidth_is_nccl_tests_algbw_times_two_n_minus_one_over_n():
@@ -66,3 +67,26 @@ def test_settings_from_the_environment():
     assert problems == [f"{preflight.MIN_BUSBW_VAR}='fast' is not a positive number: no such limit is applied",
                         f"{preflight.MAX_LATENCY_VAR}='-1' is not a positive number: no such limit is applied"]
     assert preflight.maybe_run(env={preflight.ENABLE_VAR: "0", "WORLD_SIZE": "2"}) is None  # off: nothing
+
+
+def test_slow_pairs_without_one_node_in_common_are_listed_and_a_failed_check_stops_the_run(monkeypatch, capsys):
+    pairs = [{"units": [a, b], "ranks": [a, b], "gbps": 2.0 if (a, b) in ((0, 1), (2, 3)) else 30.0}
+             for a, b in itertools.combinations(range(4), 2)]
+    figures = {"world_size": 4, "nodes": 4, "backend": "gloo", "busbw_gbps": 25.0, "latency_us": 80.0,
+               "sizes": [{"bytes": 32 << 20}], "pairs": pairs}
+    names = [f"node {i} (h{i})" for i in range(4)]
+    assert preflight.verdict(figures, preflight.Limits(min_busbw_gbps=10.0), names) == (
+        "Preflight: 2 of 6 pairs are below 10 GB/s (node 0 (h0) ↔ node 1 (h1) 2 GB/s, node 2 (h2) ↔ node 3 (h3) "
+        "2 GB/s). The run was stopped before its first step.")
+
+    def unreachable(backend, env):
+        raise RuntimeError("Timed out after 300 s waiting for rank 3")
+
+    monkeypatch.setattr(preflight, "measure", unreachable)
+    env = {preflight.ENABLE_VAR: "1", "RANK": "0", "WORLD_SIZE": "4"}
+    assert preflight.maybe_run("gloo", env) == preflight.FAILED_EXIT
+    reason = ("Preflight: the network check could not complete on rank 0: RuntimeError: Timed out after 300 s "
+              "waiting for rank 3. The run was stopped before its first step.")
+    records = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TRAINBOARD_METRIC ")]
+    [record] = [parse_metric_line(line) for line in records]
+    assert (record["event"], record["ok"], record["reason"], record["world_size"]) == ("preflight", False, reason, 4)
