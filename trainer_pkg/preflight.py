@@ -39,6 +39,7 @@ Torch-free to import: torch is imported when the preflight runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -295,7 +296,7 @@ def measure(dist_backend: str, env: Mapping[str, str]) -> tuple[dict[str, Any], 
 
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
-        with (torch.cuda.device(device) if device.type == "cuda" else _nothing()):
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             figures = _measure_in_group(torch, dist, device, backend, world_size, units)
         hosts = [store.get(f"host/{r}").decode("utf-8", "replace") for r in range(world_size)]
     finally:
@@ -314,14 +315,6 @@ def measure(dist_backend: str, env: Mapping[str, str]) -> tuple[dict[str, Any], 
                    slow_unit=None if blamed is None else {"unit": blamed, "name": names[blamed]},
                    duration_s=round(time.time() - started, 3))
     return figures, names
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _timed(torch: Any, dist: Any, device: Any, body: Callable[[], None], iters: int) -> float:
