@@ -24,8 +24,8 @@ Below the backend's minimum (:data:`MIN_BUSBW_VAR`: the bus bandwidth, and every
 GB/s) or above its maximum latency (:data:`MAX_LATENCY_VAR`, µs), every rank reaches the same
 verdict from the same all-reduced figures and exits :data:`FAILED_EXIT` before the run's first step.
 Rank 0 prints one ``preflight`` record (:func:`preflight_record`; the dashboard stores it on the job and
-shows it) and appends it to ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl``; its ``reason`` (set when the
-run is stopped) becomes the job's failure reason. A preflight that cannot complete (a rank that never
+shows it); one that stops the run is appended to ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl`` too, and its
+``reason`` becomes the job's failure reason. A preflight that cannot complete (a rank that never
 joins, a collective that fails) stops the run with that error as its reason. One rank: nothing to
 measure, skipped.
 
@@ -219,10 +219,13 @@ def preflight_record(figures: Mapping[str, Any], lim: Limits, reason: str) -> di
 
 
 def _emit(record: dict[str, Any], env: Mapping[str, str]) -> None:
-    """Rank 0: the record on stdout (the job's log) and in ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl``."""
+    """Rank 0: the record on stdout (the job's log, which the dashboard reads) and, when it stops the
+    run, in ``<TRAINBOARD_MODEL_DIR>/metrics.jsonl`` too, where the launcher finds its reason
+    (:func:`trainer_pkg.launch.failure_message`). A passing record stays out of that file: our trainer
+    starts a fresh run's file anew, and the hang watchdog reads it from the offset it saw at the start."""
     print_line(format_metric_line(record))
     directory = env.get("TRAINBOARD_MODEL_DIR", "").strip()
-    if directory and "://" not in directory:
+    if record["reason"] and directory and "://" not in directory:
         try:
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, "metrics.jsonl"), "a", encoding="utf-8") as f:

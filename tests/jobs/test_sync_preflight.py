@@ -86,6 +86,9 @@ def test_a_script_jobs_ranks_measure_the_network_before_its_first_line_and_the_p
     record, step = records
     assert step["world"] == 2.0  # the script's own process group, after the preflight's
     assert (tmp_path / "out" / "script-rank1").read_text() == "ran"
+    # A passing record is in the log only: metrics.jsonl is the run's own (the hang watchdog reads it).
+    assert [json.loads(line)["event"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()] == [
+        "step"]
     assert (record["world_size"], record["nodes"], record["backend"], record["device"]) == (2, 1, "gloo", "cpu")
     assert (record["ok"], record["reason"], record["min_busbw_gbps"], record["max_latency_us"]) == (True, "", None, None)
     assert [s["bytes"] for s in record["sizes"]] == list(preflight.GLOO_SIZES)
