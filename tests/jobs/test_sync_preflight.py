@@ -26,6 +26,8 @@ from jobs import sync
 from jobs.models import JobEvent, JobStateChoices as S
 from test_sync import T0, ScriptedBackend, scripted_backend, submitted_job  # noqa: F401 (fixtures)
 from trainer_pkg import preflight
+from trainer_pkg.config import JobConfig
+from trainer_pkg.launch import failure_message
 from trainer_pkg.metrics import parse_metric_line
 
 pytestmark = pytest.mark.django_db
@@ -150,6 +152,8 @@ def test_a_network_below_the_backends_minimum_stops_the_trainer_before_its_first
     # The launcher's own failure message (SageMaker's failure file) is the preflight's reason too.
     last = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["event"] == "preflight" and last["reason"] == record["reason"]
+    cfg = JobConfig.from_dict({"output": {"output_dir": str(tmp_path / "out")}})
+    assert failure_message(cfg, 1, since=record["time"] - 1) == f"{record['reason']} (exit code 1)"
 
     sync_with(submitted_job, lines, JobStatus(JobState.FAILED, raw_state="Failed", failure_reason="exit code 1",
                                               started_at=T0, ended_at=T0 + dt.timedelta(seconds=20)))
