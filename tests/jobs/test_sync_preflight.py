@@ -155,14 +155,20 @@ def test_a_network_below_the_backends_minimum_stops_the_trainer_before_its_first
     cfg = JobConfig.from_dict({"output": {"output_dir": str(tmp_path / "out")}})
     assert failure_message(cfg, 1, since=record["time"] - 1) == f"{record['reason']} (exit code 1)"
 
-    sync_with(submitted_job, lines, JobStatus(JobState.FAILED, raw_state="Failed", failure_reason="exit code 1",
-                                              started_at=T0, ended_at=T0 + dt.timedelta(seconds=20)))
+    # The log read while the provider still says the job starts: the reason is on the page already.
+    sync_with(submitted_job, lines, JobStatus(JobState.PENDING, raw_state="InProgress"))
     job = submitted_job
+    assert job.state == S.PENDING and job.preflight["ok"] is False
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
+    assert '<span id="preflight-reason">Preflight: all-reduce bus bandwidth' in page
+    sync_with(job, [], JobStatus(JobState.FAILED, raw_state="Failed", failure_reason="exit code 1",
+                                 started_at=T0, ended_at=T0 + dt.timedelta(seconds=20)))
     assert job.state == S.FAILED
     assert job.failure_reason == f"{record['reason']} (the backend reported: exit code 1)"
     assert job.preflight["ok"] is False and job.preflight["busbw_gbps"] == record["busbw_gbps"]
-    client.force_login(user)
     page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert "<strong>Network preflight failed.</strong>" in page
     assert "this backend's minimum 100000 GB/s, maximum latency none)" in page
-    assert '<span id="preflight-reason">Preflight: all-reduce bus bandwidth' in page
+    assert '<strong>Failed.</strong> Preflight: all-reduce bus bandwidth' in page
+    assert 'id="preflight-reason"' not in page  # said once, in the failure's alert
