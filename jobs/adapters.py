@@ -19,6 +19,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs.models import CodeArchive, ComputeBackend, TrainingJob
 from jobs.pricing import DatabasePriceCatalog
+from trainer_pkg import preflight
 from trainer_pkg.hang import DEADLINE_VAR as HANG_DEADLINE_VAR
 
 log = logging.getLogger(__name__)
@@ -281,7 +282,7 @@ def job_spec(job: TrainingJob) -> JobSpec:
         # The backend's hang deadline reaches the launcher's watchdog (trainer_pkg.hang); the job's own
         # environment may set its own.
         env={**({HANG_DEADLINE_VAR: str(job.backend.hang_deadline_s)} if job.backend.hang_deadline_s else {}),
-             **(job.env or {})},
+             **preflight_env(job.backend), **(job.env or {})},
         code=code_bundle(job.code) if job.code_id else None,
         image=job.image or "",
         secret_env=dict(job.backend.job_secrets or {}),
@@ -289,6 +290,19 @@ def job_spec(job: TrainingJob) -> JobSpec:
         # A resubmitted attempt writes, and so resumes from, its lost attempt's checkpoints (jobs.restarts).
         checkpoint_uri=job.checkpoint_uri or "",
     )
+
+
+def preflight_env(backend: ComputeBackend) -> dict[str, str]:
+    """The variables that turn the network preflight on in every rank of ``backend``'s jobs, with its
+    thresholds (:mod:`trainer_pkg.preflight`); {} when the backend's preflight is off."""
+    if not backend.preflight:
+        return {}
+    env = {preflight.ENABLE_VAR: "1"}
+    if backend.preflight_min_busbw_gbps is not None:
+        env[preflight.MIN_BUSBW_VAR] = repr(float(backend.preflight_min_busbw_gbps))
+    if backend.preflight_max_latency_us is not None:
+        env[preflight.MAX_LATENCY_VAR] = str(int(backend.preflight_max_latency_us))
+    return env
 
 
 def backend_secret_keys(kind: str) -> dict[str, bool]:

@@ -261,6 +261,16 @@ class ComputeBackendForm(ServiceForm):
     idle_minutes = forms.IntegerField(
         required=False, min_value=1, max_value=7 * 24 * 60, initial=30,
         help_text="Minutes every GPU of a job must stay idle before the idle policy acts, 1 to 10,080 (7 days).")
+    preflight = forms.BooleanField(
+        required=False, help_text="Before a job's first step every rank measures the all-reduce bus bandwidth and "
+                                  "latency and each node pair's bandwidth (trainer_pkg.preflight).")
+    preflight_min_busbw_gbps = forms.FloatField(
+        required=False, min_value=0.001, max_value=100_000,
+        help_text="Below it (GB/s, the all-reduce's or a node pair's) the run is stopped before its first step; "
+                  "blank = no minimum.")
+    preflight_max_latency_us = forms.IntegerField(
+        required=False, min_value=1, max_value=10_000_000,
+        help_text="Above it (µs, a small all-reduce) the run is stopped before its first step; blank = no maximum.")
     max_restarts = forms.IntegerField(
         required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
         help_text="How many times a job whose run is lost (a preemption the provider does not restart itself, a "
@@ -270,7 +280,8 @@ class ComputeBackendForm(ServiceForm):
     class Meta:
         model = ComputeBackend
         fields = ["name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
-                  "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy", "idle_gpu_util_pct", "idle_minutes"]
+                  "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy", "idle_gpu_util_pct", "idle_minutes",
+                  "preflight", "preflight_min_busbw_gbps", "preflight_max_latency_us"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -317,6 +317,21 @@ class ComputeBackend(Owned):
     idle_minutes = models.PositiveIntegerField(
         default=30, validators=[MinValueValidator(1), MaxValueValidator(7 * 24 * 60)],
         help_text="Minutes every GPU of a job must stay idle before the idle policy acts, 1 to 10,080 (7 days).")
+    # The network preflight (trainer_pkg.preflight, issue 30): measured by every rank before the first
+    # step; below the minimum or above the maximum the run stops at once, FAILED with the reason.
+    preflight = models.BooleanField(
+        default=False,
+        help_text="Before a job's first step, every rank measures the all-reduce bus bandwidth and latency and "
+                  "each node pair's bandwidth (a few seconds); the figures are on the job page.")
+    preflight_min_busbw_gbps = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.001), MaxValueValidator(100_000)],
+        help_text="The least all-reduce bus bandwidth (and node pair bandwidth) a job may start with, GB/s "
+                  "(0.001 to 100,000); below it the run is stopped before its first step, naming the slow "
+                  "node. Blank = no minimum.")
+    preflight_max_latency_us = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
+        help_text="The most a small all-reduce may take, microseconds (1 to 10,000,000); above it the run is "
+                  "stopped before its first step. Blank = no maximum.")
     orphan_policy = models.CharField(max_length=10, choices=OrphanPolicy.choices, default=OrphanPolicy.REPORT)
     max_restarts = models.PositiveSmallIntegerField(
         default=DEFAULT_MAX_RESTARTS,
@@ -483,6 +498,13 @@ class TrainingJob(Owned):
     idle_saved_usd = models.DecimalField(
         max_digits=12, decimal_places=4, null=True, blank=True,
         help_text="What stopping the idle job saves (jobs.idle.saving), USD; null when not idle.")
+
+    # The network preflight's figures (jobs.preflight.from_record, issue 30): what the ranks measured
+    # before the first step and, when the run was stopped, why.
+    preflight = models.JSONField(
+        default=dict, blank=True,
+        help_text="The launcher's preflight record (jobs.preflight): bus bandwidth, latency, each size and the "
+                  "slowest node pairs, the backend's thresholds, ok and the reason; {} when none ran.")
 
     # The memory plan before launch (trainer_pkg.memory_plan.MemoryPlan.as_dict) and the trainer's last
     # measurement (rank_memory of its latest epoch or completed record), shown side by side.

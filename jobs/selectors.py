@@ -28,6 +28,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import BackendError, Inventory
 from jobs import bounds, hangs, idle, job_table, metric_buckets, metric_store
+from jobs import preflight as job_preflight
 from jobs import progress as job_progress
 from jobs.adapters import backend_adapter, backend_allocates_devices, backend_queue, may_set_host_settings
 from jobs.cost import CENT_FRACTION, MONEY_PLACES, format_usd, format_usd_per_hour, usd_places
@@ -833,6 +834,20 @@ def training_job_waste(*, job: TrainingJob, idle_found: dict[str, Any] | None = 
            "straggler_s": straggler_s, "straggler_usd": straggler_usd}
     out["total_usd"] = out["idle_usd"] + out["gpu_usd"] + straggler_usd
     return out
+
+
+def training_job_preflight(*, job: TrainingJob) -> dict[str, Any] | None:
+    """What the job page and the API show of the job's network preflight (:mod:`jobs.preflight`): the
+    stored figures (``busbw_gbps``, ``algbw_gbps``, ``latency_us``, ``sizes``, ``pairs`` slowest first,
+    the thresholds, ``ok``, ``reason`` …) with ``at`` (datetime, UTC, when it ran), each size's ``label``
+    ("32 MiB") and ``summary`` (the timeline's line); None when no preflight ran. No query."""
+    stored = job.preflight if isinstance(job.preflight, dict) else {}
+    if not stored or not isinstance(stored.get("time"), (int, float)):
+        return None
+    sizes = [{**size, "label": f"{size['bytes'] >> 20} MiB" if size.get("bytes", 0) >= 1 << 20
+              else f"{size.get('bytes')} B"} for size in stored.get("sizes") or [] if isinstance(size, dict)]
+    return {**stored, "sizes": sizes, "at": dt.datetime.fromtimestamp(stored["time"], dt.timezone.utc),
+            "summary": job_preflight.summary(stored)}
 
 
 def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:

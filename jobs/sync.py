@@ -46,7 +46,7 @@ from django.utils import timezone
 from cloud_adapters import torchrun_log
 from cloud_adapters.base import PAUSED, Backend, BackendError, JobHandle, JobState, JobStatus
 from cloud_adapters.redaction import job_secret_redactor
-from jobs import admission, hangs, idle, metric_buckets, metric_store, notifications, progress, restarts
+from jobs import admission, hangs, idle, metric_buckets, metric_store, notifications, preflight, progress, restarts
 from jobs import cost as costs
 from jobs.adapters import backend_adapter
 from jobs.metric_fold import ACROSS_RANKS, across_ranks_name, is_across_ranks
@@ -350,8 +350,10 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
 
     A line that carries a trainer record is stored once, as the record's metric points: it is not a
     log line and takes no ``seq`` (:class:`~jobs.models.JobLogLine`). What later reads need from the
-    rare records goes on the job: a ``failed`` record's reason (``trainer_failure_reason``) and an
-    ``epoch`` record's ``epochs_done`` (``checkpoint_epochs_done``).
+    rare records goes on the job: a ``failed`` record's reason (``trainer_failure_reason``), an
+    ``epoch`` record's ``epochs_done`` (``checkpoint_epochs_done``) and the launcher's ``preflight``
+    record (``preflight``, :mod:`jobs.preflight`; a note on the timeline, and its reason, when it stopped
+    the run, as ``trainer_failure_reason``).
     Each line passes through ``mask`` first (the backend's job-secret values become ``***``), so no
     stored line holds one."""
     log_rows, points, first_step, rank_memory, trained_at, records = [], [], None, None, None, []
@@ -373,6 +375,11 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
             _drop_superseded_points(job, record)
         if event == "failed" and _record_reason(record):
             changed["trainer_failure_reason"] = _record_reason(record)
+        if event == preflight.EVENT and (figures := preflight.from_record(record)) is not None:
+            # The network check before the first step; a failed one is why the run ends (FAILED).
+            changed["preflight"] = figures
+            if figures["reason"]:
+                changed["trainer_failure_reason"] = figures["reason"][:1000]
         done = record.get("epochs_done")
         if event == "epoch" and isinstance(done, int) and not isinstance(done, bool) and 0 <= done < 2**31:
             changed["checkpoint_epochs_done"] = done
@@ -402,6 +409,8 @@ def _ingest_lines(job: TrainingJob, lines: list[str], next_seq: int, now: dt.dat
         TrainingJob.objects.filter(pk=job.pk).update(**changed)
         for field, value in changed.items():
             setattr(job, field, value)
+    if "preflight" in changed:
+        note(job.pk, job.state, preflight.summary(job.preflight)[:2000])
     if job.hung_at is not None and job.hung_at != was_hung:
         hung(job)
     if job.idle_at is not None and job.idle_at != was_idle:

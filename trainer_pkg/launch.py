@@ -59,6 +59,12 @@ for the deadline (``TRAINBOARD_HANG_DEADLINE_S``, else from the recent step time
 makes every rank write its threads' stacks (SIGUSR1, faulthandler, installed by the rank's entry:
 :mod:`trainer_pkg.rank_entry` for a script) and prints one ``hang`` record per rank.
 
+Network preflight (:mod:`trainer_pkg.preflight`): with ``TRAINBOARD_PREFLIGHT=1`` (the backend's
+setting) every rank first measures the all-reduce bus bandwidth and latency and each node pair's
+bandwidth, before our trainer's first step (here) or a script's first line (:mod:`trainer_pkg.rank_entry`),
+and a network below the backend's minimum stops the run (exit code 3 per rank) with a ``preflight``
+record naming the slow node or pair.
+
 Hardware: every 5 s (``--hardware-every-s``, ``TRAINBOARD_HARDWARE_EVERY_S``; 0 turns it off) the
 ranks' CPU %, resident memory and GPU figures and the node's network and disk rates are printed as
 ``hardware`` metric records (:mod:`trainer_pkg.hardware`): from a thread of this process when it
@@ -99,7 +105,7 @@ import tempfile
 import time
 from typing import Callable, Iterator, Mapping, Sequence
 
-from trainer_pkg import hang, hardware, objstore, report, world_shape
+from trainer_pkg import hang, hardware, objstore, preflight, report, world_shape
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
 from trainer_pkg.metrics import exit_process, parse_metric_line, print_line, report_error
 from trainer_pkg.platforms import (
@@ -534,11 +540,14 @@ def _stopped_cleanly(cfg: JobConfig, since: float) -> bool:
 def failure_message(cfg: JobConfig, code: int, since: float) -> str:
     """The failure reason of a run started at ``since`` (Unix time) that exited ``code`` (≠ 0): the
     trainer's own when it stopped the run itself (a ``failed`` record of this run, its ``reason``,
-    e.g. "loss became NaN at step 12"), else the exit code and where the ranks' errors are."""
+    e.g. "loss became NaN at step 12"), or the preflight's (a ``preflight`` record with a reason), else the exit code and where the ranks' errors are."""
     record = _last_record(cfg)
     if (record.get("event") == "failed" and isinstance(record.get("reason"), str)
             and record.get("time", 0) >= since):
         return f"{record['reason']} (training failed with exit code {code})"
+    if (record.get("event") == preflight.EVENT and record.get("reason") and isinstance(record["reason"], str)
+            and record.get("time", 0) >= since):
+        return f"{record['reason']} (exit code {code})"
     if cfg.code.script.strip():
         return (f"the script {cfg.code.script.strip()} failed with exit code {code}; its traceback or "
                 "error is in the job's log")
@@ -693,7 +702,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _set_environ(_with_trainboard_env(rank_env(plan, {**os.environ, **plan.extra_env}), cfg))
             hang.install_rank_dump()  # a rank torchrun started for our launcher: its stacks on SIGUSR1
-            code = _train_sampled(cfg, plan, every_s)
+            # The network preflight (off unless the backend turned it on), before the trainer's first step.
+            code = preflight.maybe_run(cfg.parallel.dist_backend)
+            if code is None:
+                code = _train_sampled(cfg, plan, every_s)
     elif plan.world_size == 1:
         if script is not None:
             code = run_script_here(cfg, plan, script, hardware_every_s=every_s)

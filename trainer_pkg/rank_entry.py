@@ -1,15 +1,18 @@
-"""A rank of a user's script, as the launcher starts it: install the hang dump, then run the script as
-``python`` would have.
+"""A rank of a user's script, as the launcher starts it: install the hang dump, run the network preflight
+when the backend asks for it, then run the script as ``python`` would have.
 
     python -m trainer_pkg.rank_entry /abs/code/train.py --lr 0.1      # = python /abs/code/train.py --lr 0.1
     python -m trainer_pkg.rank_entry -m mypkg.train --lr 0.1          # = python -m mypkg.train --lr 0.1
 
 :func:`trainer_pkg.hang.install_rank_dump` first (SIGUSR1 writes every thread's stack where the
-launcher's watchdog reads it; nothing when the launcher set no ``TRAINBOARD_HANG_DIR``), then the
-script runs as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` as Python sets them for it (the
+launcher's watchdog reads it; nothing when the launcher set no ``TRAINBOARD_HANG_DIR``), then
+:func:`trainer_pkg.preflight.maybe_run` (nothing unless ``TRAINBOARD_PREFLIGHT=1``: the network measured
+across the ranks; a network below the backend's minimum ends the rank with exit code 3 before the
+script's first line), then the script runs as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` as Python sets them for it (the
 script's directory; the working directory for ``-m``). Its exit code and traceback are its own: an
 exception it does not catch is printed without this module's and :mod:`runpy`'s frames (its traceback
-starts at the script, as under ``python``) and the rank exits 1. Torch-free.
+starts at the script, as under ``python``) and the rank exits 1. Torch-free (the preflight imports
+torch only when it runs).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import runpy
 import sys
 from types import TracebackType
 
+from trainer_pkg import preflight
 from trainer_pkg.hang import install_rank_dump
+from trainer_pkg.metrics import exit_process
 
 
 _OWN_FRAMES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
@@ -39,6 +44,9 @@ def main(argv: list[str]) -> None:
     if not argv or argv[0] == "-m" and len(argv) < 2:
         sys.exit("usage: python -m trainer_pkg.rank_entry (SCRIPT.py | -m MODULE) [ARGS...]")
     install_rank_dump()
+    stopped = preflight.maybe_run("auto")  # the script's backend is its own: nccl where CUDA is, else gloo
+    if stopped is not None:
+        exit_process(stopped)
     try:
         _run(argv)
     except Exception as exc:  # what python prints for an uncaught exception, from the script's frame on

@@ -419,6 +419,17 @@ class BackendForm(forms.Form):
         self.fields["idle_minutes"] = forms.IntegerField(
             required=False, min_value=1, max_value=7 * 24 * 60, initial=30, label="Idle for (minutes)",
             help_text="Minutes every GPU of the job must stay idle before the policy acts.")
+        self.fields["preflight"] = forms.BooleanField(
+            required=False, label="Network preflight before the first step",
+            help_text="Every rank measures the all-reduce bus bandwidth and latency and each node pair's "
+                      "bandwidth (a few seconds, before any training step); the figures are on the job page.")
+        self.fields["preflight_min_busbw_gbps"] = forms.FloatField(
+            required=False, min_value=0.001, max_value=100_000, label="Minimum bus bandwidth (GB/s)",
+            help_text="Below it (the all-reduce's, or a node pair's) the run is stopped before its first step, "
+                      "FAILED with the slow node named. Blank: no minimum.")
+        self.fields["preflight_max_latency_us"] = forms.IntegerField(
+            required=False, min_value=1, max_value=10_000_000, label="Maximum latency (µs)",
+            help_text="Above it (a small all-reduce) the run is stopped before its first step. Blank: no maximum.")
         self.fields["orphan_policy"] = forms.ChoiceField(
             required=False, choices=ComputeBackend.OrphanPolicy.choices, initial=ComputeBackend.OrphanPolicy.REPORT,
             label="Orphan provider jobs",
@@ -459,6 +470,9 @@ class BackendForm(forms.Form):
                 kwargs[name] = self.cleaned_data[name]
         if "hang_deadline_s" in self.cleaned_data:  # blank: the job's own step time
             kwargs["hang_deadline_s"] = self.cleaned_data["hang_deadline_s"]
+        for name in ("preflight", "preflight_min_busbw_gbps", "preflight_max_latency_us"):  # blank: none
+            if name in self.cleaned_data:
+                kwargs[name] = self.cleaned_data[name]
         if self.cleaned_data.get("max_restarts") is not None:
             kwargs["max_restarts"] = self.cleaned_data["max_restarts"]
         return kwargs
@@ -522,7 +536,9 @@ class BackendForm(forms.Form):
                    "stall_policy": backend.stall_policy, "orphan_policy": backend.orphan_policy,
                    "max_restarts": backend.max_restarts, "hang_policy": backend.hang_policy,
                    "hang_deadline_s": backend.hang_deadline_s, "idle_policy": backend.idle_policy,
-                   "idle_gpu_util_pct": backend.idle_gpu_util_pct, "idle_minutes": backend.idle_minutes}
+                   "idle_gpu_util_pct": backend.idle_gpu_util_pct, "idle_minutes": backend.idle_minutes,
+                   "preflight": backend.preflight, "preflight_min_busbw_gbps": backend.preflight_min_busbw_gbps,
+                   "preflight_max_latency_us": backend.preflight_max_latency_us}
         for state, seconds in (backend.state_deadlines or {}).items():
             initial[_deadline_field_name(state)] = seconds
         for name, key in _registered_kind_settings().get(backend.kind, {}).items():

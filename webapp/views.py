@@ -474,6 +474,7 @@ def _live_context(job) -> dict[str, Any]:
         "hang": selectors.training_job_hang(job=job),
         "idle": (idle_found := selectors.training_job_idle(job=job)),
         "waste": selectors.training_job_waste(job=job, idle_found=idle_found),
+        "preflight": selectors.training_job_preflight(job=job),
     }
 
 

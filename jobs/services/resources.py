@@ -426,7 +426,8 @@ def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any)
 # =============================================================================================
 
 _BACKEND_FIELDS = {"name", "kind", "config", "enabled", "team", "state_deadlines", "stall_policy", "orphan_policy",
-                   "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy", "idle_gpu_util_pct", "idle_minutes"}
+                   "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy", "idle_gpu_util_pct", "idle_minutes",
+                   "preflight", "preflight_min_busbw_gbps", "preflight_max_latency_us"}
 
 MIN_HANG_DEADLINE_S = 10
 """Shortest hang deadline a backend may set, seconds (a shorter one would flag every record interval)."""
@@ -461,6 +462,39 @@ def _clean_idle_number(errors: Errors, field: str, value: Any, default: int) -> 
         errors.add(field, f"{words}; got {str(value)[:40]!r}.")
         return default
     return value
+
+
+PREFLIGHT_BOUNDS = {
+    "preflight_min_busbw_gbps": (0.001, 100_000, float,
+                                 "Minimum bus bandwidth must be a number of GB/s from 0.001 to 100000, or blank for "
+                                 "no minimum"),
+    "preflight_max_latency_us": (1, 10_000_000, int,
+                                 "Maximum latency must be whole microseconds from 1 to 10000000 (10 s), or blank "
+                                 "for no maximum"),
+}
+"""The network preflight's thresholds (:mod:`trainer_pkg.preflight`): field → (least, most, type, the
+error's first words). None (blank) = no such threshold."""
+
+
+def _clean_preflight(errors: Errors, backend: ComputeBackend) -> None:
+    """``preflight`` a bool, and its thresholds None or numbers within :data:`PREFLIGHT_BOUNDS` (a
+    bool, text or NaN is refused; a whole number is a number of GB/s too). An invalid value becomes
+    its default after its error, so every field is still checked and all errors come together."""
+    if not isinstance(backend.preflight, bool):
+        errors.add("preflight", f"Preflight must be true or false; got {str(backend.preflight)[:40]!r}.")
+        backend.preflight = False
+    for field, (low, high, kind, words) in PREFLIGHT_BOUNDS.items():
+        value = getattr(backend, field)
+        if value is None or value == "":
+            setattr(backend, field, None)
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            kind is float or isinstance(value, int))
+        if not number or not low <= value <= high:  # NaN fails the comparison
+            errors.add(field, f"{words}; got {str(value)[:40]!r}.")
+            setattr(backend, field, None)
+        else:
+            setattr(backend, field, kind(value))
 
 
 def _clean_max_restarts(errors: Errors, value: Any) -> int:
@@ -526,6 +560,7 @@ def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     backend.hang_deadline_s = _clean_hang_deadline(errors, backend.hang_deadline_s)
     backend.idle_gpu_util_pct = _clean_idle_number(errors, "idle_gpu_util_pct", backend.idle_gpu_util_pct, 10)
     backend.idle_minutes = _clean_idle_number(errors, "idle_minutes", backend.idle_minutes, 30)
+    _clean_preflight(errors, backend)
     full_clean(errors, backend)
     if backend.name and name_taken(ComputeBackend, backend.owner, backend.name, backend.pk):
         errors.add("name", f"You already have a backend named {backend.name}; choose another name.")
@@ -598,7 +633,8 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                    orphan_policy: str = "report", job_secrets: Any = None,
                    max_restarts: int = DEFAULT_MAX_RESTARTS, hang_policy: str = "flag",
                    hang_deadline_s: int | None = None, idle_policy: str = "off", idle_gpu_util_pct: int = 10,
-                   idle_minutes: int = 30) -> ComputeBackend:
+                   idle_minutes: int = 30, preflight: bool = False, preflight_min_busbw_gbps: float | None = None,
+                   preflight_max_latency_us: int | None = None) -> ComputeBackend:
     """Register a compute backend; ``config`` is checked by the adapter's ``clean_config``.
 
     ``secrets``: credentials for the kind (:func:`backend_secret_keys`), stored encrypted; {} or
@@ -613,6 +649,9 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
     :data:`MAX_HANG_DEADLINE_S`), None = from the job's own step time.
     ``idle_policy`` "off" | "warn" | "stop" (what a running job whose GPUs all stay below
     ``idle_gpu_util_pct`` % for ``idle_minutes`` minutes gets, :mod:`jobs.idle`; bounds: :data:`IDLE_BOUNDS`).
+    ``preflight``: every rank measures the network before the first step (:mod:`trainer_pkg.preflight`);
+    below ``preflight_min_busbw_gbps`` (GB/s) or above ``preflight_max_latency_us`` (µs) the run is
+    stopped, FAILED with the reason; None = no such threshold (bounds: :data:`PREFLIGHT_BOUNDS`).
     ``job_secrets``: environment variables set in every job of the backend (name → value, or
     ``NAME=VALUE`` lines; :func:`_clean_job_secrets`), stored encrypted, never shown back.
     Raises ValidationError keyed by field (``secrets`` and ``job_secrets`` messages name keys, never values).
@@ -626,7 +665,9 @@ def backend_create(*, owner, name: str, kind: str, config: dict | None = None, e
                              max_restarts=max_restarts, job_secrets=_clean_job_secrets(errors, {}, job_secrets),
                              hang_policy=hang_policy or "", hang_deadline_s=hang_deadline_s,
                              idle_policy=idle_policy or "", idle_gpu_util_pct=idle_gpu_util_pct,
-                             idle_minutes=idle_minutes)
+                             idle_minutes=idle_minutes, preflight=preflight,
+                             preflight_min_busbw_gbps=preflight_min_busbw_gbps,
+                             preflight_max_latency_us=preflight_max_latency_us)
     _validate_backend(errors, backend)
     errors.raise_if_any()
     backend.save()
@@ -650,7 +691,8 @@ def backend_update(*, backend: ComputeBackend, secrets: Mapping[str, str | None]
                    clear_secrets: bool = False, job_secrets: Any = None, clear_job_secrets: bool = False,
                    **fields: Any) -> ComputeBackend:
     """Change some of ``name, kind, config, enabled, team, state_deadlines, stall_policy,
-    orphan_policy, max_restarts, hang_policy, hang_deadline_s, idle_policy, idle_gpu_util_pct, idle_minutes`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
+    orphan_policy, max_restarts, hang_policy, hang_deadline_s, idle_policy, idle_gpu_util_pct, idle_minutes,
+    preflight, preflight_min_busbw_gbps, preflight_max_latency_us`` (as for :func:`backend_create`; None deadlines = the defaults); the kind only
     while no job is active.
 
     ``secrets`` is merged into the stored ones: a key with a non-empty value replaces that secret, a

@@ -443,7 +443,8 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         fields = ["id", "name", "kind", "config", "enabled", "team", "secrets", "clear_secrets", "secrets_set",
                   "job_secrets", "clear_job_secrets", "job_secrets_set", "state_deadlines", "stall_policy",
                   "orphan_policy", "max_restarts", "hang_policy", "hang_deadline_s", "idle_policy",
-                  "idle_gpu_util_pct", "idle_minutes", "created_at", "updated_at"]
+                  "idle_gpu_util_pct", "idle_minutes", "preflight", "preflight_min_busbw_gbps",
+                  "preflight_max_latency_us", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
@@ -756,6 +757,46 @@ class JobIdleSerializer(serializers.Serializer):
                   "budget has left; null when at is null.")
 
 
+class JobPreflightSizeSerializer(serializers.Serializer):
+    bytes = serializers.IntegerField(help_text="The all-reduce's size, bytes (float32).")
+    time_us = serializers.FloatField(allow_null=True, help_text="The slowest rank's mean time per all-reduce, µs.")
+    algbw_gbps = serializers.FloatField(allow_null=True, help_text="bytes / time, GB/s (10⁹ bytes).")
+    busbw_gbps = serializers.FloatField(allow_null=True, help_text="algbw × 2(n−1)/n for n ranks (nccl-tests), GB/s.")
+
+
+class JobPreflightPairSerializer(serializers.Serializer):
+    units = serializers.ListField(child=serializers.IntegerField(),
+                                  help_text="The pair's two nodes (or ranks, on one node), by index.")
+    ranks = serializers.ListField(child=serializers.IntegerField(), help_text="The ranks that measured it.")
+    hosts = serializers.ListField(child=serializers.CharField(), help_text="Their host names.")
+    gbps = serializers.FloatField(help_text="2 × message bytes / the time of a send and a receive each way, GB/s.")
+
+
+class JobPreflightSerializer(serializers.Serializer):
+    """The network preflight's figures (jobs.preflight, trainer_pkg.preflight): what the ranks measured
+    before the first step, and why it stopped the run when it did."""
+
+    at = serializers.DateTimeField(help_text="When it ran (the launcher's clock).")
+    ok = serializers.BooleanField(help_text="False when it stopped the run (reason says why).")
+    reason = serializers.CharField(help_text='Why the run was stopped, naming the slow node or pair, e.g. "Preflight: '
+                                             'all-reduce bus bandwidth 0.9 GB/s is below the backend\'s minimum of 10 '
+                                             'GB/s …"; "" when ok.')
+    world_size = serializers.IntegerField(allow_null=True)
+    nodes = serializers.IntegerField(allow_null=True)
+    backend = serializers.CharField(help_text="The process group's backend: nccl or gloo.")
+    busbw_gbps = serializers.FloatField(allow_null=True, help_text="The largest size's all-reduce bus bandwidth, GB/s.")
+    algbw_gbps = serializers.FloatField(allow_null=True, help_text="The largest size's algorithm bandwidth, GB/s.")
+    latency_us = serializers.FloatField(allow_null=True, help_text="The slowest rank's mean time of a 4-byte "
+                                                                   "all-reduce, µs.")
+    sizes = JobPreflightSizeSerializer(many=True)
+    pairs = JobPreflightPairSerializer(many=True, help_text="The slowest node pairs first (at most 32).")
+    pairs_measured = serializers.IntegerField(allow_null=True)
+    pair_unit = serializers.CharField(help_text='"node" (pairs of nodes), or "rank" for a job on one node.')
+    duration_s = serializers.FloatField(allow_null=True, help_text="Seconds the preflight took.")
+    min_busbw_gbps = serializers.FloatField(allow_null=True, help_text="The backend's minimum then; null = none.")
+    max_latency_us = serializers.FloatField(allow_null=True, help_text="The backend's maximum then; null = none.")
+
+
 class JobProgressSerializer(serializers.Serializer):
     """A job's progress (jobs.progress.Progress): % done, time left from the recent step rate and the
     projected final cost, from the job's own columns (no metric point read)."""
@@ -839,6 +880,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="The job's GPU idleness from the launcher's samples: the cost of waste (idle_s, waste_usd) and "
                   "what the backend's idle policy did (at, reason, saved_usd). Null for a job without GPU "
                   "figures (CPU only): it is never idle.")
+    preflight = serializers.SerializerMethodField(
+        help_text="The network preflight before the first step (the backend's preflight setting): all-reduce bus "
+                  "bandwidth and latency, each node pair's bandwidth, and the reason when it stopped the run. Null "
+                  "when none ran.")
     progress = serializers.SerializerMethodField(
         help_text="% done, time left and projected final cost of a job with a known length (epochs or "
                   "train.max_steps for the built-in trainer, report.progress(total=...) for a script); null when "
@@ -855,7 +900,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "billable_seconds", "training_seconds", "spot_saving", "on_demand_cost_usd", "instance_count", "raw_state", "secondary_state", "failure_reason",
             "status_warning", "team", "budget_exceeded_at", "created_at", "submitted_at", "started_at",
             "ended_at", "duration_s", "priority", "wait_reason", "allocated_gpus",
-            "attempt", "metric_points_pruned_at", "progress", "hung_at", "hang", "idle",
+            "attempt", "metric_points_pruned_at", "progress", "hung_at", "hang", "idle", "preflight",
         ]
         fields = fields + EXPERIMENT_FIELDS  # the experiment table (docs/experiments.md)
         read_only_fields = fields
@@ -893,6 +938,11 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     def get_idle(self, job: TrainingJob) -> dict[str, Any] | None:
         found = selectors.training_job_idle(job=job)
         return None if found is None else JobIdleSerializer(found).data
+
+    @extend_schema_field(JobPreflightSerializer(allow_null=True))
+    def get_preflight(self, job: TrainingJob) -> dict[str, Any] | None:
+        found = selectors.training_job_preflight(job=job)
+        return None if found is None else JobPreflightSerializer(found).data
 
     def get_stalled(self, job: TrainingJob) -> bool:
         return job.stalled_at is not None
