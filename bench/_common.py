@@ -204,6 +204,18 @@ def read_rss(rss_dir: str) -> dict[int, float]:
     return out
 
 
+def read_rank_cpu(rss_dir: str) -> dict[int, tuple[float, float]]:
+    """Each rank's ``(CPU seconds, of which sampling)`` written by :mod:`bench._rank_rss`: user + system
+    of all its threads from start to exit, and the part its hardware sampler took."""
+    out: dict[int, tuple[float, float]] = {}
+    for name in os.listdir(rss_dir):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(rss_dir, name), encoding="utf-8") as f:
+                data = json.load(f)
+            out[int(data["rank"])] = (float(data["cpu_s"]), float(data.get("sampling_cpu_s", 0.0)))
+    return out
+
+
 def read_rss_detail(rss_dir: str) -> dict[int, dict[str, float]]:
     """Each rank's figures from :mod:`bench._rank_rss` in MB: ``peak`` (VmHWM), and ``anon`` and
     ``file`` (RssAnon, RssFile when the rank exited)."""

@@ -7,7 +7,9 @@ The program runs in this process (``runpy``, as ``python -m``/``python script.py
 its footprint is this process's. At exit the peak resident set size (``VmHWM`` in
 ``/proc/self/status``) is written to ``$BENCH_RSS_DIR/rank<RANK>.json``, with the resident anonymous
 and file-backed memory at that moment (``RssAnon``, ``RssFile``: a memory-mapped file's pages the
-rank touched count in the latter). With ``$BENCH_PROFILE_DIR`` set, the whole program also runs under
+rank touched count in the latter), and the CPU seconds the process used, every thread's, user and
+system (``cpu_s``, ``os.times``), of which its hardware sampler took ``sampling_cpu_s``
+(``trainer_pkg.hardware.sampling_cpu_s``; 0 when the rank did not sample itself). With ``$BENCH_PROFILE_DIR`` set, the whole program also runs under
 ``cProfile`` and each rank's statistics go to ``$BENCH_PROFILE_DIR/rank<RANK>.prof`` (a diagnostic:
 profiling slows Python-heavy code, so never time a profiled run). The trainer and the
 hand-written loop are measured by this same wrapper, so whatever the wrapper itself costs (nothing
@@ -50,8 +52,12 @@ def record() -> None:
         rank = os.environ.get("RANK", "0")
         with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
             kb = status_kb("VmHWM", "RssAnon", "RssFile")
+            times = os.times()
+            hardware = sys.modules.get("trainer_pkg.hardware")  # loaded where the rank samples itself
             json.dump({"rank": int(rank), "vmhwm_kb": kb["VmHWM"], "rss_anon_kb": kb["RssAnon"],
-                       "rss_file_kb": kb["RssFile"], "pid": os.getpid()}, f)
+                       "rss_file_kb": kb["RssFile"], "pid": os.getpid(),
+                       "cpu_s": times.user + times.system,
+                       "sampling_cpu_s": getattr(hardware, "sampling_cpu_s", 0.0)}, f)
 
 
 def main() -> None:

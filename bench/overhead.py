@@ -47,8 +47,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import (BENCH, finish_job, fmt_list, job_env, make_npz, median, read_rss, run_job,  # noqa: E402
-                           spread, start_job, torchrun, trainer_window, verdict)
+from bench._common import (BENCH, finish_job, fmt_list, job_env, make_npz, median, read_rank_cpu,  # noqa: E402
+                           read_rss, run_job, spread, start_job, torchrun, trainer_window, verdict)
 
 OVERHEAD_TARGET = 1.03
 SAMPLING_TARGET = 1.01
@@ -183,10 +183,14 @@ def _sampling(args: argparse.Namespace, work: str, data: str) -> None:
             row = {"wall_s": wall, **trainer_window(os.path.join(job["dir"], "out", "metrics.jsonl"))}
             with open(job["log"], encoding="utf-8") as f:
                 row["samples"] = sum('"event":"hardware"' in line for line in f)
+            cpu = read_rank_cpu(job["rss"])
+            row["rank_cpu_s"] = sum(total for total, _ in cpu.values())
+            row["sampling_cpu_s"] = sum(sampling for _, sampling in cpu.values())
             rows[kind].append(row)
             print(f"[overhead] pair {rep + 1}/{args.reps} {kind:9s}: loop {row['loop_s']:.3f} s over steps "
                   f"2..{row['last_step']} ({(row['last_step'] - 1) / row['loop_s']:.0f} steps/s), "
-                  f"{row['samples']} hardware records, process wall {wall:.2f} s", flush=True)
+                  f"{row['samples']} hardware records, process wall {wall:.2f} s, ranks' CPU "
+                  f"{row['rank_cpu_s']:.2f} s of which sampling {row['sampling_cpu_s'] * 1e3:.1f} ms", flush=True)
     per_step = {kind: [r["loop_s"] / (r["last_step"] - 1) * 1e3 for r in rs] for kind, rs in rows.items()}
     ratio = median(per_step["sampled"]) / median(per_step["unsampled"])
     paired = median([a / b for a, b in zip(per_step["sampled"], per_step["unsampled"])])
@@ -198,11 +202,25 @@ def _sampling(args: argparse.Namespace, work: str, data: str) -> None:
     print(f"  RATIO sampled/unsampled (medians) = {ratio:.4f}   target <= {SAMPLING_TARGET}: "
           f"{verdict(ratio, SAMPLING_TARGET, higher_is_better=False)}")
     print(f"  median of the per-pair ratios      = {paired:.4f}")
+    # The sampling's own CPU, measured inside each sampled rank (thread time around every sample): the
+    # share of the ranks' CPU it took, a figure the machine's other load does not blur as it blurs the
+    # wall-clock ratio above. On a machine whose ranks keep every core busy, the sampling can slow
+    # them by at most this share.
+    sampled = rows["sampled"]
+    share = median([r["sampling_cpu_s"] / max(r["rank_cpu_s"] - r["sampling_cpu_s"], 1e-9) for r in sampled])
+    per_sample_ms = median([r["sampling_cpu_s"] * 1e3 / r["samples"] for r in sampled if r["samples"]] or [0.0])
+    cpu_ratio = median([r["rank_cpu_s"] for r in sampled]) / median([r["rank_cpu_s"] for r in rows["unsampled"]])
+    print(f"  CPU RATIO (ranks' CPU with the sampling's / without it, same runs) = {1 + share:.5f}   "
+          f"target <= {SAMPLING_TARGET}: {verdict(1 + share, SAMPLING_TARGET, higher_is_better=False)}  "
+          f"({per_sample_ms:.2f} ms of CPU a sample, every {args.hardware_every_s:g} s)")
+    print(f"  ranks' CPU sampled/unsampled runs (medians) = {cpu_ratio:.4f}")
     print(f"  cores available to this process: {len(os.sched_getaffinity(0))}; load average before: "
           f"{args.load_before}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), **rows, "ratio_of_medians": ratio, "median_pair_ratio": paired}, f,
+            json.dump({"args": vars(args), **rows, "ratio_of_medians": ratio, "median_pair_ratio": paired,
+                       "cpu_ratio_in_run": 1 + share, "sampling_cpu_ms_per_sample": per_sample_ms,
+                       "rank_cpu_ratio_of_medians": cpu_ratio}, f,
                       indent=2, default=str)
 
 

@@ -82,6 +82,10 @@ NODE_FIELDS = ("sys/net_recv_mb_s", "sys/net_sent_mb_s", "sys/disk_read_mb_s", "
 EVENT = "hardware"
 _MB = 1e6
 
+sampling_cpu_s = 0.0
+"""CPU seconds this process's samplers have spent taking samples (``time.thread_time`` around each
+:meth:`Sampler.sample`): the sampling's own cost, read by bench/overhead.py through bench/_rank_rss.py."""
+
 
 def every_s(flag: float | None, env: Mapping[str, str]) -> float:
     """The sampling interval in seconds: ``flag`` (``--hardware-every-s``) if given, else
@@ -342,7 +346,16 @@ class Sampler:
         return out
 
     def sample(self) -> None:
-        """Take one sample and print its record (never raises: sampling must not fail a job)."""
+        """Take one sample and print its record (never raises: sampling must not fail a job); its CPU
+        time is added to :data:`sampling_cpu_s`."""
+        global sampling_cpu_s
+        started = time.thread_time()
+        try:
+            self._sample()
+        finally:
+            sampling_cpu_s += time.thread_time() - started
+
+    def _sample(self) -> None:
         try:
             record = self.record()
             line = format_metric_line(record)
