@@ -209,6 +209,12 @@ def _config_message(dotted: str, field: str, text: str) -> str:
 
 
 def _add_config_error(errors: Errors, exc_or_msg: Any, overridden: set[str]) -> None:
+    found = getattr(exc_or_msg, "errors", None)  # a ConfigError keyed by path: every error, each on its field
+    if found:
+        for dotted, message in found.items():
+            field = _config_error_field(dotted, overridden)
+            errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
+        return
     text = str(exc_or_msg)
     dotted = text.split(":", 1)[0].strip() if ":" in text else ""
     field = _config_error_field(dotted, overridden) if dotted and " " not in dotted else (
@@ -561,9 +567,10 @@ def _checked_config(errors: Errors, base: dict[str, Any], overrides: dict[str, A
             config.model.params = validate_model_params(config.model.arch, config.model.params)
     except ConfigError as exc:
         _add_config_error(errors, exc, overridden)
-        dotted = str(exc).split(":", 1)[0].strip() if ":" in str(exc) else ""
+        refused |= set(exc.errors)
+        dotted = str(exc).split(":", 1)[0].strip() if ":" in str(exc) and not exc.errors else ""
         if dotted and " " not in dotted:
-            refused.add(dotted)
+            refused.add(dotted)  # the model registry's errors name their field in the text
     if config is not None:
         for dotted, message in _job_config_errors(config, is_script).items():
             field = _config_error_field(dotted, overridden)
