@@ -339,10 +339,18 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     except ValidationError as exc:
         if valid:
             return None, exc
-        remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
-                     if (kept := [m for m, code in v if code != WHOLE_INPUT])}
-        return None, ValidationError(remaining) if remaining else None
+        return None, unflagged_errors(exc, flagged)
     return result, None
+
+
+def unflagged_errors(exc: ValidationError, flagged: set[str]) -> ValidationError | None:
+    """The errors of ``exc`` (a service's, called on an input whose own checks flagged ``flagged``
+    fields and passed stand-ins for them) that are not about those fields (a key ``config.region``
+    belongs to ``config``) nor coded :data:`WHOLE_INPUT` (worked out from every field together, on the
+    stand-ins); None when nothing is left."""
+    remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
+                 if (kept := [m for m, code in v if code != WHOLE_INPUT])}
+    return ValidationError(remaining) if remaining else None
 
 
 MAX_RUNTIME_S = 28 * 24 * 3600
