@@ -129,10 +129,6 @@ def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
 _CONFIG_FIELD_TO_ARG = {f.config: f.name for f in job_request.JOB_REQUEST if f.config}
 
 
-LARGE_MODEL_SETTINGS = {f.name: f.config.split(".")[0] for f in job_request.JOB_REQUEST if f.group == "large"}
-"""The large-model settings of the request, by config section."""
-
-
 JOB_FIELD_ALIASES = {"learning_rate": "lr", "model": "model_spec", "model_id": "model_spec",
                      "dataset_id": "dataset", "backend_id": "backend", "world_size": "procs_per_node",
                      "num_nodes": "nodes", "hparams": "hyperparameters", "config": "hyperparameters"}
