@@ -313,8 +313,8 @@ class _TrialRun(Exception):
     """Rolls back a service call made only to collect its errors."""
 
 
-def trial_call(call: Callable[[], T], *, valid: bool,
-               flagged: set[str]) -> tuple[T | None, ValidationError | None]:
+def trial_call(call: Callable[[], T], *, valid: bool, flagged: set[str],
+               check: Callable[[], object] | None = None) -> tuple[T | None, ValidationError | None]:
     """Call the service ``call`` for an input whose own checks ``valid`` passed or not: ``(result,
     None)`` when it is saved, else ``(None, the service's errors or None)``.
 
@@ -326,9 +326,19 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
     reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value
     for them; so are its errors coded :data:`WHOLE_INPUT` (worked out from every field together, on
-    those stand-ins: the memory plan's refusal). Shared by the UI (``webapp.errors.submit_form``), the
-    API (``webapp.api.serializers``) and ``manage.py submit_job``.
+    those stand-ins: the memory plan's refusal). Shared by the UI (``webapp.errors.submit_form``) and
+    the API (``webapp.api.serializers``).
+
+    ``check``: the service's pure check of the same input (it writes nothing, e.g.
+    ``services.training_job_check``): called instead of ``call`` on an invalid input, so there is
+    nothing to roll back.
     """
+    if not valid and check is not None:
+        try:
+            check()
+        except ValidationError as exc:
+            return None, unflagged_errors(exc, flagged)
+        return None, None
     try:
         with transaction.atomic():
             result = call()

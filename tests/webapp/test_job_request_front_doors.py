@@ -96,3 +96,30 @@ def test_the_api_reports_a_bad_field_a_bad_override_and_a_backend_refusal_in_one
     assert "4" in body["procs_per_node"][0]
     assert TrainingJob.objects.count() == 0
     no_celery_publish["submit"].assert_not_called()
+
+
+@pytest.mark.django_db
+def test_a_request_with_errors_of_its_own_is_checked_never_created(owner_client, api_client, digits_dataset,
+                                                                    cnn_model, local_backend, no_celery_publish):
+    """The form and the API report their own field errors with the service's, found by
+    ``training_job_check`` (which writes nothing), not by a create rolled back."""
+    from unittest import mock
+
+    from django.urls import reverse
+
+    from jobs import services
+
+    with mock.patch.object(services, "training_job_create", side_effect=AssertionError("no create")):
+        page = owner_client.post(reverse("job-create"), {
+            "name": "", "dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk,
+            "strategy": "ddp", "nodes": 1, "procs_per_node": 1, "epochs": 0, "batch_size": 32, "lr": 0.05,
+            "seed": 0, "max_runtime_s": 3600, "hyperparameters": '{"train": {"optimizer": "adam"}}'})
+        errors = page.context["form"].errors
+        assert errors["epochs"] == ["Ensure this value is greater than or equal to 1."]
+        assert errors["hyperparameters"] == ["train.optimizer: must be one of 'sgd', 'adamw', got 'adam'"]
+        response = api_client.post("/api/jobs/", {
+            "dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk, "epochs": 0,
+            "hyperparameters": {"train": {"optimizer": "adam"}}}, format="json")
+        assert response.status_code == 400
+        assert response.json()["hyperparameters"] == ["train.optimizer: must be one of 'sgd', 'adamw', got 'adam'"]
+    assert TrainingJob.objects.count() == 0

@@ -108,7 +108,16 @@ class ServiceSerializerMixin(KnownFieldsMixin):
                                                    for m in (msgs if isinstance(msgs, list) else [msgs])]
                                              for key, msgs in exc.detail.items()}) from None
 
-        _, exc = trial_call(call, valid=False, flagged=set(errors))
+        def check():  # a serializer's pure check of the same values, where it has one (nothing to roll back)
+            try:
+                return self.check(values)
+            except serializers.ValidationError as exc:
+                raise DjangoValidationError({key: [DjangoValidationError(str(m), code=getattr(m, "code", None))
+                                                   for m in (msgs if isinstance(msgs, list) else [msgs])]
+                                             for key, msgs in exc.detail.items()}) from None
+
+        _, exc = trial_call(call, valid=False, flagged=set(errors),
+                            check=check if self.instance is None and hasattr(self, "check") else None)
         if exc is not None:
             for key, messages in to_drf_validation_error(exc).detail.items():
                 errors.setdefault(key, []).extend(messages)
@@ -1007,6 +1016,11 @@ class TrainingJobCreateSerializer(ServiceSerializerMixin, _JobRequestSerializer)
 
     def create(self, validated_data: dict[str, Any]) -> TrainingJob:
         return self._call(services.training_job_create, owner=self.context["request"].user, **validated_data)
+
+    def check(self, validated_data: dict[str, Any]) -> None:
+        """The request's checks without writing (``services.training_job_check``), for a request with
+        field errors of its own: the service's errors on the other fields join them."""
+        self._call(services.training_job_check, owner=self.context["request"].user, **validated_data)
 
     def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
         return TrainingJobDetailSerializer(instance, context=self.context).data
