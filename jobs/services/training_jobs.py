@@ -187,9 +187,16 @@ def _add_config_error(errors: Errors, exc_or_msg: Any, overridden: set[str]) -> 
     errors.add(field, _config_message(dotted, field, text))
 
 
-def _spec_error_field(message: str) -> str:
-    """The form field an adapter's InvalidSpec message is about (the message shows the arithmetic)."""
-    lowered = message.lower()
+_SPEC_FIELD_TO_REQUEST = {"dataset_uri": "dataset"}
+"""The request field of a JobSpec field where their names differ (the others are the same)."""
+
+
+def _spec_error_field(exc: InvalidSpec) -> str:
+    """The request field an adapter's refusal is about: the JobSpec field it names (``InvalidSpec.field``);
+    for a refusal that names none (an adapter's check not yet tagged), guessed from its words."""
+    if exc.field:
+        return _SPEC_FIELD_TO_REQUEST.get(exc.field, exc.field)
+    lowered = str(exc).lower()
     for needle, field in (
         ("process", "procs_per_node"), ("node", "nodes"), ("spot", "spot"),
         ("instance", "instance_type"), ("runtime", "max_runtime_s"), ("strateg", "strategy"),
@@ -237,7 +244,7 @@ def _check_spec(errors: Errors, adapter: Backend, spec: JobSpec, strategy: str,
     try:
         adapter.validate(spec)
     except InvalidSpec as exc:
-        errors.add(_spec_error_field(str(exc)), str(exc))
+        errors.add(_spec_error_field(exc), str(exc))
 
 
 def _check_dataset_scheme(errors: Errors, adapter: Backend, spec: JobSpec, dataset: Dataset | None) -> JobSpec:

@@ -121,3 +121,28 @@ def test_submit_job_takes_the_large_model_and_pipeline_options(user, digits_data
     assert "--hyperparameters: train.optimizer: must be one of 'sgd', 'adamw', got 'adam'" in err
     assert "--procs-per-node: " in err
     assert TrainingJob.objects.count() == 2
+
+
+@pytestmark_db
+def test_a_backend_refusal_lands_on_the_field_it_names(user, digits_dataset, cnn_model, local_backend):
+    """``InvalidSpec.field`` (the JobSpec field an adapter's check is about) decides the request field,
+    not the words of the message."""
+    from cloud_adapters.base import InvalidSpec
+    from jobs.services.training_jobs import _spec_error_field
+
+    with pytest.raises(ValidationError) as caught:
+        services.training_job_check(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=local_backend,
+                                    spot=True, procs_per_node=3)
+    errors = caught.value.message_dict
+    assert errors["procs_per_node"] == ["1 node × 3 processes = 3 ranks, but this GPU box runs at most 2 processes "
+                                        "per node (max_procs_per_node); ask for 2 or fewer."]
+    assert set(errors) == {"procs_per_node"}  # the adapter stops at its first refusal: spot comes next
+    with pytest.raises(ValidationError) as caught:
+        services.training_job_check(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=local_backend,
+                                    spot=True)
+    assert caught.value.message_dict == {"spot": ["This backend has no spot capacity; untick spot."]}
+    # A Kubernetes node pool named in an instance-type refusal once sent it to "nodes" by its words.
+    refusal = InvalidSpec("instance type 'big': this backend runs on node pool gpu-a100", field="instance_type")
+    assert _spec_error_field(refusal) == "instance_type"
+    assert _spec_error_field(InvalidSpec("dataset 'x': SageMaker reads data from S3", field="dataset_uri")) == "dataset"
+    assert _spec_error_field(InvalidSpec("2 processes per node requested")) == "procs_per_node"  # untagged: words
