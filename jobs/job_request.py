@@ -221,15 +221,16 @@ JOB_REQUEST: tuple[RequestField, ...] = job_request_fields()
 """The job request the front doors are built from."""
 
 
-def request_field(name: str, fields: Iterable[RequestField] = JOB_REQUEST) -> RequestField:
-    return next(f for f in fields if f.name == name)
+def request_field(name: str, fields: Iterable[RequestField] | None = None) -> RequestField:
+    """The field ``name`` of ``fields`` (default: :data:`JOB_REQUEST` as it is now)."""
+    return next(f for f in (JOB_REQUEST if fields is None else fields) if f.name == name)
 
 
-def config_sections(values: Mapping[str, Any], fields: Iterable[RequestField] = JOB_REQUEST) -> dict[str, dict]:
+def config_sections(values: Mapping[str, Any], fields: Iterable[RequestField] | None = None) -> dict[str, dict]:
     """``{"parallel": {"strategy": ..., ...}, "train": {...}}``: the config fields among ``values`` (by
     request name) nested by their config path; an optional field left out, None or blank is not sent."""
     sections: dict[str, dict[str, Any]] = {}
-    for field in fields:
+    for field in JOB_REQUEST if fields is None else fields:
         if not field.config or field.name not in values:
             continue
         value = values[field.name]
@@ -238,8 +239,3 @@ def config_sections(values: Mapping[str, Any], fields: Iterable[RequestField] = 
         section, name = field.config.split(".", 1)
         sections.setdefault(section, {})[name] = value
     return sections
-
-
-def field_for_config_path(path: str, fields: Iterable[RequestField] = JOB_REQUEST) -> RequestField | None:
-    """The request field that sets the config field ``path`` (``train.lr`` → ``lr``), or None."""
-    return next((f for f in fields if f.config == path), None)

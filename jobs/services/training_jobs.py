@@ -125,8 +125,6 @@ def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
     return keys
 
 
-# The request field that owns each JobConfig field the service fills from the request.
-_CONFIG_FIELD_TO_ARG = {f.config: f.name for f in job_request.JOB_REQUEST if f.config}
 
 
 JOB_FIELD_ALIASES = {"learning_rate": "lr", "model": "model_spec", "model_id": "model_spec",
@@ -148,8 +146,9 @@ def _config_error_field(dotted: str, overridden: set[str]) -> str:
     """Which form field a JobConfig error belongs to (``dotted`` like ``train.epochs``)."""
     if dotted in overridden or any(dotted.startswith(k + ".") for k in overridden):
         return "hyperparameters"
-    if dotted in _CONFIG_FIELD_TO_ARG:
-        return _CONFIG_FIELD_TO_ARG[dotted]
+    owner = next((f.name for f in job_request.JOB_REQUEST if f.config == dotted), None)  # the request's field
+    if owner is not None:
+        return owner
     if dotted.startswith("data."):
         return "dataset"
     if dotted.startswith("model."):
@@ -157,15 +156,11 @@ def _config_error_field(dotted: str, overridden: set[str]) -> str:
     return "hyperparameters" if overridden else ALL
 
 
-# The labels the service's messages name the request's config fields by (jobs.job_request).
-_ARG_LABELS = {f.name: f.label for f in job_request.JOB_REQUEST if f.config}
-
-
 def _config_message(dotted: str, field: str, text: str) -> str:
     """``text`` (a JobConfig error, ``parallel.pipeline_stages: ...``) worded for ``field``: a field the
     user filled in is named by its label (``Pipeline stages: ...``), as the form and the API ask for it;
     in the hyperparameters the config path is what the user wrote, so it stays."""
-    label = _ARG_LABELS.get(field)
+    label = next((f.label for f in job_request.JOB_REQUEST if f.config and f.name == field), None)
     prefix = f"{dotted}:"
     if label is None or not text.startswith(prefix):
         return text

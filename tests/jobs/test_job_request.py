@@ -146,3 +146,22 @@ def test_a_backend_refusal_lands_on_the_field_it_names(user, digits_dataset, cnn
     assert _spec_error_field(refusal) == "instance_type"
     assert _spec_error_field(InvalidSpec("dataset 'x': SageMaker reads data from S3", field="dataset_uri")) == "dataset"
     assert _spec_error_field(InvalidSpec("2 processes per node requested")) == "procs_per_node"  # untagged: words
+
+
+@pytestmark_db
+def test_a_config_field_added_to_the_request_reaches_the_frozen_config(monkeypatch, user, digits_dataset, cnn_model,
+                                                                       local_backend):
+    """The service reads the request's config fields by their paths: one more entry in the declaration
+    (an existing trainer field, train.warmup_steps) is a keyword the check takes and freezes."""
+    from jobs import job_request
+
+    fields = job_request.job_request_fields({**CONFIG_FIELDS, "warmup_steps": "train.warmup_steps"})
+    monkeypatch.setattr(job_request, "JOB_REQUEST", fields)
+    checked = services.training_job_check(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                          backend=local_backend, warmup_steps=5)
+    assert checked.config.train.warmup_steps == 5
+    assert request_field("warmup_steps", fields).label == "Warmup steps"
+    with pytest.raises(ValidationError) as caught:  # its range is the trainer's, its error on the field
+        services.training_job_check(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=local_backend,
+                                    warmup_steps=-1)
+    assert caught.value.message_dict == {"warmup_steps": ["Warmup steps: must be 0 or more, got -1"]}
