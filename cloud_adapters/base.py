@@ -91,11 +91,16 @@ class InvalidSpec(BackendError):
     """The request cannot run on this backend (shape, instance type, limits). Not retried.
 
     From ``clean_config``, ``errors`` holds every problem found, ``{setting key: [message]}``
-    (:class:`SettingsProblems`); the message of the exception is all of them, in order."""
+    (:class:`SettingsProblems`); the message of the exception is all of them, in order. From
+    ``validate``, ``field`` names the :class:`JobSpec` field the refusal is about (``nodes``,
+    ``procs_per_node``, ``instance_type``, ``max_runtime_s``, ``spot``, ``dataset_uri``, ``image``), so
+    the dashboard shows it beside that field; "" when it is about several or none."""
 
-    def __init__(self, *args: Any, errors: Mapping[str, Sequence[str]] | None = None) -> None:
+    def __init__(self, *args: Any, errors: Mapping[str, Sequence[str]] | None = None, field: str = "") -> None:
         super().__init__(*args)
         from cloud_adapters.redaction import redact
+
+        self.field = field
 
         self.errors: dict[str, list[str]] = {str(k): [redact(m) for m in v] for k, v in (errors or {}).items()}
 
@@ -497,23 +502,23 @@ class Backend(abc.ABC):
             raise InvalidSpec(
                 f"nodes and processes per node must be at least 1 (got {spec.nodes} nodes × "
                 f"{spec.procs_per_node} processes)."
-            )
+            , field="procs_per_node")
         if spec.nodes > caps.max_nodes and self.max_nodes_note:
-            raise InvalidSpec(f"{spec.nodes} nodes requested. {self.max_nodes_note}")
+            raise InvalidSpec(f"{spec.nodes} nodes requested. {self.max_nodes_note}", field="nodes")
         if spec.nodes > caps.max_nodes:
             raise InvalidSpec(
                 f"{spec.nodes} nodes requested, but this backend runs at most "
                 f"{caps.max_nodes} {'node' if caps.max_nodes == 1 else 'nodes'} per job."
-            )
+            , field="nodes")
         if spec.procs_per_node > caps.max_procs_per_node:
             raise InvalidSpec(
                 f"{spec.procs_per_node} processes per node requested, but this backend allows at "
                 f"most {caps.max_procs_per_node} per node."
-            )
+            , field="procs_per_node")
         if spec.spot and not caps.spot:
-            raise InvalidSpec("This backend has no spot capacity; untick spot.")
+            raise InvalidSpec("This backend has no spot capacity; untick spot.", field="spot")
         if spec.max_runtime_s < 1:
-            raise InvalidSpec(f"max runtime must be at least 1 second (got {spec.max_runtime_s}).")
+            raise InvalidSpec(f"max runtime must be at least 1 second (got {spec.max_runtime_s}).", field="max_runtime_s")
 
     @abc.abstractmethod
     def submit(self, spec: JobSpec) -> JobHandle:

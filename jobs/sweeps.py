@@ -40,7 +40,7 @@ import logging
 import math
 from decimal import Decimal
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
@@ -48,6 +48,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from jobs import dispatch, metric_buckets, metric_store, services, validation
+from jobs.job_request import JOB_REQUEST, RequestField
 from jobs.models import (
     ACTIVE_STATE_VALUES,
     TERMINAL_STATE_VALUES,
@@ -83,14 +84,10 @@ MAX_CONCURRENT = 100
 FORBIDDEN_SECTIONS = ("code", "output")
 """Config sections a trial may not vary: the model's archive sets ``code``, the backend ``output``."""
 
-BASE_FIELDS = (
-    "dataset", "model_spec", "backend", "strategy", "nodes", "procs_per_node", "pipeline_stages",
-    "microbatches", "pipeline_schedule", "epochs", "batch_size", "lr", "seed", "max_runtime_s",
-    "budget_usd", "instance_type", "spot", "hyperparameters", "env", "image", "activation_checkpointing",
-    "cpu_offload", "checkpoint_format", "max_steps", "seq_len", "priority",
-)
-"""The keys of a sweep's base job: :func:`jobs.services.training_job_create`'s arguments (ids for
-the dataset, model and backend; ``budget_usd`` is each trial job's own budget)."""
+BASE_FIELDS = tuple(f.name for f in JOB_REQUEST if f.name not in ("name", "team"))
+"""The keys of a sweep's base job: the job request's fields (:data:`jobs.job_request.JOB_REQUEST`; ids for
+the dataset, model and backend; ``budget_usd`` is each trial job's own budget) but the name and team,
+which are the sweep's."""
 
 SPACE_EXAMPLE = ('{"train.lr": {"type": "float", "low": 0.001, "high": 0.1, "log": true}, '
                  '"train.batch_size": {"type": "categorical", "choices": [16, 32, 64]}, '
@@ -424,15 +421,17 @@ def _distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 _TEXT, _NUMBER, _WHOLE, _FLAG, _OBJECT = (str,), (int, float, str), (int, str), (bool,), (dict, str)
-_BASE_TYPES = {
-    "dataset": _WHOLE, "model_spec": _WHOLE, "backend": _WHOLE, "strategy": _TEXT, "nodes": _WHOLE,
-    "procs_per_node": _WHOLE, "pipeline_stages": _WHOLE, "microbatches": _WHOLE, "pipeline_schedule": _TEXT,
-    "epochs": _WHOLE, "batch_size": _WHOLE, "lr": _NUMBER, "seed": _WHOLE, "max_runtime_s": _WHOLE,
-    "budget_usd": _NUMBER, "instance_type": _TEXT, "spot": _FLAG, "hyperparameters": _OBJECT, "env": _OBJECT,
-    "image": _TEXT, "activation_checkpointing": _FLAG, "cpu_offload": _FLAG, "checkpoint_format": _TEXT,
-    "max_steps": _WHOLE, "seq_len": _WHOLE, "priority": _WHOLE,
-}
-"""What each base field may hold (None = the service's default); the service checks the values."""
+_TYPES_OF_KIND = {"text": _TEXT, "choice": _TEXT, "float": _NUMBER, "decimal": _NUMBER, "int": _WHOLE,
+                  "ref": _WHOLE, "bool": _FLAG, "object": _OBJECT}
+
+
+def base_types(fields: Iterable[RequestField] = JOB_REQUEST) -> dict[str, tuple[type, ...]]:
+    """What each base field may hold, by the kind the job request declares (None = the service's
+    default); the service checks the values."""
+    return {f.name: _TYPES_OF_KIND[f.kind] for f in fields if f.name not in ("name", "team")}
+
+
+_BASE_TYPES = base_types()
 _KIND_WORDS = {_TEXT: "text", _NUMBER: "a number", _WHOLE: "a whole number", _FLAG: "true or false",
                _OBJECT: "a JSON object"}
 
@@ -456,23 +455,12 @@ def _base_payload(errors: Errors, base: Any) -> dict[str, Any]:
     return {k: v for k, v in base.items() if k in BASE_FIELDS and f"base.{k}" not in errors}
 
 
-class _DryRun(Exception):
-    """Rolls back the trial job a validation built (it was only a check)."""
-
-    def __init__(self, job: TrainingJob) -> None:
-        self.estimate = job.estimated_cost_usd
-
-
-def _dry_run_trial(errors: Errors, *, owner, team, payload: Mapping[str, Any], name: str) -> Decimal:
-    """Build one trial's job with the real service inside a savepoint that is rolled back (its
-    submit message, sent on commit, is dropped with it): every error the job would get, keyed
-    ``base.<field>`` (``search_space`` for the hyperparameters the trial sets). Returns its estimate."""
+def _check_trial(errors: Errors, *, owner, team, payload: Mapping[str, Any], name: str) -> Decimal:
+    """Check one trial's job with the service's own checks (:func:`jobs.services.training_job_check`:
+    nothing is written, nothing sent): every error the job would get, keyed ``base.<field>``
+    (``search_space`` for the hyperparameters the trial sets). Returns its estimate."""
     try:
-        with transaction.atomic():
-            job = services.training_job_create(owner=owner, team=team, name=name, **payload)
-            raise _DryRun(job)
-    except _DryRun as done:
-        return done.estimate
+        return services.training_job_check(owner=owner, team=team, name=name, **payload).estimated_cost_usd
     except ValidationError as exc:
         for field, messages in exc.message_dict.items():
             key = ALL if field == ALL else ("search_space" if field == "hyperparameters" else f"base.{field}")
@@ -584,8 +572,8 @@ def sweep_create(*, owner, name: str, base: Any, search_space: Any, sampler: str
     errors.raise_if_any()
     payload.update(dataset=dataset.pk, model_spec=model_spec.pk, backend=backend.pk)
     first = {k: (s["choices"][0] if s["type"] == "categorical" else s["low"]) for k, s in space.items()}
-    estimate = _dry_run_trial(errors, owner=owner, team=team, payload=trial_payload(payload, first),
-                              name=f"{name} trial 0")
+    estimate = _check_trial(errors, owner=owner, team=team, payload=trial_payload(payload, first),
+                            name=f"{name} trial 0")
     if budget is not None and not errors and estimate > budget:
         errors.add("budget_usd", f"One trial is estimated at ${estimate:,.2f} (max runtime × nodes × price), more than "
                                  f"the sweep's budget of ${budget:,.2f}: raise the budget or lower the max runtime.")

@@ -313,8 +313,8 @@ class _TrialRun(Exception):
     """Rolls back a service call made only to collect its errors."""
 
 
-def trial_call(call: Callable[[], T], *, valid: bool,
-               flagged: set[str]) -> tuple[T | None, ValidationError | None]:
+def trial_call(call: Callable[[], T], *, valid: bool, flagged: set[str],
+               check: Callable[[], object] | None = None) -> tuple[T | None, ValidationError | None]:
     """Call the service ``call`` for an input whose own checks ``valid`` passed or not: ``(result,
     None)`` when it is saved, else ``(None, the service's errors or None)``.
 
@@ -326,9 +326,19 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     discarded). The service's errors on ``flagged`` fields (the ones the input's own checks already
     reported; a key ``config.region`` belongs to ``config``) are dropped: the service saw no value
     for them; so are its errors coded :data:`WHOLE_INPUT` (worked out from every field together, on
-    those stand-ins: the memory plan's refusal). Shared by the UI (``webapp.errors.submit_form``), the
-    API (``webapp.api.serializers``) and ``manage.py submit_job``.
+    those stand-ins: the memory plan's refusal). Shared by the UI (``webapp.errors.submit_form``) and
+    the API (``webapp.api.serializers``).
+
+    ``check``: the service's pure check of the same input (it writes nothing, e.g.
+    ``services.training_job_check``): called instead of ``call`` on an invalid input, so there is
+    nothing to roll back.
     """
+    if not valid and check is not None:
+        try:
+            check()
+        except ValidationError as exc:
+            return None, unflagged_errors(exc, flagged)
+        return None, None
     try:
         with transaction.atomic():
             result = call()
@@ -339,10 +349,18 @@ def trial_call(call: Callable[[], T], *, valid: bool,
     except ValidationError as exc:
         if valid:
             return None, exc
-        remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
-                     if (kept := [m for m, code in v if code != WHOLE_INPUT])}
-        return None, ValidationError(remaining) if remaining else None
+        return None, unflagged_errors(exc, flagged)
     return result, None
+
+
+def unflagged_errors(exc: ValidationError, flagged: set[str]) -> ValidationError | None:
+    """The errors of ``exc`` (a service's, called on an input whose own checks flagged ``flagged``
+    fields and passed stand-ins for them) that are not about those fields (a key ``config.region``
+    belongs to ``config``) nor coded :data:`WHOLE_INPUT` (worked out from every field together, on the
+    stand-ins); None when nothing is left."""
+    remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
+                 if (kept := [m for m, code in v if code != WHOLE_INPUT])}
+    return ValidationError(remaining) if remaining else None
 
 
 MAX_RUNTIME_S = 28 * 24 * 3600

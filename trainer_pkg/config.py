@@ -42,7 +42,15 @@ CheckpointFormat = Literal["full", "sharded"]
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
+    """A configuration value is missing, unknown, of the wrong type or out of range.
+
+    ``errors`` holds every problem found, keyed by its dotted path (``{"train.lr": "expected a
+    number, got 'x'"}``); the text is each of them as ``path: message``, joined by ``"; "``. Raised
+    with a bare message (no path known), ``errors`` is empty."""
+
+    def __init__(self, message: str = "", errors: Mapping[str, str] | None = None) -> None:
+        self.errors: dict[str, str] = dict(errors or {})
+        super().__init__(message or "; ".join(f"{path}: {text}" for path, text in self.errors.items()))
 
 
 @dataclasses.dataclass
@@ -335,10 +343,15 @@ class JobConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "JobConfig":
         """Build a config from a (possibly partial) dict; missing fields take their defaults.
 
-        Raises :class:`ConfigError` naming the first unknown key or mistyped value, e.g.
-        ``train.epochs: expected an integer, got '3'``.
+        Raises :class:`ConfigError` naming every unknown key and mistyped value at once, each by its
+        dotted path (``ConfigError.errors``), e.g. ``train.epochs: expected an integer, got '3'``.
+        Range checks are :meth:`field_errors`'s; :func:`check_config` does both.
         """
-        return _build(cls, data, "")
+        errors: dict[str, str] = {}
+        config = _build(cls, data, "", errors)
+        if errors:
+            raise ConfigError(errors=errors)
+        return config
 
     @classmethod
     def from_json(cls, text: str) -> "JobConfig":
@@ -422,6 +435,113 @@ MAXIMA: dict[str, int | float] = {
 }
 """Largest accepted value of each bounded numeric field (:meth:`JobConfig.field_errors`)."""
 
+MINIMA: dict[str, int | float] = {
+    "data.image_size": 8,
+    "data.seq_len": 0,
+    "data.val_windows": 1,
+    "data.num_workers": 0,
+    "data.prefetch_factor": 1,
+    "parallel.nodes": 1,
+    "parallel.procs_per_node": 1,
+    "parallel.pipeline_stages": 0,
+    "parallel.microbatches": 1,
+    "parallel.timeout_s": 1,
+    "train.epochs": 1,
+    "train.batch_size": 1,
+    "train.seed": 0,
+    "train.weight_decay": 0.0,
+    "train.log_every_steps": 0,
+    "train.stop_check_s": 0.0,
+    "train.grad_accum_steps": 1,
+    "train.grad_clip_norm": 0.0,
+    "train.max_steps": 0,
+    "train.warmup_steps": 0,
+}
+"""Smallest accepted value of each numeric field bounded from below inclusively (what
+:meth:`JobConfig.field_errors` and :func:`trainer_pkg.world_shape.shape_errors` check; a field
+bounded exclusively, ``train.lr`` > 0, is left out: a form's minimum cannot say it)."""
+
+LABELS: dict[str, str] = {
+    "parallel.procs_per_node": "Processes per node",
+    "parallel.microbatches": "Micro-batches",
+    "parallel.cpu_offload": "CPU offload",
+    "train.lr": "Learning rate",
+    "train.max_steps": "Max steps",
+    "data.seq_len": "Sequence length",
+}
+"""A field's label where its name, spaced and capitalized (``batch_size`` → ``Batch size``), would
+not say it: what a form, the API's schema and a CLI's help call the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldInfo:
+    """What a front door needs to ask for one config field: read from the dataclasses
+    (:func:`config_fields`), never written out again."""
+
+    path: str
+    """Dotted path, ``train.lr``."""
+    kind: str
+    """``int``, ``float``, ``bool``, ``choice``, ``str``, ``dict`` or ``list``."""
+    default: Any
+    """The config's default."""
+    label: str
+    """Short name for a person (:data:`LABELS`, else the field name spaced and capitalized)."""
+    help: str
+    """The documentation beneath the field (:func:`field_docs`), whitespace collapsed."""
+    minimum: int | float | None = None
+    """Smallest accepted value (:data:`MINIMA`), None when unbounded or bounded exclusively."""
+    maximum: int | float | None = None
+    """Largest accepted value (:data:`MAXIMA`)."""
+    choices: tuple[str, ...] = ()
+    """The ``Literal`` choices of a ``choice`` field, in declaration order."""
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[1]
+
+
+def _kind(hint: Any) -> tuple[str, tuple[str, ...]]:
+    if get_origin(hint) is Literal:
+        return "choice", tuple(get_args(hint))
+    for kind, python in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if hint is python:
+            return kind, ()
+    return {dict: "dict", list: "list"}[get_origin(hint)], ()
+
+
+@functools.cache
+def config_fields() -> dict[str, FieldInfo]:
+    """Every leaf field of :class:`JobConfig` by dotted path, in declaration order, with its type,
+    default, label, documentation, bounds and choices: what the dashboard's job form, its API and its
+    CLI are generated from (``jobs.job_request``).
+
+    ``config_fields()["train.lr"].default`` = ``0.05``; ``config_fields()["train.epochs"].minimum`` = ``1``.
+    """
+    out: dict[str, FieldInfo] = {}
+    for section, section_cls in typing.get_type_hints(JobConfig).items():
+        hints, docs, defaults = typing.get_type_hints(section_cls), field_docs(section_cls), section_cls()
+        for f in dataclasses.fields(section_cls):
+            path = f"{section}.{f.name}"
+            kind, choices = _kind(hints[f.name])
+            out[path] = FieldInfo(
+                path=path, kind=kind, default=getattr(defaults, f.name),
+                label=LABELS.get(path, f.name.replace("_", " ").capitalize()),
+                help=docs.get(f.name, ""), minimum=MINIMA.get(path), maximum=MAXIMA.get(path), choices=choices)
+    return out
+
+
+def check_config(data: Any) -> tuple[JobConfig | None, dict[str, str]]:
+    """``data`` (a possibly partial JobConfig dict) built and range-checked at once: ``(config, {})``
+    when it is valid, else ``(None, errors)`` with every problem keyed by its dotted path — unknown
+    keys, mistyped values (:meth:`JobConfig.from_dict`) and out-of-range ones
+    (:meth:`JobConfig.field_errors`) together, a field keeping its first. Writes nothing, raises
+    nothing. Whether the strategy fits the world is :func:`trainer_pkg.world_shape.config_errors`'s."""
+    errors: dict[str, str] = {}
+    config = _build(JobConfig, data, "", errors)
+    for path, message in config.field_errors().items():
+        errors.setdefault(path, message)  # a mistyped field checked at its default says nothing new
+    return (None, errors) if errors else (config, {})
+
 
 def plural(n: int, one: str, many: str) -> str:
     """``n`` with the noun that agrees with it: ``plural(1, "node", "nodes")`` = ``"1 node"``,
@@ -451,17 +571,35 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _build(cls: type, data: Any, prefix: str) -> Any:
+def _build(cls: type, data: Any, prefix: str, errors: dict[str, str] | None = None) -> Any:
+    """An instance of the dataclass ``cls`` from ``data``. With ``errors`` every problem is recorded
+    there (keyed by dotted path) and the field keeps its default, so the rest is still checked;
+    without it the first problem raises :class:`ConfigError`."""
+    if errors is None:
+        found: dict[str, str] = {}
+        built = _build(cls, data, prefix, found)
+        if found:
+            raise ConfigError(errors=found)
+        return built
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or 'config'}: expected an object, got {type(data).__name__}")
+        errors.setdefault(prefix.rstrip(".") or "config", f"expected an object, got {type(data).__name__}")
+        return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown field (known: {', '.join(sorted(fields))})")
+    for name in sorted(set(data) - set(fields), key=str):
+        errors.setdefault(f"{prefix}{name}", f"unknown field (known: {', '.join(sorted(fields))})")
     kwargs = {}
     for name, value in data.items():
-        kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
+        if name not in fields:
+            continue
+        where = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = _build(hints[name], value, f"{where}.", errors)
+            continue
+        try:
+            kwargs[name] = _convert(hints[name], value, where)
+        except ConfigError as exc:
+            errors.setdefault(where, str(exc).removeprefix(f"{where}: "))
     return cls(**kwargs)
 
 

@@ -51,14 +51,16 @@ def add_service_errors(form: forms.BaseForm, exc: DjangoValidationError,
 
 
 def submit_form(form: forms.BaseForm, call: Callable[[], T],
-                add_errors: Callable[[forms.BaseForm, DjangoValidationError], None] | None = None) -> T | None:
+                add_errors: Callable[[forms.BaseForm, DjangoValidationError], None] | None = None,
+                check: Callable[[], object] | None = None) -> T | None:
     """Validate ``form`` and call the service ``call`` (which reads ``form.cleaned_data``); the
     service's result when both accept, else None with every error on the form (the form's own and
-    the service's, in one submit: :func:`trial_call`). ``add_errors`` puts the service's errors on
-    the form (default :func:`add_service_errors`).
+    the service's, in one submit: :func:`trial_call`; ``check``, the service's pure check, is called
+    instead on a form with errors). ``add_errors`` puts the service's errors on the form (default
+    :func:`add_service_errors`).
     """
     valid = form.is_valid()
-    result, exc = trial_call(call, valid=valid, flagged=set(form.errors) if not valid else set())
+    result, exc = trial_call(call, valid=valid, flagged=set(form.errors) if not valid else set(), check=check)
     if exc is not None:
         (add_errors or add_service_errors)(form, exc)
     return result

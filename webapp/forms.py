@@ -15,13 +15,14 @@ from django.conf import settings
 from cloud_adapters import registry
 from cloud_adapters.base import InstanceOffer
 from cloud_adapters.settings import Setting
-from jobs import job_table, selectors, services, validation
+from jobs import job_request, job_table, selectors, services, validation
+from jobs.job_request import MAX_RUNTIME_HELP
 from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
 from jobs.models import (DEFAULT_MAX_RESTARTS, MAX_RESTARTS, ComputeBackend, Dataset, JobStateChoices, ModelSpec,
                          Team, TrainingJob)
-from trainer_pkg.config import BuiltinDataset, CheckpointFormat, PipelineSchedule, Strategy
+from trainer_pkg.config import BuiltinDataset
 from trainer_pkg.registry import ARCHITECTURES
 
 
@@ -64,13 +65,6 @@ def offer_label(offer: InstanceOffer) -> str:
     return f"{offer.instance_type} — {usd_per_hour_label(offer.usd_per_hour)}" + (
         "" if offer.confirmed else " (unconfirmed)")
 
-
-MAX_RUNTIME_HELP = (
-    "The limit on the job's whole run, counted from its start: start-up counts (on a cloud, launching the "
-    "machines and downloading the image and the data; on a GPU box, starting the processes and loading the "
-    "data), so allow for it: a limit shorter than the start-up ends the job before it trains. The job is "
-    "stopped there, so it is billed up to it at most. The estimate says what it counts on the chosen backend.")
-"""What a max runtime covers, for the job form and the API schema (``Backend.max_runtime_covers`` per backend)."""
 
 SHARE_HELP = "Share with a team you belong to: its members see it and can launch jobs with it."
 
@@ -570,8 +564,38 @@ def _preselected_backend_id(user, backends) -> int | None:
     return newest if newest is not None else ready[0]
 
 
-class TrainingJobForm(forms.Form):
+def request_form_field(field: job_request.RequestField) -> forms.Field:
+    """The job form's field of a job request's config ``field``: its kind, label (``form_label`` where
+    the form says more), help, choices, minimum and the config's default as the initial value;
+    an optional one may be left blank (the trainer's default)."""
+    given: dict[str, Any] = dict(required=not field.optional and field.kind != "bool", initial=field.initial,
+                                 label=field.form_label or field.label, help_text=field.help)
+    bounds = {"min_value": field.minimum} if field.minimum is not None else {}
+    if field.kind == "int":
+        return forms.IntegerField(**bounds, **given)
+    if field.kind == "float":
+        return forms.FloatField(**bounds, **given)
+    if field.kind == "bool":
+        return forms.BooleanField(**given)
+    if field.kind == "choice":
+        return forms.ChoiceField(choices=[(c, c) for c in field.choices], **given)
+    raise ValueError(f"{field.name}: no form field for kind {field.kind!r}")  # a declaration bug
+
+
+def job_request_form_fields(fields=job_request.JOB_REQUEST) -> dict[str, forms.Field]:
+    """The job form's fields of the job request's config fields (strategy, shape, training, pipeline
+    and large-model settings), built from the declaration; the job-level fields, with their own widgets
+    (rows, JSON, environment lines), are declared on :class:`TrainingJobForm`."""
+    return {f.name: request_form_field(f) for f in fields if f.config}
+
+
+_JobRequestFormFields = forms.forms.DeclarativeFieldsMetaclass(
+    "_JobRequestFormFields", (forms.Form,), {"__module__": __name__, **job_request_form_fields()})
+
+
+class TrainingJobForm(_JobRequestFormFields):
     HYPERPARAMETERS_EXAMPLE = '{"train": {"optimizer": "adamw"}}'
+    field_order = [f.name for f in job_request.JOB_REQUEST]  # the declaration's order, generated fields among the rest
 
     name = forms.CharField(required=False, max_length=200, help_text="Optional; defaults to job-<id>.")
     dataset = forms.ModelChoiceField(
@@ -580,27 +604,6 @@ class TrainingJobForm(forms.Form):
                   "(TRAINBOARD_DATA_DIR is then unset).")
     model_spec = forms.ModelChoiceField(queryset=None, empty_label=None, label="Model")
     backend = forms.ModelChoiceField(queryset=None, empty_label=None)
-    strategy = forms.ChoiceField(
-        choices=[(s, s) for s in get_args(Strategy)], initial="ddp",
-        help_text="ddp: every rank holds the model and a shard of the data. fsdp: the same, with parameters, "
-                  "gradients and optimizer state sharded across ranks. pipeline: the model's layers split "
-                  "into consecutive stages, one per rank.")
-    pipeline_stages = forms.IntegerField(
-        required=False, min_value=0, initial=0, label="Pipeline stages",
-        help_text="Pipeline only: stages per pipeline, dividing the world size; 0 = one per rank.")
-    microbatches = forms.IntegerField(
-        required=False, min_value=1, initial=4, label="Micro-batches",
-        help_text="Pipeline only: the batch size must divide into this many micro-batches.")
-    pipeline_schedule = forms.ChoiceField(
-        required=False, choices=[(s, s) for s in get_args(PipelineSchedule)], initial="gpipe",
-        label="Pipeline schedule", help_text="Pipeline only: gpipe, or 1f1b (needs micro-batches ≥ stages).")
-    nodes = forms.IntegerField(min_value=1, initial=1, help_text="Machines.")
-    procs_per_node = forms.IntegerField(min_value=1, initial=1, label="Processes per node",
-                                        help_text="Ranks per machine; world size = nodes × processes.")
-    epochs = forms.IntegerField(min_value=1, initial=3)
-    batch_size = forms.IntegerField(min_value=1, initial=32, label="Batch size per process")
-    lr = forms.FloatField(initial=0.05, label="Learning rate")
-    seed = forms.IntegerField(initial=0, min_value=0)
     max_runtime_s = forms.IntegerField(min_value=1, initial=3600, label="Max runtime (s)",
                                        help_text=MAX_RUNTIME_HELP)
     budget_usd = forms.DecimalField(required=False, min_value=Decimal("0"), max_digits=12, decimal_places=4,
@@ -615,26 +618,6 @@ class TrainingJobForm(forms.Form):
         max_value=validation.PRIORITY_RANGE[1], label="Priority",
         help_text=f"{validation.PRIORITY_RANGE[0]} to {validation.PRIORITY_RANGE[1]}: on a GPU box whose GPUs are "
                   f"taken, higher starts first; equal priorities start in submission order.")
-    # Large models (docs/large-models.md): the config's own field names; blank = the config's default.
-    activation_checkpointing = forms.BooleanField(
-        required=False, label="Activation checkpointing",
-        help_text="ddp and fsdp: recompute each block's activations during backward instead of keeping them — "
-                  "less memory per rank for about a third more compute.")
-    cpu_offload = forms.BooleanField(
-        required=False, label="CPU offload",
-        help_text="fsdp only: keep parameters, gradients and optimizer state in CPU memory between uses; the "
-                  "optimizer steps on the CPU.")
-    checkpoint_format = forms.ChoiceField(
-        required=False, choices=[(s, s) for s in get_args(CheckpointFormat)], initial="full",
-        label="Checkpoint format",
-        help_text="full: one last.pt written by rank 0. sharded: every rank writes its own shards "
-                  "(torch.distributed.checkpoint), resumable on another world size; ddp and fsdp only.")
-    max_steps = forms.IntegerField(
-        required=False, min_value=0, initial=0, label="Max steps",
-        help_text="Stop after this many optimizer steps; 0 = run all epochs.")
-    seq_len = forms.IntegerField(
-        required=False, min_value=0, initial=0, label="Sequence length (tokens)",
-        help_text="Token datasets only: tokens per training window; 0 = the gpt model's context length.")
     hyperparameters = forms.CharField(
         required=False, label="Hyperparameters (JSON)",
         widget=forms.Textarea(attrs={"rows": 4, "class": "mono", "spellcheck": "false",
@@ -669,8 +652,7 @@ class TrainingJobForm(forms.Form):
     SHAPE_FIELDS = ("strategy", "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "model_spec",
                     "budget_usd", "dataset", "hyperparameters", "activation_checkpointing", "cpu_offload",
                     "checkpoint_format", "max_steps", "seq_len")
-    PIPELINE_FIELDS = ("pipeline_stages", "microbatches", "pipeline_schedule")
-    LARGE_MODEL_FIELDS = ("activation_checkpointing", "cpu_offload", "checkpoint_format", "max_steps", "seq_len")
+    OPTIONAL_CONFIG_FIELDS = tuple(f.name for f in job_request.JOB_REQUEST if f.config and f.optional)
 
     def __init__(self, *args: Any, user, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -765,7 +747,7 @@ class TrainingJobForm(forms.Form):
         data = dict(self.cleaned_data)
         for f in ("dataset", "model_spec", "backend"):  # one that did not clean: the form shows its error
             data.setdefault(f, None)
-        for f in self.PIPELINE_FIELDS + self.LARGE_MODEL_FIELDS:  # empty: the trainer's default
+        for f in self.OPTIONAL_CONFIG_FIELDS:  # empty: the trainer's default
             if data.get(f) in (None, ""):
                 data.pop(f, None)
         if data.get("priority") is None:  # left blank: the default

@@ -405,8 +405,12 @@ def job_create(request: HttpRequest) -> HttpResponse:
     initial = views_clone.clone_initial(source, mode) if source is not None and request.method == "GET" else None
     form = TrainingJobForm(request.POST or None, user=request.user, initial=initial)
     if request.method == "POST":
-        job = submit_form(form, lambda: services.training_job_create(owner=request.user, **form.create_kwargs(),
-                                                                     **views_clone.clone_kwargs(source, mode)))
+        def job_request() -> dict:
+            return dict(owner=request.user, **form.create_kwargs(), **views_clone.clone_kwargs(source, mode))
+
+        # A form with errors of its own is checked (nothing written) so the service's errors join them.
+        job = submit_form(form, lambda: services.training_job_create(**job_request()),
+                          check=lambda: services.training_job_check(**job_request()))
         if job is not None:
             messages.success(request, f"Job {job} queued.")
             return redirect("job-detail", pk=job.pk)

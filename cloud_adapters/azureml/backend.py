@@ -422,7 +422,7 @@ class AzureMLBackend(CloudBackend):
         azure_job_name(spec.job_name)
         size = spec.instance_type or self.config["vm_size"]
         if not VM_SIZE_RE.fullmatch(size):
-            raise InvalidSpec(f"instance type {size!r}: Azure VM sizes look like 'Standard_NC6s_v3'.")
+            raise InvalidSpec(f"instance type {size!r}: Azure VM sizes look like 'Standard_NC6s_v3'.", field="instance_type")
         super().validate(spec)
         self.price(size, spec.spot)
         gpus = VM_GPUS.get(size)
@@ -430,15 +430,15 @@ class AzureMLBackend(CloudBackend):
             raise InvalidSpec(
                 f"{spec.nodes} × {size} with {spec.procs_per_node} processes per node: {size} has {gpus} "
                 f"GPU{'s' if gpus != 1 else ''} and each rank needs its own; ask for at most {gpus} processes "
-                f"per node (world size {spec.nodes} × {gpus} = {spec.nodes * gpus}).")
+                f"per node (world size {spec.nodes} × {gpus} = {spec.nodes * gpus}).", field="procs_per_node")
         if spec.max_runtime_s > MAX_RUNTIME_S:
             raise InvalidSpec(f"max runtime {spec.max_runtime_s} s is above {MAX_RUNTIME_S} s (30 days); lower it "
-                              f"and resume from the checkpoints in a second job.")
+                              f"and resume from the checkpoints in a second job.", field="max_runtime_s")
         if spec.dataset_uri and not spec.dataset_uri.startswith(DATASET_PREFIXES):
             raise InvalidSpec(
                 f"dataset {spec.dataset_uri!r}: Azure ML mounts data from a datastore or storage URL; use "
                 f"'azureml://datastores/<datastore>/paths/<path>', 'azureml:<data asset>:<version>' or an "
-                f"https:// blob URL (or a built-in dataset).")
+                f"https:// blob URL (or a built-in dataset).", field="dataset_uri")
         if spec.checkpoint_uri and not DATASTORE_PATH_RE.fullmatch(spec.checkpoint_uri):
             # Listed and resumed from through its datastore (_output_location, checkpoint_uri).
             raise InvalidSpec(f"checkpoints {spec.checkpoint_uri!r}: expected a datastore path "
@@ -448,7 +448,7 @@ class AzureMLBackend(CloudBackend):
         self._check_init_from(init_from(spec.config))
         if spec.image and not IMAGE_RE.fullmatch(spec.image):
             raise InvalidSpec(f"image {spec.image!r}: expected a container image such as "
-                              f"'myregistry.azurecr.io/training:1' ('<registry>/<repository>[:tag|@digest]').")
+                              f"'myregistry.azurecr.io/training:1' ('<registry>/<repository>[:tag|@digest]').", field="image")
         if spec.code is not None:  # the archive's own problems, before the job is queued
             packaging.refuse_ours(packaging.code_files(spec.code), ())
         self._config_json(spec)

@@ -526,13 +526,13 @@ class GpuBoxBackend(Backend):
         _check_job_name(spec.job_name)
         caps = self.capabilities
         if spec.nodes > caps.max_nodes:  # before the per-node arithmetic, which would not be the point
-            raise InvalidSpec(f"{spec.nodes} nodes requested. {self.max_nodes_note}")
+            raise InvalidSpec(f"{spec.nodes} nodes requested. {self.max_nodes_note}", field="nodes")
         if spec.procs_per_node > caps.max_procs_per_node >= 1 and spec.nodes >= 1:
             raise InvalidSpec(
                 f"{spec.nodes} node{'s' if spec.nodes != 1 else ''} × {spec.procs_per_node} processes = {spec.world_size} ranks, but "
                 f"this GPU box runs at most {caps.max_procs_per_node} processes per node "
                 f"(max_procs_per_node); ask for {caps.max_procs_per_node} or fewer."
-            )
+            , field="procs_per_node")
         super().validate(spec)
         try:
             box = self.inventory()
@@ -542,7 +542,7 @@ class GpuBoxBackend(Backend):
             raise InvalidSpec(
                 f"{spec.procs_per_node} processes need {box.unit(spec.procs_per_node)} (one per process), but this GPU "
                 f"box has {box.unit(box.capacity)} in all ({box.source}), so the job could never start; ask for "
-                f"{box.capacity} or fewer processes per node.")
+                f"{box.capacity} or fewer processes per node.", field="procs_per_node")
         if spec.devices and (len(spec.devices) != spec.procs_per_node or len(set(spec.devices)) != len(spec.devices)
                              or not set(spec.devices) <= set(box.devices)):
             raise InvalidSpec(

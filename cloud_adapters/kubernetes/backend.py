@@ -355,18 +355,18 @@ class KubernetesBackend(CloudBackend):
         if gpus and spec.procs_per_node > gpus:
             raise InvalidSpec(f"{spec.procs_per_node} processes per node with {gpus} GPUs per node: each rank needs "
                               f"its own GPU; ask for at most {gpus} (world size {spec.nodes} × {gpus} = "
-                              f"{spec.nodes * gpus}).")
+                              f"{spec.nodes * gpus}).", field="procs_per_node")
         super().validate(spec)
         if spec.max_runtime_s > MAX_RUNTIME_S:
-            raise InvalidSpec(f"max runtime {spec.max_runtime_s} s is over {MAX_RUNTIME_S} s (28 days).")
+            raise InvalidSpec(f"max runtime {spec.max_runtime_s} s is over {MAX_RUNTIME_S} s (28 days).", field="max_runtime_s")
         if spec.instance_type and spec.instance_type != self.config["node_pool"]:
             raise InvalidSpec(f"instance type {spec.instance_type!r}: this backend runs on node pool "
-                              f"{self.config['node_pool']!r} (its setting); leave the instance type blank.")
+                              f"{self.config['node_pool']!r} (its setting); leave the instance type blank.", field="instance_type")
         if spec.image and not _usercode.image_allowed(spec.image, self.config.get("allowed_images") or ""):
             raise InvalidSpec(f"image {spec.image!r} is not among the images the operator allows on this cluster "
-                              f"({', '.join(_usercode.image_patterns(self.config.get('allowed_images') or '')) or 'none'}).")
+                              f"({', '.join(_usercode.image_patterns(self.config.get('allowed_images') or '')) or 'none'}).", field="image")
         if spec.image and not _usercode.IMAGE_RE.fullmatch(spec.image):
-            raise InvalidSpec(f"image {spec.image[:80]!r} is not an image reference.")
+            raise InvalidSpec(f"image {spec.image[:80]!r} is not an image reference.", field="image")
         if spec.code is not None:
             raise InvalidSpec("This Kubernetes backend runs the code its image holds and ships no code archive; build "
                               "an image with your code (and Trainboard's trainer_pkg) and run the job in it, or run "

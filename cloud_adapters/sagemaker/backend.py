@@ -371,7 +371,7 @@ class SageMakerBackend(CloudBackend):
         listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
         return InvalidSpec(
             f"instance type {instance_type!r} has no price in the catalog for {self.region}; known: "
-            f"{listed or 'none (add rows to the price catalog)'}.")
+            f"{listed or 'none (add rows to the price catalog)'}.", field="instance_type")
 
     def price(self, instance_type: str = "", spot: bool = False) -> float:
         """On-demand USD per instance-hour of ``instance_type`` in the backend's region (catalog row).
@@ -413,7 +413,7 @@ class SageMakerBackend(CloudBackend):
         itype = spec.instance_type or self.config["instance_type"]
         if not itype.startswith("ml."):
             raise InvalidSpec(f"instance type {itype!r}: SageMaker training types start with 'ml.' "
-                              f"(e.g. {self.config['instance_type']}).")
+                              f"(e.g. {self.config['instance_type']}).", field="instance_type")
         if self.prices.lookup(PROVIDER, self.region, itype) is None:
             raise self._unknown_type(itype)
         super().validate(spec)
@@ -422,26 +422,26 @@ class SageMakerBackend(CloudBackend):
             raise InvalidSpec(
                 f"{spec.nodes} × {itype} with {spec.procs_per_node} processes per node: {itype} has "
                 f"{gpus} GPU{'s' if gpus != 1 else ''} and each rank needs its own; ask for at most {gpus} "
-                f"processes per node (world size {spec.nodes} × {gpus} = {spec.nodes * gpus}).")
+                f"processes per node (world size {spec.nodes} × {gpus} = {spec.nodes * gpus}).", field="procs_per_node")
         vcpus = INSTANCE_VCPUS.get(itype)
         if gpus == 0 and vcpus and spec.procs_per_node > vcpus:
             raise InvalidSpec(f"{itype} has {vcpus} vCPUs; ask for at most {vcpus} processes per node "
-                              f"(got {spec.procs_per_node}).")
+                              f"(got {spec.procs_per_node}).", field="procs_per_node")
         if spec.max_runtime_s > MAX_RUNTIME_S:
             raise InvalidSpec(
                 f"max runtime {spec.max_runtime_s} s is above SageMaker's limit of {MAX_RUNTIME_S} s "
-                f"(28 days); lower it, and resume from checkpoints in a second job if needed.")
+                f"(28 days); lower it, and resume from checkpoints in a second job if needed.", field="max_runtime_s")
         if spec.dataset_uri and not spec.dataset_uri.startswith("s3://"):
             raise InvalidSpec(
                 f"dataset {spec.dataset_uri!r}: SageMaker reads data from S3; upload it and use its "
-                f"s3:// URI (or a built-in dataset).")
+                f"s3:// URI (or a built-in dataset).", field="dataset_uri")
         if spec.dataset_uri:
             _parse_s3(spec.dataset_uri, "dataset")
         if not isinstance(spec.config, Mapping):
             raise InvalidSpec("config: expected a JSON object (the trainer_pkg JobConfig as a dict).")
         if spec.image and not IMAGE_RE.fullmatch(spec.image):
             raise InvalidSpec(f"image {spec.image!r}: expected an ECR image URI '<registry>/<repository>[:tag|@digest]', "
-                              f"e.g. 123456789012.dkr.ecr.{self.region}.amazonaws.com/my-training:1.")
+                              f"e.g. 123456789012.dkr.ecr.{self.region}.amazonaws.com/my-training:1.", field="image")
         if spec.code is not None and spec.trainer_package_uri.startswith("s3://"):
             raise InvalidSpec(f"trainer package {spec.trainer_package_uri!r}: a job with its own code ships the "
                               f"trainer and the code as one archive, so the trainer must be a directory that "

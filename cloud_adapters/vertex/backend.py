@@ -475,18 +475,18 @@ class VertexBackend(CloudBackend):
         machine = spec.instance_type or self.config["machine_type"]
         if not MACHINE_RE.fullmatch(machine):
             raise InvalidSpec(f"instance type {machine!r}: expected a Compute Engine machine type such as "
-                              f"{self.config['machine_type']}.")
+                              f"{self.config['machine_type']}.", field="instance_type")
         self.price(machine)
         count = self.config["accelerator_count"]
         if count and spec.procs_per_node > count:
             raise InvalidSpec(
                 f"{spec.nodes} × {machine} with {count} {self.config['accelerator_type']} each and "
                 f"{spec.procs_per_node} processes per node: each rank needs its own accelerator; ask for at "
-                f"most {count} processes per node (world size {spec.nodes} × {count} = {spec.nodes * count}).")
+                f"most {count} processes per node (world size {spec.nodes} × {count} = {spec.nodes * count}).", field="procs_per_node")
         vcpus = _vcpus(machine)
         if not count and vcpus and spec.procs_per_node > vcpus:
             raise InvalidSpec(f"{machine} has {vcpus} vCPUs; ask for at most {vcpus} processes per node "
-                              f"(got {spec.procs_per_node}).")
+                              f"(got {spec.procs_per_node}).", field="procs_per_node")
         super().validate(spec)  # nodes, spot, runtime (the per-node limits above say more)
         for field, uri in (("dataset", spec.dataset_uri), ("output", spec.output_uri)):
             if uri:
@@ -506,7 +506,7 @@ class VertexBackend(CloudBackend):
         if spec.image and not IMAGE_RE.fullmatch(spec.image):
             raise InvalidSpec(f"image {spec.image!r}: expected an Artifact Registry image URI "
                               f"'<registry>/<repository>[:tag|@digest]', e.g. "
-                              f"us-docker.pkg.dev/{self.config['project']}/training/my-image:1.")
+                              f"us-docker.pkg.dev/{self.config['project']}/training/my-image:1.", field="image")
         if spec.code is not None:  # the archive's own problems, before the job is queued
             packaging.refuse_ours(packaging.code_files(spec.code), ())
             package.pip_dependencies(spec.code.requirements)

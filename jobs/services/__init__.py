@@ -44,6 +44,7 @@ from jobs.services.resources import (
 from jobs.services.clones import training_job_clone, training_job_clone_data
 from jobs.services.training_jobs import (
     training_job_cancel,
+    training_job_check,
     training_job_create,
     training_job_estimate,
     training_job_rerun,
@@ -73,6 +74,7 @@ __all__ = [
     "training_job_cancel",
     "training_job_clone",
     "training_job_clone_data",
+    "training_job_check",
     "training_job_create",
     "training_job_estimate",
     "training_job_rerun",

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from jobs import validation
+from jobs import job_request, validation
 from jobs.models import ModelSpec, TrainingJob
 from jobs.services.training_jobs import (
     INIT_FIELDS,
@@ -105,26 +105,18 @@ def training_job_clone_data(job: TrainingJob) -> dict[str, Any]:
     except ConfigError as exc:
         raise ValidationError({ALL: [f"Job #{job.pk}'s config cannot be read by this version of the trainer "
                                      f"({exc}); create a new job instead."]}) from None
-    p, t, out, data = config.parallel, config.train, config.output, config.data
     args: dict[str, Any] = {
         "name": clone_name(job), "dataset": job.dataset, "model_spec": job.model_spec, "backend": job.backend,
-        "team": job.team, "strategy": p.strategy, "nodes": p.nodes, "procs_per_node": p.procs_per_node,
-        "pipeline_stages": p.pipeline_stages, "microbatches": p.microbatches,
-        "pipeline_schedule": p.pipeline_schedule, "instance_type": job.instance_type, "spot": job.spot,
-        "epochs": t.epochs, "batch_size": t.batch_size, "lr": t.lr, "seed": t.seed,
+        "team": job.team, "instance_type": job.instance_type, "spot": job.spot,
         "max_runtime_s": job.max_runtime_s, "budget_usd": job.budget_usd, "priority": job.priority,
         "image": job.image or "", "env": dict(job.env or {}),
-        "activation_checkpointing": p.activation_checkpointing, "cpu_offload": p.cpu_offload,
-        "checkpoint_format": out.checkpoint_format, "max_steps": t.max_steps, "seq_len": data.seq_len,
     }
+    settings = {f.name: getattr(getattr(config, f.config.split(".")[0]), f.config.split(".")[1])
+                for f in job_request.JOB_REQUEST if f.config}  # every config field the request sets
+    args.update(settings)
     model_spec = job.model_spec
     archive = model_spec.code if model_spec.kind != ModelSpec.Kind.BUILTIN else None
-    base = job_base_config(
-        dataset=job.dataset, model_spec=model_spec, archive=archive,
-        **{k: args[k] for k in ("strategy", "nodes", "procs_per_node", "pipeline_stages", "microbatches",
-                                "pipeline_schedule", "epochs", "batch_size", "lr", "seed",
-                                "activation_checkpointing", "cpu_offload", "checkpoint_format", "max_steps",
-                                "seq_len")})
+    base = job_base_config(dataset=job.dataset, model_spec=model_spec, archive=archive, **settings)
     try:
         built = JobConfig.from_dict(base)
         if model_spec.kind != ModelSpec.Kind.SCRIPT:

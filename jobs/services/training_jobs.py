@@ -24,7 +24,7 @@ from django.utils import timezone
 from cloud_adapters import registry
 from cloud_adapters.base import Backend, BackendError, InvalidSpec, JobSpec, scheme_label, uri_scheme, with_article
 from jobs import cost as costs
-from jobs import admission, dispatch, validation
+from jobs import admission, dispatch, job_request, validation
 from jobs.services import lineage
 from jobs.adapters import backend_adapter, backend_queue, code_bundle, job_spec, provider_job_name, shared_uid_refusal
 from jobs.budgets import check_monthly_budgets
@@ -125,28 +125,6 @@ def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
     return keys
 
 
-# The form/API field that owns each JobConfig field the service fills from its arguments.
-_CONFIG_FIELD_TO_ARG = {
-    "parallel.strategy": "strategy",
-    "parallel.nodes": "nodes",
-    "parallel.procs_per_node": "procs_per_node",
-    "parallel.pipeline_stages": "pipeline_stages",
-    "parallel.microbatches": "microbatches",
-    "parallel.pipeline_schedule": "pipeline_schedule",
-    "train.epochs": "epochs",
-    "train.batch_size": "batch_size",
-    "train.lr": "lr",
-    "train.seed": "seed",
-    "parallel.activation_checkpointing": "activation_checkpointing",
-    "parallel.cpu_offload": "cpu_offload",
-    "output.checkpoint_format": "checkpoint_format",
-    "train.max_steps": "max_steps",
-    "data.seq_len": "seq_len",
-}
-
-# The large-model settings the form and the API take as arguments (the config's own names), by section.
-LARGE_MODEL_SETTINGS = {"activation_checkpointing": "parallel", "cpu_offload": "parallel",
-                        "checkpoint_format": "output", "max_steps": "train", "seq_len": "data"}
 
 
 JOB_FIELD_ALIASES = {"learning_rate": "lr", "model": "model_spec", "model_id": "model_spec",
@@ -155,16 +133,6 @@ JOB_FIELD_ALIASES = {"learning_rate": "lr", "model": "model_spec", "model_id": "
 """Other spellings of the job create's argument names a caller may guess (the trainer's flags, other
 tools' names), so an unknown key is answered with the name it meant
 (:func:`jobs.validation.unknown_fields`)."""
-
-
-def _large_model_sections(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"parallel": {...}, "output": {...}, ...}`` of the large-model ``settings`` that were given
-    (None: the JobConfig default), to merge into a job's config."""
-    sections: dict[str, dict[str, Any]] = {}
-    for name, value in settings.items():
-        if value is not None and value != "":
-            sections.setdefault(LARGE_MODEL_SETTINGS[name], {})[name] = value
-    return sections
 
 
 def _pipeline_fields(pipeline_stages, microbatches, pipeline_schedule) -> dict[str, Any]:
@@ -178,8 +146,9 @@ def _config_error_field(dotted: str, overridden: set[str]) -> str:
     """Which form field a JobConfig error belongs to (``dotted`` like ``train.epochs``)."""
     if dotted in overridden or any(dotted.startswith(k + ".") for k in overridden):
         return "hyperparameters"
-    if dotted in _CONFIG_FIELD_TO_ARG:
-        return _CONFIG_FIELD_TO_ARG[dotted]
+    owner = next((f.name for f in job_request.JOB_REQUEST if f.config == dotted), None)  # the request's field
+    if owner is not None:
+        return owner
     if dotted.startswith("data."):
         return "dataset"
     if dotted.startswith("model."):
@@ -187,21 +156,11 @@ def _config_error_field(dotted: str, overridden: set[str]) -> str:
     return "hyperparameters" if overridden else ALL
 
 
-# The labels the job form shows (and the service's own messages use) for the fields above.
-_ARG_LABELS = {
-    "strategy": "Strategy", "nodes": "Nodes", "procs_per_node": "Processes per node",
-    "pipeline_stages": "Pipeline stages", "microbatches": "Micro-batches", "pipeline_schedule": "Pipeline schedule",
-    "epochs": "Epochs", "batch_size": "Batch size", "lr": "Learning rate", "seed": "Seed",
-    "activation_checkpointing": "Activation checkpointing", "cpu_offload": "CPU offload",
-    "checkpoint_format": "Checkpoint format", "max_steps": "Max steps", "seq_len": "Sequence length",
-}
-
-
 def _config_message(dotted: str, field: str, text: str) -> str:
     """``text`` (a JobConfig error, ``parallel.pipeline_stages: ...``) worded for ``field``: a field the
     user filled in is named by its label (``Pipeline stages: ...``), as the form and the API ask for it;
     in the hyperparameters the config path is what the user wrote, so it stays."""
-    label = _ARG_LABELS.get(field)
+    label = next((f.label for f in job_request.JOB_REQUEST if f.config and f.name == field), None)
     prefix = f"{dotted}:"
     if label is None or not text.startswith(prefix):
         return text
@@ -209,6 +168,12 @@ def _config_message(dotted: str, field: str, text: str) -> str:
 
 
 def _add_config_error(errors: Errors, exc_or_msg: Any, overridden: set[str]) -> None:
+    found = getattr(exc_or_msg, "errors", None)  # a ConfigError keyed by path: every error, each on its field
+    if found:
+        for dotted, message in found.items():
+            field = _config_error_field(dotted, overridden)
+            errors.add(field, _config_message(dotted, field, f"{dotted}: {message}"))
+        return
     text = str(exc_or_msg)
     dotted = text.split(":", 1)[0].strip() if ":" in text else ""
     field = _config_error_field(dotted, overridden) if dotted and " " not in dotted else (
@@ -217,9 +182,16 @@ def _add_config_error(errors: Errors, exc_or_msg: Any, overridden: set[str]) -> 
     errors.add(field, _config_message(dotted, field, text))
 
 
-def _spec_error_field(message: str) -> str:
-    """The form field an adapter's InvalidSpec message is about (the message shows the arithmetic)."""
-    lowered = message.lower()
+_SPEC_FIELD_TO_REQUEST = {"dataset_uri": "dataset"}
+"""The request field of a JobSpec field where their names differ (the others are the same)."""
+
+
+def _spec_error_field(exc: InvalidSpec) -> str:
+    """The request field an adapter's refusal is about: the JobSpec field it names (``InvalidSpec.field``);
+    for a refusal that names none (an adapter's check not yet tagged), guessed from its words."""
+    if exc.field:
+        return _SPEC_FIELD_TO_REQUEST.get(exc.field, exc.field)
+    lowered = str(exc).lower()
     for needle, field in (
         ("process", "procs_per_node"), ("node", "nodes"), ("spot", "spot"),
         ("instance", "instance_type"), ("runtime", "max_runtime_s"), ("strateg", "strategy"),
@@ -267,7 +239,7 @@ def _check_spec(errors: Errors, adapter: Backend, spec: JobSpec, strategy: str,
     try:
         adapter.validate(spec)
     except InvalidSpec as exc:
-        errors.add(_spec_error_field(str(exc)), str(exc))
+        errors.add(_spec_error_field(exc), str(exc))
 
 
 def _check_dataset_scheme(errors: Errors, adapter: Backend, spec: JobSpec, dataset: Dataset | None) -> JobSpec:
@@ -374,26 +346,89 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
     return job
 
 
-def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: str = "ddp", nodes: int = 1,
-                        procs_per_node: int = 1, pipeline_stages: int | None = None,
-                        microbatches: int | None = None, pipeline_schedule: str | None = None,
-                        epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
-                        seed: int = 0, max_runtime_s: int = 3600, budget_usd=None, instance_type: str = "",
-                        spot: bool = False, hyperparameters=None, name: str = "",
-                        rerun_of: TrainingJob | None = None, team=None, env=None,
-                        image: str | None = None, activation_checkpointing: bool | None = None,
-                        cpu_offload: bool | None = None, checkpoint_format: str | None = None,
-                        max_steps: int | None = None, seq_len: int | None = None,
-                        priority: int = 0, cloned_from: TrainingJob | None = None,
-                        source_job: TrainingJob | None = None, init_mode: str = "") -> TrainingJob:
-    """Validate a job, store it QUEUED with its frozen trainer config, enqueue its submission.
+@dataclasses.dataclass
+class CheckedJob:
+    """A job request that passed every check (:func:`training_job_check`): what :func:`training_job_create`
+    stores, the price and the memory plan. Nothing of it is written yet."""
+
+    owner: Any
+    dataset: Dataset | None
+    model_spec: ModelSpec
+    backend: ComputeBackend
+    config: JobConfig
+    """The trainer config the job freezes (overrides, init fields included)."""
+    instance_type: str
+    spot: bool
+    max_runtime_s: int
+    budget_usd: Decimal | None
+    hourly_price: Decimal
+    on_demand_price: Decimal | None
+    estimated_cost_usd: Decimal
+    name: str
+    team: Any
+    priority: int
+    code: CodeArchive | None
+    image: str
+    env: dict[str, str]
+    memory_plan: MemoryPlan | None
+    lineage_fields: dict[str, Any]
+
+    def store_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`_store_job` for this job (the shape columns mirror the config)."""
+        p = self.config.parallel
+        return dict(owner=self.owner, dataset=self.dataset, model_spec=self.model_spec, backend=self.backend,
+                    config=self.config.to_dict(), strategy=p.strategy, nodes=p.nodes,
+                    procs_per_node=p.procs_per_node, instance_type=self.instance_type, spot=self.spot,
+                    max_runtime_s=self.max_runtime_s, budget_usd=self.budget_usd, hourly_price=self.hourly_price,
+                    on_demand_price=self.on_demand_price, name=self.name, team=self.team, priority=self.priority,
+                    code=self.code, image=self.image, env=self.env,
+                    memory_plan=self.memory_plan.as_dict() if self.memory_plan is not None else None,
+                    fingerprint=_fingerprint(self.config) if self.dataset else None,
+                    lineage_fields=self.lineage_fields)
+
+
+def _request_values(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``request`` (keyword arguments by :data:`jobs.job_request.JOB_REQUEST` name) with every field
+    it leaves out at its declared default; an unknown name is a TypeError, as for any Python call."""
+    names = {f.name for f in job_request.JOB_REQUEST}
+    unknown = sorted(set(request) - names)
+    if unknown:
+        raise TypeError(f"training_job_check() got an unexpected keyword argument {unknown[0]!r}")
+    missing = [f.name for f in job_request.JOB_REQUEST if f.required and f.name not in request]
+    if missing:
+        raise TypeError(f"training_job_check() missing required keyword argument {missing[0]!r}")
+    values = {f.name: f.default for f in job_request.JOB_REQUEST}
+    values.update(request)
+    return values
+
+
+def training_job_create(*, owner, rerun_of: TrainingJob | None = None, cloned_from: TrainingJob | None = None,
+                        source_job: TrainingJob | None = None, init_mode: str = "", **request: Any) -> TrainingJob:
+    """Check a job request (:func:`training_job_check`), store it QUEUED with its frozen trainer config,
+    and enqueue its submission (``jobs.tasks.submit_job``, sent to the backend's queue when the
+    transaction commits). ``rerun_of``: the job this one re-runs (recorded). The monthly budgets are
+    checked again under row locks as the row is written (ValidationError with the figures)."""
+    checked = training_job_check(owner=owner, cloned_from=cloned_from, source_job=source_job, init_mode=init_mode,
+                                 **request)
+    return _store_job(**checked.store_kwargs(), rerun_of=rerun_of)
+
+
+def training_job_check(*, owner, cloned_from: TrainingJob | None = None, source_job: TrainingJob | None = None,
+                       init_mode: str = "", **request: Any) -> CheckedJob:
+    """Check a job request without writing anything: the checked job (:class:`CheckedJob`: its frozen
+    config, price, estimate and memory plan), or a ValidationError with every error at once.
+
+    ``request``: the fields of :data:`jobs.job_request.JOB_REQUEST` by name (a field left out takes its
+    declared default; the config fields' defaults are the trainer's). The config fields
+    (``strategy``, ``nodes``, ``epochs``, ``lr``, the pipeline and large-model settings, ...) are set
+    at their config paths (:func:`jobs.job_request.config_sections`); an optional one None or ""
+    keeps the config's default.
 
     ``dataset``/``model_spec``/``backend`` are instances (or pks) that must belong to ``owner``;
     ``dataset`` None (or "") only for a model of kind script, whose script reads its own data (its
     job has no ``TRAINBOARD_DATA_DIR``). ``hyperparameters`` (dict or JSON text) are JobConfig overrides merged over the arguments, e.g.
     ``{"train": {"optimizer": "adamw"}}`` (not the ``code`` section: the model's archive sets it).
     The backend checks the shape (``Backend.validate``).
-    ``jobs.tasks.submit_job`` is sent to the backend's queue when the transaction commits.
     ``team`` (a Team or its pk; None/"" = no team) must be one of the owner's teams: the job is then
     shared with it and counts toward its monthly budget. A submission whose estimate would take the
     owner's or the team's month-to-date spend past its monthly budget is refused with the figures
@@ -419,8 +454,11 @@ def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: s
     ``init_mode`` continue | finetune with ``source_job``: start from that job's last checkpoint or
     trained weights (:func:`jobs.services.lineage.job_init` checks what the trainer would refuse and
     sets ``train.init_from``); both jobs must be ones ``owner`` sees (own or a team's).
-    Raises ValidationError keyed by these argument names (every error at once); writes nothing then.
+    The owner's and the team's monthly budgets are read (in a transaction of its own that writes nothing).
+    Raises ValidationError keyed by the request's field names (every error at once).
     """
+    values = _request_values(request)
+    dataset, model_spec, backend, team = (values[k] for k in ("dataset", "model_spec", "backend", "team"))
     errors = Errors()
     if cloned_from is not None:
         cloned_from = validation.owned(errors, "cloned_from", TrainingJob, cloned_from, owner, "job")
@@ -440,29 +478,31 @@ def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: s
         dataset = validation.owned(errors, "dataset", Dataset, dataset, owner, "dataset")
     backend = validation.owned(errors, "backend", ComputeBackend, backend, owner, "backend")
     team = validation.member_team(errors, team, owner)
-    nodes, procs_per_node, max_runtime_s = validation.shape_ints(errors, nodes, procs_per_node, max_runtime_s)
-    epochs = validation.whole_number(errors, "epochs", epochs, minimum=1, maximum=validation.MAX_EPOCHS,
-                                     label="Epochs")
-    batch_size = validation.whole_number(errors, "batch_size", batch_size, minimum=1,
-                                         maximum=validation.MAX_BATCH_SIZE, label="Batch size")
-    seed = validation.whole_number(errors, "seed", seed, minimum=0, maximum=validation.MAX_SEED, label="Seed")
+    values["nodes"], values["procs_per_node"], max_runtime_s = validation.shape_ints(
+        errors, values["nodes"], values["procs_per_node"], values["max_runtime_s"])
+    values["epochs"] = validation.whole_number(errors, "epochs", values["epochs"], minimum=1,
+                                               maximum=validation.MAX_EPOCHS, label="Epochs")
+    values["batch_size"] = validation.whole_number(errors, "batch_size", values["batch_size"], minimum=1,
+                                                   maximum=validation.MAX_BATCH_SIZE, label="Batch size")
+    values["seed"] = validation.whole_number(errors, "seed", values["seed"], minimum=0, maximum=validation.MAX_SEED,
+                                             label="Seed")
     low, high = validation.PRIORITY_RANGE
-    priority = validation.whole_number(errors, "priority", 0 if priority is None else priority, minimum=low,
-                                       maximum=high, label="Priority")
-    lr = validation.positive_float(errors, "lr", lr, label="Learning rate")
-    budget = validation.budget(errors, budget_usd)
-    overrides = _hyperparameters(errors, hyperparameters)
+    priority = validation.whole_number(errors, "priority", 0 if values["priority"] is None else values["priority"],
+                                       minimum=low, maximum=high, label="Priority")
+    values["lr"] = validation.positive_float(errors, "lr", values["lr"], label="Learning rate")
+    budget = validation.budget(errors, values["budget_usd"])
+    overrides = _hyperparameters(errors, values["hyperparameters"])
     if "code" in overrides:
         errors.add("hyperparameters", "Hyperparameters: the code section is set from the model's code archive "
                                       "(its hash, script and arguments); remove it, and change the model instead.")
         overrides = {k: v for k, v in overrides.items() if k != "code"}
     overrides = _without_backend_paths(errors, overrides)
     overrides = _without_init_fields(errors, overrides)
-    env = validation.env_vars(errors, "env", env)
-    image = _job_image(errors, image, model_spec)
-    instance_type = (instance_type or "").strip()
-    spot = bool(spot)
-    name = (name or "").strip()[:200]
+    env = validation.env_vars(errors, "env", values["env"])
+    image = _job_image(errors, values["image"], model_spec)
+    instance_type = (values["instance_type"] or "").strip()
+    spot = bool(values["spot"])
+    name = (values["name"] or "").strip()[:200]
     for field, label, text in (("name", "Name", name), ("instance_type", "Instance type", instance_type)):
         if (problem := validation.text_problem(text)) is not None:
             errors.add(field, f"{label} {problem}")
@@ -483,12 +523,8 @@ def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: s
 
     # The trainer config: data from the Dataset, model from the ModelSpec, shape and training from
     # the arguments, then the user's overrides; the trainer's own schema validates the result.
-    base = job_base_config(
-        dataset=dataset, model_spec=model_spec, archive=archive, strategy=strategy, nodes=nodes,
-        procs_per_node=procs_per_node, pipeline_stages=pipeline_stages, microbatches=microbatches,
-        pipeline_schedule=pipeline_schedule, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
-        activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload,
-        checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)
+    base = job_base_config(dataset=dataset, model_spec=model_spec, archive=archive,
+                           **{f.name: values[f.name] for f in job_request.JOB_REQUEST if f.config})
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
     config, refused = _checked_config(later, base, overrides, overridden, is_script)
@@ -536,15 +572,17 @@ def training_job_create(*, owner, dataset=None, model_spec, backend, strategy: s
                                                     instance_type=instance_type, backend_name=backend.name)
     if memory is not None and memory.fits is False:
         later.add(ALL, ValidationError(memory_refusal(memory), code=validation.WHOLE_INPUT))
+    estimate = costs.estimate_cost_usd(max_runtime_s=max_runtime_s, instances=nodes, hourly_price_usd=price,
+                                       budget_usd=budget)
+    validation.check_estimate(later, estimate)
     stop_if_any()
-    return _store_job(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend,
-                      memory_plan=memory.as_dict() if memory is not None else None,
-                      config=config.to_dict(), strategy=strategy, nodes=nodes, procs_per_node=procs_per_node,
+    with transaction.atomic():  # the budgets' rows are read under their locks, released at once: nothing is written
+        check_monthly_budgets(owner=owner, team=team, estimate=estimate)
+    return CheckedJob(owner=owner, dataset=dataset, model_spec=model_spec, backend=backend, config=config,
                       instance_type=instance_type, spot=spot, max_runtime_s=max_runtime_s, budget_usd=budget,
-                      hourly_price=price, name=name, rerun_of=rerun_of, team=team,
-                      on_demand_price=_on_demand_price(adapter, instance_type, spot, price), priority=priority,
-                      code=archive, image=image, env=env, fingerprint=_fingerprint(config) if dataset else None,
-                      lineage_fields=lineage_fields)
+                      hourly_price=price, on_demand_price=_on_demand_price(adapter, instance_type, spot, price),
+                      estimated_cost_usd=estimate, name=name, team=team, priority=priority, code=archive,
+                      image=image, env=env, memory_plan=memory, lineage_fields=lineage_fields)
 
 
 def _checked_config(errors: Errors, base: dict[str, Any], overrides: dict[str, Any], overridden: set[str],
@@ -561,9 +599,10 @@ def _checked_config(errors: Errors, base: dict[str, Any], overrides: dict[str, A
             config.model.params = validate_model_params(config.model.arch, config.model.params)
     except ConfigError as exc:
         _add_config_error(errors, exc, overridden)
-        dotted = str(exc).split(":", 1)[0].strip() if ":" in str(exc) else ""
+        refused |= set(exc.errors)
+        dotted = str(exc).split(":", 1)[0].strip() if ":" in str(exc) and not exc.errors else ""
         if dotted and " " not in dotted:
-            refused.add(dotted)
+            refused.add(dotted)  # the model registry's errors name their field in the text
     if config is not None:
         for dotted, message in _job_config_errors(config, is_script).items():
             field = _config_error_field(dotted, overridden)
@@ -580,32 +619,29 @@ def _without_keys(overrides: Mapping[str, Any], dotted_keys: set[str]) -> dict[s
         if key in dotted_keys:
             continue
         inner = {k.split(".", 1)[1] for k in dotted_keys if k.startswith(key + ".")}
-        kept[key] = _without_keys(value, inner) if inner and isinstance(value, Mapping) else value
+        if inner and isinstance(value, Mapping):
+            value = _without_keys(value, inner)
+            if not value:
+                continue  # a section emptied of its refused keys overrides nothing (its errors are the arguments')
+        kept[key] = value
     return kept
 
 
-def job_base_config(*, dataset: Dataset | None, model_spec: ModelSpec, archive: CodeArchive | None, strategy: str,
-                    nodes: int, procs_per_node: int, pipeline_stages: int | None, microbatches: int | None,
-                    pipeline_schedule: str | None, epochs: int, batch_size: int, lr: float, seed: int,
-                    activation_checkpointing: bool | None = None, cpu_offload: bool | None = None,
-                    checkpoint_format: str | None = None, max_steps: int | None = None,
-                    seq_len: int | None = None) -> dict[str, Any]:
+def job_base_config(*, dataset: Dataset | None, model_spec: ModelSpec, archive: CodeArchive | None,
+                    **settings: Any) -> dict[str, Any]:
     """The trainer config (a partial JobConfig dict, before the hyperparameters' overrides) that
-    :func:`training_job_create` builds from its arguments: data from the Dataset, model (and code)
-    from the ModelSpec, shape and training from the arguments, the large-model settings given.
-    :func:`jobs.services.clones.training_job_clone_data` diffs a job's config against it. Without a
-    dataset (a script's job that reads its own data) the ``data`` section keeps its defaults: no path."""
+    :func:`training_job_create` builds from its request: data from the Dataset, model (and code) from the
+    ModelSpec, and the request's config fields (``settings`` by request name: ``strategy``, ``epochs``,
+    ...) at their config paths (:func:`jobs.job_request.config_sections`: an optional one None or ""
+    is left to the config's default). :func:`jobs.services.clones.training_job_clone_data` diffs a
+    job's config against it. Without a dataset (a script's job that reads its own data) the ``data``
+    section keeps its defaults: no path."""
     base = {
         "data": {"format": dataset.format, "name": dataset.builtin_name or "digits", "uri": dataset.uri,
                  "label_column": dataset.label_column or "label"} if dataset is not None else {},
         **_model_sections(model_spec, archive),
-        "parallel": {"strategy": strategy, "nodes": nodes, "procs_per_node": procs_per_node,
-                     **_pipeline_fields(pipeline_stages, microbatches, pipeline_schedule)},
-        "train": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed},
     }
-    return _deep_merge(base, _large_model_sections(dict(
-        activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload,
-        checkpoint_format=checkpoint_format, max_steps=max_steps, seq_len=seq_len)))
+    return _deep_merge(base, job_request.config_sections(settings))
 
 
 def _model_sections(model_spec: ModelSpec, archive: CodeArchive | None) -> dict[str, Any]:
@@ -836,7 +872,7 @@ def _estimate_memory_plan(*, adapter: Backend, backend: ComputeBackend, dataset:
                      "label_column": dataset.label_column or "label"},
             "model": _model_sections(model_spec, None)["model"], "parallel": parallel,
             "train": {"batch_size": batch_size} if batch_size is not None else {}}
-    base = _deep_merge(base, _large_model_sections(settings))
+    base = _deep_merge(base, job_request.config_sections(settings))
     try:
         config = JobConfig.from_dict(_deep_merge(base, overrides))
     except ConfigError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, get_args
+from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -18,13 +18,11 @@ from rest_framework.settings import api_settings
 
 from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
-from jobs import code_archives, hangs, selectors, services, validation
+from jobs import code_archives, hangs, job_request, selectors, services, validation
 from jobs.cost import estimate_arithmetic
-from jobs.services.training_jobs import JOB_FIELD_ALIASES, LARGE_MODEL_SETTINGS
-from jobs.validation import PRIORITY_RANGE
+from jobs.services.training_jobs import JOB_FIELD_ALIASES
 from jobs.models import MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
-from webapp.forms import MAX_RUNTIME_HELP
-from trainer_pkg.config import PipelineSchedule, Strategy
+from jobs.job_request import MAX_RUNTIME_HELP
 from trainer_pkg.registry import ARCHITECTURES, CUSTOM
 from webapp.errors import to_drf_validation_error, trial_call
 
@@ -110,7 +108,16 @@ class ServiceSerializerMixin(KnownFieldsMixin):
                                                    for m in (msgs if isinstance(msgs, list) else [msgs])]
                                              for key, msgs in exc.detail.items()}) from None
 
-        _, exc = trial_call(call, valid=False, flagged=set(errors))
+        def check():  # a serializer's pure check of the same values, where it has one (nothing to roll back)
+            try:
+                return self.check(values)
+            except serializers.ValidationError as exc:
+                raise DjangoValidationError({key: [DjangoValidationError(str(m), code=getattr(m, "code", None))
+                                                   for m in (msgs if isinstance(msgs, list) else [msgs])]
+                                             for key, msgs in exc.detail.items()}) from None
+
+        _, exc = trial_call(call, valid=False, flagged=set(errors),
+                            check=check if self.instance is None and hasattr(self, "check") else None)
         if exc is not None:
             for key, messages in to_drf_validation_error(exc).detail.items():
                 errors.setdefault(key, []).extend(messages)
@@ -1078,71 +1085,71 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         return cache[job.pk]
 
 
-class TrainingJobCreateSerializer(ServiceSerializerMixin, serializers.Serializer):
-    """What ``POST /api/jobs/`` takes; values go to ``jobs.services.training_job_create``. An unknown
-    key is a 400 naming it (a large-model setting: in ``hyperparameters``, docs/large-models.md)."""
+def request_serializer_field(field: job_request.RequestField) -> serializers.Field:
+    """The API field of a job request's ``field`` (not a ``ref``): its kind, default, choices and help as
+    declared; the minimum (and a job-level field's maximum) checked here, a config field's maximum by
+    the service, whose message shows the figures."""
+    given: dict[str, Any] = dict(help_text=field.help or None)
+    if field.required:
+        pass
+    elif field.optional:
+        given.update(required=False, allow_null=True, default=None)
+    else:
+        given.update(default=field.default)
+    bounds = {"min_value": field.minimum} if field.minimum is not None else {}
+    if field.maximum is not None and not field.config:
+        bounds["max_value"] = field.maximum
+    if field.kind == "int":
+        return serializers.IntegerField(**bounds, **given)
+    if field.kind == "float":
+        return serializers.FloatField(**bounds, **given)
+    if field.kind == "decimal":
+        return serializers.DecimalField(max_digits=12, decimal_places=4, **bounds, **given)
+    if field.kind == "bool":
+        return serializers.BooleanField(**given)
+    if field.kind == "choice":
+        return serializers.ChoiceField(choices=list(field.choices), **given)
+    if field.kind == "text":
+        return serializers.CharField(required=False, allow_blank=True, max_length=field.max_length, **given)
+    if field.kind == "object":
+        return StoredJSONField(**given)
+    raise ValueError(f"{field.name}: no API field for kind {field.kind!r}")  # a declaration bug
+
+
+def job_request_serializer_fields(fields=job_request.JOB_REQUEST) -> dict[str, serializers.Field]:
+    """The fields of ``POST /api/jobs/`` (and so its OpenAPI schema): one per job request field, in
+    the declaration's order; the rows (dataset, model, backend, team) by id or name."""
+    rows = {
+        "dataset": lambda f: OwnedNameOrIdField(Dataset, "dataset", required=False, allow_null=True, default=None,
+                                                help_text=f.help + " GET /api/datasets/ lists them; null or left "
+                                                                   "out for a script model."),
+        "model_spec": lambda f: OwnedNameOrIdField(ModelSpec, "model"),
+        "backend": lambda f: OwnedNameOrIdField(ComputeBackend, "backend"),
+        "team": lambda f: TeamField(required=False, allow_null=True, default=None, help_text=f.help),
+    }
+    return {f.name: rows[f.name](f) if f.name in rows else request_serializer_field(f) for f in fields}
+
+
+_JobRequestSerializer = serializers.SerializerMetaclass(
+    "_JobRequestSerializer", (serializers.Serializer,),
+    {"__module__": __name__, **job_request_serializer_fields()})
+
+
+class TrainingJobCreateSerializer(ServiceSerializerMixin, _JobRequestSerializer):
+    """What ``POST /api/jobs/`` takes: the job request (:data:`jobs.job_request.JOB_REQUEST`), large-model
+    and pipeline settings included; values go to ``jobs.services.training_job_create``. An unknown key
+    is a 400 naming it."""
 
     known_fields_what = "a job"
     field_aliases = JOB_FIELD_ALIASES
-    field_hints = {name: f'give it in hyperparameters, e.g. {{"{section}": {{"{name}": ...}}}} (docs/large-models.md).'
-                   for name, section in LARGE_MODEL_SETTINGS.items()}
-
-    name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
-    dataset = OwnedNameOrIdField(Dataset, "dataset", required=False, allow_null=True, default=None,
-                                 help_text="The dataset's id, or its name (one of yours or your teams'; GET "
-                                           "/api/datasets/ lists them). Required, except for a script model "
-                                           "(kind script) that reads its own data: null or left out.")
-    model_spec = OwnedNameOrIdField(ModelSpec, "model")
-    backend = OwnedNameOrIdField(ComputeBackend, "backend")
-    strategy = serializers.ChoiceField(choices=list(get_args(Strategy)), default="ddp")
-    nodes = serializers.IntegerField(min_value=1, default=1)
-    procs_per_node = serializers.IntegerField(min_value=1, default=1)
-    pipeline_stages = serializers.IntegerField(
-        min_value=0, required=False, allow_null=True, default=None,
-        help_text="pipeline only: stages the layers are split into; 0 = one per rank.",
-    )
-    microbatches = serializers.IntegerField(
-        min_value=1, required=False, allow_null=True, default=None,
-        help_text="pipeline only: micro-batches per batch (the batch size must divide into them).",
-    )
-    pipeline_schedule = serializers.ChoiceField(
-        choices=list(get_args(PipelineSchedule)), required=False, allow_null=True, default=None,
-        help_text="pipeline only: GPipe or 1F1B.",
-    )
-    epochs = serializers.IntegerField(min_value=1, default=3)
-    batch_size = serializers.IntegerField(min_value=1, default=32, help_text="Samples per process per step.")
-    lr = serializers.FloatField(default=0.05, help_text="Peak learning rate.")
-    seed = serializers.IntegerField(min_value=0, default=0)
-    max_runtime_s = serializers.IntegerField(min_value=1, default=3600, help_text=MAX_RUNTIME_HELP)
-    budget_usd = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0,
-                                          required=False, allow_null=True, default=None,
-                                          help_text="Stop the job when its cost reaches this (USD); caps the "
-                                                    "estimate: min(max runtime × nodes × hourly price, budget).")
-    instance_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
-    spot = serializers.BooleanField(default=False)
-    priority = serializers.IntegerField(
-        min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1], default=0,
-        help_text=f"{PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}: where the backend queues jobs itself (a GPU box whose "
-                  f"GPUs are taken) higher starts first; equal priorities start in submission order.")
-    team = TeamField(required=False, allow_null=True, default=None,
-                     help_text="Run for a team you are a member of (counts toward its monthly budget); null = none.")
-    hyperparameters = StoredJSONField(
-        required=False, allow_null=True, default=None,
-        help_text='Extra trainer config overrides, e.g. {"train": {"optimizer": "adamw"}}; not the code section '
-                  "(the model's) nor output.output_dir / output.checkpoint_dir (the backend sets where a job writes).",
-    )
-    env = StoredJSONField(
-        required=False, allow_null=True, default=None,
-        help_text='Environment variables of the job\'s processes: {"NAME": "value"} or "NAME=VALUE" lines; at '
-                  "most 64, values up to 4,096 characters; not the launcher's (RANK, MASTER_ADDR, PYTHONPATH, "
-                  "...) nor TRAINBOARD_*, SM_*, AIP_*, AZUREML_*, CUDA_* names.")
-    image = serializers.CharField(
-        required=False, allow_blank=True, max_length=500, default="",
-        help_text="Container image for this job (an ECR, Artifact Registry or ACR URI); blank = the model's, "
-                  "else the backend's.")
 
     def create(self, validated_data: dict[str, Any]) -> TrainingJob:
         return self._call(services.training_job_create, owner=self.context["request"].user, **validated_data)
+
+    def check(self, validated_data: dict[str, Any]) -> None:
+        """The request's checks without writing (``services.training_job_check``), for a request with
+        field errors of its own: the service's errors on the other fields join them."""
+        self._call(services.training_job_check, owner=self.context["request"].user, **validated_data)
 
     def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
         return TrainingJobDetailSerializer(instance, context=self.context).data

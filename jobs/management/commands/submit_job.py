@@ -9,31 +9,75 @@ and driven by the Celery worker and beat; ``--wait`` only watches the database.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import sys
 import time
+from typing import Any, Iterable
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.conf import settings
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from jobs import selectors, services, validation
+from jobs import job_request, selectors, services, validation
 from jobs.cost import format_usd
 from jobs.models import TrainingJob
-from jobs.validation import Errors, trial_call
+from jobs.validation import Errors
 from trainer_pkg.world_shape import describe_world
 
 EXIT_OK, EXIT_NOT_SUCCEEDED, EXIT_BAD_INPUT = 0, 1, 2
 
-_OPTIONS = {"model_spec": "model", "max_runtime_s": "max-runtime", "budget_usd": "budget"}
-"""The service's field names that are not the option's name with ``-`` for ``_``."""
+_GROUPS = {"what": "what to train", "job": "what to train", "shape": "cluster shape", "training": "training",
+           "large": "large models", "environment": "environment", "limits": "limits"}
+"""submit_job's option groups, by the job request's ``group``, in --help's order."""
+_NAMED = ("dataset", "model_spec", "backend", "team", "env")
+"""Request fields this command asks for its own way: rows by name, ``--env`` repeated."""
+_METAVARS = {"int": "N", "float": "X", "decimal": "USD", "text": "TEXT", "object": "JSON"}
 
 
 def _option(field: str) -> str:
-    return "--" + _OPTIONS.get(field, field.replace("_", "-"))
+    try:
+        return job_request.request_field(field).cli_option
+    except StopIteration:
+        return "--" + field.replace("_", "-")
+
+
+def add_job_request_options(parser: argparse.ArgumentParser, groups: dict[str, Any],
+                            fields: Iterable[job_request.RequestField] = job_request.JOB_REQUEST) -> None:
+    """One option per job request field (but :data:`_NAMED`), with the declaration's help, default,
+    choices and bounds: ``--epochs N``, ``--activation-checkpointing/--no-activation-checkpointing``,
+    ``--checkpoint-format {full,sharded}``. Values are checked by the service, not argparse, so every
+    bad one is reported at once (exit 2)."""
+    for field in fields:
+        if field.name in _NAMED:
+            continue
+        group = groups.get(field.group) or groups.setdefault(field.group, parser.add_argument_group(field.group))
+        text = field.help
+        if field.minimum is not None and field.maximum is not None:
+            text += f" ({field.minimum} to {field.maximum}"
+        elif field.minimum is not None:
+            text += f" (at least {field.minimum}"
+        else:
+            text += " ("
+        if field.optional:
+            text += ("; " if text[-1] != "(" else "") + "default: the trainer's" if field.config else ""
+        elif field.default is not None and field.default != "" and field.default is not False:
+            text += ("; " if text[-1] != "(" else "") + f"default: {field.default}"
+        text = text + ")" if not text.endswith(" (") else text[:-2]
+        kwargs: dict[str, Any] = dict(dest=field.name, help=text.replace("%", "%%"))
+        if field.kind == "bool":
+            kwargs.update(action=argparse.BooleanOptionalAction if field.optional else "store_true",
+                          default=field.default)
+        else:
+            kwargs.update(default=field.default, metavar="{" + ",".join(field.choices) + "}" if field.choices
+                          else "SECONDS" if field.name.endswith("_s") else _METAVARS.get(field.kind))
+            if field.kind in ("int", "float"):
+                kwargs["type"] = int if field.kind == "int" else float
+        group.add_argument(field.cli_option, **kwargs)
 
 
 class Command(BaseCommand):
@@ -49,37 +93,15 @@ class Command(BaseCommand):
         what.add_argument("--dataset", required=True, help="Dataset name (or id), e.g. digits.")
         what.add_argument("--model", required=True, help="Model name (or id), e.g. digits-cnn.")
         what.add_argument("--backend", required=True, help="Compute backend name (or id), e.g. local.")
-        what.add_argument("--name", default="", help="Job name shown in the dashboard.")
         what.add_argument("--team", default=None, metavar="TEAM",
                           help="Run it for one of your teams (its members see it; its monthly budget applies).")
-        shape = parser.add_argument_group("cluster shape")
-        shape.add_argument("--strategy", default="ddp", help="Parallelism strategy (default: ddp).")
-        shape.add_argument("--nodes", type=int, default=1, help="Machines (default: 1).")
-        shape.add_argument("--procs-per-node", type=int, default=1,
-                           help="Processes (ranks) per machine; world size = nodes × this (default: 1).")
-        shape.add_argument("--instance-type", default="", help="Provider instance type ('' = backend default).")
-        shape.add_argument("--spot", action="store_true", help="Use interruptible (spot) capacity.")
-        shape.add_argument("--priority", type=int, default=0,
-                           help="-100 to 100, higher first: on a GPU box that is full, waiting jobs start by priority, "
-                                "then in submission order (default: 0).")
-        train = parser.add_argument_group("training")
-        train.add_argument("--epochs", type=int, default=3, help="Passes over the data (default: 3).")
-        train.add_argument("--batch-size", type=int, default=32, help="Samples per process per step (default: 32).")
-        train.add_argument("--lr", type=float, default=0.05, help="Peak learning rate (default: 0.05).")
-        train.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
-        train.add_argument("--hyperparameters", default=None, metavar="JSON",
-                           help='JobConfig overrides as a JSON object, e.g. \'{"train": {"optimizer": "adamw"}}\'.')
-        env = parser.add_argument_group("environment")
-        env.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                         help="An environment variable of the job's processes (repeatable); the launcher's and "
-                              "the platforms' own names (RANK, PYTHONPATH, TRAINBOARD_*, SM_*, ...) are refused.")
-        env.add_argument("--image", default="", metavar="URI",
-                         help="Container image for the job (default: the model's, else the backend's).")
-        limits = parser.add_argument_group("limits")
-        limits.add_argument("--max-runtime", type=int, default=3600, metavar="SECONDS",
-                            help="Hard limit on run time (default: 3600).")
-        limits.add_argument("--budget", default=None, metavar="USD",
-                            help="Stop the job when its cost reaches this many USD.")
+        groups = {"what": what, "job": what}
+        groups.update({key: parser.add_argument_group(title) for key, title in _GROUPS.items() if key not in groups})
+        add_job_request_options(parser, groups)
+        groups["environment"].add_argument(
+            "--env", action="append", default=[], metavar="KEY=VALUE",
+            help="An environment variable of the job's processes (repeatable); the launcher's and the platforms' own "
+                 "names (RANK, PYTHONPATH, TRAINBOARD_*, SM_*, ...) are refused.")
         run = parser.add_argument_group("running")
         run.add_argument("--user", default=None, metavar="USERNAME",
                          help="Owner of the job (default: the only, else the first, superuser).")
@@ -150,21 +172,21 @@ class Command(BaseCommand):
                                    owner)
         env = self._env(errors, opts["env"])
 
-        def create() -> TrainingJob:
-            return services.training_job_create(
-                owner=owner, dataset=dataset, model_spec=model, backend=backend, strategy=opts["strategy"],
-                nodes=opts["nodes"], procs_per_node=opts["procs_per_node"], epochs=opts["epochs"],
-                batch_size=opts["batch_size"], lr=opts["lr"], seed=opts["seed"],
-                max_runtime_s=opts["max_runtime"], budget_usd=opts["budget"], instance_type=opts["instance_type"],
-                spot=opts["spot"], hyperparameters=opts["hyperparameters"], name=opts["name"], team=team,
-                env=env, image=opts["image"], priority=opts["priority"],
-            )
-
-        # With errors of its own the service is still called, rolled back, for its other checks; its
-        # messages on what it saw no value for (a name not found) are dropped, ours say why.
+        request = {f.name: opts[f.name] for f in job_request.JOB_REQUEST if f.name in opts}
+        request.update(dataset=dataset, model_spec=model, backend=backend, team=team, env=env)
+        # With errors of its own the request is still checked (training_job_check writes nothing), so
+        # every error shows at once; its messages on what it saw no value for (a name not found) are
+        # dropped, ours say why.
         not_seen = {f for f in errors if f != "env"} | ({"dataset", "model_spec", "backend", "team"}
                                                         if owner is None else set())
-        job, exc = trial_call(create, valid=not errors, flagged=not_seen)
+        job, exc = None, None
+        try:
+            if errors:
+                services.training_job_check(owner=owner, **request)
+            else:
+                job = services.training_job_create(owner=owner, **request)
+        except ValidationError as refused:
+            exc = validation.unflagged_errors(refused, not_seen) if errors else refused
         if exc is not None:
             for field, messages in exc.message_dict.items():
                 for message in messages:
