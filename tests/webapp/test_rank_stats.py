@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from jobs import comparison, metric_buckets, selectors, sync
+from jobs import comparison, metric_buckets, metric_store, selectors, sync
 from jobs.metric_fold import across_ranks_name
 from jobs.models import MetricBucket, MetricChunk, MetricPoint, TrainingJob
 
@@ -42,8 +42,9 @@ def _records(world: int, steps: int, seed: int = 7) -> list[dict]:
 
 
 def _store(job: TrainingJob, records: list[dict]) -> None:
-    points = [p for record in records for p in sync.metric_points_from_record(job, record, T0)]
-    MetricPoint.objects.bulk_create(points)
+    """The records' points stored as the sync stores a pass's (:func:`jobs.metric_store.store`)."""
+    points = [p for record in records for p in sync.metric_point_tuples(record, T0)]
+    metric_store.store(job.pk, points)
     TrainingJob.objects.filter(pk=job.pk).update(final_metrics=sync.final_metrics_after({}, points))
 
 
