@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, FloatField, Func, Q, When
 
 from jobs import metric_store
 from jobs.metric_fold import (ACROSS_SEPARATOR, GLOBAL_RANK, MAX_CHART_POINTS, STORED_WIDTHS, TOP, WIDTHS, Agg, Key,
@@ -178,20 +178,52 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | No
     if exclude:
         rows = rows.exclude(name__in=list(exclude))
     # Named tuples of the columns a chart point needs, not model instances: a comparison of 10 long runs reads
-    # ~55,000 buckets, and building a MetricBucket for each was half its time (bench/RESULTS.md, issue 29).
+    # ~55,000 buckets, and building a MetricBucket for each was half its time (bench/RESULTS.md, issue 29). The
+    # times come as Unix seconds from the database (parsing two timestamps a bucket was a third of what was
+    # left), the first point's only where the bucket draws a gap.
+    rows = rows.annotate(last_s=EpochSeconds("last_at"),
+                         gap_s=Case(When(nonfinite__gt=0, last_value__isnull=False, then=EpochSeconds("first_at")),
+                                    output_field=FloatField()))
     for row in rows.order_by("name", "rank", "bucket").values_list(*_POINT_COLUMNS, named=True):
-        _bucket_points(out.setdefault((row.name, None if row.rank == GLOBAL_RANK else row.rank), []), row)
+        line = out.setdefault((row.name, None if row.rank == GLOBAL_RANK else row.rank), [])
+        if row.gap_s is not None:
+            line.append({"x": row.first_nonfinite_step, "y": None, "t": round(row.gap_s, 3)})
+        line.append({"x": row.last_step, "y": row.last_value, "t": round(row.last_s, 3),
+                     "min": row.min_value, "max": row.max_value, "n": row.count})
     return width, out
 
 
-_POINT_COLUMNS = ("name", "rank", "nonfinite", "first_nonfinite_step", "first_at", "last_step", "last_value",
-                  "last_at", "min_value", "max_value", "count")
-"""The bucket columns :func:`_bucket_points` reads."""
+_POINT_COLUMNS = ("name", "rank", "first_nonfinite_step", "gap_s", "last_step", "last_value", "last_s", "min_value",
+                  "max_value", "count")
+"""The bucket columns (and :class:`EpochSeconds` annotations) a chart line's points are made of."""
 
 
-def _bucket_points(line: list[dict[str, Any]], b: Any) -> None:
-    """Append bucket ``b`` (a ``MetricBucket`` row or an :class:`Agg`) to a chart line: its last point
-    with its band, preceded by a gap where it holds a non-finite point among finite ones."""
+class EpochSeconds(Func):
+    """A ``DateTimeField`` column as Unix seconds (float), the value ``datetime.timestamp()`` gives for
+    it: microseconds since 1970 ÷ 10**6, rounded once to a float (PostgreSQL's ``date_part('epoch', …)``,
+    whose ``timestamptz`` form is exactly that division; on SQLite, whose column is the text
+    ``YYYY-MM-DD HH:MM:SS[.ffffff]`` in UTC, the same division of the whole seconds, read without the
+    fraction that ``strftime`` would round, and the microseconds written after them)."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        lhs, params = compiler.compile(self.source_expressions[0])
+        return f"date_part('epoch', {lhs})", params
+
+    def as_sqlite(self, compiler, connection, **extra):
+        lhs, params = compiler.compile(self.source_expressions[0])
+        return (f"((CAST(strftime('%%s', substr({lhs}, 1, 19)) AS INTEGER) * 1000000"
+                f" + CAST(substr({lhs}, 21, 6) AS INTEGER)) / 1000000.0)", (*params, *params))
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotImplementedError(f"EpochSeconds supports PostgreSQL and SQLite, not {connection.vendor}")
+
+
+def _bucket_points(line: list[dict[str, Any]], b: Agg) -> None:
+    """Append the fold ``b`` (a bucket folded from raw points) to a chart line: its last point
+    with its band, preceded by a gap where it holds a non-finite point among finite ones (as a stored
+    bucket's row in :func:`read_series`)."""
     if b.nonfinite and b.last_value is not None:
         line.append({"x": b.first_nonfinite_step, "y": None, "t": _seconds(b.first_at)})
     line.append({"x": b.last_step, "y": b.last_value, "t": _seconds(b.last_at),
