@@ -331,3 +331,12 @@ def test_epoch_seconds_on_sqlite_equals_the_datetimes_timestamp():
     db.executemany("INSERT INTO t VALUES (?)", [(str(w.astimezone(dt.timezone.utc).replace(tzinfo=None)),) for w in whens])
     got = [row[0] for row in db.execute(f"SELECT {sql.replace('%%', '%')} FROM t ORDER BY rowid")]
     assert got == [w.timestamp() for w in whens]
+
+
+def test_a_jobs_buckets_have_one_index_the_key():
+    """No index on ``job_id`` alone beside the key ``(job, width, name, rank, bucket)``: PostgreSQL chose
+    it for a job its statistics did not know yet and read every bucket of the job (bench/RESULTS.md)."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, MetricBucket._meta.db_table)
+    indexed = sorted(tuple(c["columns"]) for c in constraints.values() if c["index"] or c["unique"])
+    assert indexed == [("id",), ("job_id", "width", "name", "rank", "bucket")]
