@@ -280,30 +280,40 @@ class MetricSortValue(JSONPathValue):
 
     def page_keys(self, queryset, offset: int, limit: int, *, descending: bool) -> list[Any] | None:
         """The primary keys of rows ``offset`` .. ``offset + limit − 1`` of ``queryset`` (TrainingJobs,
-        ordered by this value, rows without one last, ties newest first: :func:`ordering`), read by
-        ``jobs.pagination.page_rows``; None where the JSON sort stays (not PostgreSQL).
+        ordered by this value, rows without one last, ties newest first: :func:`ordering`), in no
+        particular order (``jobs.pagination.page_rows`` orders the rows it reads with them), in one
+        query; None where the JSON sort stays (not PostgreSQL).
 
         The jobs with a finite value come first, in the order of the index on ``(name, value,
-        created_at, job)`` (one index range read joined to the jobs, stopping at the page's end); the
+        created_at, job)`` (an index range read joined to the jobs, stopping at the page's end); the
         jobs without one (the metric never reported, or its last value not finite) follow, newest
-        first, read only when the page reaches past the last valued job (one more query, and one to
-        count the valued jobs when the page starts past them). Two or three queries, as few rows read
-        as the page's depth needs."""
-        if connections[queryset.db].vendor != "postgresql":
+        first. The statement reads the valued jobs up to the page's end twice (to count how many of the
+        page they fill, then the page's own), and the others only where the valued ones run short:
+        their branch's ``LIMIT`` is then above 0, computed by PostgreSQL from that count (a ``LIMIT 0``
+        never reads its rows). One query whatever the page, as the list's other orders."""
+        connection = connections[queryset.db]
+        if connection.vendor != "postgresql":
             return None
+        offset, limit = int(offset), int(limit)
         base = queryset.order_by()
         value = F("final_metric_values__value")
         valued = (base.filter(final_metric_values__name=self.metric)
                   .order_by(value.desc() if descending else value.asc(), F("final_metric_values__created_at").desc(),
                             F("final_metric_values__job_id").desc())
                   .values_list("pk", flat=True))
-        keys = list(valued[offset:offset + limit])
-        if len(keys) == limit:
-            return keys
-        skip = 0 if keys or offset == 0 else offset - valued.count()
         missing = ~Exists(FinalMetricValue.objects.filter(job_id=OuterRef("pk"), name=self.metric))
         rest = base.filter(missing).order_by("-created_at", "-id").values_list("pk", flat=True)
-        return keys + list(rest[skip:skip + limit - len(keys)])
+        head_sql, head_params = valued[:offset + limit].query.sql_with_params()
+        page_sql, page_params = valued[offset:offset + limit].query.sql_with_params()
+        rest_sql, rest_params = rest.query.sql_with_params()
+        # n: the valued jobs up to the page's end (at most offset + limit); the others fill what they leave.
+        sql = (f"WITH n AS MATERIALIZED (SELECT count(*) AS n FROM ({head_sql}) AS head) "
+               f"(SELECT * FROM ({page_sql}) AS valued) UNION ALL "
+               f"(SELECT * FROM ({rest_sql} LIMIT greatest(0, {limit} - greatest(0, (SELECT n FROM n) - {offset})) "
+               f"OFFSET greatest(0, {offset} - (SELECT n FROM n))) AS rest)")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, (*head_params, *page_params, *rest_params))
+            return [row[0] for row in cursor.fetchall()]
 
 
 # --- tags ----------------------------------------------------------------------------------------

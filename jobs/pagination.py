@@ -29,7 +29,7 @@ Each page is a fixed number of queries whatever its depth or the list's length: 
 deep page, the position) and one page query; a page number past the end costs one or two more. The
 subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow. A list sorted by a metric
 (``jobs.job_table.MetricSortValue``) picks its page's keys through that metric's index on PostgreSQL first
-(one query, two or three on the page where the valued jobs end), then reads those rows. Used by the HTML job list
+(one query), then reads those rows: one query more than another order, on every page alike. Used by the HTML job list
 (webapp.views), the admin's job changelist (jobs.admin; the admin counts before it asks for a page, so
 its deep pages read by offset) and the API's job pagination (webapp.api.pagination, whose ``next`` link
 carries the position of the page's last row, ``after=``, so a client that follows ``next`` seeks like
@@ -70,7 +70,7 @@ def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
     """Rows ``offset`` .. ``offset + limit − 1`` of the ordered ``queryset`` in one query: the slice is
     taken on primary keys alone (a subquery), then only those rows are read with their joins. Where the
     first ordering key reads its own pages (``page_keys``, a metric sort on PostgreSQL), its keys
-    come first, in a query or up to three of their own.
+    come first, in a query of their own (the subquery's place).
 
     ``offset``, ``limit``: non-negative row counts. Keeps the queryset's ordering, filters,
     ``select_related`` and ``only`` / ``defer``. Raises ``ValueError`` for a negative offset or limit.
