@@ -9,15 +9,22 @@ from django.db import migrations, models
 # SQLite the table stays empty and the list sorts on the JSON (SQLite drops a table's triggers when a later
 # migration rebuilds the table).
 _FUNCTION = """
+CREATE OR REPLACE FUNCTION jobs_final_metric_number(v jsonb) RETURNS double precision
+    LANGUAGE sql IMMUTABLE AS $$
+    -- A JSON number a float8 holds (0, or 1e-307 <= |v| <= 1e308), else NULL: a cast out of range would fail the write.
+    SELECT CASE WHEN jsonb_typeof(v) = 'number' AND (v::numeric = 0 OR abs(v::numeric) BETWEEN 1e-307 AND 1e308)
+                THEN v::double precision END
+$$;
 CREATE OR REPLACE FUNCTION jobs_final_metric_values() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     metrics jsonb := CASE WHEN jsonb_typeof(NEW.final_metrics) = 'object' THEN NEW.final_metrics ELSE '{}' END;
 BEGIN
     DELETE FROM jobs_finalmetricvalue AS v WHERE v.job_id = NEW.id AND NOT EXISTS (
-        SELECT 1 FROM jsonb_each(metrics) AS e WHERE e.key = v.name AND jsonb_typeof(e.value) = 'number');
+        SELECT 1 FROM jsonb_each(metrics) AS e
+        WHERE e.key = v.name AND jobs_final_metric_number(e.value) IS NOT NULL);
     INSERT INTO jobs_finalmetricvalue (job_id, name, value, created_at)
-        SELECT NEW.id, e.key, (e.value)::double precision, NEW.created_at FROM jsonb_each(metrics) AS e
-        WHERE jsonb_typeof(e.value) = 'number' AND length(e.key) <= 100
+        SELECT NEW.id, e.key, jobs_final_metric_number(e.value), NEW.created_at FROM jsonb_each(metrics) AS e
+        WHERE jobs_final_metric_number(e.value) IS NOT NULL AND length(e.key) <= 100
     ON CONFLICT (job_id, name) DO UPDATE SET value = EXCLUDED.value, created_at = EXCLUDED.created_at
         WHERE (jobs_finalmetricvalue.value, jobs_finalmetricvalue.created_at)
               IS DISTINCT FROM (EXCLUDED.value, EXCLUDED.created_at);
@@ -30,14 +37,15 @@ CREATE TRIGGER jobs_final_metric_values_update AFTER UPDATE OF final_metrics, cr
     FOR EACH ROW WHEN (OLD.final_metrics IS DISTINCT FROM NEW.final_metrics OR OLD.created_at <> NEW.created_at)
     EXECUTE FUNCTION jobs_final_metric_values();
 INSERT INTO jobs_finalmetricvalue (job_id, name, value, created_at)
-    SELECT j.id, e.key, (e.value)::double precision, j.created_at FROM jobs_trainingjob AS j,
+    SELECT j.id, e.key, jobs_final_metric_number(e.value), j.created_at FROM jobs_trainingjob AS j,
         jsonb_each(CASE WHEN jsonb_typeof(j.final_metrics) = 'object' THEN j.final_metrics ELSE '{}' END) AS e
-    WHERE jsonb_typeof(e.value) = 'number' AND length(e.key) <= 100;
+    WHERE jobs_final_metric_number(e.value) IS NOT NULL AND length(e.key) <= 100;
 """
 _DROP = """
 DROP TRIGGER IF EXISTS jobs_final_metric_values_insert ON jobs_trainingjob;
 DROP TRIGGER IF EXISTS jobs_final_metric_values_update ON jobs_trainingjob;
 DROP FUNCTION IF EXISTS jobs_final_metric_values();
+DROP FUNCTION IF EXISTS jobs_final_metric_number(jsonb);
 """
 
 

@@ -271,7 +271,8 @@ def _values(*jobs) -> dict[tuple[str, str], tuple[float, object]]:
 def test_final_metric_values_follow_final_metrics_whoever_writes_them(user, table):
     """The sort table (PostgreSQL triggers, migration 0038) holds each job's finite numbers of
     ``final_metrics`` with its ``created_at``, through create, queryset update, save and a changed
-    ``created_at``; a JSON null, a text, a boolean, a name past 100 characters and a non-object hold none."""
+    ``created_at``; a JSON null, a text, a boolean, a name past 100 characters, a number out of float8's
+    range and a non-object hold none."""
     high, mid, diverged = table["high"], table["mid"], table["diverged"]
     assert _values(*table.values()) == {
         ("high", "val_accuracy"): (0.9, high.created_at), ("high", "val_loss"): (0.3, high.created_at),
@@ -289,6 +290,11 @@ def test_final_metric_values_follow_final_metrics_whoever_writes_them(user, tabl
         ("mid", "val_accuracy"): (0.8, mid.created_at), ("diverged", "val_loss"): (2.0, moved)}
     TrainingJob.objects.filter(pk=diverged.pk).update(created_at=high.created_at)
     assert _values(diverged) == {("diverged", "val_loss"): (2.0, high.created_at)}
+    # Numbers a float8 cannot hold (a 400-digit integer, a subnormal) hold no row and never fail the write.
+    TrainingJob.objects.filter(pk=diverged.pk).update(final_metrics={"huge": 10**400, "tiny": 5e-324, "zero": 0,
+                                                                     "big": -1e308, "val_loss": 1e-300})
+    assert _values(diverged) == {("diverged", "zero"): (0.0, high.created_at), ("diverged", "big"): (-1e308, high.created_at),
+                                 ("diverged", "val_loss"): (1e-300, high.created_at)}
 
 
 @pytest.mark.parametrize("sort", ["-val_accuracy", "val_accuracy"])
