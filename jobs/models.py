@@ -873,9 +873,10 @@ class FinalMetricValue(models.Model):
     index, where sorting on the JSON reads every visible job (``jobs.job_table.metric_sorted_keys``).
 
     Kept by the database itself, not by code: on PostgreSQL, triggers on ``jobs_trainingjob``
-    (migration 0038) rewrite a job's rows whenever ``final_metrics`` changes, whoever writes it (the
-    sync's update, a service, a fixture, a COPY). Only finite JSON numbers are rows: a metric whose
-    last value was not finite (JSON null) or that the job never reported has none, and sorts last.
+    (migration 0038, which also filled the rows of the jobs before it) rewrite a job's rows whenever
+    ``final_metrics`` (or ``created_at``) changes, whoever writes it (the sync's update, a service, a
+    fixture, a COPY). Only JSON numbers a float8 holds are rows: a metric whose last value was not
+    finite (JSON null), or that the job never reported, has none and sorts last.
     On SQLite (the demo) the table stays empty and the list sorts on the JSON (triggers would not
     survive SQLite's table rebuilds in later migrations)."""
 

@@ -346,3 +346,31 @@ def test_metric_sorted_pages_read_the_sort_tables_index_and_equal_the_json_order
         # The page's keys (valued or not, in one statement), then its rows: on every page, as the list's other orders.
         assert len(queries) == 2, [q["sql"][:120] for q in queries]
     assert got == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0038_fills_the_sort_table_from_the_jobs_final_metrics(user, digits_dataset, cnn_model, local_backend):
+    """Jobs whose ``final_metrics`` were written before the sort table existed get their rows when
+    migration 0038 runs (and the way back removes the table and its triggers)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    kept = make_job(user, digits_dataset, cnn_model, local_backend, name="kept", final_metrics={"val_accuracy": 0.5})
+    later = make_job(user, digits_dataset, cnn_model, local_backend, name="later")
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    try:
+        executor.migrate([("jobs", "0037_job_idle")])
+        with connection.cursor() as cursor:
+            assert "jobs_finalmetricvalue" not in connection.introspection.table_names(cursor)
+            # Written with no trigger to keep a sort table: what a job had before 0038.
+            cursor.execute("UPDATE jobs_trainingjob SET final_metrics = %s::jsonb WHERE id = %s",
+                           ['{"val_loss": 0.25, "note": "text", "val_accuracy": null}', later.pk])
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaves)
+    finally:
+        MigrationExecutor(connection).migrate(leaves)
+    assert _values(kept, later) == {("kept", "val_accuracy"): (0.5, kept.created_at),
+                                    ("later", "val_loss"): (0.25, later.created_at)}
+    TrainingJob.objects.filter(pk=later.pk).update(final_metrics={"val_loss": 0.125})  # the triggers are back
+    assert _values(later) == {("later", "val_loss"): (0.125, later.created_at)}
