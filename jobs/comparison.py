@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 from django.core.exceptions import ValidationError
 
-from jobs import metric_buckets, metric_retention, metric_store, selectors
+from jobs import metric_buckets, metric_retention, metric_store, pagination, selectors
 from jobs.metric_fold import ACROSS_RANKS, ACROSS_SEPARATOR, Agg, across_ranks_name
 from jobs.models import TrainingJob
 from jobs.validation import Errors
@@ -123,8 +123,13 @@ def training_jobs_by_ids_for_user(*, user, ids: Sequence[int]) -> tuple[list[Tra
 
 def limit_jobs(jobs: Iterable[TrainingJob]) -> tuple[list[TrainingJob], int]:
     """``(the first MAX_COMPARED_JOBS jobs, how many there were in all)``; reads at most one past the cap
-    from a queryset, so a filter matching thousands of jobs costs no more than one matching 21."""
-    head = list(jobs[:MAX_COMPARED_JOBS + 1]) if hasattr(jobs, "filter") else list(jobs)
+    from a queryset, so a filter matching thousands of jobs costs no more than one matching 21. An ordered
+    queryset's head is read as a job list page is (:func:`jobs.pagination.page_rows`: a filter sorted by a
+    metric reads that metric's index, not every matching job's JSON)."""
+    if hasattr(jobs, "filter"):
+        head = pagination.page_rows(jobs, 0, MAX_COMPARED_JOBS + 1) if jobs.ordered else list(jobs[:MAX_COMPARED_JOBS + 1])
+    else:
+        head = list(jobs)
     if len(head) <= MAX_COMPARED_JOBS:
         return head, len(head)
     total = jobs.count() if hasattr(jobs, "filter") else len(head)

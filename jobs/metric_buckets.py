@@ -18,12 +18,13 @@ what earlier passes stored without reading it. A resumed run's superseded steps 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 
 from jobs import metric_store
@@ -126,12 +127,14 @@ def summaries(job_ids: Sequence[int], *, names: Sequence[str] | None = None,
     elif per_rank is False:
         rows = rows.filter(rank=GLOBAL_RANK)
     out: dict[tuple[int, str, int | None], Agg] = {}
-    for row in rows.order_by("job_id", "name", "rank", "bucket"):
-        key = (row.job_id, row.name, None if row.rank == GLOBAL_RANK else row.rank)
+    # Tuples of the fold's columns, not model instances (a comparison of 10 runs of 64 ranks reads 3,390).
+    for job_id, name, rank, *fold in rows.order_by("job_id", "name", "rank", "bucket").values_list(
+            "job_id", "name", "rank", *_AGG_FIELDS):
+        key = (job_id, name, None if rank == GLOBAL_RANK else rank)
         if key in out:
-            out[key].add(Agg.of_row(row))
+            out[key].add(Agg(*fold))
         else:
-            out[key] = Agg.of_row(row)
+            out[key] = Agg(*fold)
     return out
 
 
@@ -156,6 +159,10 @@ def recent_means(job_id: int, name: str, *, buckets: int = 2) -> dict[int, float
             acc[0] += total
             acc[1] += count - nonfinite
     return {rank: total / n for rank, (total, n) in sorted(sums.items())}
+
+
+_AGG_FIELDS = tuple(f.name for f in dataclasses.fields(Agg))
+"""``MetricBucket``'s columns that make an :class:`Agg`, in its order."""
 
 
 def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | None, start: int = 0, end: int,
@@ -194,27 +201,64 @@ def read_series(job_id: int, *, names: Sequence[str] | None, per_rank: bool | No
             for (_, _, _, _), agg in sorted(folded.items(), key=lambda item: item[0][3]):
                 _bucket_points(line, agg)
         return width, out
-    rows = MetricBucket.objects.filter(job_id=job_id, width=width, bucket__gte=start // width, bucket__lte=end // width)
+    # One range read of the bucket key (job, width, name, rank, bucket), written as SQL and fetched as plain
+    # tuples: a comparison of 10 long runs reads ~51,000 buckets, and the ORM's per-row work (model
+    # instances, then named tuples with their converters) and parsing two timestamps a bucket were most of
+    # its time (bench/RESULTS.md, issue 29). The times come as Unix seconds from the database, the first
+    # point's only where the bucket draws a gap.
+    where = ["job_id = %s", "width = %s", "bucket >= %s", "bucket <= %s"]
+    params: list[Any] = [job_id, width, start // width, end // width]
     if per_rank is not None:
-        rows = rows.filter(rank__gte=0) if per_rank else rows.filter(rank=GLOBAL_RANK)
-    rows = rows.filter(name__in=list(names)) if names is not None else rows.exclude(name__contains=ACROSS_SEPARATOR)
+        where.append("rank >= 0" if per_rank else f"rank = {GLOBAL_RANK}")
+    if names is not None:
+        if not names:
+            return width, out
+        where.append(f"name IN ({', '.join(['%s'] * len(names))})")
+        params += list(names)
+    else:
+        where.append(f"name NOT LIKE '%%{ACROSS_SEPARATOR}%%'")
     if exclude:
-        rows = rows.exclude(name__in=list(exclude))
-    # Named tuples of the columns a chart point needs, not model instances: a comparison of 10 long runs reads
-    # ~55,000 buckets, and building a MetricBucket for each was half its time (bench/RESULTS.md, issue 29).
-    for row in rows.order_by("name", "rank", "bucket").values_list(*_POINT_COLUMNS, named=True):
-        _bucket_points(out.setdefault((row.name, None if row.rank == GLOBAL_RANK else row.rank), []), row)
+        where.append(f"name NOT IN ({', '.join(['%s'] * len(exclude))})")
+        params += list(exclude)
+    epoch = epoch_seconds_sql(connection.vendor)
+    sql = (f"SELECT name, rank, first_nonfinite_step, CASE WHEN nonfinite > 0 AND last_value IS NOT NULL "
+           f"THEN {epoch.format('first_at')} END, last_step, last_value, {epoch.format('last_at')}, min_value, "
+           f"max_value, count FROM {MetricBucket._meta.db_table} WHERE {' AND '.join(where)} "
+           f"ORDER BY name, rank, bucket")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    line: list[dict[str, Any]] = []
+    key = None
+    for name, rank, gap_step, gap_s, last_step, last_value, last_s, low, high, count in rows:
+        if (name, rank) != key:
+            key = (name, rank)
+            line = out.setdefault((name, None if rank == GLOBAL_RANK else rank), [])
+        if gap_s is not None:
+            line.append({"x": gap_step, "y": None, "t": round(gap_s, 3)})
+        line.append({"x": last_step, "y": last_value, "t": round(last_s, 3), "min": low, "max": high, "n": count})
     return width, out
 
 
-_POINT_COLUMNS = ("name", "rank", "nonfinite", "first_nonfinite_step", "first_at", "last_step", "last_value",
-                  "last_at", "min_value", "max_value", "count")
-"""The bucket columns :func:`_bucket_points` reads."""
+def epoch_seconds_sql(vendor: str) -> str:
+    """SQL for a ``DateTimeField`` column as Unix seconds (float), with ``{0}`` for the column: the value
+    ``datetime.timestamp()`` gives for it, microseconds since 1970 ÷ 10**6 rounded once to a float.
+    PostgreSQL: ``date_part('epoch', …)``, whose ``timestamptz`` form is exactly that division. SQLite
+    (the column is the text ``YYYY-MM-DD HH:MM:SS[.ffffff]`` in UTC): the same division of the whole
+    seconds, read without the fraction that ``strftime`` would round, and the microseconds written after
+    them. ``%%`` is a ``%`` once the query runs with parameters, as Django's cursors run it."""
+    if vendor == "postgresql":
+        return "date_part('epoch', {0})"
+    if vendor == "sqlite":
+        return ("((CAST(strftime('%%s', substr({0}, 1, 19)) AS INTEGER) * 1000000"
+                " + CAST(substr({0}, 21, 6) AS INTEGER)) / 1000000.0)")
+    raise NotImplementedError(f"chart reads support PostgreSQL and SQLite, not {vendor}")
 
 
-def _bucket_points(line: list[dict[str, Any]], b: Any) -> None:
-    """Append bucket ``b`` (a ``MetricBucket`` row or an :class:`Agg`) to a chart line: its last point
-    with its band, preceded by a gap where it holds a non-finite point among finite ones."""
+def _bucket_points(line: list[dict[str, Any]], b: Agg) -> None:
+    """Append the fold ``b`` (a bucket folded from raw points) to a chart line: its last point
+    with its band, preceded by a gap where it holds a non-finite point among finite ones (as a stored
+    bucket's row in :func:`read_series`)."""
     if b.nonfinite and b.last_value is not None:
         line.append({"x": b.first_nonfinite_step, "y": None, "t": _seconds(b.first_at)})
     line.append({"x": b.last_step, "y": b.last_value, "t": _seconds(b.last_at),

@@ -873,7 +873,10 @@ class MetricBucket(models.Model):
     step of a non-finite point (the chart's gap), None without one.
     """
 
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_buckets")
+    # No index of its own: the key's (job, width, ...) serves every read by job, and a second index on
+    # job alone is what PostgreSQL picked for a job its statistics did not know yet (a new job), reading
+    # every bucket of the job at every width to keep a chart's few (bench/RESULTS.md, issue 29).
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_buckets", db_index=False)
     name = models.CharField(max_length=100)
     rank = models.IntegerField(help_text="The rank of a per-rank series; -1 (GLOBAL_RANK) for a global one.")
     width = models.PositiveIntegerField(help_text="Steps per bucket.")
@@ -897,6 +900,35 @@ class MetricBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}[{self.bucket * self.width}:+{self.width}] n={self.count}"
+
+
+class FinalMetricValue(models.Model):
+    """One numeric entry of a job's :attr:`TrainingJob.final_metrics` (``name`` → its last value) as a
+    row, with the job's ``created_at`` beside it: what the job list sorts by a metric through an
+    index, where sorting on the JSON reads every visible job (``jobs.job_table.metric_sorted_keys``).
+
+    Kept by the database itself, not by code: on PostgreSQL, triggers on ``jobs_trainingjob``
+    (migration 0040, which also filled the rows of the jobs before it) rewrite a job's rows whenever
+    ``final_metrics`` (or ``created_at``) changes, whoever writes it (the sync's update, a service, a
+    fixture, a COPY). Only JSON numbers a float8 holds are rows: a metric whose last value was not
+    finite (JSON null), or that the job never reported, has none and sorts last.
+    On SQLite (the demo) the table stays empty and the list sorts on the JSON (triggers would not
+    survive SQLite's table rebuilds in later migrations)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="final_metric_values",
+                            db_index=False)
+    name = models.CharField(max_length=100)
+    value = models.FloatField()
+    created_at = models.DateTimeField(help_text="The job's created_at: the list's tie order after the value.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="final_metric_value_key")]
+        # The list's two orders, each with its ties newest first: ascending and descending value.
+        indexes = [models.Index(fields=["name", "value", "-created_at", "-job"], name="final_metric_asc"),
+                   models.Index(fields=["name", "-value", "-created_at", "-job"], name="final_metric_desc")]
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value} (job {self.job_id})"
 
 
 class MetricChunk(models.Model):

@@ -27,7 +27,9 @@ Searches count up to ``SEARCH_COUNT_CAP`` (1,000) only: a search's count cannot 
 
 Each page is a fixed number of queries whatever its depth or the list's length: one capped count (on a
 deep page, the position) and one page query; a page number past the end costs one or two more. The
-subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow. Used by the HTML job list
+subquery needs ``LIMIT`` inside ``IN (…)``, which PostgreSQL and SQLite allow. A list sorted by a metric
+(``jobs.job_table.MetricSortValue``) picks its page's keys through that metric's index on PostgreSQL first
+(one query), then reads those rows: one query more than another order, on every page alike. Used by the HTML job list
 (webapp.views), the admin's job changelist (jobs.admin; the admin counts before it asks for a page, so
 its deep pages read by offset) and the API's job pagination (webapp.api.pagination, whose ``next`` link
 carries the position of the page's last row, ``after=``, so a client that follows ``next`` seeks like
@@ -66,7 +68,9 @@ def capped_count(queryset: QuerySet, cap: int = COUNT_CAP) -> int:
 
 def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
     """Rows ``offset`` .. ``offset + limit − 1`` of the ordered ``queryset`` in one query: the slice is
-    taken on primary keys alone (a subquery), then only those rows are read with their joins.
+    taken on primary keys alone (a subquery), then only those rows are read with their joins. Where the
+    first ordering key reads its own pages (``page_keys``, a metric sort on PostgreSQL), its keys
+    come first, in a query of their own (the subquery's place).
 
     ``offset``, ``limit``: non-negative row counts. Keeps the queryset's ordering, filters,
     ``select_related`` and ``only`` / ``defer``. Raises ``ValueError`` for a negative offset or limit.
@@ -80,7 +84,13 @@ def page_rows(queryset: QuerySet, offset: int, limit: int) -> list[Any]:
     if offset > MAX_OFFSET:
         return []
     ordering = queryset.query.order_by or queryset.model._meta.ordering
-    keys = queryset.values("pk")[offset:offset + limit]
+    # An order whose first key reads its own pages (jobs.job_table.MetricSortValue: a metric's index
+    # instead of the JSON of every row) gives the page's keys itself.
+    first = ordering[0] if ordering else None
+    page_keys = getattr(getattr(first, "expression", None), "page_keys", None)
+    keys = page_keys(queryset, offset, limit, descending=first.descending) if page_keys else None
+    if keys is None:
+        keys = queryset.values("pk")[offset:offset + limit]
     rows = (queryset.model._base_manager.filter(pk__in=keys)
             .select_related(*_select_related(queryset)).order_by(*ordering))
     rows.query.deferred_loading = queryset.query.deferred_loading  # keep .only() / .defer()

@@ -259,3 +259,118 @@ def test_clean_list_query_reads_a_querydict():
 
     query, problems = job_table.clean_list_query(QueryDict("state=running&q=+resnet+&archived=all&page=2&x=1"))
     assert (query, problems) == ({"state": "RUNNING", "q": "resnet", "archived": "all"}, {})
+
+
+def _values(*jobs) -> dict[tuple[str, str], tuple[float, object]]:
+    from jobs.models import FinalMetricValue
+
+    return {(v.job.name, v.name): (v.value, v.created_at) for v in
+            FinalMetricValue.objects.filter(job__in=jobs).select_related("job")}
+
+
+def test_final_metric_values_follow_final_metrics_whoever_writes_them(user, table):
+    """The sort table (PostgreSQL triggers, migration 0040) holds each job's finite numbers of
+    ``final_metrics`` with its ``created_at``, through create, queryset update, save and a changed
+    ``created_at``; a JSON null, a text, a boolean, a name past 100 characters, a number out of float8's
+    range and a non-object hold none."""
+    high, mid, diverged = table["high"], table["mid"], table["diverged"]
+    assert _values(*table.values()) == {
+        ("high", "val_accuracy"): (0.9, high.created_at), ("high", "val_loss"): (0.3, high.created_at),
+        ("low", "val_accuracy"): (0.5, table["low"].created_at), ("low", "val_loss"): (1.2, table["low"].created_at),
+        ("mid", "val_accuracy"): (0.75, mid.created_at), ("mid", "val_loss"): (0.7, mid.created_at)}
+    TrainingJob.objects.filter(pk=high.pk).update(final_metrics={"val_accuracy": None, "val_loss": 0.25, "steps": 7,
+                                                                 "note": "text", "flag": True, "x" * 101: 1.0})
+    mid.final_metrics = {"val_accuracy": 0.8}
+    mid.save()
+    moved = high.created_at.replace(year=2020)
+    TrainingJob.objects.filter(pk=diverged.pk).update(final_metrics={"val_loss": 2.0}, created_at=moved)
+    TrainingJob.objects.filter(pk=table["low"].pk).update(final_metrics=["not", "an", "object"])
+    assert _values(high, mid, diverged, table["low"]) == {
+        ("high", "val_loss"): (0.25, high.created_at), ("high", "steps"): (7.0, high.created_at),
+        ("mid", "val_accuracy"): (0.8, mid.created_at), ("diverged", "val_loss"): (2.0, moved)}
+    TrainingJob.objects.filter(pk=diverged.pk).update(created_at=high.created_at)
+    assert _values(diverged) == {("diverged", "val_loss"): (2.0, high.created_at)}
+    # Numbers a float8 cannot hold (a 400-digit integer, a subnormal) hold no row and never fail the write.
+    TrainingJob.objects.filter(pk=diverged.pk).update(final_metrics={"huge": 10**400, "tiny": 5e-324, "zero": 0,
+                                                                     "big": -1e308, "val_loss": 1e-300})
+    assert _values(diverged) == {("diverged", "zero"): (0.0, high.created_at), ("diverged", "big"): (-1e308, high.created_at),
+                                 ("diverged", "val_loss"): (1e-300, high.created_at)}
+
+
+@pytest.mark.parametrize("sort", ["-val_accuracy", "val_accuracy"])
+def test_metric_sorted_pages_read_the_sort_tables_index_and_equal_the_json_order(
+        user, other_user, digits_dataset, cnn_model, local_backend, sort):
+    """47 jobs with repeated values, equal creation times, JSON nulls and no value, and jobs the list
+    filters out (another user's, another state, archived): every page of 6, in either direction, is
+    the JSON order's slice (values, those without one last, ties newest first, then by id); each
+    page is two queries, its keys from ``jobs_finalmetricvalue`` (the jobs without a value in the same
+    statement) and its rows, on the pages before, at and past the last valued job alike."""
+    import datetime as dt
+    import random
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    rng = random.Random(sort)
+    at = timezone.now().replace(microsecond=0)
+    mine = []
+    for i in range(47):
+        kind = rng.random()
+        metrics = ({} if kind < 0.15 else {"val_accuracy": None} if kind < 0.3 else
+                   {"val_accuracy": rng.choice([0.25, 0.5, 0.75, 1.0])})
+        job = make_job(user, digits_dataset, cnn_model, local_backend, name=f"j{i}", final_metrics=metrics)
+        TrainingJob.objects.filter(pk=job.pk).update(created_at=at - dt.timedelta(seconds=rng.choice([0, 1, 2])))
+        mine.append(TrainingJob.objects.get(pk=job.pk))
+    make_job(user, digits_dataset, cnn_model, local_backend, name="failed", state="FAILED", final_metrics={"val_accuracy": 2.0})
+    make_job(user, digits_dataset, cnn_model, local_backend, name="archived", final_metrics={"val_accuracy": 2.0},
+             archived_at=at)
+    theirs = digits_dataset.__class__.objects.create(owner=other_user, name="d2", format="builtin", builtin_name="digits")
+    make_job(other_user, theirs, cnn_model, local_backend, name="theirs", final_metrics={"val_accuracy": 2.0})
+
+    descending = sort.startswith("-")
+    newest = lambda j: (-j.created_at.timestamp(), -j.pk)  # noqa: E731
+    valued = sorted((j for j in mine if j.final_metrics.get("val_accuracy") is not None),
+                    key=lambda j: ((-1 if descending else 1) * j.final_metrics["val_accuracy"], *newest(j)))
+    expected = [j.name for j in valued] + [j.name for j in sorted((j for j in mine if j not in valued), key=newest)]
+    jobs = selectors.training_job_list_for_user(user=user, state="SUCCEEDED", archived=False, sort=sort)
+    assert names(jobs) == expected  # the JSON order itself
+    paginator = pagination.CappedCountPaginator(jobs, 6)
+    assert paginator.count == 47
+    got = []
+    for number in range(1, paginator.num_pages + 1):
+        with CaptureQueriesContext(connection) as queries:
+            got += names(paginator.page(number).object_list)
+        keys = queries.captured_queries[0]["sql"]
+        assert "jobs_finalmetricvalue" in keys and "#>" not in keys
+        # The page's keys (valued or not, in one statement), then its rows: on every page, as the list's other orders.
+        assert len(queries) == 2, [q["sql"][:120] for q in queries]
+    assert got == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0040_fills_the_sort_table_from_the_jobs_final_metrics(user, digits_dataset, cnn_model, local_backend):
+    """Jobs whose ``final_metrics`` were written before the sort table existed get their rows when
+    migration 0040 runs (and the way back removes the table and its triggers)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    kept = make_job(user, digits_dataset, cnn_model, local_backend, name="kept", final_metrics={"val_accuracy": 0.5})
+    later = make_job(user, digits_dataset, cnn_model, local_backend, name="later")
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    try:
+        executor.migrate([("jobs", "0039_job_preflight")])
+        with connection.cursor() as cursor:
+            assert "jobs_finalmetricvalue" not in connection.introspection.table_names(cursor)
+            # Written with no trigger to keep a sort table: what a job had before 0040.
+            cursor.execute("UPDATE jobs_trainingjob SET final_metrics = %s::jsonb WHERE id = %s",
+                           ['{"val_loss": 0.25, "note": "text", "val_accuracy": null}', later.pk])
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaves)
+    finally:
+        MigrationExecutor(connection).migrate(leaves)
+    assert _values(kept, later) == {("kept", "val_accuracy"): (0.5, kept.created_at),
+                                    ("later", "val_loss"): (0.25, later.created_at)}
+    TrainingJob.objects.filter(pk=later.pk).update(final_metrics={"val_loss": 0.125})  # the triggers are back
+    assert _values(later) == {("later", "val_loss"): (0.125, later.created_at)}

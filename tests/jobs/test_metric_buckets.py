@@ -265,3 +265,78 @@ def test_a_zoomed_range_is_read_at_the_resolution_it_needs(job):
     assert 9_984 <= xs[0] and xs[-1] <= 60_159 and len(xs) <= comparison.MAX_POINTS_PER_SERIES
     past = comparison.training_job_chart_series(job=job, steps=(10**12, 10**13))
     assert past["series"] == {} and past["rank_series"] == {}
+
+
+def _brute_chart_line(points: list[tuple], width: int) -> list[dict]:
+    """The chart points of one series' ``points`` (``(step, value, at)`` in stored order) at ``width``,
+    computed point by point: per bucket its last point (highest step, the later stored at equal steps)
+    with the band and count, after a gap point (the first non-finite step, the bucket's first time)
+    where the bucket holds a non-finite point and its last value is finite."""
+    buckets: dict[int, list[tuple]] = {}
+    for point in points:
+        buckets.setdefault(point[0] // width, []).append(point)
+    line = []
+    for _, inside in sorted(buckets.items()):
+        last = max(enumerate(inside), key=lambda item: (item[1][0], item[0]))[1]
+        finite = [v for _, v, _ in inside if v is not None]
+        bad = [s for s, v, _ in inside if v is None]
+        if bad and last[1] is not None:
+            line.append({"x": min(bad), "y": None, "t": round(min(at for _, _, at in inside).timestamp(), 3)})
+        line.append({"x": last[0], "y": last[1], "t": round(last[2].timestamp(), 3), "min": min(finite, default=None),
+                     "max": max(finite, default=None), "n": len(inside)})
+    return line
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_chart_lines_read_from_stored_buckets_equal_a_brute_force_of_the_points_times_and_gaps_included(job, seed):
+    """The bucket read takes its times as Unix seconds from the database (``epoch_seconds_sql``) and the
+    first point's time only where a bucket draws a gap: every point of every line, at the two finest
+    stored levels, equals the one computed from the raw points (times to the microsecond, NaN gaps,
+    a step stored twice)."""
+    rng = random.Random(seed)
+    points = [(n, r, s, v, e, at + dt.timedelta(microseconds=rng.randrange(10**6)))
+              for n, r, s, v, e, at in _history(rng, steps=6000, ranks=2, every=rng.choice([1, 3]), nan_rate=0.05)]
+    points.append(("train_loss", None, points[-1][2], 0.125, 0, T0 + dt.timedelta(days=1, microseconds=999_999)))
+    _store(job, points, rng)
+    last = max(p[2] for p in points)
+    for width in STORED_WIDTHS[:2]:
+        with CaptureQueriesContext(connection) as queries:
+            got_width, lines = metric_buckets.read_series(job.pk, names=None, per_rank=None, end=last, width=width)
+        assert got_width == width and len(queries) == 1
+        series: dict[tuple, list[tuple]] = {}
+        for n, r, s, v, e, at in points:
+            series.setdefault((n, r), []).append((s, v, at))
+        assert lines.keys() == series.keys()
+        for key, line in lines.items():
+            assert line == _brute_chart_line(series[key], width), (key, width)
+        assert any(p["y"] is None for line in lines.values() for p in line)  # the gaps were exercised
+
+
+def test_epoch_seconds_on_sqlite_equals_the_datetimes_timestamp():
+    """``epoch_seconds_sql``'s SQLite form, run by SQLite on the text Django stores a ``DateTimeField`` as
+    (UTC, ``YYYY-MM-DD HH:MM:SS[.ffffff]``), gives ``datetime.timestamp()`` to the last bit: whole
+    seconds, microseconds, before 1970 and far ahead."""
+    import sqlite3
+
+    rng = random.Random(13)
+    whens = [T0, T0 + dt.timedelta(microseconds=1), T0 + dt.timedelta(microseconds=999_999),
+             dt.datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=dt.timezone.utc),
+             dt.datetime(2999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.timezone.utc)]
+    whens += [T0 + dt.timedelta(seconds=rng.uniform(0, 10**9)) for _ in range(200)]
+    sql = metric_buckets.epoch_seconds_sql("sqlite").format('"at"')
+    db = sqlite3.connect(":memory:")
+    db.execute('CREATE TABLE t ("at" datetime)')
+    # What Django's SQLite backend writes for an aware datetime (adapt_datetimefield_value), and how
+    # its cursor turns the ``%%`` of a query with parameters into ``%``.
+    db.executemany("INSERT INTO t VALUES (?)", [(str(w.astimezone(dt.timezone.utc).replace(tzinfo=None)),) for w in whens])
+    got = [row[0] for row in db.execute(f"SELECT {sql.replace('%%', '%')} FROM t ORDER BY rowid")]
+    assert got == [w.timestamp() for w in whens]
+
+
+def test_a_jobs_buckets_have_one_index_the_key():
+    """No index on ``job_id`` alone beside the key ``(job, width, name, rank, bucket)``: PostgreSQL chose
+    it for a job its statistics did not know yet and read every bucket of the job (bench/RESULTS.md)."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, MetricBucket._meta.db_table)
+    indexed = sorted(tuple(c["columns"]) for c in constraints.values() if c["index"] or c["unique"])
+    assert indexed == [("id",), ("job_id", "width", "name", "rank", "bucket")]

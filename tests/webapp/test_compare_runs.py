@@ -269,3 +269,18 @@ def test_a_one_rank_run_never_wins_wait_for_slowest_s_and_shows_none(user, digit
     assert set(data["series"]["wait_for_slowest_s"]) == {str(pair.pk), str(quad.pk)}
     assert data["best"]["train_loss"]["final"] == solo.pk  # its other metrics compete as before
     assert "wait_for_slowest_s" not in comparison.training_job_chart_series(job=solo)["series"]
+
+
+def test_a_filter_sorted_by_a_metric_compares_its_first_runs_through_the_sort_table(owner_client, runs):
+    """``Compare all in this filter`` of a list sorted by a metric: the runs come in that order, read
+    as the job list's page is (the metric's sort table on PostgreSQL, not every matching job's JSON)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    a, b, c = runs
+    for job, accuracy in ((a, 0.91), (b, 0.92), (c, None)):
+        TrainingJob.objects.filter(pk=job.pk).update(final_metrics={"val_accuracy": accuracy})
+    with CaptureQueriesContext(connection) as queries:
+        r = owner_client.get(reverse("job-compare"), {"q": "run-", "sort": "-val_accuracy"})
+    assert re.findall(r'<li data-job-id="(\d+)">', r.content.decode()) == [str(b.pk), str(a.pk), str(c.pk)]
+    assert any("jobs_finalmetricvalue" in q["sql"] for q in queries.captured_queries)
