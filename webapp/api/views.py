@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, status, viewsets
@@ -206,6 +207,14 @@ class TrainingJobFilter(django_filters.FilterSet):
         return queryset.filter(pk__in=matching.values("pk"))
 
 
+class _DryRun(Exception):
+    """Rolls back a dry-run create, carrying the job it would have been."""
+
+    def __init__(self, data: dict) -> None:
+        super().__init__("dry run")
+        self.data = data
+
+
 _LIST_PARAMETERS = [
     OpenApiParameter("ordering", OpenApiTypes.STR, description=(
         "Sort key: created (the default, -created: newest first), name, state, backend, cost, id, a final metric "
@@ -322,8 +331,28 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
         return Response(JobLogPageSerializer({"lines": [{"seq": seq, "text": text} for seq, text in lines],
                                               "next": cursor, "more": more}).data)
 
+    @extend_schema(
+        summary="Check a job without launching it: every error, or its estimate and memory plan",
+        description="The body of POST /api/jobs/, with the same checks. 200: the job as that POST would create "
+                    "it (estimated_cost_usd, estimate_arithmetic, hourly_price_usd, memory_plan, config), its id "
+                    "null: nothing is stored and nothing is sent to a backend. 400: every error by field, as the "
+                    "create's. The client's `trainboard run --dry-run` and `trainboard estimate` call it.",
+        responses={200: TrainingJobDetailSerializer, 400: OpenApiResponse(description="Every error, by field")},
+    )
+    @action(detail=False, methods=["post"], url_path="estimate", pagination_class=None, filter_backends=[])
+    def estimate(self, request: Request, format: str | None = None) -> Response:
+        body = self.get_serializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            with transaction.atomic():  # the create, always rolled back: on_commit work (the submit) is dropped
+                job = body.save()
+                raise _DryRun(TrainingJobDetailSerializer(job, context=self.get_serializer_context()).data)
+        except _DryRun as dry:
+            data = {**dry.data, "id": None, "events": [], "attempts": []}
+        return Response(data)
+
     def get_serializer_class(self):
-        if self.action == "create":
+        if self.action in ("create", "estimate"):
             return TrainingJobCreateSerializer
         if self.action == "list":
             return TrainingJobSerializer
