@@ -253,12 +253,23 @@ class Client:
 
     def follow(self, job_id: int, *, after: int = -1, poll_s: float = 1.0
                ) -> Iterator[tuple[str, Any]]:
-        """Follow a job to its end: yields ``("state", job)`` when its state changes (first its current
-        one) and ``("line", text)`` for each new log line, until the job has ended and its log is read."""
+        """Follow a job to its end, yielding in order:
+
+        - ``("event", event)`` for each event of its timeline not yet seen (``from_state``, ``to_state``,
+          ``is_note``, ``message``, ``created_at``: every transition, however quickly it passed);
+        - ``("state", job)`` when the job's state differs from the last poll's (first its current one);
+        - ``("line", text)`` for each new log line (from the ``after`` cursor on),
+
+        until the job has ended and its log is read."""
         state = None
         cursor = after
+        events_seen = 0
         while True:
             job = self.job(job_id)
+            events = job.get("events") or []
+            for event in events[events_seen:]:
+                yield "event", event
+            events_seen = max(events_seen, len(events))
             if job["state"] != state:
                 state = job["state"]
                 yield "state", job

@@ -461,6 +461,31 @@ def estimate(ctx: click.Context, task_file: str | None, **_: Any) -> None:
 RUN_KEYS = {"script", "args", "workdir", "model_entry", "task_file", "dry_run", "detach", "poll"}
 
 
+def _drop_unregistered(exc: ApiError, values: dict[str, Any], kind: str) -> None:
+    """Drop the errors a job gets only because its model is not registered yet (a dry run, or input
+    refused before the upload): ``model_spec`` itself, and for a script that reads its own data the
+    dataset the server asks of a job whose model it cannot see."""
+    exc.errors.pop("model_spec", None)
+    if kind == "script" and values.get("dataset") is None:
+        exc.errors.pop("dataset", None)
+
+
+def _server_errors(values: dict[str, Any], kind: str) -> list[str]:
+    """The server's errors for the job options (the model left out: the client registers it), so that
+    one reply lists every error; none when the server cannot be asked."""
+    try:
+        with make_client() as client:
+            client.estimate(**values)
+    except AuthError as exc:
+        return [str(exc)]
+    except ApiError as exc:
+        _drop_unregistered(exc, values, kind)
+        return exc.lines()
+    except TrainboardError:
+        return []
+    return []
+
+
 def _model_name(root: Path, kind: str, entry_point: str, script_args: list[str] | None, packed: Packed) -> str:
     """A name that says what the model is: the project, and a key of its code, entry point and arguments
     (a later run of the same finds it and uploads nothing)."""
@@ -528,11 +553,11 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
     kind = "code" if model_entry else "script"
     entry_point = model_entry or script or ""
     if packed is not None and script and not script.startswith("-m"):
-        if script.replace("\\", "/").lstrip("./") not in packed.files:
+        if script.replace("\\", "/").removeprefix("./") not in packed.files:
             errors.append(f"script: {script} is not in the packed files of {root.resolve()} (ignored, or "
                           f"elsewhere?).")
     if errors:
-        raise InputError(errors)
+        raise InputError(errors + _server_errors(values, kind))
     assert packed is not None
     say(f"Packed {len(packed.files)} files from {root.resolve()}: {human_size(packed.size_bytes)} "
         f"({human_size(packed.compressed_bytes)} compressed), sha256 {packed.sha256[:12]}.")
@@ -545,7 +570,7 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
                 job = client.estimate(**body)
             except ApiError as exc:
                 if existing is None:  # the model is registered at launch: its absence is no error of yours
-                    exc.errors.pop("model_spec", None)
+                    _drop_unregistered(exc, values, kind)
                 if exc.errors:
                     raise
                 job = None
@@ -589,10 +614,14 @@ def _stream(client: Client, job_id: int, poll: float) -> dict[str, Any]:
     last: dict[str, Any] = {}
     try:
         for kind, value in client.follow(job_id, poll_s=poll):
-            if kind == "state":
+            if kind == "event":
+                message = f": {value['message']}" if value.get("message") else ""
+                if value.get("is_note") or not value.get("to_state"):
+                    say(f"[job #{job_id}] note{message}")
+                else:
+                    say(f"[job #{job_id}] {value['to_state']}{message}")
+            elif kind == "state":
                 last = value
-                extra = f" ({value['wait_reason']})" if value.get("wait_reason") else ""
-                say(f"[job #{job_id}] {value['state']}{extra}")
             else:
                 click.echo(value)
     except KeyboardInterrupt:

@@ -48,7 +48,7 @@ class Packed:
 
 
 def _spec(lines: list[str]) -> pathspec.PathSpec:
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _read_lines(path: Path) -> list[str]:

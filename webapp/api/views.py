@@ -207,6 +207,12 @@ class TrainingJobFilter(django_filters.FilterSet):
         return queryset.filter(pk__in=matching.values("pk"))
 
 
+_SHAPE_FIELDS = ("backend", "nodes", "procs_per_node", "max_runtime_s", "instance_type", "spot", "strategy",
+                 "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "budget_usd", "dataset",
+                 "hyperparameters")
+"""What of a job request ``jobs.services.training_job_estimate`` prices without a model."""
+
+
 class _DryRun(Exception):
     """Rolls back a dry-run create, carrying the job it would have been."""
 
@@ -335,13 +341,19 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
         summary="Check a job without launching it: every error, or its estimate and memory plan",
         description="The body of POST /api/jobs/, with the same checks. 200: the job as that POST would create "
                     "it (estimated_cost_usd, estimate_arithmetic, hourly_price_usd, memory_plan, config), its id "
-                    "null: nothing is stored and nothing is sent to a backend. 400: every error by field, as the "
-                    "create's. The client's `trainboard run --dry-run` and `trainboard estimate` call it.",
+                    "null: nothing is stored and nothing is sent to a backend. Without model_spec, the price of the "
+                    "shape alone (backend, nodes, procs_per_node, max_runtime_s, instance_type, spot, strategy, "
+                    "budget_usd): id, estimated_cost_usd, estimate_arithmetic, hourly_price_usd, "
+                    "max_runtime_covers, world_size and memory_plan null; a dataset is not asked for then. 400: "
+                    "every error by field, as the create's. The client's `trainboard run --dry-run` and "
+                    "`trainboard estimate` call it.",
         responses={200: TrainingJobDetailSerializer, 400: OpenApiResponse(description="Every error, by field")},
     )
     @action(detail=False, methods=["post"], url_path="estimate", pagination_class=None, filter_backends=[])
     def estimate(self, request: Request, format: str | None = None) -> Response:
         body = self.get_serializer(data=request.data)
+        if isinstance(request.data, Mapping) and request.data.get("model_spec") in (None, ""):
+            return self._estimate_shape(body, request.data)
         body.is_valid(raise_exception=True)
         try:
             with transaction.atomic():  # the create, always rolled back: on_commit work (the submit) is dropped
@@ -350,6 +362,28 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
         except _DryRun as dry:
             data = {**dry.data, "id": None, "events": [], "attempts": []}
         return Response(data)
+
+    def _estimate_shape(self, body, data: Mapping) -> Response:
+        """The price of a job's shape before its model exists (a client's dry run before its upload)."""
+        body.is_valid()
+        errors = {key: messages for key, messages in body.errors.items() if key != "model_spec"
+                  and not (key == "dataset" and data.get("dataset") in (None, ""))}
+        if errors:
+            raise ValidationError(errors)
+        values = body._values_that_validate(body.errors)
+        try:
+            result = services.training_job_estimate(**{k: values[k] for k in _SHAPE_FIELDS if k in values})
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+
+        def money(value) -> str | None:
+            return None if value is None else f"{value:.4f}"
+
+        return Response({"id": None, "estimated_cost_usd": money(result["estimated_cost_usd"]),
+                         "estimate_arithmetic": result["arithmetic"],
+                         "hourly_price_usd": money(result["hourly_price_usd"]),
+                         "max_runtime_covers": result["max_runtime_covers"], "world_size": result["world_size"],
+                         "memory_plan": None})
 
     def get_serializer_class(self):
         if self.action in ("create", "estimate"):
