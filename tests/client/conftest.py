@@ -36,16 +36,23 @@ class Cli:
         self.config_dir = home / "config"
         self.env: dict[str, str] = {}
 
-    def __call__(self, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 60,
-                 env: dict[str, str] | None = None) -> Result:
+    def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
         assert TRAINBOARD.exists(), f"{TRAINBOARD} is missing: install requirements-dev.txt (make dev-venv)"
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("DJANGO", "DATABASE", "REDIS", "TRAINBOARD", "PYTEST", "CELERY"))}
-        full = {**base, "XDG_CONFIG_HOME": str(self.config_dir), "HOME": str(self.home), "TRAINBOARD_RETRIES": "1",
+        return {**base, "XDG_CONFIG_HOME": str(self.config_dir), "HOME": str(self.home), "TRAINBOARD_RETRIES": "1",
                 **self.env, **(env or {})}
+
+    def __call__(self, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 60,
+                 env: dict[str, str] | None = None) -> Result:
         done = subprocess.run([str(TRAINBOARD), *args], input=input, capture_output=True, text=True,
-                              cwd=cwd or self.home, env=full, timeout=timeout)
+                              cwd=cwd or self.home, env=self.environment(env), timeout=timeout)
         return Result(done.returncode, done.stdout, done.stderr)
+
+    def start(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``trainboard ARGS`` started, not waited for (stdin closed, stdout and stderr piped as text)."""
+        return subprocess.Popen([str(TRAINBOARD), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=cwd or self.home, env=self.environment(env))
 
     def login(self, username: str = "alice", password: str = "pw-alice-123") -> Result:
         result = self("login", self.url, "--username", username, "--password-stdin", input=password + "\n")

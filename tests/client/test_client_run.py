@@ -5,14 +5,16 @@ worker (a 2-rank script streamed to SUCCEEDED), then the same tree again: nothin
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 from rest_framework import serializers
 
-from jobs import dispatch
+from jobs import dispatch, states
 from jobs.models import CodeArchive, ModelSpec, TrainingJob
+from polling import wait_for
 from taskkit import sent_tasks
 from trainboard_client.packing import pack
 
@@ -94,6 +96,50 @@ def test_a_dry_run_prints_every_error_at_once_and_uploads_and_creates_nothing(lo
     assert "Estimate: $1.2000 (1200 s × 1 node × $3.60/h)" in good.err
     assert "Dry run: the code would be uploaded at launch" in good.err
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), TrainingJob.objects.count()) == (models, 0, 0)
+
+
+def test_run_exits_1_with_the_jobs_failure_reason(logged_in, local_backend, tmp_path):
+    """The job is moved by this test, as a worker's sync would move it: the client follows the server."""
+    project = _project(tmp_path / "proj")
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        running = logged_in.start("run", "train.py", "--backend", "local", "--poll", "0.2", cwd=project)
+        try:
+            job = wait_for(lambda: TrainingJob.objects.first(), timeout=60, what="the job the client launches")
+            states.transition(job, "SUBMITTING", message="Submitting")
+            states.transition(job, "FAILED", message="exited 3", failure_reason="rank 1 exited with code 3")
+            out, err = running.communicate(timeout=60)
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait()
+    assert running.returncode == 1, err
+    assert err.splitlines()[-3:] == [f"[job #{job.pk}] SUBMITTING: Submitting", f"[job #{job.pk}] FAILED: exited 3",
+                                     f"Job #{job.pk} FAILED: rank 1 exited with code 3"]
+
+
+def test_ctrl_c_while_following_detaches_and_leaves_the_job_running(logged_in, local_backend, tmp_path):
+    project = _project(tmp_path / "proj")
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        running = logged_in.start("run", "train.py", "--backend", "local", "--poll", "0.2", cwd=project)
+        try:
+            seen = []
+            for line in running.stderr:  # until the client follows the job
+                seen.append(line)
+                if line.startswith("[job #"):
+                    break
+            running.send_signal(signal.SIGINT)
+            out, err = running.communicate(timeout=60)
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait()
+    job = TrainingJob.objects.get()
+    assert running.returncode == 130, "".join(seen) + err
+    assert seen[-1] == f"[job #{job.pk}] QUEUED: Created\n"
+    # Not a terminal: nobody to ask, so the job is left running (stdin is not a tty).
+    assert err.splitlines()[-1] == f"Detached; job #{job.pk} keeps running: trainboard logs -f {job.pk}"
+    job.refresh_from_db()
+    assert job.state == "QUEUED"
 
 
 @pytest.mark.e2e
