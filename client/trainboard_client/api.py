@@ -149,7 +149,7 @@ class Client:
                                       f"been done: check before trying again.") from None
                 reason = f"no answer from {self.url} ({_short(exc)})"
             else:
-                if response.status_code in RETRY_STATUSES and safe and attempt < attempts:
+                if response.status_code in RETRY_STATUSES and safe:  # a proxy with no server behind it
                     reason = f"{self.url} answered HTTP {response.status_code}"
                 else:
                     return self._checked(response, method, path)
@@ -240,8 +240,10 @@ class Client:
         return self.post("/api/jobs/", fields)
 
     def estimate(self, **fields: Any) -> dict[str, Any]:
-        """``POST /api/jobs/estimate/``: the job ``create_job(**fields)`` would make (estimated_cost_usd,
-        estimate_arithmetic, memory_plan), nothing launched; :class:`ApiError` with every error."""
+        """``POST /api/jobs/estimate/``: ``{"estimated_cost_usd", "estimate_arithmetic", "hourly_price_usd",
+        "max_runtime_covers", "world_size", "memory_plan", "job"}`` (``job``: the job ``create_job(**fields)``
+        would make, id null; null without ``model_spec``, which prices the shape alone); nothing launched.
+        :class:`ApiError` with every error."""
         return self.post("/api/jobs/estimate/", fields)
 
     def cancel(self, job_id: int) -> dict[str, Any]:
