@@ -15,9 +15,12 @@ time, so a CLI can say so plainly. A POST that may have reached the server is ne
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -71,6 +74,12 @@ class AuthError(ApiError):
     def message(self) -> str:
         detail = "; ".join(self.lines()) or "no valid token"
         return f"The server refused the credentials ({detail}). Log in again: trainboard login URL"
+
+
+class ChecksumMismatch(TrainboardError):
+    """A downloaded file's SHA-256 is not the server's."""
+
+    exit_code = 1
 
 
 class Unreachable(TrainboardError):
@@ -299,6 +308,81 @@ class Client:
             if kind == "state":
                 last = value
         return last or self.job(job_id)
+
+    def rerun(self, job_id: int) -> dict[str, Any]:
+        """``POST /api/jobs/{id}/rerun/``: a new job with the same frozen config."""
+        return self.post(f"/api/jobs/{int(job_id)}/rerun/")
+
+    def clone(self, job_id: int, **overrides: Any) -> dict[str, Any]:
+        """``POST /api/jobs/{id}/clone/``: a new job like this one with the create's fields as overrides
+        (``hyperparameters`` deep-merged), and ``init_mode="continue"`` or ``"finetune"`` to start from
+        its checkpoint or weights."""
+        return self.post(f"/api/jobs/{int(job_id)}/clone/", overrides)
+
+    def compare(self, job_ids: list[int]) -> dict[str, Any]:
+        """``GET /api/jobs/compare/?ids=``: runs, metrics, each run's final and best values, config diff."""
+        return self.get("/api/jobs/compare/", ids=",".join(str(int(i)) for i in job_ids))
+
+    def artifacts(self, job_id: int) -> dict[str, Any]:
+        """``{"results": [{"name", "kind", "size_bytes", "sha256", ...}], "error": ""}``."""
+        return self.get(f"/api/jobs/{int(job_id)}/artifacts/")
+
+    def download_artifact(self, job_id: int, name: str, dest: str | os.PathLike[str], *,
+                          sha256: str | None = None, on_progress: Callable[[int], None] | None = None) -> str:
+        """Download the artifact ``name`` to ``dest``; returns its SHA-256.
+
+        The bytes go to ``dest + ".part"`` first: a later call resumes from its length with an HTTP
+        Range request where the answer honours it (the clouds' signed URLs do; a stream the server
+        sends whole starts over). ``sha256`` (the listing's, when the server computed one): the file
+        must match it, else :class:`ChecksumMismatch` and the partial file is removed. The file is
+        moved to ``dest`` only once complete and checked. A signed URL on another host is fetched
+        without the token (httpx drops it on a cross-origin redirect)."""
+        import hashlib
+
+        target = Path(dest)
+        part = target.with_name(target.name + ".part")
+        have = part.stat().st_size if part.exists() else 0
+        path = f"/api/jobs/{int(job_id)}/artifacts/{quote(name)}/download/"
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        attempts = self.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                with self._http.stream("GET", path, headers=headers, follow_redirects=True) as response:
+                    if response.status_code == 416 and have:  # the part is already whole
+                        break
+                    if response.status_code >= 400:
+                        response.read()
+                        self._checked(response, "GET", path)
+                    mode = "ab" if have and response.status_code == 206 else "wb"
+                    with open(part, mode) as handle:
+                        done = have if mode == "ab" else 0
+                        for chunk in response.iter_bytes(1 << 20):
+                            handle.write(chunk)
+                            done += len(chunk)
+                            if on_progress is not None:
+                                on_progress(done)
+                break
+            except (httpx.TransportError,) as exc:
+                if attempt == attempts:
+                    raise Unreachable(f"Download of {name} interrupted ({_short(exc)}); run it again to resume "
+                                      f"from {part.stat().st_size if part.exists() else 0:,} bytes.") from None
+                delay = min(self.backoff_s * 2 ** (attempt - 1), 8.0)
+                if self.on_retry is not None:
+                    self.on_retry(attempt, attempts, delay, f"download interrupted ({_short(exc)})")
+                time.sleep(delay)
+                have = part.stat().st_size if part.exists() else 0
+                headers = {"Range": f"bytes={have}-"} if have else {}
+        digest = hashlib.sha256()
+        with open(part, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        got = digest.hexdigest()
+        if sha256 and got != sha256:
+            part.unlink()
+            raise ChecksumMismatch(f"{name}: downloaded SHA-256 {got[:16]}… is not the server's {sha256[:16]}…; "
+                                   f"the partial file was removed: download it again.")
+        os.replace(part, target)
+        return got
 
     # -- models and code --------------------------------------------------------------------------
 

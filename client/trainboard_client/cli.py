@@ -295,6 +295,214 @@ def cancel(job_id: int) -> None:
 
 
 # -----------------------------------------------------------------------------------------------
+# Again: rerun, clone, continue; compare; artifacts; datasets create
+# -----------------------------------------------------------------------------------------------
+
+
+def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--set`` pairs as clone overrides: ``epochs=5`` a field of the job request, ``train.lr=0.01`` a
+    key into ``hyperparameters`` (deep); values read as JSON where they parse (0.01, true, [1, 2]), else
+    text. Every malformed pair is reported at once."""
+    overrides: dict[str, Any] = {}
+    errors = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            errors.append(f"--set: {pair!r} is not KEY=VALUE (e.g. train.lr=0.01 or epochs=5).")
+            continue
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        if "." in key:
+            node = overrides.setdefault("hyperparameters", {})
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    errors.append(f"--set: {key} sets inside {part}, which another --set gave a value.")
+                    break
+            else:
+                node[leaf] = value
+        else:
+            overrides[key] = value
+    if errors:
+        raise InputError(errors)
+    return overrides
+
+
+def _launched(client: Client, job: dict[str, Any], follow: bool, poll: float) -> None:
+    say(f"Launched job #{job['id']}: {client.url}/jobs/{job['id']}/")
+    if not follow:
+        click.echo(job["id"])
+        return
+    final = _stream(client, int(job["id"]), poll)
+    _ended(final)
+
+
+def _ended(final: dict[str, Any]) -> None:
+    if final["state"] == "SUCCEEDED":
+        say(f"Job #{final['id']} SUCCEEDED" + (f" in {final['duration_s']:.0f} s" if final.get("duration_s") else "")
+            + (f", cost ${final['cost_usd']}" if final.get("cost_usd") is not None else "") + ".")
+        return
+    reason = final.get("failure_reason") or ""
+    say(f"Job #{final['id']} {final['state']}" + (f": {reason}" if reason else "."))
+    raise click.exceptions.Exit(EXIT_FAILED)
+
+
+_FOLLOW = click.option("--follow/--detach", "-f/-d", default=False,
+                       help="Follow the new job to its end (exit 0 only if it SUCCEEDED), or print its id [default].")
+_POLL = click.option("--poll", type=click.FloatRange(0.1), default=1.0, show_default=True,
+                     help="Seconds between polls (--follow).")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@_FOLLOW
+@_POLL
+def rerun(job_id: int, follow: bool, poll: float) -> None:
+    """Run a job again with its frozen config (POST /api/jobs/ID/rerun/)."""
+    with make_client() as client:
+        _launched(client, client.rerun(job_id), follow, poll)
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--set", "pairs", multiple=True, metavar="KEY=VALUE",
+              help="An override: a job field (epochs=5, backend=box-b) or a config key (train.lr=0.01); repeatable.")
+@_FOLLOW
+@_POLL
+def clone(job_id: int, pairs: tuple[str, ...], follow: bool, poll: float) -> None:
+    """A new job like JOB_ID with edits (POST /api/jobs/ID/clone/)."""
+    overrides = _settings(pairs)
+    with make_client() as client:
+        _launched(client, client.clone(job_id, **overrides), follow, poll)
+
+
+@cli.command("continue")
+@click.argument("job_id", type=int)
+@click.option("--epochs", type=int, help="Train to this many epochs in all.")
+@click.option("--finetune", is_flag=True, help="Start from its trained weights with a new optimizer at epoch 0 "
+                                               "instead of resuming its last checkpoint.")
+@click.option("--set", "pairs", multiple=True, metavar="KEY=VALUE", help="Further overrides, as for clone.")
+@_FOLLOW
+@_POLL
+def continue_(job_id: int, epochs: int | None, finetune: bool, pairs: tuple[str, ...], follow: bool,
+              poll: float) -> None:
+    """Resume JOB_ID's last checkpoint for more epochs (or --finetune from its weights)."""
+    overrides = {**_settings(pairs), "init_mode": "finetune" if finetune else "continue"}
+    if epochs is not None:
+        overrides["epochs"] = epochs
+    with make_client() as client:
+        _launched(client, client.clone(job_id, **overrides), follow, poll)
+
+
+@cli.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="The API's whole comparison (series included).")
+def compare(job_ids: tuple[int, ...], as_json: bool) -> None:
+    """Compare runs: each one's final value per metric (* the best), and the config keys that differ."""
+    with make_client() as client:
+        result = client.compare(list(job_ids))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    runs = result.get("runs") or []
+    if result.get("not_found"):
+        say(f"Not found (or not yours): {', '.join(str(i) for i in result['not_found'])}")
+    header = ["", *[f"#{r['id']} {r.get('name') or ''}".strip() for r in runs]]
+    rows = [header, ["state", *[r.get("state", "") for r in runs]]]
+    finals = {row["job_id"]: row.get("values") or {} for row in result.get("table") or []}
+    names = [m["name"] for m in result.get("metrics") or [] if any(m["name"] in v for v in finals.values())]
+    best = result.get("best") or {}
+    for name in names:
+        cells = []
+        for run in runs:
+            value = (finals.get(run["id"], {}).get(name) or {}).get("final")
+            mark = " *" if value is not None and (best.get(name) or {}).get("final") == run["id"] else ""
+            cells.append(("-" if value is None else f"{value:.6g}") + mark)
+        rows.append([f"{name} (final)", *cells])
+    for row in result.get("config") or []:
+        if row.get("differs"):
+            rows.append([str(row.get("key")), *[_cell(v) for v in row.get("values") or []]])
+    widths = [max(len(str(r[i])) if i < len(r) else 0 for r in rows) for i in range(len(header))]
+    for r in rows:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+@cli.group(cls=Group)
+def artifacts() -> None:
+    """A job's files: its model, metrics, checkpoints and log."""
+
+
+@artifacts.command("ls")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="The API's JSON objects, one list, on stdout.")
+def artifacts_ls(job_id: int, as_json: bool) -> None:
+    """List JOB_ID's artifacts with size and SHA-256."""
+    with make_client() as client:
+        listing = client.artifacts(job_id)
+    if listing.get("error"):
+        say(f"The backend's files cannot be read now: {listing['error']} (the last listing follows)")
+    rows = listing["results"]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        row["sha"] = (row.get("sha256") or "")[:16]
+    _table(rows, [("name", "NAME"), ("kind", "KIND"), ("size_bytes", "BYTES"), ("sha", "SHA-256")])
+
+
+@artifacts.command("download")
+@click.argument("job_id", type=int)
+@click.argument("name")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write it [default: NAME's last part, "
+                                                                       "here].")
+def artifacts_download(job_id: int, name: str, output: str | None) -> None:
+    """Download one artifact; an interrupted download resumes where the store allows, and the file is
+    checked against the server's SHA-256 before it is kept (exit 1 on a mismatch)."""
+    dest = Path(output or name.rsplit("/", 1)[-1])
+    with make_client() as client:
+        listed = next((a for a in client.artifacts(job_id)["results"] if a["name"] == name), None)
+        if listed is None:
+            raise InputError([f"name: job #{job_id} has no artifact {name!r} (trainboard artifacts ls {job_id})."])
+        expected = listed.get("sha256") or None
+        got = client.download_artifact(job_id, name, dest, sha256=expected)
+    check = "matches the server's" if expected else "not checked: the server has no SHA-256 for it"
+    say(f"Downloaded {name} to {dest} ({dest.stat().st_size:,} bytes), sha256 {got[:16]}… {check}.")
+
+
+@datasets.command("create")
+@click.option("--name", required=True, help="The dataset's name (unique among yours).")
+@click.option("--format", "format_", required=True, help="builtin, imagefolder, csv, npz, tokens (the server says "
+                                                          "which it takes).")
+@click.option("--builtin-name", help="format builtin: e.g. digits.")
+@click.option("--uri", help="Where the data is: a path on the backend, s3://, gs://, az://.")
+@click.option("--label-column", help="format csv: the label's column.")
+@click.option("--set", "pairs", multiple=True, metavar="KEY=VALUE", help="Any other field of POST /api/datasets/.")
+def datasets_create(name: str, format_: str, builtin_name: str | None, uri: str | None, label_column: str | None,
+                    pairs: tuple[str, ...]) -> None:
+    """Register a dataset (POST /api/datasets/); every error at once."""
+    body: dict[str, Any] = {"name": name, "format": format_}
+    for key, value in (("builtin_name", builtin_name), ("uri", uri), ("label_column", label_column)):
+        if value is not None:
+            body[key] = value
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise InputError([f"--set: {pair!r} is not KEY=VALUE."])
+        try:
+            body[key] = json.loads(raw)
+        except ValueError:
+            body[key] = raw
+    with make_client() as client:
+        made = client.post("/api/datasets/", body)
+    say(f"Registered dataset {made['name']!r} (#{made['id']}).")
+    click.echo(made["id"])
+
+
+# -----------------------------------------------------------------------------------------------
 # Job options from the server's schema: estimate and run
 # -----------------------------------------------------------------------------------------------
 
@@ -599,13 +807,7 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
             click.echo(job["id"])
             return
         final = _stream(client, int(job["id"]), poll)
-    if final["state"] == "SUCCEEDED":
-        say(f"Job #{final['id']} SUCCEEDED" + (f" in {final['duration_s']:.0f} s" if final.get("duration_s") else "")
-            + (f", cost ${final['cost_usd']}" if final.get("cost_usd") is not None else "") + ".")
-        return
-    reason = final.get("failure_reason") or ""
-    say(f"Job #{final['id']} {final['state']}" + (f": {reason}" if reason else "."))
-    ctx.exit(EXIT_FAILED)
+    _ended(final)
 
 
 def _stream(client: Client, job_id: int, poll: float) -> dict[str, Any]:

@@ -146,3 +146,61 @@ def test_the_client_imports_no_django_and_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_rerun_clone_continue_and_compare(logged_in, user, digits_dataset, cnn_model, local_backend):
+    from jobs import services
+
+    with sent_tasks(dispatch.SUBMIT_JOB) as submit:
+        first = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                             backend=local_backend, procs_per_node=2, epochs=2, lr=0.05, name="base")
+        TrainingJob.objects.filter(pk=first.pk).update(state="SUCCEEDED")
+
+        cloned = logged_in("clone", str(first.pk), "--set", "epochs=5", "--set", "train.lr=0.01",
+                           "--set", "name=\"tuned\"")
+        assert cloned.code == 0, cloned.both
+        clone = TrainingJob.objects.get(cloned_from=first)
+        assert cloned.out == f"{clone.pk}\n"
+        assert (clone.name, clone.config["train"]["epochs"], clone.config["train"]["lr"], clone.procs_per_node) == (
+            "tuned", 5, 0.01, 2)
+
+        again = logged_in("rerun", str(first.pk))
+        assert again.code == 0, again.both
+        rerun = TrainingJob.objects.get(rerun_of=first)
+        assert again.out == f"{rerun.pk}\n" and rerun.config["train"] == first.config["train"]
+
+        # Continuing needs a checkpoint: the server says so, and nothing is made.
+        refused = logged_in("continue", str(first.pk), "--epochs", "6")
+        assert refused.code == 2, refused.both
+        assert refused.err == (f"Error: Job #{first.pk} never ran on its backend: there is no checkpoint or model to "
+                               f"start from.\n")
+        bad_set = logged_in("clone", str(first.pk), "--set", "epochs", "--set", "=3")
+        assert bad_set.code == 2
+        assert bad_set.err.splitlines() == [
+            "Error: --set: 'epochs' is not KEY=VALUE (e.g. train.lr=0.01 or epochs=5).",
+            "Error: --set: '=3' is not KEY=VALUE (e.g. train.lr=0.01 or epochs=5)."]
+    assert submit.call_count == 3  # the first job, the clone, the re-run
+    assert TrainingJob.objects.count() == 3
+
+    compared = logged_in("compare", str(first.pk), str(clone.pk))
+    assert compared.code == 0, compared.both
+    lines = compared.out.splitlines()
+    assert lines[0].split() == ["#%d" % first.pk, "base", "#%d" % clone.pk, "tuned"]
+    lr_row = next(line for line in lines if line.startswith("train.lr "))
+    assert lr_row.split() == ["train.lr", "0.05", "0.01"]
+    assert json.loads(logged_in("compare", str(first.pk), "999999", "--json").out)["not_found"] == [999999]
+
+
+def test_datasets_create_and_its_errors(logged_in, user):
+    made = logged_in("datasets", "create", "--name", "digits2", "--format", "builtin", "--builtin-name", "digits")
+    assert made.code == 0, made.both
+    from jobs.models import Dataset
+
+    dataset = Dataset.objects.get(owner=user, name="digits2")
+    assert made.out == f"{dataset.pk}\n" and dataset.builtin_name == "digits"
+    listed = json.loads(logged_in("datasets", "ls", "--json").out)
+    assert [d["name"] for d in listed] == ["digits2"]
+    bad = logged_in("datasets", "create", "--name", "digits2", "--format", "parquet")
+    assert bad.code == 2
+    assert any(line.startswith("Error: format: ") for line in bad.err.splitlines()), bad.err
+    assert Dataset.objects.filter(owner=user).count() == 1

@@ -4,6 +4,8 @@ worker (a 2-rank script streamed to SUCCEEDED), then the same tree again: nothin
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import signal
 from pathlib import Path
@@ -25,7 +27,12 @@ import os
 import sys
 
 print(f"hello from rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} with {sys.argv[1:]}", flush=True)
+if os.environ["RANK"] == "0":
+    os.makedirs(os.environ["TRAINBOARD_MODEL_DIR"], exist_ok=True)
+    with open(os.path.join(os.environ["TRAINBOARD_MODEL_DIR"], "weights.bin"), "wb") as out:
+        out.write(bytes(range(256)) * 512)
 """
+WEIGHTS = bytes(range(256)) * 512
 
 
 def _project(root: Path) -> Path:
@@ -175,6 +182,16 @@ def test_run_streams_a_two_rank_script_to_succeeded_and_a_second_run_uploads_not
 
     logs = logged_in("logs", str(job.pk))
     assert logs.code == 0 and "hello from rank 1 of 2 with ['--epochs', '3']" in logs.out
+
+    # The file the script wrote, listed with the server's SHA-256 and downloaded checked against it.
+    listed = json.loads(logged_in("artifacts", "ls", str(job.pk), "--json").out)
+    [weights] = [a for a in listed if a["name"].endswith("weights.bin")]
+    assert (weights["size_bytes"], weights["sha256"]) == (len(WEIGHTS), hashlib.sha256(WEIGHTS).hexdigest())
+    got = logged_in("artifacts", "download", str(job.pk), weights["name"], "-o", str(tmp_path / "w.bin"))
+    assert got.code == 0, got.both
+    assert (tmp_path / "w.bin").read_bytes() == WEIGHTS
+    assert got.err == (f"Downloaded {weights['name']} to {tmp_path / 'w.bin'} ({len(WEIGHTS):,} bytes), sha256 "
+                       f"{weights['sha256'][:16]}… matches the server's.\n")
 
     # The same tree again, from a task file: the model is found by its content, nothing is uploaded.
     task = tmp_path / "task.yaml"
