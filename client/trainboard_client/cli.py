@@ -502,6 +502,81 @@ def datasets_create(name: str, format_: str, builtin_name: str | None, uri: str 
     click.echo(made["id"])
 
 
+@cli.group(cls=Group)
+def sweep() -> None:
+    """Hyperparameter sweeps (docs/sweeps.md): each trial is a job."""
+
+
+@sweep.command("create")
+@click.option("-f", "--file", "spec_file", required=True, type=click.Path(dir_okay=False),
+              help="The sweep as YAML (or .json / .toml): name, base (the job's fields), search_space, sampler, "
+                   "max_trials, ... as POST /api/sweeps/ takes them.")
+def sweep_create(spec_file: str) -> None:
+    """Start a sweep from a spec file; every error at once. Prints its id."""
+    path = Path(spec_file)
+    try:
+        text = path.read_text()
+        spec = json.loads(text) if path.suffix == ".json" else tomllib.loads(text) if path.suffix == ".toml" \
+            else yaml.safe_load(text)
+    except OSError as exc:
+        raise InputError([f"-f: cannot read {spec_file}: {exc.strerror}."]) from None
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InputError([f"-f: {spec_file} cannot be read: {exc}"]) from None
+    if not isinstance(spec, dict):
+        raise InputError([f"-f: {spec_file} must hold a mapping (name, base, search_space, ...)."])
+    with make_client() as client:
+        made = client.post("/api/sweeps/", spec)
+    say(f"Started sweep #{made['id']} {made['name']!r}: {client.url}/sweeps/{made['id']}/")
+    click.echo(made["id"])
+
+
+@sweep.command("ls")
+@click.option("--state", help="Only sweeps in this state (RUNNING, SUCCEEDED, ...).")
+@click.option("--json", "as_json", is_flag=True, help="The API's JSON objects, one list, on stdout.")
+def sweep_ls(state: str | None, as_json: bool) -> None:
+    """Your sweeps, newest first."""
+    with make_client() as client:
+        rows = list(client.iter_all("/api/sweeps/", state=state))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    _table(rows, [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("sampler", "SAMPLER"),
+                  ("objective_metric", "OBJECTIVE"), ("max_trials", "TRIALS")])
+
+
+@sweep.command("show")
+@click.argument("sweep_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="The API's whole JSON object.")
+def sweep_show(sweep_id: int, as_json: bool) -> None:
+    """A sweep: its state, progress, trials and best trial."""
+    with make_client() as client:
+        found = client.get(f"/api/sweeps/{int(sweep_id)}/")
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    progress = found.get("progress") or {}
+    click.echo(f"Sweep #{found['id']} {found['name']!r}: {found['state']}"
+               + (f" ({found['message']})" if found.get("message") else ""))
+    click.echo(f"{found['direction']} {found['objective_metric']} ({found['objective']}), sampler {found['sampler']}; "
+               f"trials {progress.get('done', 0)} of {progress.get('limit', found.get('max_trials'))}")
+    for trial in found.get("trials") or []:
+        click.echo(f"  trial {trial.get('number')}: {trial.get('state')} job #{trial.get('job_id')} "
+                   f"value {trial.get('value')} {json.dumps(trial.get('params') or {})}")
+    best = found.get("best_trial")
+    if best:
+        click.echo(f"best: trial {best['number']} (job #{best['job_id']}) value {best['value']} "
+                   f"{json.dumps(best['params'])}")
+
+
+@sweep.command("cancel")
+@click.argument("sweep_id", type=int)
+def sweep_cancel(sweep_id: int) -> None:
+    """Cancel a sweep: no new trials, its running trials cancelled."""
+    with make_client() as client:
+        found = client.post(f"/api/sweeps/{int(sweep_id)}/cancel/")
+    say(f"Sweep #{found['id']}: {found['state']}.")
+
+
 # -----------------------------------------------------------------------------------------------
 # Job options from the server's schema: estimate and run
 # -----------------------------------------------------------------------------------------------

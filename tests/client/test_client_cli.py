@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from experimentkit import make_job
 from jobs.models import TrainingJob
@@ -204,3 +205,37 @@ def test_datasets_create_and_its_errors(logged_in, user):
     assert bad.code == 2
     assert any(line.startswith("Error: format: ") for line in bad.err.splitlines()), bad.err
     assert Dataset.objects.filter(owner=user).count() == 1
+
+
+def test_sweep_create_show_cancel_and_every_error(logged_in, user, digits_dataset, cnn_model, local_backend, tmp_path):
+    from jobs.models import Sweep
+
+    spec = {"name": "lr-grid", "base": {"dataset": "digits", "model_spec": "digits-cnn", "backend": "local",
+                                        "epochs": 1},
+            "search_space": {"train.lr": {"type": "categorical", "choices": [0.01, 0.1]}},
+            "sampler": "grid", "max_trials": 2, "max_concurrent_trials": 1}
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text(json.dumps({**spec, "sampler": "bogus", "max_concurrent_trials": 0,
+                                    "search_space": {"train.nope": {"type": "int", "low": 1, "high": 2}}}))
+    bad = logged_in("sweep", "create", "-f", str(bad_file))
+    assert bad.code == 2
+    assert {line.split(":")[1].strip() for line in bad.err.splitlines()} == {
+        "sampler", "max_concurrent_trials", "search_space"}, bad.err
+    assert Sweep.objects.count() == 0
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    with sent_tasks(dispatch.SWEEP_FILL) as fill:
+        made = logged_in("sweep", "create", "-f", str(spec_file))
+    assert made.code == 0, made.both
+    sweep = Sweep.objects.get()
+    assert made.out == f"{sweep.pk}\n" and fill.call_count == 1
+    assert (sweep.name, sweep.sampler, sweep.max_trials, sweep.base["epochs"]) == ("lr-grid", "grid", 2, 1)
+    shown = logged_in("sweep", "show", str(sweep.pk))
+    assert shown.out.splitlines()[:2] == [f"Sweep #{sweep.pk} 'lr-grid': RUNNING",
+                                          "maximize val_accuracy (final), sampler grid; trials 0 of 2"]
+    assert [s["id"] for s in json.loads(logged_in("sweep", "ls", "--json").out)] == [sweep.pk]
+    cancelled = logged_in("sweep", "cancel", str(sweep.pk))
+    assert cancelled.code == 0 and cancelled.err == f"Sweep #{sweep.pk}: CANCELLED.\n"
+    sweep.refresh_from_db()
+    assert sweep.state == "CANCELLED"
