@@ -734,10 +734,15 @@ def estimate(ctx: click.Context, task_file: str | None, **_: Any) -> None:
     command = ctx.command
     assert isinstance(command, JobOptionsCommand)
     values, errors = _job_values(command, ctx, _task_file(task_file), {"task_file"})
+    with make_client() as client:
+        try:
+            job = client.estimate(**values)
+        except AuthError:
+            raise
+        except ApiError as exc:  # with the task file's own errors: every error in one reply
+            raise InputError(errors + exc.lines()) from None
     if errors:
         raise InputError(errors)
-    with make_client() as client:
-        job = client.estimate(**values)
     _print_estimate(job)
 
 

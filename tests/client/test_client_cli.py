@@ -125,6 +125,15 @@ def test_estimate_prints_the_price_and_every_error_by_field(logged_in, digits_da
     assert len(lines) == len(set(lines))  # each error once
     assert TrainingJob.objects.count() == 0
 
+    # A task file's own error comes with the server's, in one reply.
+    task = logged_in.home / "job.yaml"
+    task.write_text(yaml.safe_dump({"backend": "local", "model_spec": "digits-cnn", "dataset": "digits",
+                                    "nodes": 0, "epoch": 3}))
+    both = logged_in("estimate", "-f", str(task))
+    assert both.code == 2
+    assert both.err.splitlines()[0].startswith("Error: epoch: unknown key in the task file; known keys: ")
+    assert both.err.splitlines()[1:] == ["Error: nodes: Ensure this value is greater than or equal to 1."]
+
 
 def test_an_unreachable_server_is_retried_with_backoff_then_exit_3(cli, user):
     with socket.socket() as held:  # bound, never listening: connections are refused, no one else gets the port

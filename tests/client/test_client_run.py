@@ -105,6 +105,20 @@ def test_a_dry_run_prints_every_error_at_once_and_uploads_and_creates_nothing(lo
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), TrainingJob.objects.count()) == (models, 0, 0)
 
 
+def test_a_refused_archive_is_the_servers_error_naming_the_member_and_nothing_is_made(logged_in, local_backend,
+                                                                                     tmp_path):
+    project = _project(tmp_path / "proj")
+    (project / "trainer_pkg").mkdir()
+    (project / "trainer_pkg" / "mine.py").write_text("x = 1\n")
+    with sent_tasks(dispatch.SUBMIT_JOB) as submit:
+        refused = logged_in("run", "train.py", "--backend", "local", cwd=project)
+    assert refused.code == 2, refused.both
+    assert refused.err.splitlines()[-1].startswith(
+        "Error: code: member 'trainer_pkg/mine.py': trainer_pkg/ is Trainboard's trainer package"), refused.err
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), TrainingJob.objects.count()) == (0, 0, 0)
+    submit.assert_not_called()
+
+
 def test_run_exits_1_with_the_jobs_failure_reason(logged_in, local_backend, tmp_path):
     """The job is moved by this test, as a worker's sync would move it: the client follows the server."""
     project = _project(tmp_path / "proj")
