@@ -119,6 +119,24 @@ def test_a_refused_archive_is_the_servers_error_naming_the_member_and_nothing_is
     submit.assert_not_called()
 
 
+def test_run_model_entry_registers_a_model_of_kind_code_for_the_built_in_trainer(logged_in, digits_dataset,
+                                                                                 local_backend, tmp_path):
+    project = tmp_path / "tiny"
+    (project / "tinynet").mkdir(parents=True)
+    (project / "tinynet" / "__init__.py").write_text("")
+    (project / "tinynet" / "net.py").write_text("def build(num_classes, **params):\n    raise NotImplementedError\n")
+    with sent_tasks(dispatch.SUBMIT_JOB) as submit:
+        launched = logged_in("run", "--model-entry", "tinynet.net:build", "--dataset", "digits", "--backend", "local",
+                             "--epochs", "2", "--detach", cwd=project)
+    assert launched.code == 0, launched.both
+    job = TrainingJob.objects.get()
+    assert launched.out == f"{job.pk}\n"
+    assert (job.model_spec.kind, job.model_spec.entry_point, job.dataset_id, job.config["train"]["epochs"]) == (
+        "code", "tinynet.net:build", digits_dataset.pk, 2)
+    assert list(job.model_spec.code.files) == ["tinynet/__init__.py", "tinynet/net.py"]
+    submit.assert_called_once()
+
+
 def test_run_exits_1_with_the_jobs_failure_reason(logged_in, local_backend, tmp_path):
     """The job is moved by this test, as a worker's sync would move it: the client follows the server."""
     project = _project(tmp_path / "proj")
@@ -196,6 +214,10 @@ def test_run_streams_a_two_rank_script_to_succeeded_and_a_second_run_uploads_not
 
     logs = logged_in("logs", str(job.pk))
     assert logs.code == 0 and "hello from rank 1 of 2 with ['--epochs', '3']" in logs.out
+    followed = logged_in("logs", "-f", str(job.pk))  # the job has ended: the whole log, then done
+    assert (followed.code, followed.out) == (0, logs.out)
+    later = logged_in("logs", str(job.pk), "--after", "1")
+    assert later.out.splitlines() == logs.out.splitlines()[2:]
 
     # The file the script wrote, listed with the server's SHA-256 and downloaded checked against it.
     listed = json.loads(logged_in("artifacts", "ls", str(job.pk), "--json").out)
