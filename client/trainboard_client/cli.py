@@ -746,7 +746,8 @@ def estimate(ctx: click.Context, task_file: str | None, **_: Any) -> None:
     _print_estimate(job)
 
 
-RUN_KEYS = {"script", "args", "workdir", "model_entry", "task_file", "dry_run", "detach", "poll"}
+RUN_KEYS = {"script", "args", "workdir", "model_entry"}
+"""A task file's keys of its own, beside the job options."""
 
 
 def _drop_unregistered(exc: ApiError, values: dict[str, Any], kind: str) -> None:
@@ -874,6 +875,9 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
             say(f"Code already on the server: model {name!r} (#{existing['id']}); nothing to upload.")
             model = existing
         else:
+            refused = _server_errors(values, kind)  # the job's own errors before anything is uploaded
+            if refused:
+                raise InputError(refused)
             say(f"Uploading {human_size(packed.compressed_bytes)} ...")
             model = client.create_model(name=name, kind=kind, entry_point=entry_point, archive=packed.data,
                                         filename=f"{name}.tar.gz", script_args=script_args if kind == "script" else None,

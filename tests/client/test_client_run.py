@@ -104,6 +104,12 @@ def test_a_dry_run_prints_every_error_at_once_and_uploads_and_creates_nothing(lo
     assert "Dry run: the code would be uploaded at launch" in good.err
     assert (ModelSpec.objects.count(), CodeArchive.objects.count(), TrainingJob.objects.count()) == (models, 0, 0)
 
+    # Without --dry-run, a job the server refuses uploads nothing either.
+    refused = logged_in("run", "train.py", "--backend", "local", "--nodes", "0", cwd=project)
+    assert refused.code == 2
+    assert refused.err.splitlines()[1:] == ["Error: nodes: Ensure this value is greater than or equal to 1."]
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), TrainingJob.objects.count()) == (models, 0, 0)
+
 
 def test_a_refused_archive_is_the_servers_error_naming_the_member_and_nothing_is_made(logged_in, local_backend,
                                                                                      tmp_path):
