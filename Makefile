@@ -28,7 +28,7 @@ $(VENV)/.installed: requirements.txt requirements-lock.txt trainer_pkg/pyproject
 	$(PIP) install --quiet -r requirements.txt -c requirements-lock.txt
 	touch $@
 
-$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
+$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt client/pyproject.toml
 	$(PIP) install --quiet -r requirements-dev.txt
 	touch $@
 

@@ -143,6 +143,9 @@ class SharedWorker:
         self.repo_root = repo_root
         self.run_root = directory / "runs"
         self.run_root.mkdir(parents=True, exist_ok=True)
+        # The worker's TRAINBOARD_VAR_DIR is directory/worker-var: its code store (a job's archive is
+        # read from there), where a test's own uploads must go (settings.TRAINBOARD_CODE_STORE).
+        self.code_store = directory / "worker-var" / "code"
         self.redis = PrivateRedis(directory)
         self.worker: WorkerProcess | None = None
         self.node = ""

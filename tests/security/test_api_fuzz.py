@@ -209,6 +209,7 @@ def _valid_bodies(user) -> dict[str, dict]:
                            "state_deadlines": {"PENDING": 600}},
         "/api/jobs/": {"dataset": dataset.pk, "model_spec": model.pk, "backend": backend.pk, "epochs": 1,
                        "hyperparameters": {"train": {"optimizer": "adamw"}, "parallel": {"timeout_s": 600}}},
+        "/api/jobs/estimate/": {"dataset": dataset.pk, "model_spec": model.pk, "backend": backend.pk, "epochs": 1},
         "/api/datasets/{id}/": {"name": "digits", "format": "builtin", "builtin_name": "digits"},
         "/api/models/{id}/": {"name": "cnn", "architecture": "cnn", "params": {}},
         "/api/backends/{id}/": {"name": "box", "kind": "gpubox", "config": {"hourly_rate_usd": 2.0}},

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, permissions, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view, inline_serializer
+from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -206,6 +207,34 @@ class TrainingJobFilter(django_filters.FilterSet):
         return queryset.filter(pk__in=matching.values("pk"))
 
 
+_SHAPE_FIELDS = ("backend", "nodes", "procs_per_node", "max_runtime_s", "instance_type", "spot", "strategy",
+                 "pipeline_stages", "microbatches", "pipeline_schedule", "batch_size", "budget_usd", "dataset",
+                 "hyperparameters")
+"""What of a job request ``jobs.services.training_job_estimate`` prices without a model."""
+
+
+_ESTIMATE_RESPONSE = inline_serializer("JobEstimate", fields={
+    "estimated_cost_usd": serializers.CharField(
+        allow_null=True, help_text="min(max_runtime_s × nodes × hourly_price_usd, budget_usd); null without a price."),
+    "estimate_arithmetic": serializers.CharField(help_text='That sum in words: "1800 s × 1 node × $3.60/h".'),
+    "hourly_price_usd": serializers.CharField(allow_null=True, help_text="One node's hourly price."),
+    "max_runtime_covers": serializers.CharField(help_text="What max_runtime_s counts on this backend."),
+    "world_size": serializers.IntegerField(help_text="nodes × procs_per_node."),
+    "memory_plan": serializers.JSONField(allow_null=True, help_text="As a job's memory_plan; null where none is made."),
+    "job": serializers.JSONField(allow_null=True, help_text="The job as POST /api/jobs/ would create it (as GET "
+                                                            "/api/jobs/{id}/ shows a job; id null); null without "
+                                                            "model_spec."),
+})
+
+
+class _DryRun(Exception):
+    """Rolls back a dry-run create, carrying the job it would have been."""
+
+    def __init__(self, data: dict) -> None:
+        super().__init__("dry run")
+        self.data = data
+
+
 _LIST_PARAMETERS = [
     OpenApiParameter("ordering", OpenApiTypes.STR, description=(
         "Sort key: created (the default, -created: newest first), name, state, backend, cost, id, a final metric "
@@ -322,8 +351,58 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
         return Response(JobLogPageSerializer({"lines": [{"seq": seq, "text": text} for seq, text in lines],
                                               "next": cursor, "more": more}).data)
 
+    @extend_schema(
+        summary="Check a job without launching it: every error, or its estimate and memory plan",
+        description="The body of POST /api/jobs/, with the same checks; nothing is stored and nothing is sent to a "
+                    "backend (the create runs and is rolled back). 200: the estimate, the memory plan and the job "
+                    "as that POST would create it (its id null). Without model_spec: the price of the shape alone "
+                    "(backend, nodes, procs_per_node, max_runtime_s, instance_type, spot, strategy, budget_usd), "
+                    "job and memory_plan null, and no dataset asked for (a client's dry run before it uploads the "
+                    "model's code). 400: every error by field, as the create's. The client's `trainboard run "
+                    "--dry-run` and `trainboard estimate` call it.",
+        responses={200: _ESTIMATE_RESPONSE, 400: OpenApiResponse(description="Every error, by field")},
+    )
+    @action(detail=False, methods=["post"], url_path="estimate", pagination_class=None, filter_backends=[])
+    def estimate(self, request: Request, format: str | None = None) -> Response:
+        body = self.get_serializer(data=request.data)
+        if isinstance(request.data, Mapping) and request.data.get("model_spec") in (None, ""):
+            return self._estimate_shape(body, request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            with transaction.atomic():  # the create, always rolled back: on_commit work (the submit) is dropped
+                job = body.save()
+                raise _DryRun(TrainingJobDetailSerializer(job, context=self.get_serializer_context()).data)
+        except _DryRun as dry:
+            data = dry.data
+        return Response({**{key: data.get(key) for key in ("estimated_cost_usd", "estimate_arithmetic",
+                                                             "hourly_price_usd", "max_runtime_covers", "world_size",
+                                                             "memory_plan")},
+                         "job": {**data, "id": None, "events": [], "attempts": []}})
+
+    def _estimate_shape(self, body, data: Mapping) -> Response:
+        """The price of a job's shape before its model exists (a client's dry run before its upload)."""
+        body.is_valid()
+        errors = {key: messages for key, messages in body.errors.items() if key != "model_spec"
+                  and not (key == "dataset" and data.get("dataset") in (None, ""))}
+        if errors:
+            raise ValidationError(errors)
+        values = body._values_that_validate(body.errors)
+        try:
+            result = services.training_job_estimate(**{k: values[k] for k in _SHAPE_FIELDS if k in values})
+        except DjangoValidationError as exc:
+            raise to_drf_validation_error(exc) from None
+
+        def money(value) -> str | None:
+            return None if value is None else f"{value:.4f}"
+
+        return Response({"estimated_cost_usd": money(result["estimated_cost_usd"]),
+                         "estimate_arithmetic": result["arithmetic"],
+                         "hourly_price_usd": money(result["hourly_price_usd"]),
+                         "max_runtime_covers": result["max_runtime_covers"], "world_size": result["world_size"],
+                         "memory_plan": None, "job": None})
+
     def get_serializer_class(self):
-        if self.action == "create":
+        if self.action in ("create", "estimate"):
             return TrainingJobCreateSerializer
         if self.action == "list":
             return TrainingJobSerializer
