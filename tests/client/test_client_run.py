@@ -93,7 +93,12 @@ def test_a_dry_run_prints_every_error_at_once_and_uploads_and_creates_nothing(lo
                                     "max_runtime_s": 1200, "epochz": 3}))
     typo = logged_in("run", "-f", str(task), "--dry-run", cwd=project)
     assert typo.code == 2
-    assert typo.err.startswith("Error: epochz: unknown key in the task file; known keys: args, backend, "), typo.err
+    prefix = "Error: epochz: unknown key in the task file; known keys: "
+    assert typo.err.startswith(prefix), typo.err
+    known = typo.err[len(prefix):].strip().rstrip(".").split(", ")
+    # The client's own keys and every job option of the server's schema (max_steps: a trainer-config
+    # field the job request declares), sorted.
+    assert known == sorted(known) and {"args", "backend", "epochs", "script", "max_steps", "seq_len"} <= set(known)
 
     task.write_text(yaml.safe_dump({"script": "train.py", "backend": "local", "procs_per_node": 2,
                                     "max_runtime_s": 1200}))
