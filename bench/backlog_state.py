@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.job_list import create_database, drop_database, setup_django  # noqa: E402
+from bench.job_list import bench_database  # noqa: E402
 
 DB_PREFIX = "trainboard_bench_backlog"
 LINES_PER_CALL = 2000
@@ -157,18 +157,14 @@ def watch(job_id: int, last_step: int, t0: list[float], seen: dict[str, float], 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    create_database(args.server, args.db_name)
-    setup_django(args.server, args.db_name)
-    try:
+    with bench_database(args.server, args.db_name, reuse=False, keep=args.keep):
         from django.conf import settings
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
 
         from cloud_adapters import registry
         from jobs import sync
         from jobs.models import ComputeBackend, Dataset, JobLogLine, ModelSpec, TrainingJob
 
-        call_command("migrate", verbosity=0, interactive=False)
         registry.KINDS["benchlog"] = registry.KindInfo(BacklogBackend.__module__, "BacklogBackend", "Backlog (bench)")
         user = get_user_model().objects.create_user("blbench", "blbench@example.com", "blbench-pw-1")
         dataset = Dataset.objects.create(owner=user, name="digits", format="builtin", builtin_name="digits")
@@ -233,13 +229,6 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(f"{what}: {'never' if at is None else f'{at:,.1f} s'} > one sync interval ({interval:g} s)")
         print("targets missed:" + ("".join(f"\n  {m}" for m in misses) if misses else " none"))
         return 1 if misses and args.check else 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not args.keep:
-            drop_database(args.server, args.db_name)
-            print(f"dropped database {args.db_name}")
 
 
 if __name__ == "__main__":

@@ -29,12 +29,14 @@ Times are wall-clock on whatever else the machine is doing; run it on a quiet ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,6 +108,29 @@ def setup_django(server: str, name: str) -> None:
     import logging
 
     logging.getLogger("axes").setLevel(logging.WARNING)  # one line per force_login otherwise
+
+
+@contextlib.contextmanager
+def bench_database(server: str, name: str, *, reuse: bool = False, keep: bool = False) -> Iterator[None]:
+    """A benchmark's throwaway PostgreSQL database ``name`` on ``server`` with Django set up on it: dropped
+    and created with every migration applied (``reuse``: the database kept by an earlier run, as it is);
+    at the end its connections closed and, unless ``keep``, the database dropped (printed)."""
+    if not reuse:
+        create_database(server, name)
+    setup_django(server, name)
+    try:
+        if not reuse:
+            from django.core.management import call_command
+
+            call_command("migrate", verbosity=0, interactive=False)
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not keep:
+            drop_database(server, name)
+            print(f"dropped database {name}")
 
 
 def _copy(table: str, columns: list[str], rows) -> None:
@@ -307,18 +332,13 @@ def p95(values: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = dt.datetime.now(dt.timezone.utc)
-    if not args.reuse:
-        create_database(args.server, args.db_name)
-    setup_django(args.server, args.db_name)
-    try:
+    with bench_database(args.server, args.db_name, reuse=args.reuse, keep=args.keep):
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
         from django.test import Client
 
         from jobs.models import ComputeBackend, MetricPoint, TrainingJob
 
         if not args.reuse:
-            call_command("migrate", verbosity=0, interactive=False)
             load(args)
         User = get_user_model()
         big, small = User.objects.get(username="bench"), User.objects.get(username="small")
@@ -364,13 +384,6 @@ def main(argv: list[str] | None = None) -> int:
               "user with all the others (same page shape).")
         print("targets missed: " + (", ".join(failures) if failures else "none"))
         return 1 if failures and args.check else 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not args.keep:
-            drop_database(args.server, args.db_name)
-            print(f"dropped database {args.db_name}")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import median  # noqa: E402
-from bench.job_list import create_database, drop_database, setup_django  # noqa: E402
+from bench.job_list import bench_database  # noqa: E402
 from bench.metric_scale import _owner_and_world, _reset_peak, _status_mb  # noqa: E402
 
 RARE = "NCCL WARN Connect to 10.0.0.7<43211> failed : Connection refused"
@@ -253,18 +253,12 @@ def measure_download(client, url: str, args: argparse.Namespace) -> dict[str, An
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = dt.datetime.now(dt.timezone.utc)
-    if not args.reuse:
-        create_database(args.server, args.db_name)
-    setup_django(args.server, args.db_name)
-    try:
-        from django.core.management import call_command
+    with bench_database(args.server, args.db_name, reuse=args.reuse, keep=args.keep):
         from django.db import connection
         from django.test import Client
 
         from jobs.models import JobLogLine, TrainingJob
 
-        if not args.reuse:
-            call_command("migrate", verbosity=0, interactive=False)
         world = _owner_and_world()
         sizes: list[dict[str, Any]] = []
         for lines in args.sizes:
@@ -334,12 +328,6 @@ def main(argv: list[str] | None = None) -> int:
                            "heap_bytes": heap_bytes, "sizes": sizes}, f, indent=1, default=str)
             print(f"wrote {args.json}")
         return 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not args.keep:
-            drop_database(args.server, args.db_name)
 
 
 if __name__ == "__main__":

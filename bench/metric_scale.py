@@ -68,7 +68,7 @@ from typing import Any, Callable, TextIO
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import median  # noqa: E402
-from bench.job_list import create_database, drop_database, setup_django  # noqa: E402
+from bench.job_list import bench_database  # noqa: E402
 
 GLOBAL_STEP_METRICS = ("train_loss", "train_accuracy", "samples_per_s", "lr")
 EPOCH_METRICS = ("val_loss", "val_accuracy")
@@ -867,11 +867,7 @@ def print_compare(comparison: dict[str, Any], compared: list[int], steps: int, r
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = dt.datetime.now(dt.timezone.utc)
-    if not args.reuse:
-        create_database(args.server, args.db_name)
-    setup_django(args.server, args.db_name)
-    try:
-        from django.core.management import call_command
+    with bench_database(args.server, args.db_name, reuse=args.reuse, keep=args.keep):
         from django.db import connection
         from django.test import Client
 
@@ -885,8 +881,6 @@ def main(argv: list[str] | None = None) -> int:
         assert set(GLOBAL_STEP_METRICS + EPOCH_METRICS) <= set(GLOBAL_METRICS), GLOBAL_METRICS
         assert set(RANK_STEP_METRICS) == set(RANK_METRICS), RANK_METRICS
 
-        if not args.reuse:
-            call_command("migrate", verbosity=0, interactive=False)
         world = _owner_and_world()
         sizes: list[dict[str, Any]] = []
         loaded = False
@@ -995,13 +989,6 @@ def main(argv: list[str] | None = None) -> int:
                           indent=1, default=str)
             print(f"wrote {args.json}")
         return 1 if misses and args.check else 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not args.keep:
-            drop_database(args.server, args.db_name)
-            print(f"dropped database {args.db_name}")
 
 
 if __name__ == "__main__":
