@@ -817,14 +817,20 @@ class JobProgressSerializer(serializers.Serializer):
         allow_null=True, help_text="Step rate over the last 8 records of the current run; null until measured.")
     eta_s = serializers.FloatField(
         allow_null=True, help_text="Seconds left from now: the steps left over steps_per_s, counted from the newest "
-                                   "record; null unless RUNNING with a measured rate.")
+                                   "record; null unless RUNNING with a measured rate, and null while the job is "
+                                   "hung (hung true): a hung run has no end to project.")
     finish_at = serializers.DateTimeField(
         allow_null=True, help_text="When the last step is projected to end; null as for eta_s.")
     projected_cost_usd = serializers.DecimalField(
         max_digits=14, decimal_places=4, allow_null=True,
         help_text="cost_usd + the seconds from the last sync to finish_at × instances × hourly_price_usd / 3600; "
-                  "null as for eta_s. A spot job is priced as if not interrupted; with hourly_price_usd 0 "
+                  "null as for eta_s. While the job is hung (hung true) it is projected instead to the end of its "
+                  "max runtime (started_at + max_runtime_s), which a hung run bills until; null when its start is "
+                  "not known. A spot job is priced as if not interrupted; with hourly_price_usd 0 "
                   "(price_known false) it adds nothing.")
+    hung = serializers.BooleanField(
+        help_text="True while the running job is flagged hung (hung_at set, no newer step since): eta_s and "
+                  "finish_at are null and projected_cost_usd is the cost at the end of its max runtime.")
     price_known = serializers.BooleanField(help_text="False when hourly_price_usd is 0: the time left is not priced.")
     arithmetic = serializers.CharField(help_text='The sums behind the figures, e.g. "200 of 1000 steps at 2.00 '
                                                  'steps/s: 400 s left after the last record; $0.05 so far + 390 s '
