@@ -456,7 +456,9 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
         extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
             "that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint before it "
-            "ends FAILED; 0 = never, at most 10. A job's own error is never resubmitted (docs/recovery.md).")}}
+            "ends FAILED, and (hang_policy restart) a hung run is stopped and restarted from it, lost and hung "
+            "restarts counted together; 0 = never, at most 10. 0 is refused with hang_policy restart (choose "
+            "cancel). A job's own error is never resubmitted (docs/recovery.md, docs/hangs.md).")}}
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
