@@ -123,3 +123,21 @@ def test_the_admin_reports_the_hang_deadline_with_the_other_field_errors(client,
     assert errors["max_restarts"] == ["Ensure this value is less than or equal to 10."]
     local_backend.refresh_from_db()
     assert local_backend.hang_deadline_s is None
+
+
+def test_the_schema_declares_the_hang_deadlines_bounds_and_the_api_keeps_them(api_client, local_backend):
+    import yaml
+
+    field = yaml.safe_load(api_client.get("/api/schema/").content)["components"]["schemas"]["Backend"][
+        "properties"]["hang_deadline_s"]
+    assert (field["type"], field["minimum"], field["maximum"], field["nullable"]) == ("integer", 10, 2_592_000, True)
+    message = ("Hang deadline must be whole seconds from 10 to 2592000 (30 days), or null for the job's own step "
+               "time.")
+    for bad in (9, 2_592_001):
+        r = api_client.patch(f"/api/backends/{local_backend.pk}/", {"hang_deadline_s": bad, "idle_minutes": 0},
+                             format="json")
+        assert r.status_code == 400 and r.json() == {
+            "hang_deadline_s": [message], "idle_minutes": ["Ensure this value is greater than or equal to 1."]}
+    for good in (10, 2_592_000, None):
+        r = api_client.patch(f"/api/backends/{local_backend.pk}/", {"hang_deadline_s": good}, format="json")
+        assert (r.status_code, r.json()["hang_deadline_s"]) == (200, good)

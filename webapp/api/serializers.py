@@ -20,6 +20,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs import code_archives, hangs, job_request, selectors, services, validation
 from jobs.cost import estimate_arithmetic
+from jobs.services.resources import MAX_HANG_DEADLINE_S, MIN_HANG_DEADLINE_S
 from jobs.services.training_jobs import JOB_FIELD_ALIASES
 from jobs.models import MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from jobs.job_request import MAX_RUNTIME_HELP
@@ -271,6 +272,22 @@ class CodeFieldExtension(OpenApiSerializerFieldExtension):
                 "description": "The model's code archive (kinds code and script); null for a built-in model."}
 
 
+class NonNegativeDecimalExtension(OpenApiSerializerFieldExtension):
+    """A decimal sent as a string (``"12.5000"``) whose ``min_value`` is 0 or more: drf-spectacular's
+    pattern allows a leading minus whatever the bound (a string schema has no ``minimum``), so the
+    pattern loses it, and the schema says what the field refuses."""
+
+    target_class = serializers.DecimalField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        low = self.target.min_value
+        if low is not None and low >= 0 and isinstance(schema.get("pattern"), str):
+            schema["pattern"] = schema["pattern"].replace("^-?", "^", 1)
+        return schema
+
+
 class ServiceCheckedJSONField(serializers.JSONField):
     """A JSON value as the request gives it: itself in a JSON body, its text (parsed with the bounds of
     :func:`jobs.validation.loads`) in a multipart or form body. What it holds is the service's to check,
@@ -453,7 +470,16 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
                   "idle_gpu_util_pct", "idle_minutes", "preflight", "preflight_min_busbw_gbps",
                   "preflight_max_latency_us", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
-        extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
+        extra_kwargs = {"hang_deadline_s": {
+            # The service's bounds (jobs.services.resources), declared so the schema says them.
+            "min_value": MIN_HANG_DEADLINE_S, "max_value": MAX_HANG_DEADLINE_S,
+            "error_messages": {key: f"Hang deadline must be whole seconds from {MIN_HANG_DEADLINE_S} to "
+                                    f"{MAX_HANG_DEADLINE_S} (30 days), or null for the job's own step time."
+                               for key in ("min_value", "max_value")},
+            "help_text": f"Seconds with no new step before a RUNNING job is hung, {MIN_HANG_DEADLINE_S} to "
+                         f"{MAX_HANG_DEADLINE_S} (30 days); null = from the job's own step time, max(600, 20 × "
+                         f"seconds per step, 3 × seconds between records) (docs/hangs.md)."},
+            "max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
             "that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint before it "
             "ends FAILED, and (hang_policy restart) a hung run is stopped and restarted from it, lost and hung "
@@ -899,6 +925,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="The network preflight before the first step (the backend's preflight setting): all-reduce bus "
                   "bandwidth and latency, each node pair's bandwidth, and the reason when it stopped the run. Null "
                   "when none ran.")
+    budget_usd = serializers.DecimalField(
+        max_digits=12, decimal_places=4, min_value=0, read_only=True, allow_null=True,
+        help_text="Stop the job when its cost reaches this (USD, 0 or more); null = no budget.")
     progress = serializers.SerializerMethodField(
         help_text="% done, time left and projected final cost of a job with a known length (epochs or "
                   "train.max_steps for the built-in trainer, report.progress(total=...) for a script); null when "
