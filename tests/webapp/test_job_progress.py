@@ -116,7 +116,8 @@ def test_the_job_list_shows_a_progress_column_from_the_job_row_alone(owner_clien
 def test_the_job_page_headline_uses_the_stored_progress(owner_client, job):
     job, _ = with_progress(job)
     live = html_lib.unescape(owner_client.get(reverse("job-live", args=[job.pk])).content.decode())
-    assert re.search(r'id="progress-steps">step 200 of 1000 · 20%<', live)
+    assert re.search(r'id="progress-value">step 200 of 1000</span>\s*<span class="stat-sub" id="progress-steps">20% done<',
+                     live)
     assert 'id="progress-bar" max="1" value="0.2000"' in live
     assert f'id="stat-projected" title="{ARITHMETIC}">projected $0.49 at the end<' in live
     assert re.search(rf'id="stat-eta" title="{re.escape(ARITHMETIC)}">about \d+m \d\ds left<', live)
