@@ -280,9 +280,11 @@ def job_spec(job: TrainingJob) -> JobSpec:
         dataset_uri=(job.config.get("data") or {}).get("uri", ""),
         tags={"trainboard-job-id": str(job.pk), "trainboard-owner-id": str(job.owner_id)},
         # The backend's hang deadline reaches the launcher's watchdog (trainer_pkg.hang); the job's own
-        # environment may set its own.
+        # environment may set its own. The preflight is the operator's (the backend's) alone: its
+        # variables come last and none of the job's own is kept (the job's validation refuses TRAINBOARD_
+        # names; a row written otherwise does not change what runs).
         env={**({HANG_DEADLINE_VAR: str(job.backend.hang_deadline_s)} if job.backend.hang_deadline_s else {}),
-             **preflight_env(job.backend), **(job.env or {})},
+             **{k: v for k, v in (job.env or {}).items() if k not in PREFLIGHT_VARS}, **preflight_env(job.backend)},
         code=code_bundle(job.code) if job.code_id else None,
         image=job.image or "",
         secret_env=dict(job.backend.job_secrets or {}),
@@ -290,6 +292,10 @@ def job_spec(job: TrainingJob) -> JobSpec:
         # A resubmitted attempt writes, and so resumes from, its lost attempt's checkpoints (jobs.restarts).
         checkpoint_uri=job.checkpoint_uri or "",
     )
+
+
+PREFLIGHT_VARS = frozenset({preflight.ENABLE_VAR, preflight.MIN_BUSBW_VAR, preflight.MAX_LATENCY_VAR})
+"""The variables :func:`preflight_env` sets; a job's own environment never sets them."""
 
 
 def preflight_env(backend: ComputeBackend) -> dict[str, str]:

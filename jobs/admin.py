@@ -29,6 +29,7 @@ from jobs import services, validation
 from jobs.cost import format_usd
 from jobs.orphans import orphan_stop
 from jobs.pagination import CappedCountPaginator
+from jobs.services.resources import MAX_HANG_DEADLINE_S, MIN_HANG_DEADLINE_S
 from jobs.models import (
     DEFAULT_MAX_RESTARTS,
     MAX_RESTARTS,
@@ -248,7 +249,8 @@ class ComputeBackendForm(ServiceForm):
     hang_policy = forms.ChoiceField(
         required=False, choices=ComputeBackend.HangPolicy.choices, initial=ComputeBackend.HangPolicy.FLAG,
         help_text="What a RUNNING job with no new step for its hang deadline gets: flagged Hung (each rank's "
-                  "stack on its page), or flagged and cancelled.")
+                  "stack on its page), flagged and cancelled, or flagged, stopped and restarted from its last "
+                  "checkpoint (at most max restarts times, then cancelled).")
     idle_policy = forms.ChoiceField(
         required=False, choices=ComputeBackend.IdlePolicy.choices, initial=ComputeBackend.IdlePolicy.OFF,
         help_text="What a RUNNING job whose GPUs all stay below the idle threshold for the idle minutes gets: "
@@ -275,7 +277,14 @@ class ComputeBackendForm(ServiceForm):
         required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
         help_text="How many times a job whose run is lost (a preemption the provider does not restart itself, a "
                   "host that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint "
-                  "before it ends FAILED; 0 = never. A job's own error is never resubmitted.")
+                  "before it ends FAILED, and (hang policy restart) a hung run restarted from it, counted together; "
+                  "0 = never (not with the hang policy restart). A job's own error is never resubmitted.")
+    # Declared with the service's bounds, so an out-of-range deadline is reported with the other fields'
+    # errors (the model field alone accepts any positive number, and the service runs only once they pass).
+    hang_deadline_s = forms.IntegerField(
+        required=False, min_value=MIN_HANG_DEADLINE_S, max_value=MAX_HANG_DEADLINE_S, label="Hang deadline s",
+        help_text=f"Seconds with no new step before a running job is hung, {MIN_HANG_DEADLINE_S} to "
+                  f"{MAX_HANG_DEADLINE_S:,} (30 days). Blank: from the job's own step time.")
 
     class Meta:
         model = ComputeBackend

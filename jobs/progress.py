@@ -20,6 +20,13 @@ run (DESIGN.md §9).
     time left          = finish_at − now (at least 0)
     projected cost     = cost_usd + (finish_at − last_synced_at) × instances × hourly price / 3600
 
+A job flagged hung (``hung_at`` set while RUNNING: no new step for its hang deadline, :mod:`jobs.hangs`;
+a newer step clears the flag) has no end to project from its step rate: it bills until its max
+runtime, so it gets no time left and its cost is projected to the end of its max runtime instead:
+
+    max runtime end    = (started_at, else first_step_at) + max_runtime_s
+    projected cost     = cost_usd + (max runtime end − last_synced_at) × instances × hourly price / 3600
+
 ``cost_usd`` is the cost up to the sync that wrote it (``last_synced_at``), so only the seconds after
 it are added, priced by :func:`jobs.cost.job_cost_usd` at the job's frozen hourly price. A spot job is
 projected at its own hourly price as if not interrupted (on SageMaker, whose managed spot bills fewer
@@ -54,7 +61,8 @@ PROGRESS_FIELDS = ("progress_total_steps", "progress_step", "progress_at", "prog
                    "progress_recent")
 """The job's columns :func:`progress_after` writes."""
 READ_FIELDS = ("progress_total_steps", "progress_step", "progress_at", "progress_steps_per_s", "state",
-               "cost_usd", "last_synced_at", "instance_count", "nodes", "hourly_price_usd", "spot")
+               "cost_usd", "last_synced_at", "instance_count", "nodes", "hourly_price_usd", "spot", "hung_at",
+               "max_runtime_s", "started_at", "first_step_at")
 """The job's columns :func:`job_progress` reads: a list that loads fewer (``.only()``) pays a query per row."""
 
 
@@ -67,7 +75,9 @@ class Progress:
     measured; ``eta_s``: seconds left from ``now`` (0 once ``finish_at`` has passed with no newer
     record: the arithmetic then says so), ``finish_at``: when the last step is projected to end,
     and ``projected_cost_usd``: the final cost projected (4 decimals) — all three None unless the
-    job is RUNNING with a measured rate; ``price_known``: False when the hourly price is 0 (the
+    job is RUNNING with a measured rate; a hung job (``hung``: flagged hung while RUNNING) has no
+    ``eta_s`` nor ``finish_at``, and its ``projected_cost_usd`` is to the end of its max runtime
+    (None when its start is unknown); ``price_known``: False when the hourly price is 0 (the
     projection then adds nothing to the cost so far); ``arithmetic``: the sums behind the figures,
     e.g. ``"200 of 1000 steps at 2.00 steps/s: 400 s left after the last record; $0.05 so far +
     390 s × 2 nodes × $3.60/h = $0.83"`` (money at the precision of the two figures)."""
@@ -81,6 +91,7 @@ class Progress:
     projected_cost_usd: Decimal | None
     price_known: bool
     arithmetic: str
+    hung: bool = False
 
     @property
     def percent(self) -> float:
@@ -174,6 +185,8 @@ def job_progress(job: Any, now: dt.datetime) -> Progress | None:
     rate = job.progress_steps_per_s
     price = Decimal(str(job.hourly_price_usd or 0))
     done = f"{step} of {total} steps"
+    if job.state == "RUNNING" and getattr(job, "hung_at", None) is not None:
+        return _hung_progress(job, now, fraction, rate, price, done)
     if job.state != "RUNNING" or not rate or rate <= 0 or job.progress_at is None:
         why = "" if job.state != "RUNNING" else "; no step rate yet"
         return Progress(total, step, fraction, rate, None, None, None, price > 0, done + why)
@@ -186,21 +199,55 @@ def job_progress(job: Any, now: dt.datetime) -> Progress | None:
         return Progress(total, step, fraction, rate, None, None, None, price > 0,
                         f"{done} at {_rate(rate)} steps/s: more than 10 years left, not projected")
     eta_s = max((finish_at - now).total_seconds(), 0.0)
-    billed_until = job.last_synced_at or now
-    more_s = max((finish_at - billed_until).total_seconds(), 0.0)
-    instances = max(int(job.instance_count or job.nodes or 1), 1)
-    projected = job.cost_usd + costs.job_cost_usd(billable_seconds=more_s, instances=instances, hourly_price_usd=price)
-    places = costs.usd_places(job.cost_usd, projected)
-    arithmetic = (f"{done} at {_rate(rate)} steps/s: {left_after_record:.0f} s left after the last record; "
-                  f"{costs.format_usd(job.cost_usd, places)} so far + {more_s:.0f} s × "
-                  f"{_plural(instances, 'node')} × {costs.format_usd_per_hour(price)} = "
-                  f"{costs.format_usd(projected, places)}")
+    projected, priced = _projected(job, finish_at, now, price)
+    arithmetic = f"{done} at {_rate(rate)} steps/s: {left_after_record:.0f} s left after the last record; {priced}"
     if finish_at < now:
         # A slowed or hung run: its newest record projected an end that has passed.
         late_s = (now - finish_at).total_seconds()
         arithmetic += f" (the projected end passed {late_s:.0f} s ago with no newer record read)"
+    return Progress(total, step, fraction, rate, eta_s, finish_at, projected, price > 0, arithmetic + _price_note(job, price))
+
+
+def _projected(job: Any, until: dt.datetime, now: dt.datetime, price: Decimal) -> tuple[Decimal, str]:
+    """The cost projected to ``until`` (4 decimals) and its sum, ``"$0.05 so far + 390 s × 2 nodes ×
+    $3.60/h = $0.83"``: ``cost_usd`` + the seconds from the last sync (else ``now``) to ``until``."""
+    more_s = max((until - (job.last_synced_at or now)).total_seconds(), 0.0)
+    instances = max(int(job.instance_count or job.nodes or 1), 1)
+    projected = job.cost_usd + costs.job_cost_usd(billable_seconds=more_s, instances=instances, hourly_price_usd=price)
+    places = costs.usd_places(job.cost_usd, projected)
+    return projected, (f"{costs.format_usd(job.cost_usd, places)} so far + {more_s:.0f} s × "
+                       f"{_plural(instances, 'node')} × {costs.format_usd_per_hour(price)} = "
+                       f"{costs.format_usd(projected, places)}")
+
+
+def _price_note(job: Any, price: Decimal) -> str:
     if price <= 0:
-        arithmetic += " (no hourly price known: the rest is not priced)"
-    elif job.spot:
-        arithmetic += " (spot: priced as if not interrupted)"
-    return Progress(total, step, fraction, rate, eta_s, finish_at, projected, price > 0, arithmetic)
+        return " (no hourly price known: the rest is not priced)"
+    return " (spot: priced as if not interrupted)" if job.spot else ""
+
+
+def max_runtime_end(job: Any) -> dt.datetime | None:
+    """When ``job``'s max runtime runs out: its start (``started_at``, else ``first_step_at``) +
+    ``max_runtime_s``; None when neither start is known or it has no max runtime."""
+    start = getattr(job, "started_at", None) or getattr(job, "first_step_at", None)
+    limit_s = getattr(job, "max_runtime_s", None)
+    if start is None or not limit_s:
+        return None
+    try:
+        return start + dt.timedelta(seconds=int(limit_s))
+    except OverflowError:
+        return None
+
+
+def _hung_progress(job: Any, now: dt.datetime, fraction: float, rate: float | None, price: Decimal,
+                   done: str) -> Progress:
+    """A hung job's :class:`Progress`: no time left, the cost projected to the end of its max runtime."""
+    hung_at = job.hung_at.astimezone(dt.timezone.utc)
+    head = f"{done}; hung since {hung_at:%Y-%m-%d %H:%M:%S} UTC: it bills until its max runtime"
+    end = max_runtime_end(job)
+    if end is None:
+        return Progress(job.progress_total_steps, job.progress_step, fraction, rate, None, None, None, price > 0,
+                        f"{head} (its start is not known: not projected)", hung=True)
+    projected, priced = _projected(job, end, now, price)
+    return Progress(job.progress_total_steps, job.progress_step, fraction, rate, None, None, projected, price > 0,
+                    f"{head} ({end:%Y-%m-%d %H:%M:%S} UTC); {priced}{_price_note(job, price)}", hung=True)

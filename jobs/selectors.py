@@ -655,8 +655,16 @@ def training_job_headline(*, job: TrainingJob) -> dict[str, Any]:
     Where the run reported its length (the trainer's ``total_steps``, a script's ``report.progress``),
     the job's stored progress (:attr:`TrainingJob.progress`, :mod:`jobs.progress`) stands instead: the
     exact total, its fraction, the time left from the recent step rate, and ``"projected_cost_usd"``
-    (USD | None) with ``"progress_arithmetic"`` (text | "") beside the cost."""
-    return _with_stored_progress(job, _headline_from_points(job))
+    (USD | None) with ``"progress_arithmetic"`` (text | "") beside the cost.
+
+    A job flagged hung (``hung_at`` set while RUNNING, :mod:`jobs.hangs`) claims no time left:
+    ``"hung_at"`` (datetime | None) is set, ``eta_s`` is None and ``projected_cost_usd`` is to the end
+    of its max runtime (:func:`jobs.progress.job_progress`), which it bills until."""
+    out = _with_stored_progress(job, _headline_from_points(job))
+    out["hung_at"] = job.hung_at if job.state == S.RUNNING else None
+    if out["hung_at"] is not None:
+        out["eta_s"] = None
+    return out
 
 
 def _with_stored_progress(job: TrainingJob, out: dict[str, Any]) -> dict[str, Any]:

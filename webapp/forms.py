@@ -432,10 +432,11 @@ class BackendForm(forms.Form):
         # Not required either: a POST without it keeps the backend's (default 2).
         self.fields["max_restarts"] = forms.IntegerField(
             required=False, min_value=0, max_value=MAX_RESTARTS, initial=DEFAULT_MAX_RESTARTS,
-            label="Max restarts of a lost run",
+            label="Max restarts of a lost or hung run",
             help_text=("How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
                       "that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint before "
-                      "it ends Failed; 0 = never. A job's own error is never resubmitted."))
+                      "it ends Failed, and (hang policy restart) a hung run restarted from it, all counted together; "
+                      "0 = never (not with the hang policy restart). A job's own error is never resubmitted."))
         # For the template: one fieldset per kind, legend = the registry's label.
         self.kind_fieldsets = [
             {"kind": kind, "label": registry.KINDS[kind].label,

@@ -115,9 +115,10 @@ class TrainboardCollector:
         done = GaugeMetricFamily("trainboard_job_progress_ratio", "Share of a running job's steps done (0 to 1), "
                                  "for jobs with a known length.", labels=job_labels)
         left = GaugeMetricFamily("trainboard_job_eta_seconds", "Seconds a running job has left at its recent step "
-                                 "rate (absent until the rate is measured).", labels=job_labels)
+                                 "rate (absent until the rate is measured, and while the job is hung).", labels=job_labels)
         projected = GaugeMetricFamily("trainboard_job_projected_cost_usd", "A running job's projected final cost: "
-                                      "its cost so far + its time left × instances × hourly price.", labels=job_labels)
+                                      "its cost so far + its time left × instances × hourly price (a hung job: "
+                                      "to the end of its max runtime, which it bills until).", labels=job_labels)
         for job_id, backend_id, progress in snap.progress:
             job = [*labels(backend_id), str(job_id)]
             done.add_metric(job, progress.fraction)

@@ -555,8 +555,19 @@ def _clean_job_secrets(errors: Errors, stored: Mapping[str, str], given: Any) ->
     return merged
 
 
+def hang_restart_error(hang_policy: str, max_restarts: Any) -> str | None:
+    """The error on ``max_restarts`` when the hang policy ``restart`` is chosen with no restart allowed
+    (0: every hung run would be cancelled, which is the policy ``cancel``, docs/hangs.md); else None."""
+    if hang_policy != ComputeBackend.HangPolicy.RESTART or max_restarts != 0:
+        return None
+    return ("Max restarts is 0, so the hang policy restart would never restart a hung run (it would cancel it); "
+            f"set max restarts from 1 to {MAX_RESTARTS}, or choose the hang policy cancel.")
+
+
 def _validate_backend(errors: Errors, backend: ComputeBackend) -> None:
     backend.max_restarts = _clean_max_restarts(errors, backend.max_restarts)
+    if "max_restarts" not in errors and (refusal := hang_restart_error(backend.hang_policy, backend.max_restarts)):
+        errors.add("max_restarts", refusal)
     backend.hang_deadline_s = _clean_hang_deadline(errors, backend.hang_deadline_s)
     backend.idle_gpu_util_pct = _clean_idle_number(errors, "idle_gpu_util_pct", backend.idle_gpu_util_pct, 10)
     backend.idle_minutes = _clean_idle_number(errors, "idle_minutes", backend.idle_minutes, 30)

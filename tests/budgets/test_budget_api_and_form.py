@@ -72,3 +72,25 @@ def test_form_shows_the_refusal(client, user, digits_dataset, cnn_model, local_b
     assert ("Monthly budget of $0.50 for alice would be exceeded: $0.00 spent or committed this month + $1.00 "
             "estimate for this job.") in response.content.decode()
     assert TrainingJob.objects.count() == 0
+
+
+def test_a_negative_budget_is_refused_and_the_schema_says_none_is_negative(api, digits_dataset, cnn_model,
+                                                                          local_backend, sent):
+    import re
+
+    import yaml
+
+    r = api.post("/api/jobs/", payload(digits_dataset, cnn_model, local_backend, budget_usd="-1", nodes=0),
+                 format="json")
+    assert r.status_code == 400
+    assert r.json()["budget_usd"] == ["Ensure this value is greater than or equal to 0."]
+    assert "nodes" in r.json()  # with the other fields' errors
+    assert TrainingJob.objects.count() == 0
+    schema = yaml.safe_load(api.get("/api/schema/").content)["components"]["schemas"]
+    patterns = {(name, schema[name]["properties"]["budget_usd"]["pattern"])
+                for name in ("TrainingJobCreate", "TrainingJob", "TrainingJobDetail", "Sweep", "SweepDetail")}
+    assert {p for _, p in patterns} == {r"^\d{0,8}(?:\.\d{0,4})?$"}, patterns
+    pattern = re.compile(r"^\d{0,8}(?:\.\d{0,4})?$")
+    assert pattern.match("12.5000") and not pattern.match("-1")
+    # A decimal that may be negative keeps its minus (a cost is never negative, but says nothing here).
+    assert schema["JobProgress"]["properties"]["projected_cost_usd"]["pattern"].startswith("^-?")

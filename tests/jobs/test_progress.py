@@ -196,3 +196,25 @@ def test_an_end_too_far_is_not_projected(total, rate, at):
     assert (p.fraction, p.eta_s, p.finish_at, p.projected_cost_usd) == (0.0, None, None, None)
     assert p.arithmetic.startswith(f"0 of {total} steps at ") and p.arithmetic.endswith(
         "steps/s: more than 10 years left, not projected")
+
+
+def test_a_hung_job_has_no_time_left_and_is_projected_to_its_max_runtime():
+    """Hung at step 5 of 20 (the trial's job): no "0 s left" nor a projected end; it bills until its max
+    runtime, so its cost is projected there. Without a known start nothing is projected."""
+    job = SimpleNamespace(progress_total_steps=20, progress_step=5, progress_at=T0, progress_steps_per_s=1.0,
+                          state="RUNNING", cost_usd=Decimal("0.0032"), last_synced_at=T0 + dt.timedelta(seconds=700),
+                          instance_count=1, nodes=1, hourly_price_usd=Decimal("3.6"), spot=False,
+                          hung_at=T0 + dt.timedelta(seconds=600), max_runtime_s=7200,
+                          started_at=T0 - dt.timedelta(seconds=100), first_step_at=None)
+    p = progress.job_progress(job, T0 + dt.timedelta(seconds=900))
+    # $0.0032 + (T0 − 100 + 7200 − (T0 + 700)) s × 1 × $3.60/h = $0.0032 + 6400 s × $0.001/s
+    assert (p.hung, p.eta_s, p.finish_at, p.projected_cost_usd, p.fraction) == (True, None, None, Decimal("6.4032"), 0.25)
+    assert p.arithmetic == (f"5 of 20 steps; hung since {job.hung_at:%Y-%m-%d %H:%M:%S} UTC: it bills until its max "
+                            f"runtime ({T0 + dt.timedelta(seconds=7100):%Y-%m-%d %H:%M:%S} UTC); "
+                            f"$0.0032 so far + 6400 s × 1 node × $3.60/h = $6.4032")
+    job.started_at = None
+    unknown = progress.job_progress(job, T0)
+    assert (unknown.hung, unknown.eta_s, unknown.projected_cost_usd) == (True, None, None)
+    assert unknown.arithmetic.endswith("(its start is not known: not projected)")
+    job.state = "SUCCEEDED"  # an ended job is no longer hung
+    assert progress.job_progress(job, T0).hung is False

@@ -70,3 +70,74 @@ def test_the_backends_hang_deadline_reaches_the_launcher_and_the_jobs_env_may_se
     assert job_spec(job).env["TRAINBOARD_HANG_DEADLINE_S"] == "300"
     job.env = {"TRAINBOARD_HANG_DEADLINE_S": "0"}
     assert job_spec(job).env["TRAINBOARD_HANG_DEADLINE_S"] == "0"
+
+
+RESTART_REFUSED = ("Max restarts is 0, so the hang policy restart would never restart a hung run (it would cancel "
+                   "it); set max restarts from 1 to 10, or choose the hang policy cancel.")
+
+
+def test_the_hang_policy_restart_with_no_restart_is_refused_on_max_restarts_with_the_other_errors(
+        api_client, local_backend):
+    """restart with max_restarts 0 would cancel every hung run: refused on max_restarts, in the services
+    (with every other field's error at once, whichever of the two is changed) and the API; nothing saved."""
+    with pytest.raises(ValidationError) as exc:
+        services.backend_update(backend=local_backend, hang_policy="restart", max_restarts=0, hang_deadline_s=5,
+                                idle_minutes=0)
+    assert exc.value.message_dict == {
+        "max_restarts": [RESTART_REFUSED],
+        "hang_deadline_s": ["Hang deadline must be whole seconds from 10 to 2592000 (30 days), or blank for the "
+                            "job's own step time; got '5'."],
+        "idle_minutes": ["Idle minutes must be whole minutes from 1 to 10080 (7 days); got '0'."]}
+    services.backend_update(backend=local_backend, max_restarts=0)  # 0 under flag: no lost run resubmitted
+    with pytest.raises(ValidationError) as exc:
+        services.backend_update(backend=local_backend, hang_policy="restart")
+    assert exc.value.message_dict == {"max_restarts": [RESTART_REFUSED]}
+    r = api_client.patch(f"/api/backends/{local_backend.pk}/", {"hang_policy": "restart"}, format="json")
+    assert (r.status_code, r.json()) == (400, {"max_restarts": [RESTART_REFUSED]})
+    local_backend.refresh_from_db()
+    assert (local_backend.hang_policy, local_backend.max_restarts) == ("flag", 0)
+    r = api_client.patch(f"/api/backends/{local_backend.pk}/", {"hang_policy": "restart", "max_restarts": 1},
+                         format="json")
+    assert r.status_code == 200 and (r.json()["hang_policy"], r.json()["max_restarts"]) == ("restart", 1)
+
+
+def test_max_restarts_is_worded_for_lost_and_hung_runs(api_client, owner_client, job):  # the header: test_job_attempts_page
+    import yaml
+
+    page = owner_client.get(reverse("backend-edit", args=[job.backend_id])).content.decode()
+    assert "Max restarts of a lost or hung run" in field_block(page, "max_restarts")
+    schema = yaml.safe_load(api_client.get("/api/schema/").content)
+    description = schema["components"]["schemas"]["Backend"]["properties"]["max_restarts"]["description"]
+    assert "a hung run is stopped and restarted" in description and "0 is refused with hang_policy restart" in description
+
+
+def test_the_admin_reports_the_hang_deadline_with_the_other_field_errors(client, user, local_backend):
+    client.force_login(user)
+    response = client.post(reverse("admin:jobs_computebackend_change", args=[local_backend.pk]), {
+        "name": local_backend.name, "kind": local_backend.kind, "config": "{}", "enabled": "on",
+        "state_deadlines": "{}", "hang_deadline_s": "3", "idle_minutes": "0", "max_restarts": "11"})
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert errors["hang_deadline_s"] == ["Ensure this value is greater than or equal to 10."]
+    assert errors["idle_minutes"] == ["Ensure this value is greater than or equal to 1."]
+    assert errors["max_restarts"] == ["Ensure this value is less than or equal to 10."]
+    local_backend.refresh_from_db()
+    assert local_backend.hang_deadline_s is None
+
+
+def test_the_schema_declares_the_hang_deadlines_bounds_and_the_api_keeps_them(api_client, local_backend):
+    import yaml
+
+    field = yaml.safe_load(api_client.get("/api/schema/").content)["components"]["schemas"]["Backend"][
+        "properties"]["hang_deadline_s"]
+    assert (field["type"], field["minimum"], field["maximum"], field["nullable"]) == ("integer", 10, 2_592_000, True)
+    message = ("Hang deadline must be whole seconds from 10 to 2592000 (30 days), or null for the job's own step "
+               "time.")
+    for bad in (9, 2_592_001):
+        r = api_client.patch(f"/api/backends/{local_backend.pk}/", {"hang_deadline_s": bad, "idle_minutes": 0},
+                             format="json")
+        assert r.status_code == 400 and r.json() == {
+            "hang_deadline_s": [message], "idle_minutes": ["Ensure this value is greater than or equal to 1."]}
+    for good in (10, 2_592_000, None):
+        r = api_client.patch(f"/api/backends/{local_backend.pk}/", {"hang_deadline_s": good}, format="json")
+        assert (r.status_code, r.json()["hang_deadline_s"]) == (200, good)

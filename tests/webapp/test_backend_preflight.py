@@ -83,3 +83,26 @@ def test_the_backends_preflight_reaches_every_rank_as_variables(job):
     assert (env[preflight.ENABLE_VAR], env[preflight.MIN_BUSBW_VAR]) == ("1", "40.0")
     assert preflight.MAX_LATENCY_VAR not in env
     assert preflight.limits(env) == (preflight.Limits(40.0, None), [])  # the launcher reads what the dashboard wrote
+
+
+def test_a_job_cannot_set_or_override_the_backends_preflight(job):
+    """What runs before a job's first step is the operator's: the job's environment refuses the names, and a
+    row holding them anyway (written around the validation) changes nothing in what the ranks get."""
+    from jobs import validation
+
+    assert validation.env_name_problem(preflight.ENABLE_VAR) == (
+        "TRAINBOARD_PREFLIGHT cannot be set here: names starting TRAINBOARD_ are Trainboard's own (the launcher "
+        "sets TRAINBOARD_MODEL_DIR, TRAINBOARD_DATA_DIR, ...).")
+    ComputeBackend.objects.filter(pk=job.backend_id).update(preflight=True, preflight_min_busbw_gbps=40)
+    job.backend.refresh_from_db()
+    job.env = {preflight.ENABLE_VAR: "0", preflight.MIN_BUSBW_VAR: "0.001", preflight.MAX_LATENCY_VAR: "1",
+               "WANDB_MODE": "offline"}
+    env = job_spec(job).env
+    assert {k: env.get(k) for k in (preflight.ENABLE_VAR, preflight.MIN_BUSBW_VAR, preflight.MAX_LATENCY_VAR,
+                                     "WANDB_MODE")} == {
+        preflight.ENABLE_VAR: "1", preflight.MIN_BUSBW_VAR: "40.0", preflight.MAX_LATENCY_VAR: None,
+        "WANDB_MODE": "offline"}
+    ComputeBackend.objects.filter(pk=job.backend_id).update(preflight=False)
+    job.backend.refresh_from_db()
+    job.env = {preflight.ENABLE_VAR: "1"}
+    assert preflight.ENABLE_VAR not in job_spec(job).env  # the backend's preflight is off: off

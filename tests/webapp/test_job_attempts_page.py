@@ -52,6 +52,9 @@ def test_the_job_page_shows_each_attempt_its_cost_and_the_resubmission_on_the_ti
     assert re.search(r"All attempts</th><th[^>]*>150 s</th><th[^>]*>\$0\.15<", table)
     assert "Run lost · resubmitted" in page
     assert "run lost (supervisor process disappeared); resubmitting, attempt 2 of 3" in page
+    # Lost and hung runs share the backend's max restarts (docs/hangs.md): the header says both.
+    assert ('<h2>Attempts <span class="muted small">(a lost or hung run is restarted from its checkpoint, at most '
+            '2 times in all: docs/recovery.md, docs/hangs.md)</span></h2>') in page
 
 
 def test_a_job_never_resubmitted_has_no_attempts_table(owner_client, job):
@@ -83,7 +86,7 @@ def test_max_restarts_in_the_api_and_the_backend_form(api_client, owner_client, 
     assert local_backend.max_restarts == 0
     page = owner_client.get(reverse("backend-edit", args=[local_backend.pk])).content.decode()
     assert re.search(r'name="max_restarts"[^>]*value="0"|value="0"[^>]*name="max_restarts"', page)
-    assert "Max restarts of a lost run" in page
+    assert "Max restarts of a lost or hung run" in page
 
 
 def test_the_services_refuse_max_restarts_out_of_bounds_with_the_bounds(local_backend):

@@ -143,3 +143,58 @@ def test_a_trainer_job_shows_its_whole_config(owner_client, job):
     page = html_lib.unescape(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
     config = page[page.index('id="job-config"'):]
     assert "Frozen trainer config" in config and '"arch": "cnn"' in config and '"lr": 0.05' in config
+
+
+def test_the_headline_says_each_figure_once_and_nothing_that_reads_zero(owner_client, job):
+    """A script's job of a known length: "step 20 of 20" once (not "step 20 / step 20 of 20"); a FAILED
+    job that never stepped says so (not "no step logged yet"); the straggler line only when it is not $0
+    and 0 s; the preflight's figures with no space before their punctuation, read element by element."""
+    from jobs import metric_buckets, preflight as job_preflight, progress
+
+    script_job(job)
+    running(job, started_s_ago=30)
+    t = job.started_at.timestamp()
+    ingest(job, [{"event": "step", "time": t + 1, "step": 10, "my_loss": 0.75, "wait_for_slowest_s": 0.1,
+                  "user_metrics": ["my_loss"]},
+                 {"event": "step", "time": t + 2, "step": 20, "my_loss": 0.5, "wait_for_slowest_s": 0.2,
+                  "user_metrics": ["my_loss"]}])
+    metric_buckets.rebuild(job.pk)
+    fields = progress.progress_after({f: getattr(job, f) for f in progress.PROGRESS_FIELDS}, [
+        {"event": "step", "step": 10, "time": t + 1, "total_steps": 20},
+        {"event": "step", "step": 20, "time": t + 2, "total_steps": 20}])
+    record = {"event": "preflight", "time": t, "world_size": 2, "nodes": 1, "backend": "gloo", "device": "cpu",
+              "busbw_gbps": 1.2, "algbw_gbps": 1.2, "latency_us": 511.2, "sizes": [],
+              "pairs": [{"units": [0, 1], "ranks": [0, 1], "hosts": ["vm", "vm"], "gbps": 2.189}],
+              "pairs_measured": 1, "pair_unit": "rank", "slow_unit": None, "duration_s": 0.68,
+              "min_busbw_gbps": None, "max_latency_us": None, "ok": True, "reason": ""}
+    TrainingJob.objects.filter(pk=job.pk).update(**fields, hourly_price_usd=3.6, instance_count=1,
+                                                 preflight=job_preflight.from_record(record))
+    job.refresh_from_db()
+    assert selectors.training_job_waste(job=job)["straggler_s"] == pytest.approx(0.3)
+    page = html_lib.unescape(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    head = headline_html(page)
+    assert re.search(r'id="progress-value">step 20 of 20</span>\s*<span class="stat-sub" id="progress-steps">100% done<',
+                     head), head
+    assert "while ranks waited" not in head and 'id="stat-waste-straggler"' not in head
+    start = page.index('id="job-preflight"')
+    text = " ".join(re.sub(r"<[^>]+>", " ", page[start:page.index("</span>", page.index("(measured", start))]).split())
+    assert ("Network preflight passed. All-reduce bus bandwidth 1.200 GB/s (algbw 1.200 GB/s) · latency 511 µs · "
+            "slowest rank pair 2.189 GB/s · 2 ranks on 1 node, gloo.") in text, text
+    assert " ," not in text and " ;" not in text
+
+    ingest(job, [{"event": "step", "time": t + 3, "step": 20, "my_loss": 0.5, "wait_for_slowest_s": 45.0,
+                  "user_metrics": ["my_loss"]}])
+    metric_buckets.rebuild(job.pk)
+    head = headline_html(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    # 45.3 rank-s × $3.60/h / 2 ranks per node = $0.0227, at the job's cents
+    assert re.search(r'id="stat-waste-straggler"[^>]*>\$0\.02 while ranks waited for the slowest \(45s of rank time\)<',
+                     head), head
+
+    other = TrainingJob.objects.create(owner=job.owner, dataset=job.dataset, model_spec=job.model_spec,
+                                       backend=job.backend, config=job.config, name="never-stepped")
+    running(other, started_s_ago=5)
+    transition(other, "FAILED", failure_reason="exit code 1")
+    head = headline_html(owner_client.get(reverse("job-detail", args=[other.pk])).content.decode())
+    assert re.search(r'id="progress-value">no step reported</span>\s*'
+                     r'<span class="stat-sub" id="progress-steps">failed before its first step<', head), head
+    assert "no step logged yet" not in head and "has reported no step yet" not in head

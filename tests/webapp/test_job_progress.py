@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import progress, services
+from jobs import hangs, progress, services
 from jobs.models import JobStateChoices as S, MetricBucket, MetricChunk, MetricPoint, TrainingJob
 from notifykit import move
 
@@ -70,7 +70,7 @@ def test_the_api_gives_progress_on_retrieve_and_list(api_client, job):
     for p in (one, listed[job.pk]):
         assert {k: v for k, v in p.items() if k not in ("eta_s", "finish_at")} == {
             "total_steps": 1000, "step": 200, "fraction": 0.2, "percent": 20.0, "steps_per_s": 2.0,
-            "projected_cost_usd": "0.4900", "price_known": True, "arithmetic": ARITHMETIC}
+            "projected_cost_usd": "0.4900", "price_known": True, "arithmetic": ARITHMETIC, "hung": False}
         assert dt.datetime.fromisoformat(p["finish_at"].replace("Z", "+00:00")) == finish
         assert (finish - after).total_seconds() <= p["eta_s"] <= (finish - before).total_seconds()
     assert listed[other.pk] is None
@@ -85,7 +85,7 @@ def test_the_schema_describes_progress(api_client):
     components = schema["components"]["schemas"]
     assert set(components["JobProgress"]["properties"]) == {
         "total_steps", "step", "fraction", "percent", "steps_per_s", "eta_s", "finish_at", "projected_cost_usd",
-        "price_known", "arithmetic"}
+        "price_known", "arithmetic", "hung"}
     for serializer in ("TrainingJob", "TrainingJobDetail"):
         field = components[serializer]["properties"]["progress"]
         assert "#/components/schemas/JobProgress" in json.dumps(field) and field.get("nullable") is True
@@ -116,7 +116,8 @@ def test_the_job_list_shows_a_progress_column_from_the_job_row_alone(owner_clien
 def test_the_job_page_headline_uses_the_stored_progress(owner_client, job):
     job, _ = with_progress(job)
     live = html_lib.unescape(owner_client.get(reverse("job-live", args=[job.pk])).content.decode())
-    assert re.search(r'id="progress-steps">step 200 of 1000 · 20%<', live)
+    assert re.search(r'id="progress-value">step 200 of 1000</span>\s*<span class="stat-sub" id="progress-steps">20% done<',
+                     live)
     assert 'id="progress-bar" max="1" value="0.2000"' in live
     assert f'id="stat-projected" title="{ARITHMETIC}">projected $0.49 at the end<' in live
     assert re.search(rf'id="stat-eta" title="{re.escape(ARITHMETIC)}">about \d+m \d\ds left<', live)
@@ -149,3 +150,49 @@ def test_prometheus_exports_progress_eta_and_projected_cost(settings, job):
     eta = samples[("trainboard_job_eta_seconds", str(job.pk))][0]
     assert (finish - after).total_seconds() <= eta <= (finish - before).total_seconds()
     assert not any(job_id == str(other.pk) for _, job_id in samples)  # no known length: no series
+
+
+def test_a_hung_job_claims_no_end_and_is_projected_to_its_max_runtime(settings, owner_client, api_client, job):
+    """Flagged hung at step 200 of 1000: no time left anywhere (API, page, list, /metrics), and the cost
+    projected to the end of its max runtime, which it bills until; a newer step clears it."""
+    settings.TRAINBOARD_METRICS_TOKEN = TOKEN
+    job, base = with_progress(job)
+    hung_at = base + dt.timedelta(seconds=100 + 600)
+    TrainingJob.objects.filter(pk=job.pk).update(hung_at=hung_at, started_at=base, max_runtime_s=3600)
+    job.refresh_from_db()
+    # $0.10 + (base + 3600 − (base + 110)) s × 1 × $3.60/h = $0.10 + $3.49
+    arithmetic = (f"200 of 1000 steps; hung since {hung_at:%Y-%m-%d %H:%M:%S} UTC: it bills until its max runtime "
+                  f"({base + dt.timedelta(seconds=3600):%Y-%m-%d %H:%M:%S} UTC); "
+                  f"$0.10 so far + 3490 s × 1 node × $3.60/h = $3.59")
+
+    p = api_client.get(f"/api/jobs/{job.pk}/").json()["progress"]
+    assert p == {"total_steps": 1000, "step": 200, "fraction": 0.2, "percent": 20.0, "steps_per_s": 2.0,
+                 "eta_s": None, "finish_at": None, "projected_cost_usd": "3.5900", "price_known": True,
+                 "arithmetic": arithmetic, "hung": True}
+
+    live = html_lib.unescape(owner_client.get(reverse("job-live", args=[job.pk])).content.decode())
+    assert f'id="stat-projected" title="{arithmetic}">projected $3.59 at max runtime<' in live
+    assert (f'id="stat-eta-hung" title="{arithmetic}">hung since {hung_at:%Y-%m-%d %H:%M:%S} UTC — '
+            f'bills until its max runtime<') in live
+    assert 'id="stat-eta"' not in live and " left<" not in live and "at the end" not in live
+
+    page = html_lib.unescape(owner_client.get(reverse("job-list")).content.decode())
+    cell = re.search(rf'<tr data-job="{job.pk}".*?class="right nowrap small job-progress">(.*?)</td>', page, re.S).group(1)
+    assert '<span class="progress-done">20%</span>' in cell and "progress-eta" not in cell
+    assert f'title="{arithmetic}">→ $3.59</div>' in cell
+
+    r = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    samples = {(s.name, s.labels.get("job_id")): s.value
+               for family in text_string_to_metric_families(r.content.decode()) for s in family.samples}
+    assert samples[("trainboard_job_progress_ratio", str(job.pk))] == 0.2
+    assert samples[("trainboard_job_projected_cost_usd", str(job.pk))] == 3.59
+    assert ("trainboard_job_eta_seconds", str(job.pk)) not in samples
+
+    # A newer step than the flag clears it (the sync's jobs.hangs.hang_after): the end is projected again.
+    cleared, hang = hangs.hang_after(job.hung_at, job.hang, [
+        {"event": "step", "step": 210, "time": (hung_at + dt.timedelta(seconds=1)).timestamp()}])
+    assert cleared is None
+    TrainingJob.objects.filter(pk=job.pk).update(hung_at=cleared, hang=hang)
+    p = api_client.get(f"/api/jobs/{job.pk}/").json()["progress"]
+    assert (p["hung"], p["projected_cost_usd"], p["arithmetic"]) == (False, "0.4900", ARITHMETIC)
+    assert p["eta_s"] is not None

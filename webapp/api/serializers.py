@@ -20,6 +20,7 @@ from cloud_adapters import registry
 from cloud_adapters.settings import BackendSettings
 from jobs import code_archives, hangs, job_request, selectors, services, validation
 from jobs.cost import estimate_arithmetic
+from jobs.services.resources import MAX_HANG_DEADLINE_S, MIN_HANG_DEADLINE_S
 from jobs.services.training_jobs import JOB_FIELD_ALIASES
 from jobs.models import MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from jobs.job_request import MAX_RUNTIME_HELP
@@ -271,6 +272,22 @@ class CodeFieldExtension(OpenApiSerializerFieldExtension):
                 "description": "The model's code archive (kinds code and script); null for a built-in model."}
 
 
+class NonNegativeDecimalExtension(OpenApiSerializerFieldExtension):
+    """A decimal sent as a string (``"12.5000"``) whose ``min_value`` is 0 or more: drf-spectacular's
+    pattern allows a leading minus whatever the bound (a string schema has no ``minimum``), so the
+    pattern loses it, and the schema says what the field refuses."""
+
+    target_class = serializers.DecimalField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        low = self.target.min_value
+        if low is not None and low >= 0 and isinstance(schema.get("pattern"), str):
+            schema["pattern"] = schema["pattern"].replace("^-?", "^", 1)
+        return schema
+
+
 class ServiceCheckedJSONField(serializers.JSONField):
     """A JSON value as the request gives it: itself in a JSON body, its text (parsed with the bounds of
     :func:`jobs.validation.loads`) in a multipart or form body. What it holds is the service's to check,
@@ -453,10 +470,21 @@ class BackendSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
                   "idle_gpu_util_pct", "idle_minutes", "preflight", "preflight_min_busbw_gbps",
                   "preflight_max_latency_us", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
-        extra_kwargs = {"max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
+        extra_kwargs = {"hang_deadline_s": {
+            # The service's bounds (jobs.services.resources), declared so the schema says them.
+            "min_value": MIN_HANG_DEADLINE_S, "max_value": MAX_HANG_DEADLINE_S,
+            "error_messages": {key: f"Hang deadline must be whole seconds from {MIN_HANG_DEADLINE_S} to "
+                                    f"{MAX_HANG_DEADLINE_S} (30 days), or null for the job's own step time."
+                               for key in ("min_value", "max_value")},
+            "help_text": f"Seconds with no new step before a RUNNING job is hung, {MIN_HANG_DEADLINE_S} to "
+                         f"{MAX_HANG_DEADLINE_S} (30 days); null = from the job's own step time, max(600, 20 × "
+                         f"seconds per step, 3 × seconds between records) (docs/hangs.md)."},
+            "max_restarts": {"min_value": 0, "max_value": MAX_RESTARTS, "help_text": (
             "How many times a job whose run is lost (a preemption the provider does not restart itself, a host "
             "that rebooted, a Slurm NODE_FAIL or PREEMPTED) is resubmitted from its last checkpoint before it "
-            "ends FAILED; 0 = never, at most 10. A job's own error is never resubmitted (docs/recovery.md).")}}
+            "ends FAILED, and (hang_policy restart) a hung run is stopped and restarted from it, lost and hung "
+            "restarts counted together; 0 = never, at most 10. 0 is refused with hang_policy restart (choose "
+            "cancel). A job's own error is never resubmitted (docs/recovery.md, docs/hangs.md).")}}
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -817,14 +845,20 @@ class JobProgressSerializer(serializers.Serializer):
         allow_null=True, help_text="Step rate over the last 8 records of the current run; null until measured.")
     eta_s = serializers.FloatField(
         allow_null=True, help_text="Seconds left from now: the steps left over steps_per_s, counted from the newest "
-                                   "record; null unless RUNNING with a measured rate.")
+                                   "record; null unless RUNNING with a measured rate, and null while the job is "
+                                   "hung (hung true): a hung run has no end to project.")
     finish_at = serializers.DateTimeField(
         allow_null=True, help_text="When the last step is projected to end; null as for eta_s.")
     projected_cost_usd = serializers.DecimalField(
         max_digits=14, decimal_places=4, allow_null=True,
         help_text="cost_usd + the seconds from the last sync to finish_at × instances × hourly_price_usd / 3600; "
-                  "null as for eta_s. A spot job is priced as if not interrupted; with hourly_price_usd 0 "
+                  "null as for eta_s. While the job is hung (hung true) it is projected instead to the end of its "
+                  "max runtime (started_at + max_runtime_s), which a hung run bills until; null when its start is "
+                  "not known. A spot job is priced as if not interrupted; with hourly_price_usd 0 "
                   "(price_known false) it adds nothing.")
+    hung = serializers.BooleanField(
+        help_text="True while the running job is flagged hung (hung_at set, no newer step since): eta_s and "
+                  "finish_at are null and projected_cost_usd is the cost at the end of its max runtime.")
     price_known = serializers.BooleanField(help_text="False when hourly_price_usd is 0: the time left is not priced.")
     arithmetic = serializers.CharField(help_text='The sums behind the figures, e.g. "200 of 1000 steps at 2.00 '
                                                  'steps/s: 400 s left after the last record; $0.05 so far + 390 s '
@@ -891,6 +925,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="The network preflight before the first step (the backend's preflight setting): all-reduce bus "
                   "bandwidth and latency, each node pair's bandwidth, and the reason when it stopped the run. Null "
                   "when none ran.")
+    budget_usd = serializers.DecimalField(
+        max_digits=12, decimal_places=4, min_value=0, read_only=True, allow_null=True,
+        help_text="Stop the job when its cost reaches this (USD, 0 or more); null = no budget.")
     progress = serializers.SerializerMethodField(
         help_text="% done, time left and projected final cost of a job with a known length (epochs or "
                   "train.max_steps for the built-in trainer, report.progress(total=...) for a script); null when "

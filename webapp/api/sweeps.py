@@ -23,6 +23,10 @@ class SweepSerializer(serializers.ModelSerializer):
     """A sweep as the list shows it."""
 
     owner = serializers.CharField(source="owner.username", read_only=True)
+    budget_usd = serializers.DecimalField(
+        max_digits=12, decimal_places=4, min_value=0, read_only=True, allow_null=True,
+        help_text="USD for the whole sweep (more than 0): no trial starts whose estimate would take spend past it; "
+                  "null = no limit.")
 
     class Meta:
         model = Sweep
