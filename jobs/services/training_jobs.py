@@ -528,20 +528,20 @@ def training_job_check(*, owner, cloned_from: TrainingJob | None = None, source_
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
     config, refused = _checked_config(later, base, overrides, overridden, is_script)
-    # While only overrides are refused, each refusal is the user's own error (kept) and the checks go
-    # on without that key: the trainer's schema stops at its first error, so the next refused key is
-    # found too, and the backend's checks below run on the overrides the trainer takes.
+    # Each refusal is the user's own error (kept), and the checks go on without the refused key (an
+    # override left out, a field at the config's default), its field flagged: the trainer's schema
+    # stops at its first error, so the next refused key is found too (a clone's checkpoint format,
+    # then its max steps and sequence length), and the batch and backend checks below run on a
+    # config the trainer takes, keeping what they say of the fields that did not fail.
     dropped: set[str] = set()
-    while later and set(map(validation.field_of, later)) == {"hyperparameters"} and refused - dropped:
+    while refused - dropped:
         validation.merge_later(errors, later, flagged)
+        flagged |= set(map(validation.field_of, later))
         later.clear()
         dropped |= refused
         kept = _without_keys(overrides, dropped)
-        config, refused = _checked_config(later, base, kept, _flatten_keys(kept), is_script)
-    if dropped:
-        validation.merge_later(errors, later, flagged)  # a refusal that dropping keys did not clear
-        later.clear()
-        flagged.add("hyperparameters")  # from here on the checks see the overrides less the refused keys
+        own = {k for k in dropped if _config_error_field(k, overridden) != "hyperparameters"}
+        config, refused = _checked_config(later, _without_keys(base, own), kept, _flatten_keys(kept), is_script)
     if config is None or any(validation.field_of(key) not in flagged for key in later):
         stop_if_any()  # the backend's checks need a config the trainer takes
     # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
@@ -734,8 +734,8 @@ def _check_batch_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     of the samples counted when it was saved, ``data.val_fraction`` held out). Such a job trains one
     smaller batch per rank an epoch and "succeeds" having learnt little, so it is refused with the
     arithmetic. Not checked when the size is not known (a cloud URI, a large CSV, token data): the
-    trainer then logs the batch it really used (``ShardOrder.small_batch_note``). Coded
-    :data:`jobs.validation.WHOLE_INPUT`: worked out from the shape and the dataset together."""
+    trainer then logs the batch it really used (``ShardOrder.small_batch_note``). Worked out from
+    :data:`_BATCH_INPUTS` together (:func:`jobs.validation.worked_out_from`)."""
     if dataset.num_samples is None or not _reads_dataset(config, dataset):
         return
     data, p, batch = config.data, config.parallel, config.train.batch_size
@@ -755,8 +755,12 @@ def _check_batch_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     message = (f"Batch size {batch:,} × {ranks} data-parallel rank{'s' if ranks != 1 else ''} = {batch * ranks:,} "
                f"samples per step exceeds the {train:,} training samples of dataset {dataset.name} ({split}): each "
                f"epoch would be one smaller batch per rank; {fix}.")
-    errors.add(_config_error_field("train.batch_size", overridden),
-               ValidationError(message, code=validation.WHOLE_INPUT))
+    errors.add(_config_error_field("train.batch_size", overridden), validation.worked_out_from(message, _BATCH_INPUTS))
+
+
+_BATCH_INPUTS = ("batch_size", "nodes", "procs_per_node", "strategy", "pipeline_stages", "dataset", "hyperparameters")
+"""The request fields :func:`_check_batch_fits_dataset` works its arithmetic from: its refusal stands
+while another field (CPU offload) failed, and is dropped when one of these did (of a stand-in)."""
 
 
 def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,

@@ -1,0 +1,77 @@
+"""A job request's errors come in one answer (the project's rule): a field the trainer refuses (CPU
+offload on ddp, a clone's checkpoint format) does not hide the checks of the fields that did not fail
+(the batch against the dataset, the backend's shape, the next config fields), at the API, the job
+form and the clone."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+
+from jobs import services
+from jobs.models import TrainingJob
+
+pytestmark = pytest.mark.django_db
+
+CPU_OFFLOAD_ON_DDP = ("CPU offload: CPU offload keeps FSDP's parameter, gradient and optimizer shards in CPU memory; "
+                      "strategy ddp has no shards: set parallel.strategy to fsdp, or turn parallel.cpu_offload off")
+BATCH_PAST_DIGITS = ("Batch size 100,000 × 64 data-parallel ranks = 6,400,000 samples per step exceeds the 1,438 "
+                     "training samples of dataset digits (1,797 less 359 held out for validation, data.val_fraction "
+                     "0.2): each epoch would be one smaller batch per rank; use a batch size of at most 22 or fewer "
+                     "ranks.")
+TOO_MANY_PROCS = ("1 node × 64 processes = 64 ranks, but this GPU box runs at most 2 processes per node "
+                  "(max_procs_per_node); ask for 2 or fewer.")
+
+
+def test_api_reports_cpu_offload_batch_and_shape_in_one_answer(api_client, digits_dataset, cnn_model, local_backend,
+                                                               no_celery_publish):
+    response = api_client.post("/api/jobs/", {
+        "dataset": "digits", "model_spec": "digits-cnn", "backend": "local", "procs_per_node": 64,
+        "batch_size": 100_000, "cpu_offload": True}, format="json")
+    assert response.status_code == 400
+    # The memory plan is left out: it was worked out with CPU offload's stand-in (off), of another job.
+    assert response.json() == {"cpu_offload": [CPU_OFFLOAD_ON_DDP], "batch_size": [BATCH_PAST_DIGITS],
+                               "procs_per_node": [TOO_MANY_PROCS]}
+    assert TrainingJob.objects.count() == 0
+    no_celery_publish["submit"].assert_not_called()
+
+
+def test_the_job_form_reports_the_same_three(owner_client, digits_dataset, cnn_model, local_backend):
+    response = owner_client.post(reverse("job-create"), {
+        "name": "", "dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk,
+        "strategy": "ddp", "nodes": 1, "procs_per_node": 64, "epochs": 1, "batch_size": 100_000, "lr": 0.05,
+        "seed": 0, "max_runtime_s": 3600, "budget_usd": "", "instance_type": "", "hyperparameters": "",
+        "cpu_offload": "on"})
+    assert response.status_code == 200
+    errors = response.context["form"].errors
+    assert (errors["cpu_offload"], errors["batch_size"], errors["procs_per_node"]) == (
+        [CPU_OFFLOAD_ON_DDP], [BATCH_PAST_DIGITS], [TOO_MANY_PROCS])
+    assert TrainingJob.objects.count() == 0
+
+
+def test_a_batch_worked_out_from_a_failed_field_is_still_dropped(user, digits_dataset, cnn_model, local_backend):
+    """The batch's arithmetic on a stand-in (processes per node past the maximum: 1,024) is of another job."""
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_check(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=local_backend,
+                                    procs_per_node=5000, batch_size=100_000)
+    errors = excinfo.value.message_dict
+    assert errors == {"procs_per_node": ["Processes per node must be at most 1,024, got 5,000."]}
+
+
+def test_clone_reports_every_config_field_with_the_others(api_client, user, digits_dataset, cnn_model, local_backend):
+    source = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                          backend=local_backend, nodes=1, procs_per_node=2, epochs=1, batch_size=16)
+    response = api_client.post(f"/api/jobs/{source.pk}/clone/", {
+        "cpu_offload": "x", "max_steps": -1, "seq_len": -2, "checkpoint_format": "no", "lerning_rate": 3,
+        "epochs": 0}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {
+        "lerning_rate": ["Unknown field 'lerning_rate'. Did you mean 'lr'?"],
+        "cpu_offload": ["Cpu offload must be true or false."],
+        "epochs": ["Epochs must be at least 1, got 0."],
+        "checkpoint_format": ["Checkpoint format: must be one of 'full', 'sharded', got 'no'"],
+        "max_steps": ["Max steps: must be 0 (all epochs) or more, got -1"],
+        "seq_len": ["Sequence length: must be 0 (the model's context length) or more, got -2"],
+    }
+    assert TrainingJob.objects.count() == 1
