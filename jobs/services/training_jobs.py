@@ -672,10 +672,22 @@ def _model_archive(errors: Errors, model_spec: ModelSpec | None) -> CodeArchive 
 
 def _job_config_errors(config: JobConfig, is_script: bool) -> dict[str, str]:
     """The trainer's own checks of a job's config: all of them (:func:`config_errors`), except for a
-    script, whose model section is not ours: its fields and its shape without the layer count."""
+    script, whose model section is not ours: its fields and its shape without the layer count. And
+    ``data.seq_len`` (not 0) only where the trainer reads it: a tokens dataset, not a script's job."""
     if not is_script:
-        return config_errors(config)
+        errs = config_errors(config)
+        if config.data.seq_len and config.data.format != TOKENS_FORMAT and "data.seq_len" not in errs:
+            # The trainer reads data.seq_len for a tokens dataset only (trainer_pkg.train: TokenData).
+            errs["data.seq_len"] = (f"token datasets only: this job reads {config.data.format} data, whose samples "
+                                    f"are not windows of tokens, so {config.data.seq_len:,} would be ignored; leave "
+                                    f"it blank (0)")
+        return errs
     errs = config.field_errors()
+    if config.data.seq_len and "data.seq_len" not in errs:
+        # A script is passed the train section only (TRAINBOARD_HPARAMS), never data.seq_len.
+        errs["data.seq_len"] = (f"token datasets of our trainer only: a script model reads its own data and is not "
+                                f"passed data.seq_len, so {config.data.seq_len:,} would be ignored; leave it blank (0), "
+                                f"or give the length in the model's script arguments")
     p = config.parallel
     if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
         found = shape_errors(config, world_size=p.world_size, world_desc=describe_world(p.nodes, p.procs_per_node),

@@ -75,3 +75,42 @@ def test_clone_reports_every_config_field_with_the_others(api_client, user, digi
         "seq_len": ["Sequence length: must be 0 (the model's context length) or more, got -2"],
     }
     assert TrainingJob.objects.count() == 1
+
+
+# --- seq_len where nothing reads it ----------------------------------------------------------------
+
+SEQ_LEN_ON_BUILTIN = ("Sequence length: token datasets only: this job reads builtin data, whose samples are not "
+                      "windows of tokens, so 128 would be ignored; leave it blank (0)")
+
+
+def test_seq_len_on_a_dataset_not_of_tokens_is_refused_on_its_field(api_client, digits_dataset, cnn_model,
+                                                                    local_backend, no_celery_publish):
+    body = {"dataset": "digits", "model_spec": "digits-cnn", "backend": "local", "procs_per_node": 2}
+    response = api_client.post("/api/jobs/", {**body, "seq_len": 128}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"seq_len": [SEQ_LEN_ON_BUILTIN]}
+    in_overrides = api_client.post("/api/jobs/", {**body, "hyperparameters": {"data": {"seq_len": 128}}}, format="json")
+    assert in_overrides.status_code == 400
+    assert in_overrides.json() == {"hyperparameters": [
+        "data.seq_len: token datasets only: this job reads builtin data, whose samples are not windows of tokens, so "
+        "128 would be ignored; leave it blank (0)"]}
+    assert TrainingJob.objects.count() == 0
+    # 0 (blank) is the config's default: no window length, nothing to refuse.
+    created = api_client.post("/api/jobs/", {**body, "seq_len": 0}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["config"]["data"]["seq_len"] == 0
+
+
+def test_seq_len_of_a_script_model_is_refused(user, local_backend, settings, tmp_path):
+    from codekit import MODEL_FILES, upload, zip_bytes
+
+    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
+    script = services.model_spec_create(owner=user, name="my-script", kind="script", entry_point="train.py",
+                                        code=upload(zip_bytes(MODEL_FILES)))
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_check(owner=user, model_spec=script, backend=local_backend, seq_len=64)
+    assert excinfo.value.message_dict == {"seq_len": [
+        "Sequence length: token datasets of our trainer only: a script model reads its own data and is not passed "
+        "data.seq_len, so 64 would be ignored; leave it blank (0), or give the length in the model's script "
+        "arguments"]}
+    assert services.training_job_check(owner=user, model_spec=script, backend=local_backend).config.data.seq_len == 0
