@@ -116,6 +116,40 @@ def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str,
     return out
 
 
+def request_field_is_set(field: job_request.RequestField, value: Any) -> bool:
+    """Whether a request's ``value`` of the config field ``field`` says something of its own: an
+    optional one not None or blank, any other not its declared default (the config's, which every
+    front door sends when the user leaves the field alone)."""
+    if value is None or value == "":
+        return False
+    return field.optional or value != field.default
+
+
+def _override_at(overrides: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    """``(True, value)`` where the nested ``overrides`` set the config path ``dotted``, else ``(False, None)``."""
+    node: Any = overrides
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _check_override_conflicts(errors: Errors, request: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """An error on ``hyperparameters`` naming both where they set a config path (``train.max_steps``)
+    that a request field given with a value of its own (:func:`request_field_is_set`) sets to another
+    value: the hyperparameters would silently win. The same value twice is no conflict."""
+    for field in job_request.JOB_REQUEST:
+        if not field.config or not request_field_is_set(field, request.get(field.name)):
+            continue
+        present, other = _override_at(overrides, field.config)
+        value = request[field.name]
+        if present and other != value and str(other).strip() != str(value).strip():
+            errors.add("hyperparameters", (
+                f"Hyperparameters set {field.config} to {other!r}, but {field.label} ({field.name}) is {value!r}: "
+                f"give it in one place, the field or the hyperparameters."))
+
+
 def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
     keys = set()
     for key, value in data.items():
@@ -498,6 +532,7 @@ def training_job_check(*, owner, cloned_from: TrainingJob | None = None, source_
         overrides = {k: v for k, v in overrides.items() if k != "code"}
     overrides = _without_backend_paths(errors, overrides)
     overrides = _without_init_fields(errors, overrides)
+    _check_override_conflicts(errors, request, overrides)
     env = validation.env_vars(errors, "env", values["env"])
     image = _job_image(errors, values["image"], model_spec)
     instance_type = (values["instance_type"] or "").strip()

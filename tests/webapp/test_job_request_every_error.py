@@ -114,3 +114,47 @@ def test_seq_len_of_a_script_model_is_refused(user, local_backend, settings, tmp
         "data.seq_len, so 64 would be ignored; leave it blank (0), or give the length in the model's script "
         "arguments"]}
     assert services.training_job_check(owner=user, model_spec=script, backend=local_backend).config.data.seq_len == 0
+
+
+# --- a field given twice: at top level and in the hyperparameters -------------------------------------
+
+
+def test_a_field_and_its_hyperparameter_with_different_values_are_refused_naming_both(
+        api_client, digits_dataset, cnn_model, local_backend, no_celery_publish):
+    body = {"dataset": "digits", "model_spec": "digits-cnn", "backend": "local", "procs_per_node": 2}
+    response = api_client.post("/api/jobs/", {**body, "max_steps": 5, "lr": 0.1, "hyperparameters": {
+        "train": {"max_steps": 10, "lr": 0.2}}}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"hyperparameters": [
+        "Hyperparameters set train.lr to 0.2, but Learning rate (lr) is 0.1: give it in one place, the field or the "
+        "hyperparameters.",
+        "Hyperparameters set train.max_steps to 10, but Max steps (max_steps) is 5: give it in one place, the field "
+        "or the hyperparameters."]}
+    assert TrainingJob.objects.count() == 0
+    # The same value twice says one thing; a field left at its default leaves the override to it.
+    same = api_client.post("/api/jobs/", {**body, "max_steps": 5, "hyperparameters": {"train": {"max_steps": 5}}},
+                           format="json")
+    assert same.status_code == 201, same.json()
+    assert same.json()["config"]["train"]["max_steps"] == 5
+    only = api_client.post("/api/jobs/", {**body, "hyperparameters": {"train": {"max_steps": 10, "lr": 0.2}}},
+                           format="json")
+    assert only.status_code == 201, only.json()
+    assert (only.json()["config"]["train"]["max_steps"], only.json()["config"]["train"]["lr"]) == (10, 0.2)
+
+
+def test_a_clone_overriding_a_field_in_its_hyperparameters_takes_it_and_both_given_differing_is_refused(
+        api_client, user, digits_dataset, cnn_model, local_backend):
+    source = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
+                                          backend=local_backend, nodes=1, procs_per_node=2, epochs=1, batch_size=16,
+                                          lr=0.02)
+    taken = api_client.post(f"/api/jobs/{source.pk}/clone/", {"hyperparameters": {"train": {"lr": 0.01}}},
+                            format="json")
+    assert taken.status_code == 201, taken.json()
+    assert taken.json()["config"]["train"]["lr"] == 0.01
+    both = api_client.post(f"/api/jobs/{source.pk}/clone/", {"lr": 0.03, "hyperparameters": {"train": {"lr": 0.01}}},
+                           format="json")
+    assert both.status_code == 400
+    assert both.json() == {"hyperparameters": [
+        "Hyperparameters set train.lr to 0.01, but Learning rate (lr) is 0.03: give it in one place, the field or "
+        "the hyperparameters."]}
+    assert TrainingJob.objects.count() == 2
