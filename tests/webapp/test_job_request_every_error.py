@@ -158,3 +158,16 @@ def test_a_clone_overriding_a_field_in_its_hyperparameters_takes_it_and_both_giv
         "Hyperparameters set train.lr to 0.01, but Learning rate (lr) is 0.03: give it in one place, the field or "
         "the hyperparameters."]}
     assert TrainingJob.objects.count() == 2
+
+
+def test_a_sweep_trials_value_at_a_fields_path_replaces_the_base_field_and_its_job_takes_it(
+        user, digits_dataset, cnn_model, local_backend):
+    from jobs.sweeps import trial_payload
+
+    base = {"dataset": digits_dataset, "model_spec": cnn_model, "backend": local_backend, "procs_per_node": 2,
+            "lr": 0.02, "max_steps": 4, "hyperparameters": {"train": {"optimizer": "adamw"}}}
+    payload = trial_payload(base, {"train.lr": 0.3, "train.weight_decay": 0.1})
+    assert (payload["lr"], payload["max_steps"], payload["hyperparameters"]) == (
+        0.05, 4, {"train": {"optimizer": "adamw", "lr": 0.3, "weight_decay": 0.1}})
+    train = services.training_job_check(owner=user, **payload).config.train
+    assert (train.lr, train.max_steps, train.weight_decay, train.optimizer) == (0.3, 4, 0.1, "adamw")
