@@ -10,7 +10,8 @@ Usage::
     check_entry_point(archive, "mymodel.net:build")                   # or check_script(archive, "train.py")
     row = store(archive)                                              # CodeArchive; file written once
 
-Refused, each as an :class:`ArchiveError` naming the member and why (nothing is stored): an upload
+Refused, each as an :class:`ArchiveError` naming the member and why (nothing is stored; every unsafe
+member of an archive in one error's ``messages``): an upload
 over ``TRAINBOARD_CODE_MAX_BYTES`` as sent, files over it in total uncompressed (counted as they are
 read, so a zip bomb stops there, whatever its headers claim), more than ``TRAINBOARD_CODE_MAX_FILES``
 regular files, an absolute path, a ``..`` component, a symbolic or hard link, a device, FIFO or
@@ -69,6 +70,15 @@ class ArchiveError(ValueError):
         self.member = member
         self.reason = reason
         super().__init__(f"member {_quote(member)}: {reason}" if member is not None else reason)
+        self.messages = [str(self)]  # every refusal of the archive (ArchiveError.of), this one first
+
+    @classmethod
+    def of(cls, refusals: list["ArchiveError"]) -> "ArchiveError":
+        """One error carrying every one of ``refusals`` (in order) in ``messages``; ``str()`` the first's."""
+        first = refusals[0]
+        combined = cls(first.member, first.reason)
+        combined.messages = [m for r in refusals for m in r.messages]
+        return combined
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,50 +395,75 @@ def _normalize(entries: Iterator[_Entry], *, strip_top: bool) -> NormalizedArchi
     files: dict[str, tuple[bytes, bool]] = {}
     dirs: set[str] = set()
     total = 0
+    # An unsafe member is noted and the next one read, so one refusal names every one of them; the
+    # limits (files, bytes) stop at once: reading on is what they guard against.
+    refused: list[ArchiveError] = []
     for entry in entries:
-        name = _clean_name(entry.name)
+        try:
+            name = _clean_name(entry.name)
+        except ArchiveError as exc:
+            refused.append(exc)
+            continue
         if name is None or _skipped(name):
             continue
         if entry.kind == "dir":
             dirs.add(name)
             continue
-        if entry.kind == "symlink":
-            raise ArchiveError(entry.name, f"a symbolic link ({entry.detail}); links are refused, inside the "
-                                           f"archive or out of it: put the file itself in the archive.")
-        if entry.kind == "hardlink":
-            raise ArchiveError(entry.name, f"a hard link ({entry.detail}); links are refused, inside the archive "
-                                           f"or out of it: put the file itself in the archive.")
-        if entry.kind != "file":
-            raise ArchiveError(entry.name, f"a {entry.kind}, not a regular file; only regular files and "
-                                           f"directories may be in a code archive.")
+        if (problem := _unsafe_kind(entry)) is not None:
+            refused.append(problem)
+            continue
         if name in files:
-            raise ArchiveError(entry.name, "appears twice in the archive; keep one.")
+            refused.append(ArchiveError(entry.name, "appears twice in the archive; keep one."))
+            continue
         if len(files) >= limit_files:
-            raise ArchiveError(entry.name, f"more than {limit_files:,} files (TRAINBOARD_CODE_MAX_FILES); leave "
-                                           f"data, checkpoints and environments out of the code archive.")
+            raise ArchiveError.of([*refused, ArchiveError(entry.name, (
+                f"more than {limit_files:,} files (TRAINBOARD_CODE_MAX_FILES); leave data, checkpoints and "
+                f"environments out of the code archive."))])
         chunks = []
         assert entry.read is not None
         for chunk in entry.read:
             total += len(chunk)
             if total > limit_bytes:
-                raise ArchiveError(entry.name, f"the files pass {_mib(limit_bytes)} uncompressed here "
-                                               f"(TRAINBOARD_CODE_MAX_BYTES); leave data and checkpoints "
-                                               f"out of the code archive.")
+                raise ArchiveError.of([*refused, ArchiveError(entry.name, (
+                    f"the files pass {_mib(limit_bytes)} uncompressed here (TRAINBOARD_CODE_MAX_BYTES); leave data "
+                    f"and checkpoints out of the code archive."))])
             chunks.append(chunk)
         files[name] = (b"".join(chunks), entry.executable)
     if not files:
-        raise ArchiveError(None, "The archive holds no files.")
-    _refuse_file_and_dir(files, dirs)
+        raise ArchiveError.of([*refused, ArchiveError(None, "The archive holds no files.")])
+    try:
+        _refuse_file_and_dir(files, dirs)
+    except ArchiveError as exc:
+        raise ArchiveError.of([*refused, exc]) from None
     prefix = _shared_top(files) if strip_top else ""
     if prefix:
         files = {name[len(prefix):]: value for name, value in files.items()}
     for name in sorted(files):
-        _refuse_ours(name, prefix)
+        try:
+            _refuse_ours(name, prefix)
+        except ArchiveError as exc:
+            refused.append(exc)
+    if refused:
+        raise ArchiveError.of(refused)
     names = tuple(sorted(files))
     data = deterministic_tar_gz((n, files[n][0], 0o755 if files[n][1] else 0o644) for n in names)
     contents = {n: files[n][0] for n in names}
     return NormalizedArchive(data=data, sha256=hashlib.sha256(data).hexdigest(), files=names,
                              requirements=_requirements(contents), stripped_prefix=prefix, contents=contents)
+
+
+def _unsafe_kind(entry: _Entry) -> ArchiveError | None:
+    """Why ``entry`` may not be in a code archive by its kind (a link, a device, ...); None for a file."""
+    if entry.kind == "symlink":
+        return ArchiveError(entry.name, f"a symbolic link ({entry.detail}); links are refused, inside the "
+                                        f"archive or out of it: put the file itself in the archive.")
+    if entry.kind == "hardlink":
+        return ArchiveError(entry.name, f"a hard link ({entry.detail}); links are refused, inside the archive "
+                                        f"or out of it: put the file itself in the archive.")
+    if entry.kind != "file":
+        return ArchiveError(entry.name, f"a {entry.kind}, not a regular file; only regular files and "
+                                        f"directories may be in a code archive.")
+    return None
 
 
 def _clean_name(raw: str) -> str | None:

@@ -243,6 +243,9 @@ def trial_payload(base: Mapping[str, Any], params: Mapping[str, Any]) -> dict[st
     payload = dict(base)
     hyper = payload.get("hyperparameters") or {}
     payload["hyperparameters"] = _merge(hyper if isinstance(hyper, Mapping) else {}, _nested(params))
+    for field in JOB_REQUEST:  # the base's field left unset: a conflict with its override is an error
+        if field.config in params:
+            payload[field.name] = field.default
     return payload
 
 

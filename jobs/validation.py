@@ -230,7 +230,28 @@ ALL = NON_FIELD_ERRORS  # "__all__"
 WHOLE_INPUT = "whole_input"
 """The code of an error worked out from every field together (the memory plan's refusal). A trial
 call on an input whose own checks failed (``trial_call``) drops it: the service saw
-stand-ins for the fields that failed, so the figures would be of another job."""
+stand-ins for the fields that failed, so the figures would be of another job. One worked out from
+some fields only carries them (:func:`worked_out_from`) and is dropped only when one of those failed."""
+
+
+def worked_out_from(message: str, fields: Iterable[str]) -> ValidationError:
+    """``message`` as an error worked out from ``fields`` together (the batch against the dataset's
+    size: ``batch_size``, the shape, ``dataset``): coded :data:`WHOLE_INPUT` with the fields
+    (``whole_input:batch_size,dataset``), so a check that ran while another field had failed (CPU
+    offload) keeps it; it is dropped only when one of ``fields`` had failed (:func:`stood_in`)."""
+    return ValidationError(message, code=f"{WHOLE_INPUT}:{','.join(sorted(fields))}")
+
+
+def stood_in(code: Any, flagged: set[str]) -> bool:
+    """Whether an error coded ``code`` was worked out from a stand-in for one of the ``flagged``
+    fields: coded :data:`WHOLE_INPUT` (any flagged field), or :func:`worked_out_from` fields (one
+    of them flagged)."""
+    if not flagged or not isinstance(code, str):
+        return False
+    if code == WHOLE_INPUT:
+        return True
+    head, sep, fields = code.partition(":")
+    return head == WHOLE_INPUT and bool(sep) and bool(flagged & set(fields.split(",")))
 
 
 class Errors(dict):
@@ -284,13 +305,13 @@ def unknown_fields(errors: Errors, given: Iterable[Any], known: Iterable[str], *
 def merge_later(errors: Errors, later: Errors, flagged: set[str]) -> None:
     """Add to ``errors`` what ``later`` checks found: checks that ran after the ``flagged`` fields had
     failed, on stand-ins for them. Dropped: ``later``'s errors on a flagged field (``config.region``
-    belongs to ``config``), and, when any field was flagged, those coded :data:`WHOLE_INPUT` (worked
-    out from every field together: of another job)."""
+    belongs to ``config``), and those worked out from a stand-in (:func:`stood_in`: coded
+    :data:`WHOLE_INPUT` while any field was flagged, or worked out from a flagged one: of another job)."""
     for key, messages in later.items():
         if field_of(key) in flagged:
             continue
         for message in messages:
-            if flagged and isinstance(message, ValidationError) and message.code == WHOLE_INPUT:
+            if isinstance(message, ValidationError) and stood_in(message.code, flagged):
                 continue
             errors.add(key, message)
 
@@ -359,7 +380,7 @@ def unflagged_errors(exc: ValidationError, flagged: set[str]) -> ValidationError
     belongs to ``config``) nor coded :data:`WHOLE_INPUT` (worked out from every field together, on the
     stand-ins); None when nothing is left."""
     remaining = {k: kept for k, v in coded_errors(exc).items() if field_of(k) not in flagged
-                 if (kept := [m for m, code in v if code != WHOLE_INPUT])}
+                 if (kept := [m for m, code in v if not stood_in(code, flagged)])}
     return ValidationError(remaining) if remaining else None
 
 

@@ -23,6 +23,7 @@ from jobs.services.training_jobs import (
     JOB_FIELD_ALIASES,
     _deep_merge,
     _hyperparameters,
+    _override_at,
     job_base_config,
     training_job_create,
 )
@@ -164,6 +165,16 @@ _TEXT_FIELDS = ("name", "instance_type", "image", "strategy", "pipeline_schedule
 _BOOL_FIELDS = ("spot", "activation_checkpointing", "cpu_offload")
 
 
+def _yield_to_overrides(data: dict[str, Any], extra: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """Where the clone's ``extra`` hyperparameters set a request field's config path (``train.lr``)
+    and the clone does not give that field itself, the field carried from the source job is left
+    unset (its declared default), so the override takes effect without conflicting with it (a
+    conflict is an error: ``training_job_check``)."""
+    for field in job_request.JOB_REQUEST:
+        if field.config and field.name not in given and _override_at(extra, field.config)[0]:
+            data[field.name] = field.default
+
+
 def training_job_clone(*, owner, job: TrainingJob, overrides: Mapping[str, Any] | None = None) -> TrainingJob:
     """A new job of ``owner`` like ``job``: :func:`training_job_clone_data` with ``overrides``
     (:func:`training_job_create`'s argument names; ``hyperparameters``, an object or JSON text, is
@@ -191,6 +202,7 @@ def training_job_clone(*, owner, job: TrainingJob, overrides: Mapping[str, Any] 
     if "hyperparameters" in given:
         extra = _hyperparameters(errors, given.pop("hyperparameters"))
         data["hyperparameters"] = _deep_merge(data["hyperparameters"], extra)
+        _yield_to_overrides(data, extra, given)
     data.update(given)
     # The create's own checks run even when an override was refused, so one answer lists every error;
     # its row is rolled back then.

@@ -329,7 +329,8 @@ def _read_code(errors: Errors, code: Any) -> code_archives.NormalizedArchive | N
         if isinstance(code, (str, os.PathLike)):
             return code_archives.normalize_directory(code)
     except code_archives.ArchiveError as exc:
-        errors.add("code", str(exc))
+        for message in exc.messages:  # every unsafe member, one message each
+            errors.add("code", message)
         return None
     errors.add("code", "Code must be an uploaded .zip or .tar.gz, or a directory path on the server.")
     return None

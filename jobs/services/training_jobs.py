@@ -116,6 +116,40 @@ def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str,
     return out
 
 
+def request_field_is_set(field: job_request.RequestField, value: Any) -> bool:
+    """Whether a request's ``value`` of the config field ``field`` says something of its own: an
+    optional one not None or blank, any other not its declared default (the config's, which every
+    front door sends when the user leaves the field alone)."""
+    if value is None or value == "":
+        return False
+    return field.optional or value != field.default
+
+
+def _override_at(overrides: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    """``(True, value)`` where the nested ``overrides`` set the config path ``dotted``, else ``(False, None)``."""
+    node: Any = overrides
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _check_override_conflicts(errors: Errors, request: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """An error on ``hyperparameters`` naming both where they set a config path (``train.max_steps``)
+    that a request field given with a value of its own (:func:`request_field_is_set`) sets to another
+    value: the hyperparameters would silently win. The same value twice is no conflict."""
+    for field in job_request.JOB_REQUEST:
+        if not field.config or not request_field_is_set(field, request.get(field.name)):
+            continue
+        present, other = _override_at(overrides, field.config)
+        value = request[field.name]
+        if present and other != value and str(other).strip() != str(value).strip():
+            errors.add("hyperparameters", (
+                f"Hyperparameters set {field.config} to {other!r}, but {field.label} ({field.name}) is {value!r}: "
+                f"give it in one place, the field or the hyperparameters."))
+
+
 def _flatten_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
     keys = set()
     for key, value in data.items():
@@ -498,6 +532,7 @@ def training_job_check(*, owner, cloned_from: TrainingJob | None = None, source_
         overrides = {k: v for k, v in overrides.items() if k != "code"}
     overrides = _without_backend_paths(errors, overrides)
     overrides = _without_init_fields(errors, overrides)
+    _check_override_conflicts(errors, request, overrides)
     env = validation.env_vars(errors, "env", values["env"])
     image = _job_image(errors, values["image"], model_spec)
     instance_type = (values["instance_type"] or "").strip()
@@ -528,20 +563,20 @@ def training_job_check(*, owner, cloned_from: TrainingJob | None = None, source_
     overridden = _flatten_keys(overrides)
     is_script = model_spec.kind == ModelSpec.Kind.SCRIPT
     config, refused = _checked_config(later, base, overrides, overridden, is_script)
-    # While only overrides are refused, each refusal is the user's own error (kept) and the checks go
-    # on without that key: the trainer's schema stops at its first error, so the next refused key is
-    # found too, and the backend's checks below run on the overrides the trainer takes.
+    # Each refusal is the user's own error (kept), and the checks go on without the refused key (an
+    # override left out, a field at the config's default), its field flagged: the trainer's schema
+    # stops at its first error, so the next refused key is found too (a clone's checkpoint format,
+    # then its max steps and sequence length), and the batch and backend checks below run on a
+    # config the trainer takes, keeping what they say of the fields that did not fail.
     dropped: set[str] = set()
-    while later and set(map(validation.field_of, later)) == {"hyperparameters"} and refused - dropped:
+    while refused - dropped:
         validation.merge_later(errors, later, flagged)
+        flagged |= set(map(validation.field_of, later))
         later.clear()
         dropped |= refused
         kept = _without_keys(overrides, dropped)
-        config, refused = _checked_config(later, base, kept, _flatten_keys(kept), is_script)
-    if dropped:
-        validation.merge_later(errors, later, flagged)  # a refusal that dropping keys did not clear
-        later.clear()
-        flagged.add("hyperparameters")  # from here on the checks see the overrides less the refused keys
+        own = {k for k in dropped if _config_error_field(k, overridden) != "hyperparameters"}
+        config, refused = _checked_config(later, _without_keys(base, own), kept, _flatten_keys(kept), is_script)
     if config is None or any(validation.field_of(key) not in flagged for key in later):
         stop_if_any()  # the backend's checks need a config the trainer takes
     # Pending, not raised: the backend's checks below still run, so one submit shows both. A script
@@ -672,10 +707,22 @@ def _model_archive(errors: Errors, model_spec: ModelSpec | None) -> CodeArchive 
 
 def _job_config_errors(config: JobConfig, is_script: bool) -> dict[str, str]:
     """The trainer's own checks of a job's config: all of them (:func:`config_errors`), except for a
-    script, whose model section is not ours: its fields and its shape without the layer count."""
+    script, whose model section is not ours: its fields and its shape without the layer count. And
+    ``data.seq_len`` (not 0) only where the trainer reads it: a tokens dataset, not a script's job."""
     if not is_script:
-        return config_errors(config)
+        errs = config_errors(config)
+        if config.data.seq_len and config.data.format != TOKENS_FORMAT and "data.seq_len" not in errs:
+            # The trainer reads data.seq_len for a tokens dataset only (trainer_pkg.train: TokenData).
+            errs["data.seq_len"] = (f"token datasets only: this job reads {config.data.format} data, whose samples "
+                                    f"are not windows of tokens, so {config.data.seq_len:,} would be ignored; leave "
+                                    f"it blank (0)")
+        return errs
     errs = config.field_errors()
+    if config.data.seq_len and "data.seq_len" not in errs:
+        # A script is passed the train section only (TRAINBOARD_HPARAMS), never data.seq_len.
+        errs["data.seq_len"] = (f"token datasets of our trainer only: a script model reads its own data and is not "
+                                f"passed data.seq_len, so {config.data.seq_len:,} would be ignored; leave it blank (0), "
+                                f"or give the length in the model's script arguments")
     p = config.parallel
     if "parallel.nodes" not in errs and "parallel.procs_per_node" not in errs:
         found = shape_errors(config, world_size=p.world_size, world_desc=describe_world(p.nodes, p.procs_per_node),
@@ -734,8 +781,8 @@ def _check_batch_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     of the samples counted when it was saved, ``data.val_fraction`` held out). Such a job trains one
     smaller batch per rank an epoch and "succeeds" having learnt little, so it is refused with the
     arithmetic. Not checked when the size is not known (a cloud URI, a large CSV, token data): the
-    trainer then logs the batch it really used (``ShardOrder.small_batch_note``). Coded
-    :data:`jobs.validation.WHOLE_INPUT`: worked out from the shape and the dataset together."""
+    trainer then logs the batch it really used (``ShardOrder.small_batch_note``). Worked out from
+    :data:`_BATCH_INPUTS` together (:func:`jobs.validation.worked_out_from`)."""
     if dataset.num_samples is None or not _reads_dataset(config, dataset):
         return
     data, p, batch = config.data, config.parallel, config.train.batch_size
@@ -755,8 +802,12 @@ def _check_batch_fits_dataset(errors: Errors, config: JobConfig, dataset: Datase
     message = (f"Batch size {batch:,} × {ranks} data-parallel rank{'s' if ranks != 1 else ''} = {batch * ranks:,} "
                f"samples per step exceeds the {train:,} training samples of dataset {dataset.name} ({split}): each "
                f"epoch would be one smaller batch per rank; {fix}.")
-    errors.add(_config_error_field("train.batch_size", overridden),
-               ValidationError(message, code=validation.WHOLE_INPUT))
+    errors.add(_config_error_field("train.batch_size", overridden), validation.worked_out_from(message, _BATCH_INPUTS))
+
+
+_BATCH_INPUTS = ("batch_size", "nodes", "procs_per_node", "strategy", "pipeline_stages", "dataset", "hyperparameters")
+"""The request fields :func:`_check_batch_fits_dataset` works its arithmetic from: its refusal stands
+while another field (CPU offload) failed, and is dropped when one of these did (of a stand-in)."""
 
 
 def _check_model_fits_dataset(errors: Errors, config: JobConfig, dataset: Dataset, model_spec: ModelSpec,

@@ -289,9 +289,11 @@ def test_directory_with_a_link_or_a_fifo_is_refused(user, code_store, tmp_path):
         "or out of it: put the file itself in the archive.")
     (tree / "mymodel" / "secrets").unlink()
     os.link(tree / "train.py", tree / "train2.py")
-    assert refused(user, code_store, str(tree)) == (
-        "member 'train.py': a hard link (the file has 2 names); links are refused, inside the archive or out "
-        "of it: put the file itself in the archive.")
+    with pytest.raises(ValidationError) as excinfo:  # both names of the file, each its own message
+        create(user, str(tree))
+    assert excinfo.value.message_dict == {"code": [
+        f"member {name!r}: a hard link (the file has 2 names); links are refused, inside the archive or out of it: "
+        f"put the file itself in the archive." for name in ("train.py", "train2.py")]}
     (tree / "train2.py").unlink()
     os.mkfifo(tree / "pipe")
     assert refused(user, code_store, str(tree)) == (

@@ -135,3 +135,23 @@ def test_help_and_usage_errors_in_a_real_process():
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert both.returncode == 2
     assert "argument --script: not allowed with argument --entry-point" in both.stderr
+
+
+def test_every_unsafe_member_of_the_archive_is_reported(user, tmp_path, code_store):
+    archive = tmp_path / "bad.tgz"
+    archive.write_bytes(tar_gz_bytes({**MODEL_FILES, "mymodel/evil": Link("/etc/shadow"),
+                                      "mymodel/copy.py": Link("mymodel/net.py", hard=True),
+                                      "../outside.py": b"x = 1\n", "trainer_pkg/x.py": b"x = 1\n"}))
+    code, out, err = run("--name", "bad", "--code", str(archive), "--entry-point", "mymodel.net:build",
+                         "--owner", "alice")
+    assert (code, out) == (2, "")
+    assert err.split("the model was not registered:\n", 1)[1].splitlines() == [
+        "  --code: member 'mymodel/evil': a symbolic link (to '/etc/shadow'); links are refused, inside the archive "
+        "or out of it: put the file itself in the archive.",
+        "  --code: member 'mymodel/copy.py': a hard link (to 'mymodel/net.py'); links are refused, inside the "
+        "archive or out of it: put the file itself in the archive.",
+        "  --code: member '../outside.py': path leaves the archive (..)",
+        "  --code: member 'trainer_pkg/x.py': trainer_pkg/ is Trainboard's trainer package, which the job puts "
+        "beside your files; rename your package.",
+    ]
+    assert (ModelSpec.objects.count(), CodeArchive.objects.count(), stored_files(code_store)) == (0, 0, [])

@@ -354,3 +354,39 @@ def test_bad_env_or_image_exits_2(ready, args, needle):
     assert code == 2
     assert needle in err
     assert not TrainingJob.objects.exists()
+
+
+# --- a script model without a dataset ----------------------------------------------------------
+
+
+def test_dataset_is_optional_for_a_script_model_and_required_by_the_service_for_the_others(ready, user, settings,
+                                                                                          tmp_path):
+    from codekit import MODEL_FILES, upload, zip_bytes
+
+    settings.TRAINBOARD_CODE_STORE = tmp_path / "store"
+    services.model_spec_create(owner=user, name="my-script", kind="script", entry_point="train.py",
+                               code=upload(zip_bytes(MODEL_FILES)), script_args=["--epochs", "1"])
+    no_dataset = ["--model", "my-script", "--backend", "local", "--nodes", "1", "--procs-per-node", "2",
+                  "--user", "alice", "--json"]
+    code, out, err = run(*no_dataset)
+    assert code == 0, err
+    job = TrainingJob.objects.get()
+    assert (job.dataset, job.model_spec.name, json.loads(out)["id"]) == (None, "my-script", job.pk)
+    assert job.config["data"]["uri"] == ""  # no data of ours: the script reads its own
+
+    code, out, err = run("--model", "digits-cnn", "--backend", "local", "--user", "alice")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "the job was not created:",
+        "  --dataset: Choose a dataset: model digits-cnn trains on one (only a script model may run without, reading "
+        "its own data).",
+    ]
+    assert TrainingJob.objects.count() == 1
+
+
+def test_help_says_when_dataset_may_be_left_out():
+    from jobs.management.commands.submit_job import Command
+
+    text = " ".join(Command().create_parser("manage.py", "submit_job").format_help().split())
+    assert ("--dataset DATASET Dataset name (or id), e.g. digits. Required, except for a script model (kind script) "
+            "that reads its own data: leave it out there.") in text

@@ -78,19 +78,29 @@ def test_a_job_with_a_bad_field_and_a_bad_pipeline_gets_every_error_and_nothing_
     no_celery_publish["submit"].assert_not_called()
 
 
-@pytest.mark.parametrize("bad", [
-    {"epochs": 0, "hyperparameters": {"train": {"optimizer": "nope"}}},
-    {"lr": -1},
-    {"batch_size": 0},
+BATCH_32_ON_64_RANKS = ("Batch size 32 × 64 data-parallel ranks = 2,048 samples per step exceeds the 1,438 training "
+                        "samples of dataset digits (1,797 less 359 held out for validation, data.val_fraction 0.2): "
+                        "each epoch would be one smaller batch per rank; use a batch size of at most 22 or fewer "
+                        "ranks.")
+
+
+@pytest.mark.parametrize("bad, batch", [
+    # The batch's arithmetic stands where its own inputs (batch size, shape, dataset, hyperparameters) are
+    # valid, whatever else failed; of a failed one (a stand-in) it is dropped.
+    ({"epochs": 0, "hyperparameters": {"train": {"optimizer": "nope"}}}, None),
+    ({"lr": -1}, BATCH_32_ON_64_RANKS),
+    ({"batch_size": 0}, None),
 ])
 def test_field_and_config_errors_do_not_hide_what_the_backend_refuses(api_client, digits_dataset, cnn_model,
-                                                                        local_backend, no_celery_publish, bad):
+                                                                        local_backend, no_celery_publish, bad, batch):
     payload = {"dataset": digits_dataset.pk, "model_spec": cnn_model.pk, "backend": local_backend.pk,
                "nodes": 1, "procs_per_node": 64, **bad}
     response = api_client.post("/api/jobs/", payload, format="json")
     assert response.status_code == 400
     body = response.json()
-    assert set(body) == {*bad, "procs_per_node"}, body
+    assert set(body) == {*bad, "procs_per_node", *(["batch_size"] if batch else [])}, body
+    if batch:
+        assert body["batch_size"] == [batch]
     assert body["procs_per_node"] == [
         "1 node × 64 processes = 64 ranks, but this GPU box runs at most 2 processes per node "
         "(max_procs_per_node); ask for 2 or fewer."]

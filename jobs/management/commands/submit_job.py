@@ -3,7 +3,9 @@
     python manage.py submit_job --dataset digits --model digits-cnn --backend local \\
         --nodes 1 --procs-per-node 2 --epochs 3 --wait --json
 
-The job is created by ``jobs.services.training_job_create`` (same validation, same frozen config)
+A script model (kind script) that reads its own data needs no ``--dataset``; any other model does
+(the service says so, exit 2). The job is created by ``jobs.services.training_job_create`` (same
+validation, same frozen config)
 and driven by the Celery worker and beat; ``--wait`` only watches the database.
 """
 
@@ -90,7 +92,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         what = parser.add_argument_group("what to train")
-        what.add_argument("--dataset", required=True, help="Dataset name (or id), e.g. digits.")
+        what.add_argument("--dataset", default=None, help=(
+            "Dataset name (or id), e.g. digits. Required, except for a script model (kind script) that reads its "
+            "own data: leave it out there."))
         what.add_argument("--model", required=True, help="Model name (or id), e.g. digits-cnn.")
         what.add_argument("--backend", required=True, help="Compute backend name (or id), e.g. local.")
         what.add_argument("--team", default=None, metavar="TEAM",
@@ -161,8 +165,9 @@ class Command(BaseCommand):
         owner = self._owner(errors, opts["user"])
         dataset = model = backend = team = None
         if owner is not None:
-            dataset = self._named(errors, selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset",
-                                  "dataset", owner)
+            if opts["dataset"] is not None:  # left out: the service says where the model needs one
+                dataset = self._named(errors, selectors.dataset_list_for_user(user=owner), opts["dataset"], "dataset",
+                                      "dataset", owner)
             model = self._named(errors, selectors.model_spec_list_for_user(user=owner), opts["model"], "model_spec",
                                 "model", owner)
             backend = self._named(errors, selectors.backend_list_for_user(user=owner), opts["backend"], "backend",
