@@ -78,6 +78,8 @@ URL_KINDS: dict[str, str] = {
     "api-job-detail": "api-detail",
     "api-backend-test-connection": "api-action", "api-job-cancel": "api-action", "api-job-rerun": "api-action",
     "api-job-clone": "api-clone",
+    # A job's price and checks without creating it (docs/client.md): priced for whoever may use the objects.
+    "api-job-estimate": "api-estimate",
     "api-backend-queue": "api-read", "api-backend-running-jobs": "api-read", "api-backend-waiting-jobs": "api-read",
     # Artifacts (docs/artifacts.md): carol's job has a run directory with model.pt (the world fixture).
     "job-artifacts": "object-read", "job-artifact-download": "object-read",
@@ -292,7 +294,7 @@ def test_anonymous_is_sent_to_login_or_gets_401(world):
             r = api.get(url)
             if r.status_code != 401:
                 problems.append(f"GET {url}: {r.status_code}, expected 401")
-        elif kind in ("api-action", "api-clone"):
+        elif kind in ("api-action", "api-clone", "api-estimate"):
             r = api.post(url)
             if r.status_code != 401:
                 problems.append(f"POST {url}: {r.status_code}, expected 401")
@@ -342,6 +344,17 @@ def test_object_urls_as_stranger_and_teammate(world, who):
             expected, r, method = (404 if stranger else 403), api.post(url), "post"
         elif kind == "api-clone":
             expected, r, method = (404 if stranger else 201), api.post(url, {}, format="json"), "post"
+        elif kind == "api-estimate":
+            # carol's dataset, model and backend: priced for a teammate; for a stranger they do not exist.
+            objects = world["objects"]
+            body = {"dataset": objects["dataset"].pk, "model_spec": objects["model"].pk,
+                    "backend": objects["backend"].pk, "nodes": 1, "procs_per_node": 1}
+            r, method = api.post(url, body, format="json"), "post"
+            expected = 400 if stranger else 200
+            if r.status_code == 400 and not {"dataset", "model_spec", "backend"} <= set(r.json()):
+                problems.append(f"POST {url}: {r.json()}, expected errors on dataset, model_spec and backend")
+            if r.status_code == 200 and r.json()["job"]["id"] is not None:
+                problems.append(f"POST {url}: an estimate made job {r.json()['job']['id']}")
         elif kind == "api-read":
             expected, r = (404 if stranger else 200), api.get(url)
         elif kind == "api-own":
