@@ -139,6 +139,10 @@ def _check_continue(errors: Errors, source: TrainingJob, config: JobConfig, epoc
                                  f"{_describe_model(src.get('model') or {})}, this job would train "
                                  f"{_describe_model(new['model'])}. Keep job #{source.pk}'s model, or choose "
                                  f"Fine-tune (weights only) or a new job.")
+    if _wrote_sharded(source, new):
+        errors.add(ALL, f"Job #{source.pk} wrote a sharded checkpoint (a directory every rank reads); continue "
+                        f"starts from a full checkpoint (last.pt) only. Choose Fine-tune, or re-run job "
+                        f"#{source.pk} with checkpoint format full.")
     if _is_script(new) or epochs_done is None:
         return
     for dotted, label in _CONTINUE_KEEPS:
@@ -147,10 +151,6 @@ def _check_continue(errors: Errors, source: TrainingJob, config: JobConfig, epoc
                        f"{label}: continue resumes job #{source.pk}'s optimizer state, which holds "
                        f"{dotted} = {_get(src, dotted)!r}; this job asks for {_get(new, dotted)!r}. Keep "
                        f"{_get(src, dotted)!r}, or choose Fine-tune to start a new optimizer.")
-    if _get(src, "output.checkpoint_format") == "sharded":
-        errors.add(ALL, f"Job #{source.pk} wrote a sharded checkpoint (a directory every rank reads); continue "
-                        f"starts from a full checkpoint (last.pt) only. Choose Fine-tune, or re-run job "
-                        f"#{source.pk} with checkpoint format full.")
     src_parallel, new_parallel = src.get("parallel") or {}, new["parallel"]
     if "pipeline" in (src_parallel.get("strategy"), new_parallel["strategy"]):
         keys = ("strategy", "nodes", "procs_per_node", "pipeline_stages")
@@ -161,6 +161,12 @@ def _check_continue(errors: Errors, source: TrainingJob, config: JobConfig, epoc
     if config.train.max_steps == 0 and config.train.epochs <= epochs_done:
         errors.add("epochs", f"Epochs: job #{source.pk}'s checkpoint has {epochs_done} epoch"
                              f"{'' if epochs_done == 1 else 's'} done; set more than {epochs_done} to continue it.")
+
+
+def _wrote_sharded(source: TrainingJob, new: dict[str, Any]) -> bool:
+    """Whether continuing ``source`` as the built-in trainer's job ``new`` (a config dict) meets a sharded
+    checkpoint, which has no ``last.pt`` to start from (a script's checkpoint is its script's own)."""
+    return not _is_script(new) and _get(source.config or {}, "output.checkpoint_format") == "sharded"
 
 
 def _describe_model(model: dict[str, Any]) -> str:
@@ -226,7 +232,9 @@ def job_init(errors: Errors, *, source: TrainingJob | None, mode: str, config: J
         _check_continue(errors, source, config, epochs_done)
     else:
         _check_finetune(errors, source, config, dataset)
-    name, uri = _artifact(errors, source, mode)
+    # A sharded checkpoint was refused above for what it is: not also as a missing last.pt.
+    sharded = mode == "continue" and _wrote_sharded(source, config.to_dict())
+    name, uri = ("", "") if sharded else _artifact(errors, source, mode)
     if not name or not _readable_where(errors, source, name, uri, backend, adapter) or _count(errors) > found:
         return None
     config.train.init_from = uri

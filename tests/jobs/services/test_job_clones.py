@@ -226,6 +226,19 @@ def test_continue_needs_a_checkpoint_and_fine_tune_uses_model_pt(user, digits_da
     assert lineage_text(tuned) == f"fine-tuned from #{job.pk}"
 
 
+def test_continue_of_a_sharded_checkpoint_says_so_once_and_not_that_none_was_left(
+        user, digits_dataset, cnn_model, local_backend, run_root):
+    job = _source(user, digits_dataset, cnn_model, local_backend, strategy="fsdp",
+                  hyperparameters={"output": {"checkpoint_format": "sharded"}})
+    assert job.config["output"]["checkpoint_format"] == "sharded"
+    _ran(job, run_root, files=("model.pt", "checkpoints/last/.metadata"), epochs_done=1)
+    with pytest.raises(ValidationError) as excinfo:
+        services.training_job_clone(owner=user, job=job, overrides={"init_mode": "continue", "epochs": 3})
+    assert excinfo.value.message_dict["__all__"] == [
+        f"Job #{job.pk} wrote a sharded checkpoint (a directory every rank reads); continue starts from a full "
+        f"checkpoint (last.pt) only. Choose Fine-tune, or re-run job #{job.pk} with checkpoint format full."]
+
+
 def test_fine_tune_refuses_another_architecture(user, digits_dataset, cnn_model, local_backend, run_root):
     job = _source(user, digits_dataset, cnn_model, local_backend)
     _ran(job, run_root)
