@@ -32,6 +32,7 @@ from jobs.pagination import CappedCountPaginator
 from jobs.services.resources import MAX_HANG_DEADLINE_S, MIN_HANG_DEADLINE_S
 from jobs.models import (
     DEFAULT_MAX_RESTARTS,
+    FRAMEWORKS,
     MAX_RESTARTS,
     TERMINAL_STATE_VALUES,
     CodeArchive,
@@ -203,16 +204,19 @@ class ModelSpecForm(ServiceForm):
 
     # Not required, so a POST without it is a built-in model, as before kinds existed.
     kind = forms.ChoiceField(required=False, choices=ModelSpec.Kind.choices, initial=ModelSpec.Kind.BUILTIN)
+    framework = forms.ChoiceField(required=False, choices=[(f, f) for f in FRAMEWORKS], initial="torch",
+                                  help_text=ModelSpec._meta.get_field("framework").help_text)
 
     class Meta:
         model = ModelSpec
         fields = ["name", "description", "kind", "architecture", "params", "entry_point", "script_args",
-                  "shard_classes", "image", "team"]
+                  "framework", "shard_classes", "image", "team"]
 
     def save_via_service(self, data):
         for name in ("params", "script_args", "shard_classes"):
             data[name] = _json_field(data.get(name))
         data["kind"] = data.get("kind") or ModelSpec.Kind.BUILTIN
+        data["framework"] = data.get("framework") or "torch"
         if self.instance.pk:
             return services.model_spec_update(model_spec=self.instance, **data)
         return services.model_spec_create(owner=self.request.user, **data)

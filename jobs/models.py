@@ -9,6 +9,7 @@ from __future__ import annotations
 import urllib.parse
 from decimal import Decimal
 from pathlib import Path
+from typing import get_args
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -20,6 +21,10 @@ from cloud_adapters.base import TERMINAL_STATES, Backend, BackendError, JobState
 from jobs import cost
 from jobs import progress as job_progress
 from jobs.fields import EncryptedJSONField
+from trainer_pkg.config import Framework
+
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+"""A script model's frameworks (trainer_pkg.config ``code.framework``): torch, tensorflow, ray, mpi."""
 
 
 class JobStateChoices(models.TextChoices):
@@ -239,6 +244,10 @@ class ModelSpec(Owned):
         help_text="Kind code: package.module:function returning a torch.nn.Module. Kind script: a file "
                   "in the archive (train.py) or -m package.module.")
     script_args = models.JSONField(default=list, blank=True, help_text="Kind script: its argument list.")
+    framework = models.CharField(
+        max_length=12, choices=[(f, f) for f in FRAMEWORKS], default="torch",
+        help_text="Kind script: how its processes are started: torch (torchrun's variables), tensorflow "
+                  "(TF_CONFIG), ray (a Ray cluster over the job's nodes) or mpi (mpirun). Other kinds: torch.")
     shard_classes = models.JSONField(
         default=list, blank=True,
         help_text="Kind code, FSDP: class names sharded one fully_shard each (default: each top-level child).")

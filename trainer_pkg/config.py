@@ -39,6 +39,7 @@ InitMode = Literal["", "continue", "finetune"]
 DistBackend = Literal["auto", "gloo", "nccl"]
 OnNonfiniteLoss = Literal["stop", "warn"]
 CheckpointFormat = Literal["full", "sharded"]
+Framework = Literal["torch", "tensorflow", "ray", "mpi"]
 
 
 class ConfigError(ValueError):
@@ -262,6 +263,11 @@ class CodeConfig:
     args: list[str] = dataclasses.field(default_factory=list)
     """Arguments passed to ``script`` (an argv list, never through a shell); ``{train.<field>}`` in
     one is replaced by that field's value (:func:`expand_script_args`)."""
+    framework: Framework = "torch"
+    """How the launcher starts a ``script``'s processes (docs/user-code.md): ``torch``, one process
+    per rank under torchrun's variables; ``tensorflow``, one ``tf.distribute`` worker per process with
+    ``TF_CONFIG``; ``ray``, a Ray cluster over the job's nodes with the script on node 0; ``mpi``, the
+    ranks started by ``mpirun`` (or the platform's MPI). Only a ``script`` takes one other than torch."""
 
 
 # -- what a user's script receives of its job's config (docs/user-code.md) ----------------------
@@ -405,6 +411,9 @@ class JobConfig:
         need(bool(t.init_from) == bool(t.init_mode), "train.init_mode" if t.init_from else "train.init_from",
              "train.init_from and train.init_mode go together: a checkpoint or model.pt to start from, and "
              "continue or finetune")
+        c = self.code
+        need(c.framework == "torch" or bool(c.script.strip()), "code.framework",
+             f"{c.framework} runs a training script (code.script): Trainboard's own trainer is PyTorch")
         for dotted, most in MAXIMA.items():  # past these a run overflows a library call, or means nothing
             section, name = dotted.split(".")
             value = getattr(getattr(self, section), name)

@@ -92,6 +92,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -410,6 +411,21 @@ def run_script_here(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, har
     return 128 - code if code < 0 else code
 
 
+def run_framework(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_s: float = 0.0) -> int:
+    """Start ``script`` under ``cfg.code.framework`` (tensorflow, ray or mpi: a module of
+    :mod:`trainer_pkg.frameworks`, imported now) on this node or rank and wait for it; the exit code
+    to report. Raises :class:`ConfigError` naming ``code.framework`` when this launcher has no module
+    for it."""
+    name = f"trainer_pkg.frameworks.{cfg.code.framework}"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise ConfigError(f"code.framework: this launcher cannot start a {cfg.code.framework} script") from None
+    return module.run(cfg, plan, script, hardware_every_s=hardware_every_s)
+
+
 _SCRIPT_ENTRY = ("-m", "trainer_pkg.rank_entry")
 """What runs a script's rank: :mod:`trainer_pkg.rank_entry` installs the hang dump, then runs it as python would."""
 
@@ -695,7 +711,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if ours and os.environ.get(hardware.SAMPLED_ENV) == "1":
         every_s = 0.0  # a rank of a torchrun our launcher started and samples
-    if plan.in_process:
+    if script is not None and cfg.code.framework != "torch":
+        try:  # TensorFlow, Ray or MPI: how its processes start is the framework's (trainer_pkg.frameworks)
+            code = run_framework(cfg, plan, script, hardware_every_s=every_s)
+        except ConfigError as exc:
+            report_error(str(exc))
+            _write_failure(plan.failure_file, str(exc))
+            return 2
+    elif plan.in_process:
         _log_rank(f"{ours} via torchrun" if ours else plan.platform)
         if script is not None:
             code = run_script_here(cfg, plan, script, hardware_every_s=every_s)

@@ -20,8 +20,8 @@ from jobs.job_request import MAX_RUNTIME_HELP
 from jobs.adapters import backend_secret_keys, may_set_host_settings, may_use_worker_credentials
 from jobs.cost import format_usd_per_hour
 from jobs.deadlines import DEADLINE_STATES
-from jobs.models import (DEFAULT_MAX_RESTARTS, MAX_RESTARTS, ComputeBackend, Dataset, JobStateChoices, ModelSpec,
-                         Team, TrainingJob)
+from jobs.models import (DEFAULT_MAX_RESTARTS, FRAMEWORKS, MAX_RESTARTS, ComputeBackend, Dataset, JobStateChoices,
+                         ModelSpec, Team, TrainingJob)
 from trainer_pkg.config import BuiltinDataset
 from trainer_pkg.registry import ARCHITECTURES
 
@@ -158,6 +158,11 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
                   "and line breaks as a shell would (never run by one); quote an argument that holds spaces, "
                   "--title 'my run'. {train.lr}, {train.epochs}, {train.batch_size}, ... become the job's (or a "
                   "sweep trial's) value.")
+    framework = forms.ChoiceField(
+        choices=[(f, f) for f in FRAMEWORKS], initial="torch", required=False, label="Framework",
+        help_text="How the script's processes start: torch (one per rank, torchrun's RANK, WORLD_SIZE...), "
+                  "tensorflow (one tf.distribute worker each, with TF_CONFIG), ray (a Ray cluster over the job's "
+                  "nodes, your script on node 0) or mpi (started by mpirun). See docs/user-code.md.")
     image = forms.CharField(
         required=False, max_length=500, label="Container image",
         widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
@@ -220,9 +225,10 @@ class ModelSpecForm(TeamChoiceMixin, forms.Form):
         values.update(entry_point=data.get("entry_point", ""), **({"code": code} if code is not None else {}))
         if kind == ModelSpec.Kind.CODE:
             values.update(params=data.get("function_params", ""), shard_classes=data.get("shard_classes", []),
-                          script_args=[])
+                          script_args=[], framework="torch")
         else:
-            values.update(params={}, script_args=data.get("script_args", []), shard_classes=[])
+            values.update(params={}, script_args=data.get("script_args", []), shard_classes=[],
+                          framework=data.get("framework") or "torch")
         return values
 
 

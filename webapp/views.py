@@ -204,6 +204,7 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
         "function_params": "" if builtin or not model_spec.params else json.dumps(model_spec.params, indent=2),
         "entry_point": model_spec.entry_point, "shard_classes": ", ".join(model_spec.shard_classes or []),
         "script_args": shlex.join(model_spec.script_args or []), "image": model_spec.image,
+        "framework": model_spec.framework,
         "team": model_spec.team_id,
     }
     if (refused := _oversized_model_post(request, initial, model_spec)) is not None:

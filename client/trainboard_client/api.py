@@ -25,6 +25,9 @@ from urllib.parse import quote
 import httpx
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+FRAMEWORKS = ("torch", "tensorflow", "ray", "mpi")
+"""A script model's frameworks, as the server's ``/api/models/`` ``framework`` field takes them (a test
+holds the two equal: the client imports nothing of the server's)."""
 RETRY_STATUSES = frozenset({502, 503, 504})
 
 RetryHook = Callable[[int, int, float, str], None]
@@ -388,13 +391,15 @@ class Client:
 
     def create_model(self, *, name: str, kind: str, entry_point: str, archive: bytes,
                      filename: str = "code.tar.gz", script_args: list[str] | None = None,
-                     description: str = "") -> dict[str, Any]:
+                     description: str = "", framework: str = "torch") -> dict[str, Any]:
         """``POST /api/models/`` (multipart): a *my script* (kind ``script``) or *my model* (``code``)
-        model with its code archive; a refused archive is an :class:`ApiError` on ``code`` naming the
-        member and why."""
+        model with its code archive; ``framework`` (a script's: torch, tensorflow, ray or mpi) says how
+        its processes start. A refused archive is an :class:`ApiError` on ``code`` naming the member
+        and why."""
         import json
 
-        data = {"name": name, "kind": kind, "entry_point": entry_point, "description": description}
+        data = {"name": name, "kind": kind, "entry_point": entry_point, "description": description,
+                "framework": framework}
         if script_args is not None:
             data["script_args"] = json.dumps(script_args)
         files = {"code": (filename, archive, "application/gzip")}

@@ -20,7 +20,7 @@ import click
 import yaml
 
 from trainboard_client import config
-from trainboard_client.api import TERMINAL_STATES, ApiError, AuthError, Client, TrainboardError
+from trainboard_client.api import FRAMEWORKS, TERMINAL_STATES, ApiError, AuthError, Client, TrainboardError
 from trainboard_client.packing import PackError, Packed, human_size, pack
 from trainboard_client.schema import JobField, job_fields
 
@@ -746,7 +746,7 @@ def estimate(ctx: click.Context, task_file: str | None, **_: Any) -> None:
     _print_estimate(job)
 
 
-RUN_KEYS = {"script", "args", "workdir", "model_entry"}
+RUN_KEYS = {"script", "args", "workdir", "model_entry", "framework"}
 """A task file's keys of its own, beside the job options."""
 
 
@@ -775,10 +775,14 @@ def _server_errors(values: dict[str, Any], kind: str) -> list[str]:
     return []
 
 
-def _model_name(root: Path, kind: str, entry_point: str, script_args: list[str] | None, packed: Packed) -> str:
-    """A name that says what the model is: the project, and a key of its code, entry point and arguments
-    (a later run of the same finds it and uploads nothing)."""
-    key = hashlib.sha256(json.dumps([packed.sha256, kind, entry_point, script_args]).encode()).hexdigest()[:12]
+def _model_name(root: Path, kind: str, entry_point: str, script_args: list[str] | None, packed: Packed,
+                framework: str = "torch") -> str:
+    """A name that says what the model is: the project, and a key of its code, entry point, arguments
+    and framework (a later run of the same finds it and uploads nothing)."""
+    keyed: list[Any] = [packed.sha256, kind, entry_point, script_args]
+    if framework != "torch":  # a torch script keeps the name it had before frameworks
+        keyed.append(framework)
+    key = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()[:12]
     project = re.sub(r"[^A-Za-z0-9_.-]+", "-", root.name).strip("-")[:60] or "project"
     return f"{project}-{key}"
 
@@ -794,13 +798,16 @@ def _model_name(root: Path, kind: str, entry_point: str, script_args: list[str] 
               help="The project directory to pack [default: .].")
 @click.option("--model-entry", help="Instead of a script: package.module:function returning the torch.nn.Module "
                                     "that the built-in trainer trains (a model of kind code).")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
+              help="How the script's processes start: torch (torchrun's variables), tensorflow (TF_CONFIG), ray (a "
+                   "Ray cluster over the job's nodes, the script on node 0) or mpi (mpirun) [default: torch].")
 @click.option("--dry-run", is_flag=True, help="Print the estimate and every error; upload and launch nothing.")
 @click.option("-d", "--detach", is_flag=True, help="Launch and return: print the job's id, follow nothing.")
 @click.option("--poll", type=click.FloatRange(0.1), default=1.0, show_default=True,
               help="Seconds between polls of the job's state and log.")
 @click.pass_context
 def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file: str | None, workdir: str | None,
-        model_entry: str | None, dry_run: bool, detach: bool, poll: float, **_: Any) -> None:
+        model_entry: str | None, framework: str | None, dry_run: bool, detach: bool, poll: float, **_: Any) -> None:
     """Pack the project, upload it (once per content), launch a job and follow it to its end.
 
     \b
@@ -818,6 +825,11 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
     values, errors = _job_values(command, ctx, task, RUN_KEYS)
     script = script or task.get("script")
     model_entry = model_entry or task.get("model_entry")
+    framework = framework or task.get("framework") or "torch"
+    if framework not in FRAMEWORKS:
+        errors.append(f"framework: one of {', '.join(FRAMEWORKS)}, got {framework!r}.")
+    elif model_entry and framework != "torch":
+        errors.append(f"framework: {framework} runs a script; the built-in trainer (--model-entry) is PyTorch.")
     script_args = list(args) if args else task.get("args")
     if isinstance(script_args, str):
         script_args = [script_args]
@@ -850,7 +862,7 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
     assert packed is not None
     say(f"Packed {len(packed.files)} files from {root.resolve()}: {human_size(packed.size_bytes)} "
         f"({human_size(packed.compressed_bytes)} compressed), sha256 {packed.sha256[:12]}.")
-    name = _model_name(root.resolve(), kind, entry_point, script_args, packed)
+    name = _model_name(root.resolve(), kind, entry_point, script_args, packed, framework)
     with make_client() as client:
         existing = next((m for m in client.models() if m.get("name") == name), None)
         if dry_run:
@@ -881,6 +893,7 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
             say(f"Uploading {human_size(packed.compressed_bytes)} ...")
             model = client.create_model(name=name, kind=kind, entry_point=entry_point, archive=packed.data,
                                         filename=f"{name}.tar.gz", script_args=script_args if kind == "script" else None,
+                                        framework=framework,
                                         description=f"Packed by trainboard run from {root.resolve().name}.")
             say(f"Registered model {name!r} (#{model['id']}), code sha256 {(model.get('code') or {}).get('sha256', '')[:12]}.")
         body = {**values, "model_spec": model["id"]}

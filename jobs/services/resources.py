@@ -165,7 +165,7 @@ def dataset_update(*, dataset: Dataset, **fields: Any) -> Dataset:
 # =============================================================================================
 
 _MODEL_FIELDS = {"name", "description", "kind", "architecture", "params", "team", "entry_point", "script_args",
-                 "shard_classes", "image"}
+                 "shard_classes", "image", "framework"}
 _CODE_FIELDS = ("entry_point", "script_args", "shard_classes")
 MAX_SCRIPT_ARGS = 200
 MAX_SHARD_CLASSES = 50
@@ -181,6 +181,10 @@ def _validate_model_spec(errors: Errors, spec: ModelSpec, archive: code_archives
     if spec.team_id is not None and not spec.team.members.filter(pk=spec.owner_id).exists():
         errors.add("team", "Choose one of your teams; you are not a member of this one.")
     _check_image(errors, spec)
+    spec.framework = (spec.framework or "torch").strip()
+    if spec.framework != "torch" and spec.kind != ModelSpec.Kind.SCRIPT and "framework" not in errors:
+        errors.add("framework", f"Only a model of kind script runs under {spec.framework}: Trainboard's own "
+                                f"trainer is PyTorch. Choose kind script, or framework torch.")
     if spec.kind == ModelSpec.Kind.BUILTIN:
         if archive is not None or spec.code_id is not None:
             errors.add("code", "A built-in model takes no code; choose kind code (your model function) or "
@@ -356,7 +360,7 @@ def _save_with_code(spec: ModelSpec, archive: code_archives.NormalizedArchive | 
 def model_spec_create(*, owner, name: str, architecture: str = "", params: dict | None = None,
                       description: str = "", team=None, kind: str = ModelSpec.Kind.BUILTIN, code: Any = None,
                       entry_point: str = "", script_args: list[str] | None = None,
-                      shard_classes: list[str] | None = None, image: str = "") -> ModelSpec:
+                      shard_classes: list[str] | None = None, image: str = "", framework: str = "torch") -> ModelSpec:
     """Register a model (docs/user-code.md):
 
     - kind ``builtin``: an ``architecture`` from the trainer's registry; ``params`` completed with defaults.
@@ -366,7 +370,9 @@ def model_spec_create(*, owner, name: str, architecture: str = "", params: dict 
     - kind ``script``: ``code`` plus ``entry_point`` ``train.py`` (a file in it) or ``-m package.module``,
       run with ``script_args``: a list of strings, one argument each, or one text split as a shell
       would (:func:`split_script_args`); ``{train.<field>}`` in one is the job's value of that field
-      (trainer_pkg.config.expand_script_args; an unknown field is an error).
+      (trainer_pkg.config.expand_script_args; an unknown field is an error); ``framework`` says how
+      the launcher starts its processes: ``torch`` (default), ``tensorflow``, ``ray`` or ``mpi``
+      (trainer_pkg.config ``code.framework``; docs/user-code.md). Other kinds take only ``torch``.
 
     ``code``: an uploaded file (``.zip``/``.tar.gz``, anything with ``read``) or a directory path under
     ``TRAINBOARD_CODE_ROOTS`` (:mod:`jobs.code_archives`; normalized and stored once by SHA-256).
@@ -381,7 +387,8 @@ def model_spec_create(*, owner, name: str, architecture: str = "", params: dict 
     spec = ModelSpec(owner=owner, name=(name or "").strip(), kind=kind or "", architecture=architecture or "",
                      params=params if params is not None else {}, description=description or "", team=team,
                      entry_point=entry_point or "", script_args=script_args if script_args is not None else [],
-                     shard_classes=shard_classes if shard_classes is not None else [], image=image or "")
+                     shard_classes=shard_classes if shard_classes is not None else [], image=image or "",
+                     framework=framework or "torch")
     _validate_model_spec(errors, spec, archive)
     errors.raise_if_any()
     return _save_with_code(spec, archive)
@@ -389,7 +396,7 @@ def model_spec_create(*, owner, name: str, architecture: str = "", params: dict 
 
 def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any) -> ModelSpec:
     """Change some of ``name, description, kind, architecture, params, team, entry_point, script_args,
-    shard_classes, image`` and, with ``code`` (as for :func:`model_spec_create`), the archive; the
+    shard_classes, image, framework`` and, with ``code`` (as for :func:`model_spec_create`), the archive; the
     entry point is re-checked against the new archive or the stored one. A new ``architecture``
     without ``params`` takes that architecture's default parameters (the old ones belong to the old
     architecture), as the form's parameters follow its architecture; a change to kind builtin drops
@@ -403,12 +410,12 @@ def model_spec_update(*, model_spec: ModelSpec, code: Any = None, **fields: Any)
     if unknown:
         raise TypeError(f"ModelSpec: unknown fields {sorted(unknown)}")
     original = {f: getattr(model_spec, f) for f in _MODEL_FIELDS | {"code"}}
-    empty = {"params": {}, "team": None, "script_args": [], "shard_classes": []}
+    empty = {"params": {}, "team": None, "script_args": [], "shard_classes": [], "framework": "torch"}
     for field, value in fields.items():
         setattr(model_spec, field, empty.get(field, "") if value is None else value)
     if model_spec.kind != original["kind"]:
         # What a kind takes belongs to that kind: the fields not given start empty under the new one.
-        for field in ("params", "entry_point", "script_args", "shard_classes"):
+        for field in ("params", "entry_point", "script_args", "shard_classes", "framework"):
             if field not in fields:
                 setattr(model_spec, field, empty.get(field, ""))
         if model_spec.kind == ModelSpec.Kind.BUILTIN and code in (None, ""):

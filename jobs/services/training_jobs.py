@@ -689,7 +689,7 @@ def _model_sections(model_spec: ModelSpec, archive: CodeArchive | None) -> dict[
                 "code": {"sha256": archive.sha256 if archive else ""}}
     if model_spec.kind == ModelSpec.Kind.SCRIPT:
         return {"code": {"sha256": archive.sha256 if archive else "", "script": model_spec.entry_point,
-                         "args": list(model_spec.script_args or [])}}
+                         "args": list(model_spec.script_args or []), "framework": model_spec.framework}}
     return {"model": {"arch": model_spec.architecture, "params": dict(model_spec.params or {})}}
 
 

@@ -42,7 +42,7 @@ def test_registers_a_model_from_a_zip(user, tmp_path, code_store):
     summary = json.loads(out)
     assert summary == {
         "id": spec.pk, "name": "tiny", "owner": "alice", "kind": "code", "entry_point": "mymodel.net:build",
-        "script_args": [], "shard_classes": ["Block"], "params": {"width": 32, "act": "gelu"},
+        "script_args": [], "framework": "torch", "shard_classes": ["Block"], "params": {"width": 32, "act": "gelu"},
         "image": "us-docker.pkg.dev/p/r/train:1", "team": None,
         "code": {"sha256": spec.code.sha256, "size_bytes": spec.code.size_bytes, "file_count": 4,
                  "requirements": "tinypkg==1.0\n", "path": str(spec.code.path)}}

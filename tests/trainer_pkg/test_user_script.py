@@ -325,3 +325,16 @@ def test_our_trainers_ranks_see_the_directories_too(tmp_path):
                         "TRAINBOARD_CHECKPOINT_DIR": str(tmp_path / "out" / "checkpoints"),
                         "TRAINBOARD_DATA_DIR": str(tmp_path / "data" / "tiny.npz"),
                         "TRAINBOARD_CODE_DIR": str(code_dir)}
+
+
+def test_a_framework_other_than_torch_needs_a_script_and_a_known_name():
+    """``code.framework`` (issue 33): torch by default; another needs ``code.script`` (the trainer is
+    PyTorch); an unknown name is refused by from_dict with the choices."""
+    assert JobConfig.from_dict({}).code.framework == "torch"
+    errors = JobConfig.from_dict({"code": {"framework": "tensorflow"}}).field_errors()
+    assert errors["code.framework"] == "tensorflow runs a training script (code.script): Trainboard's own trainer is PyTorch"
+    assert "code.framework" not in JobConfig.from_dict(
+        {"code": {"framework": "ray", "script": "train.py"}}).field_errors()
+    with pytest.raises(ConfigError) as excinfo:
+        JobConfig.from_dict({"code": {"framework": "jax", "script": "train.py"}})
+    assert excinfo.value.errors == {"code.framework": "must be one of 'torch', 'tensorflow', 'ray', 'mpi', got 'jax'"}

@@ -231,3 +231,37 @@ def test_script_args_as_one_string_are_split_as_a_shell_would(api_client, tmp_pa
     assert bad.status_code == 400
     assert bad.json() == {"script_args": ["Script arguments: no closing quotation in '--note \"a b'; close the "
                                           "quote, or put a backslash before a quote that is part of an argument."]}
+
+
+def test_a_scripts_framework_is_given_shown_and_checked(api_client, code_store):
+    """``framework`` (issue 33): a script's is stored and returned; a code model's other than torch, or
+    an unknown one, is a 400 on that field, with the choices; nothing stored."""
+    made = api_client.post("/api/models/", {"name": "tf", "kind": "script", "entry_point": "train.py",
+                                            "framework": "tensorflow",
+                                            "code": upload(zip_bytes(MODEL_FILES), "m.zip")}, format="multipart")
+    assert made.status_code == 201, made.json()
+    assert made.json()["framework"] == "tensorflow"
+    assert api_client.get(f"/api/models/{made.json()['id']}/").json()["framework"] == "tensorflow"
+    code = api_client.post("/api/models/", {"name": "c", "kind": "code", "entry_point": "mymodel.net:build",
+                                            "framework": "ray", "code": upload(zip_bytes(MODEL_FILES), "m.zip")},
+                           format="multipart")
+    assert code.status_code == 400
+    assert code.json() == {"framework": ["Only a model of kind script runs under ray: Trainboard's own trainer is "
+                                         "PyTorch. Choose kind script, or framework torch."]}
+    unknown = api_client.post("/api/models/", {"name": "j", "kind": "script", "entry_point": "train.py",
+                                               "framework": "jax", "code": upload(zip_bytes(MODEL_FILES), "m.zip")},
+                              format="multipart")
+    assert unknown.status_code == 400
+    assert unknown.json() == {"framework": ['"jax" is not a valid choice.']}
+    assert ModelSpec.objects.count() == 1
+    schema = yaml.safe_load(api_client.get("/api/schema/").content)
+    enum = [s for name, s in schema["components"]["schemas"].items() if set(s.get("enum") or []) >= {"tensorflow"}]
+    assert [e["enum"] for e in enum] == [["torch", "tensorflow", "ray", "mpi"]]
+
+
+def test_the_clients_frameworks_are_the_servers():
+    from trainboard_client.api import FRAMEWORKS as CLIENT_FRAMEWORKS
+
+    from jobs.models import FRAMEWORKS
+
+    assert CLIENT_FRAMEWORKS == FRAMEWORKS == ("torch", "tensorflow", "ray", "mpi")

@@ -357,7 +357,7 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
     class Meta:
         model = ModelSpec
         fields = ["id", "name", "description", "kind", "architecture", "params", "entry_point", "script_args",
-                  "shard_classes", "image", "code", "code_dir", "team", "created_at", "updated_at"]
+                  "framework", "shard_classes", "image", "code", "code_dir", "team", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def _code_kwargs(self, validated_data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import selectors, services, validation
-from jobs.models import ModelSpec
+from jobs.models import FRAMEWORKS, ModelSpec
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
@@ -50,6 +50,10 @@ class Command(BaseCommand):
         what.add_argument("--script-arg", action="append", default=[], metavar="ARG", dest="script_args",
                           help="With --script: one argument, repeatable, in order. Write --script-arg=--epochs for "
                                "an argument that starts with a dash.")
+        what.add_argument("--framework", default="torch", choices=FRAMEWORKS,
+                          help="With --script: how its processes start: torch (torchrun's variables; default), "
+                               "tensorflow (TF_CONFIG), ray (a Ray cluster over the job's nodes) or mpi (mpirun). "
+                               "See docs/user-code.md.")
         what.add_argument("--shard-class", action="append", default=[], metavar="CLASS", dest="shard_classes",
                           help="With --entry-point, FSDP: a class name sharded with its own fully_shard (repeatable; "
                                "none = each top-level child).")
@@ -87,7 +91,7 @@ class Command(BaseCommand):
             "kind": ModelSpec.Kind.SCRIPT if is_script else ModelSpec.Kind.CODE,
             "entry_point": opts["script"] if is_script else opts["entry_point"],
             "script_args": opts["script_args"], "shard_classes": opts["shard_classes"], "image": opts["image"],
-            "params": params if params is not None else {},
+            "params": params if params is not None else {}, "framework": opts["framework"],
         }
         if team is not None:
             fields["team"] = team
@@ -114,7 +118,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(self._summary(model)))
 
     _OPTIONS = {"name": "--name", "description": "--description", "code": "--code", "script_args": "--script-arg",
-                "shard_classes": "--shard-class", "params": "--param", "image": "--image", "team": "--team"}
+                "shard_classes": "--shard-class", "params": "--param", "image": "--image", "team": "--team",
+                "framework": "--framework"}
 
     def _create(self, owner, fields: dict[str, Any], code: Any, existing: ModelSpec | None, problems: list[str],
                 opts: dict[str, Any]) -> ModelSpec | None:
@@ -148,7 +153,7 @@ class Command(BaseCommand):
     def _summary(self, model: ModelSpec) -> dict[str, Any]:
         archive = model.code
         return {"id": model.pk, "name": model.name, "owner": model.owner.get_username(), "kind": model.kind,
-                "entry_point": model.entry_point, "script_args": model.script_args,
+                "entry_point": model.entry_point, "script_args": model.script_args, "framework": model.framework,
                 "shard_classes": model.shard_classes, "params": model.params, "image": model.image,
                 "team": model.team.name if model.team_id else None,
                 "code": {"sha256": archive.sha256, "size_bytes": archive.size_bytes, "file_count": archive.file_count,

@@ -64,7 +64,7 @@ def test_a_code_model_job_freezes_the_custom_model_and_records_its_archive(user,
     archive = CodeArchive.objects.get()
     assert job.config["model"] == {"arch": "custom", "entry_point": "mymodel.net:build", "params": {"width": 8},
                                    "shard_classes": ["Block"]}
-    assert job.config["code"] == {"dir": "", "sha256": archive.sha256, "script": "", "args": []}
+    assert job.config["code"] == {"dir": "", "sha256": archive.sha256, "script": "", "args": [], "framework": "torch"}
     assert job.config["parallel"]["strategy"] == "fsdp"
     job.refresh_from_db()
     assert job.code_id == archive.pk
@@ -78,7 +78,7 @@ def test_a_script_job_freezes_the_script_and_its_arguments(user, digits_dataset,
                  image="myregistry.azurecr.io/train:2.0")
     archive = CodeArchive.objects.get()
     assert job.config["code"] == {"dir": "", "sha256": archive.sha256, "script": "train.py",
-                                  "args": ["--epochs", "2"]}
+                                  "args": ["--epochs", "2"], "framework": "torch"}
     job.refresh_from_db()
     assert (job.code_id, job.image, job.env) == (archive.pk, "myregistry.azurecr.io/train:2.0",
                                                  {"WANDB_PROJECT": "vision"})
@@ -292,3 +292,42 @@ def test_a_script_job_may_run_without_a_dataset_and_no_other_kind_may(user, digi
         assert refused(user, "", model, local_backend) == {"dataset": [
             f"Choose a dataset: model {model.name} trains on one (only a script model may run without, reading "
             f"its own data)."]}
+
+
+# --- a script's framework (issue 33) -----------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["tensorflow", "ray", "mpi"])
+def test_a_script_jobs_config_carries_its_models_framework(user, digits_dataset, local_backend, framework):
+    model = services.model_spec_create(owner=user, name=f"s-{framework}", kind="script", framework=framework,
+                                       code=upload(zip_bytes(MODEL_FILES), "net.zip"), entry_point="train.py")
+    assert model.framework == framework
+    job = create(user, digits_dataset, model, local_backend)
+    assert job.config["code"]["framework"] == framework
+    assert job.config["code"]["script"] == "train.py"
+
+
+def test_a_torch_script_and_a_code_model_run_under_torch(user, digits_dataset, script_model, code_model,
+                                                         local_backend):
+    assert create(user, digits_dataset, script_model, local_backend).config["code"]["framework"] == "torch"
+    assert create(user, digits_dataset, code_model, local_backend).config["code"]["framework"] == "torch"
+
+
+def test_only_a_script_takes_another_framework_and_only_a_known_one(user):
+    with pytest.raises(ValidationError) as excinfo:
+        services.model_spec_create(owner=user, name="c", kind="code", framework="tensorflow",
+                                   code=upload(zip_bytes(MODEL_FILES), "net.zip"), entry_point="mymodel.net:build")
+    assert excinfo.value.message_dict == {"framework": [
+        "Only a model of kind script runs under tensorflow: Trainboard's own trainer is PyTorch. Choose kind "
+        "script, or framework torch."]}
+    with pytest.raises(ValidationError) as excinfo:
+        services.model_spec_create(owner=user, name="j", kind="script", framework="jax",
+                                   code=upload(zip_bytes(MODEL_FILES), "net.zip"), entry_point="train.py")
+    assert list(excinfo.value.message_dict) == ["framework"]
+    assert "'jax' is not a valid choice" in excinfo.value.message_dict["framework"][0]
+
+
+def test_changing_the_kind_away_from_script_drops_its_framework(user):
+    model = services.model_spec_create(owner=user, name="s", kind="script", framework="ray",
+                                       code=upload(zip_bytes(MODEL_FILES), "net.zip"), entry_point="train.py")
+    model = services.model_spec_update(model_spec=model, kind="code", entry_point="mymodel.net:build")
+    assert (model.kind, model.framework) == ("code", "torch")
