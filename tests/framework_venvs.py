@@ -10,7 +10,7 @@ and only the framework is installed; its own versions win where both have a pack
 
 Usage in a test module::
 
-    TF = framework_venv_fixture("tensorflow", ["tensorflow-cpu==2.21.0"])
+    TF = framework_venv_fixture("tensorflow", TENSORFLOW)
 
     def test_it(TF):  # TF: the venv's python (a Path)
         subprocess.run([str(TF), "-c", "import tensorflow"], check=True)
@@ -32,6 +32,13 @@ from filelock import FileLock
 
 ROOT = Path(os.environ.get("TRAINBOARD_TEST_VENVS", Path.home() / ".cache" / "trainboard" / "test-venvs"))
 """Where the framework venvs are kept (one folder per name and key)."""
+TENSORFLOW = ["tensorflow-cpu==2.21.0"]
+"""The TensorFlow venv's requirements (tensorflow-cpu beside the project's torch 2.13: checked together)."""
+RAY = ["ray[default,train]==2.60.0"]
+"""The Ray venv's: ``default`` brings the dashboard and its Job Submission API, ``train`` Ray Train.
+The in-job tests and the ``ray`` backend's share this one venv (one list, one key)."""
+MPI = ["mpi4py==4.1.2"]
+"""The MPI venv's: mpi4py, built against Debian's Open MPI (``libopenmpi-dev``, scripts/system-deps.sh)."""
 READY = ".trainboard-ready"
 """The file a finished build leaves (what was installed and how long it took): a half-built venv has none."""
 
