@@ -23,6 +23,9 @@ command -v gcc >/dev/null || need+=(gcc)  # sagemaker-training's C extension (th
 [ -x /usr/sbin/slurmd ] || need+=(slurmd)
 command -v sbatch >/dev/null || need+=(slurm-client)
 [ -x /usr/sbin/munged ] || need+=(munge)
+# Open MPI for the mpi framework's tests (mpirun, and mpicc for mpi4py in its test venv: tests/framework_venvs.py).
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+[ -x /usr/bin/mpicc ] || need+=(libopenmpi-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need[*]}"
     apt-get update -qq
