@@ -864,7 +864,8 @@ def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
     "device", "ranks": [{"rank", "peak"}], "cpu"}`` with byte figures as text ("1.2 GiB"; "–" when
     absent). The measured side is the busiest rank's (largest ``peak_bytes``). On CPU the trainer
     measures parameters, gradients, optimizer state and saved activations only, so the peak row
-    compares those four terms; on a GPU the plan's whole peak (buffers too) against
+    compares those four terms (with ``parallel.cpu_offload`` the offloaded shards too: on CPU they are
+    in the memory it measures); on a GPU the plan's whole peak (buffers too) against
     ``max_memory_allocated``. None when the job has neither a plan nor a measurement."""
     from trainer_pkg.memory_plan import gib
 
@@ -886,10 +887,18 @@ def training_job_memory(*, job: TrainingJob) -> dict[str, Any] | None:
         return {"label": label, "planned": gib(planned) if planned is not None else "–",
                 "measured": gib(got) if got is not None else "–", "ratio": ratio}
 
-    rows = [row(label, planned_of(key), measured.get(key)) for label, key in _MEMORY_TERMS]
+    offloaded = (plan or {}).get("offloaded") if cpu else None  # on CPU the host is the rank's memory:
+    offloaded = offloaded if isinstance(offloaded, dict) else {}  # its shards count where it measures them
+
+    def planned_term(key: str) -> int | None:
+        value, moved = planned_of(key), offloaded.get(key)
+        return value + moved if value is not None and isinstance(moved, int) and not isinstance(moved, bool) else value
+
+    rows = [row(label + (" (offloaded to the host)" if offloaded.get(key) else ""), planned_term(key),
+                measured.get(key)) for label, key in _MEMORY_TERMS]
     rows.append(row("Buffers (unsharded units, logits, the batch)", planned_of("buffers_bytes"), None))
     rows.append(row("Evaluation, instead of activations and buffers", planned_of("evaluation_bytes"), None))
-    terms = [planned_of(key) for _, key in _MEMORY_TERMS]
+    terms = [planned_term(key) for _, key in _MEMORY_TERMS]
     peak = sum(terms) if cpu and None not in terms else planned_of("peak_bytes")
     rows.append(row("Peak per rank" + (" (CPU: the four terms above)" if cpu else ""), peak, measured.get("peak_bytes")))
     return {"summary": (plan or {}).get("summary", ""), "lines": list((plan or {}).get("lines") or []),

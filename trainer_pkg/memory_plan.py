@@ -47,7 +47,8 @@ mixed precision: an fp32 master shard (4 bytes per parameter / W), fp32 gradient
 reduction), bf16 unsharded units (2 bytes), and with no autocast the LayerNorms save bf16 inputs: only
 the loss's log-softmax of the fp32 logits stays 4 bytes. ``parallel.cpu_offload`` keeps the parameter, gradient
 and optimizer shards in host memory (:attr:`MemoryPlan.host_bytes`): the device holds the units being
-run, the activations and the batch.
+run, the activations and the batch. On a machine without GPUs (``device_unit`` ``"rank"``) the host's
+memory is the ranks' own, so what is offloaded still counts toward :attr:`MemoryPlan.needed_bytes`.
 
 Usage::
 
@@ -304,7 +305,11 @@ class MemoryPlan:
     optimizer state: the model's buffers, DDP's buckets or FSDP's unsharded units, the largest layer's
     working set for an evaluation batch and, for ``gpt``, that batch's logits and log-softmax."""
     host_bytes: int = 0
-    """Held in host memory instead (``parallel.cpu_offload``)."""
+    """Held in host memory instead (``parallel.cpu_offload``): the parameter, gradient and optimizer
+    shards of :attr:`offloaded`."""
+    offloaded: dict[str, int] = dataclasses.field(default_factory=dict)
+    """With ``parallel.cpu_offload``: ``{"params_bytes", "grads_bytes", "optimizer_bytes"}`` that the
+    device does not hold (the terms above are 0 then); their sum is :attr:`host_bytes`. {} otherwise."""
     device_bytes: int | None = None
     """Memory of one device (GPU), when known."""
     device_name: str = ""
@@ -326,8 +331,10 @@ class MemoryPlan:
 
     @property
     def needed_bytes(self) -> int:
-        """What one device must hold (= :attr:`peak_bytes`)."""
-        return self.peak_bytes
+        """What one device must hold: :attr:`peak_bytes`, plus :attr:`host_bytes` where the device is the
+        host's memory (``device_unit`` ``"rank"``: a machine without GPUs, where offloading to the host
+        moves nothing off it)."""
+        return self.peak_bytes + (self.host_bytes if self.device_unit == "rank" else 0)
 
     @property
     def fits(self) -> bool | None:
@@ -352,7 +359,7 @@ class MemoryPlan:
                 "params_bytes": self.params_bytes, "grads_bytes": self.grads_bytes,
                 "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
                 "buffers_bytes": self.buffers_bytes, "evaluation_bytes": self.evaluation_bytes,
-                "host_bytes": self.host_bytes,
+                "host_bytes": self.host_bytes, "offloaded": dict(self.offloaded),
                 "peak_bytes": self.peak_bytes, "needed_bytes": self.needed_bytes,
                 "device_bytes": self.device_bytes, "device_name": self.device_name, "fits": self.fits,
                 "lines": list(self.lines), "suggestion": self.suggestion, "summary": self.summary}
@@ -423,6 +430,11 @@ def plan(cfg: JobConfig, *, input_shape: Sequence[int], num_classes: int, world_
     world = world_size if world_size is not None else cfg.parallel.world_size
     result = _plan(cfg, input_shape, num_classes, world, device_bytes, device_name)
     result.device_unit = device_unit
+    if result.host_bytes and device_unit == "rank":  # no GPU: the host's memory is the ranks' memory
+        result.lines[-1] = (f"peak per rank: {gib(result.needed_bytes)} (with the {gib(result.host_bytes)} offloaded: "
+                            f"without GPUs the host's memory is where the ranks run)"
+                            + ("" if device_bytes is None else
+                               f" of {gib(device_bytes)} ({'fits' if result.fits else 'does not fit'})"))
     if result.fits is False:
         result.suggestion = _suggest(cfg, input_shape, num_classes, world, device_bytes, device_name,
                                      max_ranks=max_ranks, device_unit=device_unit)
@@ -550,14 +562,16 @@ def _plan(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world: i
                  + ("; more than training's activations and buffers: it sets the peak" if evaluation > act_b + extra
                     else ""))
 
-    host = 0
+    host, offloaded = 0, {}
     if par.cpu_offload and strategy == "fsdp":
         host = params_b + grads_b + opt_b
+        offloaded = {"params_bytes": params_b, "grads_bytes": grads_b, "optimizer_bytes": opt_b}
         params_b = grads_b = opt_b = 0
         lines.append(f"cpu offload: parameter, gradient and optimizer shards in host memory ({gib(host)})")
     result = MemoryPlan(strategy=strategy, world_size=world, parameters=total, params_bytes=params_b,
                         grads_bytes=grads_b, optimizer_bytes=opt_b, activations_bytes=act_b,
-                        buffers_bytes=extra, evaluation_bytes=int(evaluation), host_bytes=host, device_bytes=device_bytes,
+                        buffers_bytes=extra, evaluation_bytes=int(evaluation), host_bytes=host, offloaded=offloaded,
+                        device_bytes=device_bytes,
                         device_name=device_name, lines=lines)
     lines.append(f"peak per rank: {gib(result.peak_bytes)}"
                  + ("" if device_bytes is None else f" of {gib(device_bytes)} ({'fits' if result.fits else 'does not fit'})"))
@@ -590,8 +604,10 @@ def _suggest(cfg: JobConfig, input_shape: Sequence[int], num_classes: int, world
         ac_options.append(True)
     def trial(ranks: int, ac: bool) -> MemoryPlan:
         nodes, procs = (ranks // per_node, per_node) if ranks % per_node == 0 else (ranks, 1)
-        return _plan(_with(cfg, strategy="fsdp", activation_checkpointing=ac, nodes=nodes, procs_per_node=procs,
-                           pipeline_stages=0), input_shape, num_classes, ranks, device_bytes, device_name)
+        tried = _plan(_with(cfg, strategy="fsdp", activation_checkpointing=ac, nodes=nodes, procs_per_node=procs,
+                            pipeline_stages=0), input_shape, num_classes, ranks, device_bytes, device_name)
+        tried.device_unit = device_unit  # what counts toward a rank's memory (host offload, without GPUs)
+        return tried
 
     for ac in ac_options:
         # FSDP's bytes per rank never grow with the ranks: when the largest world fits, search for the least.

@@ -61,3 +61,24 @@ def test_the_last_rank_memory_is_kept_and_shown_beside_the_plan(submitted_job, s
 ])
 def test_rank_memory_from_a_record(record, kept):
     assert sync.rank_memory_from_record(record) == kept
+
+
+def test_on_cpu_the_offloaded_shards_are_planned_where_the_trainer_measures_them(submitted_job):
+    """fsdp with cpu_offload measured on CPU: the plan's parameter, gradient and optimizer terms are 0 on
+    a GPU but held in the host's memory, which is what the trainer measures there. The table adds them
+    back (the new-user trial found 0 planned beside the measured shards); on a GPU it leaves them out."""
+    job = submitted_job
+    job.memory_plan = {**job.memory_plan, "params_bytes": 0, "grads_bytes": 0, "optimizer_bytes": 0,
+                       "activations_bytes": 800, "host_bytes": 900,
+                       "offloaded": {"params_bytes": 200, "grads_bytes": 200, "optimizer_bytes": 500}}
+    job.rank_memory = ranks(2000)
+    rows = {r["label"]: r for r in training_job_memory(job=job)["rows"]}
+    assert rows["Parameters (offloaded to the host)"]["planned"] == "200 B"
+    assert rows["Optimizer state (offloaded to the host)"]["planned"] == "500 B"
+    assert rows["Activations"]["planned"] == "800 B"
+    assert rows["Peak per rank (CPU: the four terms above)"]["planned"] == "1.7 KiB"  # 200 + 200 + 500 + 800
+    assert rows["Peak per rank (CPU: the four terms above)"]["ratio"] == f"{1700 / 2000:.2f}"
+    job.rank_memory = ranks(2000, device="cuda:0")
+    rows = {r["label"]: r for r in training_job_memory(job=job)["rows"]}
+    assert rows["Parameters"]["planned"] == "0 B"
+    assert "Parameters (offloaded to the host)" not in rows

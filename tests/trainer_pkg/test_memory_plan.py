@@ -103,6 +103,28 @@ def test_fsdp_holds_one_world_th_of_ddp_and_offload_moves_it_to_the_host():
     assert offload.params_bytes == offload.grads_bytes == offload.optimizer_bytes == 0
     assert offload.host_bytes == fsdp.params_bytes + fsdp.grads_bytes + fsdp.optimizer_bytes
     assert offload.peak_bytes == fsdp.peak_bytes - offload.host_bytes
+    assert offload.offloaded == {"params_bytes": fsdp.params_bytes, "grads_bytes": fsdp.grads_bytes,
+                                 "optimizer_bytes": fsdp.optimizer_bytes}
+    assert offload.needed_bytes == offload.peak_bytes  # a GPU holds none of it
+    assert offload.lines[-1] == f"peak per rank: {gib(offload.peak_bytes)}"
+
+
+def test_offload_without_gpus_still_counts_the_host_memory_in_the_summary_and_the_lines():
+    """On a machine without GPUs (device_unit "rank") the host's memory is the ranks' own: the summary,
+    the last line and fits all count the offloaded shards (the new-user trial's table-vs-summary defect)."""
+    cfg = _config("gpt", GPT2, data={"format": "tokens", "uri": "/d"},
+                  train={"optimizer": "adamw", "batch_size": 4}, parallel={"strategy": "fsdp", "cpu_offload": True})
+    kept = plan(cfg, input_shape=(1024,), num_classes=50257, world_size=8, device_bytes=64 * GIB, device_unit="rank")
+    assert kept.host_bytes > 0
+    assert kept.needed_bytes == kept.peak_bytes + kept.host_bytes
+    assert kept.summary == f"needs {gib(kept.needed_bytes)} per rank; the device has 64.0 GiB"
+    assert kept.lines[-1] == (f"peak per rank: {gib(kept.needed_bytes)} (with the {gib(kept.host_bytes)} offloaded: "
+                              f"without GPUs the host's memory is where the ranks run) of 64.0 GiB (fits)")
+    tight = plan(cfg, input_shape=(1024,), num_classes=50257, world_size=8, device_unit="rank",
+                 device_bytes=(kept.peak_bytes + kept.needed_bytes) // 2)
+    assert tight.fits is False  # it would fit a GPU of that size, not a rank's share of the host
+    assert plan(cfg, input_shape=(1024,), num_classes=50257, world_size=8,
+                device_bytes=(kept.peak_bytes + kept.needed_bytes) // 2).fits is True
 
 
 def test_activation_checkpointing_keeps_block_inputs_and_one_block():

@@ -1051,7 +1051,8 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         read_only=True, allow_null=True,
         help_text="The memory plan made when the job was created (trainer_pkg.memory_plan): per-rank bytes of "
                   "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes, host_bytes (CPU "
-                  "offload), peak_bytes = needed_bytes, device_bytes (one GPU's memory; null = not known: never "
+                  "offload; offloaded: its params_bytes, grads_bytes, optimizer_bytes), peak_bytes, needed_bytes (the "
+                  "peak, plus host_bytes on a machine without GPUs), device_bytes (one GPU's memory; null = not known: never "
                   "refused), fits, lines (the arithmetic), suggestion, summary; null when no plan could be made (a "
                   "custom model or a script, data whose shape was not read). A job whose plan does not fit is "
                   "refused at creation with that arithmetic.")
