@@ -10,6 +10,7 @@ import datetime as dt
 from decimal import Decimal
 
 import pytest
+import yaml
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
@@ -237,3 +238,29 @@ def test_job_api_shows_team_and_budget_exceeded_at(api_client, user, vision, dig
     assert r.status_code == 400 and "budget_exceeded_at is read-only" in str(r.json())
     job.refresh_from_db()
     assert job.budget_exceeded_at == when
+
+
+def test_the_api_takes_a_team_by_name_as_it_takes_the_other_rows(api_client, user, vision, audio, digits_dataset,
+                                                                  cnn_model, local_backend):
+    """``team`` by id or by name (team names are unique), as the job request declares it and the schema
+    says (the new-user trial found it typed integer-only); a team the user is not in is refused by name
+    as by id, and nothing is created."""
+    r = api_client.post("/api/datasets/", {"name": "d", "format": "builtin", "builtin_name": "digits",
+                                           "team": vision.name}, format="json")
+    assert r.status_code == 201, r.json()
+    assert r.json()["team"] == vision.pk
+    r = api_client.post("/api/jobs/", {"dataset": digits_dataset.pk, "model_spec": cnn_model.pk,
+                                       "backend": local_backend.pk, "epochs": 1, "max_runtime_s": 100,
+                                       "team": vision.name}, format="json")
+    assert r.status_code == 201, r.json()
+    assert TrainingJob.objects.get(pk=r.json()["id"]).team == vision
+    jobs = TrainingJob.objects.count()
+    r = api_client.post("/api/jobs/", {"dataset": digits_dataset.pk, "model_spec": cnn_model.pk,
+                                       "backend": local_backend.pk, "max_runtime_s": 100, "team": audio.name},
+                        format="json")
+    assert r.status_code == 400
+    assert r.json() == {"team": [f"Choose one of your teams; no team named {audio.name!r} of which you are a member."]}
+    assert TrainingJob.objects.count() == jobs
+    schema = yaml.safe_load(api_client.get("/api/schema/").content)
+    team = schema["components"]["schemas"]["TrainingJobCreate"]["properties"]["team"]
+    assert team["oneOf"] == [{"type": "integer"}, {"type": "string"}] and team["nullable"] is True

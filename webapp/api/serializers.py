@@ -4,6 +4,7 @@ service's ValidationError comes back as a 400 keyed by the same field names."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -165,9 +166,13 @@ def _integer_pk() -> serializers.IntegerField:
     return serializers.IntegerField()
 
 
-@extend_schema_field(OpenApiTypes.INT)
+_SLUG = re.compile(r"[-a-zA-Z0-9_]+")
+
+
+@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}]})
 class TeamField(serializers.PrimaryKeyRelatedField):
-    """A team the requesting user is a member of (null = private / none)."""
+    """A team the requesting user is a member of (null = private / none), by its id or its name (team
+    names are unique), as the job request's other rows are named. Written back as the id."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("pk_field", _integer_pk())
@@ -175,10 +180,23 @@ class TeamField(serializers.PrimaryKeyRelatedField):
 
     default_error_messages = {
         "does_not_exist": "Choose one of your teams; team {pk_value} does not exist or you are not a member.",
+        "no_such_name": "Choose one of your teams; no team named {name!r} of which you are a member.",
     }
 
     def get_queryset(self):
         return selectors.team_list_for_user(user=self.context["request"].user)
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and data.strip() and not data.strip().lstrip("-").isdigit():
+            name = data.strip()
+            # A team's name is a slug of at most 100 characters: anything else names none (and a NUL
+            # byte never reaches PostgreSQL, which refuses it in text).
+            team = (self.get_queryset().filter(name=name).first()
+                    if len(name) <= 100 and _SLUG.fullmatch(name) else None)
+            if team is None:
+                self.fail("no_such_name", name=name[:100])
+            return team
+        return super().to_internal_value(data)
 
 
 def share_team_field() -> TeamField:
