@@ -557,7 +557,8 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
     read from its events, so two that one sync pass made between two calls are both there, and
     each epoch's global validation figures ("epoch 3 val_accuracy 0.9861, val_loss 0.0612", and a
     language model's ", val_perplexity 1.0631"), the
-    two merged by time; then a final state's transition, last. A sync stores a job's last metric points in the same transaction
+    two merged by time (the job's first move to RUNNING at its ``started_at`` when that is earlier than
+    the sync that saw it); then a final state's transition, last. A sync stores a job's last metric points in the same transaction
     as its final state and they are read here after its events, so nothing of the job comes after
     its final state. ``when`` is the event's time, or the trainer's for a metric (UTC)."""
     after_event, after_metric = after
@@ -576,14 +577,32 @@ def training_job_progress(*, job: TrainingJob, after: ProgressCursor = (0, 0)
                 if step in steps:
                     beside[name][step] = value
 
+    # The job's first move to RUNNING is seen by a sync after the trainer has begun (often with its
+    # first epochs in the same pass): it is placed at the platform's start time when that is earlier
+    # (never before the transition ahead of it), and no epoch before it, whatever the trainer's clock
+    # says: "PENDING → RUNNING" comes before the epochs (the new-user trial saw them after).
+    first_running = next((e.pk for e in events if e.to_state == S.RUNNING), None)
+    if first_running is not None and JobEvent.objects.filter(job_id=job.pk, to_state=S.RUNNING,
+                                                             pk__lt=first_running).exists():
+        first_running = None
+    keys: dict[int, dt.datetime] = {}
+    previous = None
+    for event in events:
+        when = event.created_at
+        if event.pk == first_running and job.started_at is not None:
+            when = max(min(when, job.started_at), previous or when)
+        keys[event.pk] = previous = when
+    running_since = keys.get(first_running) if first_running is not None else None
+
     def said(event: JobEvent) -> tuple[dt.datetime, str]:
-        return event.created_at, (f"{event.from_state} → {event.to_state}" if event.from_state else event.to_state)
+        return keys[event.pk], (f"{event.from_state} → {event.to_state}" if event.from_state else event.to_state)
 
     lines = [said(e) for e in events if e.to_state not in TERMINAL_STATE_VALUES]
     for point in points:
         extra = "".join(f", {name} {by_step[point.step]:.4f}" for name, by_step in beside.items()
                         if by_step.get(point.step) is not None)
-        lines.append((point.recorded_at, f"epoch {point.epoch} val_accuracy {point.value:.4f}{extra}"))
+        when = max(point.recorded_at, running_since) if running_since is not None else point.recorded_at
+        lines.append((when, f"epoch {point.epoch} val_accuracy {point.value:.4f}{extra}"))
     # A transition is seen by a sync after the epochs the trainer logged before it (a budget stop
     # after epoch 16): by time, not transitions first. Stable, so equal times keep events first.
     lines.sort(key=lambda line: line[0])
