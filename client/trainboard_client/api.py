@@ -274,11 +274,20 @@ class Client:
         - ``("state", job)`` when the job's state differs from the last poll's (first its current one);
         - ``("line", text)`` for each new log line (from the ``after`` cursor on),
 
-        until the job has ended and its log is read."""
+        until the job has ended and its log is read. Each poll reads the new log lines first and the
+        job after them, so a transition the server recorded before those lines (the move to RUNNING
+        that a sync saw with the first epochs) is yielded before them."""
         state = None
         cursor = after
         events_seen = 0
         while True:
+            lines: list[str] = []
+            while True:
+                page = self.logs(job_id, after=cursor)
+                lines += [line["text"] for line in page["lines"]]
+                cursor = page["next"]
+                if not page["more"]:
+                    break
             job = self.job(job_id)
             events = job.get("events") or []
             for event in events[events_seen:]:
@@ -287,15 +296,17 @@ class Client:
             if job["state"] != state:
                 state = job["state"]
                 yield "state", job
-            while True:
-                page = self.logs(job_id, after=cursor)
-                for line in page["lines"]:
-                    yield "line", line["text"]
-                cursor = page["next"]
-                if not page["more"]:
-                    break
+            for text in lines:
+                yield "line", text
             if job["state"] in TERMINAL_STATES:
-                return
+                # Lines the last sync stored with the final state: read after it, so none is lost.
+                while True:
+                    page = self.logs(job_id, after=cursor)
+                    for line in page["lines"]:
+                        yield "line", line["text"]
+                    cursor = page["next"]
+                    if not page["more"]:
+                        return
             time.sleep(poll_s)
 
     def follow_logs(self, job_id: int, *, after: int = -1, poll_s: float = 1.0) -> Iterator[str]:
