@@ -47,6 +47,7 @@ from jobs.services.training_jobs import (
     training_job_check,
     training_job_create,
     training_job_estimate,
+    training_job_preview,
     training_job_rerun,
 )
 
@@ -77,5 +78,6 @@ __all__ = [
     "training_job_check",
     "training_job_create",
     "training_job_estimate",
+    "training_job_preview",
     "training_job_rerun",
 ]

@@ -360,17 +360,14 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
     errors.raise_if_any()
     with transaction.atomic():
         check_monthly_budgets(owner=owner, team=team, estimate=estimate)
-        job = TrainingJob.objects.create(
-            owner=owner, team=team, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
-            rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
-            procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
-            max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
-            on_demand_price_usd=on_demand_price,
-            estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
-            state_entered_at=timezone.now(), code=code, image=image, env=dict(env or {}),
-            dataset_fingerprint=fingerprint, memory_plan=memory_plan, priority=priority,
-            **dict(lineage_fields or {}),
-        )
+        job = _job_row(owner=owner, team=team, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
+                       rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
+                       procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
+                       max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price=hourly_price,
+                       on_demand_price=on_demand_price, estimate=estimate, code=code, image=image, env=env,
+                       fingerprint=fingerprint, memory_plan=memory_plan, priority=priority,
+                       lineage_fields=lineage_fields)
+        job.save(force_insert=True)
         job.provider_job_name = provider_job_name(job)
         job.save(update_fields=["provider_job_name"])
         made_from = lineage.lineage_text(job)
@@ -378,6 +375,37 @@ def _store_job(*, owner, dataset, model_spec, backend, config: dict[str, Any], s
         JobEvent.objects.create(job=job, from_state="", to_state=S.QUEUED, message=message)
         dispatch.submit_after_commit(job.pk, backend_queue(backend))
     return job
+
+
+def _job_row(*, owner, team, name: str, dataset, model_spec, backend, rerun_of, config: dict[str, Any], strategy: str,
+             nodes: int, procs_per_node: int, instance_type: str, spot: bool, max_runtime_s: int,
+             budget_usd: Decimal | None, hourly_price: Decimal, on_demand_price: Decimal | None, estimate: Decimal,
+             code, image: str, env: Mapping[str, str] | None, fingerprint, memory_plan, priority: int,
+             lineage_fields: Mapping[str, Any] | None) -> TrainingJob:
+    """The QUEUED job row for these values, not saved (:func:`_store_job` saves it; :func:`training_job_preview`
+    shows it)."""
+    return TrainingJob(
+        owner=owner, team=team, name=name, dataset=dataset, model_spec=model_spec, backend=backend,
+        rerun_of=rerun_of, config=config, strategy=strategy, nodes=nodes,
+        procs_per_node=procs_per_node, instance_type=instance_type, spot=spot,
+        max_runtime_s=max_runtime_s, budget_usd=budget_usd, hourly_price_usd=hourly_price,
+        on_demand_price_usd=on_demand_price,
+        estimated_cost_usd=estimate, instance_count=nodes, state=S.QUEUED,
+        state_entered_at=timezone.now(), code=code, image=image, env=dict(env or {}),
+        dataset_fingerprint=fingerprint, memory_plan=memory_plan, priority=priority,
+        **dict(lineage_fields or {}),
+    )
+
+
+def training_job_preview(*, owner, **request: Any) -> TrainingJob:
+    """The job :func:`training_job_create` would store for ``request``, checked the same way
+    (:func:`training_job_check`; ValidationError with every error at once) and not saved: no row, no
+    event, no submission (``pk`` None). For ``POST /api/jobs/estimate/``."""
+    checked = training_job_check(owner=owner, **request)
+    kwargs = checked.store_kwargs()
+    estimate = costs.estimate_cost_usd(max_runtime_s=kwargs["max_runtime_s"], instances=kwargs["nodes"],
+                                       hourly_price_usd=kwargs["hourly_price"], budget_usd=kwargs["budget_usd"])
+    return _job_row(**kwargs, rerun_of=None, estimate=estimate)
 
 
 @dataclasses.dataclass

@@ -1141,6 +1141,37 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
         return cache[job.pk]
 
 
+class TrainingJobPreviewSerializer(TrainingJobDetailSerializer):
+    """The job ``POST /api/jobs/estimate/`` would create (``services.training_job_preview``, not saved:
+    id null), as :class:`TrainingJobDetailSerializer` shows a job, with no history: no events,
+    attempts, metrics, ranks or figures derived from them, and no jobs made from it."""
+
+    def get_lineage(self, job: TrainingJob) -> dict[str, Any]:
+        return {"text": job.lineage_text, "parent": None, "init_mode": job.init_mode,
+                "source_checkpoint_epoch": job.source_checkpoint_epoch, "derived": []}
+
+    def get_events(self, job: TrainingJob) -> list[dict[str, Any]]:
+        return []
+
+    def get_attempts(self, job: TrainingJob) -> list[dict[str, Any]]:
+        return []
+
+    def get_metrics(self, job: TrainingJob) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def get_ranks(self, job: TrainingJob) -> list[dict[str, Any]]:
+        return []
+
+    def get_straggler(self, job: TrainingJob) -> None:
+        return None
+
+    def get_waste(self, job: TrainingJob) -> None:
+        return None
+
+    def get_bound(self, job: TrainingJob) -> None:
+        return None
+
+
 def request_serializer_field(field: job_request.RequestField) -> serializers.Field:
     """The API field of a job request's ``field`` (not a ``ref``): its kind, default, choices and help as
     declared; the minimum (and a job-level field's maximum) checked here, a config field's maximum by

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view, inline_serializer
 from rest_framework import mixins, permissions, serializers, status, viewsets
@@ -32,6 +31,7 @@ from webapp.api.serializers import (
     TrainingJobAnnotateSerializer,
     TrainingJobCreateSerializer,
     TrainingJobDetailSerializer,
+    TrainingJobPreviewSerializer,
     TrainingJobSerializer,
 )
 from webapp.errors import to_drf_validation_error
@@ -227,14 +227,6 @@ _ESTIMATE_RESPONSE = inline_serializer("JobEstimate", fields={
 })
 
 
-class _DryRun(Exception):
-    """Rolls back a dry-run create, carrying the job it would have been."""
-
-    def __init__(self, data: dict) -> None:
-        super().__init__("dry run")
-        self.data = data
-
-
 _LIST_PARAMETERS = [
     OpenApiParameter("ordering", OpenApiTypes.STR, description=(
         "Sort key: created (the default, -created: newest first), name, state, backend, cost, id, a final metric "
@@ -354,7 +346,7 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
     @extend_schema(
         summary="Check a job without launching it: every error, or its estimate and memory plan",
         description="The body of POST /api/jobs/, with the same checks; nothing is stored and nothing is sent to a "
-                    "backend (the create runs and is rolled back). 200: the estimate, the memory plan and the job "
+                    "backend (the create's checks run, not its write). 200: the estimate, the memory plan and the job "
                     "as that POST would create it (its id null). Without model_spec: the price of the shape alone "
                     "(backend, nodes, procs_per_node, max_runtime_s, instance_type, spot, strategy, budget_usd), "
                     "job and memory_plan null, and no dataset asked for (a client's dry run before it uploads the "
@@ -368,12 +360,8 @@ class TrainingJobViewSet(JobArtifactActions, mixins.ListModelMixin, mixins.Creat
         if isinstance(request.data, Mapping) and request.data.get("model_spec") in (None, ""):
             return self._estimate_shape(body, request.data)
         body.is_valid(raise_exception=True)
-        try:
-            with transaction.atomic():  # the create, always rolled back: on_commit work (the submit) is dropped
-                job = body.save()
-                raise _DryRun(TrainingJobDetailSerializer(job, context=self.get_serializer_context()).data)
-        except _DryRun as dry:
-            data = dry.data
+        job = body._call(services.training_job_preview, owner=request.user, **body.validated_data)  # nothing stored
+        data = TrainingJobPreviewSerializer(job, context=self.get_serializer_context()).data
         return Response({**{key: data.get(key) for key in ("estimated_cost_usd", "estimate_arithmetic",
                                                              "hourly_price_usd", "max_runtime_covers", "world_size",
                                                              "memory_plan")},
