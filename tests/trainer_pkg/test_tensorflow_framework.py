@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from framework_venvs import TENSORFLOW, framework_venv_fixture
+from tensorflow_scripts import TF_SCRIPT
 from test_platforms import azure_vars, clean_env, free_port, sagemaker_layout, vertex_vars
 from trainer_helpers import REPO
 from trainer_pkg.config import ConfigError, JobConfig
@@ -33,57 +34,6 @@ from trainer_pkg.platforms import plan
 from user_scripts import write_code
 
 TF = framework_venv_fixture("tensorflow", TENSORFLOW)
-
-TF_SCRIPT = '''\
-"""A user's TensorFlow script: MultiWorkerMirroredStrategy, a linear model, a plain custom loop."""
-import argparse
-import json
-import os
-import signal
-
-p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=20)
-p.add_argument("--fail-rank", type=int, default=-1)
-p.add_argument("--ignore-sigterm", action="store_true")
-args = p.parse_args()
-if args.ignore_sigterm:  # as a TF worker blocked in the strategy's set-up behaves
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if int(os.environ["RANK"]) == args.fail_rank:
-    raise SystemExit(3)
-
-import numpy as np
-import tensorflow as tf
-
-from trainer_pkg import report
-
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-rank = int(os.environ["RANK"])
-rng = np.random.default_rng(rank)  # each worker trains on its own data
-x = tf.constant(rng.normal(size=(64, 4)), tf.float32)
-y = tf.matmul(x, tf.constant([[1.0], [-2.0], [0.5], [3.0]]))
-with strategy.scope():
-    # MEAN: an update made in replica context is averaged over every worker's (the all-reduce).
-    w = tf.Variable(tf.zeros([4, 1]), aggregation=tf.VariableAggregation.MEAN)
-
-
-@tf.function
-def step(x, y):
-    def replica(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2)
-        w.assign_sub(0.1 * tape.gradient(loss, w))
-        return loss
-    return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(replica, args=(x, y)), axis=None)
-
-
-for i in range(args.steps):
-    loss = float(step(x, y))
-final = [float(v) for v in w.numpy().ravel()]
-report.log(step=args.steps, loss=loss, **{f"w{i}": v for i, v in enumerate(final)})
-with open(os.path.join(report.model_dir(), f"weights-{rank}.json"), "w") as f:
-    json.dump({"weights": final, "loss": loss, "world_size": int(os.environ["WORLD_SIZE"]),
-               "tf_config": json.loads(os.environ["TF_CONFIG"]), "pid": os.getpid()}, f)
-'''
 
 WORKER_PIDS = re.compile(r"\[launch\] TensorFlow worker\(s\) of rank [\d, -]+ started: pid ([\d, ]+)")
 
