@@ -5,7 +5,9 @@ It trains a linear model (true weights 1, -2, 0.5, 3) from 0 with ``MultiWorkerM
 plain custom loop (no Keras: keras-team/keras#20585), each worker on its own data, reports the loss
 and the final weights ``w0``..``w3`` with ``report.log`` and writes them, its ``TF_CONFIG`` and its pid
 to ``<TRAINBOARD_MODEL_DIR>/weights-<RANK>.json``. ``--fail-rank R`` makes worker R exit 3 before the
-strategy; ``--ignore-sigterm`` makes it ignore SIGTERM, as a worker blocked in the strategy's set-up does.
+strategy; ``--ignore-sigterm`` makes every worker ignore SIGTERM, as a worker blocked in the strategy's
+set-up does; ``--never-start-rank R`` makes worker R wait forever before TensorFlow (its server never
+listens) ignoring SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--ignore-sigterm", action="store_true")
+p.add_argument("--never-start-rank", type=int, default=-1)
 args = p.parse_args()
 if args.ignore_sigterm:  # as a TF worker blocked in the strategy's set-up behaves
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if int(os.environ["RANK"]) == args.fail_rank:
     raise SystemExit(3)
+if int(os.environ["RANK"]) == args.never_start_rank:  # its TF server never starts; SIGTERM does not end it
+    import threading
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Event().wait()
 
 import numpy as np
 import tensorflow as tf

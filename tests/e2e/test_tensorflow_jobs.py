@@ -6,7 +6,11 @@ real Celery worker (+ beat, Redis, PostgreSQL) and real TensorFlow workers, to S
 - on the real Slurm cluster (tests/slurmkit.py): 2 nodes × 1 process, one launcher per node under
   srun, node 0's launcher serving the store at the job's rendezvous.
 
-Both train :data:`TF_SCRIPT` (tests/trainer_pkg/test_tensorflow_framework.py: MultiWorkerMirroredStrategy,
+- on the GPU box, a worker whose TF server never starts (and that ignores SIGTERM): the job FAILS at
+  the cluster deadline (``TRAINBOARD_TF_CLUSTER_DEADLINE_S`` 30 s, the box's operator's setting) with
+  that reason, no process left.
+
+The first two train :data:`TF_SCRIPT` (tests/trainer_pkg/test_tensorflow_framework.py: MultiWorkerMirroredStrategy,
 a custom loop) to identical weights on both workers, reported with ``report.log`` and charted. The
 box's and the nodes' interpreter is the TensorFlow test venv's python (tests/framework_venvs.py), set
 as the installation would: the box's ``python`` host setting, ``TRAINBOARD_SLURM_PYTHON``. One worker
@@ -19,6 +23,7 @@ serves the module (the box's queue and ``slurm.hpc``). Run::
 from __future__ import annotations
 
 import json
+import re
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -39,6 +44,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 BOX_NAME = "tfbox"
 JOB_TIMEOUT_S = 300  # TensorFlow's import is most of a job: 20-60 s per worker on a loaded 2-core machine
 STEPS = 20
+SHORT_WATCHDOG = {"TRAINBOARD_TF_CLUSTER_DEADLINE_S": "30", "TRAINBOARD_TF_GRACE_S": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,10 @@ def installation(cluster, tf_python: str, code_store: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def worker(cluster, tf_python, django_db_blocker, celery_worker_factory, tmp_path_factory):
     directory = tmp_path_factory.mktemp("tf-worker")
-    extra = installation(cluster, tf_python, directory / "code-store")
+    # The watchdog's settings, as an operator sets them: in the worker's environment, passed to the
+    # jobs of a box whose env_passthrough names them (the watchdog test's box; a job may not set
+    # TRAINBOARD_* itself, and Slurm jobs never see the worker's environment).
+    extra = {**installation(cluster, tf_python, directory / "code-store"), **SHORT_WATCHDOG}
     with django_db_blocker.unblock():
         with celery_worker_factory(directory, directory / "runs", extra_env=extra,
                                    queues=f"celery,slurm.hpc,{GpuBoxBackend.queue_for(BOX_NAME, {})}") as running:
@@ -121,6 +130,40 @@ def test_a_tensorflow_script_on_the_gpu_box_succeeds_with_identical_weights(work
     weights = assert_identical_weights(job, worker.run_root / job.provider_job_name / "output")
     with capsys.disabled():
         print(f"\n[e2e tensorflow] GPU box, 2 workers: SUCCEEDED in {time.monotonic() - t0:.1f} s, weights {weights}")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_that_never_starts_fails_the_job_at_the_deadline_with_no_process_left(
+        worker, user, digits_dataset, tf_model, tf_python, capsys):
+    t0 = time.monotonic()
+    box = services.backend_create(owner=user, name=BOX_NAME, kind="gpubox",
+                                  config={"hourly_rate_usd": 3.6, "grace_period_s": 3.0, "python": tf_python,
+                                          "env_passthrough": ",".join(SHORT_WATCHDOG)})
+    model = services.model_spec_create(owner=user, name="tf-never", kind="script", framework="tensorflow",
+                                       code=upload(zip_bytes({"train.py": TF_SCRIPT.encode()}), "tf.zip"),
+                                       entry_point="train.py", script_args=["--never-start-rank", "1"])
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=model, backend=box,
+                                       procs_per_node=2, epochs=1)
+    job = _ended(worker, job)
+    assert job.state == S.FAILED, _explain(worker, job)
+    assert "the TensorFlow cluster did not form within 30 s (TRAINBOARD_TF_CLUSTER_DEADLINE_S): worker(s) " \
+        in job.failure_reason, _explain(worker, job)
+    log = "\n".join(JobLogLine.objects.filter(job=job).values_list("text", flat=True))
+    pids = [int(p) for m in re.finditer(r"TensorFlow worker\(s\) of rank \d+ started: pid (\d+)", log) for p in m.groups()]
+    assert len(pids) == 2, log[-3000:]
+    assert not any(map(alive, pids))  # the worker that ignored SIGTERM too: SIGKILL after the grace
+    took = (job.ended_at - job.started_at).total_seconds() if job.started_at else time.monotonic() - t0
+    with capsys.disabled():
+        print(f"\n[e2e tensorflow] GPU box, a worker never started: FAILED after {took:.1f} s of running "
+              f"({time.monotonic() - t0:.1f} s in all): {job.failure_reason}")
 
 
 def test_a_tensorflow_script_on_two_slurm_nodes_succeeds_with_identical_weights(worker, cluster, user,
