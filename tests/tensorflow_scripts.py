@@ -7,7 +7,7 @@ and the final weights ``w0``..``w3`` with ``report.log`` and writes them, its ``
 to ``<TRAINBOARD_MODEL_DIR>/weights-<RANK>.json``. ``--fail-rank R`` makes worker R exit 3 before the
 strategy; ``--ignore-sigterm`` makes every worker ignore SIGTERM, as a worker blocked in the strategy's
 set-up does; ``--never-start-rank R`` makes worker R wait forever before TensorFlow (its server never
-listens) ignoring SIGTERM.
+listens) ignoring SIGTERM. A worker that ignores SIGTERM prints ``worker R ignores SIGTERM`` first.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--ignore-sigterm", action="store_true")
 p.add_argument("--never-start-rank", type=int, default=-1)
 args = p.parse_args()
-if args.ignore_sigterm:  # as a TF worker blocked in the strategy's set-up behaves
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if args.ignore_sigterm or int(os.environ["RANK"]) == args.never_start_rank:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a TF worker blocked in the strategy's set-up behaves
+    print(f"worker {os.environ['RANK']} ignores SIGTERM", flush=True)
 if int(os.environ["RANK"]) == args.fail_rank:
     raise SystemExit(3)
-if int(os.environ["RANK"]) == args.never_start_rank:  # its TF server never starts; SIGTERM does not end it
+if int(os.environ["RANK"]) == args.never_start_rank:  # its TF server never starts
     import threading
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Event().wait()
 
 import numpy as np

@@ -8,7 +8,8 @@ node never joins failing the launcher within its deadline.
 Real processes, in the TensorFlow test venv (tests/framework_venvs.py, tensorflow-cpu 2.21): a
 2-worker ``MultiWorkerMirroredStrategy`` script trains to identical weights on both workers; a worker
 that fails stops the other; a worker whose peer never starts (and that ignores SIGTERM, as a TF worker
-blocked in the strategy's set-up does) is killed at the deadline, no process left.
+blocked in the strategy's set-up does) is killed at the deadline, no process left; SIGTERM to the
+launcher (a cancel) stops workers that ignore it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -261,3 +263,34 @@ def test_a_worker_whose_peer_never_starts_is_killed_at_the_deadline(tmp_path, TF
     assert 20 + 2 <= took < 20 + 2 + 20, took
     [failed] = [r for r in map(parse_metric_line, run.stdout.splitlines()) if r and r.get("event") == "failed"]
     assert failed["reason"] == found.group(0)[len("trainer error: "):]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_workers_that_ignore_it(tmp_path, TF):
+    """A cancel: SIGTERM to the launcher once its workers started; both ignore SIGTERM (one waits for
+    TensorFlow's cluster, one never starts it), so SIGKILL ends them after the 2 s grace: exit 143."""
+    env = clean_env(TRAINBOARD_TF_GRACE_S="2")
+    cmd = [str(TF), "-m", "trainer_pkg.launch", "--config",
+           str(tf_job(tmp_path, ["--ignore-sigterm", "--never-start-rank", "1"])), "--standalone", "--nproc-per-node", "2"]
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            started, ignoring = [], set()
+            for line in proc.stdout:  # gate: both workers exist and ignore SIGTERM (their own lines)
+                started += pids(line)
+                ignoring |= set(re.findall(r"^worker (\d+) ignores SIGTERM$", line.strip()))
+                if ignoring == {"0", "1"}:
+                    break
+            assert len(started) == 2 and ignoring == {"0", "1"}, (tmp_path / "stderr").read_text()[-3000:]
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.stdout.read()
+            code = proc.wait(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert code == 128 + signal.SIGTERM, (tmp_path / "stderr").read_text()[-3000:]
+    assert 2 <= took < 15, took
+    assert not any(map(alive, started))
