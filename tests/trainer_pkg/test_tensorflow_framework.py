@@ -101,6 +101,17 @@ def test_sagemaker_hosts_get_a_written_tf_config_with_launcher_chosen_ports(tmp_
     assert "MASTER_ADDR" not in envs1[0] and "MASTER_PORT" not in envs1[0]
 
 
+def test_kubernetes_pods_get_a_written_tf_config():
+    """Kubeflow Trainer's torch runtime (PET_* on each pod, clouds.md §7): pod 0's launcher serves the
+    store at PET_MASTER_ADDR:PET_MASTER_PORT; PET_NPROC_PER_NODE 2 workers per pod."""
+    port = free_port()
+    envs = [clean_env(PET_NNODES="2", PET_NODE_RANK=str(n), PET_NPROC_PER_NODE="2", PET_MASTER_ADDR="127.0.0.1",
+                      PET_MASTER_PORT=str(port)) for n in (0, 1)]
+    pod0, pod1 = exchange(envs, cfg(2))
+    assert [c["task"]["index"] for c in pod0 + pod1] == [0, 1, 2, 3]
+    assert pod0[0]["cluster"] == pod1[1]["cluster"] and len(set(pod0[0]["cluster"]["worker"])) == 4
+
+
 def test_vertex_tf_config_is_passed_through_and_its_chief_is_rank_0(tmp_path):
     """Vertex sets TF_CONFIG on every replica (chief = workerpool0, worker = workerpool1; AI Platform's
     "TF_CONFIG and distributed training"): the launcher runs that one worker with it unchanged."""

@@ -23,8 +23,8 @@ Where ``TF_CONFIG`` comes from:
   trade their ``host:port`` lists through a ``torch.distributed.TCPStore`` at the job's rendezvous
   (``MASTER_ADDR:MASTER_PORT``: hosted by node 0's launcher, or the GPU box's torchrun agent, which
   already serves one there; :class:`Peers`). Worker *i* of the job is ``task.index`` *i* of
-  ``cluster.worker`` (:func:`written_tf_config`); worker 0 is the chief. A job of one machine needs no
-  store: its workers are on 127.0.0.1.
+  ``cluster.worker`` (:func:`written_tf_config`); worker 0 is the chief. A job of one launcher (one
+  node that starts all its workers itself) needs no store: its workers are on 127.0.0.1.
 
 Each worker gets ``TF_CONFIG``, Trainboard's variables (as a torch script does) and ``RANK`` (its
 index: the chief is 0, so :func:`trainer_pkg.report.log` prints from it alone), ``WORLD_SIZE``,
@@ -34,14 +34,17 @@ The watchdog (:class:`_Supervisor`): a TF worker whose peer never starts waits i
 set-up and does not stop on SIGTERM, so the launcher decides, polling every :data:`POLL_S` s:
 
 * the cluster forms when every worker in ``TF_CONFIG`` accepts a TCP connection on its port; not
-  within ``TRAINBOARD_TF_CLUSTER_DEADLINE_S`` seconds (default 600) of the workers' start (for a
-  written ``TF_CONFIG``: of the launcher's start, the exchange of addresses included) fails the job,
-  naming the workers that never listened;
+  within ``TRAINBOARD_TF_CLUSTER_DEADLINE_S`` seconds (default 600) of the launcher's start (the
+  exchange of addresses included) fails the job, naming the workers that never listened, or the
+  launchers that never reached the rendezvous;
 * a worker that exits with a code other than 0 fails the job, and tells the other launchers (the
   store's ``failed`` key), which stop theirs;
 * stopping a worker: SIGTERM, then SIGKILL after ``TRAINBOARD_TF_GRACE_S`` seconds (default 10), each
   by PID; a worker also gets SIGKILL from the kernel should its launcher die first
   (``PR_SET_PDEATHSIG``).
+
+Both settings are the installation's, read from the launcher's environment (a job may not set
+``TRAINBOARD_*`` variables; a GPU box passes the worker's through its ``env_passthrough``).
 
 The reason is printed as ``trainer error: ...``, left as a ``failed`` record in ``metrics.jsonl`` by
 the launcher holding worker 0 (so the job's failure reason is it, :func:`trainer_pkg.launch.failure_message`)
