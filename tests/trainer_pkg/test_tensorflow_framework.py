@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from framework_venvs import TENSORFLOW, framework_venv_fixture
+from polling import wait_for
 from tensorflow_scripts import TF_SCRIPT
 from test_platforms import azure_vars, clean_env, free_port, sagemaker_layout, vertex_vars
 from trainer_helpers import REPO
@@ -276,32 +277,51 @@ def test_a_worker_whose_peer_never_starts_is_killed_at_the_deadline(tmp_path, TF
     assert failed["reason"] == found.group(0)[len("trainer error: "):]
 
 
+def start_ignoring_workers(tmp_path: Path, python: Path) -> tuple[subprocess.Popen, list[int]]:
+    """The launcher with 2 workers that ignore SIGTERM (worker 0 waits for TensorFlow's cluster, worker 1
+    never starts it), returned once both said so (their own lines: the gate), with the workers' pids."""
+    cmd = [str(python), "-m", "trainer_pkg.launch", "--config",
+           str(tf_job(tmp_path, ["--ignore-sigterm", "--never-start-rank", "1"])), "--standalone", "--nproc-per-node", "2"]
+    err = open(tmp_path / "stderr", "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(TRAINBOARD_TF_GRACE_S="2"), stdout=subprocess.PIPE,
+                            stderr=err, text=True)
+    err.close()
+    started, ignoring = [], set()
+    for line in proc.stdout:
+        started += pids(line)
+        ignoring |= set(re.findall(r"^worker (\d+) ignores SIGTERM$", line.strip()))
+        if ignoring == {"0", "1"}:
+            break
+    assert len(started) == 2 and ignoring == {"0", "1"}, (tmp_path / "stderr").read_text()[-3000:]
+    return proc, started
+
+
 @pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_workers_that_ignore_it(tmp_path, TF):
-    """A cancel: SIGTERM to the launcher once its workers started; both ignore SIGTERM (one waits for
-    TensorFlow's cluster, one never starts it), so SIGKILL ends them after the 2 s grace: exit 143."""
-    env = clean_env(TRAINBOARD_TF_GRACE_S="2")
-    cmd = [str(TF), "-m", "trainer_pkg.launch", "--config",
-           str(tf_job(tmp_path, ["--ignore-sigterm", "--never-start-rank", "1"])), "--standalone", "--nproc-per-node", "2"]
-    with open(tmp_path / "stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-        try:
-            started, ignoring = [], set()
-            for line in proc.stdout:  # gate: both workers exist and ignore SIGTERM (their own lines)
-                started += pids(line)
-                ignoring |= set(re.findall(r"^worker (\d+) ignores SIGTERM$", line.strip()))
-                if ignoring == {"0", "1"}:
-                    break
-            assert len(started) == 2 and ignoring == {"0", "1"}, (tmp_path / "stderr").read_text()[-3000:]
-            t0 = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            proc.stdout.read()
-            code = proc.wait(timeout=60)
-            took = time.monotonic() - t0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    """A cancel: SIGTERM to the launcher once its workers ignore SIGTERM: SIGKILL ends them after the
+    2 s grace, exit 143."""
+    proc, started = start_ignoring_workers(tmp_path, TF)
+    try:
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.stdout.read()
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert code == 128 + signal.SIGTERM, (tmp_path / "stderr").read_text()[-3000:]
     assert 2 <= took < 15, took
     assert not any(map(alive, started))
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(tmp_path, TF):
+    """SIGKILL to the launcher (it cannot stop anything): the kernel kills its workers
+    (PR_SET_PDEATHSIG), those that ignore SIGTERM included."""
+    proc, started = start_ignoring_workers(tmp_path, TF)
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    wait_for(lambda: not any(map(alive, started)), timeout=10, what=f"workers {started} to die with their launcher")

@@ -331,12 +331,16 @@ class Peers:
 # -- the workers and the watchdog -----------------------------------------------------------------
 
 
+try:  # looked up here, not in the child: a dlopen between fork and exec could wait on a lock forever
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
     """In the worker, before exec: SIGKILL when the launcher dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
 
 
 def _accepts(address: str) -> bool:
