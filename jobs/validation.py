@@ -672,6 +672,7 @@ RESERVED_ENV: dict[str, str] = {
     **dict.fromkeys(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                      "NODE_RANK"), "torchrun sets it on every rank from the job's shape"),
     "PYTHONPATH": "the launcher puts the trainer and your code on it",
+    "TF_CONFIG": "the launcher writes it for a tensorflow script's workers (or the platform does)",
     **dict.fromkeys(("PATH", "HOME"), "the platform sets it for the job's user and image"),
     **dict.fromkeys(("LD_PRELOAD", "LD_LIBRARY_PATH"),
                     "it changes which libraries every process of the image loads; put them in a container image"),

@@ -124,3 +124,12 @@ def test_a_price_past_the_price_column_is_the_backends_error(user, digits_datase
     fine = services.backend_create(owner=user, name="vx-4", kind="vertex", config={**config, "accelerator_count": 4})
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=fine)
     assert 0 < job.hourly_price_usd < 10
+
+
+def test_tf_config_is_the_launchers():
+    """A job's TF_CONFIG would pass for the platform's own and make every launcher run one worker of a
+    cluster the job made up (trainer_pkg/frameworks/tensorflow.py): refused, saying whose it is."""
+    assert validation.env_name_problem("TF_CONFIG") == (
+        "TF_CONFIG cannot be set here: the launcher writes it for a tensorflow script's workers (or the "
+        "platform does).")
+    assert validation.env_name_problem("TF_CPP_MIN_LOG_LEVEL") is None  # TensorFlow's other settings are the job's
