@@ -247,7 +247,8 @@ def test_sagemakers_mpirun_starts_our_entry_script_in_every_rank(tmp_path, MPI_P
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = seen(env_out)
     assert {r: (got["sum"], got["env"]["RANK"], got["env"]["LOCAL_WORLD_SIZE"], got["env"]["TRAINBOARD_MODEL_DIR"])
-            for r, got in ranks.items()} == {0: (1, "0", "2", str(root / "model")), 1: (1, "1", "2", str(root / "model"))}
+            for r, got in ranks.items()} == {0: (1, "0", "2", str(root / "model")),
+                                             1: (1, "1", "2", str(root / "model"))}
     printed = [r for r in map(parse_metric_line, run.stdout.splitlines()) if r is not None and r["event"] == "step"]
     assert [(r["step"], r["rank_sum"]) for r in printed] == [(1, 1.0)]
     assert "[launch] mpi: rank 1 of 2 (local rank 1 of 2, node_rank 0) started by sagemaker's mpirun" in run.stdout
