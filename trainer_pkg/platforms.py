@@ -114,15 +114,16 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
-    def describe(self) -> str:
-        """One log line: ``platform: sagemaker (SM_HOSTS is set), node_rank 1 of 2 nodes × 2 processes …``."""
+    def describe(self, starter: str = "torchrun") -> str:
+        """One log line: ``platform: sagemaker (SM_HOSTS is set), node_rank 1 of 2 nodes × 2 processes …``;
+        ``starter``: what this launcher starts for several processes (torchrun, or a framework's own)."""
         shape = (f"node_rank {self.node_rank} of {self.nnodes} node(s) × {self.nproc_per_node} "
                  f"process(es) per node = world size {self.world_size}")
         parts = [f"platform: {self.platform}" + (f" ({self.reason})" if self.reason else ""), shape]
         if self.master_addr:
             parts.append(f"master {self.master_addr}:{self.master_port}")
         parts.append("ranks already started: training in this process" if self.in_process
-                     else "one process" if self.world_size == 1 else "starting torchrun")
+                     else "one process" if self.world_size == 1 else f"starting {starter}")
         return ", ".join(parts)
 
     def resolve(self, cfg: JobConfig) -> JobConfig:

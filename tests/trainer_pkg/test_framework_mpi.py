@@ -190,6 +190,8 @@ def test_two_ranks_allreduce_under_our_mpirun_and_rank_0_reports(tmp_path, MPI_P
     assert [(r["step"], r["rank_sum"], r["ranks"]) for r in printed] == [(1, 1.0, 2.0)]  # rank 0 alone
     stored = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert stored == printed
+    assert ("[launch] platform: local (--standalone), node_rank 0 of 1 node(s) × 2 process(es) per node = world "
+            "size 2, starting trainer_pkg.frameworks.mpi") in run.stdout
     assert "[launch] mpi: starting 2 rank(s) with /usr/bin/mpirun (on this machine)" in run.stdout
 
 

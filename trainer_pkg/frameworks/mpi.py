@@ -119,6 +119,14 @@ def mpirun_command(plan: LaunchPlan, script: UserScript, *, python: str = sys.ex
     return cmd + [python, *RANK_ENTRY, *script.argv()]
 
 
+def node_command(config_path: str, plan: LaunchPlan, *, python: str = sys.executable) -> list[str]:
+    """What a backend that starts one process per node itself (the GPU box, where torchrun would
+    otherwise start the ranks) runs on this node for an MPI script: this launcher, once, with the
+    node's processes; it starts them with mpirun."""
+    return [python, "-m", "trainer_pkg.launch", "--config", config_path, "--standalone",
+            "--nproc-per-node", str(plan.nproc_per_node)]
+
+
 def run(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_s: float = 0.0) -> int:
     """Start or be the ranks of ``script`` (module docstring) and wait; the exit code this node
     reports. Raises :class:`ConfigError` (exit code 2, the message in the job's log) when the ranks
