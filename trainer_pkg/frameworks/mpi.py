@@ -18,8 +18,9 @@ Who starts the ranks (:func:`run`, called by :func:`trainer_pkg.launch.run_frame
 - **our mpirun** where the platform has no MPI launcher: on one node (a GPU box, one Slurm node,
   Kubernetes or Vertex with one node) ``mpirun -np nproc`` on this machine; on Slurm with several
   nodes, node 0's launcher runs ``mpirun --host n1:P,n2:P -np nodes×P`` and Open MPI's Slurm launcher
-  starts its daemons on the other nodes with ``srun`` inside the allocation (``SLURM_OVERLAP=1``: the
-  step shares the CPUs our own step holds); the launchers of the other nodes log that and exit 0.
+  starts its daemons on the nodes with ``srun`` inside the allocation (``SLURM_OVERLAP=1``: that step
+  shares the CPUs our own step holds; ``SLURM_EXPORT_ENV=ALL``: it passes the environment on); the
+  launchers of the other nodes log that and exit 0.
   ``srun --mpi=pmix`` is not used: Slurm's PMIx plugin of Debian's Slurm 22.05 fails when two
   slurmd share a host (both create ``/tmp/spmix_appdir_<uid>_<job>.<step>``), which is how the test
   cluster runs, while mpirun works on it and on real clusters alike.
@@ -199,7 +200,10 @@ def run_mpirun(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hosts: t
     env["PYTHONPATH"] = _script_pythonpath(env, script)
     if hosts:
         env.update(MASTER_ADDR=plan.master_addr, MASTER_PORT=str(plan.master_port))
-        env["SLURM_OVERLAP"] = "1"  # Open MPI's srun of its daemons shares the CPUs our step holds
+        # Open MPI's srun of its daemons: sharing the CPUs our own step holds (without it the step waits
+        # for them forever), and with this environment (the batch script's sbatch --export=NONE left
+        # SLURM_EXPORT_ENV=NONE, which that srun would obey: its daemons then die before they report).
+        env.update(SLURM_OVERLAP="1", SLURM_EXPORT_ENV="ALL")
     else:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_rank(plan.nproc_per_node)))
