@@ -239,6 +239,13 @@ def config_with_code(config: Mapping[str, Any], code: CodeBundle | None, code_di
     return out
 
 
+def code_framework(config: Mapping[str, Any]) -> str:
+    """The JobConfig dict's ``code.framework`` (how a script's processes start: ``torch`` when the
+    config names none; ``mpi`` asks the platform for its MPI launcher, docs/user-code.md)."""
+    code = config.get("code")
+    return str(code.get("framework") or "torch") if isinstance(code, Mapping) else "torch"
+
+
 def requirement_lines(text: str) -> list[str]:
     """The requirements of a ``requirements.txt`` text, one entry per requirement as pip reads the file:
     comments (``#`` at the start or after whitespace) and blank lines dropped, ``\\`` continuations

@@ -696,7 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = os.environ.get(LAUNCHED_BY_US)  # set in the ranks we started: their node launcher logged
     node_leader = not ours and not (plan.in_process and os.environ.get("LOCAL_RANK", "0") != "0")
     if node_leader:
-        print_line(f"[launch] {plan.describe()}")
+        framework = cfg.code.framework if script is not None else "torch"
+        starter = "torchrun" if framework == "torch" else f"trainer_pkg.frameworks.{framework}"
+        print_line(f"[launch] {plan.describe(starter)}")
         if args.init_from is not None:
             print_line(f"[launch] train.init_from {source} is read from {cfg.train.init_from} "
                        f"(--init-from)")

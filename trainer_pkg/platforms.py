@@ -114,15 +114,16 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
-    def describe(self) -> str:
-        """One log line: ``platform: sagemaker (SM_HOSTS is set), node_rank 1 of 2 nodes × 2 processes …``."""
+    def describe(self, starter: str = "torchrun") -> str:
+        """One log line: ``platform: sagemaker (SM_HOSTS is set), node_rank 1 of 2 nodes × 2 processes …``;
+        ``starter``: what this launcher starts for several processes (torchrun, or a framework's own)."""
         shape = (f"node_rank {self.node_rank} of {self.nnodes} node(s) × {self.nproc_per_node} "
                  f"process(es) per node = world size {self.world_size}")
         parts = [f"platform: {self.platform}" + (f" ({self.reason})" if self.reason else ""), shape]
         if self.master_addr:
             parts.append(f"master {self.master_addr}:{self.master_port}")
         parts.append("ranks already started: training in this process" if self.in_process
-                     else "one process" if self.world_size == 1 else "starting torchrun")
+                     else "one process" if self.world_size == 1 else f"starting {starter}")
         return ", ".join(parts)
 
     def resolve(self, cfg: JobConfig) -> JobConfig:
@@ -195,6 +196,54 @@ def _json_var(env: Env, name: str, platform: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise PlatformError(f"{platform}: {name} is not valid JSON: {exc} (value {raw[:200]!r})") from None
+
+
+OMPI_WORLD_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE")
+"""What Open MPI's ``mpirun`` sets in every process it starts (docs.open-mpi.org, "Environment
+variables set for MPI applications"): this process's rank, the world size, its rank on its node and
+the ranks on its node."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MpiWorld:
+    """This process's place among the ranks an ``mpirun`` started (:data:`OMPI_WORLD_VARS`)."""
+
+    rank: int
+    """Rank in MPI_COMM_WORLD, 0 … size-1."""
+    size: int
+    """Ranks in all."""
+    local_rank: int
+    """Rank among the ranks on this node, 0 … local_size-1."""
+    local_size: int
+    """Ranks on this node; every node holds as many (mpirun's slots per host)."""
+
+    @property
+    def nodes(self) -> int:
+        return self.size // self.local_size
+
+    @property
+    def node_rank(self) -> int:
+        """This node's index: ranks fill the nodes in order (``--map-by slot``, as the platforms map them)."""
+        return self.rank // self.local_size
+
+
+def read_mpi_world(env: Env, who: str = "mpirun") -> MpiWorld | None:
+    """This process's :class:`MpiWorld` when an Open MPI ``mpirun`` started it (``OMPI_COMM_WORLD_RANK``
+    set), else None. Raises :class:`PlatformError` naming the variable that is missing, not an integer,
+    or does not fit the others (a rank not below the size; a world that is not whole nodes of
+    ``OMPI_COMM_WORLD_LOCAL_SIZE`` ranks each)."""
+    if not env.get("OMPI_COMM_WORLD_RANK", "").strip():
+        return None
+    rank, size, local_rank, local_size = (
+        _int_var(env, name, who, minimum=minimum) for name, minimum in zip(OMPI_WORLD_VARS, (0, 1, 0, 1)))
+    if rank >= size or local_rank >= local_size:
+        raise PlatformError(f"{who}: OMPI_COMM_WORLD_RANK {rank} / LOCAL_RANK {local_rank} are not below "
+                            f"OMPI_COMM_WORLD_SIZE {size} / LOCAL_SIZE {local_size}")
+    if size % local_size:
+        raise PlatformError(f"{who}: OMPI_COMM_WORLD_SIZE {size} is not whole nodes of "
+                            f"OMPI_COMM_WORLD_LOCAL_SIZE {local_size} ranks; give every host as many processes")
+    return MpiWorld(rank=rank, size=size, local_rank=local_rank, local_size=local_size)
 
 
 def cpu_threads_per_rank(procs_per_node: int) -> int:
@@ -345,7 +394,9 @@ def _read_sagemaker(env: Env, cfg: JobConfig, *, nproc: int | None, reason: str)
     SDK's own and ignored.
 
     If torchrun's variables are also set (the toolkit's ``torch_distributed`` launcher started the
-    ranks) this process trains in place with the same directories and hyperparameters.
+    ranks) this process trains in place with the same directories and hyperparameters; so does an MPI
+    script's rank (``code.framework`` ``mpi``, the job's ``mpi`` distribution) that the toolkit's
+    mpirun started, its place read from ``OMPI_COMM_WORLD_*`` (:func:`read_mpi_world`).
     """
     who = "SageMaker"
     root = sagemaker_root(env)
@@ -397,6 +448,17 @@ def _read_sagemaker(env: Env, cfg: JobConfig, *, nproc: int | None, reason: str)
         extra_env=extra_env, failure_file=os.path.join(root, "output", "failure"),
         output_data_dir=env.get("SM_OUTPUT_DATA_DIR") or os.path.join(root, "output", "data"),
     )
+    world = read_mpi_world(env, who) if _framework(cfg, hps) == "mpi" else None
+    if world is not None:
+        # The job's ``mpi`` distribution: the toolkit's mpirun started every rank on every host. It
+        # exports the master's SM_CURRENT_HOST to all of them (-x), so the node is the rank's.
+        if world.nodes != len(hosts):
+            raise PlatformError(f"{who}: OMPI_COMM_WORLD_SIZE {world.size} is not {len(hosts)} host(s) × "
+                                f"OMPI_COMM_WORLD_LOCAL_SIZE {world.local_size}")
+        return LaunchPlan(nnodes=len(hosts), node_rank=world.node_rank, nproc_per_node=world.local_size,
+                          master_addr=hosts[0] if len(hosts) > 1 else "",
+                          master_port=_port_var(env, "MASTER_PORT", who, default=SAGEMAKER_DEFAULT_PORT)
+                          if len(hosts) > 1 else 0, in_process=True, **common)
     if all(k in env for k in TORCHRUN_VARS):
         ranks = read_torchrun(env, cfg)
         return LaunchPlan(nnodes=len(hosts), node_rank=hosts.index(current),
@@ -409,6 +471,15 @@ def _read_sagemaker(env: Env, cfg: JobConfig, *, nproc: int | None, reason: str)
                       nproc_per_node=_nproc(cfg, gpus, nproc),
                       master_addr=master_addr if nnodes > 1 else "",
                       master_port=master_port if nnodes > 1 else 0, **common)
+
+
+def _framework(cfg: JobConfig, hyperparameters: Mapping[str, Any]) -> str:
+    """``code.framework`` as the hyperparameters make it (the SageMaker job's config travels in them);
+    the config's own when they do not parse (:meth:`LaunchPlan.resolve` reports that)."""
+    try:
+        return apply_overrides(cfg, hyperparameters).code.framework
+    except ValueError:
+        return cfg.code.framework
 
 
 def _sagemaker_channel(env: Env, root: str) -> str | None:
@@ -541,6 +612,10 @@ def read_azureml(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalo
                  reason: str = "") -> LaunchPlan:
     """An Azure ML command job (clouds.md §3.4).
 
+    For an MPI script (``code.framework`` ``mpi``: the job asks for ``MpiDistribution``) Azure ML's
+    mpirun starts the processes, which carry Open MPI's ``OMPI_COMM_WORLD_*`` (:func:`read_mpi_world`)
+    and train in place.
+
     With ``distribution=PyTorchDistribution(process_count_per_instance=N)`` Azure ML itself starts N
     processes per node and sets per-process ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (all processes)
     and per-node ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``: every process trains in place, no
@@ -557,6 +632,11 @@ def read_azureml(env: Env, cfg: JobConfig, *, nproc: int | None = None, standalo
     data_dir = _azure_named(env, "AZURE_ML_INPUT_", AZURE_DATA_NAMES)
     common = dict(platform="azureml", reason=reason or "AZUREML_RUN_ID is set", output_dir=out,
                   checkpoint_dir=ckpt, data_dir=data_dir)
+    world = read_mpi_world(env, who) if cfg.code.framework == "mpi" else None
+    if world is not None:
+        # MpiDistribution: Azure ML's mpirun started the ranks (OMPI_COMM_WORLD_*), no RANK/MASTER_ADDR.
+        return LaunchPlan(nnodes=world.nodes, node_rank=world.node_rank, nproc_per_node=world.local_size,
+                          in_process=True, **common)
     dist_vars = TORCHRUN_VARS + ("MASTER_ADDR", "MASTER_PORT")
     if not any(env.get(k, "").strip() for k in dist_vars):
         return LaunchPlan(nnodes=1, node_rank=0, nproc_per_node=1, **common)

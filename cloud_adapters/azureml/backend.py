@@ -13,6 +13,9 @@ What a job is made of (clouds.md §3.1 for the builder, §3.2 for the wire body)
   platform starts the ranks itself and sets per-process ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and
   ``MASTER_ADDR``/``MASTER_PORT`` (clouds.md §3.4); the launcher trains in place
   (trainer_pkg/platforms.py ``read_azureml``);
+* an MPI script (``code.framework`` ``mpi``) gets ``MpiDistribution(process_count_per_instance=procs_per_node)``
+  instead: Azure ML's mpirun starts the processes, each with Open MPI's ``OMPI_COMM_WORLD_*``, and the
+  launcher runs the script as that rank (trainer_pkg/frameworks/mpi.py);
 * with the user's code (``JobSpec.code``) its files join the snapshot at its root, beside
   ``trainer_pkg/``, and the config's ``code.dir`` is ``"."`` (the command's working directory, the
   directory holding trainer_pkg); a root ``.gitignore`` of the user's gets an empty ``.amlignore``
@@ -570,7 +573,7 @@ class AzureMLBackend(CloudBackend):
     def command_job(self, spec: JobSpec, code_dir: Path | str) -> Any:
         """The azure-ai-ml ``Command`` for ``spec`` with its code snapshot in ``code_dir``
         (clouds.md §3.1). Makes no call."""
-        from azure.ai.ml import Output, PyTorchDistribution, command
+        from azure.ai.ml import MpiDistribution, Output, PyTorchDistribution, command
         from azure.ai.ml.entities import QueueSettings
 
         name = azure_job_name(spec.job_name)
@@ -589,7 +592,8 @@ class AzureMLBackend(CloudBackend):
             environment_variables=self._environment(spec),
             compute=self.config["compute"],
             instance_count=int(spec.nodes),
-            distribution=PyTorchDistribution(process_count_per_instance=int(spec.procs_per_node)),
+            distribution=(MpiDistribution if packaging.code_framework(spec.config) == "mpi" else PyTorchDistribution)(
+                process_count_per_instance=int(spec.procs_per_node)),
             inputs=inputs,
             outputs=outputs,
             timeout=int(spec.max_runtime_s),

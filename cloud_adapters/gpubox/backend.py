@@ -678,7 +678,7 @@ class GpuBoxBackend(Backend):
 
         # torch-free; imported here, once _trainer_dir has said what to install if the package is missing
         from trainer_pkg.launch import torchrun_command, torchrun_env
-        from trainer_pkg.platforms import LaunchPlan
+        from trainer_pkg.platforms import LAUNCHED_BY_US, LaunchPlan
 
         runner = user or _usercode.worker_user()
         if user is not None and not isolated:
@@ -736,7 +736,15 @@ class GpuBoxBackend(Backend):
         if environment is not None:
             job_env["VIRTUAL_ENV"] = environment["dir"]
             job_env["PATH"] = os.pathsep.join((str(Path(environment["dir"], "bin")), job_env["PATH"]))
-        command = torchrun_command(str(run_dir / "job.json"), plan, python=python)
+        if packaging.code_framework(config) == "mpi":
+            # One launcher, which starts the ranks with mpirun (trainer_pkg/frameworks/mpi.py): MPI's
+            # ranks cannot be torchrun's. Unmarked, so it logs its plan as a node's launcher does.
+            from trainer_pkg.frameworks.mpi import node_command
+
+            command = node_command(str(run_dir / "job.json"), plan, python=python)
+            job_env.pop(LAUNCHED_BY_US)
+        else:
+            command = torchrun_command(str(run_dir / "job.json"), plan, python=python)
         cleanup = None
         if spec.image:
             name = f"tb-{spec.job_name}"

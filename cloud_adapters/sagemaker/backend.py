@@ -18,6 +18,10 @@ What a job is made of (clouds.md §1.1 for every request field):
   ``trainboard_entry.py`` in ``sagemaker_submit_directory`` = the archive. The toolkit runs the entry
   once per instance; it starts ``python -m trainer_pkg.launch``, which reads SM_HOSTS/SM_CURRENT_HOST
   and starts torchrun across the instances (trainer_pkg/platforms.py ``read_sagemaker``);
+* an MPI script (``code.framework`` ``mpi``) asks for the ``mpi`` distribution instead
+  (``sagemaker_mpi_enabled``, ``sagemaker_mpi_num_of_processes_per_host`` = processes per node): the
+  toolkit's mpirun on the first host starts every rank on every host (sshd in the image), each running
+  the entry script, and the launcher runs the script as that rank (trainer_pkg/frameworks/mpi.py);
 * the job config as hyperparameters, one per field, ``"<section>.<field>": json.dumps(value)`` — the
   JSON encoding the SageMaker SDK uses and the keys ``trainer_pkg.config.apply_overrides`` reads
   (but ``output.output_dir``/``output.checkpoint_dir``: SageMaker decides /opt/ml/model and /opt/ml/checkpoints);
@@ -513,6 +517,13 @@ class SageMakerBackend(CloudBackend):
             "sagemaker_job_name": json.dumps(name),
             "sagemaker_region": json.dumps(self.region),
         })
+        if packaging.code_framework(spec.config) == "mpi":
+            # The SDK's distribution={"mpi": {"enabled": True, "processes_per_host": N}}: the toolkit's
+            # mpirun starts N ranks per host, each running the entry script (sagemaker-training
+            # params.py, runner.py, mpi.py MasterRunner); the launcher then runs the script as its rank.
+            hps.update({"sagemaker_mpi_enabled": json.dumps(True),
+                        "sagemaker_mpi_num_of_processes_per_host": json.dumps(int(spec.procs_per_node)),
+                        "sagemaker_mpi_custom_mpi_options": json.dumps("")})
         stopping = {"MaxRuntimeInSeconds": int(spec.max_runtime_s)}
         if spec.spot:
             stopping["MaxWaitTimeInSeconds"] = max(int(spec.max_runtime_s),

@@ -50,6 +50,18 @@ def job_puts(st: AzureMLStandin):
     return st.calls("PUT", r"/jobs/[^/]+$")
 
 
+def test_an_mpi_script_asks_for_the_mpi_distribution(workspace):
+    """``code.framework`` mpi: ``MpiDistribution`` with the job's processes per node, so Azure ML's
+    mpirun starts the ranks (trainer_pkg/frameworks/mpi.py runs the script as each one); the command
+    is the same."""
+    backend = make_backend(workspace, prices=two_gpu_catalog())
+    backend.submit(spec(config={**CONFIG, "code": {"script": "train.py", "framework": "mpi"}}))
+    (put,) = job_puts(workspace)
+    body = put.body["properties"]
+    assert body["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 2}
+    assert body["command"] == "python -m trainer_pkg.launch --config trainboard_job.json"
+
+
 def test_job_put_body_field_by_field(workspace):
     backend = make_backend(workspace, prices=two_gpu_catalog())
     handle = backend.submit(spec())

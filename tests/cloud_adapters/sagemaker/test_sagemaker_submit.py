@@ -229,3 +229,20 @@ def test_throttled_then_created(aws, clock):
     assert calls.count("CreateTrainingJob") >= 1
     jobs = boto3.client("sagemaker", region_name="us-east-1").list_training_jobs()["TrainingJobSummaries"]
     assert [j["TrainingJobName"] for j in jobs] == [handle.job_name]
+
+
+def test_an_mpi_script_asks_for_the_mpi_distribution_and_a_torch_job_does_not(aws):
+    """``code.framework`` mpi: the hyperparameters the SDK sends for distribution={"mpi": {"enabled":
+    True, "processes_per_host": 2}} (JSON-encoded), which make the toolkit start the ranks with its
+    mpirun (trainer_pkg/frameworks/mpi.py then runs the script as each rank)."""
+    backend = make_backend()
+    capture = RequestCapture(backend.client("sagemaker"))
+    mpi_config = {**CONFIG, "code": {"script": "train.py", "framework": "mpi"}}
+    backend.submit(spec("tb-job-8-mpi", config=mpi_config, procs_per_node=2, instance_type="ml.g5.12xlarge"))
+    backend.submit(spec("tb-job-9-torch"))
+    mpi_hps, torch_hps = (body["HyperParameters"] for body in capture.bodies)
+    assert {k: v for k, v in mpi_hps.items() if k.startswith("sagemaker_mpi")} == {
+        "sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "2",
+        "sagemaker_mpi_custom_mpi_options": '""'}
+    assert mpi_hps["code.framework"] == '"mpi"' and mpi_hps["sagemaker_program"] == '"trainboard_entry.py"'
+    assert not [k for k in torch_hps if k.startswith("sagemaker_mpi")]
