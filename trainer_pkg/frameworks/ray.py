@@ -106,6 +106,9 @@ RAY_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_COLO
 every worker's line in the log as printed (not folded into "[repeated 3x across cluster]"), no ANSI
 colours in the log, and a Ray Train worker's ``print`` left as Python's (Ray Train 2.60 also sends
 it through its logger, and the job's log got every printed line twice)."""
+_AGENT_VARS = (LAUNCHED_BY_US, "ROLE_NAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+"""What torchrun (or our launcher) sets for its ranks beside :data:`trainer_pkg.launch._RANK_VARS` and the
+``TORCHELASTIC_*`` variables; none of it reaches a Ray process."""
 _STORE_PREFIX = "trainboard-ray"
 _MAX_TEMP_DIR = 40  # Ray's sockets live under <temp-dir>/session_<date>_<pid>/sockets/: 107 bytes at most
 
@@ -203,7 +206,11 @@ class _Node:
 
     def _base_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """Every Ray process's environment (and the script's, before its own variables)."""
-        out = {k: v for k, v in env.items() if k not in _RANK_VARS and k != LAUNCHED_BY_US}
+        # No rank's variables: the driver is no rank, and Ray Train sets its workers' own. Nor torchrun's
+        # agent's: with its TORCHELASTIC_USE_AGENT_STORE=True, Ray Train's rank 0 waited for an agent
+        # store that nobody hosts, and every worker hung in init_process_group.
+        out = {k: v for k, v in env.items()
+               if k not in _RANK_VARS and k not in _AGENT_VARS and not k.startswith("TORCHELASTIC_")}
         out = _with_trainboard_env(out, self.cfg)
         out.update(self.plan.extra_env)
         out["PYTHONPATH"] = _script_pythonpath(out, self.script)
