@@ -264,7 +264,7 @@ def _node(tmp_path: Path, plan: LaunchPlan, monkeypatch, **env: str) -> ray_fram
     cfg = JobConfig.from_dict({"output": {"output_dir": str(tmp_path / "out")},
                                "code": {"dir": str(code), "script": "train.py", "framework": "ray"}})
     node = ray_framework._Node(cfg, plan, UserScript(code_dir=str(code), path=str(code / "train.py")),
-                               hardware_every_s=0, join_s=60, grace_s=5)
+                               join_s=60, grace_s=5)
     monkeypatch.undo()
     return node
 

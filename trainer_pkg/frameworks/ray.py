@@ -49,9 +49,12 @@ Ray on the machine by process name. The Ray temporary directory (``--temp-dir``,
 directory: Ray's socket paths must fit 107 bytes) is removed.
 
 Failures: node 0 exits 1 when its head does not start, or the nodes have not all joined within
-:data:`JOIN_TIMEOUT_ENV` seconds (default 900), naming them; a node whose ``ray start`` ends before
-the script exits 1. A Python without Ray is a :class:`~trainer_pkg.config.ConfigError` (exit 2)
-that says to add ``ray[train]`` to the requirements.
+:data:`JOIN_TIMEOUT_ENV` seconds (default 900: it says how many did), or one gave up first; a node
+whose ``ray start`` ends before the script exits 1. A Python without Ray is a
+:class:`~trainer_pkg.config.ConfigError` (exit 2) that says to add ``ray[train]`` to the requirements.
+
+Not for Ray jobs: the hang watch, the network preflight and the hardware samples of a torch job
+(they find the ranks by torchrun's variables; Ray starts its own workers).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from typing import Iterator, Mapping
 
 from trainer_pkg import hardware
 from trainer_pkg.config import ConfigError, JobConfig
-from trainer_pkg.launch import _RANK_VARS, UserScript, _node_sampler, _script_pythonpath, _with_trainboard_env
+from trainer_pkg.launch import _RANK_VARS, UserScript, _script_pythonpath, _with_trainboard_env
 from trainer_pkg.metrics import print_line, report_error
 from trainer_pkg.platforms import LAUNCHED_BY_US, LaunchPlan, _visible_gpus
 
@@ -117,6 +120,9 @@ def run(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_
     """Run ``script`` as the driver of a Ray cluster over ``plan``'s nodes (see the module docstring)
     and wait for it; stop every Ray process of this node by PID before returning.
 
+    ``hardware_every_s`` is not used: :mod:`trainer_pkg.hardware` finds a node's ranks by torchrun's
+    ``RANK`` in their environment, and Ray's workers set theirs only once they run (no samples).
+
     Returns node 0's script's exit code there (128 + N when signal N ended it), 0 on the other nodes
     once node 0's script ended, 1 when the cluster could not form or this node's Ray processes died,
     128 + N on a node stopped by signal N before the script ended. Raises :class:`ConfigError` when
@@ -133,7 +139,7 @@ def run(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_
                           "image that has it")
     join_s = _seconds(os.environ, JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S)
     grace_s = _seconds(os.environ, STOP_GRACE_ENV, DEFAULT_STOP_GRACE_S)
-    node = _Node(cfg, plan, script, hardware_every_s=hardware_every_s, join_s=join_s, grace_s=grace_s)
+    node = _Node(cfg, plan, script, join_s=join_s, grace_s=grace_s)
     with _stop_on_signals() as stopped:
         try:
             return node.run_head(stopped) if plan.node_rank == 0 else node.run_worker(stopped)
@@ -188,17 +194,16 @@ class _Failed(Exception):
 class _Node:
     """This node's part of the job: its ``ray start``, the script (node 0), the store, the cleanup."""
 
-    def __init__(self, cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_s: float,
-                 join_s: float, grace_s: float) -> None:
+    def __init__(self, cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, join_s: float,
+                 grace_s: float) -> None:
         self.cfg, self.plan, self.script = cfg, plan, script
-        self.every_s, self.join_s, self.grace_s = hardware_every_s, join_s, grace_s
+        self.join_s, self.grace_s = join_s, grace_s
         self.who = f"[ray node {plan.node_rank}]"
         self.tag = uuid.uuid4().hex
         self.temp_dir = _short_temp_dir()
         self.host = plan.master_addr or "127.0.0.1"
         self.ray: subprocess.Popen | None = None
         self.driver: subprocess.Popen | None = None
-        self.sampler: hardware.Sampler | None = None
         self.store = None  # torch.distributed.Store when nnodes > 1
         self.env = self._base_env(os.environ)
 
@@ -245,8 +250,6 @@ class _Node:
         self.ray = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         threading.Thread(target=_pump, args=(self.ray.stdout, self.who), daemon=True).start()
-        if self.every_s > 0:
-            self.sampler = _node_sampler(self.plan, self.env, self.every_s)(self.ray.pid)
 
     def _wait_ray_ready(self, stop: _Stop, deadline: float) -> None:
         """Until ``ray start`` has written its address file (it does so once its node is up)."""
@@ -413,9 +416,6 @@ class _Node:
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
-        if self.sampler is not None:
-            self.sampler.stop()
-            self.sampler = None
         if stopped:
             print_line(f"{self.who} stopped {len(stopped)} Ray process(es) by PID")
         self.ray = self.driver = None
