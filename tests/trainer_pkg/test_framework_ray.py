@@ -206,7 +206,8 @@ def test_ray_train_script_on_two_nodes(launch_two_nodes):
     assert codes == [0, 0], (node0[-4000:], node1[-4000:])
 
     # Node 0: the head, the script's driver; node 1 joined, waited for the script, left.
-    assert re.search(r"\[ray node 0\] Ray head at 127\.0\.0\.1:\d+ ", node0)
+    [ray_dir] = re.findall(r"\[ray node 0\] Ray head at 127\.0\.0\.1:\d+ \(temp dir (\S+)\)", node0)
+    assert not Path(ray_dir).parent.exists()  # removed with Ray's session files
     assert ("[ray node 0] 2 node(s) in the cluster; running python train.py --spread with "
             "RAY_ADDRESS=127.0.0.1:") in node0
     assert "TRAINBOARD_RAY_NUM_WORKERS=2" in node0
@@ -290,12 +291,14 @@ def test_ray_processes_get_trainboard_variables_but_no_ranks_and_no_torchrun_age
         # Trainboard's defaults, unless the job's environment set one (RAY_DEDUP_LOGS here).
         assert (env["RAY_DEDUP_LOGS"], env["RAY_COLOR_PREFIX"], env["RAY_USAGE_STATS_ENABLED"],
                 env["RAY_TRAIN_ENABLE_PRINT_PATCH"]) == ("1", "0", "0", "0")
-        # Ray's sockets live under the temporary directory: it must be short.
-        assert len(node.temp_dir) <= 40 and Path(node.temp_dir).is_dir()
+        # Ray's sockets live under its temporary directory: it must be short. Ray opens that one to every
+        # user; the private one above it keeps them out.
+        assert len(node.ray_dir) <= 40 and Path(node.ray_dir).parent == Path(node.temp_dir)
         assert oct(Path(node.temp_dir).stat().st_mode & 0o777) == "0o700"
 
         head = node._ray_start(head_port=41000, address=None)
         assert head[:4] == [sys.executable, "-m", "ray.scripts.scripts", "start"]
+        assert head[head.index("--temp-dir") + 1] == node.ray_dir
         assert head[head.index("--port") + 1] == "41000" and "--head" in head and "--block" in head
         assert (head[head.index("--dashboard-host") + 1], head[head.index("--min-worker-port") + 1],
                 head[head.index("--max-worker-port") + 1]) == ("127.0.0.1", "0", "0")
@@ -378,3 +381,22 @@ def test_the_launcher_without_ray_exits_2_saying_what_to_install(tmp_path):
     assert done.returncode == 2, done.stderr
     assert (f"trainer error: code.framework ray: this job's Python ({sys.executable}) has no ray package; add "
             "ray[train] (pinned, e.g. ray[train]==2.60.0) to the code's requirements.txt") in done.stderr
+
+
+def test_a_node_whose_head_never_comes_fails_within_the_join_timeout(ray_python, tmp_path):
+    """Node 1 of 2 alone (node 0 never started): no store to reach, exit 1 naming it, no Ray started."""
+    from test_platforms import clean_env, free_port
+
+    code = write_code(tmp_path / "code", "import ray\n")
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps({"output": {"output_dir": str(tmp_path / "out")},
+                                  "code": {"dir": str(code), "script": "train.py", "framework": "ray"}}))
+    port = free_port()
+    env = clean_env(SLURM_JOB_ID="77", SLURM_NODEID="1", SLURM_NNODES="2", SLURM_JOB_NODELIST="n[1-2]",
+                    SLURM_LAUNCH_NODE_IPADDR="127.0.0.1", MASTER_PORT=str(port), SLURM_GPUS_ON_NODE="0",
+                    TRAINBOARD_RAY_JOIN_TIMEOUT_S="3")
+    done = subprocess.run([str(ray_python), "-m", "trainer_pkg.launch", "--config", str(config),
+                           "--nproc-per-node", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    assert f"trainer error: node 1: no store at 127.0.0.1:{port} (reaching it failed: " in done.stderr
+    assert "[ray node 1]" not in done.stdout  # no ray start

@@ -45,8 +45,9 @@ Stopping: SIGTERM/SIGINT to the launcher are passed to the script (node 0), whic
 whenever the script ends, every Ray process of this node is SIGKILLed by PID: the processes in the
 session of its ``ray start`` and any process whose environment carries this node's
 :data:`TAG_ENV` value (a Ray worker that left the session). ``ray stop`` is not used: it stops every
-Ray on the machine by process name. The Ray temporary directory (``--temp-dir``, a short new
-directory: Ray's socket paths must fit 107 bytes) is removed.
+Ray on the machine by process name. Ray's temporary directory (``--temp-dir``: short, as Ray's socket
+paths must fit 107 bytes; inside a new directory only this uid may enter, as Ray opens its own to
+every user) is removed.
 
 Failures: node 0 exits 1 when its head does not start, or the nodes have not all joined within
 :data:`JOIN_TIMEOUT_ENV` seconds (default 900: it says how many did), or one gave up first; a node
@@ -201,6 +202,9 @@ class _Node:
         self.who = f"[ray node {plan.node_rank}]"
         self.tag = uuid.uuid4().hex
         self.temp_dir = _short_temp_dir()
+        # Ray makes its --temp-dir world-writable (shared between users, it says): one level down, so
+        # this node's private directory keeps every other uid (another job's, on a GPU box) out.
+        self.ray_dir = os.path.join(self.temp_dir, "r")
         self.host = plan.master_addr or "127.0.0.1"
         self.ray: subprocess.Popen | None = None
         self.driver: subprocess.Popen | None = None
@@ -229,7 +233,7 @@ class _Node:
     def _ray_start(self, *, head_port: int | None, address: str | None) -> list[str]:
         """``ray start ... --block`` for the head (``head_port``) or a node joining ``address``."""
         exclude = FORBIDDEN_PORTS | {self.plan.master_port}
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--temp-dir", self.temp_dir,
+        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--temp-dir", self.ray_dir,
                "--disable-usage-stats", "--log-color", "false", "--min-worker-port", "0", "--max-worker-port", "0"]
         if head_port is not None:
             client, dashboard, agent = free_ports(3, exclude=exclude | {head_port})
@@ -253,7 +257,7 @@ class _Node:
 
     def _wait_ray_ready(self, stop: _Stop, deadline: float) -> None:
         """Until ``ray start`` has written its address file (it does so once its node is up)."""
-        ready = os.path.join(self.temp_dir, "ray_current_cluster")
+        ready = os.path.join(self.ray_dir, "ray_current_cluster")
         while not os.path.exists(ready):
             self._check(stop, deadline, "its Ray node to start")
             stop.event.wait(POLL_S)
@@ -264,7 +268,7 @@ class _Node:
         assert self.ray is not None
         if self.ray.poll() is not None:
             raise _Failed(f"ray start on node {self.plan.node_rank} exited with code {self.ray.returncode} "
-                          f"(its output is above, prefixed {self.who}; Ray's own logs were in {self.temp_dir})")
+                          f"(its output is above, prefixed {self.who})")
         if time.monotonic() > deadline:
             raise _Failed(f"node {self.plan.node_rank} waited {self.join_s:g} s for {what} "
                           f"({JOIN_TIMEOUT_ENV} sets how long)")
@@ -283,7 +287,7 @@ class _Node:
                 self.store = _open_store(plan, stop, deadline, master=True)
             self._start_ray(self._ray_start(head_port=port, address=None))
             self._wait_ray_ready(stop, deadline)
-            print_line(f"{self.who} Ray head at {address} (temp dir {self.temp_dir})")
+            print_line(f"{self.who} Ray head at {address} (temp dir {self.ray_dir})")
             if self.store is not None:
                 self.store.set("head", address)
                 joined = self._wait_count("joined", plan.nnodes - 1, stop, deadline, fail_on_left=True)
@@ -440,7 +444,7 @@ def _short_temp_dir() -> str:
     """A new private directory for Ray's files, short enough for its socket paths: under the
     temporary directory when that path is short, else under /tmp."""
     base = tempfile.gettempdir()
-    if len(base) > _MAX_TEMP_DIR - 18:  # "/tbrayjob-" and 8 characters
+    if len(base) > _MAX_TEMP_DIR - 20:  # "/tbrayjob-", 8 characters and Ray's "/r"
         base = "/tmp"
     return tempfile.mkdtemp(prefix="tbrayjob-", dir=base)
 
