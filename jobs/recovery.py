@@ -2,7 +2,8 @@
 
 The database is the source of truth (DESIGN.md §2). Beat runs :func:`recovery_sweep` every
 ``TRAINBOARD_RECOVERY_INTERVAL_S`` seconds (``jobs.tasks.recovery_sweep``); it is safe to run twice
-at once (each job is taken with ``SELECT ... FOR UPDATE SKIP LOCKED`` and every write is conditional):
+at once (each job is taken with ``SELECT ... FOR NO KEY UPDATE OF <the job> SKIP LOCKED``, :func:`_take`,
+and every write is conditional):
 
 1. **Lost submissions.** A QUEUED job no worker picked up for ``TRAINBOARD_RECOVERY_REQUEUE_AFTER_S``
    (its message was lost with a broker restart, or the enqueue failed) gets its ``submit_job`` message
@@ -158,6 +159,20 @@ def flag_hung_jobs(*, now: dt.datetime | None = None) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _take():
+    """Jobs to lock for one recovery, skipping those another transaction holds (a second sweep).
+
+    Only the job's row is locked (``OF``), never its backend's that ``select_related`` joins: a
+    backend's row is shared by all its jobs, so locking it made a sweep skip every job of the
+    backend while another transaction held it or had only just touched it (the other sweep holding
+    another job; or committing the cancel of a stalled job, whose foreign-key checks lock the
+    backend's row, FOR KEY SHARE, when the job's row was written twice in the transaction): two
+    sweeps at once could then both skip a job and neither recover it. ``NO KEY UPDATE`` (what an
+    UPDATE of non-key columns takes) still excludes the other sweep and any writer of the row, but not
+    a transaction that only adds a row pointing at the job (a JobEvent: FOR KEY SHARE of the job)."""
+    return TrainingJob.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
+
+
 def requeue_lost_submissions(*, now: dt.datetime | None = None) -> list[int]:
     """Send ``submit_job`` again for QUEUED jobs older than ``TRAINBOARD_RECOVERY_REQUEUE_AFTER_S``
     that were not re-sent within that period. Returns their ids."""
@@ -169,7 +184,7 @@ def requeue_lost_submissions(*, now: dt.datetime | None = None) -> list[int]:
     sent = []
     for job_id in ids:
         with transaction.atomic():
-            job = (TrainingJob.objects.select_for_update(skip_locked=True).select_related("backend")
+            job = (_take().select_related("backend")
                    .filter(pk=job_id, state=S.QUEUED, wait_reason="").first())
             if job is None:
                 continue
@@ -209,7 +224,7 @@ def resume_stuck_submissions(*, now: dt.datetime | None = None) -> list[int]:
     done = []
     for job_id in ids:
         with transaction.atomic():
-            job = (TrainingJob.objects.select_for_update(skip_locked=True).select_related("backend")
+            job = (_take().select_related("backend")
                    .filter(pk=job_id, provider_handle__isnull=True).first())
             if job is None or job.state not in (S.SUBMITTING, S.STOPPING):
                 continue

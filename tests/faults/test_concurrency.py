@@ -10,7 +10,7 @@ import threading
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from cloud_adapters.base import JobSpec
@@ -103,11 +103,9 @@ def test_resume_delivered_twice_at_once_makes_one_provider_job(provider, job):
     assert provider.count(job.provider_job_name) == 1
 
 
-def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, digits_dataset, cnn_model,
-                                                             fault_backend, settings):
-    """A lost QUEUED job, a SUBMITTING job whose worker died and a stalled PENDING job on a backend
-    that cancels stalled jobs: two sweeps at once re-send one message, resume once, flag and cancel
-    once; running every message sent (twice over) makes one provider job per job."""
+def _recovery_cases(provider, user, digits_dataset, cnn_model, fault_backend):
+    """A lost QUEUED job, a SUBMITTING job whose worker died and a stalled PENDING job, all on
+    ``fault_backend``, which cancels stalled jobs. Returns ``(lost, dead, slow, slow's provider record)``."""
     services.backend_update(backend=fault_backend, stall_policy="cancel", state_deadlines={"PENDING": 60})
     with sent_tasks(dispatch.SUBMIT_JOB):
         lost, dead, slow = (services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model,
@@ -120,6 +118,15 @@ def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, dig
     tasks.submit_job(slow.pk)  # PENDING on the provider
     slow_record = provider.jobs(_reload(slow).provider_job_name)[0]
     TrainingJob.objects.filter(pk=slow.pk).update(state_entered_at=timezone.now() - timezone.timedelta(seconds=61))
+    return lost, dead, slow, slow_record
+
+
+def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, digits_dataset, cnn_model,
+                                                             fault_backend):
+    """A lost QUEUED job, a SUBMITTING job whose worker died and a stalled PENDING job on a backend
+    that cancels stalled jobs: two sweeps at once re-send one message, resume once, flag and cancel
+    once; running every message sent (twice over) makes one provider job per job."""
+    lost, dead, slow, slow_record = _recovery_cases(provider, user, digits_dataset, cnn_model, fault_backend)
 
     with sent_tasks(dispatch.SUBMIT_JOB) as send, \
             sent_tasks(dispatch.CANCEL_JOB) as send_cancel:
@@ -147,6 +154,60 @@ def test_two_recovery_sweeps_at_once_send_each_recovery_once(provider, user, dig
         assert job.state == S.PENDING and provider.count(job.provider_job_name) == 1
     assert JobEvent.objects.filter(job=lost, message__startswith=recovery.REQUEUE_MESSAGE).count() == 1
     assert JobEvent.objects.filter(job=dead, message__startswith=recovery.RESUME_MESSAGE).count() == 1
+
+
+@pytest.mark.parametrize("held, swept", [
+    ("requeue", "resume"),  # the sweep that re-sends the lost job, holding its row, while the other resumes
+    ("stall", "resume"),  # the sweep that cancels the stalled job, in its transaction, while the other resumes
+    ("resume", "requeue"),  # and the other way round
+])
+def test_a_sweep_takes_a_job_while_the_other_sweep_holds_another_job_of_its_backend(
+        provider, user, digits_dataset, cnn_model, fault_backend, monkeypatch, held, swept):
+    """One sweep stopped inside its transaction on one job (where it sends its message, its locks
+    held) while the other sweep looks at another job of the same backend: the other sweep takes it.
+    The interleaving of issue 28's [0, 0]: the sweeps locked the backend's row with the job's, so
+    the one that lost the re-send skipped the dead job while the winner held the lost one, and the
+    winner skipped it while the loser committed its stall cancel (foreign-key checks: FOR KEY SHARE
+    of the backend)."""
+    lost, dead, slow, _ = _recovery_cases(provider, user, digits_dataset, cnn_model, fault_backend)
+    steps = {"requeue": (recovery.requeue_lost_submissions, "resubmit_after_commit", lost),
+             "resume": (recovery.resume_stuck_submissions, "resubmit_after_commit", dead),
+             "stall": (recovery.flag_stalled_jobs, "cancel_after_commit", slow)}
+    hold_step, send_name, _ = steps[held]
+    step, _, job = steps[swept]
+    holding, release, holder_results = threading.Event(), threading.Event(), []
+    send = getattr(dispatch, send_name)
+
+    def send_when_released(*args, **kwargs):
+        if threading.current_thread() is holder:
+            holding.set()
+            assert release.wait(60)
+        return send(*args, **kwargs)
+
+    def hold():
+        try:
+            with transaction.atomic():
+                # A commit runs the deferred foreign-key checks of the rows written (Django's are
+                # DEFERRABLE INITIALLY DEFERRED), each locking the row it references (FOR KEY SHARE:
+                # the cancel wrote the stalled job twice, so its backend) until the commit ends; made
+                # immediate, they hold those locks while the holder is stopped.
+                with connection.cursor() as cursor:
+                    cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                holder_results.append(hold_step())
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(dispatch, send_name, send_when_released)
+    holder = threading.Thread(target=hold)
+    with sent_tasks(dispatch.SUBMIT_JOB), sent_tasks(dispatch.CANCEL_JOB):
+        holder.start()
+        try:
+            assert holding.wait(60)
+            assert step() == [job.pk]
+        finally:
+            release.set()
+            holder.join(60)
+    assert len(holder_results) == 1 and len(holder_results[0]) == 1
 
 
 def test_two_sync_passes_at_once_equal_one(provider, user, digits_dataset, cnn_model, fault_backend):

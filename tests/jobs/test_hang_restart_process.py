@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import dispatch, lifecycle, recovery, services, sync
-from jobs.models import ComputeBackend, JobAttempt, JobStateChoices as S, TrainingJob
+from jobs import dispatch, lifecycle, recovery, services
+from jobs.models import ComputeBackend, JobAttempt, JobStateChoices as S
 from polling import wait_for
+from test_sync import synced_into
 
 pytestmark = pytest.mark.django_db
 
@@ -32,12 +33,6 @@ def box(user, run_root, settings, trainer_standin):
     return backend
 
 
-def _synced(job: TrainingJob, *states: str) -> TrainingJob | None:
-    sync.backend_sync(backend_id=job.backend_id)
-    job.refresh_from_db()
-    return job if job.state in states else None
-
-
 def test_a_hung_gpubox_run_is_stopped_and_restarted_from_its_checkpoint(
         user, digits_dataset, cnn_model, box, run_root, trainer_standin, monkeypatch):
     monkeypatch.setattr(dispatch, "send_submit", lambda job_id, queue: None)
@@ -48,7 +43,7 @@ def test_a_hung_gpubox_run_is_stopped_and_restarted_from_its_checkpoint(
     job.refresh_from_db()
     first = Path(run_root) / job.provider_job_name
     trainer_standin.wait_at(3, first)
-    wait_for(lambda: _synced(job, S.RUNNING) and job.progress_at is not None, timeout=60,
+    wait_for(lambda: synced_into(job, S.RUNNING) and job.progress_at is not None, timeout=60,
              what="the held run RUNNING with its first record read")
 
     # Silent for more than the backend's 60 s: flagged, and stopped to be restarted.
@@ -59,7 +54,7 @@ def test_a_hung_gpubox_run_is_stopped_and_restarted_from_its_checkpoint(
 
     # The box stops the run (the next sync re-sends the cancel: SIGTERM), the stand-in checkpoints
     # step 3, and the confirmed stop resubmits the job from that checkpoint.
-    wait_for(lambda: _synced(job, S.QUEUED, S.CANCELLED, S.FAILED), timeout=60, what="the stop confirmed")
+    wait_for(lambda: synced_into(job, S.QUEUED, S.CANCELLED, S.FAILED), timeout=60, what="the stop confirmed")
     assert job.state == S.QUEUED and job.attempt == 2, (job.state, job.failure_reason)
     checkpoints = first / "output" / "checkpoints"
     assert job.checkpoint_uri == str(checkpoints)
@@ -73,7 +68,7 @@ def test_a_hung_gpubox_run_is_stopped_and_restarted_from_its_checkpoint(
     lifecycle.training_job_submit(job=job)
     job.refresh_from_db()
     assert job.provider_job_name == f"{first.name}-a2"
-    wait_for(lambda: _synced(job, S.SUCCEEDED, S.FAILED, S.CANCELLED), timeout=90, what="attempt 2 to end")
+    wait_for(lambda: synced_into(job, S.SUCCEEDED, S.FAILED, S.CANCELLED), timeout=90, what="attempt 2 to end")
     assert job.state == S.SUCCEEDED and job.attempt == 2, job.failure_reason
     log = (Path(run_root) / job.provider_job_name / "train.log").read_text()
     started = [json.loads(line.split("TRAINBOARD_METRIC ", 1)[1]) for line in log.splitlines()

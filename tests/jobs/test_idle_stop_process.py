@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import dispatch, lifecycle, services, sync
-from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
+from jobs import dispatch, lifecycle, services
+from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S
 from polling import wait_for
+from test_sync import synced_into
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # a minute of samples: started first
 
@@ -38,12 +39,6 @@ def box(user, run_root, settings, trainer_standin):
     return backend
 
 
-def _synced(job: TrainingJob, *states: str) -> TrainingJob | None:
-    sync.backend_sync(backend_id=job.backend_id)
-    job.refresh_from_db()
-    return job if job.state in states else None
-
-
 def test_a_gpubox_job_whose_gpu_idles_is_checkpointed_and_stopped_with_the_reason(
         user, digits_dataset, cnn_model, box, run_root, trainer_standin, monkeypatch):
     monkeypatch.setattr(dispatch, "send_submit", lambda job_id, queue: None)
@@ -57,7 +52,7 @@ def test_a_gpubox_job_whose_gpu_idles_is_checkpointed_and_stopped_with_the_reaso
     trainer_standin.wait_at(2, run_dir)
 
     # Synced every 2 s while the samples pile up; the sync that reads a minute of them stops the job.
-    wait_for(lambda: _synced(job, S.STOPPING, S.CANCELLED, S.FAILED, S.SUCCEEDED), timeout=150, interval=2.0,
+    wait_for(lambda: synced_into(job, S.STOPPING, S.CANCELLED, S.FAILED, S.SUCCEEDED), timeout=150, interval=2.0,
              what="the idle policy to stop the job")
     assert job.state == S.STOPPING, (job.state, job.failure_reason)
     # GPU 0 of the NVML stand-in (the job's one rank, no CUDA_VISIBLE_DEVICES on a CPU box) at 10 %.
@@ -74,7 +69,7 @@ def test_a_gpubox_job_whose_gpu_idles_is_checkpointed_and_stopped_with_the_reaso
     assert JobEvent.objects.filter(job=job, message=job.idle_reason).count() == 1
 
     # The box stops the run: the stand-in checkpoints where it was held, and the job ends with the reason.
-    wait_for(lambda: _synced(job, S.CANCELLED, S.FAILED, S.SUCCEEDED), timeout=60, what="the stop confirmed")
+    wait_for(lambda: synced_into(job, S.CANCELLED, S.FAILED, S.SUCCEEDED), timeout=60, what="the stop confirmed")
     assert job.state == S.CANCELLED and job.failure_reason == f"Stopped: {job.idle_reason}"
     assert json.loads((run_dir / "output" / "checkpoints" / "last.pt").read_text())["step"] == 2
     log = (run_dir / "train.log").read_text()

@@ -88,6 +88,23 @@ def rec(event, **fields):
                                               **fields})
 
 
+def sync_running(job, lines: list[str]) -> None:
+    """One sync pass of ``job``'s scripted backend that finds it RUNNING (2 instances, since
+    :data:`T0`) and reads ``lines`` as its next log chunk; ``job`` is refreshed."""
+    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, instance_count=2)]
+    ScriptedBackend.log_chunks.append(lines)  # the cursor is the chunk's index: each sync reads the next
+    sync.backend_sync(backend_id=job.backend_id)
+    job.refresh_from_db()
+
+
+def synced_into(job: TrainingJob, *states: str) -> TrainingJob | None:
+    """One sync pass of ``job``'s backend; ``job`` (refreshed) if it is then in one of ``states``,
+    else None (a predicate for ``polling.wait_for``)."""
+    sync.backend_sync(backend_id=job.backend_id)
+    job.refresh_from_db()
+    return job if job.state in states else None
+
+
 def test_sync_ingests_logs_metrics_and_applies_states(submitted_job, scripted_backend):
     job = submitted_job
     ScriptedBackend.statuses = [

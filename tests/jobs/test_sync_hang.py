@@ -13,7 +13,7 @@ from django.urls import reverse
 from cloud_adapters.base import JobState, JobStatus
 from jobs import hangs, sync
 from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, TrainingJob
-from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job  # noqa: F401 (fixtures)
+from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job, sync_running  # noqa: F401 (fixtures)
 from trainer_pkg import hang
 from trainer_pkg.metrics import format_metric_line
 
@@ -46,17 +46,10 @@ def hang_lines(detected: float = DETECTED) -> list[str]:
     return lines
 
 
-def running(job, lines: list[str]) -> None:
-    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, instance_count=2)]
-    ScriptedBackend.log_chunks.append(lines)  # the cursor is the chunk's index: each sync reads the next
-    sync.backend_sync(backend_id=job.backend_id)
-    job.refresh_from_db()
-
-
 def test_a_hung_run_is_flagged_with_its_last_step_and_both_ranks_stacks_on_the_page(
         client, user, submitted_job):
     job = submitted_job
-    running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
     assert job.state == S.RUNNING  # the default policy only flags
     assert job.hung_at == dt.datetime.fromtimestamp(DETECTED, dt.timezone.utc)
     assert (job.hang["source"], job.hang["step"], job.hang["step_time"], job.hang["deadline_s"]) == (
@@ -80,7 +73,7 @@ def test_a_hung_run_is_flagged_with_its_last_step_and_both_ranks_stacks_on_the_p
             'line 2806 in all_reduce') in page
 
     # A step after the detection: the run was slow, not stuck.
-    running(job, [rec("step", step=2, dt=140)])
+    sync_running(job, [rec("step", step=2, dt=140)])
     assert (job.hung_at, job.hang) == (None, {})
     assert "<strong>Hung.</strong>" not in client.get(reverse("job-detail", args=[job.pk])).content.decode()
 
@@ -88,10 +81,10 @@ def test_a_hung_run_is_flagged_with_its_last_step_and_both_ranks_stacks_on_the_p
 def test_the_cancel_policy_stops_a_hung_job_with_the_reason(submitted_job, scripted_backend):
     ComputeBackend.objects.filter(pk=scripted_backend.pk).update(hang_policy=ComputeBackend.HangPolicy.CANCEL)
     job = submitted_job
-    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("step", step=1, dt=10), *hang_lines()])
     assert job.state == S.STOPPING and job.hung_at is not None
     assert job.failure_reason.startswith("Cancelled: hung. No new step for 120 s after step 1; rank 0: in all_reduce")
-    running(job, ["still stuck"])  # the provider still says RUNNING: every sync sends the cancel again
+    sync_running(job, ["still stuck"])  # the provider still says RUNNING: every sync sends the cancel again
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
 
 
@@ -123,7 +116,7 @@ def test_the_sweep_flags_a_silent_running_job_without_stacks_and_the_launchers_r
 
     job = submitted_job
     # Steps 0..4 ten seconds apart: 2 s a step → the floor, 600 s, is the deadline.
-    running(job, [rec("step", step=s, dt=10 * s) for s in range(5)])
+    sync_running(job, [rec("step", step=s, dt=10 * s) for s in range(5)])
     assert job.state == S.RUNNING and job.progress_at == T0 + dt.timedelta(seconds=40)
     assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=640)) == []  # 600 s: not past it
     now = T0 + dt.timedelta(seconds=641)
@@ -139,7 +132,7 @@ def test_the_sweep_flags_a_silent_running_job_without_stacks_and_the_launchers_r
     page = client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert "from the job's progress: the launcher reported no stacks" in page
 
-    running(job, hang_lines(detected=now.timestamp() + 5))
+    sync_running(job, hang_lines(detected=now.timestamp() + 5))
     assert job.hang["source"] == "launcher" and [r["rank"] for r in job.hang["ranks"]] == [0, 1]
 
 
@@ -149,7 +142,7 @@ def test_a_backends_hang_deadline_overrides_the_default(submitted_job, scripted_
     ComputeBackend.objects.filter(pk=scripted_backend.pk).update(hang_deadline_s=60,
                                                                  hang_policy=ComputeBackend.HangPolicy.CANCEL)
     job = submitted_job
-    running(job, [rec("step", step=1, dt=10)])
+    sync_running(job, [rec("step", step=1, dt=10)])
     assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=70)) == []
     assert recovery.flag_hung_jobs(now=T0 + dt.timedelta(seconds=71)) == [job.pk]
     job.refresh_from_db()
@@ -164,7 +157,7 @@ def test_the_api_gives_where_each_rank_is_stuck_and_a_large_run_keeps_a_bounded_
     api_client = APIClient()
     api_client.force_authenticate(user)
     job = submitted_job
-    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("step", step=1, dt=10), *hang_lines()])
     body = api_client.get(f"/api/jobs/{job.pk}/").json()
     assert body["hung_at"].startswith("2024-05-01T12:02:10")
     assert body["hang"] == {"source": "launcher", "step": 1, "step_time": STEP_TIME, "deadline_s": 120.0,
@@ -190,13 +183,13 @@ def test_a_hang_is_a_notification_event_and_a_badge_in_the_job_list(client, user
     settings.TRAINBOARD_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the test's endpoint (never called)
     services.webhook_create(owner=user, url="http://127.0.0.1:9/hook", events=["job.hung"])
     job = submitted_job
-    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("step", step=1, dt=10), *hang_lines()])
     [row] = WebhookDelivery.objects.filter(job=job)
     assert row.event == "job.hung" and row.payload["job"]["reason"] == hangs.hang_reason(job.hang)
     client.force_login(user)
     listing = client.get(reverse("job-list")).content.decode()
     assert 'data-hung="1"' in listing and ">Hung</span>" in listing
-    running(job, [rec("step", step=2, dt=140)])
+    sync_running(job, [rec("step", step=2, dt=140)])
     assert 'data-hung="1"' not in client.get(reverse("job-list")).content.decode()
 
 
@@ -234,12 +227,12 @@ def test_the_restart_policy_stops_a_hung_run_and_restarts_it_from_its_checkpoint
     job = submitted_job
     first_name = job.provider_job_name
 
-    running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("started", step=0), rec("step", step=1, dt=10), *hang_lines()])
     reason = ("No new step for 120 s after step 1; rank 0: in all_reduce, train.py:15; "
               "rank 1: in <module>, train.py:14")
     assert job.state == S.STOPPING and job.hang_restart_at is not None and job.failure_reason == ""
     assert job.events.last().message == f"Restarting: hung. {reason}"
-    running(job, ["still stuck"])  # the provider still says RUNNING: the stop is sent again, nothing else
+    sync_running(job, ["still stuck"])  # the provider still says RUNNING: the stop is sent again, nothing else
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
 
     _stop_confirmed(job)
@@ -269,7 +262,7 @@ def test_the_restart_policy_stops_a_hung_run_and_restarts_it_from_its_checkpoint
     assert specs[-1].checkpoint_uri == str(checkpoints) and (checkpoints / "last.pt").exists()
 
     # It hangs again: no restart left (max restarts 1), so the policy cancels it.
-    running(job, [rec("started", step=1, resumed=True), rec("step", step=2, dt=400),
+    sync_running(job, [rec("started", step=1, resumed=True), rec("step", step=2, dt=400),
                   *hang_lines(detected=DETECTED + 1000)])
     assert job.state == S.STOPPING and job.hang_restart_at is None
     assert job.failure_reason.startswith("Cancelled: hung; max restarts 1 reached. No new step for 120 s after step 1")
@@ -283,7 +276,7 @@ def test_a_users_cancel_while_a_hung_run_stops_for_its_restart_ends_it_instead(s
 
     _restart_policy(scripted_backend, max_restarts=2)
     job = submitted_job
-    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("step", step=1, dt=10), *hang_lines()])
     assert job.state == S.STOPPING and job.hang_restart_at is not None
     services.training_job_cancel(job=job)
     job.refresh_from_db()
@@ -297,7 +290,7 @@ def test_a_users_cancel_while_a_hung_run_stops_for_its_restart_ends_it_instead(s
 def test_a_hung_run_that_succeeded_before_its_stop_landed_is_not_restarted(submitted_job, scripted_backend):
     _restart_policy(scripted_backend, max_restarts=2)
     job = submitted_job
-    running(job, [rec("step", step=1, dt=10), *hang_lines()])
+    sync_running(job, [rec("step", step=1, dt=10), *hang_lines()])
     assert job.state == S.STOPPING
     _stop_confirmed(job, JobState.SUCCEEDED)
     assert job.state == S.SUCCEEDED and job.attempt == 1

@@ -14,10 +14,9 @@ import pytest
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from cloud_adapters.base import JobState, JobStatus
-from jobs import idle, notifications, services, sync
+from jobs import idle, notifications, services
 from jobs.models import ComputeBackend, JobEvent, JobStateChoices as S, NotificationPreference, TrainingJob, WebhookDelivery
-from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job  # noqa: F401 (fixtures)
+from test_sync import T0, ScriptedBackend, rec, scripted_backend, submitted_job, sync_running  # noqa: F401 (fixtures)
 from trainer_pkg import hardware
 from trainer_pkg.metrics import format_metric_line
 
@@ -43,13 +42,6 @@ def sleeping(start_s: int, end_s: int) -> list[str]:
     return lines
 
 
-def running(job, lines: list[str]) -> None:
-    ScriptedBackend.statuses = [JobStatus(JobState.RUNNING, raw_state="InProgress", started_at=T0, instance_count=2)]
-    ScriptedBackend.log_chunks.append(lines)  # the cursor is the chunk's index: each sync reads the next
-    sync.backend_sync(backend_id=job.backend_id)
-    job.refresh_from_db()
-
-
 def policy(backend, name: str, **fields) -> None:
     ComputeBackend.objects.filter(pk=backend.pk).update(idle_policy=name, **fields)
 
@@ -67,11 +59,11 @@ def test_the_warn_policy_notes_and_notifies_once_and_a_busy_sample_clears_it(
     policy(scripted_backend, "warn")
     job = submitted_job
     assert (job.hourly_price_usd, job.max_runtime_s) == (Decimal("7.2"), 3600)
-    running(job, [rec("started", step=0), *sleeping(60, 1800)])
+    sync_running(job, [rec("started", step=0), *sleeping(60, 1800)])
     assert job.state == S.RUNNING and job.started_at == T0
     assert idle.idle_for_s(job.idle) == 1740.0 and job.idle_at is None  # 29 min: not yet
 
-    running(job, sleeping(1860, 1860))
+    sync_running(job, sleeping(1860, 1860))
     # 30 min idle at T0 + 1860 s; 3600 − 1860 = 1740 s of max runtime left × 2 nodes × $7.20/h = $6.96.
     reason = ("Idle: all 4 GPUs below 10% for 30 min; stopping it would save $6.96 (1740 s left of its max "
               "runtime × 2 nodes × $7.20/h = $6.96)")
@@ -94,7 +86,7 @@ def test_the_warn_policy_notes_and_notifies_once_and_a_busy_sample_clears_it(
     assert mail.subject == f"[Trainboard] {notifications.summary_line(row.payload)}"[:200]
     assert "What stopping it saves: $6.9600" in mail.body.splitlines()
 
-    running(job, sleeping(1920, 1920))  # still idle: told once per idle period
+    sync_running(job, sleeping(1920, 1920))  # still idle: told once per idle period
     assert JobEvent.objects.filter(job=job, message__startswith="Idle:").count() == 1
     assert WebhookDelivery.objects.filter(job=job).count() == 1
     assert job.idle["idle_s"] == 1860.0
@@ -108,13 +100,13 @@ def test_the_warn_policy_notes_and_notifies_once_and_a_busy_sample_clears_it(
         "2024-05-01T12:31:00", "6.9600", "7.4400", 1860.0)  # 1860 s × 2 × $7.20/h = $7.44
 
     # GPU 0 at the threshold (10 %, not below it): busy, the finding goes; the interval before counts idle.
-    running(job, [hw(1980, [10.0, 0.0], node=0), hw(1980, [0.0, 0.0], node=1)])
+    sync_running(job, [hw(1980, [10.0, 0.0], node=0), hw(1980, [0.0, 0.0], node=1)])
     assert (job.idle_at, job.idle_reason, job.idle_saved_usd) == (None, "", None)
     assert (job.idle["since"], job.idle["gpus"]["0"], job.idle["idle_s"]) == (None, None, 1920.0)
     assert "<strong>Idle.</strong>" not in client.get(reverse("job-detail", args=[job.pk])).content.decode()
     assert api_idle(user, job)["at"] is None
 
-    running(job, sleeping(2040, 3840))  # a second idle period of 30 min is told again
+    sync_running(job, sleeping(2040, 3840))  # a second idle period of 30 min is told again
     assert JobEvent.objects.filter(job=job, message__startswith="Idle:").count() == 2
     assert job.idle_at == T0 + dt.timedelta(seconds=3840)
 
@@ -123,9 +115,9 @@ def test_the_stop_policy_cancels_with_the_reason_and_what_stopping_saves(user, s
     policy(scripted_backend, "stop")
     job = submitted_job
     TrainingJob.objects.filter(pk=job.pk).update(max_runtime_s=7200)
-    running(job, [rec("started", step=0), rec("step", step=1, dt=30)])
+    sync_running(job, [rec("started", step=0), rec("step", step=1, dt=30)])
     assert job.state == S.RUNNING
-    running(job, [rec("step", step=2, dt=40), *sleeping(60, 1860)])  # the loop sleeps: a step, then idle GPUs
+    sync_running(job, [rec("step", step=2, dt=40), *sleeping(60, 1860)])  # the loop sleeps: a step, then idle GPUs
     # Found at T0 + 1860 s; 7200 − 1860 = 5340 s of max runtime left × 2 nodes × $7.20/h = $21.36.
     reason = ("Idle: all 4 GPUs below 10% for 30 min; stopping it saves $21.36 (5340 s left of its max runtime × "
               "2 nodes × $7.20/h = $21.36)")
@@ -140,7 +132,7 @@ def test_the_stop_policy_cancels_with_the_reason_and_what_stopping_saves(user, s
         "gpus": 4, "threshold_pct": 10, "since": "2024-05-01T12:01:00Z", "idle_for_s": 1800.0, "idle_s": 1800.0,
         "waste_usd": "7.2000", "gpu_idle_s": 0.0, "gpu_waste_usd": "0.0000", "at": "2024-05-01T12:31:00Z",
         "reason": reason, "saved_usd": "21.3600"}
-    running(job, ["[launch] saving a checkpoint on SIGTERM"])  # the provider still says RUNNING
+    sync_running(job, ["[launch] saving a checkpoint on SIGTERM"])  # the provider still says RUNNING
     assert job.state == S.STOPPING and ScriptedBackend.calls["cancel"] == 1
     # The backend's waste this month, as /metrics reports it: 1800 s × 2 × $7.20/h; a tracker that is not
     # the sync's (idle_s a string, a bool) does not count.
@@ -163,7 +155,7 @@ def test_a_cpu_only_job_is_never_idle_under_a_gpu_policy(user, submitted_job, sc
         lines.append("[launch] " + format_metric_line({"event": "hardware", "time": START + at, "node_rank": 0,
                                                        "interval_s": 60.0, "ranks": [0, 1],
                                                        "sys/cpu_pct": [0.5, 0.5], "sys/rss_mb": [300.0, 300.0]}))
-    running(job, lines)
+    sync_running(job, lines)
     assert job.state == S.RUNNING and job.idle_at is None
     assert job.idle in ({}, idle.empty(10))
     assert api_idle(user, job) is None
@@ -201,7 +193,7 @@ def test_malformed_records_change_nothing_and_do_not_fail_the_sync(submitted_job
     job = submitted_job
     lines = ["[launch] TRAINBOARD_METRIC {not json", "[launch] " + format_metric_line({"event": "hardware"})]
     lines += ["[launch] " + format_metric_line(r) for r in bad if r["time"] == START]
-    running(job, [rec("started", step=0), *lines])
+    sync_running(job, [rec("started", step=0), *lines])
     assert job.state == S.RUNNING and job.idle == idle.empty(10) and job.idle_at is None
 
 
@@ -230,11 +222,11 @@ def test_one_gpu_idling_while_the_others_work_counts_its_share_and_waiting_for_t
              rec("step", step=2, dt=90, train_loss=0.9, wait_for_slowest_s=45.0)]
     for at in range(60, 661, 60):
         lines += [hw(at, [95.0, 95.0], node=0), hw(at, [95.0, 3.0], node=1)]
-    running(job, lines)
+    sync_running(job, lines)
     assert idle.gpu_idle_s(job.idle) == {"3": 600.0} and job.idle["idle_s"] == 0.0  # 10 intervals of 60 s
     # Then every GPU idles (T0 + 720 s to 840 s): the whole job's waste, never GPU 3's again. GPU 3's
     # interval 660 → 720 s still counts alone (GPU 2 was busy at 660 s).
-    running(job, [hw(at, [1.0, 1.0], node=node) for at in (720, 780, 840) for node in (0, 1)])
+    sync_running(job, [hw(at, [1.0, 1.0], node=node) for at in (720, 780, 840) for node in (0, 1)])
     assert idle.gpu_idle_s(job.idle) == {"3": 660.0} and job.idle["idle_s"] == 120.0
 
     # 120 s × 2 instances × $7.20/h = $0.48; 660 GPU-s × $7.20/h / 2 = $0.66; (30 + 45) rank-s × $7.20/h / 2

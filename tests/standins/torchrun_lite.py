@@ -36,7 +36,8 @@ that tests name where they would name ``sys.executable``: by its arguments (afte
     :func:`run`, its ranks the real interpreter;
 ``-m trainer_pkg.launch ARGS``
     the real launcher (:func:`trainer_pkg.launch.main`) in this process, the torchrun it starts being
-    this wrapper (``torchrun_command``'s ``python``); everything else is the launcher's own;
+    this wrapper (``torchrun_command``'s ``python``), ended as the module's ``__main__`` ends it
+    (:func:`trainer_pkg.metrics.exit_process`); everything else is the launcher's own;
 anything else
     the real interpreter, ``exec``-ed with the same arguments.
 
@@ -264,8 +265,12 @@ def main(argv: Sequence[str], *, wrapper: str) -> int:
     if rest[:2] == ["-m", "trainer_pkg.launch"]:
         sys.path[0] = os.getcwd()  # as `python -m` has it (here it is the wrapper's directory)
         from trainer_pkg import launch
+        from trainer_pkg.metrics import exit_process
 
         launch.torchrun_command = functools.partial(launch.torchrun_command, python=wrapper)
-        return launch.main(list(rest[2:]))
+        # Ended as `python -m trainer_pkg.launch` ends (its __main__): a job of one process trains in
+        # this process, and the interpreter's teardown with gloo's threads still alive can abort the
+        # finished run (SIGABRT, exit -6), intermittently and more often under load.
+        exit_process(launch.main(list(rest[2:])))  # never returns
     os.execv(sys.executable, [sys.executable, *argv])
     return 127  # not reached: execv replaces this process or raises

@@ -131,6 +131,29 @@ def test_the_wrapper_runs_the_real_launcher_and_every_other_program_on_the_real_
     assert helped.returncode == 0 and "--config" in helped.stdout
 
 
+def test_the_wrappers_launcher_ends_as_python_m_trainer_pkg_launch_does(monkeypatch):
+    """``-m trainer_pkg.launch`` in the wrapper ends through :func:`trainer_pkg.metrics.exit_process`
+    with the launcher's code, as the module's ``__main__`` does, not through the interpreter's
+    teardown: a job of one process trains in the wrapper's own process, whose teardown with gloo's
+    threads alive intermittently aborted a finished run (SIGABRT: a strategy test's one-process
+    reference run failed under load)."""
+    from trainer_pkg import launch, metrics
+
+    class Ended(Exception):
+        pass
+
+    def exit_process(code):
+        raise Ended(code)
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the wrapper sets sys.path[0], as `python -m` has it
+    monkeypatch.setattr(launch, "torchrun_command", launch.torchrun_command)  # the wrapper names itself there
+    monkeypatch.setattr(launch, "main", lambda argv: 3 if argv == ["--config", "job.json"] else 99)
+    monkeypatch.setattr(metrics, "exit_process", exit_process)
+    with pytest.raises(Ended) as ended:
+        torchrun_lite.main(["-u", "-m", "trainer_pkg.launch", "--config", "job.json"], wrapper="/wrapper")
+    assert ended.value.args == (3,)
+
+
 # -- the rank zygote (tests/standins/rank_zygote.py) ----------------------------------------------
 
 @pytest.fixture
