@@ -517,7 +517,10 @@ database work (another pass's chunk of log lines, a cancel). Past it the status 
 
 def _locked(job_id: int, *, ended_backlog: bool = False, wait: bool = False) -> TrainingJob | None:
     """The job's row, locked until the caller's transaction ends, while it is active and no other
-    transaction holds it (``SKIP LOCKED``: a pass never waits behind another writer); else None.
+    transaction holds it (``SKIP LOCKED``: a pass never waits behind another writer); else None. The
+    lock is ``FOR NO KEY UPDATE`` (PostgreSQL): it excludes another pass and every writer of the row,
+    but not a transaction that only adds a row pointing at the job (a JobEvent's foreign key check
+    takes ``FOR KEY SHARE``), which would otherwise make a pass skip the job.
     ``ended_backlog``: also a job that ended with its log not read to its end (``log_backlog``), whose
     log the sync goes on reading. ``wait``: wait up to :data:`STATUS_LOCK_WAIT_MS` for a row another
     transaction holds, instead of skipping it (a pass's log chunk and status writes: two passes at once
@@ -526,12 +529,12 @@ def _locked(job_id: int, *, ended_backlog: bool = False, wait: bool = False) -> 
     Call inside ``transaction.atomic()``, and make no provider call until it ends."""
     reading = Q(state__in=ACTIVE_STATE_VALUES) | Q(log_backlog=True) if ended_backlog else Q(state__in=ACTIVE_STATE_VALUES)
     if not wait or connection.vendor != "postgresql":
-        return TrainingJob.objects.select_for_update(skip_locked=not wait).filter(reading, pk=job_id).first()
+        return TrainingJob.objects.select_for_update(skip_locked=not wait, no_key=True).filter(reading, pk=job_id).first()
     try:
         # A savepoint: a lock timeout rolls back to it (the SET LOCAL too), the caller's transaction usable.
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL lock_timeout = {int(STATUS_LOCK_WAIT_MS)}")
-            row = TrainingJob.objects.select_for_update().filter(reading, pk=job_id).first()
+            row = TrainingJob.objects.select_for_update(no_key=True).filter(reading, pk=job_id).first()
             cursor.execute("SET LOCAL lock_timeout = DEFAULT")
             return row
     except OperationalError:  # lock_timeout: left to the next pass
