@@ -1480,7 +1480,8 @@ _NO_FLAG = frozenset({
     "model.params",  # --model-param NAME=JSON, one per parameter
     "parallel.nodes", "parallel.procs_per_node",  # the launcher's word (its environment), never a flag's
     "model.shard_classes",  # a list: set in --config
-    "code.dir", "code.sha256", "code.script", "code.args",  # the user's code: trainer_pkg.launch's business
+    # the user's code: trainer_pkg.launch's business
+    "code.dir", "code.sha256", "code.script", "code.args", "code.framework",
 })
 _GROUP_TITLES = {"data": "data", "model": "model", "parallel": "parallelism", "train": "training", "output": "output"}
 
