@@ -125,11 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _first_line(exc: BaseException) -> str:
+    """What a failed run's exception says about the ranks: ``rank R: the trainer exited with code C``
+    (:func:`rank_loop`'s own error, inside Ray Train's), else its first line."""
+    import re
+
     text = str(exc).strip() or type(exc).__name__
-    for line in text.splitlines():
-        if "rank " in line and ("exited" in line or "time limit" in line):
-            return line.strip()
-    return text.splitlines()[0][:500]
+    found = re.findall(r"RuntimeError: (rank \d+: .+)", text)
+    return found[-1].strip() if found else text.splitlines()[0][:500]
 
 
 # -- one Ray Train worker: one rank ------------------------------------------------------------------
@@ -210,13 +212,12 @@ def _this_address() -> str:
 
 
 def _free_port(address: str) -> int:
-    """A TCP port free on ``address`` now (the kernel's choice), for the ranks' rendezvous."""
+    """A TCP port free on every address of this node now (the kernel's choice, as torchrun picks one),
+    for the ranks' rendezvous: rank 0's store listens on all of them, so a port free on ``address``
+    alone (one a service holds on 127.0.0.1) would not do."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((address, 0))
-        except OSError:
-            sock.bind(("", 0))
+        sock.bind(("", 0))
         return int(sock.getsockname()[1])
 
 

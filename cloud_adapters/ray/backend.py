@@ -167,11 +167,11 @@ class RayBackend(Backend):
                                     "dashboard's http://<head>:8265).")
         python = out.get("python") or ""
         with problems.about("python"):
-            if not (_PATH_RE.fullmatch(python) or _COMMAND_RE.fullmatch(python)) or "/." in python:
+            if not (_PATH_RE.fullmatch(python) or _COMMAND_RE.fullmatch(python)) or ".." in python.split("/"):
                 raise InvalidSpec(f"python: expected an absolute path or a command name, got {python[:80]!r}.")
         output = out.get("output_path") or ""
         with problems.about("output_path"):
-            if not _PATH_RE.fullmatch(output) or "/.." in output:
+            if not _PATH_RE.fullmatch(output) or ".." in output.split("/"):
                 raise InvalidSpec(f"output_path: expected an absolute path of letters, digits and _ . + - /, "
                                   f"got {output[:80]!r}.")
         with problems.about("cluster"):
@@ -436,13 +436,14 @@ class RayBackend(Backend):
             text = ""
         lines = [states.unprefixed(ln).strip() for ln in text[-256 * 1024:].splitlines()]
         lines = [ln for ln in lines if ln]
-        ours = [ln for ln in lines if "trainer error:" in ln and "the Ray Train run failed" not in ln]
-        if ours:
-            return ours[-1][ours[-1].index("trainer error:"):]
-        found = torchrun_log.user_code_error(lines) or next(
-            (ln[ln.index("trainer error:"):] for ln in reversed(lines) if "trainer error:" in ln), "")
-        if found:
-            return found
+        # The ranks' own output comes before Ray's report of the failed worker (a traceback through our
+        # entrypoint, trainer_pkg/ray_entry.py): their error is read there, as torchrun's log is read.
+        cut = next((i for i, ln in enumerate(lines) if "trainer_pkg/ray_entry.py" in ln), len(lines))
+        summary = next((ln[ln.index("trainer error:"):] for ln in reversed(lines)
+                        if "trainer error: the Ray Train run failed" in ln), "")
+        found = torchrun_log.failure_line(lines[:cut])
+        if found or summary:
+            return found or summary
         message = str(details.get("message") or "").strip()
         kind = str(details.get("error_type") or "")
         return (message.splitlines()[0][:500] if message else "the Ray job failed") + (f" ({kind})" if kind else "")
