@@ -32,6 +32,9 @@ Limits: ``--max-runtime-s`` counts from this driver's start; when it is reached 
 every rank exited 0, 1 when one failed or the limit was reached, 2 when the config or the arguments are
 invalid.
 
+A Ray script (``code.framework`` "ray": one that calls ``ray.init()`` and runs its own Ray Train) is not
+wrapped: it is the job's driver (:func:`run_ray_script`).
+
 Torch-free at import: ``ray`` is imported in :func:`main`, torch only inside the workers.
 """
 
@@ -92,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         _error("; ".join(problems))
         return 2
+    code = config.get("code") if isinstance(config.get("code"), dict) else {}
+    if code.get("framework") == "ray":
+        return run_ray_script(text, args.max_runtime_s)
 
     # -- the cluster: the job's driver joins it, Ray Train starts the workers --------------------
     import ray
@@ -122,6 +128,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f"the Ray Train run failed: {_first_line(exc)}")
         return 1
     return 0
+
+
+def run_ray_script(text: str, max_runtime_s: float) -> int:
+    """A Ray script (``code.framework`` "ray"): the user's script is the job's driver itself, started as
+    ``python -m trainer_pkg.rank_entry <script> <args>`` in ``code.dir`` with Trainboard's variables
+    (:func:`trainer_pkg.launch.trainboard_env`); its ``ray.init()`` joins this cluster (the job
+    supervisor's ``RAY_ADDRESS``) and its own Ray Train run starts the workers. Its exit code is the
+    job's; the time limit as for our ranks (:func:`_wait`)."""
+    from trainer_pkg import world_shape
+    from trainer_pkg.config import ConfigError, JobConfig
+    from trainer_pkg.launch import trainboard_env, user_script
+
+    try:
+        cfg = world_shape.validate(JobConfig.from_json(text))
+        script = user_script(cfg)
+    except ConfigError as exc:
+        _error(f"invalid config: {exc}")
+        return 2
+    if script is None:
+        _error("invalid config: code.framework ray runs a training script (code.script)")
+        return 2
+    here = os.getcwd()
+    env = {k: v for k, v in os.environ.items() if k != CONFIG_VAR}
+    env.update(trainboard_env(cfg))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    print(f"[ray] running the user's Ray script as the job's driver: {script.describe()} (in {script.code_dir})",
+          flush=True)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_pkg.rank_entry", *script.argv()], cwd=script.code_dir,
+                            env=env)
+    code = _wait(proc, time.time() + max_runtime_s if max_runtime_s else 0.0)
+    if code is None:
+        _error(f"the time limit of {max_runtime_s:g} s was reached; the script was stopped")
+        return 1
+    return code
 
 
 def _first_line(exc: BaseException) -> str:

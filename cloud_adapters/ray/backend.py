@@ -263,8 +263,8 @@ class RayBackend(Backend):
     def validate(self, spec: JobSpec) -> None:
         """Base checks, then: the job name, nodes × processes ≤ ``max_workers`` (each rank is one Ray
         Train worker), no instance type and no image (Ray places workers by their resources and runs
-        them in the nodes' Python), the job's variables, a torch or built-in job (a TensorFlow or MPI
-        script is refused: this backend starts torch ranks). No call to the cluster."""
+        them in the nodes' Python), the job's variables, a torch, built-in or Ray job (a TensorFlow or
+        MPI script is refused: this backend starts torch ranks or a Ray driver). No call to the cluster."""
         _check_job_name(spec.job_name)
         super().validate(spec)
         most = int(self.config["max_workers"])
@@ -285,9 +285,10 @@ class RayBackend(Backend):
                      for name in env if isinstance(name, str) and name.startswith("RAY_")]
         code = spec.config.get("code") if isinstance(spec.config, Mapping) else None
         framework = (code or {}).get("framework", "torch") if isinstance(code, Mapping) else "torch"
-        if framework not in ("torch", None, ""):
-            problems.append(f"code.framework {framework!r}: a Ray backend runs torch ranks under Ray Train; run a "
-                            f"{framework} script on a GPU box, Slurm or a cloud backend.")
+        if framework not in ("torch", "ray", None, ""):
+            problems.append(f"code.framework {framework!r}: a Ray backend runs torch ranks under Ray Train, or a "
+                            f"Ray script as the job's driver; run a {framework} script on a GPU box, Slurm or a "
+                            f"cloud backend.")
         if spec.code is not None and not re.fullmatch(r"[0-9a-f]{64}", str(spec.code.sha256)):
             problems.append(f"code: {str(spec.code.sha256)[:80]!r} is not a SHA-256 (64 lowercase hex digits).")
         if problems:

@@ -155,6 +155,43 @@ def test_a_script_model_runs_as_two_ranks_that_reach_each_other(backend, tmp_pat
     assert len(logged) == 1 and logged[0]["ranks_sum"] == 3.0 and logged[0]["step"] == 1  # rank 0 reports
 
 
+RAY_SCRIPT = b'''import ray
+from ray.train import ScalingConfig
+from ray.train.torch import TorchTrainer
+
+
+def loop(config):
+    import torch
+    import torch.distributed as dist
+    from trainer_pkg import report
+
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    report.log(step=1, ranks_sum=total.item())
+
+
+ray.init()
+print("RAYSCRIPT driver on", ray.get_runtime_context().get_job_id() is not None, flush=True)
+TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2)).fit()
+print("RAYSCRIPT done", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_ray_script_is_the_jobs_driver_and_runs_its_own_ray_train(backend, tmp_path):
+    spec = JobSpec(job_name="tb-job-205-a", config={"code": {"script": "ray_train.py", "framework": "ray"}}, nodes=1,
+                   procs_per_node=2, max_runtime_s=600, tags={"trainboard-job-id": "205"},
+                   code=code_bundle(tmp_path, {"ray_train.py": RAY_SCRIPT}))
+    handle = backend.submit(spec)
+    done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
+    assert done.state is JobState.SUCCEEDED, done.failure_reason
+    lines, _ = all_lines(backend, handle)
+    assert any("[ray] running the user's Ray script as the job's driver: python ray_train.py" in ln for ln in lines)
+    assert "RAYSCRIPT driver on True" in lines and lines.index("RAYSCRIPT done") > lines.index("RAYSCRIPT driver on True")
+    logged = [r for r in records(lines) if r.get("ranks_sum") is not None]
+    assert [(r["step"], r["ranks_sum"]) for r in logged] == [(1, 3.0)]  # rank 0 of the script's own 2 workers
+
+
 FAILING = b'''def load(shard):
     raise ValueError(f"bad shard {shard}")
 

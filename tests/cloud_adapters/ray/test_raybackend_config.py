@@ -91,7 +91,7 @@ def test_what_the_cluster_cannot_run_is_refused_before_any_call(changes, field, 
     ({"secret_env": {"MASTER_PORT": "1"}}, "secret_env: MASTER_PORT is set by Trainboard for every job"),
     ({"env": {"TRAINBOARD_JOB_CONFIG": "{}"}}, "env: TRAINBOARD_JOB_CONFIG is set by Trainboard"),
     ({"config": {"code": {"script": "train.py", "framework": "tensorflow"}}},
-     "code.framework 'tensorflow': a Ray backend runs torch ranks under Ray Train"),
+     "code.framework 'tensorflow': a Ray backend runs torch ranks under Ray Train, or a Ray script"),
 ])
 def test_the_job_itself_is_checked(changes, message):
     with pytest.raises(InvalidSpec) as exc:
