@@ -400,7 +400,31 @@ class RayBackend(Backend):
         """The job's status from ``GET /api/jobs/<name>``; a job the cluster does not know (its head
         restarted: Ray keeps jobs in the head's GCS) is FAILED, lost."""
         _check_job_name(handle.job_name)
-        details = self._job(handle.job_name)
+        return self._status(handle, self._job(handle.job_name))
+
+    def describe_many(self, handles: Sequence[JobHandle],
+                      changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
+        """Statuses keyed by job name: one ``GET /api/jobs/`` for all of them (Ray lists every job it
+        keeps; its list has no filter), then a ``GET`` of the log for each job that failed (its reason).
+        One job alone: :meth:`describe`."""
+        if len(handles) <= 1:
+            return {h.job_name: self.describe(h) for h in handles}
+        for handle in handles:
+            _check_job_name(handle.job_name)
+        listed = {str(job.get("submission_id")): job for job in self._list_jobs() if isinstance(job, dict)}
+        return {h.job_name: self._status(h, listed.get(h.job_name)) for h in handles}
+
+    def _list_jobs(self) -> list[Any]:
+        response = self._request("GET", "/api/jobs/")
+        if response.status_code != 200:
+            raise ProviderError(f"listing the Ray cluster's jobs failed ({response.status_code}): "
+                                f"{_last_line(response.text)}", transient=response.status_code >= 500)
+        jobs = _json(response, "GET /api/jobs/")
+        if not isinstance(jobs, list):
+            raise ProviderError(f"the Ray dashboard answered GET /api/jobs/ with {str(jobs)[:200]!r}")
+        return jobs
+
+    def _status(self, handle: JobHandle, details: Mapping[str, Any] | None) -> JobStatus:
         workers = int((handle.extra or {}).get("workers") or 1)
         if details is None:
             return JobStatus(state=JobState.FAILED, raw_state="lost", instance_count=workers, lost=True,
@@ -482,12 +506,8 @@ class RayBackend(Backend):
     def list_tagged(self) -> list[ProviderJob]:
         """The cluster's unfinished jobs (PENDING, RUNNING) whose metadata carries ``trainboard-job-name``:
         one ``GET /api/jobs/``."""
-        response = self._request("GET", "/api/jobs/")
-        if response.status_code != 200:
-            raise ProviderError(f"listing the Ray cluster's jobs failed ({response.status_code}): "
-                                f"{_last_line(response.text)}", transient=response.status_code >= 500)
         listed = []
-        for job in _json(response, "GET /api/jobs/") or []:
+        for job in self._list_jobs():
             metadata = job.get("metadata") if isinstance(job, dict) else None
             if not isinstance(metadata, dict) or not metadata.get(TAG_JOB_NAME):
                 continue

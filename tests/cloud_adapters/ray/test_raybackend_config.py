@@ -210,3 +210,25 @@ def test_the_log_cursor_is_a_byte_offset_and_a_partial_line_waits():
     assert ray.logs(handle, cursor) == ([], cursor)
     with pytest.raises(InvalidSpec):
         ray.logs(handle, "-3")
+
+
+def test_many_jobs_are_described_from_one_listing():
+    calls = []
+
+    def handler(request):
+        calls.append((request.method, request.url.path))
+        if request.url.path == "/api/jobs/":
+            return httpx.Response(200, json=[
+                {"submission_id": "tb-job-1-a", "status": "RUNNING", "start_time": 1796650237388, "metadata": {}},
+                {"submission_id": "tb-job-2-a", "status": "STOPPED", "message": "Job was intentionally stopped.",
+                 "start_time": 1796650237388, "end_time": 1796650296113, "metadata": {}},
+                {"submission_id": "someone-else", "status": "PENDING", "metadata": {}}])
+        return httpx.Response(404, text="not found")
+
+    ray = answering(backend(), handler)
+    found = ray.describe_many([ray._handle(name, 2) for name in ("tb-job-1-a", "tb-job-2-a", "tb-job-3-a")])
+    assert calls == [("GET", "/api/jobs/")]
+    assert found["tb-job-1-a"].state is JobState.RUNNING and found["tb-job-1-a"].started_at.year == 2026
+    assert found["tb-job-2-a"].state is JobState.CANCELLED
+    assert found["tb-job-2-a"].failure_reason == "stopped on the Ray cluster (Job was intentionally stopped.)"
+    assert found["tb-job-3-a"].state is JobState.FAILED and found["tb-job-3-a"].lost
