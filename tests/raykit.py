@@ -107,14 +107,14 @@ class RayHead:
 
     def stop(self) -> None:
         """SIGTERM to the head and all its descendants (collected first: a child whose parent dies is
-        reparented out of the tree), SIGKILL to those left after 20 s; then the temporary directory."""
+        reparented out of the tree), SIGKILL to those left after 10 s; then the temporary directory."""
         procs = self.processes()
         for proc in procs:
             try:
                 proc.send_signal(signal.SIGTERM)
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=20)
+        _, alive = psutil.wait_procs(procs, timeout=10)
         for proc in alive:
             try:
                 proc.kill()

@@ -24,7 +24,9 @@ from polling import wait_for
 from raykit import RayHead
 from trainer_pkg.metrics import parse_metric_line
 
-pytestmark = pytest.mark.xdist_group("ray-backend")
+# Every test may use the database (one does: the orphan reconciler), so pytest-django keeps the module's
+# tests together and the module starts one head.
+pytestmark = [pytest.mark.xdist_group("ray-backend"), pytest.mark.django_db]
 
 ray_python = framework_venv_fixture("ray", RAY)
 
@@ -229,7 +231,7 @@ def _held_processes(marker: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_a_tagged_job_unknown_to_the_database_is_an_orphan_and_cancel_stops_it(backend, head, tmp_path, db, user):
+def test_a_tagged_job_unknown_to_the_database_is_an_orphan_and_cancel_stops_it(backend, head, tmp_path, user):
     from jobs import orphans, services
     from jobs.models import OrphanJob
 
