@@ -199,14 +199,15 @@ def rank_loop(loop_config: dict[str, Any]) -> None:
     config_path = os.path.join(run_dir, "job.json")
     with open(config_path, "w", encoding="utf-8") as fh:
         fh.write(loop_config["config"])
-    env = {k: v for k, v in os.environ.items() if k != CONFIG_VAR}
+    # torchrun's agent variables are not this rank's (no torchrun agent runs here).
+    env = {k: v for k, v in os.environ.items() if k != CONFIG_VAR and not k.startswith("TORCHELASTIC_")}
     env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                LOCAL_WORLD_SIZE=str(local_world), GROUP_RANK=str(node_rank), NODE_RANK=str(node_rank),
                MASTER_ADDR=master_addr, MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p))
     argv = [sys.executable, "-m", "trainer_pkg.launch", "--config", config_path, "--platform", "torchrun"]
     sys.stdout.flush()
-    proc = subprocess.Popen(argv, cwd=here, env=env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(argv, cwd=here, env=env, preexec_fn=_die_with_parent())
     code = _wait(proc, float(loop_config.get("deadline") or 0.0))
     if code is None:
         raise RuntimeError(f"rank {rank}: the time limit of {loop_config.get('max_runtime_s'):g} s was reached; "
@@ -233,16 +234,22 @@ def _wait(proc: subprocess.Popen, deadline: float) -> int | None:
     return None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the Ray worker that started it dies (Linux prctl
-    PR_SET_PDEATHSIG); elsewhere nothing."""
+def _die_with_parent():
+    """A ``preexec_fn`` that makes the child get SIGTERM when the Ray worker that started it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``); None where there is no prctl. ``prctl`` is looked up here, in the
+    parent: between fork and exec the child only calls it (no dlopen in a forked copy of a threaded
+    process)."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+    return arm
 
 
 def _this_address() -> str:

@@ -232,3 +232,14 @@ def test_many_jobs_are_described_from_one_listing():
     assert found["tb-job-2-a"].state is JobState.CANCELLED
     assert found["tb-job-2-a"].failure_reason == "stopped on the Ray cluster (Job was intentionally stopped.)"
     assert found["tb-job-3-a"].state is JobState.FAILED and found["tb-job-3-a"].lost
+
+
+def test_the_entrypoint_module_imports_neither_torch_nor_ray():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = "import sys, trainer_pkg.ray_entry; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[3], capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
