@@ -213,6 +213,13 @@ def build_archive(source_root: Path | str | None = None, *, code: CodeBundle | N
     FileNotFoundError when ``source_root`` holds no ``trainer_pkg`` package, :class:`InvalidSpec`
     when ``code`` cannot be read or a member of it would replace one of ours (:func:`refuse_ours`).
     """
+    return archive_of(archive_entries(source_root, code=code))
+
+
+def archive_entries(source_root: Path | str | None = None, *, code: CodeBundle | None = None) -> list[Entry]:
+    """The members of :func:`build_archive`'s archive, unsorted: the entry script, the base config,
+    ``trainer_pkg``'s files and the user's (for a backend that packs them in another format: the Ray
+    backend's ``working_dir`` zip, :func:`deterministic_zip`). Raises as :func:`build_archive`."""
     root = Path(source_root) if source_root is not None else REPO_ROOT
     package = root / "trainer_pkg"
     if not (package / "__init__.py").is_file():
@@ -223,7 +230,24 @@ def build_archive(source_root: Path | str | None = None, *, code: CodeBundle | N
         user = code_files(code)
         refuse_ours(user, (e[0] for e in entries))
         entries += user
-    return archive_of(entries)
+    return entries
+
+
+def deterministic_zip(entries: Iterable[Entry]) -> bytes:
+    """``(archive path, contents, mode)`` entries as ``.zip`` bytes (deflated) that depend on nothing
+    else: sorted by path, every timestamp 1980-01-01 00:00 (the zip format's earliest), the Unix mode in
+    the external attributes, no directory entries (implied by the paths)."""
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, data, mode in sorted(entries, key=lambda e: e[0]):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.create_system = 3  # Unix: the mode below is read as st_mode
+            info.external_attr = (0o100000 | mode) << 16
+            archive.writestr(info, data)
+    return out.getvalue()
 
 
 def config_with_code(config: Mapping[str, Any], code: CodeBundle | None, code_dir: str) -> dict[str, Any]:

@@ -6,9 +6,9 @@ provider's own price list. Adapters look prices up through a :class:`PriceCatalo
 may hand them another one (admin-edited rows kept in the database) with the same two methods.
 
 Providers are named ``aws`` (SageMaker), ``gcp`` (Vertex AI) and ``azure`` (Azure ML); ``slurm`` and
-``kubernetes`` rows are *internal rates* an admin sets for an on-premises cluster (no list price
-exists): ``region`` is the cluster's name, ``instance_type`` the partition (Slurm) or node pool
-(Kubernetes), ``usd_per_hour`` the node-hour rate and ``usd_per_gpu_hour`` the GPU-hour rate
+``kubernetes`` (and ``ray``) rows are *internal rates* an admin sets for an on-premises cluster (no list
+price exists): ``region`` is the cluster's name, ``instance_type`` the partition (Slurm), node pool
+(Kubernetes) or ``worker`` (Ray: the rate is per worker-hour), ``usd_per_hour`` the node-hour rate and ``usd_per_gpu_hour`` the GPU-hour rate
 (:func:`internal_rate`).
 
 Interruptible capacity has rows of its own, the instance type with a suffix: ``<type>:spot``
@@ -144,7 +144,7 @@ def shipped_catalog() -> StaticPriceCatalog:
 
 INTERNAL_RATE_SOURCE = "internal rate"
 """The ``source`` of catalog rows an admin sets for an on-premises cluster (slurm, kubernetes)."""
-INTERNAL_RATE_PROVIDERS = frozenset({"slurm", "kubernetes"})
+INTERNAL_RATE_PROVIDERS = frozenset({"slurm", "kubernetes", "ray"})
 """The catalog providers whose rows are internal rates: no price API exists for them (``refresh_prices``
 refuses them), a row's source defaults to :data:`INTERNAL_RATE_SOURCE`, and only their rows carry a
 GPU-hour rate."""

@@ -35,6 +35,7 @@ KINDS: dict[str, KindInfo] = {
     "azureml": KindInfo("cloud_adapters.azureml", "AzureMLBackend", "Azure ML"),
     "slurm": KindInfo("cloud_adapters.slurm", "SlurmBackend", "Slurm cluster"),
     "kubernetes": KindInfo("cloud_adapters.kubernetes", "KubernetesBackend", "Kubernetes (Kubeflow Trainer)"),
+    "ray": KindInfo("cloud_adapters.ray", "RayBackend", "Ray cluster"),
 }
 """kind -> (module path, class name, human label). A new provider is its package (the adapter class
 with its ``settings`` declaration) and one line here; the backend form, the admin, the API and the

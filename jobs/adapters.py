@@ -41,6 +41,7 @@ HOST_SETTING_SOURCES: dict[str, dict[str, str]] = {
     "kubernetes": {"kubeconfig": "TRAINBOARD_K8S_KUBECONFIG", "context": "TRAINBOARD_K8S_CONTEXT",
                    "in_cluster": "TRAINBOARD_K8S_IN_CLUSTER", "service_account": "TRAINBOARD_K8S_SERVICE_ACCOUNT",
                    "allowed_images": "TRAINBOARD_K8S_ALLOWED_IMAGES"},
+    "ray": {"address": "TRAINBOARD_RAY_ADDRESS", "python": "TRAINBOARD_RAY_PYTHON"},
 }
 """kind -> {host setting: the Django setting (and environment variable of the same name) holding this
 installation's value}. Data, not if/elif: which settings are host settings is the adapter's

@@ -699,6 +699,7 @@ class InstancePrice(models.Model):
         AZURE = "azure", "Azure (Azure ML)"
         SLURM = "slurm", "Slurm (internal rate)"
         KUBERNETES = "kubernetes", "Kubernetes (internal rate or node pool)"
+        RAY = "ray", "Ray (internal rate per worker-hour)"
 
     provider = models.CharField(max_length=10, choices=Provider.choices)
     region = models.CharField(max_length=50, help_text="Provider region code, e.g. us-east-1, us-central1, eastus.")
@@ -710,7 +711,7 @@ class InstancePrice(models.Model):
     usd_per_gpu_hour = models.DecimalField(
         "USD per GPU-hour", max_digits=12, decimal_places=6, default=Decimal("0"),
         validators=[MinValueValidator(Decimal("0"))],
-        help_text="Internal rates (slurm, kubernetes): USD per GPU-hour, added to usd_per_hour (the node-hour "
+        help_text="Internal rates (slurm, kubernetes, ray): USD per GPU-hour, added to usd_per_hour (the node-hour "
                   "rate) once per GPU a node is given. 0 for the clouds' list prices.")
     source = models.CharField(max_length=500, blank=True, help_text="Where the figure comes from (API, URL, file).")
     as_of = models.DateField(null=True, blank=True, help_text="When the figure was read.")

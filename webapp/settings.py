@@ -493,6 +493,11 @@ TRAINBOARD_K8S_CONTEXT = env.str("TRAINBOARD_K8S_CONTEXT", default="").strip()  
 TRAINBOARD_K8S_IN_CLUSTER = env.bool("TRAINBOARD_K8S_IN_CLUSTER", default=False)
 TRAINBOARD_K8S_SERVICE_ACCOUNT = env.str("TRAINBOARD_K8S_SERVICE_ACCOUNT", default="").strip()  # "" = the runtime's
 TRAINBOARD_K8S_ALLOWED_IMAGES = env.str("TRAINBOARD_K8S_ALLOWED_IMAGES", default="").strip()
+# A Ray backend's host settings (cloud_adapters.ray.backend.SETTINGS): which Ray cluster's dashboard the
+# worker calls (http://<head>:8265) and the interpreter the jobs' entrypoint runs with there. The
+# operator's alone; the adapter checks their form.
+TRAINBOARD_RAY_ADDRESS = env.str("TRAINBOARD_RAY_ADDRESS", default="").strip()
+TRAINBOARD_RAY_PYTHON = env.str("TRAINBOARD_RAY_PYTHON", default="").strip()  # "" = python on the nodes' PATH
 # Whose cloud backends may call their provider with the worker's own identity (boto3's default chain,
 # Application Default Credentials, DefaultAzureCredential) when they store no credentials of their
 # own: "staff" (backends owned by active staff only) or "everyone". The default is "staff" because

@@ -16,14 +16,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_kinds_are_registered_with_their_extras():
-    assert list(registry.KINDS) == ["gpubox", "sagemaker", "vertex", "azureml", "slurm", "kubernetes"]
+    assert list(registry.KINDS) == ["gpubox", "sagemaker", "vertex", "azureml", "slurm", "kubernetes", "ray"]
     assert [kind for kind, _ in registry.kind_choices()] == ["gpubox", "sagemaker", "vertex", "azureml", "slurm",
-                                                             "kubernetes"]
+                                                             "kubernetes", "ray"]
     assert registry.backend_class("gpubox") is GpuBoxBackend
     assert GpuBoxBackend.kind == "gpubox" and GpuBoxBackend.queue == "gpubox"
     assert registry.EXTRAS == {"sagemaker": "aws", "vertex": "gcp", "azureml": "azure", "kubernetes": "kubernetes"}
     assert registry.SDK_PACKAGES["kubernetes"] == "kubernetes"
-    for kind in ("sagemaker", "vertex", "azureml", "kubernetes"):
+    for kind in ("sagemaker", "vertex", "azureml", "kubernetes", "ray"):
         cls = registry.backend_class(kind)
         assert cls.kind == kind and cls.queue == "celery"  # cloud calls run on the default workers
 
@@ -31,7 +31,7 @@ def test_the_kinds_are_registered_with_their_extras():
 def test_unknown_kind_lists_the_known_ones():
     with pytest.raises(InvalidSpec) as err:
         registry.backend_class("lambda-labs")
-    assert str(err.value) == "unknown backend kind 'lambda-labs'; known kinds: azureml, gpubox, kubernetes, sagemaker, slurm, vertex."
+    assert str(err.value) == "unknown backend kind 'lambda-labs'; known kinds: azureml, gpubox, kubernetes, ray, sagemaker, slurm, vertex."
 
 
 def test_missing_sdk_names_the_extra(monkeypatch):

@@ -99,6 +99,7 @@ EXPECTED = {
     "vertex": (("project", "staging_bucket"), {"api_endpoint", "storage_endpoint"}, {"service_account_json": True}),
     "azureml": (("subscription_id", "resource_group", "workspace", "compute"), {"base_url"},
                 {"tenant_id": True, "client_id": True, "client_secret": True}),
+    "ray": ((), {"address", "python"}, {"token": False}),
 }
 
 

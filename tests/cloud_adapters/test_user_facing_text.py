@@ -29,6 +29,9 @@ COVERS = {
     "kubernetes": "the TrainJob's active time from its start (restarted when a suspended job is resumed): scheduling "
                   "the pods, pulling the image and connecting the nodes count; at the limit Kubeflow Trainer "
                   "terminates the pods (Kubeflow Trainer API reference, TrainJob activeDeadlineSeconds)",
+    "ray": "the job's run from the moment its driver starts on the Ray cluster, so waiting for the workers' resources, "
+           "starting them and loading the data count; at the limit every rank gets SIGTERM, then SIGKILL 30 s later "
+           "(Ray's Job Submission API has no time limit of its own: Trainboard's entrypoint keeps it)",
 }
 
 

@@ -80,7 +80,7 @@ def test_a_gpu_hour_rate_on_a_cloud_list_price_is_refused():
         services.instance_price_save(provider="gcp", region="us-central1", instance_type="n1-standard-8",
                                      usd_per_hour="0.38", usd_per_gpu_hour="0.5")
     assert caught.value.message_dict == {"usd_per_gpu_hour": [
-        "gcp us-central1 n1-standard-8: a GPU-hour rate is for the internal rates of own clusters (kubernetes, "
+        "gcp us-central1 n1-standard-8: a GPU-hour rate is for the internal rates of own clusters (kubernetes, ray, "
         "slurm); a gcp price is per instance-hour, so leave it at 0."]}
 
 
@@ -106,7 +106,7 @@ def test_upsert_names_each_bad_row_and_writes_nothing():
         services.instance_price_upsert(rows=rows)
     assert caught.value.message_dict["usd_per_gpu_hour"] == [
         "slurm hpc1 gpu: USD per GPU-hour must be a number ≥ 0, got Decimal('-2').",
-        "aws us-east-1 ml.g5.xlarge: a GPU-hour rate is for the internal rates of own clusters (kubernetes, "
+        "aws us-east-1 ml.g5.xlarge: a GPU-hour rate is for the internal rates of own clusters (kubernetes, ray, "
         "slurm); a aws price is per instance-hour, so leave it at 0."]
     assert not InstancePrice.objects.exists()
 

@@ -637,6 +637,15 @@ SETTING_REACH: dict[str, dict[str, str]] = {
                 "them, for their cost and budget stop" for key in ("cluster", "node_pool", "price_provider",
                                                                   "price_region", "price_instance_type")},
     },
+    "ray": {
+        "address": "host", "python": "host",
+        **{key: "the resources one job of this backend reserves on the operator's Ray cluster per worker and how "
+                "Ray places them (within what the cluster has; Ray refuses or queues the rest)"
+           for key in ("cpus_per_worker", "gpus_per_worker", "placement", "max_workers")},
+        "output_path": "where on the cluster's nodes this backend's jobs write their outputs (an absolute path the "
+                       "job's own processes, already running the user's code there, can write)",
+        "cluster": "the price of this backend's jobs: which internal-rate row (cluster, worker) prices them",
+    },
 }
 # A value of the right type for each host setting (refused before its value is looked at).
 HOST_VALUES = {"run_root": "/tmp/owned", "python": "/bin/echo", "max_procs_per_node": 1000,
@@ -648,7 +657,8 @@ HOST_VALUES = {"run_root": "/tmp/owned", "python": "/bin/echo", "max_procs_per_n
                "service_account": "cluster-admin", "transport": "ssh", "login_host": "login.operator.example",
                "ssh_port": 2222, "ssh_user": "root",
                "ssh_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvXzRn4Gq3wbYl0RkU5kq4c2fJ8bEM2sS0Yb1cKpQ8h",
-               "slurm_conf": "/etc/operator/slurm.conf", "work_dir": "/tmp/owned-slurm"}
+               "slurm_conf": "/etc/operator/slurm.conf", "work_dir": "/tmp/owned-slurm",
+               "address": "http://127.0.0.1:9"}
 
 
 def _host_settings() -> list[tuple[str, str]]:

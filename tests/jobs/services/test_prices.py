@@ -22,6 +22,6 @@ def test_upsert_refuses_a_bad_row_and_writes_nothing():
         services.instance_price_upsert(rows=rows)
     errors = caught.value.message_dict
     assert errors["usd_per_hour"] == ["aws us-east-1 ml.bad: USD per hour must be a number ≥ 0, got Decimal('-1')."]
-    assert errors["provider"] == ["ibm dal10 bx2: provider must be one of aws, gcp, azure, slurm, kubernetes, got 'ibm'."]
+    assert errors["provider"] == ["ibm dal10 bx2: provider must be one of aws, gcp, azure, slurm, kubernetes, ray, got 'ibm'."]
     assert errors["as_of"] == ["ibm dal10 bx2: as_of 'yesterday' is not a date (YYYY-MM-DD)."]
     assert InstancePrice.objects.count() == 0

@@ -1,0 +1,96 @@
+"""End to end on a Ray cluster: the real Celery worker (embedded beat, Redis, PostgreSQL) drives ``ray``
+backend jobs over HTTP against a real Ray 2.60 head on this machine (tests/raykit.py, from the Ray test
+venv; the worker itself has no ``ray``):
+
+- a 1 × 2 digits DDP job reaches SUCCEEDED with its metrics read from the Ray job's log into the
+  database and its cost at the cluster's internal rate per worker-hour;
+- a cancel stops the Ray job: CANCELLED once Ray reports STOPPED.
+
+The backend is a staff user's, so its dashboard address is its own setting (a non-staff backend takes
+the installation's TRAINBOARD_RAY_ADDRESS).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from cloud_adapters.base import JobHandle
+from cloud_adapters.registry import create_backend
+from framework_venvs import RAY, framework_venv_fixture
+from jobs import selectors, services
+from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
+from jobs.services.prices import instance_price_save
+from raykit import RayHead
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True),
+              pytest.mark.xdist_group("ray-backend")]
+
+RATE = Decimal("0.9")  # USD per worker-hour on cluster lab
+ray_python = framework_venv_fixture("ray", RAY)
+
+
+@pytest.fixture(scope="module")
+def head(ray_python):
+    head = RayHead.start(ray_python)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(head, django_db_blocker, celery_worker_factory, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ray-worker")
+    with django_db_blocker.unblock():
+        with celery_worker_factory(directory, directory / "runs", queues="celery") as running:
+            yield running
+
+
+@pytest.fixture
+def ray_backend(head, user):
+    instance_price_save(provider="ray", region="lab", instance_type="worker", usd_per_hour=RATE)
+    return services.backend_create(owner=user, name="lab-ray", kind="ray", config={
+        "address": head.address, "python": str(head.python), "cluster": "lab", "output_path": f"{head.temp_dir}/out"})
+
+
+def _reload(job: TrainingJob) -> TrainingJob:
+    return TrainingJob.objects.get(pk=job.pk)
+
+
+def _ended(worker, job, timeout=400):
+    return worker.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=timeout, what="the job to end")
+
+
+def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_backend, user, digits_dataset,
+                                                                  cnn_model):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=ray_backend,
+                                       nodes=1, procs_per_node=2, epochs=2)
+    job = _ended(worker, job)
+    assert job.state == S.SUCCEEDED, (job.failure_reason, worker.log()[-3000:])
+    events = [e.to_state for e in selectors.training_job_events(job=job)]
+    assert events[:2] == ["QUEUED", "SUBMITTING"] and events[-2:] == ["RUNNING", "SUCCEEDED"]
+    assert job.provider_job_name and job.provider_handle["provider"] == "ray"
+
+    val = list(MetricPoint.objects.filter(job=job, name="val_accuracy", rank__isnull=True)
+               .order_by("step").values_list("epoch", flat=True))
+    assert val == [0, 1]
+    assert MetricPoint.objects.filter(job=job, name="rank_samples_per_s", rank=1).exists()  # 2 ranks
+
+    run_s = (job.ended_at - job.started_at).total_seconds()
+    assert run_s > 0
+    # cost = elapsed × 2 workers × $0.90 per worker-hour
+    assert float(job.cost_usd) == pytest.approx(2 * float(RATE) * run_s / 3600, rel=0.02, abs=0.0001)
+
+
+def test_cancel_stops_the_ray_job_and_gives_cancelled(worker, ray_backend, head, user, digits_dataset, cnn_model):
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=ray_backend,
+                                       nodes=1, procs_per_node=2, epochs=500)
+    worker.wait_for(lambda: _reload(job).state == S.RUNNING, timeout=300, what="the job to run")
+    services.training_job_cancel(job=_reload(job))
+    job = _ended(worker, job, timeout=180)
+    assert job.state == S.CANCELLED, (job.failure_reason, worker.log()[-3000:])
+    adapter = create_backend("ray", {"address": head.address})
+    status = adapter.describe(JobHandle.from_dict(job.provider_handle))
+    assert status.raw_state == "STOPPED"
