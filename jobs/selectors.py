@@ -513,7 +513,8 @@ def training_job_code(*, job: TrainingJob) -> dict[str, Any]:
     """What code the job ran, from its frozen config and its recorded archive (not the model as it is
     now): ``{"kind": "builtin" | "code" | "script", "kind_label", "sha256": hex | "", "entry_point"
     ("package.module:function", kind code), "script" + "args" (kind script, as given) + "argv" (the
-    arguments the script received: ``{train.lr}`` placeholders replaced by the job's values), "requirements"
+    arguments the script received: ``{train.lr}`` placeholders replaced by the job's values), "framework"
+    (kind script: torch, tensorflow, ray or mpi; "" for the others), "requirements"
     (the archive's requirements.txt text), "architecture" (builtin)}``."""
     config = job.config or {}
     model, code = config.get("model") or {}, config.get("code") or {}
@@ -527,6 +528,7 @@ def training_job_code(*, job: TrainingJob) -> dict[str, Any]:
         "script": code.get("script", ""),
         "args": list(code.get("args") or []),
         "argv": _script_argv(config),
+        "framework": (code.get("framework") or "torch") if kind == "script" else "",
         "requirements": archive.requirements if archive else "",
         "architecture": model.get("arch", "") if kind == "builtin" else "",
     }

@@ -112,6 +112,7 @@ def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user,
     assert "My training script" in page
     # Each argument as the script gets it: quoted where it holds a space, and counted.
     assert '<code id="code-script">train.py --epochs 2 \'--name=a b\'</code>' in page
+    assert '<dd id="code-framework">torch</dd>' in page
     assert '<span class="muted small" id="code-script-args">3 arguments</span>' in page
     assert "the backend's default" in page and "no variables of the job's own" in page
     # a script has no architecture, and the built-in dataset no path to hand it: the page's subtitle
@@ -123,6 +124,7 @@ def test_the_code_panel_of_a_script_job_and_of_a_builtin_one(owner_client, user,
                                            backend=local_backend, procs_per_node=1)
     page = text(owner_client.get(reverse("job-detail", args=[builtin.pk])).content.decode())
     assert '<dd id="code-kind">Built-in architecture (cnn)</dd>' in page
+    assert 'id="code-framework"' not in page
     assert f"{cnn_model.name} (cnn) on {digits_dataset.name} ·" in page
     assert 'id="code-sha256"' not in page
 
@@ -141,7 +143,8 @@ def test_the_api_creates_with_env_and_image_and_details_the_code(api_client, use
     body = response.json()
     archive = CodeArchive.objects.get()
     assert body["code"] == {"kind": "script", "sha256": archive.sha256, "entry_point": "", "script": "train.py",
-                            "args": ["--epochs", "2", "--name=a b"], "requirements": "tinypkg==1.0\n"}
+                            "args": ["--epochs", "2", "--name=a b"], "framework": "torch",
+                            "requirements": "tinypkg==1.0\n"}
     assert (body["image"], body["env"]) == ("myregistry.azurecr.io/t:1", {"WANDB_PROJECT": "vision"})
     assert body["dataset_fingerprint"] == {"kind": "builtin", "name": "digits"}
     detail = api_client.get(f"/api/jobs/{body['id']}/")
@@ -237,3 +240,14 @@ def test_an_unknown_dataset_id_is_one_error_not_two(api_client, cnn_model, local
                                               "backend": local_backend.pk}, format="json")
     assert response.status_code == 400
     assert response.json() == {"dataset": ["Choose one of your datasets; this one does not exist or is not yours."]}
+
+
+def test_a_script_jobs_framework_is_on_its_page_and_in_the_api(owner_client, api_client, user, digits_dataset,
+                                                               local_backend):
+    model = services.model_spec_create(owner=user, name="tf-script", kind="script", framework="tensorflow",
+                                       code=upload(zip_bytes(MODEL_FILES)), entry_point="train.py")
+    job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=model, backend=local_backend,
+                                       procs_per_node=1)
+    page = text(owner_client.get(reverse("job-detail", args=[job.pk])).content.decode())
+    assert '<dd id="code-framework">tensorflow</dd>' in page
+    assert api_client.get(f"/api/jobs/{job.pk}/").json()["code"]["framework"] == "tensorflow"

@@ -1035,6 +1035,8 @@ class JobCodeSerializer(serializers.Serializer):
     entry_point = serializers.CharField(help_text="Kind code: package.module:function.")
     script = serializers.CharField(help_text="Kind script: train.py or -m package.module.")
     args = serializers.ListField(child=serializers.CharField(), help_text="Kind script: its arguments.")
+    framework = serializers.CharField(help_text="Kind script: how its processes started (torch, tensorflow, ray, "
+                                                "mpi; docs/user-code.md); \"\" for the other kinds.")
     requirements = serializers.CharField(help_text="The archive's requirements.txt text.")
 
 
@@ -1101,7 +1103,8 @@ class TrainingJobDetailSerializer(TrainingJobSerializer):
     @extend_schema_field(JobCodeSerializer)
     def get_code(self, job: TrainingJob) -> dict[str, Any]:
         code = selectors.training_job_code(job=job)
-        return {key: code[key] for key in ("kind", "sha256", "entry_point", "script", "args", "requirements")}
+        return {key: code[key] for key in ("kind", "sha256", "entry_point", "script", "args", "framework",
+                                           "requirements")}
 
     @extend_schema_field(JobEventSerializer(many=True))
     def get_events(self, job: TrainingJob) -> list[dict[str, Any]]:
