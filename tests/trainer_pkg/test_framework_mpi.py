@@ -222,6 +222,41 @@ def test_sigterm_to_the_launcher_leaves_no_rank_and_no_mpirun(tmp_path, MPI_PYTH
     assert [p for p in [*pids, mpirun_pid] if running(p)] == []
 
 
+RAISE_SCRIPT = '''\
+import json, os, sys
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump({"pid": os.getpid(), "ppid": os.getppid()}, f)
+comm.Barrier()
+if rank == 1:
+    raise ValueError("bad shard on mpi rank 1")
+comm.allreduce(rank)  # rank 0 would wait here for ever
+'''
+
+
+def test_a_rank_that_raises_aborts_the_world_and_the_job_fails_at_once(tmp_path, MPI_PYTHON):
+    """Rank 1 raises while rank 0 waits in a collective: the rank wrapper MPI_Aborts the world, so
+    mpirun stops every rank and the launcher fails now with rank 1's traceback in the log, instead of
+    both ranks waiting until the job's max runtime (the new-user trial's hung job)."""
+    code_dir = write_code(tmp_path / "code", RAISE_SCRIPT)
+    env_out = tmp_path / "seen"
+    env_out.mkdir()
+    config = job(tmp_path, code_dir, args=[str(env_out)])
+    run = subprocess.run([str(MPI_PYTHON), "-m", "trainer_pkg.launch", "--config", str(config), "--standalone",
+                          "--nproc-per-node", "2"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                         timeout=120)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output[-3000:]
+    assert "ValueError: bad shard on mpi rank 1" in output
+    assert 'train.py", line 10, in <module>' in output  # the script's own frame, not the wrapper's
+    ranks = seen(env_out)
+    assert sorted(ranks) == [0, 1]
+    assert [r["pid"] for r in ranks.values() if running(r["pid"])] == []
+
+
 def test_sagemakers_mpirun_starts_our_entry_script_in_every_rank(tmp_path, MPI_PYTHON):
     """SageMaker's ``mpi`` distribution recreated: the toolkit's MasterRunner runs ``mpirun ... python
     -m mpi4py trainboard_entry.py`` in /opt/ml/code (sagemaker-training ``mpi.py``), hosts and

@@ -269,7 +269,32 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: mpirun ... python -m trainer_pkg.frameworks.mpi (SCRIPT.py | -m MODULE) [ARGS...] "
                  "(OMPI_COMM_WORLD_RANK is not set: run under Open MPI's mpirun)")
     os.environ.update(rank_variables(world))
-    rank_entry.main(argv)
+    try:
+        rank_entry.main(argv)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            abort_world(exc.code if isinstance(exc.code, int) else 1)
+        raise
+
+
+def abort_world(code: int) -> None:
+    """After the script failed on this rank (an uncaught exception, its traceback printed, or a non-zero
+    ``sys.exit``): ``MPI_Abort`` the whole world when the script initialized MPI through mpi4py, so
+    mpirun stops every rank and the job fails now. Without it the other ranks wait in their next
+    collective and this one in ``MPI_Finalize``, and the job hangs RUNNING until its max runtime (what
+    ``python -m mpi4py`` does for a script run directly). Nothing when mpi4py is not loaded, or MPI
+    is not initialized or already finalized."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    try:
+        if not mpi.Is_initialized() or mpi.Is_finalized():
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code if 0 < code < 256 else 1)
+    except Exception:  # noqa: BLE001 - an MPI that cannot abort leaves the exit to the caller
+        return
 
 
 if __name__ == "__main__":
