@@ -16,6 +16,7 @@ time, so a CLI can say so plainly. A POST that may have reached the server is ne
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -265,8 +266,8 @@ class Client:
         """``{"lines": [{"seq", "text"}], "next": cursor, "more": bool}``: the lines after ``after``."""
         return self.get(f"/api/jobs/{int(job_id)}/logs/", after=after, limit=limit)
 
-    def follow(self, job_id: int, *, after: int = -1, poll_s: float = 1.0
-               ) -> Iterator[tuple[str, Any]]:
+    def follow(self, job_id: int, *, after: int = -1, poll_s: float = 1.0,
+               stop: threading.Event | None = None) -> Iterator[tuple[str, Any]]:
         """Follow a job to its end, yielding in order:
 
         - ``("event", event)`` for each event of its timeline not yet seen (``from_state``, ``to_state``,
@@ -274,13 +275,15 @@ class Client:
         - ``("state", job)`` when the job's state differs from the last poll's (first its current one);
         - ``("line", text)`` for each new log line (from the ``after`` cursor on),
 
-        until the job has ended and its log is read. Each poll reads the new log lines first and the
+        until the job has ended and its log is read, or ``stop`` is set (checked between calls and while
+        waiting for the next poll: a caller's Ctrl-C handler sets it, so the interrupt never lands
+        inside an HTTP call). Each poll reads the new log lines first and the
         job after them, so a transition the server recorded before those lines (the move to RUNNING
         that a sync saw with the first epochs) is yielded before them."""
         state = None
         cursor = after
         events_seen = 0
-        while True:
+        while stop is None or not stop.is_set():
             lines: list[str] = []
             while True:
                 page = self.logs(job_id, after=cursor)
@@ -307,7 +310,10 @@ class Client:
                     cursor = page["next"]
                     if not page["more"]:
                         return
-            time.sleep(poll_s)
+            if stop is not None:
+                stop.wait(poll_s)
+            else:
+                time.sleep(poll_s)
 
     def follow_logs(self, job_id: int, *, after: int = -1, poll_s: float = 1.0) -> Iterator[str]:
         """The job's log lines, new ones as they come, until the job has ended."""

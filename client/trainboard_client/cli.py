@@ -11,7 +11,9 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -911,8 +913,12 @@ def _stream(client: Client, job_id: int, poll: float) -> dict[str, Any]:
     """Print the job's state changes (stderr) and log lines (stdout) until it ends; Ctrl-C asks whether to
     cancel the job or detach."""
     last: dict[str, Any] = {}
+    # Ctrl-C sets a flag the follow checks between calls: a KeyboardInterrupt raised inside an HTTP
+    # call could leave its connection pool locked, and the exit then hung closing it.
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
     try:
-        for kind, value in client.follow(job_id, poll_s=poll):
+        for kind, value in client.follow(job_id, poll_s=poll, stop=interrupted):
             if kind == "event":
                 message = f": {value['message']}" if value.get("message") else ""
                 if value.get("is_note") or not value.get("to_state"):
@@ -923,7 +929,11 @@ def _stream(client: Client, job_id: int, poll: float) -> dict[str, Any]:
                 last = value
             else:
                 click.echo(value)
-    except KeyboardInterrupt:
+            if interrupted.is_set():
+                break
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():
         choice = "detach"
         if sys.stdin.isatty():
             choice = click.prompt(f"\nCancel job #{job_id} on the server, or detach (it keeps running)?",

@@ -118,3 +118,20 @@ def test_follow_yields_the_move_to_running_before_the_lines_the_same_sync_stored
                for kind, value in client.follow(3, poll_s=0.001)]
     assert got == [("event", "PENDING"), ("event", "RUNNING"), ("state", "RUNNING"), ("line", "epoch 0 loss 1.0"),
                    ("line", "epoch 1 loss 0.5"), ("event", "SUCCEEDED"), ("state", "SUCCEEDED")]
+
+
+def test_follow_ends_when_its_stop_is_set_between_calls_and_while_waiting(peer):
+    """``stop`` (a Ctrl-C handler's flag): follow returns at its next check, never inside a call; a long
+    poll interval is cut short."""
+    import time
+
+    url, seen = peer(lambda method, path: (200, {"lines": [], "next": -1, "more": False}) if "/logs/" in path
+                     else (200, {"id": 5, "state": "RUNNING", "events": []}))
+    stop = threading.Event()
+    with Client(url, "t") as client:
+        started = time.monotonic()
+        for kind, _ in client.follow(5, poll_s=600, stop=stop):
+            if kind == "state":
+                stop.set()  # as the handler would, mid-poll
+        assert time.monotonic() - started < 60  # not the 600 s poll interval
+    assert [path.split("?")[0] for _, path in seen] == ["/api/jobs/5/logs/", "/api/jobs/5/"]
