@@ -108,7 +108,8 @@ def test_the_cli_is_the_config_a_flag_per_field_with_its_documentation():
     every = {f"{section.name}.{f.name}" for section in dataclasses.fields(JobConfig)
              for f in dataclasses.fields(section.default_factory())}
     assert every - flagged == {"data.name", "data.uri", "model.params", "parallel.nodes", "parallel.procs_per_node",
-                               "model.shard_classes", "code.dir", "code.sha256", "code.script", "code.args"}
+                               "model.shard_classes", "code.dir", "code.sha256", "code.script", "code.args",
+                               "code.framework"}
     text = parser.format_help()
     assert "Passes over the training data." in text
     assert "(see trainer_pkg.train.record_interval)" in by_flag["--log-every-steps"].help  # reST roles as text
