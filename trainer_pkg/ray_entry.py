@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     code = config.get("code") if isinstance(config.get("code"), dict) else {}
     if code.get("framework") == "ray":
-        return run_ray_script(text, args.max_runtime_s)
+        return run_ray_script(text, args.max_runtime_s, workers=args.workers, gpus_per_worker=args.gpus_per_worker)
 
     # -- the cluster: the job's driver joins it, Ray Train starts the workers --------------------
     import ray
@@ -130,14 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run_ray_script(text: str, max_runtime_s: float) -> int:
+def run_ray_script(text: str, max_runtime_s: float, *, workers: int, gpus_per_worker: float = 0.0) -> int:
     """A Ray script (``code.framework`` "ray"): the user's script is the job's driver itself, started as
     ``python -m trainer_pkg.rank_entry <script> <args>`` in ``code.dir`` with Trainboard's variables
-    (:func:`trainer_pkg.launch.trainboard_env`); its ``ray.init()`` joins this cluster (the job
-    supervisor's ``RAY_ADDRESS``) and its own Ray Train run starts the workers. Its exit code is the
-    job's; the time limit as for our ranks (:func:`_wait`)."""
+    (:func:`trainer_pkg.launch.trainboard_env`) and the job's shape as a Ray job inside any backend
+    gets it (:mod:`trainer_pkg.frameworks.ray`: ``TRAINBOARD_RAY_NUM_WORKERS`` = ``workers``,
+    ``TRAINBOARD_RAY_USE_GPU`` 1 when ``gpus_per_worker`` > 0, ``TRAINBOARD_NNODES``,
+    ``TRAINBOARD_NPROC_PER_NODE``); its ``ray.init()`` joins this cluster (the job supervisor's
+    ``RAY_ADDRESS``) and its own Ray Train run starts the workers. Its exit code is the job's; the time
+    limit as for our ranks (:func:`_wait`)."""
     from trainer_pkg import world_shape
     from trainer_pkg.config import ConfigError, JobConfig
+    from trainer_pkg.frameworks.ray import NNODES_ENV, NPROC_ENV, NUM_WORKERS_ENV, USE_GPU_ENV
     from trainer_pkg.launch import trainboard_env, user_script
 
     try:
@@ -152,6 +156,8 @@ def run_ray_script(text: str, max_runtime_s: float) -> int:
     here = os.getcwd()
     env = {k: v for k, v in os.environ.items() if k != CONFIG_VAR}
     env.update(trainboard_env(cfg))
+    env.update({NUM_WORKERS_ENV: str(workers), NNODES_ENV: str(cfg.parallel.nodes),
+                NPROC_ENV: str(cfg.parallel.procs_per_node), USE_GPU_ENV: "1" if gpus_per_worker > 0 else "0"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     print(f"[ray] running the user's Ray script as the job's driver: {script.describe()} (in {script.code_dir})",
           flush=True)

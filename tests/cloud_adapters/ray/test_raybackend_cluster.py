@@ -157,7 +157,8 @@ def test_a_script_model_runs_as_two_ranks_that_reach_each_other(backend, tmp_pat
     assert len(logged) == 1 and logged[0]["ranks_sum"] == 3.0 and logged[0]["step"] == 1  # rank 0 reports
 
 
-RAY_SCRIPT = b'''import ray
+RAY_SCRIPT = b'''import os
+import ray
 from ray.train import ScalingConfig
 from ray.train.torch import TorchTrainer
 
@@ -174,7 +175,10 @@ def loop(config):
 
 ray.init()
 print("RAYSCRIPT driver on", ray.get_runtime_context().get_job_id() is not None, flush=True)
-TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2)).fit()
+print("RAYSCRIPT shape", *(os.environ[n] for n in ("TRAINBOARD_RAY_NUM_WORKERS", "TRAINBOARD_RAY_USE_GPU",
+                                                  "TRAINBOARD_NNODES", "TRAINBOARD_NPROC_PER_NODE")), flush=True)
+# As docs/user-code.md has it: the workers from the job's shape (the trial's script failed here on this backend).
+TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=int(os.environ["TRAINBOARD_RAY_NUM_WORKERS"]))).fit()
 print("RAYSCRIPT done", flush=True)
 '''
 
@@ -190,6 +194,7 @@ def test_a_ray_script_is_the_jobs_driver_and_runs_its_own_ray_train(backend, tmp
     lines, _ = all_lines(backend, handle)
     assert any("[ray] running the user's Ray script as the job's driver: python ray_train.py" in ln for ln in lines)
     assert "RAYSCRIPT driver on True" in lines and lines.index("RAYSCRIPT done") > lines.index("RAYSCRIPT driver on True")
+    assert "RAYSCRIPT shape 2 0 1 2" in lines  # 1 node × 2 processes, no GPU
     logged = [r for r in records(lines) if r.get("ranks_sum") is not None]
     assert [(r["step"], r["ranks_sum"]) for r in logged] == [(1, 3.0)]  # rank 0 of the script's own 2 workers
 
