@@ -673,6 +673,10 @@ RESERVED_ENV: dict[str, str] = {
                      "NODE_RANK"), "torchrun sets it on every rank from the job's shape"),
     "PYTHONPATH": "the launcher puts the trainer and your code on it",
     "TF_CONFIG": "the launcher writes it for a tensorflow script's workers (or the platform does)",
+    "RAY_ADDRESS": "the launcher points a ray script at its own job's Ray cluster (or the ray backend does)",
+    **dict.fromkeys(("GROUP_RANK", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                     "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"),
+                    "the launcher sets it on every rank from the job's shape (an mpi script's as horovodrun would)"),
     **dict.fromkeys(("PATH", "HOME"), "the platform sets it for the job's user and image"),
     **dict.fromkeys(("LD_PRELOAD", "LD_LIBRARY_PATH"),
                     "it changes which libraries every process of the image loads; put them in a container image"),
@@ -686,6 +690,7 @@ RESERVED_ENV_PREFIXES: dict[str, str] = {
     "AIP_": "Vertex AI's (it sets them in every replica)",
     "AZUREML_": "Azure ML's (it sets them in every node)",
     "CUDA_": "the platform's GPU settings (CUDA_VISIBLE_DEVICES is chosen per rank)",
+    "OMPI_COMM_WORLD_": "Open MPI's rank variables (mpirun sets them on every rank; OMPI_MCA_ settings are yours)",
 }
 
 

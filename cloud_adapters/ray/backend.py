@@ -287,8 +287,8 @@ class RayBackend(Backend):
         framework = (code or {}).get("framework", "torch") if isinstance(code, Mapping) else "torch"
         if framework not in ("torch", "ray", None, ""):
             problems.append(f"code.framework {framework!r}: a Ray backend runs torch ranks under Ray Train, or a "
-                            f"Ray script as the job's driver; run a {framework} script on a GPU box, Slurm or a "
-                            f"cloud backend.")
+                            f"Ray script as the job's driver; run {'an' if framework == 'mpi' else 'a'} {framework} script "
+                            f"on a GPU box, Slurm or a cloud backend.")
         if spec.code is not None and not re.fullmatch(r"[0-9a-f]{64}", str(spec.code.sha256)):
             problems.append(f"code: {str(spec.code.sha256)[:80]!r} is not a SHA-256 (64 lowercase hex digits).")
         if problems:

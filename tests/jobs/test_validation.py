@@ -133,3 +133,20 @@ def test_tf_config_is_the_launchers():
         "TF_CONFIG cannot be set here: the launcher writes it for a tensorflow script's workers (or the "
         "platform does).")
     assert validation.env_name_problem("TF_CPP_MIN_LOG_LEVEL") is None  # TensorFlow's other settings are the job's
+
+
+def test_the_mpi_and_ray_launchers_variables_are_theirs_and_their_settings_the_jobs():
+    """OMPI_COMM_WORLD_* (a job that set one failed at start: new-user trial), the Horovod rank variables
+    and RAY_ADDRESS (silently replaced) are refused saying whose they are; Open MPI's OMPI_MCA_ settings,
+    Horovod's tuning and Ray's other settings stay the job's."""
+    assert validation.env_name_problem("OMPI_COMM_WORLD_RANK") == (
+        "OMPI_COMM_WORLD_RANK cannot be set here: names starting OMPI_COMM_WORLD_ are Open MPI's rank variables "
+        "(mpirun sets them on every rank; OMPI_MCA_ settings are yours).")
+    assert validation.env_name_problem("HOROVOD_RANK") == (
+        "HOROVOD_RANK cannot be set here: the launcher sets it on every rank from the job's shape (an mpi "
+        "script's as horovodrun would).")
+    assert validation.env_name_problem("RAY_ADDRESS") == (
+        "RAY_ADDRESS cannot be set here: the launcher points a ray script at its own job's Ray cluster (or the "
+        "ray backend does).")
+    for name in ("OMPI_MCA_btl", "HOROVOD_FUSION_THRESHOLD", "RAY_DEDUP_LOGS"):
+        assert validation.env_name_problem(name) is None

@@ -252,7 +252,7 @@ def test_a_scripts_framework_is_given_shown_and_checked(api_client, code_store):
                                                "framework": "jax", "code": upload(zip_bytes(MODEL_FILES), "m.zip")},
                               format="multipart")
     assert unknown.status_code == 400
-    assert unknown.json() == {"framework": ['"jax" is not a valid choice.']}
+    assert unknown.json() == {"framework": ['"jax" is not a framework: one of torch, tensorflow, ray, mpi.']}
     assert ModelSpec.objects.count() == 1
     schema = yaml.safe_load(api_client.get("/api/schema/").content)
     enum = [s for name, s in schema["components"]["schemas"].items() if set(s.get("enum") or []) >= {"tensorflow"}]

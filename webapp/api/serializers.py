@@ -23,7 +23,7 @@ from jobs import code_archives, hangs, job_request, selectors, services, validat
 from jobs.cost import estimate_arithmetic
 from jobs.services.resources import MAX_HANG_DEADLINE_S, MIN_HANG_DEADLINE_S
 from jobs.services.training_jobs import JOB_FIELD_ALIASES
-from jobs.models import MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
+from jobs.models import FRAMEWORKS, MAX_RESTARTS, CodeArchive, ComputeBackend, Dataset, JobEvent, ModelSpec, TrainingJob
 from jobs.job_request import MAX_RUNTIME_HELP
 from trainer_pkg.registry import ARCHITECTURES, CUSTOM
 from webapp.errors import to_drf_validation_error, trial_call
@@ -358,6 +358,9 @@ class ModelSpecSerializer(ServiceSerializerMixin, serializers.ModelSerializer):
                                   "that architecture's defaults. Kind code: the model function's keyword "
                                   "arguments. In a multipart body: the object's JSON text."
     )
+    framework = serializers.ChoiceField(
+        choices=list(FRAMEWORKS), required=False, help_text=ModelSpec._meta.get_field("framework").help_text,
+        error_messages={"invalid_choice": f'"{{input}}" is not a framework: one of {", ".join(FRAMEWORKS)}.'})
     script_args = JSONStringListField(
         required=False, example='["--epochs", "3"]', help_text="Kind script: its arguments, e.g. [\"--epochs\", \"3\", \"--lr\", \"{train.lr}\"] (one "
                                            "each), or one string split as a shell would (never run by one), "
