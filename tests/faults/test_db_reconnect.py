@@ -25,13 +25,13 @@ from jobs.models import JobStateChoices as S, TrainingJob
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def _terminate_every_other_session(url: str) -> int:
-    """Kill every session on the test database but this one; returns how many."""
+def _terminate_every_other_session(url: str) -> set[int]:
+    """Kill every session on the test database but this one; returns their pids."""
     with psycopg.connect(url, autocommit=True) as admin:
         rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid() AND backend_type = 'client backend'").fetchall()
-    return len(rows)
+    return {pid for pid, _ in rows}
 
 
 def _sessions(url: str) -> set[int]:
@@ -101,7 +101,9 @@ def test_web_and_worker_reconnect_after_their_sessions_are_killed(workers, web_s
     assert held, "the web server holds a persistent session (CONN_MAX_AGE)"
 
     connection.close()  # this test's own session dies with the others; it reconnects on next use
-    assert _terminate_every_other_session(url) >= len(held)
+    # A session of a worker's task may end on its own between the two reads (CI saw 1 of 2 killed):
+    # what counts is that held ones were killed here and that none of them is left (below).
+    assert _terminate_every_other_session(url) & held
     # pg_terminate_backend only signals the backend; it leaves pg_stat_activity when it has exited.
     wait_for(lambda: not (held & _sessions(url)), timeout=30, what=f"the sessions {sorted(held)} to end")
 
