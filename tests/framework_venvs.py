@@ -47,25 +47,36 @@ def framework_venv(name: str, requirements: list[str], *, pip_args: tuple[str, .
     """The python of the venv ``name`` holding ``requirements`` (pip requirement strings, pinned),
     built now if missing. Safe across pytest-xdist workers (a file lock: one builds, the others wait).
     Raises :class:`subprocess.CalledProcessError` when pip fails (its output is in the exception)."""
-    key_text = json.dumps([sys.version, site.getsitepackages(), sorted(requirements), list(pip_args)])
+    # Keyed by what it holds, not by which checkout asks: every fresh clone (a CI run) reuses it.
+    key_text = json.dumps([sys.version, sorted(requirements), list(pip_args)])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
     venv = ROOT / f"{name}-{key}"
     python = venv / "bin" / "python"
     ROOT.mkdir(parents=True, exist_ok=True)
     with FileLock(str(ROOT / f"{name}-{key}.lock")):
         if (venv / READY).is_file():
+            _see_project(python)
             return python
         started = time.monotonic()
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 check=True, capture_output=True, text=True).stdout.strip()
-        # The project's packages after the venv's own: torch and the launcher's needs without a copy.
-        Path(purelib, "trainboard-project.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        _see_project(python)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                         *pip_args, *requirements], check=True, capture_output=True, text=True)
         (venv / READY).write_text(json.dumps({"requirements": requirements,
                                               "build_s": round(time.monotonic() - started, 1)}))
     return python
+
+
+def _see_project(python: Path) -> None:
+    """Point the venv at this checkout's project packages (a ``.pth`` naming its site-packages, after
+    the venv's own): torch and the launcher's needs without a copy. Rewritten on every use, so the
+    venv follows whichever checkout runs the tests."""
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    pth = Path(purelib, "trainboard-project.pth")
+    text = "\n".join(site.getsitepackages()) + "\n"
+    if not pth.is_file() or pth.read_text() != text:
+        pth.write_text(text)
 
 
 def framework_venv_fixture(name: str, requirements: list[str], *, pip_args: tuple[str, ...] = ()):
