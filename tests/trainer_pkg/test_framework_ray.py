@@ -364,9 +364,9 @@ def test_other_local_ranks_start_nothing_and_a_python_without_ray_is_a_config_er
     with pytest.raises(ConfigError, match=r"has no ray package; add ray\[train\]"):
         ray_framework.run(cfg, plan, script, hardware_every_s=0)
     monkeypatch.setenv(ray_framework.JOIN_TIMEOUT_ENV, "soon")
-    with pytest.raises(ConfigError, match="TRAINBOARD_RAY_JOIN_TIMEOUT_S must be a number of seconds > 0, "
+    with pytest.raises(ConfigError, match="TRAINBOARD_RAY_JOIN_TIMEOUT_S must be a number of seconds above 0, "
                                           "got 'soon'"):
-        ray_framework._seconds(os.environ, ray_framework.JOIN_TIMEOUT_ENV, 1.0)
+        ray_framework.setting_seconds(os.environ, ray_framework.JOIN_TIMEOUT_ENV, 1.0)
 
 
 def test_the_launcher_without_ray_exits_2_saying_what_to_install(tmp_path):

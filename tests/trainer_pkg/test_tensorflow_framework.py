@@ -201,7 +201,7 @@ def test_a_bad_deadline_setting_exits_2_naming_it(tmp_path):
                           "--standalone"], cwd=REPO, env=clean_env(TRAINBOARD_TF_CLUSTER_DEADLINE_S="soon"),
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
-    assert "trainer error: TRAINBOARD_TF_CLUSTER_DEADLINE_S must be a number of seconds, got 'soon'" in run.stderr
+    assert "trainer error: TRAINBOARD_TF_CLUSTER_DEADLINE_S must be a number of seconds above 0, got 'soon'" in run.stderr
 
 
 # -- real TensorFlow workers ---------------------------------------------------------------------------

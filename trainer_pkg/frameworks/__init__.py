@@ -16,3 +16,25 @@ every process it started, by PID, before it returns.
 (its own imports are heavy, and it uses the launcher's helpers: the launcher never imports it at the top).
 """
 
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trainer_pkg.config import ConfigError
+
+
+def setting_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A framework's timing setting from the launcher's environment (the installation's, never a
+    job's): ``env[name]`` in seconds, ``default`` when unset or blank. Raises :class:`ConfigError`
+    naming ``name`` when it is not a number above 0."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ConfigError(f"{name} must be a number of seconds above 0, got {raw!r}")
+    return value

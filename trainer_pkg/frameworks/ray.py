@@ -77,6 +77,7 @@ from typing import Iterator, Mapping
 
 from trainer_pkg import hardware
 from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.frameworks import setting_seconds
 from trainer_pkg.launch import _RANK_VARS, UserScript, _script_pythonpath, _with_trainboard_env
 from trainer_pkg.metrics import print_line, report_error
 from trainer_pkg.platforms import LAUNCHED_BY_US, LaunchPlan, _visible_gpus
@@ -138,27 +139,14 @@ def run(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_
         raise ConfigError(f"code.framework ray: this job's Python ({sys.executable}) has no ray package; add "
                           "ray[train] (pinned, e.g. ray[train]==2.60.0) to the code's requirements.txt or use an "
                           "image that has it")
-    join_s = _seconds(os.environ, JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S)
-    grace_s = _seconds(os.environ, STOP_GRACE_ENV, DEFAULT_STOP_GRACE_S)
+    join_s = setting_seconds(os.environ, JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S)
+    grace_s = setting_seconds(os.environ, STOP_GRACE_ENV, DEFAULT_STOP_GRACE_S)
     node = _Node(cfg, plan, script, join_s=join_s, grace_s=grace_s)
     with _stop_on_signals() as stopped:
         try:
             return node.run_head(stopped) if plan.node_rank == 0 else node.run_worker(stopped)
         finally:
             node.close()
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"{name} must be a number of seconds > 0, got {raw!r}")
-    return value
 
 
 class _Stop:

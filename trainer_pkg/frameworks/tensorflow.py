@@ -73,6 +73,7 @@ from typing import Any, Mapping, Sequence
 
 from trainer_pkg import hardware
 from trainer_pkg.config import ConfigError, JobConfig
+from trainer_pkg.frameworks import setting_seconds
 from trainer_pkg.launch import (
     _SCRIPT_ENTRY, LAUNCHED_BY_US, UserScript, _RANK_VARS, _script_pythonpath, _with_trainboard_env,
     _write_failure, watch_for_hangs,
@@ -465,26 +466,13 @@ def cluster_configs(shape: Shape, env: Mapping[str, str], deadline_s: float) -> 
     return [written_tf_config(workers, shape.member * shape.workers + i) for i in range(shape.workers)], peers
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ConfigError(f"{name} must be more than 0 seconds, got {raw!r}")
-    return value
-
-
 def run(cfg: JobConfig, plan: LaunchPlan, script: UserScript, *, hardware_every_s: float = 0.0) -> int:
     """Start this launcher's TF workers running ``script`` and watch them (module docstring); the exit
     code for this node or rank. Raises :class:`ConfigError` for a garbled ``TF_CONFIG`` or setting."""
     env = dict(os.environ)
     started = time.time()
-    deadline_s = _seconds(env, DEADLINE_ENV, DEFAULT_DEADLINE_S)
-    grace_s = _seconds(env, GRACE_ENV, DEFAULT_GRACE_S)
+    deadline_s = setting_seconds(env, DEADLINE_ENV, DEFAULT_DEADLINE_S)
+    grace_s = setting_seconds(env, GRACE_ENV, DEFAULT_GRACE_S)
     deadline = time.monotonic() + deadline_s
     shape = launch_shape(plan, env)
     try:
