@@ -23,8 +23,10 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from adapter_standins import free_port
+from framework_venvs import RAY, framework_venv
 
 START_TIMEOUT_S = 180.0
 """A cold head on a loaded 2-core machine takes 15-40 s."""
@@ -126,3 +128,20 @@ class RayHead:
         except subprocess.TimeoutExpired:
             pass
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_python() -> Path:
+    """The Ray test venv's python (tests/framework_venvs.py ``RAY``)."""
+    return framework_venv("ray", RAY)
+
+
+@pytest.fixture(scope="session")
+def head(ray_python: Path):
+    """One Ray head for every module of the ``ray-backend`` xdist group (the backend's cluster tests and
+    its end-to-end test run in one worker process), stopped by PID with its processes at the end."""
+    started = RayHead.start(ray_python)
+    try:
+        yield started
+    finally:
+        started.stop()

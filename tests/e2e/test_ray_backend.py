@@ -18,26 +18,15 @@ import pytest
 
 from cloud_adapters.base import JobHandle
 from cloud_adapters.registry import create_backend
-from framework_venvs import RAY, framework_venv_fixture
 from jobs import selectors, services
 from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
-from raykit import RayHead
+from raykit import head, ray_python  # noqa: F401 (fixtures: one head for the ray-backend group)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True),
               pytest.mark.xdist_group("ray-backend")]
 
 RATE = Decimal("0.9")  # USD per worker-hour on cluster lab
-ray_python = framework_venv_fixture("ray", RAY)
-
-
-@pytest.fixture(scope="module")
-def head(ray_python):
-    head = RayHead.start(ray_python)
-    try:
-        yield head
-    finally:
-        head.stop()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ no ``ray``). Jobs: the built-in trainer on digits with 2 Ray Train workers, a ti
 ranks all-reduce over the MASTER_ADDR/MASTER_PORT the entrypoint gives them, and a script held running
 until it is cancelled.
 
-One head per module; its first start builds the Ray venv when it is missing (tests/framework_venvs.py).
+One head for this module and tests/e2e/test_ray_backend.py (``raykit.head``, session-scoped: both are
+in the ray-backend xdist group); its first start builds the Ray venv when it is missing
+(tests/framework_venvs.py).
 """
 
 from __future__ import annotations
@@ -19,25 +21,14 @@ import pytest
 
 from cloud_adapters.base import CodeBundle, JobSpec, JobState
 from cloud_adapters.registry import create_backend
-from framework_venvs import RAY, framework_venv_fixture
 from polling import wait_for
-from raykit import RayHead
+from raykit import head, ray_python  # noqa: F401 (fixtures: one head for the ray-backend group)
 from trainer_pkg.metrics import parse_metric_line
 
 # Every test may use the database (one does: the orphan reconciler), so pytest-django keeps the module's
 # tests together and the module starts one head.
 pytestmark = [pytest.mark.xdist_group("ray-backend"), pytest.mark.django_db]
 
-ray_python = framework_venv_fixture("ray", RAY)
-
-
-@pytest.fixture(scope="module")
-def head(ray_python):
-    head = RayHead.start(ray_python)
-    try:
-        yield head
-    finally:
-        head.stop()
 
 
 @pytest.fixture
