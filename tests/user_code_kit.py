@@ -152,6 +152,15 @@ def script_ranks_done(output: str, tag: str) -> list[int]:
                                              flags=re.M))
 
 
+def script_metrics(output: str) -> list[dict[str, Any]]:
+    """The metric records in ``output`` that the job's processes printed, in order: every
+    ``TRAINBOARD_METRIC`` line but the launcher's hardware samples (one per node every few seconds,
+    so how many a run has depends on how long it took)."""
+    from trainer_pkg.metrics import parse_metric_line
+    records = (parse_metric_line(line) for line in output.splitlines())
+    return [r for r in records if r is not None and r.get("event") != "hardware"]
+
+
 FAKE_DOCKER = '''#!{python}
 # A recording `docker`: answers `docker info`, records every other call (its argv, and the values
 # of the variables it was asked to pass by name) and exits 0.

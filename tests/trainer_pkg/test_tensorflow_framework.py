@@ -283,13 +283,16 @@ def start_ignoring_workers(tmp_path: Path, python: Path) -> tuple[subprocess.Pop
     cmd = [str(python), "-m", "trainer_pkg.launch", "--config",
            str(tf_job(tmp_path, ["--ignore-sigterm", "--never-start-rank", "1"])), "--standalone", "--nproc-per-node", "2"]
     err = open(tmp_path / "stderr", "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(TRAINBOARD_TF_GRACE_S="2"), stdout=subprocess.PIPE,
-                            stderr=err, text=True)
+    # The deadline bounds the wait below if a worker's line never comes (the default is 600 s).
+    env = clean_env(TRAINBOARD_TF_GRACE_S="2", TRAINBOARD_TF_CLUSTER_DEADLINE_S="180")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     err.close()
     started, ignoring = [], set()
     for line in proc.stdout:
         started += pids(line)
-        ignoring |= set(re.findall(r"^worker (\d+) ignores SIGTERM$", line.strip()))
+        # Not anchored: the two workers print at once, and under ``python -u`` (PYTHONUNBUFFERED in the
+        # environment) print writes a line's text and its newline apart, so two lines can land as one.
+        ignoring |= set(re.findall(r"worker (\d+) ignores SIGTERM", line))
         if ignoring == {"0", "1"}:
             break
     assert len(started) == 2 and ignoring == {"0", "1"}, (tmp_path / "stderr").read_text()[-3000:]

@@ -1,5 +1,5 @@
 """The straggler end to end: the real trainer under torchrun (gloo, 2 ranks) with rank 1 made slower
-by 80 ms per forward of the model's last layer (tests/trainer_pkg/slow_rank.py), under ddp, fsdp
+by 100 ms per forward of the model's last layer (tests/trainer_pkg/slow_rank.py), under ddp, fsdp
 and pipeline; its records ingested as the sync does; the job page and the API name rank 1.
 
 In synchronous training both ranks' step times are equal, so the trainer must tell compute from
@@ -25,7 +25,7 @@ from trainer_pkg.metrics import parse_metric_line
 pytestmark = pytest.mark.django_db
 
 REPO = Path(__file__).resolve().parents[2]
-SLOW_S = 0.08  # 80 ms: well above what a loaded 2-core machine adds to one rank's step (20 ms was not: CI under -n 2)
+SLOW_S = 0.1  # 100 ms: well above what a loaded 2-core machine adds to one rank's step (20 ms was not: CI under -n 2)
 
 
 def run_with_slow_rank(tmp_path: Path, strategy: str) -> list[dict]:
@@ -55,11 +55,12 @@ def test_the_slowed_rank_is_named_with_what_the_waiting_cost(tmp_path, strategy,
     slowdown = SLOW_S * (4 if strategy == "pipeline" else 1)
     for r in steps[1:]:  # the first window holds warm-up steps
         ready = [d + c for d, c in zip(r["rank_data_wait_s"], r["rank_compute_s"])]
-        assert ready[1] - ready[0] > 0.7 * slowdown, r
+        # Half the sleep at least: the other rank's compute grows too on a loaded machine (CI: 51 of 80 ms).
+        assert ready[1] - ready[0] > 0.5 * slowdown, r
         assert r["rank_sync_wait_s"][0] - r["rank_sync_wait_s"][1] > 0.5 * slowdown, r  # rank 0 waits
         # equal step times (synchronous training): they cannot name the straggler
         assert r["rank_step_time_s"][0] == pytest.approx(r["rank_step_time_s"][1], rel=0.15, abs=0.004)
-        assert r["wait_for_slowest_s"] > 0.7 * slowdown * 5, r  # 5 steps per window, rank 0 waiting
+        assert r["wait_for_slowest_s"] > 0.5 * slowdown * 5, r  # 5 steps per window, rank 0 waiting
         assert all(v > 0 for v in r["rank_samples_per_s"]), r  # a pipeline's first stage trains too
 
     # Ingested as the sync does, into a job priced at $3.60 per instance-hour, 2 ranks per node.

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "tests" / "trainer_pkg"))
 from trainer_helpers import records  # noqa: E402  (the trainer tests' reader of metrics.jsonl)
 from user_code_kit import (  # noqa: E402
     DEP_MARK, DEP_NAME, DEP_VERSION, MODEL_FILES, SCRIPT_FILES, SECRET_NAME, build_user_model, build_wheel,
-    code_bundle, script_ranks_done)
+    code_bundle, script_metrics, script_ranks_done)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
                                         "ignore::UserWarning")  # azure-ai-ml's marshmallow schemas
@@ -283,9 +283,9 @@ def test_a_users_script_runs_in_the_environment_built_from_the_conda_file(worksp
     _, results = run_processes(body, snapshot, outputs, python=python)
     assert script_ranks_done("".join(out for _, out in results), "az") == [0, 1, 2, 3]
     assert not any("az-secret-38" in out for _, out in results)  # in the environment only, never in our log lines
-    metrics = [parse_metric_line(line) for line in results[0][1].splitlines() if line.startswith(METRIC_PREFIX)]
+    metrics = script_metrics(results[0][1])
     assert [(m["step"], m["my_metric"], m["dep_mark"]) for m in metrics] == [
         (1, 1.5, float(DEP_MARK)), (2, 3.0, float(DEP_MARK)), (3, 4.5, float(DEP_MARK))]
-    assert not any(line.startswith(METRIC_PREFIX) for _, out in results[1:] for line in out.splitlines())
+    assert not any(script_metrics(out) for _, out in results[1:])
     written = json.loads((outputs / "model" / "user_model.json").read_text())
     assert written == {"tag": "az", "world_size": 4, "dep": DEP_VERSION, "cwd": str(snapshot), "secret": "az-secret-38"}

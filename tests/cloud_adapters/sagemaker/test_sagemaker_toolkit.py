@@ -48,7 +48,7 @@ from test_trainer_datasets import _csv, _image_tree  # noqa: E402
 from trainer_helpers import records  # noqa: E402
 from user_code_kit import (  # noqa: E402
     DEP_MARK, DEP_NAME, DEP_VERSION, MODEL_FILES, SCRIPT_FILES, SECRET_NAME, build_user_model, build_wheel,
-    code_bundle, script_ranks_done)
+    code_bundle, script_metrics, script_ranks_done)
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CONTAINER_MASTER_PORT = 7777  # sagemaker_pytorch_container.training.MASTER_PORT
@@ -273,11 +273,11 @@ def test_toolkit_installs_the_requirements_and_runs_the_users_script(tmp_path, s
     assert script_ranks_done(out0 + out1, "sm") == [0, 1, 2, 3]
 
     # The script's custom metrics in the log, from rank 0 only, with the requirement's value.
-    metrics = [parse_metric_line(line) for line in out0.splitlines() if line.startswith(METRIC_PREFIX)]
+    metrics = script_metrics(out0)
     assert [(m["step"], m["my_metric"], m["dep_mark"]) for m in metrics] == [
         (1, 1.5, float(DEP_MARK)), (2, 3.0, float(DEP_MARK)), (3, 4.5, float(DEP_MARK))]
     assert all(m["user_metrics"] == ["my_metric", "dep_mark"] for m in metrics)
-    assert not [line for line in out1.splitlines() if line.startswith(METRIC_PREFIX)]
+    assert not script_metrics(out1)
     written = json.loads((roots[0] / "model" / "user_model.json").read_text())  # SM_MODEL_DIR of host 1
     assert written == {"tag": "sm", "world_size": 4, "dep": DEP_VERSION, "cwd": str(roots[0] / "code"),
                        "secret": "sm-secret-52"}

@@ -30,7 +30,7 @@ from cloud_adapters.base import JobSpec
 from trainer_pkg.metrics import METRIC_PREFIX, parse_metric_line
 from user_code_kit import (
     DEP_MARK, DEP_NAME, DEP_VERSION, MODEL_FILES, SCRIPT_FILES, SECRET_NAME, build_user_model, build_wheel,
-    code_bundle, script_ranks_done)
+    code_bundle, script_metrics, script_ranks_done)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer_pkg"))
 from test_platforms import PLATFORM_PREFIXES, PLATFORM_VARS, free_port, rank_lines, vertex_vars  # noqa: E402
@@ -206,7 +206,7 @@ def test_a_users_script_runs_with_its_requirements_installed_as_the_packages_dep
     _, (out0, err0), (out1, err1) = run_replicas(body, gcs_root, site, tmp_path / "replica")
     assert script_ranks_done(out0 + out1, "vx") == [0, 1, 2, 3]
     assert "vx-secret-71" not in out0 + err0 + out1 + err1  # in the environment only, never in our log lines
-    metrics = [parse_metric_line(line) for line in out0.splitlines() if line.startswith(METRIC_PREFIX)]
+    metrics = script_metrics(out0)
     assert [(m["step"], m["my_metric"], m["dep_mark"]) for m in metrics] == [
         (1, 1.5, float(DEP_MARK)), (2, 3.0, float(DEP_MARK)), (3, 4.5, float(DEP_MARK))]
     model_dir = gcs_root / "stage" / "tb" / "output" / "tb-job-12-script" / "model"
