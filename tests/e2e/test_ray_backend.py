@@ -3,7 +3,8 @@ backend jobs over HTTP against a real Ray 2.60 head on this machine (tests/rayki
 venv; the worker itself has no ``ray``):
 
 - a 1 × 2 digits DDP job reaches SUCCEEDED with its metrics read from the Ray job's log into the
-  database and its cost at the cluster's internal rate per worker-hour;
+  database and its cost at the cluster's internal rate per worker-hour; the adapter reads its log by
+  cursor (tests/cloud_adapters/ray_cluster/ holds the adapter's other jobs against the same head);
 - a cancel stops the Ray job: CANCELLED once Ray reports STOPPED.
 
 The backend is a staff user's, so its dashboard address is its own setting (a non-staff backend takes
@@ -22,6 +23,7 @@ from jobs import selectors, services
 from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
 from raykit import head, ray_python  # noqa: F401 (fixtures: one head for the ray-backend group)
+from trainer_pkg.metrics import parse_metric_line
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True),
               pytest.mark.xdist_group("ray-backend")]
@@ -52,7 +54,16 @@ def _ended(worker, job, timeout=400):
     return worker.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=timeout, what="the job to end")
 
 
-def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_backend, user, digits_dataset,
+def all_lines(adapter, handle: JobHandle) -> tuple[list[str], str]:
+    lines, cursor = [], ""
+    while True:
+        more, cursor = adapter.logs(handle, cursor)
+        if not more:
+            return lines, cursor
+        lines += more
+
+
+def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_backend, head, user, digits_dataset,
                                                                   cnn_model):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=ray_backend,
                                        nodes=1, procs_per_node=2, epochs=2)
@@ -71,6 +82,25 @@ def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_ba
     assert run_s > 0
     # cost = elapsed × 2 workers × $0.90 per worker-hour
     assert float(job.cost_usd) == pytest.approx(2 * float(RATE) * run_s / 3600, rel=0.02, abs=0.0001)
+
+    # The Ray job as the adapter reads it: both ranks under torchrun's environment, one completed record,
+    # Ray's log dedup off; the log read to its end by cursor, and again from the start.
+    adapter = create_backend("ray", {"address": head.address})
+    handle = JobHandle.from_dict(job.provider_handle)
+    status = adapter.describe(handle)
+    assert (status.raw_state, status.instance_count) == ("SUCCEEDED", 2)
+    assert status.started_at is not None and status.ended_at > status.started_at
+    lines, cursor = all_lines(adapter, handle)
+    assert sorted(ln.split("[launch] rank ")[1][:1] for ln in lines if "[launch] rank " in ln) == ["0", "1"]
+    assert any("[launch] platform: torchrun" in ln and "world size 2" in ln for ln in lines)
+    records = [r for r in map(parse_metric_line, lines) if r is not None]
+    completed = [r for r in records if r["event"] == "completed"]
+    assert len(completed) == 1 and completed[0]["world_size"] == 2 and completed[0]["total_steps"] > 0
+    assert not any("repeated" in ln and "across cluster" in ln for ln in lines)
+    assert adapter.logs(handle, cursor) == ([], cursor)
+    first, after_first = adapter.logs(handle, "")
+    assert first == lines[: len(first)] and int(after_first) > 0
+    assert [p.name for p in adapter.list_tagged()] == []  # ended: not an orphan candidate
 
 
 def test_cancel_stops_the_ray_job_and_gives_cancelled(worker, ray_backend, head, user, digits_dataset, cnn_model):

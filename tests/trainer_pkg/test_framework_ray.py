@@ -56,7 +56,7 @@ class Tracker(threading.Thread):
         super().__init__(daemon=True)
         self.roots = [psutil.Process(pid) for pid in pids]
         self.seen: dict[tuple[int, float], psutil.Process] = {}
-        self.names: dict[tuple[int, float], str] = {}
+        self.names: dict[tuple[int, float], set[str]] = {}  # every name a process had: Ray renames its workers
         self.done = threading.Event()
         self.lock = threading.Lock()
 
@@ -74,7 +74,7 @@ class Tracker(threading.Thread):
                     continue
                 with self.lock:
                     self.seen.setdefault(key, proc)
-                    self.names[key] = name  # the latest: a child seen between fork and exec, a renamed worker
+                    self.names.setdefault(key, set()).add(name)  # before exec, after, renamed by Ray
 
     def run(self) -> None:
         while not self.done.wait(0.1):
@@ -192,10 +192,11 @@ def metric_records(text: str) -> list[dict]:
 
 def assert_ray_processes_seen(tracker: Tracker) -> None:
     """The tracker followed the Ray cluster itself, not only the launchers' direct children."""
-    names = " | ".join(sorted(set(tracker.names.values())))
-    for part in ("-m ray.scripts.scripts", "gcs_server", "raylet", "dashboard.py", "ray::RayTrainWorker",
-                 "train.py"):
+    names = " | ".join(sorted(set().union(*tracker.names.values())))
+    for part in ("-m ray.scripts.scripts", "gcs_server", "raylet", "ray::RayTrainWorker", "train.py"):
         assert part in names, names
+    # The dashboard: its own script, or only its modules' processes when a sample missed the first (CI).
+    assert "dashboard.py" in names or "ray-dashboard-" in names, names
 
 
 @pytest.mark.slow
@@ -247,10 +248,12 @@ def test_sigterm_mid_run_leaves_no_ray_process(launch_two_nodes):
     assert "[ray node 0] signal 15: passed to the script (30 s to exit)" in node0
     assert "[ray node 1] stopped by signal 15" in node1
     assert codes[1] == 128 + signal.SIGTERM
-    # Node 0's code is the script's: Ray's driver, on SIGTERM, prints "SIGTERM received" and aborts
-    # (128 + SIGABRT) unless the script handles SIGTERM itself; node 1 reports the signal it got.
-    assert codes == [128 + signal.SIGABRT, 128 + signal.SIGTERM], (node0[-4000:], node1[-2000:])
-    assert "SIGTERM received" in node0
+    # Node 0's code is the script's, and both nodes got the signal at once: Ray's driver, on SIGTERM,
+    # prints "SIGTERM received" and aborts (128 + SIGABRT) unless the script handles SIGTERM itself; or
+    # node 1's workers were gone first and the script's fit raised (exit 1: seen in CI under load).
+    assert codes[0] in (128 + signal.SIGABRT, 1), (node0[-4000:], node1[-2000:])
+    if codes[0] == 128 + signal.SIGABRT:
+        assert "SIGTERM received" in node0
     assert "fit ended" not in node0
     assert launchers.tracker.alive() == []
 

@@ -1,8 +1,9 @@
 """The Ray backend against a real Ray 2.60 head on this machine (tests/raykit.py: ``ray start --head`` from
 the Ray test venv, free ports, 2 CPUs), reached only over HTTP as the worker reaches it (this process has
-no ``ray``). Jobs: the built-in trainer on digits with 2 Ray Train workers, a tiny script model whose two
-ranks all-reduce over the MASTER_ADDR/MASTER_PORT the entrypoint gives them, and a script held running
-until it is cancelled.
+no ``ray``). Jobs: a tiny script model whose two ranks all-reduce over the MASTER_ADDR/MASTER_PORT the
+entrypoint gives them and then hold until they are cancelled (as an orphan), a Ray script that runs its own
+Ray Train, a failing script. The built-in trainer's run on 2 Ray Train workers, with the log's cursor, is
+tests/e2e/test_ray_backend.py's (through the worker).
 
 One head for this module and tests/e2e/test_ray_backend.py (``raykit.head``, session-scoped: both are
 in the ray-backend xdist group); its first start builds the Ray venv when it is missing
@@ -84,39 +85,6 @@ def test_connection_names_the_ray_version_and_the_cpus(backend, head):
     assert not dashboard.ok and dashboard.message.startswith("the Ray dashboard at http://127.0.0.1:9 did not answer")
 
 
-@pytest.mark.slow  # ~40-60 s on a loaded 2-core machine: two ranks start torch
-def test_builtin_trainer_on_digits_with_two_workers_succeeds_and_a_retried_submit_adopts_it(backend, head):
-    spec = JobSpec(job_name="tb-job-201-a", config={"train": {"epochs": 1, "log_every_steps": 5}}, nodes=1,
-                   procs_per_node=2, max_runtime_s=900, tags={"trainboard-job-id": "201"},
-                   env={"TB_PLAIN": "x"}, secret_env={"TB_SECRET": "s3cr3t"})
-    handle = backend.submit(spec)
-    assert backend.submit(spec) == handle  # the retry after a worker died: adopts, never a second job
-    assert (handle.provider, handle.provider_job_id, handle.extra) == ("ray", "tb-job-201-a", {"workers": 2})
-
-    done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
-    assert done.state is JobState.SUCCEEDED, done.failure_reason
-    assert done.raw_state == "SUCCEEDED" and done.instance_count == 2
-    assert done.started_at is not None and done.ended_at is not None and done.ended_at > done.started_at
-
-    lines, cursor = all_lines(backend, handle)
-    ranks = sorted(ln.split("[launch] rank ")[1][:1] for ln in lines if "[launch] rank " in ln)
-    assert ranks == ["0", "1"]
-    assert any("[launch] platform: torchrun" in ln and "world size 2" in ln for ln in lines)
-    found = records(lines)
-    completed = [r for r in found if r["event"] == "completed"]
-    assert len(completed) == 1 and completed[0]["world_size"] == 2 and completed[0]["total_steps"] > 0
-    steps = [r for r in found if r["event"] == "step"]
-    assert steps and all(r["world_size"] == 2 for r in steps) and steps[-1]["step"] > 0, \
-        [r["event"] for r in found]
-    assert not any("repeated" in ln and "across cluster" in ln for ln in lines)  # Ray's dedup is off
-    assert backend.logs(handle, cursor) == ([], cursor)
-    first, after_first = backend.logs(handle, "")
-    assert first == lines[: len(first)] and int(after_first) > 0
-
-    assert backend.list_tagged() == []  # ended: not an orphan candidate
-    assert backend.describe(handle).state is JobState.SUCCEEDED
-
-
 ALLREDUCE = b'''import os
 import torch
 import torch.distributed as dist
@@ -130,22 +98,6 @@ print(f"ALLREDUCE rank {dist.get_rank()} of {dist.get_world_size()} sum {total.i
 report.log(step=1, loss=1.0 / total.item(), ranks_sum=total.item())
 dist.destroy_process_group()
 '''
-
-
-@pytest.mark.slow
-def test_a_script_model_runs_as_two_ranks_that_reach_each_other(backend, tmp_path):
-    spec = JobSpec(job_name="tb-job-202-a", config={"code": {"script": "allreduce.py"}}, nodes=1, procs_per_node=2,
-                   max_runtime_s=600, tags={"trainboard-job-id": "202"},
-                   code=code_bundle(tmp_path, {"allreduce.py": ALLREDUCE}))
-    handle = backend.submit(spec)
-    done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
-    assert done.state is JobState.SUCCEEDED, done.failure_reason
-
-    lines, _ = all_lines(backend, handle)
-    said = sorted(ln[ln.index("ALLREDUCE"):] for ln in lines if "ALLREDUCE rank" in ln)
-    assert said == ["ALLREDUCE rank 0 of 2 sum 3 local 0/2", "ALLREDUCE rank 1 of 2 sum 3 local 1/2"]
-    logged = [r for r in records(lines) if r.get("ranks_sum") is not None]
-    assert len(logged) == 1 and logged[0]["ranks_sum"] == 3.0 and logged[0]["step"] == 1  # rank 0 reports
 
 
 RAY_SCRIPT = b'''import os
@@ -203,16 +155,21 @@ load(7)
 def test_a_failing_script_fails_the_job_with_its_reason(backend, tmp_path):
     spec = JobSpec(job_name="tb-job-203-a", config={"code": {"script": "fail.py"}}, nodes=1, procs_per_node=1,
                    max_runtime_s=600, tags={"trainboard-job-id": "203"}, code=code_bundle(tmp_path, {"fail.py": FAILING}))
-    done = wait_state(backend, backend.submit(spec), {JobState.SUCCEEDED, JobState.FAILED})
+    handle = backend.submit(spec)
+    assert backend.submit(spec) == handle  # the retry after a worker died: adopts, never a second job
+    assert (handle.provider, handle.provider_job_id, handle.extra) == ("ray", "tb-job-203-a", {"workers": 1})
+    done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
     assert done.state is JobState.FAILED and done.raw_state == "FAILED"
     assert done.failure_reason.startswith("fail.py:2 in load: ValueError: bad shard 7"), done.failure_reason
 
 
-HOLD = b'''import os, sys, time
+HOLD = ALLREDUCE + b'''
+import time
 print("HOLDING rank", os.environ["RANK"], "pid", os.getpid(), flush=True)
 while True:
     time.sleep(0.2)
 '''
+"""Two ranks that reach each other over the MASTER_ADDR/MASTER_PORT the entrypoint gives them, then hold."""
 
 
 def _held_processes(marker: str) -> list[psutil.Process]:
@@ -227,7 +184,8 @@ def _held_processes(marker: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_a_tagged_job_unknown_to_the_database_is_an_orphan_and_cancel_stops_it(backend, head, tmp_path, user):
+def test_script_ranks_reach_each_other_and_an_unknown_tagged_job_is_an_orphan_that_cancel_stops(backend, head,
+                                                                                                tmp_path, user):
     from jobs import orphans, services
     from jobs.models import OrphanJob
 
@@ -239,6 +197,12 @@ def test_a_tagged_job_unknown_to_the_database_is_an_orphan_and_cancel_stops_it(b
              interval=1.0, what="both ranks to run the script")
     assert backend.describe(handle).state is JobState.RUNNING
     assert len(_held_processes("hold_tb204.py")) >= 2  # the two ranks' script processes
+    # A script model's ranks reach each other (the entrypoint's MASTER_ADDR/MASTER_PORT); rank 0 reports.
+    lines, _ = all_lines(backend, handle)
+    said = sorted(ln[ln.index("ALLREDUCE"):] for ln in lines if "ALLREDUCE rank" in ln)
+    assert said == ["ALLREDUCE rank 0 of 2 sum 3 local 0/2", "ALLREDUCE rank 1 of 2 sum 3 local 1/2"]
+    logged = [r for r in records(lines) if r.get("ranks_sum") is not None]
+    assert len(logged) == 1 and logged[0]["ranks_sum"] == 3.0 and logged[0]["step"] == 1
 
     # The orphan reconciler: a tagged, running Ray job that no job row knows.
     [listed] = [p for p in backend.list_tagged() if p.name == "tb-job-204-a"]
