@@ -20,15 +20,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"\s*([\d.]+)s (?:setup|call|teardown)\s+(tests/\S+?\.py)::")
-GROUP = re.compile(r"""^pytestmark\s*=.*xdist_group\(\s*["']([\w.-]+)["']""", re.M)
-SLURM = re.compile(r"^pytestmark\s*=.*SLURM_GROUP", re.M)  # tests/slurmkit.py's mark of the "slurm" group
+# A module's ``pytestmark`` statement, continuation lines included (a list may span several).
+MARKS = re.compile(r"^pytestmark\s*=[^\n]*(?:\n[ \t]+[^\n]*)*", re.M)
+GROUP = re.compile(r"""xdist_group\(\s*["']([\w.-]+)["']""")
+SLURM = re.compile(r"SLURM_GROUP")  # tests/slurmkit.py's mark of the "slurm" group
 
 
 def unit_of(path: str) -> str:
     text = (ROOT / path).read_text(errors="replace") if (ROOT / path).exists() else ""
-    if SLURM.search(text):
+    marks = "\n".join(m.group(0) for m in MARKS.finditer(text))
+    if SLURM.search(marks):
         return "group:slurm"
-    found = GROUP.search(text)
+    found = GROUP.search(marks)
     return f"group:{found.group(1)}" if found else path
 
 
