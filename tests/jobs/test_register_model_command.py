@@ -107,6 +107,13 @@ def test_a_missing_entry_point_and_a_missing_code_path(user, tmp_path, code_stor
     assert code == 2 and "--code: A code directory must lie inside" in err
     code, _, err = run("--name", "m", "--code", str(archive), "--script", "train.py", "--owner", "nobody")
     assert code == 2 and "--owner: no user named 'nobody'." in err
+    # A framework other than torch on a model function: the command's words, not the form's kinds.
+    code, _, err = run("--name", "m", "--code", str(archive), "--entry-point", "mymodel.net:build", "--framework",
+                       "tensorflow", "--owner", "alice")
+    assert code == 2
+    assert err.split("the model was not registered:\n", 1)[1].splitlines() == [
+        "  --framework tensorflow: only a training script runs under tensorflow (Trainboard's own trainer is "
+        "PyTorch): give --script instead of --entry-point, or leave --framework out (torch)."]
     assert (ModelSpec.objects.count(), stored_files(code_store)) == (0, [])
 
 

@@ -93,6 +93,10 @@ class Command(BaseCommand):
             "script_args": opts["script_args"], "shard_classes": opts["shard_classes"], "image": opts["image"],
             "params": params if params is not None else {}, "framework": opts["framework"],
         }
+        if opts["framework"] != "torch" and not is_script:  # the service's message speaks of the form's kinds
+            problems.append(f"--framework {opts['framework']}: only a training script runs under "
+                            f"{opts['framework']} (Trainboard's own trainer is PyTorch): give --script instead of "
+                            f"--entry-point, or leave --framework out (torch).")
         if team is not None:
             fields["team"] = team
         existing = None
