@@ -19,3 +19,15 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def read_whole_log(backend, handle) -> tuple[list[str], str]:
+    """A backend job's log read by cursor to its current end (``backend.logs`` until it returns no
+    line): (the lines, the cursor after them)."""
+    lines: list[str] = []
+    cursor = ""
+    while True:
+        more, cursor = backend.logs(handle, cursor)
+        if not more:
+            return lines, cursor
+        lines += more

@@ -22,6 +22,7 @@ from cloud_adapters.registry import create_backend
 from jobs import selectors, services
 from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
+from polling import read_whole_log
 from raykit import head, ray_python  # noqa: F401 (fixtures: one head for the ray-backend group)
 from trainer_pkg.metrics import parse_metric_line
 
@@ -54,15 +55,6 @@ def _ended(worker, job, timeout=400):
     return worker.wait_for(lambda: (j := _reload(job)).is_terminal and j, timeout=timeout, what="the job to end")
 
 
-def all_lines(adapter, handle: JobHandle) -> tuple[list[str], str]:
-    lines, cursor = [], ""
-    while True:
-        more, cursor = adapter.logs(handle, cursor)
-        if not more:
-            return lines, cursor
-        lines += more
-
-
 def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_backend, head, user, digits_dataset,
                                                                   cnn_model):
     job = services.training_job_create(owner=user, dataset=digits_dataset, model_spec=cnn_model, backend=ray_backend,
@@ -90,7 +82,7 @@ def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_ba
     status = adapter.describe(handle)
     assert (status.raw_state, status.instance_count) == ("SUCCEEDED", 2)
     assert status.started_at is not None and status.ended_at > status.started_at
-    lines, cursor = all_lines(adapter, handle)
+    lines, cursor = read_whole_log(adapter, handle)
     assert sorted(ln.split("[launch] rank ")[1][:1] for ln in lines if "[launch] rank " in ln) == ["0", "1"]
     assert any("[launch] platform: torchrun" in ln and "world size 2" in ln for ln in lines)
     records = [r for r in map(parse_metric_line, lines) if r is not None]

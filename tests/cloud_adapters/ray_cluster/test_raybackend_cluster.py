@@ -22,7 +22,7 @@ import pytest
 
 from cloud_adapters.base import CodeBundle, JobSpec, JobState
 from cloud_adapters.registry import create_backend
-from polling import wait_for
+from polling import read_whole_log, wait_for
 from raykit import head, ray_python  # noqa: F401 (fixtures: one head for the ray-backend group)
 from trainer_pkg.metrics import parse_metric_line
 
@@ -42,15 +42,6 @@ def backend(head):
 def wait_state(backend, handle, states, timeout=300.0):
     return wait_for(lambda: (s := backend.describe(handle)).state in states and s, timeout=timeout, interval=1.0,
                     what=f"{handle.job_name} to reach {states}")
-
-
-def all_lines(backend, handle):
-    lines, cursor = [], ""
-    while True:
-        more, cursor = backend.logs(handle, cursor)
-        if not more:
-            return lines, cursor
-        lines += more
 
 
 def records(lines):
@@ -134,7 +125,7 @@ def test_a_ray_script_is_the_jobs_driver_and_runs_its_own_ray_train(backend, tmp
     handle = backend.submit(spec)
     done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
     assert done.state is JobState.SUCCEEDED, done.failure_reason
-    lines, _ = all_lines(backend, handle)
+    lines, _ = read_whole_log(backend, handle)
     assert any("[ray] running the user's Ray script as the job's driver: python ray_train.py" in ln for ln in lines)
     assert "RAYSCRIPT driver on True" in lines and lines.index("RAYSCRIPT done") > lines.index("RAYSCRIPT driver on True")
     assert "RAYSCRIPT shape 2 0 1 2" in lines  # 1 node × 2 processes, no GPU
@@ -193,12 +184,12 @@ def test_script_ranks_reach_each_other_and_an_unknown_tagged_job_is_an_orphan_th
                    max_runtime_s=600, tags={"trainboard-job-id": "987654"},
                    code=code_bundle(tmp_path, {"hold_tb204.py": HOLD}))
     handle = backend.submit(spec)
-    wait_for(lambda: len([ln for ln in all_lines(backend, handle)[0] if "HOLDING rank" in ln]) == 2, timeout=300,
+    wait_for(lambda: len([ln for ln in read_whole_log(backend, handle)[0] if "HOLDING rank" in ln]) == 2, timeout=300,
              interval=1.0, what="both ranks to run the script")
     assert backend.describe(handle).state is JobState.RUNNING
     assert len(_held_processes("hold_tb204.py")) >= 2  # the two ranks' script processes
     # A script model's ranks reach each other (the entrypoint's MASTER_ADDR/MASTER_PORT); rank 0 reports.
-    lines, _ = all_lines(backend, handle)
+    lines, _ = read_whole_log(backend, handle)
     said = sorted(ln[ln.index("ALLREDUCE"):] for ln in lines if "ALLREDUCE rank" in ln)
     assert said == ["ALLREDUCE rank 0 of 2 sum 3 local 0/2", "ALLREDUCE rank 1 of 2 sum 3 local 1/2"]
     logged = [r for r in records(lines) if r.get("ranks_sum") is not None]

@@ -22,7 +22,7 @@ import pytest
 
 from cloud_adapters.base import CodeBundle, JobHandle, JobSpec, JobState
 from cloud_adapters.registry import create_backend
-from polling import wait_for
+from polling import read_whole_log, wait_for
 import slurmkit
 from slurmkit import SLURM_GROUP
 
@@ -56,15 +56,6 @@ def digits_spec(name: str, *, epochs: int = 1, nodes: int = 2, procs: int = 2, *
 def wait_state(backend, handle, states, timeout=240.0):
     return wait_for(lambda: (s := backend.describe(handle)).state in states and s, timeout=timeout,
                     what=f"{handle.job_name} to reach {states}")
-
-
-def all_lines(backend, handle):
-    lines, cursor = [], ""
-    while True:
-        more, cursor = backend.logs(handle, cursor)
-        if not more:
-            return lines, cursor
-        lines += more
 
 
 def test_connection_checks_the_cluster(backend, cluster):
@@ -101,7 +92,7 @@ def test_two_node_job_succeeds_and_a_retried_submit_adopts_it(backend, cluster):
     assert (run_dir / "output" / "model.pt").is_file()
     assert json.loads((run_dir / "exit.json").read_text())["returncode"] == 0
 
-    lines, cursor = all_lines(backend, handle)
+    lines, cursor = read_whole_log(backend, handle)
     launch = [ln for ln in lines if ln.startswith("[launch] platform: slurm")]
     assert sorted(ln.split("node_rank ")[1][:1] for ln in launch) == ["0", "1"]
     assert all("of 2 node(s) × 2 process(es) per node = world size 4" in ln for ln in launch)
@@ -138,7 +129,7 @@ def test_the_job_starts_from_a_clean_environment(backend, cluster, tmp_path, mon
     handle = backend.submit(spec)
     done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
     assert done.state is JobState.SUCCEEDED, done.failure_reason
-    lines, _ = all_lines(backend, handle)
+    lines, _ = read_whole_log(backend, handle)
     seen = json.loads(next(ln for ln in lines if ln.startswith("PROBE "))[len("PROBE "):])
     app = f"{cluster.work_dir}/tb-job-102-a/app"
     assert seen["TB_PLAIN"] == "it's plain" and seen["TB_SECRET"] == "s3cr3t"
