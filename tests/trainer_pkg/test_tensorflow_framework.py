@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -202,6 +203,34 @@ def test_a_bad_deadline_setting_exits_2_naming_it(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "trainer error: TRAINBOARD_TF_CLUSTER_DEADLINE_S must be a number of seconds above 0, got 'soon'" in run.stderr
+
+
+def test_a_failed_workers_reason_names_its_exception_where_the_users_code_raised_it(tmp_path):
+    """The supervisor's reason for a worker that ended on an uncaught exception: its rank, pid, exit code
+    and the line trainer_pkg.rank_entry wrote (not a peer's consequence); the other worker is stopped and
+    the error files are gone. Plain Python workers: the subject is the supervisor, not TensorFlow."""
+    code = write_code(tmp_path / "code", "import os, time\n"
+                                         "def load(shard):\n"
+                                         "    raise ValueError(f'bad shard {shard}')\n"
+                                         "if os.environ['RANK'] == '1':\n"
+                                         "    load(7)\n"
+                                         "time.sleep(600)\n")
+    env = clean_env()
+    commands = [([sys.executable, "-m", "trainer_pkg.rank_entry", str(code / "train.py")],
+                 {**env, "RANK": str(rank), "PYTHONPATH": str(REPO)}) for rank in (0, 1)]
+    shape = tfw.Shape(members=1, member=0, workers=2, master_addr="", master_port=0, hosts_store=False)
+    supervisor = tfw._Supervisor(commands, str(code), peers=tfw.Peers(shape, None, "p/"), addresses=[],
+                                 deadline=time.monotonic() + 60, deadline_s=60, grace_s=2)
+    supervisor.start()
+    try:
+        code_, reason = supervisor.watch()
+    finally:
+        supervisor.stop()
+    pid = supervisor.procs[1].pid
+    assert (code_, reason) == (1, f"TensorFlow worker 1 (pid {pid}) exited with code 1: train.py:3 in load: "
+                                  f"ValueError: bad shard 7; the job's other workers were stopped")
+    assert supervisor.procs[0].returncode == -signal.SIGTERM
+    assert not Path(supervisor.error_dir).exists()
 
 
 # -- real TensorFlow workers ---------------------------------------------------------------------------

@@ -38,7 +38,10 @@ set-up and does not stop on SIGTERM, so the launcher decides, polling every :dat
   exchange of addresses included) fails the job, naming the workers that never listened, or the
   launchers that never reached the rendezvous;
 * a worker that exits with a code other than 0 fails the job, and tells the other launchers (the
-  store's ``failed`` key), which stop theirs;
+  store's ``failed`` key), which stop theirs; the reason names the worker, its exit code and, when it
+  ended on an uncaught exception, where the user's code raised it (``train.py:12 in load: ValueError:
+  bad shard 7``, written by :mod:`trainer_pkg.rank_entry`), so it is that worker's error and not a
+  peer's consequence that the job shows;
 * stopping a worker: SIGTERM, then SIGKILL after ``TRAINBOARD_TF_GRACE_S`` seconds (default 10), each
   by PID; a worker also gets SIGKILL from the kernel should its launcher die first
   (``PR_SET_PDEATHSIG``).
@@ -63,10 +66,12 @@ import ctypes
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
@@ -80,6 +85,7 @@ from trainer_pkg.launch import (
 )
 from trainer_pkg.metrics import encode_record, format_metric_line, print_line, report_error
 from trainer_pkg.platforms import LaunchPlan, _visible_gpus
+from trainer_pkg.rank_entry import ERROR_FILE_ENV
 
 TF_CONFIG = "TF_CONFIG"
 DEADLINE_ENV = "TRAINBOARD_TF_CLUSTER_DEADLINE_S"
@@ -362,10 +368,21 @@ class _Supervisor:
         self.addresses, self.deadline, self.deadline_s, self.grace_s = addresses, deadline, deadline_s, grace_s
         self.procs: list[subprocess.Popen] = []
         self.signalled: list[int] = []
+        self.error_dir = ""  # where each worker names its uncaught exception (trainer_pkg.rank_entry)
 
     def start(self) -> None:
-        for cmd, env in self.commands:
+        self.error_dir = tempfile.mkdtemp(prefix="tb-tf-errors-")
+        for i, (cmd, env) in enumerate(self.commands):
+            env = {**env, ERROR_FILE_ENV: os.path.join(self.error_dir, f"worker-{i}")}
             self.procs.append(subprocess.Popen(cmd, env=env, cwd=self.cwd, preexec_fn=_die_with_parent))
+
+    def _error(self, i: int) -> str:
+        """The line worker ``i`` wrote naming its uncaught exception; "" when it wrote none."""
+        try:
+            with open(os.path.join(self.error_dir, f"worker-{i}"), encoding="utf-8", errors="replace") as f:
+                return f.read(2000).strip()
+        except OSError:
+            return ""
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
@@ -384,8 +401,9 @@ class _Supervisor:
             if bad:
                 i, code = bad[0]
                 code = 128 - code if code < 0 else code
+                error = self._error(i)
                 reason = (f"TensorFlow worker {self._rank(i)} (pid {self.procs[i].pid}) exited with code "
-                          f"{code}; the job's other workers were stopped")
+                          f"{code}{': ' + error if error else ''}; the job's other workers were stopped")
                 self.peers.fail(reason)
                 self.stop()
                 return code, reason
@@ -423,6 +441,8 @@ class _Supervisor:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.error_dir:
+            shutil.rmtree(self.error_dir, ignore_errors=True)
 
 
 # -- the entry --------------------------------------------------------------------------------------
