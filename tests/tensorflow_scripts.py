@@ -6,8 +6,8 @@ plain custom loop (no Keras: keras-team/keras#20585), each worker on its own dat
 and the final weights ``w0``..``w3`` with ``report.log`` and writes them, its ``TF_CONFIG`` and its pid
 to ``<TRAINBOARD_MODEL_DIR>/weights-<RANK>.json``. ``--fail-rank R`` makes worker R exit 3 before the
 strategy; ``--ignore-sigterm`` makes every worker ignore SIGTERM, as a worker blocked in the strategy's
-set-up does; ``--never-start-rank R`` makes worker R wait forever before TensorFlow (its server never
-listens) ignoring SIGTERM. A worker that ignores SIGTERM prints ``worker R ignores SIGTERM`` first.
+set-up does; ``--never-start-rank R`` makes worker R (``all``: every worker) wait forever before
+TensorFlow (its server never listens) ignoring SIGTERM. A worker that ignores SIGTERM prints ``worker R ignores SIGTERM`` first.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--ignore-sigterm", action="store_true")
-p.add_argument("--never-start-rank", type=int, default=-1)
+p.add_argument("--never-start-rank", default="-1")  # a rank, or all
 args = p.parse_args()
-if args.ignore_sigterm or int(os.environ["RANK"]) == args.never_start_rank:
+never_starts = args.never_start_rank in (os.environ["RANK"], "all")
+if args.ignore_sigterm or never_starts:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a TF worker blocked in the strategy's set-up behaves
     print(f"worker {os.environ['RANK']} ignores SIGTERM", flush=True)
 if int(os.environ["RANK"]) == args.fail_rank:
     raise SystemExit(3)
-if int(os.environ["RANK"]) == args.never_start_rank:  # its TF server never starts
+if never_starts:  # its TF server never starts
     import threading
     threading.Event().wait()
 

@@ -307,10 +307,12 @@ def test_a_worker_whose_peer_never_starts_is_killed_at_the_deadline(tmp_path, TF
 
 
 def start_ignoring_workers(tmp_path: Path, python: Path) -> tuple[subprocess.Popen, list[int]]:
-    """The launcher with 2 workers that ignore SIGTERM (worker 0 waits for TensorFlow's cluster, worker 1
-    never starts it), returned once both said so (their own lines: the gate), with the workers' pids."""
+    """The launcher with 2 workers that ignore SIGTERM and wait forever before TensorFlow (the subject is
+    the launcher's stopping; a real TF worker waiting for its cluster is the deadline test's), returned
+    once both said so (their own lines: the gate), with the workers' pids."""
     cmd = [str(python), "-m", "trainer_pkg.launch", "--config",
-           str(tf_job(tmp_path, ["--ignore-sigterm", "--never-start-rank", "1"])), "--standalone", "--nproc-per-node", "2"]
+           str(tf_job(tmp_path, ["--ignore-sigterm", "--never-start-rank", "all"])), "--standalone",
+           "--nproc-per-node", "2"]
     err = open(tmp_path / "stderr", "wb")
     # The deadline bounds the wait below if a worker's line never comes (the default is 600 s).
     env = clean_env(TRAINBOARD_TF_GRACE_S="2", TRAINBOARD_TF_CLUSTER_DEADLINE_S="180")
