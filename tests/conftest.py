@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -275,8 +276,18 @@ def pytest_runtest_setup(item):
         _BROWSER.close()
 
 
+def pytest_runtest_teardown(item, nextitem):
+    """A shared Ray head (tests/raykit.py) is stopped as soon as the next test does not take it."""
+    raykit = sys.modules.get("raykit")
+    if raykit is not None and (nextitem is None or "head" not in nextitem.fixturenames):
+        raykit.stop_shared_head()
+
+
 def pytest_sessionfinish(session):
     _BROWSER.close()
+    raykit = sys.modules.get("raykit")
+    if raykit is not None:
+        raykit.stop_shared_head()
 
 
 @pytest.fixture
@@ -461,3 +472,6 @@ def pytest_terminal_summary(terminalreporter):
     slurmkit = sys.modules.get("slurmkit")
     if slurmkit is not None and slurmkit.STARTS:
         terminalreporter.write_line(f"test Slurm cluster: started {slurmkit.STARTS} time(s) in this process")
+    raykit = sys.modules.get("raykit")
+    if raykit is not None and raykit.STARTS:
+        terminalreporter.write_line(f"test Ray head: started {raykit.STARTS} time(s) in this process")

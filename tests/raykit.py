@@ -136,12 +136,30 @@ def ray_python() -> Path:
     return framework_venv("ray", RAY)
 
 
-@pytest.fixture(scope="session")
+_SHARED: list[RayHead] = []
+"""The running head that consecutive tests share (at most one)."""
+
+STARTS = 0
+"""Heads started in this process (the fixture report prints it)."""
+
+
+def stop_shared_head() -> None:
+    """Stop the shared head if one runs: tests/conftest.py calls it after a test when the next one does
+    not take ``head`` (an idle head costs CPU for the rest of the run), and at the session's end."""
+    while _SHARED:
+        _SHARED.pop().stop()
+
+
+@pytest.fixture
 def head(ray_python: Path):
-    """One Ray head for every module of the ``ray-backend`` xdist group (the backend's cluster tests and
-    its end-to-end test run in one worker process), stopped by PID with its processes at the end."""
-    started = RayHead.start(ray_python)
-    try:
-        yield started
-    finally:
-        started.stop()
+    """One Ray head for consecutive tests that take it: every module of the ``ray-backend`` xdist group
+    (the backend's cluster tests and its end-to-end test run in one worker process, one after another)
+    shares one; it is stopped by PID with its processes once the next test does not take it
+    (tests/conftest.py ``pytest_runtest_teardown``) — a serial run, which runs the two modules apart,
+    starts one for each."""
+    global STARTS
+    if not _SHARED or _SHARED[0].proc.poll() is not None:
+        stop_shared_head()
+        _SHARED.append(RayHead.start(ray_python))
+        STARTS += 1
+    return _SHARED[0]

@@ -33,7 +33,7 @@ RATE = Decimal("0.9")  # USD per worker-hour on cluster lab
 
 
 @pytest.fixture(scope="module")
-def worker(head, django_db_blocker, celery_worker_factory, tmp_path_factory):
+def worker(django_db_blocker, celery_worker_factory, tmp_path_factory):
     directory = tmp_path_factory.mktemp("ray-worker")
     with django_db_blocker.unblock():
         with celery_worker_factory(directory, directory / "runs", queues="celery") as running:
