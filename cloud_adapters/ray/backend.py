@@ -10,9 +10,14 @@ python/ray/dashboard/modules/dashboard_sdk.py and job/sdk.py, Ray 2.60):
   ``entrypoint``, ``runtime_env`` and ``metadata``. Ray refuses a second job of the same
   ``submission_id``, so a retried submit looks the name up first (``GET /api/jobs/<name>``) and
   adopts the job when its metadata names it Trainboard's (``trainboard-job-name``);
-* describe: ``GET /api/jobs/<name>`` (status, message, start/end times in milliseconds);
-* logs: ``GET /api/jobs/<name>/logs`` (the driver's whole log, which holds the workers' output Ray
-  forwards to it): the cursor is a byte offset into it;
+* describe: ``GET /api/jobs/<name>`` (status, message, start/end times in milliseconds, the driver's
+  node ``driver_node_id``);
+* logs: the driver's log (which holds the workers' output Ray forwards to it) read from its end through
+  the State API, ``GET /api/v0/logs/file?submission_id=<name>&node_id=<driver node>&lines=<N>`` (Ray
+  2.60, python/ray/dashboard/modules/state/state_head.py ``get_logs``), N bounded: each call reads what is
+  new since its cursor and never the whole log (:mod:`cloud_adapters.ray.logtail`). A failed job's
+  reason is read from the last :data:`FAILURE_TAIL_LINES` lines the same way. (``GET
+  /api/jobs/<name>/logs`` returns the whole log on every call; it is not used.);
 * cancel: ``POST /api/jobs/<name>/stop`` (Ray sends the driver SIGTERM, then SIGKILL; the job's
   actors, our ranks' Ray workers, die with it); a 404 is a job already gone;
 * list_tagged: ``GET /api/jobs/``, the jobs whose ``metadata`` carry ``trainboard-job-name``;
@@ -45,6 +50,7 @@ worker-hour plus GPUs per worker × USD per GPU-hour; :func:`cloud_adapters.pric
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -69,17 +75,27 @@ from cloud_adapters.base import (
     JobStatus,
     ProviderError,
     ProviderJob,
+    Throttled,
     setting_value,
     tagged_job_id,
 )
 from cloud_adapters.gpubox import _usercode
-from cloud_adapters.ray import states
+from cloud_adapters.ray import logtail, states
 from cloud_adapters.settings import BackendSettings, Secret, Setting
 
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 """A job name: Ray's ``submission_id``, one path segment of the API's URLs."""
 MAX_LOG_LINES = 2000  # lines per logs() call
 MAX_LOG_BYTES = 4 * 1024 * 1024
+FAILURE_TAIL_LINES = 2000
+"""Lines at the end of a failed job's log read for its reason (the ranks' error, our entrypoint's summary)."""
+NODE_ID_RE = re.compile(r"[0-9a-f]{8,128}")
+"""A Ray node id (``driver_node_id``: 56 hex digits in Ray 2.60)."""
+_UNREADABLE_LOG = ("Could not find a log file", "has no driver node id", "A file is not found at",
+                   "Agent for node id")
+"""Ray 2.60's State API answers 500 with one of these when the log cannot be read (yet, or any more):
+a job it does not know, a driver not started, no log file on the node, a node whose agent is gone
+(ray/dashboard/modules/log/log_manager.py, log_agent.py, ray/util/state/state_manager.py)."""
 MAX_PACKAGE_BYTES = 512 * 1024 * 1024
 """Ray keeps a package in its GCS, at most the gRPC message size (GRPC_CPP_MAX_MESSAGE_SIZE, 512 MiB)."""
 REQUEST_TIMEOUT_S = 30.0
@@ -405,7 +421,7 @@ class RayBackend(Backend):
     def describe_many(self, handles: Sequence[JobHandle],
                       changed_since: dt.datetime | None = None) -> dict[str, JobStatus]:
         """Statuses keyed by job name: one ``GET /api/jobs/`` for all of them (Ray lists every job it
-        keeps; its list has no filter), then a ``GET`` of the log for each job that failed (its reason).
+        keeps; its list has no filter), then the tail of the log of each job that failed (its reason).
         One job alone: :meth:`describe`."""
         if len(handles) <= 1:
             return {h.job_name: self.describe(h) for h in handles}
@@ -451,15 +467,16 @@ class RayBackend(Backend):
         return JobStatus(state=state, **common)
 
     def _failure(self, handle: JobHandle, details: Mapping[str, Any]) -> str:
-        """Why the job failed: the ranks' own error in its log (a ``trainer error:`` line of a rank, the
-        user's exception), else our entrypoint's summary, else Ray's message (a runtime_env that could
-        not be set up, a driver that died)."""
+        """Why the job failed: the ranks' own error in the last :data:`FAILURE_TAIL_LINES` lines of its
+        log (a ``trainer error:`` line of a rank, the user's exception), else our entrypoint's summary,
+        else Ray's message (a runtime_env that could not be set up, a driver that died)."""
+        node = str(details.get("driver_node_id") or "")
         try:
-            response = self._request("GET", f"/api/jobs/{quote(handle.job_name, safe='')}/logs")
-            text = str((_json(response, "logs") or {}).get("logs") or "") if response.status_code == 200 else ""
+            body = self._tail(handle.job_name, node, FAILURE_TAIL_LINES) if NODE_ID_RE.fullmatch(node) else None
         except BackendError:
-            text = ""
-        lines = [states.unprefixed(ln).strip() for ln in text[-256 * 1024:].splitlines()]
+            body = None
+        text = (body or b"")[-256 * 1024:].decode("utf-8", "replace")
+        lines = [states.unprefixed(ln).strip() for ln in text.splitlines()]
         lines = [ln for ln in lines if ln]
         # The ranks' own output comes before Ray's report of the failed worker (a traceback through our
         # entrypoint, trainer_pkg/ray_entry.py): their error is read there, as torchrun's log is read.
@@ -487,21 +504,52 @@ class RayBackend(Backend):
 
     def logs(self, handle: JobHandle, cursor: str = "") -> tuple[list[str], str]:
         """Complete lines of the job's log (the driver's, with the workers' output Ray forwards to it)
-        from byte offset ``cursor`` ("" = 0), and the next offset; at most 2000 lines per call.
+        after ``cursor`` ("" = the start), oldest first, and the next cursor; at most
+        :data:`MAX_LOG_LINES` lines of the log (about :data:`MAX_LOG_BYTES`) per call.
 
-        Ray's REST API returns the whole log each time (its incremental reader is a websocket), so one
-        call reads the log's length; the cursor keeps what the dashboard stores incremental."""
+        Ray 2.60's State API tails the file on its node, ``GET /api/v0/logs/file?submission_id=<name>
+        &node_id=<driver node>&lines=<N>`` (python/ray/dashboard/modules/state/state_head.py
+        ``get_logs``; ``node_id`` is required beside ``submission_id``, ray/util/state/common.py
+        ``GetLogOptions``): a call asks for the last 2,000 lines, doubling up to 32,000 while what it
+        read before is not inside them, so its cost does not grow with the log
+        (:mod:`cloud_adapters.ray.logtail`: the cursor, and a log that outgrew one read, which gets a
+        ``[trainboard]`` line saying lines were skipped). The driver's node comes from ``GET
+        /api/jobs/<name>`` once and then travels in the cursor. A cursor of the old reader (a byte
+        offset) goes on from there while the log fits in one read, else from the log's end.
+
+        No lines and the same cursor: a job the cluster does not know, a driver not started yet, a log
+        not written yet. InvalidSpec for a cursor that is not this backend's."""
         _check_job_name(handle.job_name)
-        offset = torchrun_log.byte_cursor(cursor)
-        response = self._request("GET", f"/api/jobs/{quote(handle.job_name, safe='')}/logs")
-        if response.status_code == 404:
-            return [], str(offset)
-        if response.status_code != 200:
-            raise ProviderError(f"reading Ray job {handle.job_name}'s log failed ({response.status_code}): "
-                                f"{_last_line(response.text)}", transient=response.status_code >= 500)
-        text = str((_json(response, "logs") or {}).get("logs") or "")
-        chunk = text.encode("utf-8", "replace")[offset: offset + MAX_LOG_BYTES]
-        return torchrun_log.complete_lines(chunk, offset, max_bytes=MAX_LOG_BYTES, max_lines=MAX_LOG_LINES)
+        parsed = logtail.TailCursor.parse(cursor)
+        if not parsed.node:
+            details = self._job(handle.job_name)
+            node = str((details or {}).get("driver_node_id") or "")
+            if not NODE_ID_RE.fullmatch(node):
+                return [], cursor
+            parsed = dataclasses.replace(parsed, node=node)
+        got = logtail.read(lambda lines: self._tail(handle.job_name, parsed.node, lines), parsed,
+                           max_lines=MAX_LOG_LINES, max_bytes=MAX_LOG_BYTES)
+        if got is None:
+            return [], cursor
+        lines, after = got
+        return lines, after.text()
+
+    def _tail(self, name: str, node: str, lines: int) -> bytes | None:
+        """The last ``lines`` lines of job ``name``'s driver log on node ``node`` (bytes, as the file
+        holds them); None when Ray cannot serve it (:data:`_UNREADABLE_LOG`, 404). Throttled on 429 (the
+        State API's limit on concurrent calls), ProviderError on another answer."""
+        response = self._request("GET", "/api/v0/logs/file",
+                                 params={"submission_id": name, "node_id": node, "lines": str(int(lines))})
+        if response.status_code == 200:
+            return response.content
+        if response.status_code == 404 or (response.status_code == 500
+                                            and any(s in response.text for s in _UNREADABLE_LOG)):
+            return None
+        if response.status_code == 429:
+            raise Throttled(f"the Ray dashboard at {self.config['address']} is serving too many State API calls "
+                            f"(429); the log is read again on the next sync.")
+        raise ProviderError(f"reading Ray job {name}'s log failed ({response.status_code}): "
+                            f"{_last_line(response.text)}", transient=response.status_code >= 500)
 
     def list_tagged(self) -> list[ProviderJob]:
         """The cluster's unfinished jobs (PENDING, RUNNING) whose metadata carries ``trainboard-job-name``:

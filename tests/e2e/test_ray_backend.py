@@ -4,7 +4,8 @@ venv; the worker itself has no ``ray``):
 
 - a 1 × 2 digits DDP job reaches SUCCEEDED with its metrics read from the Ray job's log into the
   database and its cost at the cluster's internal rate per worker-hour; the adapter reads its log by
-  cursor (tests/cloud_adapters/ray_cluster/ holds the adapter's other jobs against the same head);
+  cursor, and the lines the sync stored as the log grew are the log's, each once
+  (tests/cloud_adapters/ray_cluster/ holds the adapter's other jobs against the same head);
 - a cancel stops the Ray job: CANCELLED once Ray reports STOPPED.
 
 The backend is a staff user's, so its dashboard address is its own setting (a non-staff backend takes
@@ -20,7 +21,7 @@ import pytest
 from cloud_adapters.base import JobHandle
 from cloud_adapters.registry import create_backend
 from jobs import selectors, services
-from jobs.models import JobStateChoices as S, MetricPoint, TrainingJob
+from jobs.models import JobLogLine, JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.prices import instance_price_save
 from polling import read_whole_log
 from raykit import head, ray_python  # noqa: F401 (fixtures: one head for the ray-backend group)
@@ -76,7 +77,8 @@ def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_ba
     assert float(job.cost_usd) == pytest.approx(2 * float(RATE) * run_s / 3600, rel=0.02, abs=0.0001)
 
     # The Ray job as the adapter reads it: both ranks under torchrun's environment, one completed record,
-    # Ray's log dedup off; the log read to its end by cursor, and again from the start.
+    # Ray's log dedup off; the log read from its end (State API tails) to its end by cursor, and again from
+    # the start: the same lines and the same cursor.
     adapter = create_backend("ray", {"address": head.address})
     handle = JobHandle.from_dict(job.provider_handle)
     status = adapter.describe(handle)
@@ -91,7 +93,14 @@ def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_ba
     assert not any("repeated" in ln and "across cluster" in ln for ln in lines)
     assert adapter.logs(handle, cursor) == ([], cursor)
     first, after_first = adapter.logs(handle, "")
-    assert first == lines[: len(first)] and int(after_first) > 0
+    assert first and first == lines[: len(first)] and after_first.startswith("t1:")
+    assert all_lines(adapter, handle) == (lines, cursor)
+    assert not any(ln.startswith("[trainboard]") for ln in lines)  # no line skipped
+    # What the sync stored while the log grew, read pass by pass from its tail: every line once, in order.
+    plain = [ln for ln in lines if parse_metric_line(ln) is None]
+    worker.wait_for(lambda: list(JobLogLine.objects.filter(job=job).order_by("seq")
+                                 .values_list("text", flat=True)) == plain, timeout=60,
+                    what="the stored log to be the Ray job's log")
     assert [p.name for p in adapter.list_tagged()] == []  # ended: not an orphan candidate
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shlex
 import zipfile
 from decimal import Decimal
@@ -15,10 +16,10 @@ import httpx
 import pytest
 
 from cloud_adapters import packaging
-from cloud_adapters.base import CredentialsError, InvalidSpec, JobSpec, JobState, ProviderError
+from cloud_adapters.base import CredentialsError, InvalidSpec, JobSpec, JobState, ProviderError, Throttled
 from cloud_adapters.pricing import INTERNAL_RATE_SOURCE, PriceRow, StaticPriceCatalog
-from cloud_adapters.ray import states
-from cloud_adapters.ray.backend import RayBackend
+from cloud_adapters.ray import logtail, states
+from cloud_adapters.ray.backend import MAX_LOG_LINES, RayBackend
 from cloud_adapters.registry import create_backend
 
 ADDRESS = "http://ray-head.example:8265"
@@ -200,16 +201,198 @@ def test_a_job_the_cluster_forgot_is_a_lost_run_and_a_stop_of_it_is_no_error():
     assert ray.logs(ray._handle("tb-job-9-a", 2), "17") == ([], "17")
 
 
-def test_the_log_cursor_is_a_byte_offset_and_a_partial_line_waits():
-    text = "héllo\n(RayTrainWorker pid=1) TRAINBOARD_METRIC {}\npartial"
-    ray = answering(backend(), lambda request: httpx.Response(200, json={"logs": text}))
+# -- the job's log, read from its end (Ray 2.60's State API: GET /api/v0/logs/file?lines=N) ----------
+
+NODE = "c849fc8526a6670af0ce570b015b6875be5f40859f11fa2e4530ebf4"
+
+
+class RayLog:
+    """A Ray dashboard that serves one job's driver log as Ray 2.60 does: ``GET /api/jobs/<id>`` with its
+    ``driver_node_id`` (None until the driver starts), and ``GET /api/v0/logs/file`` the file's last
+    ``lines`` lines (an unterminated last line counts as one: log_agent.py
+    ``find_start_offset_last_n_lines_from_offset``; Ray answers 500 without a ``node_id``). Each tail
+    request's ``lines`` is kept; the whole-log endpoint fails the test."""
+
+    def __init__(self, data: bytes | str = b"", *, node: str | None = NODE, status: str = "RUNNING"):
+        self.data = data.encode() if isinstance(data, str) else data
+        self.node, self.status = node, status
+        self.asked: list[int] = []
+        self.details_calls = 0
+
+    def write(self, text: str) -> None:
+        self.data += text.encode()
+
+    def __call__(self, request):
+        path, query = request.url.path, request.url.params
+        assert not path.endswith("/logs"), "the whole log was requested"
+        if path == "/api/jobs/tb-job-9-a":
+            self.details_calls += 1
+            return httpx.Response(200, json={"submission_id": "tb-job-9-a", "status": self.status,
+                                             "driver_node_id": self.node, "message": "", "metadata": {}})
+        assert path == "/api/v0/logs/file" and query["submission_id"] == "tb-job-9-a"
+        if not query.get("node_id"):
+            return httpx.Response(500, text="500 Internal Server Error\n\nServer got itself in trouble")
+        if self.node is None:
+            return httpx.Response(500, text="Job tb-job-9-a has no driver node id info. This is likely a bug.")
+        assert query["node_id"] == self.node
+        lines = int(query["lines"])
+        self.asked.append(lines)
+        parts = self.data.split(b"\n")
+        units = [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        return httpx.Response(200, content=b"".join(units[-lines:]), headers={"content-type": "text/plain"})
+
+
+def read_all(ray, handle, cursor, calls=None):
+    """Every line ``logs`` gives from ``cursor`` until it gives none (as the sync drains a log)."""
+    lines = []
+    while True:
+        more, cursor = ray.logs(handle, cursor)
+        assert len(more) <= MAX_LOG_LINES + 1
+        if calls is not None:
+            calls.append(len(more))
+        if not more:
+            return lines, cursor
+        lines += more
+
+
+def test_the_log_is_read_from_its_tail_each_line_once_in_order_as_it_grows():
+    log = RayLog(node=None, status="PENDING")
+    ray = answering(backend(), log)
     handle = ray._handle("tb-job-9-a", 2)
+    assert ray.logs(handle, "") == ([], "")  # no driver yet: nothing to read, the same cursor
+
+    log.node, log.status = NODE, "RUNNING"
+    log.write("héllo\n(RayTrainWorker pid=1) TRAINBOARD_METRIC {}\npartial")
     lines, cursor = ray.logs(handle, "")
-    assert lines == ["héllo", "(RayTrainWorker pid=1) TRAINBOARD_METRIC {}"]
-    assert int(cursor) == len("héllo\n(RayTrainWorker pid=1) TRAINBOARD_METRIC {}\n".encode())
+    assert lines == ["héllo", "(RayTrainWorker pid=1) TRAINBOARD_METRIC {}"]  # the partial line waits
+    assert cursor.startswith("t1:2:2:") and cursor.endswith(f":0:{NODE}")
     assert ray.logs(handle, cursor) == ([], cursor)
+    assert log.details_calls == 2  # the driver's node is looked up until it is known, then travels in the cursor
+
+    # Repeated identical lines, runs longer than the context, and growths of every size up to a few
+    # reads' worth (9,000 lines: the tail doubles, then the backlog is handed over 2,000 lines a call).
+    written = ["héllo", "(RayTrainWorker pid=1) TRAINBOARD_METRIC {}"]
+    log.write(" line\n")
+    written.append("partial line")
+    read = 2
+    rnd = random.Random(7)
+    step = 0
+    for growth in [1, 5, 40, 700, 3, 2500, 9000, 17, 0, 1999, 4100, 2]:
+        for _ in range(growth):
+            if rnd.random() < 0.05:
+                step += 1
+                line = f"(RayTrainWorker pid=2) step {step}"
+            else:
+                line = rnd.choice(["waiting for the batch", "waiting for the batch", "", "same line again"])
+            written.append(line)
+            log.write(line + "\n")
+        log.asked.clear()
+        calls = []
+        more, cursor = read_all(ray, handle, cursor, calls)
+        assert more == written[read:]
+        read = len(written)
+        assert all(n <= logtail.MAX_TAIL_LINES for n in log.asked), log.asked  # never the whole log
+        assert log.asked[-1] == logtail.FIRST_TAIL_LINES  # nothing more: one request of the first size
+        assert all(n <= MAX_LOG_LINES for n in calls)
+        if growth == 9000:
+            assert calls == [2000, 2000, 2000, 2000, 1000, 0] and max(log.asked) <= 16_000
+    # A read that ends inside a run of one line, and a log that goes on with more of it.
+    for text in ("marker A\n" + "tick\n" * 40, "tick\n" * 30 + "marker B\n"):
+        log.write(text)
+        more, cursor = read_all(ray, handle, cursor)
+        assert more == text.splitlines()
+        written += more
+    lines, end = read_all(ray, handle, "")  # again from the start: the whole log, once
+    assert lines == written and end == cursor
+    assert log.details_calls == 3
+
+
+def test_a_quiet_log_costs_one_bounded_request_per_call():
+    log = RayLog("".join(f"line {i}\n" for i in range(100_000)))
+    ray = answering(backend(), log)
+    handle = ray._handle("tb-job-9-a", 2)
+    first, cursor = ray.logs(handle, "")
+    assert first[0].startswith("[trainboard] at least 30,000 lines of the Ray job's log were skipped")
+    assert first[1:] == [f"line {i}" for i in range(98_000, 100_000)]
+    log.asked.clear()
+    for _ in range(3):
+        assert ray.logs(handle, cursor) == ([], cursor)
+    assert log.asked == [logtail.FIRST_TAIL_LINES] * 3
+    log.write("line 100000\n")
+    assert ray.logs(handle, cursor)[0] == ["line 100000"]
+
+
+def test_a_growth_past_one_read_gives_a_notice_and_the_latest_lines():
+    log = RayLog("".join(f"early {i}\n" for i in range(3000)))
+    ray = answering(backend(), log)
+    handle = ray._handle("tb-job-9-a", 2)
+    lines, cursor = read_all(ray, handle, "")
+    assert lines == [f"early {i}" for i in range(3000)]
+    log.write("".join(f"burst {i}\n" for i in range(40_000)))
+    log.asked.clear()
+    lines, cursor = ray.logs(handle, cursor)
+    assert log.asked == [2000, 4000, 8000, 16_000, 32_000]  # doubled to the cap, never the 43,000 lines
+    assert lines[0] == ("[trainboard] at least 29,985 lines of the Ray job's log were skipped: it wrote more than "
+                        "32,000 lines since the last read, more than one read takes; the log goes on with its "
+                        "latest lines.")
+    assert lines[1:] == [f"burst {i}" for i in range(38_000, 40_000)]
+    assert cursor.startswith("t1:?:")  # where the tail began is not known
+    assert ray.logs(handle, cursor) == ([], cursor)
+    log.write("after 0\nafter 1\n")
+    assert ray.logs(handle, cursor)[0] == ["after 0", "after 1"]
+
+
+def test_a_byte_offset_of_the_old_reader_goes_on_where_it_was_or_from_the_end():
+    # The old reader's offsets counted the log as Ray's whole-log endpoint returned it: text mode, where a
+    # lone \r or \r\n ends a line too; the lines are split the same way now.
+    log = RayLog(b"a\r\nb\rc\nd\ne")
+    ray = answering(backend(), log)
+    handle = ray._handle("tb-job-9-a", 2)
+    assert ray.logs(handle, "")[0] == ["a", "b", "c", "d"]
+    lines, cursor = ray.logs(handle, "6")  # after "a\nb\nc\n"
+    assert lines == ["d"] and cursor.startswith("t1:3:3:")
+    assert ray.logs(handle, "8")[0] == []
+
+    long = RayLog("".join(f"line {i}\n" for i in range(50_000)))
+    ray = answering(backend(), long)
+    lines, cursor = ray.logs(handle, "123456")
+    assert len(lines) == 1 and lines[0].startswith("[trainboard] Trainboard's reader of Ray logs changed: this "
+                                                   "log was read to byte 123,456 before")
+    assert max(long.asked) == logtail.MAX_TAIL_LINES
+    assert ray.logs(handle, cursor) == ([], cursor)  # from the end: nothing repeated
+    long.write("line 50000\n")
+    assert ray.logs(handle, cursor)[0] == ["line 50000"]
+
+
+@pytest.mark.parametrize("cursor", ["-3", "t1:x", "t1:5:0::0:", f"t2:5:5:{'0' * 32}:0:{NODE}", "t1:5:5:00:0:"])
+def test_a_cursor_that_is_not_this_backends_is_refused(cursor):
+    ray = answering(backend(), RayLog(b"x\n"))
     with pytest.raises(InvalidSpec):
-        ray.logs(handle, "-3")
+        ray.logs(ray._handle("tb-job-9-a", 2), cursor)
+
+
+def test_a_log_ray_cannot_serve_gives_no_lines_and_the_same_cursor():
+    lines, cursor = (ray := answering(backend(), RayLog(b"x\n"))).logs(ray._handle("tb-job-9-a", 2), "")
+    assert lines == ["x"]
+    for answer in (httpx.Response(404, text="Not Found"),
+                   httpx.Response(500, text="Could not find a log file. Please make sure the given option exists "
+                                            "in the cluster.\n\tsubmission_id: tb-job-9-a\n"),
+                   httpx.Response(500, text=f"Agent for node id: {NODE} doesn't exist.")):
+        gone = answering(backend(), lambda request, answer=answer: answer)
+        assert gone.logs(gone._handle("tb-job-9-a", 2), cursor) == ([], cursor)
+    busy = answering(backend(), lambda request: httpx.Response(429, json={"result": False, "msg": "Max number"}))
+    with pytest.raises(Throttled):
+        busy.logs(busy._handle("tb-job-9-a", 2), cursor)
+
+
+def test_a_failed_jobs_reason_is_read_from_the_last_lines_of_its_log():
+    log = RayLog("".join(f"(RayTrainWorker pid=3) step {i}\n" for i in range(50_000)), status="FAILED")
+    log.write("(RayTrainWorker pid=3) [rank 1] trainer error: ValueError: bad shard 7\n")
+    ray = answering(backend(), log)
+    status = ray.describe(ray._handle("tb-job-9-a", 2))
+    assert status.state is JobState.FAILED
+    assert status.failure_reason == "trainer error: ValueError: bad shard 7"
+    assert log.asked == [2000]
 
 
 def test_many_jobs_are_described_from_one_listing():
