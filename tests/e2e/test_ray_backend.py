@@ -94,7 +94,7 @@ def test_digits_on_two_ray_workers_succeeds_with_metrics_and_cost(worker, ray_ba
     assert adapter.logs(handle, cursor) == ([], cursor)
     first, after_first = adapter.logs(handle, "")
     assert first and first == lines[: len(first)] and after_first.startswith("t1:")
-    assert all_lines(adapter, handle) == (lines, cursor)
+    assert read_whole_log(adapter, handle) == (lines, cursor)
     assert not any(ln.startswith("[trainboard]") for ln in lines)  # no line skipped
     # What the sync stored while the log grew, read pass by pass from its tail: every line once, in order.
     plain = [ln for ln in lines if parse_metric_line(ln) is None]

@@ -26,7 +26,8 @@ from framework_venvs import MPI, framework_venv_fixture
 from polling import wait_for
 import slurmkit
 from slurmkit import SLURM_GROUP
-from test_slurm_backend import all_lines, code_bundle, wait_state
+from polling import read_whole_log
+from test_slurm_backend import code_bundle, wait_state
 from trainer_pkg.metrics import parse_metric_line
 
 pytestmark = SLURM_GROUP
@@ -80,7 +81,7 @@ def ranks(output: Path) -> dict[int, dict]:
 def test_four_ranks_on_two_nodes_form_one_world(backend, cluster, tmp_path):
     handle = backend.submit(mpi_spec("tb-job-mpi-1", tmp_path, []))
     done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-    lines, _ = all_lines(backend, handle)
+    lines, _ = read_whole_log(backend, handle)
     assert done.state is JobState.SUCCEEDED, "\n".join(lines[-60:])
     seen = ranks(cluster.work_dir / "tb-job-mpi-1" / "output")
     assert {r: (v["sum"], v["size"], v["vars"], v["hparams"]) for r, v in seen.items()} == {
