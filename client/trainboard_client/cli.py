@@ -798,6 +798,8 @@ def _model_name(root: Path, kind: str, entry_point: str, script_args: list[str] 
                    "job options by name); the command line wins over it.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="The project directory to pack [default: .].")
+@click.option("-m", "--module", help="Instead of a script file: a module of the project run as python -m runs it "
+                                     "(package.module).")
 @click.option("--model-entry", help="Instead of a script: package.module:function returning the torch.nn.Module "
                                     "that the built-in trainer trains (a model of kind code).")
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
@@ -809,22 +811,27 @@ def _model_name(root: Path, kind: str, entry_point: str, script_args: list[str] 
               help="Seconds between polls of the job's state and log.")
 @click.pass_context
 def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file: str | None, workdir: str | None,
-        model_entry: str | None, framework: str | None, dry_run: bool, detach: bool, poll: float, **_: Any) -> None:
+        module: str | None, model_entry: str | None, framework: str | None, dry_run: bool, detach: bool, poll: float,
+        **_: Any) -> None:
     """Pack the project, upload it (once per content), launch a job and follow it to its end.
 
     \b
       trainboard run train.py --backend box-a --nodes 2 --procs-per-node 4 -- --epochs 3
+      trainboard run -m mypkg.train --backend box-a -- --epochs 3
       trainboard run --model-entry mymodel.net:build --dataset digits --backend box-a
       trainboard run -f task.yaml
 
-    SCRIPT (train.py, or -m package.module given as "-m package.module") runs under the launcher on
-    every rank with ARGS (after --). The directory is packed honouring .gitignore and .trainboardignore.
+    SCRIPT (train.py; or -m package.module, which takes every positional argument as its own, as python -m
+    does) runs under the launcher on every rank with ARGS (after --). The directory is packed honouring
+    .gitignore and .trainboardignore.
     Exits 0 only if the job SUCCEEDED, 1 if it failed or was cancelled, 2 for bad input, 3 when the
     server cannot be reached."""
     command = ctx.command
     assert isinstance(command, JobOptionsCommand)
     task = _task_file(task_file)
     values, errors = _job_values(command, ctx, task, RUN_KEYS)
+    if module:  # as with python -m: every positional argument is the module's
+        args, script = ((script,) if script else ()) + tuple(args), f"-m {module}"
     script = script or task.get("script")
     model_entry = model_entry or task.get("model_entry")
     framework = framework or task.get("framework") or "torch"
@@ -841,8 +848,8 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
     script_args = [str(a) for a in script_args] if isinstance(script_args, list) else None
     root = Path(workdir or task.get("workdir") or ".")
     if bool(script) == bool(model_entry):
-        errors.append("script: give a script to run (trainboard run train.py) or --model-entry "
-                      "package.module:function, one of them.")
+        errors.append("script: give a script to run (trainboard run train.py, or -m package.module) or "
+                      "--model-entry package.module:function, one of them.")
     if model_entry and script_args:
         errors.append("args: script arguments go with a script, not with --model-entry.")
     if not root.is_dir():
@@ -862,7 +869,8 @@ def run(ctx: click.Context, script: str | None, args: tuple[str, ...], task_file
     if errors:
         raise InputError(errors + _server_errors(values, kind))
     assert packed is not None
-    say(f"Packed {len(packed.files)} files from {root.resolve()}: {human_size(packed.size_bytes)} "
+    files = f"{len(packed.files)} file{'s' if len(packed.files) != 1 else ''}"
+    say(f"Packed {files} from {root.resolve()}: {human_size(packed.size_bytes)} "
         f"({human_size(packed.compressed_bytes)} compressed), sha256 {packed.sha256[:12]}.")
     name = _model_name(root.resolve(), kind, entry_point, script_args, packed, framework)
     with make_client() as client:

@@ -148,6 +148,25 @@ def test_run_model_entry_registers_a_model_of_kind_code_for_the_built_in_trainer
     submit.assert_called_once()
 
 
+def test_run_m_runs_a_module_of_the_project_as_python_m_does(logged_in, local_backend, tmp_path):
+    project = tmp_path / "modproj"
+    (project / "tinypkg").mkdir(parents=True)
+    (project / "tinypkg" / "__init__.py").write_text("")
+    (project / "tinypkg" / "train.py").write_text("print('hi')\n")
+    # As with python -m, every positional argument is the module's: "x.py" here is an argument, not a script.
+    dry = logged_in("run", "-m", "tinypkg.train", "x.py", "--backend", "local", "--dry-run", cwd=project)
+    assert dry.code == 0, dry.both
+    with sent_tasks(dispatch.SUBMIT_JOB) as submit:
+        launched = logged_in("run", "-m", "tinypkg.train", "--backend", "local", "--detach", "--", "--epochs", "3",
+                             cwd=project)
+    assert launched.code == 0, launched.both
+    assert launched.err.splitlines()[0].startswith(f"Packed 2 files from {project}: ")
+    job = TrainingJob.objects.get()
+    assert (job.model_spec.kind, job.model_spec.entry_point, job.model_spec.script_args) == (
+        "script", "-m tinypkg.train", ["--epochs", "3"])
+    submit.assert_called_once()
+
+
 def test_run_exits_1_with_the_jobs_failure_reason(logged_in, local_backend, tmp_path):
     """The job is moved by this test, as a worker's sync would move it: the client follows the server."""
     project = _project(tmp_path / "proj")
