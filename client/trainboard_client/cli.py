@@ -404,15 +404,20 @@ def continue_(job_id: int, epochs: int | None, finetune: bool, pairs: tuple[str,
 @click.argument("job_ids", type=int, nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="The API's whole comparison (series included).")
 def compare(job_ids: tuple[int, ...], as_json: bool) -> None:
-    """Compare runs: each one's final value per metric (* the best), and the config keys that differ."""
+    """Compare runs: each one's final value per metric (* the best), and the config keys that differ.
+    Exits 2 when an id is not a job of yours (after showing the others)."""
     with make_client() as client:
         result = client.compare(list(job_ids))
+    missing = [str(i) for i in result.get("not_found") or []]
+    failure = InputError([f"job(s) not found (or not yours): {', '.join(missing)}."]) if missing else None
     if as_json:
         click.echo(json.dumps(result, indent=2))
+        if failure:
+            raise failure
         return
     runs = result.get("runs") or []
-    if result.get("not_found"):
-        say(f"Not found (or not yours): {', '.join(str(i) for i in result['not_found'])}")
+    if not runs and failure:
+        raise failure
     header = ["", *[f"#{r['id']} {r.get('name') or ''}".strip() for r in runs]]
     rows = [header, ["state", *[r.get("state", "") for r in runs]]]
     finals = {row["job_id"]: row.get("values") or {} for row in result.get("table") or []}
@@ -431,6 +436,8 @@ def compare(job_ids: tuple[int, ...], as_json: bool) -> None:
     widths = [max(len(str(r[i])) if i < len(r) else 0 for r in rows) for i in range(len(header))]
     for r in rows:
         click.echo("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    if failure:
+        raise failure
 
 
 @cli.group(cls=Group)

@@ -198,7 +198,11 @@ def test_rerun_clone_continue_and_compare(logged_in, user, digits_dataset, cnn_m
     assert lines[0].split() == ["#%d" % first.pk, "base", "#%d" % clone.pk, "tuned"]
     lr_row = next(line for line in lines if line.startswith("train.lr "))
     assert lr_row.split() == ["train.lr", "0.05", "0.01"]
-    assert json.loads(logged_in("compare", str(first.pk), "999999", "--json").out)["not_found"] == [999999]
+    partly = logged_in("compare", str(first.pk), "999999", "--json")
+    assert partly.code == 2 and json.loads(partly.out)["not_found"] == [999999]
+    assert partly.err == "Error: job(s) not found (or not yours): 999999.\n"
+    unknown = logged_in("compare", "999999")
+    assert (unknown.code, unknown.out, unknown.err) == (2, "", "Error: job(s) not found (or not yours): 999999.\n")
 
 
 def test_datasets_create_and_its_errors(logged_in, user):
