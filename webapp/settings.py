@@ -219,6 +219,8 @@ REST_FRAMEWORK = {
     ],
     # Every list: limit at most 500 (a larger one, even past PostgreSQL's bigint, is cut to it), a capped count.
     "DEFAULT_PAGINATION_CLASS": "webapp.api.pagination.CappedLimitOffsetPagination",
+    # A 404 of one object names it ("Training job 999 not found (or not yours)."), not Django's class name.
+    "EXCEPTION_HANDLER": "webapp.api.exceptions.exception_handler",
     "PAGE_SIZE": 25,  # rows per page without ?limit= (the HTML job list's page); ?limit= up to 500
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -93,7 +93,7 @@ def test_jobs_ls_filters_and_pages_and_show_prints_the_job(logged_in, user, digi
     assert "failure_reason: rank 1 exited with code 3" in shown.out
     assert json.loads(logged_in("jobs", "show", str(bad.pk), "--json").out)["name"] == "bad-run"
     missing = logged_in("jobs", "show", "999999")
-    assert missing.code == 2 and missing.err.startswith("Error: No TrainingJob matches the given query.")
+    assert (missing.code, missing.err) == (2, "Error: Training job 999999 not found (or not yours).\n")
 
 
 def test_cancel_a_queued_job(logged_in, user, digits_dataset, cnn_model, local_backend):
