@@ -32,3 +32,19 @@ def test_resource_lists_page_by_offset_in_name_order(api_client, user):
     assert ([d["name"] for d in second["results"]], second["next"]) == (["c"], None)
     # after= is the jobs' (newest-first) position; on a list ordered by name it changes nothing.
     assert api_client.get("/api/datasets/?limit=2&after=1.1").json()["results"] == first["results"]
+
+
+@pytest.mark.parametrize("path", ["/api/datasets/", "/api/jobs/"])
+def test_a_limit_or_offset_that_is_not_a_whole_number_in_range_is_a_400_naming_it(api_client, job, path):
+    for query, field, message in [
+        ("limit=0", "limit", "limit must be a whole number from 1 to 500 (a larger one is cut to it), got '0'."),
+        ("limit=-5", "limit", "limit must be a whole number from 1 to 500 (a larger one is cut to it), got '-5'."),
+        ("limit=abc", "limit", "limit must be a whole number from 1 to 500 (a larger one is cut to it), got 'abc'."),
+        ("limit=1e3", "limit", "limit must be a whole number from 1 to 500 (a larger one is cut to it), got '1e3'."),
+        ("limit=2&offset=-1", "offset", "offset must be a whole number from 0, got '-1'."),
+        ("offset=NaN", "offset", "offset must be a whole number from 0, got 'NaN'."),
+    ]:
+        response = api_client.get(f"{path}?{query}")
+        assert (response.status_code, response.json()) == (400, {field: [message]}), query
+    # Absent or empty: the defaults (PAGE_SIZE rows from the first).
+    assert api_client.get(f"{path}?limit=&offset=").json()["count"] == 1

@@ -6,6 +6,7 @@ HTML list and the admin.
 
 from __future__ import annotations
 
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
@@ -16,6 +17,16 @@ from jobs.pagination import (
 )
 
 
+def _whole_number(text: str) -> int | None:
+    """``text`` as a whole number written in decimal digits (a sign allowed), or None: "1e3", "NaN",
+    "2.5" and a number of more than 30 digits are not one."""
+    text = text.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 30:
+        return None
+    return int(text)
+
+
 class CappedLimitOffsetPagination(LimitOffsetPagination):
     """``?limit=&offset=`` pagination for every API list (``DEFAULT_PAGINATION_CLASS``): jobs, datasets,
     models, backends.
@@ -24,7 +35,8 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     "results": [...]}``. ``count`` is exact up to ``COUNT_CAP`` (10,000) rows; past it ``count`` is
     10,000 and ``count_is_exact`` false (there are more). ``next`` is set when a row follows this page,
     found by reading ``limit`` + 1 rows, so it works at any depth. ``limit`` is at most ``max_limit``
-    (500); a larger one is cut to it; without ``limit``, ``PAGE_SIZE`` (25, the HTML list's page). An
+    (500); a larger one is cut to it; without ``limit``, ``PAGE_SIZE`` (25, the HTML list's page); a
+    ``limit`` below 1 or an ``offset`` below 0 or not a whole number is a 400 naming it. An
     ``offset`` past any row (up to 2⁶² and beyond) is an empty page. Two queries per page at any offset.
 
     ``next`` also carries ``after=<position of this page's last row>``: with it the page is the
@@ -45,6 +57,30 @@ class CappedLimitOffsetPagination(LimitOffsetPagination):
     # default_limit: REST_FRAMEWORK["PAGE_SIZE"] (LimitOffsetPagination's); ?limit= up to max_limit
     max_limit = 500
     count_cap: int | None = None  # None: COUNT_CAP
+
+    def get_limit(self, request):
+        """``?limit=``: a whole number from 1 (above ``max_limit``: cut to it); absent: ``PAGE_SIZE``.
+        Anything else is a 400 naming it (DRF's own class falls back to the default silently)."""
+        text = request.query_params.get(self.limit_query_param)
+        if text is None or text == "":
+            return self.default_limit
+        value = _whole_number(text)
+        if value is None or value < 1:
+            raise ValidationError({self.limit_query_param: [f"limit must be a whole number from 1 to "
+                                                            f"{self.max_limit} (a larger one is cut to it), got "
+                                                            f"{text[:40]!r}."]})
+        return min(value, self.max_limit)
+
+    def get_offset(self, request):
+        """``?offset=``: a whole number from 0; absent: 0. Anything else is a 400 naming it."""
+        text = request.query_params.get(self.offset_query_param)
+        if text is None or text == "":
+            return 0
+        value = _whole_number(text)
+        if value is None or value < 0:
+            raise ValidationError({self.offset_query_param: [f"offset must be a whole number from 0, got "
+                                                             f"{text[:40]!r}."]})
+        return value
 
     def paginate_queryset(self, queryset, request, view=None):
         self.request = request
