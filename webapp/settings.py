@@ -235,6 +235,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The choices are the enum's; a "* `ddp` - ddp" list appended to each description said them again
+    # (and the client's --help printed it).
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
     # A model's kind and a backend's kind are both "kind": each enum gets its own name.
     "ENUM_NAME_OVERRIDES": {
         "ModelKindEnum": "jobs.models.ModelSpec.Kind",

@@ -591,7 +591,7 @@ def sweep_cancel(sweep_id: int) -> None:
 # -----------------------------------------------------------------------------------------------
 
 
-_METAVARS = {"integer": "INTEGER", "number": "NUMBER", "string": "TEXT", "json": "JSON"}
+_METAVARS = {"integer": "INTEGER", "number": "NUMBER", "string": "TEXT", "id_or_name": "ID|NAME", "json": "JSON"}
 
 
 class JobOptionsCommand(click.Command):

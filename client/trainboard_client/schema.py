@@ -19,7 +19,7 @@ class JobField:
     """One field of the job request: ``name`` as the API spells it (``procs_per_node``)."""
 
     name: str
-    kind: str  # "integer", "number", "boolean", "string", "choice" or "json"
+    kind: str  # "integer", "number", "boolean", "string", "id_or_name", "choice" or "json"
     help: str = ""
     required: bool = False
     default: Any = None
@@ -60,6 +60,9 @@ class JobField:
             if text in ("false", "0", "no", "off"):
                 return False
             raise ValueError(f"{self.name}: expected true or false, got {raw!r}")
+        if self.kind == "id_or_name":  # an object's id (digits) or its name
+            text = str(raw).strip()
+            return int(text) if text.isascii() and text.isdigit() else raw
         if self.kind == "json":
             if isinstance(raw, str):
                 try:
@@ -123,8 +126,11 @@ def _field(schema: dict[str, Any], name: str, prop: dict[str, Any], required: bo
             elif option.get("enum") == [None] or option.get("type") == "null":
                 nullable = True
     typ = prop.get("type")
+    alternatives = {_resolve(schema, o).get("type") for o in prop.get("oneOf") or ()}
     if enum:
         kind = "choice"
+    elif alternatives == {"integer", "string"}:
+        kind = "id_or_name"  # a dataset, model, backend or team: by id or by name
     elif typ in ("integer", "number", "boolean"):
         kind = typ
     elif typ == "string":

@@ -59,6 +59,9 @@ def test_run_help_lists_the_job_options_of_the_servers_schema_including_a_new_on
     assert "--spot / --no-spot" in text
     assert "--priority INTEGER -100 to 100: where the backend queues jobs itself" in text  # the server's help
     assert "--model-spec" not in text  # run registers the model itself
+    # A dataset or backend is an id or a name; a choice's help is the server's, without a list of the choices.
+    assert "--dataset ID|NAME The dataset's id, or its name" in text and "--backend ID|NAME" in text
+    assert "--strategy [ddp|fsdp|pipeline] ddp: every rank holds the model" in text and "`ddp` - ddp" not in text
     assert "--gpu-hours-cap" not in text
 
     # A field the server adds to its job request is an option of the client's next run, with its help.
