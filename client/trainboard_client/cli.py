@@ -93,6 +93,8 @@ def login(url: str, username: str | None, password_stdin: bool, token_text: str 
     url = url.rstrip("/")
     if not re.match(r"https?://", url):
         raise InputError([f"URL must start with http:// or https://, got {url!r}."])
+    if url.endswith("/api"):  # the API's own root given: the server's is wanted (every call adds /api/)
+        url = url[: -len("/api")]
     retries = int(os.environ.get("TRAINBOARD_RETRIES", "4"))
     if token_text == "-":
         token_text = sys.stdin.readline().strip()

@@ -36,6 +36,11 @@ def test_login_stores_the_servers_token_0600_then_whoami_and_logout(cli, user):
 
     bye = cli("logout")
     assert bye.code == 0 and not path.exists()
+    # The API's root given instead of the server's: the server's is stored.
+    api_root = cli("login", cli.url + "/api/", "--username", "alice", "--password-stdin", input="pw-alice-123\n")
+    assert api_root.code == 0, api_root.both
+    assert json.loads(path.read_text())["url"] == cli.url
+    assert cli("logout").code == 0
     again = cli("whoami")
     assert again.code == 2
     assert "Not logged in: run `trainboard login URL`" in again.err
