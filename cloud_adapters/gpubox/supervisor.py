@@ -181,11 +181,19 @@ class _Supervisor:
             {"pid": child.pid, "pgid": pgid, "start_ticks": start_ticks(child.pid),
              "started_at": time.time()},
         )
-        self.say(f"started torchrun pid {child.pid} in process group {pgid}")
+        what = self._started_what()
+        self.say(f"started {what} pid {child.pid} in process group {pgid}")
         cancelled, timed_out, reason = self.watch(child, pgid)
         returncode = self.reap(child, pgid)
-        self.say(f"torchrun exited with code {returncode}")
+        self.say(f"{what} exited with code {returncode}")
         return self.finish(returncode, cancelled=cancelled, reason=reason, max_runtime=timed_out)
+
+    def _started_what(self) -> str:
+        """What the command starts, for the log: torchrun, or the launcher alone (an MPI job's)."""
+        command = [str(part) for part in self.command]
+        if any(part == "torch.distributed.run" or os.path.basename(part) == "torchrun" for part in command):
+            return "torchrun"
+        return "the launcher"
 
     def watch(self, child: subprocess.Popen, pgid: int) -> tuple[bool, bool, str]:
         """Wait for ``child`` to exit, stopping its group on a cancel or at the max runtime;

@@ -78,6 +78,9 @@ def test_an_mpi_script_runs_under_mpirun_and_succeeds(tmp_path, MPI_PYTHON):
         "[launch] platform: local (--standalone), node_rank 0 of 1 node(s) × 2 process(es) per node = world size 2, "
         "starting trainer_pkg.frameworks.mpi"]
     assert seen[0]["ppid"] == seen[1]["ppid"]
+    supervised = (run_dir / "supervisor.log").read_text()
+    assert "started the launcher pid" in supervised and "the launcher exited with code 0" in supervised
+    assert "torchrun" not in supervised
 
 
 def test_a_cancelled_mpi_job_leaves_no_process(tmp_path, MPI_PYTHON):
