@@ -323,8 +323,14 @@ def test_api_fuzz_list_paging_params(fuzz_user, client):
                 other = "limit" if param == "offset" else "offset"
                 response = _isolated(lambda: client.get(path, {param: value, other: UNSTORABLE_QUERY[0]}, **auth))
                 # The log's cursor endpoint refuses a bad limit with a 400 naming it (its limit is a
-                # page size, not the lists' clamped paging); every list answers 200, clamping it.
-                allowed = (200, 400) if path.endswith("/logs/") else (200,)
+                # page size, not the lists' clamped paging). Every list clamps a whole number past the
+                # bigint (200) and refuses anything else with a 400 naming the parameter.
+                if path.endswith("/logs/"):
+                    allowed = (200, 400)
+                else:
+                    allowed = (200,) if value.isdigit() else (400,)
+                    if response.status_code == 400 and param not in response.json():
+                        failures.append(f"GET {path}?{param}={value!r}: the 400 does not name {param}")
                 if response.status_code not in allowed:
                     failures.append(f"GET {path}?{param}={value!r} -> {response.status_code}")
     assert not failures, "\n".join(failures)
