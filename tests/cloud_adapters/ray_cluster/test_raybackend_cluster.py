@@ -1,8 +1,8 @@
 """The Ray backend against a real Ray 2.60 head on this machine (tests/raykit.py: ``ray start --head`` from
 the Ray test venv, free ports, 2 CPUs), reached only over HTTP as the worker reaches it (this process has
 no ``ray``). Jobs: a tiny script model whose two ranks all-reduce over the MASTER_ADDR/MASTER_PORT the
-entrypoint gives them and then hold until they are cancelled (as an orphan), a Ray script that runs its own
-Ray Train, a failing script. The built-in trainer's run on 2 Ray Train workers, with the log's cursor, is
+entrypoint gives them, a script held running until it is cancelled (as an orphan), a Ray script that runs
+its own Ray Train, a failing script. The built-in trainer's run on 2 Ray Train workers, with the log's cursor, is
 tests/e2e/test_ray_backend.py's (through the worker).
 
 One head for this module and tests/e2e/test_ray_backend.py (``raykit.head``, session-scoped: both are
@@ -91,6 +91,22 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.slow
+def test_a_script_model_runs_as_two_ranks_that_reach_each_other(backend, tmp_path):
+    spec = JobSpec(job_name="tb-job-202-a", config={"code": {"script": "allreduce.py"}}, nodes=1, procs_per_node=2,
+                   max_runtime_s=600, tags={"trainboard-job-id": "202"},
+                   code=code_bundle(tmp_path, {"allreduce.py": ALLREDUCE}))
+    handle = backend.submit(spec)
+    done = wait_state(backend, handle, {JobState.SUCCEEDED, JobState.FAILED})
+    assert done.state is JobState.SUCCEEDED, done.failure_reason
+
+    lines, _ = read_whole_log(backend, handle)
+    said = sorted(ln[ln.index("ALLREDUCE"):] for ln in lines if "ALLREDUCE rank" in ln)
+    assert said == ["ALLREDUCE rank 0 of 2 sum 3 local 0/2", "ALLREDUCE rank 1 of 2 sum 3 local 1/2"]
+    logged = [r for r in records(lines) if r.get("ranks_sum") is not None]
+    assert len(logged) == 1 and logged[0]["ranks_sum"] == 3.0 and logged[0]["step"] == 1  # rank 0 reports
+
+
 RAY_SCRIPT = b'''import os
 import ray
 from ray.train import ScalingConfig
@@ -154,13 +170,11 @@ def test_a_failing_script_fails_the_job_with_its_reason(backend, tmp_path):
     assert done.failure_reason.startswith("fail.py:2 in load: ValueError: bad shard 7"), done.failure_reason
 
 
-HOLD = ALLREDUCE + b'''
-import time
+HOLD = b'''import os, sys, time
 print("HOLDING rank", os.environ["RANK"], "pid", os.getpid(), flush=True)
 while True:
     time.sleep(0.2)
 '''
-"""Two ranks that reach each other over the MASTER_ADDR/MASTER_PORT the entrypoint gives them, then hold."""
 
 
 def _held_processes(marker: str) -> list[psutil.Process]:
@@ -175,8 +189,7 @@ def _held_processes(marker: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_script_ranks_reach_each_other_and_an_unknown_tagged_job_is_an_orphan_that_cancel_stops(backend, head,
-                                                                                                tmp_path, user):
+def test_a_tagged_job_unknown_to_the_database_is_an_orphan_and_cancel_stops_it(backend, head, tmp_path, user):
     from jobs import orphans, services
     from jobs.models import OrphanJob
 
@@ -188,12 +201,6 @@ def test_script_ranks_reach_each_other_and_an_unknown_tagged_job_is_an_orphan_th
              interval=1.0, what="both ranks to run the script")
     assert backend.describe(handle).state is JobState.RUNNING
     assert len(_held_processes("hold_tb204.py")) >= 2  # the two ranks' script processes
-    # A script model's ranks reach each other (the entrypoint's MASTER_ADDR/MASTER_PORT); rank 0 reports.
-    lines, _ = read_whole_log(backend, handle)
-    said = sorted(ln[ln.index("ALLREDUCE"):] for ln in lines if "ALLREDUCE rank" in ln)
-    assert said == ["ALLREDUCE rank 0 of 2 sum 3 local 0/2", "ALLREDUCE rank 1 of 2 sum 3 local 1/2"]
-    logged = [r for r in records(lines) if r.get("ranks_sum") is not None]
-    assert len(logged) == 1 and logged[0]["ranks_sum"] == 3.0 and logged[0]["step"] == 1
 
     # The orphan reconciler: a tagged, running Ray job that no job row knows.
     [listed] = [p for p in backend.list_tagged() if p.name == "tb-job-204-a"]
