@@ -559,7 +559,8 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
     Each ``logs`` call runs outside any transaction. Its lines are then written under the job's row
     lock, and only while the stored cursor is still the one the call was made from, so two passes
     reading one log at once store it once. Raises :class:`_RowMovedOn`, dropping the chunk, when
-    the cursor moved meanwhile, the job ended or its row is held.
+    the cursor moved meanwhile, the job ended, its row is held, or it follows another run now (a lost
+    run resubmitted by another pass: a new handle).
     """
     cursor = job.log_cursor
     next_seq, trained_at = None, None
@@ -572,7 +573,7 @@ def _drain_logs(adapter: Backend, job: TrainingJob, handle: JobHandle, now: dt.d
             return True, trained_at
         with transaction.atomic():
             locked = _locked(job.pk, ended_backlog=ended, wait=True)
-            if locked is None or locked.log_cursor != (cursor or ""):
+            if locked is None or locked.log_cursor != (cursor or "") or locked.provider_handle != job.provider_handle:
                 raise _RowMovedOn
             update: dict[str, Any] = {"log_cursor": new_cursor or ""}
             if lines:
@@ -686,7 +687,9 @@ def _sync_one(adapter: Backend, job: TrainingJob, status: JobStatus | None, now:
         checkpoint = restarts.checkpoint_location(adapter, handle)
     with transaction.atomic():
         locked = _locked(job.pk, wait=True)
-        if locked is None:
+        if locked is None or locked.provider_handle != job.provider_handle:
+            # Ended, held, or resubmitted meanwhile by another pass (a lost run's next attempt): this
+            # status is of a run the job no longer follows, and applying it would close that attempt too.
             return
         stopped = _write_status(locked, status, now, drained=drained, logs_read=read, mask=mask,
                                 checkpoint_uri=checkpoint, trained_at=trained_at)

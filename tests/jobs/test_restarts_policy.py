@@ -239,3 +239,27 @@ def test_attempt_names_are_deterministic_and_never_the_lost_ones(job):
     assert restarts.attempt_job_name(job, 1) == job.provider_job_name
     assert restarts.attempt_job_name(job, 3) == f"{job.provider_job_name}-a3"
     assert len(restarts.attempt_job_name(job, 99)) < 63
+
+
+def test_a_pass_holding_the_lost_runs_status_after_another_pass_resubmitted_it_changes_nothing(
+        sync_pass, job, local_backend, run_root, django_capture_on_commit_callbacks):
+    """Two passes read the same lost run; the first resubmits it. The second's status is of attempt 1,
+    which the job no longer follows: it must not close attempt 2 as lost too (ci: the Kubernetes
+    recovery e2e ended at attempt 3 after one eviction)."""
+    from jobs.adapters import backend_adapter
+
+    first = _pending(job, run_root)
+    _lose(first, ran_s=100)
+    stale = _reload(job)  # the second pass's list entry, taken before the first pass wrote
+    adapter = backend_adapter(local_backend)
+    handle = sync.JobHandle.from_dict(stale.provider_handle)
+    status = adapter.describe_many([handle])[handle.job_name]
+    assert status.lost  # what the second pass holds
+    with sent_tasks(dispatch.SUBMIT_JOB):
+        sync_pass(local_backend)  # the first pass: attempt 2 queued
+    second = _pending(job, run_root)  # and submitted: PENDING on the box under its own name
+    with sent_tasks(dispatch.SUBMIT_JOB) as sent, django_capture_on_commit_callbacks(execute=True):
+        sync._sync_one(adapter, stale, status, timezone.now(), read_logs=True, mask=lambda text: text)
+    job = _reload(job)
+    assert (job.state, job.attempt, job.provider_job_name) == (S.PENDING, 2, second.name)
+    assert JobAttempt.objects.filter(job=job).count() == 1 and sent.call_count == 0
