@@ -107,6 +107,7 @@ import time
 from typing import Callable, Iterator, Mapping, Sequence
 
 from trainer_pkg import hang, hardware, objstore, preflight, report, world_shape
+from trainer_pkg.lifetime import die_with_parent
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
 from trainer_pkg.metrics import exit_process, parse_metric_line, print_line, report_error
 from trainer_pkg.platforms import (
@@ -505,7 +506,8 @@ def _supervise(cmd: list[str], env: Mapping[str, str], cwd: str | None,
     The child gets its own session so a signal to our process group reaches it once, from us: a
     second SIGTERM while torchrun is shutting its ranks down would cut that shutdown short.
     """
-    proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, start_new_session=True,
+                            preexec_fn=die_with_parent(signal.SIGTERM))
     signalled: list[int] = []
 
     def forward(signum, frame) -> None:

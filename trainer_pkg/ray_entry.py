@@ -51,6 +51,8 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from trainer_pkg.lifetime import die_with_parent
+
 CONFIG_VAR = "TRAINBOARD_JOB_CONFIG"
 """The environment variable holding the job's config (JSON), set in the job's ``runtime_env``."""
 KILL_AFTER_S = 30.0
@@ -162,7 +164,7 @@ def run_ray_script(text: str, max_runtime_s: float, *, workers: int, gpus_per_wo
     print(f"[ray] running the user's Ray script as the job's driver: {script.describe()} (in {script.code_dir})",
           flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "trainer_pkg.rank_entry", *script.argv()], cwd=script.code_dir,
-                            env=env)
+                            env=env, preexec_fn=die_with_parent(signal.SIGTERM))
     code = _wait(proc, time.time() + max_runtime_s if max_runtime_s else 0.0)
     if code is None:
         _error(f"the time limit of {max_runtime_s:g} s was reached; the script was stopped")
@@ -213,7 +215,7 @@ def rank_loop(loop_config: dict[str, Any]) -> None:
                PYTHONPATH=os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p))
     argv = [sys.executable, "-m", "trainer_pkg.launch", "--config", config_path, "--platform", "torchrun"]
     sys.stdout.flush()
-    proc = subprocess.Popen(argv, cwd=here, env=env, preexec_fn=_die_with_parent())
+    proc = subprocess.Popen(argv, cwd=here, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
     code = _wait(proc, float(loop_config.get("deadline") or 0.0))
     if code is None:
         raise RuntimeError(f"rank {rank}: the time limit of {loop_config.get('max_runtime_s'):g} s was reached; "
@@ -238,24 +240,6 @@ def _wait(proc: subprocess.Popen, deadline: float) -> int | None:
         proc.kill()
         proc.wait()
     return None
-
-
-def _die_with_parent():
-    """A ``preexec_fn`` that makes the child get SIGTERM when the Ray worker that started it dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``); None where there is no prctl. ``prctl`` is looked up here, in the
-    parent: between fork and exec the child only calls it (no dlopen in a forked copy of a threaded
-    process)."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def arm() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-
-    return arm
 
 
 def _this_address() -> str:

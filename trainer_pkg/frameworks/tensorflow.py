@@ -62,7 +62,6 @@ signal N); 1 when a peer failed or the cluster did not form; 2 for a garbled ``T
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -77,6 +76,7 @@ from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 from trainer_pkg import hardware
+from trainer_pkg.lifetime import die_with_parent
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.frameworks import setting_seconds
 from trainer_pkg.launch import (
@@ -338,18 +338,6 @@ class Peers:
 # -- the workers and the watchdog -----------------------------------------------------------------
 
 
-try:  # looked up here, not in the child: a dlopen between fork and exec could wait on a lock forever
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:
-    """In the worker, before exec: SIGKILL when the launcher dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
-    if _PRCTL is not None:
-        _PRCTL(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-
-
 def _accepts(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
@@ -374,7 +362,7 @@ class _Supervisor:
         self.error_dir = tempfile.mkdtemp(prefix="tb-tf-errors-")
         for i, (cmd, env) in enumerate(self.commands):
             env = {**env, ERROR_FILE_ENV: os.path.join(self.error_dir, f"worker-{i}")}
-            self.procs.append(subprocess.Popen(cmd, env=env, cwd=self.cwd, preexec_fn=_die_with_parent))
+            self.procs.append(subprocess.Popen(cmd, env=env, cwd=self.cwd, preexec_fn=die_with_parent(signal.SIGKILL)))
 
     def _error(self, i: int) -> str:
         """The line worker ``i`` wrote naming its uncaught exception; "" when it wrote none."""
