@@ -354,6 +354,9 @@ def test_an_eviction_disrupts_the_pod_and_fails_the_trainjob_as_jobset_would(kub
     create(custom, trainjob("run-evict", script, nodes=2))
     pids = _running(kube_standin, core, "run-evict")
     victim = [p for p in pods_of(core, "run-evict") if p.metadata.labels[LABEL_COMPLETION_INDEX] == "1"][0].metadata.name
+    # Running is the process started; its "up" comes after its SIGTERM handler (a SIGTERM before it: 143)
+    kube_standin.wait_for(lambda: "up" in core.read_namespaced_pod_log(victim, "default"), timeout=60,
+                          what="the victim's SIGTERM handler")
 
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=victim, namespace="default"),
                                  delete_options=client.V1DeleteOptions(grace_period_seconds=5))
