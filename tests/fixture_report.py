@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 import time
 from collections import defaultdict
 
 import pytest
 
+_cpu: dict[str, float] = defaultdict(float)
+"""Test file → CPU seconds (user + system) of the pytest process and of the children it waited for,
+during that file's tests' set-up, call and tear-down (:func:`pytest_runtest_protocol`)."""
 _totals: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
 _starts: dict[str, int] = defaultdict(int)
@@ -69,6 +73,25 @@ def pytest_fixture_setup(fixturedef, request):
         name = fixturedef.argname
         _totals[name] += time.perf_counter() - started
         _counts[name] += 1
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's CPU seconds, added to its file's: this process's own and those of the children it
+    waited for (a child's waited-for descendants included). A process nobody in pytest waits for (a
+    daemon that reparents itself to init: a Ray head's raylet, dockerd's containers, a GPU box job's
+    detached supervisor) is not counted, and a fixture's process is counted in the test whose
+    tear-down waits for it."""
+    before = _cpu_seconds()
+    try:
+        yield
+    finally:
+        _cpu[item.nodeid.split("::", 1)[0]] += _cpu_seconds() - before
 
 
 PROCESS_KINDS: dict[str, tuple[bytes, ...]] = {
@@ -182,6 +205,7 @@ def pytest_sessionfinish(session):
     if workeroutput is not None:  # an xdist worker: hand the totals to the controller
         workeroutput["fixture_setup"] = {name: [_totals[name], _counts[name]] for name in _totals}
         workeroutput["process_starts"] = dict(_starts)
+        workeroutput["cpu_by_file"] = dict(_cpu)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -192,6 +216,8 @@ def pytest_testnodedown(node, error):
         _counts[name] += count
     for kind, count in (getattr(node, "workeroutput", None) or {}).get("process_starts", {}).items():
         _starts[kind] += count
+    for name, seconds in (getattr(node, "workeroutput", None) or {}).get("cpu_by_file", {}).items():
+        _cpu[name] += seconds
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -205,7 +231,8 @@ def pytest_terminal_summary(terminalreporter, config):
         report = {"fixtures": {name: {"seconds": round(_totals[name], 3), "setups": _counts[name]} for name in _totals},
                   "processes": dict(_counter.counts) if _counter is not None else {}, STARTS_KEY: dict(_starts),
                   "processes by test file": {kind: dict(files) for kind, files in _counter.by_file.items()}
-                  if _counter is not None else {}}
+                  if _counter is not None else {},
+                  "cpu seconds by test file": {name: round(seconds, 2) for name, seconds in _cpu.items()}}
         with open(path, "w") as fh:
             json.dump(report, fh, indent=1, sort_keys=True)
     if limit <= 0:
@@ -217,6 +244,11 @@ def pytest_terminal_summary(terminalreporter, config):
     if _starts:
         terminalreporter.write_line(
             STARTS_KEY + ": " + ", ".join(f"{kind} {_starts[kind]}" for kind in sorted(_starts)))
+    if _cpu:
+        terminalreporter.write_sep("=", f"CPU seconds by test file (pytest and the children it waited for; "
+                                        f"{sum(_cpu.values()):.0f} s in all)")
+        for name in sorted(_cpu, key=_cpu.__getitem__, reverse=True)[:limit]:
+            terminalreporter.write_line(f"{_cpu[name]:8.1f} s  {name}")
     if _counter is not None:
         terminalreporter.write_sep("=", "real parts started (new processes seen in /proc)")
         for kind in PROCESS_KINDS:

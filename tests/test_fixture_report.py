@@ -54,3 +54,22 @@ def test_a_process_without_the_variable_or_gone_is_named_by_a_question_mark():
         proc.kill()
         proc.wait()
     assert fixture_report._started_by(str(proc.pid)) == "?"  # reaped: no /proc entry
+
+
+def test_a_tests_cpu_seconds_count_the_children_it_waited_for_under_its_file():
+    class Item:
+        nodeid = "tests/some/test_busy.py::test_it"
+
+    fixture_report._cpu.pop("tests/some/test_busy.py", None)
+    wrapper = fixture_report.pytest_runtest_protocol(Item(), None)
+    next(wrapper)  # the test starts
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)  # 0.6 s of a child's CPU, waited for
+    try:
+        next(wrapper)  # the test ends
+    except StopIteration:
+        pass
+    try:
+        assert 0.6 <= fixture_report._cpu["tests/some/test_busy.py"] < 30
+    finally:
+        del fixture_report._cpu["tests/some/test_busy.py"]
