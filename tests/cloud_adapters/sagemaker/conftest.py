@@ -53,14 +53,16 @@ TOOLKIT_REQUIREMENTS = Path(__file__).with_name("toolkit-requirements.txt")
 def sagemaker_toolkit() -> Path:
     """The ``train`` command of a virtualenv holding SageMaker's training toolkit and AWS's PyTorch
     container module (toolkit-requirements.txt), built once per pinned set and Python under
-    ``$XDG_CACHE_HOME/trainboard-test`` (default ~/.cache) and reused after that.
+    ``$XDG_CACHE_HOME/trainboard-test`` (default ~/.cache) and reused after that, by every checkout
+    (a fresh clone's CI run included: the key is what it holds, not where the project's venv is).
 
     torch comes from this test run's environment through a ``.pth`` written after pip has resolved the
-    toolkit's own dependencies, so pip neither sees nor changes the project's packages. A build that
-    did not finish is redone; concurrent sessions wait for each other on a lock file.
+    toolkit's own dependencies, so pip neither sees nor changes the project's packages; it is rewritten
+    on each use to name the site-packages of the checkout that runs the tests. A build that did not
+    finish is redone; concurrent sessions wait for each other on a lock file.
     """
     site = sysconfig.get_paths()["purelib"]
-    key = hashlib.sha256(TOOLKIT_REQUIREMENTS.read_bytes() + sys.version.encode() + site.encode()).hexdigest()[:16]
+    key = hashlib.sha256(TOOLKIT_REQUIREMENTS.read_bytes() + sys.version.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainboard-test"
     venv = cache / f"sagemaker-toolkit-{key}"
     cache.mkdir(parents=True, exist_ok=True)
@@ -73,10 +75,13 @@ def sagemaker_toolkit() -> Path:
             pip = subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(TOOLKIT_REQUIREMENTS)],
                                  capture_output=True, text=True, timeout=900)
             assert pip.returncode == 0, f"pip install -r {TOOLKIT_REQUIREMENTS} failed:\n{pip.stderr[-3000:]}"
-            own_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                      capture_output=True, text=True, check=True).stdout.strip()
-            Path(own_site, "trainboard-project-site.pth").write_text(site + "\n")
             (venv / "trainboard-complete").write_text(TOOLKIT_REQUIREMENTS.read_text())
+        own_site = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        pth = Path(own_site, "trainboard-project-site.pth")
+        if not pth.is_file() or pth.read_text() != site + "\n":
+            pth.write_text(site + "\n")
     return venv / "bin" / "train"
 
 
