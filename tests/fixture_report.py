@@ -123,10 +123,28 @@ def _started_by(pid: str) -> str:
     start = environ.find(b"\0" + marker)
     if start < 0:
         if not environ.startswith(marker):
-            return "?"
+            return _by_directory(pid)
         start = -1
     value = environ[start + 1 + len(marker):].split(b"\0", 1)[0].decode(errors="replace")
     return value.split("::", 1)[0] or "?"
+
+
+def _by_directory(pid: str) -> str:
+    """For a process without the variable (one a daemon started: a GPU box's detached supervisor, slurmd,
+    a pod of the Kubernetes stand-in): the test whose ``tmp_path`` it runs in, ``tmp:<test directory>``
+    (pytest names that directory after the test, cut at 30 characters); ``"?"`` elsewhere."""
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return "?"
+    parts = cwd.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("pytest-of-"):
+            rest = parts[i + 2:]  # after pytest-of-<user>/pytest-<N>/
+            if rest and rest[0].startswith("popen-gw"):
+                rest = rest[1:]
+            return f"tmp:{rest[0]}" if rest else "?"
+    return "?"
 
 
 BY_FILE_LINES = 8

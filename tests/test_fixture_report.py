@@ -44,15 +44,21 @@ def test_a_started_process_is_counted_once_under_the_test_file_that_started_it()
     assert here == "tests/test_fixture_report.py"
 
 
-def test_a_process_without_the_variable_or_gone_is_named_by_a_question_mark():
+def test_a_process_without_the_variable_or_gone_is_named_by_a_question_mark(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    proc = subprocess.Popen([sys.executable, "-c", LINGER, "30"], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", LINGER, "30"], env=env, cwd="/")
+    in_tmp = subprocess.Popen([sys.executable, "-c", LINGER, "30"], env=env, cwd=tmp_path)
     try:
-        wait_for(lambda: _cmdline(proc).endswith(b"\x0030\x00"), timeout=10, interval=0.01)
+        for started in (proc, in_tmp):
+            wait_for(lambda: _cmdline(started).endswith(b"\x0030\x00"), timeout=10, interval=0.01)
         assert fixture_report._started_by(str(proc.pid)) == "?"
+        # one that runs in a test's tmp_path (a daemon's child) is named by that directory
+        assert fixture_report._started_by(str(in_tmp.pid)) == f"tmp:{tmp_path.name}"
+        assert tmp_path.name.startswith("test_a_process_without_the")
     finally:
-        proc.kill()
-        proc.wait()
+        for started in (proc, in_tmp):
+            started.kill()
+            started.wait()
     assert fixture_report._started_by(str(proc.pid)) == "?"  # reaped: no /proc entry
 
 
