@@ -107,8 +107,8 @@ import time
 from typing import Callable, Iterator, Mapping, Sequence
 
 from trainer_pkg import hang, hardware, objstore, preflight, report, world_shape
-from trainer_pkg.lifetime import die_with_parent
 from trainer_pkg.config import ConfigError, JobConfig, expand_script_args, script_hparams
+from trainer_pkg.lifetime import die_with_parent
 from trainer_pkg.metrics import exit_process, parse_metric_line, print_line, report_error
 from trainer_pkg.platforms import (
     LAUNCHED_BY_US,

@@ -11,6 +11,7 @@ FSDP's shards are exactly 1/W of the model.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -196,6 +197,7 @@ def test_compile_trains_a_tiny_mlp(tmp_path, monkeypatch):
     # through torch.compile's real path. Inductor keys its entries by torch's version and the graph.
     inductor = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainboard" / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    monkeypatch.setenv("TORCH_LOGS", "+inductor")  # its cache lookups, one per compiled graph (~16 KB)
     blobs = write_blobs(tmp_path / "blobs.npz")
     job = write_job(tmp_path, data={"format": "npz", "uri": str(blobs)},
                     model={"arch": "mlp", "params": {"hidden_size": 16, "num_layers": 1}},
@@ -204,7 +206,9 @@ def test_compile_trains_a_tiny_mlp(tmp_path, monkeypatch):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "torch.compile" in done.stdout
     assert epoch_record(records(tmp_path / "out"))["val_accuracy"] >= 0.9
-    assert any(inductor.rglob("*.py"))  # inductor's generated kernels, compiled now or by an earlier run
+    # This run's graphs went through inductor: generated and compiled now (a miss) or loaded (a hit).
+    assert re.findall(r"fx graph cache (?:hit|miss) for key", done.stderr), done.stderr[-3000:]
+    assert any(inductor.rglob("*.py"))  # inductor's generated kernels
 
 
 # -- in process, no ranks ---------------------------------------------------------------------------

@@ -76,13 +76,13 @@ from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 from trainer_pkg import hardware
-from trainer_pkg.lifetime import die_with_parent
 from trainer_pkg.config import ConfigError, JobConfig
 from trainer_pkg.frameworks import setting_seconds
 from trainer_pkg.launch import (
     _SCRIPT_ENTRY, LAUNCHED_BY_US, UserScript, _RANK_VARS, _script_pythonpath, _with_trainboard_env,
     _write_failure, watch_for_hangs,
 )
+from trainer_pkg.lifetime import die_with_parent
 from trainer_pkg.metrics import encode_record, format_metric_line, print_line, report_error
 from trainer_pkg.platforms import LaunchPlan, _visible_gpus
 from trainer_pkg.rank_entry import ERROR_FILE_ENV
