@@ -9,6 +9,7 @@ import datetime as dt
 import io
 import json
 import threading
+import types
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -24,6 +25,24 @@ from jobs.models import InstancePrice
 pytestmark = pytest.mark.django_db
 
 TODAY = dt.date.today()
+"""The date the refreshes in this file store as ``as_of``: :func:`_today_is_pinned` holds the refresh's
+clock to it, so a run that crosses midnight stores the date the expectations were written with."""
+
+
+class _PinnedDate(dt.date):
+    @classmethod
+    def today(cls) -> dt.date:
+        return TODAY
+
+
+@pytest.fixture(autouse=True)
+def _today_is_pinned(monkeypatch):
+    """jobs/price_refresh.py reads ``dt.date.today()`` when no ``today`` is passed (the command passes
+    none); here that ``dt`` is the datetime module with ``date.today`` pinned to :data:`TODAY`."""
+    module = types.ModuleType("datetime_pinned")
+    module.__dict__.update(vars(dt))
+    module.date = _PinnedDate
+    monkeypatch.setattr(price_refresh, "dt", module)
 
 
 # --- a local price API -------------------------------------------------------------------------
