@@ -132,12 +132,17 @@ def _started_by(pid: str) -> str:
 def _by_directory(pid: str) -> str:
     """For a process without the variable (one a daemon started: a GPU box's detached supervisor, slurmd,
     a pod of the Kubernetes stand-in): the test whose ``tmp_path`` it runs in, ``tmp:<test directory>``
-    (pytest names that directory after the test, cut at 30 characters); ``"?"`` elsewhere."""
+    (pytest names that directory after the test, cut at 30 characters); a Slurm job's step, which runs in
+    the test Slurm cluster's work directory for its module (tests/slurmkit.py ``module_view``:
+    ``tb-slurm-XXXX/work/<module>-XXXX``), ``slurm:<module>``; ``"?"`` elsewhere."""
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return "?"
     parts = cwd.split(os.sep)
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("tb-slurm-") and parts[i + 1] == "work":
+            return "slurm:" + parts[i + 2].rsplit("-", 1)[0]
     for i, part in enumerate(parts[:-1]):
         if part.startswith("pytest-of-"):
             rest = parts[i + 2:]  # after pytest-of-<user>/pytest-<N>/

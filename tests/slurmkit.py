@@ -64,6 +64,17 @@ run on one worker, which starts the shared cluster once, as a serial run does (t
 ``slurm_cluster_module`` refuses a module without it)."""
 
 
+def nodes_python() -> str:
+    """The nodes' interpreter (the ``python`` setting) for the tests whose subject is the Slurm adapter:
+    the torch-free torchrun's wrapper (tests/standins/torchrun_lite.py). Each node runs the real
+    launcher, which starts the real trainer's ranks through a torchrun that imports no torch (a third
+    of a 2-rank node's CPU). Torch's own torchrun under ``srun`` runs in tests/e2e/test_slurm.py's
+    job, and its two-node rendezvous in tests/trainer_pkg/test_platforms.py."""
+    from standins import torchrun_lite
+
+    return torchrun_lite.wrapper()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

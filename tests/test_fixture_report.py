@@ -62,6 +62,24 @@ def test_a_process_without_the_variable_or_gone_is_named_by_a_question_mark(tmp_
     assert fixture_report._started_by(str(proc.pid)) == "?"  # reaped: no /proc entry
 
 
+def test_a_slurm_jobs_process_is_named_by_its_modules_work_directory(tmp_path):
+    import slurmkit
+
+    base = tmp_path / "tb-slurm-x1y2"
+    cluster = slurmkit.SlurmCluster(directory=base, conf=base / "slurm.conf", work_dir=base / "work", pids={})
+    cluster.work_dir.mkdir(parents=True)
+    run_dir = slurmkit.module_view(cluster, "test_slurm_backend").work_dir / "tb-job-7-a"
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    step = subprocess.Popen([sys.executable, "-c", LINGER, "30"], env=env, cwd=run_dir)
+    try:
+        wait_for(lambda: _cmdline(step).endswith(b"\x0030\x00"), timeout=10, interval=0.01)
+        assert fixture_report._started_by(str(step.pid)) == "slurm:test_slurm_backend"
+    finally:
+        step.kill()
+        step.wait()
+
+
 def test_a_tests_cpu_seconds_count_the_children_it_waited_for_under_its_file():
     class Item:
         nodeid = "tests/some/test_busy.py::test_it"

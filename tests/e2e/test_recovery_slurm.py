@@ -11,7 +11,6 @@ a new job name on the node left, resuming from the checkpoint on the shared file
 
 from __future__ import annotations
 
-import sys
 from decimal import Decimal
 
 import pytest
@@ -20,6 +19,7 @@ from jobs import selectors, services
 from jobs.models import JobAttempt, JobStateChoices as S, MetricPoint, TrainingJob
 from jobs.services.artifacts import training_job_artifact_list
 from jobs.services.prices import instance_price_save
+import slurmkit
 from slurmkit import SLURM_GROUP
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True), SLURM_GROUP]
@@ -35,7 +35,7 @@ def cluster(slurm_cluster_module):
 
 def installation(cluster) -> dict[str, str]:
     return {"TRAINBOARD_SLURM_WORK_DIR": str(cluster.work_dir), "TRAINBOARD_SLURM_CONF": str(cluster.conf),
-            "TRAINBOARD_SLURM_PYTHON": sys.executable}
+            "TRAINBOARD_SLURM_PYTHON": slurmkit.nodes_python()}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from cloud_adapters.base import InvalidSpec, JobHandle, JobSpec, JobState, ProviderError
 from cloud_adapters.registry import create_backend
 from polling import wait_for
+import slurmkit
 from slurmkit import SLURM_GROUP
 from sshkit import sshd_server
 
@@ -36,7 +36,7 @@ def server(tmp_path_factory):
 
 def _local(cluster):
     return create_backend("slurm", {"partition": cluster.partition, "work_dir": str(cluster.work_dir),
-                                    "slurm_conf": str(cluster.conf), "python": sys.executable,
+                                    "slurm_conf": str(cluster.conf), "python": slurmkit.nodes_python(),
                                     "cluster": cluster.cluster_name})
 
 
@@ -44,7 +44,7 @@ def _ssh(cluster, server):
     return create_backend("slurm", {
         "transport": "ssh", "login_host": "127.0.0.1", "ssh_port": server.port, "ssh_user": server.user,
         "ssh_host_key": server.host_key_line, "partition": cluster.partition, "work_dir": str(cluster.work_dir),
-        "slurm_conf": str(cluster.conf), "python": sys.executable, "cluster": cluster.cluster_name},
+        "slurm_conf": str(cluster.conf), "python": slurmkit.nodes_python(), "cluster": cluster.cluster_name},
         secrets={"ssh_private_key": server.client_key})
 
 

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import stat
-import sys
 import tarfile
 import time
 
@@ -38,7 +37,7 @@ def cluster(slurm_cluster_module):
 @pytest.fixture
 def backend(cluster):
     return create_backend("slurm", {"partition": cluster.partition, "work_dir": str(cluster.work_dir),
-                                    "slurm_conf": str(cluster.conf), "python": sys.executable,
+                                    "slurm_conf": str(cluster.conf), "python": slurmkit.nodes_python(),
                                     "cluster": cluster.cluster_name})
 
 

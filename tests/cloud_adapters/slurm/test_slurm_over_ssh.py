@@ -4,13 +4,12 @@ on 127.0.0.1. Every Slurm command goes through sshd, every file through its SFTP
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from cloud_adapters.base import JobSpec, JobState
 from cloud_adapters.registry import create_backend
 from polling import wait_for
+import slurmkit
 from slurmkit import SLURM_GROUP
 from sshkit import keygen, sshd_server
 
@@ -32,7 +31,7 @@ def server(tmp_path_factory):
 def ssh_backend(cluster, server, **overrides):
     config = {"transport": "ssh", "login_host": "127.0.0.1", "ssh_port": server.port, "ssh_user": server.user,
               "ssh_host_key": server.host_key_line, "partition": cluster.partition,
-              "work_dir": str(cluster.work_dir), "slurm_conf": str(cluster.conf), "python": sys.executable,
+              "work_dir": str(cluster.work_dir), "slurm_conf": str(cluster.conf), "python": slurmkit.nodes_python(),
               "cluster": cluster.cluster_name}
     secrets = {"ssh_private_key": overrides.pop("private_key", server.client_key)}
     config.update(overrides)
