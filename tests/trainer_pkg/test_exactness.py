@@ -86,10 +86,13 @@ def test_exact_ddp_two_ranks_of_16_equal_one_process_of_32_through_the_cli(plain
     assert epoch_one["val_accuracy"] == epoch_two["val_accuracy"]
 
 
-def _launch(job: Path, *, stop_after_epoch: int | None = None) -> subprocess.Popen:
+def _launch(job: Path, *, stop_after_epoch: int | None = None, interpreter: str = sys.executable
+            ) -> subprocess.Popen:
     """``python -m trainer_pkg.launch --config job --standalone --nproc-per-node 2``; with
-    ``stop_after_epoch``, SIGTERM (as a spot preemption would) once that epoch's record is printed."""
-    cmd = [sys.executable, "-m", "trainer_pkg.launch", "--config", str(job), "--standalone", "--nproc-per-node", "2"]
+    ``stop_after_epoch``, SIGTERM (as a spot preemption would) once that epoch's record is printed.
+    ``interpreter``: this one by default (torch's own torchrun, whose agent passes the signal on: this
+    file's subject), or :func:`trainer_helpers.python` for a test whose subject is the trainer alone."""
+    cmd = [interpreter, "-m", "trainer_pkg.launch", "--config", str(job), "--standalone", "--nproc-per-node", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from test_exactness import _launch, weights
-from trainer_helpers import REPO, records, trainer_env, write_job
+from trainer_helpers import REPO, python, records, trainer_env, write_job
 from trainer_pkg import datasets
 from trainer_pkg.config import ConfigError, DataConfig, JobConfig
 from trainer_pkg.datasets import ArrayRows, ImageFiles, describe, load_dataset
@@ -291,13 +291,17 @@ def test_streamed_images_train_exactly_as_in_memory_on_2_ranks_with_workers_and_
                   train={"epochs": 3, "batch_size": 4, "lr": 0.05, "seed": 5, "augment": True,
                          "log_every_steps": 1000, "stop_check_s": 0})
     lazy = {"format": "imagefolder", "uri": str(tmp_path / "tree"), "image_size": 8}
-    _launch(write_job(tmp_path / "eager", data={"format": "npz", "uri": str(tmp_path / "decoded.npz")}, **common))
-    _launch(write_job(tmp_path / "lazy0", data=lazy, **common))
+    # The subject is the data path, not torchrun: the torch-free torchrun (tests/standins/torchrun_lite.py)
+    # starts the real ranks; torch's own with the same SIGTERM is tests/trainer_pkg/test_exactness.py's.
+    lite = python()
+    _launch(write_job(tmp_path / "eager", data={"format": "npz", "uri": str(tmp_path / "decoded.npz")}, **common),
+            interpreter=lite)
+    _launch(write_job(tmp_path / "lazy0", data=lazy, **common), interpreter=lite)
     job = write_job(tmp_path / "lazy2", data={**lazy, "num_workers": 2, "prefetch_factor": 2}, **common)
-    _launch(job, stop_after_epoch=0)
+    _launch(job, stop_after_epoch=0, interpreter=lite)
     ckpt = load_checkpoint(str(tmp_path / "lazy2" / "out" / "checkpoints" / "last.pt"))
     assert ckpt["epoch"] == 1 and 0 < ckpt["batches_done"] < 60, "the stop should land inside epoch 1"
-    _launch(job)
+    _launch(job, interpreter=lite)
 
     eager, lazy0, lazy2 = (weights(tmp_path / n / "out") for n in ("eager", "lazy0", "lazy2"))
     assert all(torch.equal(eager[k], lazy0[k]) for k in eager), "streamed (0 workers) differs from in-memory"
